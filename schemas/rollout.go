@@ -1,0 +1,169 @@
+package schemas
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"regexp"
+	"strconv"
+	"time"
+	"unicode/utf8"
+)
+
+// DefaultMaxBytes is the default size limit of one encoded rollout.
+const DefaultMaxBytes = 4 << 20
+
+// Rollout is one finished agent episode (schema rollout/v1).
+type Rollout struct {
+	Schema      string         `json:"schema,omitempty"`
+	RolloutID   string         `json:"rollout_id"`
+	Environment string         `json:"environment"`
+	Agent       Agent          `json:"agent"`
+	TaskID      string         `json:"task_id"`
+	StartTime   time.Time      `json:"start_time,omitzero"`
+	EndTime     time.Time      `json:"end_time,omitzero"`
+	Outcome     Outcome        `json:"outcome"`
+	Messages    []Message      `json:"messages"`
+	Tools       []Tool         `json:"tools,omitempty"`
+	Grader      *Grader        `json:"grader,omitempty"`
+	Metadata    map[string]any `json:"metadata,omitempty"`
+}
+
+// Agent identifies the agent that produced a rollout. Statistics are kept per
+// (environment, agent version): a new version is a new cohort.
+type Agent struct {
+	Name    string `json:"name"`
+	Version string `json:"version"`
+}
+
+// Outcome is the graded result of an episode. Success, when absent, is
+// reward == 1.0 (TRACE-METHOD.md: any lower reward is a failure).
+type Outcome struct {
+	Reward  float64 `json:"reward"`
+	Success *bool   `json:"success,omitempty"`
+}
+
+// Message is one turn of the conversation.
+type Message struct {
+	Role       string     `json:"role"` // system | user | assistant | tool
+	Content    string     `json:"content"`
+	ToolCalls  []ToolCall `json:"tool_calls,omitempty"`
+	ToolCallID string     `json:"tool_call_id,omitempty"` // on role=tool: the call it answers
+	Error      bool       `json:"error,omitempty"`        // on role=tool: the tool failed
+	Requestor  string     `json:"requestor,omitempty"`    // assistant | user (user-side tools, e.g. τ² telecom)
+	TurnIdx    *int       `json:"turn_idx,omitempty"`
+}
+
+// ToolCall is one function call requested in a message.
+type ToolCall struct {
+	ID        string         `json:"id"`
+	Name      string         `json:"name"`
+	Arguments map[string]any `json:"arguments"`
+	Requestor string         `json:"requestor,omitempty"`
+}
+
+// Tool is an OpenAI function schema the agent had available.
+type Tool struct {
+	Type     string      `json:"type"`
+	Function FunctionDef `json:"function"`
+}
+
+// FunctionDef is the function part of an OpenAI tool schema.
+type FunctionDef struct {
+	Name        string          `json:"name"`
+	Description string          `json:"description,omitempty"`
+	Parameters  json.RawMessage `json:"parameters,omitempty"`
+}
+
+// Grader carries the grader's explanation when the environment has one.
+type Grader struct {
+	Reasons   []string           `json:"reasons,omitempty"`
+	Breakdown map[string]float64 `json:"breakdown,omitempty"`
+}
+
+// Succeeded reports the binary outcome TRACE uses.
+func (r *Rollout) Succeeded() bool {
+	if r.Outcome.Success != nil {
+		return *r.Outcome.Success
+	}
+	return r.Outcome.Reward == 1.0
+}
+
+// Key is the Kafka partitioning key: rollouts of one cohort stay in one
+// partition, in order.
+func (r *Rollout) Key() string { return r.Environment + "/" + r.Agent.Version }
+
+// DecodeOptions bound what a decoder accepts.
+type DecodeOptions struct {
+	MaxBytes int // 0 means DefaultMaxBytes
+}
+
+var nonFiniteLiteral = regexp.MustCompile(`"reward"\s*:\s*[-+]?(NaN|nan|Infinity|inf|Inf)`)
+
+// DecodeRollout decodes and validates one rollout. It never panics; every
+// rejection is an *Error with a Reason code. The checks run cheapest first:
+// size, UTF-8, JSON syntax, schema, then the finite reward.
+func DecodeRollout(data []byte, opt DecodeOptions) (*Rollout, error) {
+	doc, err := decodeDoc(data, opt)
+	if err != nil {
+		return nil, err
+	}
+	if err := Validate(KindRollout, doc); err != nil {
+		return nil, err
+	}
+	reward := doc.(map[string]any)["outcome"].(map[string]any)["reward"].(json.Number)
+	if f, err := strconv.ParseFloat(string(reward), 64); err != nil || math.IsInf(f, 0) || math.IsNaN(f) {
+		return nil, &Error{Reason: ReasonNonFiniteReward, Path: "/outcome/reward", Msg: fmt.Sprintf("reward %s is not a finite float64", reward)}
+	}
+	var r Rollout
+	if err := json.Unmarshal(data, &r); err != nil {
+		// The schema accepted it, so this is a type the Go struct cannot hold.
+		return nil, &Error{Reason: ReasonSchema, Msg: err.Error()}
+	}
+	return &r, nil
+}
+
+// decodeDoc performs the checks shared by every message kind up to a generic
+// JSON value with json.Number numbers.
+func decodeDoc(data []byte, opt DecodeOptions) (any, error) {
+	limit := opt.MaxBytes
+	if limit <= 0 {
+		limit = DefaultMaxBytes
+	}
+	if len(data) > limit {
+		return nil, &Error{Reason: ReasonTooLarge, Msg: fmt.Sprintf("%d bytes exceeds the limit of %d", len(data), limit)}
+	}
+	if len(bytes.TrimSpace(data)) == 0 {
+		return nil, &Error{Reason: ReasonEmpty, Msg: "empty message"}
+	}
+	if !utf8.Valid(data) {
+		return nil, &Error{Reason: ReasonInvalidUTF8, Msg: fmt.Sprintf("invalid UTF-8 at byte %d", firstInvalidUTF8(data))}
+	}
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.UseNumber()
+	var doc any
+	if err := dec.Decode(&doc); err != nil {
+		if nonFiniteLiteral.Match(data) {
+			return nil, &Error{Reason: ReasonNonFiniteReward, Path: "/outcome/reward", Msg: "reward is NaN or Infinity"}
+		}
+		return nil, &Error{Reason: ReasonNotJSON, Msg: err.Error()}
+	}
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		return nil, &Error{Reason: ReasonNotJSON, Msg: "trailing data after the JSON value"}
+	}
+	return doc, nil
+}
+
+func firstInvalidUTF8(b []byte) int {
+	for i := 0; i < len(b); {
+		r, n := utf8.DecodeRune(b[i:])
+		if r == utf8.RuneError && n <= 1 {
+			return i
+		}
+		i += n
+	}
+	return -1
+}
