@@ -57,7 +57,7 @@ func TestMeanStdPopulation(t *testing.T) {
 		{nil, 0, 0},
 		{[]float64{5}, 5, 0},
 		{[]float64{1, 3}, 2, 1},
-		{[]float64{2, 4, 4, 4, 5, 5, 7, 9}, 5, 2},                       // textbook population std
+		{[]float64{2, 4, 4, 4, 5, 5, 7, 9}, 5, 2}, // textbook population std
 		{[]float64{1, 2, 3, 4, 5, 6, 7, 8, 9, 10}, 5.5, 2.8722813232690143}, // ddof 0, not 3.0277
 	}
 	for _, tt := range tests {
