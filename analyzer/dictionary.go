@@ -1,0 +1,122 @@
+package analyzer
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"regexp"
+	"time"
+
+	"gopkg.in/yaml.v3"
+)
+
+// Capability is one entry of a capability dictionary.
+type Capability struct {
+	// Name is snake_case, 2–5 words; labelers may never invent or rename one.
+	Name string `yaml:"name" json:"name"`
+	// Definition lets an analyst decide NA / PRESENT / LACKING (2–3 sentences).
+	Definition string `yaml:"definition" json:"definition"`
+	// Examples are example trajectory (rollout) ids.
+	Examples []string `yaml:"examples,omitempty" json:"examples,omitempty"`
+	// Detector is the rules labeler's CEL expression returning "NA",
+	// "PRESENT" or "LACKING". Empty for dictionaries labeled only by an LLM.
+	Detector string `yaml:"detector,omitempty" json:"detector,omitempty"`
+}
+
+// Dictionary is a frozen, versioned set of capabilities scoped to one
+// (environment, agent version). A new name means a new version.
+type Dictionary struct {
+	Environment  string       `yaml:"environment" json:"environment"`
+	AgentVersion string       `yaml:"agent_version" json:"agent_version"`
+	Version      uint32       `yaml:"version" json:"version"`
+	Source       string       `yaml:"source,omitempty" json:"source,omitempty"` // file | discovery
+	CreatedAt    time.Time    `yaml:"created_at,omitempty" json:"created_at,omitzero"`
+	Capabilities []Capability `yaml:"capabilities" json:"capabilities"`
+}
+
+// MaxCapabilities bounds a dictionary (TRACE proposes at most 10).
+const MaxCapabilities = 10
+
+var capNameRe = regexp.MustCompile(`^[a-z][a-z0-9]*(_[a-z0-9]+){1,4}$`)
+
+// Validate checks a dictionary; errors name the field.
+func (d *Dictionary) Validate() error {
+	if d.Environment == "" {
+		return fmt.Errorf("dictionary: environment is required")
+	}
+	if d.AgentVersion == "" {
+		return fmt.Errorf("dictionary %s: agent_version is required (use \"*\" for every version)", d.Environment)
+	}
+	if d.Version == 0 {
+		return fmt.Errorf("dictionary %s/%s: version must be >= 1", d.Environment, d.AgentVersion)
+	}
+	if n := len(d.Capabilities); n == 0 || n > MaxCapabilities {
+		return fmt.Errorf("dictionary %s/%s v%d: %d capabilities, want 1 to %d", d.Environment, d.AgentVersion, d.Version, n, MaxCapabilities)
+	}
+	seen := map[string]bool{}
+	for i, c := range d.Capabilities {
+		if !capNameRe.MatchString(c.Name) {
+			return fmt.Errorf("dictionary %s/%s v%d: capabilities[%d].name %q is not snake_case of 2-5 words", d.Environment, d.AgentVersion, d.Version, i, c.Name)
+		}
+		if seen[c.Name] {
+			return fmt.Errorf("dictionary %s/%s v%d: capabilities[%d].name %q appears twice", d.Environment, d.AgentVersion, d.Version, i, c.Name)
+		}
+		seen[c.Name] = true
+		if len(c.Definition) < 20 {
+			return fmt.Errorf("dictionary %s/%s v%d: capabilities[%d].definition of %q is too short to label against", d.Environment, d.AgentVersion, d.Version, i, c.Name)
+		}
+	}
+	return nil
+}
+
+// Names lists the capability names in dictionary order.
+func (d *Dictionary) Names() []string {
+	out := make([]string, len(d.Capabilities))
+	for i, c := range d.Capabilities {
+		out[i] = c.Name
+	}
+	return out
+}
+
+// Lookup finds a capability by name.
+func (d *Dictionary) Lookup(name string) (Capability, bool) {
+	for _, c := range d.Capabilities {
+		if c.Name == name {
+			return c, true
+		}
+	}
+	return Capability{}, false
+}
+
+// Fingerprint identifies the content (names and definitions) of a dictionary.
+func (d *Dictionary) Fingerprint() string {
+	b, _ := json.Marshal(d.Capabilities)
+	h := sha256.Sum256(b)
+	return hex.EncodeToString(h[:8])
+}
+
+// ParseDictionaries reads one or more YAML documents, each a Dictionary, and
+// validates them.
+func ParseDictionaries(name string, data []byte) ([]*Dictionary, error) {
+	dec := yaml.NewDecoder(bytesReader(data))
+	var out []*Dictionary
+	for {
+		var d Dictionary
+		err := dec.Decode(&d)
+		if err != nil {
+			if err.Error() == "EOF" {
+				break
+			}
+			return nil, fmt.Errorf("%s: %w", name, err)
+		}
+		if err := d.Validate(); err != nil {
+			return nil, fmt.Errorf("%s: %w", name, err)
+		}
+		out = append(out, &d)
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("%s: no dictionary", name)
+	}
+	return out, nil
+}

@@ -1,0 +1,384 @@
+package analyzer
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"math"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/cenkalti/backoff/v4"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/traceops/trace/internal/bus"
+	"github.com/traceops/trace/schemas"
+	"github.com/traceops/trace/sink"
+)
+
+// EvalConfig configures the rolling evaluation and the trigger.
+type EvalConfig struct {
+	Rho   float64 `koanf:"rho"`   // default 0.10
+	Delta float64 `koanf:"delta"` // default 0.20
+	// K and N: a capability is selected when it passes in at least K of N
+	// labeling runs. A cohort labeled with fewer runs (the rules labeler has
+	// one) needs ceil(K/N × runs) passes.
+	K int `koanf:"k"` // default 8
+	N int `koanf:"n"` // default 10
+	// Window: the last WindowHours of rollouts (by end time), and, when
+	// WindowRollouts > 0, only the most recent WindowRollouts of them.
+	Window         time.Duration `koanf:"window"`          // default 24h
+	WindowRollouts int           `koanf:"window_rollouts"` // default 0 (all in the time window)
+	MinFailures    int           `koanf:"min_failures"`    // default 20: no decision below
+	RearmAfter     time.Duration `koanf:"rearm_after"`     // default 1h deselected before re-arming
+	Interval       time.Duration `koanf:"interval"`        // default 10s: periodic re-evaluation of every cohort
+}
+
+// WithDefaults fills unset fields.
+func (c EvalConfig) WithDefaults() EvalConfig {
+	if c.Rho == 0 {
+		c.Rho = DefaultThresholds.Rho
+	}
+	if c.Delta == 0 {
+		c.Delta = DefaultThresholds.Delta
+	}
+	if c.K == 0 {
+		c.K = DefaultThresholds.K
+	}
+	if c.N == 0 {
+		c.N = 10
+	}
+	if c.Window == 0 {
+		c.Window = 24 * time.Hour
+	}
+	if c.MinFailures == 0 {
+		c.MinFailures = 20
+	}
+	if c.RearmAfter == 0 {
+		c.RearmAfter = time.Hour
+	}
+	if c.Interval == 0 {
+		c.Interval = 10 * time.Second
+	}
+	return c
+}
+
+// Validate names the first bad field.
+func (c EvalConfig) Validate() error {
+	if err := (Thresholds{c.Rho, c.Delta, c.K}).Validate(); err != nil {
+		return fmt.Errorf("analyzer: %w", err)
+	}
+	switch {
+	case c.N < c.K:
+		return fmt.Errorf("analyzer.n: %d is less than analyzer.k %d", c.N, c.K)
+	case c.Window < 0:
+		return fmt.Errorf("analyzer.window: must be positive")
+	case c.WindowRollouts < 0:
+		return fmt.Errorf("analyzer.window_rollouts: must be >= 0")
+	case c.MinFailures < 1:
+		return fmt.Errorf("analyzer.min_failures: must be >= 1")
+	case c.RearmAfter < 0:
+		return fmt.Errorf("analyzer.rearm_after: must be >= 0")
+	}
+	return nil
+}
+
+// RequiredPasses is K scaled to the number of runs a cohort was labeled with.
+func (c EvalConfig) RequiredPasses(runs int) int {
+	if runs >= c.N {
+		return c.K
+	}
+	return max(1, int(math.Ceil(float64(c.K)*float64(runs)/float64(c.N)-1e-9)))
+}
+
+// Publisher delivers synthesis requests exactly once (see internal/bus).
+type Publisher interface {
+	PublishSynthesis(ctx context.Context, req *schemas.SynthesisRequest) (bus.PublishResult, error)
+}
+
+// Evaluator recomputes the window statistics of cohorts whose labels changed
+// (and of every recent cohort periodically), drives the trigger state
+// machines, and publishes synthesis requests. Its state is rebuilt from
+// ClickHouse trigger_events at start, so replicas and restarts agree.
+type Evaluator struct {
+	cfg   EvalConfig
+	store *sink.Store
+	pub   Publisher
+	reg   *Registry
+	log   *slog.Logger
+	now   func() time.Time
+	met   *Metrics
+
+	mu       sync.Mutex
+	dirty    map[sink.Cohort]time.Time // cohort -> time of the oldest unevaluated change
+	wake     chan struct{}
+	triggers map[TriggerKey]Trigger
+	last     map[sink.Cohort][]Result
+}
+
+// NewEvaluator builds an evaluator. Call Recover before Run.
+func NewEvaluator(cfg EvalConfig, st *sink.Store, pub Publisher, reg *Registry, log *slog.Logger, m *Metrics) *Evaluator {
+	if log == nil {
+		log = slog.Default()
+	}
+	return &Evaluator{cfg: cfg.WithDefaults(), store: st, pub: pub, reg: reg, log: log, now: time.Now, met: m,
+		dirty: map[sink.Cohort]time.Time{}, wake: make(chan struct{}, 1), triggers: map[TriggerKey]Trigger{}, last: map[sink.Cohort][]Result{}}
+}
+
+// Recover rebuilds every trigger from trigger_events.
+func (e *Evaluator) Recover(ctx context.Context) error {
+	hist, err := e.store.TriggerHistory(ctx)
+	if err != nil {
+		return err
+	}
+	byKey := map[TriggerKey][]RecordedAction{}
+	for _, h := range hist {
+		k := TriggerKey{h.Environment, h.AgentVersion, h.DictionaryVersion, h.Capability}
+		byKey[k] = append(byKey[k], RecordedAction{Action(h.Event), h.Epoch, h.At})
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for k, evs := range byKey {
+		e.triggers[k] = Replay(evs)
+	}
+	if len(byKey) > 0 {
+		e.log.Info("analyzer: trigger state recovered from clickhouse", "triggers", len(byKey))
+	}
+	return nil
+}
+
+// Touch marks cohorts as changed; Run evaluates them promptly.
+func (e *Evaluator) Touch(cohorts ...sink.Cohort) {
+	e.mu.Lock()
+	now := e.now()
+	for _, c := range cohorts {
+		if _, ok := e.dirty[c]; !ok {
+			e.dirty[c] = now
+		}
+	}
+	e.mu.Unlock()
+	select {
+	case e.wake <- struct{}{}:
+	default:
+	}
+}
+
+// Run evaluates touched cohorts as they come and every cohort with labels in
+// the window each Interval, until ctx ends. A failing evaluation (ClickHouse
+// or NATS down) is retried with backoff and never drops a pending trigger.
+func (e *Evaluator) Run(ctx context.Context) error {
+	tick := time.NewTicker(e.cfg.Interval)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-e.wake:
+		case <-tick.C:
+			cohorts, err := e.store.Cohorts(ctx, e.now().Add(-e.cfg.Window))
+			if err != nil {
+				e.log.Warn("analyzer: list cohorts", "err", err)
+				continue
+			}
+			e.Touch(cohorts...)
+			continue
+		}
+		e.mu.Lock()
+		batch := e.dirty
+		e.dirty = map[sink.Cohort]time.Time{}
+		e.mu.Unlock()
+		for c, since := range batch {
+			err := backoff.Retry(func() error {
+				err := e.Evaluate(ctx, c)
+				if err != nil && ctx.Err() == nil {
+					e.log.Warn("analyzer: evaluation failed, retrying", "cohort", c.String(), "err", err)
+				}
+				return err
+			}, backoff.WithContext(capped(200*time.Millisecond, 5*time.Second), ctx))
+			if err != nil {
+				return nil // ctx ended
+			}
+			e.met.observeEval(e.now().Sub(since))
+		}
+	}
+}
+
+func capped(initial, maxI time.Duration) backoff.BackOff {
+	b := backoff.NewExponentialBackOff()
+	b.InitialInterval, b.MaxInterval, b.MaxElapsedTime = initial, maxI, 0
+	return b
+}
+
+// Snapshot returns the latest evaluation results per cohort.
+func (e *Evaluator) Snapshot() map[sink.Cohort][]Result {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	out := make(map[sink.Cohort][]Result, len(e.last))
+	for k, v := range e.last {
+		out[k] = v
+	}
+	return out
+}
+
+// Evaluate computes one cohort's window statistics and applies the triggers.
+func (e *Evaluator) Evaluate(ctx context.Context, c sink.Cohort) error {
+	now := e.now()
+	spec := sink.WindowSpec{Cohort: c, Since: now.Add(-e.cfg.Window), LastRollouts: e.cfg.WindowRollouts}
+	info, err := e.store.WindowInfo(ctx, spec)
+	if err != nil {
+		return err
+	}
+	counts, err := e.store.WindowCounts(ctx, spec)
+	if err != nil {
+		return err
+	}
+	dict := e.reg.Version(c.Environment, c.AgentVersion, c.DictionaryVersion)
+	inputs, runs := CohortInputs(counts, dict)
+	th := Thresholds{Rho: e.cfg.Rho, Delta: e.cfg.Delta, K: e.cfg.RequiredPasses(runs)}
+	results := Select(inputs, th)
+	decided := info.Failures >= e.cfg.MinFailures
+	e.mu.Lock()
+	e.last[c] = results
+	e.mu.Unlock()
+
+	var tools []schemas.Tool
+	rank := 0
+	for _, r := range results {
+		if r.Selected {
+			rank++
+		}
+		k := TriggerKey{c.Environment, c.AgentVersion, c.DictionaryVersion, r.Name}
+		e.mu.Lock()
+		cur := e.triggers[k]
+		e.mu.Unlock()
+		next, act := cur.Observe(now, decided, r.Selected, e.cfg.RearmAfter)
+		if act == ActNone {
+			continue
+		}
+		ev := sink.TriggerEvent{
+			TriggerID: TriggerID(k, next.Epoch), Environment: c.Environment, AgentVersion: c.AgentVersion,
+			DictionaryVersion: c.DictionaryVersion, Capability: r.Name, Epoch: next.Epoch, Event: string(act), At: now,
+			MeanCov: r.MeanCov, MeanDelta: r.MeanDelta, RunsPassed: uint16(r.RunsPassed), RunsTotal: uint16(r.RunsTotal),
+			Window: schemas.Window{Start: spec.Since, End: now, Rollouts: info.Rollouts, Failures: info.Failures},
+		}
+		if act == ActFire {
+			if tools == nil {
+				if tools, err = e.store.CohortTools(ctx, c.Environment, c.AgentVersion); err != nil {
+					return err
+				}
+			}
+			req := &schemas.SynthesisRequest{
+				TriggerID: ev.TriggerID, Environment: c.Environment, AgentVersion: c.AgentVersion,
+				DictionaryVersion: c.DictionaryVersion, Epoch: next.Epoch, Capability: r.Record(), Rank: rank,
+				Window: ev.Window, ExampleFailedRolloutIDs: r.Examples, Tools: tools, FiredAt: now,
+			}
+			res, err := e.pub.PublishSynthesis(ctx, req)
+			if err != nil {
+				return err // state unchanged: the next attempt publishes again with the same Msg-Id
+			}
+			b, _ := json.Marshal(req)
+			ev.Payload = string(b)
+			e.log.Info("analyzer: capability selected, synthesis requested", "cohort", c.String(), "capability", r.Name,
+				"mean_cov", round4(r.MeanCov), "mean_delta", round4(r.MeanDelta), "runs_passed", fmt.Sprintf("%d/%d", r.RunsPassed, r.RunsTotal),
+				"epoch", next.Epoch, "duplicate", res.Duplicate || res.Claimed)
+			e.met.fired(c.Environment, r.Name)
+		}
+		if err := e.store.InsertTriggerEvents(ctx, []sink.TriggerEvent{ev}); err != nil {
+			return err
+		}
+		e.mu.Lock()
+		e.triggers[k] = next
+		e.mu.Unlock()
+	}
+	return nil
+}
+
+func round4(f float64) float64 { return math.Round(f*1e4) / 1e4 }
+
+// CohortInputs groups window counts per capability into selection inputs,
+// runs in run order, and returns the largest number of runs seen. Capability
+// descriptions come from the dictionary when it is known.
+func CohortInputs(counts []sink.RunCounts, dict *Dictionary) ([]CapabilityRuns, int) {
+	byCap := map[string][]sink.RunCounts{}
+	for _, rc := range counts {
+		byCap[rc.Capability] = append(byCap[rc.Capability], rc)
+	}
+	names := make([]string, 0, len(byCap))
+	for n := range byCap {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	maxRuns := 0
+	out := make([]CapabilityRuns, 0, len(names))
+	for _, n := range names {
+		rcs := byCap[n]
+		sort.Slice(rcs, func(i, j int) bool { return rcs[i].Run < rcs[j].Run })
+		cr := CapabilityRuns{Name: n}
+		if dict != nil {
+			if c, ok := dict.Lookup(n); ok {
+				cr.Description = c.Definition
+			}
+		}
+		for _, rc := range rcs {
+			cr.Runs = append(cr.Runs, RunInput{
+				Counts:           Counts{rc.LackingFailed, rc.PresentFailed, rc.NAFailed, rc.LackingPassed, rc.PresentPassed, rc.NAPassed},
+				LackingFailedIDs: rc.LackingFailedFirst,
+			})
+		}
+		maxRuns = max(maxRuns, len(cr.Runs))
+		out = append(out, cr)
+	}
+	return out, maxRuns
+}
+
+// Metrics of the analyzer.
+type Metrics struct {
+	triggers   *prometheus.CounterVec
+	evalLag    prometheus.Histogram
+	labels     *prometheus.CounterVec
+	runsFailed *prometheus.CounterVec
+}
+
+// NewMetrics registers the analyzer's metrics.
+func NewMetrics(reg prometheus.Registerer) *Metrics {
+	m := &Metrics{
+		triggers: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "trace", Subsystem: "analyzer", Name: "triggers_fired_total",
+			Help: "Synthesis requests published (first firing of a trigger epoch)."}, []string{"environment", "capability"}),
+		evalLag: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: "trace", Subsystem: "analyzer", Name: "evaluation_lag_seconds",
+			Help: "Time from a label batch becoming durable to the end of its cohort's evaluation.", Buckets: prometheus.ExponentialBuckets(0.01, 2, 12)}),
+		labels: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "trace", Subsystem: "analyzer", Name: "labels_written_total",
+			Help: "Capability labels written to ClickHouse."}, []string{"source"}),
+		runsFailed: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "trace", Subsystem: "analyzer", Name: "label_runs_failed_total",
+			Help: "Labeling runs that produced no valid labels (recorded, never invented)."}, []string{"labeler"}),
+	}
+	if reg != nil {
+		reg.MustRegister(m.triggers, m.evalLag, m.labels, m.runsFailed)
+	}
+	return m
+}
+
+func (m *Metrics) fired(env, capability string) {
+	if m != nil {
+		m.triggers.WithLabelValues(env, capability).Inc()
+	}
+}
+
+func (m *Metrics) observeEval(d time.Duration) {
+	if m != nil {
+		m.evalLag.Observe(d.Seconds())
+	}
+}
+
+func (m *Metrics) wroteLabels(source string, n int) {
+	if m != nil {
+		m.labels.WithLabelValues(source).Add(float64(n))
+	}
+}
+
+func (m *Metrics) runFailed(labeler string) {
+	if m != nil {
+		m.runsFailed.WithLabelValues(labeler).Inc()
+	}
+}

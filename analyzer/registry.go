@@ -1,0 +1,107 @@
+package analyzer
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"sync"
+
+	"github.com/traceops/trace/sink"
+)
+
+// AnyVersion scopes a dictionary to every agent version of an environment.
+const AnyVersion = "*"
+
+// Registry holds the newest dictionary of every scope. It is safe for
+// concurrent use; Reload swaps the whole set, so a labeling batch sees one
+// consistent dictionary.
+type Registry struct {
+	mu    sync.RWMutex
+	dicts map[[2]string]*Dictionary
+	byVer map[[2]string]map[uint32]*Dictionary
+}
+
+// NewRegistry returns an empty registry.
+func NewRegistry() *Registry {
+	return &Registry{dicts: map[[2]string]*Dictionary{}, byVer: map[[2]string]map[uint32]*Dictionary{}}
+}
+
+// Put adds a dictionary; a newer version of the same scope replaces the current one.
+func (g *Registry) Put(d *Dictionary) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	k := [2]string{d.Environment, d.AgentVersion}
+	if cur, ok := g.dicts[k]; !ok || d.Version >= cur.Version {
+		g.dicts[k] = d
+	}
+	if g.byVer[k] == nil {
+		g.byVer[k] = map[uint32]*Dictionary{}
+	}
+	g.byVer[k][d.Version] = d
+}
+
+// Resolve returns the dictionary for a rollout's cohort: the one scoped to its
+// exact agent version, else the environment-wide one, else nil.
+func (g *Registry) Resolve(env, agentVersion string) *Dictionary {
+	g.mu.RLock()
+	defer g.mu.RUnlock()
+	if d, ok := g.dicts[[2]string{env, agentVersion}]; ok {
+		return d
+	}
+	return g.dicts[[2]string{env, AnyVersion}]
+}
+
+// Version returns a specific version for a cohort, if known.
+func (g *Registry) Version(env, agentVersion string, v uint32) *Dictionary {
+	g.mu.RLock()
+	defer g.mu.RUnlock()
+	for _, av := range []string{agentVersion, AnyVersion} {
+		if d := g.byVer[[2]string{env, av}][v]; d != nil {
+			return d
+		}
+	}
+	return nil
+}
+
+// All returns the current dictionaries.
+func (g *Registry) All() []*Dictionary {
+	g.mu.RLock()
+	defer g.mu.RUnlock()
+	out := make([]*Dictionary, 0, len(g.dicts))
+	for _, d := range g.dicts {
+		out = append(out, d)
+	}
+	return out
+}
+
+// Load reads every stored dictionary version from ClickHouse.
+func (g *Registry) Load(ctx context.Context, st *sink.Store) error {
+	rows, err := st.AllDictionaries(ctx)
+	if err != nil {
+		return err
+	}
+	for _, r := range rows {
+		d, err := DictionaryFromRow(r)
+		if err != nil {
+			return err
+		}
+		g.Put(d)
+	}
+	return nil
+}
+
+// DictionaryFromRow decodes a stored dictionary.
+func DictionaryFromRow(r sink.DictionaryRow) (*Dictionary, error) {
+	var d Dictionary
+	if err := json.Unmarshal([]byte(r.Body), &d); err != nil {
+		return nil, fmt.Errorf("stored dictionary %s/%s v%d: %w", r.Environment, r.AgentVersion, r.Version, err)
+	}
+	d.Environment, d.AgentVersion, d.Version, d.Source, d.CreatedAt = r.Environment, r.AgentVersion, r.Version, r.Source, r.CreatedAt
+	return &d, nil
+}
+
+// DictionaryRow encodes a dictionary for storage.
+func DictionaryRow(d *Dictionary) sink.DictionaryRow {
+	b, _ := json.Marshal(d)
+	return sink.DictionaryRow{Environment: d.Environment, AgentVersion: d.AgentVersion, Version: d.Version, CreatedAt: d.CreatedAt, Source: d.Source, Body: string(b)}
+}

@@ -1,0 +1,143 @@
+package analyzer
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+
+	"golang.org/x/sync/errgroup"
+
+	"github.com/traceops/trace/ingest"
+	"github.com/traceops/trace/schemas"
+	"github.com/traceops/trace/sink"
+)
+
+// LabelingSink is the analyze stage's ingest.Sink for rollouts: it labels each
+// rollout of a batch against its cohort's dictionary, writes the labels to
+// ClickHouse in one block, and then tells the evaluator which cohorts changed.
+//
+// Redelivery never changes a statistic: deterministic labelers (rules) give
+// the same labels again, which the tables deduplicate; non-deterministic ones
+// (llm) are not called again for runs already stored (StoredRuns).
+type LabelingSink struct {
+	Labeler     Labeler
+	Registry    *Registry
+	Store       *sink.Store
+	Evaluator   *Evaluator // may be nil
+	Concurrency int        // rollouts labeled at once; default 8
+	Log         *slog.Logger
+	Metrics     *Metrics
+	// ShouldLabel, when set, samples rollouts (per outcome); nil labels all.
+	ShouldLabel func(*schemas.Rollout) bool
+	// OnMissingDictionary is called for a rollout whose cohort has no
+	// dictionary (for example to schedule discovery). The rollout is skipped.
+	OnMissingDictionary func(env, agentVersion string)
+}
+
+// Write implements ingest.Sink.
+func (s *LabelingSink) Write(ctx context.Context, batch []ingest.Record[*schemas.Rollout]) error {
+	events := make([][]schemas.LabelEvent, len(batch))
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(max(1, s.Concurrency))
+	if s.Concurrency == 0 {
+		g.SetLimit(8)
+	}
+	for i, rec := range batch {
+		r := rec.Value
+		d := s.Registry.Resolve(r.Environment, r.Agent.Version)
+		if d == nil {
+			if s.OnMissingDictionary != nil {
+				s.OnMissingDictionary(r.Environment, r.Agent.Version)
+			}
+			continue
+		}
+		if s.ShouldLabel != nil && !s.ShouldLabel(r) {
+			continue
+		}
+		g.Go(func() error {
+			var stored map[int]bool
+			if s.Labeler.Name() == schemas.SourceLLM {
+				var err error
+				if stored, err = s.Store.StoredRuns(gctx, r.Environment, r.Agent.Version, r.RolloutID, d.Version); err != nil {
+					return err
+				}
+				if len(stored) >= s.Labeler.Runs() {
+					return nil
+				}
+			}
+			runs, err := s.Labeler.Label(gctx, d, r)
+			if err != nil {
+				return fmt.Errorf("label %s: %w", r.RolloutID, err)
+			}
+			kept := runs[:0]
+			for _, rl := range runs {
+				if stored[rl.Run] {
+					continue
+				}
+				if rl.Failed != "" {
+					s.Metrics.runFailed(s.Labeler.Name())
+					if s.Log != nil {
+						s.Log.Warn("analyzer: labeling run failed; no labels recorded for it", "rollout", r.RolloutID, "run", rl.Run, "reason", rl.Failed)
+					}
+					continue
+				}
+				kept = append(kept, rl)
+			}
+			events[i] = Events(d, r, s.Labeler.Name(), kept)
+			return nil
+		})
+	}
+	if err := g.Wait(); err != nil {
+		return err
+	}
+	var rows []sink.LabelRow
+	for _, evs := range events {
+		for i := range evs {
+			rows = append(rows, sink.LabelRowFrom(&evs[i]))
+		}
+	}
+	return writeLabels(ctx, s.Store, s.Evaluator, s.Metrics, s.Labeler.Name(), rows)
+}
+
+// LabelEventSink is the ingest.Sink of the external label topic
+// (trace.labels): events are validated by the decoder and written as they are.
+type LabelEventSink struct {
+	Store     *sink.Store
+	Evaluator *Evaluator
+	Metrics   *Metrics
+}
+
+// Write implements ingest.Sink.
+func (s *LabelEventSink) Write(ctx context.Context, batch []ingest.Record[*schemas.LabelEvent]) error {
+	rows := make([]sink.LabelRow, len(batch))
+	for i, rec := range batch {
+		rows[i] = sink.LabelRowFrom(rec.Value)
+	}
+	return writeLabels(ctx, s.Store, s.Evaluator, s.Metrics, schemas.SourceExternal, rows)
+}
+
+func writeLabels(ctx context.Context, st *sink.Store, ev *Evaluator, m *Metrics, source string, rows []sink.LabelRow) error {
+	if len(rows) == 0 {
+		return nil
+	}
+	if err := st.InsertLabels(ctx, rows); err != nil {
+		if !sink.IsRetryable(err) {
+			return ingest.Fatal(err)
+		}
+		return err
+	}
+	m.wroteLabels(source, len(rows))
+	if ev != nil {
+		seen := map[sink.Cohort]bool{}
+		var cohorts []sink.Cohort
+		for _, r := range rows {
+			c := sink.Cohort{Environment: r.Environment, AgentVersion: r.AgentVersion, DictionaryVersion: r.DictionaryVersion}
+			if !seen[c] {
+				seen[c] = true
+				cohorts = append(cohorts, c)
+			}
+		}
+		ev.Touch(cohorts...)
+	}
+	return nil
+}

@@ -1,0 +1,204 @@
+// Package bus is trace's NATS JetStream layer: the streams and KV buckets
+// trace uses, and exactly-once publication of synthesis requests.
+//
+// Exactly once across analyzer replicas rests on two mechanisms:
+//   - the request's Msg-Id is the deterministic trigger id, so JetStream
+//     drops a second publish within the stream's duplicate window;
+//   - after a successful publish the trigger id is claimed in the KV bucket
+//     trace_trigger_claims with Create, so a replica that evaluates the same
+//     trigger later than the duplicate window sees the claim and does not
+//     publish again.
+//
+// Publishing first and claiming second means a crash between the two causes a
+// re-publish that the duplicate window absorbs, never a lost request.
+package bus
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"regexp"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/traceops/trace/schemas"
+)
+
+// Names of the JetStream resources trace owns.
+const (
+	StreamSynthesis   = "TRACE_SYNTHESIS"
+	SubjectSynthesis  = "trace.synthesis" // trace.synthesis.<env>.<capability>
+	StreamEnvReady    = "TRACE_ENVIRONMENTS"
+	SubjectEnvReady   = "trace.environments.ready"
+	BucketClaims      = "trace_trigger_claims"
+	BucketDictionary  = "trace_dictionaries"
+	DefaultDuplicates = 10 * time.Minute
+)
+
+// Config locates NATS.
+type Config struct {
+	URL        string        `koanf:"url"`        // nats://host:4222; empty = embedded server
+	CredsFile  string        `koanf:"creds_file"` // NATS credentials file (secret path)
+	Token      string        `koanf:"token"`      // secret
+	TLSCA      string        `koanf:"tls_ca"`     // CA file for TLS
+	TLSCert    string        `koanf:"tls_cert"`   // client certificate
+	TLSKey     string        `koanf:"tls_key"`    // client key
+	Duplicates time.Duration `koanf:"duplicates"` // JetStream duplicate window, default 10m
+	StoreDir   string        `koanf:"store_dir"`  // embedded server's JetStream dir
+}
+
+// Bus is a connection with trace's streams and buckets ensured.
+type Bus struct {
+	NC     *nats.Conn
+	JS     jetstream.JetStream
+	claims jetstream.KeyValue
+	dicts  jetstream.KeyValue
+}
+
+// Connect dials NATS (reconnecting forever) and ensures streams and buckets.
+func Connect(ctx context.Context, cfg Config, name string) (*Bus, error) {
+	opts := []nats.Option{nats.Name(name), nats.MaxReconnects(-1), nats.ReconnectWait(250 * time.Millisecond), nats.RetryOnFailedConnect(true)}
+	if cfg.CredsFile != "" {
+		opts = append(opts, nats.UserCredentials(cfg.CredsFile))
+	}
+	if cfg.Token != "" {
+		opts = append(opts, nats.Token(cfg.Token))
+	}
+	if cfg.TLSCA != "" {
+		opts = append(opts, nats.RootCAs(cfg.TLSCA))
+	}
+	if cfg.TLSCert != "" {
+		opts = append(opts, nats.ClientCert(cfg.TLSCert, cfg.TLSKey))
+	}
+	nc, err := nats.Connect(cfg.URL, opts...)
+	if err != nil {
+		return nil, fmt.Errorf("nats %s: %w", cfg.URL, err)
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		nc.Close()
+		return nil, err
+	}
+	b := &Bus{NC: nc, JS: js}
+	if err := b.ensure(ctx, cfg); err != nil {
+		nc.Close()
+		return nil, err
+	}
+	return b, nil
+}
+
+func (b *Bus) ensure(ctx context.Context, cfg Config) error {
+	dup := cfg.Duplicates
+	if dup <= 0 {
+		dup = DefaultDuplicates
+	}
+	for _, sc := range []jetstream.StreamConfig{
+		{Name: StreamSynthesis, Subjects: []string{SubjectSynthesis + ".>"}, Storage: jetstream.FileStorage, Duplicates: dup},
+		{Name: StreamEnvReady, Subjects: []string{SubjectEnvReady + ".>", SubjectEnvReady}, Storage: jetstream.FileStorage, Duplicates: dup},
+	} {
+		if _, err := b.JS.CreateOrUpdateStream(ctx, sc); err != nil {
+			return fmt.Errorf("nats: stream %s: %w", sc.Name, err)
+		}
+	}
+	var err error
+	if b.claims, err = b.JS.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: BucketClaims, Storage: jetstream.FileStorage}); err != nil {
+		return fmt.Errorf("nats: kv %s: %w", BucketClaims, err)
+	}
+	if b.dicts, err = b.JS.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: BucketDictionary, Storage: jetstream.FileStorage, History: 5}); err != nil {
+		return fmt.Errorf("nats: kv %s: %w", BucketDictionary, err)
+	}
+	return nil
+}
+
+// Close drains and closes the connection.
+func (b *Bus) Close() {
+	if b != nil && b.NC != nil {
+		_ = b.NC.Drain()
+	}
+}
+
+var tokenRe = regexp.MustCompile(`[^A-Za-z0-9_-]`)
+
+// Token makes s a valid single NATS subject token / KV key part.
+func Token(s string) string { return tokenRe.ReplaceAllString(s, "_") }
+
+// SynthesisSubject is trace.synthesis.<env>.<capability>.
+func SynthesisSubject(env, capability string) string {
+	return SubjectSynthesis + "." + Token(env) + "." + Token(capability)
+}
+
+// PublishResult says what PublishSynthesis did.
+type PublishResult struct {
+	Published bool // a new message is in the stream
+	Duplicate bool // JetStream had it already (same Msg-Id within the window)
+	Claimed   bool // the KV claim showed another publisher did it earlier
+}
+
+// PublishSynthesis publishes a synthesis request exactly once per trigger id.
+// A returned error means the request may not be delivered: the caller keeps
+// the trigger pending and retries.
+func (b *Bus) PublishSynthesis(ctx context.Context, req *schemas.SynthesisRequest) (PublishResult, error) {
+	key := "t_" + Token(req.TriggerID)
+	if _, err := b.claims.Get(ctx, key); err == nil {
+		return PublishResult{Claimed: true}, nil
+	} else if !errors.Is(err, jetstream.ErrKeyNotFound) {
+		return PublishResult{}, fmt.Errorf("nats: read claim: %w", err)
+	}
+	req.Schema = "synthesis_request/v1"
+	data, err := json.Marshal(req)
+	if err != nil {
+		return PublishResult{}, err
+	}
+	ack, err := b.JS.Publish(ctx, SynthesisSubject(req.Environment, req.Capability.Skill), data, jetstream.WithMsgID(req.TriggerID))
+	if err != nil {
+		return PublishResult{}, fmt.Errorf("nats: publish synthesis request: %w", err)
+	}
+	if _, err := b.claims.Create(ctx, key, []byte(fmt.Sprintf(`{"stream_seq":%d}`, ack.Sequence))); err != nil && !errors.Is(err, jetstream.ErrKeyExists) {
+		return PublishResult{}, fmt.Errorf("nats: claim: %w", err)
+	}
+	return PublishResult{Published: !ack.Duplicate, Duplicate: ack.Duplicate}, nil
+}
+
+// AnnounceDictionary tells every analyzer that (env, agentVersion) has a new
+// dictionary version stored in ClickHouse.
+func (b *Bus) AnnounceDictionary(ctx context.Context, env, agentVersion string, version uint32) error {
+	_, err := b.dicts.Put(ctx, DictionaryKey(env, agentVersion), []byte(fmt.Sprint(version)))
+	if err != nil {
+		return fmt.Errorf("nats: announce dictionary: %w", err)
+	}
+	return nil
+}
+
+// DictionaryKey is the KV key of a dictionary scope.
+func DictionaryKey(env, agentVersion string) string {
+	if agentVersion == "*" {
+		agentVersion = "ALL"
+	}
+	return Token(env) + "." + Token(agentVersion)
+}
+
+// WatchDictionaries calls fn for every dictionary announcement (including the
+// current values at start) until ctx ends.
+func (b *Bus) WatchDictionaries(ctx context.Context, fn func(key string)) error {
+	w, err := b.dicts.WatchAll(ctx)
+	if err != nil {
+		return fmt.Errorf("nats: watch dictionaries: %w", err)
+	}
+	defer w.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case e, ok := <-w.Updates():
+			if !ok {
+				return nil
+			}
+			if e != nil {
+				fn(e.Key())
+			}
+		}
+	}
+}

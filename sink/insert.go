@@ -1,0 +1,132 @@
+package sink
+
+import (
+	"context"
+	"fmt"
+	"time"
+)
+
+// ts turns a zero time into the insert time, so a rollout without times still
+// lands in a sane partition.
+func ts(t, now time.Time) time.Time {
+	if t.IsZero() {
+		return now
+	}
+	return t.UTC()
+}
+
+func b2u(b bool) uint8 {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// InsertRollouts writes rows in one block. A nil error means the block is
+// durable on the server. Redelivered rows are deduplicated by the table key.
+func (s *Store) InsertRollouts(ctx context.Context, rows []RolloutRow) error {
+	if len(rows) == 0 {
+		return nil
+	}
+	b, err := s.conn.PrepareBatch(ctx, `INSERT INTO rollouts (rollout_id, environment, agent_name, agent_version, task_id,
+	success, reward, start_time, end_time, n_messages, n_tool_calls, n_tool_errors, messages, tools, grader, metadata,
+	kafka_topic, kafka_partition, kafka_offset, ingested_at, ingest_ns)`)
+	if err != nil {
+		return fmt.Errorf("insert rollouts: %w", err)
+	}
+	defer b.Abort()
+	now := time.Now().UTC()
+	ns := uint64(now.UnixNano())
+	for _, r := range rows {
+		end := ts(r.EndTime, now)
+		start := r.StartTime
+		if start.IsZero() {
+			start = end
+		}
+		if err := b.Append(r.RolloutID, r.Environment, r.AgentName, r.AgentVersion, r.TaskID,
+			b2u(r.Success), r.Reward, start.UTC(), end, r.NMessages, r.NToolCalls, r.NToolErrors,
+			r.Messages, r.Tools, r.Grader, r.Metadata,
+			r.Coord.Topic, int32(r.Coord.Partition), r.Coord.Offset, now, ns); err != nil {
+			return fmt.Errorf("insert rollouts: append %s: %w", r.RolloutID, err)
+		}
+	}
+	if err := b.Send(); err != nil {
+		return fmt.Errorf("insert rollouts: %w", err)
+	}
+	return nil
+}
+
+// InsertLabels writes label rows in one block.
+func (s *Store) InsertLabels(ctx context.Context, rows []LabelRow) error {
+	if len(rows) == 0 {
+		return nil
+	}
+	b, err := s.conn.PrepareBatch(ctx, `INSERT INTO capability_labels (environment, agent_version, dictionary_version,
+	capability, run, rollout_id, label, success, reward, source, ts, ingest_ns)`)
+	if err != nil {
+		return fmt.Errorf("insert labels: %w", err)
+	}
+	defer b.Abort()
+	now := time.Now().UTC()
+	ns := uint64(now.UnixNano())
+	for _, r := range rows {
+		if err := b.Append(r.Environment, r.AgentVersion, r.DictionaryVersion, r.Capability, r.Run, r.RolloutID,
+			r.Label, b2u(r.Success), r.Reward, r.Source, ts(r.TS, now), ns); err != nil {
+			return fmt.Errorf("insert labels: append %s: %w", r.RolloutID, err)
+		}
+	}
+	if err := b.Send(); err != nil {
+		return fmt.Errorf("insert labels: %w", err)
+	}
+	return nil
+}
+
+// InsertLLMCalls writes the LLM audit rows.
+func (s *Store) InsertLLMCalls(ctx context.Context, calls []LLMCall) error {
+	if len(calls) == 0 {
+		return nil
+	}
+	b, err := s.conn.PrepareBatch(ctx, `INSERT INTO llm_calls (ts, purpose, model, endpoint, prompt_hash, rollout_id, run,
+	attempt, prompt_tokens, completion_tokens, latency_ms, outcome, error)`)
+	if err != nil {
+		return fmt.Errorf("insert llm_calls: %w", err)
+	}
+	defer b.Abort()
+	now := time.Now().UTC()
+	for _, c := range calls {
+		if err := b.Append(ts(c.TS, now), c.Purpose, c.Model, c.Endpoint, c.PromptHash, c.RolloutID, c.Run,
+			c.Attempt, c.PromptTokens, c.CompletionTokens, c.LatencyMS, c.Outcome, c.Error); err != nil {
+			return fmt.Errorf("insert llm_calls: %w", err)
+		}
+	}
+	if err := b.Send(); err != nil {
+		return fmt.Errorf("insert llm_calls: %w", err)
+	}
+	return nil
+}
+
+// InsertTriggerEvents records trigger transitions.
+func (s *Store) InsertTriggerEvents(ctx context.Context, evs []TriggerEvent) error {
+	if len(evs) == 0 {
+		return nil
+	}
+	b, err := s.conn.PrepareBatch(ctx, `INSERT INTO trigger_events (trigger_id, environment, agent_version,
+	dictionary_version, capability, epoch, event, at, mean_cov, mean_delta, runs_passed, runs_total,
+	window_start, window_end, window_rollouts, window_failures, payload)`)
+	if err != nil {
+		return fmt.Errorf("insert trigger_events: %w", err)
+	}
+	defer b.Abort()
+	now := time.Now().UTC()
+	for _, e := range evs {
+		if err := b.Append(e.TriggerID, e.Environment, e.AgentVersion, e.DictionaryVersion, e.Capability, e.Epoch,
+			e.Event, ts(e.At, now), e.MeanCov, e.MeanDelta, e.RunsPassed, e.RunsTotal,
+			ts(e.Window.Start, now), ts(e.Window.End, now), uint32(e.Window.Rollouts), uint32(e.Window.Failures), e.Payload); err != nil {
+			return fmt.Errorf("insert trigger_events: %w", err)
+		}
+	}
+	if err := b.Send(); err != nil {
+		return fmt.Errorf("insert trigger_events: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,248 @@
+package sink
+
+import (
+	"context"
+	"fmt"
+	"regexp"
+	"strings"
+	"time"
+)
+
+var identRe = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+
+// Migration is one versioned schema step. Its statements must be idempotent
+// (IF NOT EXISTS): two replicas that start at once may both run them.
+type Migration struct {
+	Version int
+	Name    string
+	SQL     func(d Dialect) []string
+}
+
+// Dialect renders the optional parts of DDL for a server's features.
+type Dialect struct {
+	Features      Features
+	RetentionDays int
+}
+
+// LC is a low-cardinality string column type.
+func (d Dialect) LC() string {
+	if d.Features.LowCardinality {
+		return "LowCardinality(String)"
+	}
+	return "String"
+}
+
+// Big is the codec clause of a large text column.
+func (d Dialect) Big() string {
+	if d.Features.Codecs {
+		return " CODEC(ZSTD(3))"
+	}
+	return ""
+}
+
+// TTL is the retention clause on a DateTime column.
+func (d Dialect) TTL(col string) string {
+	if d.Features.TTL && d.RetentionDays > 0 {
+		return fmt.Sprintf("\nTTL %s + INTERVAL %d DAY", col, d.RetentionDays)
+	}
+	return ""
+}
+
+const labelEnum = "Enum8('NA' = 0, 'PRESENT' = 1, 'LACKING' = 2)"
+
+// Migrations is the ordered schema history. Append only: never edit a
+// released step, add a new one.
+var Migrations = []Migration{
+	{1, "rollouts", func(d Dialect) []string {
+		return []string{`CREATE TABLE IF NOT EXISTS rollouts (
+	rollout_id String,
+	environment ` + d.LC() + `,
+	agent_name ` + d.LC() + `,
+	agent_version ` + d.LC() + `,
+	task_id String,
+	success UInt8,
+	reward Float64,
+	start_time DateTime,
+	end_time DateTime,
+	n_messages UInt32,
+	n_tool_calls UInt32,
+	n_tool_errors UInt32,
+	messages String` + d.Big() + `,
+	tools String` + d.Big() + `,
+	grader String,
+	metadata String,
+	kafka_topic String,
+	kafka_partition Int32,
+	kafka_offset Int64,
+	ingested_at DateTime,
+	ingest_ns UInt64
+) ENGINE = ReplacingMergeTree(ingest_ns)
+PARTITION BY toYYYYMM(end_time)
+ORDER BY (environment, agent_version, rollout_id)` + d.TTL("end_time"),
+			// Pass rate over time: exact under redelivery (uniqExact of ids).
+			`CREATE TABLE IF NOT EXISTS rollout_counts (
+	environment ` + d.LC() + `,
+	agent_version ` + d.LC() + `,
+	bucket DateTime,
+	rollouts AggregateFunction(uniqExact, String),
+	successes AggregateFunction(uniqExactIf, String, UInt8)
+) ENGINE = AggregatingMergeTree()
+PARTITION BY toYYYYMM(bucket)
+ORDER BY (environment, agent_version, bucket)`,
+			`CREATE MATERIALIZED VIEW IF NOT EXISTS rollout_counts_mv TO rollout_counts AS
+SELECT environment, agent_version, toStartOfHour(end_time) AS bucket,
+	uniqExactState(rollout_id) AS rollouts, uniqExactIfState(rollout_id, success) AS successes
+FROM rollouts GROUP BY environment, agent_version, bucket`,
+		}
+	}},
+	{2, "capability_labels", func(d Dialect) []string {
+		return []string{`CREATE TABLE IF NOT EXISTS capability_labels (
+	environment ` + d.LC() + `,
+	agent_version ` + d.LC() + `,
+	dictionary_version UInt32,
+	capability ` + d.LC() + `,
+	run UInt16,
+	rollout_id String,
+	label ` + labelEnum + `,
+	success UInt8,
+	reward Float64,
+	source ` + d.LC() + `,
+	ts DateTime,
+	ingest_ns UInt64
+) ENGINE = ReplacingMergeTree(ingest_ns)
+PARTITION BY toYYYYMM(ts)
+ORDER BY (environment, agent_version, dictionary_version, capability, run, rollout_id)` + d.TTL("ts"),
+			// Counts per (cohort, capability, run, hour, outcome, label): the
+			// trend view. uniqExact of rollout ids keeps them exact when a label
+			// is redelivered.
+			`CREATE TABLE IF NOT EXISTS label_counts (
+	environment ` + d.LC() + `,
+	agent_version ` + d.LC() + `,
+	dictionary_version UInt32,
+	capability ` + d.LC() + `,
+	run UInt16,
+	bucket DateTime,
+	success UInt8,
+	label ` + labelEnum + `,
+	rollouts AggregateFunction(uniqExact, String)
+) ENGINE = AggregatingMergeTree()
+PARTITION BY toYYYYMM(bucket)
+ORDER BY (environment, agent_version, dictionary_version, capability, run, bucket, success, label)`,
+			`CREATE MATERIALIZED VIEW IF NOT EXISTS label_counts_mv TO label_counts AS
+SELECT environment, agent_version, dictionary_version, capability, run, toStartOfHour(ts) AS bucket, success, label,
+	uniqExactState(rollout_id) AS rollouts
+FROM capability_labels GROUP BY environment, agent_version, dictionary_version, capability, run, bucket, success, label`,
+		}
+	}},
+	{3, "dictionaries_triggers_llm_calls", func(d Dialect) []string {
+		return []string{`CREATE TABLE IF NOT EXISTS dictionaries (
+	environment ` + d.LC() + `,
+	agent_version ` + d.LC() + `,
+	version UInt32,
+	created_at DateTime,
+	source ` + d.LC() + `,
+	body String
+) ENGINE = ReplacingMergeTree()
+ORDER BY (environment, agent_version, version)`,
+			`CREATE TABLE IF NOT EXISTS trigger_events (
+	trigger_id String,
+	environment ` + d.LC() + `,
+	agent_version ` + d.LC() + `,
+	dictionary_version UInt32,
+	capability ` + d.LC() + `,
+	epoch UInt32,
+	event ` + d.LC() + `,
+	at DateTime,
+	mean_cov Float64,
+	mean_delta Float64,
+	runs_passed UInt16,
+	runs_total UInt16,
+	window_start DateTime,
+	window_end DateTime,
+	window_rollouts UInt32,
+	window_failures UInt32,
+	payload String
+) ENGINE = ReplacingMergeTree()
+ORDER BY (environment, agent_version, dictionary_version, capability, epoch, event)`,
+			`CREATE TABLE IF NOT EXISTS llm_calls (
+	ts DateTime,
+	purpose ` + d.LC() + `,
+	model ` + d.LC() + `,
+	endpoint String,
+	prompt_hash String,
+	rollout_id String,
+	run UInt16,
+	attempt UInt8,
+	prompt_tokens UInt32,
+	completion_tokens UInt32,
+	latency_ms UInt32,
+	outcome ` + d.LC() + `,
+	error String
+) ENGINE = MergeTree()
+PARTITION BY toYYYYMM(ts)
+ORDER BY (purpose, ts)` + d.TTL("ts"),
+		}
+	}},
+}
+
+// Migrate applies every migration not yet recorded in schema_migrations, in
+// order. It is idempotent and safe to run from several processes at once.
+func (s *Store) Migrate(ctx context.Context) error {
+	if err := s.conn.Exec(ctx, `CREATE TABLE IF NOT EXISTS schema_migrations (
+	version UInt32, name String, applied_at DateTime
+) ENGINE = ReplacingMergeTree() ORDER BY version`); err != nil {
+		return fmt.Errorf("migrate: %w", err)
+	}
+	applied, err := s.AppliedMigrations(ctx)
+	if err != nil {
+		return err
+	}
+	d := Dialect{Features: s.features, RetentionDays: s.cfg.RetentionDays}
+	for _, m := range Migrations {
+		if applied[m.Version] {
+			continue
+		}
+		for _, stmt := range m.SQL(d) {
+			if err := s.conn.Exec(ctx, stmt); err != nil {
+				return fmt.Errorf("migration %d (%s): %w\n%s", m.Version, m.Name, err, firstLine(stmt))
+			}
+		}
+		b, err := s.conn.PrepareBatch(ctx, "INSERT INTO schema_migrations (version, name, applied_at)")
+		if err != nil {
+			return fmt.Errorf("migration %d: record: %w", m.Version, err)
+		}
+		if err := b.Append(uint32(m.Version), m.Name, time.Now()); err != nil {
+			return err
+		}
+		if err := b.Send(); err != nil {
+			return fmt.Errorf("migration %d: record: %w", m.Version, err)
+		}
+		s.log.Info("clickhouse migration applied", "version", m.Version, "name", m.Name, "database", s.cfg.Database)
+	}
+	return nil
+}
+
+// AppliedMigrations returns the recorded migration versions.
+func (s *Store) AppliedMigrations(ctx context.Context) (map[int]bool, error) {
+	rows, err := s.conn.Query(ctx, "SELECT DISTINCT version FROM schema_migrations")
+	if err != nil {
+		return nil, fmt.Errorf("migrate: read schema_migrations: %w", err)
+	}
+	defer rows.Close()
+	out := map[int]bool{}
+	for rows.Next() {
+		var v uint32
+		if err := rows.Scan(&v); err != nil {
+			return nil, err
+		}
+		out[int(v)] = true
+	}
+	return out, rows.Err()
+}
+
+func firstLine(s string) string {
+	if i := strings.IndexByte(s, '\n'); i >= 0 {
+		return s[:i]
+	}
+	return s
+}

@@ -1,0 +1,253 @@
+package sink_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ClickHouse/clickhouse-go/v2"
+
+	"github.com/traceops/trace/internal/testenv"
+	"github.com/traceops/trace/schemas"
+	"github.com/traceops/trace/sink"
+)
+
+func TestMain(m *testing.M) { testenv.Main(m) }
+
+func openStore(t *testing.T) *sink.Store {
+	t.Helper()
+	ch := testenv.ClickHouse(t)
+	ctx := context.Background()
+	s, err := sink.Open(ctx, sink.Config{Addr: []string{ch.Addr}, Database: ch.Database, RetentionDays: 365}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	if err := s.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func TestMigrateIsIdempotent(t *testing.T) {
+	s := openStore(t)
+	ctx := context.Background()
+	if err := s.Migrate(ctx); err != nil {
+		t.Fatalf("second migrate: %v", err)
+	}
+	applied, err := s.AppliedMigrations(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(applied) != len(sink.Migrations) {
+		t.Fatalf("applied %v, want %d migrations", applied, len(sink.Migrations))
+	}
+	for _, tbl := range []string{"rollouts", "rollout_counts", "capability_labels", "label_counts", "dictionaries", "trigger_events", "llm_calls"} {
+		var n uint64
+		if err := s.Conn().QueryRow(ctx, "SELECT count() FROM system.tables WHERE database = ? AND name = ?", s.Database(), tbl).Scan(&n); err != nil || n != 1 {
+			t.Errorf("table %s: n=%d err=%v", tbl, n, err)
+		}
+	}
+	t.Logf("server %s, features %+v", s.Version(), s.Features())
+}
+
+func TestDialectByVersion(t *testing.T) {
+	old := sink.Dialect{Features: sink.FeaturesFor(sink.Version{18, 16, 1}), RetentionDays: 30}
+	cur := sink.Dialect{Features: sink.FeaturesFor(sink.Version{26, 7, 3}), RetentionDays: 30}
+	oldSQL := strings.Join(sink.Migrations[0].SQL(old), "\n")
+	curSQL := strings.Join(sink.Migrations[0].SQL(cur), "\n")
+	for _, s := range []string{"LowCardinality", "CODEC", "TTL"} {
+		if strings.Contains(oldSQL, s) {
+			t.Errorf("18.16 DDL uses %s", s)
+		}
+		if !strings.Contains(curSQL, s) {
+			t.Errorf("modern DDL lacks %s", s)
+		}
+	}
+	if strings.Contains(strings.Join(sink.Migrations[0].SQL(sink.Dialect{Features: cur.Features}), "\n"), "TTL") {
+		t.Error("TTL without retention days")
+	}
+}
+
+func rollout(id string, ok bool) *schemas.Rollout {
+	reward := 0.0
+	if ok {
+		reward = 1
+	}
+	end := time.Date(2026, 11, 1, 12, 0, 0, 0, time.UTC)
+	return &schemas.Rollout{RolloutID: id, Environment: "env", Agent: schemas.Agent{Name: "a", Version: "v1"}, TaskID: "t",
+		StartTime: end.Add(-time.Minute), EndTime: end, Outcome: schemas.Outcome{Reward: reward},
+		Messages: []schemas.Message{{Role: "user", Content: strings.Repeat("é", 400)},
+			{Role: "assistant", ToolCalls: []schemas.ToolCall{{ID: "c1", Name: "f", Arguments: map[string]any{"x": strings.Repeat("y", 500)}}}},
+			{Role: "tool", ToolCallID: "c1", Content: "{}", Error: true}},
+		Tools: []schemas.Tool{{Type: "function", Function: schemas.FunctionDef{Name: "f"}}}}
+}
+
+func TestRolloutsCompactedAndDeduplicated(t *testing.T) {
+	s := openStore(t)
+	ctx := context.Background()
+	var rows []sink.RolloutRow
+	for i := 0; i < 100; i++ {
+		rows = append(rows, sink.RolloutRowFrom(rollout(fmt.Sprint("r", i), i%3 == 0), sink.Coord{Topic: "t", Partition: 0, Offset: int64(i)}))
+	}
+	for range 2 { // a redelivered batch
+		if err := s.InsertRollouts(ctx, rows); err != nil {
+			t.Fatal(err)
+		}
+	}
+	distinct, total, err := s.CountDistinctRollouts(ctx)
+	if err != nil || distinct != 100 || total != 200 {
+		t.Fatalf("distinct=%d rows=%d err=%v", distinct, total, err)
+	}
+	var final uint64
+	if err := s.Conn().QueryRow(ctx, "SELECT count() FROM rollouts FINAL").Scan(&final); err != nil || final != 100 {
+		t.Fatalf("FINAL count %d %v", final, err)
+	}
+	var msgs string
+	var calls, errs uint32
+	if err := s.Conn().QueryRow(ctx, "SELECT messages, n_tool_calls, n_tool_errors FROM rollouts WHERE rollout_id = 'r1' LIMIT 1").Scan(&msgs, &calls, &errs); err != nil {
+		t.Fatal(err)
+	}
+	if calls != 1 || errs != 1 || strings.Contains(msgs, strings.Repeat("é", 301)) || !strings.Contains(msgs, strings.Repeat("é", 299)+"…") {
+		t.Fatalf("not compacted: calls=%d errs=%d %s", calls, errs, msgs[:200])
+	}
+	var total2, succ uint64
+	if err := s.Conn().QueryRow(ctx, "SELECT uniqExactMerge(rollouts), uniqExactIfMerge(successes) FROM rollout_counts").Scan(&total2, &succ); err != nil {
+		t.Fatal(err)
+	}
+	if total2 != 100 || succ != 34 {
+		t.Fatalf("rollout_counts: %d rollouts %d successes, want 100 and 34", total2, succ)
+	}
+}
+
+func TestTruncate(t *testing.T) {
+	tests := []struct {
+		in   string
+		n    int
+		want string
+	}{
+		{"abc", 3, "abc"}, {"abcd", 3, "ab…"}, {"ééé", 3, "ééé"}, {"éééé", 3, "éé…"}, {"", 3, ""},
+	}
+	for _, tt := range tests {
+		if got := sink.Truncate(tt.in, tt.n); got != tt.want {
+			t.Errorf("Truncate(%q, %d) = %q, want %q", tt.in, tt.n, got, tt.want)
+		}
+	}
+}
+
+func label(id string, ok bool, capability string, run uint16, l string, end time.Time) sink.LabelRow {
+	return sink.LabelRow{LabelEvent: schemas.LabelEvent{RolloutID: id, Environment: "env", AgentVersion: "v1", DictionaryVersion: 1,
+		Capability: capability, Run: run, Label: l, Success: ok, Source: schemas.SourceExternal, TS: end}}
+}
+
+func TestWindowCountsExactUnderRedelivery(t *testing.T) {
+	s := openStore(t)
+	ctx := context.Background()
+	base := time.Date(2026, 11, 1, 0, 0, 0, 0, time.UTC)
+	var rows []sink.LabelRow
+	// 30 failures, 10 successes; run 0: ids f00..f11 LACKING on failure.
+	for i := 0; i < 40; i++ {
+		ok := i >= 30
+		id := fmt.Sprintf("f%02d", i)
+		l := schemas.LabelPresent
+		if !ok && i < 12 {
+			l = schemas.LabelLacking
+		}
+		if !ok && i >= 25 {
+			l = schemas.LabelNA
+		}
+		rows = append(rows, label(id, ok, "cap_a", 0, l, base.Add(time.Duration(i)*time.Minute)))
+	}
+	if err := s.InsertLabels(ctx, rows); err != nil {
+		t.Fatal(err)
+	}
+	spec := sink.WindowSpec{Cohort: sink.Cohort{Environment: "env", AgentVersion: "v1", DictionaryVersion: 1}}
+	before, err := s.WindowCounts(ctx, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := sink.RunCounts{Capability: "cap_a", Run: 0, LackingFailed: 12, PresentFailed: 13, NAFailed: 5, PresentPassed: 10,
+		LackingFailedFirst: []string{"f00", "f01", "f02", "f03", "f04", "f05", "f06", "f07"}}
+	if len(before) != 1 || fmt.Sprint(before[0]) != fmt.Sprint(want) {
+		t.Fatalf("counts %+v\nwant %+v", before, want)
+	}
+	// Redeliver everything twice: nothing changes.
+	for range 2 {
+		if err := s.InsertLabels(ctx, rows); err != nil {
+			t.Fatal(err)
+		}
+	}
+	after, err := s.WindowCounts(ctx, spec)
+	if err != nil || fmt.Sprint(after) != fmt.Sprint(before) {
+		t.Fatalf("redelivery changed counts: %+v (err %v)", after, err)
+	}
+	info, err := s.WindowInfo(ctx, spec)
+	if err != nil || info.Rollouts != 40 || info.Failures != 30 || !info.First.Equal(base) {
+		t.Fatalf("info %+v %v", info, err)
+	}
+	// The trend table is exact under redelivery too.
+	var lacking uint64
+	if err := s.Conn().QueryRow(ctx, "SELECT uniqExactMerge(rollouts) FROM label_counts WHERE label = 'LACKING' AND success = 0").Scan(&lacking); err != nil || lacking != 12 {
+		t.Fatalf("label_counts LACKING on failures = %d (%v), want 12", lacking, err)
+	}
+	// Window by time and by last M rollouts.
+	spec.Since = base.Add(20 * time.Minute)
+	c, _ := s.WindowCounts(ctx, spec)
+	if c[0].LackingFailed != 0 || c[0].PresentFailed != 5 || c[0].NAFailed != 5 || c[0].PresentPassed != 10 {
+		t.Fatalf("since window: %+v", c)
+	}
+	spec.Since = time.Time{}
+	spec.LastRollouts = 15
+	c, _ = s.WindowCounts(ctx, spec)
+	if got := c[0].LackingFailed + c[0].PresentFailed + c[0].NAFailed + c[0].PresentPassed; got != 15 || c[0].PresentPassed != 10 || c[0].NAFailed != 5 {
+		t.Fatalf("last-15 window: %+v", c)
+	}
+	cohorts, err := s.Cohorts(ctx, time.Time{})
+	if err != nil || len(cohorts) != 1 || cohorts[0] != spec.Cohort {
+		t.Fatalf("cohorts %v %v", cohorts, err)
+	}
+}
+
+func TestIsRetryable(t *testing.T) {
+	tests := []struct {
+		err  error
+		want bool
+	}{
+		{nil, false},
+		{&clickhouse.Exception{Code: 252, Message: "Too many parts"}, true},
+		{&clickhouse.Exception{Code: 210, Message: "network"}, true},
+		{&clickhouse.Exception{Code: 241, Message: "memory"}, true},
+		{&clickhouse.Exception{Code: 62, Message: "syntax error"}, false},
+		{&clickhouse.Exception{Code: 60, Message: "unknown table"}, false},
+		{fmt.Errorf("insert: %w", &clickhouse.Exception{Code: 159}), true},
+		{io.EOF, true},
+		{context.DeadlineExceeded, true},
+		{context.Canceled, false},
+		{errors.New("clickhouse: expected 3 arguments, got 2"), false},
+	}
+	for _, tt := range tests {
+		if got := sink.IsRetryable(tt.err); got != tt.want {
+			t.Errorf("IsRetryable(%v) = %v, want %v", tt.err, got, tt.want)
+		}
+	}
+}
+
+func TestConfigValidate(t *testing.T) {
+	for _, tt := range []struct {
+		cfg  sink.Config
+		want string
+	}{
+		{sink.Config{}, "clickhouse.addr"},
+		{sink.Config{Addr: []string{"localhost"}}, "clickhouse.addr"},
+		{sink.Config{Addr: []string{"h:9000"}, Database: "bad-name"}, "clickhouse.database"},
+		{sink.Config{Addr: []string{"h:9000"}, RetentionDays: -1}, "clickhouse.retention_days"},
+	} {
+		if err := tt.cfg.Validate(); err == nil || !strings.Contains(err.Error(), tt.want) {
+			t.Errorf("Validate(%+v) = %v, want error naming %s", tt.cfg, err, tt.want)
+		}
+	}
+}

@@ -1,0 +1,108 @@
+package sink
+
+import (
+	"context"
+	"fmt"
+	"time"
+)
+
+// DictionaryRow is one stored dictionary version (Body is its JSON).
+type DictionaryRow struct {
+	Environment, AgentVersion string
+	Version                   uint32
+	CreatedAt                 time.Time
+	Source                    string
+	Body                      string
+}
+
+// SaveDictionary stores a dictionary version. Saving the same version twice
+// is harmless (ReplacingMergeTree on the key).
+func (s *Store) SaveDictionary(ctx context.Context, d DictionaryRow) error {
+	b, err := s.conn.PrepareBatch(ctx, "INSERT INTO dictionaries (environment, agent_version, version, created_at, source, body)")
+	if err != nil {
+		return fmt.Errorf("save dictionary: %w", err)
+	}
+	defer b.Abort()
+	if err := b.Append(d.Environment, d.AgentVersion, d.Version, ts(d.CreatedAt, time.Now().UTC()), d.Source, d.Body); err != nil {
+		return err
+	}
+	if err := b.Send(); err != nil {
+		return fmt.Errorf("save dictionary: %w", err)
+	}
+	return nil
+}
+
+// LatestDictionaries returns the newest version of every dictionary scope.
+func (s *Store) LatestDictionaries(ctx context.Context) ([]DictionaryRow, error) {
+	return s.queryDictionaries(ctx, `SELECT environment, agent_version, max(version) AS v,
+	argMax(created_at, version), argMax(source, version), argMax(body, version)
+	FROM dictionaries GROUP BY environment, agent_version ORDER BY environment, agent_version`)
+}
+
+// AllDictionaries returns every stored version, newest first per scope.
+func (s *Store) AllDictionaries(ctx context.Context) ([]DictionaryRow, error) {
+	return s.queryDictionaries(ctx, `SELECT environment, agent_version, version, any(created_at), any(source), any(body)
+	FROM dictionaries GROUP BY environment, agent_version, version ORDER BY environment, agent_version, version DESC`)
+}
+
+func (s *Store) queryDictionaries(ctx context.Context, q string) ([]DictionaryRow, error) {
+	rows, err := s.conn.Query(ctx, q)
+	if err != nil {
+		return nil, fmt.Errorf("dictionaries: %w", err)
+	}
+	defer rows.Close()
+	var out []DictionaryRow
+	for rows.Next() {
+		var d DictionaryRow
+		if err := rows.Scan(&d.Environment, &d.AgentVersion, &d.Version, &d.CreatedAt, &d.Source, &d.Body); err != nil {
+			return nil, err
+		}
+		out = append(out, d)
+	}
+	return out, rows.Err()
+}
+
+// TriggerHistory returns every recorded trigger transition, oldest first per
+// trigger, so an analyzer can rebuild its state machines after a restart.
+func (s *Store) TriggerHistory(ctx context.Context) ([]TriggerEvent, error) {
+	rows, err := s.conn.Query(ctx, `SELECT trigger_id, environment, agent_version, dictionary_version, capability, epoch, event, at,
+	mean_cov, mean_delta, runs_passed, runs_total, window_start, window_end, window_rollouts, window_failures, payload
+	FROM trigger_events FINAL ORDER BY environment, agent_version, dictionary_version, capability, at, epoch`)
+	if err != nil {
+		return nil, fmt.Errorf("trigger history: %w", err)
+	}
+	defer rows.Close()
+	var out []TriggerEvent
+	for rows.Next() {
+		var e TriggerEvent
+		var wr, wf uint32
+		if err := rows.Scan(&e.TriggerID, &e.Environment, &e.AgentVersion, &e.DictionaryVersion, &e.Capability, &e.Epoch, &e.Event, &e.At,
+			&e.MeanCov, &e.MeanDelta, &e.RunsPassed, &e.RunsTotal, &e.Window.Start, &e.Window.End, &wr, &wf, &e.Payload); err != nil {
+			return nil, err
+		}
+		e.Window.Rollouts, e.Window.Failures = int(wr), int(wf)
+		out = append(out, e)
+	}
+	return out, rows.Err()
+}
+
+// StoredRuns returns the labeling runs already stored for a rollout under a
+// dictionary version, so an LLM labeler never labels a (rollout, dictionary
+// version, run) twice.
+func (s *Store) StoredRuns(ctx context.Context, env, agentVersion, rolloutID string, dictVersion uint32) (map[int]bool, error) {
+	rows, err := s.conn.Query(ctx, `SELECT DISTINCT run FROM capability_labels
+	WHERE environment = ? AND agent_version = ? AND dictionary_version = ? AND rollout_id = ?`, env, agentVersion, dictVersion, rolloutID)
+	if err != nil {
+		return nil, fmt.Errorf("stored runs: %w", err)
+	}
+	defer rows.Close()
+	out := map[int]bool{}
+	for rows.Next() {
+		var r uint16
+		if err := rows.Scan(&r); err != nil {
+			return nil, err
+		}
+		out[int(r)] = true
+	}
+	return out, rows.Err()
+}

@@ -1,0 +1,180 @@
+package sink
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/traceops/trace/schemas"
+)
+
+// Cohort is the unit statistics are computed over: one agent version on one
+// environment, labeled against one dictionary version.
+type Cohort struct {
+	Environment       string
+	AgentVersion      string
+	DictionaryVersion uint32
+}
+
+func (c Cohort) String() string {
+	return fmt.Sprintf("%s/%s/dict-v%d", c.Environment, c.AgentVersion, c.DictionaryVersion)
+}
+
+// WindowSpec selects the labels a decision is made on: the cohort's labels
+// whose rollout ended in [Since, Until), and, when LastRollouts > 0, only
+// those of the cohort's most recent LastRollouts rollouts.
+type WindowSpec struct {
+	Cohort
+	Since, Until time.Time // zero = unbounded
+	LastRollouts int
+}
+
+// RunCounts are the label counts of one capability in one run over a window,
+// one label per (rollout, capability, run) whatever was redelivered.
+type RunCounts struct {
+	Capability string
+	Run        int
+	LackingFailed, PresentFailed, NAFailed,
+	LackingPassed, PresentPassed, NAPassed int
+	// LackingFailedFirst are the first MaxExampleIDs ids labeled LACKING on
+	// failures, sorted as strings; enough to compute the first 8 of the
+	// union over runs.
+	LackingFailedFirst []string
+}
+
+// MaxExampleIDs bounds the example ids read per (capability, run).
+const MaxExampleIDs = 8
+
+// WindowInfo describes the rollouts in a window.
+type WindowInfo struct {
+	Rollouts, Failures int
+	First, Last        time.Time
+}
+
+func (spec WindowSpec) where() (string, []any) {
+	conds := []string{"environment = ?", "agent_version = ?", "dictionary_version = ?"}
+	args := []any{spec.Environment, spec.AgentVersion, spec.DictionaryVersion}
+	if !spec.Since.IsZero() {
+		conds = append(conds, "toUInt32(ts) >= ?")
+		args = append(args, uint32(spec.Since.Unix()))
+	}
+	if !spec.Until.IsZero() {
+		conds = append(conds, "toUInt32(ts) < ?")
+		args = append(args, uint32(spec.Until.Unix()))
+	}
+	where := strings.Join(conds, " AND ")
+	if spec.LastRollouts > 0 {
+		inner := where
+		where += fmt.Sprintf(` AND rollout_id IN (SELECT rollout_id FROM capability_labels WHERE %s
+	GROUP BY rollout_id ORDER BY max(ts) DESC, rollout_id DESC LIMIT %d)`, inner, spec.LastRollouts)
+		args = append(args, args...)
+	}
+	return where, args
+}
+
+// WindowCounts returns per (capability, run) label counts over the window.
+// Each (rollout, capability, run) counts once, with its most recently
+// ingested label (argMax over ingest_ns).
+func (s *Store) WindowCounts(ctx context.Context, spec WindowSpec) ([]RunCounts, error) {
+	where, args := spec.where()
+	q := fmt.Sprintf(`SELECT capability, run,
+	countIf(ok = 0 AND l = 'LACKING'), countIf(ok = 0 AND l = 'PRESENT'), countIf(ok = 0 AND l = 'NA'),
+	countIf(ok = 1 AND l = 'LACKING'), countIf(ok = 1 AND l = 'PRESENT'), countIf(ok = 1 AND l = 'NA'),
+	arraySlice(arraySort(groupArrayIf(rollout_id, ok = 0 AND l = 'LACKING')), 1, %d)
+FROM (
+	SELECT capability, run, rollout_id, argMax(label, ingest_ns) AS l, argMax(success, ingest_ns) AS ok
+	FROM capability_labels
+	WHERE %s
+	GROUP BY capability, run, rollout_id
+)
+GROUP BY capability, run
+ORDER BY capability, run`, MaxExampleIDs, where)
+	rows, err := s.conn.Query(ctx, q, args...)
+	if err != nil {
+		return nil, fmt.Errorf("window counts %s: %w", spec.Cohort, err)
+	}
+	defer rows.Close()
+	var out []RunCounts
+	for rows.Next() {
+		var (
+			rc                     RunCounts
+			run                    uint16
+			lf, pf, nf, lp, pp, np uint64
+		)
+		if err := rows.Scan(&rc.Capability, &run, &lf, &pf, &nf, &lp, &pp, &np, &rc.LackingFailedFirst); err != nil {
+			return nil, fmt.Errorf("window counts %s: %w", spec.Cohort, err)
+		}
+		rc.Run = int(run)
+		rc.LackingFailed, rc.PresentFailed, rc.NAFailed = int(lf), int(pf), int(nf)
+		rc.LackingPassed, rc.PresentPassed, rc.NAPassed = int(lp), int(pp), int(np)
+		out = append(out, rc)
+	}
+	return out, rows.Err()
+}
+
+// WindowInfo counts the distinct rollouts and failures labeled in the window.
+func (s *Store) WindowInfo(ctx context.Context, spec WindowSpec) (WindowInfo, error) {
+	where, args := spec.where()
+	q := fmt.Sprintf(`SELECT count(), countIf(ok = 0), min(t), max(t) FROM (
+	SELECT rollout_id, argMax(success, ingest_ns) AS ok, max(ts) AS t
+	FROM capability_labels WHERE %s GROUP BY rollout_id)`, where)
+	var (
+		info       WindowInfo
+		n, f       uint64
+		first, lst time.Time
+	)
+	if err := s.conn.QueryRow(ctx, q, args...).Scan(&n, &f, &first, &lst); err != nil {
+		return info, fmt.Errorf("window info %s: %w", spec.Cohort, err)
+	}
+	info.Rollouts, info.Failures = int(n), int(f)
+	if n > 0 {
+		info.First, info.Last = first.UTC(), lst.UTC()
+	}
+	return info, nil
+}
+
+// Cohorts lists the cohorts that have labels ending at or after since.
+func (s *Store) Cohorts(ctx context.Context, since time.Time) ([]Cohort, error) {
+	rows, err := s.conn.Query(ctx, `SELECT DISTINCT environment, agent_version, dictionary_version
+	FROM capability_labels WHERE toUInt32(ts) >= ? ORDER BY environment, agent_version, dictionary_version`, uint32(max(since.Unix(), 0)))
+	if err != nil {
+		return nil, fmt.Errorf("cohorts: %w", err)
+	}
+	defer rows.Close()
+	var out []Cohort
+	for rows.Next() {
+		var c Cohort
+		if err := rows.Scan(&c.Environment, &c.AgentVersion, &c.DictionaryVersion); err != nil {
+			return nil, err
+		}
+		out = append(out, c)
+	}
+	return out, rows.Err()
+}
+
+// CohortTools returns the tool schemas of the cohort's most recent rollout
+// that declared tools (the synthesizer mirrors the target's interface).
+func (s *Store) CohortTools(ctx context.Context, env, agentVersion string) ([]schemas.Tool, error) {
+	var raw string
+	err := s.conn.QueryRow(ctx, `SELECT argMax(tools, end_time) FROM rollouts
+	WHERE environment = ? AND agent_version = ? AND tools != ''`, env, agentVersion).Scan(&raw)
+	if err != nil {
+		return nil, fmt.Errorf("cohort tools: %w", err)
+	}
+	if raw == "" {
+		return nil, nil
+	}
+	var tools []schemas.Tool
+	if err := json.Unmarshal([]byte(raw), &tools); err != nil {
+		return nil, fmt.Errorf("cohort tools: %w", err)
+	}
+	return tools, nil
+}
+
+// CountDistinctRollouts counts distinct rollout ids (FINAL-free, exact).
+func (s *Store) CountDistinctRollouts(ctx context.Context) (distinct, rows uint64, err error) {
+	err = s.conn.QueryRow(ctx, "SELECT uniqExact(rollout_id), count() FROM rollouts").Scan(&distinct, &rows)
+	return distinct, rows, err
+}
