@@ -23,8 +23,8 @@ type EvalConfig struct {
 	Rho   float64 `koanf:"rho"`   // default 0.10
 	Delta float64 `koanf:"delta"` // default 0.20
 	// K and N: a capability is selected when it passes in at least K of N
-	// labeling runs. A cohort labeled with fewer runs (the rules labeler has
-	// one) needs ceil(K/N × runs) passes.
+	// labeling runs (the rules labeler runs once: N = K = 1). Only rollouts
+	// labeled in all N runs take part (see sink.WindowSpec.Runs).
 	K int `koanf:"k"` // default 8
 	N int `koanf:"n"` // default 10
 	// Window: the last WindowHours of rollouts (by end time), and, when
@@ -83,14 +83,6 @@ func (c EvalConfig) Validate() error {
 		return fmt.Errorf("analyzer.rearm_after: must be >= 0")
 	}
 	return nil
-}
-
-// RequiredPasses is K scaled to the number of runs a cohort was labeled with.
-func (c EvalConfig) RequiredPasses(runs int) int {
-	if runs >= c.N {
-		return c.K
-	}
-	return max(1, int(math.Ceil(float64(c.K)*float64(runs)/float64(c.N)-1e-9)))
 }
 
 // Publisher delivers synthesis requests exactly once (see internal/bus).
@@ -225,7 +217,7 @@ func (e *Evaluator) Snapshot() map[sink.Cohort][]Result {
 // Evaluate computes one cohort's window statistics and applies the triggers.
 func (e *Evaluator) Evaluate(ctx context.Context, c sink.Cohort) error {
 	now := e.now()
-	spec := sink.WindowSpec{Cohort: c, Since: now.Add(-e.cfg.Window), LastRollouts: e.cfg.WindowRollouts}
+	spec := sink.WindowSpec{Cohort: c, Since: now.Add(-e.cfg.Window), LastRollouts: e.cfg.WindowRollouts, Runs: e.cfg.N}
 	info, err := e.store.WindowInfo(ctx, spec)
 	if err != nil {
 		return err
@@ -236,9 +228,9 @@ func (e *Evaluator) Evaluate(ctx context.Context, c sink.Cohort) error {
 	}
 	dict := e.reg.Version(c.Environment, c.AgentVersion, c.DictionaryVersion)
 	inputs, runs := CohortInputs(counts, dict)
-	th := Thresholds{Rho: e.cfg.Rho, Delta: e.cfg.Delta, K: e.cfg.RequiredPasses(runs)}
-	results := Select(inputs, th)
-	decided := info.Failures >= e.cfg.MinFailures
+	results := Select(inputs, Thresholds{Rho: e.cfg.Rho, Delta: e.cfg.Delta, K: e.cfg.K})
+	// K of N needs N runs: with fewer complete runs there is no decision.
+	decided := info.Failures >= e.cfg.MinFailures && runs >= e.cfg.N
 	e.mu.Lock()
 	e.last[c] = results
 	e.mu.Unlock()

@@ -29,6 +29,12 @@ type WindowSpec struct {
 	Cohort
 	Since, Until time.Time // zero = unbounded
 	LastRollouts int
+	// Runs is N, the labeling runs per rollout. When N > 1 only complete
+	// rollouts take part: those labeled for the capability in every run
+	// 0..N-1. A rollout whose runs are still arriving (or one whose LLM run
+	// failed) is left out instead of skewing one run's ratios, so the window
+	// statistics never depend on where a consumer batch happened to end.
+	Runs int
 }
 
 // RunCounts are the label counts of one capability in one run over a window,
@@ -64,11 +70,21 @@ func (spec WindowSpec) where() (string, []any) {
 		conds = append(conds, "toUInt32(ts) < ?")
 		args = append(args, uint32(spec.Until.Unix()))
 	}
+	if spec.Runs > 1 {
+		conds = append(conds, "run < ?")
+		args = append(args, uint16(spec.Runs))
+	}
 	where := strings.Join(conds, " AND ")
 	if spec.LastRollouts > 0 {
 		inner := where
 		where += fmt.Sprintf(` AND rollout_id IN (SELECT rollout_id FROM capability_labels WHERE %s
 	GROUP BY rollout_id ORDER BY max(ts) DESC, rollout_id DESC LIMIT %d)`, inner, spec.LastRollouts)
+		args = append(args, args...)
+	}
+	if spec.Runs > 1 {
+		base := where
+		where += fmt.Sprintf(` AND (capability, rollout_id) IN (SELECT capability, rollout_id FROM capability_labels WHERE %s
+	GROUP BY capability, rollout_id HAVING uniqExact(run) >= %d)`, base, spec.Runs)
 		args = append(args, args...)
 	}
 	return where, args

@@ -1,0 +1,236 @@
+package analyzer_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"math"
+	"os"
+	"path/filepath"
+	"sort"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/segmentio/kafka-go"
+
+	"github.com/traceops/trace/analyzer"
+	"github.com/traceops/trace/ingest"
+	"github.com/traceops/trace/internal/bus"
+	"github.com/traceops/trace/internal/shareddata"
+	"github.com/traceops/trace/internal/testenv"
+	"github.com/traceops/trace/schemas"
+	"github.com/traceops/trace/sink"
+)
+
+func TestMain(m *testing.M) { testenv.Main(m) }
+
+type goldenEnv struct {
+	brokers []string
+	topic   string
+	store   *sink.Store
+	bus     *bus.Bus
+	reg     *analyzer.Registry
+	events  []schemas.LabelEvent
+	want    []schemas.SelectedCapability
+	scope   analyzer.ImportScope
+}
+
+func setupGolden(t *testing.T) *goldenEnv {
+	dir := shareddata.Dir(t, "trace-release/pipeline")
+	ctx := context.Background()
+	g := &goldenEnv{brokers: testenv.Kafka(t), scope: analyzer.ImportScope{Environment: "tau2-bench", AgentVersion: "qwen3-30b-a3b", DictionaryVersion: 1}}
+	g.topic = testenv.UniqueTopic(t, "trace.labels")
+	testenv.CreateTopic(t, g.brokers, g.topic, 4)
+	ch := testenv.ClickHouse(t)
+	var err error
+	if g.store, err = sink.Open(ctx, sink.Config{Addr: []string{ch.Addr}, Database: ch.Database}, nil); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { g.store.Close() })
+	if err := g.store.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	ns := testenv.NATS(t)
+	if g.bus, err = bus.Connect(ctx, bus.Config{URL: ns.URL()}, "test"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(g.bus.Close)
+
+	raw, _ := os.ReadFile(filepath.Join(dir, "candidate_capabilities.json"))
+	cands, err := analyzer.ParseCandidates("candidates", raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	runs, err := analyzer.LoadRuns(filepath.Join(dir, "run_*.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	g.reg = analyzer.NewRegistry()
+	g.reg.Put(analyzer.DictionaryFromCandidates(g.scope, cands))
+	g.events = analyzer.RunFileEvents(g.scope, runs)
+	raw, _ = os.ReadFile(filepath.Join(dir, "selected_capabilities.json"))
+	if err := json.Unmarshal(raw, &g.want); err != nil {
+		t.Fatal(err)
+	}
+	return g
+}
+
+func (g *goldenEnv) publish(t *testing.T) {
+	w := &kafka.Writer{Addr: kafka.TCP(g.brokers...), Topic: g.topic, Balancer: &kafka.Hash{}, RequiredAcks: kafka.RequireAll, BatchSize: 1000, BatchTimeout: 5 * time.Millisecond}
+	defer w.Close()
+	msgs := make([]kafka.Message, len(g.events))
+	for i := range g.events {
+		b, _ := json.Marshal(g.events[i])
+		msgs[i] = kafka.Message{Key: []byte(g.events[i].Key()), Value: b}
+	}
+	if err := w.WriteMessages(context.Background(), msgs...); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// replica is one analyzer process: a label consumer and an evaluator.
+func (g *goldenEnv) replica(t *testing.T, ctx context.Context, wg *sync.WaitGroup, group string) *analyzer.Evaluator {
+	ev := analyzer.NewEvaluator(analyzer.EvalConfig{Interval: 500 * time.Millisecond}, g.store, g.bus, g.reg, nil, nil)
+	if err := ev.Recover(ctx); err != nil {
+		t.Fatal(err)
+	}
+	c, err := ingest.NewConsumer(ingest.Config{Brokers: g.brokers, Topic: g.topic, GroupID: group, Stage: "analyze",
+		BatchRows: 5000, BatchTimeout: 200 * time.Millisecond}, ingest.DecodeLabel,
+		&analyzer.LabelEventSink{Store: g.store, Evaluator: ev}, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wg.Add(2)
+	go func() { defer wg.Done(); _ = c.Run(ctx) }()
+	go func() { defer wg.Done(); _ = ev.Run(ctx) }()
+	return ev
+}
+
+func (g *goldenEnv) requests(t *testing.T, want int) []*schemas.SynthesisRequest {
+	t.Helper()
+	ctx := context.Background()
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		st, err := g.bus.JS.Stream(ctx, bus.StreamSynthesis)
+		if err != nil {
+			t.Fatal(err)
+		}
+		info, err := st.Info(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if int(info.State.Msgs) >= want || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	// Let any extra (wrong) publication arrive before reading.
+	time.Sleep(1500 * time.Millisecond)
+	cons, err := g.bus.JS.OrderedConsumer(ctx, bus.StreamSynthesis, jetstream.OrderedConsumerConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []*schemas.SynthesisRequest
+	for {
+		batch, err := cons.FetchNoWait(100)
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := 0
+		for m := range batch.Messages() {
+			n++
+			req, err := schemas.DecodeSynthesisRequest(m.Data())
+			if err != nil {
+				t.Fatalf("synthesis request does not validate: %v\n%s", err, m.Data())
+			}
+			if m.Subject() != bus.SynthesisSubject(req.Environment, req.Capability.Skill) {
+				t.Errorf("subject %s for %s", m.Subject(), req.Capability.Skill)
+			}
+			out = append(out, req)
+		}
+		if n == 0 {
+			break
+		}
+	}
+	return out
+}
+
+func (g *goldenEnv) check(t *testing.T, reqs []*schemas.SynthesisRequest) {
+	t.Helper()
+	if len(reqs) != len(g.want) {
+		var names []string
+		for _, r := range reqs {
+			names = append(names, r.Capability.Skill)
+		}
+		t.Fatalf("%d synthesis requests %v, want %d", len(reqs), names, len(g.want))
+	}
+	sort.Slice(reqs, func(i, j int) bool { return reqs[i].Capability.MeanDelta > reqs[j].Capability.MeanDelta })
+	for i, w := range g.want {
+		got := reqs[i].Capability
+		if got.Skill != w.Skill || got.NRunsPassed != w.NRunsPassed || fmt.Sprint(got.ExampleFailedCases) != fmt.Sprint(w.ExampleFailedCases) {
+			t.Errorf("request %d: %+v\nwant %+v", i, got, w)
+		}
+		if math.Abs(got.MeanCov-w.MeanCov) > 1e-9 || math.Abs(got.MeanDelta-w.MeanDelta) > 1e-9 {
+			t.Errorf("%s: mean cov %.17g delta %.17g, want %.17g %.17g", w.Skill, got.MeanCov, got.MeanDelta, w.MeanCov, w.MeanDelta)
+		}
+		if reqs[i].Window.Failures != 110 || reqs[i].Window.Rollouts != 164 || reqs[i].Epoch != 1 {
+			t.Errorf("%s: window %+v epoch %d", w.Skill, reqs[i].Window, reqs[i].Epoch)
+		}
+	}
+}
+
+func (g *goldenEnv) counts(t *testing.T) string {
+	c, err := g.store.WindowCounts(context.Background(), sink.WindowSpec{Cohort: sink.Cohort{Environment: g.scope.Environment, AgentVersion: g.scope.AgentVersion, DictionaryVersion: 1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return fmt.Sprint(c)
+}
+
+// TestGoldenStream streams the TRACE release's 10 labeling runs as label
+// events and expects exactly the 6 published selections as synthesis
+// requests, then republishes everything and expects nothing new.
+func TestGoldenStream(t *testing.T) {
+	g := setupGolden(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	defer func() { cancel(); wg.Wait() }()
+	g.replica(t, ctx, &wg, "analyzer")
+	g.publish(t)
+	g.check(t, g.requests(t, 6))
+	before := g.counts(t)
+
+	g.publish(t) // at-least-once: the same events again
+	time.Sleep(3 * time.Second)
+	if after := g.counts(t); after != before {
+		t.Fatalf("republishing changed the statistics:\n%s\n%s", before, after)
+	}
+	g.check(t, g.requests(t, 6))
+
+	// A restarted analyzer recovers its trigger state and fires nothing new.
+	cancel()
+	wg.Wait()
+	ctx2, cancel2 := context.WithCancel(context.Background())
+	defer cancel2()
+	var wg2 sync.WaitGroup
+	ev := g.replica(t, ctx2, &wg2, "analyzer")
+	ev.Touch(sink.Cohort{Environment: g.scope.Environment, AgentVersion: g.scope.AgentVersion, DictionaryVersion: 1})
+	time.Sleep(2 * time.Second)
+	g.check(t, g.requests(t, 6))
+	cancel2()
+	wg2.Wait()
+}
+
+// TestGoldenStreamTwoReplicas runs two analyzers in one consumer group.
+func TestGoldenStreamTwoReplicas(t *testing.T) {
+	g := setupGolden(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	defer func() { cancel(); wg.Wait() }()
+	g.replica(t, ctx, &wg, "analyzer")
+	g.replica(t, ctx, &wg, "analyzer")
+	g.publish(t)
+	g.check(t, g.requests(t, 6))
+}
