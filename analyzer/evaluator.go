@@ -108,6 +108,7 @@ type Evaluator struct {
 	wake     chan struct{}
 	triggers map[TriggerKey]Trigger
 	last     map[sink.Cohort][]Result
+	tools    map[[2]string][]schemas.Tool // (env, agent version) -> the target's tool schemas
 }
 
 // NewEvaluator builds an evaluator. Call Recover before Run.
@@ -116,7 +117,7 @@ func NewEvaluator(cfg EvalConfig, st *sink.Store, pub Publisher, reg *Registry, 
 		log = slog.Default()
 	}
 	return &Evaluator{cfg: cfg.WithDefaults(), store: st, pub: pub, reg: reg, log: log, now: time.Now, met: m,
-		dirty: map[sink.Cohort]time.Time{}, wake: make(chan struct{}, 1), triggers: map[TriggerKey]Trigger{}, last: map[sink.Cohort][]Result{}}
+		dirty: map[sink.Cohort]time.Time{}, wake: make(chan struct{}, 1), triggers: map[TriggerKey]Trigger{}, last: map[sink.Cohort][]Result{}, tools: map[[2]string][]schemas.Tool{}}
 }
 
 // Recover rebuilds every trigger from trigger_events.
@@ -203,6 +204,31 @@ func capped(initial, maxI time.Duration) backoff.BackOff {
 	return b
 }
 
+// ObserveTools remembers the tool schemas a cohort's agent had, as seen on
+// a rollout by the labeling stage; synthesis requests carry them. Cohorts
+// whose labels come from outside fall back to the rollouts table.
+func (e *Evaluator) ObserveTools(env, agentVersion string, tools []schemas.Tool) {
+	if len(tools) == 0 {
+		return
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	k := [2]string{env, agentVersion}
+	if len(e.tools[k]) < len(tools) {
+		e.tools[k] = tools
+	}
+}
+
+func (e *Evaluator) cohortTools(ctx context.Context, c sink.Cohort) ([]schemas.Tool, error) {
+	e.mu.Lock()
+	t := e.tools[[2]string{c.Environment, c.AgentVersion}]
+	e.mu.Unlock()
+	if len(t) > 0 {
+		return t, nil
+	}
+	return e.store.CohortTools(ctx, c.Environment, c.AgentVersion)
+}
+
 // Snapshot returns the latest evaluation results per cohort.
 func (e *Evaluator) Snapshot() map[sink.Cohort][]Result {
 	e.mu.Lock()
@@ -257,7 +283,7 @@ func (e *Evaluator) Evaluate(ctx context.Context, c sink.Cohort) error {
 		}
 		if act == ActFire {
 			if tools == nil {
-				if tools, err = e.store.CohortTools(ctx, c.Environment, c.AgentVersion); err != nil {
+				if tools, err = e.cohortTools(ctx, c); err != nil {
 					return err
 				}
 			}

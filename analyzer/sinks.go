@@ -51,6 +51,9 @@ func (s *LabelingSink) Write(ctx context.Context, batch []ingest.Record[*schemas
 			}
 			continue
 		}
+		if s.Evaluator != nil {
+			s.Evaluator.ObserveTools(r.Environment, r.Agent.Version, r.Tools)
+		}
 		if s.ShouldLabel != nil && !s.ShouldLabel(r) {
 			continue
 		}

@@ -1,0 +1,17 @@
+# Multi-stage build of the trace binary.
+FROM golang:1.26-bookworm AS build
+WORKDIR /src
+COPY go.mod go.sum ./
+RUN go mod download
+COPY . .
+RUN CGO_ENABLED=0 go build -trimpath -ldflags="-s -w" -o /out/trace ./cmd/trace
+
+FROM debian:bookworm-slim
+RUN apt-get update && apt-get install -y --no-install-recommends ca-certificates && rm -rf /var/lib/apt/lists/* \
+    && useradd --system --uid 10001 trace
+COPY --from=build /out/trace /usr/local/bin/trace
+USER trace
+WORKDIR /var/lib/trace
+EXPOSE 8080
+ENTRYPOINT ["trace"]
+CMD ["run"]

@@ -1,0 +1,59 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"os/exec"
+	"testing"
+	"time"
+
+	"github.com/traceops/trace/internal/testenv"
+)
+
+// TestDemoEndToEnd runs `trace demo --json` in-process on embedded servers
+// (kfake, nats-server, a local ClickHouse) and checks that triggers fired for
+// exactly the planted deficits.
+func TestDemoEndToEnd(t *testing.T) {
+	if testing.Short() {
+		t.Skip("end-to-end demo: skipped with -short")
+	}
+	if _, err := exec.LookPath("clickhouse-server"); err != nil {
+		if _, err := exec.LookPath("clickhouse"); err != nil {
+			testenv.Unavailable(t, "no clickhouse-server or clickhouse binary on PATH")
+		}
+	}
+	dir := t.TempDir()
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	out, err := runCLI(t, ctx, "demo", "--json", "--timeout", "3m", "--rollouts", "2000", "--rate", "0",
+		"--set", "data_dir="+dir, "--set", "kafka.embedded_addr=127.0.0.1:0", "--set", "embedded.clickhouse_port=0",
+		"--set", "embedded.clickhouse_http_port=0", "--set", "embedded.nats_port=0", "--set", "http.addr=127.0.0.1:0")
+	var sum demoSummary
+	if jerr := json.Unmarshal([]byte(lastJSON(out)), &sum); jerr != nil {
+		t.Fatalf("demo printed no JSON summary (err %v): %v\n%s", err, jerr, out)
+	}
+	if err != nil || !sum.OK {
+		t.Fatalf("demo failed: %v; verdict %q\n%s", err, sum.Verdict, out)
+	}
+	if len(sum.Planted) != 3 || len(sum.Triggered) != 3 || sum.Counts.Stored != 2000 || sum.Counts.Labeled != 2000 {
+		t.Fatalf("summary %+v", sum)
+	}
+	if sum.Counts.DeadLettered < int64(sum.Counts.Malformed) || sum.Counts.Malformed == 0 {
+		t.Fatalf("malformed messages not dead-lettered: %+v", sum.Counts)
+	}
+	for _, tr := range sum.Triggers {
+		if tr.Request.Capability.Status != "PENDING" || len(tr.Request.Tools) == 0 || len(tr.Request.ExampleFailedRolloutIDs) == 0 {
+			t.Errorf("synthesis request lacks its payload: %+v", tr.Request)
+		}
+	}
+}
+
+// lastJSON returns the last top-level JSON object in s (logs may precede it).
+func lastJSON(s string) string {
+	for i := len(s) - 1; i >= 0; i-- {
+		if s[i] == '{' && (i == 0 || s[i-1] == '\n') {
+			return s[i:]
+		}
+	}
+	return s
+}

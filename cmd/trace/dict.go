@@ -1,0 +1,129 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/spf13/cobra"
+
+	"github.com/traceops/trace/analyzer"
+	"github.com/traceops/trace/internal/app"
+)
+
+func init() {
+	dict := &cobra.Command{
+		Use:   "dict",
+		Short: "Manage capability dictionaries",
+		Long: `A capability dictionary is a frozen, versioned set of capabilities scoped to an
+(environment, agent version); agent_version "*" covers every version of the
+environment. Labelers never invent or rename capabilities: a changed
+dictionary becomes a new version, which running analyzers pick up without a
+restart (announced on the NATS KV bucket trace_dictionaries).`,
+	}
+	var cf configFlags
+	apply := &cobra.Command{
+		Use:     "apply FILE...",
+		Short:   "Validate and store dictionaries from YAML files",
+		Example: "  trace dict apply analyzer/dictionaries/tau-tools.yaml",
+		Args:    cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, files []string) error {
+			var ds []*analyzer.Dictionary
+			for _, f := range files {
+				data, err := os.ReadFile(f)
+				if err != nil {
+					return err
+				}
+				d, err := analyzer.ParseDictionaries(f, data)
+				if err != nil {
+					return err
+				}
+				ds = append(ds, d...)
+			}
+			cfg, err := cf.load()
+			if err != nil {
+				return err
+			}
+			ctx := cmd.Context()
+			st, err := openStore(ctx, cfg)
+			if err != nil {
+				return err
+			}
+			defer st.Close()
+			b, err := connectBus(ctx, cfg)
+			if err != nil {
+				return err
+			}
+			defer b.Close()
+			reg := analyzer.NewRegistry()
+			if err := reg.Load(ctx, st); err != nil {
+				return err
+			}
+			for _, d := range ds {
+				stored, err := app.ApplyDictionary(ctx, st, b, reg, d)
+				if err != nil {
+					return err
+				}
+				fmt.Fprintf(cmd.OutOrStdout(), "%s/%s: version %d (%d capabilities)\n", stored.Environment, stored.AgentVersion, stored.Version, len(stored.Capabilities))
+			}
+			return nil
+		},
+	}
+	cf.add(apply)
+	var scf configFlags
+	var all bool
+	show := &cobra.Command{
+		Use:   "show",
+		Short: "Print the stored dictionaries",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			cfg, err := scf.load()
+			if err != nil {
+				return err
+			}
+			st, err := openStore(cmd.Context(), cfg)
+			if err != nil {
+				return err
+			}
+			defer st.Close()
+			rows, err := st.LatestDictionaries(cmd.Context())
+			if all {
+				rows, err = st.AllDictionaries(cmd.Context())
+			}
+			if err != nil {
+				return err
+			}
+			if len(rows) == 0 {
+				fmt.Fprintln(cmd.OutOrStdout(), "no dictionaries stored yet (trace dict apply FILE)")
+			}
+			w := cmd.OutOrStdout()
+			for _, r := range rows {
+				d, err := analyzer.DictionaryFromRow(r)
+				if err != nil {
+					return err
+				}
+				fmt.Fprintf(w, "%s / agent %s — version %d (%s, %s)\n", d.Environment, d.AgentVersion, d.Version, d.Source, d.CreatedAt.Format("2006-01-02 15:04"))
+				tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+				for _, c := range d.Capabilities {
+					fmt.Fprintf(tw, "  %s\t%s\n", c.Name, oneLine(c.Definition, 100))
+				}
+				tw.Flush()
+				fmt.Fprintln(w)
+			}
+			return nil
+		},
+	}
+	scf.add(show)
+	show.Flags().BoolVar(&all, "all", false, "every version, not only the newest")
+	dict.AddCommand(apply, show)
+	rootCmd.AddCommand(dict)
+}
+
+func oneLine(s string, n int) string {
+	s = strings.Join(strings.Fields(s), " ")
+	if len(s) > n {
+		return s[:n-1] + "…"
+	}
+	return s
+}

@@ -1,0 +1,120 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+
+	"github.com/segmentio/kafka-go"
+	"github.com/spf13/cobra"
+
+	"github.com/traceops/trace/analyzer"
+	"github.com/traceops/trace/internal/app"
+)
+
+func init() {
+	labels := &cobra.Command{Use: "labels", Short: "Feed externally produced labels into the statistics"}
+	var (
+		cf         configFlags
+		runsGlob   string
+		candidates string
+		scope      analyzer.ImportScope
+		dictV      uint
+		topic      string
+	)
+	imp := &cobra.Command{
+		Use:   "import --runs 'run_*.json' --environment E --agent-version V",
+		Short: "Publish TRACE-style labeling run files as label events on trace.labels",
+		Long: `import turns labeling runs in the TRACE release's six-list schema (run_NN.json)
+into label events (one per trajectory, capability and run; run index = file
+order) and publishes them to the labels topic, so that offline or human
+labeling feeds the same streaming statistics and triggers as the built-in
+labelers. With --candidates, the candidate capabilities are also stored as the
+dictionary version the events name.`,
+		Example: `  trace labels import --runs '../shared/data/trace-release/pipeline/run_*.json' \
+    --candidates ../shared/data/trace-release/pipeline/candidate_capabilities.json \
+    --environment tau2-bench --agent-version qwen3-30b-a3b`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			scope.DictionaryVersion = uint32(dictV)
+			if err := scope.Validate(); err != nil {
+				return err
+			}
+			runs, err := analyzer.LoadRuns(runsGlob)
+			if err != nil {
+				return err
+			}
+			cfg, err := cf.load()
+			if err != nil {
+				return err
+			}
+			ctx := cmd.Context()
+			if candidates != "" {
+				data, err := os.ReadFile(candidates)
+				if err != nil {
+					return fmt.Errorf("--candidates: %w", err)
+				}
+				cands, err := analyzer.ParseCandidates(candidates, data)
+				if err != nil {
+					return err
+				}
+				st, err := openStore(ctx, cfg)
+				if err != nil {
+					return err
+				}
+				defer st.Close()
+				b, err := connectBus(ctx, cfg)
+				if err != nil {
+					return err
+				}
+				defer b.Close()
+				reg := analyzer.NewRegistry()
+				if err := reg.Load(ctx, st); err != nil {
+					return err
+				}
+				d := analyzer.DictionaryFromCandidates(scope, cands)
+				if existing := reg.Version(scope.Environment, scope.AgentVersion, scope.DictionaryVersion); existing == nil {
+					if _, err := app.ApplyDictionary(ctx, st, b, reg, d); err != nil {
+						return err
+					}
+				}
+			}
+			events := analyzer.RunFileEvents(scope, runs)
+			if topic == "" {
+				topic = cfg.Kafka.LabelsTopic
+			}
+			w := &kafka.Writer{Addr: kafka.TCP(cfg.KafkaBrokers()...), Topic: topic, Balancer: &kafka.Hash{},
+				RequiredAcks: kafka.RequireAll, Compression: kafka.Zstd, BatchSize: 1000, AllowAutoTopicCreation: true}
+			defer w.Close()
+			msgs := make([]kafka.Message, 0, len(events))
+			for i := range events {
+				b, err := json.Marshal(&events[i])
+				if err != nil {
+					return err
+				}
+				msgs = append(msgs, kafka.Message{Key: []byte(events[i].Key()), Value: b})
+			}
+			for len(msgs) > 0 {
+				n := min(len(msgs), 5000)
+				if err := w.WriteMessages(ctx, msgs[:n]...); err != nil {
+					return fmt.Errorf("publish to %s: %w", topic, err)
+				}
+				msgs = msgs[n:]
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "published %d label events (%d runs) for %s/%s dictionary v%d to %s\n",
+				len(events), len(runs), scope.Environment, scope.AgentVersion, scope.DictionaryVersion, topic)
+			return nil
+		},
+	}
+	cf.add(imp)
+	f := imp.Flags()
+	f.StringVar(&runsGlob, "runs", "", "glob of run files in the six-list schema (quote it)")
+	f.StringVar(&candidates, "candidates", "", "candidate_capabilities.json, stored as the dictionary")
+	f.StringVar(&scope.Environment, "environment", "", "environment of the labeled rollouts")
+	f.StringVar(&scope.AgentVersion, "agent-version", "", "agent version of the labeled rollouts")
+	f.UintVar(&dictV, "dictionary-version", 1, "dictionary version the labels refer to")
+	f.StringVar(&topic, "topic", "", "labels topic (default kafka.labels_topic)")
+	_ = imp.MarkFlagRequired("runs")
+	labels.AddCommand(imp)
+	rootCmd.AddCommand(labels)
+}

@@ -1,0 +1,90 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"slices"
+	"strings"
+
+	"github.com/spf13/cobra"
+
+	"github.com/traceops/trace/ingest"
+)
+
+func init() { rootCmd.AddCommand(newReplayCmd()) }
+
+func newReplayCmd() *cobra.Command {
+	var (
+		format  string
+		brokers []string
+		topic   string
+	)
+	cmd := &cobra.Command{
+		Use:   "replay [--format auto|rollout-jsonl|tau2] [--brokers HOST:PORT,...] [--topic NAME] FILE...",
+		Short: "Publish rollout files (rollout JSONL or τ²-bench results) to Kafka",
+		Long: `replay reads rollout files and publishes every rollout on the Kafka rollout
+topic, as a producer in production would.
+
+Input formats (--format):
+  auto           (default) a file that is a single JSON object with a
+                 "simulations" key is a τ²-bench result file, anything else is
+                 rollout JSONL
+  rollout-jsonl  one rollout/v1 JSON object per line (schemas/rollout.v1.schema.json);
+                 blank lines are skipped
+  tau2           a τ²-bench result file; each simulation becomes one rollout in
+                 environment "tau2-<domain>" (see ingest.ConvertTau2)
+
+Every rollout is validated against the rollout/v1 schema before it is sent.
+Invalid records are not published; they are counted by reason (too_large,
+invalid_utf8, not_json, schema, non_finite_reward, tau2_invalid) and the first
+few are listed with their line numbers. Messages are keyed by
+"<environment>/<agent version>", zstd-compressed, and acknowledged by all
+in-sync replicas; the topic is created if the broker allows it.
+
+A progress bar is drawn on stderr when stderr is a terminal. The summary goes
+to stdout.
+
+Exit status: 0 when rollouts were sent (rejected records alone are reported,
+not fatal); 1 on a Kafka or read error (the summary shows what was sent
+before it); 2 when nothing could be sent.`,
+		Example: `  # replay the τ²-bench result files kept beside the repository clone
+  trace replay ../shared/data/tau2/*.json
+
+  # a rollout JSONL file to another cluster and topic
+  trace replay --brokers kafka-1:9092,kafka-2:9092 --topic trace.rollouts.staging rollouts.jsonl
+
+  # force the format when auto-detection is not wanted
+  trace replay --format rollout-jsonl export.json`,
+		Args: cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, files []string) error {
+			if !slices.Contains(ingest.ReplayFormats, format) {
+				return fmt.Errorf("--format %q: want one of %s", format, strings.Join(ingest.ReplayFormats, ", "))
+			}
+			if len(brokers) == 0 {
+				return errors.New("--brokers: at least one broker is needed")
+			}
+			if topic == "" {
+				return errors.New("--topic must not be empty")
+			}
+			w := ingest.NewKafkaWriter(brokers, topic)
+			sum, err := ingest.Replay(cmd.Context(), w, files, format, os.Stderr)
+			if cerr := w.Close(); err == nil && cerr != nil {
+				err = fmt.Errorf("kafka: %w", cerr)
+			}
+			fmt.Fprintln(cmd.OutOrStdout(), sum)
+			if err != nil {
+				return &exitError{code: 1, err: fmt.Errorf("replay to %s on %s: %w", topic, strings.Join(brokers, ","), err)}
+			}
+			if sum.Sent == 0 {
+				return &exitError{code: 2, err: fmt.Errorf("replay: nothing sent (%d records rejected)", sum.Rejected)}
+			}
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&format, "format", ingest.FormatAuto, "input format: "+strings.Join(ingest.ReplayFormats, " | "))
+	f.StringSliceVar(&brokers, "brokers", []string{"127.0.0.1:9092"}, "Kafka bootstrap brokers, comma separated")
+	f.StringVar(&topic, "topic", ingest.DefaultReplayTopic, "Kafka topic to publish rollouts on")
+	return cmd
+}

@@ -1,0 +1,152 @@
+package main
+
+import (
+	"encoding/csv"
+	"encoding/json"
+	"fmt"
+	"io"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/traceops/trace/analyzer"
+	"github.com/traceops/trace/sink"
+)
+
+// reportRow is one capability of one cohort in `trace report`.
+type reportRow struct {
+	Environment       string   `json:"environment"`
+	AgentVersion      string   `json:"agent_version"`
+	DictionaryVersion uint32   `json:"dictionary_version"`
+	Capability        string   `json:"capability"`
+	Cov               float64  `json:"cov"`
+	ERFailed          float64  `json:"er_failed"`
+	ERPassed          float64  `json:"er_passed"`
+	Delta             float64  `json:"delta"`
+	RunsPassed        int      `json:"runs_passed"`
+	RunsTotal         int      `json:"runs_total"`
+	Decision          string   `json:"decision"`
+	Reasons           []string `json:"reasons,omitempty"`
+	Rollouts          int      `json:"window_rollouts"`
+	Failures          int      `json:"window_failures"`
+}
+
+func init() {
+	var (
+		cf     configFlags
+		env    string
+		format string
+	)
+	cmd := &cobra.Command{
+		Use:   "report",
+		Short: "Per-capability statistics and decisions, read from ClickHouse",
+		Long: `report evaluates the configured window (analyzer.window, analyzer.window_rollouts)
+of every cohort (environment, agent version, dictionary version) stored in
+ClickHouse and prints, per capability: mean Cov, ER-, ER+ and gap over the
+labeling runs, runs passed, the decision and the reasons for a rejection.`,
+		Example: "  trace report --env sim-airline --format table",
+		Args:    cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			switch format {
+			case "table", "json", "csv":
+			default:
+				return fmt.Errorf("--format must be table, json or csv, got %q", format)
+			}
+			cfg, err := cf.load()
+			if err != nil {
+				return err
+			}
+			ctx := cmd.Context()
+			st, err := openStore(ctx, cfg)
+			if err != nil {
+				return err
+			}
+			defer st.Close()
+			ac := cfg.Analyzer.EvalConfig
+			since := time.Now().Add(-ac.Window)
+			cohorts, err := st.Cohorts(ctx, since)
+			if err != nil {
+				return err
+			}
+			reg := analyzer.NewRegistry()
+			if err := reg.Load(ctx, st); err != nil {
+				return err
+			}
+			var rows []reportRow
+			for _, c := range cohorts {
+				if env != "" && c.Environment != env {
+					continue
+				}
+				spec := sink.WindowSpec{Cohort: c, Since: since, LastRollouts: ac.WindowRollouts, Runs: ac.N}
+				info, err := st.WindowInfo(ctx, spec)
+				if err != nil {
+					return err
+				}
+				counts, err := st.WindowCounts(ctx, spec)
+				if err != nil {
+					return err
+				}
+				inputs, runs := analyzer.CohortInputs(counts, reg.Version(c.Environment, c.AgentVersion, c.DictionaryVersion))
+				for _, r := range analyzer.Select(inputs, analyzer.Thresholds{Rho: ac.Rho, Delta: ac.Delta, K: ac.K}) {
+					row := reportRow{Environment: c.Environment, AgentVersion: c.AgentVersion, DictionaryVersion: c.DictionaryVersion,
+						Capability: r.Name, Cov: r.MeanCov, ERFailed: r.MeanERFail, ERPassed: r.MeanERPass, Delta: r.MeanDelta,
+						RunsPassed: r.RunsPassed, RunsTotal: r.RunsTotal, Rollouts: info.Rollouts, Failures: info.Failures, Reasons: r.Rejection}
+					switch {
+					case info.Failures < ac.MinFailures:
+						row.Decision = "undecided"
+						row.Reasons = []string{fmt.Sprintf("%d failures in the window, needs %d", info.Failures, ac.MinFailures)}
+					case runs < ac.N:
+						row.Decision = "undecided"
+						row.Reasons = []string{fmt.Sprintf("%d complete labeling runs, needs %d", runs, ac.N)}
+					case r.Selected:
+						row.Decision = "selected"
+					default:
+						row.Decision = "rejected"
+					}
+					rows = append(rows, row)
+				}
+			}
+			return writeReport(cmd.OutOrStdout(), format, rows)
+		},
+	}
+	cf.add(cmd)
+	cmd.Flags().StringVar(&env, "env", "", "only this environment")
+	cmd.Flags().StringVar(&format, "format", "table", "table, json or csv")
+	rootCmd.AddCommand(cmd)
+}
+
+func writeReport(w io.Writer, format string, rows []reportRow) error {
+	switch format {
+	case "json":
+		if rows == nil {
+			rows = []reportRow{}
+		}
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		return enc.Encode(rows)
+	case "csv":
+		cw := csv.NewWriter(w)
+		cw.Write([]string{"environment", "agent_version", "dictionary_version", "capability", "cov", "er_failed", "er_passed", "delta", "runs_passed", "runs_total", "decision", "reasons"})
+		for _, r := range rows {
+			cw.Write([]string{r.Environment, r.AgentVersion, fmt.Sprint(r.DictionaryVersion), r.Capability, f4(r.Cov), f4(r.ERFailed), f4(r.ERPassed), f4(r.Delta),
+				fmt.Sprint(r.RunsPassed), fmt.Sprint(r.RunsTotal), r.Decision, strings.Join(r.Reasons, "; ")})
+		}
+		cw.Flush()
+		return cw.Error()
+	}
+	if len(rows) == 0 {
+		fmt.Fprintln(w, "no labeled rollouts in the window yet")
+		return nil
+	}
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "environment\tagent\tdict\tcapability\tCov\tER-\tER+\tΔ\truns\tdecision\treasons")
+	for _, r := range rows {
+		fmt.Fprintf(tw, "%s\t%s\tv%d\t%s\t%s\t%s\t%s\t%s\t%d/%d\t%s\t%s\n", r.Environment, r.AgentVersion, r.DictionaryVersion, r.Capability,
+			f4(r.Cov), f4(r.ERFailed), f4(r.ERPassed), f4(r.Delta), r.RunsPassed, r.RunsTotal, r.Decision, strings.Join(r.Reasons, "; "))
+	}
+	return tw.Flush()
+}
+
+func f4(f float64) string { return fmt.Sprintf("%.4f", f) }

@@ -1,0 +1,678 @@
+package ingest
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"runtime"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/schollz/progressbar/v3"
+	"github.com/segmentio/kafka-go"
+	"golang.org/x/term"
+
+	"github.com/traceops/trace/schemas"
+)
+
+// Input formats of Replay.
+const (
+	FormatAuto         = "auto"          // tau2 if the file is one JSON object with "simulations", else rollout-jsonl
+	FormatRolloutJSONL = "rollout-jsonl" // one rollout/v1 JSON object per line
+	FormatTau2         = "tau2"          // a τ²-bench result file, converted with ConvertTau2
+)
+
+// ReplayFormats lists the accepted values of the format argument.
+var ReplayFormats = []string{FormatAuto, FormatRolloutJSONL, FormatTau2}
+
+// ReasonTau2Invalid is the rejection reason of a τ² simulation that cannot
+// even be decoded into the τ² shape (the other reasons are schemas.Reason*).
+const ReasonTau2Invalid = "tau2_invalid"
+
+// DefaultReplayTopic is the topic rollouts are published on.
+const DefaultReplayTopic = "trace.rollouts"
+
+// ReplayWriter publishes messages; *kafka.Writer implements it.
+type ReplayWriter interface {
+	WriteMessages(ctx context.Context, msgs ...kafka.Message) error
+}
+
+// NewKafkaWriter returns a kafka-go Writer set up for replaying rollouts:
+// zstd compression, the Hash balancer on the message key (rollout.Key(), so
+// a cohort stays in one partition and in order), acks from all in-sync
+// replicas, topic auto-creation, and batches of up to 1000 messages or 5 MiB
+// (a rollout may be schemas.DefaultMaxBytes = 4 MiB) flushed after 20 ms.
+//
+// The broker's message.max.bytes (or the topic's max.message.bytes) must admit
+// a compressed batch; JSON rollouts compress about 10x with zstd, so the
+// Kafka default of 1 MB is usually enough, but rollouts close to 4 MiB need
+// it raised. The caller closes the writer.
+func NewKafkaWriter(brokers []string, topic string) *kafka.Writer {
+	return &kafka.Writer{
+		Addr:                   kafka.TCP(brokers...),
+		Topic:                  topic,
+		Balancer:               &kafka.Hash{},
+		Compression:            kafka.Zstd,
+		RequiredAcks:           kafka.RequireAll,
+		BatchSize:              1000,
+		BatchBytes:             int64(schemas.DefaultMaxBytes) + 1<<20,
+		BatchTimeout:           20 * time.Millisecond,
+		WriteTimeout:           30 * time.Second,
+		AllowAutoTopicCreation: true,
+	}
+}
+
+// Rejection is one input record that was not published.
+type Rejection struct {
+	File       string // base name of the input file
+	Line       int    // 1-based line (rollout-jsonl) or simulation index (tau2)
+	Simulation bool   // Line counts simulations, not lines
+	RolloutID  string // when known
+	Reason     string // schemas.Reason* or ReasonTau2Invalid
+	Msg        string
+}
+
+func (r Rejection) String() string {
+	var b strings.Builder
+	b.WriteString(r.File)
+	if r.Simulation {
+		fmt.Fprintf(&b, " simulation %d", r.Line)
+		if r.RolloutID != "" {
+			fmt.Fprintf(&b, " (%s)", r.RolloutID)
+		}
+	} else {
+		fmt.Fprintf(&b, ":%d", r.Line)
+	}
+	b.WriteString(": ")
+	b.WriteString(r.Reason)
+	if r.Msg != "" {
+		b.WriteString(": ")
+		b.WriteString(tau2Truncate(r.Msg, 300))
+	}
+	return b.String()
+}
+
+// Summary reports a replay.
+type Summary struct {
+	Files            int            // input files read (completely or until an error)
+	Sent             int            // rollouts acknowledged by Kafka
+	Rejected         int            // records that failed validation and were not published
+	RejectedByReason map[string]int // Rejected by reason code
+	FirstRejections  []Rejection    // the first few rejections, in input order
+	Bytes            int64          // value bytes of the sent rollouts (before compression)
+	Elapsed          time.Duration
+	Rate             float64 // sent rollouts per second
+}
+
+// String renders the summary for a terminal, on one line plus one line per
+// listed rejection.
+func (s Summary) String() string {
+	var b strings.Builder
+	files := "files"
+	if s.Files == 1 {
+		files = "file"
+	}
+	fmt.Fprintf(&b, "sent %d rollouts (%s) from %d %s in %s", s.Sent, replayHumanBytes(s.Bytes), s.Files, files, s.Elapsed.Round(time.Millisecond))
+	if s.Elapsed > 0 && s.Sent > 0 {
+		fmt.Fprintf(&b, ", %.1f rollouts/s, %s/s", s.Rate, replayHumanBytes(int64(float64(s.Bytes)/s.Elapsed.Seconds())))
+	}
+	if s.Rejected == 0 {
+		b.WriteString("; rejected 0")
+		return b.String()
+	}
+	reasons := make([]string, 0, len(s.RejectedByReason))
+	for r := range s.RejectedByReason {
+		reasons = append(reasons, r)
+	}
+	sort.Strings(reasons)
+	fmt.Fprintf(&b, "; rejected %d (", s.Rejected)
+	for i, r := range reasons {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		fmt.Fprintf(&b, "%s=%d", r, s.RejectedByReason[r])
+	}
+	b.WriteString(")")
+	for _, r := range s.FirstRejections {
+		b.WriteString("\n  ")
+		b.WriteString(r.String())
+	}
+	if n := s.Rejected - len(s.FirstRejections); n > 0 && len(s.FirstRejections) > 0 {
+		fmt.Fprintf(&b, "\n  … and %d more", n)
+	}
+	return b.String()
+}
+
+// Replayer publishes rollout files to Kafka. The zero value is not usable:
+// Writer is required.
+type Replayer struct {
+	Writer ReplayWriter
+	// Format is one of ReplayFormats; "" means FormatAuto.
+	Format string
+	// Progress receives a progress bar when it is a terminal; otherwise
+	// nothing is written to it. nil disables progress.
+	Progress io.Writer
+	// ChunkSize is the number of messages handed to one WriteMessages call
+	// (default 1000). A chunk is also flushed once it holds 32 MiB.
+	ChunkSize int
+	// MaxBytes bounds one rollout (default schemas.DefaultMaxBytes).
+	MaxBytes int
+	// MaxExamples is the number of rejections kept in Summary.FirstRejections
+	// (default 5).
+	MaxExamples int
+}
+
+// Replay publishes the rollouts of files on w (usually NewKafkaWriter) in
+// the given format (FormatAuto, FormatRolloutJSONL or FormatTau2) and
+// returns what happened. See Replayer.Replay.
+func Replay(ctx context.Context, w ReplayWriter, files []string, format string, progress io.Writer) (Summary, error) {
+	r := &Replayer{Writer: w, Format: format, Progress: progress}
+	return r.Replay(ctx, files)
+}
+
+// Replay reads every file, validates each rollout with schemas.DecodeRollout
+// and publishes the valid ones keyed by rollout.Key(), in input order, in
+// chunks of ChunkSize. Invalid records are counted in the summary by reason
+// and not published; they are not an error. Blank JSONL lines are skipped.
+//
+// The error is non-nil when a file cannot be read or parsed as a whole (a
+// forced tau2 format on another file, say) or when Kafka fails; Replay then
+// stops, and the summary says what was sent before. Kafka errors that come
+// before anything is written (the topic being auto-created, its leader not
+// yet elected) are retried for a few seconds.
+func (r *Replayer) Replay(ctx context.Context, files []string) (Summary, error) {
+	start := time.Now()
+	sum := Summary{RejectedByReason: map[string]int{}}
+	finish := func(err error) (Summary, error) {
+		sum.Elapsed = time.Since(start)
+		if sum.Elapsed > 0 {
+			sum.Rate = float64(sum.Sent) / sum.Elapsed.Seconds()
+		}
+		return sum, err
+	}
+	if r.Writer == nil {
+		return finish(errors.New("replay: no writer"))
+	}
+	format := r.Format
+	if format == "" {
+		format = FormatAuto
+	}
+	switch format {
+	case FormatAuto, FormatRolloutJSONL, FormatTau2:
+	default:
+		return finish(fmt.Errorf("replay: unknown format %q (want one of %s)", format, strings.Join(ReplayFormats, ", ")))
+	}
+
+	// Open every file first, so a typo fails before anything is published.
+	var total int64
+	for _, f := range files {
+		fi, err := os.Stat(f)
+		if err != nil {
+			return finish(err)
+		}
+		if fi.IsDir() {
+			return finish(fmt.Errorf("%s is a directory", f))
+		}
+		total += fi.Size()
+	}
+
+	run := &replayRun{Replayer: r, sum: &sum, ctx: ctx}
+	if r.Progress != nil && replayIsTerminal(r.Progress) {
+		run.bar = progressbar.NewOptions64(total,
+			progressbar.OptionSetWriter(r.Progress),
+			progressbar.OptionSetDescription("replay"),
+			progressbar.OptionShowBytes(true),
+			progressbar.OptionSetPredictTime(true),
+			progressbar.OptionThrottle(100*time.Millisecond),
+			progressbar.OptionClearOnFinish(),
+			progressbar.OptionFullWidth(),
+		)
+		defer run.bar.Exit()
+	}
+	for _, f := range files {
+		if err := ctx.Err(); err != nil {
+			return finish(err)
+		}
+		ff := format
+		if ff == FormatAuto {
+			var err error
+			if ff, err = DetectFormat(f); err != nil {
+				return finish(err)
+			}
+		}
+		if run.bar != nil {
+			run.bar.Describe(filepath.Base(f))
+		}
+		sum.Files++
+		var err error
+		if ff == FormatTau2 {
+			err = run.tau2(f)
+		} else {
+			err = run.jsonl(f)
+		}
+		if err != nil {
+			return finish(err)
+		}
+	}
+	if err := run.flush(); err != nil {
+		return finish(err)
+	}
+	if run.bar != nil {
+		_ = run.bar.Finish()
+	}
+	return finish(nil)
+}
+
+// DetectFormat tells a τ²-bench result file from a rollout JSONL file: a file
+// whose first non-space byte is '{' and that parses as exactly one JSON object
+// with a top-level "simulations" key is FormatTau2; anything else is
+// FormatRolloutJSONL.
+func DetectFormat(path string) (string, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return "", err
+	}
+	defer f.Close()
+	br := bufio.NewReaderSize(f, 64<<10)
+	for {
+		c, err := br.ReadByte()
+		if err != nil { // empty or all blank
+			return FormatRolloutJSONL, nil
+		}
+		if c == ' ' || c == '\t' || c == '\n' || c == '\r' {
+			continue
+		}
+		if c != '{' {
+			return FormatRolloutJSONL, nil
+		}
+		_ = br.UnreadByte()
+		break
+	}
+	dec := json.NewDecoder(br)
+	if _, err := dec.Token(); err != nil { // '{'
+		return FormatRolloutJSONL, nil
+	}
+	found := false
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return FormatRolloutJSONL, nil
+		}
+		if tok == "simulations" {
+			found = true
+		}
+		var skip json.RawMessage
+		if err := dec.Decode(&skip); err != nil {
+			return FormatRolloutJSONL, nil
+		}
+	}
+	if _, err := dec.Token(); err != nil { // '}'
+		return FormatRolloutJSONL, nil
+	}
+	if _, err := dec.Token(); err != io.EOF { // nothing but space may follow
+		return FormatRolloutJSONL, nil
+	}
+	if found {
+		return FormatTau2, nil
+	}
+	return FormatRolloutJSONL, nil
+}
+
+type replayRun struct {
+	*Replayer
+	ctx          context.Context
+	sum          *Summary
+	bar          *progressbar.ProgressBar
+	pending      []kafka.Message
+	pendingBytes int64
+}
+
+func (r *replayRun) maxBytes() int {
+	if r.MaxBytes > 0 {
+		return r.MaxBytes
+	}
+	return schemas.DefaultMaxBytes
+}
+
+func (r *replayRun) reject(rj Rejection) {
+	r.sum.Rejected++
+	r.sum.RejectedByReason[rj.Reason]++
+	keep := r.MaxExamples
+	if keep <= 0 {
+		keep = 5
+	}
+	if len(r.sum.FirstRejections) < keep {
+		r.sum.FirstRejections = append(r.sum.FirstRejections, rj)
+	}
+}
+
+func replayReason(err error) (reason, msg string) {
+	var se *schemas.Error
+	if errors.As(err, &se) {
+		// Error() starts with the reason, which the summary prints already.
+		msg = strings.TrimPrefix(err.Error(), se.Reason)
+		return se.Reason, strings.TrimLeft(msg, ": ")
+	}
+	return schemas.ReasonSchema, err.Error()
+}
+
+// publish queues one validated rollout and flushes a full chunk.
+func (r *replayRun) publish(key, value []byte, source string) error {
+	r.pending = append(r.pending, kafka.Message{
+		Key:     key,
+		Value:   value,
+		Headers: []kafka.Header{{Key: "source", Value: []byte(source)}},
+	})
+	r.pendingBytes += int64(len(value))
+	chunk := r.ChunkSize
+	if chunk <= 0 {
+		chunk = 1000
+	}
+	if len(r.pending) >= chunk || r.pendingBytes >= 32<<20 {
+		return r.flush()
+	}
+	return nil
+}
+
+// flush writes the pending chunk. Errors raised before anything was written
+// (metadata: topic being created, leader not available) are retried with
+// backoff; once batches were attempted, kafka-go has already retried them
+// (Writer.MaxAttempts) and the error is returned with the successes counted.
+func (r *replayRun) flush() error {
+	if len(r.pending) == 0 {
+		return nil
+	}
+	msgs := r.pending
+	backoff := 100 * time.Millisecond
+	var err error
+	for attempt := 1; ; attempt++ {
+		err = r.Writer.WriteMessages(r.ctx, msgs...)
+		var kerr kafka.Error
+		var werrs kafka.WriteErrors
+		if err == nil || errors.As(err, &werrs) || !errors.As(err, &kerr) || !kerr.Temporary() || attempt >= 8 || r.ctx.Err() != nil {
+			break
+		}
+		select {
+		case <-r.ctx.Done():
+		case <-time.After(backoff):
+		}
+		if backoff *= 2; backoff > 2*time.Second {
+			backoff = 2 * time.Second
+		}
+	}
+	var werrs kafka.WriteErrors
+	switch {
+	case err == nil:
+		r.sum.Sent += len(msgs)
+		r.sum.Bytes += r.pendingBytes
+	case errors.As(err, &werrs) && len(werrs) == len(msgs):
+		for i, e := range werrs {
+			if e == nil {
+				r.sum.Sent++
+				r.sum.Bytes += int64(len(msgs[i].Value))
+			}
+		}
+		err = fmt.Errorf("kafka: %d of %d messages not written: %w", werrs.Count(), len(msgs), replayFirstError(werrs))
+	default:
+		err = fmt.Errorf("kafka: %d messages not written: %w", len(msgs), err)
+	}
+	r.pending = r.pending[:0:0]
+	r.pendingBytes = 0
+	return err
+}
+
+func replayFirstError(errs []error) error {
+	for _, e := range errs {
+		if e != nil {
+			return e
+		}
+	}
+	return errors.New("unknown error")
+}
+
+func (r *replayRun) advance(n int64) {
+	if r.bar != nil && n > 0 {
+		_ = r.bar.Add64(n)
+	}
+}
+
+// replayItem is one input record after validation: either a message to
+// publish (key, value) or a rejection.
+type replayItem struct {
+	key, value []byte
+	source     string
+	line       int // 1-based line of a JSONL record
+	rej        *Rejection
+	progress   int64 // input bytes this record accounts for
+}
+
+// replayBatch is the number of records validated concurrently before they
+// are published, in input order.
+const replayBatch = 256
+
+// replayParallel runs fn(0..n-1) on GOMAXPROCS goroutines.
+func replayParallel(n int, fn func(i int)) {
+	workers := min(runtime.GOMAXPROCS(0), n)
+	if workers <= 1 {
+		for i := range n {
+			fn(i)
+		}
+		return
+	}
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for range workers {
+		wg.Go(func() {
+			for {
+				i := int(next.Add(1) - 1)
+				if i >= n {
+					return
+				}
+				fn(i)
+			}
+		})
+	}
+	wg.Wait()
+}
+
+// emit publishes or rejects validated records in order.
+func (r *replayRun) emit(items []replayItem) error {
+	for i := range items {
+		it := &items[i]
+		r.advance(it.progress)
+		if it.rej != nil {
+			r.reject(*it.rej)
+			continue
+		}
+		if it.value == nil { // blank line
+			continue
+		}
+		if err := r.publish(it.key, it.value, it.source); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// jsonl replays a file of rollout/v1 JSON objects, one per line.
+func (r *replayRun) jsonl(path string) error {
+	f, err := os.Open(path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	base := filepath.Base(path)
+	br := bufio.NewReaderSize(f, 1<<20)
+	limit := r.maxBytes()
+	opt := schemas.DecodeOptions{MaxBytes: limit}
+	batch := make([]replayItem, 0, replayBatch)
+	var batchBytes int
+	validate := func() error {
+		replayParallel(len(batch), func(i int) {
+			it := &batch[i]
+			if it.rej != nil || it.value == nil {
+				return
+			}
+			ro, err := schemas.DecodeRollout(it.value, opt)
+			if err != nil {
+				reason, msg := replayReason(err)
+				it.rej = &Rejection{File: base, Line: it.line, Reason: reason, Msg: msg}
+				it.value = nil
+				return
+			}
+			it.key = []byte(ro.Key())
+		})
+		err := r.emit(batch)
+		batch, batchBytes = batch[:0], 0
+		return err
+	}
+	for n := 1; ; n++ {
+		if err := r.ctx.Err(); err != nil {
+			return err
+		}
+		line, size, tooLong, err := replayReadLine(br, limit)
+		if err != nil && err != io.EOF {
+			return fmt.Errorf("%s:%d: %w", path, n, err)
+		}
+		if size == 0 && err == io.EOF {
+			return validate()
+		}
+		it := replayItem{progress: size, line: n, source: base + ":" + strconv.Itoa(n)}
+		switch {
+		case tooLong:
+			it.rej = &Rejection{File: base, Line: n, Reason: schemas.ReasonTooLarge, Msg: fmt.Sprintf("line exceeds the limit of %d bytes", limit)}
+		case len(bytes.TrimSpace(line)) == 0:
+			// blank line: skipped
+		default:
+			it.value = bytes.Clone(line)
+			batchBytes += len(line)
+		}
+		batch = append(batch, it)
+		if len(batch) == replayBatch || batchBytes >= 32<<20 || err == io.EOF {
+			if verr := validate(); verr != nil {
+				return verr
+			}
+		}
+		if err == io.EOF {
+			return nil
+		}
+	}
+}
+
+// replayReadLine reads one line without its line ending. A line longer than
+// limit is consumed but not returned (tooLong), so one huge line cannot
+// exhaust memory. size counts every byte consumed, line ending included.
+func replayReadLine(br *bufio.Reader, limit int) (line []byte, size int64, tooLong bool, err error) {
+	var buf []byte
+	for {
+		chunk, e := br.ReadSlice('\n')
+		size += int64(len(chunk))
+		if !tooLong {
+			if len(buf)+len(chunk) > limit+2 { // +2: the line ending
+				tooLong, buf = true, nil
+			} else {
+				buf = append(buf, chunk...)
+			}
+		}
+		if e == bufio.ErrBufferFull {
+			continue
+		}
+		if e != nil && e != io.EOF {
+			return nil, size, tooLong, e
+		}
+		buf = bytes.TrimSuffix(buf, []byte("\n"))
+		buf = bytes.TrimSuffix(buf, []byte("\r"))
+		if !tooLong && len(buf) > limit {
+			tooLong, buf = true, nil
+		}
+		return buf, size, tooLong, e
+	}
+}
+
+// tau2 converts and replays a τ²-bench result file, one rollout per
+// simulation.
+func (r *replayRun) tau2(path string) error {
+	fh, err := os.Open(path)
+	if err != nil {
+		return err
+	}
+	fi, statErr := fh.Stat()
+	f, err := parseTau2(fh)
+	fh.Close()
+	if err != nil {
+		return fmt.Errorf("%s: %w", path, err)
+	}
+	base := filepath.Base(path)
+	c := newTau2Converter(f, Tau2Options{Source: path})
+	n := len(f.sims())
+	var size int64
+	if statErr == nil {
+		size = fi.Size()
+	}
+	opt := schemas.DecodeOptions{MaxBytes: r.maxBytes()}
+	for lo := 0; lo < n; lo += replayBatch {
+		if err := r.ctx.Err(); err != nil {
+			return err
+		}
+		hi := min(lo+replayBatch, n)
+		items := make([]replayItem, hi-lo)
+		replayParallel(hi-lo, func(k int) {
+			i := lo + k
+			it := &items[k]
+			it.progress = size*int64(i+1)/int64(n) - size*int64(i)/int64(n)
+			it.source = base + "#" + strconv.Itoa(i+1)
+			if f.simErrs[i] != nil {
+				it.rej = &Rejection{File: base, Line: i + 1, Simulation: true, Reason: ReasonTau2Invalid, Msg: f.simErrs[i].Error()}
+				return
+			}
+			ro := c.rollout(i)
+			b, err := json.Marshal(ro)
+			if err != nil {
+				it.rej = &Rejection{File: base, Line: i + 1, Simulation: true, RolloutID: ro.RolloutID, Reason: schemas.ReasonSchema, Msg: err.Error()}
+				return
+			}
+			valid, err := schemas.DecodeRollout(b, opt)
+			if err != nil {
+				reason, msg := replayReason(err)
+				it.rej = &Rejection{File: base, Line: i + 1, Simulation: true, RolloutID: ro.RolloutID, Reason: reason, Msg: msg}
+				return
+			}
+			it.key, it.value = []byte(valid.Key()), b
+		})
+		if err := r.emit(items); err != nil {
+			return err
+		}
+	}
+	if n == 0 {
+		r.advance(size)
+	}
+	return nil
+}
+
+func replayIsTerminal(w io.Writer) bool {
+	f, ok := w.(interface{ Fd() uintptr })
+	return ok && term.IsTerminal(int(f.Fd()))
+}
+
+func replayHumanBytes(n int64) string {
+	const unit = 1024
+	if n < unit {
+		return fmt.Sprintf("%d B", n)
+	}
+	div, exp := int64(unit), 0
+	for m := n / unit; m >= unit; m /= unit {
+		div *= unit
+		exp++
+	}
+	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
+}

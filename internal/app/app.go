@@ -1,0 +1,338 @@
+// Package app assembles trace's roles into one process: it starts the
+// embedded servers a configuration asks for, opens ClickHouse and NATS, and
+// runs every enabled role as an actor (a run function and an interrupt
+// function, as Prometheus does with oklog/run), so one failing role stops the
+// others and shutdown is ordered: consumers drain and commit first, then the
+// evaluator, then the HTTP server, then the embedded servers.
+package app
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/oklog/run"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/segmentio/kafka-go"
+	"github.com/twmb/franz-go/pkg/kfake"
+
+	"github.com/traceops/trace/analyzer"
+	"github.com/traceops/trace/ingest"
+	"github.com/traceops/trace/internal/bus"
+	"github.com/traceops/trace/internal/chserver"
+	"github.com/traceops/trace/internal/config"
+	"github.com/traceops/trace/internal/embedded"
+	"github.com/traceops/trace/schemas"
+	"github.com/traceops/trace/sink"
+)
+
+// App is a running trace process.
+type App struct {
+	Cfg       config.Config
+	Log       *slog.Logger
+	Registry  *prometheus.Registry
+	Store     *sink.Store
+	Bus       *bus.Bus
+	Dicts     *analyzer.Registry
+	Evaluator *analyzer.Evaluator
+	Brokers   []string
+	NATSURL   string
+	Dialer    *kafka.Dialer
+
+	kfake *kfake.Cluster
+	nats  *server.Server
+	ch    *chserver.Server
+
+	ready   sync.Once
+	readyCh chan struct{}
+}
+
+// Start brings up the infrastructure (embedded where nothing is configured),
+// migrates ClickHouse, connects NATS and loads the dictionaries. Close undoes it.
+func Start(ctx context.Context, cfg config.Config, log *slog.Logger) (*App, error) {
+	a := &App{Cfg: cfg, Log: log, Registry: prometheus.NewRegistry(), Dicts: analyzer.NewRegistry(), readyCh: make(chan struct{})}
+	a.Registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	ok := false
+	defer func() {
+		if !ok {
+			a.Close()
+		}
+	}()
+	var err error
+	a.Brokers = cfg.Kafka.Brokers
+	if len(a.Brokers) == 0 {
+		if a.kfake, err = embedded.Kafka(cfg.Kafka.EmbeddedAddr, cfg.Path("kafka"), 4, log,
+			cfg.Kafka.RolloutsTopic, cfg.Kafka.LabelsTopic, cfg.Kafka.DLQTopic); err != nil {
+			return nil, err
+		}
+		a.Brokers = a.kfake.ListenAddrs()
+	}
+	if a.Dialer, err = KafkaDialer(cfg.Kafka); err != nil {
+		return nil, err
+	}
+	chCfg := cfg.ClickHouse
+	if len(chCfg.Addr) == 0 {
+		if a.ch, err = embedded.ClickHouse(ctx, cfg.Path("clickhouse"), cfg.Embedded.ClickHousePort, cfg.Embedded.ClickHouseHTTPPort, log); err != nil {
+			return nil, err
+		}
+		chCfg.Addr = []string{a.ch.Addr()}
+	}
+	if a.Store, err = openStore(ctx, chCfg, log); err != nil {
+		return nil, err
+	}
+	if err := a.Store.Migrate(ctx); err != nil {
+		return nil, err
+	}
+	natsCfg := cfg.NATS
+	if natsCfg.URL == "" {
+		if a.nats, natsCfg.URL, err = embedded.NATS(cfg.Path("nats"), cfg.Embedded.NATSPort, log); err != nil {
+			return nil, err
+		}
+	}
+	a.NATSURL = natsCfg.URL
+	if a.Bus, err = bus.Connect(ctx, natsCfg, "trace"); err != nil {
+		return nil, err
+	}
+	if err := a.loadDictionaries(ctx); err != nil {
+		return nil, err
+	}
+	ok = true
+	return a, nil
+}
+
+// openStore connects to ClickHouse, retrying for a while: a server that is
+// still starting (compose, Kubernetes) is not a configuration error.
+func openStore(ctx context.Context, cfg sink.Config, log *slog.Logger) (*sink.Store, error) {
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		st, err := sink.Open(ctx, cfg, log)
+		if err == nil {
+			return st, nil
+		}
+		if !sink.IsRetryable(err) || time.Now().After(deadline) {
+			return nil, err
+		}
+		log.Warn("clickhouse not reachable yet, retrying", "addr", cfg.Addr, "err", err)
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(time.Second):
+		}
+	}
+}
+
+// loadDictionaries stores the built-in example dictionary and every
+// configured file (as new versions when their content changed), announces
+// them, and loads every stored version into the registry.
+func (a *App) loadDictionaries(ctx context.Context) error {
+	ds, err := analyzer.BuiltinDictionaries()
+	if err != nil {
+		return err
+	}
+	for _, f := range a.Cfg.Dictionary {
+		data, err := os.ReadFile(f)
+		if err != nil {
+			return fmt.Errorf("dictionaries: %w", err)
+		}
+		more, err := analyzer.ParseDictionaries(f, data)
+		if err != nil {
+			return err
+		}
+		ds = append(ds, more...)
+	}
+	if err := a.Dicts.Load(ctx, a.Store); err != nil {
+		return err
+	}
+	for _, d := range ds {
+		if _, err := ApplyDictionary(ctx, a.Store, a.Bus, a.Dicts, d); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// ApplyDictionary stores d unless the same content is already the current
+// version of its scope, announces it over NATS, and adds it to reg. A
+// dictionary whose content changed but whose version did not is stored as
+// the next version (capabilities are never renamed within a version).
+func ApplyDictionary(ctx context.Context, st *sink.Store, b *bus.Bus, reg *analyzer.Registry, d *analyzer.Dictionary) (*analyzer.Dictionary, error) {
+	if err := d.Validate(); err != nil {
+		return nil, err
+	}
+	cur := reg.Resolve(d.Environment, d.AgentVersion)
+	if cur != nil && cur.Environment == d.Environment && cur.AgentVersion == d.AgentVersion {
+		if cur.Fingerprint() == d.Fingerprint() {
+			return cur, nil
+		}
+		if d.Version <= cur.Version {
+			d.Version = cur.Version + 1
+		}
+	}
+	if d.CreatedAt.IsZero() {
+		d.CreatedAt = time.Now().UTC()
+	}
+	if d.Source == "" {
+		d.Source = "file"
+	}
+	if err := st.SaveDictionary(ctx, analyzer.DictionaryRow(d)); err != nil {
+		return nil, err
+	}
+	reg.Put(d)
+	if b != nil {
+		if err := b.AnnounceDictionary(ctx, d.Environment, d.AgentVersion, d.Version); err != nil {
+			return nil, err
+		}
+	}
+	return d, nil
+}
+
+// Ready is closed when every role has started.
+func (a *App) Ready() <-chan struct{} { return a.readyCh }
+
+// Run runs the configured roles until ctx ends or one role fails. It returns
+// nil after a clean, ordered shutdown.
+func (a *App) Run(ctx context.Context, extra ...Actor) error {
+	var g run.Group
+	im := ingest.NewMetrics(a.Registry)
+	am := analyzer.NewMetrics(a.Registry)
+	a.Evaluator = analyzer.NewEvaluator(a.Cfg.Analyzer.EvalConfig, a.Store, a.Bus, a.Dicts, a.Log, am)
+
+	if a.Cfg.Has("ingest") {
+		c, err := ingest.NewConsumer(a.consumerConfig(a.Cfg.Kafka.IngestGroup, a.Cfg.Kafka.RolloutsTopic, "ingest"),
+			ingest.DecodeRollout(a.Cfg.Kafka.MaxBytes), &ingest.RolloutSink{Store: a.Store}, a.Log, im)
+		if err != nil {
+			return err
+		}
+		addActor(&g, ctx, "ingest", c.Run)
+	}
+	if a.Cfg.Has("analyze") {
+		if err := a.Evaluator.Recover(ctx); err != nil {
+			return err
+		}
+		lab, err := a.labeler()
+		if err != nil {
+			return err
+		}
+		if lab != nil {
+			ls := &analyzer.LabelingSink{Labeler: lab, Registry: a.Dicts, Store: a.Store, Evaluator: a.Evaluator,
+				Concurrency: a.Cfg.Analyzer.Concurrency, Log: a.Log, Metrics: am}
+			c, err := ingest.NewConsumer(a.consumerConfig(a.Cfg.Kafka.AnalyzeGroup, a.Cfg.Kafka.RolloutsTopic, "analyze"),
+				ingest.DecodeRollout(a.Cfg.Kafka.MaxBytes), ls, a.Log, im)
+			if err != nil {
+				return err
+			}
+			addActor(&g, ctx, "analyze", c.Run)
+		}
+		lc := a.consumerConfig(a.Cfg.Kafka.LabelsGroup, a.Cfg.Kafka.LabelsTopic, "labels")
+		lc.DLQTopic = a.Cfg.Kafka.LabelsTopic + ".dlq"
+		c, err := ingest.NewConsumer(lc, ingest.DecodeLabel, &analyzer.LabelEventSink{Store: a.Store, Evaluator: a.Evaluator, Metrics: am}, a.Log, im)
+		if err != nil {
+			return err
+		}
+		addActor(&g, ctx, "labels", c.Run)
+		addActor(&g, ctx, "evaluate", a.Evaluator.Run)
+		addActor(&g, ctx, "dictionaries", func(ctx context.Context) error {
+			return a.Bus.WatchDictionaries(ctx, func(string) {
+				if err := a.Dicts.Load(ctx, a.Store); err != nil {
+					a.Log.Warn("analyzer: reload dictionaries", "err", err)
+				}
+			})
+		})
+	}
+	if a.Cfg.Has("serve") {
+		srv, err := a.httpServer()
+		if err != nil {
+			return err
+		}
+		g.Add(func() error {
+			if err := srv.ListenAndServe(); !errors.Is(err, httpErrServerClosed) {
+				return fmt.Errorf("http %s: %w", a.Cfg.HTTP.Addr, err)
+			}
+			return nil
+		}, func(error) {
+			sctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+			defer cancel()
+			_ = srv.Shutdown(sctx)
+		})
+		a.Log.Info("serving dashboard, API and metrics", "url", "http://"+a.Cfg.HTTP.Addr+"/", "metrics", "http://"+a.Cfg.HTTP.Addr+"/metrics")
+	}
+	for _, x := range extra {
+		addActor(&g, ctx, x.Name, x.Run)
+	}
+	// The group ends when ctx ends (SIGTERM) or any actor returns.
+	stop := make(chan struct{})
+	g.Add(func() error {
+		select {
+		case <-ctx.Done():
+		case <-stop:
+		}
+		return nil
+	}, func(error) { close(stop) })
+	a.ready.Do(func() { close(a.readyCh) })
+	return g.Run()
+}
+
+// Actor is an extra role (the demo adds its simulator and watcher).
+type Actor struct {
+	Name string
+	Run  func(ctx context.Context) error
+}
+
+func addActor(g *run.Group, parent context.Context, name string, fn func(context.Context) error) {
+	ctx, cancel := context.WithCancel(context.WithoutCancel(parent))
+	g.Add(func() error {
+		if err := fn(ctx); err != nil && !errors.Is(err, context.Canceled) {
+			return fmt.Errorf("%s: %w", name, err)
+		}
+		return nil
+	}, func(error) { cancel() })
+}
+
+func (a *App) consumerConfig(group, topic, stage string) ingest.Config {
+	k := a.Cfg.Kafka
+	return ingest.Config{Brokers: a.Brokers, Topic: topic, GroupID: group, DLQTopic: k.DLQTopic, Stage: stage,
+		BatchRows: k.BatchRows, BatchTimeout: k.BatchTimeout, MaxMessageBytes: k.MaxBytes + 64<<10, Dialer: a.Dialer}
+}
+
+func (a *App) labeler() (analyzer.Labeler, error) {
+	switch a.Cfg.Analyzer.Labeler {
+	case "rules":
+		return analyzer.NewRulesLabeler(analyzer.RulesOptions{}), nil
+	case "llm":
+		return newLLMLabeler(a)
+	default:
+		return nil, nil
+	}
+}
+
+// Close stops everything Start started, in reverse order.
+func (a *App) Close() {
+	if a.Bus != nil {
+		a.Bus.Close()
+	}
+	if a.nats != nil {
+		a.nats.Shutdown()
+		a.nats.WaitForShutdown()
+	}
+	if a.Store != nil {
+		a.Store.Close()
+	}
+	if a.ch != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		if err := a.ch.Stop(ctx); err != nil {
+			a.Log.Warn("embedded clickhouse: stop", "err", err)
+		}
+	}
+	if a.kfake != nil {
+		a.kfake.Close()
+	}
+}
+
+var _ = schemas.KindRollout

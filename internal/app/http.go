@@ -1,0 +1,63 @@
+package app
+
+import (
+	"crypto/subtle"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/traceops/trace/internal/dashboard"
+)
+
+var httpErrServerClosed = http.ErrServerClosed
+
+func (a *App) httpServer() (*http.Server, error) {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { w.Write([]byte("ok\n")) })
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case <-a.readyCh:
+		default:
+			http.Error(w, "starting", http.StatusServiceUnavailable)
+			return
+		}
+		if err := a.Store.Ping(r.Context()); err != nil {
+			http.Error(w, "clickhouse: "+err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		if !a.Bus.NC.IsConnected() {
+			http.Error(w, "nats: disconnected", http.StatusServiceUnavailable)
+			return
+		}
+		w.Write([]byte("ready\n"))
+	})
+	protected := http.NewServeMux()
+	protected.Handle("GET /metrics", promhttp.HandlerFor(a.Registry, promhttp.HandlerOpts{Registry: a.Registry}))
+	protected.Handle("/", dashboard.New(dashboard.Deps{Store: a.Store, Evaluator: a.Evaluator, Dicts: a.Dicts,
+		Rho: a.Cfg.Analyzer.Rho, Delta: a.Cfg.Analyzer.Delta, Log: a.Log}))
+	mux.Handle("/", bearer(a.Cfg.HTTP.BearerToken, protected))
+	return &http.Server{Addr: a.Cfg.HTTP.Addr, Handler: mux, ReadHeaderTimeout: 10 * time.Second}, nil
+}
+
+// bearer protects h with a static bearer token when one is configured. The
+// dashboard's pages accept it as ?token= too, since a browser cannot set the
+// header on navigation.
+func bearer(token string, h http.Handler) http.Handler {
+	if token == "" {
+		return h
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		got := strings.TrimPrefix(r.Header.Get("Authorization"), "Bearer ")
+		if got == "" {
+			got = r.URL.Query().Get("token")
+		}
+		if subtle.ConstantTimeCompare([]byte(got), []byte(token)) != 1 {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="trace"`)
+			http.Error(w, "unauthorized", http.StatusUnauthorized)
+			return
+		}
+		h.ServeHTTP(w, r)
+	})
+}

@@ -1,0 +1,328 @@
+// Package config is trace's configuration: one YAML file, overridden by
+// environment variables (TRACE_ prefix, "__" between levels, e.g.
+// TRACE_CLICKHOUSE__PASSWORD), overridden by flags (--set key=value).
+// Defaults are explicit; Validate names the first bad field; Redacted hides
+// every secret for printing.
+package config
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/knadh/koanf/parsers/yaml"
+	"github.com/knadh/koanf/providers/confmap"
+	"github.com/knadh/koanf/providers/env/v2"
+	"github.com/knadh/koanf/providers/file"
+	"github.com/knadh/koanf/providers/structs"
+	"github.com/knadh/koanf/v2"
+
+	"github.com/traceops/trace/analyzer"
+	"github.com/traceops/trace/internal/bus"
+	"github.com/traceops/trace/sink"
+)
+
+// Config is the whole configuration of `trace run` and `trace demo`.
+type Config struct {
+	DataDir    string          `koanf:"data_dir"` // embedded servers keep their data here
+	Roles      []string        `koanf:"roles"`    // ingest, analyze, serve
+	Kafka      Kafka           `koanf:"kafka"`
+	ClickHouse sink.Config     `koanf:"clickhouse"`
+	NATS       bus.Config      `koanf:"nats"`
+	Analyzer   Analyzer        `koanf:"analyzer"`
+	LLM        LLM             `koanf:"llm"`
+	HTTP       HTTP            `koanf:"http"`
+	Dictionary []string        `koanf:"dictionaries"` // YAML files applied at start (besides the built-in example)
+	Embedded   Embedded        `koanf:"embedded"`
+}
+
+// Embedded are the fixed loopback ports of the embedded servers, so that
+// other trace commands (and kcat, nats, clickhouse-client) find a running
+// `trace run`. 0 picks a free port.
+type Embedded struct {
+	ClickHousePort     int `koanf:"clickhouse_port"`      // native protocol, default 29000
+	ClickHouseHTTPPort int `koanf:"clickhouse_http_port"` // default 28123
+	NATSPort           int `koanf:"nats_port"`            // default 4222
+}
+
+// ClickHouseAddr is clickhouse.addr, or the embedded server's address.
+func (c Config) ClickHouseAddr() []string {
+	if len(c.ClickHouse.Addr) > 0 {
+		return c.ClickHouse.Addr
+	}
+	return []string{fmt.Sprintf("127.0.0.1:%d", c.Embedded.ClickHousePort)}
+}
+
+// NATSURL is nats.url, or the embedded server's URL.
+func (c Config) NATSURL() string {
+	if c.NATS.URL != "" {
+		return c.NATS.URL
+	}
+	return fmt.Sprintf("nats://127.0.0.1:%d", c.Embedded.NATSPort)
+}
+
+// KafkaBrokers is kafka.brokers, or the embedded broker's address.
+func (c Config) KafkaBrokers() []string {
+	if len(c.Kafka.Brokers) > 0 {
+		return c.Kafka.Brokers
+	}
+	return []string{c.Kafka.EmbeddedAddr}
+}
+
+// Kafka is where rollouts and labels come from.
+type Kafka struct {
+	// Brokers: empty starts an embedded Kafka-protocol broker (kfake) on
+	// EmbeddedAddr with its data under data_dir/kafka. Production: real brokers.
+	Brokers       []string      `koanf:"brokers"`
+	EmbeddedAddr  string        `koanf:"embedded_addr"`
+	RolloutsTopic string        `koanf:"rollouts_topic"`
+	LabelsTopic   string        `koanf:"labels_topic"`
+	DLQTopic      string        `koanf:"dlq_topic"`
+	IngestGroup   string        `koanf:"ingest_group"`
+	AnalyzeGroup  string        `koanf:"analyze_group"`
+	LabelsGroup   string        `koanf:"labels_group"`
+	BatchRows     int           `koanf:"batch_rows"`
+	BatchTimeout  time.Duration `koanf:"batch_timeout"`
+	MaxBytes      int           `koanf:"max_message_bytes"`
+	TLS           TLS           `koanf:"tls"`
+	SASL          SASL          `koanf:"sasl"`
+}
+
+// TLS settings of a client.
+type TLS struct {
+	Enabled    bool   `koanf:"enabled"`
+	CAFile     string `koanf:"ca_file"`
+	CertFile   string `koanf:"cert_file"`
+	KeyFile    string `koanf:"key_file"`
+	SkipVerify bool   `koanf:"skip_verify"`
+}
+
+// SASL settings of the Kafka client.
+type SASL struct {
+	Mechanism string `koanf:"mechanism"` // "", plain, scram-sha-256, scram-sha-512
+	Username  string `koanf:"username"`
+	Password  string `koanf:"password"` // secret
+}
+
+// Analyzer configures labeling and the trigger.
+type Analyzer struct {
+	analyzer.EvalConfig `koanf:",squash"`
+	Labeler             string  `koanf:"labeler"`          // rules | llm | none (external labels only)
+	SampleFailed        float64 `koanf:"sample_failed"`    // share of failed rollouts labeled by the llm labeler
+	SamplePassed        float64 `koanf:"sample_passed"`    // share of passed rollouts labeled by the llm labeler
+	Concurrency         int     `koanf:"concurrency"`      // rollouts labeled at once
+}
+
+// LLM is an OpenAI-compatible endpoint (OpenAI, vLLM, Ollama, llama.cpp).
+type LLM struct {
+	BaseURL       string        `koanf:"base_url"`
+	Model         string        `koanf:"model"`
+	APIKey        string        `koanf:"api_key"` // secret; also OPENAI_API_KEY
+	Timeout       time.Duration `koanf:"timeout"`
+	Concurrency   int           `koanf:"concurrency"`
+	RatePerSecond float64       `koanf:"rate_per_second"`
+	Runs          int           `koanf:"runs"`
+	Structured    string        `koanf:"structured_output"`
+}
+
+// HTTP is the dashboard, metrics and health server.
+type HTTP struct {
+	Addr        string `koanf:"addr"`
+	BearerToken string `koanf:"bearer_token"` // secret; protects the API and dashboard (not /healthz, /readyz)
+}
+
+// Roles trace run knows.
+var Roles = []string{"ingest", "analyze", "serve"}
+
+// Default is the configuration with every default filled in.
+func Default() Config {
+	return Config{
+		DataDir: "./data",
+		Roles:   slices.Clone(Roles),
+		Kafka: Kafka{
+			EmbeddedAddr: "127.0.0.1:9092", RolloutsTopic: "trace.rollouts", LabelsTopic: "trace.labels", DLQTopic: "trace.rollouts.dlq",
+			IngestGroup: "trace-ingest", AnalyzeGroup: "trace-analyzer", LabelsGroup: "trace-labels",
+			BatchRows: 10000, BatchTimeout: time.Second, MaxBytes: 4 << 20,
+		},
+		ClickHouse: sink.Config{Database: "trace", User: "default", DialTimeout: 5 * time.Second, MaxOpenConns: 8},
+		NATS:       bus.Config{Duplicates: bus.DefaultDuplicates},
+		Analyzer: Analyzer{EvalConfig: analyzer.EvalConfig{}.WithDefaults(), Labeler: "rules", SampleFailed: 1, SamplePassed: 1, Concurrency: 8},
+		LLM:      LLM{Timeout: 60 * time.Second, Concurrency: 4, Runs: 10, Structured: "json_schema"},
+		HTTP:     HTTP{Addr: "127.0.0.1:8080"},
+		Embedded: Embedded{ClickHousePort: 29000, ClickHouseHTTPPort: 28123, NATSPort: 4222},
+	}
+}
+
+// Load builds the effective configuration: defaults, then the YAML file (if
+// path is not empty), then TRACE_* environment variables, then overrides
+// (key=value with dotted keys, from --set).
+func Load(path string, overrides []string) (Config, error) {
+	k := koanf.New(".")
+	if err := k.Load(structs.Provider(Default(), "koanf"), nil); err != nil {
+		return Config{}, err
+	}
+	if path != "" {
+		if _, err := os.Stat(path); err != nil {
+			return Config{}, fmt.Errorf("config file: %w", err)
+		}
+		if err := k.Load(file.Provider(path), yaml.Parser()); err != nil {
+			return Config{}, fmt.Errorf("config file %s: %w", path, err)
+		}
+	}
+	if err := k.Load(env.Provider(".", env.Opt{Prefix: "TRACE_", TransformFunc: func(key, v string) (string, any) {
+		key = strings.ToLower(strings.TrimPrefix(key, "TRACE_"))
+		if strings.HasPrefix(key, "test_") || strings.HasPrefix(key, "require_") || strings.HasPrefix(key, "shared_") {
+			return "", nil // test-suite variables, not configuration
+		}
+		key = strings.ReplaceAll(key, "__", ".")
+		if strings.Contains(v, ",") && (strings.HasSuffix(key, "brokers") || strings.HasSuffix(key, "addr") || key == "roles") {
+			return key, strings.Split(v, ",")
+		}
+		return key, v
+	}}), nil); err != nil {
+		return Config{}, err
+	}
+	if len(overrides) > 0 {
+		m := map[string]any{}
+		for _, o := range overrides {
+			key, val, ok := strings.Cut(o, "=")
+			if !ok || key == "" {
+				return Config{}, fmt.Errorf("--set %q: want key=value", o)
+			}
+			if strings.Contains(val, ",") {
+				m[key] = strings.Split(val, ",")
+			} else {
+				m[key] = val
+			}
+		}
+		if err := k.Load(confmap.Provider(m, "."), nil); err != nil {
+			return Config{}, err
+		}
+	}
+	var c Config
+	if err := k.UnmarshalWithConf("", &c, koanf.UnmarshalConf{Tag: "koanf", FlatPaths: false}); err != nil {
+		return Config{}, fmt.Errorf("config: %w", err)
+	}
+	// Unset (zero) analyzer thresholds take the paper's defaults.
+	c.Analyzer.EvalConfig = c.Analyzer.EvalConfig.WithDefaults()
+	if c.LLM.APIKey == "" {
+		c.LLM.APIKey = os.Getenv("OPENAI_API_KEY")
+	}
+	return c, c.Validate()
+}
+
+// Validate names the first bad field.
+func (c Config) Validate() error {
+	var errs []error
+	if c.DataDir == "" {
+		errs = append(errs, errors.New("data_dir: must not be empty"))
+	}
+	for _, r := range c.Roles {
+		if !slices.Contains(Roles, r) {
+			errs = append(errs, fmt.Errorf("roles: unknown role %q (known: %s)", r, strings.Join(Roles, ", ")))
+		}
+	}
+	if len(c.Roles) == 0 {
+		errs = append(errs, errors.New("roles: at least one role is required"))
+	}
+	k := c.Kafka
+	if len(k.Brokers) == 0 {
+		if _, _, err := net.SplitHostPort(k.EmbeddedAddr); err != nil {
+			errs = append(errs, fmt.Errorf("kafka.embedded_addr: %q is not host:port", k.EmbeddedAddr))
+		}
+	}
+	for _, b := range k.Brokers {
+		if _, _, err := net.SplitHostPort(b); err != nil {
+			errs = append(errs, fmt.Errorf("kafka.brokers: %q is not host:port", b))
+		}
+	}
+	for name, v := range map[string]string{"kafka.rollouts_topic": k.RolloutsTopic, "kafka.labels_topic": k.LabelsTopic, "kafka.dlq_topic": k.DLQTopic,
+		"kafka.ingest_group": k.IngestGroup, "kafka.analyze_group": k.AnalyzeGroup, "kafka.labels_group": k.LabelsGroup} {
+		if v == "" {
+			errs = append(errs, fmt.Errorf("%s: must not be empty", name))
+		}
+	}
+	if k.BatchRows < 1 {
+		errs = append(errs, fmt.Errorf("kafka.batch_rows: must be >= 1, got %d", k.BatchRows))
+	}
+	if k.BatchTimeout <= 0 {
+		errs = append(errs, fmt.Errorf("kafka.batch_timeout: must be positive, got %s", k.BatchTimeout))
+	}
+	if k.MaxBytes < 1024 {
+		errs = append(errs, fmt.Errorf("kafka.max_message_bytes: must be >= 1024, got %d", k.MaxBytes))
+	}
+	switch k.SASL.Mechanism {
+	case "", "plain", "scram-sha-256", "scram-sha-512":
+	default:
+		errs = append(errs, fmt.Errorf("kafka.sasl.mechanism: %q is not plain, scram-sha-256 or scram-sha-512", k.SASL.Mechanism))
+	}
+	if k.SASL.Mechanism != "" && k.SASL.Username == "" {
+		errs = append(errs, errors.New("kafka.sasl.username: required with a SASL mechanism"))
+	}
+	if len(c.ClickHouse.Addr) > 0 {
+		if err := c.ClickHouse.Validate(); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if c.NATS.URL != "" && !strings.Contains(c.NATS.URL, "://") {
+		errs = append(errs, fmt.Errorf("nats.url: %q is not a URL like nats://host:4222", c.NATS.URL))
+	}
+	if err := c.Analyzer.EvalConfig.WithDefaults().Validate(); err != nil {
+		errs = append(errs, err)
+	}
+	switch c.Analyzer.Labeler {
+	case "rules", "none":
+	case "llm":
+		if c.LLM.BaseURL == "" {
+			errs = append(errs, errors.New("llm.base_url: required with analyzer.labeler: llm"))
+		}
+		if c.LLM.Model == "" {
+			errs = append(errs, errors.New("llm.model: required with analyzer.labeler: llm"))
+		}
+	default:
+		errs = append(errs, fmt.Errorf("analyzer.labeler: %q is not rules, llm or none", c.Analyzer.Labeler))
+	}
+	for name, v := range map[string]float64{"analyzer.sample_failed": c.Analyzer.SampleFailed, "analyzer.sample_passed": c.Analyzer.SamplePassed} {
+		if v < 0 || v > 1 {
+			errs = append(errs, fmt.Errorf("%s: must be in [0, 1], got %v", name, v))
+		}
+	}
+	if _, _, err := net.SplitHostPort(c.HTTP.Addr); err != nil {
+		errs = append(errs, fmt.Errorf("http.addr: %q is not host:port", c.HTTP.Addr))
+	}
+	for _, f := range c.Dictionary {
+		if _, err := os.Stat(f); err != nil {
+			errs = append(errs, fmt.Errorf("dictionaries: %w", err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Redacted returns a copy with every secret replaced, for printing and logs.
+func (c Config) Redacted() Config {
+	r := c
+	red := func(s *string) {
+		if *s != "" {
+			*s = "[REDACTED]"
+		}
+	}
+	red(&r.Kafka.SASL.Password)
+	red(&r.ClickHouse.Password)
+	red(&r.NATS.Token)
+	red(&r.LLM.APIKey)
+	red(&r.HTTP.BearerToken)
+	return r
+}
+
+// Path joins a path under the data directory.
+func (c Config) Path(elem ...string) string {
+	return filepath.Join(append([]string{c.DataDir}, elem...)...)
+}
+
+// Has reports whether a role is enabled.
+func (c Config) Has(role string) bool { return slices.Contains(c.Roles, role) }

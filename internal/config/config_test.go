@@ -1,0 +1,76 @@
+package config
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestLoadLayers(t *testing.T) {
+	dir := t.TempDir()
+	f := filepath.Join(dir, "trace.yaml")
+	os.WriteFile(f, []byte(`
+kafka:
+  brokers: [k1:9092, k2:9092]
+  batch_rows: 5000
+clickhouse:
+  addr: [ch:9000]
+  password: s3cret
+analyzer:
+  min_failures: 50
+  rearm_after: 2h
+`), 0o644)
+	t.Setenv("TRACE_KAFKA__BATCH_ROWS", "7000")
+	t.Setenv("TRACE_HTTP__BEARER_TOKEN", "tok")
+	c, err := Load(f, []string{"analyzer.k=2", "roles=ingest,serve"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(c.Kafka.Brokers) != 2 || c.Kafka.BatchRows != 7000 || c.ClickHouse.Addr[0] != "ch:9000" {
+		t.Fatalf("layers: %+v", c.Kafka)
+	}
+	if c.Analyzer.MinFailures != 50 || c.Analyzer.RearmAfter != 2*time.Hour || c.Analyzer.K != 2 || c.Analyzer.N != 10 || c.Analyzer.Rho != 0.10 {
+		t.Fatalf("analyzer: %+v", c.Analyzer)
+	}
+	if strings.Join(c.Roles, ",") != "ingest,serve" || c.HTTP.BearerToken != "tok" || c.Kafka.RolloutsTopic != "trace.rollouts" {
+		t.Fatalf("roles/env/defaults: %+v %+v", c.Roles, c.HTTP)
+	}
+	r := c.Redacted()
+	if r.ClickHouse.Password != "[REDACTED]" || r.HTTP.BearerToken != "[REDACTED]" || c.ClickHouse.Password != "s3cret" {
+		t.Fatalf("redaction: %+v", r.ClickHouse)
+	}
+}
+
+func TestValidateNamesTheField(t *testing.T) {
+	tests := []struct {
+		set  []string
+		want string
+	}{
+		{[]string{"roles=ingest,cook"}, `roles: unknown role "cook"`},
+		{[]string{"kafka.brokers=nohost"}, "kafka.brokers"},
+		{[]string{"kafka.batch_rows=0"}, "kafka.batch_rows"},
+		{[]string{"kafka.sasl.mechanism=kerberos"}, "kafka.sasl.mechanism"},
+		{[]string{"clickhouse.addr=ch"}, "clickhouse.addr"},
+		{[]string{"nats.url=localhost"}, "nats.url"},
+		{[]string{"analyzer.rho=2"}, "rho"},
+		{[]string{"analyzer.k=11"}, "analyzer.n"},
+		{[]string{"analyzer.labeler=llm"}, "llm.base_url"},
+		{[]string{"analyzer.sample_failed=1.5"}, "analyzer.sample_failed"},
+		{[]string{"http.addr=8080"}, "http.addr"},
+		{[]string{"nokey"}, "--set"},
+	}
+	for _, tt := range tests {
+		_, err := Load("", tt.set)
+		if err == nil || !strings.Contains(err.Error(), tt.want) {
+			t.Errorf("Load(%v) = %v, want an error naming %q", tt.set, err, tt.want)
+		}
+	}
+	if _, err := Load("", nil); err != nil {
+		t.Fatalf("defaults must be valid: %v", err)
+	}
+	if _, err := Load(filepath.Join(t.TempDir(), "missing.yaml"), nil); err == nil || !strings.Contains(err.Error(), "config file") {
+		t.Fatalf("missing file: %v", err)
+	}
+}
