@@ -45,14 +45,14 @@ type demoSummary struct {
 }
 
 type demoCounts struct {
-	Published      int    `json:"rollouts_published"`
-	Malformed      int    `json:"malformed_published"`
-	Stored         uint64 `json:"rollouts_stored"`
-	Labeled        uint64 `json:"rollouts_labeled"`
-	Labels         uint64 `json:"labels_stored"`
-	DeadLettered   int64  `json:"dead_lettered"`
-	SynthesisMsgs  int    `json:"synthesis_requests"`
-	TriggerEvents  int    `json:"trigger_events"`
+	Published     int    `json:"rollouts_published"`
+	Malformed     int    `json:"malformed_published"`
+	Stored        uint64 `json:"rollouts_stored"`
+	Labeled       uint64 `json:"rollouts_labeled"`
+	Labels        uint64 `json:"labels_stored"`
+	DeadLettered  int64  `json:"dead_lettered"`
+	SynthesisMsgs int    `json:"synthesis_requests"`
+	TriggerEvents int    `json:"trigger_events"`
 }
 
 type demoCapability struct {
@@ -513,4 +513,3 @@ func first(s []string, n int) []string {
 	}
 	return s
 }
-

@@ -29,16 +29,16 @@ import (
 
 // Config is the whole configuration of `trace run` and `trace demo`.
 type Config struct {
-	DataDir    string          `koanf:"data_dir"` // embedded servers keep their data here
-	Roles      []string        `koanf:"roles"`    // ingest, analyze, serve
-	Kafka      Kafka           `koanf:"kafka"`
-	ClickHouse sink.Config     `koanf:"clickhouse"`
-	NATS       bus.Config      `koanf:"nats"`
-	Analyzer   Analyzer        `koanf:"analyzer"`
-	LLM        LLM             `koanf:"llm"`
-	HTTP       HTTP            `koanf:"http"`
-	Dictionary []string        `koanf:"dictionaries"` // YAML files applied at start (besides the built-in example)
-	Embedded   Embedded        `koanf:"embedded"`
+	DataDir    string      `koanf:"data_dir"` // embedded servers keep their data here
+	Roles      []string    `koanf:"roles"`    // ingest, analyze, serve
+	Kafka      Kafka       `koanf:"kafka"`
+	ClickHouse sink.Config `koanf:"clickhouse"`
+	NATS       bus.Config  `koanf:"nats"`
+	Analyzer   Analyzer    `koanf:"analyzer"`
+	LLM        LLM         `koanf:"llm"`
+	HTTP       HTTP        `koanf:"http"`
+	Dictionary []string    `koanf:"dictionaries"` // YAML files applied at start (besides the built-in example)
+	Embedded   Embedded    `koanf:"embedded"`
 }
 
 // Embedded are the fixed loopback ports of the embedded servers, so that
@@ -112,10 +112,10 @@ type SASL struct {
 // Analyzer configures labeling and the trigger.
 type Analyzer struct {
 	analyzer.EvalConfig `koanf:",squash"`
-	Labeler             string  `koanf:"labeler"`          // rules | llm | none (external labels only)
-	SampleFailed        float64 `koanf:"sample_failed"`    // share of failed rollouts labeled by the llm labeler
-	SamplePassed        float64 `koanf:"sample_passed"`    // share of passed rollouts labeled by the llm labeler
-	Concurrency         int     `koanf:"concurrency"`      // rollouts labeled at once
+	Labeler             string  `koanf:"labeler"`       // rules | llm | none (external labels only)
+	SampleFailed        float64 `koanf:"sample_failed"` // share of failed rollouts labeled by the llm labeler
+	SamplePassed        float64 `koanf:"sample_passed"` // share of passed rollouts labeled by the llm labeler
+	Concurrency         int     `koanf:"concurrency"`   // rollouts labeled at once
 }
 
 // LLM is an OpenAI-compatible endpoint (OpenAI, vLLM, Ollama, llama.cpp).
@@ -151,10 +151,10 @@ func Default() Config {
 		},
 		ClickHouse: sink.Config{Database: "trace", User: "default", DialTimeout: 5 * time.Second, MaxOpenConns: 8},
 		NATS:       bus.Config{Duplicates: bus.DefaultDuplicates},
-		Analyzer: Analyzer{EvalConfig: analyzer.EvalConfig{}.WithDefaults(), Labeler: "rules", SampleFailed: 1, SamplePassed: 1, Concurrency: 8},
-		LLM:      LLM{Timeout: 60 * time.Second, Concurrency: 4, Runs: 10, Structured: "json_schema"},
-		HTTP:     HTTP{Addr: "127.0.0.1:8080"},
-		Embedded: Embedded{ClickHousePort: 29000, ClickHouseHTTPPort: 28123, NATSPort: 4222},
+		Analyzer:   Analyzer{EvalConfig: analyzer.EvalConfig{}.WithDefaults(), Labeler: "rules", SampleFailed: 1, SamplePassed: 1, Concurrency: 8},
+		LLM:        LLM{Timeout: 60 * time.Second, Concurrency: 4, Runs: 10, Structured: "json_schema"},
+		HTTP:       HTTP{Addr: "127.0.0.1:8080"},
+		Embedded:   Embedded{ClickHousePort: 29000, ClickHouseHTTPPort: 28123, NATSPort: 4222},
 	}
 }
 
