@@ -106,7 +106,7 @@ func configYAML(c config.Config) map[string]any {
 		"brokers": c.Kafka.Brokers, "embedded_addr": c.Kafka.EmbeddedAddr, "rollouts_topic": c.Kafka.RolloutsTopic,
 		"labels_topic": c.Kafka.LabelsTopic, "dlq_topic": c.Kafka.DLQTopic, "ingest_group": c.Kafka.IngestGroup,
 		"analyze_group": c.Kafka.AnalyzeGroup, "labels_group": c.Kafka.LabelsGroup, "batch_rows": c.Kafka.BatchRows,
-		"batch_timeout": c.Kafka.BatchTimeout.String(), "max_message_bytes": c.Kafka.MaxBytes,
+		"batch_timeout": c.Kafka.BatchTimeout.String(), "max_message_bytes": c.Kafka.MaxBytes, "analyze_dead_letters": c.Kafka.AnalyzeDeadLetters,
 		"tls":  map[string]any{"enabled": c.Kafka.TLS.Enabled, "ca_file": c.Kafka.TLS.CAFile, "cert_file": c.Kafka.TLS.CertFile, "key_file": c.Kafka.TLS.KeyFile, "skip_verify": c.Kafka.TLS.SkipVerify},
 		"sasl": map[string]any{"mechanism": c.Kafka.SASL.Mechanism, "username": c.Kafka.SASL.Username, "password": c.Kafka.SASL.Password},
 	}

@@ -222,8 +222,9 @@ func (a *App) Run(ctx context.Context, extra ...Actor) error {
 		if lab != nil {
 			ls := &analyzer.LabelingSink{Labeler: lab, Registry: a.Dicts, Store: a.Store, Evaluator: a.Evaluator,
 				Concurrency: a.Cfg.Analyzer.Concurrency, Log: a.Log, Metrics: am}
-			c, err := ingest.NewConsumer(a.consumerConfig(a.Cfg.Kafka.AnalyzeGroup, a.Cfg.Kafka.RolloutsTopic, "analyze"),
-				ingest.DecodeRollout(a.Cfg.Kafka.MaxBytes), ls, a.Log, im)
+			cc := a.consumerConfig(a.Cfg.Kafka.AnalyzeGroup, a.Cfg.Kafka.RolloutsTopic, "analyze")
+			cc.SkipInvalid = !a.Cfg.Kafka.AnalyzeDeadLetters
+			c, err := ingest.NewConsumer(cc, ingest.DecodeRollout(a.Cfg.Kafka.MaxBytes), ls, a.Log, im)
 			if err != nil {
 				return err
 			}

@@ -89,8 +89,13 @@ type Kafka struct {
 	BatchRows     int           `koanf:"batch_rows"`
 	BatchTimeout  time.Duration `koanf:"batch_timeout"`
 	MaxBytes      int           `koanf:"max_message_bytes"`
-	TLS           TLS           `koanf:"tls"`
-	SASL          SASL          `koanf:"sasl"`
+	// AnalyzeDeadLetters makes the analyze stage dead-letter invalid
+	// rollouts too. Off by default: the ingest stage reads the same topic
+	// and dead-letters them, so each bad message lands in the DLQ once.
+	// Turn it on when no ingest replica runs.
+	AnalyzeDeadLetters bool `koanf:"analyze_dead_letters"`
+	TLS                TLS  `koanf:"tls"`
+	SASL               SASL `koanf:"sasl"`
 }
 
 // TLS settings of a client.
