@@ -36,7 +36,7 @@ func (a *App) httpServer() (*http.Server, error) {
 	protected := http.NewServeMux()
 	protected.Handle("GET /metrics", promhttp.HandlerFor(a.Registry, promhttp.HandlerOpts{Registry: a.Registry}))
 	protected.Handle("/", dashboard.New(dashboard.Deps{Store: a.Store, Evaluator: a.Evaluator, Dicts: a.Dicts,
-		Rho: a.Cfg.Analyzer.Rho, Delta: a.Cfg.Analyzer.Delta, Log: a.Log}))
+		Rho: a.Cfg.Analyzer.Rho, Delta: a.Cfg.Analyzer.Delta, Eval: a.Cfg.Analyzer.EvalConfig, Log: a.Log}))
 	mux.Handle("/", bearer(a.Cfg.HTTP.BearerToken, protected))
 	return &http.Server{Addr: a.Cfg.HTTP.Addr, Handler: mux, ReadHeaderTimeout: 10 * time.Second}, nil
 }

@@ -1,0 +1,678 @@
+package dashboard
+
+import (
+	"context"
+	"encoding/json"
+	"math"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/traceops/trace/analyzer"
+	"github.com/traceops/trace/internal/bus"
+	"github.com/traceops/trace/internal/testenv"
+	"github.com/traceops/trace/schemas"
+	"github.com/traceops/trace/sink"
+)
+
+func TestMain(m *testing.M) { testenv.Main(m) }
+
+// testEval is the analyzer configuration of the tests: the decision window
+// covers all the demo data.
+var testEval = analyzer.EvalConfig{Window: 30 * 24 * time.Hour, N: demoRuns, K: 8, MinFailures: 20}
+
+func newHandler(st *sink.Store, now time.Time, ev *analyzer.Evaluator, dicts *analyzer.Registry) http.Handler {
+	return New(Deps{Store: st, Evaluator: ev, Dicts: dicts, Rho: 0.10, Delta: 0.20, Eval: testEval, Now: func() time.Time { return now }})
+}
+
+func registry() *analyzer.Registry {
+	reg := analyzer.NewRegistry()
+	reg.Put(demoDict)
+	return reg
+}
+
+func getJSON(t *testing.T, h http.Handler, path string, v any) {
+	t.Helper()
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, path, nil))
+	if rec.Code != http.StatusOK {
+		t.Fatalf("GET %s: %d %s", path, rec.Code, rec.Body.String())
+	}
+	if ct := rec.Header().Get("Content-Type"); !strings.HasPrefix(ct, "application/json") {
+		t.Fatalf("GET %s: content type %q", path, ct)
+	}
+	if err := json.Unmarshal(rec.Body.Bytes(), v); err != nil {
+		t.Fatalf("GET %s: %v\n%s", path, err, rec.Body.String())
+	}
+}
+
+func getStatus(h http.Handler, path string) (int, string) {
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, path, nil))
+	return rec.Code, rec.Body.String()
+}
+
+func near(a, b float64) bool { return math.Abs(a-b) < 1e-9 }
+
+func TestAPI(t *testing.T) {
+	st := openStore(t)
+	now := time.Now().UTC().Truncate(time.Second)
+	d := seedDemo(t, st, now)
+	h := newHandler(st, now, nil, registry())
+
+	t.Run("overview", func(t *testing.T) {
+		var o OverviewResponse
+		getJSON(t, h, "/api/overview?env=airline&agent_version=v2", &o)
+		if o.Empty || o.Cohort == nil || *o.Cohort != (CohortKey{"airline", "v2", 1}) {
+			t.Fatalf("cohort = %+v, empty %v", o.Cohort, o.Empty)
+		}
+		if o.Thresholds.Rho != 0.10 || o.Thresholds.Delta != 0.20 || o.Thresholds.K != 8 || o.Thresholds.N != 10 {
+			t.Errorf("thresholds = %+v", o.Thresholds)
+		}
+		// Cohorts: three, rollouts counted once despite the redelivery.
+		want := map[CohortKey][2]uint64{}
+		for _, r := range d.rollouts {
+			k := CohortKey{r.Environment, r.AgentVersion, 1}
+			if r.Environment == "retail" {
+				k.DictionaryVersion = 0
+			}
+			v := want[k]
+			v[0]++
+			if r.Success {
+				v[1]++
+			}
+			want[k] = v
+		}
+		if len(o.Cohorts) != len(want) {
+			t.Fatalf("cohorts = %+v, want %v", o.Cohorts, want)
+		}
+		for _, c := range o.Cohorts {
+			w := want[c.CohortKey]
+			if c.Rollouts != w[0] || c.Successes != w[1] || !near(c.PassRate, float64(w[1])/float64(w[0])) {
+				t.Errorf("cohort %+v: rollouts %d successes %d, want %v", c.CohortKey, c.Rollouts, c.Successes, w)
+			}
+			if c.DictionaryVersion == 1 && (c.LabeledRollouts != w[0] || c.Runs != demoRuns || c.Capabilities != 4) {
+				t.Errorf("cohort %+v: labeled %d runs %d caps %d", c.CohortKey, c.LabeledRollouts, c.Runs, c.Capabilities)
+			}
+		}
+
+		// Decision: computed (no evaluator), against expectations.
+		dec := o.Decision
+		if dec == nil || dec.Source != "computed" || !dec.Decided || dec.Runs != demoRuns {
+			t.Fatalf("decision = %+v", dec)
+		}
+		if want := len(d.passBuckets("airline", "v2", time.Time{}, d.hour)); want == 0 {
+			t.Fatal("no v2 rollouts seeded")
+		}
+		nv2 := 0
+		for _, r := range d.rollouts {
+			if r.AgentVersion == "v2" && r.Environment == "airline" {
+				nv2++
+			}
+		}
+		if dec.Window.Rollouts != nv2 {
+			t.Errorf("window rollouts = %d, want %d", dec.Window.Rollouts, nv2)
+		}
+		if len(dec.Capabilities) != 4 {
+			t.Fatalf("capabilities = %d, want 4", len(dec.Capabilities))
+		}
+		since := now.Add(-testEval.Window)
+		for i, c := range dec.Capabilities {
+			e := d.expectCap("airline", "v2", c.Name, since, 0.10, 0.20)
+			if !near(c.MeanCov, e.meanCov) || !near(c.MeanDelta, e.meanDelta) || c.RunsPassed != e.runsPassed || c.RunsTotal != e.runs {
+				t.Errorf("%s: cov %v Δ %v runs %d/%d, want cov %v Δ %v runs %d/%d", c.Name, c.MeanCov, c.MeanDelta, c.RunsPassed, c.RunsTotal,
+					e.meanCov, e.meanDelta, e.runsPassed, e.runs)
+			}
+			if c.Rank != i+1 || (i > 0 && c.MeanDelta > dec.Capabilities[i-1].MeanDelta) {
+				t.Errorf("%s: rank %d out of order", c.Name, c.Rank)
+			}
+			if c.Definition == "" {
+				t.Errorf("%s: no definition", c.Name)
+			}
+			wantDec := DecisionNotSelected
+			if e.runsPassed >= 8 {
+				wantDec = DecisionSelected
+			}
+			if c.Decision != wantDec {
+				t.Errorf("%s: decision %s, want %s", c.Name, c.Decision, wantDec)
+			}
+		}
+		// The planted pattern.
+		top := dec.Capabilities[0]
+		if top.Name != capMulti || top.Decision != DecisionSelected || top.RunsPassed != 10 || top.MeanDelta < 0.4 || top.MeanCov < 0.4 {
+			t.Errorf("planted capability: %+v", top)
+		}
+		if len(top.Examples) != 8 || !sort.StringsAreSorted(top.Examples) {
+			t.Errorf("examples = %v", top.Examples)
+		}
+		for _, c := range dec.Capabilities[1:] {
+			if c.Decision == DecisionSelected && c.Name != capArgs {
+				t.Errorf("%s selected; only the planted capability (and maybe %s) should be", c.Name, capArgs)
+			}
+		}
+
+		// Pass rate per hour, every agent version of the environment.
+		if len(o.PassRate) != 2 {
+			t.Fatalf("pass-rate series = %d, want v1 and v2", len(o.PassRate))
+		}
+		for _, ps := range o.PassRate {
+			exp := d.passBuckets("airline", ps.AgentVersion, o.Range.Since, d.hour)
+			if len(ps.Points) != len(exp) {
+				t.Errorf("%s: %d hourly points, want %d", ps.AgentVersion, len(ps.Points), len(exp))
+			}
+			for _, p := range ps.Points {
+				w := exp[p.Bucket.Unix()]
+				if p.Rollouts != w[0] || p.Successes != w[1] || !near(p.PassRate, float64(w[1])/float64(w[0])) {
+					t.Errorf("%s %s: %d/%d, want %v", ps.AgentVersion, p.Bucket, p.Successes, p.Rollouts, w)
+				}
+			}
+		}
+		// Cov and Δ per capability per hour.
+		if len(o.Capabilities) != 4 {
+			t.Fatalf("capability series = %d", len(o.Capabilities))
+		}
+		for _, cs := range o.Capabilities {
+			exp := d.capBuckets("airline", "v2", cs.Capability, o.Range.Since, d.hour)
+			if len(cs.Points) != len(exp) {
+				t.Errorf("%s: %d points, want %d", cs.Capability, len(cs.Points), len(exp))
+			}
+			for _, p := range cs.Points {
+				w := exp[p.Bucket.Unix()]
+				if !near(p.MeanCov, w[0]) || !near(p.MeanDelta, w[1]) || p.Runs != demoRuns {
+					t.Errorf("%s %s: cov %v Δ %v runs %d, want %v", cs.Capability, p.Bucket, p.MeanCov, p.MeanDelta, p.Runs, w)
+				}
+			}
+		}
+	})
+
+	t.Run("overview daily buckets", func(t *testing.T) {
+		var o OverviewResponse
+		getJSON(t, h, "/api/overview?env=airline&agent_version=v1&hours=336&bucket=day", &o)
+		if o.Range.Bucket != "day" || o.Range.Since.Hour() != 0 {
+			t.Fatalf("range = %+v", o.Range)
+		}
+		for _, ps := range o.PassRate {
+			exp := d.passBuckets("airline", ps.AgentVersion, o.Range.Since, d.day)
+			if len(ps.Points) != len(exp) {
+				t.Errorf("%s: %d daily points, want %d", ps.AgentVersion, len(ps.Points), len(exp))
+			}
+			for _, p := range ps.Points {
+				if w := exp[p.Bucket.Unix()]; p.Rollouts != w[0] || p.Successes != w[1] {
+					t.Errorf("%s %s: %d/%d, want %v", ps.AgentVersion, p.Bucket, p.Successes, p.Rollouts, w)
+				}
+			}
+		}
+		for _, cs := range o.Capabilities {
+			exp := d.capBuckets("airline", "v1", cs.Capability, o.Range.Since, d.day)
+			if len(cs.Points) != len(exp) || len(exp) < 10 {
+				t.Errorf("%s: %d daily points, want %d", cs.Capability, len(cs.Points), len(exp))
+			}
+			for _, p := range cs.Points {
+				if w := exp[p.Bucket.Unix()]; !near(p.MeanCov, w[0]) || !near(p.MeanDelta, w[1]) {
+					t.Errorf("%s %s: cov %v Δ %v, want %v", cs.Capability, p.Bucket, p.MeanCov, p.MeanDelta, w)
+				}
+			}
+		}
+	})
+
+	t.Run("overview default cohort and trigger status", func(t *testing.T) {
+		var o OverviewResponse
+		getJSON(t, h, "/api/overview?env=airline&agent_version=v1&hours=720", &o)
+		if o.Cohort == nil || o.Cohort.AgentVersion != "v1" || o.Range.Hours != 720 {
+			t.Fatalf("cohort %+v range %+v", o.Cohort, o.Range)
+		}
+		var found bool
+		for _, c := range o.Decision.Capabilities {
+			if c.Name == capMulti {
+				found = true
+				if c.Trigger == nil || c.Trigger.Event != "fired" || c.Trigger.Epoch != 2 {
+					t.Errorf("trigger status = %+v, want fired epoch 2", c.Trigger)
+				}
+			}
+		}
+		if !found {
+			t.Error("no", capMulti)
+		}
+		// No parameters: the most recently active labeled cohort.
+		var def OverviewResponse
+		getJSON(t, h, "/api/overview", &def)
+		if def.Cohort == nil || def.Cohort.Environment != "airline" || def.Cohort.DictionaryVersion != 1 {
+			t.Errorf("default cohort = %+v", def.Cohort)
+		}
+		// An unlabeled cohort: pass rate only.
+		var un OverviewResponse
+		getJSON(t, h, "/api/overview?env=retail", &un)
+		if un.Cohort == nil || un.Cohort.DictionaryVersion != 0 || un.Decision != nil || len(un.PassRate) != 1 || un.Message == "" {
+			t.Errorf("unlabeled cohort: %+v", un)
+		}
+		// A filter that matches nothing.
+		var none OverviewResponse
+		getJSON(t, h, "/api/overview?env=nowhere", &none)
+		if !none.Empty || none.Cohort != nil || !strings.Contains(none.Message, "No rollouts yet") {
+			t.Errorf("unknown env: %+v", none)
+		}
+	})
+
+	t.Run("capability", func(t *testing.T) {
+		var c CapabilityResponse
+		getJSON(t, h, "/api/capability?env=airline&agent_version=v2&dict=1&name="+capMulti+"&examples=4", &c)
+		if !c.InDictionary || c.Capability.Definition != demoDict.Capabilities[0].Definition {
+			t.Errorf("capability = %+v", c.Capability)
+		}
+		if c.Stats == nil || c.Stats.Decision != DecisionSelected || c.Stats.RunsPassed != 10 {
+			t.Fatalf("stats = %+v", c.Stats)
+		}
+		exp := d.counts("airline", "v2", capMulti, now.Add(-testEval.Window))
+		if len(c.PerRun) != demoRuns {
+			t.Fatalf("per run = %d rows", len(c.PerRun))
+		}
+		for _, r := range c.PerRun {
+			w := exp[uint16(r.Run)]
+			if r.LackingFailed != w.lf || r.PresentFailed != w.pf || r.NAFailed != w.nf || r.LackingPassed != w.lp || r.PresentPassed != w.pp || r.NAPassed != w.np {
+				t.Errorf("run %d: %+v, want %+v", r.Run, r, w)
+			}
+			cov, dl := w.stats()
+			if !near(r.Cov, cov) || !near(r.Delta, dl) || r.Passed != (cov >= 0.1 && dl >= 0.2) {
+				t.Errorf("run %d: cov %v Δ %v, want %v %v", r.Run, r.Cov, r.Delta, cov, dl)
+			}
+		}
+		// Examples: most often LACKING first, with their conversation.
+		lack := d.lackingExamples("airline", "v2", capMulti)
+		ids := sortedKeys(lack, func(a, b string) bool {
+			if lack[a] != lack[b] {
+				return lack[a] > lack[b]
+			}
+			return a < b
+		})
+		if len(c.Examples) != 4 {
+			t.Fatalf("examples = %d", len(c.Examples))
+		}
+		for i, e := range c.Examples {
+			if e.RolloutID != ids[i] || int(e.LackingRuns) != lack[ids[i]] || e.Runs != demoRuns {
+				t.Errorf("example %d = %s (%d/%d), want %s (%d)", i, e.RolloutID, e.LackingRuns, e.Runs, ids[i], lack[ids[i]])
+			}
+			if !e.Found || e.Success || len(e.Messages) < 5 || len(e.Grader) == 0 {
+				t.Errorf("example %s: found %v success %v messages %d grader %s", e.RolloutID, e.Found, e.Success, len(e.Messages), e.Grader)
+			}
+			var sawCall, sawErr bool
+			for _, m := range e.Messages {
+				sawCall = sawCall || len(m.ToolCalls) > 0
+				sawErr = sawErr || m.Error
+			}
+			if !sawCall || !sawErr {
+				t.Errorf("example %s: conversation lacks tool calls or the tool error", e.RolloutID)
+			}
+		}
+		if len(c.Series) == 0 {
+			t.Error("no hourly series")
+		}
+		// The dictionary also comes from ClickHouse when the registry lacks it.
+		h2 := New(Deps{Store: st, Eval: testEval, Now: func() time.Time { return now }})
+		var c2 CapabilityResponse
+		getJSON(t, h2, "/api/capability?env=airline&agent_version=v2&name="+capPolicy, &c2)
+		if !c2.InDictionary || c2.Cohort.DictionaryVersion != 1 || c2.Stats == nil {
+			t.Errorf("capability without registry: %+v", c2)
+		}
+		// Redelivered labels: run 3 reflects the relabel.
+		exp2 := d.counts("airline", "v2", capPolicy, now.Add(-testEval.Window))[3]
+		for _, r := range c2.PerRun {
+			if r.Run == 3 && (r.LackingFailed != exp2.lf || r.LackingPassed != exp2.lp || r.PresentFailed != exp2.pf) {
+				t.Errorf("relabeled run 3: %+v, want %+v", r, exp2)
+			}
+		}
+		// Unknown capability: 200 with a message.
+		var c3 CapabilityResponse
+		getJSON(t, h, "/api/capability?env=airline&agent_version=v2&dict=1&name=no_such_thing", &c3)
+		if c3.InDictionary || c3.Stats != nil || c3.Message == "" {
+			t.Errorf("unknown capability: %+v", c3)
+		}
+		// Trigger events of the capability.
+		var c4 CapabilityResponse
+		getJSON(t, h, "/api/capability?env=airline&agent_version=v1&dict=1&name="+capMulti, &c4)
+		if len(c4.Triggers) != 4 {
+			t.Errorf("v1 %s triggers = %d, want 4", capMulti, len(c4.Triggers))
+		}
+	})
+
+	t.Run("triggers", func(t *testing.T) {
+		var tr TriggersResponse
+		getJSON(t, h, "/api/triggers", &tr)
+		if len(tr.Events) != len(d.triggers) {
+			t.Fatalf("events = %d, want %d", len(tr.Events), len(d.triggers))
+		}
+		for i := 1; i < len(tr.Events); i++ {
+			if tr.Events[i].At.Before(tr.Events[i-1].At) {
+				t.Errorf("events out of time order at %d", i)
+			}
+		}
+		wantOrder := []string{"fired", "fired", "deselected", "rearmed", "fired"}
+		for i, e := range tr.Events {
+			if e.Event != wantOrder[i] {
+				t.Errorf("event %d = %s, want %s", i, e.Event, wantOrder[i])
+			}
+		}
+		if tr.Counts["fired"] != 3 || tr.Counts["deselected"] != 1 || tr.Counts["rearmed"] != 1 {
+			t.Errorf("counts = %v", tr.Counts)
+		}
+		last := tr.Events[len(tr.Events)-1]
+		var req schemas.SynthesisRequest
+		if err := json.Unmarshal(last.Payload, &req); err != nil || req.Capability.Skill != capMulti || req.Rank != 1 || len(req.ExampleFailedRolloutIDs) != 2 {
+			t.Errorf("payload = %s (%v)", last.Payload, err)
+		}
+		if p := string(tr.Events[2].Payload); p != "" && p != "null" {
+			t.Errorf("deselected event payload = %s, want null", tr.Events[2].Payload)
+		}
+		if last.Window.Rollouts != 120 || last.Window.Failures != 70 || last.RunsPassed != 10 {
+			t.Errorf("last event = %+v", last)
+		}
+		var f TriggersResponse
+		getJSON(t, h, "/api/triggers?capability="+capArgs, &f)
+		if len(f.Events) != 1 || f.Events[0].Capability != capArgs {
+			t.Errorf("filtered = %+v", f.Events)
+		}
+		var lim TriggersResponse
+		getJSON(t, h, "/api/triggers?limit=2", &lim)
+		if len(lim.Events) != 2 || !lim.Truncated {
+			t.Errorf("limit: %d events, truncated %v", len(lim.Events), lim.Truncated)
+		}
+		var recent TriggersResponse
+		getJSON(t, h, "/api/triggers?days=1", &recent)
+		if len(recent.Events) != 1 {
+			t.Errorf("last day: %d events, want 1", len(recent.Events))
+		}
+	})
+
+	t.Run("trends", func(t *testing.T) {
+		var tr TrendsResponse
+		getJSON(t, h, "/api/trends?weeks=5", &tr)
+		if tr.Empty || tr.Environment != "airline" || len(tr.Weeks) != 5 || strings.Join(tr.AgentVersions, ",") != "v1,v2" {
+			t.Fatalf("trends: env %q weeks %v versions %v empty %v", tr.Environment, tr.Weeks, tr.AgentVersions, tr.Empty)
+		}
+		if got, want := tr.ThisWeek.Format("2006-01-02"), d.monday(now); got != want {
+			t.Errorf("this week = %s, want %s", got, want)
+		}
+		if strings.Join(tr.Environments, ",") != "airline,retail" {
+			t.Errorf("environments = %v", tr.Environments)
+		}
+		for _, av := range []string{"v1", "v2"} {
+			exp := d.passWeekly("airline", av)
+			n := 0
+			for _, w := range tr.PassRate {
+				if w.AgentVersion != av {
+					continue
+				}
+				n++
+				e := exp[w.Week.Format("2006-01-02")]
+				if w.Rollouts != e[0] || w.Successes != e[1] {
+					t.Errorf("%s week %s: %d/%d, want %v", av, w.Week.Format("2006-01-02"), w.Successes, w.Rollouts, e)
+				}
+			}
+			// Weeks older than the 5 shown are cut.
+			if n == 0 || n > 5 || n > len(exp) {
+				t.Errorf("%s: %d weeks of pass rate, %d expected in total", av, n, len(exp))
+			}
+		}
+		for _, l := range tr.Lacking {
+			wk := l.Week.Format("2006-01-02")
+			if len(l.Top) == 0 || len(l.Top) > 5 {
+				t.Errorf("%s %s: top = %d", l.AgentVersion, wk, len(l.Top))
+				continue
+			}
+			for i, c := range l.Top {
+				cov, runs := d.weekCov("airline", l.AgentVersion, c.Capability, wk)
+				if !near(c.MeanCov, cov) || runs != demoRuns {
+					t.Errorf("%s %s %s: cov %v, want %v (%d runs)", l.AgentVersion, wk, c.Capability, c.MeanCov, cov, runs)
+				}
+				if i > 0 && c.MeanCov > l.Top[i-1].MeanCov {
+					t.Errorf("%s %s: top not sorted by Cov", l.AgentVersion, wk)
+				}
+			}
+		}
+		// This week vs last week, for v1 (it has both weeks).
+		last := tr.ThisWeek.AddDate(0, 0, -7).Format("2006-01-02")
+		this := tr.ThisWeek.Format("2006-01-02")
+		var n int
+		for _, w := range tr.WeekOverWeek {
+			if w.AgentVersion != "v1" {
+				continue
+			}
+			n++
+			ct, rt := d.weekCov("airline", "v1", w.Capability, this)
+			cl, rl := d.weekCov("airline", "v1", w.Capability, last)
+			if !near(w.CovThisWeek, ct) || !near(w.CovLastWeek, cl) || int(w.RunsThisWeek) != rt || int(w.RunsLastWeek) != rl {
+				t.Errorf("v1 %s: this %v (%d runs) last %v (%d runs), want %v (%d) %v (%d)", w.Capability, w.CovThisWeek, w.RunsThisWeek, w.CovLastWeek, w.RunsLastWeek, ct, rt, cl, rl)
+			}
+		}
+		if n != 4 {
+			t.Errorf("v1 week over week: %d capabilities, want 4", n)
+		}
+		var empty TrendsResponse
+		getJSON(t, h, "/api/trends?env=nowhere", &empty)
+		if !empty.Empty || empty.Message == "" {
+			t.Errorf("unknown env: %+v", empty)
+		}
+	})
+
+	t.Run("bad parameters", func(t *testing.T) {
+		for _, p := range []string{"/api/overview?hours=0", "/api/overview?dict=x", "/api/overview?bucket=week", "/api/capability?env=airline", "/api/trends?weeks=1",
+			"/api/triggers?limit=-3", "/api/trends?at=yesterday"} {
+			code, body := getStatus(h, p)
+			if code != http.StatusBadRequest || !strings.Contains(body, `"error"`) {
+				t.Errorf("GET %s: %d %s", p, code, body)
+			}
+		}
+		if code, _ := getStatus(h, "/capability?env=airline"); code != http.StatusBadRequest {
+			t.Errorf("page with bad parameters: %d", code)
+		}
+		if code, _ := getStatus(h, "/nope"); code != http.StatusNotFound {
+			t.Errorf("unknown page: %d", code)
+		}
+	})
+
+	t.Run("pages", func(t *testing.T) {
+		pages := map[string][]string{
+			"/?env=airline&agent_version=v2":                                   {`id="chart-pass-rate"`, `id="chart-cov"`, `id="chart-delta"`, `data-threshold="rho"`, `data-threshold="delta"`, `class="cap-row"`, capMulti},
+			"/capability?env=airline&agent_version=v2&dict=1&name=" + capMulti: {`id="per-run"`, `class="conversation"`, "update_reservation_flights", "payment method credit_card_7 not found"},
+			"/triggers":      {`id="chart-triggers"`, `class="event-row"`, "synthesis request"},
+			"/trends":        {`id="chart-weekly-pass"`, `id="weekly"`, `class="wow"`},
+			"/?token=s3cr3t": {`href="/triggers?token=s3cr3t"`, `/assets/style.css?token=s3cr3t`},
+		}
+		for p, wants := range pages {
+			code, body := getStatus(h, p)
+			if code != http.StatusOK {
+				t.Errorf("GET %s: %d", p, code)
+				continue
+			}
+			for _, w := range wants {
+				if !strings.Contains(body, w) {
+					t.Errorf("GET %s: no %q", p, w)
+				}
+			}
+		}
+		code, css := getStatus(h, "/assets/style.css")
+		if code != http.StatusOK || !strings.Contains(css, "svg.chart") {
+			t.Errorf("style.css: %d", code)
+		}
+	})
+
+	t.Run("documented queries run", func(t *testing.T) {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		for _, q := range Queries {
+			sql, err := q.Example()
+			if err != nil {
+				t.Fatalf("%s: %v", q.Name, err)
+			}
+			rows, err := st.Conn().Query(ctx, sql)
+			if err != nil {
+				t.Errorf("%s: %v", q.Name, err)
+				continue
+			}
+			n := 0
+			for rows.Next() {
+				n++
+			}
+			rows.Close()
+			if err := rows.Err(); err != nil {
+				t.Errorf("%s: %v", q.Name, err)
+			}
+			if n == 0 {
+				t.Errorf("%s: example returned no rows on the demo data", q.Name)
+			}
+		}
+	})
+}
+
+type nopPublisher struct{ n int }
+
+func (p *nopPublisher) PublishSynthesis(context.Context, *schemas.SynthesisRequest) (bus.PublishResult, error) {
+	p.n++
+	return bus.PublishResult{}, nil
+}
+
+// TestEvaluatorSnapshot: with a running evaluator the overview shows its
+// snapshot, which agrees with the dashboard's own computation, and its
+// trigger events (with the published request) appear on the timeline.
+func TestEvaluatorSnapshot(t *testing.T) {
+	st := openStore(t)
+	now := time.Now().UTC().Truncate(time.Second)
+	seedDemo(t, st, now)
+	reg := registry()
+	pub := &nopPublisher{}
+	ev := analyzer.NewEvaluator(testEval, st, pub, reg, nil, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := ev.Evaluate(ctx, sink.Cohort{Environment: "airline", AgentVersion: "v2", DictionaryVersion: 1}); err != nil {
+		t.Fatal(err)
+	}
+	if pub.n == 0 {
+		t.Fatal("the evaluator published nothing")
+	}
+	h := newHandler(st, now, ev, reg)
+	var snap, fresh OverviewResponse
+	getJSON(t, h, "/api/overview?env=airline&agent_version=v2", &snap)
+	getJSON(t, h, "/api/overview?env=airline&agent_version=v2&fresh=1", &fresh)
+	if snap.Decision.Source != "evaluator" || fresh.Decision.Source != "computed" {
+		t.Fatalf("sources: %s, %s", snap.Decision.Source, fresh.Decision.Source)
+	}
+	if len(snap.Decision.Capabilities) != len(fresh.Decision.Capabilities) {
+		t.Fatalf("%d vs %d capabilities", len(snap.Decision.Capabilities), len(fresh.Decision.Capabilities))
+	}
+	for i, a := range snap.Decision.Capabilities {
+		b := fresh.Decision.Capabilities[i]
+		if a.Name != b.Name || a.RunsPassed != b.RunsPassed || !near(a.MeanCov, b.MeanCov) || !near(a.MeanDelta, b.MeanDelta) || a.Decision != b.Decision {
+			t.Errorf("evaluator %+v\ncomputed %+v", a, b)
+		}
+	}
+	for _, c := range snap.Decision.Capabilities {
+		if c.Name == capMulti && (c.Trigger == nil || c.Trigger.Event != "fired") {
+			t.Errorf("%s trigger = %+v", capMulti, c.Trigger)
+		}
+	}
+	for _, c := range snap.Cohorts {
+		if c.CohortKey == (CohortKey{"airline", "v2", 1}) && c.Selected < 1 {
+			t.Errorf("cohort summary selected = %d", c.Selected)
+		}
+	}
+	var tr TriggersResponse
+	getJSON(t, h, "/api/triggers?agent_version=v2", &tr)
+	if len(tr.Events) != pub.n {
+		t.Fatalf("v2 events = %d, published %d", len(tr.Events), pub.n)
+	}
+	var req schemas.SynthesisRequest
+	if err := json.Unmarshal(tr.Events[0].Payload, &req); err != nil || req.Environment != "airline" || len(req.Tools) != 3 {
+		t.Errorf("evaluator payload: %s (%v)", tr.Events[0].Payload, err)
+	}
+}
+
+// TestEmpty: a fresh database gives "no rollouts yet" everywhere, never an error.
+func TestEmpty(t *testing.T) {
+	st := openStore(t)
+	h := New(Deps{Store: st})
+	var o OverviewResponse
+	getJSON(t, h, "/api/overview", &o)
+	if !o.Empty || o.Cohort != nil || !strings.Contains(o.Message, "No rollouts yet") || o.Cohorts == nil {
+		t.Errorf("overview: %+v", o)
+	}
+	var tr TrendsResponse
+	getJSON(t, h, "/api/trends", &tr)
+	if !tr.Empty || !strings.Contains(tr.Message, "No rollouts yet") {
+		t.Errorf("trends: %+v", tr)
+	}
+	var tg TriggersResponse
+	getJSON(t, h, "/api/triggers", &tg)
+	if len(tg.Events) != 0 || tg.Events == nil || tg.Message == "" {
+		t.Errorf("triggers: %+v", tg)
+	}
+	var c CapabilityResponse
+	getJSON(t, h, "/api/capability?env=airline&agent_version=v1&name="+capMulti, &c)
+	if c.Stats != nil || c.Message == "" || c.Examples == nil {
+		t.Errorf("capability: %+v", c)
+	}
+	for _, p := range []string{"/", "/trends", "/triggers", "/capability?env=airline&agent_version=v1&name=" + capMulti} {
+		code, body := getStatus(h, p)
+		if code != http.StatusOK {
+			t.Errorf("GET %s: %d %s", p, code, body)
+		}
+		if !strings.Contains(body, "No rollouts yet") && !strings.Contains(body, "No trigger events") && !strings.Contains(body, "No capability") {
+			t.Errorf("GET %s: no empty-state message", p)
+		}
+	}
+}
+
+// TestNoStore: without a store the API answers 503, not a panic.
+func TestNoStore(t *testing.T) {
+	h := New(Deps{})
+	for _, p := range []string{"/api/overview", "/api/triggers", "/api/trends", "/"} {
+		if code, _ := getStatus(h, p); code != http.StatusServiceUnavailable {
+			t.Errorf("GET %s: %d, want 503", p, code)
+		}
+	}
+}
+
+// TestQueriesDoc keeps docs/queries.md generated from the SQL constants.
+func TestQueriesDoc(t *testing.T) {
+	path := filepath.Join("..", "..", QueriesDocPath)
+	want := QueriesDoc()
+	if os.Getenv("TRACE_UPDATE_DOCS") == "1" {
+		if err := os.WriteFile(path, []byte(want), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("%v (generate it with TRACE_UPDATE_DOCS=1 go test -run TestQueriesDoc ./internal/dashboard/)", err)
+	}
+	for _, q := range Queries {
+		if !strings.Contains(string(got), q.SQL) {
+			t.Errorf("%s does not contain the SQL of %s", QueriesDocPath, q.Name)
+		}
+	}
+	if string(got) != want {
+		t.Errorf("%s is out of date: run TRACE_UPDATE_DOCS=1 go test -run TestQueriesDoc ./internal/dashboard/", QueriesDocPath)
+	}
+	for _, name := range []string{"QPassRateHourly", "QCapabilityHourly", "QLackingWeekOverWeek"} {
+		if !strings.Contains(string(got), "dashboard."+name) {
+			t.Errorf("doc lacks %s", name)
+		}
+	}
+}
+
+// TestInline checks the bind substitution used for the docs.
+func TestInline(t *testing.T) {
+	got, err := Inline("a = ? AND b = ?", "'x'", "1")
+	if err != nil || got != "a = 'x' AND b = 1" {
+		t.Errorf("Inline = %q, %v", got, err)
+	}
+	if _, err := Inline("a = ?"); err == nil {
+		t.Error("missing literal accepted")
+	}
+	if _, err := Inline("a", "1"); err == nil {
+		t.Error("extra literal accepted")
+	}
+}

@@ -1,0 +1,346 @@
+// Package dashboard serves trace's web UI and its JSON API.
+//
+// Routes (all GET):
+//
+//	/                 overview: pass rate, Cov and Δ per capability against ρ and δ, decisions
+//	/capability       one capability: definition, statistics per run, LACKING failures with their conversation
+//	/triggers         trigger timeline with the synthesis requests' payloads
+//	/trends           weekly pass rate and top LACKING capabilities, per agent version
+//	/api/overview     the JSON of each page (same structs, same queries)
+//	/api/capability
+//	/api/triggers
+//	/api/trends
+//	/assets/...       embedded CSS
+//
+// Pages are rendered on the server with html/template; charts are inline SVG
+// drawn in Go (svg.go). Nothing is loaded from the internet. The SQL lives in
+// queries.go and is documented in docs/queries.md.
+//
+// A page URL that carries ?token= (the HTTP server's bearer token, see
+// internal/app) keeps it on every link it renders.
+package dashboard
+
+import (
+	"bytes"
+	"context"
+	"embed"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/traceops/trace/analyzer"
+	"github.com/traceops/trace/sink"
+)
+
+// Deps are what the dashboard reads from.
+type Deps struct {
+	Store     *sink.Store
+	Evaluator *analyzer.Evaluator
+	Dicts     *analyzer.Registry
+	Rho       float64
+	Delta     float64
+	Log       *slog.Logger
+	// Eval is the analyzer's configuration (K of N, decision window, minimum
+	// failures), so a decision computed here matches the evaluator's. The
+	// zero value means the analyzer's defaults; Rho and Delta above, when
+	// set, take precedence over Eval's.
+	Eval analyzer.EvalConfig
+	// Now is the clock (tests); nil means time.Now.
+	Now func() time.Time
+}
+
+//go:embed assets templates
+var files embed.FS
+
+type server struct {
+	d     Deps
+	th    analyzer.Thresholds
+	eval  analyzer.EvalConfig
+	log   *slog.Logger
+	now   func() time.Time
+	pages map[string]*pageTemplate
+}
+
+// New returns the dashboard handler.
+func New(d Deps) http.Handler {
+	eval := d.Eval
+	if d.Rho != 0 {
+		eval.Rho = d.Rho
+	}
+	if d.Delta != 0 {
+		eval.Delta = d.Delta
+	}
+	eval = eval.WithDefaults()
+	s := &server{d: d, eval: eval, th: analyzer.Thresholds{Rho: eval.Rho, Delta: eval.Delta, K: eval.K}, log: d.Log, now: d.Now}
+	if s.log == nil {
+		s.log = slog.Default()
+	}
+	if s.now == nil {
+		s.now = time.Now
+	}
+	s.pages = mustParsePages()
+
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /{$}", s.pageOverview)
+	mux.HandleFunc("GET /capability", s.pageCapability)
+	mux.HandleFunc("GET /triggers", s.pageTriggers)
+	mux.HandleFunc("GET /trends", s.pageTrends)
+	mux.HandleFunc("GET /api/{$}", s.apiIndex)
+	mux.HandleFunc("GET /api/overview", s.apiOverview)
+	mux.HandleFunc("GET /api/capability", s.apiCapability)
+	mux.HandleFunc("GET /api/triggers", s.apiTriggers)
+	mux.HandleFunc("GET /api/trends", s.apiTrends)
+	assets, _ := fs.Sub(files, "assets")
+	static := http.StripPrefix("/assets/", http.FileServer(http.FS(assets)))
+	mux.Handle("GET /assets/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Cache-Control", "public, max-age=3600")
+		static.ServeHTTP(w, r)
+	}))
+	return mux
+}
+
+func (s *server) thresholds() ThresholdsJSON {
+	return ThresholdsJSON{Rho: s.eval.Rho, Delta: s.eval.Delta, K: s.eval.K, N: s.eval.N, MinFailures: s.eval.MinFailures,
+		WindowHours: s.eval.Window.Hours(), WindowRollouts: s.eval.WindowRollouts}
+}
+
+// --- parameters -------------------------------------------------------------
+
+type badRequest struct{ msg string }
+
+func (e badRequest) Error() string { return e.msg }
+
+type params struct {
+	q   url.Values
+	err error
+}
+
+func (p *params) str(name string) string { return strings.TrimSpace(p.q.Get(name)) }
+
+func (p *params) intIn(name string, def, lo, hi int) int {
+	v := p.str(name)
+	if v == "" {
+		return def
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < lo || n > hi {
+		if p.err == nil {
+			p.err = badRequest{fmt.Sprintf("parameter %s: want an integer in [%d, %d], got %q", name, lo, hi, v)}
+		}
+		return def
+	}
+	return n
+}
+
+func (p *params) dict() uint32 {
+	v := strings.TrimPrefix(strings.ToLower(p.str("dict")), "v")
+	if v == "" {
+		return 0
+	}
+	n, err := strconv.ParseUint(v, 10, 32)
+	if err != nil {
+		if p.err == nil {
+			p.err = badRequest{fmt.Sprintf("parameter dict: want a dictionary version number, got %q", p.str("dict"))}
+		}
+		return 0
+	}
+	return uint32(n)
+}
+
+func (p *params) bucket() string {
+	switch v := p.str("bucket"); v {
+	case "", bucketHour:
+		return bucketHour
+	case bucketDay:
+		return bucketDay
+	default:
+		if p.err == nil {
+			p.err = badRequest{fmt.Sprintf("parameter bucket: want hour or day, got %q", v)}
+		}
+		return bucketHour
+	}
+}
+
+func (p *params) time(name string) time.Time {
+	v := p.str(name)
+	if v == "" {
+		return time.Time{}
+	}
+	if n, err := strconv.ParseInt(v, 10, 64); err == nil {
+		return time.Unix(n, 0)
+	}
+	t, err := time.Parse(time.RFC3339, v)
+	if err != nil && p.err == nil {
+		p.err = badRequest{fmt.Sprintf("parameter %s: want Unix seconds or RFC 3339, got %q", name, v)}
+	}
+	return t
+}
+
+const maxHours = 24 * 92
+
+func parseOverview(r *http.Request) (overviewParams, error) {
+	p := &params{q: r.URL.Query()}
+	o := overviewParams{Env: p.str("env"), AgentVersion: p.str("agent_version"), Dict: p.dict(),
+		Hours: p.intIn("hours", 168, 1, maxHours), Bucket: p.bucket(), Fresh: p.str("fresh") == "1"}
+	return o, p.err
+}
+
+func parseCapability(r *http.Request) (capabilityParams, error) {
+	p := &params{q: r.URL.Query()}
+	c := capabilityParams{Env: p.str("env"), AgentVersion: p.str("agent_version"), Dict: p.dict(), Name: p.str("name"),
+		Examples: p.intIn("examples", 5, 0, 20), Hours: p.intIn("hours", 168, 1, maxHours), Bucket: p.bucket()}
+	if p.err == nil && (c.Env == "" || c.AgentVersion == "" || c.Name == "") {
+		p.err = badRequest{"parameters env, agent_version and name are required (dict defaults to the newest labeled version)"}
+	}
+	return c, p.err
+}
+
+func parseTriggers(r *http.Request) (triggersParams, error) {
+	p := &params{q: r.URL.Query()}
+	t := triggersParams{Filter: TriggerFilter{Environment: p.str("env"), AgentVersion: p.str("agent_version"), Capability: p.str("capability")},
+		Days: p.intIn("days", 30, 1, 3660), Limit: p.intIn("limit", 500, 1, 5000)}
+	return t, p.err
+}
+
+func parseTrends(r *http.Request) (trendsParams, error) {
+	p := &params{q: r.URL.Query()}
+	t := trendsParams{Env: p.str("env"), Weeks: p.intIn("weeks", 8, 2, 104), Top: p.intIn("top", 5, 1, 10), At: p.time("at")}
+	return t, p.err
+}
+
+// --- JSON API -----------------------------------------------------------------
+
+func (s *server) writeJSON(w http.ResponseWriter, v any) {
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetIndent("", "  ")
+	if err := enc.Encode(v); err != nil {
+		s.log.Error("dashboard: encode json", "err", err)
+		http.Error(w, `{"error":"encode response"}`, http.StatusInternalServerError)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json; charset=utf-8")
+	w.Header().Set("Cache-Control", "no-store")
+	w.Write(buf.Bytes())
+}
+
+func (s *server) writeError(w http.ResponseWriter, r *http.Request, err error, asJSON bool) {
+	code := http.StatusInternalServerError
+	var br badRequest
+	switch {
+	case errors.As(err, &br):
+		code = http.StatusBadRequest
+	case errors.Is(err, errNoStore):
+		code = http.StatusServiceUnavailable
+	case r.Context().Err() != nil:
+		code = http.StatusServiceUnavailable
+	default:
+		s.log.Warn("dashboard: request failed", "path", r.URL.Path, "err", err)
+	}
+	if asJSON {
+		w.Header().Set("Content-Type", "application/json; charset=utf-8")
+		w.WriteHeader(code)
+		json.NewEncoder(w).Encode(map[string]string{"error": err.Error()})
+		return
+	}
+	s.renderError(w, r, code, err)
+}
+
+// ctx bounds every request's queries.
+func (s *server) ctx(r *http.Request) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(r.Context(), 30*time.Second)
+}
+
+func (s *server) apiIndex(w http.ResponseWriter, _ *http.Request) {
+	s.writeJSON(w, map[string]any{
+		"endpoints": map[string]string{
+			"/api/overview":   "?env=&agent_version=&dict=&hours=168&bucket=hour|day&fresh=0",
+			"/api/capability": "?env=&agent_version=&dict=&name=&examples=5&hours=168&bucket=hour|day",
+			"/api/triggers":   "?env=&agent_version=&capability=&days=30&limit=500",
+			"/api/trends":     "?env=&weeks=8&top=5&at=",
+		},
+	})
+}
+
+func (s *server) apiOverview(w http.ResponseWriter, r *http.Request) {
+	p, err := parseOverview(r)
+	if err == nil && s.d.Store == nil {
+		err = errNoStore
+	}
+	if err != nil {
+		s.writeError(w, r, err, true)
+		return
+	}
+	ctx, cancel := s.ctx(r)
+	defer cancel()
+	resp, err := s.overview(ctx, p)
+	if err != nil {
+		s.writeError(w, r, err, true)
+		return
+	}
+	s.writeJSON(w, resp)
+}
+
+func (s *server) apiCapability(w http.ResponseWriter, r *http.Request) {
+	p, err := parseCapability(r)
+	if err == nil && s.d.Store == nil {
+		err = errNoStore
+	}
+	if err != nil {
+		s.writeError(w, r, err, true)
+		return
+	}
+	ctx, cancel := s.ctx(r)
+	defer cancel()
+	resp, err := s.capability(ctx, p)
+	if err != nil {
+		s.writeError(w, r, err, true)
+		return
+	}
+	s.writeJSON(w, resp)
+}
+
+func (s *server) apiTriggers(w http.ResponseWriter, r *http.Request) {
+	p, err := parseTriggers(r)
+	if err == nil && s.d.Store == nil {
+		err = errNoStore
+	}
+	if err != nil {
+		s.writeError(w, r, err, true)
+		return
+	}
+	ctx, cancel := s.ctx(r)
+	defer cancel()
+	resp, err := s.triggers(ctx, p)
+	if err != nil {
+		s.writeError(w, r, err, true)
+		return
+	}
+	s.writeJSON(w, resp)
+}
+
+func (s *server) apiTrends(w http.ResponseWriter, r *http.Request) {
+	p, err := parseTrends(r)
+	if err == nil && s.d.Store == nil {
+		err = errNoStore
+	}
+	if err != nil {
+		s.writeError(w, r, err, true)
+		return
+	}
+	ctx, cancel := s.ctx(r)
+	defer cancel()
+	resp, err := s.trends(ctx, p)
+	if err != nil {
+		s.writeError(w, r, err, true)
+		return
+	}
+	s.writeJSON(w, resp)
+}

@@ -1,0 +1,794 @@
+package dashboard
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/traceops/trace/analyzer"
+	"github.com/traceops/trace/sink"
+)
+
+// emptyMessage is what every page says before the first rollout arrives.
+const emptyMessage = "No rollouts yet. The dashboard fills in as rollouts arrive on Kafka and are labeled."
+
+// cohorts lists every (environment, agent version, dictionary version) with
+// rollouts or labels.
+func (s *server) cohorts(ctx context.Context) ([]CohortSummary, error) {
+	conn := s.d.Store.Conn()
+	type rc struct {
+		rollouts, successes uint64
+		last                time.Time
+	}
+	byAV := map[[2]string]rc{}
+	var order [][2]string
+	rows, err := conn.Query(ctx, QRolloutCohorts)
+	if err != nil {
+		return nil, fmt.Errorf("rollout cohorts: %w", err)
+	}
+	for rows.Next() {
+		var env, av string
+		var r rc
+		if err := rows.Scan(&env, &av, &r.rollouts, &r.successes, &r.last); err != nil {
+			rows.Close()
+			return nil, fmt.Errorf("rollout cohorts: %w", err)
+		}
+		k := [2]string{env, av}
+		byAV[k] = r
+		order = append(order, k)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("rollout cohorts: %w", err)
+	}
+
+	var out []CohortSummary
+	labeled := map[[2]string]bool{}
+	rows, err = conn.Query(ctx, QLabelCohorts)
+	if err != nil {
+		return nil, fmt.Errorf("label cohorts: %w", err)
+	}
+	for rows.Next() {
+		var c CohortSummary
+		var last time.Time
+		if err := rows.Scan(&c.Environment, &c.AgentVersion, &c.DictionaryVersion, &c.LabeledRollouts, &c.Capabilities, &c.Runs, &last); err != nil {
+			rows.Close()
+			return nil, fmt.Errorf("label cohorts: %w", err)
+		}
+		k := [2]string{c.Environment, c.AgentVersion}
+		labeled[k] = true
+		r := byAV[k]
+		c.Rollouts, c.Successes, c.PassRate = r.rollouts, r.successes, ratio(r.successes, r.rollouts)
+		c.LastSeen = maxTime(last, r.last).UTC()
+		out = append(out, c)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("label cohorts: %w", err)
+	}
+	for _, k := range order {
+		if labeled[k] {
+			continue
+		}
+		r := byAV[k]
+		out = append(out, CohortSummary{CohortKey: CohortKey{Environment: k[0], AgentVersion: k[1]},
+			Rollouts: r.rollouts, Successes: r.successes, PassRate: ratio(r.successes, r.rollouts), LastSeen: r.last.UTC()})
+	}
+	sort.SliceStable(out, func(i, j int) bool {
+		a, b := out[i], out[j]
+		if a.Environment != b.Environment {
+			return a.Environment < b.Environment
+		}
+		if a.AgentVersion != b.AgentVersion {
+			return a.AgentVersion < b.AgentVersion
+		}
+		return a.DictionaryVersion > b.DictionaryVersion // newest dictionary first
+	})
+	var snap map[sink.Cohort][]analyzer.Result
+	if s.d.Evaluator != nil {
+		snap = s.d.Evaluator.Snapshot()
+	}
+	for i := range out {
+		out[i].Selected = -1
+		if res, ok := snap[out[i].cohort()]; ok {
+			out[i].Selected = 0
+			for _, r := range res {
+				if r.Selected {
+					out[i].Selected++
+				}
+			}
+		}
+	}
+	return out, nil
+}
+
+// pickCohort chooses the cohort a page shows: the one the parameters name
+// (missing parts filled with the most recently active match), else the most
+// recently active labeled cohort.
+func pickCohort(list []CohortSummary, env, av string, dict uint32) *CohortKey {
+	var best *CohortSummary
+	for i := range list {
+		c := &list[i]
+		if env != "" && c.Environment != env || av != "" && c.AgentVersion != av || dict != 0 && c.DictionaryVersion != dict {
+			continue
+		}
+		if best == nil {
+			best = c
+			continue
+		}
+		// Prefer labeled cohorts, then the most recent, then the newest dictionary.
+		bl, cl := best.DictionaryVersion > 0, c.DictionaryVersion > 0
+		switch {
+		case cl && !bl:
+			best = c
+		case cl == bl && c.LastSeen.After(best.LastSeen):
+			best = c
+		case cl == bl && c.LastSeen.Equal(best.LastSeen) && c.Environment == best.Environment &&
+			c.AgentVersion == best.AgentVersion && c.DictionaryVersion > best.DictionaryVersion:
+			best = c
+		}
+	}
+	if best == nil {
+		return nil
+	}
+	k := best.CohortKey
+	return &k
+}
+
+// dictionary finds a cohort's dictionary version: in the registry, else in
+// ClickHouse's dictionaries table.
+func (s *server) dictionary(ctx context.Context, env, av string, version uint32) *analyzer.Dictionary {
+	if s.d.Dicts != nil {
+		if d := s.d.Dicts.Version(env, av, version); d != nil {
+			return d
+		}
+	}
+	rows, err := s.d.Store.AllDictionaries(ctx)
+	if err != nil {
+		s.log.Warn("dashboard: read dictionaries", "err", err)
+		return nil
+	}
+	var found *analyzer.Dictionary
+	for _, r := range rows {
+		if r.Environment != env || r.Version != version || (r.AgentVersion != av && r.AgentVersion != analyzer.AnyVersion) {
+			continue
+		}
+		d, err := analyzer.DictionaryFromRow(r)
+		if err != nil {
+			continue
+		}
+		if found == nil || d.AgentVersion == av {
+			found = d
+		}
+	}
+	return found
+}
+
+// decision computes (or reads from the evaluator) the window statistics of a
+// cohort. counts are the raw per-run counts when computed.
+func (s *server) decision(ctx context.Context, key CohortKey, preferSnapshot bool) (*Decision, []sink.RunCounts, *analyzer.Dictionary, error) {
+	now := s.now()
+	spec := sink.WindowSpec{Cohort: key.cohort(), Since: now.Add(-s.eval.Window), LastRollouts: s.eval.WindowRollouts, Runs: s.eval.N}
+	info, err := s.d.Store.WindowInfo(ctx, spec)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	dict := s.dictionary(ctx, key.Environment, key.AgentVersion, key.DictionaryVersion)
+	dec := &Decision{Source: "computed", Window: WindowJSON{Start: spec.Since.UTC(), End: now.UTC(), Rollouts: info.Rollouts, Failures: info.Failures}}
+	var results []analyzer.Result
+	var counts []sink.RunCounts
+	runs := 0
+	if snap, ok := s.snapshot(key); ok && preferSnapshot {
+		dec.Source = "evaluator"
+		results = snap
+		for _, r := range results {
+			runs = max(runs, r.RunsTotal)
+		}
+	} else {
+		counts, err = s.d.Store.WindowCounts(ctx, spec)
+		if err != nil {
+			return nil, nil, nil, err
+		}
+		var inputs []analyzer.CapabilityRuns
+		inputs, runs = analyzer.CohortInputs(counts, dict)
+		results = analyzer.Select(inputs, s.th)
+	}
+	dec.Runs = runs
+	dec.Decided = info.Failures >= s.eval.MinFailures && runs >= s.eval.N
+	switch {
+	case info.Rollouts == 0:
+		dec.Reason = fmt.Sprintf("no labeled rollouts in the last %s", fmtDuration(s.eval.Window))
+	case info.Failures < s.eval.MinFailures:
+		dec.Reason = fmt.Sprintf("%d failed rollouts in the window; a decision needs at least %d", info.Failures, s.eval.MinFailures)
+	case runs < s.eval.N:
+		dec.Reason = fmt.Sprintf("%d complete labeling runs; a decision needs %d", runs, s.eval.N)
+	}
+	seen := map[string]bool{}
+	for i, r := range results {
+		cd := CapabilityDecision{
+			Name: r.Name, Definition: r.Description, Rank: i + 1,
+			MeanCov: r.MeanCov, StdCov: r.StdCov, MeanDelta: r.MeanDelta, StdDelta: r.StdDelta,
+			MeanERFail: r.MeanERFail, MeanERPass: r.MeanERPass, RunsPassed: r.RunsPassed, RunsTotal: r.RunsTotal,
+			Selected: r.Selected, Rejection: r.Rejection, Examples: r.Examples,
+		}
+		if cd.Examples == nil {
+			cd.Examples = []string{}
+		}
+		if cd.Definition == "" && dict != nil {
+			if c, ok := dict.Lookup(r.Name); ok {
+				cd.Definition = c.Definition
+			}
+		}
+		switch {
+		case !dec.Decided:
+			cd.Decision = DecisionUndecided
+		case r.Selected:
+			cd.Decision = DecisionSelected
+		default:
+			cd.Decision = DecisionNotSelected
+		}
+		seen[r.Name] = true
+		dec.Capabilities = append(dec.Capabilities, cd)
+	}
+	if dict != nil {
+		for _, c := range dict.Capabilities {
+			if seen[c.Name] {
+				continue
+			}
+			dec.Capabilities = append(dec.Capabilities, CapabilityDecision{Name: c.Name, Definition: c.Definition,
+				Decision: DecisionUndecided, Rejection: []string{"no labels in the window"}, Examples: []string{}})
+		}
+	}
+	if dec.Capabilities == nil {
+		dec.Capabilities = []CapabilityDecision{}
+	}
+	trig, err := s.latestTriggers(ctx, key)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	for i := range dec.Capabilities {
+		if t, ok := trig[dec.Capabilities[i].Name]; ok {
+			dec.Capabilities[i].Trigger = &t
+		}
+	}
+	return dec, counts, dict, nil
+}
+
+func (s *server) snapshot(key CohortKey) ([]analyzer.Result, bool) {
+	if s.d.Evaluator == nil {
+		return nil, false
+	}
+	r, ok := s.d.Evaluator.Snapshot()[key.cohort()]
+	return r, ok
+}
+
+func (s *server) latestTriggers(ctx context.Context, key CohortKey) (map[string]TriggerStatus, error) {
+	rows, err := s.d.Store.Conn().Query(ctx, QLatestTriggers, key.Environment, key.AgentVersion, key.DictionaryVersion)
+	if err != nil {
+		return nil, fmt.Errorf("latest triggers: %w", err)
+	}
+	defer rows.Close()
+	out := map[string]TriggerStatus{}
+	for rows.Next() {
+		var name string
+		var t TriggerStatus
+		if err := rows.Scan(&name, &t.Event, &t.Epoch, &t.At); err != nil {
+			return nil, fmt.Errorf("latest triggers: %w", err)
+		}
+		t.At = t.At.UTC()
+		out[name] = t
+	}
+	return out, rows.Err()
+}
+
+// passRateHourly is the hourly pass rate of every agent version of env.
+func (s *server) passRateHourly(ctx context.Context, env string, since time.Time, bucket string) ([]PassSeries, error) {
+	rows, err := s.d.Store.Conn().Query(ctx, bucketSQL(QPassRateHourly, bucket), env, unix(since))
+	if err != nil {
+		return nil, fmt.Errorf("pass rate: %w", err)
+	}
+	defer rows.Close()
+	out := []PassSeries{}
+	for rows.Next() {
+		var av string
+		var p PassPoint
+		if err := rows.Scan(&av, &p.Bucket, &p.Rollouts, &p.Successes); err != nil {
+			return nil, fmt.Errorf("pass rate: %w", err)
+		}
+		p.Bucket = p.Bucket.UTC()
+		p.PassRate = ratio(p.Successes, p.Rollouts)
+		if n := len(out); n == 0 || out[n-1].AgentVersion != av {
+			out = append(out, PassSeries{AgentVersion: av})
+		}
+		out[len(out)-1].Points = append(out[len(out)-1].Points, p)
+	}
+	return out, rows.Err()
+}
+
+// capabilityHourly is Cov and Δ per capability per hour of a cohort.
+func (s *server) capabilityHourly(ctx context.Context, key CohortKey, since time.Time, bucket string) ([]CapSeries, error) {
+	rows, err := s.d.Store.Conn().Query(ctx, bucketSQL(QCapabilityHourly, bucket), key.Environment, key.AgentVersion, key.DictionaryVersion, unix(since))
+	if err != nil {
+		return nil, fmt.Errorf("capability series: %w", err)
+	}
+	defer rows.Close()
+	out := []CapSeries{}
+	for rows.Next() {
+		var name string
+		var p CapPoint
+		if err := rows.Scan(&name, &p.Bucket, &p.MeanCov, &p.MeanDelta, &p.Runs, &p.Failed, &p.Passed); err != nil {
+			return nil, fmt.Errorf("capability series: %w", err)
+		}
+		p.Bucket = p.Bucket.UTC()
+		if n := len(out); n == 0 || out[n-1].Capability != name {
+			out = append(out, CapSeries{Capability: name})
+		}
+		out[len(out)-1].Points = append(out[len(out)-1].Points, p)
+	}
+	return out, rows.Err()
+}
+
+// overviewParams are the query parameters of / and /api/overview.
+type overviewParams struct {
+	Env, AgentVersion string
+	Dict              uint32
+	Hours             int
+	Bucket            string // hour | day
+	Fresh             bool   // ignore the evaluator snapshot
+}
+
+func (s *server) overview(ctx context.Context, p overviewParams) (*OverviewResponse, error) {
+	now := s.now()
+	rg := timeRange(now, p.Hours, p.Bucket)
+	since := rg.Since
+	resp := &OverviewResponse{GeneratedAt: now.UTC(), Thresholds: s.thresholds(), Range: rg, PassRate: []PassSeries{}, Capabilities: []CapSeries{}}
+	list, err := s.cohorts(ctx)
+	if err != nil {
+		return nil, err
+	}
+	resp.Cohorts = list
+	if resp.Cohorts == nil {
+		resp.Cohorts = []CohortSummary{}
+	}
+	if len(list) == 0 {
+		resp.Empty, resp.Message = true, emptyMessage
+		return resp, nil
+	}
+	key := pickCohort(list, p.Env, p.AgentVersion, p.Dict)
+	if key == nil {
+		resp.Empty = true
+		resp.Message = fmt.Sprintf("No rollouts yet for %s.", describeFilter(p.Env, p.AgentVersion, p.Dict))
+		return resp, nil
+	}
+	resp.Cohort = key
+	if resp.PassRate, err = s.passRateHourly(ctx, key.Environment, since, p.Bucket); err != nil {
+		return nil, err
+	}
+	if key.DictionaryVersion == 0 {
+		resp.Message = "These rollouts are not labeled yet: no capability statistics."
+		return resp, nil
+	}
+	if resp.Capabilities, err = s.capabilityHourly(ctx, *key, since, p.Bucket); err != nil {
+		return nil, err
+	}
+	if resp.Decision, _, _, err = s.decision(ctx, *key, !p.Fresh); err != nil {
+		return nil, err
+	}
+	for i := range resp.Cohorts {
+		if resp.Cohorts[i].CohortKey == *key && resp.Cohorts[i].Selected < 0 {
+			resp.Cohorts[i].Selected = 0
+			for _, c := range resp.Decision.Capabilities {
+				if c.Decision == DecisionSelected {
+					resp.Cohorts[i].Selected++
+				}
+			}
+		}
+	}
+	return resp, nil
+}
+
+func describeFilter(env, av string, dict uint32) string {
+	var parts []string
+	if env != "" {
+		parts = append(parts, "environment "+env)
+	}
+	if av != "" {
+		parts = append(parts, "agent version "+av)
+	}
+	if dict != 0 {
+		parts = append(parts, fmt.Sprintf("dictionary v%d", dict))
+	}
+	if len(parts) == 0 {
+		return "this selection"
+	}
+	return strings.Join(parts, ", ")
+}
+
+// capabilityParams are the query parameters of /capability.
+type capabilityParams struct {
+	Env, AgentVersion, Name string
+	Dict                    uint32
+	Examples                int
+	Hours                   int
+	Bucket                  string
+}
+
+func (s *server) capability(ctx context.Context, p capabilityParams) (*CapabilityResponse, error) {
+	now := s.now()
+	rg := timeRange(now, p.Hours, p.Bucket)
+	since := rg.Since
+	resp := &CapabilityResponse{GeneratedAt: now.UTC(), Thresholds: s.thresholds(), Range: rg,
+		PerRun: []RunRow{}, Series: []CapPoint{}, Triggers: []TriggerEvent{}, Examples: []ExampleRollout{}}
+	if p.Dict == 0 {
+		list, err := s.cohorts(ctx)
+		if err != nil {
+			return nil, err
+		}
+		k := pickCohort(list, p.Env, p.AgentVersion, 0)
+		if k != nil {
+			p.Dict = k.DictionaryVersion
+		}
+	}
+	key := CohortKey{Environment: p.Env, AgentVersion: p.AgentVersion, DictionaryVersion: p.Dict}
+	resp.Cohort = key
+	resp.Capability = DictCapability{Name: p.Name}
+	dec, counts, dict, err := s.decision(ctx, key, false)
+	if err != nil {
+		return nil, err
+	}
+	if dict != nil {
+		if c, ok := dict.Lookup(p.Name); ok {
+			resp.InDictionary = true
+			resp.Capability = DictCapability{Name: c.Name, Definition: c.Definition, Examples: c.Examples, Detector: c.Detector}
+		}
+	}
+	resp.Window, resp.Decided, resp.Reason = dec.Window, dec.Decided, dec.Reason
+	for i := range dec.Capabilities {
+		if dec.Capabilities[i].Name == p.Name {
+			cd := dec.Capabilities[i]
+			resp.Stats = &cd
+		}
+	}
+	for _, rc := range counts {
+		if rc.Capability != p.Name {
+			continue
+		}
+		c := analyzer.Counts{LackingFailed: rc.LackingFailed, PresentFailed: rc.PresentFailed, NAFailed: rc.NAFailed,
+			LackingPassed: rc.LackingPassed, PresentPassed: rc.PresentPassed, NAPassed: rc.NAPassed}
+		st := analyzer.ComputeRun(c, s.th)
+		resp.PerRun = append(resp.PerRun, RunRow{Run: rc.Run,
+			LackingFailed: rc.LackingFailed, PresentFailed: rc.PresentFailed, NAFailed: rc.NAFailed,
+			LackingPassed: rc.LackingPassed, PresentPassed: rc.PresentPassed, NAPassed: rc.NAPassed,
+			ERFail: st.ERFailed, ERPass: st.ERPassed, Delta: st.Delta, Cov: st.Cov, Passed: st.Passed})
+	}
+	if !resp.InDictionary && resp.Stats == nil {
+		resp.Message = fmt.Sprintf("No capability %q in %s/%s dictionary v%d, and no labels for it.", p.Name, p.Env, p.AgentVersion, p.Dict)
+	} else if resp.Stats == nil || resp.Stats.RunsTotal == 0 {
+		resp.Message = "No labels for this capability in the decision window yet."
+	}
+	series, err := s.capabilityHourly(ctx, key, since, p.Bucket)
+	if err != nil {
+		return nil, err
+	}
+	for _, cs := range series {
+		if cs.Capability == p.Name {
+			resp.Series = cs.Points
+		}
+	}
+	evs, _, err := s.triggerEvents(ctx, time.Unix(0, 0), TriggerFilter{Environment: p.Env, AgentVersion: p.AgentVersion, Capability: p.Name}, 200)
+	if err != nil {
+		return nil, err
+	}
+	for _, e := range evs {
+		if e.DictionaryVersion == p.Dict {
+			resp.Triggers = append(resp.Triggers, e)
+		}
+	}
+	if resp.Examples, err = s.examples(ctx, key, p.Name, dec.Window.Start, p.Examples); err != nil {
+		return nil, err
+	}
+	return resp, nil
+}
+
+// examples reads the failed rollouts where name was LACKING, with their
+// compacted conversations.
+func (s *server) examples(ctx context.Context, key CohortKey, name string, since time.Time, limit int) ([]ExampleRollout, error) {
+	out := []ExampleRollout{}
+	if limit <= 0 {
+		return out, nil
+	}
+	conn := s.d.Store.Conn()
+	rows, err := conn.Query(ctx, QLackingExamples, key.Environment, key.AgentVersion, key.DictionaryVersion, name, unix(since), uint32(limit))
+	if err != nil {
+		return nil, fmt.Errorf("examples: %w", err)
+	}
+	var ids []string
+	for rows.Next() {
+		var e ExampleRollout
+		if err := rows.Scan(&e.RolloutID, &e.LackingRuns, &e.Runs); err != nil {
+			rows.Close()
+			return nil, fmt.Errorf("examples: %w", err)
+		}
+		e.Messages = []sink.CompactMessage{}
+		out = append(out, e)
+		ids = append(ids, e.RolloutID)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("examples: %w", err)
+	}
+	if len(ids) == 0 {
+		return out, nil
+	}
+	rows, err = conn.Query(ctx, QRollouts, key.Environment, key.AgentVersion, ids)
+	if err != nil {
+		return nil, fmt.Errorf("example rollouts: %w", err)
+	}
+	defer rows.Close()
+	byID := map[string]int{}
+	for i, e := range out {
+		byID[e.RolloutID] = i
+	}
+	for rows.Next() {
+		var (
+			id, task, msgs, grader string
+			ok                     uint8
+			reward                 float64
+			end                    time.Time
+		)
+		if err := rows.Scan(&id, &task, &ok, &reward, &end, &msgs, &grader); err != nil {
+			return nil, fmt.Errorf("example rollouts: %w", err)
+		}
+		i, found := byID[id]
+		if !found {
+			continue
+		}
+		e := &out[i]
+		e.Found, e.TaskID, e.Success, e.Reward, e.EndTime = true, task, ok == 1, reward, end.UTC()
+		if msgs != "" {
+			if err := json.Unmarshal([]byte(msgs), &e.Messages); err != nil {
+				s.log.Warn("dashboard: stored messages are not JSON", "rollout_id", id, "err", err)
+			}
+		}
+		if grader != "" && json.Valid([]byte(grader)) {
+			e.Grader = json.RawMessage(grader)
+		}
+	}
+	return out, rows.Err()
+}
+
+// triggerEvents reads trigger transitions in time order; truncated reports
+// that there were more than limit.
+func (s *server) triggerEvents(ctx context.Context, since time.Time, f TriggerFilter, limit int) ([]TriggerEvent, bool, error) {
+	rows, err := s.d.Store.Conn().Query(ctx, QTriggerEvents, unix(since),
+		f.Environment, f.Environment, f.AgentVersion, f.AgentVersion, f.Capability, f.Capability, uint32(limit+1))
+	if err != nil {
+		return nil, false, fmt.Errorf("trigger events: %w", err)
+	}
+	defer rows.Close()
+	out := []TriggerEvent{}
+	for rows.Next() {
+		var e TriggerEvent
+		var wr, wf uint32
+		var payload string
+		if err := rows.Scan(&e.TriggerID, &e.Environment, &e.AgentVersion, &e.DictionaryVersion, &e.Capability, &e.Epoch, &e.Event, &e.At,
+			&e.MeanCov, &e.MeanDelta, &e.RunsPassed, &e.RunsTotal, &e.Window.Start, &e.Window.End, &wr, &wf, &payload); err != nil {
+			return nil, false, fmt.Errorf("trigger events: %w", err)
+		}
+		e.At, e.Window.Start, e.Window.End = e.At.UTC(), e.Window.Start.UTC(), e.Window.End.UTC()
+		e.Window.Rollouts, e.Window.Failures = int(wr), int(wf)
+		if payload != "" && json.Valid([]byte(payload)) {
+			e.Payload = json.RawMessage(payload)
+		}
+		out = append(out, e)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, false, err
+	}
+	if len(out) > limit {
+		return out[:limit], true, nil
+	}
+	return out, false, nil
+}
+
+type triggersParams struct {
+	Filter TriggerFilter
+	Days   int
+	Limit  int
+}
+
+func (s *server) triggers(ctx context.Context, p triggersParams) (*TriggersResponse, error) {
+	now := s.now()
+	since := now.Add(-time.Duration(p.Days) * 24 * time.Hour)
+	resp := &TriggersResponse{GeneratedAt: now.UTC(), Since: since.UTC(), Filter: p.Filter, Counts: map[string]int{}}
+	var err error
+	if resp.Events, resp.Truncated, err = s.triggerEvents(ctx, since, p.Filter, p.Limit); err != nil {
+		return nil, err
+	}
+	for _, e := range resp.Events {
+		resp.Counts[e.Event]++
+	}
+	if len(resp.Events) == 0 {
+		resp.Message = fmt.Sprintf("No trigger events in the last %d days.", p.Days)
+	}
+	return resp, nil
+}
+
+type trendsParams struct {
+	Env   string
+	Weeks int
+	Top   int
+	At    time.Time // a time in "this week"; zero = now
+}
+
+func (s *server) trends(ctx context.Context, p trendsParams) (*TrendsResponse, error) {
+	now := s.now()
+	at := p.At
+	if at.IsZero() {
+		at = now
+	}
+	resp := &TrendsResponse{GeneratedAt: now.UTC(), Environments: []string{}, Weeks: []time.Time{}, AgentVersions: []string{},
+		PassRate: []WeeklyPass{}, Lacking: []WeeklyLacking{}, WeekOverWeek: []WeekOverWeek{}}
+	list, err := s.cohorts(ctx)
+	if err != nil {
+		return nil, err
+	}
+	seenEnv := map[string]bool{}
+	for _, c := range list {
+		if !seenEnv[c.Environment] {
+			seenEnv[c.Environment] = true
+			resp.Environments = append(resp.Environments, c.Environment)
+		}
+	}
+	if len(list) == 0 {
+		resp.Empty, resp.Message = true, emptyMessage
+		return resp, nil
+	}
+	resp.Environment = p.Env
+	if resp.Environment == "" {
+		resp.Environment = resp.Environments[0]
+	}
+	if !seenEnv[resp.Environment] {
+		resp.Empty, resp.Message = true, fmt.Sprintf("No rollouts yet for environment %s.", resp.Environment)
+		return resp, nil
+	}
+	conn := s.d.Store.Conn()
+	var thisWeek, since time.Time
+	if err := conn.QueryRow(ctx, `SELECT toMonday(toDateTime(?)), toDateTime(toMonday(toDateTime(?)) - ?)`,
+		unix(at), unix(at), uint32(7*(p.Weeks-1))).Scan(&thisWeek, &since); err != nil {
+		return nil, fmt.Errorf("trends: weeks: %w", err)
+	}
+	resp.ThisWeek, resp.Since = dateUTC(thisWeek), since.UTC()
+	for i := p.Weeks - 1; i >= 0; i-- {
+		resp.Weeks = append(resp.Weeks, resp.ThisWeek.AddDate(0, 0, -7*i))
+	}
+	avs := map[string]bool{}
+	rows, err := conn.Query(ctx, QPassRateWeekly, resp.Environment, unix(since))
+	if err != nil {
+		return nil, fmt.Errorf("trends: pass rate: %w", err)
+	}
+	for rows.Next() {
+		var w WeeklyPass
+		if err := rows.Scan(&w.Week, &w.AgentVersion, &w.Rollouts, &w.Successes); err != nil {
+			rows.Close()
+			return nil, fmt.Errorf("trends: pass rate: %w", err)
+		}
+		w.Week, w.PassRate = dateUTC(w.Week), ratio(w.Successes, w.Rollouts)
+		avs[w.AgentVersion] = true
+		resp.PassRate = append(resp.PassRate, w)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("trends: pass rate: %w", err)
+	}
+	rows, err = conn.Query(ctx, QLackingWeekly, resp.Environment, unix(since))
+	if err != nil {
+		return nil, fmt.Errorf("trends: lacking: %w", err)
+	}
+	for rows.Next() {
+		var (
+			week time.Time
+			av   string
+			c    CapWeek
+		)
+		if err := rows.Scan(&week, &av, &c.Capability, &c.MeanCov, &c.MeanDelta, &c.LackingFailed, &c.Failed); err != nil {
+			rows.Close()
+			return nil, fmt.Errorf("trends: lacking: %w", err)
+		}
+		week = dateUTC(week)
+		avs[av] = true
+		n := len(resp.Lacking)
+		if n == 0 || !resp.Lacking[n-1].Week.Equal(week) || resp.Lacking[n-1].AgentVersion != av {
+			resp.Lacking = append(resp.Lacking, WeeklyLacking{Week: week, AgentVersion: av, Top: []CapWeek{}})
+			n++
+		}
+		// Rows come highest Cov first; keep the top ones that were LACKING at all.
+		if len(resp.Lacking[n-1].Top) < p.Top && c.LackingFailed > 0 {
+			resp.Lacking[n-1].Top = append(resp.Lacking[n-1].Top, c)
+		}
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("trends: lacking: %w", err)
+	}
+	for av := range avs {
+		resp.AgentVersions = append(resp.AgentVersions, av)
+	}
+	sort.Strings(resp.AgentVersions)
+	for _, av := range resp.AgentVersions {
+		rows, err := conn.Query(ctx, QLackingWeekOverWeek, unix(at), resp.Environment, av, unix(at), unix(at), uint32(max(p.Top, 1)*2))
+		if err != nil {
+			return nil, fmt.Errorf("trends: week over week: %w", err)
+		}
+		for rows.Next() {
+			w := WeekOverWeek{AgentVersion: av}
+			if err := rows.Scan(&w.Capability, &w.CovThisWeek, &w.CovLastWeek, &w.DeltaThisWeek, &w.DeltaLastWeek,
+				&w.LackingThisWeek, &w.LackingLastWeek, &w.RunsThisWeek, &w.RunsLastWeek); err != nil {
+				rows.Close()
+				return nil, fmt.Errorf("trends: week over week: %w", err)
+			}
+			resp.WeekOverWeek = append(resp.WeekOverWeek, w)
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return nil, fmt.Errorf("trends: week over week: %w", err)
+		}
+	}
+	if len(resp.PassRate) == 0 && len(resp.Lacking) == 0 {
+		resp.Empty, resp.Message = true, fmt.Sprintf("No rollouts for %s in the last %d weeks.", resp.Environment, p.Weeks)
+	}
+	return resp, nil
+}
+
+// timeRange is the range of a time-series chart: the last hours, from the
+// start of the bucket they begin in.
+func timeRange(now time.Time, hours int, bucket string) Range {
+	step := time.Hour
+	if bucket == bucketDay {
+		step = 24 * time.Hour
+	}
+	since := now.Add(-time.Duration(hours) * time.Hour).UTC().Truncate(step)
+	return Range{Since: since, Until: now.UTC(), Hours: hours, Bucket: bucket}
+}
+
+func ratio(num, den uint64) float64 {
+	if den == 0 {
+		return 0
+	}
+	return float64(num) / float64(den)
+}
+
+func unix(t time.Time) uint32 { return uint32(max(t.Unix(), 0)) }
+
+func maxTime(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
+}
+
+// dateUTC keeps the calendar date of a ClickHouse Date at UTC midnight.
+func dateUTC(t time.Time) time.Time {
+	y, m, d := t.Date()
+	return time.Date(y, m, d, 0, 0, 0, 0, time.UTC)
+}
+
+func fmtDuration(d time.Duration) string {
+	switch {
+	case d%(24*time.Hour) == 0:
+		n := int(d / (24 * time.Hour))
+		if n == 1 {
+			return "24 hours"
+		}
+		return fmt.Sprintf("%d days", n)
+	case d%time.Hour == 0:
+		return fmt.Sprintf("%d hours", int(d/time.Hour))
+	}
+	return d.String()
+}
+
+var errNoStore = errors.New("dashboard: no ClickHouse store configured")

@@ -1,0 +1,108 @@
+package dashboard
+
+import (
+	"fmt"
+	"strings"
+)
+
+// QueriesDocPath is docs/queries.md relative to the repository root.
+const QueriesDocPath = "docs/queries.md"
+
+// Inline substitutes literals for the `?` binds of sql, in order. The
+// dashboard's SQL has no `?` inside string literals, so a plain scan is
+// enough.
+func Inline(sql string, literals ...string) (string, error) {
+	var b strings.Builder
+	i := 0
+	for _, r := range sql {
+		if r == '?' {
+			if i >= len(literals) {
+				return "", fmt.Errorf("more binds than the %d literals", len(literals))
+			}
+			b.WriteString(literals[i])
+			i++
+			continue
+		}
+		b.WriteRune(r)
+	}
+	if i != len(literals) {
+		return "", fmt.Errorf("%d binds, %d literals", i, len(literals))
+	}
+	return b.String(), nil
+}
+
+// Example is q's SQL with the documented example literals.
+func (q Query) Example() (string, error) {
+	lits := make([]string, len(q.Binds))
+	for i, b := range q.Binds {
+		lits[i] = b.Example
+	}
+	return Inline(q.SQL, lits...)
+}
+
+// QueriesDoc renders docs/queries.md from Queries. TestQueriesDoc checks
+// that the file is up to date; TRACE_UPDATE_DOCS=1 go test -run
+// TestQueriesDoc ./internal/dashboard/ rewrites it.
+func QueriesDoc() string {
+	var b strings.Builder
+	b.WriteString(`# Failure-trend queries
+
+<!-- Generated from internal/dashboard/queries.go by internal/dashboard/docs.go.
+     Do not edit by hand: TRACE_UPDATE_DOCS=1 go test -run TestQueriesDoc ./internal/dashboard/ -->
+
+Ready-made ClickHouse SQL for failure-trend analytics: pass rate over time per
+agent version, Cov and Δ over time per capability, and the capabilities most
+often LACKING this week against last week. These are the statements the
+dashboard itself runs (the constants in ` + "`internal/dashboard/queries.go`" + `),
+so the numbers you get match the dashboard's pages and its JSON API.
+
+They run unchanged on ClickHouse 18.16 (Debian's package, used in CI) and on
+current ClickHouse: no window functions, no DateTime64, no Map, no
+toStartOfInterval, no server-side ` + "`{name:Type}`" + ` parameters. Buckets use
+toStartOfHour, toStartOfDay and toMonday (weeks start on Monday in the
+server's time zone). The hourly queries become daily ones (the dashboard's
+` + "`bucket=day`" + `) by writing toStartOfDay where they say toStartOfHour.
+
+## Conventions
+
+- **One label per key.** A label's identity is (capability, run, rollout_id)
+  within a cohort; redelivered or relabeled rows are collapsed with
+  ` + "`argMax(label, ingest_ns)`" + `, the most recently ingested one, as the analyzer's
+  window statistics do.
+- **Statistics per run, then averaged** (TRACE-METHOD.md, step 1): per
+  capability and labeling run, ER− = L−/(L−+P−), ER+ = L+/(L++P+),
+  Δ = ER− − ER+, Cov = L−/|failed| (NA included in |failed|); a ratio whose
+  denominator is 0 is 0. Charts show the mean over the runs.
+- **Exact counts.** Pass rates read the ` + "`rollout_counts`" + ` aggregate with
+  ` + "`uniqExactMerge`/`uniqExactIfMerge`" + `: a redelivered rollout counts once.
+- **Binds.** ` + "`?`" + ` are client-side binds (clickhouse-go replaces them in
+  order); times are Unix seconds inside ` + "`toDateTime(?)`" + `. Each query below is
+  followed by a ready-to-run copy with example values for clickhouse-client:
+
+      clickhouse-client --database trace --query "$(cat query.sql)"
+
+`)
+	more := false
+	for _, q := range Queries {
+		if q.More && !more {
+			more = true
+			b.WriteString("# Other statements of the dashboard\n\nThe rest of what the dashboard's pages and API read, for completeness.\n\n")
+		}
+		fmt.Fprintf(&b, "## %s\n\n%s\n\nGo constant: `dashboard.%s`.", q.Title, q.Purpose, q.Name)
+		if len(q.Binds) == 0 {
+			fmt.Fprintf(&b, " No binds. Ready to run:\n\n```sql\n%s\n```\n\n", q.SQL)
+			continue
+		}
+		b.WriteString(" Binds, in order:\n\n")
+		for i, bd := range q.Binds {
+			fmt.Fprintf(&b, "%d. %s — example `%s`\n", i+1, bd.Name, bd.Example)
+		}
+		fmt.Fprintf(&b, "\n```sql\n%s\n```\n\nReady to run:\n\n", q.SQL)
+		ex, err := q.Example()
+		if err != nil {
+			ex = "-- " + err.Error()
+		}
+		fmt.Fprintf(&b, "```sql\n%s\n```\n\n", ex)
+	}
+	return b.String()
+}

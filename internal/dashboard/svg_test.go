@@ -1,0 +1,78 @@
+package dashboard
+
+import (
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestNiceTicks(t *testing.T) {
+	if got := niceTicks(0, 1, 5); len(got) != 6 || got[0] != 0 || got[5] != 1 {
+		t.Errorf("niceTicks(0, 1) = %v", got)
+	}
+	for _, r := range [][2]float64{{-0.4, 1}, {-1, 1}, {0, 0.3}, {0, 250}} {
+		got := niceTicks(r[0], r[1], 5)
+		if len(got) < 3 || len(got) > 11 || got[0] < r[0]-1e-9 || got[len(got)-1] > r[1]+1e-9 {
+			t.Errorf("niceTicks(%v, %v) = %v", r[0], r[1], got)
+		}
+	}
+	for _, c := range []struct {
+		v       float64
+		percent bool
+		want    string
+	}{{-1e-12, true, "0%"}, {-1e-12, false, "0.00"}, {-0.5, false, "-0.50"}, {0.25, true, "25%"}} {
+		if got := fmtTick(c.v, c.percent); got != c.want {
+			t.Errorf("fmtTick(%v, %v) = %q, want %q", c.v, c.percent, got, c.want)
+		}
+	}
+}
+
+func TestTimeTicks(t *testing.T) {
+	lo := time.Date(2026, 11, 23, 3, 20, 0, 0, time.UTC)
+	ticks, format := timeTicks(lo, lo.Add(7*24*time.Hour), 8)
+	if len(ticks) < 4 || len(ticks) > 8 || format != "Jan 2" {
+		t.Fatalf("7 days: %v %q", ticks, format)
+	}
+	for _, tk := range ticks {
+		if tk.Hour() != 0 || tk.Before(lo) {
+			t.Errorf("tick %v not at midnight within range", tk)
+		}
+	}
+	ticks, format = timeTicks(lo, lo.Add(12*time.Hour), 8)
+	if len(ticks) < 4 || format != "Jan 2 15:04" {
+		t.Errorf("12 hours: %v %q", ticks, format)
+	}
+	ticks, _ = timeTicks(lo, lo.Add(60*24*time.Hour), 8)
+	for _, tk := range ticks {
+		if tk.Weekday() != time.Monday {
+			t.Errorf("weekly tick %v is not a Monday", tk)
+		}
+	}
+}
+
+func TestLineChartSVG(t *testing.T) {
+	h0 := time.Date(2026, 11, 29, 0, 0, 0, 0, time.UTC)
+	c := lineChart{ID: "c", XMin: h0, XMax: h0.Add(10 * time.Hour), Step: time.Hour, YMin: 0, YMax: 1,
+		HLines: []hline{{Y: 0.1, Label: "ρ = 0.10", Name: "rho"}},
+		Series: []chartSeries{{Name: "<script>x</script>", Points: []chartPoint{
+			{X: h0, Y: 0.2, Tip: "a&b"}, {X: h0.Add(time.Hour), Y: 0.4}, {X: h0.Add(5 * time.Hour), Y: 0.5}}}}}
+	svg := string(c.render())
+	if strings.Contains(svg, "<script>") || !strings.Contains(svg, "&lt;script&gt;") || !strings.Contains(svg, "a&amp;b") {
+		t.Error("text not escaped")
+	}
+	// The gap of 4 hours breaks the line: two subpaths.
+	i := strings.Index(svg, `class="series"`)
+	d := svg[i:]
+	d = d[strings.Index(d, ` d="`)+4:]
+	d = d[:strings.Index(d, `"`)]
+	if strings.Count(d, "M") != 2 || strings.Count(d, "L") != 1 {
+		t.Errorf("path %q: want 2 subpaths", d)
+	}
+	if strings.Count(svg, `<circle class="pt"`) != 3 || !strings.Contains(svg, `data-threshold="rho"`) || !strings.Contains(svg, `data-points="3"`) {
+		t.Errorf("svg lacks points or threshold: %s", svg)
+	}
+	empty := string(lineChart{ID: "e", Empty: "nothing here"}.render())
+	if !strings.Contains(empty, "nothing here") {
+		t.Error("empty chart has no message")
+	}
+}
