@@ -106,8 +106,21 @@ var nonFiniteLiteral = regexp.MustCompile(`"reward"\s*:\s*[-+]?(NaN|nan|Infinity
 // DecodeRollout decodes and validates one rollout. It never panics; every
 // rejection is an *Error with a Reason code. The checks run cheapest first:
 // size, UTF-8, JSON syntax, schema, then the finite reward.
+//
+// A one-pass parser (fast.go) decodes the struct and checks the schema's
+// constraints at the same time; it accepts exactly what the schema path
+// accepts. Only a message it refuses goes through the schema path
+// (encoding/json, then the JSON Schema validator), which names the precise
+// error.
 func DecodeRollout(data []byte, opt DecodeOptions) (*Rollout, error) {
-	doc, err := decodeDoc(data, opt)
+	if err := precheck(data, opt); err != nil {
+		return nil, err
+	}
+	r, why := fastDecodeRollout(data)
+	if r != nil {
+		return r, nil
+	}
+	doc, err := parseDoc(data)
 	if err != nil {
 		return nil, err
 	}
@@ -118,30 +131,42 @@ func DecodeRollout(data []byte, opt DecodeOptions) (*Rollout, error) {
 	if f, err := strconv.ParseFloat(string(reward), 64); err != nil || math.IsInf(f, 0) || math.IsNaN(f) {
 		return nil, &Error{Reason: ReasonNonFiniteReward, Path: "/outcome/reward", Msg: fmt.Sprintf("reward %s is not a finite float64", reward)}
 	}
-	var r Rollout
-	if err := json.Unmarshal(data, &r); err != nil {
-		// The schema accepted it, so this is a type the Go struct cannot hold.
-		return nil, &Error{Reason: ReasonSchema, Msg: err.Error()}
-	}
-	return &r, nil
+	// The schema accepted it, so the fast path refused a value the Go struct
+	// cannot hold (a turn_idx beyond an int, a number beyond a float64, a
+	// time that time.Time cannot parse).
+	return nil, &Error{Reason: ReasonSchema, Msg: why}
 }
 
 // decodeDoc performs the checks shared by every message kind up to a generic
 // JSON value with json.Number numbers.
 func decodeDoc(data []byte, opt DecodeOptions) (any, error) {
+	if err := precheck(data, opt); err != nil {
+		return nil, err
+	}
+	return parseDoc(data)
+}
+
+// precheck rejects a message that is too large, empty, or not UTF-8.
+func precheck(data []byte, opt DecodeOptions) error {
 	limit := opt.MaxBytes
 	if limit <= 0 {
 		limit = DefaultMaxBytes
 	}
 	if len(data) > limit {
-		return nil, &Error{Reason: ReasonTooLarge, Msg: fmt.Sprintf("%d bytes exceeds the limit of %d", len(data), limit)}
+		return &Error{Reason: ReasonTooLarge, Msg: fmt.Sprintf("%d bytes exceeds the limit of %d", len(data), limit)}
 	}
 	if len(bytes.TrimSpace(data)) == 0 {
-		return nil, &Error{Reason: ReasonEmpty, Msg: "empty message"}
+		return &Error{Reason: ReasonEmpty, Msg: "empty message"}
 	}
 	if !utf8.Valid(data) {
-		return nil, &Error{Reason: ReasonInvalidUTF8, Msg: fmt.Sprintf("invalid UTF-8 at byte %d", firstInvalidUTF8(data))}
+		return &Error{Reason: ReasonInvalidUTF8, Msg: fmt.Sprintf("invalid UTF-8 at byte %d", firstInvalidUTF8(data))}
 	}
+	return nil
+}
+
+// parseDoc decodes valid UTF-8 into a generic JSON value with json.Number
+// numbers.
+func parseDoc(data []byte) (any, error) {
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.UseNumber()
 	var doc any

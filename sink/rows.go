@@ -2,6 +2,10 @@ package sink
 
 import (
 	"encoding/json"
+	"math"
+	"slices"
+	"strconv"
+	"sync"
 	"time"
 	"unicode/utf8"
 
@@ -69,11 +73,16 @@ func Truncate(s string, n int) string {
 // CompactMessages applies TRACE's compaction to a conversation.
 func CompactMessages(msgs []schemas.Message) []CompactMessage {
 	out := make([]CompactMessage, len(msgs))
+	buf := getBuf()
+	defer putBuf(buf)
 	for i, m := range msgs {
 		cm := CompactMessage{Role: m.Role, Content: Truncate(m.Content, MaxContentChars), ToolCallID: m.ToolCallID, Error: m.Error, Requestor: m.Requestor}
+		if len(m.ToolCalls) > 0 {
+			cm.ToolCalls = make([]CompactToolCall, 0, len(m.ToolCalls))
+		}
 		for _, tc := range m.ToolCalls {
-			args, _ := json.Marshal(tc.Arguments)
-			cm.ToolCalls = append(cm.ToolCalls, CompactToolCall{ID: tc.ID, Name: tc.Name, Arguments: Truncate(string(args), MaxArgumentsChars), Requestor: tc.Requestor})
+			*buf = appendArguments((*buf)[:0], tc.Arguments)
+			cm.ToolCalls = append(cm.ToolCalls, CompactToolCall{ID: tc.ID, Name: tc.Name, Arguments: string(truncateBytes(*buf, MaxArgumentsChars)), Requestor: tc.Requestor})
 		}
 		out[i] = cm
 	}
@@ -81,6 +90,11 @@ func CompactMessages(msgs []schemas.Message) []CompactMessage {
 }
 
 // RolloutRowFrom compacts a rollout into its row.
+//
+// The JSON columns are written by hand into a pooled buffer, byte for byte
+// what encoding/json.Marshal produces for the same values (the compacted
+// messages as []CompactMessage, the tools, the grader, the metadata); a value
+// the hand-written encoder does not cover is handed to encoding/json.
 func RolloutRowFrom(r *schemas.Rollout, c Coord) RolloutRow {
 	row := RolloutRow{
 		RolloutID: r.RolloutID, Environment: r.Environment, AgentName: r.Agent.Name, AgentVersion: r.Agent.Version,
@@ -93,21 +107,394 @@ func RolloutRowFrom(r *schemas.Rollout, c Coord) RolloutRow {
 			row.NToolErrors++
 		}
 	}
-	b, _ := json.Marshal(CompactMessages(r.Messages))
-	row.Messages = string(b)
+	buf, args := getBuf(), getBuf()
+	defer putBuf(buf)
+	defer putBuf(args)
+	*buf, *args = appendCompactMessages((*buf)[:0], (*args)[:0], r.Messages)
+	row.Messages = string(*buf)
 	if len(r.Tools) > 0 {
-		b, _ = json.Marshal(r.Tools)
-		row.Tools = string(b)
+		row.Tools = marshalString(buf, r.Tools, appendTools)
 	}
 	if r.Grader != nil {
-		b, _ = json.Marshal(r.Grader)
-		row.Grader = string(b)
+		row.Grader = marshalString(buf, r.Grader, appendGrader)
 	}
 	if len(r.Metadata) > 0 {
-		b, _ = json.Marshal(r.Metadata)
-		row.Metadata = string(b)
+		row.Metadata = marshalString(buf, r.Metadata, func(b []byte, m map[string]any) ([]byte, bool) { return appendMap(b, m) })
 	}
 	return row
+}
+
+// marshalString encodes v with the hand-written appender, or with
+// encoding/json when the appender does not cover a value (an error there
+// gives "", as it always did).
+func marshalString[T any](buf *[]byte, v T, appendFn func([]byte, T) ([]byte, bool)) string {
+	b, ok := appendFn((*buf)[:0], v)
+	*buf = b
+	if ok {
+		return string(b)
+	}
+	j, _ := json.Marshal(v)
+	return string(j)
+}
+
+var bufPool = sync.Pool{New: func() any { b := make([]byte, 0, 16<<10); return &b }}
+
+func getBuf() *[]byte { return bufPool.Get().(*[]byte) }
+
+func putBuf(b *[]byte) {
+	if cap(*b) <= 1<<20 {
+		bufPool.Put(b)
+	}
+}
+
+// truncateBytes is Truncate on bytes: at most n runes, the cut marked "…".
+func truncateBytes(b []byte, n int) []byte {
+	if len(b) <= n || utf8.RuneCount(b) <= n {
+		return b
+	}
+	i, count := 0, 0
+	for i < len(b) && count < n-1 {
+		_, size := utf8.DecodeRune(b[i:])
+		i += size
+		count++
+	}
+	return append(b[:i:i], "…"...)
+}
+
+// appendCompactMessages writes json.Marshal(CompactMessages(msgs)) without
+// building the intermediate structs. args is scratch space.
+func appendCompactMessages(b, args []byte, msgs []schemas.Message) ([]byte, []byte) {
+	b = append(b, '[')
+	for i := range msgs {
+		m := &msgs[i]
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = append(b, `{"role":`...)
+		b = appendString(b, m.Role)
+		if m.Content != "" {
+			b = append(b, `,"content":`...)
+			b = appendString(b, Truncate(m.Content, MaxContentChars))
+		}
+		if len(m.ToolCalls) > 0 {
+			b = append(b, `,"tool_calls":[`...)
+			for j := range m.ToolCalls {
+				tc := &m.ToolCalls[j]
+				if j > 0 {
+					b = append(b, ',')
+				}
+				b = append(b, `{"id":`...)
+				b = appendString(b, tc.ID)
+				b = append(b, `,"name":`...)
+				b = appendString(b, tc.Name)
+				b = append(b, `,"arguments":`...)
+				args = appendArguments(args[:0], tc.Arguments)
+				b = appendBytesString(b, truncateBytes(args, MaxArgumentsChars))
+				if tc.Requestor != "" {
+					b = append(b, `,"requestor":`...)
+					b = appendString(b, tc.Requestor)
+				}
+				b = append(b, '}')
+			}
+			b = append(b, ']')
+		}
+		if m.ToolCallID != "" {
+			b = append(b, `,"tool_call_id":`...)
+			b = appendString(b, m.ToolCallID)
+		}
+		if m.Error {
+			b = append(b, `,"error":true`...)
+		}
+		if m.Requestor != "" {
+			b = append(b, `,"requestor":`...)
+			b = appendString(b, m.Requestor)
+		}
+		b = append(b, '}')
+	}
+	return append(b, ']'), args
+}
+
+// appendArguments appends json.Marshal(args), or nothing when that fails
+// (the old code ignored the error and kept "").
+func appendArguments(b []byte, args map[string]any) []byte {
+	start := len(b)
+	b, ok := appendMap(b, args)
+	if ok {
+		return b
+	}
+	j, err := json.Marshal(args)
+	if err != nil {
+		return b[:start]
+	}
+	return append(b[:start], j...)
+}
+
+// appendTools appends json.Marshal(tools); false when a value needs
+// encoding/json (parameters that are not valid JSON).
+func appendTools(b []byte, tools []schemas.Tool) ([]byte, bool) {
+	b = append(b, '[')
+	for i := range tools {
+		t := &tools[i]
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = append(b, `{"type":`...)
+		b = appendString(b, t.Type)
+		b = append(b, `,"function":{"name":`...)
+		b = appendString(b, t.Function.Name)
+		if t.Function.Description != "" {
+			b = append(b, `,"description":`...)
+			b = appendString(b, t.Function.Description)
+		}
+		if p := t.Function.Parameters; len(p) > 0 {
+			if !json.Valid(p) {
+				return b, false
+			}
+			b = append(b, `,"parameters":`...)
+			b = appendCompactJSON(b, p)
+		}
+		b = append(b, "}}"...)
+	}
+	return append(b, ']'), true
+}
+
+// appendGrader appends json.Marshal(g); false for a non-finite float.
+func appendGrader(b []byte, g *schemas.Grader) ([]byte, bool) {
+	b = append(b, '{')
+	comma := false
+	if len(g.Reasons) > 0 {
+		b = append(b, `"reasons":[`...)
+		for i, s := range g.Reasons {
+			if i > 0 {
+				b = append(b, ',')
+			}
+			b = appendString(b, s)
+		}
+		b = append(b, ']')
+		comma = true
+	}
+	if len(g.Breakdown) > 0 {
+		if comma {
+			b = append(b, ',')
+		}
+		b = append(b, `"breakdown":{`...)
+		keys := make([]string, 0, len(g.Breakdown))
+		for k := range g.Breakdown {
+			keys = append(keys, k)
+		}
+		slices.Sort(keys)
+		for i, k := range keys {
+			if i > 0 {
+				b = append(b, ',')
+			}
+			b = appendString(b, k)
+			b = append(b, ':')
+			var ok bool
+			if b, ok = appendFloat(b, g.Breakdown[k]); !ok {
+				return b, false
+			}
+		}
+		b = append(b, '}')
+	}
+	return append(b, '}'), true
+}
+
+// appendMap appends json.Marshal(m) for the values JSON decoding produces
+// (string, float64, bool, nil, []any, map[string]any); false for anything
+// else or a non-finite float.
+func appendMap(b []byte, m map[string]any) ([]byte, bool) {
+	if m == nil {
+		return append(b, "null"...), true
+	}
+	b = append(b, '{')
+	var small [16]string
+	keys := small[:0]
+	for k := range m {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	for i, k := range keys {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = appendString(b, k)
+		b = append(b, ':')
+		var ok bool
+		if b, ok = appendValue(b, m[k]); !ok {
+			return b, false
+		}
+	}
+	return append(b, '}'), true
+}
+
+func appendValue(b []byte, v any) ([]byte, bool) {
+	switch v := v.(type) {
+	case string:
+		return appendString(b, v), true
+	case float64:
+		return appendFloat(b, v)
+	case int:
+		return strconv.AppendInt(b, int64(v), 10), true
+	case int64:
+		return strconv.AppendInt(b, v, 10), true
+	case bool:
+		if v {
+			return append(b, "true"...), true
+		}
+		return append(b, "false"...), true
+	case nil:
+		return append(b, "null"...), true
+	case map[string]any:
+		return appendMap(b, v)
+	case []any:
+		if v == nil {
+			return append(b, "null"...), true
+		}
+		b = append(b, '[')
+		for i, e := range v {
+			if i > 0 {
+				b = append(b, ',')
+			}
+			var ok bool
+			if b, ok = appendValue(b, e); !ok {
+				return b, false
+			}
+		}
+		return append(b, ']'), true
+	}
+	return b, false
+}
+
+// appendFloat formats like encoding/json (ES6 number formatting).
+func appendFloat(b []byte, f float64) ([]byte, bool) {
+	if math.IsInf(f, 0) || math.IsNaN(f) {
+		return b, false
+	}
+	abs := math.Abs(f)
+	format := byte('f')
+	if abs != 0 && (abs < 1e-6 || abs >= 1e21) {
+		format = 'e'
+	}
+	b = strconv.AppendFloat(b, f, format, -1, 64)
+	if format == 'e' {
+		// clean up e-09 to e-9
+		n := len(b)
+		if n >= 4 && b[n-4] == 'e' && b[n-3] == '-' && b[n-2] == '0' {
+			b[n-2] = b[n-1]
+			b = b[:n-1]
+		}
+	}
+	return b, true
+}
+
+const hexDigits = "0123456789abcdef"
+
+// jsonSafe[c] is true for the ASCII bytes encoding/json writes as they are
+// (with HTML escaping on: not <, > or &).
+var jsonSafe = func() (t [utf8.RuneSelf]bool) {
+	for c := 0x20; c < utf8.RuneSelf; c++ {
+		t[c] = c != '"' && c != '\\' && c != '<' && c != '>' && c != '&'
+	}
+	return t
+}()
+
+// appendString quotes s exactly like encoding/json (HTML-safe escapes,
+// U+2028/U+2029 escaped, invalid UTF-8 as \ufffd).
+func appendString(b []byte, s string) []byte { return appendQuoted(b, s) }
+
+func appendBytesString(b []byte, s []byte) []byte { return appendQuoted(b, s) }
+
+func appendQuoted[S string | []byte](dst []byte, src S) []byte {
+	dst = append(dst, '"')
+	start := 0
+	for i := 0; i < len(src); {
+		if c := src[i]; c < utf8.RuneSelf {
+			if jsonSafe[c] {
+				i++
+				continue
+			}
+			dst = append(dst, src[start:i]...)
+			switch c {
+			case '\\', '"':
+				dst = append(dst, '\\', c)
+			case '\b':
+				dst = append(dst, '\\', 'b')
+			case '\f':
+				dst = append(dst, '\\', 'f')
+			case '\n':
+				dst = append(dst, '\\', 'n')
+			case '\r':
+				dst = append(dst, '\\', 'r')
+			case '\t':
+				dst = append(dst, '\\', 't')
+			default:
+				dst = append(dst, '\\', 'u', '0', '0', hexDigits[c>>4], hexDigits[c&0xF])
+			}
+			i++
+			start = i
+			continue
+		}
+		n := min(len(src)-i, utf8.UTFMax)
+		r, size := utf8.DecodeRuneInString(string(src[i : i+n]))
+		if r == utf8.RuneError && size == 1 {
+			dst = append(dst, src[start:i]...)
+			dst = append(dst, `\ufffd`...)
+			i += size
+			start = i
+			continue
+		}
+		if r == '\u2028' || r == '\u2029' {
+			dst = append(dst, src[start:i]...)
+			dst = append(dst, '\\', 'u', '2', '0', '2', hexDigits[r&0xF])
+			i += size
+			start = i
+			continue
+		}
+		i += size
+	}
+	dst = append(dst, src[start:]...)
+	return append(dst, '"')
+}
+
+// appendCompactJSON is encoding/json's compaction of a json.RawMessage (valid
+// JSON) with HTML escaping: whitespace outside strings dropped, <, >, & and
+// U+2028/U+2029 escaped.
+func appendCompactJSON(dst, src []byte) []byte {
+	inString, escaped := false, false
+	start := 0
+	for i := 0; i < len(src); i++ {
+		c := src[i]
+		switch {
+		case c == '<' || c == '>' || c == '&':
+			dst = append(dst, src[start:i]...)
+			dst = append(dst, '\\', 'u', '0', '0', hexDigits[c>>4], hexDigits[c&0xF])
+			start = i + 1
+		case c == 0xE2 && i+2 < len(src) && src[i+1] == 0x80 && src[i+2]&^1 == 0xA8:
+			dst = append(dst, src[start:i]...)
+			dst = append(dst, '\\', 'u', '2', '0', '2', hexDigits[src[i+2]&0xF])
+			i += 2
+			start = i + 1
+			escaped = false
+			continue
+		}
+		switch {
+		case inString:
+			switch {
+			case escaped:
+				escaped = false
+			case c == '\\':
+				escaped = true
+			case c == '"':
+				inString = false
+			}
+		case c == '"':
+			inString = true
+		case c == ' ' || c == '\t' || c == '\n' || c == '\r':
+			dst = append(dst, src[start:i]...)
+			start = i + 1
+		}
+	}
+	return append(dst, src[start:]...)
 }
 
 // LabelRow is one row of capability_labels.
