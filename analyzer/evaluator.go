@@ -34,6 +34,12 @@ type EvalConfig struct {
 	MinFailures    int           `koanf:"min_failures"`    // default 20: no decision below
 	RearmAfter     time.Duration `koanf:"rearm_after"`     // default 1h deselected before re-arming
 	Interval       time.Duration `koanf:"interval"`        // default 10s: periodic re-evaluation of every cohort
+	// A changed cohort is evaluated once its labels have been quiet for
+	// Settle, or MaxDelay after its first unevaluated change, whichever
+	// comes first: a burst of label batches (an import, a backlog) is
+	// decided on as a whole, and a steady stream still within MaxDelay.
+	Settle   time.Duration `koanf:"settle"`    // default 300ms
+	MaxDelay time.Duration `koanf:"max_delay"` // default 1s
 }
 
 // WithDefaults fills unset fields.
@@ -61,6 +67,12 @@ func (c EvalConfig) WithDefaults() EvalConfig {
 	}
 	if c.Interval == 0 {
 		c.Interval = 10 * time.Second
+	}
+	if c.Settle == 0 {
+		c.Settle = 300 * time.Millisecond
+	}
+	if c.MaxDelay == 0 {
+		c.MaxDelay = time.Second
 	}
 	return c
 }
@@ -104,7 +116,7 @@ type Evaluator struct {
 	met   *Metrics
 
 	mu       sync.Mutex
-	dirty    map[sink.Cohort]time.Time // cohort -> time of the oldest unevaluated change
+	dirty    map[sink.Cohort]dirtySpan // unevaluated changes per cohort
 	wake     chan struct{}
 	triggers map[TriggerKey]Trigger
 	last     map[sink.Cohort][]Result
@@ -117,7 +129,7 @@ func NewEvaluator(cfg EvalConfig, st *sink.Store, pub Publisher, reg *Registry, 
 		log = slog.Default()
 	}
 	return &Evaluator{cfg: cfg.WithDefaults(), store: st, pub: pub, reg: reg, log: log, now: time.Now, met: m,
-		dirty: map[sink.Cohort]time.Time{}, wake: make(chan struct{}, 1), triggers: map[TriggerKey]Trigger{}, last: map[sink.Cohort][]Result{}, tools: map[[2]string][]schemas.Tool{}}
+		dirty: map[sink.Cohort]dirtySpan{}, wake: make(chan struct{}, 1), triggers: map[TriggerKey]Trigger{}, last: map[sink.Cohort][]Result{}, tools: map[[2]string][]schemas.Tool{}}
 }
 
 // Recover rebuilds every trigger from trigger_events.
@@ -147,9 +159,12 @@ func (e *Evaluator) Touch(cohorts ...sink.Cohort) {
 	e.mu.Lock()
 	now := e.now()
 	for _, c := range cohorts {
-		if _, ok := e.dirty[c]; !ok {
-			e.dirty[c] = now
+		d, ok := e.dirty[c]
+		if !ok {
+			d.first = now
 		}
+		d.last = now
+		e.dirty[c] = d
 	}
 	e.mu.Unlock()
 	select {
@@ -164,11 +179,14 @@ func (e *Evaluator) Touch(cohorts ...sink.Cohort) {
 func (e *Evaluator) Run(ctx context.Context) error {
 	tick := time.NewTicker(e.cfg.Interval)
 	defer tick.Stop()
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-e.wake:
+		case <-timer.C:
 		case <-tick.C:
 			cohorts, err := e.store.Cohorts(ctx, e.now().Add(-e.cfg.Window))
 			if err != nil {
@@ -178,24 +196,52 @@ func (e *Evaluator) Run(ctx context.Context) error {
 			e.Touch(cohorts...)
 			continue
 		}
-		e.mu.Lock()
-		batch := e.dirty
-		e.dirty = map[sink.Cohort]time.Time{}
-		e.mu.Unlock()
-		for c, since := range batch {
+		due, next := e.due()
+		timer.Reset(next)
+		for _, d := range due {
 			err := backoff.Retry(func() error {
-				err := e.Evaluate(ctx, c)
+				err := e.Evaluate(ctx, d.cohort)
 				if err != nil && ctx.Err() == nil {
-					e.log.Warn("analyzer: evaluation failed, retrying", "cohort", c.String(), "err", err)
+					e.log.Warn("analyzer: evaluation failed, retrying", "cohort", d.cohort.String(), "err", err)
 				}
 				return err
 			}, backoff.WithContext(capped(200*time.Millisecond, 5*time.Second), ctx))
 			if err != nil {
 				return nil // ctx ended
 			}
-			e.met.observeEval(e.now().Sub(since))
+			e.met.observeEval(e.now().Sub(d.first))
 		}
 	}
+}
+
+type dirtySpan struct{ first, last time.Time }
+
+type dueCohort struct {
+	cohort sink.Cohort
+	first  time.Time
+}
+
+// due takes the cohorts whose changes have settled (or waited MaxDelay) out
+// of the dirty set, and returns how long until the next one is due.
+func (e *Evaluator) due() ([]dueCohort, time.Duration) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	now := e.now()
+	next := time.Hour
+	var out []dueCohort
+	for c, d := range e.dirty {
+		at := d.last.Add(e.cfg.Settle)
+		if lim := d.first.Add(e.cfg.MaxDelay); lim.Before(at) {
+			at = lim
+		}
+		if !at.After(now) {
+			out = append(out, dueCohort{c, d.first})
+			delete(e.dirty, c)
+			continue
+		}
+		next = min(next, at.Sub(now))
+	}
+	return out, next
 }
 
 func capped(initial, maxI time.Duration) backoff.BackOff {

@@ -35,6 +35,7 @@ type goldenEnv struct {
 	events  []schemas.LabelEvent
 	want    []schemas.SelectedCapability
 	scope   analyzer.ImportScope
+	nats    *testenv.NATSServer
 }
 
 func setupGolden(t *testing.T) *goldenEnv {
@@ -53,6 +54,7 @@ func setupGolden(t *testing.T) *goldenEnv {
 		t.Fatal(err)
 	}
 	ns := testenv.NATS(t)
+	g.nats = ns
 	if g.bus, err = bus.Connect(ctx, bus.Config{URL: ns.URL()}, "test"); err != nil {
 		t.Fatal(err)
 	}
@@ -97,7 +99,7 @@ func (g *goldenEnv) replica(t *testing.T, ctx context.Context, wg *sync.WaitGrou
 		t.Fatal(err)
 	}
 	c, err := ingest.NewConsumer(ingest.Config{Brokers: g.brokers, Topic: g.topic, GroupID: group, Stage: "analyze",
-		BatchRows: 5000, BatchTimeout: 200 * time.Millisecond}, ingest.DecodeLabel,
+		BatchRows: 20000, BatchTimeout: 2 * time.Second}, ingest.DecodeLabel,
 		&analyzer.LabelEventSink{Store: g.store, Evaluator: ev}, nil, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -197,8 +199,8 @@ func TestGoldenStream(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	defer func() { cancel(); wg.Wait() }()
+	g.publish(t) // the stream is in Kafka before the analyzer starts, like a backlog
 	g.replica(t, ctx, &wg, "analyzer")
-	g.publish(t)
 	g.check(t, g.requests(t, 6))
 	before := g.counts(t)
 
@@ -229,8 +231,46 @@ func TestGoldenStreamTwoReplicas(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	defer func() { cancel(); wg.Wait() }()
+	g.publish(t)
 	g.replica(t, ctx, &wg, "analyzer")
+	g.replica(t, ctx, &wg, "analyzer")
+	g.check(t, g.requests(t, 6))
+}
+
+// TestTriggerSurvivesNATSOutage stops NATS before the capabilities cross
+// and starts it again later: the triggers are retried until delivered, none
+// is lost and none is duplicated.
+func TestTriggerSurvivesNATSOutage(t *testing.T) {
+	g := setupGolden(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	defer func() { cancel(); wg.Wait() }()
+	g.nats.Shutdown()
 	g.replica(t, ctx, &wg, "analyzer")
 	g.publish(t)
+	// Every label is in ClickHouse while NATS is down; nothing could fire.
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		var n uint64
+		g.store.Conn().QueryRow(context.Background(), "SELECT count() FROM capability_labels").Scan(&n)
+		if n >= uint64(len(g.events)) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("labels not stored: %d", n)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	time.Sleep(3 * time.Second) // evaluations fail and back off meanwhile
+	var fired uint64
+	g.store.Conn().QueryRow(context.Background(), "SELECT count() FROM trigger_events WHERE event = 'fired'").Scan(&fired)
+	if fired != 0 {
+		t.Fatalf("%d triggers recorded as fired while NATS was down", fired)
+	}
+	g.nats.Restart()
 	g.check(t, g.requests(t, 6))
+	g.store.Conn().QueryRow(context.Background(), "SELECT count() FROM trigger_events FINAL WHERE event = 'fired'").Scan(&fired)
+	if fired != 6 {
+		t.Fatalf("trigger_events has %d fired events, want 6", fired)
+	}
 }

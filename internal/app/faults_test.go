@@ -16,6 +16,7 @@ import (
 	"github.com/traceops/trace/analyzer"
 	"github.com/traceops/trace/ingest"
 	"github.com/traceops/trace/internal/app"
+	"github.com/traceops/trace/internal/bus"
 	"github.com/traceops/trace/internal/config"
 	"github.com/traceops/trace/internal/simulate"
 	"github.com/traceops/trace/internal/testenv"
@@ -409,4 +410,51 @@ func committed(t *testing.T, cfg config.Config, group string) int64 {
 		}
 	}
 	return n
+}
+
+// TestDictionaryHotReload: a dictionary applied from another process (as
+// `trace dict apply` does) reaches a running analyzer through the NATS KV
+// announcement, without a restart.
+func TestDictionaryHotReload(t *testing.T) {
+	ch := testenv.ClickHouse(t)
+	w := newWorld(t, ch.Addr, 1)
+	a, stop := w.start(t, withRoles(w.cfg, "analyze"))
+	defer stop()
+	before := a.Dicts.Resolve("sim-airline", "9.9.9")
+	if before == nil {
+		t.Fatal("the built-in dictionary is not loaded")
+	}
+	// Another process: its own store connection, bus and registry.
+	st, err := sink.Open(context.Background(), sink.Config{Addr: []string{ch.Addr}, Database: w.cfg.ClickHouse.Database}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	b, err := bus.Connect(context.Background(), bus.Config{URL: w.cfg.NATS.URL}, "other")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	reg := analyzer.NewRegistry()
+	if err := reg.Load(context.Background(), st); err != nil {
+		t.Fatal(err)
+	}
+	d := *before
+	d.Capabilities = append([]analyzer.Capability{}, before.Capabilities...)
+	d.Capabilities[0].Definition += " Updated for the hot-reload test."
+	d.Source, d.CreatedAt = "", time.Time{}
+	stored, err := app.ApplyDictionary(context.Background(), st, b, reg, &d)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if stored.Version != before.Version+1 {
+		t.Fatalf("a changed dictionary must become version %d, got %d", before.Version+1, stored.Version)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for a.Dicts.Resolve("sim-airline", "9.9.9").Version != stored.Version {
+		if time.Now().After(deadline) {
+			t.Fatalf("running analyzer still on version %d", a.Dicts.Resolve("sim-airline", "9.9.9").Version)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 }
