@@ -121,6 +121,7 @@ type Evaluator struct {
 	triggers map[TriggerKey]Trigger
 	last     map[sink.Cohort][]Result
 	tools    map[[2]string][]schemas.Tool // (env, agent version) -> the target's tool schemas
+	noTools  map[[2]string]time.Time      // cohorts whose rollouts had no tools, when last looked up
 }
 
 // NewEvaluator builds an evaluator. Call Recover before Run.
@@ -129,7 +130,7 @@ func NewEvaluator(cfg EvalConfig, st *sink.Store, pub Publisher, reg *Registry, 
 		log = slog.Default()
 	}
 	return &Evaluator{cfg: cfg.WithDefaults(), store: st, pub: pub, reg: reg, log: log, now: time.Now, met: m,
-		dirty: map[sink.Cohort]dirtySpan{}, wake: make(chan struct{}, 1), triggers: map[TriggerKey]Trigger{}, last: map[sink.Cohort][]Result{}, tools: map[[2]string][]schemas.Tool{}}
+		dirty: map[sink.Cohort]dirtySpan{}, wake: make(chan struct{}, 1), triggers: map[TriggerKey]Trigger{}, last: map[sink.Cohort][]Result{}, tools: map[[2]string][]schemas.Tool{}, noTools: map[[2]string]time.Time{}}
 }
 
 // Recover rebuilds every trigger from trigger_events.
@@ -198,17 +199,24 @@ func (e *Evaluator) Run(ctx context.Context) error {
 		}
 		due, next := e.due()
 		timer.Reset(next)
-		for _, d := range due {
-			err := backoff.Retry(func() error {
-				err := e.Evaluate(ctx, d.cohort)
-				if err != nil && ctx.Err() == nil {
-					e.log.Warn("analyzer: evaluation failed, retrying", "cohort", d.cohort.String(), "err", err)
-				}
-				return err
-			}, backoff.WithContext(capped(200*time.Millisecond, 5*time.Second), ctx))
-			if err != nil {
-				return nil // ctx ended
+		if len(due) == 0 {
+			continue
+		}
+		cohorts := make([]sink.Cohort, len(due))
+		for i, d := range due {
+			cohorts[i] = d.cohort
+		}
+		err := backoff.Retry(func() error {
+			err := e.Evaluate(ctx, cohorts...)
+			if err != nil && ctx.Err() == nil {
+				e.log.Warn("analyzer: evaluation failed, retrying", "cohorts", len(cohorts), "err", err)
 			}
+			return err
+		}, backoff.WithContext(capped(200*time.Millisecond, 5*time.Second), ctx))
+		if err != nil {
+			return nil // ctx ended
+		}
+		for _, d := range due {
 			e.met.observeEval(e.now().Sub(d.first))
 		}
 	}
@@ -266,13 +274,24 @@ func (e *Evaluator) ObserveTools(env, agentVersion string, tools []schemas.Tool)
 }
 
 func (e *Evaluator) cohortTools(ctx context.Context, c sink.Cohort) ([]schemas.Tool, error) {
+	k := [2]string{c.Environment, c.AgentVersion}
 	e.mu.Lock()
-	t := e.tools[[2]string{c.Environment, c.AgentVersion}]
+	t, miss := e.tools[k], e.noTools[k]
 	e.mu.Unlock()
-	if len(t) > 0 {
+	if len(t) > 0 || e.now().Sub(miss) < time.Minute {
 		return t, nil
 	}
-	return e.store.CohortTools(ctx, c.Environment, c.AgentVersion)
+	t, err := e.store.CohortTools(ctx, c.Environment, c.AgentVersion)
+	if err == nil {
+		e.mu.Lock()
+		if len(t) > 0 {
+			e.tools[k] = t
+		} else {
+			e.noTools[k] = e.now()
+		}
+		e.mu.Unlock()
+	}
+	return t, err
 }
 
 // Snapshot returns the latest evaluation results per cohort.
@@ -286,18 +305,50 @@ func (e *Evaluator) Snapshot() map[sink.Cohort][]Result {
 	return out
 }
 
-// Evaluate computes one cohort's window statistics and applies the triggers.
-func (e *Evaluator) Evaluate(ctx context.Context, c sink.Cohort) error {
+// Evaluate computes the window statistics of cohorts (two queries for all
+// of them) and applies their triggers.
+func (e *Evaluator) Evaluate(ctx context.Context, cohorts ...sink.Cohort) error {
 	now := e.now()
-	spec := sink.WindowSpec{Cohort: c, Since: now.Add(-e.cfg.Window), LastRollouts: e.cfg.WindowRollouts, Runs: e.cfg.N}
-	info, err := e.store.WindowInfo(ctx, spec)
+	spec := sink.MultiSpec{Cohorts: cohorts, Since: now.Add(-e.cfg.Window), LastRollouts: e.cfg.WindowRollouts, Runs: e.cfg.N}
+	infos, err := e.store.WindowInfoMulti(ctx, spec)
 	if err != nil {
 		return err
 	}
-	counts, err := e.store.WindowCounts(ctx, spec)
+	counts, err := e.store.WindowCountsMulti(ctx, spec)
 	if err != nil {
 		return err
 	}
+	// Transitions are recorded in one insert for all cohorts; the state
+	// machines advance only after it succeeded. A failure anywhere leaves
+	// them as they were, and the retry publishes again with the same Msg-Ids
+	// (deduplicated) and records again.
+	var evs []sink.TriggerEvent
+	var steps []transition
+	for _, c := range cohorts {
+		ce, cs, err := e.apply(ctx, now, spec, c, infos[c], counts[c])
+		evs, steps = append(evs, ce...), append(steps, cs...)
+		if err != nil {
+			return err
+		}
+	}
+	if err := e.store.InsertTriggerEvents(ctx, evs); err != nil {
+		return err
+	}
+	e.mu.Lock()
+	for _, st := range steps {
+		e.triggers[st.key] = st.next
+	}
+	e.mu.Unlock()
+	return nil
+}
+
+type transition struct {
+	key  TriggerKey
+	next Trigger
+}
+
+// apply runs one cohort's triggers on its window statistics.
+func (e *Evaluator) apply(ctx context.Context, now time.Time, spec sink.MultiSpec, c sink.Cohort, info sink.WindowInfo, counts []sink.RunCounts) (evs []sink.TriggerEvent, steps []transition, err error) {
 	dict := e.reg.Version(c.Environment, c.AgentVersion, c.DictionaryVersion)
 	inputs, runs := CohortInputs(counts, dict)
 	results := Select(inputs, Thresholds{Rho: e.cfg.Rho, Delta: e.cfg.Delta, K: e.cfg.K})
@@ -330,7 +381,7 @@ func (e *Evaluator) Evaluate(ctx context.Context, c sink.Cohort) error {
 		if act == ActFire {
 			if tools == nil {
 				if tools, err = e.cohortTools(ctx, c); err != nil {
-					return err
+					return evs, steps, err
 				}
 			}
 			req := &schemas.SynthesisRequest{
@@ -340,7 +391,7 @@ func (e *Evaluator) Evaluate(ctx context.Context, c sink.Cohort) error {
 			}
 			res, err := e.pub.PublishSynthesis(ctx, req)
 			if err != nil {
-				return err // state unchanged: the next attempt publishes again with the same Msg-Id
+				return evs, steps, err // state unchanged: the next attempt publishes again with the same Msg-Id
 			}
 			b, _ := json.Marshal(req)
 			ev.Payload = string(b)
@@ -349,14 +400,10 @@ func (e *Evaluator) Evaluate(ctx context.Context, c sink.Cohort) error {
 				"epoch", next.Epoch, "duplicate", res.Duplicate || res.Claimed)
 			e.met.fired(c.Environment, r.Name)
 		}
-		if err := e.store.InsertTriggerEvents(ctx, []sink.TriggerEvent{ev}); err != nil {
-			return err
-		}
-		e.mu.Lock()
-		e.triggers[k] = next
-		e.mu.Unlock()
+		evs = append(evs, ev)
+		steps = append(steps, transition{k, next})
 	}
-	return nil
+	return evs, steps, nil
 }
 
 func round4(f float64) float64 { return math.Round(f*1e4) / 1e4 }

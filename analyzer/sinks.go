@@ -17,8 +17,9 @@ import (
 // ClickHouse in one block, and then tells the evaluator which cohorts changed.
 //
 // Redelivery never changes a statistic: deterministic labelers (rules) give
-// the same labels again, which the tables deduplicate; non-deterministic ones
-// (llm) are not called again for runs already stored (StoredRuns).
+// the same labels again, which the tables deduplicate; the llm labeler is not
+// called again for runs already stored (LLMLabelerConfig.AlreadyLabeled, wired
+// to sink.StoredRuns).
 type LabelingSink struct {
 	Labeler     Labeler
 	Registry    *Registry
@@ -37,6 +38,8 @@ type LabelingSink struct {
 // Write implements ingest.Sink.
 func (s *LabelingSink) Write(ctx context.Context, batch []ingest.Record[*schemas.Rollout]) error {
 	events := make([][]schemas.LabelEvent, len(batch))
+	runRecs := make([][]sink.LabelRun, len(batch))
+	record := s.Labeler.Runs() > 1 || s.Labeler.Name() == schemas.SourceLLM
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(max(1, s.Concurrency))
 	if s.Concurrency == 0 {
@@ -58,24 +61,21 @@ func (s *LabelingSink) Write(ctx context.Context, batch []ingest.Record[*schemas
 			continue
 		}
 		g.Go(func() error {
-			var stored map[int]bool
-			if s.Labeler.Name() == schemas.SourceLLM {
-				var err error
-				if stored, err = s.Store.StoredRuns(gctx, r.Environment, r.Agent.Version, r.RolloutID, d.Version); err != nil {
-					return err
-				}
-				if len(stored) >= s.Labeler.Runs() {
-					return nil
-				}
-			}
+			// Non-deterministic labelers (llm) consult the store themselves and
+			// never label a (rollout, dictionary version, run) twice.
 			runs, err := s.Labeler.Label(gctx, d, r)
 			if err != nil {
 				return fmt.Errorf("label %s: %w", r.RolloutID, err)
 			}
 			kept := runs[:0]
 			for _, rl := range runs {
-				if stored[rl.Run] {
-					continue
+				if record {
+					lr := sink.LabelRun{Environment: r.Environment, AgentVersion: r.Agent.Version, DictionaryVersion: d.Version,
+						RolloutID: r.RolloutID, Run: uint16(rl.Run), Labeler: s.Labeler.Name(), Status: "ok", Reason: rl.Failed, At: r.EndTime}
+					if rl.Failed != "" {
+						lr.Status = "failed"
+					}
+					runRecs[i] = append(runRecs[i], lr)
 				}
 				if rl.Failed != "" {
 					s.Metrics.runFailed(s.Labeler.Name())
@@ -99,7 +99,22 @@ func (s *LabelingSink) Write(ctx context.Context, batch []ingest.Record[*schemas
 			rows = append(rows, sink.LabelRowFrom(&evs[i]))
 		}
 	}
-	return writeLabels(ctx, s.Store, s.Evaluator, s.Metrics, s.Labeler.Name(), rows)
+	// Labels first, then the run records: a retry after a failure between
+	// the two finds the runs in capability_labels and does not label again.
+	if err := writeLabels(ctx, s.Store, s.Evaluator, s.Metrics, s.Labeler.Name(), rows); err != nil {
+		return err
+	}
+	var lrs []sink.LabelRun
+	for _, r := range runRecs {
+		lrs = append(lrs, r...)
+	}
+	if err := s.Store.InsertLabelRuns(ctx, lrs); err != nil {
+		if !sink.IsRetryable(err) {
+			return ingest.Fatal(err)
+		}
+		return err
+	}
+	return nil
 }
 
 // LabelEventSink is the ingest.Sink of the external label topic

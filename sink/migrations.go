@@ -183,6 +183,27 @@ PARTITION BY toYYYYMM(ts)
 ORDER BY (purpose, ts)` + d.TTL("ts"),
 		}
 	}},
+	{4, "label_runs", func(d Dialect) []string {
+		// One row per labeling run of a rollout, valid or failed: the record
+		// that a (rollout, dictionary version, run) was labeled, so that a
+		// non-deterministic labeler never labels it again, and the audit of
+		// runs that produced no labels.
+		return []string{`CREATE TABLE IF NOT EXISTS label_runs (
+	environment ` + d.LC() + `,
+	agent_version ` + d.LC() + `,
+	dictionary_version UInt32,
+	rollout_id String,
+	run UInt16,
+	labeler ` + d.LC() + `,
+	status ` + d.LC() + `,
+	reason String,
+	at DateTime,
+	ingest_ns UInt64
+) ENGINE = ReplacingMergeTree(ingest_ns)
+PARTITION BY toYYYYMM(at)
+ORDER BY (environment, agent_version, dictionary_version, rollout_id, run)` + d.TTL("at"),
+		}
+	}},
 }
 
 // Migrate applies every migration not yet recorded in schema_migrations, in

@@ -86,12 +86,53 @@ func (s *Store) TriggerHistory(ctx context.Context) ([]TriggerEvent, error) {
 	return out, rows.Err()
 }
 
-// StoredRuns returns the labeling runs already stored for a rollout under a
-// dictionary version, so an LLM labeler never labels a (rollout, dictionary
-// version, run) twice.
+// LabelRun records that one labeling run of a rollout happened, with its
+// status: "ok" (its labels are in capability_labels) or "failed" (no label
+// was recorded; Reason says why).
+type LabelRun struct {
+	Environment, AgentVersion string
+	DictionaryVersion         uint32
+	RolloutID                 string
+	Run                       uint16
+	Labeler, Status, Reason   string
+	At                        time.Time
+}
+
+// InsertLabelRuns records labeling runs.
+func (s *Store) InsertLabelRuns(ctx context.Context, runs []LabelRun) error {
+	if len(runs) == 0 {
+		return nil
+	}
+	b, err := s.conn.PrepareBatch(ctx, `INSERT INTO label_runs (environment, agent_version, dictionary_version, rollout_id, run,
+	labeler, status, reason, at, ingest_ns)`)
+	if err != nil {
+		return fmt.Errorf("insert label_runs: %w", err)
+	}
+	defer b.Abort()
+	now := time.Now().UTC()
+	ns := uint64(now.UnixNano())
+	for _, r := range runs {
+		if err := b.Append(r.Environment, r.AgentVersion, r.DictionaryVersion, r.RolloutID, r.Run, r.Labeler, r.Status, r.Reason, ts(r.At, now), ns); err != nil {
+			return fmt.Errorf("insert label_runs: %w", err)
+		}
+	}
+	if err := b.Send(); err != nil {
+		return fmt.Errorf("insert label_runs: %w", err)
+	}
+	return nil
+}
+
+// StoredRuns returns the labeling runs already done for a rollout under a
+// dictionary version — those with labels and those recorded as failed — so
+// that a non-deterministic labeler never labels a (rollout, dictionary
+// version, run) twice and a redelivered rollout changes no statistic.
 func (s *Store) StoredRuns(ctx context.Context, env, agentVersion, rolloutID string, dictVersion uint32) (map[int]bool, error) {
 	rows, err := s.conn.Query(ctx, `SELECT DISTINCT run FROM capability_labels
-	WHERE environment = ? AND agent_version = ? AND dictionary_version = ? AND rollout_id = ?`, env, agentVersion, dictVersion, rolloutID)
+	WHERE environment = ? AND agent_version = ? AND dictionary_version = ? AND rollout_id = ?
+	UNION ALL
+	SELECT DISTINCT run FROM label_runs
+	WHERE environment = ? AND agent_version = ? AND dictionary_version = ? AND rollout_id = ?`,
+		env, agentVersion, dictVersion, rolloutID, env, agentVersion, dictVersion, rolloutID)
 	if err != nil {
 		return nil, fmt.Errorf("stored runs: %w", err)
 	}

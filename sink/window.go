@@ -59,9 +59,30 @@ type WindowInfo struct {
 	First, Last        time.Time
 }
 
-func (spec WindowSpec) where() (string, []any) {
-	conds := []string{"environment = ?", "agent_version = ?", "dictionary_version = ?"}
-	args := []any{spec.Environment, spec.AgentVersion, spec.DictionaryVersion}
+// MultiSpec is a window over several cohorts at once: one query evaluates
+// every cohort that changed, instead of one query per cohort.
+type MultiSpec struct {
+	Cohorts      []Cohort
+	Since, Until time.Time
+	LastRollouts int // per cohort
+	Runs         int
+}
+
+// Multi turns a single-cohort spec into a MultiSpec.
+func (spec WindowSpec) Multi() MultiSpec {
+	return MultiSpec{Cohorts: []Cohort{spec.Cohort}, Since: spec.Since, Until: spec.Until, LastRollouts: spec.LastRollouts, Runs: spec.Runs}
+}
+
+const cohortCols = "environment, agent_version, dictionary_version"
+
+func (spec MultiSpec) where() (string, []any) {
+	tuples := make([]string, len(spec.Cohorts))
+	var args []any
+	for i, c := range spec.Cohorts {
+		tuples[i] = "(?, ?, ?)"
+		args = append(args, c.Environment, c.AgentVersion, c.DictionaryVersion)
+	}
+	conds := []string{"(" + cohortCols + ") IN (" + strings.Join(tuples, ", ") + ")"}
 	if !spec.Since.IsZero() {
 		conds = append(conds, "toUInt32(ts) >= ?")
 		args = append(args, uint32(spec.Since.Unix()))
@@ -75,17 +96,17 @@ func (spec WindowSpec) where() (string, []any) {
 		args = append(args, uint16(spec.Runs))
 	}
 	where := strings.Join(conds, " AND ")
+	base, baseArgs := where, append([]any(nil), args...)
 	if spec.LastRollouts > 0 {
-		inner := where
-		where += fmt.Sprintf(` AND rollout_id IN (SELECT rollout_id FROM capability_labels WHERE %s
-	GROUP BY rollout_id ORDER BY max(ts) DESC, rollout_id DESC LIMIT %d)`, inner, spec.LastRollouts)
-		args = append(args, args...)
+		where += fmt.Sprintf(` AND (%s, rollout_id) IN (SELECT %s, rollout_id FROM capability_labels WHERE %s
+	GROUP BY %s, rollout_id ORDER BY max(ts) DESC, rollout_id DESC LIMIT %d BY %s)`,
+			cohortCols, cohortCols, base, cohortCols, spec.LastRollouts, cohortCols)
+		args = append(args, baseArgs...)
 	}
 	if spec.Runs > 1 {
-		base := where
-		where += fmt.Sprintf(` AND (capability, rollout_id) IN (SELECT capability, rollout_id FROM capability_labels WHERE %s
-	GROUP BY capability, rollout_id HAVING uniqExact(run) >= %d)`, base, spec.Runs)
-		args = append(args, args...)
+		where += fmt.Sprintf(` AND (%s, capability, rollout_id) IN (SELECT %s, capability, rollout_id FROM capability_labels WHERE %s
+	GROUP BY %s, capability, rollout_id HAVING uniqExact(run) >= %d)`, cohortCols, cohortCols, base, cohortCols, spec.Runs)
+		args = append(args, baseArgs...)
 	}
 	return where, args
 }
@@ -94,61 +115,86 @@ func (spec WindowSpec) where() (string, []any) {
 // Each (rollout, capability, run) counts once, with its most recently
 // ingested label (argMax over ingest_ns).
 func (s *Store) WindowCounts(ctx context.Context, spec WindowSpec) ([]RunCounts, error) {
+	m, err := s.WindowCountsMulti(ctx, spec.Multi())
+	return m[spec.Cohort], err
+}
+
+// WindowCountsMulti is WindowCounts for several cohorts in one query.
+func (s *Store) WindowCountsMulti(ctx context.Context, spec MultiSpec) (map[Cohort][]RunCounts, error) {
+	out := map[Cohort][]RunCounts{}
+	if len(spec.Cohorts) == 0 {
+		return out, nil
+	}
 	where, args := spec.where()
-	q := fmt.Sprintf(`SELECT capability, run,
+	q := fmt.Sprintf(`SELECT %s, capability, run,
 	countIf(ok = 0 AND l = 'LACKING'), countIf(ok = 0 AND l = 'PRESENT'), countIf(ok = 0 AND l = 'NA'),
 	countIf(ok = 1 AND l = 'LACKING'), countIf(ok = 1 AND l = 'PRESENT'), countIf(ok = 1 AND l = 'NA'),
 	arraySlice(arraySort(groupArrayIf(rollout_id, ok = 0 AND l = 'LACKING')), 1, %d)
 FROM (
-	SELECT capability, run, rollout_id, argMax(label, ingest_ns) AS l, argMax(success, ingest_ns) AS ok
+	SELECT %s, capability, run, rollout_id, argMax(label, ingest_ns) AS l, argMax(success, ingest_ns) AS ok
 	FROM capability_labels
 	WHERE %s
-	GROUP BY capability, run, rollout_id
+	GROUP BY %s, capability, run, rollout_id
 )
-GROUP BY capability, run
-ORDER BY capability, run`, MaxExampleIDs, where)
+GROUP BY %s, capability, run
+ORDER BY %s, capability, run`, cohortCols, MaxExampleIDs, cohortCols, where, cohortCols, cohortCols, cohortCols)
 	rows, err := s.conn.Query(ctx, q, args...)
 	if err != nil {
-		return nil, fmt.Errorf("window counts %s: %w", spec.Cohort, err)
+		return nil, fmt.Errorf("window counts of %d cohorts: %w", len(spec.Cohorts), err)
 	}
 	defer rows.Close()
-	var out []RunCounts
 	for rows.Next() {
 		var (
+			c                      Cohort
 			rc                     RunCounts
 			run                    uint16
 			lf, pf, nf, lp, pp, np uint64
 		)
-		if err := rows.Scan(&rc.Capability, &run, &lf, &pf, &nf, &lp, &pp, &np, &rc.LackingFailedFirst); err != nil {
-			return nil, fmt.Errorf("window counts %s: %w", spec.Cohort, err)
+		if err := rows.Scan(&c.Environment, &c.AgentVersion, &c.DictionaryVersion, &rc.Capability, &run, &lf, &pf, &nf, &lp, &pp, &np, &rc.LackingFailedFirst); err != nil {
+			return nil, fmt.Errorf("window counts: %w", err)
 		}
 		rc.Run = int(run)
 		rc.LackingFailed, rc.PresentFailed, rc.NAFailed = int(lf), int(pf), int(nf)
 		rc.LackingPassed, rc.PresentPassed, rc.NAPassed = int(lp), int(pp), int(np)
-		out = append(out, rc)
+		out[c] = append(out[c], rc)
 	}
 	return out, rows.Err()
 }
 
 // WindowInfo counts the distinct rollouts and failures labeled in the window.
 func (s *Store) WindowInfo(ctx context.Context, spec WindowSpec) (WindowInfo, error) {
+	m, err := s.WindowInfoMulti(ctx, spec.Multi())
+	return m[spec.Cohort], err
+}
+
+// WindowInfoMulti is WindowInfo for several cohorts in one query.
+func (s *Store) WindowInfoMulti(ctx context.Context, spec MultiSpec) (map[Cohort]WindowInfo, error) {
+	out := map[Cohort]WindowInfo{}
+	if len(spec.Cohorts) == 0 {
+		return out, nil
+	}
 	where, args := spec.where()
-	q := fmt.Sprintf(`SELECT count(), countIf(ok = 0), min(t), max(t) FROM (
-	SELECT rollout_id, argMax(success, ingest_ns) AS ok, max(ts) AS t
-	FROM capability_labels WHERE %s GROUP BY rollout_id)`, where)
-	var (
-		info       WindowInfo
-		n, f       uint64
-		first, lst time.Time
-	)
-	if err := s.conn.QueryRow(ctx, q, args...).Scan(&n, &f, &first, &lst); err != nil {
-		return info, fmt.Errorf("window info %s: %w", spec.Cohort, err)
+	q := fmt.Sprintf(`SELECT %s, count(), countIf(ok = 0), min(t), max(t) FROM (
+	SELECT %s, rollout_id, argMax(success, ingest_ns) AS ok, max(ts) AS t
+	FROM capability_labels WHERE %s GROUP BY %s, rollout_id)
+GROUP BY %s`, cohortCols, cohortCols, where, cohortCols, cohortCols)
+	rows, err := s.conn.Query(ctx, q, args...)
+	if err != nil {
+		return nil, fmt.Errorf("window info of %d cohorts: %w", len(spec.Cohorts), err)
 	}
-	info.Rollouts, info.Failures = int(n), int(f)
-	if n > 0 {
-		info.First, info.Last = first.UTC(), lst.UTC()
+	defer rows.Close()
+	for rows.Next() {
+		var (
+			c           Cohort
+			n, f        uint64
+			first, last time.Time
+		)
+		if err := rows.Scan(&c.Environment, &c.AgentVersion, &c.DictionaryVersion, &n, &f, &first, &last); err != nil {
+			return nil, fmt.Errorf("window info: %w", err)
+		}
+		out[c] = WindowInfo{Rollouts: int(n), Failures: int(f), First: first.UTC(), Last: last.UTC()}
 	}
-	return info, nil
+	return out, rows.Err()
 }
 
 // Cohorts lists the cohorts that have labels ending at or after since.

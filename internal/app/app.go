@@ -28,7 +28,6 @@ import (
 	"github.com/traceops/trace/internal/chserver"
 	"github.com/traceops/trace/internal/config"
 	"github.com/traceops/trace/internal/embedded"
-	"github.com/traceops/trace/schemas"
 	"github.com/traceops/trace/sink"
 )
 
@@ -49,8 +48,9 @@ type App struct {
 	nats  *server.Server
 	ch    *chserver.Server
 
-	ready   sync.Once
-	readyCh chan struct{}
+	ready      sync.Once
+	readyCh    chan struct{}
+	background []Actor // actors the roles need (e.g. the LLM audit writer)
 }
 
 // Start brings up the infrastructure (embedded where nothing is configured),
@@ -263,7 +263,7 @@ func (a *App) Run(ctx context.Context, extra ...Actor) error {
 		})
 		a.Log.Info("serving dashboard, API and metrics", "url", "http://"+a.Cfg.HTTP.Addr+"/", "metrics", "http://"+a.Cfg.HTTP.Addr+"/metrics")
 	}
-	for _, x := range extra {
+	for _, x := range append(a.background, extra...) {
 		addActor(&g, ctx, x.Name, x.Run)
 	}
 	// The group ends when ctx ends (SIGTERM) or any actor returns.
@@ -335,5 +335,3 @@ func (a *App) Close() {
 		a.kfake.Close()
 	}
 }
-
-var _ = schemas.KindRollout

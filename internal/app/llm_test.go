@@ -1,0 +1,208 @@
+package app_test
+
+import (
+	"context"
+	"fmt"
+	"regexp"
+	"sort"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/traceops/trace/internal/config"
+	"github.com/traceops/trace/internal/llmtest"
+	"github.com/traceops/trace/internal/simulate"
+	"github.com/traceops/trace/internal/testenv"
+	"github.com/traceops/trace/schemas"
+)
+
+var rolloutIDRe = regexp.MustCompile(`rollout_id: (\S+)`)
+
+// TestLLMLabelingPipeline runs trace with the llm labeler against a local
+// OpenAI-protocol server that answers with the simulator's planted ground
+// truth and injects faults: 429, 500, malformed JSON, a missing capability,
+// an unknown capability name. Runs that never get a valid answer are
+// recorded as failed; the statistics come only from valid answers, and
+// every HTTP attempt is audited in llm_calls.
+func TestLLMLabelingPipeline(t *testing.T) {
+	if testing.Short() {
+		t.Skip("pipeline test")
+	}
+	const n, runs = 120, 3
+	ch := testenv.ClickHouse(t)
+	w := newWorld(t, ch.Addr, n)
+	byID := map[string]*schemas.Rollout{}
+	for _, r := range w.rollouts {
+		byID[r.RolloutID] = r
+	}
+	// Rollouts whose every answer is invalid: their runs must fail, unlabeled.
+	poisoned := map[string]bool{w.rollouts[5].RolloutID: true, w.rollouts[17].RolloutID: true}
+
+	srv := llmtest.New(t)
+	var mu sync.Mutex
+	seq := 0
+	truthLabel := func(req llmtest.Request, capability string) string {
+		m := rolloutIDRe.FindStringSubmatch(req.Chat.Prompt())
+		if m == nil {
+			return "NA"
+		}
+		tr, _ := simulate.TruthOf(byID[m[1]])
+		if l, ok := tr.Labels[capability]; ok {
+			return l
+		}
+		return "NA"
+	}
+	auto := llmtest.AutoLabels(truthLabel)
+	srv.Handle(func(req llmtest.Request) llmtest.Reply {
+		m := rolloutIDRe.FindStringSubmatch(req.Chat.Prompt())
+		if m != nil && poisoned[m[1]] {
+			return llmtest.Labels(llmtest.Label{Capability: "invented_capability_name", Label: "LACKING"})
+		}
+		mu.Lock()
+		seq++
+		k := seq
+		mu.Unlock()
+		switch k % 11 {
+		case 1:
+			return llmtest.RateLimitedMS(20)
+		case 3:
+			return llmtest.ServerError()
+		case 5:
+			return llmtest.Malformed()
+		case 7: // a capability missing
+			caps, _ := llmtest.SchemaCapabilities(req)
+			var pairs []llmtest.Label
+			for _, c := range caps[1:] {
+				pairs = append(pairs, llmtest.Label{Capability: c, Label: truthLabel(req, c)})
+			}
+			return llmtest.Labels(pairs...)
+		case 9: // an unknown capability name
+			return llmtest.Labels(llmtest.Label{Capability: "Precondition Verification", Label: "LACKING"})
+		}
+		return auto(req)
+	})
+	cfg := w.cfg
+	cfg.Analyzer.Labeler = "llm"
+	cfg.Analyzer.N, cfg.Analyzer.K = runs, 2
+	cfg.LLM = config.LLM{BaseURL: srv.URL, Model: "scripted", Timeout: 5 * time.Second, Concurrency: 4, Runs: runs, Structured: "json_schema"}
+	a, stop := w.start(t, cfg)
+
+	w.publish(t, 0, n)
+	deadline := time.Now().Add(3 * time.Minute)
+	for committed(t, cfg, cfg.Kafka.AnalyzeGroup) < int64(n) {
+		if time.Now().After(deadline) {
+			t.Fatal("the analyze stage did not get through the topic")
+		}
+		time.Sleep(300 * time.Millisecond)
+	}
+	time.Sleep(2 * time.Second) // the audit writer flushes every second
+	ctx := context.Background()
+	var poisonLabels uint64
+	a.Store.Conn().QueryRow(ctx, "SELECT count() FROM capability_labels WHERE rollout_id IN (?, ?)", w.rollouts[5].RolloutID, w.rollouts[17].RolloutID).Scan(&poisonLabels)
+	if poisonLabels != 0 {
+		t.Fatalf("%d labels invented for rollouts that never got a valid answer", poisonLabels)
+	}
+	// Every stored label is the planted truth; every run of every rollout
+	// that got valid answers is complete.
+	var wrong, total uint64
+	rows, err := a.Store.Conn().Query(ctx, "SELECT rollout_id, capability, run, label FROM capability_labels FINAL")
+	if err != nil {
+		t.Fatal(err)
+	}
+	perRollout := map[string]map[uint16]int{}
+	for rows.Next() {
+		var id, capName, label string
+		var run uint16
+		if err := rows.Scan(&id, &capName, &run, &label); err != nil {
+			t.Fatal(err)
+		}
+		total++
+		tr, _ := simulate.TruthOf(byID[id])
+		if tr.Labels[capName] != label {
+			wrong++
+		}
+		if perRollout[id] == nil {
+			perRollout[id] = map[uint16]int{}
+		}
+		perRollout[id][run]++
+	}
+	rows.Close()
+	validRuns := 0
+	for id, byRun := range perRollout {
+		for run, c := range byRun {
+			if c != 5 {
+				t.Errorf("rollout %s run %d has %d labels, want all 5 capabilities or none", id, run, c)
+			}
+			validRuns++
+		}
+	}
+	failedRuns := (n-len(poisoned))*runs - validRuns
+	if wrong != 0 || total != uint64(validRuns*5) || failedRuns < 0 || failedRuns > (n-len(poisoned))*runs/5 {
+		t.Fatalf("%d of %d labels differ from the truth; %d valid runs, %d failed runs", wrong, total, validRuns, failedRuns)
+	}
+	t.Logf("%d valid runs, %d runs failed after exhausting their attempts (recorded, not labeled)", validRuns, failedRuns)
+	var recordedFailed, recordedOK uint64
+	a.Store.Conn().QueryRow(ctx, "SELECT countIf(status = 'failed'), countIf(status = 'ok') FROM label_runs FINAL").Scan(&recordedFailed, &recordedOK)
+	if recordedFailed != uint64(failedRuns+len(poisoned)*runs) || recordedOK != uint64(validRuns) {
+		t.Fatalf("label_runs: %d failed and %d ok recorded, want %d and %d", recordedFailed, recordedOK, failedRuns+len(poisoned)*runs, validRuns)
+	}
+	// The audit has one row per HTTP attempt with the fault outcomes.
+	outcomes := map[string]uint64{}
+	r2, err := a.Store.Conn().Query(ctx, "SELECT outcome, count() FROM llm_calls GROUP BY outcome")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for r2.Next() {
+		var o string
+		var c uint64
+		r2.Scan(&o, &c)
+		outcomes[o] = c
+	}
+	r2.Close()
+	var attempts uint64
+	for _, c := range outcomes {
+		attempts += c
+	}
+	if attempts != uint64(len(srv.Requests())) {
+		t.Fatalf("llm_calls has %d rows for %d HTTP attempts: %v", attempts, len(srv.Requests()), outcomes)
+	}
+	for _, o := range []string{"ok", "http_429", "http_5xx", "invalid_json", "schema"} {
+		if outcomes[o] == 0 {
+			t.Errorf("no %s attempt audited: %v", o, outcomes)
+		}
+	}
+	var tokens uint64
+	a.Store.Conn().QueryRow(ctx, "SELECT sum(prompt_tokens + completion_tokens) FROM llm_calls WHERE outcome = 'ok'").Scan(&tokens)
+	if tokens == 0 {
+		t.Error("no tokens accounted")
+	}
+	keys := make([]string, 0, len(outcomes))
+	for k := range outcomes {
+		keys = append(keys, fmt.Sprintf("%s=%d", k, outcomes[k]))
+	}
+	sort.Strings(keys)
+	t.Logf("%d labels from %d HTTP attempts %v", total, attempts, keys)
+
+	// Redelivery with an LLM whose answers would now differ: nothing is asked
+	// again and no statistic changes.
+	before := observed(t, a.Store)
+	reqs := len(srv.Requests())
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	srv.Handle(llmtest.AutoLabels(func(llmtest.Request, string) string { return "LACKING" }))
+	cfg2 := cfg
+	cfg2.Kafka.AnalyzeGroup += "-again"
+	a2, stop2 := w.start(t, cfg2)
+	defer stop2()
+	deadline = time.Now().Add(time.Minute)
+	for committed(t, cfg2, cfg2.Kafka.AnalyzeGroup) < int64(n) && time.Now().Before(deadline) {
+		time.Sleep(200 * time.Millisecond)
+	}
+	if got := len(srv.Requests()) - reqs; got != 0 { // failed runs are recorded too: nothing is asked again
+		t.Fatalf("%d requests on redelivery: labeled rollouts must not be labeled again", got)
+	}
+	if after := observed(t, a2.Store); after != before {
+		t.Fatalf("redelivery changed the statistics:\n%s\n%s", before, after)
+	}
+}

@@ -1,0 +1,556 @@
+package llm
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math"
+	"net"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/cenkalti/backoff/v4"
+	"golang.org/x/time/rate"
+
+	"github.com/traceops/trace/sink"
+)
+
+// maxResponseBytes bounds one response body.
+const maxResponseBytes = 16 << 20
+
+// Message is one chat message.
+type Message struct {
+	Role    string `json:"role"` // system | user | assistant
+	Content string `json:"content"`
+}
+
+// Request is one chat completion to obtain. Every attempt sends the same
+// body as a new, independent HTTP request: the server keeps no conversation.
+type Request struct {
+	// Purpose, RolloutID and Run only label the audit rows ("label",
+	// "discover", "route", …).
+	Purpose   string
+	RolloutID string
+	Run       int
+
+	Messages []Message
+
+	// Schema is the JSON Schema the answer must satisfy. When set, the
+	// answer must be one JSON value (after stripping a ``` fence) that the
+	// schema accepts and that repeats no object key; the schema is also sent
+	// as response_format according to Config.StructuredOutput.
+	Schema json.RawMessage
+	// SchemaName names the schema in json_schema mode (^[a-zA-Z0-9_-]{1,64}$).
+	// Default "response".
+	SchemaName string
+	// Validate, when set, is the caller's check of the (fence-stripped)
+	// answer, run after the schema check. An error makes the attempt fail and
+	// be retried with a fresh request; wrap ErrInvalidJSON to record it as
+	// invalid_json rather than schema.
+	Validate func(content string) error
+
+	// Temperature overrides Config.Temperature; MaxTokens overrides
+	// Config.MaxTokens when > 0.
+	Temperature *float64
+	MaxTokens   int
+	// Logprobs asks for the log probabilities of the answer's tokens and
+	// TopLogprobs (0–20) alternatives for each.
+	Logprobs    bool
+	TopLogprobs int
+}
+
+// TopLogprob is one alternative token with its log probability.
+type TopLogprob struct {
+	Token   string  `json:"token"`
+	Logprob float64 `json:"logprob"`
+}
+
+// TokenLogprob is one token of the answer with its log probability.
+type TokenLogprob struct {
+	Token       string       `json:"token"`
+	Logprob     float64      `json:"logprob"`
+	TopLogprobs []TopLogprob `json:"top_logprobs,omitempty"`
+}
+
+// Response is the accepted answer of a Chat call.
+type Response struct {
+	// Content is the accepted answer with a surrounding ``` fence removed;
+	// Raw is the answer as the server sent it.
+	Content string
+	Raw     string
+	// Model is the model name the server reports; FinishReason its
+	// finish_reason ("stop", "length", …).
+	Model        string
+	FinishReason string
+	// Token usage (from "usage") of the accepted attempt, and summed over
+	// every attempt of the call.
+	PromptTokens, CompletionTokens           int
+	TotalPromptTokens, TotalCompletionTokens int
+	// Logprobs of the answer's tokens, when requested and returned.
+	Logprobs []TokenLogprob
+	// Attempts is the number of HTTP attempts the call made (1 = first try).
+	Attempts int
+	// Latency of the accepted attempt.
+	Latency time.Duration
+}
+
+// Client is an OpenAI chat-completions client. It is safe for concurrent use;
+// all calls share its concurrency bound and rate limit.
+type Client struct {
+	cfg      Config
+	chatURL  string
+	endpoint string // redacted base URL, for audit rows and errors
+	http     *http.Client
+	sem      chan struct{}
+	limiter  *rate.Limiter
+	log      *slog.Logger
+	schemas  schemaCache
+}
+
+// New validates cfg (after WithDefaults) and returns a client.
+func New(cfg Config) (*Client, error) {
+	cfg = cfg.WithDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	c := &Client{
+		cfg:      cfg,
+		chatURL:  cfg.BaseURL + "/chat/completions",
+		endpoint: redactURL(cfg.BaseURL),
+		http:     cfg.HTTPClient,
+		sem:      make(chan struct{}, cfg.Concurrency),
+		log:      cfg.Logger,
+	}
+	if c.http == nil {
+		tr := http.DefaultTransport.(*http.Transport).Clone()
+		tr.MaxIdleConnsPerHost = cfg.Concurrency
+		c.http = &http.Client{Transport: tr}
+	}
+	if c.log == nil {
+		c.log = slog.New(slog.DiscardHandler)
+	}
+	if cfg.RatePerSecond > 0 {
+		c.limiter = rate.NewLimiter(rate.Limit(cfg.RatePerSecond), 1)
+	}
+	return c, nil
+}
+
+// Model is the configured model name.
+func (c *Client) Model() string { return c.cfg.Model }
+
+// Endpoint is the base URL without credentials, as recorded in audit rows.
+func (c *Client) Endpoint() string { return c.endpoint }
+
+// StructuredOutput is the configured structured-output mode.
+func (c *Client) StructuredOutput() StructuredOutput { return c.cfg.StructuredOutput }
+
+// PromptHash is the hex sha256 of the JSON encoding of msgs: equal prompts
+// have equal hashes, so audit rows can be grouped without storing prompts.
+func PromptHash(msgs []Message) string {
+	b, _ := json.Marshal(msgs)
+	h := sha256.Sum256(b)
+	return hex.EncodeToString(h[:])
+}
+
+// Chat obtains one accepted answer for req.
+//
+// Attempts that end in a 429 (after the server's Retry-After, capped by
+// MaxRetryAfter), a 5xx, a timeout, a connection error, or an answer that
+// is not JSON or that the schema or req.Validate rejects are retried with
+// capped exponential backoff, up to MaxAttempts in all. Any other non-2xx
+// status is returned at once. Every attempt is recorded through the
+// Recorder. When no attempt succeeds the error is an *Error listing what
+// each attempt ended with. A cancelled ctx stops the call and returns an
+// error wrapping ctx.Err().
+func (c *Client) Chat(ctx context.Context, req Request) (Response, error) {
+	if len(req.Messages) == 0 {
+		return Response{}, fmt.Errorf("llm %s: request has no messages", req.Purpose)
+	}
+	var sch *compiledSchema
+	if len(req.Schema) > 0 {
+		var err error
+		if sch, err = c.schemas.get(req.Schema); err != nil {
+			return Response{}, fmt.Errorf("llm %s: request schema: %w", req.Purpose, err)
+		}
+	}
+	body, err := c.body(req)
+	if err != nil {
+		return Response{}, fmt.Errorf("llm %s: %w", req.Purpose, err)
+	}
+	hash := PromptHash(req.Messages)
+
+	b := &backoff.ExponentialBackOff{
+		InitialInterval:     c.cfg.BackoffInitial,
+		RandomizationFactor: backoff.DefaultRandomizationFactor,
+		Multiplier:          backoff.DefaultMultiplier,
+		MaxInterval:         c.cfg.BackoffMax,
+		MaxElapsedTime:      0,
+		Stop:                backoff.Stop,
+		Clock:               backoff.SystemClock,
+	}
+	b.Reset()
+
+	var (
+		outcomes         []string
+		totalIn, totalOu int
+	)
+	for attempt := 1; ; attempt++ {
+		res := c.attempt(ctx, req, body, hash, attempt, sch)
+		totalIn += res.promptTokens
+		totalOu += res.completionTokens
+		if res.outcome == OutcomeOK {
+			r := res.resp
+			r.Attempts = attempt
+			r.TotalPromptTokens, r.TotalCompletionTokens = totalIn, totalOu
+			return r, nil
+		}
+		if ctx.Err() != nil {
+			return Response{}, fmt.Errorf("llm %s: attempt %d: %w", req.Purpose, attempt, context.Cause(ctx))
+		}
+		outcomes = append(outcomes, res.outcome)
+		if !res.retryable || attempt >= c.cfg.MaxAttempts {
+			return Response{Attempts: attempt, TotalPromptTokens: totalIn, TotalCompletionTokens: totalOu},
+				&Error{Purpose: req.Purpose, Attempts: attempt, Outcomes: outcomes, Status: res.status, Retryable: res.retryable, Err: res.err}
+		}
+		wait := b.NextBackOff()
+		if res.retryAfter > 0 {
+			wait = min(res.retryAfter, c.cfg.MaxRetryAfter)
+		}
+		c.log.Warn("llm attempt failed, retrying", "purpose", req.Purpose, "rollout_id", req.RolloutID, "run", req.Run,
+			"attempt", attempt, "outcome", res.outcome, "error", res.err, "wait", wait)
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return Response{}, fmt.Errorf("llm %s: waiting to retry: %w", req.Purpose, context.Cause(ctx))
+		case <-t.C:
+		}
+	}
+}
+
+type wireRequest struct {
+	Model          string    `json:"model"`
+	Messages       []Message `json:"messages"`
+	Temperature    *float64  `json:"temperature,omitempty"`
+	MaxTokens      int       `json:"max_tokens,omitempty"`
+	Logprobs       bool      `json:"logprobs,omitempty"`
+	TopLogprobs    int       `json:"top_logprobs,omitempty"`
+	ResponseFormat any       `json:"response_format,omitempty"`
+}
+
+func (c *Client) body(req Request) ([]byte, error) {
+	w := wireRequest{Model: c.cfg.Model, Messages: req.Messages, Temperature: c.cfg.Temperature, MaxTokens: c.cfg.MaxTokens}
+	if req.Temperature != nil {
+		w.Temperature = req.Temperature
+	}
+	if req.MaxTokens > 0 {
+		w.MaxTokens = req.MaxTokens
+	}
+	if req.Logprobs {
+		w.Logprobs = true
+		w.TopLogprobs = req.TopLogprobs
+	}
+	if len(req.Schema) > 0 {
+		name := req.SchemaName
+		if name == "" {
+			name = "response"
+		}
+		switch c.cfg.StructuredOutput {
+		case StructuredJSONSchema:
+			w.ResponseFormat = map[string]any{"type": "json_schema", "json_schema": map[string]any{"name": name, "schema": req.Schema, "strict": true}}
+		case StructuredJSONObject:
+			w.ResponseFormat = map[string]any{"type": "json_object"}
+		case StructuredJSONObjectSchema:
+			w.ResponseFormat = map[string]any{"type": "json_object", "schema": req.Schema}
+		}
+	}
+	return json.Marshal(w)
+}
+
+type attemptResult struct {
+	outcome                        string
+	retryable                      bool
+	status                         int
+	retryAfter                     time.Duration
+	promptTokens, completionTokens int
+	err                            error
+	resp                           Response
+}
+
+type wireResponse struct {
+	Model   string `json:"model"`
+	Choices []struct {
+		Message struct {
+			Content *string `json:"content"`
+			Refusal *string `json:"refusal"`
+		} `json:"message"`
+		FinishReason string `json:"finish_reason"`
+		Logprobs     *struct {
+			Content []TokenLogprob `json:"content"`
+		} `json:"logprobs"`
+	} `json:"choices"`
+	Usage *struct {
+		PromptTokens     int `json:"prompt_tokens"`
+		CompletionTokens int `json:"completion_tokens"`
+	} `json:"usage"`
+}
+
+// attempt makes one HTTP attempt and records it.
+func (c *Client) attempt(ctx context.Context, req Request, body []byte, hash string, attempt int, sch *compiledSchema) (res attemptResult) {
+	// A slot of the concurrency bound, then a token of the rate limit: the
+	// token is spent right before the request goes out.
+	select {
+	case c.sem <- struct{}{}:
+	case <-ctx.Done():
+		return attemptResult{outcome: OutcomeCanceled, err: ctx.Err()}
+	}
+	defer func() { <-c.sem }()
+	if c.limiter != nil {
+		if err := c.limiter.Wait(ctx); err != nil {
+			if ctx.Err() != nil {
+				return attemptResult{outcome: OutcomeCanceled, err: ctx.Err()}
+			}
+			return attemptResult{outcome: OutcomeTimeout, err: fmt.Errorf("rate limit: %w", err)}
+		}
+	}
+
+	start := time.Now()
+	defer func() { c.record(ctx, req, hash, attempt, start, res) }()
+
+	actx, cancel := context.WithTimeout(ctx, c.cfg.Timeout)
+	defer cancel()
+	hreq, err := http.NewRequestWithContext(actx, http.MethodPost, c.chatURL, bytes.NewReader(body))
+	if err != nil {
+		return attemptResult{outcome: OutcomeNetwork, err: c.redactErr(err)}
+	}
+	hreq.Header.Set("Content-Type", "application/json")
+	hreq.Header.Set("Accept", "application/json")
+	if c.cfg.APIKey != "" {
+		hreq.Header.Set("Authorization", "Bearer "+c.cfg.APIKey.Reveal())
+	}
+	hresp, err := c.http.Do(hreq)
+	if err != nil {
+		return c.transportFailure(ctx, actx, err)
+	}
+	data, err := io.ReadAll(io.LimitReader(hresp.Body, maxResponseBytes+1))
+	hresp.Body.Close()
+	if err != nil {
+		r := c.transportFailure(ctx, actx, err)
+		r.status = hresp.StatusCode
+		return r
+	}
+	latency := time.Since(start)
+
+	switch s := hresp.StatusCode; {
+	case s == http.StatusTooManyRequests:
+		return attemptResult{outcome: OutcomeHTTP429, retryable: true, status: s, retryAfter: retryAfter(hresp.Header, time.Now()),
+			err: &StatusError{Status: s, Message: c.errorMessage(data)}}
+	case s >= 500:
+		return attemptResult{outcome: OutcomeHTTP5xx, retryable: true, status: s, retryAfter: retryAfter(hresp.Header, time.Now()),
+			err: &StatusError{Status: s, Message: c.errorMessage(data)}}
+	case s < 200 || s > 299:
+		return attemptResult{outcome: OutcomeHTTP4xx, status: s, err: &StatusError{Status: s, Message: c.errorMessage(data)}}
+	}
+	res.status = hresp.StatusCode
+	if len(data) > maxResponseBytes {
+		res.outcome, res.retryable, res.err = OutcomeInvalidJSON, true, fmt.Errorf("%w: response body exceeds %d bytes", ErrInvalidJSON, maxResponseBytes)
+		return res
+	}
+	var wr wireResponse
+	if err := json.Unmarshal(data, &wr); err != nil {
+		res.outcome, res.retryable, res.err = OutcomeInvalidJSON, true, fmt.Errorf("%w: response envelope: %v (body %q)", ErrInvalidJSON, err, cut(string(data), 120))
+		return res
+	}
+	if wr.Usage != nil {
+		res.promptTokens, res.completionTokens = wr.Usage.PromptTokens, wr.Usage.CompletionTokens
+	}
+	if len(wr.Choices) == 0 {
+		res.outcome, res.retryable, res.err = OutcomeInvalidJSON, true, fmt.Errorf("%w: response has no choices", ErrInvalidJSON)
+		return res
+	}
+	ch := wr.Choices[0]
+	if ch.Message.Content == nil {
+		msg := "answer has no content"
+		if ch.Message.Refusal != nil {
+			msg = "model refused: " + cut(*ch.Message.Refusal, 200)
+		}
+		res.outcome, res.retryable, res.err = OutcomeSchema, true, fmt.Errorf("%w: %s (finish_reason %q)", ErrSchema, msg, ch.FinishReason)
+		return res
+	}
+	raw := *ch.Message.Content
+	content := StripFences(raw)
+	if err := checkAnswer(content, sch, req.Validate); err != nil {
+		res.outcome, res.retryable = OutcomeSchema, true
+		if errors.Is(err, ErrInvalidJSON) {
+			res.outcome = OutcomeInvalidJSON
+		}
+		if ch.FinishReason == "length" {
+			err = fmt.Errorf("%w (answer cut at max_tokens: finish_reason length)", err)
+		}
+		res.err = err
+		return res
+	}
+	res.outcome = OutcomeOK
+	res.resp = Response{
+		Content: content, Raw: raw, Model: wr.Model, FinishReason: ch.FinishReason,
+		PromptTokens: res.promptTokens, CompletionTokens: res.completionTokens, Latency: latency,
+	}
+	if ch.Logprobs != nil {
+		res.resp.Logprobs = ch.Logprobs.Content
+	}
+	return res
+}
+
+// checkAnswer applies the JSON, schema, duplicate-key and caller checks.
+func checkAnswer(content string, sch *compiledSchema, validate func(string) error) error {
+	if sch != nil {
+		if !json.Valid([]byte(content)) {
+			return fmt.Errorf("%w: answer is not one JSON value: %q", ErrInvalidJSON, cut(content, 120))
+		}
+		if err := sch.validate(content); err != nil {
+			// The caller's check usually says more precisely what is wrong
+			// (which capability, which id); prefer it when it also objects.
+			if validate != nil {
+				if verr := validate(content); verr != nil && !errors.Is(verr, ErrInvalidJSON) {
+					if errors.Is(verr, ErrSchema) {
+						return verr
+					}
+					return fmt.Errorf("%w: %w", ErrSchema, verr)
+				}
+			}
+			return fmt.Errorf("%w: %v (answer %q)", ErrSchema, err, cut(content, 160))
+		}
+		if err := CheckDuplicateKeys([]byte(content)); err != nil {
+			return fmt.Errorf("%w: %v (answer %q)", ErrSchema, err, cut(content, 160))
+		}
+	}
+	if validate != nil {
+		if err := validate(content); err != nil {
+			if errors.Is(err, ErrInvalidJSON) || errors.Is(err, ErrSchema) {
+				return err
+			}
+			return fmt.Errorf("%w: %w", ErrSchema, err)
+		}
+	}
+	return nil
+}
+
+// transportFailure classifies an error of Do or of reading the body.
+func (c *Client) transportFailure(ctx, actx context.Context, err error) attemptResult {
+	if ctx.Err() != nil {
+		return attemptResult{outcome: OutcomeCanceled, err: ctx.Err()}
+	}
+	var ne net.Error
+	if errors.Is(actx.Err(), context.DeadlineExceeded) || errors.Is(err, context.DeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout()) {
+		return attemptResult{outcome: OutcomeTimeout, retryable: true, err: fmt.Errorf("no answer from %s within %v", c.endpoint, c.cfg.Timeout)}
+	}
+	return attemptResult{outcome: OutcomeNetwork, retryable: true, err: fmt.Errorf("POST %s/chat/completions: %w", c.endpoint, c.redactErr(unwrapURLError(err)))}
+}
+
+// unwrapURLError drops *url.Error's wrapper, whose text repeats the request
+// URL (which may carry a user name); the caller names the redacted endpoint.
+func unwrapURLError(err error) error {
+	var ue *url.Error
+	if errors.As(err, &ue) && ue.Err != nil {
+		return ue.Err
+	}
+	return err
+}
+
+// record writes the audit row of one attempt.
+func (c *Client) record(ctx context.Context, req Request, hash string, attempt int, start time.Time, res attemptResult) {
+	if c.cfg.Recorder == nil {
+		return
+	}
+	row := sink.LLMCall{
+		TS: start, Purpose: req.Purpose, Model: c.cfg.Model, Endpoint: c.endpoint,
+		PromptHash: hash, RolloutID: req.RolloutID, Run: uint16(max(req.Run, 0)), Attempt: uint8(min(attempt, math.MaxUint8)),
+		PromptTokens: uint32(max(res.promptTokens, 0)), CompletionTokens: uint32(max(res.completionTokens, 0)),
+		LatencyMS: uint32(min(time.Since(start).Milliseconds(), math.MaxUint32)), Outcome: res.outcome,
+	}
+	if res.err != nil {
+		row.Error = cut(c.redact(res.err.Error()), 500)
+	}
+	c.cfg.Recorder.RecordLLMCall(context.WithoutCancel(ctx), row)
+}
+
+// errorMessage extracts the OpenAI error message of a non-2xx body.
+func (c *Client) errorMessage(data []byte) string {
+	var e struct {
+		Error json.RawMessage `json:"error"`
+	}
+	msg := strings.TrimSpace(string(data))
+	if json.Unmarshal(data, &e) == nil && len(e.Error) > 0 {
+		var obj struct {
+			Message string `json:"message"`
+		}
+		var s string
+		if json.Unmarshal(e.Error, &obj) == nil && obj.Message != "" {
+			msg = obj.Message
+		} else if json.Unmarshal(e.Error, &s) == nil {
+			msg = s
+		}
+	}
+	return cut(c.redact(msg), 300)
+}
+
+// redact removes the API key from s (a server may echo it in an error).
+func (c *Client) redact(s string) string {
+	if k := c.cfg.APIKey.Reveal(); len(k) >= 4 {
+		s = strings.ReplaceAll(s, k, redacted)
+	}
+	return s
+}
+
+func (c *Client) redactErr(err error) error {
+	if err == nil {
+		return nil
+	}
+	if s := c.redact(err.Error()); s != err.Error() {
+		return errors.New(s)
+	}
+	return err
+}
+
+// retryAfter reads retry-after-ms (OpenAI) or Retry-After (seconds or an
+// HTTP date). 0 means the server did not say.
+func retryAfter(h http.Header, now time.Time) time.Duration {
+	if v := strings.TrimSpace(h.Get("Retry-After-Ms")); v != "" {
+		if ms, err := strconv.ParseFloat(v, 64); err == nil && ms > 0 && ms < 1e9 {
+			return time.Duration(ms * float64(time.Millisecond))
+		}
+	}
+	v := strings.TrimSpace(h.Get("Retry-After"))
+	if v == "" {
+		return 0
+	}
+	if s, err := strconv.ParseFloat(v, 64); err == nil {
+		if s <= 0 || s > 1e6 {
+			return 0
+		}
+		return time.Duration(s * float64(time.Second))
+	}
+	if t, err := http.ParseTime(v); err == nil && t.After(now) {
+		return t.Sub(now)
+	}
+	return 0
+}
+
+// cut shortens s to n runes, marking the cut.
+func cut(s string, n int) string {
+	if utf8.RuneCountInString(s) <= n {
+		return s
+	}
+	r := []rune(s)
+	return string(r[:n]) + "…"
+}

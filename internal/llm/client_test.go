@@ -1,0 +1,622 @@
+package llm_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/traceops/trace/internal/llm"
+	"github.com/traceops/trace/internal/llmtest"
+	"github.com/traceops/trace/sink"
+)
+
+const testKey = "sk-test-S3CRET-0123456789"
+
+var objSchema = json.RawMessage(`{"type":"object","additionalProperties":false,"required":["answer"],"properties":{"answer":{"type":"string","enum":["yes","no"]}}}`)
+
+// newClient returns a client of srv with fast backoff, the test key and a
+// buffer recorder; mutate adjusts the config.
+func newClient(t *testing.T, srv *llmtest.Server, mutate func(*llm.Config)) (*llm.Client, *llm.BufferRecorder) {
+	t.Helper()
+	rec := &llm.BufferRecorder{}
+	cfg := llm.Config{
+		BaseURL: srv.URL, Model: "test-model", APIKey: testKey,
+		BackoffInitial: time.Millisecond, BackoffMax: 5 * time.Millisecond,
+		Timeout: 5 * time.Second, Recorder: rec,
+	}
+	if mutate != nil {
+		mutate(&cfg)
+	}
+	c, err := llm.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c, rec
+}
+
+func ask(schema json.RawMessage) llm.Request {
+	return llm.Request{Purpose: "test", RolloutID: "r-1", Run: 3, Schema: schema,
+		Messages: []llm.Message{{Role: "user", Content: "Answer yes or no as JSON."}}}
+}
+
+func outcomes(calls []sink.LLMCall) []string {
+	out := make([]string, len(calls))
+	for i, c := range calls {
+		out[i] = c.Outcome
+	}
+	return out
+}
+
+func equal(a, b []string) bool { return strings.Join(a, ",") == strings.Join(b, ",") }
+
+func TestChatOKTokensHeadersAndFormat(t *testing.T) {
+	srv := llmtest.New(t)
+	srv.Enqueue(llmtest.Reply{Content: `{"answer":"yes"}`, PromptTokens: 120, CompletionTokens: 7})
+	c, rec := newClient(t, srv, nil)
+	resp, err := c.Chat(context.Background(), ask(objSchema))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.Content != `{"answer":"yes"}` || resp.Attempts != 1 || resp.PromptTokens != 120 || resp.CompletionTokens != 7 ||
+		resp.TotalPromptTokens != 120 || resp.TotalCompletionTokens != 7 || resp.Model != llmtest.DefaultModel || resp.FinishReason != "stop" {
+		t.Fatalf("response %+v", resp)
+	}
+	reqs := srv.Requests()
+	if len(reqs) != 1 {
+		t.Fatalf("%d requests", len(reqs))
+	}
+	r := reqs[0]
+	if got := r.Header.Get("Authorization"); got != "Bearer "+testKey {
+		t.Fatalf("Authorization %q", got)
+	}
+	if r.Chat.Model != "test-model" || r.Chat.Temperature == nil || *r.Chat.Temperature != 1.0 {
+		t.Fatalf("model %q temperature %v", r.Chat.Model, r.Chat.Temperature)
+	}
+	var rf struct {
+		Type       string `json:"type"`
+		JSONSchema struct {
+			Name   string          `json:"name"`
+			Strict bool            `json:"strict"`
+			Schema json.RawMessage `json:"schema"`
+		} `json:"json_schema"`
+	}
+	if err := json.Unmarshal(r.Chat.ResponseFormat, &rf); err != nil {
+		t.Fatal(err)
+	}
+	if rf.Type != "json_schema" || rf.JSONSchema.Name != "response" || !rf.JSONSchema.Strict || !bytes.Equal(rf.JSONSchema.Schema, objSchema) {
+		t.Fatalf("response_format %s", r.Chat.ResponseFormat)
+	}
+	calls := rec.Drain()
+	if len(calls) != 1 {
+		t.Fatalf("%d audit rows", len(calls))
+	}
+	a := calls[0]
+	if a.Outcome != llm.OutcomeOK || a.PromptTokens != 120 || a.CompletionTokens != 7 || a.Attempt != 1 || a.Run != 3 ||
+		a.RolloutID != "r-1" || a.Purpose != "test" || a.Model != "test-model" || a.Endpoint != srv.URL ||
+		a.PromptHash != llm.PromptHash(ask(nil).Messages) || len(a.PromptHash) != 64 || a.TS.IsZero() {
+		t.Fatalf("audit row %+v", a)
+	}
+	if rest := rec.Drain(); len(rest) != 0 {
+		t.Fatalf("Drain did not forget: %d rows", len(rest))
+	}
+}
+
+func TestRetriesThenSucceeds(t *testing.T) {
+	for _, tt := range []struct {
+		name    string
+		script  []llmtest.Reply
+		timeout time.Duration
+		want    []string
+	}{
+		{"429 with retry-after-ms", []llmtest.Reply{llmtest.RateLimitedMS(20)}, 0, []string{"http_429", "ok"}},
+		{"500", []llmtest.Reply{llmtest.ServerError()}, 0, []string{"http_5xx", "ok"}},
+		{"503 then 429", []llmtest.Reply{llmtest.Status(503, "overloaded"), llmtest.RateLimited("")}, 0, []string{"http_5xx", "http_429", "ok"}},
+		{"timeout", []llmtest.Reply{llmtest.Slow(3*time.Second, llmtest.Text(`{"answer":"no"}`))}, 150 * time.Millisecond, []string{"timeout", "ok"}},
+		{"malformed JSON", []llmtest.Reply{llmtest.Malformed()}, 0, []string{"invalid_json", "ok"}},
+		{"schema violation", []llmtest.Reply{llmtest.Text(`{"answer":"maybe"}`)}, 0, []string{"schema", "ok"}},
+		{"extra key", []llmtest.Reply{llmtest.Text(`{"answer":"yes","why":"x"}`)}, 0, []string{"schema", "ok"}},
+		{"duplicate key", []llmtest.Reply{llmtest.Text(`{"answer":"no","answer":"yes"}`)}, 0, []string{"schema", "ok"}},
+		{"prose around JSON", []llmtest.Reply{llmtest.Text("Sure! {\"answer\":\"yes\"}")}, 0, []string{"invalid_json", "ok"}},
+		{"null content", []llmtest.Reply{{NullContent: true}}, 0, []string{"schema", "ok"}},
+		{"broken envelope", []llmtest.Reply{{Body: `{"choices": [`}}, 0, []string{"invalid_json", "ok"}},
+		{"no choices", []llmtest.Reply{{Body: `{"choices": []}`}}, 0, []string{"invalid_json", "ok"}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			srv := llmtest.New(t)
+			srv.Enqueue(tt.script...)
+			srv.Enqueue(llmtest.Reply{Content: `{"answer":"yes"}`, PromptTokens: 10, CompletionTokens: 3})
+			c, rec := newClient(t, srv, func(cfg *llm.Config) {
+				if tt.timeout > 0 {
+					cfg.Timeout = tt.timeout
+				}
+			})
+			resp, err := c.Chat(context.Background(), ask(objSchema))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if resp.Attempts != len(tt.want) || resp.Content != `{"answer":"yes"}` {
+				t.Fatalf("attempts %d content %q", resp.Attempts, resp.Content)
+			}
+			calls := rec.Drain()
+			if got := outcomes(calls); !equal(got, tt.want) {
+				t.Fatalf("audit outcomes %v, want %v", got, tt.want)
+			}
+			for i, c := range calls {
+				if int(c.Attempt) != i+1 {
+					t.Fatalf("row %d has attempt %d", i, c.Attempt)
+				}
+				if c.Outcome != "ok" && c.Error == "" {
+					t.Fatalf("row %d (%s) has no error text", i, c.Outcome)
+				}
+			}
+			if len(srv.Requests()) != len(tt.want) {
+				t.Fatalf("%d requests, want %d", len(srv.Requests()), len(tt.want))
+			}
+			// Every attempt is the same, fresh request.
+			for _, r := range srv.Requests() {
+				if !bytes.Equal(r.Body, srv.Requests()[0].Body) {
+					t.Fatal("retry sent a different body")
+				}
+			}
+		})
+	}
+}
+
+func TestTokensSummedOverAttempts(t *testing.T) {
+	srv := llmtest.New(t)
+	srv.Enqueue(llmtest.Reply{Content: `{"answer":"perhaps"}`, PromptTokens: 100, CompletionTokens: 9},
+		llmtest.Reply{Content: `{"answer":"no"}`, PromptTokens: 100, CompletionTokens: 5})
+	c, rec := newClient(t, srv, nil)
+	resp, err := c.Chat(context.Background(), ask(objSchema))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.PromptTokens != 100 || resp.CompletionTokens != 5 || resp.TotalPromptTokens != 200 || resp.TotalCompletionTokens != 14 {
+		t.Fatalf("%+v", resp)
+	}
+	calls := rec.Drain()
+	if calls[0].CompletionTokens != 9 || calls[1].CompletionTokens != 5 || calls[0].Outcome != "schema" {
+		t.Fatalf("%+v", calls)
+	}
+}
+
+func TestRetryAfterSecondsHonoured(t *testing.T) {
+	srv := llmtest.New(t)
+	srv.Enqueue(llmtest.RateLimited("1"), llmtest.Text(`{"answer":"yes"}`))
+	c, _ := newClient(t, srv, nil) // backoff would be ~1ms
+	start := time.Now()
+	if _, err := c.Chat(context.Background(), ask(objSchema)); err != nil {
+		t.Fatal(err)
+	}
+	if d := time.Since(start); d < 950*time.Millisecond {
+		t.Fatalf("retried after %v, the server asked for 1s", d)
+	}
+}
+
+func TestMaxRetryAfterCaps(t *testing.T) {
+	srv := llmtest.New(t)
+	srv.Enqueue(llmtest.RateLimited("3600"), llmtest.Text(`{"answer":"yes"}`))
+	c, _ := newClient(t, srv, func(cfg *llm.Config) { cfg.MaxRetryAfter = 50 * time.Millisecond })
+	start := time.Now()
+	if _, err := c.Chat(context.Background(), ask(objSchema)); err != nil {
+		t.Fatal(err)
+	}
+	if d := time.Since(start); d > 2*time.Second {
+		t.Fatalf("waited %v despite MaxRetryAfter 50ms", d)
+	}
+}
+
+func TestNoRetryOn4xx(t *testing.T) {
+	for _, code := range []int{400, 401, 404, 422} {
+		t.Run(fmt.Sprint(code), func(t *testing.T) {
+			srv := llmtest.New(t)
+			srv.Enqueue(llmtest.Status(code, "bad things"), llmtest.Text(`{"answer":"yes"}`))
+			c, rec := newClient(t, srv, nil)
+			_, err := c.Chat(context.Background(), ask(objSchema))
+			var le *llm.Error
+			if !errors.As(err, &le) {
+				t.Fatalf("error %v is not *llm.Error", err)
+			}
+			if le.Retryable || le.Attempts != 1 || le.Status != code || le.Outcome() != llm.OutcomeHTTP4xx {
+				t.Fatalf("%+v", le)
+			}
+			var se *llm.StatusError
+			if !errors.As(err, &se) || se.Status != code || se.Message != "bad things" {
+				t.Fatalf("status error %v", se)
+			}
+			if !strings.Contains(err.Error(), "not retried") || !strings.Contains(err.Error(), "bad things") {
+				t.Fatalf("error text %q", err)
+			}
+			if n := len(srv.Requests()); n != 1 {
+				t.Fatalf("%d requests", n)
+			}
+			if got := outcomes(rec.Drain()); !equal(got, []string{"http_4xx"}) {
+				t.Fatalf("audit %v", got)
+			}
+		})
+	}
+}
+
+func TestAttemptsExhausted(t *testing.T) {
+	srv := llmtest.New(t)
+	srv.Enqueue(llmtest.ServerError(), llmtest.RateLimited(""), llmtest.Malformed(), llmtest.Text(`{"answer":"perhaps"}`), llmtest.Text(`{"answer":"yes"}`))
+	c, rec := newClient(t, srv, nil)
+	resp, err := c.Chat(context.Background(), ask(objSchema))
+	var le *llm.Error
+	if !errors.As(err, &le) {
+		t.Fatalf("error %v", err)
+	}
+	want := []string{"http_5xx", "http_429", "invalid_json", "schema"}
+	if !le.Retryable || le.Attempts != 4 || !equal(le.Outcomes, want) || !errors.Is(err, llm.ErrSchema) {
+		t.Fatalf("%+v", le)
+	}
+	for _, s := range []string{"gave up after 4 attempts", "http_5xx, http_429, invalid_json, schema", "perhaps"} {
+		if !strings.Contains(err.Error(), s) {
+			t.Fatalf("error %q lacks %q", err, s)
+		}
+	}
+	if resp.Attempts != 4 || resp.Content != "" {
+		t.Fatalf("%+v", resp)
+	}
+	if got := outcomes(rec.Drain()); !equal(got, want) {
+		t.Fatalf("audit %v", got)
+	}
+	if srv.Pending() != 1 {
+		t.Fatal("made a fifth attempt")
+	}
+}
+
+func TestCallerValidateRetried(t *testing.T) {
+	srv := llmtest.New(t)
+	srv.Enqueue(llmtest.Text(`{"answer":"no"}`), llmtest.Text("not json at all"), llmtest.Text(`{"answer":"yes"}`))
+	c, rec := newClient(t, srv, nil)
+	req := ask(nil) // no schema: only the caller's check
+	req.Validate = func(content string) error {
+		var v struct{ Answer string }
+		if err := json.Unmarshal([]byte(content), &v); err != nil {
+			return fmt.Errorf("%w: %v", llm.ErrInvalidJSON, err)
+		}
+		if v.Answer != "yes" {
+			return errors.New("want yes")
+		}
+		return nil
+	}
+	resp, err := c.Chat(context.Background(), req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := outcomes(rec.Drain()); !equal(got, []string{"schema", "invalid_json", "ok"}) || resp.Attempts != 3 {
+		t.Fatalf("audit %v", got)
+	}
+	if srv.Requests()[0].Chat.ResponseFormat != nil {
+		t.Fatal("response_format sent without a schema")
+	}
+}
+
+func TestFencedAnswerAccepted(t *testing.T) {
+	srv := llmtest.New(t)
+	srv.Enqueue(llmtest.Text("```json\n{\"answer\":\"yes\"}\n```\n"))
+	c, _ := newClient(t, srv, nil)
+	resp, err := c.Chat(context.Background(), ask(objSchema))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.Content != `{"answer":"yes"}` || !strings.HasPrefix(resp.Raw, "```json") {
+		t.Fatalf("%q / %q", resp.Content, resp.Raw)
+	}
+}
+
+func TestStripFences(t *testing.T) {
+	for _, tt := range []struct{ in, want string }{
+		{`{"a":1}`, `{"a":1}`},
+		{"  {\"a\":1}\n", `{"a":1}`},
+		{"```json\n{\"a\":1}\n```", `{"a":1}`},
+		{"```JSON\n{\"a\":1}\n```  \n", `{"a":1}`},
+		{"```\n[1,2]\n```", `[1,2]`},
+		{"```json\n{\"a\":1}", "```json\n{\"a\":1}"}, // unterminated: untouched
+		{"Here you go:\n```json\n{\"a\":1}\n```", "Here you go:\n```json\n{\"a\":1}\n```"}, // prose: untouched
+		{"```json\n{}\n```\n```json\n{}\n```", "```json\n{}\n```\n```json\n{}\n```"},       // two blocks: untouched
+		{"```json {\"a\":1}```", "```json {\"a\":1}```"},
+	} {
+		if got := llm.StripFences(tt.in); got != tt.want {
+			t.Errorf("StripFences(%q) = %q, want %q", tt.in, got, tt.want)
+		}
+	}
+}
+
+func TestCheckDuplicateKeys(t *testing.T) {
+	for _, tt := range []struct {
+		in  string
+		bad bool
+	}{
+		{`{"a":1,"b":{"a":2}}`, false},
+		{`[{"a":1},{"a":1}]`, false},
+		{`{"a":1,"a":2}`, true},
+		{`{"x":{"labels":{"c":1,"c":2}}}`, true},
+		{`[1,{"k":[{"z":0,"z":0}]}]`, true},
+	} {
+		if err := llm.CheckDuplicateKeys([]byte(tt.in)); (err != nil) != tt.bad {
+			t.Errorf("CheckDuplicateKeys(%s) = %v", tt.in, err)
+		}
+	}
+}
+
+func TestConcurrencyBoundShared(t *testing.T) {
+	srv := llmtest.New(t)
+	srv.Handle(func(llmtest.Request) llmtest.Reply {
+		return llmtest.Slow(60*time.Millisecond, llmtest.Text(`{"answer":"yes"}`))
+	})
+	c, _ := newClient(t, srv, func(cfg *llm.Config) { cfg.Concurrency = 2 })
+	var wg sync.WaitGroup
+	errs := make(chan error, 8)
+	for range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, err := c.Chat(context.Background(), ask(objSchema))
+			errs <- err
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	if m := srv.MaxInFlight(); m != 2 {
+		t.Fatalf("max in flight %d, want 2", m)
+	}
+}
+
+func TestRateLimitShared(t *testing.T) {
+	srv := llmtest.New(t)
+	srv.Handle(func(llmtest.Request) llmtest.Reply { return llmtest.Text(`{"answer":"yes"}`) })
+	c, _ := newClient(t, srv, func(cfg *llm.Config) { cfg.RatePerSecond = 20; cfg.Concurrency = 8 })
+	start := time.Now()
+	var wg sync.WaitGroup
+	for range 6 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if _, err := c.Chat(context.Background(), ask(objSchema)); err != nil {
+				t.Error(err)
+			}
+		}()
+	}
+	wg.Wait()
+	// 6 requests at 20/s with burst 1: the last starts ≥ 5 × 50ms after the first.
+	if d := time.Since(start); d < 240*time.Millisecond {
+		t.Fatalf("6 requests at 20/s took %v", d)
+	}
+}
+
+func TestAPIKeyNeverLeaks(t *testing.T) {
+	srv := llmtest.New(t)
+	// A server that echoes the key in its errors, twice, then times out.
+	srv.Enqueue(llmtest.Status(401, "Incorrect API key provided: "+testKey),
+		llmtest.Reply{Status: 500, Body: `{"error":{"message":"upstream said ` + testKey + `"}}`},
+		llmtest.Slow(2*time.Second, llmtest.Text("{}")))
+	var logs bytes.Buffer
+	logger := slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	cfg := llm.Config{BaseURL: srv.URL, Model: "m", APIKey: testKey, Logger: logger,
+		BackoffInitial: time.Millisecond, BackoffMax: time.Millisecond, Timeout: 100 * time.Millisecond}
+	rec := &llm.BufferRecorder{}
+	cfg.Recorder = rec
+	c, err := llm.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err401 := c.Chat(context.Background(), ask(objSchema))
+	_, err5xx := c.Chat(context.Background(), ask(objSchema))
+	if err401 == nil || err5xx == nil {
+		t.Fatal("expected errors")
+	}
+	if srv.Requests()[0].Header.Get("Authorization") != "Bearer "+testKey {
+		t.Fatal("key not sent as a Bearer token")
+	}
+	logger.Info("config", "cfg", cfg, "key", cfg.APIKey)
+	cfgJSON, _ := json.Marshal(struct{ Key llm.Secret }{cfg.APIKey})
+	var rows []string
+	for _, r := range rec.Drain() {
+		rows = append(rows, fmt.Sprintf("%+v", r))
+	}
+	for what, s := range map[string]string{
+		"401 error": err401.Error(), "5xx error": err5xx.Error(), "logs": logs.String(),
+		"%v": fmt.Sprintf("%v", cfg), "%+v": fmt.Sprintf("%+v", cfg), "%#v": fmt.Sprintf("%#v", cfg), "%s key": fmt.Sprintf("%s", cfg.APIKey),
+		"json": string(cfgJSON), "audit": strings.Join(rows, "\n"),
+	} {
+		if strings.Contains(s, testKey) || strings.Contains(s, "S3CRET") {
+			t.Errorf("%s reveals the key: %s", what, s)
+		}
+	}
+	if !strings.Contains(err401.Error(), "[REDACTED]") {
+		t.Errorf("401 error %q: the echoed key should read [REDACTED]", err401)
+	}
+}
+
+func TestEndpointWithoutCredentials(t *testing.T) {
+	rec := &llm.BufferRecorder{}
+	// Nothing listens on port 1 of 127.0.0.1: a connection error.
+	c, err := llm.New(llm.Config{BaseURL: "http://alice:pw-hunter2@127.0.0.1:1/v1?api-key=qk-hunter3", Model: "m",
+		MaxAttempts: 2, BackoffInitial: time.Millisecond, BackoffMax: time.Millisecond, Recorder: rec})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = c.Chat(context.Background(), ask(nil))
+	if err == nil {
+		t.Fatal("expected a connection error")
+	}
+	calls := rec.Drain()
+	if got := outcomes(calls); !equal(got, []string{"network", "network"}) {
+		t.Fatalf("outcomes %v (%v)", got, err)
+	}
+	all := err.Error() + fmt.Sprintf("%+v", calls) + c.Endpoint()
+	if strings.Contains(all, "hunter") || strings.Contains(all, "alice") {
+		t.Fatalf("credentials leak: %s", all)
+	}
+	if calls[0].Endpoint != "http://127.0.0.1:1/v1" {
+		t.Fatalf("endpoint %q", calls[0].Endpoint)
+	}
+}
+
+func TestEnvAPIKey(t *testing.T) {
+	srv := llmtest.New(t)
+	srv.Handle(func(llmtest.Request) llmtest.Reply { return llmtest.Text("hi") })
+	t.Setenv(llm.EnvOpenAIAPIKey, "sk-openai")
+	t.Setenv(llm.EnvAPIKey, "")
+	c, err := llm.New(llm.Config{BaseURL: srv.URL, Model: "m"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Chat(context.Background(), ask(nil)); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv(llm.EnvAPIKey, "sk-trace")
+	c2, _ := llm.New(llm.Config{BaseURL: srv.URL, Model: "m"})
+	if _, err := c2.Chat(context.Background(), ask(nil)); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv(llm.EnvAPIKey, "")
+	t.Setenv(llm.EnvOpenAIAPIKey, "")
+	c3, _ := llm.New(llm.Config{BaseURL: srv.URL, Model: "m"})
+	if _, err := c3.Chat(context.Background(), ask(nil)); err != nil {
+		t.Fatal(err)
+	}
+	reqs := srv.Requests()
+	if a := reqs[0].Header.Get("Authorization"); a != "Bearer sk-openai" {
+		t.Fatalf("OPENAI_API_KEY: %q", a)
+	}
+	if a := reqs[1].Header.Get("Authorization"); a != "Bearer sk-trace" {
+		t.Fatalf("TRACE_LLM_API_KEY: %q", a)
+	}
+	if _, ok := reqs[2].Header["Authorization"]; ok {
+		t.Fatal("Authorization sent without a key")
+	}
+}
+
+func TestStructuredOutputModes(t *testing.T) {
+	for _, tt := range []struct {
+		mode llm.StructuredOutput
+		want string
+	}{
+		{llm.StructuredJSONSchema, `{"json_schema":{"name":"answer_v1","schema":` + string(objSchema) + `,"strict":true},"type":"json_schema"}`},
+		{llm.StructuredJSONObject, `{"type":"json_object"}`},
+		{llm.StructuredJSONObjectSchema, `{"schema":` + string(objSchema) + `,"type":"json_object"}`},
+		{llm.StructuredNone, ``},
+	} {
+		t.Run(string(tt.mode), func(t *testing.T) {
+			srv := llmtest.New(t)
+			srv.Enqueue(llmtest.Text(`{"answer":"yes"}`))
+			c, _ := newClient(t, srv, func(cfg *llm.Config) { cfg.StructuredOutput = tt.mode })
+			req := ask(objSchema)
+			req.SchemaName = "answer_v1"
+			if _, err := c.Chat(context.Background(), req); err != nil {
+				t.Fatal(err)
+			}
+			if got := string(srv.Requests()[0].Chat.ResponseFormat); got != tt.want {
+				t.Fatalf("response_format\n got %s\nwant %s", got, tt.want)
+			}
+		})
+	}
+}
+
+func TestRequestOverridesAndLogprobs(t *testing.T) {
+	srv := llmtest.New(t)
+	srv.Enqueue(llmtest.Reply{Content: "A", Logprobs: []llmtest.Logprob{{Token: "A", Logprob: -0.1,
+		TopLogprobs: []llmtest.Logprob{{Token: "A", Logprob: -0.1}, {Token: "B", Logprob: -2.4}}}}})
+	c, _ := newClient(t, srv, func(cfg *llm.Config) { cfg.MaxTokens = 500 })
+	req := ask(nil)
+	req.Temperature, req.MaxTokens, req.Logprobs, req.TopLogprobs = llm.Float(0), 1, true, 5
+	resp, err := c.Chat(context.Background(), req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := srv.Requests()[0].Chat
+	if got.Temperature == nil || *got.Temperature != 0 || got.MaxTokens != 1 || !got.Logprobs || got.TopLogprobs != 5 {
+		t.Fatalf("sent %+v", got)
+	}
+	if len(resp.Logprobs) != 1 || resp.Logprobs[0].Token != "A" || len(resp.Logprobs[0].TopLogprobs) != 2 || resp.Logprobs[0].TopLogprobs[1].Logprob != -2.4 {
+		t.Fatalf("logprobs %+v", resp.Logprobs)
+	}
+}
+
+func TestCancelStopsCall(t *testing.T) {
+	srv := llmtest.New(t)
+	srv.Handle(func(llmtest.Request) llmtest.Reply { return llmtest.Slow(5*time.Second, llmtest.Text("{}")) })
+	c, rec := newClient(t, srv, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	_, err := c.Chat(ctx, ask(nil))
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("error %v", err)
+	}
+	if time.Since(start) > 2*time.Second {
+		t.Fatal("cancellation did not stop the call")
+	}
+	if got := outcomes(rec.Drain()); !equal(got, []string{"canceled"}) {
+		t.Fatalf("audit %v", got)
+	}
+}
+
+func TestConfigValidate(t *testing.T) {
+	ok := llm.Config{BaseURL: "http://127.0.0.1:8080/v1", Model: "m"}
+	if err := ok.WithDefaults().Validate(); err != nil {
+		t.Fatal(err)
+	}
+	d := ok.WithDefaults()
+	if d.Timeout != 60*time.Second || d.MaxAttempts != 4 || d.Concurrency != 4 || *d.Temperature != 1.0 ||
+		d.StructuredOutput != llm.StructuredJSONSchema || d.RatePerSecond != 0 {
+		t.Fatalf("defaults %+v", d)
+	}
+	for _, tt := range []struct {
+		field  string
+		mutate func(*llm.Config)
+	}{
+		{"BaseURL", func(c *llm.Config) { c.BaseURL = "" }},
+		{"BaseURL", func(c *llm.Config) { c.BaseURL = "ftp://x/v1" }},
+		{"BaseURL", func(c *llm.Config) { c.BaseURL = "http:///v1" }},
+		{"Model", func(c *llm.Config) { c.Model = " " }},
+		{"Timeout", func(c *llm.Config) { c.Timeout = -time.Second }},
+		{"MaxAttempts", func(c *llm.Config) { c.MaxAttempts = -1 }},
+		{"MaxAttempts", func(c *llm.Config) { c.MaxAttempts = 1000 }},
+		{"BackoffMax", func(c *llm.Config) { c.BackoffInitial, c.BackoffMax = time.Second, time.Millisecond }},
+		{"Concurrency", func(c *llm.Config) { c.Concurrency = -2 }},
+		{"RatePerSecond", func(c *llm.Config) { c.RatePerSecond = -1 }},
+		{"Temperature", func(c *llm.Config) { c.Temperature = llm.Float(3) }},
+		{"MaxTokens", func(c *llm.Config) { c.MaxTokens = -1 }},
+		{"StructuredOutput", func(c *llm.Config) { c.StructuredOutput = "grammar" }},
+	} {
+		c := ok
+		tt.mutate(&c)
+		err := c.WithDefaults().Validate()
+		if err == nil || !strings.Contains(err.Error(), tt.field) {
+			t.Errorf("%s: error %v does not name the field", tt.field, err)
+		}
+		if _, err := llm.New(c); err == nil {
+			t.Errorf("%s: New accepted an invalid config", tt.field)
+		}
+	}
+}
+
+func TestNoMessages(t *testing.T) {
+	srv := llmtest.New(t)
+	c, _ := newClient(t, srv, nil)
+	if _, err := c.Chat(context.Background(), llm.Request{Purpose: "x"}); err == nil {
+		t.Fatal("accepted a request without messages")
+	}
+	if _, err := c.Chat(context.Background(), llm.Request{Messages: ask(nil).Messages, Schema: json.RawMessage(`{"type": 7}`)}); err == nil {
+		t.Fatal("accepted an invalid schema")
+	}
+	if len(srv.Requests()) != 0 {
+		t.Fatal("sent a request")
+	}
+}
