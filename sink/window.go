@@ -240,3 +240,73 @@ func (s *Store) CountDistinctRollouts(ctx context.Context) (distinct, rows uint6
 	err = s.conn.QueryRow(ctx, "SELECT uniqExact(rollout_id), count() FROM rollouts").Scan(&distinct, &rows)
 	return distinct, rows, err
 }
+
+// UnexplainedFailures counts, for a cohort's window, the failed rollouts and
+// those among them with no LACKING label in any capability or run: the
+// failures the dictionary does not explain (discovery's trigger).
+func (s *Store) UnexplainedFailures(ctx context.Context, c Cohort, since time.Time) (failures, unexplained int, err error) {
+	var f, u uint64
+	err = s.conn.QueryRow(ctx, `SELECT countIf(ok = 0), countIf(ok = 0 AND lacking = 0) FROM (
+	SELECT rollout_id, argMax(success, ingest_ns) AS ok, max(label = 'LACKING') AS lacking
+	FROM capability_labels
+	WHERE environment = ? AND agent_version = ? AND dictionary_version = ? AND toUInt32(ts) >= ?
+	GROUP BY rollout_id)`, c.Environment, c.AgentVersion, c.DictionaryVersion, uint32(max(since.Unix(), 0))).Scan(&f, &u)
+	if err != nil {
+		return 0, 0, fmt.Errorf("unexplained failures %s: %w", c, err)
+	}
+	return int(f), int(u), nil
+}
+
+// SampleRollouts returns up to n recent failed and n recent passed rollouts
+// of (environment, agent version) as stored (compacted), for the discovery
+// agent. Tool arguments cut by compaction are kept as their JSON text.
+func (s *Store) SampleRollouts(ctx context.Context, env, agentVersion string, n int) ([]*schemas.Rollout, error) {
+	rows, err := s.conn.Query(ctx, fmt.Sprintf(`SELECT rollout_id, task, agent, ok, rew, st, en, msgs, gr FROM (
+	SELECT rollout_id, any(task_id) AS task, any(agent_name) AS agent, any(success) AS ok, any(reward) AS rew,
+		any(start_time) AS st, any(end_time) AS en, any(messages) AS msgs, any(grader) AS gr
+	FROM rollouts WHERE environment = ? AND agent_version = ?
+	GROUP BY rollout_id)
+ORDER BY en DESC, rollout_id LIMIT %d BY ok`, n), env, agentVersion)
+	if err != nil {
+		return nil, fmt.Errorf("sample rollouts: %w", err)
+	}
+	defer rows.Close()
+	var out []*schemas.Rollout
+	for rows.Next() {
+		var (
+			r            schemas.Rollout
+			ok           uint8
+			msgs, grader string
+			start, end   time.Time
+		)
+		if err := rows.Scan(&r.RolloutID, &r.TaskID, &r.Agent.Name, &ok, &r.Outcome.Reward, &start, &end, &msgs, &grader); err != nil {
+			return nil, err
+		}
+		r.Environment, r.Agent.Version, r.StartTime, r.EndTime = env, agentVersion, start.UTC(), end.UTC()
+		succ := ok == 1
+		r.Outcome.Success = &succ
+		var cms []CompactMessage
+		if err := json.Unmarshal([]byte(msgs), &cms); err != nil {
+			return nil, fmt.Errorf("sample rollouts: stored messages of %s: %w", r.RolloutID, err)
+		}
+		for _, cm := range cms {
+			m := schemas.Message{Role: cm.Role, Content: cm.Content, ToolCallID: cm.ToolCallID, Error: cm.Error, Requestor: cm.Requestor}
+			for _, tc := range cm.ToolCalls {
+				var args map[string]any
+				if json.Unmarshal([]byte(tc.Arguments), &args) != nil {
+					args = map[string]any{"_compacted": tc.Arguments}
+				}
+				m.ToolCalls = append(m.ToolCalls, schemas.ToolCall{ID: tc.ID, Name: tc.Name, Arguments: args, Requestor: tc.Requestor})
+			}
+			r.Messages = append(r.Messages, m)
+		}
+		if grader != "" {
+			var g schemas.Grader
+			if json.Unmarshal([]byte(grader), &g) == nil {
+				r.Grader = &g
+			}
+		}
+		out = append(out, &r)
+	}
+	return out, rows.Err()
+}

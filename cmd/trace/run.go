@@ -118,11 +118,14 @@ func configYAML(c config.Config) map[string]any {
 	an := c.Analyzer
 	k["analyzer"] = map[string]any{"labeler": an.Labeler, "rho": an.Rho, "delta": an.Delta, "k": an.K, "n": an.N, "window": an.Window.String(),
 		"window_rollouts": an.WindowRollouts, "min_failures": an.MinFailures, "rearm_after": an.RearmAfter.String(), "interval": an.Interval.String(),
-		"sample_failed": an.SampleFailed, "sample_passed": an.SamplePassed, "concurrency": an.Concurrency}
+		"sample_failed": an.SampleFailed, "sample_passed": an.SamplePassed, "concurrency": an.Concurrency,
+		"settle": an.Settle.String(), "max_delay": an.MaxDelay.String(), "unexplained_threshold": an.UnexplainedThreshold,
+		"discovery_cooldown": an.DiscoveryCooldown.String(), "discovery_sample": an.DiscoverySample}
 	l := c.LLM
 	k["llm"] = map[string]any{"base_url": l.BaseURL, "model": l.Model, "api_key": l.APIKey, "timeout": l.Timeout.String(), "concurrency": l.Concurrency,
 		"rate_per_second": l.RatePerSecond, "runs": l.Runs, "structured_output": l.Structured}
 	k["http"] = map[string]any{"addr": c.HTTP.Addr, "bearer_token": c.HTTP.BearerToken}
 	k["dictionaries"] = c.Dictionary
+	k["embedded"] = map[string]any{"clickhouse_port": c.Embedded.ClickHousePort, "clickhouse_http_port": c.Embedded.ClickHouseHTTPPort, "nats_port": c.Embedded.NATSPort}
 	return k
 }

@@ -28,6 +28,7 @@ import (
 	"github.com/traceops/trace/internal/chserver"
 	"github.com/traceops/trace/internal/config"
 	"github.com/traceops/trace/internal/embedded"
+	"github.com/traceops/trace/internal/llm"
 	"github.com/traceops/trace/sink"
 )
 
@@ -51,6 +52,7 @@ type App struct {
 	ready      sync.Once
 	readyCh    chan struct{}
 	background []Actor // actors the roles need (e.g. the LLM audit writer)
+	llm        *llm.Client
 }
 
 // Start brings up the infrastructure (embedded where nothing is configured),
@@ -222,6 +224,12 @@ func (a *App) Run(ctx context.Context, extra ...Actor) error {
 		if lab != nil {
 			ls := &analyzer.LabelingSink{Labeler: lab, Registry: a.Dicts, Store: a.Store, Evaluator: a.Evaluator,
 				Concurrency: a.Cfg.Analyzer.Concurrency, Log: a.Log, Metrics: am}
+			if dr, err := a.discoveryRunner(); err != nil {
+				return err
+			} else if dr != nil {
+				ls.OnMissingDictionary = dr.Request
+				addActor(&g, ctx, "discovery", dr.Run)
+			}
 			cc := a.consumerConfig(a.Cfg.Kafka.AnalyzeGroup, a.Cfg.Kafka.RolloutsTopic, "analyze")
 			cc.SkipInvalid = !a.Cfg.Kafka.AnalyzeDeadLetters
 			c, err := ingest.NewConsumer(cc, ingest.DecodeRollout(a.Cfg.Kafka.MaxBytes), ls, a.Log, im)

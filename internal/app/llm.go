@@ -2,6 +2,7 @@ package app
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"sync"
 	"time"
@@ -22,10 +23,48 @@ func LLMClient(c config.LLM, rec llm.Recorder, log *slog.Logger) (*llm.Client, e
 	})
 }
 
-func newLLMLabeler(a *App) (analyzer.Labeler, error) {
+// llmClient is the process's one LLM client (shared concurrency bound, rate
+// limit and audit writer), created on first use.
+func (a *App) llmClient() (*llm.Client, error) {
+	if a.llm != nil {
+		return a.llm, nil
+	}
 	rec := NewAuditRecorder(a.Store, a.Log)
 	a.background = append(a.background, Actor{Name: "llm-audit", Run: rec.Run})
-	client, err := LLMClient(a.Cfg.LLM, rec, a.Log)
+	c, err := LLMClient(a.Cfg.LLM, rec, a.Log)
+	if err != nil {
+		return nil, fmt.Errorf("llm: %w", err)
+	}
+	a.llm = c
+	return c, nil
+}
+
+// discoveryRunner returns the discovery agent's runner, or nil when no LLM
+// endpoint is configured.
+func (a *App) discoveryRunner() (*analyzer.DiscoveryRunner, error) {
+	if a.Cfg.LLM.BaseURL == "" {
+		return nil, nil
+	}
+	client, err := a.llmClient()
+	if err != nil {
+		return nil, err
+	}
+	disc, err := analyzer.NewDiscoverer(client, analyzer.DiscoverConfig{})
+	if err != nil {
+		return nil, err
+	}
+	an := a.Cfg.Analyzer
+	return &analyzer.DiscoveryRunner{Discoverer: disc, Store: a.Store, Registry: a.Dicts, Log: a.Log,
+		Threshold: an.UnexplainedThreshold, MinFailures: an.MinFailures, Window: an.Window, Cooldown: an.DiscoveryCooldown,
+		Sample: an.DiscoverySample,
+		Apply: func(ctx context.Context, d *analyzer.Dictionary) error {
+			_, err := ApplyDictionary(ctx, a.Store, a.Bus, a.Dicts, d)
+			return err
+		}}, nil
+}
+
+func newLLMLabeler(a *App) (analyzer.Labeler, error) {
+	client, err := a.llmClient()
 	if err != nil {
 		return nil, err
 	}

@@ -121,6 +121,13 @@ type Analyzer struct {
 	SampleFailed        float64 `koanf:"sample_failed"` // share of failed rollouts labeled by the llm labeler
 	SamplePassed        float64 `koanf:"sample_passed"` // share of passed rollouts labeled by the llm labeler
 	Concurrency         int     `koanf:"concurrency"`   // rollouts labeled at once
+	// Discovery (needs llm.base_url): a scope without a dictionary, or whose
+	// window has more than UnexplainedThreshold of its failures without any
+	// LACKING label, gets a new dictionary version from the discovery agent,
+	// at most once per DiscoveryCooldown.
+	UnexplainedThreshold float64       `koanf:"unexplained_threshold"`
+	DiscoveryCooldown    time.Duration `koanf:"discovery_cooldown"`
+	DiscoverySample      int           `koanf:"discovery_sample"` // rollouts per outcome shown to the agent
 }
 
 // LLM is an OpenAI-compatible endpoint (OpenAI, vLLM, Ollama, llama.cpp).
@@ -292,7 +299,8 @@ func (c Config) Validate() error {
 	default:
 		errs = append(errs, fmt.Errorf("analyzer.labeler: %q is not rules, llm or none", c.Analyzer.Labeler))
 	}
-	for name, v := range map[string]float64{"analyzer.sample_failed": c.Analyzer.SampleFailed, "analyzer.sample_passed": c.Analyzer.SamplePassed} {
+	for name, v := range map[string]float64{"analyzer.sample_failed": c.Analyzer.SampleFailed, "analyzer.sample_passed": c.Analyzer.SamplePassed,
+		"analyzer.unexplained_threshold": c.Analyzer.UnexplainedThreshold} {
 		if v < 0 || v > 1 {
 			errs = append(errs, fmt.Errorf("%s: must be in [0, 1], got %v", name, v))
 		}
