@@ -99,18 +99,44 @@ func (b *Bus) ensure(ctx context.Context, cfg Config) error {
 		{Name: StreamSynthesis, Subjects: []string{SubjectSynthesis + ".>"}, Storage: jetstream.FileStorage, Duplicates: dup},
 		{Name: StreamEnvReady, Subjects: []string{SubjectEnvReady + ".>", SubjectEnvReady}, Storage: jetstream.FileStorage, Duplicates: dup},
 	} {
-		if _, err := b.JS.CreateOrUpdateStream(ctx, sc); err != nil {
+		// Existing streams are left as operators configured them (replicas,
+		// limits); only missing ones are created.
+		if _, err := b.JS.Stream(ctx, sc.Name); err == nil {
+			continue
+		} else if !errors.Is(err, jetstream.ErrStreamNotFound) {
+			return fmt.Errorf("nats: stream %s: %w", sc.Name, err)
+		}
+		if _, err := b.JS.CreateStream(ctx, sc); err != nil && !errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
 			return fmt.Errorf("nats: stream %s: %w", sc.Name, err)
 		}
 	}
 	var err error
-	if b.claims, err = b.JS.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: BucketClaims, Storage: jetstream.FileStorage}); err != nil {
-		return fmt.Errorf("nats: kv %s: %w", BucketClaims, err)
+	if b.claims, err = keyValue(ctx, b.JS, jetstream.KeyValueConfig{Bucket: BucketClaims, Storage: jetstream.FileStorage}); err != nil {
+		return err
 	}
-	if b.dicts, err = b.JS.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: BucketDictionary, Storage: jetstream.FileStorage, History: 5}); err != nil {
-		return fmt.Errorf("nats: kv %s: %w", BucketDictionary, err)
+	if b.dicts, err = keyValue(ctx, b.JS, jetstream.KeyValueConfig{Bucket: BucketDictionary, Storage: jetstream.FileStorage, History: 5}); err != nil {
+		return err
 	}
 	return nil
+}
+
+// keyValue opens a bucket, creating it when missing.
+func keyValue(ctx context.Context, js jetstream.JetStream, cfg jetstream.KeyValueConfig) (jetstream.KeyValue, error) {
+	kv, err := js.KeyValue(ctx, cfg.Bucket)
+	if err == nil {
+		return kv, nil
+	}
+	if !errors.Is(err, jetstream.ErrBucketNotFound) {
+		return nil, fmt.Errorf("nats: kv %s: %w", cfg.Bucket, err)
+	}
+	kv, err = js.CreateKeyValue(ctx, cfg)
+	if errors.Is(err, jetstream.ErrBucketExists) {
+		kv, err = js.KeyValue(ctx, cfg.Bucket)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("nats: kv %s: %w", cfg.Bucket, err)
+	}
+	return kv, nil
 }
 
 // Close drains and closes the connection.
