@@ -116,7 +116,7 @@ func BenchmarkTriggerLatency(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		w := &kafka.Writer{Addr: kafka.TCP(brokers...), Topic: topic, Balancer: &kafka.Hash{}, RequiredAcks: kafka.RequireAll,
+		w := &kafka.Writer{Addr: kafka.TCP(brokers...), Transport: &kafka.Transport{}, Topic: topic, Balancer: &kafka.Hash{}, RequiredAcks: kafka.RequireAll,
 			BatchTimeout: time.Millisecond, BatchSize: 100}
 		b.ResetTimer()
 		start := time.Now()

@@ -80,7 +80,7 @@ func setupGolden(t *testing.T) *goldenEnv {
 }
 
 func (g *goldenEnv) publish(t *testing.T) {
-	w := &kafka.Writer{Addr: kafka.TCP(g.brokers...), Topic: g.topic, Balancer: &kafka.Hash{}, RequiredAcks: kafka.RequireAll, BatchSize: 1000, BatchTimeout: 5 * time.Millisecond}
+	w := &kafka.Writer{Addr: kafka.TCP(g.brokers...), Transport: &kafka.Transport{}, Topic: g.topic, Balancer: &kafka.Hash{}, RequiredAcks: kafka.RequireAll, BatchSize: 1000, BatchTimeout: 5 * time.Millisecond}
 	defer w.Close()
 	msgs := make([]kafka.Message, len(g.events))
 	for i := range g.events {

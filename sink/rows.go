@@ -57,8 +57,45 @@ type CompactToolCall struct {
 
 // Truncate cuts s to at most n characters (runes), marking the cut with "…".
 func Truncate(s string, n int) string {
+	if cut, ok := truncCut(s, n); ok {
+		return s[:cut] + "…"
+	}
+	return s
+}
+
+// truncCut reports whether s has more than n runes and, if so, the byte
+// length of its first n-1 runes (what Truncate keeps before the "…"). It
+// reads no further than rune n+1.
+func truncCut[S string | []byte](s S, n int) (int, bool) {
+	if len(s) <= n {
+		return 0, false
+	}
+	if n < 1 {
+		return truncCutSlow(string(s), n)
+	}
+	cut, count := 0, 0
+	for i := 0; i < len(s); {
+		if count == n-1 {
+			cut = i
+		}
+		if count == n {
+			return cut, true
+		}
+		if s[i] < utf8.RuneSelf {
+			i++
+		} else {
+			_, size := utf8.DecodeRuneInString(string(s[i:min(i+utf8.UTFMax, len(s))]))
+			i += size
+		}
+		count++
+	}
+	return 0, false
+}
+
+// truncCutSlow is the original rule, for n < 1.
+func truncCutSlow(s string, n int) (int, bool) {
 	if len(s) <= n || utf8.RuneCountInString(s) <= n {
-		return s
+		return 0, false
 	}
 	i, count := 0, 0
 	for i = range s {
@@ -67,7 +104,7 @@ func Truncate(s string, n int) string {
 		}
 		count++
 	}
-	return s[:i] + "…"
+	return i, true
 }
 
 // CompactMessages applies TRACE's compaction to a conversation.
@@ -149,16 +186,20 @@ func putBuf(b *[]byte) {
 
 // truncateBytes is Truncate on bytes: at most n runes, the cut marked "…".
 func truncateBytes(b []byte, n int) []byte {
-	if len(b) <= n || utf8.RuneCount(b) <= n {
-		return b
+	if cut, ok := truncCut(b, n); ok {
+		return append(b[:cut:cut], "…"...)
 	}
-	i, count := 0, 0
-	for i < len(b) && count < n-1 {
-		_, size := utf8.DecodeRune(b[i:])
-		i += size
-		count++
+	return b
+}
+
+// appendTruncated appends the JSON string of Truncate(s, n) without building it.
+func appendTruncated(b []byte, s string, n int) []byte {
+	cut, ok := truncCut(s, n)
+	if !ok {
+		return appendString(b, s)
 	}
-	return append(b[:i:i], "…"...)
+	b = appendString(b, s[:cut])
+	return append(b[:len(b)-1], "…\""...) // "…" needs no escaping
 }
 
 // appendCompactMessages writes json.Marshal(CompactMessages(msgs)) without
@@ -174,7 +215,7 @@ func appendCompactMessages(b, args []byte, msgs []schemas.Message) ([]byte, []by
 		b = appendString(b, m.Role)
 		if m.Content != "" {
 			b = append(b, `,"content":`...)
-			b = appendString(b, Truncate(m.Content, MaxContentChars))
+			b = appendTruncated(b, m.Content, MaxContentChars)
 		}
 		if len(m.ToolCalls) > 0 {
 			b = append(b, `,"tool_calls":[`...)

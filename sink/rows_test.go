@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/traceops/trace/ingest"
 	"github.com/traceops/trace/internal/shareddata"
@@ -18,13 +19,27 @@ import (
 
 // legacyCompactMessages and legacyRolloutRowFrom are the encoding/json
 // implementation the hand-written encoder replaced: the reference.
+func legacyTruncate(s string, n int) string {
+	if len(s) <= n || utf8.RuneCountInString(s) <= n {
+		return s
+	}
+	i, count := 0, 0
+	for i = range s {
+		if count == n-1 {
+			break
+		}
+		count++
+	}
+	return s[:i] + "…"
+}
+
 func legacyCompactMessages(msgs []schemas.Message) []sink.CompactMessage {
 	out := make([]sink.CompactMessage, len(msgs))
 	for i, m := range msgs {
-		cm := sink.CompactMessage{Role: m.Role, Content: sink.Truncate(m.Content, sink.MaxContentChars), ToolCallID: m.ToolCallID, Error: m.Error, Requestor: m.Requestor}
+		cm := sink.CompactMessage{Role: m.Role, Content: legacyTruncate(m.Content, sink.MaxContentChars), ToolCallID: m.ToolCallID, Error: m.Error, Requestor: m.Requestor}
 		for _, tc := range m.ToolCalls {
 			args, _ := json.Marshal(tc.Arguments)
-			cm.ToolCalls = append(cm.ToolCalls, sink.CompactToolCall{ID: tc.ID, Name: tc.Name, Arguments: sink.Truncate(string(args), sink.MaxArgumentsChars), Requestor: tc.Requestor})
+			cm.ToolCalls = append(cm.ToolCalls, sink.CompactToolCall{ID: tc.ID, Name: tc.Name, Arguments: legacyTruncate(string(args), sink.MaxArgumentsChars), Requestor: tc.Requestor})
 		}
 		out[i] = cm
 	}
@@ -58,6 +73,16 @@ func legacyRolloutRowFrom(r *schemas.Rollout, c sink.Coord) sink.RolloutRow {
 		row.Metadata = string(b)
 	}
 	return row
+}
+
+func TestTruncateUnchanged(t *testing.T) {
+	for _, s := range []string{"", "a", "ab", "abc", "é", "éé", "ééé", "\xff\xfe\xfd", "a\xe2\x80b", strings.Repeat("é", 300), strings.Repeat("x", 299) + "😀", strings.Repeat("😀", 301), strings.Repeat("a", 298) + "\xe2\x80" + "bc"} {
+		for _, n := range []int{-1, 0, 1, 2, 3, 199, 200, 201, 298, 299, 300, 301} {
+			if got, want := sink.Truncate(s, n), legacyTruncate(s, n); got != want {
+				t.Fatalf("Truncate(%q, %d) = %q, want %q", s, n, got, want)
+			}
+		}
+	}
 }
 
 func checkRow(t *testing.T, r *schemas.Rollout) {

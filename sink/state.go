@@ -34,15 +34,12 @@ func (s *Store) SaveDictionary(ctx context.Context, d DictionaryRow) error {
 
 // LatestDictionaries returns the newest version of every dictionary scope.
 func (s *Store) LatestDictionaries(ctx context.Context) ([]DictionaryRow, error) {
-	return s.queryDictionaries(ctx, `SELECT environment, agent_version, max(version) AS v,
-	argMax(created_at, version), argMax(source, version), argMax(body, version)
-	FROM dictionaries GROUP BY environment, agent_version ORDER BY environment, agent_version`)
+	return s.queryDictionaries(ctx, latestDictionariesSQL)
 }
 
 // AllDictionaries returns every stored version, newest first per scope.
 func (s *Store) AllDictionaries(ctx context.Context) ([]DictionaryRow, error) {
-	return s.queryDictionaries(ctx, `SELECT environment, agent_version, version, any(created_at), any(source), any(body)
-	FROM dictionaries GROUP BY environment, agent_version, version ORDER BY environment, agent_version, version DESC`)
+	return s.queryDictionaries(ctx, allDictionariesSQL)
 }
 
 func (s *Store) queryDictionaries(ctx context.Context, q string) ([]DictionaryRow, error) {
@@ -65,9 +62,7 @@ func (s *Store) queryDictionaries(ctx context.Context, q string) ([]DictionaryRo
 // TriggerHistory returns every recorded trigger transition, oldest first per
 // trigger, so an analyzer can rebuild its state machines after a restart.
 func (s *Store) TriggerHistory(ctx context.Context) ([]TriggerEvent, error) {
-	rows, err := s.conn.Query(ctx, `SELECT trigger_id, environment, agent_version, dictionary_version, capability, epoch, event, at,
-	mean_cov, mean_delta, runs_passed, runs_total, window_start, window_end, window_rollouts, window_failures, payload
-	FROM trigger_events FINAL ORDER BY environment, agent_version, dictionary_version, capability, at, epoch`)
+	rows, err := s.conn.Query(ctx, triggerHistorySQL)
 	if err != nil {
 		return nil, fmt.Errorf("trigger history: %w", err)
 	}
@@ -127,12 +122,8 @@ func (s *Store) InsertLabelRuns(ctx context.Context, runs []LabelRun) error {
 // that a non-deterministic labeler never labels a (rollout, dictionary
 // version, run) twice and a redelivered rollout changes no statistic.
 func (s *Store) StoredRuns(ctx context.Context, env, agentVersion, rolloutID string, dictVersion uint32) (map[int]bool, error) {
-	rows, err := s.conn.Query(ctx, `SELECT DISTINCT run FROM capability_labels
-	WHERE environment = ? AND agent_version = ? AND dictionary_version = ? AND rollout_id = ?
-	UNION ALL
-	SELECT DISTINCT run FROM label_runs
-	WHERE environment = ? AND agent_version = ? AND dictionary_version = ? AND rollout_id = ?`,
-		env, agentVersion, dictVersion, rolloutID, env, agentVersion, dictVersion, rolloutID)
+	q, args := storedRunsSQL(env, agentVersion, rolloutID, dictVersion)
+	rows, err := s.conn.Query(ctx, q, args...)
 	if err != nil {
 		return nil, fmt.Errorf("stored runs: %w", err)
 	}

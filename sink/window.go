@@ -125,19 +125,7 @@ func (s *Store) WindowCountsMulti(ctx context.Context, spec MultiSpec) (map[Coho
 	if len(spec.Cohorts) == 0 {
 		return out, nil
 	}
-	where, args := spec.where()
-	q := fmt.Sprintf(`SELECT %s, capability, run,
-	countIf(ok = 0 AND l = 'LACKING'), countIf(ok = 0 AND l = 'PRESENT'), countIf(ok = 0 AND l = 'NA'),
-	countIf(ok = 1 AND l = 'LACKING'), countIf(ok = 1 AND l = 'PRESENT'), countIf(ok = 1 AND l = 'NA'),
-	arraySlice(arraySort(groupArrayIf(rollout_id, ok = 0 AND l = 'LACKING')), 1, %d)
-FROM (
-	SELECT %s, capability, run, rollout_id, argMax(label, ingest_ns) AS l, argMax(success, ingest_ns) AS ok
-	FROM capability_labels
-	WHERE %s
-	GROUP BY %s, capability, run, rollout_id
-)
-GROUP BY %s, capability, run
-ORDER BY %s, capability, run`, cohortCols, MaxExampleIDs, cohortCols, where, cohortCols, cohortCols, cohortCols)
+	q, args := windowCountsSQL(spec)
 	rows, err := s.conn.Query(ctx, q, args...)
 	if err != nil {
 		return nil, fmt.Errorf("window counts of %d cohorts: %w", len(spec.Cohorts), err)
@@ -173,11 +161,7 @@ func (s *Store) WindowInfoMulti(ctx context.Context, spec MultiSpec) (map[Cohort
 	if len(spec.Cohorts) == 0 {
 		return out, nil
 	}
-	where, args := spec.where()
-	q := fmt.Sprintf(`SELECT %s, count(), countIf(ok = 0), min(t), max(t) FROM (
-	SELECT %s, rollout_id, argMax(success, ingest_ns) AS ok, max(ts) AS t
-	FROM capability_labels WHERE %s GROUP BY %s, rollout_id)
-GROUP BY %s`, cohortCols, cohortCols, where, cohortCols, cohortCols)
+	q, args := windowInfoSQL(spec)
 	rows, err := s.conn.Query(ctx, q, args...)
 	if err != nil {
 		return nil, fmt.Errorf("window info of %d cohorts: %w", len(spec.Cohorts), err)
@@ -199,8 +183,8 @@ GROUP BY %s`, cohortCols, cohortCols, where, cohortCols, cohortCols)
 
 // Cohorts lists the cohorts that have labels ending at or after since.
 func (s *Store) Cohorts(ctx context.Context, since time.Time) ([]Cohort, error) {
-	rows, err := s.conn.Query(ctx, `SELECT DISTINCT environment, agent_version, dictionary_version
-	FROM capability_labels WHERE toUInt32(ts) >= ? ORDER BY environment, agent_version, dictionary_version`, uint32(max(since.Unix(), 0)))
+	q, args := cohortsSQL(since)
+	rows, err := s.conn.Query(ctx, q, args...)
 	if err != nil {
 		return nil, fmt.Errorf("cohorts: %w", err)
 	}
@@ -220,8 +204,8 @@ func (s *Store) Cohorts(ctx context.Context, since time.Time) ([]Cohort, error) 
 // that declared tools (the synthesizer mirrors the target's interface).
 func (s *Store) CohortTools(ctx context.Context, env, agentVersion string) ([]schemas.Tool, error) {
 	var raw string
-	err := s.conn.QueryRow(ctx, `SELECT argMax(tools, end_time) FROM rollouts
-	WHERE environment = ? AND agent_version = ? AND tools != ''`, env, agentVersion).Scan(&raw)
+	q, args := cohortToolsSQL(env, agentVersion)
+	err := s.conn.QueryRow(ctx, q, args...).Scan(&raw)
 	if err != nil {
 		return nil, fmt.Errorf("cohort tools: %w", err)
 	}
@@ -237,7 +221,7 @@ func (s *Store) CohortTools(ctx context.Context, env, agentVersion string) ([]sc
 
 // CountDistinctRollouts counts distinct rollout ids (FINAL-free, exact).
 func (s *Store) CountDistinctRollouts(ctx context.Context) (distinct, rows uint64, err error) {
-	err = s.conn.QueryRow(ctx, "SELECT uniqExact(rollout_id), count() FROM rollouts").Scan(&distinct, &rows)
+	err = s.conn.QueryRow(ctx, countDistinctRolloutsSQL).Scan(&distinct, &rows)
 	return distinct, rows, err
 }
 
@@ -246,11 +230,8 @@ func (s *Store) CountDistinctRollouts(ctx context.Context) (distinct, rows uint6
 // failures the dictionary does not explain (discovery's trigger).
 func (s *Store) UnexplainedFailures(ctx context.Context, c Cohort, since time.Time) (failures, unexplained int, err error) {
 	var f, u uint64
-	err = s.conn.QueryRow(ctx, `SELECT countIf(ok = 0), countIf(ok = 0 AND lacking = 0) FROM (
-	SELECT rollout_id, argMax(success, ingest_ns) AS ok, max(label = 'LACKING') AS lacking
-	FROM capability_labels
-	WHERE environment = ? AND agent_version = ? AND dictionary_version = ? AND toUInt32(ts) >= ?
-	GROUP BY rollout_id)`, c.Environment, c.AgentVersion, c.DictionaryVersion, uint32(max(since.Unix(), 0))).Scan(&f, &u)
+	q, args := unexplainedFailuresSQL(c, since)
+	err = s.conn.QueryRow(ctx, q, args...).Scan(&f, &u)
 	if err != nil {
 		return 0, 0, fmt.Errorf("unexplained failures %s: %w", c, err)
 	}
@@ -261,12 +242,8 @@ func (s *Store) UnexplainedFailures(ctx context.Context, c Cohort, since time.Ti
 // of (environment, agent version) as stored (compacted), for the discovery
 // agent. Tool arguments cut by compaction are kept as their JSON text.
 func (s *Store) SampleRollouts(ctx context.Context, env, agentVersion string, n int) ([]*schemas.Rollout, error) {
-	rows, err := s.conn.Query(ctx, fmt.Sprintf(`SELECT rollout_id, task, agent, ok, rew, st, en, msgs, gr FROM (
-	SELECT rollout_id, any(task_id) AS task, any(agent_name) AS agent, any(success) AS ok, any(reward) AS rew,
-		any(start_time) AS st, any(end_time) AS en, any(messages) AS msgs, any(grader) AS gr
-	FROM rollouts WHERE environment = ? AND agent_version = ?
-	GROUP BY rollout_id)
-ORDER BY en DESC, rollout_id LIMIT %d BY ok`, n), env, agentVersion)
+	q, args := sampleRolloutsSQL(env, agentVersion, n)
+	rows, err := s.conn.Query(ctx, q, args...)
 	if err != nil {
 		return nil, fmt.Errorf("sample rollouts: %w", err)
 	}

@@ -51,7 +51,7 @@ func TestSIGTERMDrainsAndExitsZero(t *testing.T) {
 		"--set", "nats.url=" + ns.URL(), "--set", "data_dir=" + t.TempDir()}
 
 	const n = 6000
-	w := &kafka.Writer{Addr: kafka.TCP(brokers...), Topic: topic, Balancer: &kafka.Hash{}, RequiredAcks: kafka.RequireAll, BatchTimeout: time.Millisecond, BatchSize: 500}
+	w := &kafka.Writer{Addr: kafka.TCP(brokers...), Transport: &kafka.Transport{}, Topic: topic, Balancer: &kafka.Hash{}, RequiredAcks: kafka.RequireAll, BatchTimeout: time.Millisecond, BatchSize: 500}
 	gen := simulate.New(simulate.Config{Seed: 3, Rollouts: n})
 	var msgs []kafka.Message
 	for r := gen.Next(); r != nil; r = gen.Next() {

@@ -174,7 +174,7 @@ func observed(t *testing.T, st *sink.Store) string {
 
 func (w *world) publish(t *testing.T, from, to int) {
 	t.Helper()
-	kw := &kafka.Writer{Addr: kafka.TCP(w.cfg.Kafka.Brokers...), Topic: w.cfg.Kafka.RolloutsTopic, Balancer: &kafka.Hash{},
+	kw := &kafka.Writer{Addr: kafka.TCP(w.cfg.Kafka.Brokers...), Transport: &kafka.Transport{}, Topic: w.cfg.Kafka.RolloutsTopic, Balancer: &kafka.Hash{},
 		RequiredAcks: kafka.RequireAll, BatchTimeout: time.Millisecond, BatchSize: 200}
 	defer kw.Close()
 	var msgs []kafka.Message
@@ -250,9 +250,16 @@ func (w *world) exactlyOnce(t *testing.T, st *sink.Store) {
 	if final != uint64(len(w.rollouts)) || distinct != final || successes != uint64(want) {
 		t.Fatalf("rollouts FINAL: %d rows, %d distinct, %d successes; want %d, %d", final, distinct, successes, len(w.rollouts), want)
 	}
+	// The materialized view's block lands just after the source table's.
 	var mvTotal, mvSucc uint64
-	if err := st.Conn().QueryRow(ctx, "SELECT uniqExactMerge(rollouts), uniqExactIfMerge(successes) FROM rollout_counts").Scan(&mvTotal, &mvSucc); err != nil {
-		t.Fatal(err)
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		if err := st.Conn().QueryRow(ctx, "SELECT uniqExactMerge(rollouts), uniqExactIfMerge(successes) FROM rollout_counts").Scan(&mvTotal, &mvSucc); err != nil {
+			t.Fatal(err)
+		}
+		if mvTotal == uint64(len(w.rollouts)) || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
 	if mvTotal != uint64(len(w.rollouts)) || mvSucc != uint64(want) {
 		t.Fatalf("rollout_counts: %d rollouts %d successes, want %d %d", mvTotal, mvSucc, len(w.rollouts), want)

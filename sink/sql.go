@@ -1,0 +1,102 @@
+package sink
+
+import (
+	"fmt"
+	"time"
+)
+
+// The SQL of the store's read queries, built apart from running them: each
+// builder returns the query text and its `?` arguments in order. The Store
+// runs them through clickhouse-go (ClickHouse 18.16 in CI), and the `chdb`
+// build-tagged tests (chdb_test.go) run the very same text, with the
+// arguments inlined as literals, on ClickHouse 26.7 in-process (chDB).
+
+// windowCountsSQL is the query of WindowCountsMulti: per (cohort, capability,
+// run) label counts over the window, each (rollout, capability, run) counted
+// once with its most recently ingested label. spec.Cohorts must not be empty.
+func windowCountsSQL(spec MultiSpec) (string, []any) {
+	where, args := spec.where()
+	q := fmt.Sprintf(`SELECT %s, capability, run,
+	countIf(ok = 0 AND l = 'LACKING'), countIf(ok = 0 AND l = 'PRESENT'), countIf(ok = 0 AND l = 'NA'),
+	countIf(ok = 1 AND l = 'LACKING'), countIf(ok = 1 AND l = 'PRESENT'), countIf(ok = 1 AND l = 'NA'),
+	arraySlice(arraySort(groupArrayIf(rollout_id, ok = 0 AND l = 'LACKING')), 1, %d)
+FROM (
+	SELECT %s, capability, run, rollout_id, argMax(label, ingest_ns) AS l, argMax(success, ingest_ns) AS ok
+	FROM capability_labels
+	WHERE %s
+	GROUP BY %s, capability, run, rollout_id
+)
+GROUP BY %s, capability, run
+ORDER BY %s, capability, run`, cohortCols, MaxExampleIDs, cohortCols, where, cohortCols, cohortCols, cohortCols)
+	return q, args
+}
+
+// windowInfoSQL is the query of WindowInfoMulti: distinct rollouts, failures
+// and the first and last label time per cohort. spec.Cohorts must not be
+// empty.
+func windowInfoSQL(spec MultiSpec) (string, []any) {
+	where, args := spec.where()
+	q := fmt.Sprintf(`SELECT %s, count(), countIf(ok = 0), min(t), max(t) FROM (
+	SELECT %s, rollout_id, argMax(success, ingest_ns) AS ok, max(ts) AS t
+	FROM capability_labels WHERE %s GROUP BY %s, rollout_id)
+GROUP BY %s`, cohortCols, cohortCols, where, cohortCols, cohortCols)
+	return q, args
+}
+
+// cohortsSQL is the query of Cohorts.
+func cohortsSQL(since time.Time) (string, []any) {
+	return `SELECT DISTINCT environment, agent_version, dictionary_version
+	FROM capability_labels WHERE toUInt32(ts) >= ? ORDER BY environment, agent_version, dictionary_version`, []any{uint32(max(since.Unix(), 0))}
+}
+
+// cohortToolsSQL is the query of CohortTools.
+func cohortToolsSQL(env, agentVersion string) (string, []any) {
+	return `SELECT argMax(tools, end_time) FROM rollouts
+	WHERE environment = ? AND agent_version = ? AND tools != ''`, []any{env, agentVersion}
+}
+
+// countDistinctRolloutsSQL is the query of CountDistinctRollouts.
+const countDistinctRolloutsSQL = "SELECT uniqExact(rollout_id), count() FROM rollouts"
+
+// unexplainedFailuresSQL is the query of UnexplainedFailures.
+func unexplainedFailuresSQL(c Cohort, since time.Time) (string, []any) {
+	return `SELECT countIf(ok = 0), countIf(ok = 0 AND lacking = 0) FROM (
+	SELECT rollout_id, argMax(success, ingest_ns) AS ok, max(label = 'LACKING') AS lacking
+	FROM capability_labels
+	WHERE environment = ? AND agent_version = ? AND dictionary_version = ? AND toUInt32(ts) >= ?
+	GROUP BY rollout_id)`, []any{c.Environment, c.AgentVersion, c.DictionaryVersion, uint32(max(since.Unix(), 0))}
+}
+
+// sampleRolloutsSQL is the query of SampleRollouts.
+func sampleRolloutsSQL(env, agentVersion string, n int) (string, []any) {
+	return fmt.Sprintf(`SELECT rollout_id, task, agent, ok, rew, st, en, msgs, gr FROM (
+	SELECT rollout_id, any(task_id) AS task, any(agent_name) AS agent, any(success) AS ok, any(reward) AS rew,
+		any(start_time) AS st, any(end_time) AS en, any(messages) AS msgs, any(grader) AS gr
+	FROM rollouts WHERE environment = ? AND agent_version = ?
+	GROUP BY rollout_id)
+ORDER BY en DESC, rollout_id LIMIT %d BY ok`, n), []any{env, agentVersion}
+}
+
+// latestDictionariesSQL is the query of LatestDictionaries.
+const latestDictionariesSQL = `SELECT environment, agent_version, max(version) AS v,
+	argMax(created_at, version), argMax(source, version), argMax(body, version)
+	FROM dictionaries GROUP BY environment, agent_version ORDER BY environment, agent_version`
+
+// allDictionariesSQL is the query of AllDictionaries.
+const allDictionariesSQL = `SELECT environment, agent_version, version, any(created_at), any(source), any(body)
+	FROM dictionaries GROUP BY environment, agent_version, version ORDER BY environment, agent_version, version DESC`
+
+// triggerHistorySQL is the query of TriggerHistory.
+const triggerHistorySQL = `SELECT trigger_id, environment, agent_version, dictionary_version, capability, epoch, event, at,
+	mean_cov, mean_delta, runs_passed, runs_total, window_start, window_end, window_rollouts, window_failures, payload
+	FROM trigger_events FINAL ORDER BY environment, agent_version, dictionary_version, capability, at, epoch`
+
+// storedRunsSQL is the query of StoredRuns.
+func storedRunsSQL(env, agentVersion, rolloutID string, dictVersion uint32) (string, []any) {
+	return `SELECT DISTINCT run FROM capability_labels
+	WHERE environment = ? AND agent_version = ? AND dictionary_version = ? AND rollout_id = ?
+	UNION ALL
+	SELECT DISTINCT run FROM label_runs
+	WHERE environment = ? AND agent_version = ? AND dictionary_version = ? AND rollout_id = ?`,
+		[]any{env, agentVersion, dictVersion, rolloutID, env, agentVersion, dictVersion, rolloutID}
+}
