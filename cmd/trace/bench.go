@@ -3,9 +3,6 @@ package main
 import (
 	"fmt"
 	"log/slog"
-	"net"
-	"net/http"
-	_ "net/http/pprof" // for --pprof
 	"os"
 	"runtime"
 	"runtime/debug"
@@ -39,7 +36,6 @@ func newBenchIngestCmd() *cobra.Command {
 		batchBytesMB int
 		memLimitMB   int
 		cpuProfile   string
-		pprofAddr    string
 	)
 	cmd := &cobra.Command{
 		Use:   "ingest [--rows N] [--set whole|compact|both|none] [--rss-rollouts N]",
@@ -97,15 +93,6 @@ produced, through the consumer, and prints the peak RSS of the process.`,
 				opt.Tau2Dir = dir
 			}
 			opt.Log = slog.Default()
-			if pprofAddr != "" {
-				ln, err := net.Listen("tcp", pprofAddr)
-				if err != nil {
-					return err
-				}
-				defer ln.Close()
-				go func() { _ = http.Serve(ln, nil) }() // net/http/pprof's handlers
-				slog.Info("pprof listening", "addr", ln.Addr().String())
-			}
 			if cpuProfile != "" {
 				f, err := os.Create(cpuProfile)
 				if err != nil {
@@ -159,7 +146,6 @@ produced, through the consumer, and prints the peak RSS of the process.`,
 	f.DurationVar(&opt.Consumer.BatchTimeout, "batch-timeout", 0, "consumer BatchTimeout (0: ingest default)")
 	f.IntVar(&opt.Consumer.DecodeWorkers, "decode-workers", 0, "consumer DecodeWorkers (0: ingest default, GOMAXPROCS)")
 	f.IntVar(&memLimitMB, "memory-limit-mb", 0, "Go soft memory limit (debug.SetMemoryLimit) for the run; 0 leaves GOMEMLIMIT as it is")
-	f.StringVar(&pprofAddr, "pprof", "", "serve net/http/pprof on this address (e.g. 127.0.0.1:6060) while the bench runs")
 	f.StringVar(&cpuProfile, "cpuprofile", "", "write a CPU profile of the whole run to this file")
 	return cmd
 }

@@ -6,6 +6,8 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/traceops/trace/analyzer"
+	"github.com/traceops/trace/internal/app"
 	"github.com/traceops/trace/internal/bus"
 	"github.com/traceops/trace/internal/config"
 	"github.com/traceops/trace/sink"
@@ -41,4 +43,41 @@ func connectBus(ctx context.Context, cfg config.Config) (*bus.Bus, error) {
 		return nil, fmt.Errorf("%w\n(no nats.url configured: is `trace run` running with its embedded NATS on %s?)", err, n.URL)
 	}
 	return b, err
+}
+
+// dictWriter is what a command needs to store and announce dictionaries: the
+// store, the bus, and the stored versions. Close releases them.
+type dictWriter struct {
+	st  *sink.Store
+	bus *bus.Bus
+	reg *analyzer.Registry
+}
+
+func openDictWriter(ctx context.Context, cfg config.Config) (*dictWriter, error) {
+	st, err := openStore(ctx, cfg)
+	if err != nil {
+		return nil, err
+	}
+	b, err := connectBus(ctx, cfg)
+	if err != nil {
+		st.Close()
+		return nil, err
+	}
+	reg := analyzer.NewRegistry()
+	if err := reg.Load(ctx, st); err != nil {
+		b.Close()
+		st.Close()
+		return nil, err
+	}
+	return &dictWriter{st: st, bus: b, reg: reg}, nil
+}
+
+// apply stores and announces d (see app.ApplyDictionary).
+func (w *dictWriter) apply(ctx context.Context, d *analyzer.Dictionary) (*analyzer.Dictionary, error) {
+	return app.ApplyDictionary(ctx, w.st, w.bus, w.reg, d)
+}
+
+func (w *dictWriter) Close() {
+	w.bus.Close()
+	w.st.Close()
 }

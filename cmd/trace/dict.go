@@ -9,7 +9,6 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/traceops/trace/analyzer"
-	"github.com/traceops/trace/internal/app"
 )
 
 func init() {
@@ -46,22 +45,13 @@ restart (announced on the NATS KV bucket trace_dictionaries).`,
 				return err
 			}
 			ctx := cmd.Context()
-			st, err := openStore(ctx, cfg)
+			w, err := openDictWriter(ctx, cfg)
 			if err != nil {
 				return err
 			}
-			defer st.Close()
-			b, err := connectBus(ctx, cfg)
-			if err != nil {
-				return err
-			}
-			defer b.Close()
-			reg := analyzer.NewRegistry()
-			if err := reg.Load(ctx, st); err != nil {
-				return err
-			}
+			defer w.Close()
 			for _, d := range ds {
-				stored, err := app.ApplyDictionary(ctx, st, b, reg, d)
+				stored, err := w.apply(ctx, d)
 				if err != nil {
 					return err
 				}

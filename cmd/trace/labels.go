@@ -9,7 +9,6 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/traceops/trace/analyzer"
-	"github.com/traceops/trace/internal/app"
 )
 
 func init() {
@@ -58,23 +57,13 @@ dictionary version the events name.`,
 				if err != nil {
 					return err
 				}
-				st, err := openStore(ctx, cfg)
+				w, err := openDictWriter(ctx, cfg)
 				if err != nil {
 					return err
 				}
-				defer st.Close()
-				b, err := connectBus(ctx, cfg)
-				if err != nil {
-					return err
-				}
-				defer b.Close()
-				reg := analyzer.NewRegistry()
-				if err := reg.Load(ctx, st); err != nil {
-					return err
-				}
-				d := analyzer.DictionaryFromCandidates(scope, cands)
-				if existing := reg.Version(scope.Environment, scope.AgentVersion, scope.DictionaryVersion); existing == nil {
-					if _, err := app.ApplyDictionary(ctx, st, b, reg, d); err != nil {
+				defer w.Close()
+				if w.reg.Version(scope.Environment, scope.AgentVersion, scope.DictionaryVersion) == nil {
+					if _, err := w.apply(ctx, analyzer.DictionaryFromCandidates(scope, cands)); err != nil {
 						return err
 					}
 				}

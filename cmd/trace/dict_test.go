@@ -1,0 +1,62 @@
+package main
+
+import (
+	"context"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/segmentio/kafka-go"
+
+	"github.com/traceops/trace/internal/shareddata"
+	"github.com/traceops/trace/internal/testenv"
+)
+
+// TestDictAndLabelsImportCommands drives `trace dict apply/show` and
+// `trace labels import` against real servers.
+func TestDictAndLabelsImportCommands(t *testing.T) {
+	dir := shareddata.Dir(t, "trace-release/pipeline")
+	brokers := testenv.Kafka(t)
+	ch := testenv.ClickHouse(t)
+	ns := testenv.NATS(t)
+	topic := testenv.UniqueTopic(t, "labels")
+	testenv.CreateTopic(t, brokers, topic, 1)
+	sets := []string{"--set", "clickhouse.addr=" + ch.Addr, "--set", "clickhouse.database=" + ch.Database,
+		"--set", "nats.url=" + ns.URL(), "--set", "kafka.brokers=" + brokers[0]}
+	ctx := context.Background()
+
+	out, err := runCLI(t, ctx, append([]string{"dict", "apply", "../../analyzer/dictionaries/tau-tools.yaml"}, sets...)...)
+	if err != nil || !strings.Contains(out, "sim-airline/*: version 1 (5 capabilities)") {
+		t.Fatalf("dict apply (%v):\n%s", err, out)
+	}
+	// Applying the same content again stores nothing new.
+	out, err = runCLI(t, ctx, append([]string{"dict", "apply", "../../analyzer/dictionaries/tau-tools.yaml"}, sets...)...)
+	if err != nil || !strings.Contains(out, "version 1 ") {
+		t.Fatalf("re-apply (%v):\n%s", err, out)
+	}
+	out, err = runCLI(t, ctx, append([]string{"labels", "import", "--runs", filepath.Join(dir, "run_*.json"),
+		"--candidates", filepath.Join(dir, "candidate_capabilities.json"), "--environment", "tau2-bench",
+		"--agent-version", "qwen3", "--topic", topic}, sets...)...)
+	if err != nil || !strings.Contains(out, "published 14760 label events (10 runs)") {
+		t.Fatalf("labels import (%v):\n%s", err, out)
+	}
+	conn, err := kafka.DialLeader(ctx, "tcp", brokers[0], topic, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	last, err := conn.ReadLastOffset()
+	conn.Close()
+	if err != nil || last != 14760 {
+		t.Fatalf("topic holds %d events (%v), want 14760", last, err)
+	}
+	out, err = runCLI(t, ctx, append([]string{"dict", "show"}, sets...)...)
+	for _, want := range []string{"sim-airline / agent * — version 1", "tau2-bench / agent qwen3 — version 1 (import", "multi_step_transaction_completion"} {
+		if err != nil || !strings.Contains(out, want) {
+			t.Fatalf("dict show lacks %q (%v):\n%s", want, err, out)
+		}
+	}
+	_, err = runCLI(t, ctx, append([]string{"labels", "import", "--runs", filepath.Join(dir, "run_*.json"), "--agent-version", "x"}, sets...)...)
+	if err == nil || !strings.Contains(err.Error(), "--environment") {
+		t.Fatalf("missing --environment: %v", err)
+	}
+}
