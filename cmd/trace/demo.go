@@ -209,7 +209,7 @@ func (d *demo) run(ctx, parent context.Context, linger time.Duration) (*demoSumm
 	case err := <-runErr:
 		return nil, err
 	}
-	dash := "http://" + d.cfg.HTTP.Addr + "/"
+	dash := "http://" + a.HTTPAddr() + "/"
 	d.logf("trace demo: %d simulated rollouts from %d agent cohorts → Kafka %s → ClickHouse → NATS %s", d.rollouts, len(fleet), strings.Join(a.Brokers, ","), a.NATSURL)
 	d.logf("dashboard: %s", dash)
 

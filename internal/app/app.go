@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"os"
 	"sync"
 	"time"
@@ -53,7 +54,11 @@ type App struct {
 	readyCh    chan struct{}
 	background []Actor // actors the roles need (e.g. the LLM audit writer)
 	llm        *llm.Client
+	httpAddr   string
 }
+
+// HTTPAddr is the address the serve role listens on (after Ready).
+func (a *App) HTTPAddr() string { return a.httpAddr }
 
 // Start brings up the infrastructure (embedded where nothing is configured),
 // migrates ClickHouse, connects NATS and loads the dictionaries. Close undoes it.
@@ -259,9 +264,14 @@ func (a *App) Run(ctx context.Context, extra ...Actor) error {
 		if err != nil {
 			return err
 		}
+		ln, err := net.Listen("tcp", a.Cfg.HTTP.Addr)
+		if err != nil {
+			return fmt.Errorf("http.addr %s: %w", a.Cfg.HTTP.Addr, err)
+		}
+		a.httpAddr = ln.Addr().String()
 		g.Add(func() error {
-			if err := srv.ListenAndServe(); !errors.Is(err, httpErrServerClosed) {
-				return fmt.Errorf("http %s: %w", a.Cfg.HTTP.Addr, err)
+			if err := srv.Serve(ln); !errors.Is(err, httpErrServerClosed) {
+				return fmt.Errorf("http %s: %w", a.httpAddr, err)
 			}
 			return nil
 		}, func(error) {
@@ -269,7 +279,7 @@ func (a *App) Run(ctx context.Context, extra ...Actor) error {
 			defer cancel()
 			_ = srv.Shutdown(sctx)
 		})
-		a.Log.Info("serving dashboard, API and metrics", "url", "http://"+a.Cfg.HTTP.Addr+"/", "metrics", "http://"+a.Cfg.HTTP.Addr+"/metrics")
+		a.Log.Info("serving dashboard, API and metrics", "url", "http://"+a.httpAddr+"/", "metrics", "http://"+a.httpAddr+"/metrics")
 	}
 	for _, x := range append(a.background, extra...) {
 		addActor(&g, ctx, x.Name, x.Run)

@@ -1,0 +1,55 @@
+package app_test
+
+import (
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/traceops/trace/internal/testenv"
+)
+
+// TestServeEndpoints: health and readiness are open; /metrics, the API and
+// the dashboard need the bearer token (header, or ?token= for pages).
+func TestServeEndpoints(t *testing.T) {
+	ch := testenv.ClickHouse(t)
+	w := newWorld(t, ch.Addr, 1)
+	cfg := withRoles(w.cfg, "serve")
+	cfg.HTTP.BearerToken = "s3cret-token"
+	a, stop := w.start(t, cfg)
+	defer stop()
+	<-a.Ready()
+	base := "http://" + a.HTTPAddr()
+	get := func(path, token string) (int, string) {
+		req, _ := http.NewRequest("GET", base+path, nil)
+		if token != "" {
+			req.Header.Set("Authorization", "Bearer "+token)
+		}
+		res, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer res.Body.Close()
+		b, _ := io.ReadAll(res.Body)
+		return res.StatusCode, string(b)
+	}
+	for _, tt := range []struct {
+		path, token string
+		code        int
+		contains    string
+	}{
+		{"/healthz", "", 200, "ok"},
+		{"/readyz", "", 200, "ready"},
+		{"/metrics", "", 401, "unauthorized"},
+		{"/metrics", "wrong", 401, "unauthorized"},
+		{"/metrics", "s3cret-token", 200, "go_goroutines"},
+		{"/api/overview", "s3cret-token", 200, "thresholds"},
+		{"/?token=s3cret-token", "", 200, "<html"},
+		{"/", "", 401, ""},
+	} {
+		code, body := get(tt.path, tt.token)
+		if code != tt.code || !strings.Contains(body, tt.contains) {
+			t.Errorf("GET %s (token %q): %d %.120q, want %d containing %q", tt.path, tt.token, code, body, tt.code, tt.contains)
+		}
+	}
+}
