@@ -439,6 +439,16 @@ var jsonSafe = func() (t [utf8.RuneSelf]bool) {
 	return t
 }()
 
+// plain8 reports whether the 8 bytes of x are all ASCII that encoding/json
+// writes as they are: none >= 0x80, < 0x20, '"', '\\', '<', '>' or '&'.
+func plain8(x uint64) bool {
+	const ones, highs = 0x0101010101010101, 0x8080808080808080
+	zero := func(v uint64) uint64 { return (v - ones) &^ v }
+	bad := x | (x - ones*0x20) // high bit: >= 0x80, or (for ASCII) < 0x20
+	bad |= zero(x^(ones*'"')) | zero(x^(ones*'\\')) | zero(x^(ones*'<')) | zero(x^(ones*'>')) | zero(x^(ones*'&'))
+	return bad&highs == 0
+}
+
 // appendString quotes s exactly like encoding/json (HTML-safe escapes,
 // U+2028/U+2029 escaped, invalid UTF-8 as \ufffd).
 func appendString(b []byte, s string) []byte { return appendQuoted(b, s) }
@@ -449,6 +459,14 @@ func appendQuoted[S string | []byte](dst []byte, src S) []byte {
 	dst = append(dst, '"')
 	start := 0
 	for i := 0; i < len(src); {
+		// Skip 8 plain ASCII bytes at a time.
+		for i+8 <= len(src) && plain8(uint64(src[i])|uint64(src[i+1])<<8|uint64(src[i+2])<<16|uint64(src[i+3])<<24|
+			uint64(src[i+4])<<32|uint64(src[i+5])<<40|uint64(src[i+6])<<48|uint64(src[i+7])<<56) {
+			i += 8
+		}
+		if i >= len(src) {
+			break
+		}
 		if c := src[i]; c < utf8.RuneSelf {
 			if jsonSafe[c] {
 				i++
