@@ -212,7 +212,7 @@ func (a *App) Run(ctx context.Context, extra ...Actor) error {
 
 	if a.Cfg.Has("ingest") {
 		c, err := ingest.NewConsumer(a.consumerConfig(a.Cfg.Kafka.IngestGroup, a.Cfg.Kafka.RolloutsTopic, "ingest"),
-			ingest.DecodeRollout(a.Cfg.Kafka.MaxBytes), &ingest.RolloutSink{Store: a.Store}, a.Log, im)
+			ingest.DecodeRolloutRow(a.Cfg.Kafka.MaxBytes), &ingest.RowSink{Store: a.Store}, a.Log, im)
 		if err != nil {
 			return err
 		}

@@ -597,7 +597,7 @@ func (e *env) obvious(ctx context.Context, set Set, _ *Dataset, topic string, n 
 // countingSink counts the rows the wrapped sink made durable and signals
 // when target is reached.
 type countingSink struct {
-	inner  ingest.Sink[*schemas.Rollout]
+	inner  ingest.Sink[*sink.RolloutRow]
 	n      atomic.Int64
 	target int64
 	done   chan struct{}
@@ -607,7 +607,7 @@ type countingSink struct {
 	writes atomic.Int64
 }
 
-func (s *countingSink) Write(ctx context.Context, batch []ingest.Record[*schemas.Rollout]) error {
+func (s *countingSink) Write(ctx context.Context, batch []ingest.Record[*sink.RolloutRow]) error {
 	t0 := time.Now()
 	err := s.inner.Write(ctx, batch)
 	s.busy.Add(int64(time.Since(t0)))
@@ -621,7 +621,7 @@ func (s *countingSink) Write(ctx context.Context, batch []ingest.Record[*schemas
 	return nil
 }
 
-// trace: ingest.Consumer with ingest.RolloutSink, as `trace run` ingests.
+// trace: ingest.Consumer with DecodeRolloutRow and RowSink, as `trace run` ingests.
 func (e *env) trace(ctx context.Context, set Set, _ *Dataset, topic string, n int, bytes int64) (Result, error) {
 	db := e.dbName(set, "trace")
 	store, err := e.store(ctx, db)
@@ -650,15 +650,15 @@ func (e *env) runConsumer(ctx context.Context, topic, group string, store *sink.
 	cfg.Brokers, cfg.Topic, cfg.GroupID = e.brokers, topic, group
 	cfg.LagInterval = -1
 	var first atomic.Int64
-	dec := ingest.DecodeRollout(cfg.MaxMessageBytes)
-	decode := func(b []byte) (*schemas.Rollout, error) {
+	dec := ingest.DecodeRolloutRow(cfg.MaxMessageBytes)
+	decode := func(b []byte) (*sink.RolloutRow, error) {
 		if first.Load() == 0 {
 			first.CompareAndSwap(0, time.Now().UnixNano())
 		}
 		return dec(b)
 	}
-	cs := &countingSink{inner: &ingest.RolloutSink{Store: store}, target: target, done: make(chan struct{})}
-	c, err := ingest.NewConsumer[*schemas.Rollout](cfg, decode, cs, e.log, nil)
+	cs := &countingSink{inner: &ingest.RowSink{Store: store}, target: target, done: make(chan struct{})}
+	c, err := ingest.NewConsumer[*sink.RolloutRow](cfg, decode, cs, e.log, nil)
 	if err != nil {
 		return cfg, 0, err
 	}
