@@ -93,10 +93,10 @@ func New(d Deps) http.Handler {
 	mux.HandleFunc("GET /triggers", s.pageTriggers)
 	mux.HandleFunc("GET /trends", s.pageTrends)
 	mux.HandleFunc("GET /api/{$}", s.apiIndex)
-	mux.HandleFunc("GET /api/overview", s.apiOverview)
-	mux.HandleFunc("GET /api/capability", s.apiCapability)
-	mux.HandleFunc("GET /api/triggers", s.apiTriggers)
-	mux.HandleFunc("GET /api/trends", s.apiTrends)
+	mux.HandleFunc("GET /api/overview", apiHandler(s, parseOverview, (*server).overview))
+	mux.HandleFunc("GET /api/capability", apiHandler(s, parseCapability, (*server).capability))
+	mux.HandleFunc("GET /api/triggers", apiHandler(s, parseTriggers, (*server).triggers))
+	mux.HandleFunc("GET /api/trends", apiHandler(s, parseTrends, (*server).trends))
 	assets, _ := fs.Sub(files, "assets")
 	static := http.StripPrefix("/assets/", http.FileServer(http.FS(assets)))
 	mux.Handle("GET /assets/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -269,78 +269,24 @@ func (s *server) apiIndex(w http.ResponseWriter, _ *http.Request) {
 	})
 }
 
-func (s *server) apiOverview(w http.ResponseWriter, r *http.Request) {
-	p, err := parseOverview(r)
-	if err == nil && s.d.Store == nil {
-		err = errNoStore
+// apiHandler serves one JSON endpoint: parse the query, load, encode.
+func apiHandler[P, R any](s *server, parse func(*http.Request) (P, error), load func(*server, context.Context, P) (R, error)) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		p, err := parse(r)
+		if err == nil && s.d.Store == nil {
+			err = errNoStore
+		}
+		if err != nil {
+			s.writeError(w, r, err, true)
+			return
+		}
+		ctx, cancel := s.ctx(r)
+		defer cancel()
+		resp, err := load(s, ctx, p)
+		if err != nil {
+			s.writeError(w, r, err, true)
+			return
+		}
+		s.writeJSON(w, resp)
 	}
-	if err != nil {
-		s.writeError(w, r, err, true)
-		return
-	}
-	ctx, cancel := s.ctx(r)
-	defer cancel()
-	resp, err := s.overview(ctx, p)
-	if err != nil {
-		s.writeError(w, r, err, true)
-		return
-	}
-	s.writeJSON(w, resp)
-}
-
-func (s *server) apiCapability(w http.ResponseWriter, r *http.Request) {
-	p, err := parseCapability(r)
-	if err == nil && s.d.Store == nil {
-		err = errNoStore
-	}
-	if err != nil {
-		s.writeError(w, r, err, true)
-		return
-	}
-	ctx, cancel := s.ctx(r)
-	defer cancel()
-	resp, err := s.capability(ctx, p)
-	if err != nil {
-		s.writeError(w, r, err, true)
-		return
-	}
-	s.writeJSON(w, resp)
-}
-
-func (s *server) apiTriggers(w http.ResponseWriter, r *http.Request) {
-	p, err := parseTriggers(r)
-	if err == nil && s.d.Store == nil {
-		err = errNoStore
-	}
-	if err != nil {
-		s.writeError(w, r, err, true)
-		return
-	}
-	ctx, cancel := s.ctx(r)
-	defer cancel()
-	resp, err := s.triggers(ctx, p)
-	if err != nil {
-		s.writeError(w, r, err, true)
-		return
-	}
-	s.writeJSON(w, resp)
-}
-
-func (s *server) apiTrends(w http.ResponseWriter, r *http.Request) {
-	p, err := parseTrends(r)
-	if err == nil && s.d.Store == nil {
-		err = errNoStore
-	}
-	if err != nil {
-		s.writeError(w, r, err, true)
-		return
-	}
-	ctx, cancel := s.ctx(r)
-	defer cancel()
-	resp, err := s.trends(ctx, p)
-	if err != nil {
-		s.writeError(w, r, err, true)
-		return
-	}
-	s.writeJSON(w, resp)
 }
