@@ -39,7 +39,7 @@ func TestReportOnTheTraceRelease(t *testing.T) {
 	if err := st.InsertLabels(ctx, rows); err != nil {
 		t.Fatal(err)
 	}
-	sets := []string{"--set", "clickhouse.addr=" + ch.Addr, "--set", "clickhouse.database=" + ch.Database}
+	sets := []string{"--set", "clickhouse.addr=" + ch.Addr, "--set", "clickhouse.database=" + ch.Database, "--set", "analyzer.labeler=none"}
 	out, err := runCLI(t, ctx, append([]string{"report", "--format", "json"}, sets...)...)
 	if err != nil {
 		t.Fatal(err)

@@ -163,10 +163,12 @@ func Default() Config {
 		},
 		ClickHouse: sink.Config{Database: "trace", User: "default", DialTimeout: 5 * time.Second, MaxOpenConns: 8},
 		NATS:       bus.Config{Duplicates: bus.DefaultDuplicates},
-		Analyzer:   Analyzer{EvalConfig: analyzer.EvalConfig{}.WithDefaults(), Labeler: "rules", SampleFailed: 1, SamplePassed: 1, Concurrency: 8},
-		LLM:        LLM{Timeout: 60 * time.Second, Concurrency: 4, Runs: 10, Structured: "json_schema"},
-		HTTP:       HTTP{Addr: "127.0.0.1:8080"},
-		Embedded:   Embedded{ClickHousePort: 29000, ClickHouseHTTPPort: 28123, NATSPort: 4222},
+		// K and N stay 0 here: Load derives them from the labeler.
+		Analyzer: Analyzer{Labeler: "rules", SampleFailed: 1, SamplePassed: 1, Concurrency: 8,
+			UnexplainedThreshold: analyzer.DefaultUnexplainedThreshold, DiscoveryCooldown: time.Hour, DiscoverySample: 10},
+		LLM:      LLM{Timeout: 60 * time.Second, Concurrency: 4, Runs: 10, Structured: "json_schema"},
+		HTTP:     HTTP{Addr: "127.0.0.1:8080"},
+		Embedded: Embedded{ClickHousePort: 29000, ClickHouseHTTPPort: 28123, NATSPort: 4222},
 	}
 }
 
@@ -219,6 +221,21 @@ func Load(path string, overrides []string) (Config, error) {
 	var c Config
 	if err := k.UnmarshalWithConf("", &c, koanf.UnmarshalConf{Tag: "koanf", FlatPaths: false}); err != nil {
 		return Config{}, fmt.Errorf("config: %w", err)
+	}
+	// Unset K and N follow the labeler: the rules labeler is deterministic
+	// and runs once (K = N = 1); the llm labeler makes llm.runs runs, of
+	// which K = 8 of 10 (scaled) must pass; external labels use 8 of 10.
+	an := &c.Analyzer
+	if an.N == 0 {
+		switch an.Labeler {
+		case "rules":
+			an.N = 1
+		case "llm":
+			an.N = c.LLM.Runs
+		}
+	}
+	if an.K == 0 && an.N > 0 && an.N != 10 {
+		an.K = max(1, (8*an.N+9)/10)
 	}
 	// Unset (zero) analyzer thresholds take the paper's defaults.
 	c.Analyzer.EvalConfig = c.Analyzer.EvalConfig.WithDefaults()

@@ -24,7 +24,7 @@ analyzer:
 `), 0o644)
 	t.Setenv("TRACE_KAFKA__BATCH_ROWS", "7000")
 	t.Setenv("TRACE_HTTP__BEARER_TOKEN", "tok")
-	c, err := Load(f, []string{"analyzer.k=2", "roles=ingest,serve"})
+	c, err := Load(f, []string{"analyzer.k=2", "analyzer.labeler=none", "roles=ingest,serve"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -72,5 +72,27 @@ func TestValidateNamesTheField(t *testing.T) {
 	}
 	if _, err := Load(filepath.Join(t.TempDir(), "missing.yaml"), nil); err == nil || !strings.Contains(err.Error(), "config file") {
 		t.Fatalf("missing file: %v", err)
+	}
+}
+
+func TestKAndNFollowTheLabeler(t *testing.T) {
+	tests := []struct {
+		set  []string
+		k, n int
+	}{
+		{nil, 1, 1}, // rules: deterministic, one run
+		{[]string{"analyzer.labeler=none"}, 8, 10},
+		{[]string{"analyzer.labeler=llm", "llm.base_url=http://h/v1", "llm.model=m"}, 8, 10},
+		{[]string{"analyzer.labeler=llm", "llm.base_url=http://h/v1", "llm.model=m", "llm.runs=5"}, 4, 5},
+		{[]string{"analyzer.labeler=llm", "llm.base_url=http://h/v1", "llm.model=m", "analyzer.k=3", "analyzer.n=4"}, 3, 4},
+	}
+	for _, tt := range tests {
+		c, err := Load("", tt.set)
+		if err != nil {
+			t.Fatalf("%v: %v", tt.set, err)
+		}
+		if c.Analyzer.K != tt.k || c.Analyzer.N != tt.n {
+			t.Errorf("%v: k=%d n=%d, want %d %d", tt.set, c.Analyzer.K, c.Analyzer.N, tt.k, tt.n)
+		}
 	}
 }
