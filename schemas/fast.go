@@ -475,19 +475,7 @@ func (d *fastDec) skip() {
 		}
 		d.depth--
 	case '[':
-		d.push()
-		d.i++
-		if d.peek() == ']' {
-			d.i++
-		} else {
-			for {
-				d.skip()
-				if !d.more(']') {
-					break
-				}
-			}
-		}
-		d.depth--
+		d.elements(d.skip)
 	case 't':
 		d.literal("true")
 	case 'f':
@@ -519,20 +507,8 @@ func (d *fastDec) any() any {
 	case '{':
 		return d.object()
 	case '[':
-		d.push()
-		d.i++
 		a := []any{}
-		if d.peek() == ']' {
-			d.i++
-		} else {
-			for {
-				a = append(a, d.any())
-				if !d.more(']') {
-					break
-				}
-			}
-		}
-		d.depth--
+		d.elements(func() { a = append(a, d.any()) })
 		return a
 	case 't':
 		d.literal("true")
@@ -890,6 +866,24 @@ func (d *fastDec) beginObject(what string) bool {
 	return true
 }
 
+// elements consumes the array at d.i ('[' not yet consumed), calling fn once
+// per element; fn consumes the element.
+func (d *fastDec) elements(fn func()) {
+	d.push()
+	d.i++
+	if d.peek() == ']' {
+		d.i++
+	} else {
+		for {
+			fn()
+			if !d.more(']') {
+				break
+			}
+		}
+	}
+	d.depth--
+}
+
 // members calls fn for each member of the object whose '{' was consumed.
 // The key passed to fn may be a view of the input: fn must not keep it.
 func (d *fastDec) members(fn func(k string)) {
@@ -973,24 +967,12 @@ func (d *fastDec) messages(r *Rollout) bool {
 		d.skip()
 		return d.invalid("messages is not an array")
 	}
-	d.push()
-	d.i++
 	ok := true
 	msgs := make([]Message, 0, 32)
-	if d.peek() == ']' {
-		d.i++
-	} else {
-		for {
-			msgs = append(msgs, Message{})
-			if !d.message(&msgs[len(msgs)-1]) {
-				ok = false
-			}
-			if !d.more(']') {
-				break
-			}
-		}
-	}
-	d.depth--
+	d.elements(func() {
+		msgs = append(msgs, Message{})
+		ok = d.message(&msgs[len(msgs)-1]) && ok
+	})
 	r.Messages = msgs
 	if len(msgs) == 0 {
 		return d.invalid("messages is empty")
@@ -1080,24 +1062,12 @@ func (d *fastDec) message(m *Message) bool {
 }
 
 func (d *fastDec) toolCalls() ([]ToolCall, bool) {
-	d.push()
-	d.i++
 	ok := true
 	calls := []ToolCall{}
-	if d.peek() == ']' {
-		d.i++
-	} else {
-		for {
-			calls = append(calls, ToolCall{})
-			if !d.toolCall(&calls[len(calls)-1]) {
-				ok = false
-			}
-			if !d.more(']') {
-				break
-			}
-		}
-	}
-	d.depth--
+	d.elements(func() {
+		calls = append(calls, ToolCall{})
+		ok = d.toolCall(&calls[len(calls)-1]) && ok
+	})
 	return calls, ok
 }
 
@@ -1146,24 +1116,12 @@ func (d *fastDec) tools(r *Rollout) bool {
 		d.skip()
 		return d.invalid("tools is not an array")
 	}
-	d.push()
-	d.i++
 	ok := true
 	tools := []Tool{}
-	if d.peek() == ']' {
-		d.i++
-	} else {
-		for {
-			tools = append(tools, Tool{})
-			if !d.tool(&tools[len(tools)-1]) {
-				ok = false
-			}
-			if !d.more(']') {
-				break
-			}
-		}
-	}
-	d.depth--
+	d.elements(func() {
+		tools = append(tools, Tool{})
+		ok = d.tool(&tools[len(tools)-1]) && ok
+	})
 	r.Tools = tools
 	return ok
 }
@@ -1253,22 +1211,12 @@ func (d *fastDec) grader(r *Rollout) bool {
 				set(&seen, &bad, fReasons, false)
 				return
 			}
-			d.push()
-			d.i++
 			reasons := []string{}
-			if d.peek() == ']' {
-				d.i++
-			} else {
-				for {
-					s, sok := d.typedStr("grader.reasons item")
-					reasons = append(reasons, s)
-					ok = ok && sok
-					if !d.more(']') {
-						break
-					}
-				}
-			}
-			d.depth--
+			d.elements(func() {
+				s, sok := d.typedStr("grader.reasons item")
+				reasons = append(reasons, s)
+				ok = ok && sok
+			})
 			g.Reasons = reasons
 			set(&seen, &bad, fReasons, ok)
 		case "breakdown":
