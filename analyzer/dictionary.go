@@ -1,10 +1,13 @@
 package analyzer
 
 import (
+	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
 	"regexp"
 	"time"
 
@@ -99,13 +102,13 @@ func (d *Dictionary) Fingerprint() string {
 // ParseDictionaries reads one or more YAML documents, each a Dictionary, and
 // validates them.
 func ParseDictionaries(name string, data []byte) ([]*Dictionary, error) {
-	dec := yaml.NewDecoder(bytesReader(data))
+	dec := yaml.NewDecoder(bytes.NewReader(data))
 	var out []*Dictionary
 	for {
 		var d Dictionary
 		err := dec.Decode(&d)
 		if err != nil {
-			if err.Error() == "EOF" {
+			if errors.Is(err, io.EOF) {
 				break
 			}
 			return nil, fmt.Errorf("%s: %w", name, err)

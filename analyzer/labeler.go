@@ -1,14 +1,10 @@
 package analyzer
 
 import (
-	"bytes"
 	"context"
-	"io"
 
 	"github.com/traceops/trace/schemas"
 )
-
-func bytesReader(b []byte) io.Reader { return bytes.NewReader(b) }
 
 // RunLabels is the outcome of one labeling run on one rollout: exactly one
 // label per capability of the dictionary, or Failed with the reason (the run

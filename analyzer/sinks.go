@@ -41,10 +41,11 @@ func (s *LabelingSink) Write(ctx context.Context, batch []ingest.Record[*schemas
 	runRecs := make([][]sink.LabelRun, len(batch))
 	record := s.Labeler.Runs() > 1 || s.Labeler.Name() == schemas.SourceLLM
 	g, gctx := errgroup.WithContext(ctx)
-	g.SetLimit(max(1, s.Concurrency))
-	if s.Concurrency == 0 {
-		g.SetLimit(8)
+	limit := s.Concurrency
+	if limit <= 0 {
+		limit = 8
 	}
+	g.SetLimit(limit)
 	for i, rec := range batch {
 		r := rec.Value
 		d := s.Registry.Resolve(r.Environment, r.Agent.Version)

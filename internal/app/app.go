@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/http"
 	"os"
 	"sync"
 	"time"
@@ -270,7 +271,7 @@ func (a *App) Run(ctx context.Context, extra ...Actor) error {
 		}
 		a.httpAddr = ln.Addr().String()
 		g.Add(func() error {
-			if err := srv.Serve(ln); !errors.Is(err, httpErrServerClosed) {
+			if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
 				return fmt.Errorf("http %s: %w", a.httpAddr, err)
 			}
 			return nil

@@ -11,8 +11,6 @@ import (
 	"github.com/traceops/trace/internal/dashboard"
 )
 
-var httpErrServerClosed = http.ErrServerClosed
-
 func (a *App) httpServer() (*http.Server, error) {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { w.Write([]byte("ok\n")) })
