@@ -82,7 +82,11 @@ SIGTERM drains every role (the batch in flight is committed) and exits 0.`,
 			if err != nil {
 				return err
 			}
-			b, err := yaml.Marshal(configYAML(cfg.Redacted()))
+			m, err := cfg.Redacted().Map()
+			if err != nil {
+				return err
+			}
+			b, err := yaml.Marshal(m)
 			if err != nil {
 				return err
 			}
@@ -96,36 +100,3 @@ SIGTERM drains every role (the batch in flight is committed) and exits 0.`,
 }
 
 func joinComma(s []string) string { return strings.Join(s, ",") }
-
-// configYAML renders the config with its koanf key names.
-func configYAML(c config.Config) map[string]any {
-	k := map[string]any{}
-	k["data_dir"] = c.DataDir
-	k["roles"] = c.Roles
-	k["kafka"] = map[string]any{
-		"brokers": c.Kafka.Brokers, "embedded_addr": c.Kafka.EmbeddedAddr, "rollouts_topic": c.Kafka.RolloutsTopic,
-		"labels_topic": c.Kafka.LabelsTopic, "dlq_topic": c.Kafka.DLQTopic, "ingest_group": c.Kafka.IngestGroup,
-		"analyze_group": c.Kafka.AnalyzeGroup, "labels_group": c.Kafka.LabelsGroup, "batch_rows": c.Kafka.BatchRows,
-		"batch_timeout": c.Kafka.BatchTimeout.String(), "max_message_bytes": c.Kafka.MaxBytes, "analyze_dead_letters": c.Kafka.AnalyzeDeadLetters,
-		"tls":  map[string]any{"enabled": c.Kafka.TLS.Enabled, "ca_file": c.Kafka.TLS.CAFile, "cert_file": c.Kafka.TLS.CertFile, "key_file": c.Kafka.TLS.KeyFile, "skip_verify": c.Kafka.TLS.SkipVerify},
-		"sasl": map[string]any{"mechanism": c.Kafka.SASL.Mechanism, "username": c.Kafka.SASL.Username, "password": c.Kafka.SASL.Password},
-	}
-	ch := c.ClickHouse
-	k["clickhouse"] = map[string]any{"addr": ch.Addr, "database": ch.Database, "user": ch.User, "password": ch.Password,
-		"tls": ch.TLS, "tls_skip_verify": ch.TLSSkipVerify, "dial_timeout": ch.DialTimeout.String(), "max_open_conns": ch.MaxOpenConns, "retention_days": ch.RetentionDays}
-	n := c.NATS
-	k["nats"] = map[string]any{"url": n.URL, "creds_file": n.CredsFile, "token": n.Token, "tls_ca": n.TLSCA, "tls_cert": n.TLSCert, "tls_key": n.TLSKey, "duplicates": n.Duplicates.String()}
-	an := c.Analyzer
-	k["analyzer"] = map[string]any{"labeler": an.Labeler, "rho": an.Rho, "delta": an.Delta, "k": an.K, "n": an.N, "window": an.Window.String(),
-		"window_rollouts": an.WindowRollouts, "min_failures": an.MinFailures, "rearm_after": an.RearmAfter.String(), "interval": an.Interval.String(),
-		"sample_failed": an.SampleFailed, "sample_passed": an.SamplePassed, "concurrency": an.Concurrency,
-		"settle": an.Settle.String(), "max_delay": an.MaxDelay.String(), "unexplained_threshold": an.UnexplainedThreshold,
-		"discovery_cooldown": an.DiscoveryCooldown.String(), "discovery_sample": an.DiscoverySample}
-	l := c.LLM
-	k["llm"] = map[string]any{"base_url": l.BaseURL, "model": l.Model, "api_key": l.APIKey, "timeout": l.Timeout.String(), "concurrency": l.Concurrency,
-		"rate_per_second": l.RatePerSecond, "runs": l.Runs, "structured_output": l.Structured}
-	k["http"] = map[string]any{"addr": c.HTTP.Addr, "bearer_token": c.HTTP.BearerToken}
-	k["dictionaries"] = c.Dictionary
-	k["embedded"] = map[string]any{"clickhouse_port": c.Embedded.ClickHousePort, "clickhouse_http_port": c.Embedded.ClickHouseHTTPPort, "nats_port": c.Embedded.NATSPort}
-	return k
-}

@@ -116,11 +116,11 @@ type SASL struct {
 
 // Analyzer configures labeling and the trigger.
 type Analyzer struct {
-	analyzer.EvalConfig `koanf:",squash"`
-	Labeler             string  `koanf:"labeler"`       // rules | llm | none (external labels only)
-	SampleFailed        float64 `koanf:"sample_failed"` // share of failed rollouts labeled by the llm labeler
-	SamplePassed        float64 `koanf:"sample_passed"` // share of passed rollouts labeled by the llm labeler
-	Concurrency         int     `koanf:"concurrency"`   // rollouts labeled at once
+	analyzer.EvalConfig `koanf:",squash,flatten"` // squash: mapstructure (load), flatten: structs (defaults, print)
+	Labeler             string                    `koanf:"labeler"`       // rules | llm | none (external labels only)
+	SampleFailed        float64                   `koanf:"sample_failed"` // share of failed rollouts labeled by the llm labeler
+	SamplePassed        float64                   `koanf:"sample_passed"` // share of passed rollouts labeled by the llm labeler
+	Concurrency         int                       `koanf:"concurrency"`   // rollouts labeled at once
 	// Discovery (needs llm.base_url): a scope without a dictionary, or whose
 	// window has more than UnexplainedThreshold of its failures without any
 	// LACKING label, gets a new dictionary version from the discovery agent,
