@@ -269,24 +269,32 @@ func (s *server) apiIndex(w http.ResponseWriter, _ *http.Request) {
 	})
 }
 
-// apiHandler serves one JSON endpoint: parse the query, load, encode.
-func apiHandler[P, R any](s *server, parse func(*http.Request) (P, error), load func(*server, context.Context, P) (R, error)) http.HandlerFunc {
-	return func(w http.ResponseWriter, r *http.Request) {
-		p, err := parse(r)
-		if err == nil && s.d.Store == nil {
-			err = errNoStore
-		}
-		if err != nil {
-			s.writeError(w, r, err, true)
-			return
-		}
+// fetch parses a request's parameters and loads its data; on failure it has
+// written the error (as JSON for the API, as a page otherwise).
+func fetch[P, R any](s *server, w http.ResponseWriter, r *http.Request, parse func(*http.Request) (P, error),
+	load func(*server, context.Context, P) (R, error), asJSON bool) (P, R, bool) {
+	var resp R
+	p, err := parse(r)
+	if err == nil && s.d.Store == nil {
+		err = errNoStore
+	}
+	if err == nil {
 		ctx, cancel := s.ctx(r)
 		defer cancel()
-		resp, err := load(s, ctx, p)
-		if err != nil {
-			s.writeError(w, r, err, true)
-			return
+		resp, err = load(s, ctx, p)
+	}
+	if err != nil {
+		s.writeError(w, r, err, asJSON)
+		return p, resp, false
+	}
+	return p, resp, true
+}
+
+// apiHandler serves one JSON endpoint.
+func apiHandler[P, R any](s *server, parse func(*http.Request) (P, error), load func(*server, context.Context, P) (R, error)) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if _, resp, ok := fetch(s, w, r, parse, load, true); ok {
+			s.writeJSON(w, resp)
 		}
-		s.writeJSON(w, resp)
 	}
 }

@@ -223,19 +223,8 @@ type overviewPage struct {
 }
 
 func (s *server) pageOverview(w http.ResponseWriter, r *http.Request) {
-	p, err := parseOverview(r)
-	if err == nil && s.d.Store == nil {
-		err = errNoStore
-	}
-	if err != nil {
-		s.writeError(w, r, err, false)
-		return
-	}
-	ctx, cancel := s.ctx(r)
-	defer cancel()
-	resp, err := s.overview(ctx, p)
-	if err != nil {
-		s.writeError(w, r, err, false)
+	_, resp, ok := fetch(s, w, r, parseOverview, (*server).overview, false)
+	if !ok {
 		return
 	}
 	pg := overviewPage{base: s.base(r, "Overview", "overview"), OverviewResponse: resp}
@@ -360,19 +349,8 @@ type capabilityPage struct {
 }
 
 func (s *server) pageCapability(w http.ResponseWriter, r *http.Request) {
-	p, err := parseCapability(r)
-	if err == nil && s.d.Store == nil {
-		err = errNoStore
-	}
-	if err != nil {
-		s.writeError(w, r, err, false)
-		return
-	}
-	ctx, cancel := s.ctx(r)
-	defer cancel()
-	resp, err := s.capability(ctx, p)
-	if err != nil {
-		s.writeError(w, r, err, false)
+	p, resp, ok := fetch(s, w, r, parseCapability, (*server).capability, false)
+	if !ok {
 		return
 	}
 	pg := capabilityPage{base: s.base(r, p.Name, "overview"), CapabilityResponse: resp}
@@ -418,19 +396,8 @@ type payloadSummary struct {
 }
 
 func (s *server) pageTriggers(w http.ResponseWriter, r *http.Request) {
-	p, err := parseTriggers(r)
-	if err == nil && s.d.Store == nil {
-		err = errNoStore
-	}
-	if err != nil {
-		s.writeError(w, r, err, false)
-		return
-	}
-	ctx, cancel := s.ctx(r)
-	defer cancel()
-	resp, err := s.triggers(ctx, p)
-	if err != nil {
-		s.writeError(w, r, err, false)
+	p, resp, ok := fetch(s, w, r, parseTriggers, (*server).triggers, false)
+	if !ok {
 		return
 	}
 	pg := triggersPage{base: s.base(r, "Triggers", "triggers"), TriggersResponse: resp, Days: p.Days}
@@ -519,19 +486,8 @@ type wowBlock struct {
 }
 
 func (s *server) pageTrends(w http.ResponseWriter, r *http.Request) {
-	p, err := parseTrends(r)
-	if err == nil && s.d.Store == nil {
-		err = errNoStore
-	}
-	if err != nil {
-		s.writeError(w, r, err, false)
-		return
-	}
-	ctx, cancel := s.ctx(r)
-	defer cancel()
-	resp, err := s.trends(ctx, p)
-	if err != nil {
-		s.writeError(w, r, err, false)
+	p, resp, ok := fetch(s, w, r, parseTrends, (*server).trends, false)
+	if !ok {
 		return
 	}
 	pg := trendsPage{base: s.base(r, "Failure trends", "trends"), TrendsResponse: resp}
