@@ -22,7 +22,19 @@ func b2u(b bool) uint8 {
 	return 0
 }
 
-// InsertRollouts writes rows in one block. A nil error means the block is
+// Rows are sent to the server in blocks of at most insertBlockRows rows or
+// about insertBlockBytes bytes of row data, all in one INSERT: the client
+// holds one block's column buffers (plus its encoded and compressed copies)
+// instead of the whole batch three times over, and the server parses one
+// block while the next is appended. The server squashes the blocks of an
+// INSERT (min_insert_block_size_rows/bytes) into one part, so a batch is
+// still one part, written when the INSERT ends.
+const (
+	insertBlockRows  = 2048
+	insertBlockBytes = 8 << 20
+)
+
+// InsertRollouts writes rows in one INSERT. A nil error means the rows are
 // durable on the server. Redelivered rows are deduplicated by the table key.
 func (s *Store) InsertRollouts(ctx context.Context, rows []RolloutRow) error {
 	if len(rows) == 0 {
@@ -37,7 +49,17 @@ func (s *Store) InsertRollouts(ctx context.Context, rows []RolloutRow) error {
 	defer b.Abort()
 	now := time.Now().UTC()
 	ns := uint64(now.UnixNano())
-	for _, r := range rows {
+	block, blockBytes := 0, 0
+	for i := range rows {
+		r := &rows[i]
+		if block >= insertBlockRows || blockBytes >= insertBlockBytes {
+			if err := b.Flush(); err != nil {
+				return fmt.Errorf("insert rollouts: %w", err)
+			}
+			block, blockBytes = 0, 0
+		}
+		block++
+		blockBytes += r.size()
 		end := ts(r.EndTime, now)
 		start := r.StartTime
 		if start.IsZero() {

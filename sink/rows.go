@@ -5,6 +5,7 @@ import (
 	"math"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 	"unicode/utf8"
@@ -34,6 +35,12 @@ type RolloutRow struct {
 	NMessages, NToolCalls, NToolErrors                      uint32
 	Messages, Tools, Grader, Metadata                       string // JSON
 	Coord                                                   Coord
+}
+
+// size is the row's data in bytes, about what it weighs in a block.
+func (r *RolloutRow) size() int {
+	return len(r.RolloutID) + len(r.Environment) + len(r.AgentName) + len(r.AgentVersion) + len(r.TaskID) +
+		len(r.Messages) + len(r.Tools) + len(r.Grader) + len(r.Metadata) + len(r.Coord.Topic) + 64
 }
 
 // CompactMessage is one message as stored: content cut to 300 characters and
@@ -133,9 +140,12 @@ func CompactMessages(msgs []schemas.Message) []CompactMessage {
 // messages as []CompactMessage, the tools, the grader, the metadata); a value
 // the hand-written encoder does not cover is handed to encoding/json.
 func RolloutRowFrom(r *schemas.Rollout, c Coord) RolloutRow {
+	// The identifiers are copied: a decoder may hand out strings that are
+	// views of one buffer per rollout, which the row must not keep alive.
 	row := RolloutRow{
-		RolloutID: r.RolloutID, Environment: r.Environment, AgentName: r.Agent.Name, AgentVersion: r.Agent.Version,
-		TaskID: r.TaskID, Success: r.Succeeded(), Reward: r.Outcome.Reward,
+		RolloutID: strings.Clone(r.RolloutID), Environment: strings.Clone(r.Environment),
+		AgentName: strings.Clone(r.Agent.Name), AgentVersion: strings.Clone(r.Agent.Version),
+		TaskID: strings.Clone(r.TaskID), Success: r.Succeeded(), Reward: r.Outcome.Reward,
 		StartTime: r.StartTime, EndTime: r.EndTime, NMessages: uint32(len(r.Messages)), Coord: c,
 	}
 	for _, m := range r.Messages {

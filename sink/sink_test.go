@@ -251,3 +251,32 @@ func TestConfigValidate(t *testing.T) {
 		}
 	}
 }
+
+// A batch larger than one block is sent as several blocks of one INSERT; the
+// server squashes them into one part, and every row lands once.
+func TestInsertRolloutsBlocksMakeOnePart(t *testing.T) {
+	s := openStore(t)
+	ctx := context.Background()
+	if err := s.Conn().Exec(ctx, "SYSTEM STOP MERGES "+s.Database()+".rollouts"); err != nil {
+		t.Fatalf("stop merges: %v", err)
+	}
+	const n = 5000 // more than two blocks
+	rows := make([]sink.RolloutRow, n)
+	for i := range rows {
+		rows[i] = sink.RolloutRowFrom(rollout(fmt.Sprint("r", i), i%2 == 0), sink.Coord{Topic: "t", Offset: int64(i)})
+	}
+	if err := s.InsertRollouts(ctx, rows); err != nil {
+		t.Fatal(err)
+	}
+	var parts, count, distinct uint64
+	if err := s.Conn().QueryRow(ctx, "SELECT count() FROM system.parts WHERE database = ? AND table = 'rollouts' AND active",
+		s.Database()).Scan(&parts); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Conn().QueryRow(ctx, "SELECT count(), uniqExact(rollout_id) FROM rollouts").Scan(&count, &distinct); err != nil {
+		t.Fatal(err)
+	}
+	if parts != 1 || count != n || distinct != n {
+		t.Fatalf("%d parts, %d rows, %d distinct; want 1 part and %d rows", parts, count, distinct, n)
+	}
+}
