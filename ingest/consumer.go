@@ -48,6 +48,37 @@ type Sink[T any] interface {
 	Write(ctx context.Context, batch []Record[T]) error
 }
 
+// A StreamSink is a Sink that also takes a batch in pieces, while it is
+// being fetched and decoded, so that the consumer holds none of its records:
+// memory stays bounded by a few chunks whatever the batch size, and large
+// batches (few, large inserts) cost no memory.
+//
+// The consumer then calls Begin once per batch, Add for its records in
+// fetch order (records of one partition in offset order), and Commit when
+// the batch is sealed; Commit returning nil is the promise that lets it
+// commit the batch's offsets. When Begin, Add or Commit fails with a
+// retryable error the records are gone from memory: the consumer reads the
+// batch's offset ranges again from Kafka (outside the group) and writes them
+// to a new Stream, with backoff, until that succeeds (a retry may see the
+// partitions in another order). Write is not called. The rest of Sink's
+// contract holds: at-least-once, idempotent, one goroutine at a time.
+type StreamSink[T any] interface {
+	Sink[T]
+	// Begin starts the write of one batch; ctx bounds the whole Stream.
+	Begin(ctx context.Context) (Stream[T], error)
+}
+
+// Stream is one batch being written by a StreamSink.
+type Stream[T any] interface {
+	// Add takes the next records. It must not keep recs (the slice is
+	// reused); it may keep the values.
+	Add(recs []Record[T]) error
+	// Commit makes every added record durable.
+	Commit() error
+	// Abort ends a Stream that is not committed; a no-op after Commit.
+	Abort()
+}
+
 // SinkFunc adapts a function to a Sink.
 type SinkFunc[T any] func(ctx context.Context, batch []Record[T]) error
 
@@ -83,27 +114,38 @@ type Decoder[T any] func(value []byte) (T, error)
 //
 //   - the fetch loop (one goroutine) calls FetchMessage and cuts batches by
 //     BatchRows, BatchBytes, or BatchTimeout after the batch's first message.
-//     While it fills a batch it hands chunks of it (256 messages or 1 MiB) to
-//     the decode workers, so decoding starts before the batch is complete;
+//     It hands a batch to the write stage when it opens it, and its messages
+//     to the decode workers in chunks (256 messages or 1 MiB) as they arrive;
 //   - DecodeWorkers goroutines decode chunks in parallel; each chunk keeps its
-//     message order, and the batch is reassembled in fetch order, so records
-//     of one partition reach the sink in offset order;
-//   - the write stage (one goroutine) waits for a batch's decoding, then
-//     writes, dead-letters and commits it.
+//     message order, and the write stage takes the chunks in fetch order, so
+//     records of one partition reach the sink in offset order;
+//   - the write stage writes, dead-letters and commits each batch.
 //
-// The fetch loop hands sealed batches to the write stage through a channel of
-// capacity 1. When the sink is slow or down, that channel fills, the fetch
-// loop blocks on it and stops fetching (kafka-go's own prefetch queue of 100
-// messages fills and stops too). At most three batches are in memory: the one
-// being written, one queued, and one being filled; the raw value of a valid
-// message is released as soon as it is decoded.
+// For a plain Sink the write stage collects a batch's chunks and calls Write
+// when the batch is sealed; the next batch fills meanwhile (one more may
+// wait, sealed). At most three batches are in memory then: the one being
+// written, one queued, and one being filled.
+//
+// For a StreamSink (the ingest stage's RowSink) the write stage adds each
+// chunk to the batch's Stream as soon as it is decoded and drops it, and a
+// committer goroutine commits the Streams in order, so the next batch
+// streams while the previous one commits. Memory is then bounded by the
+// chunks in flight (at most 16 per batch waiting for the write stage, plus
+// the decode queue), not by the batch size: batches can be as large as the
+// database likes its inserts.
+//
+// When the sink is slow or down, these hand-offs fill, the fetch loop blocks
+// and stops fetching (kafka-go's own prefetch queue of 100 messages fills
+// and stops too). The raw value of a valid message is released as soon as
+// it is decoded.
 //
 // # Errors
 //
 // Sink errors are classified by Config.IsRetryable: retryable ones are retried
 // on the same batch forever with capped, jittered exponential backoff
-// (cenkalti/backoff/v4) and a warning per attempt; while that goes on nothing
-// is fetched or committed. Any other sink error stops Run, which returns it
+// (cenkalti/backoff/v4) and a warning per attempt (a StreamSink's batch is
+// read again from Kafka for each retry); while that goes on nothing is
+// fetched or committed. Any other sink error stops Run, which returns it
 // and commits nothing of the failed batch. Kafka errors (fetch, DLQ write,
 // commit) are always retried the same way: they never lose data and never
 // stop the consumer.
@@ -205,10 +247,12 @@ const (
 
 // Run consumes until ctx is cancelled or a fatal error occurs.
 //
-// On cancellation it stops fetching, lets the batch being written finish
-// (sink write, dead letters, commit) for at most Config.DrainTimeout, drops
-// the batches not yet written without committing them (they are redelivered
-// to whoever owns their partitions next), closes the reader and the DLQ
+// On cancellation it stops fetching and seals the batch being filled; the
+// batch the write stage holds (with a StreamSink: also the one committing)
+// is finished (sink write, dead letters, commit) within Config.DrainTimeout;
+// batches not yet taken by the write stage are dropped without committing
+// them (they are redelivered to whoever owns their partitions next). It
+// then closes the reader and the DLQ
 // writer, and returns nil. It returns within about DrainTimeout + 1s of the
 // cancellation even if the broker or the sink hang: the Kafka clients are
 // closed in the background with a bounded wait, and a Sink.Write that ignores
@@ -276,14 +320,14 @@ func (c *Consumer[T]) Run(ctx context.Context) error {
 		workers.Add(1)
 		go func() {
 			defer workers.Done()
-			c.decodeWorker(runCtx, jobs)
+			c.decodeWorker(jobs)
 		}()
 	}
 	fetchDone := make(chan struct{})
 	go func() {
 		defer close(fetchDone)
 		defer close(jobs)
-		c.fetchLoop(runCtx, reader, jobs, batches)
+		c.fetchLoop(runCtx, work, reader, jobs, batches)
 	}()
 	lagDone := make(chan struct{})
 	go func() {
@@ -324,6 +368,7 @@ func (c *Consumer[T]) Run(ctx context.Context) error {
 	}
 	stopAt.CompareAndSwap(0, time.Now().UnixNano())
 	cancelRun()
+	cancelWork() // the writer is done (or abandoned): nothing waits for it any more
 	<-fetchDone
 	workers.Wait()
 	<-lagDone
@@ -400,18 +445,19 @@ func newTransport(d *kafka.Dialer) *kafka.Transport {
 	}
 }
 
-// A batch is the unit of sink writes and commits. The fetch loop fills it and
-// hands its messages to the decode workers in chunks as they arrive, so that
-// decoding overlaps fetching; decoded is closed when every chunk is decoded.
+// A batch is the unit of sink writes and commits. The fetch loop creates it
+// at its first message and hands it to the write stage at once; it then
+// hands the batch's messages to the decode workers in chunks and passes each
+// chunk on through ready, in fetch order, and closes ready when the batch is
+// sealed. The write stage takes the chunks from ready as they are decoded.
 type batch[T any] struct {
-	chunks     []*chunk[T]
-	rows       int
-	bytes      int
-	first      time.Time
-	last       map[int]kafka.Message // per partition, the coordinates of the highest offset
-	pending    sync.WaitGroup        // chunks not decoded yet
-	decoded    chan struct{}
-	incomplete atomic.Bool // a chunk was skipped (shutdown): never write this batch
+	ready chan *chunk[T]
+	// Written by the fetch loop; the write stage reads them after ready
+	// is closed.
+	rows, bytes int
+	firstOff    map[int]int64         // per partition, the lowest offset (for re-reading)
+	last        map[int]kafka.Message // per partition, the coordinates of the highest offset
+	incomplete  atomic.Bool           // a chunk was left out (drain deadline): never commit this batch
 }
 
 // A chunk is a slice of a batch decoded by one worker, in message order.
@@ -420,10 +466,10 @@ type chunk[T any] struct {
 	bytes int
 	recs  []Record[T]
 	dead  []*deadLetter
+	done  chan struct{} // closed when decoded
 }
 
 type decodeJob[T any] struct {
-	b  *batch[T]
 	ch *chunk[T]
 }
 
@@ -431,58 +477,66 @@ type decodeJob[T any] struct {
 const (
 	chunkRows  = 256
 	chunkBytes = 1 << 20
+	// streamChunks bounds the decoded chunks a streaming batch may have
+	// waiting for the write stage (about streamChunks MiB of messages).
+	streamChunks = 16
 )
 
-func (c *Consumer[T]) fetchLoop(ctx context.Context, r *kafka.Reader, jobs chan<- decodeJob[T], out chan<- *batch[T]) {
+func (c *Consumer[T]) fetchLoop(ctx, work context.Context, r *kafka.Reader, jobs chan<- decodeJob[T], out chan<- *batch[T]) {
 	var (
-		b        *batch[T]
-		cur      *chunk[T]
-		bctx     context.Context // ends at the batch's timeout
-		bcancel  context.CancelFunc
-		deadline time.Time
-		bo       = c.newBackOff()
+		b            *batch[T]
+		cur          *chunk[T]
+		bctx         context.Context // ends at the batch's timeout
+		bcancel      context.CancelFunc
+		deadline     time.Time
+		bo           = c.newBackOff()
+		_, streaming = c.sink.(StreamSink[T])
 	)
-	defer func() {
+	readyCap := c.cfg.BatchRows + 1 // a whole batch: the write stage takes it when sealed
+	if streaming {
+		readyCap = streamChunks
+	}
+	// give passes a chunk to the decode workers, then to the write stage
+	// (in fetch order). Blocked at shutdown, it goes on waiting until work
+	// ends: the write stage finishes the batch it holds. false when the
+	// chunk could not be passed on (the batch is then incomplete).
+	give := func(ch *chunk[T]) bool {
+		toWorkers := func(x context.Context) bool {
+			select {
+			case jobs <- decodeJob[T]{ch: ch}:
+				return true
+			case <-x.Done():
+				return false
+			}
+		}
+		toWriter := func(x context.Context) bool {
+			select {
+			case b.ready <- ch:
+				return true
+			case <-x.Done():
+				return false
+			}
+		}
+		return (toWorkers(ctx) || toWorkers(work)) && (toWriter(ctx) || toWriter(work))
+	}
+	// seal closes the current batch: its last chunk goes out and ready is
+	// closed. At shutdown too: the write stage finishes (and commits) the
+	// batch it holds, within the drain deadline.
+	seal := func() {
 		if bcancel != nil {
 			bcancel()
 		}
-	}()
-	dispatch := func() bool {
-		if cur == nil || len(cur.msgs) == 0 {
-			return true
-		}
-		b.chunks = append(b.chunks, cur)
-		b.pending.Add(1)
-		select {
-		case jobs <- decodeJob[T]{b: b, ch: cur}:
-			cur = nil
-			return true
-		case <-ctx.Done():
-			b.pending.Done()
+		if cur != nil && len(cur.msgs) > 0 && !give(cur) {
 			b.incomplete.Store(true)
-			return false
 		}
-	}
-	// seal closes the current batch and hands it to the writer; false when
-	// ctx ended first (the batch is dropped, uncommitted).
-	seal := func() bool {
-		bcancel()
-		if !dispatch() {
-			return false
-		}
-		sb := b
+		close(b.ready)
 		b, cur, bctx, bcancel = nil, nil, nil, nil
-		go func() {
-			sb.pending.Wait()
-			close(sb.decoded)
-		}()
-		select {
-		case out <- sb:
-			return true
-		case <-ctx.Done():
-			return false
-		}
 	}
+	defer func() {
+		if b != nil {
+			seal()
+		}
+	}()
 
 	for {
 		fctx := ctx
@@ -493,11 +547,9 @@ func (c *Consumer[T]) fetchLoop(ctx context.Context, r *kafka.Reader, jobs chan<
 		if err != nil {
 			switch {
 			case ctx.Err() != nil:
-				return // shutdown: the partial batch is dropped, uncommitted
+				return // shutdown: the deferred seal ends the partial batch
 			case b != nil && bctx.Err() != nil:
-				if !seal() {
-					return
-				}
+				seal()
 			case errors.Is(err, io.EOF):
 				c.log.Error("reader closed unexpectedly")
 				return
@@ -512,31 +564,41 @@ func (c *Consumer[T]) fetchLoop(ctx context.Context, r *kafka.Reader, jobs chan<
 			continue
 		}
 		bo.Reset()
-		now := time.Now()
 		if b == nil {
-			b = &batch[T]{first: now, last: make(map[int]kafka.Message), decoded: make(chan struct{})}
-			deadline = now.Add(c.cfg.BatchTimeout)
+			nb := &batch[T]{ready: make(chan *chunk[T], readyCap), firstOff: make(map[int]int64), last: make(map[int]kafka.Message)}
+			select {
+			case out <- nb:
+			case <-ctx.Done():
+				return // not taken by the write stage: dropped, uncommitted
+			}
+			b = nb
+			// The timeout runs from when the write stage can take the batch.
+			deadline = time.Now().Add(c.cfg.BatchTimeout)
 			bctx, bcancel = batchContext(ctx, deadline)
 		}
 		if cur == nil {
-			cur = &chunk[T]{msgs: make([]kafka.Message, 0, chunkRows)}
+			cur = &chunk[T]{msgs: make([]kafka.Message, 0, chunkRows), done: make(chan struct{})}
 		}
 		size := len(m.Key) + len(m.Value)
 		cur.msgs = append(cur.msgs, m)
 		cur.bytes += size
 		b.rows++
 		b.bytes += size
+		if _, ok := b.firstOff[m.Partition]; !ok {
+			b.firstOff[m.Partition] = m.Offset
+		}
 		b.last[m.Partition] = kafka.Message{Topic: m.Topic, Partition: m.Partition, Offset: m.Offset}
 		c.met.addConsumed(1)
 		if len(cur.msgs) >= chunkRows || cur.bytes >= chunkBytes {
-			if !dispatch() {
+			ch := cur
+			cur = nil
+			if !give(ch) {
+				b.incomplete.Store(true)
 				return
 			}
 		}
-		if b.rows >= c.cfg.BatchRows || b.bytes >= c.cfg.BatchBytes || !now.Before(deadline) {
-			if !seal() {
-				return
-			}
+		if b.rows >= c.cfg.BatchRows || b.bytes >= c.cfg.BatchBytes || !time.Now().Before(deadline) {
+			seal()
 		}
 	}
 }
@@ -547,15 +609,13 @@ func batchContext(parent context.Context, deadline time.Time) (context.Context, 
 	return context.WithDeadline(parent, deadline)
 }
 
-func (c *Consumer[T]) decodeWorker(ctx context.Context, jobs <-chan decodeJob[T]) {
+// decodeWorker decodes chunks until jobs is closed, shutdown included: the
+// chunks of the batch being drained must be decoded, and the rest are few
+// (jobs is small).
+func (c *Consumer[T]) decodeWorker(jobs <-chan decodeJob[T]) {
 	for j := range jobs {
-		if ctx.Err() != nil {
-			// Shutting down: this batch will not be written; skip the work.
-			j.b.incomplete.Store(true)
-		} else {
-			c.decodeChunk(j.ch)
-		}
-		j.b.pending.Done()
+		c.decodeChunk(j.ch)
+		close(j.ch.done)
 	}
 }
 
@@ -584,7 +644,32 @@ func (c *Consumer[T]) decode(value []byte) (v T, err error) {
 	return c.dec(value)
 }
 
+// errIncomplete means a batch lost chunks at shutdown: it is not committed.
+var errIncomplete = errors.New("batch incomplete at shutdown")
+
+// next returns the batch's next decoded chunk, nil when the batch is sealed
+// and every chunk was returned, or errIncomplete when work ended first.
+func (b *batch[T]) next(work context.Context) (*chunk[T], error) {
+	select {
+	case ch, ok := <-b.ready:
+		if !ok {
+			return nil, nil
+		}
+		select {
+		case <-ch.done:
+			return ch, nil
+		case <-work.Done():
+			return nil, errIncomplete
+		}
+	case <-work.Done():
+		return nil, errIncomplete
+	}
+}
+
 func (c *Consumer[T]) writeLoop(ctx, work context.Context, r *kafka.Reader, dlq *dlqWriter, in <-chan *batch[T]) error {
+	if ss, ok := c.sink.(StreamSink[T]); ok {
+		return c.streamLoop(ctx, work, r, dlq, ss, in)
+	}
 	for {
 		if ctx.Err() != nil {
 			return nil
@@ -595,44 +680,61 @@ func (c *Consumer[T]) writeLoop(ctx, work context.Context, r *kafka.Reader, dlq 
 		case <-ctx.Done():
 			return nil
 		}
-		select {
-		case <-b.decoded:
-		case <-ctx.Done():
-			return nil // not being written yet: dropped, uncommitted
-		}
-		if ctx.Err() != nil || b.incomplete.Load() {
-			return nil
-		}
-		err := c.process(work, r, dlq, b)
-		if errors.Is(err, errDrainExpired) {
-			c.log.Warn("drain deadline expired; the batch in flight is not committed and will be redelivered",
-				"rows", b.rows, "error", err)
-			return nil
-		}
-		if err != nil {
-			return err
+		if err := c.stopError(c.processBatch(work, r, dlq, b), b); err != nil {
+			return ignoreStop(err)
 		}
 	}
 }
 
-// process makes one decoded batch durable: sink write, dead letters, commit.
-// Each step is retried with backoff until it succeeds, the sink fails
-// fatally, or work ends (errDrainExpired).
-func (c *Consumer[T]) process(work context.Context, r *kafka.Reader, dlq *dlqWriter, b *batch[T]) error {
-	nrecs, ndead := 0, 0
-	for _, ch := range b.chunks {
-		nrecs += len(ch.recs)
-		ndead += len(ch.dead)
+// errStop is stopError's "stop without an error".
+var errStop = errors.New("stop")
+
+func ignoreStop(err error) error {
+	if errors.Is(err, errStop) {
+		return nil
 	}
-	recs := make([]Record[T], 0, nrecs)
-	dead := make([]*deadLetter, 0, ndead)
-	for _, ch := range b.chunks {
+	return err
+}
+
+// stopError turns the end of a batch into writeLoop's verdict: nil to go
+// on, errStop (logged) when a shutdown left the batch uncommitted, or the
+// error that stops the consumer.
+func (c *Consumer[T]) stopError(err error, b *batch[T]) error {
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, errIncomplete):
+		c.log.Warn("stopping: the batch in flight is incomplete and not committed; it will be redelivered", "rows", b.rows)
+		return errStop
+	case errors.Is(err, errDrainExpired):
+		c.log.Warn("drain deadline expired; the batch in flight is not committed and will be redelivered",
+			"rows", b.rows, "error", err)
+		return errStop
+	}
+	return err
+}
+
+// processBatch collects a batch's decoded chunks and makes it durable with
+// Sink.Write, retried in place.
+func (c *Consumer[T]) processBatch(work context.Context, r *kafka.Reader, dlq *dlqWriter, b *batch[T]) error {
+	var recs []Record[T]
+	var dead []*deadLetter
+	for {
+		ch, err := b.next(work)
+		if err != nil {
+			return err
+		}
+		if ch == nil {
+			break
+		}
 		recs = append(recs, ch.recs...)
 		dead = append(dead, ch.dead...)
 		ch.recs, ch.dead = nil, nil
 	}
+	if b.incomplete.Load() {
+		return errIncomplete
+	}
 	c.met.batch(b.rows, b.bytes)
-
 	if len(recs) > 0 {
 		err := c.retry(work, func(ctx context.Context) error {
 			start := time.Now()
@@ -641,21 +743,245 @@ func (c *Consumer[T]) process(work context.Context, r *kafka.Reader, dlq *dlqWri
 				c.met.insert(time.Since(start).Seconds())
 			}
 			return err
-		}, func(err error) bool { return !c.cfg.IsRetryable(err) },
-			func(attempt int, err error, wait time.Duration) {
-				c.met.sinkRetry()
-				c.log.Warn("sink write failed; retrying the batch", "attempt", attempt, "rows", len(recs),
-					"error", err, "retry_in", wait)
-			})
+		}, c.fatal, c.onSinkRetry(len(recs)))
 		if err != nil {
-			if !errors.Is(err, errDrainExpired) {
-				return fmt.Errorf("ingest: sink: %w", err)
-			}
-			return err
+			return c.sinkError(err)
 		}
 		c.met.addInserted(len(recs))
 	}
+	return c.finish(work, r, dlq, b, dead)
+}
 
+func (c *Consumer[T]) fatal(err error) bool { return !c.cfg.IsRetryable(err) }
+
+func (c *Consumer[T]) onSinkRetry(rows int) func(attempt int, err error, wait time.Duration) {
+	return func(attempt int, err error, wait time.Duration) {
+		c.met.sinkRetry()
+		c.log.Warn("sink write failed; retrying the batch", "attempt", attempt, "rows", rows,
+			"error", err, "retry_in", wait)
+	}
+}
+
+func (c *Consumer[T]) sinkError(err error) error {
+	if errors.Is(err, errDrainExpired) || errors.Is(err, errIncomplete) {
+		return err
+	}
+	return fmt.Errorf("ingest: sink: %w", err)
+}
+
+// streamLoop is the write stage for a StreamSink, in two steps so that a
+// batch streams while the previous one commits: this goroutine adds each
+// batch's chunks to a Stream as they are decoded (releasing them), and a
+// committer goroutine commits the Streams in batch order, retries a failed
+// batch by reading it again from Kafka (with backoff; meanwhile the next
+// batch cannot be handed over, so fetching stops), dead-letters and commits
+// the offsets. At most two INSERTs are open.
+func (c *Consumer[T]) streamLoop(ctx, work context.Context, r *kafka.Reader, dlq *dlqWriter, ss StreamSink[T], in <-chan *batch[T]) error {
+	commits := make(chan *pending[T])
+	cdone := make(chan struct{})
+	var cerr error
+	go func() {
+		defer close(cdone)
+		for p := range commits {
+			if cerr = c.stopError(c.commitStream(work, r, dlq, ss, p), p.b); cerr != nil {
+				return
+			}
+		}
+	}()
+	stop := func() error {
+		close(commits)
+		<-cdone
+		return ignoreStop(cerr)
+	}
+	for {
+		if ctx.Err() != nil {
+			return stop()
+		}
+		var b *batch[T]
+		select {
+		case b = <-in:
+		case <-ctx.Done():
+			return stop()
+		case <-cdone:
+			return stop()
+		}
+		p := &pending[T]{b: b, start: time.Now()}
+		p.st, p.n, p.err = c.streamLive(work, ss, b, &p.dead)
+		if errors.Is(p.err, errIncomplete) {
+			c.stopError(p.err, b) //nolint:errcheck // logs
+			return stop()
+		}
+		if p.err == nil {
+			c.met.batch(b.rows, b.bytes)
+		}
+		select {
+		case commits <- p:
+		case <-cdone:
+			if p.st != nil {
+				p.st.Abort()
+			}
+			return stop()
+		}
+	}
+}
+
+// pending is a streamed batch on its way to the committer.
+type pending[T any] struct {
+	b     *batch[T]
+	st    Stream[T] // nil when the batch had no valid record or Begin failed
+	n     int       // records added
+	err   error     // of the live pass
+	dead  []*deadLetter
+	start time.Time
+}
+
+// commitStream commits a streamed batch; if the live pass or its commit
+// failed with a retryable error, the batch is read again from Kafka and
+// written to a new Stream, with backoff, until that succeeds. Then it
+// dead-letters and commits the offsets.
+func (c *Consumer[T]) commitStream(work context.Context, r *kafka.Reader, dlq *dlqWriter, ss StreamSink[T], p *pending[T]) error {
+	err := p.err
+	if err == nil && p.st != nil {
+		err = p.st.Commit()
+	}
+	if p.st != nil {
+		p.st.Abort()
+	}
+	if err != nil {
+		attempt := 0
+		err = c.retry(work, func(ctx context.Context) error {
+			if attempt++; attempt == 1 {
+				return err // the live pass
+			}
+			n, err := c.streamAgain(ctx, ss, p.b)
+			p.n = n
+			return err
+		}, c.fatal, c.onSinkRetry(p.b.rows))
+		if err != nil {
+			return c.sinkError(err)
+		}
+	}
+	if p.n > 0 {
+		c.met.insert(time.Since(p.start).Seconds())
+		c.met.addInserted(p.n)
+	}
+	return c.finish(work, r, dlq, p.b, p.dead)
+}
+
+// streamLive adds the batch's records to a Stream as its chunks arrive and
+// returns the Stream uncommitted (nil when there was no valid record). It
+// always reads the batch to its end (to collect the dead letters and the
+// offsets), also after the Stream failed.
+func (c *Consumer[T]) streamLive(ctx context.Context, ss StreamSink[T], b *batch[T], dead *[]*deadLetter) (Stream[T], int, error) {
+	var st Stream[T]
+	var serr error
+	n := 0
+	for {
+		ch, err := b.next(ctx)
+		if err != nil {
+			serr = err
+			break
+		}
+		if ch == nil {
+			break
+		}
+		*dead = append(*dead, ch.dead...)
+		if serr == nil && len(ch.recs) > 0 {
+			if st == nil {
+				st, serr = ss.Begin(ctx)
+			}
+			if serr == nil {
+				serr = st.Add(ch.recs)
+				n += len(ch.recs)
+			}
+		}
+		ch.recs, ch.dead = nil, nil
+	}
+	if b.incomplete.Load() {
+		serr = errIncomplete
+	}
+	if serr != nil && st != nil {
+		st.Abort()
+		st = nil
+	}
+	return st, n, serr
+}
+
+// streamAgain reads the batch's offset ranges from Kafka again, partition by
+// partition, and writes its valid records to a new Stream.
+func (c *Consumer[T]) streamAgain(ctx context.Context, ss StreamSink[T], b *batch[T]) (int, error) {
+	st, err := ss.Begin(ctx)
+	if err != nil {
+		return 0, err
+	}
+	defer st.Abort()
+	n := 0
+	recs := make([]Record[T], 0, chunkRows)
+	for p, lo := range b.firstOff {
+		hi := b.last[p].Offset
+		if err := c.readRange(ctx, p, lo, hi, func(m *kafka.Message) error {
+			v, err := c.decode(m.Value)
+			if err != nil {
+				return nil // dead-lettered on the first pass
+			}
+			recs = append(recs, Record[T]{Value: v, Topic: m.Topic, Partition: m.Partition,
+				Offset: m.Offset, Key: m.Key, Time: m.Time, Size: len(m.Value)})
+			if len(recs) == chunkRows {
+				n += len(recs)
+				if err := st.Add(recs); err != nil {
+					return err
+				}
+				recs = recs[:0]
+			}
+			return nil
+		}); err != nil {
+			return n, err
+		}
+	}
+	if len(recs) > 0 {
+		n += len(recs)
+		if err := st.Add(recs); err != nil {
+			return n, err
+		}
+	}
+	if n == 0 {
+		return 0, nil
+	}
+	return n, st.Commit()
+}
+
+// readRange calls fn for every message of partition p from offset lo to hi
+// (inclusive), read outside the consumer group.
+func (c *Consumer[T]) readRange(ctx context.Context, p int, lo, hi int64, fn func(*kafka.Message) error) error {
+	rd := kafka.NewReader(kafka.ReaderConfig{Brokers: c.cfg.Brokers, Topic: c.cfg.Topic, Partition: p, Dialer: c.cfg.Dialer,
+		MinBytes: 1, MaxBytes: c.cfg.MaxMessageBytes, MaxWait: readerMaxWait})
+	defer closeInBackground(rd)
+	if err := rd.SetOffset(lo); err != nil {
+		return fmt.Errorf("re-read partition %d from offset %d: %w", p, lo, err)
+	}
+	for {
+		m, err := rd.FetchMessage(ctx)
+		if err != nil {
+			return fmt.Errorf("re-read partition %d at offset %d..%d: %w", p, lo, hi, err)
+		}
+		if m.Offset > hi {
+			return nil
+		}
+		if err := fn(&m); err != nil {
+			return err
+		}
+		if m.Offset == hi {
+			return nil
+		}
+	}
+}
+
+// closeInBackground closes a reader without waiting for its fetch long-poll.
+func closeInBackground(rd *kafka.Reader) { go func() { _ = rd.Close() }() }
+
+// finish dead-letters the batch's invalid messages and commits its offsets,
+// each retried with backoff until it succeeds or work ends (errDrainExpired).
+func (c *Consumer[T]) finish(work context.Context, r *kafka.Reader, dlq *dlqWriter, b *batch[T], dead []*deadLetter) error {
 	if len(dead) > 0 && c.cfg.SkipInvalid {
 		for _, dl := range dead {
 			c.met.skipped(dl.reason)

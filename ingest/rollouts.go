@@ -68,6 +68,35 @@ func (s *RowSink) Write(ctx context.Context, batch []Record[*sink.RolloutRow]) e
 	return classify(ctx, s.Store.InsertRollouts(ctx, rows))
 }
 
+// Begin implements StreamSink: the batch is streamed into one INSERT, each
+// row dropped as soon as it is appended.
+func (s *RowSink) Begin(ctx context.Context) (Stream[*sink.RolloutRow], error) {
+	ins, err := s.Store.BeginRollouts(ctx)
+	if err != nil {
+		return nil, classify(ctx, err)
+	}
+	return &rowStream{ctx: ctx, ins: ins}, nil
+}
+
+type rowStream struct {
+	ctx context.Context
+	ins *sink.RolloutInsert
+}
+
+func (st *rowStream) Add(recs []Record[*sink.RolloutRow]) error {
+	for _, rec := range recs {
+		row := rec.Value
+		row.Coord = sink.Coord{Topic: rec.Topic, Partition: rec.Partition, Offset: rec.Offset}
+		if err := st.ins.Append(row); err != nil {
+			return classify(st.ctx, err)
+		}
+	}
+	return nil
+}
+
+func (st *rowStream) Commit() error { return classify(st.ctx, st.ins.Commit()) }
+func (st *rowStream) Abort()        { st.ins.Abort() }
+
 // classify marks errors that retrying cannot fix as Fatal.
 func classify(ctx context.Context, err error) error {
 	if err != nil && !sink.IsRetryable(err) && ctx.Err() == nil {

@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"time"
+
+	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 )
 
 // ts turns a zero time into the insert time, so a rollout without times still
@@ -40,42 +42,87 @@ func (s *Store) InsertRollouts(ctx context.Context, rows []RolloutRow) error {
 	if len(rows) == 0 {
 		return nil
 	}
+	ins, err := s.BeginRollouts(ctx)
+	if err != nil {
+		return err
+	}
+	defer ins.Abort()
+	for i := range rows {
+		if err := ins.Append(&rows[i]); err != nil {
+			return err
+		}
+	}
+	return ins.Commit()
+}
+
+// RolloutInsert is one INSERT into rollouts, fed row by row: each block is
+// sent as soon as it is full, so the caller may drop a row once Append
+// returned. Nothing is durable before Commit returned nil; after an error the
+// INSERT is dead (call Abort) and none of its rows may be assumed stored,
+// though some may be (the table deduplicates). Not safe for concurrent use.
+type RolloutInsert struct {
+	b                 driver.Batch
+	now               time.Time
+	ns                uint64
+	rows, block, size int
+	done              bool
+}
+
+// BeginRollouts starts an INSERT into rollouts; ctx bounds the whole INSERT.
+func (s *Store) BeginRollouts(ctx context.Context) (*RolloutInsert, error) {
 	b, err := s.conn.PrepareBatch(ctx, `INSERT INTO rollouts (rollout_id, environment, agent_name, agent_version, task_id,
 	success, reward, start_time, end_time, n_messages, n_tool_calls, n_tool_errors, messages, tools, grader, metadata,
 	kafka_topic, kafka_partition, kafka_offset, ingested_at, ingest_ns)`)
 	if err != nil {
-		return fmt.Errorf("insert rollouts: %w", err)
+		return nil, fmt.Errorf("insert rollouts: %w", err)
 	}
-	defer b.Abort()
 	now := time.Now().UTC()
-	ns := uint64(now.UnixNano())
-	block, blockBytes := 0, 0
-	for i := range rows {
-		r := &rows[i]
-		if block >= insertBlockRows || blockBytes >= insertBlockBytes {
-			if err := b.Flush(); err != nil {
-				return fmt.Errorf("insert rollouts: %w", err)
-			}
-			block, blockBytes = 0, 0
+	return &RolloutInsert{b: b, now: now, ns: uint64(now.UnixNano())}, nil
+}
+
+// Rows is the number of rows appended so far.
+func (ins *RolloutInsert) Rows() int { return ins.rows }
+
+// Append adds one row; it may send a block to the server.
+func (ins *RolloutInsert) Append(r *RolloutRow) error {
+	if ins.block >= insertBlockRows || ins.size >= insertBlockBytes {
+		if err := ins.b.Flush(); err != nil {
+			return fmt.Errorf("insert rollouts: %w", err)
 		}
-		block++
-		blockBytes += r.size()
-		end := ts(r.EndTime, now)
-		start := r.StartTime
-		if start.IsZero() {
-			start = end
-		}
-		if err := b.Append(r.RolloutID, r.Environment, r.AgentName, r.AgentVersion, r.TaskID,
-			b2u(r.Success), r.Reward, start.UTC(), end, r.NMessages, r.NToolCalls, r.NToolErrors,
-			r.Messages, r.Tools, r.Grader, r.Metadata,
-			r.Coord.Topic, int32(r.Coord.Partition), r.Coord.Offset, now, ns); err != nil {
-			return fmt.Errorf("insert rollouts: append %s: %w", r.RolloutID, err)
-		}
+		ins.block, ins.size = 0, 0
 	}
-	if err := b.Send(); err != nil {
+	end := ts(r.EndTime, ins.now)
+	start := r.StartTime
+	if start.IsZero() {
+		start = end
+	}
+	if err := ins.b.Append(r.RolloutID, r.Environment, r.AgentName, r.AgentVersion, r.TaskID,
+		b2u(r.Success), r.Reward, start.UTC(), end, r.NMessages, r.NToolCalls, r.NToolErrors,
+		r.Messages, r.Tools, r.Grader, r.Metadata,
+		r.Coord.Topic, int32(r.Coord.Partition), r.Coord.Offset, ins.now, ins.ns); err != nil {
+		return fmt.Errorf("insert rollouts: append %s: %w", r.RolloutID, err)
+	}
+	ins.rows++
+	ins.block++
+	ins.size += r.size()
+	return nil
+}
+
+// Commit ends the INSERT; nil means every appended row is durable.
+func (ins *RolloutInsert) Commit() error {
+	ins.done = true
+	if err := ins.b.Send(); err != nil {
 		return fmt.Errorf("insert rollouts: %w", err)
 	}
 	return nil
+}
+
+// Abort ends an INSERT that is not to be committed (a no-op after Commit).
+func (ins *RolloutInsert) Abort() {
+	if !ins.done {
+		ins.done = true
+		_ = ins.b.Abort()
+	}
 }
 
 // InsertLabels writes label rows in one block.

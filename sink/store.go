@@ -24,6 +24,8 @@ type Config struct {
 	DialTimeout   time.Duration `koanf:"dial_timeout"`   // default 5s
 	MaxOpenConns  int           `koanf:"max_open_conns"` // default 8
 	RetentionDays int           `koanf:"retention_days"` // TTL on rollouts/labels when the server supports TTL; 0 = keep forever
+	// Compression of the native protocol: lz4 (default), zstd or none.
+	Compression string `koanf:"compression"`
 }
 
 // WithDefaults fills unset fields.
@@ -39,6 +41,9 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.MaxOpenConns <= 0 {
 		c.MaxOpenConns = 8
+	}
+	if c.Compression == "" {
+		c.Compression = "lz4"
 	}
 	return c
 }
@@ -59,7 +64,23 @@ func (c Config) Validate() error {
 	if c.RetentionDays < 0 {
 		return fmt.Errorf("clickhouse.retention_days: must be >= 0, got %d", c.RetentionDays)
 	}
+	if _, err := compression(c.Compression); err != nil {
+		return err
+	}
 	return nil
+}
+
+// compression maps clickhouse.compression to the driver's method.
+func compression(name string) (clickhouse.CompressionMethod, error) {
+	switch name {
+	case "", "lz4":
+		return clickhouse.CompressionLZ4, nil
+	case "zstd":
+		return clickhouse.CompressionZSTD, nil
+	case "none":
+		return clickhouse.CompressionNone, nil
+	}
+	return 0, fmt.Errorf("clickhouse.compression: %q is not lz4, zstd or none", name)
 }
 
 // Store is a connection pool to one ClickHouse database. It is safe for
@@ -113,7 +134,13 @@ func open(cfg Config, db string) (driver.Conn, error) {
 		DialTimeout:  cfg.DialTimeout,
 		MaxOpenConns: cfg.MaxOpenConns,
 		MaxIdleConns: cfg.MaxOpenConns,
-		Compression:  &clickhouse.Compression{Method: clickhouse.CompressionLZ4},
+	}
+	method, err := compression(cfg.Compression)
+	if err != nil {
+		return nil, err
+	}
+	if method != clickhouse.CompressionNone {
+		opt.Compression = &clickhouse.Compression{Method: method}
 	}
 	if cfg.TLS {
 		opt.TLS = &tls.Config{InsecureSkipVerify: cfg.TLSSkipVerify} //nolint:gosec // opt-in by config

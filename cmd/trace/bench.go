@@ -5,8 +5,8 @@ import (
 	"log/slog"
 	"os"
 	"runtime"
-	"runtime/debug"
 	"runtime/pprof"
+	"strconv"
 	"strings"
 	"time"
 
@@ -59,13 +59,15 @@ Data sets, cloned from the τ²-bench simulations with fresh rollout ids:
   whole    simulations as converted (~26 KB of JSON each)
   compact  contents cut to 300 characters, tool-argument strings to 200 (~10 KB)
 
---rss-rollouts N streams N compact rollouts, generated while they are
-produced, through the consumer, and prints the peak RSS of the process.`,
+--rss-rollouts N starts "trace run --roles ingest" in its own process against
+the bench's broker and ClickHouse, produces N compact rollouts (generated on
+the fly) while it consumes them, and prints the peak RSS (VmHWM) of that
+process: trace's memory as in production, without the broker or producer.`,
 		Example: `  trace bench ingest
   trace bench ingest --rows 5000 --set compact --decode-workers 1
   trace bench ingest --set none --rss-rollouts 1000000`,
 		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
+		RunE: func(cmd *cobra.Command, _ []string) (err error) {
 			ctx := cmd.Context()
 			switch set {
 			case "both":
@@ -83,7 +85,10 @@ produced, through the consumer, and prints the peak RSS of the process.`,
 			}
 			opt.Consumer.BatchBytes = batchBytesMB << 20
 			if memLimitMB > 0 {
-				debug.SetMemoryLimit(int64(memLimitMB) << 20)
+				opt.ChildMemoryLimit = strconv.Itoa(memLimitMB) + "MiB"
+			}
+			if opt.Binary, err = os.Executable(); err != nil {
+				return fmt.Errorf("locate the trace executable: %w", err)
 			}
 			if opt.Tau2Dir == "" {
 				dir, err := shareddata.Lookup("tau2")
@@ -137,6 +142,7 @@ produced, through the consumer, and prints the peak RSS of the process.`,
 	f.StringVar(&opt.ClickHouse, "clickhouse", "", "host:port (native protocol) of a ClickHouse server to use instead of starting one")
 	f.StringVar(&opt.WorkDir, "workdir", "", "directory for the broker log, ClickHouse data and ceiling files (default /dev/shm when it has room, else the temp directory)")
 	f.StringVar(&opt.Tau2Dir, "tau2", "", "directory of τ²-bench result files (default shared/data/tau2 beside the clone)")
+	f.StringVar(&opt.CHCompression, "ch-compression", "", "ClickHouse protocol compression of trace and the obvious loop: lz4, zstd or none (default: clickhouse.compression's default, lz4)")
 	f.IntVar(&opt.Partitions, "partitions", 4, "partitions of the bench topics")
 	f.StringVar(&opt.Compression, "compression", "zstd", "compression of the produced messages: none, gzip, snappy, lz4, zstd")
 	f.IntVar(&opt.Repeat, "repeat", 1, "run every step this many times, alternating, and keep each step's best run")
@@ -145,7 +151,7 @@ produced, through the consumer, and prints the peak RSS of the process.`,
 	f.IntVar(&batchBytesMB, "batch-bytes-mb", 0, "consumer BatchBytes in MiB (0: ingest default)")
 	f.DurationVar(&opt.Consumer.BatchTimeout, "batch-timeout", 0, "consumer BatchTimeout (0: ingest default)")
 	f.IntVar(&opt.Consumer.DecodeWorkers, "decode-workers", 0, "consumer DecodeWorkers (0: ingest default, GOMAXPROCS)")
-	f.IntVar(&memLimitMB, "memory-limit-mb", 0, "Go soft memory limit (debug.SetMemoryLimit) for the run; 0 leaves GOMEMLIMIT as it is")
+	f.IntVar(&memLimitMB, "memory-limit-mb", 0, "GOMEMLIMIT of the trace process of the RSS run, in MiB (0: none)")
 	f.StringVar(&cpuProfile, "cpuprofile", "", "write a CPU profile of the whole run to this file")
 	return cmd
 }

@@ -317,7 +317,7 @@ func addActor(g *run.Group, parent context.Context, name string, fn func(context
 func (a *App) consumerConfig(group, topic, stage string) ingest.Config {
 	k := a.Cfg.Kafka
 	return ingest.Config{Brokers: a.Brokers, Topic: topic, GroupID: group, DLQTopic: k.DLQTopic, Stage: stage,
-		BatchRows: k.BatchRows, BatchTimeout: k.BatchTimeout, MaxMessageBytes: k.MaxBytes + 64<<10, Dialer: a.Dialer}
+		BatchRows: k.BatchRows, BatchBytes: k.BatchBytes, BatchTimeout: k.BatchTimeout, MaxMessageBytes: k.MaxBytes + 64<<10, Dialer: a.Dialer}
 }
 
 func (a *App) labeler() (analyzer.Labeler, error) {

@@ -48,6 +48,9 @@ type Options struct {
 	// Compression of the produced messages: none, gzip, snappy, lz4, zstd
 	// (default zstd, as `trace replay` publishes).
 	Compression string
+	// CHCompression is the ClickHouse protocol compression of the stores
+	// under test (clickhouse.compression; "" is the default, lz4).
+	CHCompression string
 	// Consumer is the ingest configuration under test (zero fields take
 	// ingest's defaults); Brokers, Topic and GroupID are set by Run.
 	Consumer ingest.Config
@@ -58,6 +61,9 @@ type Options struct {
 	Repeat int
 	// RSSRollouts is the number of compact rollouts RunRSS streams.
 	RSSRollouts int
+	// Binary is the trace executable RunRSS starts as `trace run --roles
+	// ingest`; ChildMemoryLimit, when set, is its GOMEMLIMIT.
+	Binary, ChildMemoryLimit string
 	// Log receives progress; nil discards it.
 	Log *slog.Logger
 }
@@ -253,7 +259,7 @@ func setup(ctx context.Context, opt *Options) (*env, func(), error) {
 	var dbs []string
 	var mu sync.Mutex
 	e.store = func(ctx context.Context, db string) (*sink.Store, error) {
-		s, err := sink.Open(ctx, sink.Config{Addr: []string{e.chAddr}, Database: db}, log)
+		s, err := sink.Open(ctx, sink.Config{Addr: []string{e.chAddr}, Database: db, Compression: opt.CHCompression}, log)
 		if err != nil {
 			return nil, err
 		}
@@ -595,29 +601,61 @@ func (e *env) obvious(ctx context.Context, set Set, _ *Dataset, topic string, n 
 }
 
 // countingSink counts the rows the wrapped sink made durable and signals
-// when target is reached.
+// when target is reached. It streams (ingest.StreamSink) as RowSink does.
 type countingSink struct {
-	inner  ingest.Sink[*sink.RolloutRow]
+	inner  *ingest.RowSink
 	n      atomic.Int64
 	target int64
 	done   chan struct{}
 	once   sync.Once
 	doneAt atomic.Int64
-	busy   atomic.Int64 // nanoseconds inside Write
+	busy   atomic.Int64 // nanoseconds inside Write, or from Begin to the end of Commit
 	writes atomic.Int64
+}
+
+func (s *countingSink) durable(rows int, since time.Time) {
+	s.busy.Add(int64(time.Since(since)))
+	s.writes.Add(1)
+	if s.n.Add(int64(rows)) >= s.target {
+		s.once.Do(func() { s.doneAt.Store(time.Now().UnixNano()); close(s.done) })
+	}
 }
 
 func (s *countingSink) Write(ctx context.Context, batch []ingest.Record[*sink.RolloutRow]) error {
 	t0 := time.Now()
-	err := s.inner.Write(ctx, batch)
-	s.busy.Add(int64(time.Since(t0)))
-	s.writes.Add(1)
-	if err != nil {
+	if err := s.inner.Write(ctx, batch); err != nil {
 		return err
 	}
-	if s.n.Add(int64(len(batch))) >= s.target {
-		s.once.Do(func() { s.doneAt.Store(time.Now().UnixNano()); close(s.done) })
+	s.durable(len(batch), t0)
+	return nil
+}
+
+func (s *countingSink) Begin(ctx context.Context) (ingest.Stream[*sink.RolloutRow], error) {
+	t0 := time.Now()
+	st, err := s.inner.Begin(ctx)
+	if err != nil {
+		return nil, err
 	}
+	return &countingStream{Stream: st, s: s, t0: t0}, nil
+}
+
+type countingStream struct {
+	ingest.Stream[*sink.RolloutRow]
+	s    *countingSink
+	t0   time.Time
+	rows int
+}
+
+func (st *countingStream) Add(recs []ingest.Record[*sink.RolloutRow]) error {
+	st.rows += len(recs)
+	return st.Stream.Add(recs)
+}
+
+func (st *countingStream) Commit() error {
+	if err := st.Stream.Commit(); err != nil {
+		return err
+	}
+	st.s.durable(st.rows, st.t0)
 	return nil
 }
 
@@ -672,7 +710,7 @@ func (e *env) runConsumer(ctx context.Context, topic, group string, store *sink.
 		select {
 		case <-cs.done:
 			elapsed := time.Duration(cs.doneAt.Load() - first.Load())
-			e.sinkBusy = fmt.Sprintf("%d sink writes, busy %.0f%% of the time", cs.writes.Load(), 100*float64(cs.busy.Load())/float64(elapsed))
+			e.sinkBusy = fmt.Sprintf("%d inserts, one open %.0f%% of the time", cs.writes.Load(), 100*float64(cs.busy.Load())/float64(elapsed))
 			cancel()
 			select {
 			case <-runErr:

@@ -43,9 +43,14 @@ func ProcCPUTime(pid int) time.Duration {
 	return time.Duration(ut+st) * time.Second / clkTck
 }
 
-// ProcStatusKB reads a "kB" field (VmHWM, VmRSS, ...) of /proc/self/status.
-func ProcStatusKB(field string) int64 {
-	f, err := os.Open("/proc/self/status")
+// ProcStatusKB reads a "kB" field (VmHWM, VmRSS, ...) of /proc/PID/status
+// (pid 0: this process); 0 when unknown.
+func ProcStatusKB(pid int, field string) int64 {
+	proc := "self"
+	if pid > 0 {
+		proc = strconv.Itoa(pid)
+	}
+	f, err := os.Open("/proc/" + proc + "/status")
 	if err != nil {
 		return 0
 	}

@@ -2,36 +2,46 @@ package bench
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
-	"runtime"
-	"runtime/debug"
-	"sync"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
 	"sync/atomic"
+	"syscall"
 	"time"
+
+	"github.com/traceops/trace/sink"
 )
 
 // RSSResult is the outcome of RunRSS.
 type RSSResult struct {
-	Rollouts      int
-	Bytes         int64
-	Elapsed       time.Duration
-	PeakRSSKB     int64 // VmHWM since the stream started (the peak was reset before it)
-	ProcessPeakKB int64 // VmHWM of the whole process, setup included
-	MaxSampledKB  int64 // highest VmRSS seen by the 250ms sampler
-	StartRSSKB    int64 // VmRSS when the stream started
-	MaxHeapInUse  uint64
-	PeakReset     bool // whether /proc/self/clear_refs reset the peak
+	Rollouts     int
+	Bytes        int64
+	Elapsed      time.Duration // from the first stored row to the last
+	Total        time.Duration // from the start of `trace run` to the last stored row
+	PeakRSSKB    int64         // VmHWM of the trace process
+	MaxSampledKB int64         // highest VmRSS seen by the 250ms sampler
+	StartRSSKB   int64         // VmRSS once it stored its first rows
+	Command      string
+	MemoryLimit  string // GOMEMLIMIT given to the process, if any
 }
 
-// RunRSS streams opt.RSSRollouts compact rollouts through the consumer while
-// a producer generates them on the fly (only the 164 templates are held),
-// and reports the peak resident memory of this process: trace's consumer,
-// the embedded broker (its log on disk), the producer and the row
-// conversion. The broker, the producer and the consumer run concurrently.
+// RunRSS measures the memory of trace's ingest process as it runs in
+// production: `trace run --roles ingest` (opt.Binary) in its own process,
+// consuming opt.RSSRollouts compact rollouts from the bench's broker into
+// the bench's ClickHouse, while this process generates and produces them
+// concurrently (only the 164 templates are held). It samples the child's
+// /proc/PID/status and reports its peak resident memory (VmHWM); the
+// broker and the producer are not in that process, as in production.
 func RunRSS(ctx context.Context, opt Options) (RSSResult, error) {
 	n := opt.RSSRollouts
 	opt.Sets = []Set{}
+	if opt.Binary == "" {
+		return RSSResult{}, errors.New("bench: RunRSS needs Options.Binary (the trace executable)")
+	}
 	e, cleanup, err := setup(ctx, &opt)
 	if err != nil {
 		return RSSResult{}, err
@@ -45,8 +55,8 @@ func RunRSS(ctx context.Context, opt Options) (RSSResult, error) {
 	if err != nil {
 		return RSSResult{}, err
 	}
-	rollouts = nil
-	store, err := e.store(ctx, "bench_"+e.run+"_rss")
+	db := "bench_" + e.run + "_rss"
+	store, err := e.store(ctx, db)
 	if err != nil {
 		return RSSResult{}, err
 	}
@@ -57,42 +67,64 @@ func RunRSS(ctx context.Context, opt Options) (RSSResult, error) {
 		return RSSResult{}, err
 	}
 
-	runtime.GC()
-	debug.FreeOSMemory()
-	res := RSSResult{Rollouts: n, StartRSSKB: ProcStatusKB("VmRSS"), ProcessPeakKB: ProcStatusKB("VmHWM")}
-	// Writing 5 to clear_refs resets VmHWM to the current RSS (Linux >= 4.0).
-	res.PeakReset = os.WriteFile("/proc/self/clear_refs", []byte("5"), 0) == nil
-
-	var maxRSS atomic.Int64
-	var maxHeap atomic.Uint64
-	sample := func() {
-		if v := ProcStatusKB("VmRSS"); v > maxRSS.Load() {
-			maxRSS.Store(v)
+	args := []string{"run", "--roles", "ingest",
+		"--set", "data_dir=" + filepath.Join(e.dir, "trace-run"),
+		"--set", "kafka.brokers=" + strings.Join(e.brokers, ","),
+		"--set", "kafka.rollouts_topic=" + topic,
+		"--set", "kafka.dlq_topic=" + topic + ".dlq",
+		"--set", "kafka.ingest_group=bench-rss-" + e.run,
+		"--set", "clickhouse.addr=" + e.chAddr,
+		"--set", "clickhouse.database=" + db,
+		"--set", "embedded.nats_port=0",
+	}
+	if opt.CHCompression != "" {
+		args = append(args, "--set", "clickhouse.compression="+opt.CHCompression)
+	}
+	c := opt.Consumer
+	if c.BatchRows > 0 {
+		args = append(args, "--set", "kafka.batch_rows="+strconv.Itoa(c.BatchRows))
+	}
+	if c.BatchBytes > 0 {
+		args = append(args, "--set", "kafka.batch_bytes="+strconv.Itoa(c.BatchBytes))
+	}
+	if c.BatchTimeout > 0 {
+		args = append(args, "--set", "kafka.batch_timeout="+c.BatchTimeout.String())
+	}
+	res := RSSResult{Rollouts: n, Command: "trace " + strings.Join(args, " "), MemoryLimit: opt.ChildMemoryLimit}
+	logPath := filepath.Join(e.dir, "trace-run.log")
+	logFile, err := os.Create(logPath)
+	if err != nil {
+		return res, err
+	}
+	defer logFile.Close()
+	cmd := exec.Command(opt.Binary, args...)
+	// The child's configuration is exactly the flags above.
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "TRACE_") && !strings.HasPrefix(kv, "GOMEMLIMIT=") {
+			cmd.Env = append(cmd.Env, kv)
 		}
 	}
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		t := time.NewTicker(250 * time.Millisecond)
-		defer t.Stop()
-		var ms runtime.MemStats
-		for i := 0; ; i++ {
-			select {
-			case <-stop:
-				return
-			case <-t.C:
-				sample()
-				if i%8 == 0 {
-					runtime.ReadMemStats(&ms)
-					if ms.HeapInuse > maxHeap.Load() {
-						maxHeap.Store(ms.HeapInuse)
-					}
-				}
-			}
+	if opt.ChildMemoryLimit != "" {
+		cmd.Env = append(cmd.Env, "GOMEMLIMIT="+opt.ChildMemoryLimit)
+	}
+	cmd.Stdout, cmd.Stderr = logFile, logFile
+	t0 := time.Now()
+	if err := cmd.Start(); err != nil {
+		return res, fmt.Errorf("bench: start %s: %w", opt.Binary, err)
+	}
+	pid := cmd.Process.Pid
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	stopped := false
+	defer func() {
+		if !stopped {
+			_ = cmd.Process.Kill()
+			<-exited
 		}
 	}()
+	fail := func(err error) (RSSResult, error) {
+		return res, fmt.Errorf("%w (trace run log: %s)", err, tail(logPath, 2000))
+	}
 
 	prodErr := make(chan error, 1)
 	var produced atomic.Int64
@@ -103,37 +135,82 @@ func RunRSS(ctx context.Context, opt Options) (RSSResult, error) {
 		produced.Store(b)
 		prodErr <- err
 	}()
-	t0 := time.Now()
-	_, _, err = e.runConsumer(ctx, topic, "bench-rss-"+e.run, store, int64(n), func() {
-		sample()
-	})
-	res.Elapsed = time.Since(t0)
-	close(stop)
-	wg.Wait()
-	if err != nil {
-		return res, err
+
+	var first time.Time
+	tick := time.NewTicker(250 * time.Millisecond)
+	defer tick.Stop()
+	for i := 0; ; i++ {
+		select {
+		case <-ctx.Done():
+			return res, ctx.Err()
+		case err := <-exited:
+			stopped = true
+			return fail(fmt.Errorf("bench: trace run exited early: %v", err))
+		case <-tick.C:
+		}
+		if v := ProcStatusKB(pid, "VmRSS"); v > res.MaxSampledKB {
+			res.MaxSampledKB = v
+		}
+		if i%4 != 0 {
+			continue
+		}
+		var got uint64
+		if err := store.Conn().QueryRow(ctx, "SELECT count() FROM rollouts").Scan(&got); err != nil {
+			if sink.IsRetryable(err) {
+				continue
+			}
+			return fail(err)
+		}
+		if got > 0 && first.IsZero() {
+			first = time.Now()
+			res.StartRSSKB = ProcStatusKB(pid, "VmRSS")
+		}
+		if got >= uint64(n) {
+			break
+		}
+	}
+	now := time.Now()
+	res.Elapsed, res.Total = now.Sub(first), now.Sub(t0)
+	res.PeakRSSKB = ProcStatusKB(pid, "VmHWM")
+	_ = cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case err := <-exited:
+		stopped = true
+		if err != nil {
+			return fail(fmt.Errorf("bench: trace run did not exit cleanly on SIGTERM: %v", err))
+		}
+	case <-time.After(15 * time.Second):
+		return fail(errors.New("bench: trace run did not exit within 15s of SIGTERM"))
 	}
 	if err := <-prodErr; err != nil {
 		return res, err
 	}
 	res.Bytes = produced.Load()
-	res.PeakRSSKB = ProcStatusKB("VmHWM")
-	res.MaxSampledKB = maxRSS.Load()
-	res.MaxHeapInUse = maxHeap.Load()
-	res.ProcessPeakKB = max(res.ProcessPeakKB, res.PeakRSSKB)
 	e.log.Info("rss run done", "rollouts", n, "elapsed", res.Elapsed.Round(time.Millisecond), "peak_rss_MB", res.PeakRSSKB>>10)
-	return res, e.checkCount(ctx, "bench_"+e.run+"_rss", n)
+	return res, e.checkCount(ctx, db, n)
+}
+
+// tail returns the last n bytes of the file at path.
+func tail(path string, n int64) string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return err.Error()
+	}
+	if int64(len(b)) > n {
+		b = b[int64(len(b))-n:]
+	}
+	return string(b)
 }
 
 // String formats the result.
 func (r RSSResult) String() string {
-	s := fmt.Sprintf("streamed %d compact rollouts (%.0f MB) in %v: %.0f rollouts/s\n", r.Rollouts, float64(r.Bytes)/1e6,
-		r.Elapsed.Round(time.Millisecond), float64(r.Rollouts)/r.Elapsed.Seconds())
-	s += fmt.Sprintf("peak RSS (VmHWM) during the stream: %d MB  (RSS at start %d MB, highest 250ms sample %d MB, max Go heap in use %d MB)\n",
-		r.PeakRSSKB>>10, r.StartRSSKB>>10, r.MaxSampledKB>>10, r.MaxHeapInUse>>20)
-	s += fmt.Sprintf("peak RSS of the whole process, setup (τ² conversion) included: %d MB\n", r.ProcessPeakKB>>10)
-	if !r.PeakReset {
-		s += "(the kernel did not let the peak be reset: VmHWM covers the whole process, setup included)\n"
+	s := fmt.Sprintf("%s\n", r.Command)
+	if r.MemoryLimit != "" {
+		s += fmt.Sprintf("with GOMEMLIMIT=%s\n", r.MemoryLimit)
 	}
+	s += fmt.Sprintf("stored %d compact rollouts (%.0f MB produced concurrently) in %v from the first stored row: %.0f rollouts/s (%v from process start)\n",
+		r.Rollouts, float64(r.Bytes)/1e6, r.Elapsed.Round(time.Millisecond), float64(r.Rollouts)/r.Elapsed.Seconds(), r.Total.Round(time.Millisecond))
+	s += fmt.Sprintf("peak RSS (VmHWM) of the trace process: %d MB  (RSS once streaming %d MB, highest 250ms sample %d MB)\n",
+		r.PeakRSSKB>>10, r.StartRSSKB>>10, r.MaxSampledKB>>10)
 	return s
 }

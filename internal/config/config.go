@@ -23,6 +23,7 @@ import (
 	"github.com/knadh/koanf/v2"
 
 	"github.com/traceops/trace/analyzer"
+	"github.com/traceops/trace/ingest"
 	"github.com/traceops/trace/internal/bus"
 	"github.com/traceops/trace/sink"
 )
@@ -87,6 +88,7 @@ type Kafka struct {
 	AnalyzeGroup  string        `koanf:"analyze_group"`
 	LabelsGroup   string        `koanf:"labels_group"`
 	BatchRows     int           `koanf:"batch_rows"`
+	BatchBytes    int           `koanf:"batch_bytes"` // keys and values of one batch
 	BatchTimeout  time.Duration `koanf:"batch_timeout"`
 	MaxBytes      int           `koanf:"max_message_bytes"`
 	// AnalyzeDeadLetters makes the analyze stage dead-letter invalid
@@ -159,7 +161,7 @@ func Default() Config {
 		Kafka: Kafka{
 			EmbeddedAddr: "127.0.0.1:9092", RolloutsTopic: "trace.rollouts", LabelsTopic: "trace.labels", DLQTopic: "trace.rollouts.dlq",
 			IngestGroup: "trace-ingest", AnalyzeGroup: "trace-analyzer", LabelsGroup: "trace-labels",
-			BatchRows: 10000, BatchTimeout: time.Second, MaxBytes: 4 << 20,
+			BatchRows: ingest.DefaultBatchRows, BatchBytes: ingest.DefaultBatchBytes, BatchTimeout: ingest.DefaultBatchTimeout, MaxBytes: 4 << 20,
 		},
 		ClickHouse: sink.Config{Database: "trace", User: "default", DialTimeout: 5 * time.Second, MaxOpenConns: 8},
 		NATS:       bus.Config{Duplicates: bus.DefaultDuplicates},
@@ -278,6 +280,9 @@ func (c Config) Validate() error {
 	}
 	if k.BatchRows < 1 {
 		errs = append(errs, fmt.Errorf("kafka.batch_rows: must be >= 1, got %d", k.BatchRows))
+	}
+	if k.BatchBytes < 1<<20 {
+		errs = append(errs, fmt.Errorf("kafka.batch_bytes: must be >= 1048576 (1 MiB), got %d", k.BatchBytes))
 	}
 	if k.BatchTimeout <= 0 {
 		errs = append(errs, fmt.Errorf("kafka.batch_timeout: must be positive, got %s", k.BatchTimeout))
