@@ -245,6 +245,7 @@ func TestConfigValidate(t *testing.T) {
 		{sink.Config{Addr: []string{"localhost"}}, "clickhouse.addr"},
 		{sink.Config{Addr: []string{"h:9000"}, Database: "bad-name"}, "clickhouse.database"},
 		{sink.Config{Addr: []string{"h:9000"}, RetentionDays: -1}, "clickhouse.retention_days"},
+		{sink.Config{Addr: []string{"h:9000"}, Compression: "gzip"}, "clickhouse.compression"},
 	} {
 		if err := tt.cfg.Validate(); err == nil || !strings.Contains(err.Error(), tt.want) {
 			t.Errorf("Validate(%+v) = %v, want error naming %s", tt.cfg, err, tt.want)
@@ -278,5 +279,26 @@ func TestInsertRolloutsBlocksMakeOnePart(t *testing.T) {
 	}
 	if parts != 1 || count != n || distinct != n {
 		t.Fatalf("%d parts, %d rows, %d distinct; want 1 part and %d rows", parts, count, distinct, n)
+	}
+}
+
+func TestProtocolCompression(t *testing.T) {
+	for _, tt := range []struct {
+		compression string
+		addr        []string
+		want        string
+	}{
+		{"", []string{"127.0.0.1:9000"}, "none"},
+		{"auto", []string{"localhost:9000", "[::1]:9000"}, "none"},
+		{"auto", []string{"127.0.0.1:9000", "ch-2.internal:9000"}, "lz4"},
+		{"", []string{"10.0.0.5:9000"}, "lz4"},
+		{"lz4", []string{"127.0.0.1:9000"}, "lz4"},
+		{"zstd", []string{"ch:9000"}, "zstd"},
+		{"none", []string{"ch:9000"}, "none"},
+	} {
+		got, err := sink.Config{Addr: tt.addr, Compression: tt.compression}.ProtocolCompression()
+		if err != nil || !strings.EqualFold(got, tt.want) {
+			t.Errorf("compression %q for %v = %q, %v; want %s", tt.compression, tt.addr, got, err, tt.want)
+		}
 	}
 }

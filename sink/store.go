@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"strings"
 	"time"
 
@@ -24,7 +25,9 @@ type Config struct {
 	DialTimeout   time.Duration `koanf:"dial_timeout"`   // default 5s
 	MaxOpenConns  int           `koanf:"max_open_conns"` // default 8
 	RetentionDays int           `koanf:"retention_days"` // TTL on rollouts/labels when the server supports TTL; 0 = keep forever
-	// Compression of the native protocol: lz4 (default), zstd or none.
+	// Compression of the native protocol: auto (default: none when every
+	// address is a loopback one, where compressing only costs CPU on both
+	// ends, else lz4), lz4, zstd or none.
 	Compression string `koanf:"compression"`
 }
 
@@ -43,7 +46,7 @@ func (c Config) WithDefaults() Config {
 		c.MaxOpenConns = 8
 	}
 	if c.Compression == "" {
-		c.Compression = "lz4"
+		c.Compression = "auto"
 	}
 	return c
 }
@@ -64,23 +67,55 @@ func (c Config) Validate() error {
 	if c.RetentionDays < 0 {
 		return fmt.Errorf("clickhouse.retention_days: must be >= 0, got %d", c.RetentionDays)
 	}
-	if _, err := compression(c.Compression); err != nil {
+	if _, err := compression(c.Compression, c.Addr); err != nil {
 		return err
 	}
 	return nil
 }
 
 // compression maps clickhouse.compression to the driver's method.
-func compression(name string) (clickhouse.CompressionMethod, error) {
+func compression(name string, addrs []string) (clickhouse.CompressionMethod, error) {
 	switch name {
-	case "", "lz4":
+	case "", "auto":
+		for _, a := range addrs {
+			if !isLoopback(a) {
+				return clickhouse.CompressionLZ4, nil
+			}
+		}
+		return clickhouse.CompressionNone, nil
+	case "lz4":
 		return clickhouse.CompressionLZ4, nil
 	case "zstd":
 		return clickhouse.CompressionZSTD, nil
 	case "none":
 		return clickhouse.CompressionNone, nil
 	}
-	return 0, fmt.Errorf("clickhouse.compression: %q is not lz4, zstd or none", name)
+	return 0, fmt.Errorf("clickhouse.compression: %q is not auto, lz4, zstd or none", name)
+}
+
+// ProtocolCompression is the compression the connections use: none, lz4 or
+// zstd (clickhouse.compression with auto resolved), or an error naming the
+// field.
+func (c Config) ProtocolCompression() (string, error) {
+	m, err := compression(c.Compression, c.Addr)
+	if err != nil {
+		return "", err
+	}
+	return m.String(), nil
+}
+
+// isLoopback reports whether host:port names this machine by a loopback
+// address or "localhost".
+func isLoopback(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false
+	}
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
 }
 
 // Store is a connection pool to one ClickHouse database. It is safe for
@@ -135,7 +170,7 @@ func open(cfg Config, db string) (driver.Conn, error) {
 		MaxOpenConns: cfg.MaxOpenConns,
 		MaxIdleConns: cfg.MaxOpenConns,
 	}
-	method, err := compression(cfg.Compression)
+	method, err := compression(cfg.Compression, cfg.Addr)
 	if err != nil {
 		return nil, err
 	}

@@ -59,10 +59,11 @@ Data sets, cloned from the τ²-bench simulations with fresh rollout ids:
   whole    simulations as converted (~26 KB of JSON each)
   compact  contents cut to 300 characters, tool-argument strings to 200 (~10 KB)
 
---rss-rollouts N starts "trace run --roles ingest" in its own process against
-the bench's broker and ClickHouse, produces N compact rollouts (generated on
-the fly) while it consumes them, and prints the peak RSS (VmHWM) of that
-process: trace's memory as in production, without the broker or producer.`,
+--rss-rollouts N produces N compact rollouts (generated on the fly) to a
+fresh topic, then starts "trace run --roles ingest" in its own process against
+the bench's broker and ClickHouse, lets it consume the backlog at full speed,
+and prints the peak RSS (VmHWM) of that process: trace's memory as in
+production, without the broker or the producer.`,
 		Example: `  trace bench ingest
   trace bench ingest --rows 5000 --set compact --decode-workers 1
   trace bench ingest --set none --rss-rollouts 1000000`,

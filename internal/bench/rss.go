@@ -9,7 +9,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -22,6 +21,7 @@ type RSSResult struct {
 	Bytes        int64
 	Elapsed      time.Duration // from the first stored row to the last
 	Total        time.Duration // from the start of `trace run` to the last stored row
+	Produce      time.Duration // producing the backlog, before trace starts
 	PeakRSSKB    int64         // VmHWM of the trace process
 	MaxSampledKB int64         // highest VmRSS seen by the 250ms sampler
 	StartRSSKB   int64         // VmRSS once it stored its first rows
@@ -32,8 +32,9 @@ type RSSResult struct {
 // RunRSS measures the memory of trace's ingest process as it runs in
 // production: `trace run --roles ingest` (opt.Binary) in its own process,
 // consuming opt.RSSRollouts compact rollouts from the bench's broker into
-// the bench's ClickHouse, while this process generates and produces them
-// concurrently (only the 164 templates are held). It samples the child's
+// the bench's ClickHouse. This process first generates and produces the
+// whole backlog (only the 164 templates are held), so that trace then runs
+// at full speed. It samples the child's
 // /proc/PID/status and reports its peak resident memory (VmHWM); the
 // broker and the producer are not in that process, as in production.
 func RunRSS(ctx context.Context, opt Options) (RSSResult, error) {
@@ -91,6 +92,15 @@ func RunRSS(ctx context.Context, opt Options) (RSSResult, error) {
 		args = append(args, "--set", "kafka.batch_timeout="+c.BatchTimeout.String())
 	}
 	res := RSSResult{Rollouts: n, Command: "trace " + strings.Join(args, " "), MemoryLimit: opt.ChildMemoryLimit}
+	// The whole backlog is in the topic first, so that trace consumes at
+	// full speed (and the producer takes no CPU from it).
+	e.log.Info("producing", "rollouts", n, "topic", topic)
+	t0 := time.Now()
+	if res.Bytes, err = e.produce(ctx, topic, ds, n); err != nil {
+		return res, err
+	}
+	res.Produce = time.Since(t0)
+	e.log.Info("produced", "rollouts", n, "MB", res.Bytes/1e6, "took", res.Produce.Round(time.Millisecond))
 	logPath := filepath.Join(e.dir, "trace-run.log")
 	logFile, err := os.Create(logPath)
 	if err != nil {
@@ -108,7 +118,7 @@ func RunRSS(ctx context.Context, opt Options) (RSSResult, error) {
 		cmd.Env = append(cmd.Env, "GOMEMLIMIT="+opt.ChildMemoryLimit)
 	}
 	cmd.Stdout, cmd.Stderr = logFile, logFile
-	t0 := time.Now()
+	t0 = time.Now()
 	if err := cmd.Start(); err != nil {
 		return res, fmt.Errorf("bench: start %s: %w", opt.Binary, err)
 	}
@@ -125,16 +135,6 @@ func RunRSS(ctx context.Context, opt Options) (RSSResult, error) {
 	fail := func(err error) (RSSResult, error) {
 		return res, fmt.Errorf("%w (trace run log: %s)", err, tail(logPath, 2000))
 	}
-
-	prodErr := make(chan error, 1)
-	var produced atomic.Int64
-	pctx, cancelProd := context.WithCancel(ctx)
-	defer cancelProd()
-	go func() {
-		b, err := e.produce(pctx, topic, ds, n)
-		produced.Store(b)
-		prodErr <- err
-	}()
 
 	var first time.Time
 	tick := time.NewTicker(250 * time.Millisecond)
@@ -182,10 +182,6 @@ func RunRSS(ctx context.Context, opt Options) (RSSResult, error) {
 	case <-time.After(15 * time.Second):
 		return fail(errors.New("bench: trace run did not exit within 15s of SIGTERM"))
 	}
-	if err := <-prodErr; err != nil {
-		return res, err
-	}
-	res.Bytes = produced.Load()
 	e.log.Info("rss run done", "rollouts", n, "elapsed", res.Elapsed.Round(time.Millisecond), "peak_rss_MB", res.PeakRSSKB>>10)
 	return res, e.checkCount(ctx, db, n)
 }
@@ -208,8 +204,8 @@ func (r RSSResult) String() string {
 	if r.MemoryLimit != "" {
 		s += fmt.Sprintf("with GOMEMLIMIT=%s\n", r.MemoryLimit)
 	}
-	s += fmt.Sprintf("stored %d compact rollouts (%.0f MB produced concurrently) in %v from the first stored row: %.0f rollouts/s (%v from process start)\n",
-		r.Rollouts, float64(r.Bytes)/1e6, r.Elapsed.Round(time.Millisecond), float64(r.Rollouts)/r.Elapsed.Seconds(), r.Total.Round(time.Millisecond))
+	s += fmt.Sprintf("backlog of %d compact rollouts (%.0f MB) produced in %v; then trace stored them in %v from its first stored row: %.0f rollouts/s (%v from process start)\n",
+		r.Rollouts, float64(r.Bytes)/1e6, r.Produce.Round(time.Second), r.Elapsed.Round(time.Millisecond), float64(r.Rollouts)/r.Elapsed.Seconds(), r.Total.Round(time.Millisecond))
 	s += fmt.Sprintf("peak RSS (VmHWM) of the trace process: %d MB  (RSS once streaming %d MB, highest 250ms sample %d MB)\n",
 		r.PeakRSSKB>>10, r.StartRSSKB>>10, r.MaxSampledKB>>10)
 	return s

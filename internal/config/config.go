@@ -163,7 +163,7 @@ func Default() Config {
 			IngestGroup: "trace-ingest", AnalyzeGroup: "trace-analyzer", LabelsGroup: "trace-labels",
 			BatchRows: ingest.DefaultBatchRows, BatchBytes: ingest.DefaultBatchBytes, BatchTimeout: ingest.DefaultBatchTimeout, MaxBytes: 4 << 20,
 		},
-		ClickHouse: sink.Config{Database: "trace", User: "default", DialTimeout: 5 * time.Second, MaxOpenConns: 8},
+		ClickHouse: sink.Config{Database: "trace", User: "default", DialTimeout: 5 * time.Second, MaxOpenConns: 8, Compression: "auto"},
 		NATS:       bus.Config{Duplicates: bus.DefaultDuplicates},
 		// K and N stay 0 here: Load derives them from the labeler.
 		Analyzer: Analyzer{Labeler: "rules", SampleFailed: 1, SamplePassed: 1, Concurrency: 8,
