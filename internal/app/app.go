@@ -314,10 +314,18 @@ func addActor(g *run.Group, parent context.Context, name string, fn func(context
 	}, func(error) { cancel() })
 }
 
+// consumerConfig is the consumer configuration of a stage. kafka.batch_* size
+// the ingest stage's batches, which stream into ClickHouse and cost no memory;
+// the other stages hold their batches in memory, so their batches are capped
+// at ingest.DefaultBatchRows and ingest.DefaultBatchBytes.
 func (a *App) consumerConfig(group, topic, stage string) ingest.Config {
 	k := a.Cfg.Kafka
+	rows, bytes := k.BatchRows, k.BatchBytes
+	if stage != "ingest" {
+		rows, bytes = min(rows, ingest.DefaultBatchRows), min(bytes, ingest.DefaultBatchBytes)
+	}
 	return ingest.Config{Brokers: a.Brokers, Topic: topic, GroupID: group, DLQTopic: k.DLQTopic, Stage: stage,
-		BatchRows: k.BatchRows, BatchBytes: k.BatchBytes, BatchTimeout: k.BatchTimeout, MaxMessageBytes: k.MaxBytes + 64<<10, Dialer: a.Dialer}
+		BatchRows: rows, BatchBytes: bytes, BatchTimeout: k.BatchTimeout, MaxMessageBytes: k.MaxBytes + 64<<10, Dialer: a.Dialer}
 }
 
 func (a *App) labeler() (analyzer.Labeler, error) {

@@ -26,6 +26,7 @@ import (
 
 	"github.com/traceops/trace/ingest"
 	"github.com/traceops/trace/internal/chserver"
+	"github.com/traceops/trace/internal/config"
 	"github.com/traceops/trace/schemas"
 	"github.com/traceops/trace/sink"
 )
@@ -169,6 +170,16 @@ func Run(ctx context.Context, opt Options) ([]Result, error) {
 }
 
 func setup(ctx context.Context, opt *Options) (*env, func(), error) {
+	// The consumer under test runs with `trace run`'s ingest defaults.
+	if opt.Consumer.BatchRows == 0 {
+		opt.Consumer.BatchRows = config.IngestBatchRows
+	}
+	if opt.Consumer.BatchBytes == 0 {
+		opt.Consumer.BatchBytes = config.IngestBatchBytes
+	}
+	if opt.Consumer.BatchTimeout == 0 {
+		opt.Consumer.BatchTimeout = config.IngestBatchTimeout
+	}
 	if opt.WholeRows <= 0 {
 		opt.WholeRows = 20000
 	}
