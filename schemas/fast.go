@@ -46,6 +46,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
+	"math/bits"
 	"strconv"
 	"strings"
 	"time"
@@ -170,12 +171,13 @@ func plainRun(b []byte, i int) int {
 	for i+8 <= len(b) {
 		x := binary.LittleEndian.Uint64(b[i:])
 		// A byte < 0x20 (bytes >= 0x80 excluded by &^x), or a zero byte
-		// after XOR with '"' or '\\'.
+		// after XOR with '"' or '\\'. The lowest mark is exact (borrows
+		// only mark bytes above a true one): it is where the run ends.
 		lt := (x - ones*0x20) &^ x
 		q := x ^ (ones * '"')
 		bs := x ^ (ones * '\\')
-		if (lt|((q-ones)&^q)|((bs-ones)&^bs))&highs != 0 {
-			break
+		if m := (lt | ((q - ones) &^ q) | ((bs - ones) &^ bs)) & highs; m != 0 {
+			return i + bits.TrailingZeros64(m)>>3
 		}
 		i += 8
 	}

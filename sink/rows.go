@@ -1,14 +1,17 @@
 package sink
 
 import (
+	"encoding/binary"
 	"encoding/json"
 	"math"
+	"math/bits"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"time"
 	"unicode/utf8"
+	"unsafe"
 
 	"github.com/traceops/trace/schemas"
 )
@@ -82,6 +85,15 @@ func truncCut[S string | []byte](s S, n int) (int, bool) {
 	}
 	cut, count := 0, 0
 	for i := 0; i < len(s); {
+		// 8 ASCII bytes are 8 runes; stop short of the cut (rune n-1) so
+		// that the loop below sees it.
+		for count+8 < n && i+8 <= len(s) && ascii8(s, i) {
+			i += 8
+			count += 8
+		}
+		if i >= len(s) {
+			break
+		}
 		if count == n-1 {
 			cut = i
 		}
@@ -97,6 +109,11 @@ func truncCut[S string | []byte](s S, n int) (int, bool) {
 		count++
 	}
 	return 0, false
+}
+
+// ascii8 reports whether s[i:i+8] is all ASCII.
+func ascii8[S string | []byte](s S, i int) bool {
+	return (s[i]|s[i+1]|s[i+2]|s[i+3]|s[i+4]|s[i+5]|s[i+6]|s[i+7])&0x80 == 0
 }
 
 // truncCutSlow is the original rule, for n < 1.
@@ -449,35 +466,44 @@ var jsonSafe = func() (t [utf8.RuneSelf]bool) {
 	return t
 }()
 
-// plain8 reports whether the 8 bytes of x are all ASCII that encoding/json
-// writes as they are: none >= 0x80, < 0x20, '"', '\\', '<', '>' or '&'.
-func plain8(x uint64) bool {
+// special8 marks (high bit of the byte) the bytes of x that encoding/json
+// does not write as they are: >= 0x80 (checked one rune at a time), < 0x20,
+// '"', '\\', '<', '>' and '&'. Bytes above a marked one may be marked
+// wrongly (borrows), but the lowest mark is always exact: it is the first
+// byte to look at.
+func special8(x uint64) uint64 {
 	const ones, highs = 0x0101010101010101, 0x8080808080808080
 	zero := func(v uint64) uint64 { return (v - ones) &^ v }
 	bad := x | (x - ones*0x20) // high bit: >= 0x80, or (for ASCII) < 0x20
 	bad |= zero(x^(ones*'"')) | zero(x^(ones*'\\')) | zero(x^(ones*'<')) | zero(x^(ones*'>')) | zero(x^(ones*'&'))
-	return bad&highs == 0
+	return bad & highs
 }
 
 // appendString quotes s exactly like encoding/json (HTML-safe escapes,
 // U+2028/U+2029 escaped, invalid UTF-8 as \ufffd).
-func appendString(b []byte, s string) []byte { return appendQuoted(b, s) }
+func appendString(b []byte, s string) []byte {
+	return appendQuoted(b, unsafe.Slice(unsafe.StringData(s), len(s)))
+}
 
 func appendBytesString(b []byte, s []byte) []byte { return appendQuoted(b, s) }
 
-func appendQuoted[S string | []byte](dst []byte, src S) []byte {
+// appendQuoted is appendString on bytes (src is only read). Plain ASCII is
+// skipped 8 bytes at a time, and the first byte to look at in a word is
+// found from its special8 mask.
+func appendQuoted(dst, src []byte) []byte {
 	dst = append(dst, '"')
 	start := 0
 	for i := 0; i < len(src); {
-		// Skip 8 plain ASCII bytes at a time.
-		for i+8 <= len(src) && plain8(uint64(src[i])|uint64(src[i+1])<<8|uint64(src[i+2])<<16|uint64(src[i+3])<<24|
-			uint64(src[i+4])<<32|uint64(src[i+5])<<40|uint64(src[i+6])<<48|uint64(src[i+7])<<56) {
-			i += 8
+		if i+8 <= len(src) {
+			m := special8(binary.LittleEndian.Uint64(src[i:]))
+			if m == 0 {
+				i += 8
+				continue
+			}
+			i += bits.TrailingZeros64(m) >> 3
 		}
-		if i >= len(src) {
-			break
-		}
-		if c := src[i]; c < utf8.RuneSelf {
+		c := src[i]
+		if c < utf8.RuneSelf {
 			if jsonSafe[c] {
 				i++
 				continue
@@ -503,21 +529,16 @@ func appendQuoted[S string | []byte](dst []byte, src S) []byte {
 			start = i
 			continue
 		}
-		n := min(len(src)-i, utf8.UTFMax)
-		r, size := utf8.DecodeRuneInString(string(src[i : i+n]))
-		if r == utf8.RuneError && size == 1 {
+		r, size := utf8.DecodeRune(src[i:])
+		switch {
+		case r == utf8.RuneError && size == 1:
 			dst = append(dst, src[start:i]...)
 			dst = append(dst, `\ufffd`...)
-			i += size
-			start = i
-			continue
-		}
-		if r == '\u2028' || r == '\u2029' {
+			start = i + size
+		case r == '\u2028' || r == '\u2029':
 			dst = append(dst, src[start:i]...)
 			dst = append(dst, '\\', 'u', '2', '0', '2', hexDigits[r&0xF])
-			i += size
-			start = i
-			continue
+			start = i + size
 		}
 		i += size
 	}

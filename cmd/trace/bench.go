@@ -46,13 +46,15 @@ it has room) and a local ClickHouse server (or --clickhouse).
 
 For each data set it produces the rollouts to a fresh topic, then measures:
   clickhouse-client ceiling  clickhouse-client inserting the same rows of the
-                             rollouts table as JSONEachRow from a file, in
-                             blocks of the consumer's batch size
+                             rollouts table as JSONEachRow from a file; the
+                             fastest of blocks of the consumer's batch size,
+                             of 10,000 rows and of the client's default
   kafka-go bare consume      a kafka-go group reader: FetchMessage for every
                              message, CommitMessages at the end
   obvious loop               one goroutine: FetchMessage → encoding/json →
                              10,000-row PrepareBatch/Send → CommitMessages
-  trace ingest.Consumer      the consumer trace runs, with ingest.RolloutSink
+  trace ingest.Consumer      the consumer trace runs (trace run's ingest
+                             defaults), streaming into ClickHouse (RowSink)
 and prints trace's throughput as a ratio of the ceiling and of the loop.
 
 Data sets, cloned from the τ²-bench simulations with fresh rollout ids:

@@ -158,7 +158,7 @@ var Roles = []string{"ingest", "analyze", "serve"}
 // ClickHouse spends less CPU on fewer, larger inserts (parts and merges).
 // Other stages cap theirs at ingest.DefaultBatchRows / DefaultBatchBytes.
 const (
-	IngestBatchRows    = 20000
+	IngestBatchRows    = 10000
 	IngestBatchBytes   = 256 << 20
 	IngestBatchTimeout = 2 * time.Second
 )
