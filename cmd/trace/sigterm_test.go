@@ -48,7 +48,7 @@ func TestSIGTERMDrainsAndExitsZero(t *testing.T) {
 	args := []string{"run", "--roles", "ingest", "--set", "kafka.brokers=" + brokers[0], "--set", "kafka.rollouts_topic=" + topic,
 		"--set", "kafka.dlq_topic=" + topic + ".dlq", "--set", "kafka.ingest_group=" + group, "--set", "kafka.batch_rows=400",
 		"--set", "kafka.batch_timeout=2s", "--set", "clickhouse.addr=" + ch.Addr, "--set", "clickhouse.database=" + ch.Database,
-		"--set", "nats.url=" + ns.URL(), "--set", "data_dir=" + t.TempDir()}
+		"--set", "nats.url=" + ns.URL(), "--set", "data_dir=" + t.TempDir(), "--set", "http.addr=127.0.0.1:0"}
 
 	const n = 6000
 	w := &kafka.Writer{Addr: kafka.TCP(brokers...), Transport: &kafka.Transport{}, Topic: topic, Balancer: &kafka.Hash{}, RequiredAcks: kafka.RequireAll, BatchTimeout: time.Millisecond, BatchSize: 500}

@@ -260,7 +260,7 @@ func (a *App) Run(ctx context.Context, extra ...Actor) error {
 			})
 		})
 	}
-	if a.Cfg.Has("serve") {
+	{
 		srv, err := a.httpServer()
 		if err != nil {
 			return err
@@ -280,7 +280,11 @@ func (a *App) Run(ctx context.Context, extra ...Actor) error {
 			defer cancel()
 			_ = srv.Shutdown(sctx)
 		})
-		a.Log.Info("serving dashboard, API and metrics", "url", "http://"+a.httpAddr+"/", "metrics", "http://"+a.httpAddr+"/metrics")
+		if a.Cfg.Has("serve") {
+			a.Log.Info("serving dashboard, API and metrics", "url", "http://"+a.httpAddr+"/", "metrics", "http://"+a.httpAddr+"/metrics")
+		} else {
+			a.Log.Info("serving metrics and health checks", "metrics", "http://"+a.httpAddr+"/metrics", "ready", "http://"+a.httpAddr+"/readyz")
+		}
 	}
 	for _, x := range append(a.background, extra...) {
 		addActor(&g, ctx, x.Name, x.Run)

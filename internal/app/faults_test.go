@@ -44,7 +44,7 @@ func newWorld(t *testing.T, chAddr string, n int) *world {
 	testenv.CreateTopic(t, brokers, labels, 1)
 	testenv.CreateTopic(t, brokers, labels+".dlq", 1)
 	cfg, err := config.Load("", []string{
-		"data_dir=" + t.TempDir(), "roles=ingest,analyze", "kafka.brokers=" + brokers[0],
+		"data_dir=" + t.TempDir(), "roles=ingest,analyze", "http.addr=127.0.0.1:0", "kafka.brokers=" + brokers[0],
 		"kafka.rollouts_topic=" + topic, "kafka.labels_topic=" + labels, "kafka.dlq_topic=" + topic + ".dlq",
 		"kafka.ingest_group=ingest-" + topic, "kafka.analyze_group=analyze-" + topic, "kafka.labels_group=labels-" + topic,
 		"kafka.batch_rows=500", "kafka.batch_timeout=100ms",

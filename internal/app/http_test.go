@@ -53,3 +53,34 @@ func TestServeEndpoints(t *testing.T) {
 		}
 	}
 }
+
+// A replica without the serve role still answers probes and scrapes, and
+// its metrics include the ingest consumer's; the dashboard is not there.
+func TestIngestReplicaServesMetricsAndHealth(t *testing.T) {
+	ch := testenv.ClickHouse(t)
+	w := newWorld(t, ch.Addr, 1)
+	a, stop := w.start(t, withRoles(w.cfg, "ingest"))
+	defer stop()
+	<-a.Ready()
+	base := "http://" + a.HTTPAddr()
+	for _, tt := range []struct {
+		path     string
+		code     int
+		contains string
+	}{
+		{"/healthz", 200, "ok"},
+		{"/readyz", 200, "ready"},
+		{"/metrics", 200, `trace_consumer_messages_consumed_total{stage="ingest"`},
+		{"/api/overview", 404, ""},
+	} {
+		res, err := http.Get(base + tt.path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(res.Body)
+		res.Body.Close()
+		if res.StatusCode != tt.code || !strings.Contains(string(b), tt.contains) {
+			t.Errorf("GET %s: %d %.120q, want %d containing %q", tt.path, res.StatusCode, b, tt.code, tt.contains)
+		}
+	}
+}

@@ -77,6 +77,7 @@ func RunRSS(ctx context.Context, opt Options) (RSSResult, error) {
 		"--set", "clickhouse.addr=" + e.chAddr,
 		"--set", "clickhouse.database=" + db,
 		"--set", "embedded.nats_port=0",
+		"--set", "http.addr=127.0.0.1:0",
 	}
 	if opt.CHCompression != "" {
 		args = append(args, "--set", "clickhouse.compression="+opt.CHCompression)
