@@ -480,6 +480,8 @@ const (
 	// streamChunks bounds the decoded chunks a streaming batch may have
 	// waiting for the write stage (about streamChunks MiB of messages).
 	streamChunks = 16
+	// maxChunks bounds a plain Sink's chunks waiting for the write stage.
+	maxChunks = 1024
 )
 
 func (c *Consumer[T]) fetchLoop(ctx, work context.Context, r *kafka.Reader, jobs chan<- decodeJob[T], out chan<- *batch[T]) {
@@ -492,7 +494,10 @@ func (c *Consumer[T]) fetchLoop(ctx, work context.Context, r *kafka.Reader, jobs
 		bo           = c.newBackOff()
 		_, streaming = c.sink.(StreamSink[T])
 	)
-	readyCap := c.cfg.BatchRows + 1 // a whole batch: the write stage takes it when sealed
+	// A plain Sink's write stage collects the chunks as they come but
+	// writes only sealed batches: while it writes, the next batch fills,
+	// up to maxChunks chunks.
+	readyCap := min(c.cfg.BatchRows, maxChunks) + 1
 	if streaming {
 		readyCap = streamChunks
 	}

@@ -160,7 +160,7 @@ var Roles = []string{"ingest", "analyze", "serve"}
 const (
 	IngestBatchRows    = 10000
 	IngestBatchBytes   = 256 << 20
-	IngestBatchTimeout = 2 * time.Second
+	IngestBatchTimeout = time.Second
 )
 
 func Default() Config {
