@@ -61,11 +61,11 @@ func (s *Store) InsertRollouts(ctx context.Context, rows []RolloutRow) error {
 // INSERT is dead (call Abort) and none of its rows may be assumed stored,
 // though some may be (the table deduplicates). Not safe for concurrent use.
 type RolloutInsert struct {
-	b                 driver.Batch
-	now               time.Time
-	ns                uint64
-	rows, block, size int
-	done              bool
+	b           driver.Batch
+	now         time.Time
+	ns          uint64
+	block, size int
+	done        bool
 }
 
 // BeginRollouts starts an INSERT into rollouts; ctx bounds the whole INSERT.
@@ -79,9 +79,6 @@ func (s *Store) BeginRollouts(ctx context.Context) (*RolloutInsert, error) {
 	now := time.Now().UTC()
 	return &RolloutInsert{b: b, now: now, ns: uint64(now.UnixNano())}, nil
 }
-
-// Rows is the number of rows appended so far.
-func (ins *RolloutInsert) Rows() int { return ins.rows }
 
 // Append adds one row; it may send a block to the server.
 func (ins *RolloutInsert) Append(r *RolloutRow) error {
@@ -102,7 +99,6 @@ func (ins *RolloutInsert) Append(r *RolloutRow) error {
 		r.Coord.Topic, int32(r.Coord.Partition), r.Coord.Offset, ins.now, ins.ns); err != nil {
 		return fmt.Errorf("insert rollouts: append %s: %w", r.RolloutID, err)
 	}
-	ins.rows++
 	ins.block++
 	ins.size += r.size()
 	return nil
