@@ -853,14 +853,14 @@ func (c *Consumer[T]) commitStream(work context.Context, r *kafka.Reader, dlq *d
 		p.st.Abort()
 	}
 	if err != nil {
-		attempt := 0
+		live, attempt := err, 0
 		err = c.retry(work, func(ctx context.Context) error {
 			if attempt++; attempt == 1 {
-				return err // the live pass
+				return live // the first attempt was the live pass
 			}
-			n, err := c.streamAgain(ctx, ss, p.b)
+			n, rerr := c.streamAgain(ctx, ss, p.b)
 			p.n = n
-			return err
+			return rerr
 		}, c.fatal, c.onSinkRetry(p.b.rows))
 		if err != nil {
 			return c.sinkError(err)
