@@ -97,18 +97,22 @@ func Start(ctx context.Context, cfg config.Config, log *slog.Logger) (*App, erro
 	if err := a.Store.Migrate(ctx); err != nil {
 		return nil, err
 	}
-	natsCfg := cfg.NATS
-	if natsCfg.URL == "" {
-		if a.nats, natsCfg.URL, err = embedded.NATS(cfg.Path("nats"), cfg.Embedded.NATSPort, log); err != nil {
+	// NATS and the dictionaries serve the analyze and serve roles; an
+	// ingest-only replica neither needs nor waits for them.
+	if cfg.Has("analyze") || cfg.Has("serve") {
+		natsCfg := cfg.NATS
+		if natsCfg.URL == "" {
+			if a.nats, natsCfg.URL, err = embedded.NATS(cfg.Path("nats"), cfg.Embedded.NATSPort, log); err != nil {
+				return nil, err
+			}
+		}
+		a.NATSURL = natsCfg.URL
+		if a.Bus, err = bus.Connect(ctx, natsCfg, "trace"); err != nil {
 			return nil, err
 		}
-	}
-	a.NATSURL = natsCfg.URL
-	if a.Bus, err = bus.Connect(ctx, natsCfg, "trace"); err != nil {
-		return nil, err
-	}
-	if err := a.loadDictionaries(ctx); err != nil {
-		return nil, err
+		if err := a.loadDictionaries(ctx); err != nil {
+			return nil, err
+		}
 	}
 	ok = true
 	return a, nil

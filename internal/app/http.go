@@ -28,7 +28,7 @@ func (a *App) httpServer() (*http.Server, error) {
 			http.Error(w, "clickhouse: "+err.Error(), http.StatusServiceUnavailable)
 			return
 		}
-		if !a.Bus.NC.IsConnected() {
+		if a.Bus != nil && !a.Bus.NC.IsConnected() {
 			http.Error(w, "nats: disconnected", http.StatusServiceUnavailable)
 			return
 		}

@@ -55,11 +55,15 @@ func TestServeEndpoints(t *testing.T) {
 }
 
 // A replica without the serve role still answers probes and scrapes, and
-// its metrics include the ingest consumer's; the dashboard is not there.
+// its metrics include the ingest consumer's; the dashboard is not there. An
+// ingest-only replica does not use NATS: it starts and is ready with NATS
+// unreachable.
 func TestIngestReplicaServesMetricsAndHealth(t *testing.T) {
 	ch := testenv.ClickHouse(t)
 	w := newWorld(t, ch.Addr, 1)
-	a, stop := w.start(t, withRoles(w.cfg, "ingest"))
+	cfg := withRoles(w.cfg, "ingest")
+	cfg.NATS.URL = "nats://127.0.0.1:1" // nothing listens there
+	a, stop := w.start(t, cfg)
 	defer stop()
 	<-a.Ready()
 	base := "http://" + a.HTTPAddr()
