@@ -43,12 +43,14 @@ package schemas
 //     json.Unmarshal would. DecodeRollout reports it as a schema error.
 
 import (
+	"bytes"
 	"encoding/binary"
 	"fmt"
 	"math"
 	"math/bits"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 	"unicode/utf16"
 	"unicode/utf8"
@@ -1118,6 +1120,12 @@ func (d *fastDec) tools(r *Rollout) bool {
 		d.skip()
 		return d.invalid("tools is not an array")
 	}
+	if t, n := cachedTools(d.b[d.i:]); n > 0 {
+		d.i += n
+		r.Tools = t
+		return true
+	}
+	start := d.i
 	ok := true
 	tools := []Tool{}
 	d.elements(func() {
@@ -1125,7 +1133,76 @@ func (d *fastDec) tools(r *Rollout) bool {
 		ok = d.tool(&tools[len(tools)-1]) && ok
 	})
 	r.Tools = tools
+	if ok {
+		cacheTools(d.b[start:d.i], tools)
+	}
 	return ok
+}
+
+// Tool definitions are the same in every rollout of an agent version, so
+// the decoder remembers the last toolsCacheSize tool arrays that were valid,
+// by their exact bytes. Input that starts with those bytes holds that same
+// array (a JSON array ends itself), so a hit takes the decoded tools without
+// parsing. The cached []Tool is shared by every rollout that hit it: see
+// SharedTools.
+const toolsCacheSize = 16
+
+type toolsEntry struct {
+	raw   []byte
+	tools []Tool
+}
+
+var toolsCache atomic.Pointer[[]toolsEntry] // copy on write
+
+// cachedTools returns the cached tools whose bytes b starts with, and how
+// many bytes they take (0: none).
+func cachedTools(b []byte) ([]Tool, int) {
+	if c := toolsCache.Load(); c != nil {
+		for _, e := range *c {
+			if bytes.HasPrefix(b, e.raw) {
+				return e.tools, len(e.raw)
+			}
+		}
+	}
+	return nil, 0
+}
+
+func cacheTools(raw []byte, tools []Tool) {
+	if len(tools) == 0 {
+		return
+	}
+	e := toolsEntry{raw: bytes.Clone(raw), tools: tools}
+	for {
+		old := toolsCache.Load()
+		var entries []toolsEntry
+		if old != nil {
+			entries = *old
+		}
+		next := make([]toolsEntry, 0, min(len(entries)+1, toolsCacheSize))
+		next = append(next, e)
+		next = append(next, entries[:min(len(entries), toolsCacheSize-1)]...)
+		if toolsCache.CompareAndSwap(old, &next) {
+			return
+		}
+	}
+}
+
+// SharedTools reports whether tools is a decoder-cached tool array, shared
+// by every decoded rollout that carried the same tool definitions: such a
+// slice (and its contents) must not be modified, and it is the same slice
+// for the same definitions while it stays cached.
+func SharedTools(tools []Tool) bool {
+	if len(tools) == 0 {
+		return false
+	}
+	if c := toolsCache.Load(); c != nil {
+		for _, e := range *c {
+			if len(e.tools) == len(tools) && &e.tools[0] == &tools[0] {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 func (d *fastDec) tool(t *Tool) bool {

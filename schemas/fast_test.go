@@ -8,6 +8,7 @@ import (
 	"math/big"
 	"reflect"
 	"strconv"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -257,8 +258,10 @@ func expectedRollout(t testing.TB, data []byte) *Rollout {
 }
 
 // canonicalParameters rewrites raw parameters to encoding/json's canonical
-// form, so that rollouts compare by value.
+// form, so that rollouts compare by value. Decoded tools may be shared
+// (SharedTools), so it rewrites a copy.
 func canonicalParameters(t testing.TB, r *Rollout) {
+	r.Tools = slices.Clone(r.Tools)
 	for i := range r.Tools {
 		p := r.Tools[i].Function.Parameters
 		if p == nil {
@@ -774,5 +777,43 @@ func TestFastNeverKeepsInput(t *testing.T) {
 	}
 	if after := fmt.Sprintf("%+v", *r); after != before {
 		t.Fatal("decoded rollout changed with its input buffer")
+	}
+}
+
+// Tool arrays that decoded valid are remembered by their bytes: the same
+// definitions give the same shared slice, equal to a fresh decode, even after
+// the first input's buffer was overwritten; other definitions do not hit.
+func TestToolsCache(t *testing.T) {
+	tools := arr(baseTool.set("function", baseFunction.set("name", `"cache_probe_tool"`).String()).String())
+	first := []byte(baseTop().set("tools", tools).String())
+	a, why := fastDecodeRollout(first)
+	if a == nil {
+		t.Fatal(why)
+	}
+	want := slices.Clone(a.Tools)
+	want[0].Function.Parameters = slices.Clone(want[0].Function.Parameters)
+	for i := range first { // the consumer's buffers are not ours to keep
+		first[i] = ' '
+	}
+	b, why := fastDecodeRollout([]byte(baseTop().set("rollout_id", `"other"`).set("tools", tools).String()))
+	if b == nil {
+		t.Fatal(why)
+	}
+	if !SharedTools(a.Tools) || !SharedTools(b.Tools) || &a.Tools[0] != &b.Tools[0] {
+		t.Fatalf("same definitions: shared %v %v, same slice %v", SharedTools(a.Tools), SharedTools(b.Tools), &a.Tools[0] == &b.Tools[0])
+	}
+	if !reflect.DeepEqual(b.Tools, want) {
+		t.Fatalf("cached tools %+v, want %+v", b.Tools, want)
+	}
+	other := arr(baseTool.set("function", baseFunction.set("name", `"cache_probe_other"`).String()).String())
+	c, why := fastDecodeRollout([]byte(baseTop().set("tools", other).String()))
+	if c == nil {
+		t.Fatal(why)
+	}
+	if &c.Tools[0] == &a.Tools[0] || c.Tools[0].Function.Name != "cache_probe_other" {
+		t.Fatalf("different definitions hit the cache: %+v", c.Tools)
+	}
+	if SharedTools([]Tool{{Type: "function"}}) {
+		t.Fatal("a tool slice built by hand reported shared")
 	}
 }

@@ -27,7 +27,7 @@ type Rollout struct {
 	EndTime     time.Time      `json:"end_time,omitzero"`
 	Outcome     Outcome        `json:"outcome"`
 	Messages    []Message      `json:"messages"`
-	Tools       []Tool         `json:"tools,omitempty"`
+	Tools       []Tool         `json:"tools,omitempty"` // may be shared between decoded rollouts (SharedTools): read only
 	Grader      *Grader        `json:"grader,omitempty"`
 	Metadata    map[string]any `json:"metadata,omitempty"`
 }

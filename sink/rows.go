@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unicode/utf8"
 	"unsafe"
@@ -177,7 +178,7 @@ func RolloutRowFrom(r *schemas.Rollout, c Coord) RolloutRow {
 	*buf, *args = appendCompactMessages((*buf)[:0], (*args)[:0], r.Messages)
 	row.Messages = string(*buf)
 	if len(r.Tools) > 0 {
-		row.Tools = marshalString(buf, r.Tools, appendTools)
+		row.Tools = toolsJSON(buf, r.Tools)
 	}
 	if r.Grader != nil {
 		row.Grader = marshalString(buf, r.Grader, appendGrader)
@@ -187,6 +188,49 @@ func RolloutRowFrom(r *schemas.Rollout, c Coord) RolloutRow {
 	}
 	return row
 }
+
+// toolsJSON is the tools column. The JSON of a decoder-shared tool array
+// (schemas.SharedTools: immutable, the same slice for the same definitions)
+// is remembered by the slice's identity, so an agent's tool definitions are
+// encoded once rather than with every rollout.
+func toolsJSON(buf *[]byte, tools []schemas.Tool) string {
+	shared := schemas.SharedTools(tools)
+	if shared {
+		if c := toolsJSONCache.Load(); c != nil {
+			for _, e := range *c {
+				if e.first == &tools[0] && e.n == len(tools) {
+					return e.json
+				}
+			}
+		}
+	}
+	j := marshalString(buf, tools, appendTools)
+	if shared {
+		e := toolsJSONEntry{first: &tools[0], n: len(tools), json: j}
+		for {
+			old := toolsJSONCache.Load()
+			var entries []toolsJSONEntry
+			if old != nil {
+				entries = *old
+			}
+			next := append([]toolsJSONEntry{e}, entries[:min(len(entries), toolsJSONCacheSize-1)]...)
+			if toolsJSONCache.CompareAndSwap(old, &next) {
+				break
+			}
+		}
+	}
+	return j
+}
+
+const toolsJSONCacheSize = 16
+
+type toolsJSONEntry struct {
+	first *schemas.Tool
+	n     int
+	json  string
+}
+
+var toolsJSONCache atomic.Pointer[[]toolsJSONEntry] // copy on write
 
 // marshalString encodes v with the hand-written appender, or with
 // encoding/json when the appender does not cover a value (an error there
