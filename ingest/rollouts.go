@@ -40,10 +40,14 @@ func DecodeLabel(b []byte) (*schemas.LabelEvent, error) {
 // runs in the consumer's parallel decode workers and a batch holds compact
 // rows instead of whole rollouts (less memory, less work in the serial write
 // stage). The row's Kafka coordinates are filled in by RowSink.
+//
+// Contents are cut to sink.MaxContentChars anyway, so the decoder keeps only
+// a prefix of long ones (schemas.DecodeOptions.ContentPrefix): the rest is
+// validated but not copied.
 func DecodeRolloutRow(maxBytes int) Decoder[*sink.RolloutRow] {
-	dec := DecodeRollout(maxBytes)
+	opt := schemas.DecodeOptions{MaxBytes: maxBytes, ContentPrefix: sink.MaxContentChars + 1}
 	return func(b []byte) (*sink.RolloutRow, error) {
-		r, err := dec(b)
+		r, err := schemas.DecodeRollout(b, opt)
 		if err != nil {
 			return nil, err
 		}

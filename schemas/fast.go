@@ -68,7 +68,16 @@ type fastReject struct{ why string }
 // fastDecodeRollout is the fast path. It returns the rollout, or nil and why
 // it was not accepted. It never panics to its caller.
 func fastDecodeRollout(data []byte) (r *Rollout, why string) {
+	return fastDecodeRolloutPrefix(data, 0)
+}
+
+// fastDecodeRolloutPrefix is fastDecodeRollout keeping at least
+// contentPrefix runes of each message content (DecodeOptions.ContentPrefix).
+func fastDecodeRolloutPrefix(data []byte, contentPrefix int) (r *Rollout, why string) {
 	d := fastDec{b: data, arena: make([]byte, 0, len(data))}
+	if contentPrefix > 0 {
+		d.contentCap = utf8.UTFMax * contentPrefix // bytes that hold at least contentPrefix runes
+	}
 	defer func() {
 		if p := recover(); p != nil {
 			r, why = nil, fmt.Sprint("fast path: ", p)
@@ -103,6 +112,9 @@ type fastDec struct {
 	// bytes that are written once and never changed.
 	arena []byte
 	why   string // first schema violation seen (diagnostics only)
+	// contentCap > 0: message contents are kept up to about this many
+	// bytes (strCapped).
+	contentCap int
 }
 
 func (d *fastDec) reject(why string) { panic(fastReject{why: why}) }
@@ -219,6 +231,46 @@ func (d *fastDec) str() string {
 	}
 }
 
+// strCapped is str, except that once capBytes (> 0) bytes of the string
+// are unescaped it stops copying and only validates the rest (same checks as
+// skip). The result is then a prefix of the string, cut at a byte boundary
+// (possibly inside a character) after at least capBytes bytes.
+func (d *fastDec) strCapped(capBytes int) string {
+	if capBytes <= 0 {
+		return d.str()
+	}
+	b := d.b
+	i := d.i + 1
+	start := len(d.arena)
+	for {
+		j := plainRun(b, i)
+		if kept := len(d.arena) - start; kept+(j-i) > capBytes {
+			d.arena = append(d.arena, b[i:i+max(0, capBytes-kept)]...)
+			d.skipStrFrom(j)
+			return unsafe.String(&d.arena[start], len(d.arena)-start)
+		}
+		d.arena = append(d.arena, b[i:j]...)
+		if j >= len(b) {
+			d.i = j
+			d.syntax()
+		}
+		switch c := b[j]; {
+		case c == '"':
+			d.i = j + 1
+			n := len(d.arena) - start
+			if n == 0 {
+				return ""
+			}
+			return unsafe.String(&d.arena[start], n)
+		case c == '\\':
+			i = d.escape(j)
+		default: // control character
+			d.i = j
+			d.syntax()
+		}
+	}
+}
+
 // escape decodes the escape at b[j] == '\\' into the arena, like
 // encoding/json's unquote, and returns the index after it.
 func (d *fastDec) escape(j int) int {
@@ -292,9 +344,12 @@ func hex4(b []byte, i int) rune {
 }
 
 // skipStr checks a string's syntax without decoding it.
-func (d *fastDec) skipStr() {
+func (d *fastDec) skipStr() { d.skipStrFrom(d.i + 1) }
+
+// skipStrFrom validates the rest of a string from j, a position inside it
+// between two characters, and moves past its closing quote.
+func (d *fastDec) skipStrFrom(j int) {
 	b := d.b
-	j := d.i + 1
 	for {
 		j = plainRun(b, j)
 		if j >= len(b) {
@@ -1008,7 +1063,7 @@ func (d *fastDec) message(m *Message) bool {
 			ok := true
 			switch d.peek() {
 			case '"':
-				m.Content = d.str()
+				m.Content = d.strCapped(d.contentCap)
 			case 'n':
 				d.literal("null")
 				m.Content = ""

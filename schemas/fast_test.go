@@ -7,8 +7,8 @@ import (
 	"fmt"
 	"math/big"
 	"reflect"
-	"strconv"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -275,6 +275,31 @@ func canonicalParameters(t testing.TB, r *Rollout) {
 	}
 }
 
+// checkContentPrefix: keeping only a content prefix (here at least 2 runes,
+// 8 bytes) accepts exactly the same documents and decodes the same rollout,
+// except that each content is a prefix of the whole one, complete or at
+// least 8 bytes long.
+func checkContentPrefix(t testing.TB, data []byte, full *Rollout) {
+	t.Helper()
+	p, why := fastDecodeRolloutPrefix(data, 2)
+	if (p != nil) != (full != nil) {
+		t.Fatalf("with a content prefix the fast path accepts=%v (%s), without it %v\n%q", p != nil, why, full != nil, data)
+	}
+	if p == nil {
+		return
+	}
+	for i := range full.Messages {
+		c, w := p.Messages[i].Content, full.Messages[i].Content
+		if !strings.HasPrefix(w, c) || (c != w && len(c) < 8) {
+			t.Fatalf("message %d: prefix %q of %q", i, c, w)
+		}
+		p.Messages[i].Content = w
+	}
+	if !reflect.DeepEqual(p, full) {
+		t.Fatalf("with a content prefix the rollout differs beyond the contents\n%q", data)
+	}
+}
+
 // checkFast is the differential property: the fast path accepts exactly what
 // the schema path accepts and the struct can hold, it decodes the value the
 // schema's view describes, and DecodeRollout agrees with it.
@@ -284,6 +309,7 @@ func checkFast(t testing.TB, data []byte) {
 		return // size, emptiness and UTF-8 are checked before either path
 	}
 	got, why := fastDecodeRollout(data)
+	checkContentPrefix(t, data, got)
 	schemaOK := schemaAccepts(data)
 	want := schemaOK && representable(data)
 	if (got != nil) != want {

@@ -99,6 +99,13 @@ func (r *Rollout) Key() string { return r.Environment + "/" + r.Agent.Version }
 // DecodeOptions bound what a decoder accepts.
 type DecodeOptions struct {
 	MaxBytes int // 0 means DefaultMaxBytes
+	// ContentPrefix, when > 0, lets the decoder keep only a prefix of a
+	// long message content: at least ContentPrefix characters (runes) of
+	// it, validated to its end but not copied past that. For callers that
+	// cut contents to at most ContentPrefix-1 characters themselves (the
+	// ingest stage's compaction), which then get the same result as from
+	// the whole content.
+	ContentPrefix int
 }
 
 var nonFiniteLiteral = regexp.MustCompile(`"reward"\s*:\s*[-+]?(NaN|nan|Infinity|inf|Inf)`)
@@ -116,7 +123,7 @@ func DecodeRollout(data []byte, opt DecodeOptions) (*Rollout, error) {
 	if err := precheck(data, opt); err != nil {
 		return nil, err
 	}
-	r, why := fastDecodeRollout(data)
+	r, why := fastDecodeRolloutPrefix(data, opt.ContentPrefix)
 	if r != nil {
 		return r, nil
 	}

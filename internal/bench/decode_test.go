@@ -12,9 +12,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/traceops/trace/ingest"
 	"github.com/traceops/trace/internal/shareddata"
 	"github.com/traceops/trace/schemas"
-	"github.com/traceops/trace/sink"
 )
 
 var (
@@ -115,19 +115,16 @@ func BenchmarkDecodeRollout(b *testing.B) {
 	}
 }
 
-// BenchmarkDecodeAndRow: decode plus the row conversion, the consumer's CPU
+// BenchmarkDecodeAndRow: decode plus the row conversion (ingest.DecodeRolloutRow), the consumer's CPU
 // per rollout apart from Kafka and the ClickHouse driver.
 func BenchmarkDecodeAndRow(b *testing.B) {
 	all := sets(b)
 	for _, set := range []Set{Whole, Compact} {
 		b.Run(string(set), func(b *testing.B) {
+			dec := ingest.DecodeRolloutRow(0) // as the ingest stage decodes
 			runCPU(b, all[set], func(d []byte) error {
-				r, err := schemas.DecodeRollout(d, schemas.DecodeOptions{})
-				if err != nil {
-					return err
-				}
-				sink.RolloutRowFrom(r, sink.Coord{})
-				return nil
+				_, err := dec(d)
+				return err
 			})
 		})
 	}
