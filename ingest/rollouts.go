@@ -2,6 +2,7 @@ package ingest
 
 import (
 	"context"
+	"sync"
 
 	"github.com/traceops/trace/schemas"
 	"github.com/traceops/trace/sink"
@@ -47,7 +48,11 @@ func DecodeLabel(b []byte) (*schemas.LabelEvent, error) {
 func DecodeRolloutRow(maxBytes int) Decoder[*sink.RolloutRow] {
 	opt := schemas.DecodeOptions{MaxBytes: maxBytes, ContentPrefix: sink.MaxContentChars + 1}
 	return func(b []byte) (*sink.RolloutRow, error) {
-		r, err := schemas.DecodeRollout(b, opt)
+		// The rollout's strings live in a pooled buffer only until its row
+		// is made (the row owns its strings).
+		buf := arenas.Get().(*[]byte)
+		defer arenas.Put(buf)
+		r, err := schemas.DecodeRolloutInto(b, opt, buf)
 		if err != nil {
 			return nil, err
 		}
@@ -55,6 +60,8 @@ func DecodeRolloutRow(maxBytes int) Decoder[*sink.RolloutRow] {
 		return &row, nil
 	}
 }
+
+var arenas = sync.Pool{New: func() any { return new([]byte) }}
 
 // RowSink writes rows made by DecodeRolloutRow: the ingest stage's Sink, with
 // RolloutSink's error handling.

@@ -68,13 +68,20 @@ type fastReject struct{ why string }
 // fastDecodeRollout is the fast path. It returns the rollout, or nil and why
 // it was not accepted. It never panics to its caller.
 func fastDecodeRollout(data []byte) (r *Rollout, why string) {
-	return fastDecodeRolloutPrefix(data, 0)
+	r, why, _ = fastDecodeRolloutPrefix(data, 0, nil)
+	return r, why
 }
 
 // fastDecodeRolloutPrefix is fastDecodeRollout keeping at least
-// contentPrefix runes of each message content (DecodeOptions.ContentPrefix).
-func fastDecodeRolloutPrefix(data []byte, contentPrefix int) (r *Rollout, why string) {
-	d := fastDec{b: data, arena: make([]byte, 0, len(data))}
+// contentPrefix runes of each message content (DecodeOptions.ContentPrefix),
+// with its strings in arena when that has room for them (else in a new
+// buffer). It returns the buffer the strings are in.
+func fastDecodeRolloutPrefix(data []byte, contentPrefix int, arena []byte) (r *Rollout, why string, used []byte) {
+	if cap(arena) < len(data) {
+		arena = make([]byte, 0, len(data))
+	}
+	d := fastDec{b: data, arena: arena[:0]}
+	defer func() { used = d.arena }()
 	if contentPrefix > 0 {
 		d.contentCap = utf8.UTFMax * contentPrefix // bytes that hold at least contentPrefix runes
 	}
@@ -89,17 +96,17 @@ func fastDecodeRolloutPrefix(data []byte, contentPrefix int) (r *Rollout, why st
 	}()
 	d.ws()
 	if d.i >= len(d.b) || d.b[d.i] != '{' {
-		return nil, "top level is not an object"
+		return nil, "top level is not an object", d.arena
 	}
 	r = new(Rollout)
 	if !d.rollout(r) {
-		return nil, d.invalidWhy()
+		return nil, d.invalidWhy(), d.arena
 	}
 	d.ws()
 	if d.i != len(d.b) {
-		return nil, "trailing data after the JSON value"
+		return nil, "trailing data after the JSON value", d.arena
 	}
-	return r, ""
+	return r, "", d.arena
 }
 
 type fastDec struct {
@@ -1189,7 +1196,7 @@ func (d *fastDec) tools(r *Rollout) bool {
 	})
 	r.Tools = tools
 	if ok {
-		cacheTools(d.b[start:d.i], tools)
+		r.Tools = cacheTools(d.b[start:d.i], tools)
 	}
 	return ok
 }
@@ -1222,11 +1229,18 @@ func cachedTools(b []byte) ([]Tool, int) {
 	return nil, 0
 }
 
-func cacheTools(raw []byte, tools []Tool) {
+// cacheTools caches a copy of tools (owning its strings) and returns it.
+func cacheTools(raw []byte, tools []Tool) []Tool {
 	if len(tools) == 0 {
-		return
+		return tools
 	}
-	e := toolsEntry{raw: bytes.Clone(raw), tools: tools}
+	// The cached tools must not view the decode buffer (it may be reused).
+	own := make([]Tool, len(tools))
+	for i, t := range tools {
+		own[i] = Tool{Type: strings.Clone(t.Type), Function: FunctionDef{Name: strings.Clone(t.Function.Name),
+			Description: strings.Clone(t.Function.Description), Parameters: bytes.Clone(t.Function.Parameters)}}
+	}
+	e := toolsEntry{raw: bytes.Clone(raw), tools: own}
 	for {
 		old := toolsCache.Load()
 		var entries []toolsEntry
@@ -1237,7 +1251,7 @@ func cacheTools(raw []byte, tools []Tool) {
 		next = append(next, e)
 		next = append(next, entries[:min(len(entries), toolsCacheSize-1)]...)
 		if toolsCache.CompareAndSwap(old, &next) {
-			return
+			return own
 		}
 	}
 }

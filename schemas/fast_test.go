@@ -281,7 +281,7 @@ func canonicalParameters(t testing.TB, r *Rollout) {
 // least 8 bytes long.
 func checkContentPrefix(t testing.TB, data []byte, full *Rollout) {
 	t.Helper()
-	p, why := fastDecodeRolloutPrefix(data, 2)
+	p, why, _ := fastDecodeRolloutPrefix(data, 2, nil)
 	if (p != nil) != (full != nil) {
 		t.Fatalf("with a content prefix the fast path accepts=%v (%s), without it %v\n%q", p != nil, why, full != nil, data)
 	}

@@ -9,6 +9,7 @@ import (
 	"math"
 	"regexp"
 	"strconv"
+	"strings"
 	"time"
 	"unicode/utf8"
 )
@@ -120,13 +121,31 @@ var nonFiniteLiteral = regexp.MustCompile(`"reward"\s*:\s*[-+]?(NaN|nan|Infinity
 // (encoding/json, then the JSON Schema validator), which names the precise
 // error.
 func DecodeRollout(data []byte, opt DecodeOptions) (*Rollout, error) {
+	return DecodeRolloutInto(data, opt, nil)
+}
+
+// DecodeRolloutInto is DecodeRollout that keeps the rollout's strings in
+// *buf (replaced by a larger buffer when it is too small) instead of a new
+// buffer per rollout: the rollout is valid only until *buf is used again,
+// and nothing of it may be kept (copy what you keep). For decoders that turn
+// each rollout into something else right away, with a pooled buffer. buf nil
+// is DecodeRollout. Decoder-shared tools (SharedTools) never view *buf.
+func DecodeRolloutInto(data []byte, opt DecodeOptions, buf *[]byte) (*Rollout, error) {
 	if err := precheck(data, opt); err != nil {
 		return nil, err
 	}
-	r, why := fastDecodeRolloutPrefix(data, opt.ContentPrefix)
+	var arena []byte
+	if buf != nil {
+		arena = *buf
+	}
+	r, why, used := fastDecodeRolloutPrefix(data, opt.ContentPrefix, arena)
+	if buf != nil {
+		*buf = used[:0]
+	}
 	if r != nil {
 		return r, nil
 	}
+	why = strings.Clone(why)
 	doc, err := parseDoc(data)
 	if err != nil {
 		return nil, err
