@@ -76,7 +76,6 @@ func RunRSS(ctx context.Context, opt Options) (RSSResult, error) {
 		"--set", "kafka.ingest_group=bench-rss-" + e.run,
 		"--set", "clickhouse.addr=" + e.chAddr,
 		"--set", "clickhouse.database=" + db,
-		"--set", "embedded.nats_port=0",
 		"--set", "http.addr=127.0.0.1:0",
 	}
 	if opt.CHCompression != "" {
