@@ -142,6 +142,17 @@ func Run(ctx context.Context, opt Options) ([]Result, error) {
 		if err != nil {
 			return results, err
 		}
+		// A tail of one more batch, which no step reads to its end: trace
+		// is timed until n rows are durable, and with the tail its last
+		// batch fills as in a steady stream instead of waiting out
+		// BatchTimeout on an idle topic (the baselines stop at n by
+		// themselves).
+		tail := e.opt.Consumer.BatchRows
+		if _, err := e.produceFn(ctx, topic, tail, func(i int, dst []byte) ([]byte, []byte) {
+			return ds.Key(n + i), ds.Value(n+i, dst)
+		}); err != nil {
+			return results, err
+		}
 		e.log.Info("produced", "set", set, "rows", n, "MB", bytes/1e6, "took", time.Since(t0).Round(time.Millisecond))
 		steps := []func(context.Context, Set, *Dataset, string, int, int64) (Result, error){e.ceiling, e.bare, e.obvious, e.trace}
 		if opt.SkipBaselines {
@@ -159,7 +170,9 @@ func Run(ctx context.Context, opt Options) ([]Result, error) {
 					return results, err
 				}
 				e.log.Info("measured", "set", set, "step", r.Step, "round", round, "rows_per_s", int(r.RowsPerSec()),
-					"MB_per_s", fmt.Sprintf("%.1f", r.MBPerSec()), "elapsed", r.Elapsed.Round(time.Millisecond))
+					"MB_per_s", fmt.Sprintf("%.1f", r.MBPerSec()), "elapsed", r.Elapsed.Round(time.Millisecond),
+					"cpu_ms_per_1k", r.CPU.Milliseconds()*1000/int64(max(r.Rows, 1)),
+					"ch_ms_per_1k", r.ServerCPU.Milliseconds()*1000/int64(max(r.Rows, 1)), "note", r.Note)
 				if best[i].Rows == 0 || r.RowsPerSec() > best[i].RowsPerSec() {
 					best[i] = r
 				}
@@ -641,21 +654,22 @@ func (e *env) obvious(ctx context.Context, set Set, _ *Dataset, topic string, n 
 // countingSink counts the rows the wrapped sink made durable and signals
 // when target is reached. It streams (ingest.StreamSink) as RowSink does.
 type countingSink struct {
-	inner  *ingest.RowSink
-	n      atomic.Int64
-	target int64
-	done   chan struct{}
-	once   sync.Once
-	doneAt atomic.Int64
-	busy   atomic.Int64 // nanoseconds inside Write, or from Begin to the end of Commit
-	writes atomic.Int64
+	inner    *ingest.RowSink
+	n        atomic.Int64
+	target   int64
+	done     chan struct{}
+	once     sync.Once
+	doneAt   atomic.Int64
+	doneRows atomic.Int64 // rows durable when target was reached
+	busy     atomic.Int64 // nanoseconds inside Write, or from Begin to the end of Commit
+	writes   atomic.Int64
 }
 
 func (s *countingSink) durable(rows int, since time.Time) {
 	s.busy.Add(int64(time.Since(since)))
 	s.writes.Add(1)
-	if s.n.Add(int64(rows)) >= s.target {
-		s.once.Do(func() { s.doneAt.Store(time.Now().UnixNano()); close(s.done) })
+	if total := s.n.Add(int64(rows)); total >= s.target {
+		s.once.Do(func() { s.doneAt.Store(time.Now().UnixNano()); s.doneRows.Store(total); close(s.done) })
 	}
 }
 
@@ -705,23 +719,29 @@ func (e *env) trace(ctx context.Context, set Set, _ *Dataset, topic string, n in
 		return Result{}, err
 	}
 	defer store.Close()
+	var durable int64
 	res, err := e.measure(set, StepTrace, n, bytes, func() (time.Duration, error) {
-		_, elapsed, err := e.runConsumer(ctx, topic, e.group("trace", set), store, int64(n), nil)
+		_, elapsed, rows, err := e.runConsumer(ctx, topic, e.group("trace", set), store, int64(n), nil)
+		durable = rows
 		return elapsed, err
 	})
 	if err != nil {
 		return res, err
 	}
+	// Rows durable when n were reached (the batch with row n may hold more).
+	res.Rows, res.Bytes = int(durable), bytes*durable/int64(n)
 	c := e.opt.Consumer.WithDefaults()
 	res.Note = fmt.Sprintf("BatchRows=%d BatchBytes=%dMiB BatchTimeout=%v DecodeWorkers=%d; %s; timed from the first decode",
 		c.BatchRows, c.BatchBytes>>20, c.BatchTimeout, c.DecodeWorkers, e.sinkBusy)
+	res.Note += "; until the rows are durable, with one more batch in the topic so that the last batch fills as in a steady stream"
 	return res, e.checkCount(ctx, db, n)
 }
 
 // runConsumer runs an ingest.Consumer until target rows are durable; it
-// returns the consumer's configuration and the time from the first decode
-// to the last write. tick, when set, is called every 500ms while it runs.
-func (e *env) runConsumer(ctx context.Context, topic, group string, store *sink.Store, target int64, tick func()) (ingest.Config, time.Duration, error) {
+// returns the consumer's configuration, the time from the first decode to
+// the write that reached the target, and the rows durable then. tick, when
+// set, is called every 500ms while it runs.
+func (e *env) runConsumer(ctx context.Context, topic, group string, store *sink.Store, target int64, tick func()) (ingest.Config, time.Duration, int64, error) {
 	cfg := e.opt.Consumer
 	cfg.Brokers, cfg.Topic, cfg.GroupID = e.brokers, topic, group
 	cfg.LagInterval = -1
@@ -736,7 +756,7 @@ func (e *env) runConsumer(ctx context.Context, topic, group string, store *sink.
 	cs := &countingSink{inner: &ingest.RowSink{Store: store}, target: target, done: make(chan struct{})}
 	c, err := ingest.NewConsumer[*sink.RolloutRow](cfg, decode, cs, e.log, nil)
 	if err != nil {
-		return cfg, 0, err
+		return cfg, 0, 0, err
 	}
 	rctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -754,18 +774,18 @@ func (e *env) runConsumer(ctx context.Context, topic, group string, store *sink.
 			case <-runErr:
 			case <-time.After(15 * time.Second):
 			}
-			return c.Config(), elapsed, nil
+			return c.Config(), elapsed, cs.doneRows.Load(), nil
 		case err := <-runErr:
 			if err == nil {
 				err = errors.New("consumer stopped early")
 			}
-			return c.Config(), 0, err
+			return c.Config(), 0, 0, err
 		case <-t.C:
 			if tick != nil {
 				tick()
 			}
 		case <-ctx.Done():
-			return c.Config(), 0, ctx.Err()
+			return c.Config(), 0, 0, ctx.Err()
 		}
 	}
 }
