@@ -210,48 +210,19 @@ func plainRun(b []byte, i int) int {
 
 // str reads a string (d.b[d.i] must be '"') and returns it unescaped, as a
 // view of the arena.
-func (d *fastDec) str() string {
-	b := d.b
-	i := d.i + 1
-	start := len(d.arena)
-	for {
-		j := plainRun(b, i)
-		d.arena = append(d.arena, b[i:j]...)
-		if j >= len(b) {
-			d.i = j
-			d.syntax()
-		}
-		switch c := b[j]; {
-		case c == '"':
-			d.i = j + 1
-			n := len(d.arena) - start
-			if n == 0 {
-				return ""
-			}
-			return unsafe.String(&d.arena[start], n)
-		case c == '\\':
-			i = d.escape(j)
-		default: // control character
-			d.i = j
-			d.syntax()
-		}
-	}
-}
+func (d *fastDec) str() string { return d.strCapped(0) }
 
-// strCapped is str, except that once capBytes (> 0) bytes of the string
-// are unescaped it stops copying and only validates the rest (same checks as
-// skip). The result is then a prefix of the string, cut at a byte boundary
-// (possibly inside a character) after at least capBytes bytes.
+// strCapped is str, except that once capBytes (> 0; 0 is no limit) bytes of
+// the string are unescaped it stops copying and only validates the rest
+// (same checks as skip). The result is then a prefix of the string, cut at a
+// byte boundary (possibly inside a character) after at least capBytes bytes.
 func (d *fastDec) strCapped(capBytes int) string {
-	if capBytes <= 0 {
-		return d.str()
-	}
 	b := d.b
 	i := d.i + 1
 	start := len(d.arena)
 	for {
 		j := plainRun(b, i)
-		if kept := len(d.arena) - start; kept+(j-i) > capBytes {
+		if kept := len(d.arena) - start; capBytes > 0 && kept+(j-i) > capBytes {
 			d.arena = append(d.arena, b[i:i+max(0, capBytes-kept)]...)
 			d.skipStrFrom(j)
 			return unsafe.String(&d.arena[start], len(d.arena)-start)
