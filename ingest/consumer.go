@@ -685,38 +685,28 @@ func (c *Consumer[T]) writeLoop(ctx, work context.Context, r *kafka.Reader, dlq 
 		case <-ctx.Done():
 			return nil
 		}
-		if err := c.stopError(c.processBatch(work, r, dlq, b), b); err != nil {
-			return ignoreStop(err)
+		if stop, err := c.verdict(c.processBatch(work, r, dlq, b), b); stop {
+			return err
 		}
 	}
 }
 
-// errStop is stopError's "stop without an error".
-var errStop = errors.New("stop")
-
-func ignoreStop(err error) error {
-	if errors.Is(err, errStop) {
-		return nil
-	}
-	return err
-}
-
-// stopError turns the end of a batch into writeLoop's verdict: nil to go
-// on, errStop (logged) when a shutdown left the batch uncommitted, or the
-// error that stops the consumer.
-func (c *Consumer[T]) stopError(err error, b *batch[T]) error {
+// verdict turns the outcome of a batch into the write stage's: go on (nil),
+// stop quietly when a shutdown left the batch uncommitted (logged; it is
+// redelivered), or stop with the error.
+func (c *Consumer[T]) verdict(err error, b *batch[T]) (stop bool, _ error) {
 	switch {
 	case err == nil:
-		return nil
+		return false, nil
 	case errors.Is(err, errIncomplete):
 		c.log.Warn("stopping: the batch in flight is incomplete and not committed; it will be redelivered", "rows", b.rows)
-		return errStop
+		return true, nil
 	case errors.Is(err, errDrainExpired):
 		c.log.Warn("drain deadline expired; the batch in flight is not committed and will be redelivered",
 			"rows", b.rows, "error", err)
-		return errStop
+		return true, nil
 	}
-	return err
+	return true, err
 }
 
 // processBatch collects a batch's decoded chunks and makes it durable with
@@ -788,7 +778,8 @@ func (c *Consumer[T]) streamLoop(ctx, work context.Context, r *kafka.Reader, dlq
 	go func() {
 		defer close(cdone)
 		for p := range commits {
-			if cerr = c.stopError(c.commitStream(work, r, dlq, ss, p), p.b); cerr != nil {
+			var stop bool
+			if stop, cerr = c.verdict(c.commitStream(work, r, dlq, ss, p), p.b); stop {
 				return
 			}
 		}
@@ -796,7 +787,7 @@ func (c *Consumer[T]) streamLoop(ctx, work context.Context, r *kafka.Reader, dlq
 	stop := func() error {
 		close(commits)
 		<-cdone
-		return ignoreStop(cerr)
+		return cerr
 	}
 	for {
 		if ctx.Err() != nil {
@@ -813,7 +804,7 @@ func (c *Consumer[T]) streamLoop(ctx, work context.Context, r *kafka.Reader, dlq
 		p := &pending[T]{b: b, start: time.Now()}
 		p.st, p.n, p.err = c.streamLive(work, ss, b, &p.dead)
 		if errors.Is(p.err, errIncomplete) {
-			c.stopError(p.err, b) //nolint:errcheck // logs
+			c.verdict(p.err, b) //nolint:errcheck // logs; the verdict is to stop
 			return stop()
 		}
 		if p.err == nil {
