@@ -8,23 +8,6 @@ import (
 	"github.com/traceops/trace/sink"
 )
 
-// RolloutSink writes rollouts to ClickHouse: the ingest stage's Sink. Errors
-// that retrying cannot fix are marked Fatal; everything else (ClickHouse down,
-// too many parts, timeouts) is retried by the consumer with backoff while it
-// fetches nothing, so there is backpressure and no loss.
-type RolloutSink struct {
-	Store *sink.Store
-}
-
-// Write implements Sink.
-func (s *RolloutSink) Write(ctx context.Context, batch []Record[*schemas.Rollout]) error {
-	rows := make([]sink.RolloutRow, len(batch))
-	for i, rec := range batch {
-		rows[i] = sink.RolloutRowFrom(rec.Value, sink.Coord{Topic: rec.Topic, Partition: rec.Partition, Offset: rec.Offset})
-	}
-	return classify(ctx, s.Store.InsertRollouts(ctx, rows))
-}
-
 // DecodeRollout is the rollout Decoder with a size limit.
 func DecodeRollout(maxBytes int) Decoder[*schemas.Rollout] {
 	opt := schemas.DecodeOptions{MaxBytes: maxBytes}
@@ -63,8 +46,10 @@ func DecodeRolloutRow(maxBytes int) Decoder[*sink.RolloutRow] {
 
 var arenas = sync.Pool{New: func() any { return new([]byte) }}
 
-// RowSink writes rows made by DecodeRolloutRow: the ingest stage's Sink, with
-// RolloutSink's error handling.
+// RowSink writes rows made by DecodeRolloutRow: the ingest stage's sink.
+// Errors that retrying cannot fix are marked Fatal; everything else
+// (ClickHouse down, too many parts, timeouts) is retried by the consumer with
+// backoff while it fetches nothing, so there is backpressure and no loss.
 type RowSink struct {
 	Store *sink.Store
 }

@@ -320,25 +320,37 @@ func TestCancelBetweenInsertAndCommit(t *testing.T) {
 		ctx, cancel := context.WithCancel(context.Background())
 		cc := ingest.Config{Brokers: w.cfg.Kafka.Brokers, Topic: w.cfg.Kafka.RolloutsTopic, DLQTopic: w.cfg.Kafka.DLQTopic,
 			GroupID: w.cfg.Kafka.IngestGroup, Stage: stage, BatchRows: 300, BatchTimeout: 100 * time.Millisecond, DrainTimeout: 300 * time.Millisecond}
-		var inner ingest.Sink[*schemas.Rollout] = &ingest.RolloutSink{Store: a.Store}
-		if stage == "analyze" {
-			cc.GroupID = w.cfg.Kafka.AnalyzeGroup
-			inner = &analyzer.LabelingSink{Labeler: analyzer.NewRulesLabeler(analyzer.RulesOptions{}), Registry: dicts, Store: a.Store}
-		}
-		sinkFn := ingest.SinkFunc[*schemas.Rollout](func(wctx context.Context, batch []ingest.Record[*schemas.Rollout]) error {
-			if err := inner.Write(wctx, batch); err != nil {
-				return err
+		var run func(context.Context) error
+		var err error
+		if stage == "ingest" {
+			// The ingest stage as trace runs it: rows streamed by RowSink.
+			var c *ingest.Consumer[*sink.RolloutRow]
+			c, err = ingest.NewConsumer(cc, ingest.DecodeRolloutRow(0),
+				ingest.Sink[*sink.RolloutRow](&cancelAfterCommit{RowSink: &ingest.RowSink{Store: a.Store}, cancel: cancel, wrote: &wrote}), nil, nil)
+			if c != nil {
+				run = c.Run
 			}
-			wrote += len(batch)
-			cancel()
-			<-wctx.Done() // the drain deadline passes: no commit
-			return wctx.Err()
-		})
-		c, err := ingest.NewConsumer(cc, ingest.DecodeRollout(0), sinkFn, nil, nil)
+		} else {
+			cc.GroupID = w.cfg.Kafka.AnalyzeGroup
+			inner := &analyzer.LabelingSink{Labeler: analyzer.NewRulesLabeler(analyzer.RulesOptions{}), Registry: dicts, Store: a.Store}
+			var c *ingest.Consumer[*schemas.Rollout]
+			c, err = ingest.NewConsumer(cc, ingest.DecodeRollout(0), ingest.SinkFunc[*schemas.Rollout](func(wctx context.Context, batch []ingest.Record[*schemas.Rollout]) error {
+				if err := inner.Write(wctx, batch); err != nil {
+					return err
+				}
+				wrote += len(batch)
+				cancel()
+				<-wctx.Done() // the drain deadline passes: no commit
+				return wctx.Err()
+			}), nil, nil)
+			if c != nil {
+				run = c.Run
+			}
+		}
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := c.Run(ctx); err != nil && !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, context.Canceled) {
+		if err := run(ctx); err != nil && !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, context.Canceled) {
 			t.Logf("%s consumer: %v", stage, err)
 		}
 		cancel()
@@ -357,6 +369,44 @@ func TestCancelBetweenInsertAndCommit(t *testing.T) {
 	if err := stop2(); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// cancelAfterCommit is RowSink whose first durable INSERT cancels the run;
+// the commit then outlives the drain deadline, so no offset is committed.
+type cancelAfterCommit struct {
+	*ingest.RowSink
+	cancel func()
+	wrote  *int
+}
+
+func (s *cancelAfterCommit) Begin(ctx context.Context) (ingest.Stream[*sink.RolloutRow], error) {
+	st, err := s.RowSink.Begin(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return &cancelStream{Stream: st, ctx: ctx, s: s}, nil
+}
+
+type cancelStream struct {
+	ingest.Stream[*sink.RolloutRow]
+	ctx  context.Context
+	s    *cancelAfterCommit
+	rows int
+}
+
+func (st *cancelStream) Add(recs []ingest.Record[*sink.RolloutRow]) error {
+	st.rows += len(recs)
+	return st.Stream.Add(recs)
+}
+
+func (st *cancelStream) Commit() error {
+	if err := st.Stream.Commit(); err != nil {
+		return err
+	}
+	*st.s.wrote += st.rows
+	st.s.cancel()
+	<-st.ctx.Done() // the drain deadline passes: no commit
+	return st.ctx.Err()
 }
 
 func withRoles(c config.Config, roles ...string) config.Config {
