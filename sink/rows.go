@@ -194,18 +194,17 @@ func RolloutRowFrom(r *schemas.Rollout, c Coord) RolloutRow {
 // is remembered by the slice's identity, so an agent's tool definitions are
 // encoded once rather than with every rollout.
 func toolsJSON(buf *[]byte, tools []schemas.Tool) string {
-	shared := schemas.SharedTools(tools)
-	if shared {
-		if c := toolsJSONCache.Load(); c != nil {
-			for _, e := range *c {
-				if e.first == &tools[0] && e.n == len(tools) {
-					return e.json
-				}
+	// Only shared slices are cached, and a shared slice is never modified:
+	// a hit needs no SharedTools check.
+	if c := toolsJSONCache.Load(); c != nil {
+		for _, e := range *c {
+			if e.first == &tools[0] && e.n == len(tools) {
+				return e.json
 			}
 		}
 	}
 	j := marshalString(buf, tools, appendTools)
-	if shared {
+	if schemas.SharedTools(tools) {
 		e := toolsJSONEntry{first: &tools[0], n: len(tools), json: j}
 		for {
 			old := toolsJSONCache.Load()
@@ -389,24 +388,11 @@ func appendGrader(b []byte, g *schemas.Grader) ([]byte, bool) {
 		if comma {
 			b = append(b, ',')
 		}
-		b = append(b, `"breakdown":{`...)
-		keys := make([]string, 0, len(g.Breakdown))
-		for k := range g.Breakdown {
-			keys = append(keys, k)
+		b = append(b, `"breakdown":`...)
+		var ok bool
+		if b, ok = appendObject(b, g.Breakdown, appendFloat); !ok {
+			return b, false
 		}
-		slices.Sort(keys)
-		for i, k := range keys {
-			if i > 0 {
-				b = append(b, ',')
-			}
-			b = appendString(b, k)
-			b = append(b, ':')
-			var ok bool
-			if b, ok = appendFloat(b, g.Breakdown[k]); !ok {
-				return b, false
-			}
-		}
-		b = append(b, '}')
 	}
 	return append(b, '}'), true
 }
@@ -418,6 +404,13 @@ func appendMap(b []byte, m map[string]any) ([]byte, bool) {
 	if m == nil {
 		return append(b, "null"...), true
 	}
+	return appendObject(b, m, appendValue)
+}
+
+// appendObject appends m as a JSON object with its keys sorted, as
+// encoding/json writes maps, each value by value; false when a value
+// cannot be written.
+func appendObject[V any](b []byte, m map[string]V, value func([]byte, V) ([]byte, bool)) ([]byte, bool) {
 	b = append(b, '{')
 	var small [16]string
 	keys := small[:0]
@@ -432,7 +425,7 @@ func appendMap(b []byte, m map[string]any) ([]byte, bool) {
 		b = appendString(b, k)
 		b = append(b, ':')
 		var ok bool
-		if b, ok = appendValue(b, m[k]); !ok {
+		if b, ok = value(b, m[k]); !ok {
 			return b, false
 		}
 	}
