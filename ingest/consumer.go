@@ -6,7 +6,9 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -1004,10 +1006,7 @@ func (c *Consumer[T]) finish(work context.Context, r *kafka.Reader, dlq *dlqWrit
 		}
 	}
 
-	offsets := make([]kafka.Message, 0, len(b.last))
-	for _, m := range b.last {
-		offsets = append(offsets, m)
-	}
+	offsets := slices.Collect(maps.Values(b.last))
 	return c.retry(work, func(ctx context.Context) error {
 		start := time.Now()
 		err := r.CommitMessages(ctx, offsets...)

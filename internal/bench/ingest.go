@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net"
 	"os"
 	"os/exec"
@@ -576,11 +577,7 @@ func (e *env) bare(ctx context.Context, set Set, _ *Dataset, topic string, n int
 			}
 			last[m.Partition] = kafka.Message{Topic: m.Topic, Partition: m.Partition, Offset: m.Offset}
 		}
-		offs := make([]kafka.Message, 0, len(last))
-		for _, m := range last {
-			offs = append(offs, m)
-		}
-		if err := r.CommitMessages(ctx, offs...); err != nil {
+		if err := r.CommitMessages(ctx, slices.Collect(maps.Values(last))...); err != nil {
 			return 0, err
 		}
 		return time.Since(t0), nil
@@ -609,10 +606,7 @@ func (e *env) obvious(ctx context.Context, set Set, _ *Dataset, topic string, n 
 			if err := store.InsertRollouts(ctx, rows); err != nil {
 				return err
 			}
-			offs := make([]kafka.Message, 0, len(last))
-			for _, m := range last {
-				offs = append(offs, m)
-			}
+			offs := slices.Collect(maps.Values(last))
 			rows = rows[:0]
 			clear(last)
 			return r.CommitMessages(ctx, offs...)
