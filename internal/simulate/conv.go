@@ -137,32 +137,11 @@ func writePy(b *strings.Builder, v any) {
 		}
 		b.WriteByte('}')
 	case []obj:
-		b.WriteByte('[')
-		for i, e := range x {
-			if i > 0 {
-				b.WriteString(", ")
-			}
-			writePy(b, e)
-		}
-		b.WriteByte(']')
+		writePyList(b, x)
 	case []string:
-		b.WriteByte('[')
-		for i, e := range x {
-			if i > 0 {
-				b.WriteString(", ")
-			}
-			b.WriteString(strconv.Quote(e))
-		}
-		b.WriteByte(']')
+		writePyList(b, x)
 	case []any:
-		b.WriteByte('[')
-		for i, e := range x {
-			if i > 0 {
-				b.WriteString(", ")
-			}
-			writePy(b, e)
-		}
-		b.WriteByte(']')
+		writePyList(b, x)
 	case string:
 		b.WriteString(strconv.Quote(x))
 	case bool:
@@ -178,6 +157,18 @@ func writePy(b *strings.Builder, v any) {
 	default:
 		panic("simulate: pyJSON: unsupported type")
 	}
+}
+
+// writePyList writes a list, each element by writePy.
+func writePyList[E any](b *strings.Builder, xs []E) {
+	b.WriteByte('[')
+	for i, e := range xs {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		writePy(b, e)
+	}
+	b.WriteByte(']')
 }
 
 // money formats a dollar amount the way agents write it.
