@@ -27,9 +27,13 @@ func DecodeLabel(b []byte) (*schemas.LabelEvent, error) {
 //
 // Contents are cut to sink.MaxContentChars anyway, so the decoder keeps only
 // a prefix of long ones (schemas.DecodeOptions.ContentPrefix): the rest is
-// validated but not copied.
+// validated but not copied. Contents and tool-call arguments are stored as
+// JSON, so they are handed over as JSON text from the input, contents cut
+// already (schemas.DecodeOptions.RawJSON, ContentCut), rather than decoded
+// and encoded again.
 func DecodeRolloutRow(maxBytes int) Decoder[*sink.RolloutRow] {
-	opt := schemas.DecodeOptions{MaxBytes: maxBytes, ContentPrefix: sink.MaxContentChars + 1}
+	opt := schemas.DecodeOptions{MaxBytes: maxBytes, ContentPrefix: sink.MaxContentChars + 1,
+		RawJSON: true, ContentCut: sink.MaxContentChars}
 	return func(b []byte) (*sink.RolloutRow, error) {
 		// The rollout's strings live in a pooled buffer only until its row
 		// is made (the row owns its strings).

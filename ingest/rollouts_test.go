@@ -3,8 +3,10 @@ package ingest_test
 import (
 	"encoding/json"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
+	"unicode/utf8"
 
 	"github.com/traceops/trace/ingest"
 	"github.com/traceops/trace/internal/shareddata"
@@ -12,8 +14,10 @@ import (
 	"github.com/traceops/trace/sink"
 )
 
-// DecodeRolloutRow keeps only content prefixes and reuses its decode
-// buffers, yet its rows are exactly the rows of the fully decoded rollouts:
+// DecodeRolloutRow keeps only content prefixes, stores contents, arguments
+// and metadata from their input text, and reuses its decode buffers, yet its
+// rows are exactly the rows of the fully decoded rollouts (the metadata the
+// same JSON value):
 // on the τ²-bench simulations and on long contents with escapes and
 // multi-byte characters around the cut.
 func TestDecodeRolloutRowMatchesFullDecode(t *testing.T) {
@@ -69,12 +73,109 @@ func TestDecodeRolloutRowMatchesFullDecode(t *testing.T) {
 	// Compared after every decode: a row must not view the decoder's reused
 	// buffer.
 	for i := range gots {
+		// The metadata is stored from its input text: the same JSON value,
+		// spelled as the input spelled it (60.0 stays 60.0).
+		if (gots[i].Metadata == "") != (wants[i].Metadata == "") || !jsonEqual(gots[i].Metadata, wants[i].Metadata) {
+			t.Fatalf("doc %d: metadata %s, want %s", i, gots[i].Metadata, wants[i].Metadata)
+		}
+		gots[i].Metadata = wants[i].Metadata
 		if gots[i] != wants[i] {
-			t.Fatalf("doc %d: row differs\n got %.300s\nwant %.300s", i, gots[i].Messages, wants[i].Messages)
+			t.Fatalf("doc %d: row differs\n got %+v\nwant %+v", i, gots[i], wants[i])
 		}
 	}
 	if cut == 0 {
 		t.Fatal("no content was long enough to be cut: the test does not exercise the prefix")
 	}
 	t.Logf("%d documents, %d contents decoded as prefixes", len(docs), cut)
+}
+
+// Rollouts written by other JSON encoders than Go's (Python's json.dumps:
+// ", " and ": " separators, \u escapes for every non-ASCII character, keys
+// in insertion order; escaped slashes; repeated keys; lone surrogates) give
+// rows with the same values as a full decode: contents decode to the same
+// cut text, arguments to the same JSON value (or are both cut at 200
+// characters), and every other column is equal.
+func TestDecodeRolloutRowOtherEncoders(t *testing.T) {
+	long := strings.Repeat(`caf\u00e9 \"x\" \/ `, 40)
+	longArgs := `{"z": "` + strings.Repeat(`\u00e9 `, 150) + `", "a": [1, 2.50, {"b": null}]}`
+	msgs := []string{
+		`{"role": "system", "content": "` + long + `"}`,
+		`{"role": "user", "content": "\ud83d\ude00 na\u00efve \u2028 <&>", "turn_idx": 0}`,
+		`{"role": "assistant", "content": null, "tool_calls": [` +
+			`{"id": "c1", "name": "f", "arguments": {"z": 1, "a": "x\/y", "m": {"k": [true, false]}}},` +
+			`{"id": "c2", "name": "f", "arguments": {"a": 1, "a": 2}},` +
+			`{"id": "c3", "name": "f", "arguments": {"s": "\ud800"}},` +
+			`{"id": "c4", "name": "f", "arguments": ` + longArgs + `, "requestor": "user"}]}`,
+		`{"role": "tool", "tool_call_id": "c1", "content": "\udc00 lone", "error": true}`,
+		`{"role": "tool", "tool_call_id": "c2", "content": "` + strings.Repeat("x", 298) + `\ud800 in the part kept"}`,
+		`{"role": "tool", "tool_call_id": "c3", "content": "` + strings.Repeat("x", 300) + `\ud800 past the cut"}`,
+		`{"role": "user", "content": "` + strings.Repeat(`\u00e9`, 299) + `\n"}`,
+		`{"role": "user", "content": "` + strings.Repeat(`\u00e9`, 301) + `"}`,
+	}
+	doc := `{"schema": "rollout/v1", "rollout_id": "r-py", "environment": "env", "agent": {"name": "a", "version": "v1"},` +
+		` "task_id": "t", "outcome": {"reward": 0.5}, "messages": [` + strings.Join(msgs, ", ") + `], "metadata": {"k": "v"}}`
+	full, err := schemas.DecodeRollout([]byte(doc), schemas.DecodeOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := sink.RolloutRowFrom(full, sink.Coord{})
+	got, err := ingest.DecodeRolloutRow(0)([]byte(doc))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var gm, wm []sink.CompactMessage
+	if err := json.Unmarshal([]byte(got.Messages), &gm); err != nil {
+		t.Fatalf("stored messages are not JSON: %v\n%s", err, got.Messages)
+	}
+	if err := json.Unmarshal([]byte(want.Messages), &wm); err != nil {
+		t.Fatal(err)
+	}
+	if len(gm) != len(wm) {
+		t.Fatalf("%d messages, want %d", len(gm), len(wm))
+	}
+	cutArgs := 0
+	for i := range wm {
+		g, w := gm[i], wm[i]
+		if len(g.ToolCalls) != len(w.ToolCalls) {
+			t.Fatalf("message %d: %d calls, want %d", i, len(g.ToolCalls), len(w.ToolCalls))
+		}
+		for j := range w.ToolCalls {
+			ga, wa := g.ToolCalls[j].Arguments, w.ToolCalls[j].Arguments
+			if strings.HasSuffix(ga, "…") || strings.HasSuffix(wa, "…") {
+				if utf8.RuneCountInString(ga) != sink.MaxArgumentsChars || utf8.RuneCountInString(wa) != sink.MaxArgumentsChars {
+					t.Fatalf("message %d call %d: arguments cut unequally:\n%s\n%s", i, j, ga, wa)
+				}
+				cutArgs++
+			} else {
+				if !jsonEqual(ga, wa) {
+					t.Fatalf("message %d call %d: arguments %s, want %s", i, j, ga, wa)
+				}
+			}
+			g.ToolCalls[j].Arguments = wa
+		}
+		if !reflect.DeepEqual(g, w) {
+			t.Fatalf("message %d:\n got %+v\nwant %+v", i, g, w)
+		}
+	}
+	if cutArgs != 1 {
+		t.Fatalf("%d arguments cut, want 1", cutArgs)
+	}
+	// The contents were stored from their input text (RawJSON), escapes and
+	// all, not decoded and encoded again.
+	if !strings.Contains(got.Messages, `caf\u00e9 \"x\" \/`) {
+		t.Fatalf("stored contents do not keep the input's escapes:\n%.300s", got.Messages)
+	}
+	got.Messages = want.Messages
+	if *got != want {
+		t.Fatalf("row differs beyond messages:\n got %+v\nwant %+v", *got, want)
+	}
+}
+
+// jsonEqual reports whether a and b are the same JSON value ("" is null).
+func jsonEqual(a, b string) bool {
+	var av, bv any
+	if a != "" && json.Unmarshal([]byte(a), &av) != nil || b != "" && json.Unmarshal([]byte(b), &bv) != nil {
+		return false
+	}
+	return reflect.DeepEqual(av, bv)
 }

@@ -48,6 +48,7 @@ import (
 	"fmt"
 	"math"
 	"math/bits"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -68,23 +69,23 @@ type fastReject struct{ why string }
 // fastDecodeRollout is the fast path. It returns the rollout, or nil and why
 // it was not accepted. It never panics to its caller.
 func fastDecodeRollout(data []byte) (r *Rollout, why string) {
-	r, why, _ = fastDecodeRolloutPrefix(data, 0, nil)
+	r, why, _ = fastDecodeRolloutPrefix(data, DecodeOptions{}, nil)
 	return r, why
 }
 
-// fastDecodeRolloutPrefix is fastDecodeRollout keeping at least
-// contentPrefix runes of each message content (DecodeOptions.ContentPrefix),
-// with its strings in arena when that has room for them (else in a new
-// buffer). It returns the buffer the strings are in.
-func fastDecodeRolloutPrefix(data []byte, contentPrefix int, arena []byte) (r *Rollout, why string, used []byte) {
+// fastDecodeRolloutPrefix is fastDecodeRollout with opt's ContentPrefix,
+// RawJSON and ContentCut, with its strings in arena when that has room for them (else in a
+// new buffer). It returns the buffer the strings are in.
+func fastDecodeRolloutPrefix(data []byte, opt DecodeOptions, arena []byte) (r *Rollout, why string, used []byte) {
 	if cap(arena) < len(data) {
 		arena = make([]byte, 0, len(data))
 	}
 	d := fastDec{b: data, arena: arena[:0]}
 	defer func() { used = d.arena }()
-	if contentPrefix > 0 {
-		d.contentCap = utf8.UTFMax * contentPrefix // bytes that hold at least contentPrefix runes
+	if opt.ContentPrefix > 0 {
+		d.contentCap = utf8.UTFMax * opt.ContentPrefix // bytes that hold at least ContentPrefix runes
 	}
+	d.raw, d.rawCut = opt.RawJSON, opt.ContentCut
 	defer func() {
 		if p := recover(); p != nil {
 			r, why = nil, fmt.Sprint("fast path: ", p)
@@ -122,6 +123,11 @@ type fastDec struct {
 	// contentCap > 0: message contents are kept up to about this many
 	// bytes (strCapped).
 	contentCap int
+	// raw: message contents and tool-call arguments are kept as JSON text
+	// (rawStr, rawObject), contents cut to rawCut characters when that is
+	// > 0: DecodeOptions.RawJSON and ContentCut.
+	raw    bool
+	rawCut int
 }
 
 func (d *fastDec) reject(why string) { panic(fastReject{why: why}) }
@@ -183,12 +189,25 @@ var strPlain = func() (t [256]bool) {
 
 // plainRun returns the index of the first byte at or after i that ends a
 // run of plain string bytes (a quote, a backslash or a control character),
-// or len(b). It tests 8 bytes at a time.
+// or len(b). It tests the first 8 bytes in Go, for the short runs between
+// escapes, then hands a longer run to plainRun16 (16 bytes at a time on
+// amd64) and finishes 8 bytes at a time.
 func plainRun(b []byte, i int) int {
 	const (
 		ones  = 0x0101010101010101
 		highs = 0x8080808080808080
 	)
+	if i+8+16 <= len(b) {
+		x := binary.LittleEndian.Uint64(b[i:])
+		lt := (x - ones*0x20) &^ x
+		q := x ^ (ones * '"')
+		bs := x ^ (ones * '\\')
+		if m := (lt | ((q - ones) &^ q) | ((bs - ones) &^ bs)) & highs; m != 0 {
+			return i + bits.TrailingZeros64(m)>>3
+		}
+		i += 8
+		i += plainRun16(b[i:])
+	}
 	for i+8 <= len(b) {
 		x := binary.LittleEndian.Uint64(b[i:])
 		// A byte < 0x20 (bytes >= 0x80 excluded by &^x), or a zero byte
@@ -322,12 +341,14 @@ func hex4(b []byte, i int) rune {
 }
 
 // skipStr checks a string's syntax without decoding it.
-func (d *fastDec) skipStr() { d.skipStrFrom(d.i + 1) }
+func (d *fastDec) skipStr() bool { return d.skipStrFrom(d.i + 1) }
 
 // skipStrFrom validates the rest of a string from j, a position inside it
-// between two characters, and moves past its closing quote.
-func (d *fastDec) skipStrFrom(j int) {
+// between two characters, and moves past its closing quote. It reports
+// whether that part escapes no lone surrogate.
+func (d *fastDec) skipStrFrom(j int) (noLone bool) {
 	b := d.b
+	noLone = true
 	for {
 		j = plainRun(b, j)
 		if j >= len(b) {
@@ -337,25 +358,15 @@ func (d *fastDec) skipStrFrom(j int) {
 		switch c := b[j]; {
 		case c == '"':
 			d.i = j + 1
-			return
+			return noLone
 		case c == '\\':
-			if j+1 >= len(b) {
+			next, lone := escapeEnd(b, j)
+			if next < 0 {
 				d.i = j
 				d.syntax()
 			}
-			switch b[j+1] {
-			case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
-				j += 2
-			case 'u':
-				if hex4(b, j+2) < 0 {
-					d.i = j
-					d.syntax()
-				}
-				j += 6
-			default:
-				d.i = j
-				d.syntax()
-			}
+			noLone = noLone && !lone
+			j = next
 		default:
 			d.i = j
 			d.syntax()
@@ -579,6 +590,229 @@ func (d *fastDec) object() map[string]any {
 	}
 	d.depth--
 	return m
+}
+
+// ---- raw JSON text (DecodeOptions.RawJSON) ----
+
+// rawStr reads a string (d.b[d.i] == '"') and returns the body of its JSON
+// text, escapes as in the input, as a view of the arena. With n > 0, a
+// string of more than n characters is cut to its first n-1 and "…"
+// (DecodeOptions.ContentCut); the rest is validated like skipStr. When the
+// part kept escapes a lone surrogate, which JSON readers decode differently,
+// it consumes nothing and returns false: the caller decodes the string.
+func (d *fastDec) rawStr(n int) (string, bool) {
+	b := d.b
+	start := d.i + 1
+	i, count := start, 0 // count: characters before i
+	cut := -1            // index after character n-1
+	if n == 1 {
+		cut = start
+	}
+	for {
+		j := plainRun(b, i)
+		if n > 0 {
+			runes := runeCount(b[i:j])
+			if cut < 0 && count+runes >= n-1 {
+				cut = runeEnd(b[:j], i, n-1-count)
+			}
+			if count+runes > n {
+				return d.keepCut(start, cut, j), true
+			}
+			count += runes
+		}
+		if j >= len(b) {
+			d.i = j
+			d.syntax()
+		}
+		switch c := b[j]; {
+		case c == '"':
+			s := d.keep(unsafe.String(&b[start], j-start))
+			d.i = j + 1
+			return s, true
+		case c == '\\':
+			next, lone := escapeEnd(b, j)
+			if next < 0 {
+				d.i = j
+				d.syntax()
+			}
+			if lone {
+				if n > 0 && count >= n { // character n+1: not kept
+					return d.keepCut(start, cut, j), true
+				}
+				return "", false
+			}
+			i = next
+			if n > 0 {
+				count++
+				if count == n-1 {
+					cut = i
+				}
+				if count > n {
+					return d.keepCut(start, cut, j), true
+				}
+			}
+		default: // control character
+			d.i = j
+			d.syntax()
+		}
+	}
+}
+
+// keepCut copies the string body b[start:cut] and "…" into the arena, then
+// validates the rest of the string from j and moves past it. (The arena has
+// room: the string has two characters, two quotes at least beyond cut.)
+func (d *fastDec) keepCut(start, cut, j int) string {
+	d.skipStrFrom(j)
+	at := len(d.arena)
+	d.arena = append(d.arena, d.b[start:cut]...)
+	d.arena = append(d.arena, "…"...)
+	return unsafe.String(&d.arena[at], len(d.arena)-at)
+}
+
+// escapeEnd returns the index after the escape at b[j] == '\\' (a
+// surrogate pair counts as one escape), or -1 when it is not valid, and
+// whether it is a lone surrogate.
+func escapeEnd(b []byte, j int) (next int, lone bool) {
+	if j+1 >= len(b) {
+		return -1, false
+	}
+	switch b[j+1] {
+	case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
+		return j + 2, false
+	case 'u':
+		r := hex4(b, j+2)
+		if r < 0 {
+			return -1, false
+		}
+		if !utf16.IsSurrogate(r) {
+			return j + 6, false
+		}
+		if j+7 < len(b) && b[j+6] == '\\' && b[j+7] == 'u' {
+			if r1 := hex4(b, j+8); r1 >= 0 && utf16.DecodeRune(r, r1) != utf8.RuneError {
+				return j + 12, false
+			}
+		}
+		return j + 6, true
+	}
+	return -1, false
+}
+
+// runeCount counts the runes of valid UTF-8: its bytes that do not continue
+// a character.
+func runeCount(b []byte) int {
+	const highs = 0x8080808080808080
+	n, i := len(b), 0
+	for ; i+8 <= len(b); i += 8 {
+		x := binary.LittleEndian.Uint64(b[i:])
+		n -= bits.OnesCount64(x &^ (x << 1) & highs) // 10xxxxxx
+	}
+	for ; i < len(b); i++ {
+		if b[i]&0xC0 == 0x80 {
+			n--
+		}
+	}
+	return n
+}
+
+// runeEnd returns the index after k runes of valid UTF-8 from b[i] (len(b)
+// when b[i:] has no more).
+func runeEnd(b []byte, i, k int) int {
+	for ; i < len(b); i++ {
+		if b[i]&0xC0 != 0x80 {
+			if k == 0 {
+				return i
+			}
+			k--
+		}
+	}
+	return len(b)
+}
+
+// rawMaxKeys bounds the keys of an object whose text rawObject hands out:
+// checking them for repeats is quadratic.
+const rawMaxKeys = 32
+
+// rawObject validates a free-form object (d.b[d.i] == '{') exactly as object
+// decodes it and returns its JSON text from the input as a view of the
+// arena. When an object in it repeats a key (or has an escaped key, or more
+// than rawMaxKeys keys), it consumes nothing and returns false: the caller
+// decodes it, so that the value kept is the last one, as in the map. So it
+// does when a string in it escapes a lone surrogate.
+func (d *fastDec) rawObject() (string, bool) {
+	start := d.i
+	if !d.rawValue() {
+		d.i = start
+		return "", false
+	}
+	at := len(d.arena)
+	d.arena = append(d.arena, d.b[start:d.i]...)
+	return unsafe.String(&d.arena[at], d.i-start), true
+}
+
+// rawValue validates a free-form value as any decodes it, without decoding;
+// false when an object in it is one rawObject does not hand out, or a
+// string in it escapes a lone surrogate.
+func (d *fastDec) rawValue() bool {
+	switch c := d.peek(); c {
+	case '{':
+		return d.rawMembers()
+	case '[':
+		ok := true
+		d.elements(func() { ok = d.rawValue() && ok })
+		return ok
+	case '"':
+		return d.skipStr()
+	case 't', 'f', 'n':
+		d.skip()
+	default:
+		d.float(d.number())
+	}
+	return true
+}
+
+func (d *fastDec) rawMembers() bool {
+	d.push()
+	d.i++
+	var buf [rawMaxKeys]string
+	keys := buf[:0]
+	ok := true
+	if d.peek() == '}' {
+		d.i++
+	} else {
+		for {
+			if d.peek() != '"' {
+				d.syntax()
+			}
+			k, plain := d.plainKey()
+			if !plain || len(keys) == rawMaxKeys || slices.Contains(keys, k) {
+				ok = false
+			} else {
+				keys = append(keys, k)
+			}
+			ok = d.rawValue() && ok
+			if !d.more('}') {
+				break
+			}
+		}
+	}
+	d.depth--
+	return ok
+}
+
+// plainKey reads a key (d.b[d.i] == '"') and the colon after it. A key
+// without escapes is returned as a view of the input; for one with escapes
+// it returns false (after validating it).
+func (d *fastDec) plainKey() (string, bool) {
+	start := d.i + 1
+	j := plainRun(d.b, start)
+	if j < len(d.b) && d.b[j] == '"' {
+		d.i = j + 1
+		d.expect(':')
+		return unsafe.String(unsafe.SliceData(d.b[start:]), j-start), true
+	}
+	d.skipStr()
+	d.expect(':')
+	return "", false
 }
 
 // ---- typed values: each returns ok=false (after consuming the value) when
@@ -840,10 +1074,16 @@ func (d *fastDec) rollout(r *Rollout) bool {
 				r.Grader = nil
 				set(&seen, &bad, fGrader, d.grader(r))
 			case "metadata":
-				r.Metadata = nil
+				r.Metadata, r.MetadataJSON = nil, ""
 				ok := d.peek() == '{'
 				if ok {
-					r.Metadata = d.object()
+					var raw bool
+					if d.raw {
+						r.MetadataJSON, raw = d.rawObject()
+					}
+					if !raw {
+						r.Metadata = d.object()
+					}
 				} else {
 					d.skip()
 					d.invalid("metadata is not an object")
@@ -1039,12 +1279,18 @@ func (d *fastDec) message(m *Message) bool {
 			set(&seen, &bad, fRole, ok)
 		case "content":
 			ok := true
+			m.Content, m.ContentJSON = "", ""
 			switch d.peek() {
 			case '"':
+				if d.raw {
+					if s, raw := d.rawStr(d.rawCut); raw {
+						m.ContentJSON = s
+						break
+					}
+				}
 				m.Content = d.strCapped(d.contentCap)
 			case 'n':
 				d.literal("null")
-				m.Content = ""
 			default:
 				d.skip()
 				ok = d.invalid("message.content is neither a string nor null")
@@ -1125,10 +1371,16 @@ func (d *fastDec) toolCall(tc *ToolCall) bool {
 			tc.Name = s
 			set(&seen, &bad, fName, ok)
 		case "arguments":
-			tc.Arguments = nil
+			tc.Arguments, tc.ArgumentsJSON = nil, ""
 			ok := d.peek() == '{'
 			if ok {
-				tc.Arguments = d.object()
+				var raw bool
+				if d.raw {
+					tc.ArgumentsJSON, raw = d.rawObject()
+				}
+				if !raw {
+					tc.Arguments = d.object()
+				}
 			} else {
 				d.skip()
 				d.invalid("tool_call.arguments is not an object")

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math/big"
 	"reflect"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -281,7 +282,7 @@ func canonicalParameters(t testing.TB, r *Rollout) {
 // least 8 bytes long.
 func checkContentPrefix(t testing.TB, data []byte, full *Rollout) {
 	t.Helper()
-	p, why, _ := fastDecodeRolloutPrefix(data, 2, nil)
+	p, why, _ := fastDecodeRolloutPrefix(data, DecodeOptions{ContentPrefix: 2}, nil)
 	if (p != nil) != (full != nil) {
 		t.Fatalf("with a content prefix the fast path accepts=%v (%s), without it %v\n%q", p != nil, why, full != nil, data)
 	}
@@ -300,6 +301,72 @@ func checkContentPrefix(t testing.TB, data []byte, full *Rollout) {
 	}
 }
 
+// loneSurrogateEscape matches a \u escape of a surrogate, lone or not.
+var loneSurrogateEscape = regexp.MustCompile(`\\u[dD][89a-fA-F]`)
+
+// cutRunes is TRACE's compaction rule (sink.Truncate) for n runes.
+func cutRunes(s string, n int) string {
+	if r := []rune(s); len(r) > n {
+		return string(r[:n-1]) + "…"
+	}
+	return s
+}
+
+// checkRawJSON: with RawJSON (contents cut to 3 characters) the fast path
+// accepts exactly the same documents, every content, arguments and metadata
+// text decodes to the value decoded without it (cut), and the rest of the
+// rollout is the same. Values fall back to decoding only when the input escapes a
+// surrogate (or for arguments, which may also repeat keys).
+func checkRawJSON(t testing.TB, data []byte, full *Rollout) {
+	t.Helper()
+	p, why, _ := fastDecodeRolloutPrefix(data, DecodeOptions{ContentPrefix: 2, RawJSON: true, ContentCut: 3}, nil)
+	if (p != nil) != (full != nil) {
+		t.Fatalf("with RawJSON the fast path accepts=%v (%s), without it %v\n%q", p != nil, why, full != nil, data)
+	}
+	if p == nil {
+		return
+	}
+	for i := range full.Messages {
+		m, w := &p.Messages[i], &full.Messages[i]
+		switch {
+		case m.ContentJSON != "":
+			var c string
+			if m.Content != "" || json.Unmarshal([]byte(`"`+m.ContentJSON+`"`), &c) != nil || c != cutRunes(w.Content, 3) {
+				t.Fatalf("message %d: content text %q (%q) for %q\n%q", i, m.ContentJSON, m.Content, w.Content, data)
+			}
+		case m.Content == "":
+			if w.Content != "" {
+				t.Fatalf("message %d: content %q lost\n%q", i, w.Content, data)
+			}
+		case !loneSurrogateEscape.Match(data):
+			t.Fatalf("message %d: content %q decoded, not kept as text\n%q", i, m.Content, data)
+		case !strings.HasPrefix(w.Content, m.Content):
+			t.Fatalf("message %d: content %q is not a prefix of %q", i, m.Content, w.Content)
+		}
+		m.Content, m.ContentJSON = w.Content, ""
+		for j := range m.ToolCalls {
+			tc := &m.ToolCalls[j]
+			if tc.ArgumentsJSON != "" {
+				var args map[string]any
+				if tc.Arguments != nil || json.Unmarshal([]byte(tc.ArgumentsJSON), &args) != nil || !reflect.DeepEqual(args, w.ToolCalls[j].Arguments) {
+					t.Fatalf("message %d call %d: arguments text %q for %v\n%q", i, j, tc.ArgumentsJSON, w.ToolCalls[j].Arguments, data)
+				}
+				tc.Arguments, tc.ArgumentsJSON = args, ""
+			}
+		}
+	}
+	if p.MetadataJSON != "" {
+		var md map[string]any
+		if p.Metadata != nil || json.Unmarshal([]byte(p.MetadataJSON), &md) != nil || !reflect.DeepEqual(md, full.Metadata) {
+			t.Fatalf("metadata text %q for %v\n%q", p.MetadataJSON, full.Metadata, data)
+		}
+		p.Metadata, p.MetadataJSON = md, ""
+	}
+	if !reflect.DeepEqual(p, full) {
+		t.Fatalf("with RawJSON the rollout differs beyond contents, arguments and metadata\n%q", data)
+	}
+}
+
 // checkFast is the differential property: the fast path accepts exactly what
 // the schema path accepts and the struct can hold, it decodes the value the
 // schema's view describes, and DecodeRollout agrees with it.
@@ -310,6 +377,7 @@ func checkFast(t testing.TB, data []byte) {
 	}
 	got, why := fastDecodeRollout(data)
 	checkContentPrefix(t, data, got)
+	checkRawJSON(t, data, got)
 	schemaOK := schemaAccepts(data)
 	want := schemaOK && representable(data)
 	if (got != nil) != want {
@@ -842,4 +910,146 @@ func TestToolsCache(t *testing.T) {
 	if SharedTools([]Tool{{Type: "function"}}) {
 		t.Fatal("a tool slice built by hand reported shared")
 	}
+}
+
+// RawJSON hands contents and arguments over as their text from the input,
+// cut or whole, and falls back to decoding exactly where the text would be
+// ambiguous.
+func TestRawJSON(t *testing.T) {
+	opt := DecodeOptions{ContentPrefix: 4, RawJSON: true, ContentCut: 3}
+	decode := func(content, args string) []Message {
+		t.Helper()
+		call := baseCall.set("arguments", args)
+		doc := baseTop().set("messages", baseMessages(baseUser.set("content", content), baseAsst.set("tool_calls", arr(call.String()))))
+		r, err := DecodeRolloutInto([]byte(doc.String()), opt, nil)
+		if err != nil {
+			t.Fatalf("%s / %s: %v", content, args, err)
+		}
+		return r.Messages
+	}
+	contents := []struct{ in, text, decoded string }{
+		{`""`, ``, ``},
+		{`"abc"`, `abc`, ``},
+		{`"abcd"`, `ab…`, ``},
+		{`"ab\n"`, `ab\n`, ``},
+		{`"ab\ncd"`, `ab…`, ``},
+		{`"a\"\\/x"`, `a\"…`, ``},
+		{`"\u00e9\u00e9\u00e9\u00e9"`, `\u00e9\u00e9…`, ``},
+		{`"é😀xy"`, `é😀…`, ``},
+		{`"\ud83d\ude00xyz"`, `\ud83d\ude00x…`, ``},
+		{`"abcd\ud800"`, `ab…`, ``},                // the lone surrogate is past the cut
+		{`"abc\ud800"`, `ab…`, ``},                 // character 4: past the cut too
+		{`"ab\ud800"`, ``, "ab\ufffd"},             // character 3, kept: decoded
+		{`"\ud800abc"`, ``, "\ufffdabc"},           // in the part kept: decoded
+		{`"ab\udc00"`, ``, "ab\ufffd"},             // a low surrogate alone
+		{`"x\ud83dy"`, ``, "x\ufffdy"},             // a high surrogate alone
+		{q(strings.Repeat("é", 50)), `éé…`, ``},    // cut inside a long run
+		{q(strings.Repeat("a\"", 50)), `a\"…`, ``}, // cut between escapes
+	}
+	for _, c := range contents {
+		m := decode(c.in, `{}`)[0]
+		if m.ContentJSON != c.text || m.Content != c.decoded {
+			t.Errorf("content %s: text %q decoded %q, want %q %q", c.in, m.ContentJSON, m.Content, c.text, c.decoded)
+		}
+	}
+	many := func(n int) string {
+		var b strings.Builder
+		b.WriteString("{")
+		for i := range n {
+			if i > 0 {
+				b.WriteString(",")
+			}
+			fmt.Fprintf(&b, `"k%d":%d`, i, i)
+		}
+		return b.String() + "}"
+	}
+	for _, c := range []struct {
+		args string
+		raw  bool
+	}{
+		{`{"user_id":"u1","n":2,"deep":[1,{"x":null}]}`, true},
+		{"{ \"a\" : [ 1 , 2.50 ] ,\n \"b\" : \"<&>\" }", true},
+		{`{"a":"\ud83d\ude00","b":"\u00e9"}`, true},
+		{`{"a":{"b":1},"c":{"b":2}}`, true}, // the same key in two objects
+		{many(32), true},
+		{many(33), false},
+		{`{"a":1,"a":2}`, false},
+		{`{"a":{"b":1,"b":2}}`, false},
+		{`{"a":[{"b":1,"b":2}]}`, false},
+		{`{"\u0061":1}`, false},
+		{`{"a":"\ud800"}`, false},
+		{`{"a":["x\udfff"]}`, false},
+	} {
+		tc := decode(`"hi"`, c.args)[1].ToolCalls[0]
+		var want map[string]any
+		if err := json.Unmarshal([]byte(c.args), &want); err != nil {
+			t.Fatal(err)
+		}
+		switch {
+		case c.raw && (tc.ArgumentsJSON != c.args || tc.Arguments != nil):
+			t.Errorf("arguments %s: text %q, decoded %v; want the text", c.args, tc.ArgumentsJSON, tc.Arguments)
+		case !c.raw && (tc.ArgumentsJSON != "" || !reflect.DeepEqual(tc.Arguments, want)):
+			t.Errorf("arguments %s: text %q, decoded %v; want decoded %v", c.args, tc.ArgumentsJSON, tc.Arguments, want)
+		}
+	}
+}
+
+func TestRawJSONMetadata(t *testing.T) {
+	opt := DecodeOptions{RawJSON: true}
+	for _, c := range []struct {
+		md  string
+		raw bool
+	}{{`{"k": [1, "v"]}`, true}, {`{}`, true}, {`{"k":1,"k":2}`, false}, {`{"k":"\udfff"}`, false}} {
+		r, err := DecodeRolloutInto([]byte(baseTop().set("metadata", c.md).String()), opt, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var want map[string]any
+		_ = json.Unmarshal([]byte(c.md), &want)
+		if c.raw && (r.MetadataJSON != c.md || r.Metadata != nil) || !c.raw && (r.MetadataJSON != "" || !reflect.DeepEqual(r.Metadata, want)) {
+			t.Errorf("metadata %s: text %q decoded %v, want the text: %v", c.md, r.MetadataJSON, r.Metadata, c.raw)
+		}
+	}
+}
+
+// plainRun, whose long runs go to plainrun_amd64.s, stops at the first quote,
+// backslash or control character at every offset and alignment.
+func TestPlainRun(t *testing.T) {
+	for _, special := range []byte{'"', '\\', 0, 0x1f, '\n'} {
+		for n := 0; n < 80; n++ {
+			for at := 0; at <= n; at++ {
+				b := bytes.Repeat([]byte("aé~\x7f"), 20)[:n+1]
+				b[len(b)-1] = 'z'
+				if at < n {
+					b[at] = special
+				}
+				for i := 0; i <= min(at, 3); i++ {
+					if got, want := plainRun(b, i), plainRunRef(b, i); got != want {
+						t.Fatalf("plainRun(%q, %d) = %d, want %d", b, i, got, want)
+					}
+				}
+			}
+		}
+	}
+}
+
+func plainRunRef(b []byte, i int) int {
+	for i < len(b) && b[i] >= 0x20 && b[i] != '"' && b[i] != '\\' {
+		i++
+	}
+	return i
+}
+
+// FuzzPlainRun: go test -fuzz=FuzzPlainRun ./schemas/
+func FuzzPlainRun(f *testing.F) {
+	f.Add([]byte(strings.Repeat("x", 40)+`"`), 3)
+	f.Add([]byte(strings.Repeat("é\x1f", 30)), 0)
+	f.Fuzz(func(t *testing.T, b []byte, i int) {
+		if i < 0 || i > len(b) {
+			return
+		}
+		if got, want := plainRun(b, i), plainRunRef(b, i); got != want {
+			t.Fatalf("plainRun(%q, %d) = %d, want %d", b, i, got, want)
+		}
+	})
 }

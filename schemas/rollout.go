@@ -31,6 +31,9 @@ type Rollout struct {
 	Tools       []Tool         `json:"tools,omitempty"` // may be shared between decoded rollouts (SharedTools): read only
 	Grader      *Grader        `json:"grader,omitempty"`
 	Metadata    map[string]any `json:"metadata,omitempty"`
+	// MetadataJSON is set instead of Metadata by a decoder asked for raw
+	// JSON (DecodeOptions.RawJSON), like ToolCall.ArgumentsJSON.
+	MetadataJSON string `json:"-"`
 }
 
 // Agent identifies the agent that produced a rollout. Statistics are kept per
@@ -56,6 +59,12 @@ type Message struct {
 	Error      bool       `json:"error,omitempty"`        // on role=tool: the tool failed
 	Requestor  string     `json:"requestor,omitempty"`    // assistant | user (user-side tools, e.g. τ² telecom)
 	TurnIdx    *int       `json:"turn_idx,omitempty"`
+	// ContentJSON is set instead of Content by a decoder asked for raw JSON
+	// (DecodeOptions.RawJSON, ContentCut): the body of the content's JSON
+	// string as it was in the input (escapes included, no quotes),
+	// validated, possibly cut. Only sink.RolloutRowFrom reads it (and
+	// ToolCall.ArgumentsJSON).
+	ContentJSON string `json:"-"`
 }
 
 // ToolCall is one function call requested in a message.
@@ -64,6 +73,10 @@ type ToolCall struct {
 	Name      string         `json:"name"`
 	Arguments map[string]any `json:"arguments"`
 	Requestor string         `json:"requestor,omitempty"`
+	// ArgumentsJSON is set instead of Arguments by a decoder asked for raw
+	// JSON (DecodeOptions.RawJSON): the arguments object's JSON text as it
+	// was in the input (whitespace and key order included), validated.
+	ArgumentsJSON string `json:"-"`
 }
 
 // Tool is an OpenAI function schema the agent had available.
@@ -107,6 +120,25 @@ type DecodeOptions struct {
 	// ingest stage's compaction), which then get the same result as from
 	// the whole content.
 	ContentPrefix int
+	// RawJSON hands out message contents, tool-call arguments and the
+	// metadata as their JSON text from the input instead of decoding them
+	// (Message.ContentJSON, ToolCall.ArgumentsJSON, Rollout.MetadataJSON),
+	// for a caller that re-encodes them as JSON anyway (the ingest stage's
+	// compaction): that saves unescaping and re-escaping contents and
+	// building, sorting and re-encoding maps. A value whose text would not
+	// say the same thing to every JSON reader is decoded as usual instead
+	// (ContentPrefix applies to such a content): a content that escapes a
+	// lone surrogate within its first ContentCut characters (anywhere
+	// without a cut), arguments or metadata in which a string escapes one
+	// or an object repeats a key (or has an escaped key, or more than 32
+	// keys, to keep that check cheap). Values are validated exactly as when
+	// decoded: the same documents are accepted.
+	RawJSON bool
+	// ContentCut, with RawJSON and when > 0, cuts a content longer than
+	// ContentCut characters to its first ContentCut-1 characters and "…",
+	// as TRACE's compaction does (sink.Truncate), in its JSON text. The rest
+	// is validated but not copied.
+	ContentCut int
 }
 
 var nonFiniteLiteral = regexp.MustCompile(`"reward"\s*:\s*[-+]?(NaN|nan|Infinity|inf|Inf)`)
@@ -138,7 +170,7 @@ func DecodeRolloutInto(data []byte, opt DecodeOptions, buf *[]byte) (*Rollout, e
 	if buf != nil {
 		arena = *buf
 	}
-	r, why, used := fastDecodeRolloutPrefix(data, opt.ContentPrefix, arena)
+	r, why, used := fastDecodeRolloutPrefix(data, opt, arena)
 	if buf != nil {
 		*buf = used[:0]
 	}

@@ -156,7 +156,11 @@ func CompactMessages(msgs []schemas.Message) []CompactMessage {
 // The JSON columns are written by hand into a pooled buffer, byte for byte
 // what encoding/json.Marshal produces for the same values (the compacted
 // messages as []CompactMessage, the tools, the grader, the metadata); a value
-// the hand-written encoder does not cover is handed to encoding/json.
+// the hand-written encoder does not cover is handed to encoding/json. Values
+// a decoder handed over as JSON text (schemas.DecodeOptions.RawJSON:
+// contents, tool-call arguments, the metadata) are written from that text,
+// whitespace dropped: the same JSON values, spelled as the producer spelled
+// them (its escapes, key order and number forms).
 func RolloutRowFrom(r *schemas.Rollout, c Coord) RolloutRow {
 	// The identifiers are copied: a decoder may hand out strings that are
 	// views of one buffer per rollout, which the row must not keep alive.
@@ -183,7 +187,12 @@ func RolloutRowFrom(r *schemas.Rollout, c Coord) RolloutRow {
 	if r.Grader != nil {
 		row.Grader = marshalString(buf, r.Grader, appendGrader)
 	}
-	if len(r.Metadata) > 0 {
+	switch {
+	case r.MetadataJSON != "": // raw JSON (schemas.DecodeOptions.RawJSON)
+		if b := appendCompactJSON((*buf)[:0], unsafe.Slice(unsafe.StringData(r.MetadataJSON), len(r.MetadataJSON))); string(b) != "{}" {
+			row.Metadata = string(b)
+		}
+	case len(r.Metadata) > 0:
 		row.Metadata = marshalString(buf, r.Metadata, func(b []byte, m map[string]any) ([]byte, bool) { return appendMap(b, m) })
 	}
 	return row
@@ -273,7 +282,10 @@ func appendTruncated(b []byte, s string, n int) []byte {
 }
 
 // appendCompactMessages writes json.Marshal(CompactMessages(msgs)) without
-// building the intermediate structs. args is scratch space.
+// building the intermediate structs. args is scratch space. A message
+// decoded as raw JSON (schemas.DecodeOptions.RawJSON) is written from its
+// text: the same values, with the input's escapes and, in the arguments
+// text, the input's key order and number spelling.
 func appendCompactMessages(b, args []byte, msgs []schemas.Message) ([]byte, []byte) {
 	b = append(b, '[')
 	for i := range msgs {
@@ -283,7 +295,12 @@ func appendCompactMessages(b, args []byte, msgs []schemas.Message) ([]byte, []by
 		}
 		b = append(b, `{"role":`...)
 		b = appendString(b, m.Role)
-		if m.Content != "" {
+		switch {
+		case m.ContentJSON != "": // cut by the decoder (ContentCut)
+			b = append(b, `,"content":"`...)
+			b = append(b, m.ContentJSON...)
+			b = append(b, '"')
+		case m.Content != "":
 			b = append(b, `,"content":`...)
 			b = appendTruncated(b, m.Content, MaxContentChars)
 		}
@@ -299,7 +316,11 @@ func appendCompactMessages(b, args []byte, msgs []schemas.Message) ([]byte, []by
 				b = append(b, `,"name":`...)
 				b = appendString(b, tc.Name)
 				b = append(b, `,"arguments":`...)
-				args = appendArguments(args[:0], tc.Arguments)
+				if tc.ArgumentsJSON != "" {
+					args = appendCompactJSON(args[:0], unsafe.Slice(unsafe.StringData(tc.ArgumentsJSON), len(tc.ArgumentsJSON)))
+				} else {
+					args = appendArguments(args[:0], tc.Arguments)
+				}
 				b = appendBytesString(b, truncateBytes(args, MaxArgumentsChars))
 				if tc.Requestor != "" {
 					b = append(b, `,"requestor":`...)

@@ -1,0 +1,48 @@
+#include "textflag.h"
+
+// func plainRun16(b []byte) int
+//
+// The index of the first byte of b that is '"', '\\' or below 0x20, looking
+// 16 bytes at a time (SSE2, in every amd64); or, when there is none in the
+// 16-byte blocks, the index where fewer than 16 bytes remain.
+TEXT ·plainRun16(SB), NOSPLIT, $0-32
+	MOVQ b_base+0(FP), SI
+	MOVQ b_len+8(FP), CX
+	XORQ AX, AX
+	MOVQ $0x2222222222222222, DX
+	MOVQ DX, X1
+	PUNPCKLQDQ X1, X1
+	MOVQ $0x5c5c5c5c5c5c5c5c, DX
+	MOVQ DX, X2
+	PUNPCKLQDQ X2, X2
+	MOVQ $0x1f1f1f1f1f1f1f1f, DX
+	MOVQ DX, X3
+	PUNPCKLQDQ X3, X3
+
+loop:
+	LEAQ 16(AX), DX
+	CMPQ DX, CX
+	JA   done
+	MOVOU (SI)(AX*1), X0
+	MOVOU X0, X4
+	PCMPEQB X1, X4     // == '"'
+	MOVOU X0, X5
+	PCMPEQB X2, X5     // == '\\'
+	POR   X5, X4
+	MOVOU X0, X6
+	PMINUB X3, X6      // min(x, 0x1f) == x: x < 0x20
+	PCMPEQB X0, X6
+	POR   X6, X4
+	PMOVMSKB X4, DX
+	TESTL DX, DX
+	JNZ  found
+	ADDQ $16, AX
+	JMP  loop
+
+found:
+	BSFL DX, DX
+	ADDQ DX, AX
+
+done:
+	MOVQ AX, ret+24(FP)
+	RET
