@@ -349,6 +349,50 @@ func (d *fastDec) skipStr() bool { return d.skipStrFrom(d.i + 1) }
 func (d *fastDec) skipStrFrom(j int) (noLone bool) {
 	b := d.b
 	noLone = true
+	if j+64 <= len(b) {
+		// 64 bytes at a time: the string ends at the first quote that no
+		// backslash escapes; only the escaped bytes before it are looked at
+		// one by one, and only when they are not one-byte escapes.
+		var carry uint64 // the block before ended with an escaping backslash
+		checked := j     // escapes before this index are checked already
+		for j+64 <= len(b) {
+			q, bs, ctl := specialMasks64(&b[j])
+			esc := escapedMask(bs, &carry)
+			end := q &^ esc
+			before := ^uint64(0)
+			if end != 0 {
+				before = end&-end - 1
+			}
+			if ctl&before != 0 {
+				d.i = j + bits.TrailingZeros64(ctl&before)
+				d.syntax()
+			}
+			for e := esc & before; e != 0; e &= e - 1 {
+				k := j + bits.TrailingZeros64(e)
+				if k < checked || simpleEscape[b[k]] {
+					continue
+				}
+				next, lone := escapeEnd(b, k-1)
+				if next < 0 {
+					d.i = k - 1
+					d.syntax()
+				}
+				noLone = noLone && !lone
+				checked = next
+			}
+			if end != 0 {
+				d.i = j + bits.TrailingZeros64(end) + 1
+				return noLone
+			}
+			j += 64
+		}
+		// Resume between two characters: at an escape that straddles the
+		// block end, or after the last one checked.
+		if carry != 0 {
+			j--
+		}
+		j = max(j, checked)
+	}
 	for {
 		j = plainRun(b, j)
 		if j >= len(b) {
@@ -372,6 +416,24 @@ func (d *fastDec) skipStrFrom(j int) (noLone bool) {
 			d.syntax()
 		}
 	}
+}
+
+// simpleEscape[c]: \c is a one-byte escape.
+var simpleEscape = [256]bool{'"': true, '\\': true, '/': true, 'b': true, 'f': true, 'n': true, 'r': true, 't': true}
+
+// escapedMask returns the mask of the bytes of a 64-byte block that a
+// backslash escapes, given the block's backslashes; carry is 1 when the
+// block before ended with an escaping backslash, and is updated for the next
+// block. (simdjson's branchless find_escaped: a run of backslashes escapes
+// the byte after it when its length is odd.)
+func escapedMask(backslash uint64, carry *uint64) uint64 {
+	const even = 0x5555555555555555
+	backslash &^= *carry
+	followsEscape := backslash<<1 | *carry
+	oddStarts := backslash &^ even &^ followsEscape
+	seqOnEven, c := bits.Add64(oddStarts, backslash, 0)
+	*carry = c
+	return (even ^ seqOnEven<<1) & followsEscape
 }
 
 // key reads an object key and the colon after it.

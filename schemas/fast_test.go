@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math/big"
+	"math/rand/v2"
 	"reflect"
 	"regexp"
 	"slices"
@@ -1052,4 +1053,105 @@ func FuzzPlainRun(f *testing.F) {
 			t.Fatalf("plainRun(%q, %d) = %d, want %d", b, i, got, want)
 		}
 	})
+}
+
+// escapedMask marks exactly the bytes that an odd run of backslashes ends
+// before, across block boundaries.
+func TestEscapedMask(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	for range 20000 {
+		n := 64 * (1 + rng.IntN(3))
+		b := make([]byte, n)
+		for i := range b {
+			if rng.IntN(3) == 0 {
+				b[i] = 'a'
+			} else {
+				b[i] = '\\'
+			}
+		}
+		var carry uint64
+		escaped := false
+		for blk := 0; blk < n; blk += 64 {
+			var bs, want uint64
+			for i := range 64 {
+				c := b[blk+i]
+				if c == '\\' {
+					bs |= 1 << i
+				}
+				if escaped {
+					want |= 1 << i
+					escaped = false
+				} else if c == '\\' {
+					escaped = true
+				}
+			}
+			if got := escapedMask(bs, &carry); got != want {
+				t.Fatalf("block %d of %q: %064b, want %064b", blk/64, b, got, want)
+			}
+		}
+	}
+}
+
+// skipStrFrom (64 bytes at a time when it can) agrees with a byte-at-a-time
+// reader on where a string ends, whether it is valid and whether it escapes
+// a lone surrogate, for strings of escapes, quotes, control characters and
+// multi-byte characters at every alignment.
+func TestSkipStr(t *testing.T) {
+	pieces := []string{"a", "bcdefgh", "é", "😀", `\"`, `\\`, `\/`, `\n`, `\u00e9`, `\ud83d\ude00`, `\ud800`, `\udc00x`,
+		`\\\"`, `\\\\`, `"`, "\x01", `\x`, `\u12g4`, `\`, `\u`, strings.Repeat("p", 60)}
+	rng := rand.New(rand.NewPCG(3, 4))
+	for range 30000 {
+		var sb strings.Builder
+		sb.WriteString(strings.Repeat(" ", rng.IntN(70)))
+		start := sb.Len()
+		for sb.Len() < start+rng.IntN(300) {
+			p := pieces[rng.IntN(len(pieces))]
+			if (p == `"` || p == "\x01" || p == `\x` || p == `\u12g4` || p == `\` || p == `\u`) && rng.IntN(8) != 0 {
+				continue // keep most strings long and valid
+			}
+			sb.WriteString(p)
+		}
+		sb.WriteString(`"` + strings.Repeat("z", rng.IntN(70)))
+		b := []byte(sb.String())
+		end, noLone, ok := skipStrRef(b, start)
+		d := fastDec{b: b}
+		gotOK, gotNoLone := true, false
+		func() {
+			defer func() {
+				if p := recover(); p != nil {
+					if _, isReject := p.(fastReject); !isReject {
+						panic(p)
+					}
+					gotOK = false
+				}
+			}()
+			gotNoLone = d.skipStrFrom(start)
+		}()
+		if gotOK != ok || ok && (d.i != end || gotNoLone != noLone) {
+			t.Fatalf("%q from %d: ok=%v end=%d noLone=%v, want %v %d %v", b, start, gotOK, d.i, gotNoLone, ok, end, noLone)
+		}
+	}
+}
+
+// skipStrRef is skipStrFrom one byte at a time.
+func skipStrRef(b []byte, j int) (end int, noLone, ok bool) {
+	noLone = true
+	for j < len(b) {
+		switch c := b[j]; {
+		case c == '"':
+			return j + 1, noLone, true
+		case c == '\\':
+			next, lone := escapeEnd(b, j)
+			if next < 0 {
+				return 0, false, false
+			}
+			noLone = noLone && !lone
+			j = next
+		case c < 0x20:
+			return 0, false, false
+		default:
+			j++
+		}
+	}
+	return 0, false, false
 }
