@@ -659,76 +659,85 @@ func (d *fastDec) object() map[string]any {
 // rawStr reads a string (d.b[d.i] == '"') and returns the body of its JSON
 // text, escapes as in the input, as a view of the arena. With n > 0, a
 // string of more than n characters is cut to its first n-1 and "…"
-// (DecodeOptions.ContentCut); the rest is validated like skipStr. When the
-// part kept escapes a lone surrogate, which JSON readers decode differently,
-// it consumes nothing and returns false: the caller decodes the string.
+// (DecodeOptions.ContentCut). When a character it would keep, or character
+// n, escapes a lone surrogate, which JSON readers decode differently, it
+// consumes nothing and returns false: the caller decodes the string.
+//
+// The string is validated first, 64 bytes at a time (skipStrFrom); then
+// only a body longer than n bytes has its characters counted, up to n+1.
 func (d *fastDec) rawStr(n int) (string, bool) {
-	b := d.b
-	start := d.i + 1
-	i, count := start, 0 // count: characters before i
-	cut := -1            // index after character n-1
-	if n == 1 {
-		cut = start
-	}
-	for {
-		j := plainRun(b, i)
-		if n > 0 {
-			runes := runeCount(b[i:j])
-			if cut < 0 && count+runes >= n-1 {
-				cut = runeEnd(b[:j], i, n-1-count)
-			}
-			if count+runes > n {
-				return d.keepCut(start, cut, j), true
-			}
-			count += runes
-		}
-		if j >= len(b) {
-			d.i = j
-			d.syntax()
-		}
-		switch c := b[j]; {
-		case c == '"':
-			s := d.keep(unsafe.String(&b[start], j-start))
-			d.i = j + 1
-			return s, true
-		case c == '\\':
-			next, lone := escapeEnd(b, j)
-			if next < 0 {
-				d.i = j
-				d.syntax()
-			}
+	open := d.i
+	noLone := d.skipStrFrom(open + 1)
+	body := d.b[open+1 : d.i-1]
+	if n > 0 && len(body) > n { // every character takes a byte at least
+		cut, over, lone := bodyCut(body, n)
+		if over {
 			if lone {
-				if n > 0 && count >= n { // character n+1: not kept
-					return d.keepCut(start, cut, j), true
-				}
+				d.i = open
 				return "", false
 			}
-			i = next
-			if n > 0 {
-				count++
-				if count == n-1 {
-					cut = i
-				}
-				if count > n {
-					return d.keepCut(start, cut, j), true
-				}
-			}
-		default: // control character
-			d.i = j
-			d.syntax()
+			at := len(d.arena) // room: two characters, two quotes at least beyond cut
+			d.arena = append(d.arena, body[:cut]...)
+			d.arena = append(d.arena, "…"...)
+			return unsafe.String(&d.arena[at], len(d.arena)-at), true
 		}
 	}
+	if !noLone {
+		d.i = open
+		return "", false
+	}
+	if len(body) == 0 {
+		return "", true
+	}
+	at := len(d.arena)
+	d.arena = append(d.arena, body...)
+	return unsafe.String(&d.arena[at], len(body)), true
 }
 
-// keepCut copies the string body b[start:cut] and "…" into the arena, then
-// validates the rest of the string from j and moves past it. (The arena has
-// room: the string has two characters, two quotes at least beyond cut.)
-func (d *fastDec) keepCut(start, cut, j int) string {
-	d.skipStrFrom(j)
-	at := len(d.arena)
-	d.arena = append(d.arena, d.b[start:cut]...)
-	d.arena = append(d.arena, "…"...)
-	return unsafe.String(&d.arena[at], len(d.arena)-at)
+// bodyCut reads the body of a valid JSON string (escapes as in the input):
+// whether it stands for more than n (>= 1) characters, the byte length of
+// its first n-1 when it does, and whether one of its first n escapes a lone
+// surrogate. An escape is one character, a surrogate pair too. It reads no
+// further than character n+1.
+func bodyCut(body []byte, n int) (cut int, over, lone bool) {
+	count := 0 // characters before i
+	for i := 0; i < len(body); {
+		// 8 ASCII bytes without a backslash are 8 characters; stop short
+		// of the cut (character n-1) so that the steps below see it.
+		for count+8 < n && i+8 <= len(body) {
+			x := binary.LittleEndian.Uint64(body[i:])
+			bs := x ^ 0x5c5c5c5c5c5c5c5c
+			if (x|(bs-0x0101010101010101)&^bs)&0x8080808080808080 != 0 {
+				break
+			}
+			i += 8
+			count += 8
+		}
+		if count == n-1 {
+			cut = i
+		}
+		if count == n {
+			return cut, true, lone
+		}
+		switch c := body[i]; {
+		case c < utf8.RuneSelf && c != '\\':
+			i++
+		case c >= 0xF0: // valid UTF-8: the leading byte gives the length
+			i += 4
+		case c >= 0xE0:
+			i += 3
+		case c >= 0xC0:
+			i += 2
+		case body[i+1] != 'u':
+			i += 2
+		default:
+			next, l := escapeEnd(body, i)
+			lone = lone || l
+			i = next
+		}
+		count++
+	}
+	return 0, false, lone
 }
 
 // escapeEnd returns the index after the escape at b[j] == '\\' (a
@@ -757,37 +766,6 @@ func escapeEnd(b []byte, j int) (next int, lone bool) {
 		return j + 6, true
 	}
 	return -1, false
-}
-
-// runeCount counts the runes of valid UTF-8: its bytes that do not continue
-// a character.
-func runeCount(b []byte) int {
-	const highs = 0x8080808080808080
-	n, i := len(b), 0
-	for ; i+8 <= len(b); i += 8 {
-		x := binary.LittleEndian.Uint64(b[i:])
-		n -= bits.OnesCount64(x &^ (x << 1) & highs) // 10xxxxxx
-	}
-	for ; i < len(b); i++ {
-		if b[i]&0xC0 == 0x80 {
-			n--
-		}
-	}
-	return n
-}
-
-// runeEnd returns the index after k runes of valid UTF-8 from b[i] (len(b)
-// when b[i:] has no more).
-func runeEnd(b []byte, i, k int) int {
-	for ; i < len(b); i++ {
-		if b[i]&0xC0 != 0x80 {
-			if k == 0 {
-				return i
-			}
-			k--
-		}
-	}
-	return len(b)
 }
 
 // rawMaxKeys bounds the keys of an object whose text rawObject hands out:
