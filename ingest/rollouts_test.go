@@ -6,10 +6,12 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+	"time"
 	"unicode/utf8"
 
 	"github.com/traceops/trace/ingest"
 	"github.com/traceops/trace/internal/shareddata"
+	"github.com/traceops/trace/internal/simulate"
 	"github.com/traceops/trace/schemas"
 	"github.com/traceops/trace/sink"
 )
@@ -17,9 +19,8 @@ import (
 // DecodeRolloutRow keeps only content prefixes, stores contents, arguments
 // and metadata from their input text, and reuses its decode buffers, yet its
 // rows are exactly the rows of the fully decoded rollouts (the metadata the
-// same JSON value):
-// on the τ²-bench simulations and on long contents with escapes and
-// multi-byte characters around the cut.
+// same JSON value): on simulated fleets, on the τ²-bench simulations and on
+// long contents with escapes and multi-byte characters around the cut.
 func TestDecodeRolloutRowMatchesFullDecode(t *testing.T) {
 	var docs [][]byte
 	long := func(unit string, n int) string { return strings.Repeat(unit, n) }
@@ -29,6 +30,15 @@ func TestDecodeRolloutRowMatchesFullDecode(t *testing.T) {
 	} {
 		r := &schemas.Rollout{RolloutID: "r", Environment: "env", Agent: schemas.Agent{Name: "a", Version: "v1"}, TaskID: "t",
 			Outcome: schemas.Outcome{Reward: 1}, Messages: []schemas.Message{{Role: "user", Content: content}, {Role: "assistant", Content: content[:len(content)/2]}}}
+		b, err := json.Marshal(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		docs = append(docs, b)
+	}
+	// The simulator's fleets: varied lengths, escapes and characters.
+	gen := simulate.New(simulate.Config{Seed: 7, Rollouts: 3000, Start: time.Unix(1.7e9, 0), Interval: time.Second})
+	for r := gen.Next(); r != nil; r = gen.Next() {
 		b, err := json.Marshal(r)
 		if err != nil {
 			t.Fatal(err)

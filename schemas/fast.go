@@ -193,30 +193,15 @@ var strPlain = func() (t [256]bool) {
 // escapes, then hands a longer run to plainRun16 (16 bytes at a time on
 // amd64) and finishes 8 bytes at a time.
 func plainRun(b []byte, i int) int {
-	const (
-		ones  = 0x0101010101010101
-		highs = 0x8080808080808080
-	)
 	if i+8+16 <= len(b) {
-		x := binary.LittleEndian.Uint64(b[i:])
-		lt := (x - ones*0x20) &^ x
-		q := x ^ (ones * '"')
-		bs := x ^ (ones * '\\')
-		if m := (lt | ((q - ones) &^ q) | ((bs - ones) &^ bs)) & highs; m != 0 {
+		if m := runEnd8(binary.LittleEndian.Uint64(b[i:])); m != 0 {
 			return i + bits.TrailingZeros64(m)>>3
 		}
 		i += 8
 		i += plainRun16(b[i:])
 	}
 	for i+8 <= len(b) {
-		x := binary.LittleEndian.Uint64(b[i:])
-		// A byte < 0x20 (bytes >= 0x80 excluded by &^x), or a zero byte
-		// after XOR with '"' or '\\'. The lowest mark is exact (borrows
-		// only mark bytes above a true one): it is where the run ends.
-		lt := (x - ones*0x20) &^ x
-		q := x ^ (ones * '"')
-		bs := x ^ (ones * '\\')
-		if m := (lt | ((q - ones) &^ q) | ((bs - ones) &^ bs)) & highs; m != 0 {
+		if m := runEnd8(binary.LittleEndian.Uint64(b[i:])); m != 0 {
 			return i + bits.TrailingZeros64(m)>>3
 		}
 		i += 8
@@ -225,6 +210,18 @@ func plainRun(b []byte, i int) int {
 		i++
 	}
 	return i
+}
+
+// runEnd8 marks (high bit) the bytes of 8 string bytes that end a plain run:
+// a byte < 0x20 (bytes >= 0x80 excluded by &^x), or a zero byte after XOR
+// with '"' or '\\'. The lowest mark is exact (borrows only mark bytes above
+// a true one): it is where the run ends.
+func runEnd8(x uint64) uint64 {
+	const ones, highs = 0x0101010101010101, 0x8080808080808080
+	lt := (x - ones*0x20) &^ x
+	q := x ^ (ones * '"')
+	bs := x ^ (ones * '\\')
+	return (lt | ((q - ones) &^ q) | ((bs - ones) &^ bs)) & highs
 }
 
 // str reads a string (d.b[d.i] must be '"') and returns it unescaped, as a
@@ -712,6 +709,9 @@ func bodyCut(body []byte, n int) (cut int, over, lone bool) {
 			}
 			i += 8
 			count += 8
+		}
+		if i >= len(body) {
+			break
 		}
 		if count == n-1 {
 			cut = i

@@ -15,6 +15,7 @@ import (
 	"sync"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/santhosh-tekuri/jsonschema/v6"
 )
@@ -313,14 +314,14 @@ func cutRunes(s string, n int) string {
 	return s
 }
 
-// checkRawJSON: with RawJSON (contents cut to 3 characters) the fast path
+// checkRawJSON: with RawJSON (contents cut to cut characters) the fast path
 // accepts exactly the same documents, every content, arguments and metadata
 // text decodes to the value decoded without it (cut), and the rest of the
 // rollout is the same. Values fall back to decoding only when the input escapes a
 // surrogate (or for arguments, which may also repeat keys).
-func checkRawJSON(t testing.TB, data []byte, full *Rollout) {
+func checkRawJSON(t testing.TB, data []byte, full *Rollout, cut int) {
 	t.Helper()
-	p, why, _ := fastDecodeRolloutPrefix(data, DecodeOptions{ContentPrefix: 2, RawJSON: true, ContentCut: 3}, nil)
+	p, why, _ := fastDecodeRolloutPrefix(data, DecodeOptions{ContentPrefix: cut + 1, RawJSON: true, ContentCut: cut}, nil)
 	if (p != nil) != (full != nil) {
 		t.Fatalf("with RawJSON the fast path accepts=%v (%s), without it %v\n%q", p != nil, why, full != nil, data)
 	}
@@ -332,7 +333,7 @@ func checkRawJSON(t testing.TB, data []byte, full *Rollout) {
 		switch {
 		case m.ContentJSON != "":
 			var c string
-			if m.Content != "" || json.Unmarshal([]byte(`"`+m.ContentJSON+`"`), &c) != nil || c != cutRunes(w.Content, 3) {
+			if m.Content != "" || json.Unmarshal([]byte(`"`+m.ContentJSON+`"`), &c) != nil || c != cutRunes(w.Content, cut) {
 				t.Fatalf("message %d: content text %q (%q) for %q\n%q", i, m.ContentJSON, m.Content, w.Content, data)
 			}
 		case m.Content == "":
@@ -378,7 +379,8 @@ func checkFast(t testing.TB, data []byte) {
 	}
 	got, why := fastDecodeRollout(data)
 	checkContentPrefix(t, data, got)
-	checkRawJSON(t, data, got)
+	checkRawJSON(t, data, got, 3)
+	checkRawJSON(t, data, got, 20) // long enough for bodyCut's 8-byte steps
 	schemaOK := schemaAccepts(data)
 	want := schemaOK && representable(data)
 	if (got != nil) != want {
@@ -601,7 +603,8 @@ func seedDocs() []string {
 		add(top.set("messages", baseMessages(baseUser.set("turn_idx", v))))
 		add(top.set("messages", baseMessages(baseUser.set("turn_idx", v).add("turn_idx", `3`))))
 	}
-	for _, v := range []string{`"x"`, `""`, `"\u0000"`, "\"a\\u2028b\"", `"<&>"`, q(strings.Repeat("é", 400))} {
+	for _, v := range []string{`"x"`, `""`, `"\u0000"`, "\"a\\u2028b\"", `"<&>"`, q(strings.Repeat("é", 400)),
+		q("\n\n\n" + strings.Repeat("a", 16)), q(strings.Repeat("ab\"", 30))} {
 		add(top.set("messages", baseMessages(baseUser.set("content", v))))
 	}
 
@@ -1154,4 +1157,62 @@ func skipStrRef(b []byte, j int) (end int, noLone, ok bool) {
 		}
 	}
 	return 0, false, false
+}
+
+// bodyCut agrees with decoding the body and counting its characters, on
+// random bodies of ASCII runs, multi-byte characters and escapes, for cuts
+// short and long (the 8-byte steps only run for long ones).
+func TestBodyCut(t *testing.T) {
+	pieces := []string{"a", "bcdefgh", "ijklmnopqrstuvw", "é", "’", "😀", `\"`, `\\`, `\/`, `\n`, `\u00e9`, `\ud83d\ude00`, `\ud800`, `\udc00`}
+	rng := rand.New(rand.NewPCG(5, 6))
+	for range 40000 {
+		var sb strings.Builder
+		for sb.Len() < rng.IntN(120) {
+			sb.WriteString(pieces[rng.IntN(len(pieces))])
+		}
+		body := sb.String()
+		var s string
+		if err := json.Unmarshal([]byte(`"`+body+`"`), &s); err != nil {
+			t.Fatal(err)
+		}
+		// The characters of the body: its escapes decode one by one, a
+		// surrogate pair to one character.
+		chars := []rune(s)
+		for _, n := range []int{1, 2, 3, 8, 9, 17, 30, 60} {
+			cut, over, lone := bodyCut([]byte(body), n)
+			if over != (len(chars) > n) {
+				t.Fatalf("bodyCut(%q, %d): over=%v, %d characters", body, n, over, len(chars))
+			}
+			if !over {
+				continue
+			}
+			var kept string
+			if err := json.Unmarshal([]byte(`"`+body[:cut]+`"`), &kept); err != nil || kept != string(chars[:n-1]) {
+				t.Fatalf("bodyCut(%q, %d): cut %d keeps %q, want %q", body, n, cut, kept, string(chars[:n-1]))
+			}
+			first := loneIn(body, n)
+			if lone != first {
+				t.Fatalf("bodyCut(%q, %d): lone=%v, want %v", body, n, lone, first)
+			}
+		}
+	}
+}
+
+// loneIn reports whether one of the first n characters of a body escapes a
+// lone surrogate.
+func loneIn(body string, n int) bool {
+	b := []byte(body)
+	for i, count := 0, 0; i < len(b) && count < n; count++ {
+		if b[i] != '\\' {
+			_, size := utf8.DecodeRune(b[i:])
+			i += size
+			continue
+		}
+		next, lone := escapeEnd(b, i)
+		if lone {
+			return true
+		}
+		i = next
+	}
+	return false
 }

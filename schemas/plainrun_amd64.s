@@ -1,5 +1,17 @@
 #include "textflag.h"
 
+// X1, X2, X3 = 16 × '"', 16 × '\\', 16 × 0x1f (clobbers DX).
+#define BROADCASTS \
+	MOVQ $0x2222222222222222, DX \
+	MOVQ DX, X1                  \
+	PUNPCKLQDQ X1, X1            \
+	MOVQ $0x5c5c5c5c5c5c5c5c, DX \
+	MOVQ DX, X2                  \
+	PUNPCKLQDQ X2, X2            \
+	MOVQ $0x1f1f1f1f1f1f1f1f, DX \
+	MOVQ DX, X3                  \
+	PUNPCKLQDQ X3, X3
+
 // func plainRun16(b []byte) int
 //
 // The index of the first byte of b that is '"', '\\' or below 0x20, looking
@@ -9,15 +21,7 @@ TEXT ·plainRun16(SB), NOSPLIT, $0-32
 	MOVQ b_base+0(FP), SI
 	MOVQ b_len+8(FP), CX
 	XORQ AX, AX
-	MOVQ $0x2222222222222222, DX
-	MOVQ DX, X1
-	PUNPCKLQDQ X1, X1
-	MOVQ $0x5c5c5c5c5c5c5c5c, DX
-	MOVQ DX, X2
-	PUNPCKLQDQ X2, X2
-	MOVQ $0x1f1f1f1f1f1f1f1f, DX
-	MOVQ DX, X3
-	PUNPCKLQDQ X3, X3
+	BROADCASTS
 
 loop:
 	LEAQ 16(AX), DX
@@ -52,15 +56,7 @@ done:
 // Bit i of each mask is set when p[i] (i < 64) is '"', '\\', or below 0x20.
 TEXT ·specialMasks64(SB), NOSPLIT, $0-32
 	MOVQ p+0(FP), SI
-	MOVQ $0x2222222222222222, DX
-	MOVQ DX, X1
-	PUNPCKLQDQ X1, X1
-	MOVQ $0x5c5c5c5c5c5c5c5c, DX
-	MOVQ DX, X2
-	PUNPCKLQDQ X2, X2
-	MOVQ $0x1f1f1f1f1f1f1f1f, DX
-	MOVQ DX, X3
-	PUNPCKLQDQ X3, X3
+	BROADCASTS
 	XORQ AX, AX
 	XORQ BX, BX
 	XORQ CX, CX
