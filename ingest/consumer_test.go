@@ -580,6 +580,19 @@ func TestConsumerDeadLettersMalformedRollouts(t *testing.T) {
 	if n := metricValue(t, reg, "trace_consumer_messages_consumed_total"); n != float64(len(msgs)) {
 		t.Errorf("messages_consumed_total = %v, want %d", n, len(msgs))
 	}
+	// No message of the corpus, valid or not, made the one-pass parser fail
+	// by a bug of its own (the counter is exported, and 0).
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	exported := false
+	for _, mf := range mfs {
+		exported = exported || mf.GetName() == "trace_schema_fast_path_fallbacks_total"
+	}
+	if n := metricValue(t, reg, "trace_schema_fast_path_fallbacks_total"); !exported || n != 0 {
+		t.Errorf("trace_schema_fast_path_fallbacks_total exported=%v value %v, want 0", exported, n)
+	}
 
 	// A second consumer of the same group gets nothing old: all was
 	// committed. (A sentinel produced after it started shows it is live.)

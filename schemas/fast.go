@@ -66,6 +66,14 @@ const fastMaxDepth = 10000
 // not accepted (bad syntax, too deep, or a value the struct cannot hold).
 type fastReject struct{ why string }
 
+// fastBug starts why when the fast path failed by a bug of its own (a
+// panic other than fastReject), not because of the document.
+const fastBug = "fast path bug: "
+
+// fastTestHook, set by tests only, runs at the start of the fast path (to
+// stand for a bug in it).
+var fastTestHook func()
+
 // fastDecodeRollout is the fast path. It returns the rollout, or nil and why
 // it was not accepted. It never panics to its caller.
 func fastDecodeRollout(data []byte) (r *Rollout, why string) {
@@ -74,8 +82,8 @@ func fastDecodeRollout(data []byte) (r *Rollout, why string) {
 }
 
 // fastDecodeRolloutPrefix is fastDecodeRollout with opt's ContentPrefix,
-// RawJSON and ContentCut, with its strings in arena when that has room for them (else in a
-// new buffer). It returns the buffer the strings are in.
+// RawJSON and ContentCut, with its strings in arena when that has room for
+// them (else in a new buffer). It returns the buffer the strings are in.
 func fastDecodeRolloutPrefix(data []byte, opt DecodeOptions, arena []byte) (r *Rollout, why string, used []byte) {
 	if cap(arena) < len(data) {
 		arena = make([]byte, 0, len(data))
@@ -88,13 +96,17 @@ func fastDecodeRolloutPrefix(data []byte, opt DecodeOptions, arena []byte) (r *R
 	d.raw, d.rawCut = opt.RawJSON, opt.ContentCut
 	defer func() {
 		if p := recover(); p != nil {
-			r, why = nil, fmt.Sprint("fast path: ", p)
+			r, why = nil, fmt.Sprint(fastBug, p)
 			if fr, ok := p.(fastReject); ok {
 				why = fr.why
 			}
-			// Any other panic would be a bug here: the schema path decides.
+			// Any other panic would be a bug here: the schema path decides
+			// (and DecodeRolloutInto falls back to encoding/json).
 		}
 	}()
+	if fastTestHook != nil {
+		fastTestHook()
+	}
 	d.ws()
 	if d.i >= len(d.b) || d.b[d.i] != '{' {
 		return nil, "top level is not an object", d.arena

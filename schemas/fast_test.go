@@ -1216,3 +1216,35 @@ func loneIn(body string, n int) bool {
 	}
 	return false
 }
+
+// A bug of the fast path (here a stand-in panic) does not refuse a valid
+// rollout: encoding/json decodes it, and the fallback is counted. An invalid
+// rollout is still refused with the schema's reason.
+func TestFastPathBugFallsBack(t *testing.T) {
+	want, err := DecodeRollout([]byte(validRollout), DecodeOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fastTestHook = func() { _ = []int{}[len(validRollout)] }
+	defer func() { fastTestHook = nil }()
+	before := FastPathFallbacks()
+	got, err := DecodeRolloutInto([]byte(validRollout), DecodeOptions{RawJSON: true, ContentCut: 3}, nil)
+	if err != nil {
+		t.Fatalf("a fast-path bug refused a valid rollout: %v", err)
+	}
+	canonicalParameters(t, got)
+	canonicalParameters(t, want)
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("fallback decoded %+v, want %+v", got, want)
+	}
+	if n := FastPathFallbacks() - before; n != 1 {
+		t.Fatalf("%d fallbacks counted, want 1", n)
+	}
+	var e *Error
+	if _, err := DecodeRollout([]byte(`{"rollout_id":1}`), DecodeOptions{}); !errors.As(err, &e) || e.Reason != ReasonSchema {
+		t.Fatalf("invalid rollout: %v", err)
+	}
+	if n := FastPathFallbacks() - before; n != 1 {
+		t.Fatalf("an invalid rollout was counted as a fallback")
+	}
+}

@@ -10,6 +10,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 	"unicode/utf8"
 )
@@ -189,11 +190,30 @@ func DecodeRolloutInto(data []byte, opt DecodeOptions, buf *[]byte) (*Rollout, e
 	if f, err := strconv.ParseFloat(string(reward), 64); err != nil || math.IsInf(f, 0) || math.IsNaN(f) {
 		return nil, &Error{Reason: ReasonNonFiniteReward, Path: "/outcome/reward", Msg: fmt.Sprintf("reward %s is not a finite float64", reward)}
 	}
+	if strings.HasPrefix(why, fastBug) {
+		// A bug of the fast path, on a rollout the schema accepts: rather
+		// than refuse it, decode it with encoding/json (whose struct
+		// decoding differs from the schema's view only in corner cases such
+		// as keys repeated in another letter case), and count it.
+		var r Rollout
+		if json.Unmarshal(data, &r) == nil {
+			fastPathFallbacks.Add(1)
+			return &r, nil
+		}
+	}
 	// The schema accepted it, so the fast path refused a value the Go struct
 	// cannot hold (a turn_idx beyond an int, a number beyond a float64, a
 	// time that time.Time cannot parse).
 	return nil, &Error{Reason: ReasonSchema, Msg: why}
 }
+
+var fastPathFallbacks atomic.Uint64
+
+// FastPathFallbacks counts the rollouts, since the process started, that the
+// one-pass parser failed on by a bug of its own and encoding/json decoded
+// instead (exported as trace_schema_fast_path_fallbacks_total). It should
+// stay 0: anything else is a bug to report, with the rollout.
+func FastPathFallbacks() uint64 { return fastPathFallbacks.Load() }
 
 // decodeDoc performs the checks shared by every message kind up to a generic
 // JSON value with json.Number numbers.
