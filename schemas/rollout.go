@@ -64,7 +64,8 @@ type Message struct {
 	// (DecodeOptions.RawJSON, ContentCut): the body of the content's JSON
 	// string as it was in the input (escapes included, no quotes),
 	// validated, possibly cut. Only sink.RolloutRowFrom reads it (and
-	// ToolCall.ArgumentsJSON).
+	// ToolCall.ArgumentsJSON, Rollout.MetadataJSON), and stores it as it
+	// is: cut to sink.MaxContentChars (ingest.DecodeRolloutRow).
 	ContentJSON string `json:"-"`
 }
 

@@ -160,7 +160,8 @@ func CompactMessages(msgs []schemas.Message) []CompactMessage {
 // a decoder handed over as JSON text (schemas.DecodeOptions.RawJSON:
 // contents, tool-call arguments, the metadata) are written from that text,
 // whitespace dropped: the same JSON values, spelled as the producer spelled
-// them (its escapes, key order and number forms).
+// them (its escapes, key order and number forms). A content text is stored as
+// it is: decode with ContentCut = MaxContentChars (ingest.DecodeRolloutRow).
 func RolloutRowFrom(r *schemas.Rollout, c Coord) RolloutRow {
 	// The identifiers are copied: a decoder may hand out strings that are
 	// views of one buffer per rollout, which the row must not keep alive.
@@ -189,8 +190,9 @@ func RolloutRowFrom(r *schemas.Rollout, c Coord) RolloutRow {
 	}
 	switch {
 	case r.MetadataJSON != "": // raw JSON (schemas.DecodeOptions.RawJSON)
-		if b := appendCompactJSON((*buf)[:0], unsafe.Slice(unsafe.StringData(r.MetadataJSON), len(r.MetadataJSON))); string(b) != "{}" {
-			row.Metadata = string(b)
+		*buf = appendCompactJSON((*buf)[:0], unsafe.Slice(unsafe.StringData(r.MetadataJSON), len(r.MetadataJSON)))
+		if string(*buf) != "{}" {
+			row.Metadata = string(*buf)
 		}
 	case len(r.Metadata) > 0:
 		row.Metadata = marshalString(buf, r.Metadata, func(b []byte, m map[string]any) ([]byte, bool) { return appendMap(b, m) })
