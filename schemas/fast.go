@@ -577,21 +577,11 @@ func (d *fastDec) skip() {
 	case '{':
 		d.push()
 		d.i++
-		if d.peek() == '}' {
-			d.i++
-		} else {
-			for {
-				if d.peek() != '"' {
-					d.syntax()
-				}
-				d.skipStr()
-				d.expect(':')
-				d.skip()
-				if !d.more('}') {
-					break
-				}
-			}
-		}
+		d.eachMember(func() {
+			d.skipStr()
+			d.expect(':')
+			d.skip()
+		})
 		d.depth--
 	case '[':
 		d.elements(d.skip)
@@ -603,6 +593,25 @@ func (d *fastDec) skip() {
 		d.literal("null")
 	default:
 		d.number()
+	}
+}
+
+// eachMember calls fn for each member of the object whose '{' was consumed,
+// at its key (fn reads the key, the colon and the value), then consumes the
+// '}'.
+func (d *fastDec) eachMember(fn func()) {
+	if d.peek() == '}' {
+		d.i++
+		return
+	}
+	for {
+		if d.peek() != '"' {
+			d.syntax()
+		}
+		fn()
+		if !d.more('}') {
+			return
+		}
 	}
 }
 
@@ -828,25 +837,15 @@ func (d *fastDec) rawMembers() bool {
 	var buf [rawMaxKeys]string
 	keys := buf[:0]
 	ok := true
-	if d.peek() == '}' {
-		d.i++
-	} else {
-		for {
-			if d.peek() != '"' {
-				d.syntax()
-			}
-			k, plain := d.plainKey()
-			if !plain || len(keys) == rawMaxKeys || slices.Contains(keys, k) {
-				ok = false
-			} else {
-				keys = append(keys, k)
-			}
-			ok = d.rawValue() && ok
-			if !d.more('}') {
-				break
-			}
+	d.eachMember(func() {
+		k, plain := d.plainKey()
+		if !plain || len(keys) == rawMaxKeys || slices.Contains(keys, k) {
+			ok = false
+		} else {
+			keys = append(keys, k)
 		}
-	}
+		ok = d.rawValue() && ok
+	})
 	d.depth--
 	return ok
 }
