@@ -201,17 +201,9 @@ var strPlain = func() (t [256]bool) {
 
 // plainRun returns the index of the first byte at or after i that ends a
 // run of plain string bytes (a quote, a backslash or a control character),
-// or len(b). It tests the first 8 bytes in Go, for the short runs between
-// escapes, then hands a longer run to plainRun16 (16 bytes at a time on
-// amd64) and finishes 8 bytes at a time.
+// or len(b). It tests 8 bytes at a time. (Long strings are validated 64
+// bytes at a time by skipStrFrom.)
 func plainRun(b []byte, i int) int {
-	if i+8+16 <= len(b) {
-		if m := runEnd8(binary.LittleEndian.Uint64(b[i:])); m != 0 {
-			return i + bits.TrailingZeros64(m)>>3
-		}
-		i += 8
-		i += plainRun16(b[i:])
-	}
 	for i+8 <= len(b) {
 		if m := runEnd8(binary.LittleEndian.Uint64(b[i:])); m != 0 {
 			return i + bits.TrailingZeros64(m)>>3

@@ -1016,8 +1016,8 @@ func TestRawJSONMetadata(t *testing.T) {
 	}
 }
 
-// plainRun, whose long runs go to plainrun_amd64.s, stops at the first quote,
-// backslash or control character at every offset and alignment.
+// plainRun stops at the first quote, backslash or control character at every
+// offset and alignment.
 func TestPlainRun(t *testing.T) {
 	for _, special := range []byte{'"', '\\', 0, 0x1f, '\n'} {
 		for n := 0; n < 80; n++ {

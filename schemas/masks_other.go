@@ -4,11 +4,7 @@ package schemas
 
 import "unsafe"
 
-// plainRun16 is plainrun_amd64.s's scan on other architectures: it skips
-// nothing and leaves the scan to plainRun's 8-byte loop.
-func plainRun16(b []byte) int { return 0 }
-
-// specialMasks64 is plainrun_amd64.s's masks of the quotes, backslashes and
+// specialMasks64 is masks_amd64.s's masks of the quotes, backslashes and
 // control characters of the 64 bytes at p, one byte at a time.
 func specialMasks64(p *byte) (quote, backslash, ctl uint64) {
 	for i, c := range unsafe.Slice(p, 64) {
