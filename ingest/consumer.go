@@ -314,7 +314,7 @@ func (c *Consumer[T]) Run(ctx context.Context) error {
 		"batch_rows", c.cfg.BatchRows, "batch_bytes", c.cfg.BatchBytes, "batch_timeout", c.cfg.BatchTimeout,
 		"decode_workers", c.cfg.DecodeWorkers)
 
-	jobs := make(chan decodeJob[T], 2*c.cfg.DecodeWorkers)
+	jobs := make(chan *chunk[T], 2*c.cfg.DecodeWorkers)
 	batches := make(chan *batch[T], 1)
 
 	var workers sync.WaitGroup
@@ -471,10 +471,6 @@ type chunk[T any] struct {
 	done  chan struct{} // closed when decoded
 }
 
-type decodeJob[T any] struct {
-	ch *chunk[T]
-}
-
 // Chunks are cut at whichever comes first.
 const (
 	chunkRows  = 256
@@ -486,7 +482,7 @@ const (
 	maxChunks = 1024
 )
 
-func (c *Consumer[T]) fetchLoop(ctx, work context.Context, r *kafka.Reader, jobs chan<- decodeJob[T], out chan<- *batch[T]) {
+func (c *Consumer[T]) fetchLoop(ctx, work context.Context, r *kafka.Reader, jobs chan<- *chunk[T], out chan<- *batch[T]) {
 	var (
 		b            *batch[T]
 		cur          *chunk[T]
@@ -510,7 +506,7 @@ func (c *Consumer[T]) fetchLoop(ctx, work context.Context, r *kafka.Reader, jobs
 	give := func(ch *chunk[T]) bool {
 		toWorkers := func(x context.Context) bool {
 			select {
-			case jobs <- decodeJob[T]{ch: ch}:
+			case jobs <- ch:
 				return true
 			case <-x.Done():
 				return false
@@ -619,10 +615,10 @@ func batchContext(parent context.Context, deadline time.Time) (context.Context, 
 // decodeWorker decodes chunks until jobs is closed, shutdown included: the
 // chunks of the batch being drained must be decoded, and the rest are few
 // (jobs is small).
-func (c *Consumer[T]) decodeWorker(jobs <-chan decodeJob[T]) {
-	for j := range jobs {
-		c.decodeChunk(j.ch)
-		close(j.ch.done)
+func (c *Consumer[T]) decodeWorker(jobs <-chan *chunk[T]) {
+	for ch := range jobs {
+		c.decodeChunk(ch)
+		close(ch.done)
 	}
 }
 
@@ -635,10 +631,14 @@ func (c *Consumer[T]) decodeChunk(ch *chunk[T]) {
 			ch.dead = append(ch.dead, &deadLetter{msg: *m, err: err, reason: DeadLetterReason(err), failedAt: time.Now()})
 			continue
 		}
-		ch.recs = append(ch.recs, Record[T]{Value: v, Topic: m.Topic, Partition: m.Partition,
-			Offset: m.Offset, Key: m.Key, Time: m.Time, Size: len(m.Value)})
+		ch.recs = append(ch.recs, record(m, v))
 	}
 	ch.msgs = nil // the raw values of valid records are no longer needed
+}
+
+// record is the Record of message m decoded to v.
+func record[T any](m *kafka.Message, v T) Record[T] {
+	return Record[T]{Value: v, Topic: m.Topic, Partition: m.Partition, Offset: m.Offset, Key: m.Key, Time: m.Time, Size: len(m.Value)}
 }
 
 func (c *Consumer[T]) decode(value []byte) (v T, err error) {
@@ -915,6 +915,12 @@ func (c *Consumer[T]) streamAgain(ctx context.Context, ss StreamSink[T], b *batc
 	defer st.Abort()
 	n := 0
 	recs := make([]Record[T], 0, chunkRows)
+	flush := func() error {
+		n += len(recs)
+		err := st.Add(recs)
+		recs = recs[:0]
+		return err
+	}
 	for p, lo := range b.firstOff {
 		hi := b.last[p].Offset
 		if err := c.readRange(ctx, p, lo, hi, func(m *kafka.Message) error {
@@ -922,14 +928,8 @@ func (c *Consumer[T]) streamAgain(ctx context.Context, ss StreamSink[T], b *batc
 			if err != nil {
 				return nil // dead-lettered on the first pass
 			}
-			recs = append(recs, Record[T]{Value: v, Topic: m.Topic, Partition: m.Partition,
-				Offset: m.Offset, Key: m.Key, Time: m.Time, Size: len(m.Value)})
-			if len(recs) == chunkRows {
-				n += len(recs)
-				if err := st.Add(recs); err != nil {
-					return err
-				}
-				recs = recs[:0]
+			if recs = append(recs, record(m, v)); len(recs) == chunkRows {
+				return flush()
 			}
 			return nil
 		}); err != nil {
@@ -937,8 +937,7 @@ func (c *Consumer[T]) streamAgain(ctx context.Context, ss StreamSink[T], b *batc
 		}
 	}
 	if len(recs) > 0 {
-		n += len(recs)
-		if err := st.Add(recs); err != nil {
+		if err := flush(); err != nil {
 			return n, err
 		}
 	}
