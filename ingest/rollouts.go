@@ -58,14 +58,18 @@ type RowSink struct {
 	Store *sink.Store
 }
 
-// Write implements Sink.
+// Write implements Sink: the batch through one Stream. (A Consumer streams
+// instead; see StreamSink.)
 func (s *RowSink) Write(ctx context.Context, batch []Record[*sink.RolloutRow]) error {
-	rows := make([]sink.RolloutRow, len(batch))
-	for i, rec := range batch {
-		rows[i] = *rec.Value
-		rows[i].Coord = sink.Coord{Topic: rec.Topic, Partition: rec.Partition, Offset: rec.Offset}
+	st, err := s.Begin(ctx)
+	if err != nil {
+		return err
 	}
-	return classify(ctx, s.Store.InsertRollouts(ctx, rows))
+	defer st.Abort()
+	if err := st.Add(batch); err != nil {
+		return err
+	}
+	return st.Commit()
 }
 
 // Begin implements StreamSink: the batch is streamed into one INSERT, each

@@ -190,7 +190,7 @@ func RolloutRowFrom(r *schemas.Rollout, c Coord) RolloutRow {
 	}
 	switch {
 	case r.MetadataJSON != "": // raw JSON (schemas.DecodeOptions.RawJSON)
-		*buf = appendCompactJSON((*buf)[:0], unsafe.Slice(unsafe.StringData(r.MetadataJSON), len(r.MetadataJSON)))
+		*buf = appendCompactJSON((*buf)[:0], bytesOf(r.MetadataJSON))
 		if string(*buf) != "{}" {
 			row.Metadata = string(*buf)
 		}
@@ -319,11 +319,11 @@ func appendCompactMessages(b, args []byte, msgs []schemas.Message) ([]byte, []by
 				b = appendString(b, tc.Name)
 				b = append(b, `,"arguments":`...)
 				if tc.ArgumentsJSON != "" {
-					args = appendCompactJSON(args[:0], unsafe.Slice(unsafe.StringData(tc.ArgumentsJSON), len(tc.ArgumentsJSON)))
+					args = appendCompactJSON(args[:0], bytesOf(tc.ArgumentsJSON))
 				} else {
 					args = appendArguments(args[:0], tc.Arguments)
 				}
-				b = appendBytesString(b, truncateBytes(args, MaxArgumentsChars))
+				b = appendQuoted(b, truncateBytes(args, MaxArgumentsChars))
 				if tc.Requestor != "" {
 					b = append(b, `,"requestor":`...)
 					b = appendString(b, tc.Requestor)
@@ -542,10 +542,11 @@ func special8(x uint64) uint64 {
 // appendString quotes s exactly like encoding/json (HTML-safe escapes,
 // U+2028/U+2029 escaped, invalid UTF-8 as \ufffd).
 func appendString(b []byte, s string) []byte {
-	return appendQuoted(b, unsafe.Slice(unsafe.StringData(s), len(s)))
+	return appendQuoted(b, bytesOf(s))
 }
 
-func appendBytesString(b []byte, s []byte) []byte { return appendQuoted(b, s) }
+// bytesOf views s as bytes, for functions that only read them.
+func bytesOf(s string) []byte { return unsafe.Slice(unsafe.StringData(s), len(s)) }
 
 // appendQuoted is appendString on bytes (src is only read). Plain ASCII is
 // skipped 8 bytes at a time, and the first byte to look at in a word is
