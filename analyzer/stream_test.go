@@ -45,14 +45,8 @@ func setupGolden(t *testing.T) *goldenEnv {
 	g.topic = testenv.UniqueTopic(t, "trace.labels")
 	testenv.CreateTopic(t, g.brokers, g.topic, 4)
 	ch := testenv.ClickHouse(t)
+	g.store = ch.Store()
 	var err error
-	if g.store, err = sink.Open(ctx, sink.Config{Addr: []string{ch.Addr}, Database: ch.Database}, nil); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { g.store.Close() })
-	if err := g.store.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
 	ns := testenv.NATS(t)
 	g.nats = ns
 	if g.bus, err = bus.Connect(ctx, bus.Config{URL: ns.URL()}, "test"); err != nil {

@@ -18,15 +18,8 @@ import (
 func TestReportOnTheTraceRelease(t *testing.T) {
 	dir := shareddata.Dir(t, "trace-release/pipeline")
 	ch := testenv.ClickHouse(t)
+	st := ch.Store()
 	ctx := context.Background()
-	st, err := sink.Open(ctx, sink.Config{Addr: []string{ch.Addr}, Database: ch.Database}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
-	if err := st.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
 	runs, err := analyzer.LoadRuns(filepath.Join(dir, "run_*.json"))
 	if err != nil {
 		t.Fatal(err)

@@ -16,6 +16,7 @@ import (
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 
 	"github.com/traceops/trace/internal/chserver"
+	"github.com/traceops/trace/sink"
 )
 
 // CH is a fresh ClickHouse database for one test, dropped when the test
@@ -30,6 +31,22 @@ type CH struct {
 	once sync.Once
 	conn driver.Conn
 	err  error
+}
+
+// Store opens trace's store (sink.Store, default settings) on c's
+// database and migrates it; it is closed when the test ends.
+func (c *CH) Store() *sink.Store {
+	c.t.Helper()
+	ctx := context.Background()
+	s, err := sink.Open(ctx, sink.Config{Addr: []string{c.Addr}, Database: c.Database}, nil)
+	if err != nil {
+		c.t.Fatalf("testenv: open the store on %s: %v", c.Database, err)
+	}
+	c.t.Cleanup(func() { s.Close() })
+	if err := s.Migrate(ctx); err != nil {
+		c.t.Fatalf("testenv: migrate %s: %v", c.Database, err)
+	}
+	return s
 }
 
 // ClickHouse gives t its own new database on a ClickHouse server:
