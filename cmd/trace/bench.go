@@ -149,7 +149,7 @@ production, without the broker or the producer.`,
 	f.StringVar(&opt.ClickHouse, "clickhouse", "", "host:port (native protocol) of a ClickHouse server to use instead of starting one")
 	f.StringVar(&opt.WorkDir, "workdir", "", "directory for the broker log, ClickHouse data and ceiling files (default /dev/shm when it has room, else the temp directory)")
 	f.StringVar(&opt.Tau2Dir, "tau2", "", "directory of τ²-bench result files (default shared/data/tau2 beside the clone)")
-	f.StringVar(&opt.CHCompression, "ch-compression", "", "ClickHouse protocol compression of trace and the obvious loop: lz4, zstd or none (default: clickhouse.compression's default, lz4)")
+	f.StringVar(&opt.CHCompression, "ch-compression", "", "ClickHouse protocol compression of trace and the obvious loop: auto, lz4, zstd or none (default: clickhouse.compression's default, auto: none to the bench's local server)")
 	f.IntVar(&opt.Partitions, "partitions", 4, "partitions of the bench topics")
 	f.StringVar(&opt.Compression, "compression", "zstd", "compression of the produced messages: none, gzip, snappy, lz4, zstd")
 	f.IntVar(&opt.Repeat, "repeat", 1, "run every step this many times, alternating, and keep each step's best run")

@@ -264,31 +264,8 @@ func (a *App) Run(ctx context.Context, extra ...Actor) error {
 			})
 		})
 	}
-	{
-		srv, err := a.httpServer()
-		if err != nil {
-			return err
-		}
-		ln, err := net.Listen("tcp", a.Cfg.HTTP.Addr)
-		if err != nil {
-			return fmt.Errorf("http.addr %s: %w", a.Cfg.HTTP.Addr, err)
-		}
-		a.httpAddr = ln.Addr().String()
-		g.Add(func() error {
-			if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
-				return fmt.Errorf("http %s: %w", a.httpAddr, err)
-			}
-			return nil
-		}, func(error) {
-			sctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
-			defer cancel()
-			_ = srv.Shutdown(sctx)
-		})
-		if a.Cfg.Has("serve") {
-			a.Log.Info("serving dashboard, API and metrics", "url", "http://"+a.httpAddr+"/", "metrics", "http://"+a.httpAddr+"/metrics")
-		} else {
-			a.Log.Info("serving metrics and health checks", "metrics", "http://"+a.httpAddr+"/metrics", "ready", "http://"+a.httpAddr+"/readyz")
-		}
+	if err := a.addHTTP(&g); err != nil {
+		return err
 	}
 	for _, x := range append(a.background, extra...) {
 		addActor(&g, ctx, x.Name, x.Run)
@@ -320,6 +297,33 @@ func addActor(g *run.Group, parent context.Context, name string, fn func(context
 		}
 		return nil
 	}, func(error) { cancel() })
+}
+
+// addHTTP listens on http.addr and adds the HTTP server (health, metrics,
+// and with the serve role the dashboard and API) to g.
+func (a *App) addHTTP(g *run.Group) error {
+	srv := a.httpServer()
+	ln, err := net.Listen("tcp", a.Cfg.HTTP.Addr)
+	if err != nil {
+		return fmt.Errorf("http.addr %s: %w", a.Cfg.HTTP.Addr, err)
+	}
+	a.httpAddr = ln.Addr().String()
+	g.Add(func() error {
+		if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+			return fmt.Errorf("http %s: %w", a.httpAddr, err)
+		}
+		return nil
+	}, func(error) {
+		sctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(sctx)
+	})
+	if a.Cfg.Has("serve") {
+		a.Log.Info("serving dashboard, API and metrics", "url", "http://"+a.httpAddr+"/", "metrics", "http://"+a.httpAddr+"/metrics")
+	} else {
+		a.Log.Info("serving metrics and health checks", "metrics", "http://"+a.httpAddr+"/metrics", "ready", "http://"+a.httpAddr+"/readyz")
+	}
+	return nil
 }
 
 // consumerConfig is the consumer configuration of a stage. kafka.batch_* size

@@ -14,7 +14,7 @@ import (
 // httpServer serves /healthz, /readyz and /metrics for every role, so that
 // each replica can be probed and scraped, and the dashboard and JSON API
 // with the serve role.
-func (a *App) httpServer() (*http.Server, error) {
+func (a *App) httpServer() *http.Server {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { w.Write([]byte("ok\n")) })
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
@@ -41,7 +41,7 @@ func (a *App) httpServer() (*http.Server, error) {
 			Rho: a.Cfg.Analyzer.Rho, Delta: a.Cfg.Analyzer.Delta, Eval: a.Cfg.Analyzer.EvalConfig, Log: a.Log}))
 	}
 	mux.Handle("/", bearer(a.Cfg.HTTP.BearerToken, protected))
-	return &http.Server{Addr: a.Cfg.HTTP.Addr, Handler: mux, ReadHeaderTimeout: 10 * time.Second}, nil
+	return &http.Server{Addr: a.Cfg.HTTP.Addr, Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 }
 
 // bearer protects h with a static bearer token when one is configured. The

@@ -52,7 +52,7 @@ type Options struct {
 	// (default zstd, as `trace replay` publishes).
 	Compression string
 	// CHCompression is the ClickHouse protocol compression of the stores
-	// under test (clickhouse.compression; "" is the default, lz4).
+	// under test (clickhouse.compression; "" is its default, auto).
 	CHCompression string
 	// Consumer is the ingest configuration under test (zero fields take
 	// ingest's defaults); Brokers, Topic and GroupID are set by Run.

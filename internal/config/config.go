@@ -152,7 +152,6 @@ type HTTP struct {
 // Roles trace run knows.
 var Roles = []string{"ingest", "analyze", "serve"}
 
-// Default is the configuration with every default filled in.
 // The ingest stage's batch defaults (kafka.batch_*), from `trace bench
 // ingest`: its batches stream into one INSERT each and cost no memory, and
 // ClickHouse spends less CPU on fewer, larger inserts (parts and merges).
@@ -163,6 +162,7 @@ const (
 	IngestBatchTimeout = time.Second
 )
 
+// Default is the configuration with every default filled in.
 func Default() Config {
 	return Config{
 		DataDir: "./data",
