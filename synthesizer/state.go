@@ -183,7 +183,7 @@ func Step(m Machine, ev Event) (Machine, Action, error) {
 			m.Status = StatusValidating
 			return m, ActValidate, nil
 		case EvWriteFailed:
-			return m.failAttempt("no program: "+ev.Reason, ev.Final)
+			return m.failAttempt("generation: "+ev.Reason, ev.Final)
 		}
 	case StatusValidating:
 		switch ev.Kind {
