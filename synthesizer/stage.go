@@ -28,9 +28,10 @@ type Calibrator interface {
 	Calibrate(ctx context.Context, program string) (*Calibration, error)
 }
 
-// CalibratorFor returns the calibrator of a cohort (its policy model is the
-// cohort's agent model).
-type CalibratorFor func(environment, agentVersion string) (Calibrator, error)
+// CalibratorFor returns the calibrator of a job: its policy is the
+// cohort's agent model (configured per environment and agent version), or
+// the simulated policy of that cohort in the demo and in tests.
+type CalibratorFor func(job *Job) (Calibrator, error)
 
 // Store keeps environment records. SaveEnvironment stores a new version of
 // the record (e.Version orders them); LoadEnvironment returns the latest,
@@ -217,7 +218,7 @@ func (s *Stage) Synthesize(ctx context.Context, req *schemas.SynthesisRequest) (
 			if err := s.save(ctx, e); err != nil {
 				return e, err
 			}
-			cal, err := s.cfg.Calibrators(req.Environment, req.AgentVersion)
+			cal, err := s.cfg.Calibrators(job)
 			if err != nil {
 				return e, fmt.Errorf("%w: calibrator for %s/%s: %w", ErrTransient, req.Environment, req.AgentVersion, err)
 			}

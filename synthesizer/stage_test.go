@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -70,10 +71,10 @@ func (m *memStore) ids() []string {
 // a program fails to load when it contains "!!syntax", and fails the reward
 // check when it contains "BAD_REWARD". The generation path against the real
 // runtime is tested in generate_real_test.go.
-type markerValidator struct{ calls int }
+type markerValidator struct{ calls atomic.Int32 }
 
 func (v *markerValidator) Validate(_ context.Context, program string, target []schemas.Tool) (*Validation, error) {
-	v.calls++
+	v.calls.Add(1)
 	switch {
 	case strings.Contains(program, "!!syntax"):
 		return &Validation{Checks: []Check{{Name: "load", Message: "load: prog.star:3:5: got '!', want newline"}}}, nil
@@ -136,7 +137,7 @@ func testRequest(trigger string) *schemas.SynthesisRequest {
 	return &schemas.SynthesisRequest{
 		TriggerID: trigger, Environment: "sim-airline", AgentVersion: "1.4.0", DictionaryVersion: 1, Epoch: 1, Rank: 1,
 		Capability: schemas.SelectedCapability{Skill: "precondition_verification", Description: "Before a write the agent reads the record it changes.",
-			MeanDelta: 0.41, NRunsPassed: 1, NRunsTotal: 1, PassesConsistency: true, Status: "selected"},
+			MeanDelta: 0.41, NRunsPassed: 1, NRunsTotal: 1, PassesConsistency: true, Status: "selected", ExampleFailedCases: []string{}},
 		Tools: []schemas.Tool{
 			{Type: "function", Function: schemas.FunctionDef{Name: "get_reservation_details", Parameters: json.RawMessage(`{"type":"object","properties":{"reservation_id":{"type":"string"}},"required":["reservation_id"]}`)}},
 			{Type: "function", Function: schemas.FunctionDef{Name: "cancel_reservation", Parameters: json.RawMessage(`{"type":"object","properties":{"reservation_id":{"type":"string"}},"required":["reservation_id"]}`)}},
@@ -184,7 +185,7 @@ type stageKit struct {
 func newKit(t *testing.T, mut func(c *Config)) *stageKit {
 	t.Helper()
 	k := &stageKit{store: newMemStore(), val: &markerValidator{}, cal: &seqCalibrator{}, pub: &memPublisher{}}
-	cfg := Config{Validator: k.val, Calibrators: func(string, string) (Calibrator, error) { return k.cal, nil }, Store: k.store, Publisher: k.pub}
+	cfg := Config{Validator: k.val, Calibrators: func(*Job) (Calibrator, error) { return k.cal, nil }, Store: k.store, Publisher: k.pub}
 	if mut != nil {
 		mut(&cfg)
 	}
