@@ -309,6 +309,9 @@ func (p *program) guard(ctx context.Context, th *starlark.Thread, fn string, see
 	if errors.As(err, &ee) {
 		msg = ee.Backtrace()
 	}
+	if strings.Contains(msg, "frozen") {
+		msg += "\n(module-level values are frozen: every episode shares them. Copy what an episode changes, e.g. dict(X) or list(X), into the state reset returns.)"
+	}
 	switch limit {
 	case "steps":
 		msg = fmt.Sprintf("more than %d execution steps\n%s", p.lim.MaxSteps, msg)
@@ -431,12 +434,7 @@ func (e *episode) Step(ctx context.Context, a Action) (StepResult, error) {
 		return StepResult{Done: true}, ErrDone
 	}
 	e.turns++
-	a.ToolCalls = slices.Clone(a.ToolCalls)
-	for i := range a.ToolCalls {
-		if a.ToolCalls[i].ID == "" {
-			a.ToolCalls[i].ID = "call_" + strconv.Itoa(e.turns) + "_" + strconv.Itoa(i)
-		}
-	}
+	a = normalizeAction(a, e.turns)
 	e.msgs = append(e.msgs, Message{Role: "assistant", Content: a.Content, ToolCalls: a.ToolCalls})
 	var res StepResult
 	if len(a.ToolCalls) == 0 {
@@ -488,6 +486,28 @@ func (e *episode) Step(ctx context.Context, a Action) (StepResult, error) {
 	}
 	res.Done = e.done
 	return res, nil
+}
+
+// normalizeAction gives every tool call an id ("call_<turn>_<i>") and
+// arguments that are JSON text: none become {}, text that is not JSON
+// becomes a JSON string holding it (so the policy is told its arguments
+// are malformed, and the transcript keeps what it sent).
+func normalizeAction(a Action, turn int) Action {
+	a.ToolCalls = slices.Clone(a.ToolCalls)
+	for i := range a.ToolCalls {
+		tc := &a.ToolCalls[i]
+		if tc.ID == "" {
+			tc.ID = "call_" + strconv.Itoa(turn) + "_" + strconv.Itoa(i)
+		}
+		switch raw := strings.TrimSpace(string(tc.Arguments)); {
+		case raw == "":
+			tc.Arguments = json.RawMessage("{}")
+		case !json.Valid([]byte(raw)):
+			b, _ := json.Marshal(raw)
+			tc.Arguments = b
+		}
+	}
+	return a
 }
 
 // step calls step(state, call) and takes its new state.

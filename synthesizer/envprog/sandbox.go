@@ -119,7 +119,7 @@ func (s *sandbox) Reset(ctx context.Context, seed int64) (Episode, error) {
 	if err := resp.Err.err(); err != nil {
 		return nil, err
 	}
-	e := &sandboxEpisode{w: w, id: id, seed: seed, start: *resp.Start, maxTurns: s.lim.MaxTurns}
+	e := &sandboxEpisode{w: w, id: id, seed: seed, start: *resp.Start}
 	e.msgs = []Message{{Role: "system", Content: e.start.System}, {Role: "user", Content: e.start.User}}
 	return e, nil
 }
@@ -361,15 +361,15 @@ func (t *tailBuffer) String() string {
 // sandboxEpisode is an episode living in a worker. Its transcript is kept
 // on this side too, so Messages costs no round trip.
 type sandboxEpisode struct {
-	w        *worker
-	id       uint64
-	seed     int64
-	start    Start
-	maxTurns int
-	msgs     []Message
-	done     bool
-	closed   bool
-	final    *response // the reward the worker computed on the final step
+	w      *worker
+	id     uint64
+	seed   int64
+	start  Start
+	turns  int
+	msgs   []Message
+	done   bool
+	closed bool
+	final  *response // the reward the worker computed on the final step
 }
 
 func (e *sandboxEpisode) Seed() int64         { return e.seed }
@@ -400,6 +400,8 @@ func (e *sandboxEpisode) Step(ctx context.Context, a Action) (StepResult, error)
 	if e.done {
 		return StepResult{Done: true}, ErrDone
 	}
+	e.turns++
+	a = normalizeAction(a, e.turns) // as the worker will: the same ids
 	resp, err := e.call(ctx, &request{Op: "step", Action: &a}, "step")
 	if err != nil {
 		var pe *ProgramError
