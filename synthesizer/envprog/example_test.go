@@ -8,6 +8,8 @@ import (
 	"github.com/traceops/trace/synthesizer/examples"
 )
 
+func exampleSrc() []byte { return examples.PreconditionAirline }
+
 func loadExample(t testing.TB) envprog.Env {
 	t.Helper()
 	env, err := envprog.Load(context.Background(), examples.PreconditionAirlineName, examples.PreconditionAirline, envprog.Limits{})

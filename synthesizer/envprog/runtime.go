@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"runtime/debug"
 	"slices"
 	"strconv"
@@ -657,6 +658,7 @@ func rewardOf(v starlark.Value, seed int64) (Reward, error) {
 	if !ok {
 		return fail("reward is a %s, want a number in [0, 1]", fields["reward"].Type())
 	}
+	r = roundReward(r)
 	out := Reward{Value: r}
 	if c, ok := fields["components"]; ok && c != starlark.None {
 		d, ok := c.(*starlark.Dict)
@@ -670,13 +672,23 @@ func rewardOf(v starlark.Value, seed int64) (Reward, error) {
 			if !ok1 || !ok2 {
 				return fail("component %s: %s, want a number under a string name", kv[0], kv[1].Type())
 			}
-			out.Components[string(k)] = x
+			out.Components[string(k)] = roundReward(x)
 		}
 	}
 	if !(r >= 0 && r <= 1) {
 		return out, &ProgramError{Func: "reward", Seed: seed, Msg: fmt.Sprintf("reward %v is outside [0, 1]", r)}
 	}
 	return out, nil
+}
+
+// roundReward rounds to 12 decimal places, so float noise of a weighted
+// sum (0.3 + 0.35 + 0.35 = 0.9999999999999999) neither fails a
+// success test (reward >= 1.0) nor leaves [0, 1].
+func roundReward(x float64) float64 {
+	if math.IsNaN(x) || math.IsInf(x, 0) {
+		return x
+	}
+	return math.Round(x*1e12) / 1e12
 }
 
 // Hint calls hint(state) on a copy of the state.

@@ -423,7 +423,7 @@ func (v *validator) resets(ctx context.Context, r *Report) error {
 			if cerr := callerError(err); cerr != nil {
 				return cerr
 			}
-			errs.add("seed %d: %v", seed, firstLineOf(err.Error()))
+			errs.add("seed %d: %v", seed, summary(err))
 			continue
 		}
 		if _, dup := seen[a]; !dup {
@@ -479,7 +479,7 @@ func (v *validator) randomPlay(ctx context.Context, r *Report) error {
 		case errors.As(a.err, &pe) && pe.Func == "reward" && strings.Contains(pe.Msg, "outside [0, 1]"):
 			outside.add("seed %d: reward %v", seed, a.reward.Value)
 		case a.err != nil:
-			errs.add("seed %d: %v", seed, firstLineOf(a.err.Error()))
+			errs.add("seed %d: %v", seed, summary(a.err))
 		default:
 			n++
 			lo, hi = math.Min(lo, a.reward.Value), math.Max(hi, a.reward.Value)
@@ -639,7 +639,7 @@ func (v *validator) doNothing(ctx context.Context, r *Report) error {
 			if cerr := callerError(err); cerr != nil {
 				return cerr
 			}
-			errs.add("seed %d: %v", seed, firstLineOf(err.Error()))
+			errs.add("seed %d: %v", seed, summary(err))
 			continue
 		}
 		sum += rw.Value
@@ -694,7 +694,7 @@ func (v *validator) reference(ctx context.Context, r *Report) error {
 			if cerr := callerError(err); cerr != nil {
 				return cerr
 			}
-			bad.add("seed %d: %v", seed, firstLineOf(err.Error()))
+			bad.add("seed %d: %v", seed, summary(err))
 			continue
 		}
 		if rw.Value != 1 {
@@ -732,7 +732,7 @@ func (v *validator) hints(ctx context.Context, r *Report) error {
 			if cerr := callerError(err); cerr != nil {
 				return cerr
 			}
-			bad.add("seed %d: %v", seed, firstLineOf(err.Error()))
+			bad.add("seed %d: %v", seed, summary(err))
 			continue
 		}
 		h, err := ep.Hint(ctx)
@@ -741,7 +741,7 @@ func (v *validator) hints(ctx context.Context, r *Report) error {
 			if cerr := callerError(err); cerr != nil {
 				return cerr
 			}
-			bad.add("seed %d: %v", seed, firstLineOf(err.Error()))
+			bad.add("seed %d: %v", seed, summary(err))
 			continue
 		}
 		if strings.TrimSpace(h) == "" {
@@ -774,11 +774,33 @@ func clip(s string, n int) string {
 	return s[:n] + "…"
 }
 
-func firstLineOf(s string) string {
-	if i := strings.IndexByte(s, '\n'); i >= 0 {
-		return s[:i] + " …"
+// summary is an error in one line: for a program's error its function,
+// limit, innermost frame and message ("step(): p.star:20:24: in step:
+// floored division by zero").
+func summary(err error) string {
+	var pe *ProgramError
+	if !errors.As(err, &pe) {
+		return err.Error()
 	}
-	return s
+	s := pe.Func + "(): "
+	if pe.Func == "" {
+		s = "top level: "
+	}
+	if pe.Limit != "" {
+		s += pe.Limit + " limit: "
+	}
+	lines := strings.Split(strings.TrimSpace(pe.Msg), "\n")
+	last := lines[len(lines)-1]
+	frame := ""
+	for _, l := range lines {
+		if strings.HasPrefix(l, "  ") {
+			frame = strings.TrimSpace(l) + ": "
+		}
+	}
+	if pe.Limit != "" {
+		return s + frame + lines[0]
+	}
+	return s + frame + strings.TrimPrefix(last, "Error: ")
 }
 
 // String renders the report one check per line: "PASS name: message".
