@@ -18,9 +18,9 @@ import (
 
 // Role names, as reported in a RoleError.
 const (
-	RoleRecordRead = "record read"  // get_*/find_*/search_* taking exactly the record id
+	RoleRecordRead  = "record read"  // get_*/find_*/search_* taking exactly the record id
 	RoleRecordWrite = "record write" // cancel_*/update_*/modify_*/book_*/return_*/exchange_* … on the record id
-	RoleUserRead   = "user lookup"  // get_*/find_* taking exactly user_id
+	RoleUserRead    = "user lookup"  // get_*/find_* taking exactly user_id
 )
 
 // RoleError says which role a template could not fill from the target's
