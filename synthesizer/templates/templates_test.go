@@ -342,3 +342,37 @@ func TestMatch(t *testing.T) {
 		t.Errorf("declared unknown: %q %s", f, why)
 	}
 }
+
+// The rewards score the capability: an agent that always lacks it never
+// succeeds, one that never does always succeeds (no base failures), on
+// every family and both targets. This is what makes the simulated
+// calibrations above mean something.
+func TestRewardsTrackTheCapability(t *testing.T) {
+	cfg := calibrate.DefaultConfig()
+	cfg.Seeds, cfg.Rollouts = 40, 4
+	for _, target := range simulate.Environments {
+		for _, fam := range Names() {
+			tpl, err := Instantiate(fam, simulate.Tools(target), Knobs{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			env := load(t, tpl)
+			for _, deficit := range []float64{0, 1} {
+				agent := simulate.AgentSpec{Name: "probe", Version: "0", Environments: []string{target}, Deficits: map[string]float64{fam: deficit}}
+				p := calibrate.NewSimulatedPolicy(agent, target, fam)
+				p.BaseFailure, p.HintEffect = 0, 0
+				res, err := calibrate.Run(context.Background(), env, p, tpl.CalibrationConfig(cfg))
+				if err != nil {
+					t.Fatal(err)
+				}
+				s := res.Summary
+				if want := 1 - deficit; s.SuccessRate != want {
+					t.Errorf("%s/%s, deficit %v: success %.3f, want %v (mean %.3f)", target, fam, deficit, s.SuccessRate, want, s.Mean)
+				}
+				if deficit == 1 && s.Mean >= 0.8 {
+					t.Errorf("%s/%s: an agent always lacking the capability still earns a mean %.3f", target, fam, s.Mean)
+				}
+			}
+		}
+	}
+}
