@@ -28,6 +28,7 @@ type Environment struct {
 	MeanDelta         float64                   `json:"mean_delta"`
 	Family            string                    `json:"family,omitempty"`
 	FamilySource      string                    `json:"family_source,omitempty"` // FamilyFromDictionary | FamilyMatched
+	FamilyWhy         string                    `json:"family_why,omitempty"`    // how the family was found, or why none
 	Request           *schemas.SynthesisRequest `json:"request"`
 
 	Status    Status   `json:"status"`
@@ -133,19 +134,27 @@ type Validation struct {
 	HasReference bool     `json:"has_reference"`
 }
 
-// Check is one validation check's verdict. Message names the check, the seed
-// and the value when it failed.
+// Check is one validation check's verdict (envprog.Check): Verdict is
+// "pass", "fail" or "skip"; Message names the check, the seed and the value
+// when it failed.
 type Check struct {
 	Name    string `json:"name"`
-	OK      bool   `json:"ok"`
+	Verdict string `json:"verdict"`
 	Message string `json:"message,omitempty"`
 }
+
+// Check verdicts.
+const (
+	Pass = "pass"
+	Fail = "fail"
+	Skip = "skip"
+)
 
 // Diagnosis is every failed check's message, one per line.
 func (v *Validation) Diagnosis() string {
 	var out []string
 	for _, c := range v.Checks {
-		if !c.OK {
+		if c.Verdict == Fail {
 			msg := c.Message
 			if msg == "" {
 				msg = "failed"

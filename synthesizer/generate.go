@@ -213,11 +213,19 @@ func oneLine(s string) string {
 // Draft is one attempt's program as an Author wrote it.
 type Draft struct {
 	Program string
-	Origin  string // schemas.OriginLLM | schemas.OriginTemplate
-	Family  string
-	Model   string
-	Knobs   json.RawMessage
-	LLM     *LLMUsage
+	// Name is the program's file name in error messages ("program.star").
+	Name   string
+	Origin string // schemas.OriginLLM | schemas.OriginTemplate
+	Family string
+	Model  string
+	Knobs  json.RawMessage
+	// Trusted programs (the built-in templates) run in-process; others
+	// (written by a model) run sandboxed.
+	Trusted bool
+	// HintShare, when set, is the share [min, max] of each calibration
+	// group that gets the hint (a template's knobs).
+	HintShare []float64
+	LLM       *LLMUsage
 }
 
 // WriteError is an attempt that produced no program: the model's answer

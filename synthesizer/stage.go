@@ -18,14 +18,14 @@ import (
 // tools. A program that fails to load or a check that fails is a Validation
 // with OK false; an error means the checks could not run (transient).
 type Validator interface {
-	Validate(ctx context.Context, program string, target []schemas.Tool) (*Validation, error)
+	Validate(ctx context.Context, d Draft, target []schemas.Tool) (*Validation, error)
 }
 
 // Calibrator plays a valid program with a policy and judges the rewards
 // against the bands. An error means calibration could not run (the policy
 // server is unreachable): transient.
 type Calibrator interface {
-	Calibrate(ctx context.Context, program string) (*Calibration, error)
+	Calibrate(ctx context.Context, d Draft) (*Calibration, error)
 }
 
 // CalibratorFor returns the calibrator of a job: its policy is the
@@ -66,8 +66,9 @@ type Dictionaries interface {
 // FamilyMatcher knows the template families.
 type FamilyMatcher interface {
 	// Match returns the family whose templates practise a capability of
-	// this name and definition, and false when none does.
-	Match(name, definition string) (family string, ok bool)
+	// this name and definition, and false when none does; why explains the
+	// match (or its absence) for the record.
+	Match(name, definition string) (family, why string, ok bool)
 	// Known reports whether family has a template.
 	Known(family string) bool
 }
@@ -200,7 +201,7 @@ func (s *Stage) Synthesize(ctx context.Context, req *schemas.SynthesisRequest) (
 			if err := s.save(ctx, e); err != nil {
 				return e, err
 			}
-			v, err := s.cfg.Validator.Validate(ctx, draft.Program, req.Tools)
+			v, err := s.cfg.Validator.Validate(ctx, draft, req.Tools)
 			if err != nil {
 				return e, fmt.Errorf("%w: validate: %w", ErrTransient, err)
 			}
@@ -222,7 +223,7 @@ func (s *Stage) Synthesize(ctx context.Context, req *schemas.SynthesisRequest) (
 			if err != nil {
 				return e, fmt.Errorf("%w: calibrator for %s/%s: %w", ErrTransient, req.Environment, req.AgentVersion, err)
 			}
-			c, err := cal.Calibrate(ctx, draft.Program)
+			c, err := cal.Calibrate(ctx, draft)
 			if err != nil {
 				return e, fmt.Errorf("%w: calibrate: %w", ErrTransient, err)
 			}
@@ -350,20 +351,26 @@ func (s *Stage) job(ctx context.Context, e *Environment) (*Job, error) {
 			job.Family, job.FamilySource = ci.Family, FamilyFromDictionary
 		}
 	}
+	why := ""
 	switch {
 	case s.cfg.Families == nil:
 		job.Family, job.FamilySource = "", ""
 	case job.Family == "other": // the dictionary says no template practises it
-		job.Family = ""
+		job.Family, why = "", "the dictionary declares family other: no built-in template"
 	case job.Family != "" && s.cfg.Families.Known(job.Family):
+		why = "the dictionary declares family " + job.Family
 	default:
-		if f, ok := s.cfg.Families.Match(req.Capability.Skill, job.Definition); ok {
+		declared := job.Family
+		f, w, ok := s.cfg.Families.Match(req.Capability.Skill, job.Definition)
+		if declared != "" {
+			w = fmt.Sprintf("the dictionary declares unknown family %q; %s", declared, w)
+		}
+		job.Family, job.FamilySource, why = "", "", w
+		if ok {
 			job.Family, job.FamilySource = f, FamilyMatched
-		} else {
-			job.Family, job.FamilySource = "", ""
 		}
 	}
-	e.Definition, e.Family, e.FamilySource = job.Definition, job.Family, job.FamilySource
+	e.Definition, e.Family, e.FamilySource, e.FamilyWhy = job.Definition, job.Family, job.FamilySource, why
 	if s.cfg.Examples != nil && len(req.ExampleFailedRolloutIDs) > 0 && s.cfg.LLM != nil {
 		rs, err := s.cfg.Examples.ExampleRollouts(ctx, req.Environment, req.AgentVersion, req.ExampleFailedRolloutIDs)
 		if err != nil {

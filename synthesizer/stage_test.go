@@ -73,15 +73,16 @@ func (m *memStore) ids() []string {
 // runtime is tested in generate_real_test.go.
 type markerValidator struct{ calls atomic.Int32 }
 
-func (v *markerValidator) Validate(_ context.Context, program string, target []schemas.Tool) (*Validation, error) {
+func (v *markerValidator) Validate(_ context.Context, d Draft, target []schemas.Tool) (*Validation, error) {
 	v.calls.Add(1)
+	program := d.Program
 	switch {
 	case strings.Contains(program, "!!syntax"):
-		return &Validation{Checks: []Check{{Name: "load", Message: "load: prog.star:3:5: got '!', want newline"}}}, nil
+		return &Validation{Checks: []Check{{Name: "load", Verdict: Fail, Message: "load: prog.star:3:5: got '!', want newline"}}}, nil
 	case strings.Contains(program, "BAD_REWARD"):
-		return &Validation{Checks: []Check{{Name: "load", OK: true}, {Name: "reward_range", Message: "reward_range: seed 7: reward 1.5 is outside [0, 1]"}}}, nil
+		return &Validation{Checks: []Check{{Name: "load", Verdict: Pass}, {Name: "reward_range", Verdict: Fail, Message: "reward_range: seed 7: reward 1.5 is outside [0, 1]"}}}, nil
 	}
-	return &Validation{OK: true, Checks: []Check{{Name: "load", OK: true}}, Tools: []string{"get_reservation_details", "cancel_reservation", "respond"},
+	return &Validation{OK: true, Checks: []Check{{Name: "load", Verdict: Pass}}, Tools: []string{"get_reservation_details", "cancel_reservation", "respond"},
 		Rationale: "Practising this transfers."}, nil
 }
 
@@ -93,7 +94,8 @@ type seqCalibrator struct {
 	err      error
 }
 
-func (c *seqCalibrator) Calibrate(_ context.Context, program string) (*Calibration, error) {
+func (c *seqCalibrator) Calibrate(_ context.Context, d Draft) (*Calibration, error) {
+	program := d.Program
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.err != nil {
@@ -394,13 +396,13 @@ func (a *tuneAuthor) Write(_ context.Context, job *Job, n, _ int, prior []Attemp
 
 type families map[string]string // definition word → family
 
-func (f families) Match(name, def string) (string, bool) {
+func (f families) Match(name, def string) (string, string, bool) {
 	for w, fam := range f {
 		if strings.Contains(name+" "+def, w) {
-			return fam, true
+			return fam, "the definition has " + w, true
 		}
 	}
-	return "", false
+	return "", "no keyword", false
 }
 func (f families) Known(fam string) bool {
 	for _, v := range f {
