@@ -312,6 +312,12 @@ func literal(v any) (string, error) {
 		return strconv.FormatFloat(v, 'g', -1, 64), nil
 	case time.Time:
 		return "toDateTime(" + strconv.FormatInt(v.Unix(), 10) + ")", nil
+	case []string: // as clickhouse-go binds a slice: an Array literal
+		parts := make([]string, len(v))
+		for i, e := range v {
+			parts[i], _ = literal(e)
+		}
+		return "[" + strings.Join(parts, ", ") + "]", nil
 	}
 	return "", fmt.Errorf("no ClickHouse literal for %T", v)
 }
@@ -824,6 +830,15 @@ func chdbRollouts(t *testing.T, c *chdbDB, base time.Time) {
 	}
 	if want := []string{"r99", "r98", "r97", "r96", "r95", "r93"}; !slices.Equal(ids, want) {
 		t.Errorf("SampleRollouts = %v, want %v", ids, want)
+	}
+
+	// RolloutsByID: the named ids of the cohort, one row each although
+	// every rollout is stored twice; an unknown id is left out.
+	q, args = rolloutsByIDSQL("env", "v1", []string{"r7", "r3", "nope"})
+	r = c.query(q, args...)
+	r.wantTypes(t, "RolloutsByID", "String", "String", "String", "UInt8", "Float64", "DateTime", "DateTime", "String", "String")
+	if len(r.rows) != 2 || r.rows[0].str(0) != "r3" || r.rows[1].str(0) != "r7" || r.rows[0].uint(3) != 1 || r.rows[1].uint(3) != 0 {
+		t.Errorf("RolloutsByID rows %v", r.rows)
 	}
 
 	// CohortTools: the latest rollout that declared tools. r100 ends later

@@ -2,6 +2,8 @@ package sink_test
 
 import (
 	"context"
+	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -77,5 +79,34 @@ func TestEnvironmentsNewestVersionWins(t *testing.T) {
 		if tt.f.Full && len(rs) == 1 && (rs[0].Program == "" || rs[0].AttemptsJSON == "") {
 			t.Errorf("a full list lacks the program: %+v", rs[0])
 		}
+	}
+}
+
+// TestRolloutsByID: the example rollouts of a synthesis request, in the
+// request's order, one each although stored twice, unknown ids left out.
+func TestRolloutsByID(t *testing.T) {
+	s := openStore(t)
+	ctx := context.Background()
+	var rows []sink.RolloutRow
+	for i := 0; i < 10; i++ {
+		rows = append(rows, sink.RolloutRowFrom(rollout(fmt.Sprint("r", i), i%3 == 0), sink.Coord{Topic: "t", Offset: int64(i)}))
+	}
+	for range 2 {
+		if err := s.InsertRollouts(ctx, rows); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got, err := s.RolloutsByID(ctx, "env", "v1", []string{"r7", "nope", "r3", "r'; DROP TABLE rollouts; --"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 2 || got[0].RolloutID != "r7" || got[1].RolloutID != "r3" || got[0].Succeeded() || !got[1].Succeeded() {
+		t.Fatalf("%+v", got)
+	}
+	if r := got[0]; len(r.Messages) != 3 || r.Messages[0].Content != strings.Repeat("é", 299)+"…" || r.Messages[1].ToolCalls[0].Name != "f" || r.Environment != "env" {
+		t.Fatalf("rebuilt %+v", r)
+	}
+	if none, err := s.RolloutsByID(ctx, "env", "v2", []string{"r7"}); err != nil || len(none) != 0 {
+		t.Fatalf("another cohort's rollout: %v %v", none, err)
 	}
 }
