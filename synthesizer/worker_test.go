@@ -15,6 +15,7 @@ import (
 	"github.com/traceops/trace/internal/llmtest"
 	"github.com/traceops/trace/internal/testenv"
 	"github.com/traceops/trace/schemas"
+	"github.com/traceops/trace/sink"
 )
 
 // natsKit is a JetStream stream and durable consumer on an embedded server,
@@ -167,10 +168,32 @@ func TestWorkerLongWorkIsNotRedelivered(t *testing.T) {
 // TestWorkerDuplicateAndRestartMakeOneEnvironment: the same request twice
 // (two messages, as after the duplicate window), a worker stopped in the
 // middle of the work and a new one on the same durable consumer, and the
-// request again after DONE: one environment, announced, one accepted program.
+// request again after DONE: one environment, announced, one accepted
+// program — with the records in ClickHouse, and in memory.
 func TestWorkerDuplicateAndRestartMakeOneEnvironment(t *testing.T) {
+	t.Run("clickhouse", func(t *testing.T) {
+		st := chStore(t)
+		dupRestart(t, st, func() []string {
+			es, err := st.List(context.Background(), sink.EnvironmentFilter{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var ids []string
+			for _, e := range es {
+				ids = append(ids, e.ID)
+			}
+			return ids
+		})
+	})
+	t.Run("memory", func(t *testing.T) {
+		st := newMemStore()
+		dupRestart(t, st, st.ids)
+	})
+}
+
+func dupRestart(t *testing.T, store Store, ids func() []string) {
 	k := newNATSKit(t, 5*time.Second)
-	store, pub := newMemStore(), &memPublisher{}
+	pub := &memPublisher{}
 	cal := &slowCalibrator{d: 2 * time.Second}
 	stage, gen := workerStage(t, store, cal, pub)
 	req := testRequest("trig-dup-nats")
@@ -193,8 +216,8 @@ func TestWorkerDuplicateAndRestartMakeOneEnvironment(t *testing.T) {
 	})
 	k.publish(t, req, "m3") // again after DONE
 	waitFor(t, "the third acked", 10*time.Second, func() bool { ap, np, _ := k.pending(t); return ap == 0 && np == 0 })
-	if ids := store.ids(); len(ids) != 1 || ids[0] != id {
-		t.Fatalf("environments %v", ids)
+	if got := ids(); len(got) != 1 || got[0] != id {
+		t.Fatalf("environments %v", got)
 	}
 	e, _ := store.LoadEnvironment(context.Background(), id)
 	accepted := 0
