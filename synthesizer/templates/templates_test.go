@@ -230,7 +230,7 @@ func TestSimulatedPolicyCalibratesPlantedDeficits(t *testing.T) {
 			if fam != tt.capability || score != 1 {
 				t.Fatalf("Match(%s) = %s %v (%s)", tt.capability, fam, score, why)
 			}
-			tuned, err := Tune(context.Background(), fam, simulate.Tools(tt.target), pol, TuneConfig{Calibration: calibrate.DefaultConfig()})
+			tuned, err := Tune(context.Background(), fam, simulate.Tools(tt.target), pol, TuneConfig{})
 			if err != nil {
 				t.Fatal(err)
 			}
