@@ -376,3 +376,27 @@ func TestRewardsTrackTheCapability(t *testing.T) {
 		}
 	}
 }
+
+func TestForRequest(t *testing.T) {
+	req := &schemas.SynthesisRequest{
+		Environment: simulate.Retail, AgentVersion: "1.5.0",
+		Capability: schemas.SelectedCapability{Skill: "id_hallucination", Description: "The agent invents identifiers instead of copying them."},
+		Tools:      simulate.Tools(simulate.Retail),
+	}
+	tpl, m, err := ForRequest(req, "")
+	if err != nil || m.Family != ArgumentGrounding || tpl.Family != ArgumentGrounding || m.Why == "" {
+		t.Fatalf("%+v %+v %v", tpl, m, err)
+	}
+	req.Capability = schemas.SelectedCapability{Skill: "greeting_style", Description: "The agent greets the user warmly."}
+	if _, m, err := ForRequest(req, ""); !errors.Is(err, ErrNoFamily) || m.Family != "" || !strings.Contains(err.Error(), "greeting_style") {
+		t.Errorf("no family: %+v %v", m, err)
+	}
+	if tpl, m, err := ForRequest(req, UserConfirmation); err != nil || tpl.Family != UserConfirmation || m.Score != 1 {
+		t.Errorf("declared: %+v %v", m, err)
+	}
+	req.Tools = simulate.Tools(simulate.Retail)[:1] // calculate only
+	var re *RoleError
+	if _, _, err := ForRequest(req, UserConfirmation); !errors.As(err, &re) {
+		t.Errorf("missing roles: %v", err)
+	}
+}
