@@ -387,7 +387,9 @@ func (p *program) reset(ctx context.Context, seed int64) (*episode, error) {
 		return nil, e.shapeError("reset", err)
 	}
 	e.start = Start{System: string(system), User: string(user)}
-	e.msgs = []Message{{Role: "system", Content: e.start.System}, {Role: "user", Content: e.start.User}}
+	e.msgs = make([]Message, 2, 16)
+	e.msgs[0] = Message{Role: "system", Content: e.start.System}
+	e.msgs[1] = Message{Role: "user", Content: e.start.User}
 	return e, nil
 }
 
@@ -483,7 +485,7 @@ func (e *episode) Step(ctx context.Context, a Action) (StepResult, error) {
 		e.done = true
 		return StepResult{Done: true}, nil
 	}
-	res.ToolResults = make([]Message, 0, len(a.ToolCalls))
+	first := len(e.msgs) // the tool results are the transcript's last messages
 	for _, tc := range a.ToolCalls {
 		var content string
 		switch {
@@ -505,17 +507,17 @@ func (e *episode) Step(ctx context.Context, a Action) (StepResult, error) {
 			text, done, err := e.step(ctx, call, true)
 			if err != nil {
 				e.done = true
-				return StepResult{ToolResults: res.ToolResults, Done: true}, err
+				return StepResult{ToolResults: e.msgs[first:len(e.msgs):len(e.msgs)], Done: true}, err
 			}
 			content = text
 			if done {
 				e.done = true
 			}
 		}
-		m := Message{Role: "tool", Content: content, ToolCallID: tc.ID, Name: tc.Name}
-		res.ToolResults = append(res.ToolResults, m)
-		e.msgs = append(e.msgs, m)
+		e.msgs = append(e.msgs, Message{Role: "tool", Content: content, ToolCallID: tc.ID, Name: tc.Name})
 	}
+	// A view of the transcript, capped so that appending to it copies.
+	res.ToolResults = e.msgs[first:len(e.msgs):len(e.msgs)]
 	if e.turns >= e.p.lim.MaxTurns {
 		e.done = true
 	}
@@ -528,19 +530,29 @@ func (e *episode) Step(ctx context.Context, a Action) (StepResult, error) {
 // becomes a JSON string holding it (so the policy is told its arguments
 // are malformed, and the transcript keeps what it sent).
 func normalizeAction(a Action, turn int) Action {
-	a.ToolCalls = slices.Clone(a.ToolCalls)
+	cloned := false
 	for i := range a.ToolCalls {
-		tc := &a.ToolCalls[i]
+		tc := a.ToolCalls[i]
+		raw := bytes.TrimSpace(tc.Arguments)
+		fix := tc.ID == "" || len(raw) == 0 || !json.Valid(raw)
+		if !fix {
+			continue
+		}
+		if !cloned { // never change the caller's slice
+			a.ToolCalls = slices.Clone(a.ToolCalls)
+			cloned = true
+		}
 		if tc.ID == "" {
 			tc.ID = "call_" + strconv.Itoa(turn) + "_" + strconv.Itoa(i)
 		}
-		switch raw := bytes.TrimSpace(tc.Arguments); {
+		switch {
 		case len(raw) == 0:
 			tc.Arguments = json.RawMessage("{}")
 		case !json.Valid(raw):
 			b, _ := json.Marshal(string(raw))
 			tc.Arguments = b
 		}
+		a.ToolCalls[i] = tc
 	}
 	return a
 }

@@ -388,18 +388,22 @@ func appendJSONDepth(b []byte, v starlark.Value, depth int) ([]byte, error) {
 		// Items, not Entries: a range-over-func body would move b and
 		// err to the heap, an allocation per dict and value.
 		b = append(b, '{')
-		for i, kv := range x.Items() {
-			k, ok := kv[0].(starlark.String)
+		it := x.Iterate()
+		defer it.Done()
+		var key starlark.Value
+		for i := 0; it.Next(&key); i++ {
+			k, ok := key.(starlark.String)
 			if !ok {
-				return b, fmt.Errorf("cannot encode a dict with a %s key as JSON", kv[0].Type())
+				return b, fmt.Errorf("cannot encode a dict with a %s key as JSON", key.Type())
 			}
+			val, _, _ := x.Get(key)
 			if i > 0 {
 				b = append(b, ',')
 			}
 			b = appendJSONString(b, string(k))
 			b = append(b, ':')
 			var err error
-			if b, err = appendJSONDepth(b, kv[1], depth+1); err != nil {
+			if b, err = appendJSONDepth(b, val, depth+1); err != nil {
 				return b, err
 			}
 		}
