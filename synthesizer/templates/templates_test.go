@@ -84,8 +84,8 @@ func TestRolesPickTargetTools(t *testing.T) {
 	}{
 		{simulate.Airline, PreconditionVerification, map[string]string{"read": "get_reservation_details", "write": "cancel_reservation"}},
 		{simulate.Retail, PreconditionVerification, map[string]string{"read": "get_order_details", "write": "cancel_pending_order"}},
-		{simulate.Airline, MultiStepCompletion, map[string]string{"write": "cancel_reservation", "write_2": "update_reservation_baggages"}},
-		{simulate.Retail, MultiStepCompletion, map[string]string{"write": "cancel_pending_order", "write_2": "modify_pending_order_payment"}},
+		{simulate.Airline, MultiStepCompletion, map[string]string{"read": "get_reservation_details", "write": "cancel_reservation", "write_2": "update_reservation_baggages"}},
+		{simulate.Retail, MultiStepCompletion, map[string]string{"read": "get_order_details", "write": "cancel_pending_order", "write_2": "modify_pending_order_payment"}},
 		{simulate.Retail, ArgumentGrounding, map[string]string{"user_read": "get_user_details", "read": "get_order_details", "write": "cancel_pending_order"}},
 		{simulate.Airline, StructuredDataReasoning, map[string]string{"user_read": "get_user_details", "read": "get_reservation_details"}},
 	}
