@@ -433,8 +433,9 @@ func (e *sandboxEpisode) Step(ctx context.Context, a Action) (StepResult, error)
 }
 
 func (e *sandboxEpisode) Reward(ctx context.Context) (Reward, error) {
-	if e.final != nil {
-		return *e.final.Final, e.final.FinalErr.err()
+	if f := e.final; f != nil {
+		e.final = nil // once: a second call asks the worker again
+		return *f.Final, f.FinalErr.err()
 	}
 	resp, err := e.call(ctx, &request{Op: "reward"}, "reward")
 	if err != nil {
