@@ -15,16 +15,9 @@ import (
 )
 
 func TestEnvValidateExample(t *testing.T) {
-	// The target's tools as a synthesis request carries them: those of a
-	// simulated airline rollout.
-	g := simulate.New(simulate.Config{Seed: 1, Rollouts: 100})
-	var tools []byte
-	for r := range g.All() {
-		if r.Environment == simulate.Airline {
-			tools, _ = json.Marshal(map[string]any{"tools": r.Tools})
-			break
-		}
-	}
+	// The target's tools as a synthesis request carries them: the simulated
+	// airline environment's.
+	tools, _ := json.Marshal(map[string]any{"tools": simulate.Tools(simulate.Airline)})
 	toolsFile := filepath.Join(t.TempDir(), "request.json")
 	if err := os.WriteFile(toolsFile, tools, 0o644); err != nil {
 		t.Fatal(err)

@@ -14,17 +14,14 @@ import (
 )
 
 // airlineTools are the simulated airline environment's tools, as a
-// synthesis request carries them (taken from a simulated rollout).
+// synthesis request carries them.
 func airlineTools(t testing.TB) []schemas.Tool {
 	t.Helper()
-	g := simulate.New(simulate.Config{Seed: 1, Rollouts: 200})
-	for r := range g.All() {
-		if r.Environment == simulate.Airline && len(r.Tools) > 0 {
-			return r.Tools
-		}
+	tools := simulate.Tools(simulate.Airline)
+	if len(tools) == 0 {
+		t.Fatal("no simulated airline tools")
 	}
-	t.Fatal("no simulated airline rollout")
-	return nil
+	return tools
 }
 
 // lookup is a small valid program: answer a reservation's status after
