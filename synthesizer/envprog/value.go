@@ -512,8 +512,11 @@ func needsCopy(v starlark.Value, depth int) bool {
 		if _, _, err := x.Delete(probe{}); err != nil {
 			return true
 		}
-		for _, kv := range x.Items() {
-			if needsCopy(kv[1], depth+1) {
+		it := x.Iterate()
+		defer it.Done()
+		var k starlark.Value
+		for it.Next(&k) {
+			if v, _, _ := x.Get(k); needsCopy(v, depth+1) {
 				return true
 			}
 		}
