@@ -154,16 +154,14 @@ type wireToolMessage struct {
 	Content    string         `json:"content"`
 	ToolCalls  []wireToolCall `json:"tool_calls,omitempty"`
 	ToolCallID string         `json:"tool_call_id,omitempty"`
-	Name       string         `json:"name,omitempty"`
 }
 
 func (c *Client) toolsBody(req ToolsRequest) ([]byte, error) {
 	msgs := make([]wireToolMessage, len(req.Messages))
 	for i, m := range req.Messages {
+		// A tool message carries tool_call_id only: OpenAI's schema has no
+		// name on it (ToolMessage.Name is for the caller's bookkeeping).
 		w := wireToolMessage{Role: m.Role, Content: m.Content, ToolCallID: m.ToolCallID}
-		if m.Role == "tool" {
-			w.Name = m.Name
-		}
 		for _, tc := range m.ToolCalls {
 			var wc wireToolCall
 			wc.ID, wc.Type, wc.Function.Name = tc.ID, "function", tc.Name

@@ -8,6 +8,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"sync"
+	"sync/atomic"
 )
 
 // The sandbox protocol between a parent (LoadSandboxed) and its worker
@@ -127,47 +129,34 @@ func readFrame(r *bufio.Reader, v any) error {
 	return json.Unmarshal(b, v)
 }
 
-// frameWriter writes frames from many goroutines through one goroutine,
-// flushing once per burst so that concurrent calls share system calls.
+// frameWriter writes frames from many goroutines straight from the
+// caller (no hand-off to a writer goroutine, which costs a wake-up per
+// call); the last of the writers waiting on the lock flushes, so the
+// frames of concurrent calls share one system call.
 type frameWriter struct {
-	ch   chan []byte
-	done chan struct{}
+	waiting atomic.Int32
+	mu      sync.Mutex
+	bw      *bufio.Writer
+	failed  bool
 }
 
-func newFrameWriter(w io.Writer, stop <-chan struct{}) *frameWriter {
-	fw := &frameWriter{ch: make(chan []byte, 256), done: make(chan struct{})}
-	go func() {
-		defer close(fw.done)
-		bw := bufio.NewWriterSize(w, 64<<10)
-		failed := false
-		for {
-			var f []byte
-			select {
-			case f = <-fw.ch:
-			case <-stop:
-				return
-			}
-			if !failed {
-				_, err := bw.Write(f)
-				for more := len(fw.ch); more > 0 && err == nil; more-- {
-					_, err = bw.Write(<-fw.ch)
-				}
-				if err == nil {
-					err = bw.Flush()
-				}
-				failed = err != nil // the reader side notices the peer's end
-			}
-		}
-	}()
-	return fw
+func newFrameWriter(w io.Writer) *frameWriter {
+	return &frameWriter{bw: bufio.NewWriterSize(w, 64<<10)}
 }
 
-// send queues one frame; false once stop is closed.
-func (fw *frameWriter) send(f []byte, stop <-chan struct{}) bool {
-	select {
-	case fw.ch <- f:
-		return true
-	case <-stop:
+// send writes one frame; false once writing failed (the peer is gone).
+func (fw *frameWriter) send(f []byte) bool {
+	fw.waiting.Add(1)
+	fw.mu.Lock()
+	defer fw.mu.Unlock()
+	last := fw.waiting.Add(-1) == 0
+	if fw.failed {
 		return false
 	}
+	_, err := fw.bw.Write(f)
+	if err == nil && last {
+		err = fw.bw.Flush()
+	}
+	fw.failed = err != nil
+	return !fw.failed
 }

@@ -1,6 +1,7 @@
 package envprog
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -67,7 +68,7 @@ type program struct {
 	info  Info
 	lim   Limits
 	fns   map[string]*starlark.Function
-	tools map[string]bool
+	tools map[string]starlark.Value // tool name -> the name as a Starlark string
 	// closed is set by Close; Reset then fails.
 	closed atomic.Bool
 }
@@ -103,8 +104,10 @@ func load(ctx context.Context, name string, src []byte, lim Limits) (*program, e
 		fns:  map[string]*starlark.Function{},
 	}
 	th := newThread(name)
+	g := newGuard(th, lim)
+	defer g.release()
 	var globals starlark.StringDict
-	if err := p.guard(ctx, th, "", 0, func() (err error) {
+	if err := g.run(ctx, "", 0, func() (err error) {
 		globals, err = prog.Init(th, predeclared)
 		return err
 	}); err != nil {
@@ -132,7 +135,7 @@ func load(ctx context.Context, name string, src []byte, lim Limits) (*program, e
 	}
 	p.info.HasHint = p.fns["hint"] != nil
 	p.info.HasReference = p.fns["reference"] != nil
-	v, err := p.call(ctx, th, "tools", 0)
+	v, err := p.call(ctx, g, "tools", 0)
 	if err != nil {
 		return nil, err
 	}
@@ -141,9 +144,9 @@ func load(ctx context.Context, name string, src []byte, lim Limits) (*program, e
 		return nil, &ProgramError{Func: "tools", Msg: err.Error()}
 	}
 	p.info.Tools = tools
-	p.tools = make(map[string]bool, len(tools))
+	p.tools = make(map[string]starlark.Value, len(tools))
 	for _, t := range tools {
-		p.tools[t.Function.Name] = true
+		p.tools[t.Function.Name] = starlark.String(t.Function.Name)
 	}
 	return p, nil
 }
@@ -243,47 +246,52 @@ func newThread(name string) *starlark.Thread {
 	}
 }
 
-// callGuard cancels one contract call's thread at its deadline or when its
-// context ends, and remembers which of the two it was. finish makes a late
-// timer harmless to the thread's next call.
-type callGuard struct {
-	mu       sync.Mutex
-	th       *starlark.Thread
-	finished bool
-	limit    string
+// guard bounds the contract calls of one thread (a program's load, or an
+// episode): the step limit, a timer for the call timeout and ctx. It is
+// made once per thread; each call arms it and disarms it, and a timer that
+// fires late finds it disarmed and leaves the thread's next call alone.
+type guard struct {
+	th    *starlark.Thread
+	lim   Limits
+	timer *time.Timer
+
+	mu    sync.Mutex
+	armed bool
+	limit string // what cancelled the armed call
 }
 
-func (g *callGuard) cancel(limit string) {
+func newGuard(th *starlark.Thread, lim Limits) *guard {
+	g := &guard{th: th, lim: lim}
+	th.OnMaxSteps = func(*starlark.Thread) { g.cancel("steps") }
+	g.timer = time.AfterFunc(time.Hour, func() { g.cancel("timeout") })
+	g.timer.Stop()
+	return g
+}
+
+func (g *guard) cancel(limit string) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if !g.finished {
-		if g.limit == "" {
-			g.limit = limit
-		}
+	if g.armed && g.limit == "" {
+		g.limit = limit
 		g.th.Cancel(limit)
 	}
 }
 
-func (g *callGuard) finish() string {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	g.finished = true
-	return g.limit
-}
-
-// guard runs f (Starlark code on th) under the step limit, the call
-// timeout and ctx, and turns what went wrong into a *ProgramError (or
-// ctx's error when the caller cancelled).
-func (p *program) guard(ctx context.Context, th *starlark.Thread, fn string, seed int64, f func() error) (err error) {
+// run runs f (Starlark code on the guard's thread) under the limits and
+// turns what went wrong into a *ProgramError (or ctx's error when the
+// caller cancelled).
+func (g *guard) run(ctx context.Context, fn string, seed int64, f func() error) (err error) {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
+	th := g.th
 	th.Uncancel()
 	th.Steps = 0
-	th.SetMaxExecutionSteps(p.lim.MaxSteps)
-	g := &callGuard{th: th}
-	th.OnMaxSteps = func(th *starlark.Thread) { g.cancel("steps") }
-	timer := time.AfterFunc(p.lim.CallTimeout, func() { g.cancel("timeout") })
+	th.SetMaxExecutionSteps(g.lim.MaxSteps)
+	g.mu.Lock()
+	g.armed, g.limit = true, ""
+	g.mu.Unlock()
+	g.timer.Reset(g.lim.CallTimeout)
 	stop := func() bool { return false }
 	if ctx.Done() != nil {
 		stop = context.AfterFunc(ctx, func() { g.cancel("context") })
@@ -294,9 +302,12 @@ func (p *program) guard(ctx context.Context, th *starlark.Thread, fn string, see
 		}
 	}()
 	err = f()
-	timer.Stop()
+	g.timer.Stop()
 	stop()
-	limit := g.finish()
+	g.mu.Lock()
+	g.armed = false
+	limit := g.limit
+	g.mu.Unlock()
 	if err == nil {
 		return nil
 	}
@@ -315,18 +326,21 @@ func (p *program) guard(ctx context.Context, th *starlark.Thread, fn string, see
 	}
 	switch limit {
 	case "steps":
-		msg = fmt.Sprintf("more than %d execution steps\n%s", p.lim.MaxSteps, msg)
+		msg = fmt.Sprintf("more than %d execution steps\n%s", g.lim.MaxSteps, msg)
 	case "timeout":
-		msg = fmt.Sprintf("ran longer than %v\n%s", p.lim.CallTimeout, msg)
+		msg = fmt.Sprintf("ran longer than %v\n%s", g.lim.CallTimeout, msg)
 	}
 	return &ProgramError{Func: fn, Seed: seed, Limit: limit, Msg: msg}
 }
 
+// release stops the guard's timer for good.
+func (g *guard) release() { g.timer.Stop() }
+
 // call calls the contract function fn under the limits.
-func (p *program) call(ctx context.Context, th *starlark.Thread, fn string, seed int64, args ...starlark.Value) (starlark.Value, error) {
+func (p *program) call(ctx context.Context, g *guard, fn string, seed int64, args ...starlark.Value) (starlark.Value, error) {
 	var v starlark.Value
-	err := p.guard(ctx, th, fn, seed, func() (err error) {
-		v, err = starlark.Call(th, p.fns[fn], args, nil)
+	err := g.run(ctx, fn, seed, func() (err error) {
+		v, err = starlark.Call(g.th, p.fns[fn], args, nil)
 		return err
 	})
 	return v, err
@@ -353,12 +367,13 @@ func (p *program) reset(ctx context.Context, seed int64) (*episode, error) {
 	if p.closed.Load() {
 		return nil, errClosed
 	}
-	th := newThread(p.info.Name)
-	v, err := p.call(ctx, th, "reset", seed, starlark.MakeInt64(seed))
+	g := newGuard(newThread(p.info.Name), p.lim)
+	v, err := p.call(ctx, g, "reset", seed, starlark.MakeInt64(seed))
 	if err != nil {
+		g.release()
 		return nil, err
 	}
-	e := &episode{p: p, th: th, seed: seed}
+	e := &episode{p: p, g: g, seed: seed}
 	fields, err := dictFields(v, []string{"system", "user", "state"}, nil)
 	if err != nil {
 		return nil, e.shapeError("reset", err)
@@ -368,11 +383,13 @@ func (p *program) reset(ctx context.Context, seed int64) (*episode, error) {
 	if !ok1 || !ok2 {
 		return nil, e.shapeError("reset", fmt.Errorf("system and user must be strings, got %s and %s", fields["system"].Type(), fields["user"].Type()))
 	}
-	if e.state, err = deepCopy(fields["state"]); err != nil {
+	if e.state, err = privateState(fields["state"]); err != nil {
 		return nil, e.shapeError("reset", err)
 	}
 	e.start = Start{System: string(system), User: string(user)}
-	e.msgs = []Message{{Role: "system", Content: e.start.System}, {Role: "user", Content: e.start.User}}
+	e.msgs = make([]Message, 2, 16)
+	e.msgs[0] = Message{Role: "system", Content: e.start.System}
+	e.msgs[1] = Message{Role: "user", Content: e.start.User}
 	return e, nil
 }
 
@@ -384,12 +401,12 @@ func dictFields(v starlark.Value, required, optional []string) (map[string]starl
 		return nil, fmt.Errorf("returned a %s, want a dict with keys %s", v.Type(), keyList(required, optional))
 	}
 	out := make(map[string]starlark.Value, d.Len())
-	for _, kv := range d.Items() {
-		k, ok := kv[0].(starlark.String)
+	for key, val := range d.Entries() {
+		k, ok := key.(starlark.String)
 		if !ok || (!slices.Contains(required, string(k)) && !slices.Contains(optional, string(k))) {
-			return nil, fmt.Errorf("returned a dict with key %s; the keys are %s", kv[0].String(), keyList(required, optional))
+			return nil, fmt.Errorf("returned a dict with key %s; the keys are %s", key.String(), keyList(required, optional))
 		}
-		out[string(k)] = kv[1]
+		out[string(k)] = val
 	}
 	for _, k := range required {
 		if _, ok := out[k]; !ok {
@@ -407,11 +424,26 @@ func keyList(required, optional []string) string {
 	return s
 }
 
+// Keys and values the runtime hands programs, converted to Starlark once.
+var (
+	kType      starlark.Value = starlark.String("type")
+	kID        starlark.Value = starlark.String("id")
+	kName      starlark.Value = starlark.String("name")
+	kArguments starlark.Value = starlark.String("arguments")
+	kContent   starlark.Value = starlark.String("content")
+	kRole      starlark.Value = starlark.String("role")
+	kToolCalls starlark.Value = starlark.String("tool_calls")
+	kToolCall  starlark.Value = starlark.String("tool_call_id")
+	vTool      starlark.Value = starlark.String("tool")
+	vFinal     starlark.Value = starlark.String("final")
+)
+
 // episode is one in-process play. It is used by one goroutine at a time.
 type episode struct {
 	p     *program
-	th    *starlark.Thread
+	g     *guard
 	seed  int64
+	buf   []byte // reused for JSON results
 	start Start
 	state starlark.Value
 	msgs  []Message
@@ -425,7 +457,11 @@ func (e *episode) shapeError(fn string, err error) error {
 
 func (e *episode) Seed() int64  { return e.seed }
 func (e *episode) Start() Start { return e.start }
-func (e *episode) Close() error { e.done = true; return nil }
+func (e *episode) Close() error {
+	e.done = true
+	e.g.release()
+	return nil
+}
 
 func (e *episode) Messages() []Message { return slices.Clone(e.msgs) }
 
@@ -440,8 +476,8 @@ func (e *episode) Step(ctx context.Context, a Action) (StepResult, error) {
 	var res StepResult
 	if len(a.ToolCalls) == 0 {
 		call := starlark.NewDict(2)
-		_ = call.SetKey(starlark.String("type"), starlark.String("final"))
-		_ = call.SetKey(starlark.String("content"), starlark.String(a.Content))
+		_ = call.SetKey(kType, vFinal)
+		_ = call.SetKey(kContent, starlark.String(a.Content))
 		if _, _, err := e.step(ctx, call, false); err != nil {
 			e.done = true
 			return StepResult{Done: true}, err
@@ -449,13 +485,13 @@ func (e *episode) Step(ctx context.Context, a Action) (StepResult, error) {
 		e.done = true
 		return StepResult{Done: true}, nil
 	}
-	res.ToolResults = make([]Message, 0, len(a.ToolCalls))
+	first := len(e.msgs) // the tool results are the transcript's last messages
 	for _, tc := range a.ToolCalls {
 		var content string
 		switch {
 		case e.done:
 			content = "Error: not executed: the episode ended with an earlier call of this turn."
-		case !e.p.tools[tc.Name]:
+		case e.p.tools[tc.Name] == nil:
 			content = fmt.Sprintf("Error: unknown tool %q; the tools are %s.", tc.Name, strings.Join(e.p.toolNames(), ", "))
 		default:
 			args, err := parseArguments(tc.Arguments)
@@ -464,24 +500,24 @@ func (e *episode) Step(ctx context.Context, a Action) (StepResult, error) {
 				break
 			}
 			call := starlark.NewDict(4)
-			_ = call.SetKey(starlark.String("type"), starlark.String("tool"))
-			_ = call.SetKey(starlark.String("id"), starlark.String(tc.ID))
-			_ = call.SetKey(starlark.String("name"), starlark.String(tc.Name))
-			_ = call.SetKey(starlark.String("arguments"), args)
+			_ = call.SetKey(kType, vTool)
+			_ = call.SetKey(kID, starlark.String(tc.ID))
+			_ = call.SetKey(kName, e.p.tools[tc.Name])
+			_ = call.SetKey(kArguments, args)
 			text, done, err := e.step(ctx, call, true)
 			if err != nil {
 				e.done = true
-				return StepResult{ToolResults: res.ToolResults, Done: true}, err
+				return StepResult{ToolResults: e.msgs[first:len(e.msgs):len(e.msgs)], Done: true}, err
 			}
 			content = text
 			if done {
 				e.done = true
 			}
 		}
-		m := Message{Role: "tool", Content: content, ToolCallID: tc.ID, Name: tc.Name}
-		res.ToolResults = append(res.ToolResults, m)
-		e.msgs = append(e.msgs, m)
+		e.msgs = append(e.msgs, Message{Role: "tool", Content: content, ToolCallID: tc.ID, Name: tc.Name})
 	}
+	// A view of the transcript, capped so that appending to it copies.
+	res.ToolResults = e.msgs[first:len(e.msgs):len(e.msgs)]
 	if e.turns >= e.p.lim.MaxTurns {
 		e.done = true
 	}
@@ -494,55 +530,91 @@ func (e *episode) Step(ctx context.Context, a Action) (StepResult, error) {
 // becomes a JSON string holding it (so the policy is told its arguments
 // are malformed, and the transcript keeps what it sent).
 func normalizeAction(a Action, turn int) Action {
-	a.ToolCalls = slices.Clone(a.ToolCalls)
+	cloned := false
 	for i := range a.ToolCalls {
-		tc := &a.ToolCalls[i]
+		tc := a.ToolCalls[i]
+		raw := bytes.TrimSpace(tc.Arguments)
+		fix := tc.ID == "" || len(raw) == 0 || !json.Valid(raw)
+		if !fix {
+			continue
+		}
+		if !cloned { // never change the caller's slice
+			a.ToolCalls = slices.Clone(a.ToolCalls)
+			cloned = true
+		}
 		if tc.ID == "" {
 			tc.ID = "call_" + strconv.Itoa(turn) + "_" + strconv.Itoa(i)
 		}
-		switch raw := strings.TrimSpace(string(tc.Arguments)); {
-		case raw == "":
+		switch {
+		case len(raw) == 0:
 			tc.Arguments = json.RawMessage("{}")
-		case !json.Valid([]byte(raw)):
-			b, _ := json.Marshal(raw)
+		case !json.Valid(raw):
+			b, _ := json.Marshal(string(raw))
 			tc.Arguments = b
 		}
+		a.ToolCalls[i] = tc
 	}
 	return a
 }
 
 // step calls step(state, call) and takes its new state.
 func (e *episode) step(ctx context.Context, call *starlark.Dict, tool bool) (string, bool, error) {
-	v, err := e.p.call(ctx, e.th, "step", e.seed, e.state, call)
+	v, err := e.p.call(ctx, e.g, "step", e.seed, e.state, call)
 	if err != nil {
 		return "", false, err
 	}
-	required := []string{"state"}
-	optional := []string{"result", "done"}
+	var result, state, done starlark.Value
+	d, ok := v.(*starlark.Dict)
+	if !ok {
+		return "", false, e.shapeError("step", stepShape(v, tool))
+	}
+	for _, kv := range d.Items() {
+		k, _ := kv[0].(starlark.String)
+		switch k {
+		case "result":
+			result = kv[1]
+		case "state":
+			state = kv[1]
+		case "done":
+			done = kv[1]
+		default:
+			return "", false, e.shapeError("step", stepShape(v, tool))
+		}
+	}
+	if state == nil || (tool && result == nil) {
+		return "", false, e.shapeError("step", stepShape(v, tool))
+	}
+	isDone := false
+	if done != nil {
+		b, ok := done.(starlark.Bool)
+		if !ok {
+			return "", false, e.shapeError("step", fmt.Errorf("done is a %s, want a bool", done.Type()))
+		}
+		isDone = bool(b)
+	}
+	e.state = state
+	if !tool {
+		return "", isDone, nil
+	}
+	if s, ok := result.(starlark.String); ok {
+		return string(s), isDone, nil
+	}
+	if e.buf, err = appendJSON(e.buf[:0], result); err != nil {
+		return "", false, e.shapeError("step", fmt.Errorf("result: %v", err))
+	}
+	return string(e.buf), isDone, nil
+}
+
+// stepShape words what is wrong with the value step returned.
+func stepShape(v starlark.Value, tool bool) error {
+	required, optional := []string{"state"}, []string{"result", "done"}
 	if tool {
 		required, optional = []string{"result", "state"}, []string{"done"}
 	}
-	fields, err := dictFields(v, required, optional)
-	if err != nil {
-		return "", false, e.shapeError("step", err)
+	if _, err := dictFields(v, required, optional); err != nil {
+		return err
 	}
-	done := false
-	if d, ok := fields["done"]; ok {
-		b, ok := d.(starlark.Bool)
-		if !ok {
-			return "", false, e.shapeError("step", fmt.Errorf("done is a %s, want a bool", d.Type()))
-		}
-		done = bool(b)
-	}
-	e.state = fields["state"]
-	if !tool {
-		return "", done, nil
-	}
-	text, err := resultText(fields["result"])
-	if err != nil {
-		return "", false, e.shapeError("step", fmt.Errorf("result: %v", err))
-	}
-	return text, done, nil
+	return fmt.Errorf("returned %s", v.String())
 }
 
 func (p *program) toolNames() []string {
@@ -557,16 +629,19 @@ func (p *program) toolNames() []string {
 // sends them as a JSON string holding the object's text; an object is
 // accepted too, and no arguments at all are an empty object.
 func parseArguments(raw json.RawMessage) (*starlark.Dict, error) {
-	b := []byte(strings.TrimSpace(string(raw)))
+	b := bytes.TrimSpace(raw)
 	if len(b) == 0 || string(b) == "null" {
 		return starlark.NewDict(0), nil
 	}
 	if b[0] == '"' {
-		var s string
-		if err := json.Unmarshal(b, &s); err != nil {
-			return nil, err
+		if len(b) < 2 || b[len(b)-1] != '"' {
+			return nil, fmt.Errorf("an unterminated JSON string")
 		}
-		b = []byte(strings.TrimSpace(s))
+		body, ok := unescapeBytes(b[1 : len(b)-1])
+		if !ok {
+			return nil, fmt.Errorf("an invalid JSON string")
+		}
+		b = bytes.TrimSpace(body)
 		if len(b) == 0 {
 			return starlark.NewDict(0), nil
 		}
@@ -597,49 +672,18 @@ func jsonKind(v starlark.Value) string {
 	}
 }
 
-// transcript is the episode's messages as reward() sees them: dicts with
-// role and content; an assistant message's tool_calls are dicts with id,
-// name and arguments (a dict, or the raw text when it was not an object);
-// a tool message has tool_call_id and name.
-func (e *episode) transcript() *starlark.List {
-	out := make([]starlark.Value, 0, len(e.msgs))
-	for _, m := range e.msgs {
-		d := starlark.NewDict(4)
-		_ = d.SetKey(starlark.String("role"), starlark.String(m.Role))
-		_ = d.SetKey(starlark.String("content"), starlark.String(m.Content))
-		switch m.Role {
-		case "assistant":
-			calls := make([]starlark.Value, 0, len(m.ToolCalls))
-			for _, tc := range m.ToolCalls {
-				c := starlark.NewDict(3)
-				_ = c.SetKey(starlark.String("id"), starlark.String(tc.ID))
-				_ = c.SetKey(starlark.String("name"), starlark.String(tc.Name))
-				var args starlark.Value
-				if a, err := parseArguments(tc.Arguments); err == nil {
-					args = a
-				} else {
-					args = starlark.String(string(tc.Arguments))
-				}
-				_ = c.SetKey(starlark.String("arguments"), args)
-				calls = append(calls, c)
-			}
-			_ = d.SetKey(starlark.String("tool_calls"), starlark.NewList(calls))
-		case "tool":
-			_ = d.SetKey(starlark.String("tool_call_id"), starlark.String(m.ToolCallID))
-			_ = d.SetKey(starlark.String("name"), starlark.String(m.Name))
-		}
-		out = append(out, d)
-	}
-	return starlark.NewList(out)
+// transcript is the episode's messages as reward() sees them; see
+// transcriptValue.
+func (e *episode) transcript() starlark.Value {
+	return &transcriptValue{msgs: e.msgs[:len(e.msgs):len(e.msgs)], cache: make([]starlark.Value, len(e.msgs))}
 }
 
-// Reward calls reward(state, transcript) on a copy of the state.
+// Reward calls reward(state, transcript). Like hint and reference it gets
+// the episode's state itself, not a copy (a copy per call would cost as
+// much as the reset): the contract says these functions read the state
+// and never change it, and validation checks that two calls agree.
 func (e *episode) Reward(ctx context.Context) (Reward, error) {
-	state, err := deepCopy(e.state)
-	if err != nil {
-		return Reward{}, e.shapeError("reward", err)
-	}
-	v, err := e.p.call(ctx, e.th, "reward", e.seed, state, e.transcript())
+	v, err := e.p.call(ctx, e.g, "reward", e.seed, e.state, e.transcript())
 	if err != nil {
 		return Reward{}, err
 	}
@@ -666,11 +710,11 @@ func rewardOf(v starlark.Value, seed int64) (Reward, error) {
 			return fail("components is a %s, want a dict of name to number", c.Type())
 		}
 		out.Components = make(map[string]float64, d.Len())
-		for _, kv := range d.Items() {
-			k, ok1 := kv[0].(starlark.String)
-			x, ok2 := starlark.AsFloat(kv[1])
+		for key, val := range d.Entries() {
+			k, ok1 := key.(starlark.String)
+			x, ok2 := starlark.AsFloat(val)
 			if !ok1 || !ok2 {
-				return fail("component %s: %s, want a number under a string name", kv[0], kv[1].Type())
+				return fail("component %s: %s, want a number under a string name", key, val.Type())
 			}
 			out.Components[string(k)] = roundReward(x)
 		}
@@ -691,16 +735,12 @@ func roundReward(x float64) float64 {
 	return math.Round(x*1e12) / 1e12
 }
 
-// Hint calls hint(state) on a copy of the state.
+// Hint calls hint(state).
 func (e *episode) Hint(ctx context.Context) (string, error) {
 	if e.p.fns["hint"] == nil {
 		return "", nil
 	}
-	state, err := deepCopy(e.state)
-	if err != nil {
-		return "", e.shapeError("hint", err)
-	}
-	v, err := e.p.call(ctx, e.th, "hint", e.seed, state)
+	v, err := e.p.call(ctx, e.g, "hint", e.seed, e.state)
 	if err != nil {
 		return "", err
 	}
@@ -711,18 +751,14 @@ func (e *episode) Hint(ctx context.Context) (string, error) {
 	return string(s), nil
 }
 
-// Reference calls reference(state) on a copy of the state. Each entry of
+// Reference calls reference(state). Each entry of
 // the list it returns is one turn: a call dict ({"name", "arguments"} or
 // {"type": "final", "content"}) or a list of tool-call dicts.
 func (e *episode) Reference(ctx context.Context) ([]Action, error) {
 	if e.p.fns["reference"] == nil {
 		return nil, nil
 	}
-	state, err := deepCopy(e.state)
-	if err != nil {
-		return nil, e.shapeError("reference", err)
-	}
-	v, err := e.p.call(ctx, e.th, "reference", e.seed, state)
+	v, err := e.p.call(ctx, e.g, "reference", e.seed, e.state)
 	if err != nil {
 		return nil, err
 	}

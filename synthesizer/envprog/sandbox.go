@@ -168,7 +168,7 @@ func startWorker(lim Limits) (*worker, error) {
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("envprog: starting the sandbox worker: %w", err)
 	}
-	w.fw = newFrameWriter(w.stdin, w.dead)
+	w.fw = newFrameWriter(w.stdin)
 	go w.read(bufio.NewReaderSize(stdout, 64<<10))
 	return w, nil
 }
@@ -292,7 +292,8 @@ func (w *worker) call(ctx context.Context, req *request, fn string, seed int64) 
 		w.forget(req.ID)
 		return nil, fmt.Errorf("envprog: encoding a request: %w", err)
 	}
-	if !w.fw.send(f, w.dead) {
+	if !w.fw.send(f) {
+		<-w.dead // the pipe broke: the worker is gone or going
 		return nil, w.deathError(fn, seed, true)
 	}
 	timer := time.NewTimer(w.timeout)
@@ -310,7 +311,7 @@ func (w *worker) call(ctx context.Context, req *request, fn string, seed int64) 
 	case <-ctx.Done():
 		w.forget(req.ID)
 		if f, err := appendFrame(nil, &request{Op: "cancel", Target: req.ID}); err == nil {
-			w.fw.send(f, w.dead)
+			w.fw.send(f)
 		}
 		return nil, ctx.Err()
 	case <-timer.C:
@@ -332,7 +333,7 @@ func (w *worker) notify(req *request) {
 		return
 	}
 	if f, err := appendFrame(nil, req); err == nil {
-		w.fw.send(f, w.dead)
+		w.fw.send(f)
 	}
 }
 
@@ -432,8 +433,9 @@ func (e *sandboxEpisode) Step(ctx context.Context, a Action) (StepResult, error)
 }
 
 func (e *sandboxEpisode) Reward(ctx context.Context) (Reward, error) {
-	if e.final != nil {
-		return *e.final.Final, e.final.FinalErr.err()
+	if f := e.final; f != nil {
+		e.final = nil // once: a second call asks the worker again
+		return *f.Final, f.FinalErr.err()
 	}
 	resp, err := e.call(ctx, &request{Op: "reward"}, "reward")
 	if err != nil {

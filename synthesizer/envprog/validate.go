@@ -242,8 +242,19 @@ func (v *validator) contract(ctx context.Context, r *Report) error {
 	if _, err := ep.Step(ctx, Action{Content: "Done."}); err != nil {
 		return fail(err)
 	}
-	if _, err := ep.Reward(ctx); err != nil {
+	r1, err := ep.Reward(ctx)
+	if err != nil {
 		return fail(err)
+	}
+	// reward (like hint and reference) gets the episode's state itself: it
+	// must only read it, so a second call must agree with the first.
+	r2, err := ep.Reward(ctx)
+	if err != nil {
+		return fail(err)
+	}
+	if r1.Value != r2.Value || components(r1) != components(r2) {
+		r.add(CheckContract, Fail, "seed %d: reward changed the state: two calls on the same episode gave %v %s then %v %s (reward, hint and reference must only read the state)", seed, r1.Value, components(r1), r2.Value, components(r2))
+		return nil
 	}
 	fns := "tools, reset, step, reward"
 	if v.info.HasHint {

@@ -14,17 +14,14 @@ import (
 )
 
 // airlineTools are the simulated airline environment's tools, as a
-// synthesis request carries them (taken from a simulated rollout).
+// synthesis request carries them.
 func airlineTools(t testing.TB) []schemas.Tool {
 	t.Helper()
-	g := simulate.New(simulate.Config{Seed: 1, Rollouts: 200})
-	for r := range g.All() {
-		if r.Environment == simulate.Airline && len(r.Tools) > 0 {
-			return r.Tools
-		}
+	tools := simulate.Tools(simulate.Airline)
+	if len(tools) == 0 {
+		t.Fatal("no simulated airline tools")
 	}
-	t.Fatal("no simulated airline rollout")
-	return nil
+	return tools
 }
 
 // lookup is a small valid program: answer a reservation's status after
@@ -93,6 +90,9 @@ func TestValidateChecks(t *testing.T) {
 			check: envprog.CheckContract, verdict: envprog.Fail, msg: []string{"seed 0", "empty system prompt or user message"}},
 		{name: "step crashes on seed 0", src: edit(lookup, `        state["final"] = call["content"]`, `        state["final"] = call["content"] + 1`),
 			check: envprog.CheckContract, verdict: envprog.Fail, msg: []string{"seed 0", "step()", "unknown binary op: string + int"}},
+		{name: "reward changing the state", src: edit(lookup, `    a = 1.0 if state["looked"] else 0.0`, `    a = 1.0 if state["looked"] else 0.0
+    state["looked"] = True`),
+			check: envprog.CheckContract, verdict: envprog.Fail, msg: []string{"seed 0: reward changed the state", "gave 0 (action=0, communication=0) then 0.5 (action=1, communication=0)"}},
 		{name: "no docstring", src: edit(lookup, `"""Status lookup. Agents answer from memory instead of looking records up. Here they must look up first."""`, ""),
 			check: envprog.CheckDocstring, verdict: envprog.Fail, msg: []string{"no module docstring"}},
 		{name: "one-sentence docstring", src: edit(lookup, `Agents answer from memory instead of looking records up. Here they must look up first.`, ""),

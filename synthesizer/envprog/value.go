@@ -7,6 +7,7 @@ import (
 	"math"
 	"math/big"
 	"strconv"
+	"unicode/utf16"
 	"unicode/utf8"
 
 	"go.starlark.net/starlark"
@@ -180,9 +181,9 @@ func (p *jsonParser) str() (string, error) {
 				}
 				return string(s), nil
 			}
-			var s string
-			if err := json.Unmarshal(p.b[start:p.i], &s); err != nil {
-				return "", p.errorf("%v", err)
+			s, ok := unescape(p.b[start+1 : p.i-1])
+			if !ok {
+				return "", p.errorf("invalid string escape or UTF-8")
 			}
 			return s, nil
 		case c == '\\':
@@ -195,6 +196,91 @@ func (p *jsonParser) str() (string, error) {
 		}
 	}
 	return "", p.errorf("unterminated string")
+}
+
+// unescape decodes the body of a JSON string that has escapes.
+func unescape(b []byte) (string, bool) {
+	out, ok := unescapeBytes(b)
+	return string(out), ok
+}
+
+// unescapeBytes decodes the body of a JSON string into new bytes; it
+// refuses bad escapes, raw quotes and control characters, and invalid UTF-8.
+func unescapeBytes(b []byte) ([]byte, bool) {
+	out := make([]byte, 0, len(b))
+	for i := 0; i < len(b); {
+		c := b[i]
+		if c != '\\' {
+			if c == '"' || c < 0x20 {
+				return nil, false
+			}
+			out = append(out, c)
+			i++
+			continue
+		}
+		if i+1 >= len(b) {
+			return nil, false
+		}
+		switch b[i+1] {
+		case '"', '\\', '/':
+			out = append(out, b[i+1])
+		case 'b':
+			out = append(out, '\b')
+		case 'f':
+			out = append(out, '\f')
+		case 'n':
+			out = append(out, '\n')
+		case 'r':
+			out = append(out, '\r')
+		case 't':
+			out = append(out, '\t')
+		case 'u':
+			r, ok := hex4(b[i+2:])
+			if !ok {
+				return nil, false
+			}
+			i += 6
+			if utf16.IsSurrogate(r) {
+				if r2, ok := hex4(b[min(i+2, len(b)):]); ok && i+1 < len(b) && b[i] == '\\' && b[i+1] == 'u' {
+					if d := utf16.DecodeRune(r, r2); d != utf8.RuneError {
+						out = utf8.AppendRune(out, d)
+						i += 6
+						continue
+					}
+				}
+				r = utf8.RuneError
+			}
+			out = utf8.AppendRune(out, r)
+			continue
+		default:
+			return nil, false
+		}
+		i += 2
+	}
+	if !utf8.Valid(out) {
+		return nil, false
+	}
+	return out, true
+}
+
+func hex4(b []byte) (rune, bool) {
+	if len(b) < 4 {
+		return 0, false
+	}
+	var r rune
+	for _, c := range b[:4] {
+		switch {
+		case c >= '0' && c <= '9':
+			r = r<<4 | rune(c-'0')
+		case c >= 'a' && c <= 'f':
+			r = r<<4 | rune(c-'a'+10)
+		case c >= 'A' && c <= 'F':
+			r = r<<4 | rune(c-'A'+10)
+		default:
+			return 0, false
+		}
+	}
+	return r, true
 }
 
 func (p *jsonParser) number() (starlark.Value, error) {
@@ -299,19 +385,25 @@ func appendJSONDepth(b []byte, v starlark.Value, depth int) ([]byte, error) {
 		}
 		return append(b, ']'), nil
 	case *starlark.Dict:
+		// Items, not Entries: a range-over-func body would move b and
+		// err to the heap, an allocation per dict and value.
 		b = append(b, '{')
-		for i, kv := range x.Items() {
-			k, ok := kv[0].(starlark.String)
+		it := x.Iterate()
+		defer it.Done()
+		var key starlark.Value
+		for i := 0; it.Next(&key); i++ {
+			k, ok := key.(starlark.String)
 			if !ok {
-				return b, fmt.Errorf("cannot encode a dict with a %s key as JSON", kv[0].Type())
+				return b, fmt.Errorf("cannot encode a dict with a %s key as JSON", key.Type())
 			}
+			val, _, _ := x.Get(key)
 			if i > 0 {
 				b = append(b, ',')
 			}
 			b = appendJSONString(b, string(k))
 			b = append(b, ':')
 			var err error
-			if b, err = appendJSONDepth(b, kv[1], depth+1); err != nil {
+			if b, err = appendJSONDepth(b, val, depth+1); err != nil {
 				return b, err
 			}
 		}
@@ -377,6 +469,86 @@ func resultText(v starlark.Value) (string, error) {
 	return string(b), err
 }
 
+// needsCopy reports whether v reaches a frozen container (a module global
+// or part of one). A value reset built afresh reaches none and is private
+// to its episode already: only module globals are shared, and they are
+// frozen. Frozenness is probed without changing anything: deleting a key
+// no value equals, or assigning a list's first element to itself, fails on
+// a frozen container only. A structure deeper than maxNesting (a cycle)
+// is reported as needing the copy, which handles cycles.
+func needsCopy(v starlark.Value, depth int) bool {
+	if depth > maxNesting {
+		return true
+	}
+	switch x := v.(type) {
+	case starlark.NoneType, starlark.Bool, starlark.Int, starlark.Float, starlark.String, starlark.Bytes,
+		*starlark.Function, *starlark.Builtin:
+		return false
+	case *starlark.List:
+		if x.Len() == 0 {
+			if x.Append(starlark.None) != nil {
+				return true
+			}
+			_ = x.Clear()
+			return false
+		}
+		if x.SetIndex(0, x.Index(0)) != nil {
+			return true
+		}
+		for i := 0; i < x.Len(); i++ {
+			if needsCopy(x.Index(i), depth+1) {
+				return true
+			}
+		}
+		return false
+	case starlark.Tuple:
+		for _, e := range x {
+			if needsCopy(e, depth+1) {
+				return true
+			}
+		}
+		return false
+	case *starlark.Dict:
+		if _, _, err := x.Delete(probe{}); err != nil {
+			return true
+		}
+		it := x.Iterate()
+		defer it.Done()
+		var k starlark.Value
+		for it.Next(&k) {
+			if v, _, _ := x.Get(k); needsCopy(v, depth+1) {
+				return true
+			}
+		}
+		return false
+	case *starlark.Set:
+		_, err := x.Delete(probe{})
+		return err != nil
+	case *rng:
+		return x.frozen
+	default:
+		return true // let deepCopy accept or refuse it
+	}
+}
+
+// probe is a dict key no key equals (keys of other types never do).
+type probe struct{}
+
+func (probe) String() string        { return "<probe>" }
+func (probe) Type() string          { return "envprog.probe" }
+func (probe) Freeze()               {}
+func (probe) Truth() starlark.Bool  { return false }
+func (probe) Hash() (uint32, error) { return 0x5f3759df, nil }
+
+// privateState returns v itself when it is already private to one episode
+// (see needsCopy), else a deep copy.
+func privateState(v starlark.Value) (starlark.Value, error) {
+	if !needsCopy(v, 0) {
+		return v, nil
+	}
+	return deepCopy(v)
+}
+
 // deepCopy returns a copy of v that shares no mutable value with it, and
 // whose containers are not frozen, so an episode may mutate the state that
 // reset returned even if reset returned (part of) a frozen module global.
@@ -427,11 +599,11 @@ func (c *copier) copy(v starlark.Value, depth int) (starlark.Value, error) {
 		out := starlark.NewDict(x.Len())
 		c.seen[x] = out
 		for _, kv := range x.Items() {
-			val, err := c.copy(kv[1], depth+1)
-			if err != nil {
-				return nil, err
+			v, err := c.copy(kv[1], depth+1)
+			if err == nil {
+				err = out.SetKey(kv[0], v)
 			}
-			if err := out.SetKey(kv[0], val); err != nil {
+			if err != nil {
 				return nil, err
 			}
 		}

@@ -19,6 +19,8 @@ func TestJSONRoundTrip(t *testing.T) {
 		{`{}`, `{}`},
 		{` [ 1 , "x" ] `, `[1,"x"]`},
 		{`"\ud83d\ude00"`, `"😀"`},
+		{`"\ud83d x"`, "\"\ufffd x\""},
+		{`"a\/b\b\f\r\t"`, `"a/b\u0008\u000c\r\t"`},
 	}
 	for _, c := range cases {
 		v, err := fromJSON([]byte(c.in))

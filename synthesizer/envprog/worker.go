@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"runtime/debug"
+	"runtime/pprof"
 	"strconv"
 	"sync"
 )
@@ -19,6 +20,9 @@ import (
 const (
 	workerEnv    = "TRACE_ENVPROG_WORKER"
 	workerMemEnv = "TRACE_ENVPROG_MAX_MEMORY"
+	// workerProfileEnv, set in the parent's environment, makes each worker
+	// write a CPU profile to that path (the last worker to exit wins).
+	workerProfileEnv = "TRACE_ENVPROG_WORKER_CPUPROFILE"
 )
 
 // RunWorkerIfRequested turns the process into a sandbox worker when it was
@@ -50,11 +54,18 @@ func serveWorker(in io.Reader, out io.Writer) int {
 		fmt.Fprintf(os.Stderr, "envprog worker: %v\n", err)
 		return 3
 	}
+	if path := os.Getenv(workerProfileEnv); path != "" {
+		// Debugging aid: a CPU profile of the worker, written when the
+		// parent closes the program.
+		if f, err := os.Create(path); err == nil {
+			if pprof.StartCPUProfile(f) == nil {
+				defer pprof.StopCPUProfile()
+			}
+		}
+	}
 	r := bufio.NewReaderSize(in, 64<<10)
-	stop := make(chan struct{})
 	w := &workerState{
-		fw:       newFrameWriter(out, stop),
-		stop:     stop,
+		fw:       newFrameWriter(out),
 		episodes: map[uint64]*episode{},
 		cancels:  map[uint64]context.CancelFunc{},
 	}
@@ -62,6 +73,7 @@ func serveWorker(in io.Reader, out io.Writer) int {
 		var req request
 		if err := readFrame(r, &req); err != nil {
 			if errors.Is(err, io.EOF) {
+				pprof.StopCPUProfile()
 				return 0 // the parent closed the program
 			}
 			fmt.Fprintf(os.Stderr, "envprog worker: reading a request: %v\n", err)
@@ -77,14 +89,22 @@ func serveWorker(in io.Reader, out io.Writer) int {
 			delete(w.episodes, req.Episode)
 			w.mu.Unlock()
 		default:
-			go w.handle(&req)
+			// A lone request is handled right here: handing it to a new
+			// goroutine costs a wake-up, which is most of a round trip.
+			// When more requests are already waiting (concurrent
+			// episodes), this one gets its own goroutine so that they
+			// run in parallel.
+			if r.Buffered() > 0 {
+				go w.handle(&req)
+			} else {
+				w.handle(&req)
+			}
 		}
 	}
 }
 
 type workerState struct {
 	fw   *frameWriter
-	stop chan struct{}
 	prog *program
 
 	mu       sync.Mutex
@@ -97,7 +117,7 @@ func (w *workerState) reply(resp *response) {
 	if err != nil {
 		f, _ = appendFrame(nil, &response{ID: resp.ID, Err: toWire(fmt.Errorf("encoding the response: %w", err))})
 	}
-	w.fw.send(f, w.stop)
+	w.fw.send(f)
 }
 
 func (w *workerState) load(req *request) {

@@ -1,9 +1,12 @@
 package templates
 
 import (
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
+
+	"github.com/traceops/trace/schemas"
 )
 
 // MinMatchScore is the least keyword score Match accepts as a family.
@@ -95,4 +98,30 @@ func quoteAll(ws []string) string {
 		q[i] = "'" + w + "'"
 	}
 	return strings.Join(q, ", ")
+}
+
+// ErrNoFamily is returned by ForRequest when the capability matches no
+// built-in family: the request has to wait for a generation model.
+var ErrNoFamily = errors.New("templates: the capability matches no built-in family")
+
+// Matched records how a request's capability was matched to a family.
+type Matched struct {
+	Family string  `json:"family"`
+	Score  float64 `json:"score"`
+	Why    string  `json:"why"`
+}
+
+// ForRequest matches a synthesis request's capability to a family
+// (declared is the dictionary's `family:` field, "" when it has none) and
+// instantiates that family's template for the request's tools with the
+// default knobs. It fails with ErrNoFamily (wrapped, with the reason) when
+// no family matches, and with a *RoleError when the tools lack a role.
+func ForRequest(req *schemas.SynthesisRequest, declared string) (*Template, Matched, error) {
+	f, score, why := MatchDeclared(declared, req.Capability.Skill, req.Capability.Description)
+	m := Matched{Family: f, Score: score, Why: why}
+	if f == "" {
+		return nil, m, fmt.Errorf("%w: %s: %s", ErrNoFamily, req.Capability.Skill, why)
+	}
+	tpl, err := Instantiate(f, req.Tools, Knobs{})
+	return tpl, m, err
 }

@@ -57,6 +57,7 @@ type Family struct {
 	Start  int
 
 	needRead, needUser bool
+	optRead            bool // use a record read when the target has one
 	maxWrites          int
 	rationale          func(r resolved) string
 }
@@ -106,7 +107,7 @@ var families = []Family{
 		Summary:  "carry out every one of several requested changes before finishing",
 		Keywords: []string{"multi", "step", "complet", "several", "every", "all of", "two or more", "transaction", "finish", "ending", "intent", "concurrent"},
 		Ladder:   ladder(0.25, 0.5, [3]int{2, 2, 0}, [3]int{3, 3, 0}, [3]int{4, 3, 1}, [3]int{4, 4, 0}, [3]int{5, 4, 1}, [3]int{6, 5, 1}),
-		Start:    1, maxWrites: 2,
+		Start:    1, optRead: true, maxWrites: 2,
 		rationale: func(r resolved) string {
 			names := make([]string, len(r.writes))
 			for i, w := range r.writes {
@@ -224,6 +225,11 @@ func Instantiate(family string, tools []schemas.Tool, knobs Knobs) (*Template, e
 	r, err := ts.resolve(f.needRead, f.needUser, f.maxWrites)
 	if err != nil {
 		return nil, err
+	}
+	if r.read == nil && f.optRead {
+		if t, ok := ts.recordRead(r.key); ok {
+			r.read = &t
+		}
 	}
 	cfg, roles := config(f, r, knobs)
 	lib, err := starFiles.ReadFile("star/lib.star")

@@ -84,8 +84,8 @@ func TestRolesPickTargetTools(t *testing.T) {
 	}{
 		{simulate.Airline, PreconditionVerification, map[string]string{"read": "get_reservation_details", "write": "cancel_reservation"}},
 		{simulate.Retail, PreconditionVerification, map[string]string{"read": "get_order_details", "write": "cancel_pending_order"}},
-		{simulate.Airline, MultiStepCompletion, map[string]string{"write": "cancel_reservation", "write_2": "update_reservation_baggages"}},
-		{simulate.Retail, MultiStepCompletion, map[string]string{"write": "cancel_pending_order", "write_2": "modify_pending_order_payment"}},
+		{simulate.Airline, MultiStepCompletion, map[string]string{"read": "get_reservation_details", "write": "cancel_reservation", "write_2": "update_reservation_baggages"}},
+		{simulate.Retail, MultiStepCompletion, map[string]string{"read": "get_order_details", "write": "cancel_pending_order", "write_2": "modify_pending_order_payment"}},
 		{simulate.Retail, ArgumentGrounding, map[string]string{"user_read": "get_user_details", "read": "get_order_details", "write": "cancel_pending_order"}},
 		{simulate.Airline, StructuredDataReasoning, map[string]string{"user_read": "get_user_details", "read": "get_reservation_details"}},
 	}
@@ -230,7 +230,7 @@ func TestSimulatedPolicyCalibratesPlantedDeficits(t *testing.T) {
 			if fam != tt.capability || score != 1 {
 				t.Fatalf("Match(%s) = %s %v (%s)", tt.capability, fam, score, why)
 			}
-			tuned, err := Tune(context.Background(), fam, simulate.Tools(tt.target), pol, TuneConfig{Calibration: calibrate.DefaultConfig()})
+			tuned, err := Tune(context.Background(), fam, simulate.Tools(tt.target), pol, TuneConfig{})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -374,5 +374,29 @@ func TestRewardsTrackTheCapability(t *testing.T) {
 				}
 			}
 		}
+	}
+}
+
+func TestForRequest(t *testing.T) {
+	req := &schemas.SynthesisRequest{
+		Environment: simulate.Retail, AgentVersion: "1.5.0",
+		Capability: schemas.SelectedCapability{Skill: "id_hallucination", Description: "The agent invents identifiers instead of copying them."},
+		Tools:      simulate.Tools(simulate.Retail),
+	}
+	tpl, m, err := ForRequest(req, "")
+	if err != nil || m.Family != ArgumentGrounding || tpl.Family != ArgumentGrounding || m.Why == "" {
+		t.Fatalf("%+v %+v %v", tpl, m, err)
+	}
+	req.Capability = schemas.SelectedCapability{Skill: "greeting_style", Description: "The agent greets the user warmly."}
+	if _, m, err := ForRequest(req, ""); !errors.Is(err, ErrNoFamily) || m.Family != "" || !strings.Contains(err.Error(), "greeting_style") {
+		t.Errorf("no family: %+v %v", m, err)
+	}
+	if tpl, m, err := ForRequest(req, UserConfirmation); err != nil || tpl.Family != UserConfirmation || m.Score != 1 {
+		t.Errorf("declared: %+v %v", m, err)
+	}
+	req.Tools = simulate.Tools(simulate.Retail)[:1] // calculate only
+	var re *RoleError
+	if _, _, err := ForRequest(req, UserConfirmation); !errors.As(err, &re) {
+		t.Errorf("missing roles: %v", err)
 	}
 }

@@ -33,8 +33,9 @@ type Tuned struct {
 }
 
 // TuneConfig sets Tune. Calibration is the calibration run of every
-// attempt (its hint share is replaced by the knobs'); MaxAttempts bounds
-// the attempts (0 means 6); Limits are the runtime limits of the programs.
+// attempt (its hint share is replaced by the knobs'; a zero Config means
+// calibrate.DefaultConfig()); MaxAttempts bounds the attempts (0 means 6);
+// Limits are the runtime limits of the programs.
 type TuneConfig struct {
 	Calibration calibrate.Config
 	MaxAttempts int
@@ -58,6 +59,9 @@ func Tune(ctx context.Context, family string, tools []schemas.Tool, policy calib
 	if !ok {
 		_, err := Instantiate(family, tools, Knobs{})
 		return nil, err
+	}
+	if cfg.Calibration.Seeds == 0 && cfg.Calibration.Rollouts == 0 {
+		cfg.Calibration = calibrate.DefaultConfig()
 	}
 	maxAttempts := cfg.MaxAttempts
 	if maxAttempts <= 0 {
