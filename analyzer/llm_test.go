@@ -17,8 +17,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/traceops/trace/internal/dev/llmtest"
 	"github.com/traceops/trace/internal/llm"
-	"github.com/traceops/trace/internal/llmtest"
 	"github.com/traceops/trace/prompts"
 	"github.com/traceops/trace/schemas"
 	"github.com/traceops/trace/sink"

@@ -19,7 +19,7 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/traceops/trace/ingest"
-	"github.com/traceops/trace/internal/testenv"
+	"github.com/traceops/trace/internal/dev/testenv"
 	"github.com/traceops/trace/schemas"
 )
 

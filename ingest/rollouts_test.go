@@ -11,9 +11,9 @@ import (
 	"unicode/utf8"
 
 	"github.com/traceops/trace/ingest"
-	"github.com/traceops/trace/internal/shareddata"
-	"github.com/traceops/trace/internal/simulate"
-	"github.com/traceops/trace/internal/testenv"
+	"github.com/traceops/trace/internal/dev/shareddata"
+	"github.com/traceops/trace/internal/dev/simulate"
+	"github.com/traceops/trace/internal/dev/testenv"
 	"github.com/traceops/trace/schemas"
 	"github.com/traceops/trace/sink"
 )

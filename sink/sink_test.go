@@ -11,7 +11,7 @@ import (
 
 	"github.com/ClickHouse/clickhouse-go/v2"
 
-	"github.com/traceops/trace/internal/testenv"
+	"github.com/traceops/trace/internal/dev/testenv"
 	"github.com/traceops/trace/schemas"
 	"github.com/traceops/trace/sink"
 )

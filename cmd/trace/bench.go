@@ -12,8 +12,8 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/traceops/trace/internal/bench"
-	"github.com/traceops/trace/internal/shareddata"
+	"github.com/traceops/trace/internal/dev/bench"
+	"github.com/traceops/trace/internal/dev/shareddata"
 )
 
 func init() { rootCmd.AddCommand(newBenchCmd()) }

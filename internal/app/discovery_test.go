@@ -8,8 +8,8 @@ import (
 	"time"
 
 	"github.com/traceops/trace/internal/config"
-	"github.com/traceops/trace/internal/llmtest"
-	"github.com/traceops/trace/internal/testenv"
+	"github.com/traceops/trace/internal/dev/llmtest"
+	"github.com/traceops/trace/internal/dev/testenv"
 )
 
 var trajectoryIDRe = regexp.MustCompile(`(?m)^id: (\S+)$`)

@@ -18,8 +18,8 @@ import (
 	"github.com/traceops/trace/internal/app"
 	"github.com/traceops/trace/internal/bus"
 	"github.com/traceops/trace/internal/config"
-	"github.com/traceops/trace/internal/simulate"
-	"github.com/traceops/trace/internal/testenv"
+	"github.com/traceops/trace/internal/dev/simulate"
+	"github.com/traceops/trace/internal/dev/testenv"
 	"github.com/traceops/trace/schemas"
 	"github.com/traceops/trace/sink"
 )

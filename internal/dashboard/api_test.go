@@ -15,7 +15,7 @@ import (
 
 	"github.com/traceops/trace/analyzer"
 	"github.com/traceops/trace/internal/bus"
-	"github.com/traceops/trace/internal/testenv"
+	"github.com/traceops/trace/internal/dev/testenv"
 	"github.com/traceops/trace/schemas"
 	"github.com/traceops/trace/sink"
 )

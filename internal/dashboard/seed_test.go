@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/traceops/trace/analyzer"
-	"github.com/traceops/trace/internal/testenv"
+	"github.com/traceops/trace/internal/dev/testenv"
 	"github.com/traceops/trace/schemas"
 	"github.com/traceops/trace/sink"
 )
