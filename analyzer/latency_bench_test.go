@@ -16,6 +16,7 @@ import (
 	"github.com/traceops/trace/ingest"
 	"github.com/traceops/trace/internal/bus"
 	"github.com/traceops/trace/internal/dev/testenv"
+	"github.com/traceops/trace/internal/stream"
 	"github.com/traceops/trace/schemas"
 	"github.com/traceops/trace/sink"
 )
@@ -57,7 +58,7 @@ func BenchmarkTriggerLatency(b *testing.B) {
 		}
 		ev := analyzer.NewEvaluator(analyzer.EvalConfig{K: 1, N: 1, MinFailures: minFailures, Interval: time.Minute,
 			Settle: 100 * time.Millisecond, MaxDelay: 400 * time.Millisecond}, st, bs, analyzer.NewRegistry(), nil, nil)
-		cons, err := ingest.NewConsumer(ingest.Config{Brokers: brokers, Topic: topic, GroupID: "bench", Stage: "labels",
+		cons, err := stream.NewConsumer(stream.Config{Brokers: brokers, Topic: topic, GroupID: "bench", Stage: "labels",
 			BatchRows: 2000, BatchTimeout: 100 * time.Millisecond}, ingest.DecodeLabel, &analyzer.LabelEventSink{Store: st, Evaluator: ev}, nil, nil)
 		if err != nil {
 			b.Fatal(err)

@@ -7,12 +7,12 @@ import (
 
 	"golang.org/x/sync/errgroup"
 
-	"github.com/traceops/trace/ingest"
+	"github.com/traceops/trace/internal/stream"
 	"github.com/traceops/trace/schemas"
 	"github.com/traceops/trace/sink"
 )
 
-// LabelingSink is the analyze stage's ingest.Sink for rollouts: it labels each
+// LabelingSink is the analyze stage's stream.Sink for rollouts: it labels each
 // rollout of a batch against its cohort's dictionary, writes the labels to
 // ClickHouse in one block, and then tells the evaluator which cohorts changed.
 //
@@ -35,8 +35,8 @@ type LabelingSink struct {
 	OnMissingDictionary func(env, agentVersion string)
 }
 
-// Write implements ingest.Sink.
-func (s *LabelingSink) Write(ctx context.Context, batch []ingest.Record[*schemas.Rollout]) error {
+// Write implements stream.Sink.
+func (s *LabelingSink) Write(ctx context.Context, batch []stream.Record[*schemas.Rollout]) error {
 	events := make([][]schemas.LabelEvent, len(batch))
 	runRecs := make([][]sink.LabelRun, len(batch))
 	record := s.Labeler.Runs() > 1 || s.Labeler.Name() == schemas.SourceLLM
@@ -111,14 +111,14 @@ func (s *LabelingSink) Write(ctx context.Context, batch []ingest.Record[*schemas
 	}
 	if err := s.Store.InsertLabelRuns(ctx, lrs); err != nil {
 		if !sink.IsRetryable(err) {
-			return ingest.Fatal(err)
+			return stream.Fatal(err)
 		}
 		return err
 	}
 	return nil
 }
 
-// LabelEventSink is the ingest.Sink of the external label topic
+// LabelEventSink is the stream.Sink of the external label topic
 // (trace.labels): events are validated by the decoder and written as they are.
 type LabelEventSink struct {
 	Store     *sink.Store
@@ -126,8 +126,8 @@ type LabelEventSink struct {
 	Metrics   *Metrics
 }
 
-// Write implements ingest.Sink.
-func (s *LabelEventSink) Write(ctx context.Context, batch []ingest.Record[*schemas.LabelEvent]) error {
+// Write implements stream.Sink.
+func (s *LabelEventSink) Write(ctx context.Context, batch []stream.Record[*schemas.LabelEvent]) error {
 	rows := make([]sink.LabelRow, len(batch))
 	for i, rec := range batch {
 		rows[i] = sink.LabelRowFrom(rec.Value)
@@ -141,7 +141,7 @@ func writeLabels(ctx context.Context, st *sink.Store, ev *Evaluator, m *Metrics,
 	}
 	if err := st.InsertLabels(ctx, rows); err != nil {
 		if !sink.IsRetryable(err) {
-			return ingest.Fatal(err)
+			return stream.Fatal(err)
 		}
 		return err
 	}

@@ -20,6 +20,7 @@ import (
 	"github.com/traceops/trace/internal/bus"
 	"github.com/traceops/trace/internal/dev/shareddata"
 	"github.com/traceops/trace/internal/dev/testenv"
+	"github.com/traceops/trace/internal/stream"
 	"github.com/traceops/trace/schemas"
 	"github.com/traceops/trace/sink"
 )
@@ -92,7 +93,7 @@ func (g *goldenEnv) replica(t *testing.T, ctx context.Context, wg *sync.WaitGrou
 	if err := ev.Recover(ctx); err != nil {
 		t.Fatal(err)
 	}
-	c, err := ingest.NewConsumer(ingest.Config{Brokers: g.brokers, Topic: g.topic, GroupID: group, Stage: "analyze",
+	c, err := stream.NewConsumer(stream.Config{Brokers: g.brokers, Topic: g.topic, GroupID: group, Stage: "analyze",
 		BatchRows: 20000, BatchTimeout: 2 * time.Second}, ingest.DecodeLabel,
 		&analyzer.LabelEventSink{Store: g.store, Evaluator: ev}, nil, nil)
 	if err != nil {

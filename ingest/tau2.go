@@ -1,5 +1,3 @@
-// Package ingest brings rollouts into trace: converters from third-party
-// result formats (τ²-bench) and the replay of rollout files onto Kafka.
 package ingest
 
 import (

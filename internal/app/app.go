@@ -31,6 +31,7 @@ import (
 	"github.com/traceops/trace/internal/config"
 	"github.com/traceops/trace/internal/embedded"
 	"github.com/traceops/trace/internal/llm"
+	"github.com/traceops/trace/internal/stream"
 	"github.com/traceops/trace/sink"
 )
 
@@ -211,12 +212,13 @@ func (a *App) Ready() <-chan struct{} { return a.readyCh }
 // nil after a clean, ordered shutdown.
 func (a *App) Run(ctx context.Context, extra ...Actor) error {
 	var g run.Group
-	im := ingest.NewMetrics(a.Registry)
+	im := stream.NewMetrics(a.Registry)
+	ingest.RegisterMetrics(a.Registry)
 	am := analyzer.NewMetrics(a.Registry)
 	a.Evaluator = analyzer.NewEvaluator(a.Cfg.Analyzer.EvalConfig, a.Store, a.Bus, a.Dicts, a.Log, am)
 
 	if a.Cfg.Has("ingest") {
-		c, err := ingest.NewConsumer(a.consumerConfig(a.Cfg.Kafka.IngestGroup, a.Cfg.Kafka.RolloutsTopic, "ingest"),
+		c, err := stream.NewConsumer(a.consumerConfig(a.Cfg.Kafka.IngestGroup, a.Cfg.Kafka.RolloutsTopic, "ingest"),
 			ingest.DecodeRolloutRow(a.Cfg.Kafka.MaxBytes), &ingest.RowSink{Store: a.Store}, a.Log, im)
 		if err != nil {
 			return err
@@ -242,7 +244,7 @@ func (a *App) Run(ctx context.Context, extra ...Actor) error {
 			}
 			cc := a.consumerConfig(a.Cfg.Kafka.AnalyzeGroup, a.Cfg.Kafka.RolloutsTopic, "analyze")
 			cc.SkipInvalid = !a.Cfg.Kafka.AnalyzeDeadLetters
-			c, err := ingest.NewConsumer(cc, ingest.DecodeRollout(a.Cfg.Kafka.MaxBytes), ls, a.Log, im)
+			c, err := stream.NewConsumer(cc, ingest.DecodeRollout(a.Cfg.Kafka.MaxBytes), ls, a.Log, im)
 			if err != nil {
 				return err
 			}
@@ -250,7 +252,7 @@ func (a *App) Run(ctx context.Context, extra ...Actor) error {
 		}
 		lc := a.consumerConfig(a.Cfg.Kafka.LabelsGroup, a.Cfg.Kafka.LabelsTopic, "labels")
 		lc.DLQTopic = a.Cfg.Kafka.LabelsTopic + ".dlq"
-		c, err := ingest.NewConsumer(lc, ingest.DecodeLabel, &analyzer.LabelEventSink{Store: a.Store, Evaluator: a.Evaluator, Metrics: am}, a.Log, im)
+		c, err := stream.NewConsumer(lc, ingest.DecodeLabel, &analyzer.LabelEventSink{Store: a.Store, Evaluator: a.Evaluator, Metrics: am}, a.Log, im)
 		if err != nil {
 			return err
 		}
@@ -329,14 +331,14 @@ func (a *App) addHTTP(g *run.Group) error {
 // consumerConfig is the consumer configuration of a stage. kafka.batch_* size
 // the ingest stage's batches, which stream into ClickHouse and cost no memory;
 // the other stages hold their batches in memory, so their batches are capped
-// at ingest.DefaultBatchRows and ingest.DefaultBatchBytes.
-func (a *App) consumerConfig(group, topic, stage string) ingest.Config {
+// at stream.DefaultBatchRows and stream.DefaultBatchBytes.
+func (a *App) consumerConfig(group, topic, stage string) stream.Config {
 	k := a.Cfg.Kafka
 	rows, bytes := k.BatchRows, k.BatchBytes
 	if stage != "ingest" {
-		rows, bytes = min(rows, ingest.DefaultBatchRows), min(bytes, ingest.DefaultBatchBytes)
+		rows, bytes = min(rows, stream.DefaultBatchRows), min(bytes, stream.DefaultBatchBytes)
 	}
-	return ingest.Config{Brokers: a.Brokers, Topic: topic, GroupID: group, DLQTopic: k.DLQTopic, Stage: stage,
+	return stream.Config{Brokers: a.Brokers, Topic: topic, GroupID: group, DLQTopic: k.DLQTopic, Stage: stage,
 		BatchRows: rows, BatchBytes: bytes, BatchTimeout: k.BatchTimeout, MaxMessageBytes: k.MaxBytes + 64<<10, Dialer: a.Dialer}
 }
 

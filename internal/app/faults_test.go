@@ -20,6 +20,7 @@ import (
 	"github.com/traceops/trace/internal/config"
 	"github.com/traceops/trace/internal/dev/simulate"
 	"github.com/traceops/trace/internal/dev/testenv"
+	"github.com/traceops/trace/internal/stream"
 	"github.com/traceops/trace/schemas"
 	"github.com/traceops/trace/sink"
 )
@@ -318,23 +319,23 @@ func TestCancelBetweenInsertAndCommit(t *testing.T) {
 	wrote := 0
 	for _, stage := range []string{"ingest", "analyze"} {
 		ctx, cancel := context.WithCancel(context.Background())
-		cc := ingest.Config{Brokers: w.cfg.Kafka.Brokers, Topic: w.cfg.Kafka.RolloutsTopic, DLQTopic: w.cfg.Kafka.DLQTopic,
+		cc := stream.Config{Brokers: w.cfg.Kafka.Brokers, Topic: w.cfg.Kafka.RolloutsTopic, DLQTopic: w.cfg.Kafka.DLQTopic,
 			GroupID: w.cfg.Kafka.IngestGroup, Stage: stage, BatchRows: 300, BatchTimeout: 100 * time.Millisecond, DrainTimeout: 300 * time.Millisecond}
 		var run func(context.Context) error
 		var err error
 		if stage == "ingest" {
 			// The ingest stage as trace runs it: rows streamed by RowSink.
-			var c *ingest.Consumer[*sink.RolloutRow]
-			c, err = ingest.NewConsumer(cc, ingest.DecodeRolloutRow(0),
-				ingest.Sink[*sink.RolloutRow](&cancelAfterCommit{RowSink: &ingest.RowSink{Store: a.Store}, cancel: cancel, wrote: &wrote}), nil, nil)
+			var c *stream.Consumer[*sink.RolloutRow]
+			c, err = stream.NewConsumer(cc, ingest.DecodeRolloutRow(0),
+				stream.Sink[*sink.RolloutRow](&cancelAfterCommit{RowSink: &ingest.RowSink{Store: a.Store}, cancel: cancel, wrote: &wrote}), nil, nil)
 			if c != nil {
 				run = c.Run
 			}
 		} else {
 			cc.GroupID = w.cfg.Kafka.AnalyzeGroup
 			inner := &analyzer.LabelingSink{Labeler: analyzer.NewRulesLabeler(analyzer.RulesOptions{}), Registry: dicts, Store: a.Store}
-			var c *ingest.Consumer[*schemas.Rollout]
-			c, err = ingest.NewConsumer(cc, ingest.DecodeRollout(0), ingest.SinkFunc[*schemas.Rollout](func(wctx context.Context, batch []ingest.Record[*schemas.Rollout]) error {
+			var c *stream.Consumer[*schemas.Rollout]
+			c, err = stream.NewConsumer(cc, ingest.DecodeRollout(0), stream.SinkFunc[*schemas.Rollout](func(wctx context.Context, batch []stream.Record[*schemas.Rollout]) error {
 				if err := inner.Write(wctx, batch); err != nil {
 					return err
 				}
@@ -379,7 +380,7 @@ type cancelAfterCommit struct {
 	wrote  *int
 }
 
-func (s *cancelAfterCommit) Begin(ctx context.Context) (ingest.Stream[*sink.RolloutRow], error) {
+func (s *cancelAfterCommit) Begin(ctx context.Context) (stream.Stream[*sink.RolloutRow], error) {
 	st, err := s.RowSink.Begin(ctx)
 	if err != nil {
 		return nil, err
@@ -388,13 +389,13 @@ func (s *cancelAfterCommit) Begin(ctx context.Context) (ingest.Stream[*sink.Roll
 }
 
 type cancelStream struct {
-	ingest.Stream[*sink.RolloutRow]
+	stream.Stream[*sink.RolloutRow]
 	ctx  context.Context
 	s    *cancelAfterCommit
 	rows int
 }
 
-func (st *cancelStream) Add(recs []ingest.Record[*sink.RolloutRow]) error {
+func (st *cancelStream) Add(recs []stream.Record[*sink.RolloutRow]) error {
 	st.rows += len(recs)
 	return st.Stream.Add(recs)
 }

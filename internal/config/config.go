@@ -155,7 +155,7 @@ var Roles = []string{"ingest", "analyze", "serve"}
 // The ingest stage's batch defaults (kafka.batch_*), from `trace bench
 // ingest`: its batches stream into one INSERT each and cost no memory, and
 // ClickHouse spends less CPU on fewer, larger inserts (parts and merges).
-// Other stages cap theirs at ingest.DefaultBatchRows / DefaultBatchBytes.
+// Other stages cap theirs at stream.DefaultBatchRows / DefaultBatchBytes.
 const (
 	IngestBatchRows    = 10000
 	IngestBatchBytes   = 256 << 20

@@ -29,6 +29,7 @@ import (
 	"github.com/traceops/trace/ingest"
 	"github.com/traceops/trace/internal/chserver"
 	"github.com/traceops/trace/internal/config"
+	"github.com/traceops/trace/internal/stream"
 	"github.com/traceops/trace/schemas"
 	"github.com/traceops/trace/sink"
 )
@@ -56,7 +57,7 @@ type Options struct {
 	CHCompression string
 	// Consumer is the ingest configuration under test (zero fields take
 	// ingest's defaults); Brokers, Topic and GroupID are set by Run.
-	Consumer ingest.Config
+	Consumer stream.Config
 	// Skip baselines (ceiling, bare consume, obvious loop).
 	SkipBaselines bool
 	// Repeat runs every step this many times (alternating) and keeps each
@@ -94,7 +95,7 @@ const (
 	StepCeiling = "clickhouse-client ceiling"
 	StepBare    = "kafka-go bare consume"
 	StepObvious = "obvious loop"
-	StepTrace   = "trace ingest.Consumer"
+	StepTrace   = "trace stream.Consumer"
 )
 
 // env is what the steps share.
@@ -544,7 +545,7 @@ func (e *env) checkCount(ctx context.Context, db string, n int) error {
 func (e *env) reader(topic, group string) *kafka.Reader {
 	maxBytes := e.opt.Consumer.MaxMessageBytes
 	if maxBytes <= 0 {
-		maxBytes = ingest.DefaultMaxMessageBytes
+		maxBytes = stream.DefaultMaxMessageBytes
 	}
 	return kafka.NewReader(kafka.ReaderConfig{Brokers: e.brokers, Topic: topic, GroupID: group,
 		MinBytes: 1, MaxBytes: maxBytes, MaxWait: 2 * time.Second, StartOffset: kafka.FirstOffset})
@@ -646,7 +647,7 @@ func (e *env) obvious(ctx context.Context, set Set, _ *Dataset, topic string, n 
 }
 
 // countingSink counts the rows the wrapped sink made durable and signals
-// when target is reached. It streams (ingest.StreamSink) as RowSink does.
+// when target is reached. It streams (stream.StreamSink) as RowSink does.
 type countingSink struct {
 	inner    *ingest.RowSink
 	n        atomic.Int64
@@ -667,7 +668,7 @@ func (s *countingSink) durable(rows int, since time.Time) {
 	}
 }
 
-func (s *countingSink) Write(ctx context.Context, batch []ingest.Record[*sink.RolloutRow]) error {
+func (s *countingSink) Write(ctx context.Context, batch []stream.Record[*sink.RolloutRow]) error {
 	t0 := time.Now()
 	if err := s.inner.Write(ctx, batch); err != nil {
 		return err
@@ -676,7 +677,7 @@ func (s *countingSink) Write(ctx context.Context, batch []ingest.Record[*sink.Ro
 	return nil
 }
 
-func (s *countingSink) Begin(ctx context.Context) (ingest.Stream[*sink.RolloutRow], error) {
+func (s *countingSink) Begin(ctx context.Context) (stream.Stream[*sink.RolloutRow], error) {
 	t0 := time.Now()
 	st, err := s.inner.Begin(ctx)
 	if err != nil {
@@ -686,13 +687,13 @@ func (s *countingSink) Begin(ctx context.Context) (ingest.Stream[*sink.RolloutRo
 }
 
 type countingStream struct {
-	ingest.Stream[*sink.RolloutRow]
+	stream.Stream[*sink.RolloutRow]
 	s    *countingSink
 	t0   time.Time
 	rows int
 }
 
-func (st *countingStream) Add(recs []ingest.Record[*sink.RolloutRow]) error {
+func (st *countingStream) Add(recs []stream.Record[*sink.RolloutRow]) error {
 	st.rows += len(recs)
 	return st.Stream.Add(recs)
 }
@@ -705,7 +706,7 @@ func (st *countingStream) Commit() error {
 	return nil
 }
 
-// trace: ingest.Consumer with DecodeRolloutRow and RowSink, as `trace run` ingests.
+// trace: stream.Consumer with DecodeRolloutRow and RowSink, as `trace run` ingests.
 func (e *env) trace(ctx context.Context, set Set, _ *Dataset, topic string, n int, bytes int64) (Result, error) {
 	db := e.dbName(set, "trace")
 	store, err := e.store(ctx, db)
@@ -731,11 +732,11 @@ func (e *env) trace(ctx context.Context, set Set, _ *Dataset, topic string, n in
 	return res, e.checkCount(ctx, db, n)
 }
 
-// runConsumer runs an ingest.Consumer until target rows are durable; it
+// runConsumer runs an stream.Consumer until target rows are durable; it
 // returns the consumer's configuration, the time from the first decode to
 // the write that reached the target, and the rows durable then. tick, when
 // set, is called every 500ms while it runs.
-func (e *env) runConsumer(ctx context.Context, topic, group string, store *sink.Store, target int64, tick func()) (ingest.Config, time.Duration, int64, error) {
+func (e *env) runConsumer(ctx context.Context, topic, group string, store *sink.Store, target int64, tick func()) (stream.Config, time.Duration, int64, error) {
 	cfg := e.opt.Consumer
 	cfg.Brokers, cfg.Topic, cfg.GroupID = e.brokers, topic, group
 	cfg.LagInterval = -1
@@ -748,7 +749,7 @@ func (e *env) runConsumer(ctx context.Context, topic, group string, store *sink.
 		return dec(b)
 	}
 	cs := &countingSink{inner: &ingest.RowSink{Store: store}, target: target, done: make(chan struct{})}
-	c, err := ingest.NewConsumer[*sink.RolloutRow](cfg, decode, cs, e.log, nil)
+	c, err := stream.NewConsumer[*sink.RolloutRow](cfg, decode, cs, e.log, nil)
 	if err != nil {
 		return cfg, 0, 0, err
 	}

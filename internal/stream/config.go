@@ -1,4 +1,4 @@
-package ingest
+package stream
 
 import (
 	"errors"
@@ -140,41 +140,41 @@ func (c Config) WithDefaults() Config {
 func (c Config) Validate() error {
 	switch {
 	case len(c.Brokers) == 0:
-		return errors.New("ingest: Config.Brokers is empty")
+		return errors.New("stream: Config.Brokers is empty")
 	case c.Topic == "":
-		return errors.New("ingest: Config.Topic is empty")
+		return errors.New("stream: Config.Topic is empty")
 	case c.GroupID == "":
-		return errors.New("ingest: Config.GroupID is empty")
+		return errors.New("stream: Config.GroupID is empty")
 	case c.DLQTopic == "":
-		return errors.New("ingest: Config.DLQTopic is empty")
+		return errors.New("stream: Config.DLQTopic is empty")
 	case c.DLQTopic == c.Topic:
-		return fmt.Errorf("ingest: Config.DLQTopic %q is the source topic", c.DLQTopic)
+		return fmt.Errorf("stream: Config.DLQTopic %q is the source topic", c.DLQTopic)
 	case c.Stage == "":
-		return errors.New("ingest: Config.Stage is empty")
+		return errors.New("stream: Config.Stage is empty")
 	case c.BatchRows < 1:
-		return fmt.Errorf("ingest: Config.BatchRows %d < 1", c.BatchRows)
+		return fmt.Errorf("stream: Config.BatchRows %d < 1", c.BatchRows)
 	case c.BatchBytes < 1:
-		return fmt.Errorf("ingest: Config.BatchBytes %d < 1", c.BatchBytes)
+		return fmt.Errorf("stream: Config.BatchBytes %d < 1", c.BatchBytes)
 	case c.BatchTimeout <= 0:
-		return fmt.Errorf("ingest: Config.BatchTimeout %v <= 0", c.BatchTimeout)
+		return fmt.Errorf("stream: Config.BatchTimeout %v <= 0", c.BatchTimeout)
 	case c.DecodeWorkers < 1:
-		return fmt.Errorf("ingest: Config.DecodeWorkers %d < 1", c.DecodeWorkers)
+		return fmt.Errorf("stream: Config.DecodeWorkers %d < 1", c.DecodeWorkers)
 	case c.MaxMessageBytes < 1:
-		return fmt.Errorf("ingest: Config.MaxMessageBytes %d < 1", c.MaxMessageBytes)
+		return fmt.Errorf("stream: Config.MaxMessageBytes %d < 1", c.MaxMessageBytes)
 	case c.BackoffInitial <= 0:
-		return fmt.Errorf("ingest: Config.BackoffInitial %v <= 0", c.BackoffInitial)
+		return fmt.Errorf("stream: Config.BackoffInitial %v <= 0", c.BackoffInitial)
 	case c.BackoffMax < c.BackoffInitial:
-		return fmt.Errorf("ingest: Config.BackoffMax %v < BackoffInitial %v", c.BackoffMax, c.BackoffInitial)
+		return fmt.Errorf("stream: Config.BackoffMax %v < BackoffInitial %v", c.BackoffMax, c.BackoffInitial)
 	case c.DrainTimeout <= 0:
-		return fmt.Errorf("ingest: Config.DrainTimeout %v <= 0", c.DrainTimeout)
+		return fmt.Errorf("stream: Config.DrainTimeout %v <= 0", c.DrainTimeout)
 	case c.IsRetryable == nil:
-		return errors.New("ingest: Config.IsRetryable is nil")
+		return errors.New("stream: Config.IsRetryable is nil")
 	case c.StartOffset != kafka.FirstOffset && c.StartOffset != kafka.LastOffset:
-		return fmt.Errorf("ingest: Config.StartOffset %d is neither kafka.FirstOffset nor kafka.LastOffset", c.StartOffset)
+		return fmt.Errorf("stream: Config.StartOffset %d is neither kafka.FirstOffset nor kafka.LastOffset", c.StartOffset)
 	}
 	for i, b := range c.Brokers {
 		if b == "" {
-			return fmt.Errorf("ingest: Config.Brokers[%d] is empty", i)
+			return fmt.Errorf("stream: Config.Brokers[%d] is empty", i)
 		}
 	}
 	return nil
