@@ -13,7 +13,6 @@ import (
 	"github.com/cenkalti/backoff/v4"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/traceops/trace/internal/bus"
 	"github.com/traceops/trace/schemas"
 	"github.com/traceops/trace/sink"
 )
@@ -97,9 +96,27 @@ func (c EvalConfig) Validate() error {
 	return nil
 }
 
-// Publisher delivers synthesis requests exactly once (see internal/bus).
+// Publisher delivers synthesis requests exactly once per trigger id. A
+// returned error means the request may not be delivered: the evaluator keeps
+// the trigger pending and retries. (internal/bus's Bus does this over NATS
+// JetStream; the wiring adapts it, see app.BusPublisher.)
 type Publisher interface {
-	PublishSynthesis(ctx context.Context, req *schemas.SynthesisRequest) (bus.PublishResult, error)
+	PublishSynthesis(ctx context.Context, req *schemas.SynthesisRequest) (PublishResult, error)
+}
+
+// PublishResult says what a Publisher did with a request.
+type PublishResult struct {
+	Published bool // a new message is in the stream
+	Duplicate bool // the stream had it already (same message id within the window)
+	Claimed   bool // another publisher had published it earlier
+}
+
+// PublisherFunc adapts a function to a Publisher.
+type PublisherFunc func(ctx context.Context, req *schemas.SynthesisRequest) (PublishResult, error)
+
+// PublishSynthesis calls f.
+func (f PublisherFunc) PublishSynthesis(ctx context.Context, req *schemas.SynthesisRequest) (PublishResult, error) {
+	return f(ctx, req)
 }
 
 // Evaluator recomputes the window statistics of cohorts whose labels changed

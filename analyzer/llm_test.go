@@ -76,7 +76,7 @@ func allLabels(d *Dictionary, label string) []llmtest.Label {
 	return out
 }
 
-func auditOutcomes(calls []sink.LLMCall) []string {
+func auditOutcomes(calls []llm.AuditRecord) []string {
 	out := make([]string, len(calls))
 	for i, c := range calls {
 		out[i] = c.Outcome

@@ -17,6 +17,7 @@ import (
 
 	"github.com/traceops/trace/analyzer"
 	"github.com/traceops/trace/ingest"
+	"github.com/traceops/trace/internal/app"
 	"github.com/traceops/trace/internal/bus"
 	"github.com/traceops/trace/internal/dev/shareddata"
 	"github.com/traceops/trace/internal/dev/testenv"
@@ -89,7 +90,7 @@ func (g *goldenEnv) publish(t *testing.T) {
 
 // replica is one analyzer process: a label consumer and an evaluator.
 func (g *goldenEnv) replica(t *testing.T, ctx context.Context, wg *sync.WaitGroup, group string) *analyzer.Evaluator {
-	ev := analyzer.NewEvaluator(analyzer.EvalConfig{Interval: 500 * time.Millisecond}, g.store, g.bus, g.reg, nil, nil)
+	ev := analyzer.NewEvaluator(analyzer.EvalConfig{Interval: 500 * time.Millisecond}, g.store, app.BusPublisher{Bus: g.bus}, g.reg, nil, nil)
 	if err := ev.Recover(ctx); err != nil {
 		t.Fatal(err)
 	}

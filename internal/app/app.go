@@ -163,46 +163,11 @@ func (a *App) loadDictionaries(ctx context.Context) error {
 		return err
 	}
 	for _, d := range ds {
-		if _, err := ApplyDictionary(ctx, a.Store, a.Bus, a.Dicts, d); err != nil {
+		if _, err := a.Dicts.Apply(ctx, a.Store, announcer(a.Bus), d); err != nil {
 			return err
 		}
 	}
 	return nil
-}
-
-// ApplyDictionary stores d unless the same content is already the current
-// version of its scope, announces it over NATS, and adds it to reg. A
-// dictionary whose content changed but whose version did not is stored as
-// the next version (capabilities are never renamed within a version).
-func ApplyDictionary(ctx context.Context, st *sink.Store, b *bus.Bus, reg *analyzer.Registry, d *analyzer.Dictionary) (*analyzer.Dictionary, error) {
-	if err := d.Validate(); err != nil {
-		return nil, err
-	}
-	cur := reg.Resolve(d.Environment, d.AgentVersion)
-	if cur != nil && cur.Environment == d.Environment && cur.AgentVersion == d.AgentVersion {
-		if cur.Fingerprint() == d.Fingerprint() {
-			return cur, nil
-		}
-		if d.Version <= cur.Version {
-			d.Version = cur.Version + 1
-		}
-	}
-	if d.CreatedAt.IsZero() {
-		d.CreatedAt = time.Now().UTC()
-	}
-	if d.Source == "" {
-		d.Source = "file"
-	}
-	if err := st.SaveDictionary(ctx, analyzer.DictionaryRow(d)); err != nil {
-		return nil, err
-	}
-	reg.Put(d)
-	if b != nil {
-		if err := b.AnnounceDictionary(ctx, d.Environment, d.AgentVersion, d.Version); err != nil {
-			return nil, err
-		}
-	}
-	return d, nil
 }
 
 // Ready is closed when every role has started.
@@ -215,7 +180,7 @@ func (a *App) Run(ctx context.Context, extra ...Actor) error {
 	im := stream.NewMetrics(a.Registry)
 	ingest.RegisterMetrics(a.Registry)
 	am := analyzer.NewMetrics(a.Registry)
-	a.Evaluator = analyzer.NewEvaluator(a.Cfg.Analyzer.EvalConfig, a.Store, a.Bus, a.Dicts, a.Log, am)
+	a.Evaluator = analyzer.NewEvaluator(a.Cfg.Analyzer.EvalConfig, a.Store, BusPublisher{Bus: a.Bus}, a.Dicts, a.Log, am)
 
 	if a.Cfg.Has("ingest") {
 		c, err := stream.NewConsumer(a.consumerConfig(a.Cfg.Kafka.IngestGroup, a.Cfg.Kafka.RolloutsTopic, "ingest"),

@@ -501,7 +501,7 @@ func TestDictionaryHotReload(t *testing.T) {
 	d.Capabilities = append([]analyzer.Capability{}, before.Capabilities...)
 	d.Capabilities[0].Definition += " Updated for the hot-reload test."
 	d.Source, d.CreatedAt = "", time.Time{}
-	stored, err := app.ApplyDictionary(context.Background(), st, b, reg, &d)
+	stored, err := reg.Apply(context.Background(), st, b, &d)
 	if err != nil {
 		t.Fatal(err)
 	}

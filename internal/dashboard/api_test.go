@@ -14,7 +14,6 @@ import (
 	"time"
 
 	"github.com/traceops/trace/analyzer"
-	"github.com/traceops/trace/internal/bus"
 	"github.com/traceops/trace/internal/dev/testenv"
 	"github.com/traceops/trace/schemas"
 	"github.com/traceops/trace/sink"
@@ -530,9 +529,9 @@ func TestAPI(t *testing.T) {
 
 type nopPublisher struct{ n int }
 
-func (p *nopPublisher) PublishSynthesis(context.Context, *schemas.SynthesisRequest) (bus.PublishResult, error) {
+func (p *nopPublisher) PublishSynthesis(context.Context, *schemas.SynthesisRequest) (analyzer.PublishResult, error) {
 	p.n++
-	return bus.PublishResult{}, nil
+	return analyzer.PublishResult{}, nil
 }
 
 // TestEvaluatorSnapshot: with a running evaluator the overview shows its

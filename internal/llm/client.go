@@ -21,8 +21,6 @@ import (
 
 	"github.com/cenkalti/backoff/v4"
 	"golang.org/x/time/rate"
-
-	"github.com/traceops/trace/sink"
 )
 
 // maxResponseBytes bounds one response body.
@@ -472,7 +470,7 @@ func (c *Client) record(ctx context.Context, req Request, hash string, attempt i
 	if c.cfg.Recorder == nil {
 		return
 	}
-	row := sink.LLMCall{
+	row := AuditRecord{
 		TS: start, Purpose: req.Purpose, Model: c.cfg.Model, Endpoint: c.endpoint,
 		PromptHash: hash, RolloutID: req.RolloutID, Run: uint16(max(req.Run, 0)), Attempt: uint8(min(attempt, math.MaxUint8)),
 		PromptTokens: uint32(max(res.promptTokens, 0)), CompletionTokens: uint32(max(res.completionTokens, 0)),
