@@ -6,8 +6,6 @@ import (
 	"log/slog"
 	"sync"
 	"time"
-
-	"github.com/traceops/trace/sink"
 )
 
 // DiscoveryRunner runs the discovery agent where TRACE says to: for an
@@ -18,7 +16,7 @@ import (
 // Apply, and every analyzer picks it up.
 type DiscoveryRunner struct {
 	Discoverer *Discoverer
-	Store      *sink.Store
+	Store      DiscoveryStore
 	Registry   *Registry
 	// Apply stores and announces a new dictionary version.
 	Apply func(ctx context.Context, d *Dictionary) error

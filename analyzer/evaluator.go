@@ -125,7 +125,7 @@ func (f PublisherFunc) PublishSynthesis(ctx context.Context, req *schemas.Synthe
 // ClickHouse trigger_events at start, so replicas and restarts agree.
 type Evaluator struct {
 	cfg   EvalConfig
-	store *sink.Store
+	store EvaluatorStore
 	pub   Publisher
 	reg   *Registry
 	log   *slog.Logger
@@ -142,7 +142,7 @@ type Evaluator struct {
 }
 
 // NewEvaluator builds an evaluator. Call Recover before Run.
-func NewEvaluator(cfg EvalConfig, st *sink.Store, pub Publisher, reg *Registry, log *slog.Logger, m *Metrics) *Evaluator {
+func NewEvaluator(cfg EvalConfig, st EvaluatorStore, pub Publisher, reg *Registry, log *slog.Logger, m *Metrics) *Evaluator {
 	if log == nil {
 		log = slog.Default()
 	}

@@ -23,7 +23,7 @@ import (
 type LabelingSink struct {
 	Labeler     Labeler
 	Registry    *Registry
-	Store       *sink.Store
+	Store       LabelStore
 	Evaluator   *Evaluator // may be nil
 	Concurrency int        // rollouts labeled at once; default 8
 	Log         *slog.Logger
@@ -121,7 +121,7 @@ func (s *LabelingSink) Write(ctx context.Context, batch []stream.Record[*schemas
 // LabelEventSink is the stream.Sink of the external label topic
 // (trace.labels): events are validated by the decoder and written as they are.
 type LabelEventSink struct {
-	Store     *sink.Store
+	Store     LabelStore
 	Evaluator *Evaluator
 	Metrics   *Metrics
 }
@@ -135,7 +135,7 @@ func (s *LabelEventSink) Write(ctx context.Context, batch []stream.Record[*schem
 	return writeLabels(ctx, s.Store, s.Evaluator, s.Metrics, schemas.SourceExternal, rows)
 }
 
-func writeLabels(ctx context.Context, st *sink.Store, ev *Evaluator, m *Metrics, source string, rows []sink.LabelRow) error {
+func writeLabels(ctx context.Context, st LabelStore, ev *Evaluator, m *Metrics, source string, rows []sink.LabelRow) error {
 	if len(rows) == 0 {
 		return nil
 	}
