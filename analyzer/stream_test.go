@@ -248,7 +248,7 @@ func TestTriggerSurvivesNATSOutage(t *testing.T) {
 	deadline := time.Now().Add(60 * time.Second)
 	for {
 		var n uint64
-		g.store.Conn().QueryRow(context.Background(), "SELECT count() FROM capability_labels").Scan(&n)
+		testenv.StoreConn(t, g.store).QueryRow(context.Background(), "SELECT count() FROM capability_labels").Scan(&n)
 		if n >= uint64(len(g.events)) {
 			break
 		}
@@ -259,13 +259,13 @@ func TestTriggerSurvivesNATSOutage(t *testing.T) {
 	}
 	time.Sleep(3 * time.Second) // evaluations fail and back off meanwhile
 	var fired uint64
-	g.store.Conn().QueryRow(context.Background(), "SELECT count() FROM trigger_events WHERE event = 'fired'").Scan(&fired)
+	testenv.StoreConn(t, g.store).QueryRow(context.Background(), "SELECT count() FROM trigger_events WHERE event = 'fired'").Scan(&fired)
 	if fired != 0 {
 		t.Fatalf("%d triggers recorded as fired while NATS was down", fired)
 	}
 	g.nats.Restart()
 	g.check(t, g.requests(t, 6))
-	g.store.Conn().QueryRow(context.Background(), "SELECT count() FROM trigger_events FINAL WHERE event = 'fired'").Scan(&fired)
+	testenv.StoreConn(t, g.store).QueryRow(context.Background(), "SELECT count() FROM trigger_events FINAL WHERE event = 'fired'").Scan(&fired)
 	if fired != 6 {
 		t.Fatalf("trigger_events has %d fired events, want 6", fired)
 	}

@@ -215,7 +215,7 @@ func TestRowSinkWrite(t *testing.T) {
 	}
 	var n uint64
 	var offsets int64
-	if err := s.Conn().QueryRow(ctx, "SELECT count(), sum(kafka_offset) FROM rollouts WHERE kafka_topic = 't' AND kafka_partition = 2").Scan(&n, &offsets); err != nil {
+	if err := testenv.StoreConn(t, s).QueryRow(ctx, "SELECT count(), sum(kafka_offset) FROM rollouts WHERE kafka_topic = 't' AND kafka_partition = 2").Scan(&n, &offsets); err != nil {
 		t.Fatal(err)
 	}
 	if n != 5 || offsets != 100+101+102+103+104 {

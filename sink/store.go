@@ -187,8 +187,11 @@ func open(cfg Config, db string) (driver.Conn, error) {
 	return conn, nil
 }
 
-// Conn exposes the driver connection for ad-hoc queries (reports, dashboard).
-func (s *Store) Conn() driver.Conn { return s.conn }
+// Config is the configuration the store was opened with (defaults filled
+// in), for a tool that opens its own connection to the same database (test
+// helpers; see internal/dev/testenv.StoreConn). Every statement of trace
+// itself is a method of Store.
+func (s *Store) Config() Config { return s.cfg }
 
 // Version is the server's version.
 func (s *Store) Version() Version { return s.version }

@@ -383,7 +383,7 @@ func (d *demo) counts(ctx context.Context, a *app.App) (demoCounts, error) {
 	if c.Stored, _, err = a.Store.CountDistinctRollouts(ctx); err != nil {
 		return c, err
 	}
-	if err := a.Store.Conn().QueryRow(ctx, "SELECT uniqExact(rollout_id), count() FROM capability_labels").Scan(&c.Labeled, &c.Labels); err != nil {
+	if c.Labeled, c.Labels, err = a.Store.CountLabels(ctx); err != nil {
 		return c, err
 	}
 	c.DeadLettered = topicSize(ctx, a.Brokers, d.cfg.Kafka.DLQTopic)

@@ -90,7 +90,7 @@ func TestDiscoveryForANewEnvironment(t *testing.T) {
 	deadline = time.Now().Add(60 * time.Second)
 	for {
 		var n uint64
-		a.Store.Conn().QueryRow(context.Background(), "SELECT count() FROM capability_labels WHERE environment = 'novel-env' AND capability = 'write_precondition_check'").Scan(&n)
+		testenv.StoreConn(t, a.Store).QueryRow(context.Background(), "SELECT count() FROM capability_labels WHERE environment = 'novel-env' AND capability = 'write_precondition_check'").Scan(&n)
 		if n > 0 {
 			break
 		}

@@ -221,8 +221,8 @@ func (w *world) waitComplete(t *testing.T, st *sink.Store, timeout time.Duration
 	deadline := time.Now().Add(timeout)
 	for {
 		var rollouts, labeled uint64
-		errA := st.Conn().QueryRow(context.Background(), "SELECT uniqExact(rollout_id) FROM rollouts").Scan(&rollouts)
-		errB := st.Conn().QueryRow(context.Background(), "SELECT uniqExact(rollout_id) FROM capability_labels").Scan(&labeled)
+		errA := testenv.StoreConn(t, st).QueryRow(context.Background(), "SELECT uniqExact(rollout_id) FROM rollouts").Scan(&rollouts)
+		errB := testenv.StoreConn(t, st).QueryRow(context.Background(), "SELECT uniqExact(rollout_id) FROM capability_labels").Scan(&labeled)
 		if errA == nil && errB == nil && rollouts == uint64(len(w.rollouts)) && labeled == uint64(len(w.rollouts)) {
 			return
 		}
@@ -239,7 +239,7 @@ func (w *world) exactlyOnce(t *testing.T, st *sink.Store) {
 	t.Helper()
 	ctx := context.Background()
 	var final, distinct, successes uint64
-	if err := st.Conn().QueryRow(ctx, "SELECT count(), uniqExact(rollout_id), sum(success) FROM rollouts FINAL").Scan(&final, &distinct, &successes); err != nil {
+	if err := testenv.StoreConn(t, st).QueryRow(ctx, "SELECT count(), uniqExact(rollout_id), sum(success) FROM rollouts FINAL").Scan(&final, &distinct, &successes); err != nil {
 		t.Fatal(err)
 	}
 	want := 0
@@ -254,7 +254,7 @@ func (w *world) exactlyOnce(t *testing.T, st *sink.Store) {
 	// The materialized view's block lands just after the source table's.
 	var mvTotal, mvSucc uint64
 	for deadline := time.Now().Add(10 * time.Second); ; {
-		if err := st.Conn().QueryRow(ctx, "SELECT uniqExactMerge(rollouts), uniqExactIfMerge(successes) FROM rollout_counts").Scan(&mvTotal, &mvSucc); err != nil {
+		if err := testenv.StoreConn(t, st).QueryRow(ctx, "SELECT uniqExactMerge(rollouts), uniqExactIfMerge(successes) FROM rollout_counts").Scan(&mvTotal, &mvSucc); err != nil {
 			t.Fatal(err)
 		}
 		if mvTotal == uint64(len(w.rollouts)) || time.Now().After(deadline) {
@@ -364,7 +364,7 @@ func TestCancelBetweenInsertAndCommit(t *testing.T) {
 	a2, stop2 := w.start(t, w.cfg)
 	w.waitComplete(t, a2.Store, 2*time.Minute)
 	var rows uint64
-	a2.Store.Conn().QueryRow(context.Background(), "SELECT count() FROM rollouts").Scan(&rows)
+	testenv.StoreConn(t, a2.Store).QueryRow(context.Background(), "SELECT count() FROM rollouts").Scan(&rows)
 	t.Logf("%d rollouts written before the cancel; %d rows in rollouts for %d rollouts", wrote, rows, len(w.rollouts))
 	w.exactlyOnce(t, a2.Store)
 	if err := stop2(); err != nil {

@@ -37,8 +37,12 @@ func (a *App) httpServer() *http.Server {
 	protected := http.NewServeMux()
 	protected.Handle("GET /metrics", promhttp.HandlerFor(a.Registry, promhttp.HandlerOpts{Registry: a.Registry}))
 	if a.Cfg.Has("serve") {
-		protected.Handle("/", dashboard.New(dashboard.Deps{Store: a.Store, Evaluator: a.Evaluator, Dicts: a.Dicts,
-			Rho: a.Cfg.Analyzer.Rho, Delta: a.Cfg.Analyzer.Delta, Eval: a.Cfg.Analyzer.EvalConfig, Log: a.Log}))
+		deps := dashboard.Deps{Evaluator: a.Evaluator, Dicts: a.Dicts,
+			Rho: a.Cfg.Analyzer.Rho, Delta: a.Cfg.Analyzer.Delta, Eval: a.Cfg.Analyzer.EvalConfig, Log: a.Log}
+		if a.Store != nil { // a nil *sink.Store must stay a nil Store
+			deps.Store = a.Store
+		}
+		protected.Handle("/", dashboard.New(deps))
 	}
 	mux.Handle("/", bearer(a.Cfg.HTTP.BearerToken, protected))
 	return &http.Server{Addr: a.Cfg.HTTP.Addr, Handler: mux, ReadHeaderTimeout: 10 * time.Second}

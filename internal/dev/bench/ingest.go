@@ -311,7 +311,7 @@ func setup(ctx context.Context, opt *Options) (*env, func(), error) {
 		}
 		defer s.Close()
 		for _, db := range dbs {
-			_ = s.Conn().Exec(cctx, "DROP DATABASE IF EXISTS "+db)
+			_ = s.DropDatabase(cctx, db)
 		}
 	})
 	return e, cleanup, nil
@@ -406,8 +406,7 @@ func (e *env) settle(ctx context.Context) {
 	defer s.Close()
 	deadline := time.Now().Add(60 * time.Second)
 	for time.Now().Before(deadline) && ctx.Err() == nil {
-		var n uint64
-		if err := s.Conn().QueryRow(ctx, "SELECT count() FROM system.merges").Scan(&n); err != nil || n == 0 {
+		if n, err := s.ActiveMerges(ctx); err != nil || n == 0 {
 			return
 		}
 		time.Sleep(250 * time.Millisecond)
@@ -483,7 +482,7 @@ func (e *env) ceiling(ctx context.Context, set Set, ds *Dataset, _ string, n int
 		}
 		s.Close()
 		args := []string{"--host", host, "--port", port, "--database", db,
-			"--query", "INSERT INTO rollouts (rollout_id, environment, agent_name, agent_version, task_id, success, reward, start_time, end_time, n_messages, n_tool_calls, n_tool_errors, messages, tools, grader, metadata, kafka_topic, kafka_partition, kafka_offset, ingested_at, ingest_ns) FORMAT JSONEachRow"}
+			"--query", sink.InsertRolloutsJSONEachRowSQL}
 		name := "client default"
 		if block > 0 {
 			args = append(args, "--max_insert_block_size="+strconv.Itoa(block))
@@ -531,14 +530,14 @@ func (e *env) checkCount(ctx context.Context, db string, n int) error {
 		return err
 	}
 	defer s.Close()
-	var got uint64
-	if err := s.Conn().QueryRow(ctx, "SELECT count() FROM rollouts").Scan(&got); err != nil {
+	got, err := s.CountRollouts(ctx)
+	if err != nil {
 		return err
 	}
 	if got < uint64(n) {
 		return fmt.Errorf("bench: %s holds %d rows, want %d", db, got, n)
 	}
-	_ = s.Conn().Exec(ctx, "DROP DATABASE IF EXISTS "+db)
+	_ = s.DropDatabase(ctx, db)
 	return nil
 }
 
