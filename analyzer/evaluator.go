@@ -1,6 +1,7 @@
 package analyzer
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -43,36 +44,16 @@ type EvalConfig struct {
 
 // WithDefaults fills unset fields.
 func (c EvalConfig) WithDefaults() EvalConfig {
-	if c.Rho == 0 {
-		c.Rho = DefaultThresholds.Rho
-	}
-	if c.Delta == 0 {
-		c.Delta = DefaultThresholds.Delta
-	}
-	if c.K == 0 {
-		c.K = DefaultThresholds.K
-	}
-	if c.N == 0 {
-		c.N = 10
-	}
-	if c.Window == 0 {
-		c.Window = 24 * time.Hour
-	}
-	if c.MinFailures == 0 {
-		c.MinFailures = 20
-	}
-	if c.RearmAfter == 0 {
-		c.RearmAfter = time.Hour
-	}
-	if c.Interval == 0 {
-		c.Interval = 10 * time.Second
-	}
-	if c.Settle == 0 {
-		c.Settle = 300 * time.Millisecond
-	}
-	if c.MaxDelay == 0 {
-		c.MaxDelay = time.Second
-	}
+	c.Rho = cmp.Or(c.Rho, DefaultThresholds.Rho)
+	c.Delta = cmp.Or(c.Delta, DefaultThresholds.Delta)
+	c.K = cmp.Or(c.K, DefaultThresholds.K)
+	c.N = cmp.Or(c.N, 10)
+	c.Window = cmp.Or(c.Window, 24*time.Hour)
+	c.MinFailures = cmp.Or(c.MinFailures, 20)
+	c.RearmAfter = cmp.Or(c.RearmAfter, time.Hour)
+	c.Interval = cmp.Or(c.Interval, 10*time.Second)
+	c.Settle = cmp.Or(c.Settle, 300*time.Millisecond)
+	c.MaxDelay = cmp.Or(c.MaxDelay, time.Second)
 	return c
 }
 

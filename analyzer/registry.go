@@ -1,6 +1,7 @@
 package analyzer
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -108,9 +109,7 @@ func (g *Registry) Apply(ctx context.Context, st DictionaryStore, ann Announcer,
 	if d.CreatedAt.IsZero() {
 		d.CreatedAt = time.Now().UTC()
 	}
-	if d.Source == "" {
-		d.Source = "file"
-	}
+	d.Source = cmp.Or(d.Source, "file")
 	if err := st.SaveDictionary(ctx, DictionaryRow(d)); err != nil {
 		return nil, err
 	}

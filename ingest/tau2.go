@@ -2,6 +2,7 @@ package ingest
 
 import (
 	"bytes"
+	"cmp"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -340,12 +341,8 @@ type tau2Converter struct {
 func newTau2Converter(f *tau2File, opt Tau2Options) *tau2Converter {
 	ai := f.Info.AgentInfo
 	name := ai.LLM
-	if name == "" {
-		name = ai.Implementation
-	}
-	if name == "" {
-		name = "unknown"
-	}
+	name = cmp.Or(name, ai.Implementation)
+	name = cmp.Or(name, "unknown")
 	c := &tau2Converter{
 		f:     f,
 		opt:   opt,

@@ -1,6 +1,7 @@
 package sink
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -33,21 +34,15 @@ type Config struct {
 
 // WithDefaults fills unset fields.
 func (c Config) WithDefaults() Config {
-	if c.Database == "" {
-		c.Database = "trace"
-	}
-	if c.User == "" {
-		c.User = "default"
-	}
+	c.Database = cmp.Or(c.Database, "trace")
+	c.User = cmp.Or(c.User, "default")
 	if c.DialTimeout <= 0 {
 		c.DialTimeout = 5 * time.Second
 	}
 	if c.MaxOpenConns <= 0 {
 		c.MaxOpenConns = 8
 	}
-	if c.Compression == "" {
-		c.Compression = "auto"
-	}
+	c.Compression = cmp.Or(c.Compression, "auto")
 	return c
 }
 

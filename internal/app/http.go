@@ -1,6 +1,7 @@
 package app
 
 import (
+	"cmp"
 	"crypto/subtle"
 	"net/http"
 	"strings"
@@ -57,9 +58,7 @@ func bearer(token string, h http.Handler) http.Handler {
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		got := strings.TrimPrefix(r.Header.Get("Authorization"), "Bearer ")
-		if got == "" {
-			got = r.URL.Query().Get("token")
-		}
+		got = cmp.Or(got, r.URL.Query().Get("token"))
 		if subtle.ConstantTimeCompare([]byte(got), []byte(token)) != 1 {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="trace"`)
 			http.Error(w, "unauthorized", http.StatusUnauthorized)

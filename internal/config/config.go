@@ -6,6 +6,7 @@
 package config
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"net"
@@ -250,9 +251,7 @@ func Load(path string, overrides []string) (Config, error) {
 	}
 	// Unset (zero) analyzer thresholds take the paper's defaults.
 	c.Analyzer.EvalConfig = c.Analyzer.EvalConfig.WithDefaults()
-	if c.LLM.APIKey == "" {
-		c.LLM.APIKey = os.Getenv("OPENAI_API_KEY")
-	}
+	c.LLM.APIKey = cmp.Or(c.LLM.APIKey, os.Getenv("OPENAI_API_KEY"))
 	return c, c.Validate()
 }
 

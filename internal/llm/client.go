@@ -2,6 +2,7 @@ package llm
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -260,9 +261,7 @@ func (c *Client) body(req Request) ([]byte, error) {
 	}
 	if len(req.Schema) > 0 {
 		name := req.SchemaName
-		if name == "" {
-			name = "response"
-		}
+		name = cmp.Or(name, "response")
 		switch c.cfg.StructuredOutput {
 		case StructuredJSONSchema:
 			w.ResponseFormat = map[string]any{"type": "json_schema", "json_schema": map[string]any{"name": name, "schema": req.Schema, "strict": true}}

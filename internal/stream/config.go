@@ -1,6 +1,7 @@
 package stream
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"runtime"
@@ -97,42 +98,20 @@ func (c Config) WithDefaults() Config {
 	if c.DLQTopic == "" && c.Topic != "" {
 		c.DLQTopic = c.Topic + DefaultDLQSuffix
 	}
-	if c.Stage == "" {
-		c.Stage = DefaultStage
-	}
-	if c.BatchRows == 0 {
-		c.BatchRows = DefaultBatchRows
-	}
-	if c.BatchBytes == 0 {
-		c.BatchBytes = DefaultBatchBytes
-	}
-	if c.BatchTimeout == 0 {
-		c.BatchTimeout = DefaultBatchTimeout
-	}
-	if c.DecodeWorkers == 0 {
-		c.DecodeWorkers = runtime.GOMAXPROCS(0)
-	}
-	if c.MaxMessageBytes == 0 {
-		c.MaxMessageBytes = DefaultMaxMessageBytes
-	}
-	if c.BackoffInitial == 0 {
-		c.BackoffInitial = DefaultBackoffInitial
-	}
-	if c.BackoffMax == 0 {
-		c.BackoffMax = DefaultBackoffMax
-	}
-	if c.DrainTimeout == 0 {
-		c.DrainTimeout = DefaultDrainTimeout
-	}
+	c.Stage = cmp.Or(c.Stage, DefaultStage)
+	c.BatchRows = cmp.Or(c.BatchRows, DefaultBatchRows)
+	c.BatchBytes = cmp.Or(c.BatchBytes, DefaultBatchBytes)
+	c.BatchTimeout = cmp.Or(c.BatchTimeout, DefaultBatchTimeout)
+	c.DecodeWorkers = cmp.Or(c.DecodeWorkers, runtime.GOMAXPROCS(0))
+	c.MaxMessageBytes = cmp.Or(c.MaxMessageBytes, DefaultMaxMessageBytes)
+	c.BackoffInitial = cmp.Or(c.BackoffInitial, DefaultBackoffInitial)
+	c.BackoffMax = cmp.Or(c.BackoffMax, DefaultBackoffMax)
+	c.DrainTimeout = cmp.Or(c.DrainTimeout, DefaultDrainTimeout)
 	if c.IsRetryable == nil {
 		c.IsRetryable = DefaultIsRetryable
 	}
-	if c.StartOffset == 0 {
-		c.StartOffset = kafka.FirstOffset
-	}
-	if c.LagInterval == 0 {
-		c.LagInterval = DefaultLagInterval
-	}
+	c.StartOffset = cmp.Or(c.StartOffset, kafka.FirstOffset)
+	c.LagInterval = cmp.Or(c.LagInterval, DefaultLagInterval)
 	return c
 }
 

@@ -2,6 +2,7 @@ package bench
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -187,15 +188,9 @@ func Run(ctx context.Context, opt Options) ([]Result, error) {
 
 func setup(ctx context.Context, opt *Options) (*env, func(), error) {
 	// The consumer under test runs with `trace run`'s ingest defaults.
-	if opt.Consumer.BatchRows == 0 {
-		opt.Consumer.BatchRows = config.IngestBatchRows
-	}
-	if opt.Consumer.BatchBytes == 0 {
-		opt.Consumer.BatchBytes = config.IngestBatchBytes
-	}
-	if opt.Consumer.BatchTimeout == 0 {
-		opt.Consumer.BatchTimeout = config.IngestBatchTimeout
-	}
+	opt.Consumer.BatchRows = cmp.Or(opt.Consumer.BatchRows, config.IngestBatchRows)
+	opt.Consumer.BatchBytes = cmp.Or(opt.Consumer.BatchBytes, config.IngestBatchBytes)
+	opt.Consumer.BatchTimeout = cmp.Or(opt.Consumer.BatchTimeout, config.IngestBatchTimeout)
 	if opt.WholeRows <= 0 {
 		opt.WholeRows = 20000
 	}
@@ -208,9 +203,7 @@ func setup(ctx context.Context, opt *Options) (*env, func(), error) {
 	if opt.Partitions <= 0 {
 		opt.Partitions = 4
 	}
-	if opt.Compression == "" {
-		opt.Compression = "zstd"
-	}
+	opt.Compression = cmp.Or(opt.Compression, "zstd")
 	log := opt.Log
 	if log == nil {
 		log = slog.New(slog.NewTextHandler(io.Discard, nil))

@@ -40,6 +40,7 @@ package simulate
 
 import (
 	"bytes"
+	"cmp"
 	"crypto/sha256"
 	"encoding/binary"
 	"encoding/hex"
@@ -264,9 +265,7 @@ func New(cfg Config) *Generator {
 	if cfg.Start.IsZero() {
 		cfg.Start = DefaultStart
 	}
-	if cfg.Interval == 0 {
-		cfg.Interval = 30 * time.Second
-	}
+	cfg.Interval = cmp.Or(cfg.Interval, 30*time.Second)
 	g := &Generator{cfg: cfg, out: DefaultOutcomes, worlds: map[string]*worldState{}}
 	if cfg.Outcomes != nil {
 		g.out = *cfg.Outcomes
@@ -274,9 +273,7 @@ func New(cfg Config) *Generator {
 	total := 0.0
 	for _, a := range cfg.Fleet {
 		w := a.Weight
-		if w == 0 {
-			w = 1
-		}
+		w = cmp.Or(w, 1)
 		total += w
 		g.cum = append(g.cum, total)
 	}
