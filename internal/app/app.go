@@ -2,8 +2,11 @@
 // embedded servers a configuration asks for, opens ClickHouse and NATS, and
 // runs every enabled role as an actor (a run function and an interrupt
 // function, as Prometheus does with oklog/run), so one failing role stops the
-// others and shutdown is ordered: consumers drain and commit first, then the
-// evaluator, then the HTTP server, then the embedded servers.
+// others. Shutdown interrupts every actor at once (oklog/run gives no order):
+// each consumer drains and commits its batch in flight within its drain
+// timeout while the evaluator and the HTTP server stop; Run returns when all
+// have returned, and only then does Close stop the store, the bus and the
+// embedded servers, in reverse start order.
 package app
 
 import (
@@ -174,7 +177,7 @@ func (a *App) loadDictionaries(ctx context.Context) error {
 func (a *App) Ready() <-chan struct{} { return a.readyCh }
 
 // Run runs the configured roles until ctx ends or one role fails. It returns
-// nil after a clean, ordered shutdown.
+// nil after a clean shutdown: every actor interrupted at once, each returned.
 func (a *App) Run(ctx context.Context, extra ...Actor) error {
 	var g run.Group
 	im := stream.NewMetrics(a.Registry)
