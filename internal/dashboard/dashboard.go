@@ -14,7 +14,8 @@
 //
 // Pages are rendered on the server with html/template; charts are inline SVG
 // drawn in Go (svg.go). Nothing is loaded from the internet. The SQL lives in
-// queries.go and is documented in docs/queries.md.
+// sink/dashboard.go (run through the Store interface's QueryDashboard) and is
+// documented in docs/queries.md.
 //
 // A page URL that carries ?token= (the HTTP server's bearer token, see
 // internal/app) keeps it on every link it renders.
