@@ -1,13 +1,12 @@
 package analyzer
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"log/slog"
 	"sync"
 	"time"
-
-	"github.com/traceops/trace/sink"
 )
 
 // DiscoveryRunner runs the discovery agent where TRACE says to: for an
@@ -18,7 +17,7 @@ import (
 // Apply, and every analyzer picks it up.
 type DiscoveryRunner struct {
 	Discoverer *Discoverer
-	Store      *sink.Store
+	Store      DiscoveryStore
 	Registry   *Registry
 	// Apply stores and announces a new dictionary version.
 	Apply func(ctx context.Context, d *Dictionary) error
@@ -45,24 +44,12 @@ func (d *DiscoveryRunner) init() {
 	if d.pending == nil {
 		d.pending, d.last, d.kick = map[[2]string]bool{}, map[[2]string]time.Time{}, make(chan struct{}, 1)
 	}
-	if d.Threshold == 0 {
-		d.Threshold = DefaultUnexplainedThreshold
-	}
-	if d.MinFailures == 0 {
-		d.MinFailures = 20
-	}
-	if d.Window == 0 {
-		d.Window = 24 * time.Hour
-	}
-	if d.Interval == 0 {
-		d.Interval = time.Minute
-	}
-	if d.Cooldown == 0 {
-		d.Cooldown = time.Hour
-	}
-	if d.Sample == 0 {
-		d.Sample = 10
-	}
+	d.Threshold = cmp.Or(d.Threshold, DefaultUnexplainedThreshold)
+	d.MinFailures = cmp.Or(d.MinFailures, 20)
+	d.Window = cmp.Or(d.Window, 24*time.Hour)
+	d.Interval = cmp.Or(d.Interval, time.Minute)
+	d.Cooldown = cmp.Or(d.Cooldown, time.Hour)
+	d.Sample = cmp.Or(d.Sample, 10)
 }
 
 // Request asks for a dictionary for a scope that has none. Cheap and safe to

@@ -1,6 +1,7 @@
 package analyzer
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -13,7 +14,6 @@ import (
 	"github.com/cenkalti/backoff/v4"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/traceops/trace/internal/bus"
 	"github.com/traceops/trace/schemas"
 	"github.com/traceops/trace/sink"
 )
@@ -44,36 +44,16 @@ type EvalConfig struct {
 
 // WithDefaults fills unset fields.
 func (c EvalConfig) WithDefaults() EvalConfig {
-	if c.Rho == 0 {
-		c.Rho = DefaultThresholds.Rho
-	}
-	if c.Delta == 0 {
-		c.Delta = DefaultThresholds.Delta
-	}
-	if c.K == 0 {
-		c.K = DefaultThresholds.K
-	}
-	if c.N == 0 {
-		c.N = 10
-	}
-	if c.Window == 0 {
-		c.Window = 24 * time.Hour
-	}
-	if c.MinFailures == 0 {
-		c.MinFailures = 20
-	}
-	if c.RearmAfter == 0 {
-		c.RearmAfter = time.Hour
-	}
-	if c.Interval == 0 {
-		c.Interval = 10 * time.Second
-	}
-	if c.Settle == 0 {
-		c.Settle = 300 * time.Millisecond
-	}
-	if c.MaxDelay == 0 {
-		c.MaxDelay = time.Second
-	}
+	c.Rho = cmp.Or(c.Rho, DefaultThresholds.Rho)
+	c.Delta = cmp.Or(c.Delta, DefaultThresholds.Delta)
+	c.K = cmp.Or(c.K, DefaultThresholds.K)
+	c.N = cmp.Or(c.N, 10)
+	c.Window = cmp.Or(c.Window, 24*time.Hour)
+	c.MinFailures = cmp.Or(c.MinFailures, 20)
+	c.RearmAfter = cmp.Or(c.RearmAfter, time.Hour)
+	c.Interval = cmp.Or(c.Interval, 10*time.Second)
+	c.Settle = cmp.Or(c.Settle, 300*time.Millisecond)
+	c.MaxDelay = cmp.Or(c.MaxDelay, time.Second)
 	return c
 }
 
@@ -97,9 +77,27 @@ func (c EvalConfig) Validate() error {
 	return nil
 }
 
-// Publisher delivers synthesis requests exactly once (see internal/bus).
+// Publisher delivers synthesis requests exactly once per trigger id. A
+// returned error means the request may not be delivered: the evaluator keeps
+// the trigger pending and retries. (internal/bus's Bus does this over NATS
+// JetStream; the wiring adapts it, see app.BusPublisher.)
 type Publisher interface {
-	PublishSynthesis(ctx context.Context, req *schemas.SynthesisRequest) (bus.PublishResult, error)
+	PublishSynthesis(ctx context.Context, req *schemas.SynthesisRequest) (PublishResult, error)
+}
+
+// PublishResult says what a Publisher did with a request.
+type PublishResult struct {
+	Published bool // a new message is in the stream
+	Duplicate bool // the stream had it already (same message id within the window)
+	Claimed   bool // another publisher had published it earlier
+}
+
+// PublisherFunc adapts a function to a Publisher.
+type PublisherFunc func(ctx context.Context, req *schemas.SynthesisRequest) (PublishResult, error)
+
+// PublishSynthesis calls f.
+func (f PublisherFunc) PublishSynthesis(ctx context.Context, req *schemas.SynthesisRequest) (PublishResult, error) {
+	return f(ctx, req)
 }
 
 // Evaluator recomputes the window statistics of cohorts whose labels changed
@@ -108,7 +106,7 @@ type Publisher interface {
 // ClickHouse trigger_events at start, so replicas and restarts agree.
 type Evaluator struct {
 	cfg   EvalConfig
-	store *sink.Store
+	store EvaluatorStore
 	pub   Publisher
 	reg   *Registry
 	log   *slog.Logger
@@ -125,7 +123,7 @@ type Evaluator struct {
 }
 
 // NewEvaluator builds an evaluator. Call Recover before Run.
-func NewEvaluator(cfg EvalConfig, st *sink.Store, pub Publisher, reg *Registry, log *slog.Logger, m *Metrics) *Evaluator {
+func NewEvaluator(cfg EvalConfig, st EvaluatorStore, pub Publisher, reg *Registry, log *slog.Logger, m *Metrics) *Evaluator {
 	if log == nil {
 		log = slog.Default()
 	}

@@ -9,7 +9,7 @@ import (
 	"sort"
 	"testing"
 
-	"github.com/traceops/trace/internal/simulate"
+	"github.com/traceops/trace/internal/dev/simulate"
 	"github.com/traceops/trace/schemas"
 )
 
@@ -41,7 +41,7 @@ func TestFleetSelection(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				// (internal/simulate's tests validate every rollout against the
+				// (internal/dev/simulate's tests validate every rollout against the
 				// schema; a plain decode keeps this test fast.)
 				dec := &schemas.Rollout{}
 				if err := json.Unmarshal(b, dec); err != nil {

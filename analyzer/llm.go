@@ -2,6 +2,7 @@ package analyzer
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/binary"
@@ -162,9 +163,7 @@ func NewLLMLabeler(client ChatClient, cfg LLMLabelerConfig) (*LLMLabeler, error)
 	if client == nil {
 		return nil, errors.New("llm labeler: client is nil")
 	}
-	if cfg.Runs == 0 {
-		cfg.Runs = DefaultLLMRuns
-	}
+	cfg.Runs = cmp.Or(cfg.Runs, DefaultLLMRuns)
 	if cfg.Runs < 1 || cfg.Runs > 1000 {
 		return nil, fmt.Errorf("llm labeler: Runs must be in [1, 1000], got %d", cfg.Runs)
 	}
@@ -175,9 +174,7 @@ func NewLLMLabeler(client ChatClient, cfg LLMLabelerConfig) (*LLMLabeler, error)
 	if cfg.MaxTokens < 0 {
 		return nil, fmt.Errorf("llm labeler: MaxTokens must be >= 0, got %d", cfg.MaxTokens)
 	}
-	if cfg.MaxTranscriptChars == 0 {
-		cfg.MaxTranscriptChars = DefaultMaxTranscriptChars
-	}
+	cfg.MaxTranscriptChars = cmp.Or(cfg.MaxTranscriptChars, DefaultMaxTranscriptChars)
 	if cfg.Prompts == nil {
 		cfg.Prompts = prompts.Default()
 	}
@@ -233,9 +230,7 @@ func (l *LLMLabeler) Label(ctx context.Context, d *Dictionary, r *schemas.Rollou
 	}
 	schema := LabelSchema(d)
 	maxTokens := l.cfg.MaxTokens
-	if maxTokens == 0 {
-		maxTokens = 200 + 100*len(d.Capabilities)
-	}
+	maxTokens = cmp.Or(maxTokens, 200+100*len(d.Capabilities))
 	validate := func(content string) error {
 		_, err := ParseLabelAnswer(d, content)
 		return err

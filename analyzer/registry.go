@@ -1,10 +1,12 @@
 package analyzer
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
 	"sync"
+	"time"
 
 	"github.com/traceops/trace/sink"
 )
@@ -74,8 +76,54 @@ func (g *Registry) All() []*Dictionary {
 	return out
 }
 
-// Load reads every stored dictionary version from ClickHouse.
-func (g *Registry) Load(ctx context.Context, st *sink.Store) error {
+// DictionaryStore is where dictionaries are kept (sink.Store).
+type DictionaryStore interface {
+	AllDictionaries(ctx context.Context) ([]sink.DictionaryRow, error)
+	SaveDictionary(ctx context.Context, d sink.DictionaryRow) error
+}
+
+// Announcer tells the other replicas that a scope has a new dictionary
+// version (internal/bus's Bus, over a NATS KV bucket).
+type Announcer interface {
+	AnnounceDictionary(ctx context.Context, env, agentVersion string, version uint32) error
+}
+
+// Apply stores d unless the same content is already the current version of
+// its scope, announces it through ann (nil: no announcement), and adds it to
+// g. A dictionary whose content changed but whose version did not is stored
+// as the next version (capabilities are never renamed within a version). It
+// returns the dictionary now current for d's scope.
+func (g *Registry) Apply(ctx context.Context, st DictionaryStore, ann Announcer, d *Dictionary) (*Dictionary, error) {
+	if err := d.Validate(); err != nil {
+		return nil, err
+	}
+	cur := g.Resolve(d.Environment, d.AgentVersion)
+	if cur != nil && cur.Environment == d.Environment && cur.AgentVersion == d.AgentVersion {
+		if cur.Fingerprint() == d.Fingerprint() {
+			return cur, nil
+		}
+		if d.Version <= cur.Version {
+			d.Version = cur.Version + 1
+		}
+	}
+	if d.CreatedAt.IsZero() {
+		d.CreatedAt = time.Now().UTC()
+	}
+	d.Source = cmp.Or(d.Source, "file")
+	if err := st.SaveDictionary(ctx, DictionaryRow(d)); err != nil {
+		return nil, err
+	}
+	g.Put(d)
+	if ann != nil {
+		if err := ann.AnnounceDictionary(ctx, d.Environment, d.AgentVersion, d.Version); err != nil {
+			return nil, err
+		}
+	}
+	return d, nil
+}
+
+// Load reads every stored dictionary version from st.
+func (g *Registry) Load(ctx context.Context, st DictionaryStore) error {
 	rows, err := st.AllDictionaries(ctx)
 	if err != nil {
 		return err

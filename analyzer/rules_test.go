@@ -11,7 +11,7 @@ import (
 	"testing"
 
 	"github.com/traceops/trace/ingest"
-	"github.com/traceops/trace/internal/shareddata"
+	"github.com/traceops/trace/internal/dev/shareddata"
 	"github.com/traceops/trace/schemas"
 )
 

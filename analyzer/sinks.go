@@ -7,12 +7,12 @@ import (
 
 	"golang.org/x/sync/errgroup"
 
-	"github.com/traceops/trace/ingest"
+	"github.com/traceops/trace/internal/stream"
 	"github.com/traceops/trace/schemas"
 	"github.com/traceops/trace/sink"
 )
 
-// LabelingSink is the analyze stage's ingest.Sink for rollouts: it labels each
+// LabelingSink is the analyze stage's stream.Sink for rollouts: it labels each
 // rollout of a batch against its cohort's dictionary, writes the labels to
 // ClickHouse in one block, and then tells the evaluator which cohorts changed.
 //
@@ -23,7 +23,7 @@ import (
 type LabelingSink struct {
 	Labeler     Labeler
 	Registry    *Registry
-	Store       *sink.Store
+	Store       LabelStore
 	Evaluator   *Evaluator // may be nil
 	Concurrency int        // rollouts labeled at once; default 8
 	Log         *slog.Logger
@@ -35,8 +35,8 @@ type LabelingSink struct {
 	OnMissingDictionary func(env, agentVersion string)
 }
 
-// Write implements ingest.Sink.
-func (s *LabelingSink) Write(ctx context.Context, batch []ingest.Record[*schemas.Rollout]) error {
+// Write implements stream.Sink.
+func (s *LabelingSink) Write(ctx context.Context, batch []stream.Record[*schemas.Rollout]) error {
 	events := make([][]schemas.LabelEvent, len(batch))
 	runRecs := make([][]sink.LabelRun, len(batch))
 	record := s.Labeler.Runs() > 1 || s.Labeler.Name() == schemas.SourceLLM
@@ -111,23 +111,23 @@ func (s *LabelingSink) Write(ctx context.Context, batch []ingest.Record[*schemas
 	}
 	if err := s.Store.InsertLabelRuns(ctx, lrs); err != nil {
 		if !sink.IsRetryable(err) {
-			return ingest.Fatal(err)
+			return stream.Fatal(err)
 		}
 		return err
 	}
 	return nil
 }
 
-// LabelEventSink is the ingest.Sink of the external label topic
+// LabelEventSink is the stream.Sink of the external label topic
 // (trace.labels): events are validated by the decoder and written as they are.
 type LabelEventSink struct {
-	Store     *sink.Store
+	Store     LabelStore
 	Evaluator *Evaluator
 	Metrics   *Metrics
 }
 
-// Write implements ingest.Sink.
-func (s *LabelEventSink) Write(ctx context.Context, batch []ingest.Record[*schemas.LabelEvent]) error {
+// Write implements stream.Sink.
+func (s *LabelEventSink) Write(ctx context.Context, batch []stream.Record[*schemas.LabelEvent]) error {
 	rows := make([]sink.LabelRow, len(batch))
 	for i, rec := range batch {
 		rows[i] = sink.LabelRowFrom(rec.Value)
@@ -135,13 +135,13 @@ func (s *LabelEventSink) Write(ctx context.Context, batch []ingest.Record[*schem
 	return writeLabels(ctx, s.Store, s.Evaluator, s.Metrics, schemas.SourceExternal, rows)
 }
 
-func writeLabels(ctx context.Context, st *sink.Store, ev *Evaluator, m *Metrics, source string, rows []sink.LabelRow) error {
+func writeLabels(ctx context.Context, st LabelStore, ev *Evaluator, m *Metrics, source string, rows []sink.LabelRow) error {
 	if len(rows) == 0 {
 		return nil
 	}
 	if err := st.InsertLabels(ctx, rows); err != nil {
 		if !sink.IsRetryable(err) {
-			return ingest.Fatal(err)
+			return stream.Fatal(err)
 		}
 		return err
 	}

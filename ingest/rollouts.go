@@ -4,12 +4,13 @@ import (
 	"context"
 	"sync"
 
+	"github.com/traceops/trace/internal/stream"
 	"github.com/traceops/trace/schemas"
 	"github.com/traceops/trace/sink"
 )
 
 // DecodeRollout is the rollout Decoder with a size limit.
-func DecodeRollout(maxBytes int) Decoder[*schemas.Rollout] {
+func DecodeRollout(maxBytes int) stream.Decoder[*schemas.Rollout] {
 	opt := schemas.DecodeOptions{MaxBytes: maxBytes}
 	return func(b []byte) (*schemas.Rollout, error) { return schemas.DecodeRollout(b, opt) }
 }
@@ -31,7 +32,7 @@ func DecodeLabel(b []byte) (*schemas.LabelEvent, error) {
 // JSON, so they are handed over as JSON text from the input, contents cut
 // already (schemas.DecodeOptions.RawJSON, ContentCut), rather than decoded
 // and encoded again.
-func DecodeRolloutRow(maxBytes int) Decoder[*sink.RolloutRow] {
+func DecodeRolloutRow(maxBytes int) stream.Decoder[*sink.RolloutRow] {
 	opt := schemas.DecodeOptions{MaxBytes: maxBytes, ContentPrefix: sink.MaxContentChars + 1,
 		RawJSON: true, ContentCut: sink.MaxContentChars}
 	return func(b []byte) (*sink.RolloutRow, error) {
@@ -60,7 +61,7 @@ type RowSink struct {
 
 // Write implements Sink: the batch through one Stream. (A Consumer streams
 // instead; see StreamSink.)
-func (s *RowSink) Write(ctx context.Context, batch []Record[*sink.RolloutRow]) error {
+func (s *RowSink) Write(ctx context.Context, batch []stream.Record[*sink.RolloutRow]) error {
 	st, err := s.Begin(ctx)
 	if err != nil {
 		return err
@@ -74,7 +75,7 @@ func (s *RowSink) Write(ctx context.Context, batch []Record[*sink.RolloutRow]) e
 
 // Begin implements StreamSink: the batch is streamed into one INSERT, each
 // row dropped as soon as it is appended.
-func (s *RowSink) Begin(ctx context.Context) (Stream[*sink.RolloutRow], error) {
+func (s *RowSink) Begin(ctx context.Context) (stream.Stream[*sink.RolloutRow], error) {
 	ins, err := s.Store.BeginRollouts(ctx)
 	if err != nil {
 		return nil, classify(ctx, err)
@@ -87,7 +88,7 @@ type rowStream struct {
 	ins *sink.RolloutInsert
 }
 
-func (st *rowStream) Add(recs []Record[*sink.RolloutRow]) error {
+func (st *rowStream) Add(recs []stream.Record[*sink.RolloutRow]) error {
 	for _, rec := range recs {
 		row := rec.Value
 		row.Coord = sink.Coord{Topic: rec.Topic, Partition: rec.Partition, Offset: rec.Offset}
@@ -104,7 +105,7 @@ func (st *rowStream) Abort()        { st.ins.Abort() }
 // classify marks errors that retrying cannot fix as Fatal.
 func classify(ctx context.Context, err error) error {
 	if err != nil && !sink.IsRetryable(err) && ctx.Err() == nil {
-		return Fatal(err)
+		return stream.Fatal(err)
 	}
 	return err
 }

@@ -414,6 +414,7 @@ func TestChdbModernDialect(t *testing.T) {
 	t.Run("labels", func(t *testing.T) { chdbLabels(t, c, base) })
 	t.Run("rollouts", func(t *testing.T) { chdbRollouts(t, c, base.Add(-3*time.Hour)) })
 	t.Run("state", func(t *testing.T) { chdbState(t, c, base) })
+	t.Run("dashboard", func(t *testing.T) { chdbDashboard(t, c) })
 	t.Run("ttl", func(t *testing.T) { chdbTTL(t, c) })
 	t.Run("environments", func(t *testing.T) { chdbEnvironments(t, c, base) })
 	t.Logf("total %s", time.Since(t0).Round(time.Millisecond))
@@ -1053,4 +1054,36 @@ func chdbEnvironments(t *testing.T, c *chdbDB, base time.Time) {
 			t.Errorf("Environments(%+v) = %v, want %v", tt.f, ids, tt.want)
 		}
 	}
+}
+
+// chdbDashboard runs the dashboard's statements (sink/dashboard.go) with
+// their documented example binds, hourly and daily, and the demo's and the
+// benchmarks' counts, on the data of the sections before: the dialect must
+// accept every one. (Their numbers are checked on 18.16 by the dashboard's
+// tests.)
+func chdbDashboard(t *testing.T, c *chdbDB) {
+	c = c.on(t)
+	for _, q := range DashboardQueries {
+		text, err := q.Example()
+		if err != nil {
+			t.Fatalf("%s: %v", q.Name, err)
+		}
+		c.query(text)
+		if daily := dailySQL(text); daily != text {
+			c.query(daily)
+		}
+	}
+	r := c.query(QWeekBounds, uint32(1.7e9), uint32(1.7e9), uint32(14))
+	if len(r.rows) != 1 {
+		t.Fatalf("QWeekBounds: %d rows", len(r.rows))
+	}
+	if n := c.query(countRolloutsSQL).rows[0].uint(0); n < 200 {
+		t.Errorf("CountRollouts: %d rows, want at least the 200 rows of the rollouts section", n)
+	}
+	r = c.query(countLabelsSQL)
+	r.wantTypes(t, "CountLabels", "UInt64", "UInt64")
+	if r.rows[0].uint(0) == 0 || r.rows[0].uint(1) < r.rows[0].uint(0) {
+		t.Errorf("CountLabels: %d labeled rollouts, %d labels", r.rows[0].uint(0), r.rows[0].uint(1))
+	}
+	c.query(activeMergesSQL)
 }

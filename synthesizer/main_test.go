@@ -3,7 +3,7 @@ package synthesizer
 import (
 	"testing"
 
-	"github.com/traceops/trace/internal/testenv"
+	"github.com/traceops/trace/internal/dev/testenv"
 	"github.com/traceops/trace/synthesizer/envprog"
 )
 

@@ -7,8 +7,8 @@ import (
 	"time"
 
 	"github.com/traceops/trace/analyzer"
-	"github.com/traceops/trace/internal/llmtest"
-	"github.com/traceops/trace/internal/simulate"
+	"github.com/traceops/trace/internal/dev/llmtest"
+	"github.com/traceops/trace/internal/dev/simulate"
 	"github.com/traceops/trace/schemas"
 	"github.com/traceops/trace/synthesizer/calibrate"
 	"github.com/traceops/trace/synthesizer/envprog"

@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/traceops/trace/internal/llm"
-	"github.com/traceops/trace/internal/llmtest"
+	"github.com/traceops/trace/internal/dev/llmtest"
 	"github.com/traceops/trace/schemas"
 )
 

@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/traceops/trace/analyzer"
-	"github.com/traceops/trace/internal/app"
 	"github.com/traceops/trace/internal/bus"
 	"github.com/traceops/trace/internal/config"
 	"github.com/traceops/trace/sink"
@@ -72,9 +71,9 @@ func openDictWriter(ctx context.Context, cfg config.Config) (*dictWriter, error)
 	return &dictWriter{st: st, bus: b, reg: reg}, nil
 }
 
-// apply stores and announces d (see app.ApplyDictionary).
+// apply stores and announces d (see analyzer.Registry.Apply).
 func (w *dictWriter) apply(ctx context.Context, d *analyzer.Dictionary) (*analyzer.Dictionary, error) {
-	return app.ApplyDictionary(ctx, w.st, w.bus, w.reg, d)
+	return w.reg.Apply(ctx, w.st, w.bus, d)
 }
 
 func (w *dictWriter) Close() {

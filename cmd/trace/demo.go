@@ -22,7 +22,7 @@ import (
 	"github.com/traceops/trace/internal/app"
 	"github.com/traceops/trace/internal/bus"
 	"github.com/traceops/trace/internal/config"
-	"github.com/traceops/trace/internal/simulate"
+	"github.com/traceops/trace/internal/dev/simulate"
 	"github.com/traceops/trace/schemas"
 	"github.com/traceops/trace/sink"
 )
@@ -94,7 +94,7 @@ a local ClickHouse server) and runs trace's loop for real:
   → statistics in ClickHouse → synthesis requests on NATS JetStream
 
 The fleet has capability deficits planted per agent version (see
-internal/simulate DefaultFleet). The demo succeeds (exit 0) only when a trigger
+internal/dev/simulate DefaultFleet). The demo succeeds (exit 0) only when a trigger
 fired for exactly the planted deficits and for no other capability. A few
 malformed messages are published too and end in the dead-letter topic.
 
@@ -383,7 +383,7 @@ func (d *demo) counts(ctx context.Context, a *app.App) (demoCounts, error) {
 	if c.Stored, _, err = a.Store.CountDistinctRollouts(ctx); err != nil {
 		return c, err
 	}
-	if err := a.Store.Conn().QueryRow(ctx, "SELECT uniqExact(rollout_id), count() FROM capability_labels").Scan(&c.Labeled, &c.Labels); err != nil {
+	if c.Labeled, c.Labels, err = a.Store.CountLabels(ctx); err != nil {
 		return c, err
 	}
 	c.DeadLettered = topicSize(ctx, a.Brokers, d.cfg.Kafka.DLQTopic)

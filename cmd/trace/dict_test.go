@@ -8,8 +8,8 @@ import (
 
 	"github.com/segmentio/kafka-go"
 
-	"github.com/traceops/trace/internal/shareddata"
-	"github.com/traceops/trace/internal/testenv"
+	"github.com/traceops/trace/internal/dev/shareddata"
+	"github.com/traceops/trace/internal/dev/testenv"
 )
 
 // TestDictAndLabelsImportCommands drives `trace dict apply/show` and

@@ -8,8 +8,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/traceops/trace/internal/llmtest"
-	"github.com/traceops/trace/internal/testenv"
+	"github.com/traceops/trace/internal/dev/llmtest"
+	"github.com/traceops/trace/internal/dev/testenv"
 	"github.com/traceops/trace/schemas"
 	"github.com/traceops/trace/synthesizer"
 )

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -69,9 +70,7 @@ dictionary version the events name.`,
 				}
 			}
 			events := analyzer.RunFileEvents(scope, runs)
-			if topic == "" {
-				topic = cfg.Kafka.LabelsTopic
-			}
+			topic = cmp.Or(topic, cfg.Kafka.LabelsTopic)
 			w := &kafka.Writer{Addr: kafka.TCP(cfg.KafkaBrokers()...), Topic: topic, Balancer: &kafka.Hash{},
 				RequiredAcks: kafka.RequireAll, Compression: kafka.Zstd, BatchSize: 1000, AllowAutoTopicCreation: true}
 			defer w.Close()

@@ -8,8 +8,8 @@ import (
 	"testing"
 
 	"github.com/traceops/trace/analyzer"
-	"github.com/traceops/trace/internal/shareddata"
-	"github.com/traceops/trace/internal/testenv"
+	"github.com/traceops/trace/internal/dev/shareddata"
+	"github.com/traceops/trace/internal/dev/testenv"
 	"github.com/traceops/trace/sink"
 )
 

@@ -2,8 +2,11 @@
 // embedded servers a configuration asks for, opens ClickHouse and NATS, and
 // runs every enabled role as an actor (a run function and an interrupt
 // function, as Prometheus does with oklog/run), so one failing role stops the
-// others and shutdown is ordered: consumers drain and commit first, then the
-// evaluator, then the HTTP server, then the embedded servers.
+// others. Shutdown interrupts every actor at once (oklog/run gives no order):
+// each consumer drains and commits its batch in flight within its drain
+// timeout while the evaluator and the HTTP server stop; Run returns when all
+// have returned, and only then does Close stop the store, the bus and the
+// embedded servers, in reverse start order.
 package app
 
 import (
@@ -31,6 +34,7 @@ import (
 	"github.com/traceops/trace/internal/config"
 	"github.com/traceops/trace/internal/embedded"
 	"github.com/traceops/trace/internal/llm"
+	"github.com/traceops/trace/internal/stream"
 	"github.com/traceops/trace/sink"
 )
 
@@ -162,61 +166,27 @@ func (a *App) loadDictionaries(ctx context.Context) error {
 		return err
 	}
 	for _, d := range ds {
-		if _, err := ApplyDictionary(ctx, a.Store, a.Bus, a.Dicts, d); err != nil {
+		if _, err := a.Dicts.Apply(ctx, a.Store, announcer(a.Bus), d); err != nil {
 			return err
 		}
 	}
 	return nil
 }
 
-// ApplyDictionary stores d unless the same content is already the current
-// version of its scope, announces it over NATS, and adds it to reg. A
-// dictionary whose content changed but whose version did not is stored as
-// the next version (capabilities are never renamed within a version).
-func ApplyDictionary(ctx context.Context, st *sink.Store, b *bus.Bus, reg *analyzer.Registry, d *analyzer.Dictionary) (*analyzer.Dictionary, error) {
-	if err := d.Validate(); err != nil {
-		return nil, err
-	}
-	cur := reg.Resolve(d.Environment, d.AgentVersion)
-	if cur != nil && cur.Environment == d.Environment && cur.AgentVersion == d.AgentVersion {
-		if cur.Fingerprint() == d.Fingerprint() {
-			return cur, nil
-		}
-		if d.Version <= cur.Version {
-			d.Version = cur.Version + 1
-		}
-	}
-	if d.CreatedAt.IsZero() {
-		d.CreatedAt = time.Now().UTC()
-	}
-	if d.Source == "" {
-		d.Source = "file"
-	}
-	if err := st.SaveDictionary(ctx, analyzer.DictionaryRow(d)); err != nil {
-		return nil, err
-	}
-	reg.Put(d)
-	if b != nil {
-		if err := b.AnnounceDictionary(ctx, d.Environment, d.AgentVersion, d.Version); err != nil {
-			return nil, err
-		}
-	}
-	return d, nil
-}
-
 // Ready is closed when every role has started.
 func (a *App) Ready() <-chan struct{} { return a.readyCh }
 
 // Run runs the configured roles until ctx ends or one role fails. It returns
-// nil after a clean, ordered shutdown.
+// nil after a clean shutdown: every actor interrupted at once, each returned.
 func (a *App) Run(ctx context.Context, extra ...Actor) error {
 	var g run.Group
-	im := ingest.NewMetrics(a.Registry)
+	im := stream.NewMetrics(a.Registry)
+	ingest.RegisterMetrics(a.Registry)
 	am := analyzer.NewMetrics(a.Registry)
-	a.Evaluator = analyzer.NewEvaluator(a.Cfg.Analyzer.EvalConfig, a.Store, a.Bus, a.Dicts, a.Log, am)
+	a.Evaluator = analyzer.NewEvaluator(a.Cfg.Analyzer.EvalConfig, a.Store, BusPublisher{Bus: a.Bus}, a.Dicts, a.Log, am)
 
 	if a.Cfg.Has("ingest") {
-		c, err := ingest.NewConsumer(a.consumerConfig(a.Cfg.Kafka.IngestGroup, a.Cfg.Kafka.RolloutsTopic, "ingest"),
+		c, err := stream.NewConsumer(a.consumerConfig(a.Cfg.Kafka.IngestGroup, a.Cfg.Kafka.RolloutsTopic, "ingest"),
 			ingest.DecodeRolloutRow(a.Cfg.Kafka.MaxBytes), &ingest.RowSink{Store: a.Store}, a.Log, im)
 		if err != nil {
 			return err
@@ -242,7 +212,7 @@ func (a *App) Run(ctx context.Context, extra ...Actor) error {
 			}
 			cc := a.consumerConfig(a.Cfg.Kafka.AnalyzeGroup, a.Cfg.Kafka.RolloutsTopic, "analyze")
 			cc.SkipInvalid = !a.Cfg.Kafka.AnalyzeDeadLetters
-			c, err := ingest.NewConsumer(cc, ingest.DecodeRollout(a.Cfg.Kafka.MaxBytes), ls, a.Log, im)
+			c, err := stream.NewConsumer(cc, ingest.DecodeRollout(a.Cfg.Kafka.MaxBytes), ls, a.Log, im)
 			if err != nil {
 				return err
 			}
@@ -250,7 +220,7 @@ func (a *App) Run(ctx context.Context, extra ...Actor) error {
 		}
 		lc := a.consumerConfig(a.Cfg.Kafka.LabelsGroup, a.Cfg.Kafka.LabelsTopic, "labels")
 		lc.DLQTopic = a.Cfg.Kafka.LabelsTopic + ".dlq"
-		c, err := ingest.NewConsumer(lc, ingest.DecodeLabel, &analyzer.LabelEventSink{Store: a.Store, Evaluator: a.Evaluator, Metrics: am}, a.Log, im)
+		c, err := stream.NewConsumer(lc, ingest.DecodeLabel, &analyzer.LabelEventSink{Store: a.Store, Evaluator: a.Evaluator, Metrics: am}, a.Log, im)
 		if err != nil {
 			return err
 		}
@@ -329,14 +299,14 @@ func (a *App) addHTTP(g *run.Group) error {
 // consumerConfig is the consumer configuration of a stage. kafka.batch_* size
 // the ingest stage's batches, which stream into ClickHouse and cost no memory;
 // the other stages hold their batches in memory, so their batches are capped
-// at ingest.DefaultBatchRows and ingest.DefaultBatchBytes.
-func (a *App) consumerConfig(group, topic, stage string) ingest.Config {
+// at stream.DefaultBatchRows and stream.DefaultBatchBytes.
+func (a *App) consumerConfig(group, topic, stage string) stream.Config {
 	k := a.Cfg.Kafka
 	rows, bytes := k.BatchRows, k.BatchBytes
 	if stage != "ingest" {
-		rows, bytes = min(rows, ingest.DefaultBatchRows), min(bytes, ingest.DefaultBatchBytes)
+		rows, bytes = min(rows, stream.DefaultBatchRows), min(bytes, stream.DefaultBatchBytes)
 	}
-	return ingest.Config{Brokers: a.Brokers, Topic: topic, GroupID: group, DLQTopic: k.DLQTopic, Stage: stage,
+	return stream.Config{Brokers: a.Brokers, Topic: topic, GroupID: group, DLQTopic: k.DLQTopic, Stage: stage,
 		BatchRows: rows, BatchBytes: bytes, BatchTimeout: k.BatchTimeout, MaxMessageBytes: k.MaxBytes + 64<<10, Dialer: a.Dialer}
 }
 

@@ -8,8 +8,8 @@ import (
 	"time"
 
 	"github.com/traceops/trace/internal/config"
-	"github.com/traceops/trace/internal/llmtest"
-	"github.com/traceops/trace/internal/testenv"
+	"github.com/traceops/trace/internal/dev/llmtest"
+	"github.com/traceops/trace/internal/dev/testenv"
 )
 
 var trajectoryIDRe = regexp.MustCompile(`(?m)^id: (\S+)$`)
@@ -91,7 +91,7 @@ func TestDiscoveryForANewEnvironment(t *testing.T) {
 	deadline = time.Now().Add(60 * time.Second)
 	for {
 		var n uint64
-		a.Store.Conn().QueryRow(context.Background(), "SELECT count() FROM capability_labels WHERE environment = 'novel-env' AND capability = 'write_precondition_check'").Scan(&n)
+		testenv.StoreConn(t, a.Store).QueryRow(context.Background(), "SELECT count() FROM capability_labels WHERE environment = 'novel-env' AND capability = 'write_precondition_check'").Scan(&n)
 		if n > 0 {
 			break
 		}

@@ -1,6 +1,7 @@
 package app
 
 import (
+	"cmp"
 	"crypto/subtle"
 	"net/http"
 	"strings"
@@ -37,8 +38,12 @@ func (a *App) httpServer() *http.Server {
 	protected := http.NewServeMux()
 	protected.Handle("GET /metrics", promhttp.HandlerFor(a.Registry, promhttp.HandlerOpts{Registry: a.Registry}))
 	if a.Cfg.Has("serve") {
-		protected.Handle("/", dashboard.New(dashboard.Deps{Store: a.Store, Evaluator: a.Evaluator, Dicts: a.Dicts,
-			Rho: a.Cfg.Analyzer.Rho, Delta: a.Cfg.Analyzer.Delta, Eval: a.Cfg.Analyzer.EvalConfig, Log: a.Log}))
+		deps := dashboard.Deps{Evaluator: a.Evaluator, Dicts: a.Dicts,
+			Rho: a.Cfg.Analyzer.Rho, Delta: a.Cfg.Analyzer.Delta, Eval: a.Cfg.Analyzer.EvalConfig, Log: a.Log}
+		if a.Store != nil { // a nil *sink.Store must stay a nil Store
+			deps.Store = a.Store
+		}
+		protected.Handle("/", dashboard.New(deps))
 	}
 	mux.Handle("/", bearer(a.Cfg.HTTP.BearerToken, protected))
 	return &http.Server{Addr: a.Cfg.HTTP.Addr, Handler: mux, ReadHeaderTimeout: 10 * time.Second}
@@ -53,9 +58,7 @@ func bearer(token string, h http.Handler) http.Handler {
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		got := strings.TrimPrefix(r.Header.Get("Authorization"), "Bearer ")
-		if got == "" {
-			got = r.URL.Query().Get("token")
-		}
+		got = cmp.Or(got, r.URL.Query().Get("token"))
 		if subtle.ConstantTimeCompare([]byte(got), []byte(token)) != 1 {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="trace"`)
 			http.Error(w, "unauthorized", http.StatusUnauthorized)

@@ -6,6 +6,7 @@
 package config
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"net"
@@ -155,7 +156,7 @@ var Roles = []string{"ingest", "analyze", "serve"}
 // The ingest stage's batch defaults (kafka.batch_*), from `trace bench
 // ingest`: its batches stream into one INSERT each and cost no memory, and
 // ClickHouse spends less CPU on fewer, larger inserts (parts and merges).
-// Other stages cap theirs at ingest.DefaultBatchRows / DefaultBatchBytes.
+// Other stages cap theirs at stream.DefaultBatchRows / DefaultBatchBytes.
 const (
 	IngestBatchRows    = 10000
 	IngestBatchBytes   = 256 << 20
@@ -250,9 +251,7 @@ func Load(path string, overrides []string) (Config, error) {
 	}
 	// Unset (zero) analyzer thresholds take the paper's defaults.
 	c.Analyzer.EvalConfig = c.Analyzer.EvalConfig.WithDefaults()
-	if c.LLM.APIKey == "" {
-		c.LLM.APIKey = os.Getenv("OPENAI_API_KEY")
-	}
+	c.LLM.APIKey = cmp.Or(c.LLM.APIKey, os.Getenv("OPENAI_API_KEY"))
 	return c, c.Validate()
 }
 

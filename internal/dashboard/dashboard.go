@@ -14,7 +14,8 @@
 //
 // Pages are rendered on the server with html/template; charts are inline SVG
 // drawn in Go (svg.go). Nothing is loaded from the internet. The SQL lives in
-// queries.go and is documented in docs/queries.md.
+// sink/dashboard.go (run through the Store interface's QueryDashboard) and is
+// documented in docs/queries.md.
 //
 // A page URL that carries ?token= (the HTTP server's bearer token, see
 // internal/app) keeps it on every link it renders.
@@ -35,13 +36,25 @@ import (
 	"strings"
 	"time"
 
+	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 	"github.com/traceops/trace/analyzer"
 	"github.com/traceops/trace/sink"
 )
 
+// Store is what the dashboard reads from ClickHouse (sink.Store implements
+// it): the analyzer's window statistics, the dictionaries, and the
+// dashboard's own statements, which live in sink/dashboard.go.
+type Store interface {
+	AllDictionaries(ctx context.Context) ([]sink.DictionaryRow, error)
+	WindowInfo(ctx context.Context, spec sink.WindowSpec) (sink.WindowInfo, error)
+	WindowCounts(ctx context.Context, spec sink.WindowSpec) ([]sink.RunCounts, error)
+	QueryDashboard(ctx context.Context, q string, daily bool, args ...any) (driver.Rows, error)
+	QueryDashboardRow(ctx context.Context, q string, args ...any) driver.Row
+}
+
 // Deps are what the dashboard reads from.
 type Deps struct {
-	Store     *sink.Store
+	Store     Store // nil: every page says there is no store
 	Evaluator *analyzer.Evaluator
 	Dicts     *analyzer.Registry
 	Rho       float64

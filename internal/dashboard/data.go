@@ -13,20 +13,25 @@ import (
 	"github.com/traceops/trace/sink"
 )
 
+// Bucket widths of the time series.
+const (
+	bucketHour = "hour"
+	bucketDay  = "day"
+)
+
 // emptyMessage is what every page says before the first rollout arrives.
 const emptyMessage = "No rollouts yet. The dashboard fills in as rollouts arrive on Kafka and are labeled."
 
 // cohorts lists every (environment, agent version, dictionary version) with
 // rollouts or labels.
 func (s *server) cohorts(ctx context.Context) ([]CohortSummary, error) {
-	conn := s.d.Store.Conn()
 	type rc struct {
 		rollouts, successes uint64
 		last                time.Time
 	}
 	byAV := map[[2]string]rc{}
 	var order [][2]string
-	rows, err := conn.Query(ctx, QRolloutCohorts)
+	rows, err := s.d.Store.QueryDashboard(ctx, sink.QRolloutCohorts, false)
 	if err != nil {
 		return nil, fmt.Errorf("rollout cohorts: %w", err)
 	}
@@ -48,7 +53,7 @@ func (s *server) cohorts(ctx context.Context) ([]CohortSummary, error) {
 
 	var out []CohortSummary
 	labeled := map[[2]string]bool{}
-	rows, err = conn.Query(ctx, QLabelCohorts)
+	rows, err = s.d.Store.QueryDashboard(ctx, sink.QLabelCohorts, false)
 	if err != nil {
 		return nil, fmt.Errorf("label cohorts: %w", err)
 	}
@@ -267,7 +272,7 @@ func (s *server) snapshot(key CohortKey) ([]analyzer.Result, bool) {
 }
 
 func (s *server) latestTriggers(ctx context.Context, key CohortKey) (map[string]TriggerStatus, error) {
-	rows, err := s.d.Store.Conn().Query(ctx, QLatestTriggers, key.Environment, key.AgentVersion, key.DictionaryVersion)
+	rows, err := s.d.Store.QueryDashboard(ctx, sink.QLatestTriggers, false, key.Environment, key.AgentVersion, key.DictionaryVersion)
 	if err != nil {
 		return nil, fmt.Errorf("latest triggers: %w", err)
 	}
@@ -287,7 +292,7 @@ func (s *server) latestTriggers(ctx context.Context, key CohortKey) (map[string]
 
 // passRateHourly is the hourly pass rate of every agent version of env.
 func (s *server) passRateHourly(ctx context.Context, env string, since time.Time, bucket string) ([]PassSeries, error) {
-	rows, err := s.d.Store.Conn().Query(ctx, bucketSQL(QPassRateHourly, bucket), env, unix(since))
+	rows, err := s.d.Store.QueryDashboard(ctx, sink.QPassRateHourly, bucket == bucketDay, env, unix(since))
 	if err != nil {
 		return nil, fmt.Errorf("pass rate: %w", err)
 	}
@@ -311,7 +316,7 @@ func (s *server) passRateHourly(ctx context.Context, env string, since time.Time
 
 // capabilityHourly is Cov and Δ per capability per hour of a cohort.
 func (s *server) capabilityHourly(ctx context.Context, key CohortKey, since time.Time, bucket string) ([]CapSeries, error) {
-	rows, err := s.d.Store.Conn().Query(ctx, bucketSQL(QCapabilityHourly, bucket), key.Environment, key.AgentVersion, key.DictionaryVersion, unix(since))
+	rows, err := s.d.Store.QueryDashboard(ctx, sink.QCapabilityHourly, bucket == bucketDay, key.Environment, key.AgentVersion, key.DictionaryVersion, unix(since))
 	if err != nil {
 		return nil, fmt.Errorf("capability series: %w", err)
 	}
@@ -501,8 +506,7 @@ func (s *server) examples(ctx context.Context, key CohortKey, name string, since
 	if limit <= 0 {
 		return out, nil
 	}
-	conn := s.d.Store.Conn()
-	rows, err := conn.Query(ctx, QLackingExamples, key.Environment, key.AgentVersion, key.DictionaryVersion, name, unix(since), uint32(limit))
+	rows, err := s.d.Store.QueryDashboard(ctx, sink.QLackingExamples, false, key.Environment, key.AgentVersion, key.DictionaryVersion, name, unix(since), uint32(limit))
 	if err != nil {
 		return nil, fmt.Errorf("examples: %w", err)
 	}
@@ -524,7 +528,7 @@ func (s *server) examples(ctx context.Context, key CohortKey, name string, since
 	if len(ids) == 0 {
 		return out, nil
 	}
-	rows, err = conn.Query(ctx, QRollouts, key.Environment, key.AgentVersion, ids)
+	rows, err = s.d.Store.QueryDashboard(ctx, sink.QRollouts, false, key.Environment, key.AgentVersion, ids)
 	if err != nil {
 		return nil, fmt.Errorf("example rollouts: %w", err)
 	}
@@ -564,7 +568,7 @@ func (s *server) examples(ctx context.Context, key CohortKey, name string, since
 // triggerEvents reads trigger transitions in time order; truncated reports
 // that there were more than limit.
 func (s *server) triggerEvents(ctx context.Context, since time.Time, f TriggerFilter, limit int) ([]TriggerEvent, bool, error) {
-	rows, err := s.d.Store.Conn().Query(ctx, QTriggerEvents, unix(since),
+	rows, err := s.d.Store.QueryDashboard(ctx, sink.QTriggerEvents, false, unix(since),
 		f.Environment, f.Environment, f.AgentVersion, f.AgentVersion, f.Capability, f.Capability, uint32(limit+1))
 	if err != nil {
 		return nil, false, fmt.Errorf("trigger events: %w", err)
@@ -656,10 +660,8 @@ func (s *server) trends(ctx context.Context, p trendsParams) (*TrendsResponse, e
 		resp.Empty, resp.Message = true, fmt.Sprintf("No rollouts yet for environment %s.", resp.Environment)
 		return resp, nil
 	}
-	conn := s.d.Store.Conn()
 	var thisWeek, since time.Time
-	if err := conn.QueryRow(ctx, `SELECT toMonday(toDateTime(?)), toDateTime(toMonday(toDateTime(?)) - ?)`,
-		unix(at), unix(at), uint32(7*(p.Weeks-1))).Scan(&thisWeek, &since); err != nil {
+	if err := s.d.Store.QueryDashboardRow(ctx, sink.QWeekBounds, unix(at), unix(at), uint32(7*(p.Weeks-1))).Scan(&thisWeek, &since); err != nil {
 		return nil, fmt.Errorf("trends: weeks: %w", err)
 	}
 	resp.ThisWeek, resp.Since = dateUTC(thisWeek), since.UTC()
@@ -667,7 +669,7 @@ func (s *server) trends(ctx context.Context, p trendsParams) (*TrendsResponse, e
 		resp.Weeks = append(resp.Weeks, resp.ThisWeek.AddDate(0, 0, -7*i))
 	}
 	avs := map[string]bool{}
-	rows, err := conn.Query(ctx, QPassRateWeekly, resp.Environment, unix(since))
+	rows, err := s.d.Store.QueryDashboard(ctx, sink.QPassRateWeekly, false, resp.Environment, unix(since))
 	if err != nil {
 		return nil, fmt.Errorf("trends: pass rate: %w", err)
 	}
@@ -685,7 +687,7 @@ func (s *server) trends(ctx context.Context, p trendsParams) (*TrendsResponse, e
 	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("trends: pass rate: %w", err)
 	}
-	rows, err = conn.Query(ctx, QLackingWeekly, resp.Environment, unix(since))
+	rows, err = s.d.Store.QueryDashboard(ctx, sink.QLackingWeekly, false, resp.Environment, unix(since))
 	if err != nil {
 		return nil, fmt.Errorf("trends: lacking: %w", err)
 	}
@@ -720,7 +722,7 @@ func (s *server) trends(ctx context.Context, p trendsParams) (*TrendsResponse, e
 	}
 	sort.Strings(resp.AgentVersions)
 	for _, av := range resp.AgentVersions {
-		rows, err := conn.Query(ctx, QLackingWeekOverWeek, unix(at), resp.Environment, av, unix(at), unix(at), uint32(max(p.Top, 1)*2))
+		rows, err := s.d.Store.QueryDashboard(ctx, sink.QLackingWeekOverWeek, false, unix(at), resp.Environment, av, unix(at), unix(at), uint32(max(p.Top, 1)*2))
 		if err != nil {
 			return nil, fmt.Errorf("trends: week over week: %w", err)
 		}

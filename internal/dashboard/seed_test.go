@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/traceops/trace/analyzer"
-	"github.com/traceops/trace/internal/testenv"
+	"github.com/traceops/trace/internal/dev/testenv"
 	"github.com/traceops/trace/schemas"
 	"github.com/traceops/trace/sink"
 )
@@ -150,7 +150,7 @@ func seedDemo(t *testing.T, st *sink.Store, now time.Time) *demo {
 	defer cancel()
 	d := &demo{now: now, loc: time.UTC, rollouts: map[string]sink.RolloutRow{}, labels: map[labelKey]finalLabel{}}
 	var tz string
-	if err := st.Conn().QueryRow(ctx, "SELECT timezone()").Scan(&tz); err == nil {
+	if err := testenv.StoreConn(t, st).QueryRow(ctx, "SELECT timezone()").Scan(&tz); err == nil {
 		if loc, err := time.LoadLocation(tz); err == nil {
 			d.loc = loc
 		}

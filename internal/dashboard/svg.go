@@ -7,6 +7,7 @@ package dashboard
 // dashed threshold lines (<line class="threshold">) with their label.
 
 import (
+	"cmp"
 	"fmt"
 	"html"
 	"html/template"
@@ -62,12 +63,8 @@ const (
 func esc(s string) string { return html.EscapeString(s) }
 
 func (c lineChart) render() template.HTML {
-	if c.W == 0 {
-		c.W = 1200
-	}
-	if c.H == 0 {
-		c.H = 260
-	}
+	c.W = cmp.Or(c.W, 1200)
+	c.H = cmp.Or(c.H, 260)
 	pw, ph := float64(c.W-padL-padR), float64(c.H-padT-padB)
 	if !c.XMax.After(c.XMin) {
 		c.XMax = c.XMin.Add(time.Hour)
@@ -117,9 +114,7 @@ func (c lineChart) render() template.HTML {
 	// Thresholds.
 	for _, h := range c.HLines {
 		col := h.Color
-		if col == "" {
-			col = "#d62728"
-		}
+		col = cmp.Or(col, "#d62728")
 		yy := y(h.Y)
 		fmt.Fprintf(&b, `<line class="threshold" data-threshold="%s" x1="%d" x2="%.1f" y1="%.1f" y2="%.1f" stroke="%s"/>`,
 			esc(h.Name), padL, float64(padL)+pw, yy, yy, col)
@@ -128,16 +123,12 @@ func (c lineChart) render() template.HTML {
 	// Series.
 	if n == 0 {
 		msg := c.Empty
-		if msg == "" {
-			msg = "no data in this range"
-		}
+		msg = cmp.Or(msg, "no data in this range")
 		fmt.Fprintf(&b, `<text class="empty-note" x="%.1f" y="%.1f" text-anchor="middle">%s</text>`, float64(padL)+pw/2, float64(padT)+ph/2, esc(msg))
 	}
 	for i, s := range c.Series {
 		col := s.Color
-		if col == "" {
-			col = colorAt(i)
-		}
+		col = cmp.Or(col, colorAt(i))
 		pts := append([]chartPoint(nil), s.Points...)
 		sort.SliceStable(pts, func(i, j int) bool { return pts[i].X.Before(pts[j].X) })
 		var d strings.Builder
@@ -192,9 +183,7 @@ type barGroup struct {
 }
 
 func (c barChart) render() template.HTML {
-	if c.W == 0 {
-		c.W = 1200
-	}
+	c.W = cmp.Or(c.W, 1200)
 	const left, right, top, bottom, bar, gap = 235, 40, 22, 36, 12, 10
 	rowH := float64(len(c.Groups)*bar + gap)
 	h := top + bottom + int(math.Ceil(rowH*float64(max(len(c.Categories), 1))))
@@ -227,9 +216,7 @@ func (c barChart) render() template.HTML {
 				tip = grp.Tips[i]
 			}
 			col := grp.Color
-			if col == "" {
-				col = colorAt(g)
-			}
+			col = cmp.Or(col, colorAt(g))
 			fmt.Fprintf(&b, `<rect class="bar" data-group="%s" data-category="%s" x="%d" y="%.1f" width="%.1f" height="%d" fill="%s"><title>%s</title></rect>`,
 				esc(grp.Name), esc(cat), left, y0+float64(g*bar), math.Max(x(v)-float64(left), 0.5), bar-2, col, esc(tip))
 			fmt.Fprintf(&b, `<text class="bar-value" x="%.1f" y="%.1f" dominant-baseline="middle">%s</text>`, x(v)+4, y0+float64(g*bar)+float64(bar-2)/2, esc(fmtTick(v, c.Percent)))
@@ -237,9 +224,7 @@ func (c barChart) render() template.HTML {
 	}
 	for _, l := range c.VLines {
 		col := l.Color
-		if col == "" {
-			col = "#d62728"
-		}
+		col = cmp.Or(col, "#d62728")
 		fmt.Fprintf(&b, `<line class="threshold" data-threshold="%s" x1="%.1f" x2="%.1f" y1="%d" y2="%.1f" stroke="%s"/>`, esc(l.Name), x(l.Y), x(l.Y), top, base, col)
 		fmt.Fprintf(&b, `<text class="threshold-label" x="%.1f" y="%d" fill="%s" text-anchor="middle">%s</text>`, x(l.Y), top-8, col, esc(l.Label))
 	}
@@ -269,9 +254,7 @@ type timelineEvent struct {
 var eventColors = map[string]string{"fired": "#2ca02c", "deselected": "#d62728", "reselected": "#ff7f0e", "rearmed": "#1f77b4"}
 
 func (c timelineChart) render() template.HTML {
-	if c.W == 0 {
-		c.W = 1200
-	}
+	c.W = cmp.Or(c.W, 1200)
 	const left, right, top, bottom, rowH = 390, 24, 10, 34, 26
 	h := top + bottom + rowH*max(len(c.Rows), 1)
 	pw := float64(c.W - left - right)
@@ -297,9 +280,7 @@ func (c timelineChart) render() template.HTML {
 	for _, e := range c.Events {
 		yy := float64(top + rowH*e.Row + rowH/2)
 		col := eventColors[e.Kind]
-		if col == "" {
-			col = "#7f7f7f"
-		}
+		col = cmp.Or(col, "#7f7f7f")
 		xx := x(e.At)
 		if e.Href != "" {
 			fmt.Fprintf(&b, `<a href="%s">`, esc(e.Href))

@@ -6,6 +6,7 @@
 package embedded
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"log/slog"
@@ -57,9 +58,7 @@ func Kafka(addr, dir string, partitions int, log *slog.Logger, seed ...string) (
 // NATS starts an embedded nats-server with JetStream on 127.0.0.1 (port 0 =
 // any free port) storing under dir.
 func NATS(dir string, port int, log *slog.Logger) (*server.Server, string, error) {
-	if port == 0 {
-		port = server.RANDOM_PORT
-	}
+	port = cmp.Or(port, server.RANDOM_PORT)
 	ns, err := server.NewServer(&server.Options{
 		ServerName: "trace-embedded", Host: "127.0.0.1", Port: port,
 		JetStream: true, StoreDir: dir, NoSigs: true, NoLog: true,

@@ -9,7 +9,7 @@ import (
 	"testing"
 
 	"github.com/traceops/trace/internal/llm"
-	"github.com/traceops/trace/internal/llmtest"
+	"github.com/traceops/trace/internal/dev/llmtest"
 	"github.com/traceops/trace/schemas"
 )
 

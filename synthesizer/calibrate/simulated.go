@@ -9,7 +9,7 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/traceops/trace/internal/simulate"
+	"github.com/traceops/trace/internal/dev/simulate"
 	"github.com/traceops/trace/synthesizer/envprog"
 )
 

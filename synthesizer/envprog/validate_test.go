@@ -8,7 +8,7 @@ import (
 	"sync/atomic"
 	"testing"
 
-	"github.com/traceops/trace/internal/simulate"
+	"github.com/traceops/trace/internal/dev/simulate"
 	"github.com/traceops/trace/schemas"
 	"github.com/traceops/trace/synthesizer/envprog"
 )

@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/traceops/trace/internal/simulate"
+	"github.com/traceops/trace/internal/dev/simulate"
 	"github.com/traceops/trace/synthesizer/calibrate"
 	"github.com/traceops/trace/synthesizer/envprog"
 )

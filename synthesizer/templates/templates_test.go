@@ -7,7 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/traceops/trace/internal/simulate"
+	"github.com/traceops/trace/internal/dev/simulate"
 	"github.com/traceops/trace/schemas"
 	"github.com/traceops/trace/synthesizer/calibrate"
 	"github.com/traceops/trace/synthesizer/envprog"

@@ -1,4 +1,4 @@
-package ingest_test
+package stream_test
 
 import (
 	"context"
@@ -12,14 +12,14 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/segmentio/kafka-go"
 
-	"github.com/traceops/trace/ingest"
+	"github.com/traceops/trace/internal/stream"
 )
 
 // streamSink is a StreamSink that records the records of every committed
 // Stream, and fails the first failCommits commits with errTransient.
 type streamSink struct {
 	mu          sync.Mutex
-	committed   [][]ingest.Record[string] // per successful commit
+	committed   [][]stream.Record[string] // per successful commit
 	failed      [][]int64                 // offsets of each failed stream
 	failCommits int
 	writes      int // calls of Write (must stay 0)
@@ -27,23 +27,23 @@ type streamSink struct {
 	maxAdd      int
 }
 
-func (s *streamSink) Write(context.Context, []ingest.Record[string]) error {
+func (s *streamSink) Write(context.Context, []stream.Record[string]) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.writes++
 	return errors.New("Write called on a StreamSink")
 }
 
-func (s *streamSink) Begin(context.Context) (ingest.Stream[string], error) {
+func (s *streamSink) Begin(context.Context) (stream.Stream[string], error) {
 	return &testStream{s: s}, nil
 }
 
 type testStream struct {
 	s    *streamSink
-	recs []ingest.Record[string]
+	recs []stream.Record[string]
 }
 
-func (st *testStream) Add(recs []ingest.Record[string]) error {
+func (st *testStream) Add(recs []stream.Record[string]) error {
 	st.s.mu.Lock()
 	st.s.maxAdd = max(st.s.maxAdd, len(recs))
 	st.s.mu.Unlock()
@@ -75,17 +75,17 @@ func (st *testStream) Commit() error {
 
 func (st *testStream) Abort() {}
 
-func (s *streamSink) all() []ingest.Record[string] {
+func (s *streamSink) all() []stream.Record[string] {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	var out []ingest.Record[string]
+	var out []stream.Record[string]
 	for _, c := range s.committed {
 		out = append(out, c...)
 	}
 	return out
 }
 
-func offsetSet(recs []ingest.Record[string]) []int64 {
+func offsetSet(recs []stream.Record[string]) []int64 {
 	offs := make([]int64, len(recs))
 	for i, r := range recs {
 		offs[i] = int64(r.Partition)<<40 | r.Offset
@@ -120,7 +120,7 @@ func TestStreamSinkFailedBatchIsReadAgainFromKafka(t *testing.T) {
 	cfg := e.config()
 	cfg.BatchRows = 1000 // one batch
 	cfg.BatchTimeout = 2 * time.Second
-	c := newConsumer(t, cfg, strDecoder, ingest.Sink[string](sink), ingest.NewMetrics(reg))
+	c := newConsumer(t, cfg, strDecoder, stream.Sink[string](sink), stream.NewMetrics(reg))
 	run := start(t, c)
 	waitFor(t, 30*time.Second, "everything committed", func() bool { return e.committedTotal(t) == int64(len(msgs)) })
 	if _, err := run.stop(t); err != nil {
@@ -194,7 +194,7 @@ func TestStreamSinkDrainCommitsTheBatchInFlight(t *testing.T) {
 	cfg := e.config()
 	cfg.BatchTimeout = time.Minute
 	reg := prometheus.NewRegistry()
-	run := start(t, newConsumer(t, cfg, strDecoder, ingest.Sink[string](sink), ingest.NewMetrics(reg)))
+	run := start(t, newConsumer(t, cfg, strDecoder, stream.Sink[string](sink), stream.NewMetrics(reg)))
 	waitFor(t, 20*time.Second, "all 40 messages fetched", func() bool {
 		return metricValue(t, reg, "trace_consumer_messages_consumed_total") == 40
 	})

@@ -456,7 +456,7 @@ func (a *airline) play(ep *episode, t *task) {
 		ep.errHit = true
 		if ep.lacking(ToolErrorRecovery) {
 			for _, act := range d.acts {
-				ep.missing = append(ep.missing, act.tool()+"("+argString(a.args(act, u.id, u.card.id, ""))+")")
+				ep.miss(act.tool(), a.args(act, u.id, u.card.id, ""))
 			}
 			ep.giveUp(fmt.Sprintf("I'm sorry, I couldn't find a profile with the user id %s, so I can't access your reservations. I'll transfer you to a human agent who can look into it.", d.typoID),
 				fmt.Sprintf("User gave user id %s, which was not found; could not authenticate the user.", d.typoID))
@@ -574,7 +574,7 @@ func (a *airline) play(ep *episode, t *task) {
 		}
 		args := a.args(act, u.id, payID, fakeFlight)
 		if i >= n {
-			ep.missing = append(ep.missing, act.tool()+"("+argString(a.args(act, u.id, u.card.id, ""))+")")
+			ep.miss(act.tool(), a.args(act, u.id, u.card.id, ""))
 			continue
 		}
 		rec := writeRec{entityRead: act.kind == "book" || act.kind == "cert" || read[act.res], grounded: fakeFlight == "", confirmed: ep.confirms()}
@@ -583,7 +583,7 @@ func (a *airline) play(ep *episode, t *task) {
 			ep.errHit = true
 			if ep.lacking(ToolErrorRecovery) {
 				for _, rest := range d.acts {
-					ep.missing = append(ep.missing, rest.tool()+"("+argString(a.args(rest, u.id, u.card.id, ""))+")")
+					ep.miss(rest.tool(), a.args(rest, u.id, u.card.id, ""))
 				}
 				ep.giveUp("I'm sorry, the payment could not be processed, so I'm unable to make this change. I'll transfer you to a human agent who can help you further.",
 					fmt.Sprintf("User %s requested %s; the payment with %s failed.", u.id, act.tool(), u.gift.id))
@@ -604,10 +604,9 @@ func (a *airline) play(ep *episode, t *task) {
 		done = append(done, act)
 	}
 
-	var right, wrong []string
-	for i, act := range done {
+	ep.conclude("All done.", len(done), func(i int) (s, w string) {
+		act := done[i]
 		r := act.res
-		var s, w string
 		switch act.kind {
 		case "cancel":
 			f := "Reservation %s has been cancelled, and the refund of %s will go back to your original payment method within 5 to 7 business days."
@@ -642,16 +641,8 @@ func (a *airline) play(ep *episode, t *task) {
 			f := "I've also sent a travel certificate of $%d to your profile as compensation for the delay."
 			s, w = fmt.Sprintf(f, act.amount), fmt.Sprintf(f, act.amount+50)
 		}
-		right = append(right, s)
-		if i == 0 {
-			wrong = append(wrong, w)
-		} else {
-			wrong = append(wrong, s)
-		}
-	}
-	tail := " Is there anything else I can help you with?"
-	ep.final.right = "All done. " + strings.Join(right, " ") + tail
-	ep.final.wrong = "All done. " + strings.Join(wrong, " ") + tail
+		return s, w
+	})
 }
 
 func payName(d *airTask, first bool) string {

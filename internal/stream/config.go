@@ -1,6 +1,7 @@
-package ingest
+package stream
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"runtime"
@@ -97,42 +98,20 @@ func (c Config) WithDefaults() Config {
 	if c.DLQTopic == "" && c.Topic != "" {
 		c.DLQTopic = c.Topic + DefaultDLQSuffix
 	}
-	if c.Stage == "" {
-		c.Stage = DefaultStage
-	}
-	if c.BatchRows == 0 {
-		c.BatchRows = DefaultBatchRows
-	}
-	if c.BatchBytes == 0 {
-		c.BatchBytes = DefaultBatchBytes
-	}
-	if c.BatchTimeout == 0 {
-		c.BatchTimeout = DefaultBatchTimeout
-	}
-	if c.DecodeWorkers == 0 {
-		c.DecodeWorkers = runtime.GOMAXPROCS(0)
-	}
-	if c.MaxMessageBytes == 0 {
-		c.MaxMessageBytes = DefaultMaxMessageBytes
-	}
-	if c.BackoffInitial == 0 {
-		c.BackoffInitial = DefaultBackoffInitial
-	}
-	if c.BackoffMax == 0 {
-		c.BackoffMax = DefaultBackoffMax
-	}
-	if c.DrainTimeout == 0 {
-		c.DrainTimeout = DefaultDrainTimeout
-	}
+	c.Stage = cmp.Or(c.Stage, DefaultStage)
+	c.BatchRows = cmp.Or(c.BatchRows, DefaultBatchRows)
+	c.BatchBytes = cmp.Or(c.BatchBytes, DefaultBatchBytes)
+	c.BatchTimeout = cmp.Or(c.BatchTimeout, DefaultBatchTimeout)
+	c.DecodeWorkers = cmp.Or(c.DecodeWorkers, runtime.GOMAXPROCS(0))
+	c.MaxMessageBytes = cmp.Or(c.MaxMessageBytes, DefaultMaxMessageBytes)
+	c.BackoffInitial = cmp.Or(c.BackoffInitial, DefaultBackoffInitial)
+	c.BackoffMax = cmp.Or(c.BackoffMax, DefaultBackoffMax)
+	c.DrainTimeout = cmp.Or(c.DrainTimeout, DefaultDrainTimeout)
 	if c.IsRetryable == nil {
 		c.IsRetryable = DefaultIsRetryable
 	}
-	if c.StartOffset == 0 {
-		c.StartOffset = kafka.FirstOffset
-	}
-	if c.LagInterval == 0 {
-		c.LagInterval = DefaultLagInterval
-	}
+	c.StartOffset = cmp.Or(c.StartOffset, kafka.FirstOffset)
+	c.LagInterval = cmp.Or(c.LagInterval, DefaultLagInterval)
 	return c
 }
 
@@ -140,41 +119,41 @@ func (c Config) WithDefaults() Config {
 func (c Config) Validate() error {
 	switch {
 	case len(c.Brokers) == 0:
-		return errors.New("ingest: Config.Brokers is empty")
+		return errors.New("stream: Config.Brokers is empty")
 	case c.Topic == "":
-		return errors.New("ingest: Config.Topic is empty")
+		return errors.New("stream: Config.Topic is empty")
 	case c.GroupID == "":
-		return errors.New("ingest: Config.GroupID is empty")
+		return errors.New("stream: Config.GroupID is empty")
 	case c.DLQTopic == "":
-		return errors.New("ingest: Config.DLQTopic is empty")
+		return errors.New("stream: Config.DLQTopic is empty")
 	case c.DLQTopic == c.Topic:
-		return fmt.Errorf("ingest: Config.DLQTopic %q is the source topic", c.DLQTopic)
+		return fmt.Errorf("stream: Config.DLQTopic %q is the source topic", c.DLQTopic)
 	case c.Stage == "":
-		return errors.New("ingest: Config.Stage is empty")
+		return errors.New("stream: Config.Stage is empty")
 	case c.BatchRows < 1:
-		return fmt.Errorf("ingest: Config.BatchRows %d < 1", c.BatchRows)
+		return fmt.Errorf("stream: Config.BatchRows %d < 1", c.BatchRows)
 	case c.BatchBytes < 1:
-		return fmt.Errorf("ingest: Config.BatchBytes %d < 1", c.BatchBytes)
+		return fmt.Errorf("stream: Config.BatchBytes %d < 1", c.BatchBytes)
 	case c.BatchTimeout <= 0:
-		return fmt.Errorf("ingest: Config.BatchTimeout %v <= 0", c.BatchTimeout)
+		return fmt.Errorf("stream: Config.BatchTimeout %v <= 0", c.BatchTimeout)
 	case c.DecodeWorkers < 1:
-		return fmt.Errorf("ingest: Config.DecodeWorkers %d < 1", c.DecodeWorkers)
+		return fmt.Errorf("stream: Config.DecodeWorkers %d < 1", c.DecodeWorkers)
 	case c.MaxMessageBytes < 1:
-		return fmt.Errorf("ingest: Config.MaxMessageBytes %d < 1", c.MaxMessageBytes)
+		return fmt.Errorf("stream: Config.MaxMessageBytes %d < 1", c.MaxMessageBytes)
 	case c.BackoffInitial <= 0:
-		return fmt.Errorf("ingest: Config.BackoffInitial %v <= 0", c.BackoffInitial)
+		return fmt.Errorf("stream: Config.BackoffInitial %v <= 0", c.BackoffInitial)
 	case c.BackoffMax < c.BackoffInitial:
-		return fmt.Errorf("ingest: Config.BackoffMax %v < BackoffInitial %v", c.BackoffMax, c.BackoffInitial)
+		return fmt.Errorf("stream: Config.BackoffMax %v < BackoffInitial %v", c.BackoffMax, c.BackoffInitial)
 	case c.DrainTimeout <= 0:
-		return fmt.Errorf("ingest: Config.DrainTimeout %v <= 0", c.DrainTimeout)
+		return fmt.Errorf("stream: Config.DrainTimeout %v <= 0", c.DrainTimeout)
 	case c.IsRetryable == nil:
-		return errors.New("ingest: Config.IsRetryable is nil")
+		return errors.New("stream: Config.IsRetryable is nil")
 	case c.StartOffset != kafka.FirstOffset && c.StartOffset != kafka.LastOffset:
-		return fmt.Errorf("ingest: Config.StartOffset %d is neither kafka.FirstOffset nor kafka.LastOffset", c.StartOffset)
+		return fmt.Errorf("stream: Config.StartOffset %d is neither kafka.FirstOffset nor kafka.LastOffset", c.StartOffset)
 	}
 	for i, b := range c.Brokers {
 		if b == "" {
-			return fmt.Errorf("ingest: Config.Brokers[%d] is empty", i)
+			return fmt.Errorf("stream: Config.Brokers[%d] is empty", i)
 		}
 	}
 	return nil

@@ -1,6 +1,12 @@
-package dashboard
+package sink
 
-import "strings"
+import (
+	"context"
+	"fmt"
+	"strings"
+
+	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
+)
 
 // The SQL the dashboard runs. Every statement works on ClickHouse 18.16
 // (Debian's) and on current ClickHouse: no window functions, no DateTime64,
@@ -8,8 +14,10 @@ import "strings"
 // are client-side binds (clickhouse-go substitutes them in order); times are
 // bound as Unix seconds and wrapped in toDateTime(?).
 //
-// docs/queries.md is generated from the Queries table below (see docs.go);
-// TestQueriesDoc keeps the two in sync.
+// docs/queries.md is generated from the DashboardQueries table below (by
+// internal/dashboard/docs.go); TestQueriesDoc keeps the two in sync. The
+// dashboard runs them through Store.QueryDashboard, which runs nothing but
+// these statements.
 //
 // Label statistics always take one label per (capability, run, rollout_id):
 // the most recently ingested one (argMax(label, ingest_ns)), exactly as the
@@ -19,7 +27,7 @@ import "strings"
 // QPassRateHourly is the pass rate per agent version of one environment per
 // hour, from the rollout_counts aggregate (exact distinct rollout ids).
 // With toStartOfDay in place of toStartOfHour it is the daily pass rate
-// (the dashboard's bucket=day; see dailySQL).
+// (the dashboard's bucket=day; see QueryDashboard).
 //
 // Binds: environment, since (Unix seconds).
 const QPassRateHourly = `SELECT agent_version, toStartOfHour(bucket) AS time_bucket,
@@ -238,87 +246,120 @@ FROM trigger_events FINAL
 WHERE environment = ? AND agent_version = ? AND dictionary_version = ?
 GROUP BY capability`
 
+// QWeekBounds is the Monday (server time zone) of the week of a time, and
+// the Monday a number of days before it: the trends page's weeks.
+//
+// Binds: anchor (Unix seconds) ×2, days back.
+const QWeekBounds = `SELECT toMonday(toDateTime(?)), toDateTime(toMonday(toDateTime(?)) - ?)`
+
 // dailySQL turns an hourly statement into its daily variant.
 func dailySQL(q string) string { return strings.ReplaceAll(q, "toStartOfHour(", "toStartOfDay(") }
 
-// bucketSQL is q for the bucket width ("hour" or "day").
-func bucketSQL(q, bucket string) string {
-	if bucket == bucketDay {
-		return dailySQL(q)
+// dashboardSQL is the set of statements QueryDashboard runs.
+var dashboardSQL = func() map[string]bool {
+	m := map[string]bool{}
+	for _, q := range DashboardQueries {
+		m[q.SQL] = true
 	}
-	return q
+	return m
+}()
+
+// QueryDashboard runs q, one of the dashboard statements of this file (the
+// Q* constants), with its binds; daily turns its toStartOfHour buckets
+// into toStartOfDay ones. Any other SQL is refused: the dashboard reads
+// through this method, and every statement trace runs lives in package sink.
+// The caller closes the rows.
+func (s *Store) QueryDashboard(ctx context.Context, q string, daily bool, args ...any) (driver.Rows, error) {
+	if !dashboardSQL[q] {
+		return nil, fmt.Errorf("sink: not a dashboard statement: %.60q", q)
+	}
+	if daily {
+		q = dailySQL(q)
+	}
+	return s.conn.Query(ctx, q, args...)
 }
 
-// Bucket widths of the time series.
-const (
-	bucketHour = "hour"
-	bucketDay  = "day"
-)
+// QueryDashboardRow is QueryDashboard for a statement of one row (the
+// hourly variant).
+func (s *Store) QueryDashboardRow(ctx context.Context, q string, args ...any) driver.Row {
+	if !dashboardSQL[q] {
+		return errRow{fmt.Errorf("sink: not a dashboard statement: %.60q", q)}
+	}
+	return s.conn.QueryRow(ctx, q, args...)
+}
 
-// Query is one documented statement.
-type Query struct {
+// errRow is a driver.Row that only fails.
+type errRow struct{ err error }
+
+func (r errRow) Err() error           { return r.err }
+func (r errRow) Scan(...any) error    { return r.err }
+func (r errRow) ScanStruct(any) error { return r.err }
+
+// DashboardQuery is one documented statement of the dashboard.
+type DashboardQuery struct {
 	Name    string // Go constant
 	Title   string
 	Purpose string
 	SQL     string
-	Binds   []Bind
+	Binds   []DashboardBind
 	// More: listed under "Other statements of the dashboard".
 	More bool
 }
 
-// Bind documents one `?` of a query, in order, with the literal used in the
+// DashboardBind documents one `?` of a query, in order, with the literal used in the
 // docs' ready-to-run example.
-type Bind struct {
+type DashboardBind struct {
 	Name    string
 	Example string // SQL literal
 }
 
-// Queries are the statements documented in docs/queries.md, in order.
-var Queries = []Query{
+// DashboardQueries are the statements documented in docs/queries.md, in
+// order.
+var DashboardQueries = []DashboardQuery{
 	{
 		Name: "QPassRateHourly", Title: "Pass rate over time per agent version (hourly)",
 		Purpose: "The overview's pass-rate chart: rollouts and successes per hour and agent version of one environment.",
 		SQL:     QPassRateHourly,
-		Binds:   []Bind{{"environment", "'airline'"}, {"since (Unix seconds)", "toUInt32(now() - INTERVAL 7 DAY)"}},
+		Binds:   []DashboardBind{{"environment", "'airline'"}, {"since (Unix seconds)", "toUInt32(now() - INTERVAL 7 DAY)"}},
 	},
 	{
 		Name: "QPassRateWeekly", Title: "Pass rate over time per agent version (weekly)",
 		Purpose: "The trends page's pass-rate chart: rollouts and successes per week and agent version.",
 		SQL:     QPassRateWeekly,
-		Binds:   []Bind{{"environment", "'airline'"}, {"since (Unix seconds)", "toUInt32(toDateTime(toMonday(today()) - 7 * 7))"}},
+		Binds:   []DashboardBind{{"environment", "'airline'"}, {"since (Unix seconds)", "toUInt32(toDateTime(toMonday(today()) - 7 * 7))"}},
 	},
 	{
 		Name: "QCapabilityHourly", Title: "Cov and Δ over time per capability (hourly)",
 		Purpose: "The overview's Cov and Δ charts: per hour, each run's Cov = L−/|failed| and Δ = ER− − ER+, averaged over runs.",
 		SQL:     QCapabilityHourly,
-		Binds: []Bind{{"environment", "'airline'"}, {"agent_version", "'v2'"}, {"dictionary_version", "1"},
+		Binds: []DashboardBind{{"environment", "'airline'"}, {"agent_version", "'v2'"}, {"dictionary_version", "1"},
 			{"since (Unix seconds)", "toUInt32(now() - INTERVAL 7 DAY)"}},
 	},
 	{
 		Name: "QLackingWeekly", Title: "LACKING capabilities per week and agent version",
 		Purpose: "The trends page's weekly table: mean Cov, Δ and LACKING failures per week, agent version and capability, highest Cov first.",
 		SQL:     QLackingWeekly,
-		Binds:   []Bind{{"environment", "'airline'"}, {"since (Unix seconds)", "toUInt32(toDateTime(toMonday(today()) - 7 * 7))"}},
+		Binds:   []DashboardBind{{"environment", "'airline'"}, {"since (Unix seconds)", "toUInt32(toDateTime(toMonday(today()) - 7 * 7))"}},
 	},
 	{
 		Name: "QLackingWeekOverWeek", Title: "Top LACKING capabilities this week vs last week",
 		Purpose: "The trends page's comparison: per capability of one agent version, Cov, Δ and LACKING failures this week and last week.",
 		SQL:     QLackingWeekOverWeek,
-		Binds: []Bind{{"anchor: a time in \"this week\" (Unix seconds)", "toUInt32(now())"}, {"environment", "'airline'"},
+		Binds: []DashboardBind{{"anchor: a time in \"this week\" (Unix seconds)", "toUInt32(now())"}, {"environment", "'airline'"},
 			{"agent_version", "'v2'"}, {"anchor", "toUInt32(now())"}, {"anchor", "toUInt32(now())"}, {"top N", "10"}},
 	},
 	{
 		Name: "QLackingExamples", Title: "Failed rollouts where a capability was LACKING",
 		Purpose: "The capability page's examples: failed rollouts labeled LACKING, with in how many runs.",
 		SQL:     QLackingExamples,
-		Binds: []Bind{{"environment", "'airline'"}, {"agent_version", "'v2'"}, {"dictionary_version", "1"},
+		Binds: []DashboardBind{{"environment", "'airline'"}, {"agent_version", "'v2'"}, {"dictionary_version", "1"},
 			{"capability", "'multi_step_transaction_completion'"}, {"since (Unix seconds)", "0"}, {"limit", "5"}},
 	},
 	{
 		Name: "QTriggerEvents", Title: "Trigger timeline",
 		Purpose: "The trigger page: every transition (fired, deselected, reselected, rearmed) in time order; '' matches every value.",
 		SQL:     QTriggerEvents,
-		Binds: []Bind{{"since (Unix seconds)", "0"}, {"environment", "''"}, {"environment", "''"}, {"agent_version", "''"},
+		Binds: []DashboardBind{{"since (Unix seconds)", "0"}, {"environment", "''"}, {"environment", "''"}, {"agent_version", "''"},
 			{"agent_version", "''"}, {"capability", "''"}, {"capability", "''"}, {"limit", "500"}},
 	},
 	{
@@ -335,12 +376,50 @@ var Queries = []Query{
 		Name: "QLatestTriggers", Title: "Latest trigger transition per capability", More: true,
 		Purpose: "The overview's trigger column.",
 		SQL:     QLatestTriggers,
-		Binds:   []Bind{{"environment", "'airline'"}, {"agent_version", "'v1'"}, {"dictionary_version", "1"}},
+		Binds:   []DashboardBind{{"environment", "'airline'"}, {"agent_version", "'v1'"}, {"dictionary_version", "1"}},
 	},
 	{
 		Name: "QRollouts", Title: "Stored rollouts by id", More: true,
 		Purpose: "The capability page's conversations (compacted messages) and grader output.",
 		SQL:     QRollouts,
-		Binds:   []Bind{{"environment", "'airline'"}, {"agent_version", "'v2'"}, {"rollout ids (array)", "['airline:v2:001', 'airline:v2:002']"}},
+		Binds:   []DashboardBind{{"environment", "'airline'"}, {"agent_version", "'v2'"}, {"rollout ids (array)", "['airline:v2:001', 'airline:v2:002']"}},
 	},
+	{
+		Name: "QWeekBounds", Title: "Week boundaries", More: true,
+		Purpose: "The trends page's weeks: the Monday of the anchor's week and the Monday N days before it.",
+		SQL:     QWeekBounds,
+		Binds:   []DashboardBind{{"anchor (Unix seconds)", "toUInt32(now())"}, {"anchor", "toUInt32(now())"}, {"days back", "42"}},
+	},
+}
+
+// InlineBinds substitutes literals for the `?` binds of sql, in order. The
+// dashboard's SQL has no `?` inside string literals, so a plain scan is
+// enough.
+func InlineBinds(sql string, literals ...string) (string, error) {
+	var b strings.Builder
+	i := 0
+	for _, r := range sql {
+		if r == '?' {
+			if i >= len(literals) {
+				return "", fmt.Errorf("more binds than the %d literals", len(literals))
+			}
+			b.WriteString(literals[i])
+			i++
+			continue
+		}
+		b.WriteRune(r)
+	}
+	if i != len(literals) {
+		return "", fmt.Errorf("%d binds, %d literals", i, len(literals))
+	}
+	return b.String(), nil
+}
+
+// Example is q's SQL with the documented example literals.
+func (q DashboardQuery) Example() (string, error) {
+	lits := make([]string, len(q.Binds))
+	for i, b := range q.Binds {
+		lits[i] = b.Example
+	}
+	return InlineBinds(q.SQL, lits...)
 }

@@ -1,5 +1,5 @@
 // Package bench measures trace's ingest path end to end on this machine:
-// Kafka (an embedded kfake broker on disk) → ingest.Consumer (decode +
+// Kafka (an embedded kfake broker on disk) → stream.Consumer (decode +
 // validate) → ClickHouse, against the ClickHouse insert ceiling, a bare
 // kafka-go consumer and the obvious single-goroutine loop. `trace bench
 // ingest` runs it.

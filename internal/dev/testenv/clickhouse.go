@@ -282,3 +282,47 @@ func stopShared() {
 	shared.done = false
 	shared.addr, shared.skip, shared.err = "", "", nil
 }
+
+// StoreConn returns a native-protocol connection (pool) to st's database,
+// opened on first use per test and closed when t ends: for tests that check
+// what a store wrote with their own SQL (sink.Store has no Conn escape
+// hatch; every statement of trace is a Store method).
+func StoreConn(t testing.TB, st *sink.Store) driver.Conn {
+	t.Helper()
+	cfg := st.Config()
+	key := storeConnKey{t, cfg.Database, strings.Join(cfg.Addr, ",")}
+	storeConns.mu.Lock()
+	defer storeConns.mu.Unlock()
+	if c, ok := storeConns.m[key]; ok {
+		return c
+	}
+	conn, err := clickhouse.Open(&clickhouse.Options{
+		Addr:        cfg.Addr,
+		Auth:        clickhouse.Auth{Database: cfg.Database, Username: cfg.User, Password: cfg.Password},
+		DialTimeout: 10 * time.Second,
+	})
+	if err != nil {
+		t.Fatalf("testenv: connect to ClickHouse %v/%s: %v", cfg.Addr, cfg.Database, err)
+	}
+	if storeConns.m == nil {
+		storeConns.m = map[storeConnKey]driver.Conn{}
+	}
+	storeConns.m[key] = conn
+	t.Cleanup(func() {
+		storeConns.mu.Lock()
+		delete(storeConns.m, key)
+		storeConns.mu.Unlock()
+		conn.Close()
+	})
+	return conn
+}
+
+type storeConnKey struct {
+	t        testing.TB
+	db, addr string
+}
+
+var storeConns struct {
+	mu sync.Mutex
+	m  map[storeConnKey]driver.Conn
+}

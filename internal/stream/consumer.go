@@ -1,4 +1,4 @@
-package ingest
+package stream
 
 import (
 	"context"
@@ -13,86 +13,8 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/cenkalti/backoff/v4"
 	"github.com/segmentio/kafka-go"
-	"github.com/segmentio/kafka-go/protocol/listoffsets"
 )
-
-// Record is one decoded message with its Kafka coordinates.
-type Record[T any] struct {
-	Value     T
-	Topic     string
-	Partition int
-	Offset    int64
-	Key       []byte
-	Time      time.Time // the message timestamp
-	Size      int       // bytes of the encoded value
-}
-
-// Sink makes a batch durable.
-//
-// Write returns nil only when every record of the batch is durable: that is
-// the promise that lets the consumer commit the batch's offsets. It may see
-// the same records again after a failure, a rebalance or a restart
-// (at-least-once), so it must be idempotent.
-//
-// An error for which Config.IsRetryable is true makes the consumer retry the
-// same batch (same slice, same order) with capped exponential backoff, forever
-// until Run's context ends, while it fetches nothing and commits nothing
-// (backpressure). Any other error stops the consumer: Run returns it.
-//
-// Write is called from one goroutine at a time, never with an empty batch.
-// Its ctx is not Run's: after Run's context is cancelled, the batch in flight
-// gets Config.DrainTimeout more to finish, and ctx ends then. Write must
-// return promptly when ctx ends. The batch slice is not reused after Write
-// returns nil, so a Sink may keep it.
-type Sink[T any] interface {
-	Write(ctx context.Context, batch []Record[T]) error
-}
-
-// A StreamSink is a Sink that also takes a batch in pieces, while it is
-// being fetched and decoded, so that the consumer holds none of its records:
-// memory stays bounded by a few chunks whatever the batch size, and large
-// batches (few, large inserts) cost no memory.
-//
-// The consumer then calls Begin once per batch, Add for its records in
-// fetch order (records of one partition in offset order), and Commit when
-// the batch is sealed; Commit returning nil is the promise that lets it
-// commit the batch's offsets. When Begin, Add or Commit fails with a
-// retryable error the records are gone from memory: the consumer reads the
-// batch's offset ranges again from Kafka (outside the group) and writes them
-// to a new Stream, with backoff, until that succeeds (a retry may see the
-// partitions in another order). Write is not called. The rest of Sink's
-// contract holds: at-least-once, idempotent, one goroutine at a time.
-type StreamSink[T any] interface {
-	Sink[T]
-	// Begin starts the write of one batch; ctx bounds the whole Stream.
-	Begin(ctx context.Context) (Stream[T], error)
-}
-
-// Stream is one batch being written by a StreamSink.
-type Stream[T any] interface {
-	// Add takes the next records. It must not keep recs (the slice is
-	// reused); it may keep the values.
-	Add(recs []Record[T]) error
-	// Commit makes every added record durable.
-	Commit() error
-	// Abort ends a Stream that is not committed; a no-op after Commit.
-	Abort()
-}
-
-// SinkFunc adapts a function to a Sink.
-type SinkFunc[T any] func(ctx context.Context, batch []Record[T]) error
-
-// Write calls f.
-func (f SinkFunc[T]) Write(ctx context.Context, batch []Record[T]) error { return f(ctx, batch) }
-
-// Decoder turns a message value into T. It is called concurrently from
-// Config.DecodeWorkers goroutines. An error (or a panic) sends the message,
-// untouched, to the dead-letter topic; the reason header is the Reason of a
-// *schemas.Error in the error's chain, else "decode" ("panic" for a panic).
-// The decoder must not keep value: the consumer releases it afterwards.
-type Decoder[T any] func(value []byte) (T, error)
 
 // Consumer reads one topic in a consumer group, decodes every message, hands
 // the valid ones to a Sink in batches, dead-letters the invalid ones, and
@@ -209,10 +131,10 @@ func NewConsumer[T any](cfg Config, dec Decoder[T], sink Sink[T], logger *slog.L
 		return nil, err
 	}
 	if dec == nil {
-		return nil, errors.New("ingest: NewConsumer: nil Decoder")
+		return nil, errors.New("stream: NewConsumer: nil Decoder")
 	}
 	if sink == nil {
-		return nil, errors.New("ingest: NewConsumer: nil Sink")
+		return nil, errors.New("stream: NewConsumer: nil Sink")
 	}
 	if logger == nil {
 		logger = slog.Default()
@@ -269,7 +191,7 @@ const (
 // Write is never called concurrently).
 func (c *Consumer[T]) Run(ctx context.Context) error {
 	if !c.running.CompareAndSwap(false, true) {
-		return errors.New("ingest: Consumer.Run is already running (or abandoned a stuck Sink.Write)")
+		return errors.New("stream: Consumer.Run is already running (or abandoned a stuck Sink.Write)")
 	}
 	abandoned := false
 	defer func() {
@@ -354,7 +276,7 @@ func (c *Consumer[T]) Run(ctx context.Context) error {
 		}
 		t.Stop()
 		if err == nil && ctx.Err() == nil {
-			err = errors.New("ingest: the Kafka reader stopped unexpectedly")
+			err = errors.New("stream: the Kafka reader stopped unexpectedly")
 		}
 	case <-ctx.Done():
 		// The writer finishes its batch under work, which ends DrainTimeout
@@ -763,7 +685,7 @@ func (c *Consumer[T]) sinkError(err error) error {
 	if errors.Is(err, errDrainExpired) || errors.Is(err, errIncomplete) {
 		return err
 	}
-	return fmt.Errorf("ingest: sink: %w", err)
+	return fmt.Errorf("stream: sink: %w", err)
 }
 
 // streamLoop is the write stage for a StreamSink, in two steps so that a
@@ -1017,200 +939,4 @@ func (c *Consumer[T]) finish(work context.Context, r *kafka.Reader, dlq *dlqWrit
 		c.met.error("commit")
 		c.log.Warn("offset commit failed; retrying", "attempt", attempt, "error", err, "retry_in", wait)
 	})
-}
-
-// retry runs op until it returns nil, fatal(err) is true (err is returned),
-// or ctx ends (errDrainExpired, wrapping the last error, is returned).
-func (c *Consumer[T]) retry(ctx context.Context, op func(context.Context) error, fatal func(error) bool,
-	onRetry func(attempt int, err error, wait time.Duration)) error {
-	bo := c.newBackOff()
-	for attempt := 1; ; attempt++ {
-		if err := ctx.Err(); err != nil {
-			// Past the drain deadline nothing new starts. (kafka-go may
-			// still commit a request that raced with the cancellation;
-			// that is harmless, the batch is durable.)
-			return fmt.Errorf("%w: %w", errDrainExpired, err)
-		}
-		err := op(ctx)
-		if err == nil {
-			return nil
-		}
-		if ctx.Err() != nil {
-			return fmt.Errorf("%w: %w", errDrainExpired, err)
-		}
-		if fatal != nil && fatal(err) {
-			return err
-		}
-		wait := bo.NextBackOff()
-		onRetry(attempt, err, wait)
-		if !sleep(ctx, wait) {
-			return fmt.Errorf("%w: %w", errDrainExpired, err)
-		}
-	}
-}
-
-// newBackOff is the capped, jittered exponential backoff of every retry:
-// BackoffInitial doubling up to BackoffMax, each wait randomized by ±50% and
-// then capped at BackoffMax, never giving up.
-func (c *Consumer[T]) newBackOff() backoff.BackOff {
-	return cappedBackOff{
-		b: backoff.NewExponentialBackOff(
-			backoff.WithInitialInterval(c.cfg.BackoffInitial),
-			backoff.WithMaxInterval(c.cfg.BackoffMax),
-			backoff.WithMultiplier(2),
-			backoff.WithRandomizationFactor(0.5),
-			backoff.WithMaxElapsedTime(0),
-		),
-		max: c.cfg.BackoffMax,
-	}
-}
-
-type cappedBackOff struct {
-	b   *backoff.ExponentialBackOff
-	max time.Duration
-}
-
-func (b cappedBackOff) NextBackOff() time.Duration { return min(b.b.NextBackOff(), b.max) }
-func (b cappedBackOff) Reset()                     { b.b.Reset() }
-
-// sleep waits d or until ctx ends; false if ctx ended.
-func sleep(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return true
-	case <-ctx.Done():
-		return false
-	}
-}
-
-// lagLoop refreshes the lag gauge every LagInterval until ctx ends.
-//
-// kafka-go's group Reader.Stats().Lag is the lag of whichever partition was
-// read last (and Reader.ReadLag refuses groups), so the lag is computed the
-// way external monitors do it: the partitions' high watermarks (ListOffsets)
-// minus the group's committed offsets (OffsetFetch). A partition without a
-// committed offset counts from its log start for StartOffset FirstOffset,
-// and as 0 for LastOffset. Being based on commits, it includes the batches in
-// flight and rises while the sink applies backpressure.
-func (c *Consumer[T]) lagLoop(ctx context.Context, tr *kafka.Transport) {
-	if c.cfg.LagInterval < 0 {
-		return
-	}
-	defer c.met.clearLag()
-	if c.met.m == nil {
-		return
-	}
-	client := &kafka.Client{Addr: kafka.TCP(c.cfg.Brokers...), Transport: tr, Timeout: 10 * time.Second}
-	t := time.NewTicker(c.cfg.LagInterval)
-	defer t.Stop()
-	for {
-		lags, err := c.pollLag(ctx, client, tr)
-		switch {
-		case err == nil:
-			c.met.setLag(lags)
-		case ctx.Err() == nil:
-			c.met.error("lag")
-			c.log.Debug("lag poll failed", "error", err)
-		}
-		select {
-		case <-t.C:
-		case <-ctx.Done():
-			return
-		}
-	}
-}
-
-func (c *Consumer[T]) pollLag(ctx context.Context, client *kafka.Client, tr *kafka.Transport) (map[int]int64, error) {
-	md, err := client.Metadata(ctx, &kafka.MetadataRequest{Topics: []string{c.cfg.Topic}})
-	if err != nil {
-		return nil, err
-	}
-	var parts []int
-	for _, t := range md.Topics {
-		if t.Name == c.cfg.Topic {
-			if t.Error != nil {
-				return nil, t.Error
-			}
-			for _, p := range t.Partitions {
-				parts = append(parts, p.ID)
-			}
-		}
-	}
-	if len(parts) == 0 {
-		return nil, fmt.Errorf("topic %q has no partitions", c.cfg.Topic)
-	}
-	high, err := listOffsets(ctx, client, tr, c.cfg.Topic, parts, kafka.LastOffset)
-	if err != nil {
-		return nil, err
-	}
-	var low map[int]int64
-	if c.cfg.StartOffset == kafka.FirstOffset {
-		if low, err = listOffsets(ctx, client, tr, c.cfg.Topic, parts, kafka.FirstOffset); err != nil {
-			return nil, err
-		}
-	}
-	of, err := client.OffsetFetch(ctx, &kafka.OffsetFetchRequest{GroupID: c.cfg.GroupID, Topics: map[string][]int{c.cfg.Topic: parts}})
-	if err != nil {
-		return nil, err
-	}
-	if of.Error != nil {
-		return nil, of.Error
-	}
-	committed := make(map[int]int64, len(parts))
-	for _, p := range of.Topics[c.cfg.Topic] {
-		if p.Error == nil {
-			committed[p.Partition] = p.CommittedOffset
-		}
-	}
-	lags := make(map[int]int64, len(parts))
-	for _, p := range parts {
-		h, ok := high[p]
-		if !ok {
-			continue
-		}
-		from, ok := committed[p]
-		if !ok || from < 0 {
-			if low == nil {
-				lags[p] = 0
-				continue
-			}
-			from = low[p]
-		}
-		lags[p] = max(h-from, 0)
-	}
-	return lags, nil
-}
-
-// listOffsets asks the partition leaders for the earliest or latest offset of
-// each partition. It uses the protocol request directly: kafka.Client's
-// ListOffsets files responses by their record timestamp, which brokers set
-// to -1 for both earliest and latest.
-func listOffsets(ctx context.Context, client *kafka.Client, tr *kafka.Transport, topic string, parts []int, which int64) (map[int]int64, error) {
-	req := &listoffsets.Request{ReplicaID: -1, Topics: []listoffsets.RequestTopic{{Topic: topic}}}
-	for _, p := range parts {
-		req.Topics[0].Partitions = append(req.Topics[0].Partitions,
-			listoffsets.RequestPartition{Partition: int32(p), CurrentLeaderEpoch: -1, Timestamp: which})
-	}
-	rctx, cancel := context.WithTimeout(ctx, client.Timeout)
-	defer cancel()
-	m, err := tr.RoundTrip(rctx, client.Addr, req)
-	if err != nil {
-		return nil, err
-	}
-	res, ok := m.(*listoffsets.Response)
-	if !ok {
-		return nil, fmt.Errorf("ListOffsets: unexpected response %T", m)
-	}
-	out := make(map[int]int64, len(parts))
-	for _, t := range res.Topics {
-		for _, p := range t.Partitions {
-			if p.ErrorCode != 0 {
-				return nil, fmt.Errorf("ListOffsets %s/%d: %w", topic, p.Partition, kafka.Error(p.ErrorCode))
-			}
-			out[int(p.Partition)] = p.Offset
-		}
-	}
-	return out, nil
 }

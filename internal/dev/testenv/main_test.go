@@ -3,7 +3,7 @@ package testenv_test
 import (
 	"testing"
 
-	"github.com/traceops/trace/internal/testenv"
+	"github.com/traceops/trace/internal/dev/testenv"
 )
 
 func TestMain(m *testing.M) { testenv.Main(m) }

@@ -40,6 +40,7 @@ package simulate
 
 import (
 	"bytes"
+	"cmp"
 	"crypto/sha256"
 	"encoding/binary"
 	"encoding/hex"
@@ -51,7 +52,7 @@ import (
 	"strings"
 	"time"
 
-	"gopkg.in/yaml.v3"
+	"go.yaml.in/yaml/v3"
 
 	"github.com/traceops/trace/schemas"
 )
@@ -264,9 +265,7 @@ func New(cfg Config) *Generator {
 	if cfg.Start.IsZero() {
 		cfg.Start = DefaultStart
 	}
-	if cfg.Interval == 0 {
-		cfg.Interval = 30 * time.Second
-	}
+	cfg.Interval = cmp.Or(cfg.Interval, 30*time.Second)
 	g := &Generator{cfg: cfg, out: DefaultOutcomes, worlds: map[string]*worldState{}}
 	if cfg.Outcomes != nil {
 		g.out = *cfg.Outcomes
@@ -274,9 +273,7 @@ func New(cfg Config) *Generator {
 	total := 0.0
 	for _, a := range cfg.Fleet {
 		w := a.Weight
-		if w == 0 {
-			w = 1
-		}
+		w = cmp.Or(w, 1)
 		total += w
 		g.cum = append(g.cum, total)
 	}
@@ -617,6 +614,31 @@ func (ep *episode) giveUp(explain, summary string) {
 }
 
 // write performs one write call and records it.
+// miss records a required write the agent did not make, as "name(args)".
+func (ep *episode) miss(tool string, args map[string]any) {
+	ep.missing = append(ep.missing, tool+"("+argString(args)+")")
+}
+
+// conclude sets the final message of an episode whose writes were made:
+// opening, then sentence(i)'s right text for each of the n writes done, and
+// the closing question. The wrong variant (the factual slip a grader
+// catches) differs in the first write's sentence only.
+func (ep *episode) conclude(opening string, n int, sentence func(i int) (right, wrong string)) {
+	var right, wrong []string
+	for i := range n {
+		s, w := sentence(i)
+		right = append(right, s)
+		if i == 0 {
+			wrong = append(wrong, w)
+		} else {
+			wrong = append(wrong, s)
+		}
+	}
+	tail := " Is there anything else I can help you with?"
+	ep.final.right = opening + " " + strings.Join(right, " ") + tail
+	ep.final.wrong = opening + " " + strings.Join(wrong, " ") + tail
+}
+
 func (ep *episode) write(text string, cs callSpec, rec writeRec) {
 	rec.name = cs.name
 	rec.ok = !cs.err

@@ -9,6 +9,7 @@
 package llmtest
 
 import (
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -248,9 +249,7 @@ func (s *Server) chat(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set(k, v)
 	}
 	status := rep.Status
-	if status == 0 {
-		status = http.StatusOK
-	}
+	status = cmp.Or(status, http.StatusOK)
 	if rep.Body != "" {
 		w.Header().Set("Content-Type", "application/json")
 		w.WriteHeader(status)
@@ -270,9 +269,7 @@ func (s *Server) envelope(cr ChatRequest, rep Reply) map[string]any {
 		content = nil
 	}
 	finish := rep.FinishReason
-	if finish == "" {
-		finish = "stop"
-	}
+	finish = cmp.Or(finish, "stop")
 	choice := map[string]any{
 		"index":         0,
 		"message":       map[string]any{"role": "assistant", "content": content},
@@ -287,12 +284,8 @@ func (s *Server) envelope(cr ChatRequest, rep Reply) map[string]any {
 	}
 	if !rep.NoUsage {
 		pt, ct := rep.PromptTokens, rep.CompletionTokens
-		if pt == 0 {
-			pt = len(cr.Prompt())/4 + 1
-		}
-		if ct == 0 {
-			ct = len(rep.Content)/4 + 1
-		}
+		pt = cmp.Or(pt, len(cr.Prompt())/4+1)
+		ct = cmp.Or(ct, len(rep.Content)/4+1)
 		out["usage"] = map[string]any{"prompt_tokens": pt, "completion_tokens": ct, "total_tokens": pt + ct}
 	}
 	return out

@@ -445,7 +445,7 @@ func (rt *retail) play(ep *episode, t *task) {
 		ep.errHit = true
 		if ep.lacking(ToolErrorRecovery) {
 			for _, act := range d.acts {
-				ep.missing = append(ep.missing, act.tool()+"("+argString(rt.args(act, act.pay, "", act.newV))+")")
+				ep.miss(act.tool(), rt.args(act, act.pay, "", act.newV))
 			}
 			ep.giveUp("I'm sorry, I couldn't find an account with that email address, so I can't look up your orders. I'll transfer you to a human agent who can help.",
 				fmt.Sprintf("Could not authenticate the user: no account for email %s.", d.emailTypo))
@@ -581,7 +581,7 @@ func (rt *retail) play(ep *episode, t *task) {
 	var done []*retailAct
 	for i, act := range d.acts {
 		if i >= n {
-			ep.missing = append(ep.missing, act.tool()+"("+argString(rt.args(act, act.pay, "", act.newV))+")")
+			ep.miss(act.tool(), rt.args(act, act.pay, "", act.newV))
 			continue
 		}
 		rec := writeRec{entityRead: read[act.order], grounded: true, confirmed: ep.confirms()}
@@ -591,7 +591,7 @@ func (rt *retail) play(ep *episode, t *task) {
 			ep.errHit = true
 			if ep.lacking(ToolErrorRecovery) {
 				for _, rest := range d.acts {
-					ep.missing = append(ep.missing, rest.tool()+"("+argString(rt.args(rest, rest.pay, "", rest.newV))+")")
+					ep.miss(rest.tool(), rt.args(rest, rest.pay, "", rest.newV))
 				}
 				ep.giveUp("I'm sorry, the exchange could not be processed, so I'm unable to complete it. I'll transfer you to a human agent who can help you further.",
 					fmt.Sprintf("User %s wants to exchange item %s in order %s; the exchange failed.", u.id, act.item.v.id, act.order.id))
@@ -613,9 +613,8 @@ func (rt *retail) play(ep *episode, t *task) {
 		done = append(done, act)
 	}
 
-	var right, wrong []string
-	for i, act := range done {
-		var s, w string
+	ep.conclude("Done!", len(done), func(i int) (s, w string) {
+		act := done[i]
 		switch act.kind {
 		case "cancel":
 			f := "Order %s has been cancelled, and the refund of %s will go back to your %s in 5 to 7 business days."
@@ -646,16 +645,8 @@ func (rt *retail) play(ep *episode, t *task) {
 				ep.final.fact = "price difference of " + money(abs(diff(act, act.newV)))
 			}
 		}
-		right = append(right, s)
-		if i == 0 {
-			wrong = append(wrong, w)
-		} else {
-			wrong = append(wrong, s)
-		}
-	}
-	tail := " Is there anything else I can help you with?"
-	ep.final.right = "Done! " + strings.Join(right, " ") + tail
-	ep.final.wrong = "Done! " + strings.Join(wrong, " ") + tail
+		return s, w
+	})
 }
 
 func abs(f float64) float64 {

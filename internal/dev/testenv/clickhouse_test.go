@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/traceops/trace/internal/testenv"
+	"github.com/traceops/trace/internal/dev/testenv"
 )
 
 // TestClickHouseInsertSelect: create a table, insert with PrepareBatch (with

@@ -1,4 +1,4 @@
-package ingest
+package stream
 
 import (
 	"context"

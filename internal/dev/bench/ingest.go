@@ -2,6 +2,7 @@ package bench
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -29,6 +30,7 @@ import (
 	"github.com/traceops/trace/ingest"
 	"github.com/traceops/trace/internal/chserver"
 	"github.com/traceops/trace/internal/config"
+	"github.com/traceops/trace/internal/stream"
 	"github.com/traceops/trace/schemas"
 	"github.com/traceops/trace/sink"
 )
@@ -56,7 +58,7 @@ type Options struct {
 	CHCompression string
 	// Consumer is the ingest configuration under test (zero fields take
 	// ingest's defaults); Brokers, Topic and GroupID are set by Run.
-	Consumer ingest.Config
+	Consumer stream.Config
 	// Skip baselines (ceiling, bare consume, obvious loop).
 	SkipBaselines bool
 	// Repeat runs every step this many times (alternating) and keeps each
@@ -94,7 +96,7 @@ const (
 	StepCeiling = "clickhouse-client ceiling"
 	StepBare    = "kafka-go bare consume"
 	StepObvious = "obvious loop"
-	StepTrace   = "trace ingest.Consumer"
+	StepTrace   = "trace stream.Consumer"
 )
 
 // env is what the steps share.
@@ -186,15 +188,9 @@ func Run(ctx context.Context, opt Options) ([]Result, error) {
 
 func setup(ctx context.Context, opt *Options) (*env, func(), error) {
 	// The consumer under test runs with `trace run`'s ingest defaults.
-	if opt.Consumer.BatchRows == 0 {
-		opt.Consumer.BatchRows = config.IngestBatchRows
-	}
-	if opt.Consumer.BatchBytes == 0 {
-		opt.Consumer.BatchBytes = config.IngestBatchBytes
-	}
-	if opt.Consumer.BatchTimeout == 0 {
-		opt.Consumer.BatchTimeout = config.IngestBatchTimeout
-	}
+	opt.Consumer.BatchRows = cmp.Or(opt.Consumer.BatchRows, config.IngestBatchRows)
+	opt.Consumer.BatchBytes = cmp.Or(opt.Consumer.BatchBytes, config.IngestBatchBytes)
+	opt.Consumer.BatchTimeout = cmp.Or(opt.Consumer.BatchTimeout, config.IngestBatchTimeout)
 	if opt.WholeRows <= 0 {
 		opt.WholeRows = 20000
 	}
@@ -207,9 +203,7 @@ func setup(ctx context.Context, opt *Options) (*env, func(), error) {
 	if opt.Partitions <= 0 {
 		opt.Partitions = 4
 	}
-	if opt.Compression == "" {
-		opt.Compression = "zstd"
-	}
+	opt.Compression = cmp.Or(opt.Compression, "zstd")
 	log := opt.Log
 	if log == nil {
 		log = slog.New(slog.NewTextHandler(io.Discard, nil))
@@ -310,7 +304,7 @@ func setup(ctx context.Context, opt *Options) (*env, func(), error) {
 		}
 		defer s.Close()
 		for _, db := range dbs {
-			_ = s.Conn().Exec(cctx, "DROP DATABASE IF EXISTS "+db)
+			_ = s.DropDatabase(cctx, db)
 		}
 	})
 	return e, cleanup, nil
@@ -405,8 +399,7 @@ func (e *env) settle(ctx context.Context) {
 	defer s.Close()
 	deadline := time.Now().Add(60 * time.Second)
 	for time.Now().Before(deadline) && ctx.Err() == nil {
-		var n uint64
-		if err := s.Conn().QueryRow(ctx, "SELECT count() FROM system.merges").Scan(&n); err != nil || n == 0 {
+		if n, err := s.ActiveMerges(ctx); err != nil || n == 0 {
 			return
 		}
 		time.Sleep(250 * time.Millisecond)
@@ -482,7 +475,7 @@ func (e *env) ceiling(ctx context.Context, set Set, ds *Dataset, _ string, n int
 		}
 		s.Close()
 		args := []string{"--host", host, "--port", port, "--database", db,
-			"--query", "INSERT INTO rollouts (rollout_id, environment, agent_name, agent_version, task_id, success, reward, start_time, end_time, n_messages, n_tool_calls, n_tool_errors, messages, tools, grader, metadata, kafka_topic, kafka_partition, kafka_offset, ingested_at, ingest_ns) FORMAT JSONEachRow"}
+			"--query", sink.InsertRolloutsJSONEachRowSQL}
 		name := "client default"
 		if block > 0 {
 			args = append(args, "--max_insert_block_size="+strconv.Itoa(block))
@@ -530,21 +523,21 @@ func (e *env) checkCount(ctx context.Context, db string, n int) error {
 		return err
 	}
 	defer s.Close()
-	var got uint64
-	if err := s.Conn().QueryRow(ctx, "SELECT count() FROM rollouts").Scan(&got); err != nil {
+	got, err := s.CountRollouts(ctx)
+	if err != nil {
 		return err
 	}
 	if got < uint64(n) {
 		return fmt.Errorf("bench: %s holds %d rows, want %d", db, got, n)
 	}
-	_ = s.Conn().Exec(ctx, "DROP DATABASE IF EXISTS "+db)
+	_ = s.DropDatabase(ctx, db)
 	return nil
 }
 
 func (e *env) reader(topic, group string) *kafka.Reader {
 	maxBytes := e.opt.Consumer.MaxMessageBytes
 	if maxBytes <= 0 {
-		maxBytes = ingest.DefaultMaxMessageBytes
+		maxBytes = stream.DefaultMaxMessageBytes
 	}
 	return kafka.NewReader(kafka.ReaderConfig{Brokers: e.brokers, Topic: topic, GroupID: group,
 		MinBytes: 1, MaxBytes: maxBytes, MaxWait: 2 * time.Second, StartOffset: kafka.FirstOffset})
@@ -646,7 +639,7 @@ func (e *env) obvious(ctx context.Context, set Set, _ *Dataset, topic string, n 
 }
 
 // countingSink counts the rows the wrapped sink made durable and signals
-// when target is reached. It streams (ingest.StreamSink) as RowSink does.
+// when target is reached. It streams (stream.StreamSink) as RowSink does.
 type countingSink struct {
 	inner    *ingest.RowSink
 	n        atomic.Int64
@@ -667,7 +660,7 @@ func (s *countingSink) durable(rows int, since time.Time) {
 	}
 }
 
-func (s *countingSink) Write(ctx context.Context, batch []ingest.Record[*sink.RolloutRow]) error {
+func (s *countingSink) Write(ctx context.Context, batch []stream.Record[*sink.RolloutRow]) error {
 	t0 := time.Now()
 	if err := s.inner.Write(ctx, batch); err != nil {
 		return err
@@ -676,7 +669,7 @@ func (s *countingSink) Write(ctx context.Context, batch []ingest.Record[*sink.Ro
 	return nil
 }
 
-func (s *countingSink) Begin(ctx context.Context) (ingest.Stream[*sink.RolloutRow], error) {
+func (s *countingSink) Begin(ctx context.Context) (stream.Stream[*sink.RolloutRow], error) {
 	t0 := time.Now()
 	st, err := s.inner.Begin(ctx)
 	if err != nil {
@@ -686,13 +679,13 @@ func (s *countingSink) Begin(ctx context.Context) (ingest.Stream[*sink.RolloutRo
 }
 
 type countingStream struct {
-	ingest.Stream[*sink.RolloutRow]
+	stream.Stream[*sink.RolloutRow]
 	s    *countingSink
 	t0   time.Time
 	rows int
 }
 
-func (st *countingStream) Add(recs []ingest.Record[*sink.RolloutRow]) error {
+func (st *countingStream) Add(recs []stream.Record[*sink.RolloutRow]) error {
 	st.rows += len(recs)
 	return st.Stream.Add(recs)
 }
@@ -705,7 +698,7 @@ func (st *countingStream) Commit() error {
 	return nil
 }
 
-// trace: ingest.Consumer with DecodeRolloutRow and RowSink, as `trace run` ingests.
+// trace: stream.Consumer with DecodeRolloutRow and RowSink, as `trace run` ingests.
 func (e *env) trace(ctx context.Context, set Set, _ *Dataset, topic string, n int, bytes int64) (Result, error) {
 	db := e.dbName(set, "trace")
 	store, err := e.store(ctx, db)
@@ -731,11 +724,11 @@ func (e *env) trace(ctx context.Context, set Set, _ *Dataset, topic string, n in
 	return res, e.checkCount(ctx, db, n)
 }
 
-// runConsumer runs an ingest.Consumer until target rows are durable; it
+// runConsumer runs an stream.Consumer until target rows are durable; it
 // returns the consumer's configuration, the time from the first decode to
 // the write that reached the target, and the rows durable then. tick, when
 // set, is called every 500ms while it runs.
-func (e *env) runConsumer(ctx context.Context, topic, group string, store *sink.Store, target int64, tick func()) (ingest.Config, time.Duration, int64, error) {
+func (e *env) runConsumer(ctx context.Context, topic, group string, store *sink.Store, target int64, tick func()) (stream.Config, time.Duration, int64, error) {
 	cfg := e.opt.Consumer
 	cfg.Brokers, cfg.Topic, cfg.GroupID = e.brokers, topic, group
 	cfg.LagInterval = -1
@@ -748,7 +741,7 @@ func (e *env) runConsumer(ctx context.Context, topic, group string, store *sink.
 		return dec(b)
 	}
 	cs := &countingSink{inner: &ingest.RowSink{Store: store}, target: target, done: make(chan struct{})}
-	c, err := ingest.NewConsumer[*sink.RolloutRow](cfg, decode, cs, e.log, nil)
+	c, err := stream.NewConsumer[*sink.RolloutRow](cfg, decode, cs, e.log, nil)
 	if err != nil {
 		return cfg, 0, 0, err
 	}

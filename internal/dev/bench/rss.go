@@ -154,8 +154,8 @@ func RunRSS(ctx context.Context, opt Options) (RSSResult, error) {
 		if i%4 != 0 {
 			continue
 		}
-		var got uint64
-		if err := store.Conn().QueryRow(ctx, "SELECT count() FROM rollouts").Scan(&got); err != nil {
+		got, err := store.CountRollouts(ctx)
+		if err != nil {
 			if sink.IsRetryable(err) {
 				continue
 			}
