@@ -92,7 +92,9 @@ func TestSynthesizeRole(t *testing.T) {
 			time.Sleep(100 * time.Millisecond)
 		}
 	}
-	es := waitEnv("DONE", func(es []*synthesizer.Environment) bool { return len(es) == 1 && es[0].Status == synthesizer.StatusDone })
+	es := waitEnv("DONE", func(es []*synthesizer.Environment) bool {
+		return len(es) == 1 && es[0].Status == synthesizer.StatusDone
+	})
 	stop()
 	stop = start()
 	again("late-duplicate-2")

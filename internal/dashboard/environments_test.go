@@ -83,7 +83,7 @@ func TestEnvironmentsPagesAndAPI(t *testing.T) {
 		t.Fatalf("program: %d %q %v", rec.Code, rec.Body.String(), rec.Header())
 	}
 	for path, want := range map[string]int{
-		"/api/environments/env-0000000000000000":        404,
+		"/api/environments/env-0000000000000000":         404,
 		schemas.EnvironmentProgramPath(failed.ID):        404, // no program yet
 		"/api/environments?status=SOMETIMES":             400,
 		"/environment?id=env-0000000000000000":           404,
