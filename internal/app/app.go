@@ -65,6 +65,10 @@ type App struct {
 // HTTPAddr is the address the serve role listens on (after Ready).
 func (a *App) HTTPAddr() string { return a.httpAddr }
 
+// EmbeddedClickHouse is the local ClickHouse server trace started (nil when
+// clickhouse.addr is configured). Run supervises it.
+func (a *App) EmbeddedClickHouse() *chserver.Server { return a.ch }
+
 // Start brings up the infrastructure (embedded where nothing is configured),
 // migrates ClickHouse, connects NATS and loads the dictionaries. Close undoes it.
 func Start(ctx context.Context, cfg config.Config, log *slog.Logger) (*App, error) {
@@ -234,6 +238,9 @@ func (a *App) Run(ctx context.Context, extra ...Actor) error {
 			})
 		})
 	}
+	if a.ch != nil {
+		a.superviseClickHouse(ctx, &g)
+	}
 	if err := a.addHTTP(&g); err != nil {
 		return err
 	}
@@ -267,6 +274,29 @@ func addActor(g *run.Group, parent context.Context, name string, fn func(context
 		}
 		return nil
 	}, func(error) { cancel() })
+}
+
+// superviseClickHouse restarts the embedded ClickHouse server when its
+// process dies (chserver.Supervise: logged with the exit status, capped
+// backoff); meanwhile the consumers back off and /readyz fails. Counted in
+// trace_embedded_clickhouse_exits_total and _restarts_total.
+func (a *App) superviseClickHouse(ctx context.Context, g *run.Group) {
+	exits := prometheus.NewCounter(prometheus.CounterOpts{Name: "trace_embedded_clickhouse_exits_total",
+		Help: "Unexpected exits of the embedded ClickHouse server (crash, kill -9, OOM killer)."})
+	restarts := prometheus.NewCounter(prometheus.CounterOpts{Name: "trace_embedded_clickhouse_restarts_total",
+		Help: "Restarts of the embedded ClickHouse server after an unexpected exit."})
+	for _, c := range []*prometheus.Counter{&exits, &restarts} {
+		if err := a.Registry.Register(*c); err != nil {
+			var are prometheus.AlreadyRegisteredError
+			if errors.As(err, &are) {
+				*c = are.ExistingCollector.(prometheus.Counter) // Run called again
+			}
+		}
+	}
+	addActor(g, ctx, "clickhouse-supervisor", func(ctx context.Context) error {
+		return a.ch.Supervise(ctx, chserver.SuperviseOptions{
+			OnExit: func(error) { exits.Inc() }, OnRestart: restarts.Inc})
+	})
 }
 
 // addHTTP listens on http.addr and adds the HTTP server (health, metrics,

@@ -18,23 +18,7 @@ import (
 func (a *App) httpServer() *http.Server {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { w.Write([]byte("ok\n")) })
-	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
-		select {
-		case <-a.readyCh:
-		default:
-			http.Error(w, "starting", http.StatusServiceUnavailable)
-			return
-		}
-		if err := a.Store.Ping(r.Context()); err != nil {
-			http.Error(w, "clickhouse: "+err.Error(), http.StatusServiceUnavailable)
-			return
-		}
-		if a.Bus != nil && !a.Bus.NC.IsConnected() {
-			http.Error(w, "nats: disconnected", http.StatusServiceUnavailable)
-			return
-		}
-		w.Write([]byte("ready\n"))
-	})
+	mux.HandleFunc("GET /readyz", a.readyz)
 	protected := http.NewServeMux()
 	protected.Handle("GET /metrics", promhttp.HandlerFor(a.Registry, promhttp.HandlerOpts{Registry: a.Registry}))
 	if a.Cfg.Has("serve") {

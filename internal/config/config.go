@@ -148,6 +148,9 @@ type LLM struct {
 type HTTP struct {
 	Addr        string `koanf:"addr"`
 	BearerToken string `koanf:"bearer_token"` // secret; protects the API and dashboard (not /healthz, /readyz)
+	// ReadyTimeout bounds each dependency check of /readyz (they run in
+	// parallel), so a probe answers within about this long whatever is down.
+	ReadyTimeout time.Duration `koanf:"ready_timeout"`
 }
 
 // Roles trace run knows.
@@ -179,7 +182,7 @@ func Default() Config {
 		Analyzer: Analyzer{Labeler: "rules", SampleFailed: 1, SamplePassed: 1, Concurrency: 8,
 			UnexplainedThreshold: analyzer.DefaultUnexplainedThreshold, DiscoveryCooldown: time.Hour, DiscoverySample: 10},
 		LLM:      LLM{Timeout: 60 * time.Second, Concurrency: 4, Runs: 10, Structured: "json_schema"},
-		HTTP:     HTTP{Addr: "127.0.0.1:8080"},
+		HTTP:     HTTP{Addr: "127.0.0.1:8080", ReadyTimeout: 2 * time.Second},
 		Embedded: Embedded{ClickHousePort: 29000, ClickHouseHTTPPort: 28123, NATSPort: 4222},
 	}
 }
@@ -337,6 +340,9 @@ func (c Config) Validate() error {
 	}
 	if _, _, err := net.SplitHostPort(c.HTTP.Addr); err != nil {
 		errs = append(errs, fmt.Errorf("http.addr: %q is not host:port", c.HTTP.Addr))
+	}
+	if c.HTTP.ReadyTimeout <= 0 || c.HTTP.ReadyTimeout > time.Minute {
+		errs = append(errs, fmt.Errorf("http.ready_timeout: must be in (0, 1m], got %s", c.HTTP.ReadyTimeout))
 	}
 	for _, f := range c.Dictionary {
 		if _, err := os.Stat(f); err != nil {
