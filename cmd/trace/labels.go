@@ -72,7 +72,7 @@ dictionary version the events name.`,
 			events := analyzer.RunFileEvents(scope, runs)
 			topic = cmp.Or(topic, cfg.Kafka.LabelsTopic)
 			w := &kafka.Writer{Addr: kafka.TCP(cfg.KafkaBrokers()...), Topic: topic, Balancer: &kafka.Hash{},
-				RequiredAcks: kafka.RequireAll, Compression: kafka.Zstd, BatchSize: 1000, AllowAutoTopicCreation: true}
+				RequiredAcks: kafka.RequireAll, Compression: kafka.Zstd, BatchSize: 1000, BatchBytes: int64(cfg.Kafka.WriterBatchBytes()), AllowAutoTopicCreation: true}
 			defer w.Close()
 			msgs := make([]kafka.Message, 0, len(events))
 			for i := range events {

@@ -83,7 +83,7 @@ func Start(ctx context.Context, cfg config.Config, log *slog.Logger) (*App, erro
 	var err error
 	a.Brokers = cfg.Kafka.Brokers
 	if len(a.Brokers) == 0 {
-		if a.kfake, err = embedded.Kafka(cfg.Kafka.EmbeddedAddr, cfg.Path("kafka"), 4, log,
+		if a.kfake, err = embedded.Kafka(cfg.Kafka.EmbeddedAddr, cfg.Path("kafka"), 4, cfg.Kafka.TopicMaxBytes(), log,
 			cfg.Kafka.RolloutsTopic, cfg.Kafka.LabelsTopic, cfg.Kafka.DLQTopic); err != nil {
 			return nil, err
 		}
@@ -329,7 +329,9 @@ func (a *App) addHTTP(g *run.Group) error {
 // consumerConfig is the consumer configuration of a stage. kafka.batch_* size
 // the ingest stage's batches, which stream into ClickHouse and cost no memory;
 // the other stages hold their batches in memory, so their batches are capped
-// at stream.DefaultBatchRows and stream.DefaultBatchBytes.
+// at stream.DefaultBatchRows and stream.DefaultBatchBytes. The fetch size
+// covers the largest message the topics hold, and dead letters keep up to
+// kafka.max_message_bytes of their value (config.Kafka.TopicMaxBytes).
 func (a *App) consumerConfig(group, topic, stage string) stream.Config {
 	k := a.Cfg.Kafka
 	rows, bytes := k.BatchRows, k.BatchBytes
@@ -337,7 +339,8 @@ func (a *App) consumerConfig(group, topic, stage string) stream.Config {
 		rows, bytes = min(rows, stream.DefaultBatchRows), min(bytes, stream.DefaultBatchBytes)
 	}
 	return stream.Config{Brokers: a.Brokers, Topic: topic, GroupID: group, DLQTopic: k.DLQTopic, Stage: stage,
-		BatchRows: rows, BatchBytes: bytes, BatchTimeout: k.BatchTimeout, MaxMessageBytes: k.MaxBytes + 64<<10, Dialer: a.Dialer}
+		BatchRows: rows, BatchBytes: bytes, BatchTimeout: k.BatchTimeout,
+		MaxMessageBytes: k.TopicMaxBytes(), DLQMaxValueBytes: k.MaxBytes, Dialer: a.Dialer}
 }
 
 func (a *App) labeler() (analyzer.Labeler, error) {

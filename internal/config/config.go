@@ -100,6 +100,26 @@ type Kafka struct {
 	SASL               SASL `koanf:"sasl"`
 }
 
+// Message sizes follow kafka.max_message_bytes (M, 4 MiB by default): the
+// largest rollout trace accepts; a larger one is dead-lettered (reason
+// too_large) with its first M bytes.
+//
+// TopicMaxBytes (2M + 1 MiB) is the max.message.bytes of the embedded
+// broker's topics and the consumers' fetch size (kafka-go MaxBytes): every
+// rollout up to M is accepted uncompressed, and a rollout somewhat over M
+// still reaches the ingest stage and is dead-lettered with its reason instead
+// of being refused to its producer. Give the topics of a real cluster the
+// same (or at least WriterBatchBytes).
+//
+// WriterBatchBytes (M + 1 MiB) is the kafka-go Writer.BatchBytes of trace's
+// producers (dead letters, the demo, label events): a message of M bytes
+// with its key and headers fits one batch, and no batch exceeds
+// TopicMaxBytes even uncompressed.
+func (k Kafka) TopicMaxBytes() int { return 2*k.MaxBytes + 1<<20 }
+
+// WriterBatchBytes: see TopicMaxBytes.
+func (k Kafka) WriterBatchBytes() int { return k.MaxBytes + 1<<20 }
+
 // TLS settings of a client.
 type TLS struct {
 	Enabled    bool   `koanf:"enabled"`
@@ -298,8 +318,8 @@ func (c Config) Validate() error {
 	if k.BatchTimeout <= 0 {
 		errs = append(errs, fmt.Errorf("kafka.batch_timeout: must be positive, got %s", k.BatchTimeout))
 	}
-	if k.MaxBytes < 1024 {
-		errs = append(errs, fmt.Errorf("kafka.max_message_bytes: must be >= 1024, got %d", k.MaxBytes))
+	if k.MaxBytes < 1024 || k.MaxBytes > 256<<20 {
+		errs = append(errs, fmt.Errorf("kafka.max_message_bytes: must be in [1024, 268435456] (256 MiB), got %d", k.MaxBytes))
 	}
 	switch k.SASL.Mechanism {
 	case "", "plain", "scram-sha-256", "scram-sha-512":
