@@ -44,7 +44,7 @@ type CohortSummary struct {
 	Capabilities    uint64    `json:"capabilities"`
 	Runs            uint64    `json:"runs"`
 	LastSeen        time.Time `json:"last_seen"`
-	Selected        int       `json:"selected"` // capabilities selected in the decision window (-1 = not computed)
+	Selected        int       `json:"selected"` // capabilities selected by the cohort's decision (as in its decision table); 0 without labels
 }
 
 // Range is the time range of a chart.

@@ -93,22 +93,31 @@ func (s *server) cohorts(ctx context.Context) ([]CohortSummary, error) {
 		}
 		return a.DictionaryVersion > b.DictionaryVersion // newest dictionary first
 	})
-	var snap map[sink.Cohort][]analyzer.Result
-	if s.d.Evaluator != nil {
-		snap = s.d.Evaluator.Snapshot()
-	}
-	for i := range out {
-		out[i].Selected = -1
-		if res, ok := snap[out[i].cohort()]; ok {
-			out[i].Selected = 0
-			for _, r := range res {
-				if r.Selected {
-					out[i].Selected++
-				}
+	return out, nil
+}
+
+// countSelected sets every cohort's Selected to the number of capabilities
+// its decision selects, by the rule of the decision table (decided, and
+// passed in K of N runs): the evaluator's snapshot when preferSnapshot and
+// it has one, else computed from the window. A cohort without labels has
+// none selected.
+func (s *server) countSelected(ctx context.Context, list []CohortSummary, preferSnapshot bool) error {
+	for i := range list {
+		list[i].Selected = 0
+		if list[i].DictionaryVersion == 0 {
+			continue
+		}
+		dec, _, _, err := s.decision(ctx, list[i].CohortKey, preferSnapshot)
+		if err != nil {
+			return fmt.Errorf("cohort %s/%s dict v%d: %w", list[i].Environment, list[i].AgentVersion, list[i].DictionaryVersion, err)
+		}
+		for _, c := range dec.Capabilities {
+			if c.Decision == DecisionSelected {
+				list[i].Selected++
 			}
 		}
 	}
-	return out, nil
+	return nil
 }
 
 // pickCohort chooses the cohort a page shows: the one the parameters name
@@ -355,6 +364,9 @@ func (s *server) overview(ctx context.Context, p overviewParams) (*OverviewRespo
 	if err != nil {
 		return nil, err
 	}
+	if err := s.countSelected(ctx, list, !p.Fresh); err != nil {
+		return nil, err
+	}
 	resp.Cohorts = list
 	if resp.Cohorts == nil {
 		resp.Cohorts = []CohortSummary{}
@@ -382,16 +394,6 @@ func (s *server) overview(ctx context.Context, p overviewParams) (*OverviewRespo
 	}
 	if resp.Decision, _, _, err = s.decision(ctx, *key, !p.Fresh); err != nil {
 		return nil, err
-	}
-	for i := range resp.Cohorts {
-		if resp.Cohorts[i].CohortKey == *key && resp.Cohorts[i].Selected < 0 {
-			resp.Cohorts[i].Selected = 0
-			for _, c := range resp.Decision.Capabilities {
-				if c.Decision == DecisionSelected {
-					resp.Cohorts[i].Selected++
-				}
-			}
-		}
 	}
 	return resp, nil
 }
