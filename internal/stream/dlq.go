@@ -41,7 +41,8 @@ const (
 	ReasonPanic  = "panic"  // the decoder panicked
 )
 
-// maxErrorHeader caps the trace-error header; the value is never truncated.
+// maxErrorHeader caps the trace-error header (the value is cut only past
+// Config.DLQMaxValueBytes, and then marked).
 const maxErrorHeader = 8 << 10
 
 // DeadLetterReason is the reason code a decode error is filed under: the
