@@ -15,7 +15,6 @@ import (
 	"sort"
 	"strings"
 	"time"
-	"unicode/utf8"
 )
 
 // palette is Tableau 10: distinct on white and for common color blindness.
@@ -209,7 +208,7 @@ func (c barChart) render() template.HTML {
 		// Cut to the label column (a long capability name would leave the
 		// chart); the whole name is the tooltip.
 		fmt.Fprintf(&b, `<g class="bar-label"><title>%s</title><text class="cat" x="%d" y="%.1f" text-anchor="end" dominant-baseline="middle">%s</text></g>`,
-			esc(cat), left-8, y0+float64(len(c.Groups)*bar)/2, esc(fitText(cat, left-12, catCharW)))
+			esc(cat), left-8, y0+float64(len(c.Groups)*bar)/2, esc(fitText(cat, left-12, catFont)))
 		for g, grp := range c.Groups {
 			v := 0.0
 			if i < len(grp.Values) {
@@ -264,26 +263,60 @@ type timelineEvent struct {
 // eventColors are the trigger event kinds' colors (legend in the page).
 var eventColors = map[string]string{"fired": "#2ca02c", "deselected": "#d62728", "reselected": "#ff7f0e", "rearmed": "#1f77b4"}
 
-// Widths of the timeline's label text in viewBox units per character: an
-// upper bound for the stylesheet's 12 px (.cat) and 10.5 px (.cat-sub)
-// sans-serif, so that an estimated fit is a real one.
+// Font sizes of the charts' category labels (style.css: .cat, .cat-sub).
 const (
-	catCharW    = 7.6
-	catSubCharW = 6.6
+	catFont    = 12.0
+	catSubFont = 10.5
 )
 
-// fitText cuts s to at most width viewBox units of text at charW per
-// character, marking a cut with "…".
-func fitText(s string, width, charW float64) string {
-	r := []rune(s)
-	n := int(width / charW)
-	if len(r) <= n {
+// emWidth is a character's advance in em in DejaVu Sans, the widest of the
+// stylesheet's fonts and what system-ui is on Debian, so that a label
+// measured to fit does fit (with a 5 % margin in textWidth). Characters not
+// listed count as 1 em.
+func emWidth(r rune) float64 {
+	const lower = "abcdefghijklmnopqrstuvwxyz"
+	widths := [...]float64{0.613, 0.635, 0.550, 0.635, 0.615, 0.352, 0.635, 0.634, 0.278, 0.278, 0.579, 0.278, 0.974,
+		0.634, 0.612, 0.635, 0.635, 0.411, 0.521, 0.392, 0.634, 0.592, 0.818, 0.592, 0.592, 0.525}
+	switch {
+	case r >= 'a' && r <= 'z':
+		return widths[strings.IndexRune(lower, r)]
+	case r >= '0' && r <= '9':
+		return 0.636
+	case r >= 'A' && r <= 'Z':
+		return 0.79
+	}
+	switch r {
+	case ' ', '.', ',', '·', ':', ';', '/', '|', '(', ')', '[', ']', '\'', '!':
+		return 0.40
+	case '-', '_', '…':
+		return 0.50
+	}
+	return 1
+}
+
+// textWidth is an upper bound of s's width, in viewBox units, at size.
+func textWidth(s string, size float64) float64 {
+	w := 0.0
+	for _, r := range s {
+		w += emWidth(r)
+	}
+	return w * size * 1.05
+}
+
+// fitText cuts s to at most width viewBox units at font size size, marking
+// a cut with "…" (the whole text goes into the element's tooltip).
+func fitText(s string, width, size float64) string {
+	if textWidth(s, size) <= width {
 		return s
 	}
-	if n < 2 {
-		return "…"
+	r := []rune(s)
+	for n := len(r) - 1; n > 0; n-- {
+		cut := strings.TrimRight(string(r[:n]), " ·/-_") + "…"
+		if textWidth(cut, size) <= width {
+			return cut
+		}
 	}
-	return strings.TrimRight(string(r[:n-1]), " ·/") + "…"
+	return "…"
 }
 
 func (c timelineChart) render() template.HTML {
@@ -293,7 +326,7 @@ func (c timelineChart) render() template.HTML {
 	// labels are cut (fitText), so no text leaves the chart.
 	need, subs := 0.0, false
 	for _, r := range c.Rows {
-		need = math.Max(need, math.Max(float64(utf8.RuneCountInString(r.Label))*catCharW, float64(utf8.RuneCountInString(r.Sub))*catSubCharW))
+		need = math.Max(need, math.Max(textWidth(r.Label, catFont), textWidth(r.Sub, catSubFont)))
 		subs = subs || r.Sub != ""
 	}
 	left := int(math.Min(math.Max(need+16, 160), float64(c.W)/3))
@@ -330,9 +363,9 @@ func (c timelineChart) render() template.HTML {
 			ly = yy - 6
 		}
 		fmt.Fprintf(&b, `<g class="row-label"><title>%s</title>`, esc(full))
-		fmt.Fprintf(&b, `<text class="cat" x="%d" y="%.1f" text-anchor="end" dominant-baseline="middle">%s</text>`, left-8, ly, esc(fitText(r.Label, avail, catCharW)))
+		fmt.Fprintf(&b, `<text class="cat" x="%d" y="%.1f" text-anchor="end" dominant-baseline="middle">%s</text>`, left-8, ly, esc(fitText(r.Label, avail, catFont)))
 		if r.Sub != "" {
-			fmt.Fprintf(&b, `<text class="cat-sub" x="%d" y="%.1f" text-anchor="end" dominant-baseline="middle">%s</text>`, left-8, yy+8, esc(fitText(r.Sub, avail, catSubCharW)))
+			fmt.Fprintf(&b, `<text class="cat-sub" x="%d" y="%.1f" text-anchor="end" dominant-baseline="middle">%s</text>`, left-8, yy+8, esc(fitText(r.Sub, avail, catSubFont)))
 		}
 		b.WriteString(`</g>`)
 	}

@@ -6,7 +6,6 @@ import (
 	"strings"
 	"testing"
 	"time"
-	"unicode/utf8"
 )
 
 func TestNiceTicks(t *testing.T) {
@@ -92,21 +91,29 @@ func TestFmtCount(t *testing.T) {
 }
 
 func TestFitText(t *testing.T) {
+	w := func(s string) float64 { return textWidth(s, catFont) }
 	for _, c := range []struct {
 		s     string
 		width float64
 		want  string
 	}{
 		{"short", 100, "short"},
-		{"abcdefghij", 10 * catCharW, "abcdefghij"},
-		{"abcdefghijk", 10 * catCharW, "abcdefghi…"},
-		{"tau2-airline/v1 dict v1", 17 * catCharW, "tau2-airline/v1…"}, // no dangling separator before the mark
-		{"αβγδε", 3 * catCharW, "αβ…"},
-		{"abc", catCharW, "…"},
+		{"multi_step_transaction_completion", w("multi_step_transaction_completion"), "multi_step_transaction_completion"},
+		{"multi_step_transaction_completion", w("multi_step_transaction_completion") - 1, "multi_step_transaction_completio…"},
+		{"tau2-airline/v1 dict v1", w("tau2-airline/v1…") + 1, "tau2-airline/v1…"}, // no dangling separator before the mark
+		{"αβγδε", w("αβ…"), "αβ…"},
+		{"abc", 1, "…"},
 	} {
-		if got := fitText(c.s, c.width, catCharW); got != c.want {
-			t.Errorf("fitText(%q, %v) = %q, want %q", c.s, c.width, got, c.want)
+		if got := fitText(c.s, c.width, catFont); got != c.want {
+			t.Errorf("fitText(%q, %.1f) = %q, want %q", c.s, c.width, got, c.want)
 		}
+		if got := fitText(c.s, c.width, catFont); got != "…" && w(got) > c.width {
+			t.Errorf("fitText(%q, %.1f) = %q is %.1f wide", c.s, c.width, got, w(got))
+		}
+	}
+	// Wide letters take more room than narrow ones.
+	if textWidth("mmmm", 12) <= textWidth("iiii", 12)*2 {
+		t.Errorf("widths: mmmm %.1f, iiii %.1f", textWidth("mmmm", 12), textWidth("iiii", 12))
 	}
 }
 
@@ -127,7 +134,7 @@ func TestTimelineLabelsFit(t *testing.T) {
 	if left > 1200/3 || left < 160 {
 		t.Errorf("label column %d wide", left)
 	}
-	texts := map[string]float64{`class="cat"`: catCharW, `class="cat-sub"`: catSubCharW}
+	texts := map[string]float64{`class="cat"`: catFont, `class="cat-sub"`: catSubFont}
 	n := 0
 	for cls, w := range texts {
 		for rest := svg; strings.Contains(rest, cls); {
@@ -135,7 +142,7 @@ func TestTimelineLabelsFit(t *testing.T) {
 			txt := rest[strings.Index(rest, ">")+1 : strings.Index(rest, "</text>")]
 			rest = rest[len(cls):]
 			n++
-			if width := float64(utf8.RuneCountInString(html.UnescapeString(txt))) * w; width > float64(left-12) {
+			if width := textWidth(html.UnescapeString(txt), w); width > float64(left-12) {
 				t.Errorf("label %q is %.0f wide, the column %d", txt, width, left)
 			}
 		}
