@@ -2,6 +2,7 @@ package sink
 
 import (
 	"fmt"
+	"strings"
 	"time"
 )
 
@@ -47,6 +48,24 @@ GROUP BY %s`, cohortCols, cohortCols, where, cohortCols, cohortCols)
 func cohortsSQL(since time.Time) (string, []any) {
 	return `SELECT DISTINCT environment, agent_version, dictionary_version
 	FROM capability_labels WHERE toUInt32(ts) >= ? ORDER BY environment, agent_version, dictionary_version`, []any{uint32(max(since.Unix(), 0))}
+}
+
+// watermarksSQL is the query of Watermarks: the newest label time (the end
+// time of the newest labeled rollout) per cohort, of the given cohorts or of
+// all.
+func watermarksSQL(cohorts []Cohort) (string, []any) {
+	where := ""
+	var args []any
+	if len(cohorts) > 0 {
+		tuples := make([]string, len(cohorts))
+		for i, c := range cohorts {
+			tuples[i] = "(?, ?, ?)"
+			args = append(args, c.Environment, c.AgentVersion, c.DictionaryVersion)
+		}
+		where = "\n\tWHERE (" + cohortCols + ") IN (" + strings.Join(tuples, ", ") + ")"
+	}
+	return `SELECT ` + cohortCols + `, max(ts) FROM capability_labels` + where + `
+	GROUP BY ` + cohortCols + ` ORDER BY ` + cohortCols, args
 }
 
 // cohortToolsSQL is the query of CohortTools.
