@@ -10,9 +10,10 @@ import (
 	"time"
 
 	"github.com/traceops/trace/analyzer"
+	"github.com/traceops/trace/internal/app"
 	"github.com/traceops/trace/internal/bus"
-	"github.com/traceops/trace/internal/simulate"
-	"github.com/traceops/trace/internal/testenv"
+	"github.com/traceops/trace/internal/dev/simulate"
+	"github.com/traceops/trace/internal/dev/testenv"
 	"github.com/traceops/trace/schemas"
 	"github.com/traceops/trace/sink"
 )
@@ -48,7 +49,7 @@ func runEventTime(t *testing.T, rollouts []*schemas.Rollout, batch int) eventTim
 		reg.Put(d)
 	}
 	lab := analyzer.NewRulesLabeler(analyzer.RulesOptions{})
-	ev := analyzer.NewEvaluator(eventTimeCfg, st, b, reg, nil, nil)
+	ev := analyzer.NewEvaluator(eventTimeCfg, st, app.BusPublisher{Bus: b}, reg, nil, nil)
 	for i := 0; i < len(rollouts); i += batch {
 		var rows []sink.LabelRow
 		touched := map[sink.Cohort]bool{}
