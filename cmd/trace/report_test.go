@@ -58,7 +58,7 @@ func TestReportOnTheTraceRelease(t *testing.T) {
 		t.Fatalf("csv (%v):\n%s", err, csv)
 	}
 	table, err := runCLI(t, ctx, append([]string{"report", "--env", "nothing-here"}, sets...)...)
-	if err != nil || !strings.Contains(table, "no labeled rollouts") {
+	if err != nil || !strings.Contains(table, "no rollouts stored yet") {
 		t.Fatalf("empty report (%v): %s", err, table)
 	}
 }
