@@ -7,7 +7,7 @@ import (
 	"sort"
 	"time"
 
-	"github.com/traceops/trace/ingest"
+	"github.com/traceops/trace/internal/stream"
 	"github.com/traceops/trace/schemas"
 	"github.com/traceops/trace/sink"
 )
@@ -37,7 +37,7 @@ type OriginalReader interface {
 // compacted anyway), rules detectors that read long tool results can label
 // differently.
 type Backfill struct {
-	Store     *sink.Store
+	Store     BackfillStore
 	Registry  *Registry
 	Labeler   Labeler
 	Originals OriginalReader                         // nil: label the stored (compacted) rollouts
@@ -145,9 +145,9 @@ func (b *Backfill) Run(ctx context.Context, targets []BackfillTarget, progress f
 			if err != nil {
 				return res, err
 			}
-			recs := make([]ingest.Record[*schemas.Rollout], len(rs))
+			recs := make([]stream.Record[*schemas.Rollout], len(rs))
 			for j, r := range rs {
-				recs[j] = ingest.Record[*schemas.Rollout]{Value: r}
+				recs[j] = stream.Record[*schemas.Rollout]{Value: r}
 			}
 			if err := ls.Write(ctx, recs); err != nil {
 				return res, fmt.Errorf("backfill %s/%s: %w", t.Environment, t.AgentVersion, err)

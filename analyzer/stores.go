@@ -40,7 +40,18 @@ type DiscoveryStore interface {
 	SampleRollouts(ctx context.Context, env, agentVersion string, n int) ([]*schemas.Rollout, error)
 }
 
+// BackfillStore is what a Backfill reads (the stored rollouts and the runs
+// already labeled) and writes (through the labeling sink).
+type BackfillStore interface {
+	LabelStore
+	RolloutScopes(ctx context.Context) ([]sink.RolloutScope, error)
+	StoredRollouts(ctx context.Context, env, agentVersion string, since time.Time) ([]sink.StoredRollout, error)
+	LabeledRuns(ctx context.Context, c sink.Cohort) (map[string]int, error)
+	CompactedRollouts(ctx context.Context, env, agentVersion string, ids []string) (map[string]*schemas.Rollout, error)
+}
+
 var (
+	_ BackfillStore   = (*sink.Store)(nil)
 	_ EvaluatorStore  = (*sink.Store)(nil)
 	_ LabelStore      = (*sink.Store)(nil)
 	_ DiscoveryStore  = (*sink.Store)(nil)

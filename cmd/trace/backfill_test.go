@@ -21,9 +21,9 @@ import (
 	"github.com/traceops/trace/ingest"
 	"github.com/traceops/trace/internal/app"
 	"github.com/traceops/trace/internal/config"
-	"github.com/traceops/trace/internal/llmtest"
-	"github.com/traceops/trace/internal/simulate"
-	"github.com/traceops/trace/internal/testenv"
+	"github.com/traceops/trace/internal/dev/llmtest"
+	"github.com/traceops/trace/internal/dev/simulate"
+	"github.com/traceops/trace/internal/dev/testenv"
 	"github.com/traceops/trace/sink"
 )
 

@@ -194,7 +194,7 @@ func backfill(ctx context.Context, out, errw io.Writer, cfg config.Config, w *di
 // synthesis requests: a running `trace run` that evaluates them too
 // publishes nothing twice) and prints the decisions.
 func evaluateBackfilled(ctx context.Context, out io.Writer, cfg config.Config, w *dictWriter, cohorts []sink.Cohort) error {
-	ev := analyzer.NewEvaluator(cfg.Analyzer.EvalConfig, w.st, w.bus, w.reg, slog.Default(), nil)
+	ev := analyzer.NewEvaluator(cfg.Analyzer.EvalConfig, w.st, app.BusPublisher{Bus: w.bus}, w.reg, slog.Default(), nil)
 	if err := ev.Recover(ctx); err != nil {
 		return err
 	}
