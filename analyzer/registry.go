@@ -82,6 +82,14 @@ func (g *Registry) Version(env, agentVersion string, v uint32) *Dictionary {
 	return nil
 }
 
+// Exact returns version v of exactly the scope (env, agentVersion), without
+// falling back to broader dictionaries.
+func (g *Registry) Exact(env, agentVersion string, v uint32) *Dictionary {
+	g.mu.RLock()
+	defer g.mu.RUnlock()
+	return g.byVer[[2]string{env, agentVersion}][v]
+}
+
 // IsDefault reports whether d is scoped to every environment (a default
 // dictionary rather than one of the cohort's own).
 func (d *Dictionary) IsDefault() bool { return d.Environment == AnyEnvironment }

@@ -210,15 +210,15 @@ func (s *server) dictionary(ctx context.Context, env, av string, version uint32)
 	}
 	var found *analyzer.Dictionary
 	for _, r := range rows {
-		if r.Environment != env || r.Version != version || (r.AgentVersion != av && r.AgentVersion != analyzer.AnyVersion) {
+		if (r.Environment != env && r.Environment != analyzer.AnyEnvironment) || r.Version != version || (r.AgentVersion != av && r.AgentVersion != analyzer.AnyVersion) {
 			continue
 		}
 		d, err := analyzer.DictionaryFromRow(r)
 		if err != nil {
 			continue
 		}
-		if found == nil || d.AgentVersion == av {
-			found = d
+		if found == nil || d.Environment == env && (found.Environment != env || d.AgentVersion == av) {
+			found = d // the most specific scope
 		}
 	}
 	return found
