@@ -44,10 +44,13 @@ GROUP BY %s`, cohortCols, cohortCols, where, cohortCols, cohortCols)
 	return q, args
 }
 
-// cohortsSQL is the query of Cohorts.
+// cohortsSQL is the query of Cohorts. It reads the hourly label_counts
+// aggregate rather than capability_labels: the evaluator lists every cohort
+// at each tick, whatever its age, and the aggregate is far smaller. since is
+// taken to its hour.
 func cohortsSQL(since time.Time) (string, []any) {
 	return `SELECT DISTINCT environment, agent_version, dictionary_version
-	FROM capability_labels WHERE toUInt32(ts) >= ? ORDER BY environment, agent_version, dictionary_version`, []any{uint32(max(since.Unix(), 0))}
+	FROM label_counts WHERE bucket >= toStartOfHour(toDateTime(?)) ORDER BY environment, agent_version, dictionary_version`, []any{uint32(max(since.Unix(), 0))}
 }
 
 // watermarksSQL is the query of Watermarks: the newest label time (the end

@@ -259,7 +259,8 @@ func (s *Store) EventSpec(ctx context.Context, cohorts []Cohort, window time.Dur
 	return spec, marks, nil
 }
 
-// Cohorts lists the cohorts that have labels ending at or after since.
+// Cohorts lists the cohorts that have labels ending at or after since's
+// hour (from the label_counts aggregate).
 func (s *Store) Cohorts(ctx context.Context, since time.Time) ([]Cohort, error) {
 	q, args := cohortsSQL(since)
 	rows, err := s.conn.Query(ctx, q, args...)
