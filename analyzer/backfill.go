@@ -2,6 +2,7 @@ package analyzer
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"sort"
@@ -20,6 +21,10 @@ import (
 type OriginalReader interface {
 	Read(ctx context.Context, topic string, partition int, offsets []int64, fn func(offset int64, value []byte) error) (missing []int64, err error)
 }
+
+// ErrOriginals marks a failure to read rollouts' original messages from
+// Kafka (the broker is unreachable, for example).
+var ErrOriginals = errors.New("cannot read the original rollouts from kafka")
 
 // Backfill labels rollouts already stored in ClickHouse with the dictionary
 // that labels their cohort now — after `trace dict apply --backfill` or
@@ -208,7 +213,10 @@ func (b *Backfill) load(ctx context.Context, t BackfillTarget, chunk []sink.Stor
 				return nil
 			})
 			if err != nil {
-				return nil, 0, fmt.Errorf("backfill: read %s/%d from kafka: %w", k.topic, k.part, err)
+				if ctx.Err() != nil {
+					return nil, 0, err
+				}
+				return nil, 0, fmt.Errorf("backfill: %w %s/%d: %w", ErrOriginals, k.topic, k.part, err)
 			}
 			for _, o := range missing {
 				fallback = append(fallback, want[k][o])

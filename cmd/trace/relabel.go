@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/schollz/progressbar/v3"
@@ -177,6 +178,10 @@ func backfill(ctx context.Context, out, errw io.Writer, cfg config.Config, w *di
 	if err != nil {
 		if ctx.Err() != nil {
 			return fmt.Errorf("backfill interrupted after %d rollouts; what was labeled is stored, run the same command again to resume: %w", res.Labeled, err)
+		}
+		if errors.Is(err, analyzer.ErrOriginals) {
+			return fmt.Errorf("%w\n(a backfill labels each rollout from its original message on Kafka %s: is it reachable? set kafka.brokers, or keep `trace run` running for the embedded broker; run the same command again to resume)",
+				err, strings.Join(cfg.KafkaBrokers(), ","))
 		}
 		return err
 	}

@@ -166,8 +166,9 @@ func buildReport(ctx context.Context, cfg config.Config, st *sink.Store, env str
 		warnings []string
 	)
 	labeled := map[sink.Cohort]bool{}
+	labeledAny := map[[2]string]bool{}
 	for _, c := range cohorts {
-		labeled[c] = true
+		labeled[c], labeledAny[[2]string{c.Environment, c.AgentVersion}] = true, true
 		info, wm := infos[c], marks[c]
 		if ahead := wm.Sub(now); ahead > analyzer.FutureSkew {
 			warnings = append(warnings, fmt.Sprintf("%s: its newest rollout ends %s in the future (%s; clock skew?); its window ends there", c, ahead.Round(time.Second), wm.Format(time.RFC3339)))
@@ -217,7 +218,9 @@ func buildReport(ctx context.Context, cfg config.Config, st *sink.Store, env str
 		if d != nil {
 			c.DictionaryVersion = d.Version
 		}
-		if d != nil && labeled[c] {
+		// Labeled under its current dictionary, or (no dictionary stored:
+		// external labels) under any version: not a cohort without labels.
+		if (d != nil && labeled[c]) || (d == nil && labeledAny[[2]string{sc.Environment, sc.AgentVersion}]) {
 			continue
 		}
 		row := reportRow{Environment: sc.Environment, AgentVersion: sc.AgentVersion, DictionaryVersion: c.DictionaryVersion,
