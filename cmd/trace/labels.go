@@ -63,8 +63,10 @@ dictionary version the events name.`,
 					return err
 				}
 				defer w.Close()
-				if w.reg.Version(scope.Environment, scope.AgentVersion, scope.DictionaryVersion) == nil {
-					if _, err := w.apply(ctx, analyzer.DictionaryFromCandidates(scope, cands)); err != nil {
+				// The events name their dictionary version: it is stored as
+				// that version of exactly their scope.
+				if w.reg.Exact(scope.Environment, scope.AgentVersion, scope.DictionaryVersion) == nil {
+					if err := w.applyAt(ctx, analyzer.DictionaryFromCandidates(scope, cands)); err != nil {
 						return err
 					}
 				}

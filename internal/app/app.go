@@ -62,6 +62,15 @@ type App struct {
 	httpAddr   string
 }
 
+// ClickHouseAddr is the native address of the ClickHouse in use (the
+// embedded server's when none is configured).
+func (a *App) ClickHouseAddr() string {
+	if a.ch != nil {
+		return a.ch.Addr()
+	}
+	return a.Cfg.ClickHouse.Addr[0]
+}
+
 // HTTPAddr is the address the serve role listens on (after Ready).
 func (a *App) HTTPAddr() string { return a.httpAddr }
 
@@ -147,13 +156,17 @@ func openStore(ctx context.Context, cfg sink.Config, log *slog.Logger) (*sink.St
 	}
 }
 
-// loadDictionaries stores the built-in example dictionary and every
+// loadDictionaries stores the built-in default dictionary (unless
+// analyzer.default_dictionary is false) and every
 // configured file (as new versions when their content changed), announces
 // them, and loads every stored version into the registry.
 func (a *App) loadDictionaries(ctx context.Context) error {
-	ds, err := analyzer.BuiltinDictionaries()
-	if err != nil {
-		return err
+	var ds []*analyzer.Dictionary
+	if a.Cfg.Analyzer.DefaultDictionary {
+		var err error
+		if ds, err = analyzer.BuiltinDictionaries(); err != nil {
+			return err
+		}
 	}
 	for _, f := range a.Cfg.Dictionary {
 		data, err := os.ReadFile(f)

@@ -9,6 +9,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/traceops/trace/analyzer"
 	"github.com/traceops/trace/internal/dashboard"
 )
 
@@ -23,7 +24,8 @@ func (a *App) httpServer() *http.Server {
 	protected.Handle("GET /metrics", promhttp.HandlerFor(a.Registry, promhttp.HandlerOpts{Registry: a.Registry}))
 	if a.Cfg.Has("serve") {
 		deps := dashboard.Deps{Evaluator: a.Evaluator, Dicts: a.Dicts,
-			Rho: a.Cfg.Analyzer.Rho, Delta: a.Cfg.Analyzer.Delta, Eval: a.Cfg.Analyzer.EvalConfig, Log: a.Log}
+			Rho: a.Cfg.Analyzer.Rho, Delta: a.Cfg.Analyzer.Delta, Eval: a.Cfg.Analyzer.EvalConfig, Log: a.Log,
+			Labeling: analyzer.LabelingSetup{Labeler: a.Cfg.Analyzer.Labeler, LLM: a.Cfg.LLM.BaseURL != ""}}
 		if a.Store != nil { // a nil *sink.Store must stay a nil Store
 			deps.Store = a.Store
 		}

@@ -143,6 +143,12 @@ type Analyzer struct {
 	SampleFailed        float64                   `koanf:"sample_failed"` // share of failed rollouts labeled by the llm labeler
 	SamplePassed        float64                   `koanf:"sample_passed"` // share of passed rollouts labeled by the llm labeler
 	Concurrency         int                       `koanf:"concurrency"`   // rollouts labeled at once
+	// DefaultDictionary stores the built-in dictionary
+	// (analyzer/dictionaries/tau-tools.yaml, environment "*") at start, so
+	// that every (environment, agent version) without a dictionary of its
+	// own is labeled with it. false: only dictionaries applied or discovered
+	// label (a default stored earlier stays stored).
+	DefaultDictionary bool `koanf:"default_dictionary"`
 	// Discovery (needs llm.base_url): a scope without a dictionary, or whose
 	// window has more than UnexplainedThreshold of its failures without any
 	// LACKING label, gets a new dictionary version from the discovery agent,
@@ -199,7 +205,7 @@ func Default() Config {
 		ClickHouse: sink.Config{Database: "trace", User: "default", DialTimeout: 5 * time.Second, MaxOpenConns: 8, Compression: "auto"},
 		NATS:       bus.Config{Duplicates: bus.DefaultDuplicates},
 		// K and N stay 0 here: Load derives them from the labeler.
-		Analyzer: Analyzer{Labeler: "rules", SampleFailed: 1, SamplePassed: 1, Concurrency: 8,
+		Analyzer: Analyzer{Labeler: "rules", SampleFailed: 1, SamplePassed: 1, Concurrency: 8, DefaultDictionary: true,
 			UnexplainedThreshold: analyzer.DefaultUnexplainedThreshold, DiscoveryCooldown: time.Hour, DiscoverySample: 10},
 		LLM:      LLM{Timeout: 60 * time.Second, Concurrency: 4, Runs: 10, Structured: "json_schema"},
 		HTTP:     HTTP{Addr: "127.0.0.1:8080", ReadyTimeout: 2 * time.Second},

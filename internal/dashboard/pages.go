@@ -66,6 +66,9 @@ func href(tok, path string, kv ...any) string {
 		if v == "" || v == "0" && k == "dict" {
 			continue
 		}
+		if k == "hours" && v == "0" { // Range.Hours 0: every rollout
+			v = "all"
+		}
 		q.Set(k, v)
 	}
 	if tok != "" {
@@ -195,12 +198,16 @@ func bucketStep(bucket string) (time.Duration, string) {
 // rangeLinks are the time-range and bucket selectors of a page.
 func rangeLinks(tok, path string, kv []any, rg Range) (ranges, buckets []rangeLink) {
 	link := func(hours int, bucket string) string {
-		return href(tok, path, append(append([]any(nil), kv...), "hours", hours, "bucket", bucket)...)
+		var h any = hours
+		if hours == 0 {
+			h = "all"
+		}
+		return href(tok, path, append(append([]any(nil), kv...), "hours", h, "bucket", bucket)...)
 	}
 	for _, h := range []struct {
 		l string
 		h int
-	}{{"24 h", 24}, {"3 days", 72}, {"7 days", 168}, {"14 days", 336}, {"30 days", 720}} {
+	}{{"24 h", 24}, {"3 days", 72}, {"7 days", 168}, {"14 days", 336}, {"30 days", 720}, {"all", 0}} {
 		ranges = append(ranges, rangeLink{Label: h.l, Href: link(h.h, rg.Bucket), Active: h.h == rg.Hours})
 	}
 	buckets = []rangeLink{
