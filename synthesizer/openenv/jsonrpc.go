@@ -201,6 +201,7 @@ type ToolsCallResult struct {
 // CallMeta is the episode's state after a tools/call.
 type CallMeta struct {
 	EpisodeID        string             `json:"episode_id"`
+	Seed             int64              `json:"seed"`
 	StepCount        int                `json:"step_count"`
 	Done             bool               `json:"done"`
 	Reward           *float64           `json:"reward,omitempty"`
