@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"github.com/santhosh-tekuri/jsonschema/v6"
+	"golang.org/x/text/language"
+	"golang.org/x/text/message"
 
 	"github.com/traceops/trace/sink"
 	"github.com/traceops/trace/synthesizer/envprog"
@@ -337,6 +339,8 @@ func (e *served) validate(a openenv.Action) *openenv.Error {
 	return nil
 }
 
+var englishPrinter = message.NewPrinter(language.English)
+
 // schemaMessage flattens a jsonschema validation error to its leaves.
 func schemaMessage(err error) string {
 	var ve *jsonschema.ValidationError
@@ -348,7 +352,7 @@ func schemaMessage(err error) string {
 	walk = func(e *jsonschema.ValidationError) {
 		if len(e.Causes) == 0 {
 			at := "/" + strings.Join(e.InstanceLocation, "/")
-			leaves = append(leaves, at+": "+e.ErrorKind.LocalizedString(nil))
+			leaves = append(leaves, at+": "+e.ErrorKind.LocalizedString(englishPrinter))
 			return
 		}
 		for _, c := range e.Causes {
