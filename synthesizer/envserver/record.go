@@ -37,9 +37,9 @@ func newRecorder(w EpisodeWriter, cfg Config, m *metrics, log *slog.Logger) *rec
 		done: make(chan struct{}), maxWait: 30 * time.Second}
 }
 
-// sampled reports whether an episode is recorded: a hash of its id below
+// Sampled reports whether an episode is recorded at rate: a hash of its id below
 // the rate, so the choice is the same wherever it is made.
-func sampled(episodeID string, rate float64) bool {
+func Sampled(episodeID string, rate float64) bool {
 	if rate >= 1 {
 		return true
 	}
@@ -48,7 +48,15 @@ func sampled(episodeID string, rate float64) bool {
 	}
 	h := fnv.New64a()
 	h.Write([]byte(episodeID))
-	return float64(h.Sum64())/math.MaxUint64 < rate
+	// FNV's high bits are poorly spread for short, similar ids: mix them
+	// (splitmix64's finalizer) before comparing.
+	x := h.Sum64()
+	x ^= x >> 30
+	x *= 0xbf58476d1ce4e5b9
+	x ^= x >> 27
+	x *= 0x94d049bb133111eb
+	x ^= x >> 31
+	return float64(x)/math.MaxUint64 < rate
 }
 
 // offer queues row without blocking; it reports false when the queue was

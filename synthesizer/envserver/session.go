@@ -502,7 +502,7 @@ func chatMessages(ms []envprog.Message) []openenv.ChatMessage {
 
 // record offers a finished episode to the recorder (sampled).
 func (s *Server) record(sess *session, p *play) {
-	if s.rec == nil || !sampled(p.id, s.cfg.RecordSample) {
+	if s.rec == nil || !Sampled(p.id, s.cfg.RecordSample) {
 		return
 	}
 	comps, _ := json.Marshal(p.reward.Components)
