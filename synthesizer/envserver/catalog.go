@@ -54,11 +54,12 @@ type StaticCatalog struct {
 	mu      sync.Mutex
 	entries map[string]Entry
 	envs    map[string]envprog.Env
+	opened  map[string]bool
 }
 
 // NewStaticCatalog returns an empty catalog.
 func NewStaticCatalog() *StaticCatalog {
-	return &StaticCatalog{entries: map[string]Entry{}, envs: map[string]envprog.Env{}}
+	return &StaticCatalog{entries: map[string]Entry{}, envs: map[string]envprog.Env{}, opened: map[string]bool{}}
 }
 
 // Add serves env under id; e carries what the listing shows beyond the
@@ -114,7 +115,25 @@ func (c *StaticCatalog) Open(_ context.Context, id string) (envprog.Env, error) 
 	if !ok {
 		return nil, ErrNotFound
 	}
+	c.opened[id] = true
 	return env, nil
+}
+
+// Close closes the environments no server opened (a server closes those
+// it opened).
+func (c *StaticCatalog) Close() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var errs []error
+	for id, env := range c.envs {
+		if !c.opened[id] {
+			if err := env.Close(); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
+	c.envs = map[string]envprog.Env{}
+	return errors.Join(errs...)
 }
 
 func validID(id string) bool {

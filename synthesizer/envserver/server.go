@@ -130,7 +130,7 @@ func (s *Server) Close(ctx context.Context) error {
 		e.mu.Unlock()
 		for _, ss := range sessions {
 			if ss.onEvict != nil {
-				ss.onEvict()
+				ss.onEvict("the server is shutting down")
 			}
 			e.release(ss)
 		}

@@ -87,7 +87,7 @@ type session struct {
 	busy       atomic.Int32 // requests in progress (never evicted while > 0)
 	evictOnce  sync.Once
 	evicted    chan struct{} // closed when evicted or closed
-	onEvict    func()        // WebSocket: send SESSION_ERROR and close
+	onEvict    func(reason string) // WebSocket: send SESSION_ERROR with reason and close
 }
 
 // play is one episode in a session.
@@ -154,7 +154,7 @@ func newID() string {
 func (s *session) touch() { s.lastActive.Store(time.Now().UnixNano()) }
 
 // acquire creates a session, or answers CAPACITY_REACHED.
-func (e *served) acquire(transport string, onEvict func()) (*session, *openenv.Error) {
+func (e *served) acquire(transport string, onEvict func(reason string)) (*session, *openenv.Error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if n := len(e.sessions); n >= e.srv.cfg.MaxSessions {
@@ -211,7 +211,7 @@ func (e *served) reap(now time.Time) {
 		e.srv.log.Info("env session evicted after idle timeout", "environment", e.id, "session", s.id,
 			"transport", s.transport, "idle_timeout", e.srv.cfg.IdleTimeout)
 		if s.onEvict != nil {
-			go s.onEvict() // it writes to the client: never hold the reaper up
+			go s.onEvict(fmt.Sprintf("session evicted: idle for longer than %s (env.idle_timeout)", e.srv.cfg.IdleTimeout)) // it writes to the client: never hold the reaper up
 		}
 		e.release(s)
 	}

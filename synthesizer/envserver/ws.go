@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -90,10 +89,9 @@ func (s *Server) serveWS(w http.ResponseWriter, r *http.Request, e *served) {
 	defer c.CloseNow()
 	conn := wsConn{c}
 	ctx := r.Context()
-	sess, perr := e.acquire("ws", func() {
-		conn.send(context.Background(), errorFrame(&openenv.Error{Code: openenv.CodeSession,
-			Message: fmt.Sprintf("session evicted: idle for longer than %s (env.idle_timeout)", s.cfg.IdleTimeout)}))
-		c.Close(websocket.StatusPolicyViolation, "idle timeout")
+	sess, perr := e.acquire("ws", func(reason string) {
+		conn.send(context.Background(), errorFrame(&openenv.Error{Code: openenv.CodeSession, Message: reason}))
+		c.Close(websocket.StatusPolicyViolation, "session ended")
 	})
 	if perr != nil {
 		s.m.errors.WithLabelValues(e.id, perr.Code).Inc()
@@ -205,7 +203,7 @@ func (s *Server) serveMCPWS(w http.ResponseWriter, r *http.Request, e *served) {
 	defer c.CloseNow()
 	conn := wsConn{c}
 	ctx := r.Context()
-	sess, perr := e.acquire("ws", func() { c.Close(websocket.StatusPolicyViolation, "idle timeout") })
+	sess, perr := e.acquire("ws", func(string) { c.Close(websocket.StatusPolicyViolation, "session ended") })
 	if perr != nil {
 		s.m.errors.WithLabelValues(e.id, perr.Code).Inc()
 		conn.send(ctx, openenv.RPCResponse{Error: openenv.NewRPCError(openenv.RPCServerError, perr.Message,
@@ -218,9 +216,6 @@ func (s *Server) serveMCPWS(w http.ResponseWriter, r *http.Request, e *served) {
 	for {
 		tooBig, err := readFrame(ctx, c, &buf, s.cfg.MaxMessageBytes)
 		if err != nil {
-			if !errors.Is(err, context.Canceled) {
-				return
-			}
 			return
 		}
 		sess.busy.Add(1)
