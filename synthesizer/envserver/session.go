@@ -86,7 +86,7 @@ type session struct {
 	lastActive atomic.Int64 // unix nanoseconds
 	busy       atomic.Int32 // requests in progress (never evicted while > 0)
 	evictOnce  sync.Once
-	evicted    chan struct{} // closed when evicted or closed
+	evicted    chan struct{}       // closed when evicted or closed
 	onEvict    func(reason string) // WebSocket: send SESSION_ERROR with reason and close
 }
 
