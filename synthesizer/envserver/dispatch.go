@@ -31,7 +31,11 @@ func (s *session) act(ctx context.Context, a openenv.Action, timeout time.Durati
 			"reward":      res.Meta.Reward, "done": res.Meta.Done,
 		}, nil
 	}
-	return s.step(ctx, a, timeout)
+	obs, perr := s.step(ctx, a, timeout)
+	if perr != nil {
+		return nil, perr
+	}
+	return obs, nil
 }
 
 // callTool plays one tool call as an assistant turn with that one call and

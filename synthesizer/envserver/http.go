@@ -19,7 +19,13 @@ import (
 const SessionHeader = "X-Session-Id"
 
 func writeJSON(w http.ResponseWriter, status int, v any) {
-	b, err := json.Marshal(v)
+	var b []byte
+	var err error
+	if raw, ok := v.(json.RawMessage); ok {
+		b = raw // encoded by the server itself
+	} else {
+		b, err = json.Marshal(v)
+	}
 	if err != nil {
 		status, b = http.StatusInternalServerError, []byte(`{"detail":"encoding the response failed"}`)
 	}
@@ -124,7 +130,7 @@ func (s *Server) httpReset(w http.ResponseWriter, r *http.Request, e *served) {
 		sess = e.ephemeral()
 		defer sess.discard()
 	}
-	resp, perr := use(sess, func() (openenv.StepResponse, *openenv.Error) { return sess.reset(r.Context(), req) })
+	resp, perr := use(sess, func() (json.RawMessage, *openenv.Error) { return sess.reset(r.Context(), req) })
 	if perr != nil {
 		s.httpError(w, e, perr)
 		return

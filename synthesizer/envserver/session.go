@@ -36,6 +36,8 @@ type served struct {
 	params  map[string]*jsonschema.Schema // tool name → compiled parameters schema
 	schemas openenv.SchemaResponse
 	srv     *Server
+	// toolsJSON is the tools' encoding, sent in every observation.
+	toolsJSON []byte
 
 	mu       sync.Mutex
 	sessions map[string]*session
@@ -69,6 +71,14 @@ func newServed(srv *Server, e Entry, env envprog.Env) (*served, error) {
 		s.params[name] = sch
 	}
 	s.schemas = openenv.Schemas(s.names)
+	if s.tools == nil {
+		s.tools = []openenv.Tool{}
+	}
+	tj, err := json.Marshal(s.tools)
+	if err != nil {
+		return nil, fmt.Errorf("environment %s: tools: %w", e.ID, err)
+	}
+	s.toolsJSON = tj
 	return s, nil
 }
 
@@ -104,6 +114,8 @@ type play struct {
 	reason  string // why it ended, see openenv.Observation.DoneReason
 	err     string
 	reward  *envprog.Reward
+	msgJSON []byte // the transcript's messages encoded so far, comma-separated
+	encoded int    // how many
 
 	mu        sync.Mutex
 	inFlight  bool // a timed-out call still runs in the background
@@ -261,7 +273,7 @@ func within[T any](ctx context.Context, d time.Duration, f func(context.Context)
 }
 
 // reset starts a new episode in the session (closing the current one).
-func (s *session) reset(ctx context.Context, r openenv.ResetRequest) (openenv.StepResponse, *openenv.Error) {
+func (s *session) reset(ctx context.Context, r openenv.ResetRequest) (json.RawMessage, *openenv.Error) {
 	srv := s.env.srv
 	if s.play != nil {
 		s.play.close()
@@ -283,7 +295,7 @@ func (s *session) reset(ctx context.Context, r openenv.ResetRequest) (openenv.St
 		}
 	})
 	if err != nil {
-		return openenv.StepResponse{}, programError("reset", srv.cfg.StepTimeout, err)
+		return nil, programError("reset", srv.cfg.StepTimeout, err)
 	}
 	p := &play{id: id, seed: seed, ep: ep, started: time.Now()}
 	if r.Hint && s.env.info.HasHint {
@@ -294,12 +306,12 @@ func (s *session) reset(ctx context.Context, r openenv.ResetRequest) (openenv.St
 		}, nil)
 		if err != nil {
 			p.close()
-			return openenv.StepResponse{}, programError("hint", srv.cfg.StepTimeout, err)
+			return nil, programError("hint", srv.cfg.StepTimeout, err)
 		}
 		p.hint, p.hinted = h, h != ""
 	}
 	s.play = p
-	return s.observe(), nil
+	return s.observation(), nil
 }
 
 // programError turns an error of a program call into EXECUTION_ERROR.
@@ -365,17 +377,17 @@ func schemaMessage(err error) string {
 }
 
 // step plays one action in the session's episode.
-func (s *session) step(ctx context.Context, a openenv.Action, timeout time.Duration) (openenv.StepResponse, *openenv.Error) {
+func (s *session) step(ctx context.Context, a openenv.Action, timeout time.Duration) (json.RawMessage, *openenv.Error) {
 	srv := s.env.srv
 	p := s.play
 	if p == nil {
-		return openenv.StepResponse{}, openenv.Execution("no episode: send reset first")
+		return nil, openenv.Execution("no episode: send reset first")
 	}
 	if p.done {
-		return openenv.StepResponse{}, openenv.Execution("the episode is done (%s): send reset", p.reason)
+		return nil, openenv.Execution("the episode is done (%s): send reset", p.reason)
 	}
 	if e := s.env.validate(a); e != nil {
-		return openenv.StepResponse{}, e
+		return nil, e
 	}
 	act := envprog.Action{Content: a.Content}
 	for i, c := range a.ToolCalls {
@@ -399,12 +411,12 @@ func (s *session) step(ctx context.Context, a openenv.Action, timeout time.Durat
 		if errors.Is(err, errTimeout) {
 			p.reason = "timeout"
 		}
-		return openenv.StepResponse{}, programError("step", timeout, err)
+		return nil, programError("step", timeout, err)
 	}
 	p.steps++
 	p.results = chatMessages(res.ToolResults)
 	if !res.Done {
-		return s.observe(), nil
+		return s.observation(), nil
 	}
 	p.done, p.reason = true, "environment"
 	if len(a.ToolCalls) == 0 {
@@ -420,45 +432,13 @@ func (s *session) step(ctx context.Context, a openenv.Action, timeout time.Durat
 		if errors.Is(err, errTimeout) {
 			p.reason = "timeout"
 		}
-		return openenv.StepResponse{}, programError("reward", timeout, err)
+		return nil, programError("reward", timeout, err)
 	}
 	p.reward = &rw
 	srv.m.reward.WithLabelValues(s.env.id).Observe(rw.Value)
 	srv.m.episodes.WithLabelValues(s.env.id, p.reason).Inc()
 	srv.record(s, p)
-	return s.observe(), nil
-}
-
-// observe builds the observation of the current episode.
-func (s *session) observe() openenv.StepResponse {
-	p := s.play
-	msgs := chatMessages(p.ep.Messages())
-	if p.hinted && len(msgs) > 0 && msgs[0].Role == "system" {
-		msgs[0].Content += "\n\n" + envprog.HintOpen + p.hint + envprog.HintClose
-	}
-	results := p.results
-	if results == nil {
-		results = []openenv.ChatMessage{}
-	}
-	o := openenv.Observation{EpisodeID: p.id, Seed: p.seed, StepCount: p.steps, Messages: msgs, Tools: s.env.tools,
-		ToolResults: results, DoneReason: p.reason, Error: p.err}
-	if o.Tools == nil {
-		o.Tools = []openenv.Tool{}
-	}
-	if n := len(results); n > 0 {
-		c := results[n-1].Content
-		o.LastToolResult = &c
-	}
-	r := openenv.StepResponse{Observation: o, Done: p.done}
-	if p.reward != nil {
-		v := p.reward.Value
-		r.Reward = &v
-		r.Observation.RewardComponents = p.reward.Components
-		if r.Observation.RewardComponents == nil {
-			r.Observation.RewardComponents = map[string]float64{}
-		}
-	}
-	return r
+	return s.observation(), nil
 }
 
 // state is the session's state frame / GET /state body.

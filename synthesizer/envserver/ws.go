@@ -29,9 +29,12 @@ type wsConn struct {
 }
 
 func (w wsConn) send(ctx context.Context, v any) error {
-	b, err := json.Marshal(v)
-	if err != nil {
-		return err
+	b, ok := v.([]byte) // a frame the server encoded itself
+	if !ok {
+		var err error
+		if b, err = json.Marshal(v); err != nil {
+			return err
+		}
 	}
 	ctx, cancel := context.WithTimeout(ctx, writeTimeout)
 	defer cancel()
@@ -167,7 +170,7 @@ func (s *Server) frame(ctx context.Context, e *served, sess *session, b []byte) 
 		if perr != nil {
 			return fail(perr)
 		}
-		return map[string]any{"type": openenv.FrameObservation, "data": obs}, false
+		return frameJSON(openenv.FrameObservation, obs), false
 	case openenv.FrameStep:
 		a, perr := openenv.DecodeAction(f.Data)
 		if perr != nil {
@@ -178,6 +181,9 @@ func (s *Server) frame(ctx context.Context, e *served, sess *session, b []byte) 
 		sess.mu.Unlock()
 		if perr != nil {
 			return fail(perr)
+		}
+		if raw, ok := obs.(json.RawMessage); ok {
+			return frameJSON(openenv.FrameObservation, raw), false
 		}
 		return map[string]any{"type": openenv.FrameObservation, "data": obs}, false
 	case openenv.FrameMCP:
