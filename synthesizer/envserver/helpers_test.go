@@ -2,6 +2,8 @@ package envserver_test
 
 import (
 	"context"
+	"fmt"
+	"net/http"
 	"net/http/httptest"
 	"os"
 	"testing"
@@ -19,8 +21,37 @@ import (
 
 func TestMain(m *testing.M) {
 	envprog.RunWorkerIfRequested()
+	if addr := os.Getenv("TRACE_BENCH_SERVE"); addr != "" {
+		os.Exit(serveForBench(addr, os.Getenv("TRACE_BENCH_SANDBOXED") == "1"))
+	}
 	testenv.Main(m)
 	os.Exit(0)
+}
+
+// serveForBench serves the example environment on addr until killed: the
+// benchmark runs trace's server as a process of its own, as it runs
+// openenv-core's, so that both get the machine on the same terms.
+func serveForBench(addr string, sandboxed bool) int {
+	load := envprog.Load
+	if sandboxed {
+		load = envprog.LoadSandboxed
+	}
+	env, err := load(context.Background(), examples.PreconditionAirlineName, examples.PreconditionAirline, envprog.Limits{})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	cat := envserver.NewStaticCatalog()
+	cat.Add(exampleID, env, envserver.Entry{})
+	cfg := envserver.DefaultConfig()
+	cfg.MaxSessions = 128
+	srv, err := envserver.New(cfg, envserver.Options{Catalog: cat})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	fmt.Fprintln(os.Stderr, http.ListenAndServe(addr, srv.Handler()))
+	return 1
 }
 
 const exampleID = "precondition_airline"

@@ -213,3 +213,66 @@ func TestOpenEnvInterop(t *testing.T) {
 		t.Errorf("the HTTP episode's session %s is not recorded: %+v", h.SessionID, rows)
 	}
 }
+
+// TestVerifiersInterop plays the example through verifiers 0.4.0's OpenEnv
+// integration (OpenEnvTaskset, OpenEnvEnv.run) with a scripted player
+// (testdata/verifiers_interop.py; no model): its schema fetch, reset with
+// the task's seed, the step loop and the reward it records.
+func TestVerifiersInterop(t *testing.T) {
+	py := os.Getenv("TRACE_VERIFIERS_PYTHON")
+	if py == "" {
+		py = "/var/cache/trace/verifiers-venv/bin/python"
+	}
+	if _, err := os.Stat(py); err != nil {
+		testenv.Unavailable(t, "no verifiers python at %s (TRACE_VERIFIERS_PYTHON): python3 -m venv /var/cache/trace/verifiers-venv && /var/cache/trace/verifiers-venv/bin/pip install verifiers==0.4.0 openenv-core==0.3.0", py)
+	}
+	st := testenv.ClickHouse(t).Store()
+	cfg := testConfig()
+	cfg.BearerToken = "verifiers-token"
+	f := start(t, cfg, st, nil)
+	lp := playLocal(t, 31)
+	in, _ := json.Marshal(map[string]any{"base_url": strings.Replace(f.base, "http://", "http://trace:"+cfg.BearerToken+"@", 1),
+		"seed": 31, "actions": lp.actions})
+	inFile := filepath.Join(t.TempDir(), "in.json")
+	os.WriteFile(inFile, in, 0o644)
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, py, "testdata/verifiers_interop.py", inFile)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("verifiers_interop.py: %v\nstdout:\n%s\nstderr:\n%s", err, stdout.String(), stderr.String())
+	}
+	lines := strings.Split(strings.TrimSpace(stdout.String()), "\n")
+	var out struct {
+		Patched     bool               `json:"patched_base_url"`
+		Tasks       int                `json:"tasks"`
+		Turns       int                `json:"turns"`
+		FirstUser   string             `json:"first_user"`
+		SchemaTitle string             `json:"action_schema_title"`
+		LastResults []*string          `json:"last_tool_results"`
+		Rewards     map[string]float64 `json:"rewards"`
+		Stopped     *string            `json:"stopped"`
+	}
+	if err := json.Unmarshal([]byte(lines[len(lines)-1]), &out); err != nil {
+		t.Fatalf("output %q: %v\nstderr:\n%s", lines[len(lines)-1], err, stderr.String())
+	}
+	t.Logf("verifiers 0.4.0 needed GenericEnvClient._base_url added: %v", out.Patched)
+	// The final answer ends the episode without another turn: one payload
+	// per action but the last.
+	if out.Tasks != 1 || out.Turns != len(lp.actions) || out.FirstUser != lp.start.User || out.SchemaTitle != "ChatAction" || out.Stopped != nil {
+		t.Fatalf("verifiers run: %+v", out)
+	}
+	for i, r := range out.LastResults {
+		if want := lp.results[i][len(lp.results[i])-1].Content; r == nil || *r != want {
+			t.Errorf("turn %d: last tool result %v, want %s", i+1, r, want)
+		}
+	}
+	if got, ok := out.Rewards["openenv_reward"]; !ok || got != lp.reward.Value {
+		t.Fatalf("verifiers recorded openenv_reward %v, want %v", out.Rewards, lp.reward.Value)
+	}
+	rows := readEpisodes(t, st, 1)
+	if len(rows) != 1 || rows[0].Seed != 31 || rows[0].Reward != lp.reward.Value || rows[0].Steps != uint32(len(lp.actions)) {
+		t.Fatalf("env_episodes %+v", rows)
+	}
+}

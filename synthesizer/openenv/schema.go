@@ -12,7 +12,7 @@ func Schemas(toolNames []string) SchemaResponse {
 		names = []byte("[]")
 	}
 	action := `{
-  "title": "Action",
+  "title": "ChatAction",
   "description": "The policy's assistant message in OpenAI chat format: its tool calls are executed in order; a message without tool calls is the final answer. Also openenv's MCP actions {\"type\": \"list_tools\"} and {\"type\": \"call_tool\", \"tool_name\", \"arguments\"}.",
   "anyOf": [
     {
