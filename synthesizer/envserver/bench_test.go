@@ -12,15 +12,22 @@ import (
 	"regexp"
 	"sort"
 	"strconv"
+	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/coder/websocket"
 
 	"github.com/traceops/trace/synthesizer/envclient"
+	"github.com/traceops/trace/synthesizer/envprog"
+	"github.com/traceops/trace/synthesizer/examples"
 	"github.com/traceops/trace/synthesizer/openenv"
 )
+
+// pids maps a server's base URL to its process, for its CPU time.
+var pids sync.Map
 
 var (
 	userRe = regexp.MustCompile(`user id ([a-z]+_[a-z]+_[0-9]+)`)
@@ -30,6 +37,7 @@ var (
 type loadResult struct {
 	steps   int
 	elapsed time.Duration
+	cpu     time.Duration // the server process's CPU time meanwhile
 	lat     []time.Duration
 	errs    int
 }
@@ -131,6 +139,13 @@ func load(b *testing.B, base string, n int, d time.Duration) loadResult {
 	var mu sync.Mutex
 	var res loadResult
 	var wg sync.WaitGroup
+	pid := 0
+	for u, p := range pids.Range {
+		if strings.HasPrefix(base, u.(string)) {
+			pid = p.(int)
+		}
+	}
+	cpu0 := cpuOf(pid)
 	start := time.Now()
 	stop := start.Add(d)
 	for i, s := range sessions {
@@ -156,6 +171,7 @@ func load(b *testing.B, base string, n int, d time.Duration) loadResult {
 	}
 	wg.Wait()
 	res.elapsed = time.Since(start)
+	res.cpu = cpuOf(pid) - cpu0
 	res.steps = len(res.lat)
 	sort.Slice(res.lat, func(i, j int) bool { return res.lat[i] < res.lat[j] })
 	return res
@@ -170,6 +186,35 @@ func freePort(b *testing.B) int {
 	return l.Addr().(*net.TCPAddr).Port
 }
 
+// cpuOf is the CPU time (user + system) of process pid and its waited-for
+// children so far, and of its live children (a sandbox worker), from /proc.
+func cpuOf(pid int) time.Duration {
+	total := time.Duration(0)
+	pids := []int{pid}
+	if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/children", pid, pid)); err == nil {
+		for _, f := range strings.Fields(string(b)) {
+			if c, err := strconv.Atoi(f); err == nil {
+				pids = append(pids, c)
+			}
+		}
+	}
+	for _, p := range pids {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", p))
+		if err != nil {
+			continue
+		}
+		// Fields after the command's closing parenthesis: utime is the
+		// 12th, stime the 13th (clock ticks, 100 per second here).
+		rest := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+2:]))
+		for _, i := range []int{11, 12} {
+			if v, err := strconv.ParseInt(rest[i], 10, 64); err == nil {
+				total += time.Duration(v) * 10 * time.Millisecond
+			}
+		}
+	}
+	return total
+}
+
 // serverProcess starts cmd, a server on port, and waits for its /health.
 func serverProcess(b *testing.B, cmd *exec.Cmd, port int) string {
 	cmd.Stderr = os.Stderr
@@ -178,6 +223,7 @@ func serverProcess(b *testing.B, cmd *exec.Cmd, port int) string {
 	}
 	b.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
 	base := fmt.Sprintf("http://127.0.0.1:%d", port)
+	pids.Store(base, cmd.Process.Pid)
 	deadline := time.Now().Add(3 * time.Minute) // importing openenv takes long on a loaded machine
 	for {
 		resp, err := http.Get(base + "/health")
@@ -220,6 +266,74 @@ func goServer(b *testing.B, sandboxed bool) string {
 	return serverProcess(b, cmd, port) + "/v1/environments/" + exampleID
 }
 
+// selfCPU is this process's CPU time so far.
+func selfCPU() time.Duration {
+	var ru syscall.Rusage
+	syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// programCost is the CPU time per step of the example's Starlark program
+// alone (envprog, in-process, no server), on the benchmark's episodes.
+func programCost(b *testing.B) time.Duration {
+	ctx := context.Background()
+	env, err := envprog.Load(ctx, examples.PreconditionAirlineName, examples.PreconditionAirline, envprog.Limits{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer env.Close()
+	const n = 2000
+	t0 := selfCPU()
+	for i := range n {
+		ep, err := env.Reset(ctx, int64(i))
+		if err != nil {
+			b.Fatal(err)
+		}
+		user := ep.Start().User
+		u, r := userRe.FindStringSubmatch(user), resRe.FindStringSubmatch(user)
+		for _, a := range []envprog.Action{
+			{ToolCalls: []envprog.ToolCall{{ID: "1", Name: "get_user_details", Arguments: json.RawMessage(`{"user_id":"` + u[1] + `"}`)}}},
+			{ToolCalls: []envprog.ToolCall{{ID: "2", Name: "get_reservation_details", Arguments: json.RawMessage(`{"reservation_id":"` + r[1] + `"}`)}}},
+			{Content: "I cannot do that."},
+		} {
+			if _, err := ep.Step(ctx, a); err != nil {
+				b.Fatal(err)
+			}
+			ep.Messages()
+		}
+		if _, err := ep.Reward(ctx); err != nil {
+			b.Fatal(err)
+		}
+		ep.Close()
+	}
+	return (selfCPU() - t0) / (3 * n)
+}
+
+// pythonLogicCost runs testdata/openenv_python_logic.py: the CPython
+// environment's CPU time per step, with and without openenv's models.
+func pythonLogicCost(b *testing.B) (withModels, logic time.Duration) {
+	py := os.Getenv("TRACE_OPENENV_PYTHON")
+	if py == "" {
+		py = "/var/cache/trace/openenv-venv/bin/python"
+	}
+	out, err := exec.Command(py, "testdata/openenv_python_logic.py").Output()
+	if err != nil {
+		b.Fatalf("openenv_python_logic.py: %v", err)
+	}
+	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		name, v, _ := strings.Cut(line, " ")
+		us, _ := strconv.ParseFloat(v, 64)
+		d := time.Duration(us * float64(time.Microsecond))
+		switch name {
+		case "environment":
+			withModels = d
+		case "logic":
+			logic = d
+		}
+	}
+	return withModels, logic
+}
+
 // BenchmarkEnvServer measures steps/s through the WebSocket protocol on
 // loopback with 1, 16 and 64 concurrent sessions on the example
 // environment, for trace's server (the program in-process, and in its
@@ -250,7 +364,11 @@ func BenchmarkEnvServer(b *testing.B) {
 	// that a burst of load from other processes on the shared machine does
 	// not decide a comparison.
 	var rows []row
-	for _, n := range []int{1, 16, 64} {
+	sessions := []int{1, 16, 64}
+	if v, err := strconv.Atoi(os.Getenv("TRACE_BENCH_SESSIONS")); err == nil && v > 0 {
+		sessions = []int{v}
+	}
+	for _, n := range sessions {
 		servers := []struct{ name, base string }{{"trace (Go, in-process program)", goBase}, {"trace (Go, sandboxed program)", sbBase}, {"openenv-core 0.3.0 (Python)", pyBase}}
 		best := make([]loadResult, len(servers))
 		for round := range 2 {
@@ -269,11 +387,20 @@ func BenchmarkEnvServer(b *testing.B) {
 		}
 	}
 	fmt.Printf("\nsteps through the WebSocket protocol on loopback, example environment (precondition_airline), better of two %s rounds per point\n", d)
-	fmt.Printf("%-32s %8s %8s %10s %9s %9s %6s\n", "server", "sessions", "steps", "steps/s", "p50", "p99", "errors")
+	fmt.Printf("%-32s %8s %8s %10s %9s %9s %14s %6s\n", "server", "sessions", "steps", "steps/s", "p50", "p99", "server cpu/step", "errors")
 	for _, r := range rows {
-		fmt.Printf("%-32s %8d %8d %10.0f %9s %9s %6d\n", r.server, r.n, r.r.steps, r.r.rate(),
-			r.r.pct(0.50).Round(time.Microsecond), r.r.pct(0.99).Round(time.Microsecond), r.r.errs)
+		perStep := time.Duration(0)
+		if r.r.steps > 0 {
+			perStep = r.r.cpu / time.Duration(r.r.steps)
+		}
+		fmt.Printf("%-32s %8d %8d %10.0f %9s %9s %14s %6d\n", r.server, r.n, r.r.steps, r.r.rate(),
+			r.r.pct(0.50).Round(time.Microsecond), r.r.pct(0.99).Round(time.Microsecond), perStep.Round(time.Microsecond), r.r.errs)
 	}
+	fmt.Println("(server cpu/step: the server process's CPU time, its sandbox worker's included, over the steps; resets are played too but not counted as steps)")
+	prog := programCost(b)
+	pyEnv, pyLogic := pythonLogicCost(b)
+	fmt.Printf("environment logic alone, CPU per step: Starlark program (envprog, in-process) %s; CPython class %s (%s with openenv's pydantic observation)\n",
+		prog.Round(time.Microsecond), pyLogic.Round(time.Microsecond), pyEnv.Round(time.Microsecond))
 	fmt.Println()
 	for i := 0; i < len(rows); i += 3 {
 		goR, sbR, pyR := rows[i].r, rows[i+1].r, rows[i+2].r

@@ -210,5 +210,9 @@ func (s *session) discard() {
 	s.mu.Lock()
 	s.play.close()
 	s.play = nil
+	if s.w != nil {
+		s.w.stop()
+		s.w = nil
+	}
 	s.mu.Unlock()
 }

@@ -91,7 +91,8 @@ type session struct {
 	transport string // ws | http
 
 	mu   sync.Mutex
-	play *play // the current episode, nil before the first reset
+	play *play   // the current episode, nil before the first reset
+	w    *worker // runs the program's calls; nil until the first
 
 	lastActive atomic.Int64 // unix nanoseconds
 	busy       atomic.Int32 // requests in progress (never evicted while > 0)
@@ -204,6 +205,10 @@ func (e *served) release(s *session) {
 	s.mu.Lock()
 	s.play.close()
 	s.play = nil
+	if s.w != nil {
+		s.w.stop()
+		s.w = nil
+	}
 	s.mu.Unlock()
 }
 
@@ -239,24 +244,52 @@ func (e *served) sessionCount() int {
 // errTimeout marks a call cut off by the step timeout.
 var errTimeout = errors.New("timeout")
 
-// within runs f with a deadline and returns at the deadline even when f
-// does not: f then goes on in the background and late receives its result.
-func within[T any](ctx context.Context, d time.Duration, f func(context.Context) (T, error), late func(T, error)) (T, error) {
+// worker runs a session's program calls on one long-lived goroutine, whose
+// stack has grown to what the interpreter needs, instead of a new goroutine
+// (and its stack growth) per call.
+type worker struct {
+	calls chan func()
+}
+
+func newWorker() *worker {
+	w := &worker{calls: make(chan func())}
+	go func() {
+		for f := range w.calls {
+			f()
+		}
+	}()
+	return w
+}
+
+// stop ends the worker once its current call, if any, returns.
+func (w *worker) stop() { close(w.calls) }
+
+// within runs f on the session's worker with a deadline and returns at the
+// deadline even when f does not: f then goes on in the background (its
+// worker is let go, and the session takes a new one) and late receives its
+// result. The caller holds s.mu.
+func within[T any](s *session, ctx context.Context, d time.Duration, f func(context.Context) (T, error), late func(T, error)) (T, error) {
 	ctx, cancel := context.WithTimeout(ctx, d)
 	type res struct {
 		v   T
 		err error
 	}
 	ch := make(chan res, 1)
-	go func() {
+	if s.w == nil {
+		s.w = newWorker()
+	}
+	w := s.w
+	w.calls <- func() {
 		v, err := f(ctx)
 		ch <- res{v, err}
-	}()
+	}
 	select {
 	case r := <-ch:
 		cancel()
 		return r.v, r.err
 	case <-ctx.Done():
+		s.w = nil
+		w.stop()
 		go func() {
 			r := <-ch
 			cancel()
@@ -287,7 +320,7 @@ func (s *session) reset(ctx context.Context, r openenv.ResetRequest) (json.RawMe
 	if r.EpisodeID != nil && *r.EpisodeID != "" {
 		id = *r.EpisodeID
 	}
-	ep, err := within(ctx, srv.cfg.StepTimeout, func(ctx context.Context) (envprog.Episode, error) {
+	ep, err := within(s, ctx, srv.cfg.StepTimeout, func(ctx context.Context) (envprog.Episode, error) {
 		return s.env.env.Reset(ctx, seed)
 	}, func(ep envprog.Episode, err error) {
 		if err == nil {
@@ -300,7 +333,7 @@ func (s *session) reset(ctx context.Context, r openenv.ResetRequest) (json.RawMe
 	p := &play{id: id, seed: seed, ep: ep, started: time.Now()}
 	if r.Hint && s.env.info.HasHint {
 		p.begin()
-		h, err := within(ctx, srv.cfg.StepTimeout, func(ctx context.Context) (string, error) {
+		h, err := within(s, ctx, srv.cfg.StepTimeout, func(ctx context.Context) (string, error) {
 			defer p.returned()
 			return ep.Hint(ctx)
 		}, nil)
@@ -399,7 +432,7 @@ func (s *session) step(ctx context.Context, a openenv.Action, timeout time.Durat
 	}
 	t0 := time.Now()
 	p.begin()
-	res, err := within(ctx, timeout, func(ctx context.Context) (envprog.StepResult, error) {
+	res, err := within(s, ctx, timeout, func(ctx context.Context) (envprog.StepResult, error) {
 		defer p.returned()
 		return p.ep.Step(ctx, act)
 	}, nil)
@@ -423,7 +456,7 @@ func (s *session) step(ctx context.Context, a openenv.Action, timeout time.Durat
 		p.reason = "final"
 	}
 	p.begin()
-	rw, err := within(ctx, timeout, func(ctx context.Context) (envprog.Reward, error) {
+	rw, err := within(s, ctx, timeout, func(ctx context.Context) (envprog.Reward, error) {
 		defer p.returned()
 		return p.ep.Reward(ctx)
 	}, nil)
