@@ -472,3 +472,44 @@ func TestAuth(t *testing.T) {
 		t.Fatalf("unknown environment: %v %v", resp.StatusCode, err)
 	}
 }
+
+// TestObservationShape: the hand-encoded observation has exactly the
+// members of openenv.StepResponse and openenv.Observation, no others.
+func TestObservationShape(t *testing.T) {
+	f := start(t, testConfig(), nil, nil)
+	ctx := ctxT(t)
+	lp := playLocal(t, 9)
+	s, err := f.client("").Dial(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	raws := []json.RawMessage{}
+	fr, err := s.Send(ctx, []byte(`{"type":"reset","data":{"seed":9,"hint":true}}`))
+	if err != nil || fr.Type != "observation" {
+		t.Fatalf("%+v %v", fr, err)
+	}
+	raws = append(raws, fr.Data)
+	for _, a := range lp.actions {
+		raw, err := s.StepRaw(ctx, a)
+		if err != nil {
+			t.Fatal(err)
+		}
+		raws = append(raws, raw)
+	}
+	for i, raw := range raws {
+		dec := json.NewDecoder(bytes.NewReader(raw))
+		dec.DisallowUnknownFields()
+		var r openenv.StepResponse
+		if err := dec.Decode(&r); err != nil {
+			t.Fatalf("observation %d does not decode strictly: %v\n%s", i, err, raw)
+		}
+		again, _ := json.Marshal(r)
+		var a, b map[string]any
+		json.Unmarshal(raw, &a)
+		json.Unmarshal(again, &b)
+		if !reflect.DeepEqual(a, b) {
+			t.Fatalf("observation %d: hand encoding\n%s\nstruct encoding\n%s", i, raw, again)
+		}
+	}
+}
