@@ -22,6 +22,7 @@ import (
 	"github.com/traceops/trace/internal/app"
 	"github.com/traceops/trace/internal/bus"
 	"github.com/traceops/trace/internal/config"
+	"github.com/traceops/trace/internal/dev/simpolicy"
 	"github.com/traceops/trace/internal/dev/simulate"
 	"github.com/traceops/trace/schemas"
 	"github.com/traceops/trace/sink"
@@ -204,7 +205,7 @@ func (d *demo) run(ctx, parent context.Context, linger time.Duration) (*demoSumm
 	defer a.Close()
 	fleet := simulate.DefaultFleet()
 	a.Simulated = func(env, agentVersion, capability string) (calibrate.Policy, error) {
-		return calibrate.SimulatedFleetPolicy(fleet, env, agentVersion, capability)
+		return simpolicy.SimulatedFleetPolicy(fleet, env, agentVersion, capability)
 	}
 	runCtx, stopRun := context.WithCancel(context.WithoutCancel(ctx))
 	runErr := make(chan error, 1)
