@@ -36,6 +36,7 @@ import (
 	"github.com/traceops/trace/internal/llm"
 	"github.com/traceops/trace/internal/stream"
 	"github.com/traceops/trace/sink"
+	"github.com/traceops/trace/synthesizer/envserver"
 )
 
 // App is a running trace process.
@@ -61,6 +62,8 @@ type App struct {
 	llm        *llm.Client
 	audit      *AuditRecorder
 	httpAddr   string
+	envSrv     *envserver.Server // the serve role's environment server
+	envAddr    string
 
 	// Simulated, when set before Run, provides the simulated policy for
 	// synthesizer.policy: simulated (trace demo).
@@ -334,6 +337,13 @@ func (a *App) superviseClickHouse(ctx context.Context, g *run.Group) {
 // addHTTP listens on http.addr and adds the HTTP server (health, metrics,
 // and with the serve role the dashboard and API) to g.
 func (a *App) addHTTP(g *run.Group) error {
+	if a.Cfg.Has("serve") {
+		es, err := a.newEnvServer()
+		if err != nil {
+			return err
+		}
+		a.envSrv = es
+	}
 	srv := a.httpServer()
 	ln, err := net.Listen("tcp", a.Cfg.HTTP.Addr)
 	if err != nil {
@@ -349,12 +359,42 @@ func (a *App) addHTTP(g *run.Group) error {
 		sctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 		defer cancel()
 		_ = srv.Shutdown(sctx)
+		if a.envSrv != nil {
+			_ = a.envSrv.Close(sctx)
+		}
 	})
+	if a.envSrv != nil && a.Cfg.Env.Addr != "" {
+		if err := a.addEnvHTTP(g); err != nil {
+			return err
+		}
+	}
 	if a.Cfg.Has("serve") {
 		a.Log.Info("serving dashboard, API and metrics", "url", "http://"+a.httpAddr+"/", "metrics", "http://"+a.httpAddr+"/metrics")
 	} else {
 		a.Log.Info("serving metrics and health checks", "metrics", "http://"+a.httpAddr+"/metrics", "ready", "http://"+a.httpAddr+"/readyz")
 	}
+	return nil
+}
+
+// addEnvHTTP serves the environment server on its dedicated env.addr.
+func (a *App) addEnvHTTP(g *run.Group) error {
+	ln, err := net.Listen("tcp", a.Cfg.Env.Addr)
+	if err != nil {
+		return fmt.Errorf("env.addr %s: %w", a.Cfg.Env.Addr, err)
+	}
+	a.envAddr = ln.Addr().String()
+	srv := &http.Server{Handler: a.envSrv.Handler(), ReadHeaderTimeout: 10 * time.Second}
+	g.Add(func() error {
+		if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+			return fmt.Errorf("env %s: %w", a.envAddr, err)
+		}
+		return nil
+	}, func(error) {
+		sctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(sctx)
+	})
+	a.Log.Info("serving environments (OpenEnv)", "url", "http://"+a.envAddr+"/v1/environments")
 	return nil
 }
 

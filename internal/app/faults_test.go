@@ -24,9 +24,15 @@ import (
 	"github.com/traceops/trace/internal/stream"
 	"github.com/traceops/trace/schemas"
 	"github.com/traceops/trace/sink"
+	"github.com/traceops/trace/synthesizer/envprog"
 )
 
-func TestMain(m *testing.M) { testenv.Main(m) }
+// TestMain also lets the test binary serve as envprog's sandbox worker (the
+// serve role's environment server runs stored programs sandboxed).
+func TestMain(m *testing.M) {
+	envprog.RunWorkerIfRequested()
+	testenv.Main(m)
+}
 
 // world is one trace process (ingest + analyze roles) on test servers.
 type world struct {

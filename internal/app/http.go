@@ -12,6 +12,7 @@ import (
 	"github.com/traceops/trace/analyzer"
 	"github.com/traceops/trace/internal/dashboard"
 	"github.com/traceops/trace/synthesizer"
+	"github.com/traceops/trace/synthesizer/envserver"
 )
 
 // httpServer serves /healthz, /readyz and /metrics for every role, so that
@@ -32,6 +33,13 @@ func (a *App) httpServer() *http.Server {
 			deps.Environments = synthesizer.SinkStore{Rows: a.Store}
 		}
 		protected.Handle("/", dashboard.New(deps))
+		if a.envSrv != nil && a.Cfg.Env.Addr == "" {
+			// The environment server checks its own token (env.bearer_token,
+			// else http.bearer_token) and leaves its health endpoints open.
+			h := a.envSrv.Handler()
+			mux.Handle("/v1/environments", h)
+			mux.Handle("/v1/environments/", h)
+		}
 	}
 	mux.Handle("/", bearer(a.Cfg.HTTP.BearerToken, protected))
 	return &http.Server{Addr: a.Cfg.HTTP.Addr, Handler: mux, ReadHeaderTimeout: 10 * time.Second}
@@ -53,5 +61,22 @@ func bearer(token string, h http.Handler) http.Handler {
 			return
 		}
 		h.ServeHTTP(w, r)
+	})
+}
+
+// newEnvServer is the serve role's OpenEnv environment server over the
+// registry's DONE environments (synthesizer.Catalog), recording sampled
+// episodes in env_episodes. Nil without a store.
+func (a *App) newEnvServer() (*envserver.Server, error) {
+	if a.Store == nil {
+		return nil, nil
+	}
+	cfg := a.Cfg.Env
+	cfg.BearerToken = cmp.Or(cfg.BearerToken, a.Cfg.HTTP.BearerToken)
+	return envserver.New(cfg, envserver.Options{
+		Catalog:    synthesizer.Catalog{Store: synthesizer.SinkStore{Rows: a.Store}},
+		Writer:     a.Store,
+		Registerer: a.Registry,
+		Log:        a.Log.With("component", "envserver"),
 	})
 }

@@ -27,6 +27,7 @@ import (
 	"github.com/traceops/trace/internal/bus"
 	"github.com/traceops/trace/sink"
 	"github.com/traceops/trace/synthesizer"
+	"github.com/traceops/trace/synthesizer/envserver"
 )
 
 // Config is the whole configuration of `trace run` and `trace demo`.
@@ -44,6 +45,9 @@ type Config struct {
 	// Synthesizer is the synthesize role (TRACE step 2): attempts, the
 	// calibration run and its bands, the policy model of each cohort.
 	Synthesizer synthesizer.Settings `koanf:"synthesizer"`
+	// Env is the OpenEnv environment server of the serve role: it serves
+	// the registry's DONE environments to trainers at /v1/environments.
+	Env envserver.Config `koanf:"env"`
 }
 
 // Embedded are the fixed loopback ports of the embedded servers, so that
@@ -215,6 +219,7 @@ func Default() Config {
 		HTTP:        HTTP{Addr: "127.0.0.1:8080", ReadyTimeout: 2 * time.Second},
 		Embedded:    Embedded{ClickHousePort: 29000, ClickHouseHTTPPort: 28123, NATSPort: 4222},
 		Synthesizer: synthesizer.DefaultSettings(),
+		Env:         envserver.DefaultConfig(),
 	}
 }
 
@@ -383,6 +388,9 @@ func (c Config) Validate() error {
 	if err := c.Synthesizer.Validate(); err != nil {
 		errs = append(errs, err)
 	}
+	if err := c.Env.Validate(); err != nil {
+		errs = append(errs, err)
+	}
 	return errors.Join(errs...)
 }
 
@@ -398,6 +406,7 @@ func (c Config) Redacted() Config {
 	red(&r.ClickHouse.Password)
 	red(&r.NATS.Token)
 	red(&r.LLM.APIKey)
+	red(&r.Env.BearerToken)
 	red(&r.HTTP.BearerToken)
 	r.Synthesizer.Policies = slices.Clone(c.Synthesizer.Policies)
 	for i := range r.Synthesizer.Policies {
