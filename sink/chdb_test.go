@@ -451,6 +451,7 @@ func chdbMigrations(t *testing.T, c *chdbDB) {
 		"capability_labels": "ReplacingMergeTree", "label_counts": "AggregatingMergeTree", "label_counts_mv": "MaterializedView",
 		"dictionaries": "ReplacingMergeTree", "trigger_events": "ReplacingMergeTree", "llm_calls": "MergeTree", "label_runs": "ReplacingMergeTree",
 		"environments": "ReplacingMergeTree",
+		"env_episodes": "ReplacingMergeTree",
 	} {
 		if tables[name] != engine {
 			t.Errorf("table %s: engine %q, want %s", name, tables[name], engine)
@@ -466,6 +467,9 @@ func chdbMigrations(t *testing.T, c *chdbDB) {
 	if typ, _ := col("rollouts", "environment"); typ != "LowCardinality(String)" {
 		t.Errorf("rollouts.environment is %s, want LowCardinality(String)", typ)
 	}
+	if typ, _ := col("env_episodes", "environment_id"); typ != "LowCardinality(String)" {
+		t.Errorf("env_episodes.environment_id is %s, want LowCardinality(String)", typ)
+	}
 	if typ, _ := col("label_counts", "capability"); typ != "LowCardinality(String)" {
 		t.Errorf("label_counts.capability is %s, want LowCardinality(String)", typ)
 	}
@@ -474,7 +478,7 @@ func chdbMigrations(t *testing.T, c *chdbDB) {
 			t.Errorf("rollouts.%s codec %q, want CODEC(ZSTD(3))", name, codec)
 		}
 	}
-	for table, ttl := range map[string]string{"rollouts": "end_time", "capability_labels": "ts", "llm_calls": "ts", "label_runs": "at"} {
+	for table, ttl := range map[string]string{"rollouts": "end_time", "capability_labels": "ts", "llm_calls": "ts", "label_runs": "at", "env_episodes": "ended_at"} {
 		r := c.query("SELECT create_table_query FROM system.tables WHERE database = currentDatabase() AND name = ?", table)
 		if q := r.rows[0].str(0); !strings.Contains(q, "TTL "+ttl+" + toIntervalDay(90)") {
 			t.Errorf("%s has no TTL on %s:\n%s", table, ttl, q)

@@ -237,6 +237,32 @@ ORDER BY (environment, agent_version, dictionary_version, rollout_id, run)` + d.
 ORDER BY environment_id`,
 		}
 	}},
+	// Version 5 is the synthesizer's environments table (issue 13, another
+	// branch); env_episodes takes 6 so that both merge without renumbering.
+	{6, "env_episodes", func(d Dialect) []string {
+		// One row per episode played through the environment server
+		// (sampled): the reward curve of a training run. A retried insert
+		// of the same episode replaces itself (same sorting key).
+		return []string{`CREATE TABLE IF NOT EXISTS env_episodes (
+	environment_id ` + d.LC() + `,
+	program_hash String,
+	session_id String,
+	episode_id String,
+	transport ` + d.LC() + `,
+	seed Int64,
+	hinted UInt8,
+	steps UInt32,
+	done_reason ` + d.LC() + `,
+	reward Float64,
+	components String,
+	started_at DateTime,
+	ended_at DateTime,
+	duration_ms UInt32
+) ENGINE = ReplacingMergeTree()
+PARTITION BY toYYYYMM(ended_at)
+ORDER BY (environment_id, ended_at, session_id, episode_id)` + d.TTL("ended_at"),
+		}
+	}},
 }
 
 // Migrate applies every migration not yet recorded in schema_migrations, in

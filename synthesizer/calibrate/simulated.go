@@ -28,13 +28,16 @@ import (
 //     record are dropped, and when the reference did not change that record
 //     (its check failed) the agent changes it anyway, with the reference's
 //     write of a sibling record;
+//   - user_confirmation: a record the reference read but left alone (its
+//     change was not confirmed) is changed anyway, the same way;
 //   - multi_step_completion: the agent stops before a required write after
 //     the first one and gives its final answer;
 //   - argument_grounding: one identifier argument of a write is invented
 //     (a character of the grounded id changed);
 //   - tool_error_recovery: after a tool error the agent gives up;
-//   - any other capability (user_confirmation, structured_data_reasoning, …):
-//     the final answer is botched (its ids and figures changed).
+//   - any other capability (structured_data_reasoning, …): each record read
+//     is skipped, and the final answer is then botched (its ids and figures
+//     changed); without record reads, the final answer is botched.
 //
 // On a hinted rollout the deficit is reduced by HintEffect (the hint helps,
 // as it is meant to), and with probability BaseFailure the rollout fails
@@ -142,7 +145,9 @@ func (p SimulatedPolicy) plan(ref []envprog.Action, seed int64, rollout int, fam
 	lacking := func() bool { return deficit > 0 && rng.Float64() < deficit }
 	switch family {
 	case simulate.PreconditionVerification:
-		steps = skipVerification(steps, lacking)
+		steps = skipVerification(steps, lacking, true)
+	case simulate.UserConfirmation:
+		steps = skipVerification(steps, lacking, false)
 	case simulate.MultiStepCompletion:
 		steps = stopEarly(steps, lacking)
 	case simulate.ArgumentGrounding:
@@ -154,9 +159,7 @@ func (p SimulatedPolicy) plan(ref []envprog.Action, seed int64, rollout int, fam
 	case simulate.ToolErrorRecovery:
 		// Decided turn by turn in Act, from the tool results.
 	default:
-		if lacking() {
-			steps = botchFinal(steps, mut)
-		}
+		steps = skipReads(steps, lacking, mut)
 	}
 	if base := rolloutRNG(seed, rollout, saltSimBase); base.Float64() < p.BaseFailure {
 		if w := lastWrite(steps); w >= 0 && base.IntN(2) == 0 {
@@ -236,9 +239,12 @@ func recordOf(c *envprog.ToolCall) (record, bool) {
 	return record{}, false
 }
 
-// skipVerification drops the reads of each record the agent lacks the
-// check for; a record the reference left alone is then changed blindly.
-func skipVerification(steps []envprog.Action, lacking func() bool) []envprog.Action {
+// skipVerification handles each record the reference reads that the agent
+// lacks the capability for: its reads are dropped (when dropReads) and, if
+// the reference left it alone, it is changed anyway with the reference's
+// write of a sibling record (or, when there is none, the final answer is
+// botched).
+func skipVerification(steps []envprog.Action, lacking func() bool, dropReads bool) []envprog.Action {
 	var order []record
 	reads := map[record][]int{}
 	written := map[record]bool{}
@@ -264,12 +270,21 @@ func skipVerification(steps []envprog.Action, lacking func() bool) []envprog.Act
 	}
 	drop := map[int]bool{}
 	insert := map[int]envprog.ToolCall{}
+	botch := false
 	for _, r := range order {
+		if !dropReads && written[r] {
+			continue // nothing to get wrong on this record
+		}
 		if !lacking() {
 			continue
 		}
-		for _, i := range reads[r] {
-			drop[i] = true
+		if dropReads {
+			for _, i := range reads[r] {
+				drop[i] = true
+			}
+		}
+		if _, ok := template[r.key]; !ok && !written[r] {
+			botch = true
 		}
 		if tc, ok := template[r.key]; ok && !written[r] {
 			var args map[string]any
@@ -278,11 +293,15 @@ func skipVerification(steps []envprog.Action, lacking func() bool) []envprog.Act
 				b, _ := json.Marshal(args)
 				tc.ID += "-unchecked"
 				tc.Arguments = b
-				insert[reads[r][0]] = tc
+				pos := reads[r][0]
+				if !dropReads {
+					pos = reads[r][len(reads[r])-1] + 1 // after the read
+				}
+				insert[pos] = tc
 			}
 		}
 	}
-	out := make([]envprog.Action, 0, len(steps))
+	out := make([]envprog.Action, 0, len(steps)+len(insert))
 	for i, s := range steps {
 		if tc, ok := insert[i]; ok {
 			out = append(out, envprog.Action{ToolCalls: []envprog.ToolCall{tc}})
@@ -290,6 +309,37 @@ func skipVerification(steps []envprog.Action, lacking func() bool) []envprog.Act
 		if !drop[i] {
 			out = append(out, s)
 		}
+	}
+	if botch {
+		out = botchFinal(out, rand.New(rand.NewPCG(uint64(len(out)), 0x626f7463)))
+	}
+	return out
+}
+
+// skipReads drops each record read (not a user lookup) the agent lacks,
+// and botches the final answer when it dropped any: an answer computed
+// without all the records is wrong. Without record reads, the final answer
+// is botched when the agent lacks the capability.
+func skipReads(steps []envprog.Action, lacking func() bool, rng *rand.Rand) []envprog.Action {
+	out := make([]envprog.Action, 0, len(steps))
+	reads, dropped := 0, false
+	for _, s := range steps {
+		if c := call(s); c != nil && IsReadTool(c.Name) {
+			if r, ok := recordOf(c); ok && r.key != "user_id" {
+				reads++
+				if lacking() {
+					dropped = true
+					continue
+				}
+			}
+		}
+		out = append(out, s)
+	}
+	if reads == 0 {
+		dropped = lacking()
+	}
+	if dropped {
+		out = botchFinal(out, rng)
 	}
 	return out
 }

@@ -41,12 +41,12 @@ func TestSkipVerification(t *testing.T) {
 		tc("get_reservation_details", `{"reservation_id":"BBB222"}`), // its check failed: no write
 		{Content: "Cancelled AAA111; BBB222 cannot be cancelled."},
 	}
-	if got := names(skipVerification(flatten(ref), never)); !reflect.DeepEqual(got, names(ref)) {
+	if got := names(skipVerification(flatten(ref), never, true)); !reflect.DeepEqual(got, names(ref)) {
 		t.Errorf("never lacking changed the plan: %v", got)
 	}
 	// Lacking everywhere: no reads, and BBB222 is cancelled blindly with the
 	// reference's own write of AAA111.
-	got := skipVerification(flatten(ref), always)
+	got := skipVerification(flatten(ref), always, true)
 	want := []string{"cancel_reservation:AAA111", "cancel_reservation:BBB222", "final"}
 	if !reflect.DeepEqual(names(got), want) {
 		t.Errorf("lacking plan %v, want %v", names(got), want)
@@ -153,5 +153,33 @@ func TestSimulatedPolicyOnGoEnv(t *testing.T) {
 	}
 	if _, err := SimulatedFleetPolicy(simulate.DefaultFleet(), simulate.Retail, "1.4.0", simulate.ArgumentGrounding); err == nil {
 		t.Error("found an agent version that does not serve the environment")
+	}
+}
+
+func TestUnconfirmedWriteAndSkippedReads(t *testing.T) {
+	ref := flatten([]envprog.Action{
+		tc("get_reservation_details", `{"reservation_id":"AAA111"}`),
+		tc("cancel_reservation", `{"reservation_id":"AAA111"}`),
+		tc("get_reservation_details", `{"reservation_id":"BBB222"}`), // not confirmed: left alone
+		{Content: "Done: AAA111. Shall I cancel BBB222? Do you confirm?"},
+	})
+	got := names(skipVerification(ref, always, false))
+	want := []string{"get_reservation_details:AAA111", "cancel_reservation:AAA111", "get_reservation_details:BBB222", "cancel_reservation:BBB222", "final"}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("unconfirmed write: %v, want %v", got, want)
+	}
+	rng := rand.New(rand.NewPCG(5, 6))
+	reads := flatten([]envprog.Action{
+		tc("get_user_details", `{"user_id":"emma_kim_9957"}`),
+		tc("get_reservation_details", `{"reservation_id":"AAA111"}`),
+		tc("get_reservation_details", `{"reservation_id":"BBB222"}`),
+		{Content: "Answer: 1040"},
+	})
+	out := skipReads(reads, always, rng)
+	if len(out) != 2 || out[1].Content == "Answer: 1040" {
+		t.Errorf("skipped reads: %+v", out)
+	}
+	if out := skipReads(reads, never, rng); len(out) != 4 || out[3].Content != "Answer: 1040" {
+		t.Errorf("never lacking: %+v", out)
 	}
 }

@@ -81,8 +81,8 @@ func TestHostilePrograms(t *testing.T) {
 			lim: envprog.Limits{MaxSteps: 1 << 62, CallTimeout: 200 * time.Millisecond}, limit: "timeout", msg: "ran longer than 200ms", inProcess: true},
 		{name: "deep (mutual) recursion", body: "deep(0)", lim: lim, limit: "", msg: "function deep called recursively", inProcess: true},
 		{name: "runtime error", body: "x = {}[\"missing\"]", lim: lim, limit: "", msg: `key "missing" not in dict`, inProcess: true},
-		{name: "memory bomb", body: `s = "a" * 500000000` + "\nstate[\"n\"] = len(s)", lim: lim, limit: "memory", msg: "out of memory"},
-		{name: "growing memory bomb", body: "l = []\nfor i in range(100000000):\n    l.append(\"x\" * 1000)", lim: envprog.Limits{MaxSteps: 1 << 40, CallTimeout: 20 * time.Second, MaxMemory: 256 << 20}, limit: "memory", msg: "out of memory"},
+		{name: "memory bomb", body: `s = "a" * 500000000` + "\nstate[\"n\"] = len(s)", lim: lim, limit: "memory", msg: "ran out of memory"},
+		{name: "growing memory bomb", body: "l = []\nfor i in range(100000000):\n    l.append(\"x\" * 1000)", lim: envprog.Limits{MaxSteps: 1 << 40, CallTimeout: 20 * time.Second, MaxMemory: 256 << 20}, limit: "memory", msg: "ran out of memory"},
 	}
 	for _, ld := range loaders {
 		for _, tc := range cases {

@@ -219,7 +219,10 @@ func (w *worker) read(r *bufio.Reader) {
 }
 
 func isOOM(stderr string) bool {
-	for _, s := range []string{"out of memory", "cannot allocate memory", "failed to create new OS thread", "mmap errno 12"} {
+	// The Go runtime's messages, and those of -race builds (ThreadSanitizer's
+	// allocator and the race runtime's mmap placement).
+	for _, s := range []string{"out of memory", "cannot allocate memory", "failed to create new OS thread", "mmap errno 12",
+		"failed to allocate", "address space collisions"} {
 		if strings.Contains(stderr, s) {
 			return true
 		}

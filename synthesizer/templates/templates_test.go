@@ -400,3 +400,22 @@ func TestForRequest(t *testing.T) {
 		t.Errorf("missing roles: %v", err)
 	}
 }
+
+// Beyond the planted deficits: a simulated agent lacking any family's
+// capability at 0.5 is calibrated inside the default bands by Tune, on
+// both targets.
+func TestTuneCalibratesEveryFamilyAtHalfDeficit(t *testing.T) {
+	for _, target := range simulate.Environments {
+		for _, fam := range Names() {
+			agent := simulate.AgentSpec{Name: "probe", Version: "1", Environments: []string{target}, Deficits: map[string]float64{fam: 0.5}}
+			tuned, err := Tune(context.Background(), fam, simulate.Tools(target), calibrate.NewSimulatedPolicy(agent, target, fam), TuneConfig{})
+			if err != nil {
+				t.Errorf("%s/%s: %v", target, fam, err)
+				continue
+			}
+			if !tuned.Accepted || !tuned.Result.Summary.Accepted {
+				t.Errorf("%s/%s: not accepted: %s", target, fam, tuned.Result.Summary)
+			}
+		}
+	}
+}
