@@ -451,8 +451,8 @@ func chdbMigrations(t *testing.T, c *chdbDB) {
 		"rollouts": "ReplacingMergeTree", "rollout_counts": "AggregatingMergeTree", "rollout_counts_mv": "MaterializedView",
 		"capability_labels": "ReplacingMergeTree", "label_counts": "AggregatingMergeTree", "label_counts_mv": "MaterializedView",
 		"dictionaries": "ReplacingMergeTree", "trigger_events": "ReplacingMergeTree", "llm_calls": "MergeTree", "label_runs": "ReplacingMergeTree",
-		"environments": "ReplacingMergeTree",
-		"env_episodes": "ReplacingMergeTree",
+		"environments":  "ReplacingMergeTree",
+		"env_episodes":  "ReplacingMergeTree",
 		"training_jobs": "ReplacingMergeTree", "training_job_events": "ReplacingMergeTree", "adapters": "ReplacingMergeTree",
 	} {
 		if tables[name] != engine {
