@@ -1121,10 +1121,10 @@ func chdbTraining(t *testing.T, c *chdbDB, base time.Time) {
 	if r := c.query(q, args...); len(r.rows) != 1 || r.rows[0].str(0) != "j333" {
 		t.Fatalf("TrainingJobs: %v", r.rows)
 	}
-	ev := []any{"j1", "s1", "progress", base, int32(1), 0.4, 0.1, 0.0, uint8(0), `{}`, base}
+	ev := []any{"j1", "s1", "progress", base, base.UnixNano(), int32(1), 0.4, 0.1, 0.0, uint8(0), `{}`, base}
 	c.insert("training_job_events", trainingEventColumns, ev, ev)
 	r = c.query(trainingEventsSQL, "j1")
-	r.wantTypes(t, "TrainingEvents", "String", "String", "String", "DateTime", "Int32", "Float64", "Float64", "Float64", "UInt8", "String", "DateTime")
+	r.wantTypes(t, "TrainingEvents", "String", "String", "String", "DateTime", "Int64", "Int32", "Float64", "Float64", "Float64", "UInt8", "String", "DateTime")
 	if len(r.rows) != 1 {
 		t.Fatalf("a redelivered event is one: %v", r.rows)
 	}

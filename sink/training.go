@@ -160,11 +160,11 @@ type TrainingEventRow struct {
 	ReceivedAt time.Time
 }
 
-const trainingEventColumns = `job_id, event_key, type, at, iteration, mean_reward, reward_std, kl, has_kl, payload, received_at`
+const trainingEventColumns = `job_id, event_key, type, at, at_ns, iteration, mean_reward, reward_std, kl, has_kl, payload, received_at`
 
 // trainingEventsSQL is TrainingEvents' query: one job's history in order.
 const trainingEventsSQL = `SELECT ` + trainingEventColumns + ` FROM training_job_events FINAL
-	WHERE job_id = ? ORDER BY at, received_at, event_key`
+	WHERE job_id = ? ORDER BY at_ns, received_at, event_key`
 
 // InsertTrainingEvents writes events in one INSERT.
 func (s *Store) InsertTrainingEvents(ctx context.Context, evs []TrainingEventRow) error {
@@ -178,7 +178,8 @@ func (s *Store) InsertTrainingEvents(ctx context.Context, evs []TrainingEventRow
 	defer b.Abort()
 	now := time.Now().UTC()
 	for _, e := range evs {
-		if err := b.Append(e.JobID, e.Key, e.Type, ts(e.At, now), e.Iteration, e.MeanReward, e.RewardStd, e.KL, b2u(e.HasKL), e.Payload, ts(e.ReceivedAt, now)); err != nil {
+		at := ts(e.At, now)
+		if err := b.Append(e.JobID, e.Key, e.Type, at, at.UnixNano(), e.Iteration, e.MeanReward, e.RewardStd, e.KL, b2u(e.HasKL), e.Payload, ts(e.ReceivedAt, now)); err != nil {
 			return fmt.Errorf("insert training events: %w", err)
 		}
 	}
@@ -200,12 +201,13 @@ func (s *Store) TrainingEvents(ctx context.Context, jobID string) ([]TrainingEve
 		var (
 			e     TrainingEventRow
 			hasKL uint8
+			atNS  int64
 		)
-		if err := rows.Scan(&e.JobID, &e.Key, &e.Type, &e.At, &e.Iteration, &e.MeanReward, &e.RewardStd, &e.KL, &hasKL, &e.Payload, &e.ReceivedAt); err != nil {
+		if err := rows.Scan(&e.JobID, &e.Key, &e.Type, &e.At, &atNS, &e.Iteration, &e.MeanReward, &e.RewardStd, &e.KL, &hasKL, &e.Payload, &e.ReceivedAt); err != nil {
 			return nil, fmt.Errorf("training events: %w", err)
 		}
 		e.HasKL = hasKL == 1
-		e.At, e.ReceivedAt = e.At.UTC(), e.ReceivedAt.UTC()
+		e.At, e.ReceivedAt = time.Unix(0, atNS).UTC(), e.ReceivedAt.UTC()
 		out = append(out, e)
 	}
 	return out, rows.Err()
