@@ -11,8 +11,8 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/traceops/trace/internal/llm"
 	"github.com/traceops/trace/internal/dev/simulate"
+	"github.com/traceops/trace/internal/llm"
 	"github.com/traceops/trace/sink"
 	"github.com/traceops/trace/synthesizer"
 	"github.com/traceops/trace/synthesizer/calibrate"

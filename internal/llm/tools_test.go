@@ -8,8 +8,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/traceops/trace/internal/llm"
 	"github.com/traceops/trace/internal/dev/llmtest"
+	"github.com/traceops/trace/internal/llm"
 	"github.com/traceops/trace/schemas"
 )
 

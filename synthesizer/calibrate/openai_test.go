@@ -10,8 +10,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/traceops/trace/internal/llm"
 	"github.com/traceops/trace/internal/dev/llmtest"
+	"github.com/traceops/trace/internal/llm"
 	"github.com/traceops/trace/synthesizer/envprog"
 )
 

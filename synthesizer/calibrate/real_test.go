@@ -5,8 +5,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/traceops/trace/internal/llm"
 	"github.com/traceops/trace/internal/dev/llmtest"
+	"github.com/traceops/trace/internal/llm"
 	"github.com/traceops/trace/synthesizer/envprog"
 	"github.com/traceops/trace/synthesizer/examples"
 )
