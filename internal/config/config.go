@@ -161,6 +161,9 @@ type Adapter struct {
 	Plan    plan.Config `koanf:"plan"`
 	// DeadlineCheck is how often jobs are checked for silence.
 	DeadlineCheck time.Duration `koanf:"deadline_check"`
+	// Simulated marks jobs for the demo's simulated trainer (set by
+	// trace demo, not a user setting: no model is trained).
+	Simulated bool `koanf:"-"`
 }
 
 // Roles trace run knows.
