@@ -1008,38 +1008,6 @@ func chdbTTL(t *testing.T, c *chdbDB) {
 	}
 }
 
-// chdbDashboard runs the dashboard's statements (sink/dashboard.go) with
-// their documented example binds, hourly and daily, and the demo's and the
-// benchmarks' counts, on the data of the sections before: the dialect must
-// accept every one. (Their numbers are checked on 18.16 by the dashboard's
-// tests.)
-func chdbDashboard(t *testing.T, c *chdbDB) {
-	c = c.on(t)
-	for _, q := range DashboardQueries {
-		text, err := q.Example()
-		if err != nil {
-			t.Fatalf("%s: %v", q.Name, err)
-		}
-		c.query(text)
-		if daily := dailySQL(text); daily != text {
-			c.query(daily)
-		}
-	}
-	r := c.query(QWeekBounds, uint32(1.7e9), uint32(1.7e9), uint32(14))
-	if len(r.rows) != 1 {
-		t.Fatalf("QWeekBounds: %d rows", len(r.rows))
-	}
-	if n := c.query(countRolloutsSQL).rows[0].uint(0); n < 200 {
-		t.Errorf("CountRollouts: %d rows, want at least the 200 rows of the rollouts section", n)
-	}
-	r = c.query(countLabelsSQL)
-	r.wantTypes(t, "CountLabels", "UInt64", "UInt64")
-	if r.rows[0].uint(0) == 0 || r.rows[0].uint(1) < r.rows[0].uint(0) {
-		t.Errorf("CountLabels: %d labeled rollouts, %d labels", r.rows[0].uint(0), r.rows[0].uint(1))
-	}
-	c.query(activeMergesSQL)
-}
-
 // chdbEnvironments: the environments table's statements (SaveEnvironment's
 // column list, Environment, Environments with every filter) on 26.7, with
 // the outcomes sink's 18.16 test expects: the newest version of each
@@ -1092,6 +1060,38 @@ func chdbEnvironments(t *testing.T, c *chdbDB, base time.Time) {
 			t.Errorf("Environments(%+v) = %v, want %v", tt.f, ids, tt.want)
 		}
 	}
+}
+
+// chdbDashboard runs the dashboard's statements (sink/dashboard.go) with
+// their documented example binds, hourly and daily, and the demo's and the
+// benchmarks' counts, on the data of the sections before: the dialect must
+// accept every one. (Their numbers are checked on 18.16 by the dashboard's
+// tests.)
+func chdbDashboard(t *testing.T, c *chdbDB) {
+	c = c.on(t)
+	for _, q := range DashboardQueries {
+		text, err := q.Example()
+		if err != nil {
+			t.Fatalf("%s: %v", q.Name, err)
+		}
+		c.query(text)
+		if daily := dailySQL(text); daily != text {
+			c.query(daily)
+		}
+	}
+	r := c.query(QWeekBounds, uint32(1.7e9), uint32(1.7e9), uint32(14))
+	if len(r.rows) != 1 {
+		t.Fatalf("QWeekBounds: %d rows", len(r.rows))
+	}
+	if n := c.query(countRolloutsSQL).rows[0].uint(0); n < 200 {
+		t.Errorf("CountRollouts: %d rows, want at least the 200 rows of the rollouts section", n)
+	}
+	r = c.query(countLabelsSQL)
+	r.wantTypes(t, "CountLabels", "UInt64", "UInt64")
+	if r.rows[0].uint(0) == 0 || r.rows[0].uint(1) < r.rows[0].uint(0) {
+		t.Errorf("CountLabels: %d labeled rollouts, %d labels", r.rows[0].uint(0), r.rows[0].uint(1))
+	}
+	c.query(activeMergesSQL)
 }
 
 // chdbTraining: the training_jobs, training_job_events and adapters

@@ -144,3 +144,8 @@ func TestDictionaryFamiliesAreTheTemplates(t *testing.T) {
 		t.Fatalf("templates %s, analyzer.TemplateFamilies %s", got, want)
 	}
 }
+
+// simulatedFleet is Deps.Simulated over the simulated fleet.
+func simulatedFleet(env, agentVersion, capability string) (calibrate.Policy, error) {
+	return calibrate.SimulatedFleetPolicy(simulate.DefaultFleet(), env, agentVersion, capability)
+}

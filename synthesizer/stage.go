@@ -151,13 +151,21 @@ func (s *Stage) Synthesize(ctx context.Context, req *schemas.SynthesisRequest) (
 	if err != nil {
 		return e, err
 	}
-	haveTemplate := s.cfg.Templates != nil && job.Family != ""
-	m, act, err := Step(e.Machine(s.cfg.MaxAttempts), Event{Kind: EvStart, HaveLLM: s.cfg.LLM != nil, HaveTemplate: haveTemplate})
+	start := Event{Kind: EvStart, HaveLLM: s.cfg.LLM != nil, HaveTemplate: s.cfg.Templates != nil && job.Family != ""}
+	for _, a := range e.Attempts {
+		start.TemplateTried = start.TemplateTried || a.Origin == schemas.OriginTemplate
+	}
+	if _, err := s.cfg.Calibrators(job); errors.Is(err, ErrNoPolicy) {
+		// Nothing can calibrate it: it waits, like a request without a
+		// generation model, until a policy is configured.
+		start = Event{Kind: EvStart, Reason: err.Error()}
+	}
+	m, act, err := Step(e.Machine(s.cfg.MaxAttempts), start)
 	if err != nil {
 		return e, err
 	}
-	if e.Status == StatusWaitingForLLM && m.Status == StatusWaitingForLLM {
-		return e, nil // still nothing to write it with; the record stands
+	if e.Status == StatusWaitingForLLM && m.Status == StatusWaitingForLLM && m.Reason == e.Reason {
+		return e, nil // still nothing to write or calibrate it with; the record stands
 	}
 	var (
 		draft   Draft

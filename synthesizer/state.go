@@ -65,7 +65,9 @@ type EventKind int
 const (
 	// EvStart begins (or, after a restart or redelivery, resumes) the
 	// synthesis. HaveLLM: a generation model is configured; HaveTemplate: a
-	// template family matches the capability.
+	// template family matches the capability; TemplateTried: a template
+	// was tried before and did not fit (a waiting environment does not try
+	// it again). Without either, Reason (when set) says why it waits.
 	EvStart EventKind = iota + 1
 	// EvWritten: the attempt's program exists (written or instantiated).
 	EvWritten
@@ -96,11 +98,12 @@ func (k EventKind) String() string {
 
 // Event is one input of the machine.
 type Event struct {
-	Kind         EventKind
-	HaveLLM      bool   // EvStart
-	HaveTemplate bool   // EvStart
-	Reason       string // the diagnosis of EvWriteFailed, EvInvalid, EvRejected; the reason of EvAbort
-	Final        bool   // the failure cannot be fixed by another attempt on this path
+	Kind          EventKind
+	HaveLLM       bool   // EvStart
+	HaveTemplate  bool   // EvStart
+	TemplateTried bool   // EvStart
+	Reason        string // the diagnosis of EvWriteFailed, EvInvalid, EvRejected; the reason of EvAbort
+	Final         bool   // the failure cannot be fixed by another attempt on this path
 }
 
 // Action is what the stage must do after a step.
@@ -164,11 +167,14 @@ func Step(m Machine, ev Event) (Machine, Action, error) {
 			// A model writes better programs than a fixed template, and it is
 			// what resumes a WAITING_FOR_LLM environment.
 			m.Path = PathLLM
-		case ev.HaveTemplate && m.Status == StatusPending:
+		case ev.HaveTemplate && (m.Status == StatusPending || !ev.TemplateTried):
 			m.Path = PathTemplate
 		default:
 			m.Status, m.Path = StatusWaitingForLLM, PathNone
-			if m.Reason == "" {
+			switch {
+			case ev.Reason != "":
+				m.Reason = ev.Reason
+			case m.Reason == "":
 				m.Reason = "no generation model is configured and no template family matches the capability"
 			}
 			return m, ActWait, nil

@@ -52,8 +52,8 @@ type WorkerConfig struct {
 	NakDelay, MaxNakDelay time.Duration
 	// MaxHeld bounds the requests fetched and not yet finished. Default 64.
 	MaxHeld int
-	// Waiting, when set and the stage has a generation model, lists the
-	// WAITING_FOR_LLM environments to resume at start.
+	// Waiting, when set, lists the WAITING_FOR_LLM environments to resume
+	// at start (one that still cannot go on stays waiting, unchanged).
 	Waiting WaitingLister
 	Log     *slog.Logger
 }
@@ -133,7 +133,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	workCtx, cancel = context.WithCancel(context.WithoutCancel(ctx))
 	defer cancel()
 	go w.fetchLoop(ctx, want, fetched)
-	if w.cfg.Waiting != nil && w.stage.HasLLM() {
+	if w.cfg.Waiting != nil {
 		if es, err := w.cfg.Waiting.WaitingEnvironments(ctx); err != nil {
 			w.cfg.Log.Warn("synthesizer: list waiting environments", "err", err)
 		} else {

@@ -314,7 +314,7 @@ func printEnvironments(w io.Writer, es []*synthesizer.Environment) {
 		return
 	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "id\tenvironment\tagent\tcapability\tstatus\tattempts\tfamily\ttools\tmean\tsuccess\tpass@k\t")
+	fmt.Fprintln(tw, "id\tenvironment\tagent\tcapability\tstatus\tattempts\tfamily\ttools\tmean\tsuccess\tpass@k")
 	for _, e := range es {
 		mean, succ, pass := "-", "-", "-"
 		if c := e.Calibration; c != nil && e.Status == synthesizer.StatusDone {
@@ -323,7 +323,7 @@ func printEnvironments(w io.Writer, es []*synthesizer.Environment) {
 				pass += " SIMULATED"
 			}
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t\n", e.ID, e.Environment, e.AgentVersion, e.Capability, e.Status,
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\n", e.ID, e.Environment, e.AgentVersion, e.Capability, e.Status,
 			e.Attempt, dash(e.Family), dash(strings.Join(e.Tools, ",")), mean, succ, pass)
 	}
 	tw.Flush()

@@ -10,6 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/traceops/trace/internal/dashboard"
+	"github.com/traceops/trace/synthesizer"
 )
 
 // httpServer serves /healthz, /readyz and /metrics for every role, so that
@@ -42,6 +43,7 @@ func (a *App) httpServer() *http.Server {
 			Rho: a.Cfg.Analyzer.Rho, Delta: a.Cfg.Analyzer.Delta, Eval: a.Cfg.Analyzer.EvalConfig, Log: a.Log}
 		if a.Store != nil { // a nil *sink.Store must stay a nil Store
 			deps.Store = a.Store
+			deps.Environments = synthesizer.SinkStore{Rows: a.Store}
 		}
 		protected.Handle("/", dashboard.New(deps))
 	}
