@@ -27,8 +27,10 @@ type EvalConfig struct {
 	// labeled in all N runs take part (see sink.WindowSpec.Runs).
 	K int `koanf:"k"` // default 8
 	N int `koanf:"n"` // default 10
-	// Window: the last WindowHours of rollouts (by end time), and, when
-	// WindowRollouts > 0, only the most recent WindowRollouts of them.
+	// Window: a cohort's rollouts that ended within Window of its
+	// watermark (the end time of its newest labeled rollout: event time,
+	// not the wall clock), and, when WindowRollouts > 0, only the
+	// WindowRollouts of them that ended last.
 	Window         time.Duration `koanf:"window"`          // default 24h
 	WindowRollouts int           `koanf:"window_rollouts"` // default 0 (all in the time window)
 	MinFailures    int           `koanf:"min_failures"`    // default 20: no decision below
@@ -120,6 +122,7 @@ type Evaluator struct {
 	last     map[sink.Cohort][]Result
 	tools    map[[2]string][]schemas.Tool // (env, agent version) -> the target's tool schemas
 	noTools  map[[2]string]time.Time      // cohorts whose rollouts had no tools, when last looked up
+	skewed   map[sink.Cohort]bool         // cohorts warned of a watermark in the future
 }
 
 // NewEvaluator builds an evaluator. Call Recover before Run.
@@ -128,7 +131,7 @@ func NewEvaluator(cfg EvalConfig, st EvaluatorStore, pub Publisher, reg *Registr
 		log = slog.Default()
 	}
 	return &Evaluator{cfg: cfg.WithDefaults(), store: st, pub: pub, reg: reg, log: log, now: time.Now, met: m,
-		dirty: map[sink.Cohort]dirtySpan{}, wake: make(chan struct{}, 1), triggers: map[TriggerKey]Trigger{}, last: map[sink.Cohort][]Result{}, tools: map[[2]string][]schemas.Tool{}, noTools: map[[2]string]time.Time{}}
+		dirty: map[sink.Cohort]dirtySpan{}, wake: make(chan struct{}, 1), triggers: map[TriggerKey]Trigger{}, last: map[sink.Cohort][]Result{}, tools: map[[2]string][]schemas.Tool{}, noTools: map[[2]string]time.Time{}, skewed: map[sink.Cohort]bool{}}
 }
 
 // Recover rebuilds every trigger from trigger_events.
@@ -187,7 +190,9 @@ func (e *Evaluator) Run(ctx context.Context) error {
 		case <-e.wake:
 		case <-timer.C:
 		case <-tick.C:
-			cohorts, err := e.store.Cohorts(ctx, e.now().Add(-e.cfg.Window))
+			// Every cohort, whatever its age: windows follow event time, and
+			// labels may have been written by another process (a backfill).
+			cohorts, err := e.store.Cohorts(ctx, time.Time{})
 			if err != nil {
 				e.log.Warn("analyzer: list cohorts", "err", err)
 				continue
@@ -307,7 +312,14 @@ func (e *Evaluator) Snapshot() map[sink.Cohort][]Result {
 // of them) and applies their triggers.
 func (e *Evaluator) Evaluate(ctx context.Context, cohorts ...sink.Cohort) error {
 	now := e.now()
-	spec := sink.MultiSpec{Cohorts: cohorts, Since: now.Add(-e.cfg.Window), LastRollouts: e.cfg.WindowRollouts, Runs: e.cfg.N}
+	// Each cohort's window follows its own event time: it ends at the
+	// cohort's watermark (its newest labeled rollout's end time), not at the
+	// wall clock, so replayed history decides as it did live.
+	spec, marks, err := e.store.EventSpec(ctx, cohorts, e.cfg.Window, e.cfg.WindowRollouts, e.cfg.N)
+	if err != nil {
+		return err
+	}
+	e.warnFuture(now, marks)
 	infos, err := e.store.WindowInfoMulti(ctx, spec)
 	if err != nil {
 		return err
@@ -323,7 +335,7 @@ func (e *Evaluator) Evaluate(ctx context.Context, cohorts ...sink.Cohort) error 
 	var evs []sink.TriggerEvent
 	var steps []transition
 	for _, c := range cohorts {
-		ce, cs, err := e.apply(ctx, now, spec, c, infos[c], counts[c])
+		ce, cs, err := e.apply(ctx, now, spec.Ranges[c], c, infos[c], counts[c])
 		evs, steps = append(evs, ce...), append(steps, cs...)
 		if err != nil {
 			return err
@@ -340,13 +352,34 @@ func (e *Evaluator) Evaluate(ctx context.Context, cohorts ...sink.Cohort) error 
 	return nil
 }
 
+// FutureSkew is how far ahead of the wall clock a watermark may be before
+// the evaluator warns of clock skew (the window still follows it).
+const FutureSkew = 5 * time.Minute
+
+// warnFuture logs, once per cohort, a watermark ahead of the wall clock.
+func (e *Evaluator) warnFuture(now time.Time, marks map[sink.Cohort]time.Time) {
+	for c, wm := range marks {
+		if wm.Sub(now) <= FutureSkew {
+			continue
+		}
+		e.mu.Lock()
+		seen := e.skewed[c]
+		e.skewed[c] = true
+		e.mu.Unlock()
+		if !seen {
+			e.log.Warn("analyzer: a rollout ends in the future (clock skew?); the cohort's window ends at it", "cohort", c.String(),
+				"watermark", wm.Format(time.RFC3339), "ahead", wm.Sub(now).Round(time.Second).String())
+		}
+	}
+}
+
 type transition struct {
 	key  TriggerKey
 	next Trigger
 }
 
 // apply runs one cohort's triggers on its window statistics.
-func (e *Evaluator) apply(ctx context.Context, now time.Time, spec sink.MultiSpec, c sink.Cohort, info sink.WindowInfo, counts []sink.RunCounts) (evs []sink.TriggerEvent, steps []transition, err error) {
+func (e *Evaluator) apply(ctx context.Context, now time.Time, win sink.Range, c sink.Cohort, info sink.WindowInfo, counts []sink.RunCounts) (evs []sink.TriggerEvent, steps []transition, err error) {
 	dict := e.reg.Version(c.Environment, c.AgentVersion, c.DictionaryVersion)
 	inputs, runs := CohortInputs(counts, dict)
 	results := Select(inputs, Thresholds{Rho: e.cfg.Rho, Delta: e.cfg.Delta, K: e.cfg.K})
@@ -374,7 +407,7 @@ func (e *Evaluator) apply(ctx context.Context, now time.Time, spec sink.MultiSpe
 			TriggerID: TriggerID(k, next.Epoch), Environment: c.Environment, AgentVersion: c.AgentVersion,
 			DictionaryVersion: c.DictionaryVersion, Capability: r.Name, Epoch: next.Epoch, Event: string(act), At: now,
 			MeanCov: r.MeanCov, MeanDelta: r.MeanDelta, RunsPassed: uint16(r.RunsPassed), RunsTotal: uint16(r.RunsTotal),
-			Window: schemas.Window{Start: spec.Since, End: now, Rollouts: info.Rollouts, Failures: info.Failures},
+			Window: schemas.Window{Start: win.From, End: win.To, Rollouts: info.Rollouts, Failures: info.Failures},
 		}
 		if act == ActFire {
 			if tools == nil {

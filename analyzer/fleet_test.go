@@ -186,12 +186,13 @@ func builtinByEnv(t *testing.T) map[string]*Dictionary {
 	if err != nil {
 		t.Fatal(err)
 	}
-	out := map[string]*Dictionary{}
+	reg := NewRegistry()
 	for _, d := range ds {
-		out[d.Environment] = d
+		reg.Put(d)
 	}
+	out := map[string]*Dictionary{}
 	for _, env := range simulate.Environments {
-		if out[env] == nil {
+		if out[env] = reg.Resolve(env, "1.4.0"); out[env] == nil {
 			t.Fatalf("no built-in dictionary for %s", env)
 		}
 	}

@@ -191,6 +191,23 @@ func (l *LLMLabeler) Name() string { return schemas.SourceLLM }
 // Runs implements Labeler.
 func (l *LLMLabeler) Runs() int { return l.cfg.Runs }
 
+// Estimate is the cost of one labeling run of r: its prompt's tokens
+// (about 4 characters a token) and the completion token cap.
+func (l *LLMLabeler) Estimate(d *Dictionary, r *schemas.Rollout) (promptTokens, maxCompletion int, err error) {
+	msgs, err := l.Prompt(d, r)
+	if err != nil {
+		return 0, 0, err
+	}
+	for _, m := range msgs {
+		promptTokens += (len(m.Content) + 3) / 4
+	}
+	maxCompletion = l.cfg.MaxTokens
+	if maxCompletion == 0 {
+		maxCompletion = 200 + 100*len(d.Capabilities)
+	}
+	return promptTokens, maxCompletion, nil
+}
+
 // ShouldLabel reports whether r is in the labeler's sample.
 func (l *LLMLabeler) ShouldLabel(r *schemas.Rollout) bool { return l.cfg.SampleRate.ShouldLabel(r) }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"sync"
 
 	"golang.org/x/sync/errgroup"
 
@@ -31,8 +32,34 @@ type LabelingSink struct {
 	// ShouldLabel, when set, samples rollouts (per outcome); nil labels all.
 	ShouldLabel func(*schemas.Rollout) bool
 	// OnMissingDictionary is called for a rollout whose cohort has no
-	// dictionary (for example to schedule discovery). The rollout is skipped.
+	// dictionary of its own (for example to schedule discovery): none at
+	// all, and the rollout is skipped, or only the default (environment
+	// "*"), which labels it meanwhile.
 	OnMissingDictionary func(env, agentVersion string)
+
+	chosen sync.Map // (env, agent version) -> "scope vN": the last choice logged
+}
+
+// logChoice logs, once per cohort and dictionary, which dictionary labels
+// it and why.
+func (s *LabelingSink) logChoice(env, agentVersion string, d *Dictionary) {
+	if s.Log == nil {
+		return
+	}
+	k := [2]string{env, agentVersion}
+	choice := fmt.Sprintf("%s v%d", d.Scope(), d.Version)
+	if prev, loaded := s.chosen.Swap(k, choice); loaded && prev == choice {
+		return
+	}
+	why := "its own dictionary"
+	switch {
+	case d.IsDefault():
+		why = "the default dictionary: no dictionary of its own (write one and `trace dict apply FILE --backfill`, or configure llm.base_url for discovery)"
+	case d.AgentVersion == AnyVersion && agentVersion != AnyVersion:
+		why = "its environment's dictionary for every agent version"
+	}
+	s.Log.Info("analyzer: dictionary chosen for cohort", "environment", env, "agent_version", agentVersion,
+		"dictionary", d.Scope(), "dictionary_version", d.Version, "source", d.Source, "why", why)
 }
 
 // Write implements stream.Sink.
@@ -49,12 +76,13 @@ func (s *LabelingSink) Write(ctx context.Context, batch []stream.Record[*schemas
 	for i, rec := range batch {
 		r := rec.Value
 		d := s.Registry.Resolve(r.Environment, r.Agent.Version)
+		if (d == nil || d.IsDefault()) && s.OnMissingDictionary != nil {
+			s.OnMissingDictionary(r.Environment, r.Agent.Version)
+		}
 		if d == nil {
-			if s.OnMissingDictionary != nil {
-				s.OnMissingDictionary(r.Environment, r.Agent.Version)
-			}
 			continue
 		}
+		s.logChoice(r.Environment, r.Agent.Version, d)
 		if s.Evaluator != nil {
 			s.Evaluator.ObserveTools(r.Environment, r.Agent.Version, r.Tools)
 		}
@@ -70,7 +98,10 @@ func (s *LabelingSink) Write(ctx context.Context, batch []stream.Record[*schemas
 			}
 			kept := runs[:0]
 			for _, rl := range runs {
-				if record {
+				// Every failed run is recorded (trace report says why a
+				// cohort has no labels); valid runs of non-deterministic
+				// labelers too, so that they are never labeled twice.
+				if record || rl.Failed != "" {
 					lr := sink.LabelRun{Environment: r.Environment, AgentVersion: r.Agent.Version, DictionaryVersion: d.Version,
 						RolloutID: r.RolloutID, Run: uint16(rl.Run), Labeler: s.Labeler.Name(), Status: "ok", Reason: rl.Failed, At: r.EndTime}
 					if rl.Failed != "" {

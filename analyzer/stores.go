@@ -16,6 +16,8 @@ import (
 // its state from and appends to.
 type EvaluatorStore interface {
 	Cohorts(ctx context.Context, since time.Time) ([]sink.Cohort, error)
+	// EventSpec is each cohort's event-time window (back from its watermark).
+	EventSpec(ctx context.Context, cohorts []sink.Cohort, window time.Duration, lastRollouts, runs int) (sink.MultiSpec, map[sink.Cohort]time.Time, error)
 	CohortTools(ctx context.Context, env, agentVersion string) ([]schemas.Tool, error)
 	WindowCountsMulti(ctx context.Context, spec sink.MultiSpec) (map[sink.Cohort][]sink.RunCounts, error)
 	WindowInfoMulti(ctx context.Context, spec sink.MultiSpec) (map[sink.Cohort]sink.WindowInfo, error)
@@ -33,11 +35,23 @@ type LabelStore interface {
 // unexplained failures, and sample rollouts.
 type DiscoveryStore interface {
 	Cohorts(ctx context.Context, since time.Time) ([]sink.Cohort, error)
+	Watermarks(ctx context.Context, cohorts []sink.Cohort) (map[sink.Cohort]time.Time, error)
 	UnexplainedFailures(ctx context.Context, c sink.Cohort, since time.Time) (failures, unexplained int, err error)
 	SampleRollouts(ctx context.Context, env, agentVersion string, n int) ([]*schemas.Rollout, error)
 }
 
+// BackfillStore is what a Backfill reads (the stored rollouts and the runs
+// already labeled) and writes (through the labeling sink).
+type BackfillStore interface {
+	LabelStore
+	RolloutScopes(ctx context.Context) ([]sink.RolloutScope, error)
+	StoredRollouts(ctx context.Context, env, agentVersion string, since time.Time) ([]sink.StoredRollout, error)
+	LabeledRuns(ctx context.Context, c sink.Cohort) (map[string]int, error)
+	CompactedRollouts(ctx context.Context, env, agentVersion string, ids []string) (map[string]*schemas.Rollout, error)
+}
+
 var (
+	_ BackfillStore   = (*sink.Store)(nil)
 	_ EvaluatorStore  = (*sink.Store)(nil)
 	_ LabelStore      = (*sink.Store)(nil)
 	_ DiscoveryStore  = (*sink.Store)(nil)

@@ -237,8 +237,6 @@ ORDER BY (environment, agent_version, dictionary_version, rollout_id, run)` + d.
 ORDER BY environment_id`,
 		}
 	}},
-	// Version 5 is the synthesizer's environments table (issue 13, another
-	// branch); env_episodes takes 6 so that both merge without renumbering.
 	{6, "env_episodes", func(d Dialect) []string {
 		// One row per episode played through the environment server
 		// (sampled): the reward curve of a training run. A retried insert

@@ -8,6 +8,7 @@ import (
 
 	"github.com/traceops/trace/analyzer"
 	"github.com/traceops/trace/internal/dev/llmtest"
+	"github.com/traceops/trace/internal/dev/simpolicy"
 	"github.com/traceops/trace/internal/dev/simulate"
 	"github.com/traceops/trace/schemas"
 	"github.com/traceops/trace/synthesizer/calibrate"
@@ -111,7 +112,7 @@ func TestTemplatePathWithTheSimulatedPolicy(t *testing.T) {
 	stage, err := NewStage(Config{Templates: TemplateAuthor{Bands: cfg.Bands}, Families: TemplateFamilies{}, Validator: EnvValidator{},
 		Store: store, Publisher: pub,
 		Calibrators: func(j *Job) (Calibrator, error) {
-			p, err := calibrate.SimulatedFleetPolicy(simulate.DefaultFleet(), j.Request.Environment, j.Request.AgentVersion, j.Request.Capability.Skill)
+			p, err := simpolicy.SimulatedFleetPolicy(simulate.DefaultFleet(), j.Request.Environment, j.Request.AgentVersion, j.Request.Capability.Skill)
 			if err != nil {
 				return nil, err
 			}
@@ -147,5 +148,5 @@ func TestDictionaryFamiliesAreTheTemplates(t *testing.T) {
 
 // simulatedFleet is Deps.Simulated over the simulated fleet.
 func simulatedFleet(env, agentVersion, capability string) (calibrate.Policy, error) {
-	return calibrate.SimulatedFleetPolicy(simulate.DefaultFleet(), env, agentVersion, capability)
+	return simpolicy.SimulatedFleetPolicy(simulate.DefaultFleet(), env, agentVersion, capability)
 }

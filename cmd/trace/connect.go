@@ -76,6 +76,22 @@ func (w *dictWriter) apply(ctx context.Context, d *analyzer.Dictionary) (*analyz
 	return w.reg.Apply(ctx, w.st, w.bus, d)
 }
 
+// applyAt stores and announces d under its own version, unchanged: label
+// imports name the dictionary version their events carry.
+func (w *dictWriter) applyAt(ctx context.Context, d *analyzer.Dictionary) error {
+	if err := d.Validate(); err != nil {
+		return err
+	}
+	if d.CreatedAt.IsZero() {
+		d.CreatedAt = time.Now().UTC()
+	}
+	if err := w.st.SaveDictionary(ctx, analyzer.DictionaryRow(d)); err != nil {
+		return err
+	}
+	w.reg.Put(d)
+	return w.bus.AnnounceDictionary(ctx, d.Environment, d.AgentVersion, d.Version)
+}
+
 func (w *dictWriter) Close() {
 	w.bus.Close()
 	w.st.Close()

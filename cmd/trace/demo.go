@@ -22,6 +22,7 @@ import (
 	"github.com/traceops/trace/internal/app"
 	"github.com/traceops/trace/internal/bus"
 	"github.com/traceops/trace/internal/config"
+	"github.com/traceops/trace/internal/dev/simpolicy"
 	"github.com/traceops/trace/internal/dev/simulate"
 	"github.com/traceops/trace/schemas"
 	"github.com/traceops/trace/sink"
@@ -204,7 +205,7 @@ func (d *demo) run(ctx, parent context.Context, linger time.Duration) (*demoSumm
 	defer a.Close()
 	fleet := simulate.DefaultFleet()
 	a.Simulated = func(env, agentVersion, capability string) (calibrate.Policy, error) {
-		return calibrate.SimulatedFleetPolicy(fleet, env, agentVersion, capability)
+		return simpolicy.SimulatedFleetPolicy(fleet, env, agentVersion, capability)
 	}
 	runCtx, stopRun := context.WithCancel(context.WithoutCancel(ctx))
 	runErr := make(chan error, 1)
@@ -261,7 +262,7 @@ func (d *demo) publish(ctx context.Context, a *app.App, fleet []simulate.AgentSp
 		Start: time.Now().Add(-time.Duration(d.rollouts) * interval), Interval: interval})
 	w := &kafka.Writer{Addr: kafka.TCP(a.Brokers...), Topic: d.cfg.Kafka.RolloutsTopic, Balancer: &kafka.Hash{},
 		RequiredAcks: kafka.RequireAll, Compression: kafka.Zstd, BatchSize: 500, BatchTimeout: 10 * time.Millisecond,
-		BatchBytes: 16 << 20, Transport: a.Transport()}
+		BatchBytes: int64(d.cfg.Kafka.WriterBatchBytes()), Transport: a.Transport()}
 	defer w.Close()
 	malformed := [][]byte{[]byte(`{"rollout_id": "broken`), []byte(`{"rollout_id":"x","environment":"sim-airline"}`),
 		[]byte(`{"rollout_id":"nan","environment":"sim-airline","agent":{"name":"a","version":"1"},"task_id":"t","outcome":{"reward":NaN},"messages":[{"role":"user","content":"hi"}]}`)}

@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"os"
 	"path/filepath"
 	"strings"
 	"time"
@@ -16,23 +15,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/spf13/cobra"
 
-	"github.com/traceops/trace/synthesizer/envprog"
 	"github.com/traceops/trace/synthesizer/envserver"
 )
-
-// envCommand returns the `trace env` command, creating it when no other
-// file of this package registered it first (its subcommands live in
-// several files; init order follows file names).
-func envCommand() *cobra.Command {
-	for _, c := range rootCmd.Commands() {
-		if c.Name() == "env" {
-			return c
-		}
-	}
-	c := &cobra.Command{Use: "env", Short: "Environment programs: serve them to trainers (OpenEnv)"}
-	rootCmd.AddCommand(c)
-	return c
-}
 
 // envID is the environment id of a program file: its base name without
 // the extension, with anything but letters, digits, '.', '_' and '-'
@@ -56,8 +40,9 @@ func envID(path string) string {
 
 func init() {
 	var cf configFlags
+	var ef envFlags
 	cfg := envserver.DefaultConfig()
-	var trusted, record bool
+	var record bool
 	cmd := &cobra.Command{
 		Use:   "serve FILE...",
 		Short: "Serve environment programs to RL trainers over OpenEnv (WebSocket, HTTP, MCP)",
@@ -67,11 +52,13 @@ TRL, verifiers and AgileRL consume unchanged. FILE's base name is the
 environment's id; it is served under /v1/environments/ID/ (ws, reset, step,
 state, schema, metadata, health, mcp), and GET /v1/environments lists them.
 
-  trace env serve synthesizer/examples/precondition_airline.star
+FILE is a path, or example:NAME for a program shipped with trace.
+
+  trace env serve example:precondition_airline
   # python: GenericEnvClient(base_url="http://127.0.0.1:8090/v1/environments/precondition_airline")
 
 Programs run in a sandbox worker (memory, steps and time bounded) unless
---trusted. The token is --token, else http.bearer_token from the
+--in-process. The token is --token, else http.bearer_token from the
 configuration (TRACE_HTTP__BEARER_TOKEN); clients send it as a bearer
 header, as the password in the URL (http://trace:TOKEN@host:port/...), which
 openenv's WebSocket client passes on, or as ?token=. /health is open.
@@ -99,19 +86,15 @@ SESSION_ERROR, queued episodes are written, then it exits 0.`,
 			defer cat.Close() // the programs no session opened
 			var ids []string
 			for _, f := range files {
-				src, err := os.ReadFile(f)
+				name, src, err := readProgram(f)
 				if err != nil {
 					return err
 				}
-				load := envprog.LoadSandboxed
-				if trusted {
-					load = envprog.Load
-				}
-				env, err := load(ctx, filepath.Base(f), src, envprog.Limits{})
+				env, err := ef.load(ctx, filepath.Base(name), src)
 				if err != nil {
 					return fmt.Errorf("%s: %w", f, err)
 				}
-				id := envID(f)
+				id := envID(name)
 				if err := cat.Add(id, env, envserver.Entry{}); err != nil {
 					env.Close()
 					return fmt.Errorf("%s: %w", f, err)
@@ -169,9 +152,9 @@ SESSION_ERROR, queued episodes are written, then it exits 0.`,
 	f.DurationVar(&cfg.IdleTimeout, "idle-timeout", cfg.IdleTimeout, "evict a session idle for this long (SESSION_ERROR)")
 	f.DurationVar(&cfg.StepTimeout, "step-timeout", cfg.StepTimeout, "bound of one reset or step (EXECUTION_ERROR past it)")
 	f.IntVar(&cfg.MaxMessageBytes, "max-message-bytes", cfg.MaxMessageBytes, "largest frame or body accepted (VALIDATION_ERROR above)")
-	f.BoolVar(&trusted, "trusted", false, "run the programs in-process (faster; only for programs you trust)")
 	f.BoolVar(&record, "record", false, "record finished episodes in ClickHouse env_episodes")
 	f.Float64Var(&cfg.RecordSample, "record-sample", cfg.RecordSample, "share of episodes recorded with --record (0 to 1)")
 	cf.add(cmd)
-	envCommand().AddCommand(cmd)
+	ef.add(cmd)
+	envCmd.AddCommand(cmd)
 }

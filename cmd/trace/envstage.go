@@ -11,6 +11,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/traceops/trace/internal/dev/simpolicy"
 	"github.com/traceops/trace/internal/dev/simulate"
 	"github.com/traceops/trace/internal/llm"
 	"github.com/traceops/trace/sink"
@@ -167,7 +168,7 @@ SIMULATED.`,
 				if len(parts) != 3 {
 					return fmt.Errorf("--policy simulated:%s: want simulated:ENV/VERSION/CAPABILITY", spec)
 				}
-				p, err := calibrate.SimulatedFleetPolicy(simulate.DefaultFleet(), parts[0], parts[1], parts[2])
+				p, err := simpolicy.SimulatedFleetPolicy(simulate.DefaultFleet(), parts[0], parts[1], parts[2])
 				if err != nil {
 					return fmt.Errorf("--policy: %v", err)
 				}

@@ -63,8 +63,10 @@ dictionary version the events name.`,
 					return err
 				}
 				defer w.Close()
-				if w.reg.Version(scope.Environment, scope.AgentVersion, scope.DictionaryVersion) == nil {
-					if _, err := w.apply(ctx, analyzer.DictionaryFromCandidates(scope, cands)); err != nil {
+				// The events name their dictionary version: it is stored as
+				// that version of exactly their scope.
+				if w.reg.Exact(scope.Environment, scope.AgentVersion, scope.DictionaryVersion) == nil {
+					if err := w.applyAt(ctx, analyzer.DictionaryFromCandidates(scope, cands)); err != nil {
 						return err
 					}
 				}
@@ -72,7 +74,7 @@ dictionary version the events name.`,
 			events := analyzer.RunFileEvents(scope, runs)
 			topic = cmp.Or(topic, cfg.Kafka.LabelsTopic)
 			w := &kafka.Writer{Addr: kafka.TCP(cfg.KafkaBrokers()...), Topic: topic, Balancer: &kafka.Hash{},
-				RequiredAcks: kafka.RequireAll, Compression: kafka.Zstd, BatchSize: 1000, AllowAutoTopicCreation: true}
+				RequiredAcks: kafka.RequireAll, Compression: kafka.Zstd, BatchSize: 1000, BatchBytes: int64(cfg.Kafka.WriterBatchBytes()), AllowAutoTopicCreation: true}
 			defer w.Close()
 			msgs := make([]kafka.Message, 0, len(events))
 			for i := range events {

@@ -70,8 +70,21 @@ type App struct {
 	Simulated SimulatedPolicies
 }
 
+// ClickHouseAddr is the native address of the ClickHouse in use (the
+// embedded server's when none is configured).
+func (a *App) ClickHouseAddr() string {
+	if a.ch != nil {
+		return a.ch.Addr()
+	}
+	return a.Cfg.ClickHouse.Addr[0]
+}
+
 // HTTPAddr is the address the serve role listens on (after Ready).
 func (a *App) HTTPAddr() string { return a.httpAddr }
+
+// EmbeddedClickHouse is the local ClickHouse server trace started (nil when
+// clickhouse.addr is configured). Run supervises it.
+func (a *App) EmbeddedClickHouse() *chserver.Server { return a.ch }
 
 // Start brings up the infrastructure (embedded where nothing is configured),
 // migrates ClickHouse, connects NATS and loads the dictionaries. Close undoes it.
@@ -87,7 +100,7 @@ func Start(ctx context.Context, cfg config.Config, log *slog.Logger) (*App, erro
 	var err error
 	a.Brokers = cfg.Kafka.Brokers
 	if len(a.Brokers) == 0 {
-		if a.kfake, err = embedded.Kafka(cfg.Kafka.EmbeddedAddr, cfg.Path("kafka"), 4, log,
+		if a.kfake, err = embedded.Kafka(cfg.Kafka.EmbeddedAddr, cfg.Path("kafka"), 4, cfg.Kafka.TopicMaxBytes(), log,
 			cfg.Kafka.RolloutsTopic, cfg.Kafka.LabelsTopic, cfg.Kafka.DLQTopic); err != nil {
 			return nil, err
 		}
@@ -151,13 +164,17 @@ func openStore(ctx context.Context, cfg sink.Config, log *slog.Logger) (*sink.St
 	}
 }
 
-// loadDictionaries stores the built-in example dictionary and every
+// loadDictionaries stores the built-in default dictionary (unless
+// analyzer.default_dictionary is false) and every
 // configured file (as new versions when their content changed), announces
 // them, and loads every stored version into the registry.
 func (a *App) loadDictionaries(ctx context.Context) error {
-	ds, err := analyzer.BuiltinDictionaries()
-	if err != nil {
-		return err
+	var ds []*analyzer.Dictionary
+	if a.Cfg.Analyzer.DefaultDictionary {
+		var err error
+		if ds, err = analyzer.BuiltinDictionaries(); err != nil {
+			return err
+		}
 	}
 	for _, f := range a.Cfg.Dictionary {
 		data, err := os.ReadFile(f)
@@ -242,6 +259,9 @@ func (a *App) Run(ctx context.Context, extra ...Actor) error {
 			})
 		})
 	}
+	if a.ch != nil {
+		a.superviseClickHouse(ctx, &g)
+	}
 	if a.Cfg.Has("synthesize") {
 		if err := a.addSynthesize(ctx, &g); err != nil {
 			return err
@@ -296,6 +316,29 @@ func addActor(g *run.Group, parent context.Context, name string, fn func(context
 	}, func(error) { cancel() })
 }
 
+// superviseClickHouse restarts the embedded ClickHouse server when its
+// process dies (chserver.Supervise: logged with the exit status, capped
+// backoff); meanwhile the consumers back off and /readyz fails. Counted in
+// trace_embedded_clickhouse_exits_total and _restarts_total.
+func (a *App) superviseClickHouse(ctx context.Context, g *run.Group) {
+	exits := prometheus.NewCounter(prometheus.CounterOpts{Name: "trace_embedded_clickhouse_exits_total",
+		Help: "Unexpected exits of the embedded ClickHouse server (crash, kill -9, OOM killer)."})
+	restarts := prometheus.NewCounter(prometheus.CounterOpts{Name: "trace_embedded_clickhouse_restarts_total",
+		Help: "Restarts of the embedded ClickHouse server after an unexpected exit."})
+	for _, c := range []*prometheus.Counter{&exits, &restarts} {
+		if err := a.Registry.Register(*c); err != nil {
+			var are prometheus.AlreadyRegisteredError
+			if errors.As(err, &are) {
+				*c = are.ExistingCollector.(prometheus.Counter) // Run called again
+			}
+		}
+	}
+	addActor(g, ctx, "clickhouse-supervisor", func(ctx context.Context) error {
+		return a.ch.Supervise(ctx, chserver.SuperviseOptions{
+			OnExit: func(error) { exits.Inc() }, OnRestart: restarts.Inc})
+	})
+}
+
 // addHTTP listens on http.addr and adds the HTTP server (health, metrics,
 // and with the serve role the dashboard and API) to g.
 func (a *App) addHTTP(g *run.Group) error {
@@ -326,7 +369,9 @@ func (a *App) addHTTP(g *run.Group) error {
 // consumerConfig is the consumer configuration of a stage. kafka.batch_* size
 // the ingest stage's batches, which stream into ClickHouse and cost no memory;
 // the other stages hold their batches in memory, so their batches are capped
-// at stream.DefaultBatchRows and stream.DefaultBatchBytes.
+// at stream.DefaultBatchRows and stream.DefaultBatchBytes. The fetch size
+// covers the largest message the topics hold, and dead letters keep up to
+// kafka.max_message_bytes of their value (config.Kafka.TopicMaxBytes).
 func (a *App) consumerConfig(group, topic, stage string) stream.Config {
 	k := a.Cfg.Kafka
 	rows, bytes := k.BatchRows, k.BatchBytes
@@ -334,7 +379,8 @@ func (a *App) consumerConfig(group, topic, stage string) stream.Config {
 		rows, bytes = min(rows, stream.DefaultBatchRows), min(bytes, stream.DefaultBatchBytes)
 	}
 	return stream.Config{Brokers: a.Brokers, Topic: topic, GroupID: group, DLQTopic: k.DLQTopic, Stage: stage,
-		BatchRows: rows, BatchBytes: bytes, BatchTimeout: k.BatchTimeout, MaxMessageBytes: k.MaxBytes + 64<<10, Dialer: a.Dialer}
+		BatchRows: rows, BatchBytes: bytes, BatchTimeout: k.BatchTimeout,
+		MaxMessageBytes: k.TopicMaxBytes(), DLQMaxValueBytes: k.MaxBytes, Dialer: a.Dialer}
 }
 
 func (a *App) labeler() (analyzer.Labeler, error) {

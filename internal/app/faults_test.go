@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"sort"
 	"sync"
@@ -191,8 +192,19 @@ func (w *world) publish(t *testing.T, from, to int) {
 // start runs an app until the returned stop function is called.
 func (w *world) start(t *testing.T, cfg config.Config) (*app.App, func() error) {
 	t.Helper()
+	return w.startLogged(t, cfg, nil)
+}
+
+// startLogged is start with the app's log (warnings and errors) also
+// written to logs.
+func (w *world) startLogged(t *testing.T, cfg config.Config, logs io.Writer) (*app.App, func() error) {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	a, err := app.Start(ctx, cfg, slog.New(slog.NewTextHandler(testLog{t}, &slog.HandlerOptions{Level: slog.LevelWarn})))
+	var out io.Writer = testLog{t}
+	if logs != nil {
+		out = io.MultiWriter(out, logs)
+	}
+	a, err := app.Start(ctx, cfg, slog.New(slog.NewTextHandler(out, &slog.HandlerOptions{Level: slog.LevelWarn})))
 	if err != nil {
 		t.Fatal(err)
 	}

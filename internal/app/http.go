@@ -9,6 +9,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/traceops/trace/analyzer"
 	"github.com/traceops/trace/internal/dashboard"
 	"github.com/traceops/trace/synthesizer"
 )
@@ -19,28 +20,13 @@ import (
 func (a *App) httpServer() *http.Server {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { w.Write([]byte("ok\n")) })
-	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
-		select {
-		case <-a.readyCh:
-		default:
-			http.Error(w, "starting", http.StatusServiceUnavailable)
-			return
-		}
-		if err := a.Store.Ping(r.Context()); err != nil {
-			http.Error(w, "clickhouse: "+err.Error(), http.StatusServiceUnavailable)
-			return
-		}
-		if a.Bus != nil && !a.Bus.NC.IsConnected() {
-			http.Error(w, "nats: disconnected", http.StatusServiceUnavailable)
-			return
-		}
-		w.Write([]byte("ready\n"))
-	})
+	mux.HandleFunc("GET /readyz", a.readyz)
 	protected := http.NewServeMux()
 	protected.Handle("GET /metrics", promhttp.HandlerFor(a.Registry, promhttp.HandlerOpts{Registry: a.Registry}))
 	if a.Cfg.Has("serve") {
 		deps := dashboard.Deps{Evaluator: a.Evaluator, Dicts: a.Dicts,
-			Rho: a.Cfg.Analyzer.Rho, Delta: a.Cfg.Analyzer.Delta, Eval: a.Cfg.Analyzer.EvalConfig, Log: a.Log}
+			Rho: a.Cfg.Analyzer.Rho, Delta: a.Cfg.Analyzer.Delta, Eval: a.Cfg.Analyzer.EvalConfig, Log: a.Log,
+			Labeling: analyzer.LabelingSetup{Labeler: a.Cfg.Analyzer.Labeler, LLM: a.Cfg.LLM.BaseURL != ""}}
 		if a.Store != nil { // a nil *sink.Store must stay a nil Store
 			deps.Store = a.Store
 			deps.Environments = synthesizer.SinkStore{Rows: a.Store}

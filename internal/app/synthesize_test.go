@@ -12,6 +12,7 @@ import (
 	"github.com/traceops/trace/internal/app"
 	"github.com/traceops/trace/internal/bus"
 	"github.com/traceops/trace/internal/config"
+	"github.com/traceops/trace/internal/dev/simpolicy"
 	"github.com/traceops/trace/internal/dev/simulate"
 	"github.com/traceops/trace/internal/dev/testenv"
 	"github.com/traceops/trace/schemas"
@@ -21,7 +22,7 @@ import (
 )
 
 func simulatedFleet(env, agentVersion, capability string) (calibrate.Policy, error) {
-	return calibrate.SimulatedFleetPolicy(simulate.DefaultFleet(), env, agentVersion, capability)
+	return simpolicy.SimulatedFleetPolicy(simulate.DefaultFleet(), env, agentVersion, capability)
 }
 
 // TestSynthesizeRole runs `trace run --roles synthesize` on real NATS and

@@ -3,6 +3,7 @@ package dashboard
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"math"
 	"net/http"
 	"net/http/httptest"
@@ -97,6 +98,27 @@ func TestAPI(t *testing.T) {
 			}
 			if c.DictionaryVersion == 1 && (c.LabeledRollouts != w[0] || c.Runs != demoRuns || c.Capabilities != 4) {
 				t.Errorf("cohort %+v: labeled %d runs %d caps %d", c.CohortKey, c.LabeledRollouts, c.Runs, c.Capabilities)
+			}
+		}
+		// Selected is a count for every cohort, not only the one shown (no
+		// evaluator here): the number its own decision table selects, 0
+		// without labels.
+		for _, c := range o.Cohorts {
+			want := 0
+			if c.DictionaryVersion > 0 {
+				var oc OverviewResponse
+				getJSON(t, h, fmt.Sprintf("/api/overview?env=%s&agent_version=%s&dict=%d", c.Environment, c.AgentVersion, c.DictionaryVersion), &oc)
+				for _, cd := range oc.Decision.Capabilities {
+					if cd.Decision == DecisionSelected {
+						want++
+					}
+				}
+				if c.CohortKey == (CohortKey{"airline", "v1", 1}) && want == 0 {
+					t.Errorf("airline v1 selects nothing; the seed plants %s", capMulti)
+				}
+			}
+			if c.Selected != want {
+				t.Errorf("cohort %+v: selected = %d, want %d", c.CohortKey, c.Selected, want)
 			}
 		}
 

@@ -24,7 +24,9 @@ import (
 // Kafka starts kfake listening on addr (host:port, host must be a loopback
 // address) with its log and group offsets under dir, so they survive a
 // restart. Topics are created on first use with partitions partitions.
-func Kafka(addr, dir string, partitions int, log *slog.Logger, seed ...string) (*kfake.Cluster, error) {
+// Every topic accepts record batches of up to maxMessageBytes (the broker's
+// message.max.bytes; kfake's default is Kafka's, about 1 MiB).
+func Kafka(addr, dir string, partitions, maxMessageBytes int, log *slog.Logger, seed ...string) (*kfake.Cluster, error) {
 	host, portS, err := net.SplitHostPort(addr)
 	if err != nil {
 		return nil, fmt.Errorf("embedded kafka: %w", err)
@@ -39,6 +41,7 @@ func Kafka(addr, dir string, partitions int, log *slog.Logger, seed ...string) (
 	opts := []kfake.Opt{
 		kfake.NumBrokers(1), kfake.Ports(port), kfake.DataDir(dir),
 		kfake.AllowAutoTopicCreation(), kfake.DefaultNumPartitions(partitions),
+		kfake.BrokerConfigs(map[string]string{"message.max.bytes": strconv.Itoa(maxMessageBytes)}),
 		kfake.ListenFn(func(network, _ string) (net.Listener, error) {
 			return net.Listen(network, net.JoinHostPort(host, strconv.Itoa(port)))
 		}),
@@ -51,7 +54,7 @@ func Kafka(addr, dir string, partitions int, log *slog.Logger, seed ...string) (
 		return nil, fmt.Errorf("embedded kafka on %s: %w (is another broker listening there? set kafka.brokers or kafka.embedded_addr)", addr, err)
 	}
 	log.Info("embedded: started a Kafka-protocol broker (kfake); production should use a real Kafka cluster (kafka.brokers)",
-		"addr", c.ListenAddrs()[0], "data", dir)
+		"addr", c.ListenAddrs()[0], "data", dir, "max_message_bytes", maxMessageBytes)
 	return c, nil
 }
 

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/segmentio/kafka-go"
+
+	"github.com/traceops/trace/schemas"
 )
 
 // Defaults of Config. A zero field of a Config means "use the default";
@@ -57,10 +59,20 @@ type Config struct {
 	// Default runtime.GOMAXPROCS(0).
 	DecodeWorkers int
 
-	// MaxMessageBytes is the reader's fetch size (kafka-go ReaderConfig.MaxBytes)
-	// and sizes the DLQ writer: it must cover the largest message of the topic.
-	// Default 4 MiB + 256 KiB.
+	// MaxMessageBytes is the reader's fetch size (kafka-go ReaderConfig.MaxBytes):
+	// it must cover the largest message the topic holds (its
+	// max.message.bytes), so that a message over the decoder's limit is still
+	// fetched and dead-lettered. Default 4 MiB + 256 KiB.
 	MaxMessageBytes int
+
+	// DLQMaxValueBytes is the largest value a dead letter keeps whole (the
+	// decoder's size limit, kafka.max_message_bytes): a longer value is cut
+	// to its first DLQMaxValueBytes bytes and the dead letter says so
+	// (HeaderTruncated, HeaderOriginalSize). It also sizes the DLQ writer's
+	// batches (DLQMaxValueBytes + 1 MiB for the key and headers); the DLQ
+	// topic's max.message.bytes must be at least that. Default
+	// schemas.DefaultMaxBytes (4 MiB).
+	DLQMaxValueBytes int
 
 	// Retries of the sink, the DLQ writer and the offset commit back off
 	// exponentially (with jitter) from BackoffInitial to BackoffMax, forever.
@@ -104,6 +116,7 @@ func (c Config) WithDefaults() Config {
 	c.BatchTimeout = cmp.Or(c.BatchTimeout, DefaultBatchTimeout)
 	c.DecodeWorkers = cmp.Or(c.DecodeWorkers, runtime.GOMAXPROCS(0))
 	c.MaxMessageBytes = cmp.Or(c.MaxMessageBytes, DefaultMaxMessageBytes)
+	c.DLQMaxValueBytes = cmp.Or(c.DLQMaxValueBytes, schemas.DefaultMaxBytes)
 	c.BackoffInitial = cmp.Or(c.BackoffInitial, DefaultBackoffInitial)
 	c.BackoffMax = cmp.Or(c.BackoffMax, DefaultBackoffMax)
 	c.DrainTimeout = cmp.Or(c.DrainTimeout, DefaultDrainTimeout)
@@ -140,6 +153,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("stream: Config.DecodeWorkers %d < 1", c.DecodeWorkers)
 	case c.MaxMessageBytes < 1:
 		return fmt.Errorf("stream: Config.MaxMessageBytes %d < 1", c.MaxMessageBytes)
+	case c.DLQMaxValueBytes < 1:
+		return fmt.Errorf("stream: Config.DLQMaxValueBytes %d < 1", c.DLQMaxValueBytes)
 	case c.BackoffInitial <= 0:
 		return fmt.Errorf("stream: Config.BackoffInitial %v <= 0", c.BackoffInitial)
 	case c.BackoffMax < c.BackoffInitial:

@@ -79,15 +79,17 @@ import (
 // A message the Decoder rejects (or panics on) goes to Config.DLQTopic with
 // its original key, value and headers, byte for byte, plus the headers
 // HeaderError, HeaderErrorReason, HeaderStage, HeaderSourceTopic,
-// HeaderSourcePartition, HeaderSourceOffset and HeaderFailedAt. The DLQ
-// writer uses acks=all, may auto-create the topic, and accepts client-side
-// batches of 2×MaxMessageBytes+1 MiB, so a value larger than the decoder's
-// limit is still written as is. Dead letters may be duplicated (a DLQ write
-// that is retried, or a batch redelivered), never lost.
+// HeaderSourcePartition, HeaderSourceOffset and HeaderFailedAt. A value
+// longer than Config.DLQMaxValueBytes (the decoder's size limit) keeps its
+// first DLQMaxValueBytes bytes and gets HeaderTruncated and
+// HeaderOriginalSize. The DLQ writer uses acks=all, may auto-create the
+// topic, and accepts client-side batches of DLQMaxValueBytes+1 MiB. Dead
+// letters may be duplicated (a DLQ write that is retried, or a batch
+// redelivered), never lost.
 //
 // Edge case: a dead letter larger than the DLQ topic's max.message.bytes
 // (brokers default to about 1 MiB, and on first use an auto-created topic
-// gets that default) cannot be stored. Nothing is truncated: the consumer
+// gets that default) cannot be stored. The consumer
 // logs an error and writes the dead letter with an empty value, its key and
 // headers, plus HeaderOriginalSize (the value's size) and HeaderDLQError (the
 // broker's error); the original stays readable in the source topic at the

@@ -371,7 +371,7 @@ func TestConsumerConfigValidate(t *testing.T) {
 	if good.DLQTopic != "t.dlq" || good.BatchRows != 10000 || good.BatchBytes != 64<<20 || good.BatchTimeout != time.Second ||
 		good.DecodeWorkers < 1 || good.MaxMessageBytes <= 4<<20 || good.BackoffInitial != 200*time.Millisecond ||
 		good.BackoffMax != 10*time.Second || good.DrainTimeout != 8*time.Second || good.StartOffset != kafka.FirstOffset ||
-		good.Stage != "ingest" || good.IsRetryable == nil {
+		good.Stage != "ingest" || good.IsRetryable == nil || good.DLQMaxValueBytes != 4<<20 {
 		t.Fatalf("defaults: %+v", good)
 	}
 	tests := []struct {
@@ -390,6 +390,7 @@ func TestConsumerConfigValidate(t *testing.T) {
 		{"BackoffMax", func(c *stream.Config) { c.BackoffMax = time.Millisecond }},
 		{"DrainTimeout", func(c *stream.Config) { c.DrainTimeout = -1 }},
 		{"StartOffset", func(c *stream.Config) { c.StartOffset = 42 }},
+		{"DLQMaxValueBytes", func(c *stream.Config) { c.DLQMaxValueBytes = -1 }},
 	}
 	for _, tt := range tests {
 		c := good

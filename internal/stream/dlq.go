@@ -25,10 +25,13 @@ const (
 	HeaderSourcePartition = "trace-source-partition" // decimal
 	HeaderSourceOffset    = "trace-source-offset"    // decimal
 	HeaderFailedAt        = "trace-failed-at"        // RFC 3339, UTC
-	// HeaderOriginalSize is only present on a dead letter whose value had to
-	// be dropped (see "Dead letters" on Consumer): the original value's size
-	// in bytes. HeaderDLQError then says why.
+	// HeaderOriginalSize is only present on a dead letter whose value is not
+	// the whole original (see "Dead letters" on Consumer): the original
+	// value's size in bytes. HeaderTruncated ("true") then says the value
+	// was cut to Config.DLQMaxValueBytes; HeaderDLQError says why it had to
+	// be dropped altogether.
 	HeaderOriginalSize = "trace-original-size"
+	HeaderTruncated    = "trace-truncated"
 	HeaderDLQError     = "trace-dlq-error"
 )
 
@@ -38,7 +41,8 @@ const (
 	ReasonPanic  = "panic"  // the decoder panicked
 )
 
-// maxErrorHeader caps the trace-error header; the value is never truncated.
+// maxErrorHeader caps the trace-error header (the value is cut only past
+// Config.DLQMaxValueBytes, and then marked).
 const maxErrorHeader = 8 << 10
 
 // DeadLetterReason is the reason code a decode error is filed under: the
@@ -71,18 +75,20 @@ type deadLetter struct {
 
 // dlqWriter writes dead letters with acks=all.
 type dlqWriter struct {
-	w     *kafka.Writer
-	stage string
-	log   *slog.Logger
-	met   *consumerMetrics
+	w        *kafka.Writer
+	stage    string
+	maxValue int // Config.DLQMaxValueBytes
+	log      *slog.Logger
+	met      *consumerMetrics
 }
 
 func newDLQWriter(cfg Config, tr *kafka.Transport, log *slog.Logger, met *consumerMetrics) *dlqWriter {
 	// BatchBytes bounds one produce batch on the client side. It must exceed the
-	// largest dead letter (the source's largest value plus headers), or
-	// kafka-go refuses the message before the broker sees it. Whether the
-	// broker accepts it is the DLQ topic's max.message.bytes; see write.
-	batchBytes := int64(2*cfg.MaxMessageBytes + 1<<20)
+	// largest dead letter (a value of at most DLQMaxValueBytes, the key and
+	// the headers), or kafka-go refuses the message before the broker sees
+	// it. Whether the broker accepts it is the DLQ topic's
+	// max.message.bytes; see write.
+	batchBytes := int64(cfg.DLQMaxValueBytes + 1<<20)
 	return &dlqWriter{
 		w: &kafka.Writer{
 			Addr:                   kafka.TCP(cfg.Brokers...),
@@ -100,16 +106,17 @@ func newDLQWriter(cfg Config, tr *kafka.Transport, log *slog.Logger, met *consum
 			MaxAttempts: 1,
 			Transport:   tr,
 		},
-		stage: cfg.Stage,
-		log:   log,
-		met:   met,
+		stage:    cfg.Stage,
+		maxValue: cfg.DLQMaxValueBytes,
+		log:      log,
+		met:      met,
 	}
 }
 
 // message builds the dead letter of dl.
 func (d *dlqWriter) message(dl *deadLetter) kafka.Message {
 	m := dl.msg
-	h := make([]kafka.Header, 0, len(m.Headers)+7)
+	h := make([]kafka.Header, 0, len(m.Headers)+9)
 	h = append(h, m.Headers...)
 	h = append(h,
 		kafka.Header{Key: HeaderError, Value: []byte(capString(dl.err.Error(), maxErrorHeader))},
@@ -120,7 +127,17 @@ func (d *dlqWriter) message(dl *deadLetter) kafka.Message {
 		kafka.Header{Key: HeaderSourceOffset, Value: []byte(strconv.FormatInt(m.Offset, 10))},
 		kafka.Header{Key: HeaderFailedAt, Value: []byte(dl.failedAt.UTC().Format(time.RFC3339))},
 	)
-	return kafka.Message{Key: m.Key, Value: m.Value, Headers: h}
+	value := m.Value
+	if len(value) > d.maxValue {
+		// Over the size limit: its first bytes, marked, and the original
+		// stays readable in the source topic at the coordinates above.
+		value = value[:d.maxValue]
+		h = append(h,
+			kafka.Header{Key: HeaderTruncated, Value: []byte("true")},
+			kafka.Header{Key: HeaderOriginalSize, Value: []byte(strconv.Itoa(len(m.Value)))},
+		)
+	}
+	return kafka.Message{Key: m.Key, Value: value, Headers: h}
 }
 
 // write writes every dead letter of dls that is not done yet, marking those
@@ -196,10 +213,11 @@ func (d *dlqWriter) writeAlone(ctx context.Context, dl *deadLetter, m kafka.Mess
 		return err
 	}
 	tooLarge := err
-	m.Headers = append(m.Headers[:len(m.Headers):len(m.Headers)],
-		kafka.Header{Key: HeaderOriginalSize, Value: []byte(strconv.Itoa(len(m.Value)))},
-		kafka.Header{Key: HeaderDLQError, Value: []byte("value dropped: " + tooLarge.Error())},
-	)
+	hs := m.Headers[:len(m.Headers):len(m.Headers)]
+	if len(m.Value) == len(dl.msg.Value) { // not truncated: no size header yet
+		hs = append(hs, kafka.Header{Key: HeaderOriginalSize, Value: []byte(strconv.Itoa(len(dl.msg.Value)))})
+	}
+	m.Headers = append(hs, kafka.Header{Key: HeaderDLQError, Value: []byte("value dropped: " + tooLarge.Error())})
 	m.Value = nil
 	d.log.Error("dead letter too large for the DLQ topic; writing it without its value",
 		"dlq_topic", d.w.Topic, "source_partition", dl.msg.Partition, "source_offset", dl.msg.Offset,

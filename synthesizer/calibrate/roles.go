@@ -50,3 +50,8 @@ func IsErrorResult(content string) bool {
 	}
 	return false
 }
+
+// RecordKeys are the argument names that identify the record a call
+// reads or changes, most specific first; any other "*_id" argument comes
+// after them.
+var RecordKeys = []string{"reservation_id", "order_id", "user_id"}

@@ -20,12 +20,12 @@ import (
 // reference, and plays its Index-th entry.
 
 // rolloutRNG is the deterministic generator of one (seed, rollout, purpose).
-func rolloutRNG(seed int64, rollout int, salt uint64) *rand.Rand {
+func RolloutRNG(seed int64, rollout int, salt uint64) *rand.Rand {
 	return rand.New(rand.NewPCG(uint64(seed), uint64(rollout)<<20^salt))
 }
 
 // planned plays plan[t.Index], and a final answer after the plan's end.
-func planned(plan []envprog.Action, t Turn) envprog.Action {
+func Planned(plan []envprog.Action, t Turn) envprog.Action {
 	if t.Index < len(plan) {
 		return plan[t.Index]
 	}
@@ -46,7 +46,7 @@ func (OraclePolicy) Act(ctx context.Context, t Turn) (envprog.Action, error) {
 	if ref == nil {
 		return envprog.Action{}, fmt.Errorf("scripted-oracle: the environment has no reference()")
 	}
-	return planned(ref, t), nil
+	return Planned(ref, t), nil
 }
 
 func (OraclePolicy) String() string  { return "scripted-oracle" }
@@ -63,7 +63,7 @@ const saltRandom = 0x72616e64 // "rand"
 
 // Act plays the random rollout's next turn.
 func (p RandomPolicy) Act(_ context.Context, t Turn) (envprog.Action, error) {
-	return planned(p.plan(t.Seed, t.Rollout, t.Tools), t), nil
+	return Planned(p.plan(t.Seed, t.Rollout, t.Tools), t), nil
 }
 
 func (p RandomPolicy) plan(seed int64, rollout int, tools []schemas.Tool) []envprog.Action {
@@ -71,7 +71,7 @@ func (p RandomPolicy) plan(seed int64, rollout int, tools []schemas.Tool) []envp
 	if maxCalls <= 0 {
 		maxCalls = 6
 	}
-	rng := rolloutRNG(seed, rollout, saltRandom)
+	rng := RolloutRNG(seed, rollout, saltRandom)
 	n := rng.IntN(maxCalls + 1)
 	plan := make([]envprog.Action, 0, n+1)
 	for i := 0; i < n && len(tools) > 0; i++ {
@@ -109,9 +109,9 @@ func (p SkillPolicy) Act(ctx context.Context, t Turn) (envprog.Action, error) {
 	if keep <= 0 {
 		keep = 0.25
 	}
-	rng := rolloutRNG(t.Seed, t.Rollout, saltSkill)
+	rng := RolloutRNG(t.Seed, t.Rollout, saltSkill)
 	if rng.Float64() < p.Skill {
-		return planned(ref, t), nil
+		return Planned(ref, t), nil
 	}
 	plan := make([]envprog.Action, 0, len(ref))
 	for i, a := range ref {
@@ -124,7 +124,7 @@ func (p SkillPolicy) Act(ctx context.Context, t Turn) (envprog.Action, error) {
 			plan = append(plan, envprog.Action{ToolCalls: []envprog.ToolCall{RandomCall(rng, t.Tools, fmt.Sprintf("rnd-%d", i))}})
 		}
 	}
-	return planned(plan, t), nil
+	return Planned(plan, t), nil
 }
 
 func (p SkillPolicy) String() string { return fmt.Sprintf("scripted-skill-%.2f", p.Skill) }

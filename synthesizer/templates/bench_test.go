@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/traceops/trace/internal/dev/simpolicy"
 	"github.com/traceops/trace/internal/dev/simulate"
 	"github.com/traceops/trace/synthesizer/calibrate"
 	"github.com/traceops/trace/synthesizer/envprog"
@@ -27,7 +28,7 @@ func BenchmarkCalibrationRunner(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer env.Close()
-	pol, err := calibrate.SimulatedFleetPolicy(simulate.DefaultFleet(), simulate.Airline, "1.4.0", PreconditionVerification)
+	pol, err := simpolicy.SimulatedFleetPolicy(simulate.DefaultFleet(), simulate.Airline, "1.4.0", PreconditionVerification)
 	if err != nil {
 		b.Fatal(err)
 	}

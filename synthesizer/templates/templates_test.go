@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/traceops/trace/internal/dev/simpolicy"
 	"github.com/traceops/trace/internal/dev/simulate"
 	"github.com/traceops/trace/schemas"
 	"github.com/traceops/trace/synthesizer/calibrate"
@@ -222,7 +223,7 @@ func TestSimulatedPolicyCalibratesPlantedDeficits(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.capability, func(t *testing.T) {
-			pol, err := calibrate.SimulatedFleetPolicy(fleet, tt.target, tt.version, tt.capability)
+			pol, err := simpolicy.SimulatedFleetPolicy(fleet, tt.target, tt.version, tt.capability)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -266,7 +267,7 @@ func TestSimulatedPolicyFollowsTheDeficit(t *testing.T) {
 	}{{0, calibrate.TooEasy}, {0.9, calibrate.TooHard}} {
 		agent := simulate.AgentSpec{Name: "support-bot", Version: "9.9.9", Environments: []string{simulate.Airline},
 			Deficits: map[string]float64{PreconditionVerification: tt.deficit}}
-		res, err := calibrate.Run(context.Background(), env, calibrate.NewSimulatedPolicy(agent, simulate.Airline, PreconditionVerification), tpl.CalibrationConfig(cfg))
+		res, err := calibrate.Run(context.Background(), env, simpolicy.NewSimulatedPolicy(agent, simulate.Airline, PreconditionVerification), tpl.CalibrationConfig(cfg))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -286,7 +287,7 @@ func TestTuneTurnsKnobs(t *testing.T) {
 		Deficits: map[string]float64{MultiStepCompletion: 0.3}}
 	var seen []Attempt
 	tuned, err := Tune(context.Background(), MultiStepCompletion, simulate.Tools(simulate.Airline),
-		calibrate.NewSimulatedPolicy(agent, simulate.Airline, MultiStepCompletion), TuneConfig{Calibration: cfg, Attempted: func(a Attempt) { seen = append(seen, a) }})
+		simpolicy.NewSimulatedPolicy(agent, simulate.Airline, MultiStepCompletion), TuneConfig{Calibration: cfg, Attempted: func(a Attempt) { seen = append(seen, a) }})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -359,7 +360,7 @@ func TestRewardsTrackTheCapability(t *testing.T) {
 			env := load(t, tpl)
 			for _, deficit := range []float64{0, 1} {
 				agent := simulate.AgentSpec{Name: "probe", Version: "0", Environments: []string{target}, Deficits: map[string]float64{fam: deficit}}
-				p := calibrate.NewSimulatedPolicy(agent, target, fam)
+				p := simpolicy.NewSimulatedPolicy(agent, target, fam)
 				p.BaseFailure, p.HintEffect = 0, 0
 				res, err := calibrate.Run(context.Background(), env, p, tpl.CalibrationConfig(cfg))
 				if err != nil {
@@ -408,7 +409,7 @@ func TestTuneCalibratesEveryFamilyAtHalfDeficit(t *testing.T) {
 	for _, target := range simulate.Environments {
 		for _, fam := range Names() {
 			agent := simulate.AgentSpec{Name: "probe", Version: "1", Environments: []string{target}, Deficits: map[string]float64{fam: 0.5}}
-			tuned, err := Tune(context.Background(), fam, simulate.Tools(target), calibrate.NewSimulatedPolicy(agent, target, fam), TuneConfig{})
+			tuned, err := Tune(context.Background(), fam, simulate.Tools(target), simpolicy.NewSimulatedPolicy(agent, target, fam), TuneConfig{})
 			if err != nil {
 				t.Errorf("%s/%s: %v", target, fam, err)
 				continue

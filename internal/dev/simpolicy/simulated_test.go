@@ -1,4 +1,4 @@
-package calibrate
+package simpolicy
 
 import (
 	"context"
@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/traceops/trace/internal/dev/simulate"
+	"github.com/traceops/trace/synthesizer/calibrate"
 	"github.com/traceops/trace/synthesizer/envprog"
 )
 
@@ -122,11 +123,11 @@ func TestSimulatedPolicyOnGoEnv(t *testing.T) {
 		t.Errorf("String %q", p)
 	}
 	cfg := smallConfig()
-	a, err := Run(context.Background(), &ledgerEnv{}, p, cfg)
+	a, err := calibrate.Run(context.Background(), &ledgerEnv{}, p, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, err := Run(context.Background(), &ledgerEnv{}, p, cfg)
+	b, err := calibrate.Run(context.Background(), &ledgerEnv{}, p, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -144,7 +145,7 @@ func TestSimulatedPolicyOnGoEnv(t *testing.T) {
 	// No deficit, no base failure: the reference every time.
 	p.Agent.Deficits = nil
 	p.BaseFailure = 0
-	res, err := Run(context.Background(), &ledgerEnv{}, p, cfg)
+	res, err := calibrate.Run(context.Background(), &ledgerEnv{}, p, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -182,4 +183,10 @@ func TestUnconfirmedWriteAndSkippedReads(t *testing.T) {
 	if out := skipReads(reads, never, rng); len(out) != 4 || out[3].Content != "Answer: 1040" {
 		t.Errorf("never lacking: %+v", out)
 	}
+}
+
+func smallConfig() calibrate.Config {
+	c := calibrate.DefaultConfig()
+	c.Seeds, c.Rollouts = 40, 16
+	return c
 }

@@ -1,4 +1,4 @@
-package calibrate
+package simpolicy
 
 import (
 	"context"
@@ -10,12 +10,13 @@ import (
 	"strings"
 
 	"github.com/traceops/trace/internal/dev/simulate"
+	"github.com/traceops/trace/synthesizer/calibrate"
 	"github.com/traceops/trace/synthesizer/envprog"
 )
 
 // SimulatedPolicy is the simulated policy: it plays environments the way an
 // agent version of the simulated fleet (internal/simulate) would, planted
-// deficits included, so that `trace demo` and tests calibrate without a
+// deficits included, so that `trace demo` and tests calibrate.calibrate without a
 // model. It is not a model and says so: its String starts with
 // "simulated", and a calibration it plays has Summary.Simulated set.
 //
@@ -111,7 +112,7 @@ const (
 )
 
 // Act plays the rollout's next turn.
-func (p SimulatedPolicy) Act(ctx context.Context, t Turn) (envprog.Action, error) {
+func (p SimulatedPolicy) Act(ctx context.Context, t calibrate.Turn) (envprog.Action, error) {
 	ref, err := t.Reference(ctx)
 	if err != nil {
 		return envprog.Action{}, err
@@ -129,19 +130,19 @@ func (p SimulatedPolicy) Act(ctx context.Context, t Turn) (envprog.Action, error
 	}
 	if family == simulate.ToolErrorRecovery && deficit > 0 {
 		if n, last := toolErrors(t.Messages); last {
-			if rolloutRNG(t.Seed, t.Rollout, saltSimError+uint64(n)).Float64() < deficit {
+			if calibrate.RolloutRNG(t.Seed, t.Rollout, saltSimError+uint64(n)).Float64() < deficit {
 				return envprog.Action{Content: "I'm sorry, the system returned an error and I cannot complete your request."}, nil
 			}
 		}
 	}
-	return planned(p.plan(ref, t.Seed, t.Rollout, family, deficit), t), nil
+	return calibrate.Planned(p.plan(ref, t.Seed, t.Rollout, family, deficit), t), nil
 }
 
 // plan is the rollout's whole script: the reference, transformed.
 func (p SimulatedPolicy) plan(ref []envprog.Action, seed int64, rollout int, family string, deficit float64) []envprog.Action {
 	steps := flatten(ref)
-	rng := rolloutRNG(seed, rollout, saltSimStep)
-	mut := rolloutRNG(seed, rollout, saltSimMut)
+	rng := calibrate.RolloutRNG(seed, rollout, saltSimStep)
+	mut := calibrate.RolloutRNG(seed, rollout, saltSimMut)
 	lacking := func() bool { return deficit > 0 && rng.Float64() < deficit }
 	switch family {
 	case simulate.PreconditionVerification:
@@ -152,7 +153,7 @@ func (p SimulatedPolicy) plan(ref []envprog.Action, seed int64, rollout int, fam
 		steps = stopEarly(steps, lacking)
 	case simulate.ArgumentGrounding:
 		for i, s := range steps {
-			if c := call(s); c != nil && IsWriteTool(c.Name) && lacking() {
+			if c := call(s); c != nil && calibrate.IsWriteTool(c.Name) && lacking() {
 				steps[i] = withCall(*c, inventID(mut, c.Arguments))
 			}
 		}
@@ -161,7 +162,7 @@ func (p SimulatedPolicy) plan(ref []envprog.Action, seed int64, rollout int, fam
 	default:
 		steps = skipReads(steps, lacking, mut)
 	}
-	if base := rolloutRNG(seed, rollout, saltSimBase); base.Float64() < p.BaseFailure {
+	if base := calibrate.RolloutRNG(seed, rollout, saltSimBase); base.Float64() < p.BaseFailure {
 		if w := lastWrite(steps); w >= 0 && base.IntN(2) == 0 {
 			steps = slices.Delete(slices.Clone(steps), w, w+1)
 		} else {
@@ -200,28 +201,23 @@ func withCall(c envprog.ToolCall, args json.RawMessage) envprog.Action {
 
 func lastWrite(steps []envprog.Action) int {
 	for i := len(steps) - 1; i >= 0; i-- {
-		if c := call(steps[i]); c != nil && IsWriteTool(c.Name) {
+		if c := call(steps[i]); c != nil && calibrate.IsWriteTool(c.Name) {
 			return i
 		}
 	}
 	return -1
 }
 
-// RecordKeys are the argument names that identify the record a call
-// reads or changes, most specific first; any other "*_id" argument comes
-// after them.
-var RecordKeys = []string{"reservation_id", "order_id", "user_id"}
-
 type record struct{ key, value string }
 
-// recordOf is the record a call is about: its first RecordKeys argument,
+// recordOf is the record a call is about: its first calibrate.RecordKeys argument,
 // else its first other string argument named *_id.
 func recordOf(c *envprog.ToolCall) (record, bool) {
 	var args map[string]any
 	if c == nil || json.Unmarshal(c.Arguments, &args) != nil {
 		return record{}, false
 	}
-	for _, k := range RecordKeys {
+	for _, k := range calibrate.RecordKeys {
 		if v, ok := args[k].(string); ok {
 			return record{k, v}, true
 		}
@@ -256,12 +252,12 @@ func skipVerification(steps []envprog.Action, lacking func() bool, dropReads boo
 			continue
 		}
 		switch {
-		case IsReadTool(c.Name):
+		case calibrate.IsReadTool(c.Name):
 			if len(reads[r]) == 0 {
 				order = append(order, r)
 			}
 			reads[r] = append(reads[r], i)
-		case IsWriteTool(c.Name):
+		case calibrate.IsWriteTool(c.Name):
 			written[r] = true
 			if _, ok := template[r.key]; !ok {
 				template[r.key] = *c
@@ -324,7 +320,7 @@ func skipReads(steps []envprog.Action, lacking func() bool, rng *rand.Rand) []en
 	out := make([]envprog.Action, 0, len(steps))
 	reads, dropped := 0, false
 	for _, s := range steps {
-		if c := call(s); c != nil && IsReadTool(c.Name) {
+		if c := call(s); c != nil && calibrate.IsReadTool(c.Name) {
 			if r, ok := recordOf(c); ok && r.key != "user_id" {
 				reads++
 				if lacking() {
@@ -350,7 +346,7 @@ func stopEarly(steps []envprog.Action, lacking func() bool) []envprog.Action {
 	writes := 0
 	for i, s := range steps {
 		c := call(s)
-		if c == nil || !IsWriteTool(c.Name) {
+		if c == nil || !calibrate.IsWriteTool(c.Name) {
 			continue
 		}
 		writes++
@@ -369,7 +365,7 @@ func stopEarly(steps []envprog.Action, lacking func() bool) []envprog.Action {
 var idLike = regexp.MustCompile(`#?[A-Za-z0-9_.\-]*[0-9][A-Za-z0-9_.\-]*`)
 
 // inventID changes one identifier argument of a write (a string named
-// *_id or listed in RecordKeys, or an element of a *_ids list) into an id of
+// *_id or listed in calibrate.RecordKeys, or an element of a *_ids list) into an id of
 // the same shape that nothing earlier mentioned.
 func inventID(rng *rand.Rand, arguments json.RawMessage) json.RawMessage {
 	var args map[string]any
@@ -467,7 +463,7 @@ func toolErrors(msgs []envprog.Message) (n int, last bool) {
 			lastTurn = false
 			continue
 		}
-		if IsErrorResult(m.Content) {
+		if calibrate.IsErrorResult(m.Content) {
 			n++
 			if lastTurn {
 				last = true
