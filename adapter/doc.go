@@ -1,9 +1,18 @@
-// Package adapter is the home of TRACE steps 3 and 4: planning and
-// dispatching one LoRA adapter training run per capability environment
-// (GRPO on the synthesized environment, base model frozen), the adapter
-// registry, and routing each task to its adapter with the base model as a
-// zero-shot classifier over next-token logprobs.
+// Package adapter is TRACE step 3 as a stage of `trace run` (the adapt
+// role): for every ready environment it builds a training job
+// (adapter/plan), dispatches it once per (environment, plan revision) to a
+// trainer backend (adapter/dispatch), tracks the job through the events
+// its trainer reports (status, event history, a deadline on silence), and
+// registers the adapter of a succeeded job in the registry.
 //
-// This stage is not implemented yet; it consumes trace.environments.ready,
-// which the synthesizer will publish, and `trace run` will run it as a role.
+// Exactly once: a job id is derived from the environment id and the plan
+// revision; the stage claims it in a NATS KV bucket (atomic across
+// replicas, durable across restarts) before it dispatches, and checks the
+// training_jobs table first. A redelivered ready event therefore never
+// dispatches a second job. A crash between the claim and the dispatch
+// leaves a DISPATCHED job that no trainer reports on: its deadline fails
+// it, visibly.
+//
+// The pure parts (Apply, the event → status machine) are tested with
+// tables; Stage is tested against NATS and ClickHouse.
 package adapter

@@ -34,10 +34,12 @@ const (
 	KindLabel            Kind = "label.v1"
 	KindSynthesisRequest Kind = "synthesis_request.v1"
 	KindEnvironmentReady Kind = "environment_ready.v1"
+	KindTrainingJob      Kind = "training_job.v1"
+	KindTrainingEvent    Kind = "training_event.v1"
 )
 
 // Kinds lists every schema, for documentation and tests.
-var Kinds = []Kind{KindRollout, KindLabel, KindSynthesisRequest, KindEnvironmentReady}
+var Kinds = []Kind{KindRollout, KindLabel, KindSynthesisRequest, KindEnvironmentReady, KindTrainingJob, KindTrainingEvent}
 
 // Reason codes of *Error. They are stable: dashboards and DLQ consumers match on them.
 const (

@@ -417,6 +417,7 @@ func TestChdbModernDialect(t *testing.T) {
 	t.Run("dashboard", func(t *testing.T) { chdbDashboard(t, c) })
 	t.Run("ttl", func(t *testing.T) { chdbTTL(t, c) })
 	t.Run("environments", func(t *testing.T) { chdbEnvironments(t, c, base) })
+	t.Run("training", func(t *testing.T) { chdbTraining(t, c, base) })
 	t.Logf("total %s", time.Since(t0).Round(time.Millisecond))
 }
 
@@ -450,8 +451,9 @@ func chdbMigrations(t *testing.T, c *chdbDB) {
 		"rollouts": "ReplacingMergeTree", "rollout_counts": "AggregatingMergeTree", "rollout_counts_mv": "MaterializedView",
 		"capability_labels": "ReplacingMergeTree", "label_counts": "AggregatingMergeTree", "label_counts_mv": "MaterializedView",
 		"dictionaries": "ReplacingMergeTree", "trigger_events": "ReplacingMergeTree", "llm_calls": "MergeTree", "label_runs": "ReplacingMergeTree",
-		"environments": "ReplacingMergeTree",
-		"env_episodes": "ReplacingMergeTree",
+		"environments":  "ReplacingMergeTree",
+		"env_episodes":  "ReplacingMergeTree",
+		"training_jobs": "ReplacingMergeTree", "training_job_events": "ReplacingMergeTree", "adapters": "ReplacingMergeTree",
 	} {
 		if tables[name] != engine {
 			t.Errorf("table %s: engine %q, want %s", name, tables[name], engine)
@@ -1187,4 +1189,54 @@ func chdbDashboard(t *testing.T, c *chdbDB) {
 		t.Errorf("CountLabels: %d labeled rollouts, %d labels", r.rows[0].uint(0), r.rows[0].uint(1))
 	}
 	c.query(activeMergesSQL)
+}
+
+// chdbTraining: the training_jobs, training_job_events and adapters
+// statements on 26.7 with the outcomes sink's 18.16 test expects: the
+// newest job version wins, only open jobs past their deadline are overdue,
+// a redelivered event is one, the newest adapter version wins.
+func chdbTraining(t *testing.T, c *chdbDB, base time.Time) {
+	c = c.on(t)
+	job := func(id, status string, v uint64, deadline time.Time) []any {
+		return []any{id, "env-" + id, uint32(1), "sim-airline", "1.4.0", "precondition_verification", "m", "nats", status, "", "a-" + id,
+			uint32(0), uint32(20), 0.0, uint8(0), `{}`, `{}`, base, base, deadline, base.Add(time.Duration(len(id)) * time.Second), base, v}
+	}
+	c.insert("training_jobs", trainingJobColumns, job("j1", "DISPATCHED", 1, base.Add(time.Hour)), job("j1", "SUCCEEDED", 3, base.Add(time.Hour)),
+		job("j22", "RUNNING", 1, base.Add(time.Minute)), job("j333", "DISPATCHED", 1, base.Add(3*time.Hour)))
+	r := c.query(trainingJobSQL, "j1")
+	r.wantTypes(t, "TrainingJob", "String", "String", "UInt32", "String", "String", "String", "String", "String",
+		"String", "String", "String", "UInt32", "UInt32", "Float64", "UInt8", "String", "String",
+		"DateTime", "DateTime", "DateTime", "DateTime", "DateTime", "UInt64")
+	if len(r.rows) != 1 || r.rows[0].str(8) != "SUCCEEDED" {
+		t.Fatalf("TrainingJob(j1) = %v", r.rows)
+	}
+	r = c.query(overdueJobsSQL, base.Add(2*time.Hour))
+	if len(r.rows) != 1 || r.rows[0].str(0) != "j22" {
+		t.Fatalf("overdue: %v", r.rows)
+	}
+	q, args := trainingJobsSQL(TrainingJobFilter{Status: "DISPATCHED", Capability: "precondition_verification", EnvironmentID: "env-j333", Limit: 5})
+	if r := c.query(q, args...); len(r.rows) != 1 || r.rows[0].str(0) != "j333" {
+		t.Fatalf("TrainingJobs: %v", r.rows)
+	}
+	ev := []any{"j1", "s1", "progress", base, base.UnixNano(), int32(1), 0.4, 0.1, 0.0, uint8(0), `{}`, base}
+	c.insert("training_job_events", trainingEventColumns, ev, ev)
+	r = c.query(trainingEventsSQL, "j1")
+	r.wantTypes(t, "TrainingEvents", "String", "String", "String", "DateTime", "Int64", "Int32", "Float64", "Float64", "Float64", "UInt8", "String", "DateTime")
+	if len(r.rows) != 1 {
+		t.Fatalf("a redelivered event is one: %v", r.rows)
+	}
+	ad := func(name, status string, v uint64) []any {
+		return []any{name, "j1", "env-j1", "precondition_verification", "sim-airline", "1.4.0", "m", "file:///a", `{}`, 0.7, 0.5, status, uint8(1), `{}`, base, base, v}
+	}
+	c.insert("adapters", adapterColumns, ad("a1", "candidate", 1), ad("a1", "active", 2), ad("a2", "candidate", 1))
+	r = c.query(adapterSQL, "a1")
+	r.wantTypes(t, "Adapter", "String", "String", "String", "String", "String", "String", "String", "String",
+		"String", "Float64", "Float64", "String", "UInt8", "String", "DateTime", "DateTime", "UInt64")
+	if len(r.rows) != 1 || r.rows[0].str(11) != "active" {
+		t.Fatalf("Adapter(a1) = %v", r.rows)
+	}
+	q, args = adaptersSQL(AdapterFilter{Status: "candidate", Environment: "sim-airline", Capability: "precondition_verification"})
+	if r := c.query(q, args...); len(r.rows) != 1 || r.rows[0].str(0) != "a2" {
+		t.Fatalf("Adapters(candidate) = %v", r.rows)
+	}
 }

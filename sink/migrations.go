@@ -261,6 +261,80 @@ PARTITION BY toYYYYMM(ended_at)
 ORDER BY (environment_id, ended_at, session_id, episode_id)` + d.TTL("ended_at"),
 		}
 	}},
+	{7, "training_jobs", func(d Dialect) []string {
+		// Training jobs (TRACE step 3): one row per saved version of a
+		// job's status (the newest version wins), and the event history a
+		// trainer reported, one row per event (a redelivered event has the
+		// same key and replaces itself). No TTL: jobs are the record of
+		// what trained each adapter.
+		return []string{`CREATE TABLE IF NOT EXISTS training_jobs (
+	job_id String,
+	environment_id String,
+	plan_revision UInt32,
+	environment ` + d.LC() + `,
+	agent_version ` + d.LC() + `,
+	capability ` + d.LC() + `,
+	base_model String,
+	backend ` + d.LC() + `,
+	status ` + d.LC() + `,
+	reason String,
+	adapter_name String,
+	iteration UInt32,
+	iterations UInt32,
+	mean_reward Float64,
+	simulated UInt8,
+	planner String,
+	spec String` + d.Big() + `,
+	dispatched_at DateTime,
+	last_event_at DateTime,
+	deadline_at DateTime,
+	created_at DateTime,
+	updated_at DateTime,
+	version UInt64
+) ENGINE = ReplacingMergeTree(version)
+ORDER BY job_id`,
+			`CREATE TABLE IF NOT EXISTS training_job_events (
+	job_id String,
+	event_key String,
+	type ` + d.LC() + `,
+	at DateTime,
+	at_ns Int64,
+	iteration Int32,
+	mean_reward Float64,
+	reward_std Float64,
+	kl Float64,
+	has_kl UInt8,
+	payload String,
+	received_at DateTime
+) ENGINE = ReplacingMergeTree()
+ORDER BY (job_id, event_key)`,
+		}
+	}},
+	{8, "adapters", func(d Dialect) []string {
+		// The adapter registry: one row per saved version of an adapter
+		// (served name), status candidate | active | retired | rolled_back.
+		return []string{`CREATE TABLE IF NOT EXISTS adapters (
+	adapter_name String,
+	job_id String,
+	environment_id String,
+	capability ` + d.LC() + `,
+	environment ` + d.LC() + `,
+	agent_version ` + d.LC() + `,
+	base_model String,
+	uri String,
+	eval String,
+	eval_mean_reward Float64,
+	eval_success_rate Float64,
+	status ` + d.LC() + `,
+	simulated UInt8,
+	metadata String,
+	created_at DateTime,
+	updated_at DateTime,
+	version UInt64
+) ENGINE = ReplacingMergeTree(version)
+ORDER BY adapter_name`,
+		}
+	}},
 }
 
 // Migrate applies every migration not yet recorded in schema_migrations, in

@@ -27,6 +27,8 @@ import (
 	"github.com/segmentio/kafka-go"
 	"github.com/twmb/franz-go/pkg/kfake"
 
+	"github.com/traceops/trace/adapter"
+	"github.com/traceops/trace/adapter/dispatch"
 	"github.com/traceops/trace/analyzer"
 	"github.com/traceops/trace/ingest"
 	"github.com/traceops/trace/internal/bus"
@@ -48,6 +50,7 @@ type App struct {
 	Bus       *bus.Bus
 	Dicts     *analyzer.Registry
 	Evaluator *analyzer.Evaluator
+	Adapt     *adapter.Stage // with the adapt role, after Run started
 	Brokers   []string
 	NATSURL   string
 	Dialer    *kafka.Dialer
@@ -122,9 +125,9 @@ func Start(ctx context.Context, cfg config.Config, log *slog.Logger) (*App, erro
 	if err := a.Store.Migrate(ctx); err != nil {
 		return nil, err
 	}
-	// NATS and the dictionaries serve the analyze, synthesize and serve
-	// roles; an ingest-only replica neither needs nor waits for them.
-	if cfg.Has("analyze") || cfg.Has("synthesize") || cfg.Has("serve") {
+	// NATS and the dictionaries serve the analyze, synthesize, adapt and
+	// serve roles; an ingest-only replica neither needs nor waits for them.
+	if cfg.Has("analyze") || cfg.Has("synthesize") || cfg.Has("adapt") || cfg.Has("serve") {
 		natsCfg := cfg.NATS
 		if natsCfg.URL == "" {
 			if a.nats, natsCfg.URL, err = embedded.NATS(cfg.Path("nats"), cfg.Embedded.NATSPort, log); err != nil {
@@ -274,6 +277,11 @@ func (a *App) Run(ctx context.Context, extra ...Actor) error {
 					}
 				})
 			})
+		}
+	}
+	if a.Cfg.Has("adapt") {
+		if err := a.addAdapt(ctx, &g); err != nil {
+			return err
 		}
 	}
 	if err := a.addHTTP(&g); err != nil {
@@ -448,4 +456,39 @@ func (a *App) Close() {
 	if a.kfake != nil {
 		a.kfake.Close()
 	}
+}
+
+// addAdapt adds the adapt role (TRACE step 3): the durable consumer of
+// trace.environments.ready (plan → dispatch), the consumer of the
+// trainers' events (status, history, registry) and the deadline check.
+func (a *App) addAdapt(ctx context.Context, g *run.Group) error {
+	var backend adapter.Backend
+	switch a.Cfg.Adapter.Backend {
+	case "nats":
+		backend = dispatch.NATS{Pub: a.Bus}
+	case "none":
+	default:
+		return fmt.Errorf("adapter.backend: %q is not supported", a.Cfg.Adapter.Backend)
+	}
+	st, err := adapter.NewStage(adapter.Config{Plan: a.Cfg.Adapter.Plan, Store: a.Store, Claims: a.Bus, Backend: backend,
+		Simulated: a.Cfg.Adapter.Simulated, Log: a.Log.With("role", "adapt")})
+	if err != nil {
+		return err
+	}
+	rc, err := a.Bus.ReadyConsumer(ctx, 0)
+	if err != nil {
+		return err
+	}
+	ec, err := a.Bus.TrainingEventsConsumer(ctx, 0)
+	if err != nil {
+		return err
+	}
+	a.Adapt = st
+	addActor(g, ctx, "adapt", func(ctx context.Context) error { return st.RunReady(ctx, rc) })
+	addActor(g, ctx, "adapt-events", func(ctx context.Context) error { return st.RunEvents(ctx, ec) })
+	every := a.Cfg.Adapter.DeadlineCheck
+	addActor(g, ctx, "adapt-deadlines", func(ctx context.Context) error { return st.RunDeadlines(ctx, every) })
+	a.Log.Info("adapt role: training jobs from ready environments", "backend", a.Cfg.Adapter.Backend, "preset", a.Cfg.Adapter.Plan.Preset,
+		"env_server", a.Cfg.Adapter.Plan.EnvServerURL)
+	return nil
 }

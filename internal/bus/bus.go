@@ -56,6 +56,8 @@ type Bus struct {
 	JS     jetstream.JetStream
 	claims jetstream.KeyValue
 	dicts  jetstream.KeyValue
+
+	trainingClaims jetstream.KeyValue
 }
 
 // Connect dials NATS (reconnecting forever) and ensures streams and buckets.
@@ -95,10 +97,10 @@ func (b *Bus) ensure(ctx context.Context, cfg Config) error {
 	if dup <= 0 {
 		dup = DefaultDuplicates
 	}
-	for _, sc := range []jetstream.StreamConfig{
+	for _, sc := range append([]jetstream.StreamConfig{
 		{Name: StreamSynthesis, Subjects: []string{SubjectSynthesis + ".>"}, Storage: jetstream.FileStorage, Duplicates: dup},
 		{Name: StreamEnvReady, Subjects: []string{SubjectEnvReady + ".>", SubjectEnvReady}, Storage: jetstream.FileStorage, Duplicates: dup},
-	} {
+	}, trainingStreams(dup)...) {
 		// Existing streams are left as operators configured them (replicas,
 		// limits); only missing ones are created.
 		if _, err := b.JS.Stream(ctx, sc.Name); err == nil {
@@ -115,6 +117,9 @@ func (b *Bus) ensure(ctx context.Context, cfg Config) error {
 		return err
 	}
 	if b.dicts, err = keyValue(ctx, b.JS, jetstream.KeyValueConfig{Bucket: BucketDictionary, Storage: jetstream.FileStorage, History: 5}); err != nil {
+		return err
+	}
+	if b.trainingClaims, err = keyValue(ctx, b.JS, jetstream.KeyValueConfig{Bucket: BucketTrainingClaims, Storage: jetstream.FileStorage}); err != nil {
 		return err
 	}
 	return nil

@@ -23,6 +23,7 @@ import (
 	"github.com/knadh/koanf/providers/structs"
 	"github.com/knadh/koanf/v2"
 
+	"github.com/traceops/trace/adapter/plan"
 	"github.com/traceops/trace/analyzer"
 	"github.com/traceops/trace/internal/bus"
 	"github.com/traceops/trace/sink"
@@ -33,11 +34,12 @@ import (
 // Config is the whole configuration of `trace run` and `trace demo`.
 type Config struct {
 	DataDir    string      `koanf:"data_dir"` // embedded servers keep their data here
-	Roles      []string    `koanf:"roles"`    // ingest, analyze, serve
+	Roles      []string    `koanf:"roles"`    // ingest, analyze, adapt, serve
 	Kafka      Kafka       `koanf:"kafka"`
 	ClickHouse sink.Config `koanf:"clickhouse"`
 	NATS       bus.Config  `koanf:"nats"`
 	Analyzer   Analyzer    `koanf:"analyzer"`
+	Adapter    Adapter     `koanf:"adapter"`
 	LLM        LLM         `koanf:"llm"`
 	HTTP       HTTP        `koanf:"http"`
 	Dictionary []string    `koanf:"dictionaries"` // YAML files applied at start (besides the built-in example)
@@ -187,8 +189,22 @@ type HTTP struct {
 	ReadyTimeout time.Duration `koanf:"ready_timeout"`
 }
 
+// Adapter configures the adapt role (TRACE step 3): the training plan and
+// where jobs are dispatched.
+type Adapter struct {
+	// Backend: nats (jobs on JetStream for external trainer workers) or
+	// none (plans are recorded, nothing is dispatched).
+	Backend string      `koanf:"backend"`
+	Plan    plan.Config `koanf:"plan"`
+	// DeadlineCheck is how often jobs are checked for silence.
+	DeadlineCheck time.Duration `koanf:"deadline_check"`
+	// Simulated marks jobs for the demo's simulated trainer (set by
+	// trace demo, not a user setting: no model is trained).
+	Simulated bool `koanf:"-"`
+}
+
 // Roles trace run knows.
-var Roles = []string{"ingest", "analyze", "synthesize", "serve"}
+var Roles = []string{"ingest", "analyze", "synthesize", "adapt", "serve"}
 
 // The ingest stage's batch defaults (kafka.batch_*), from `trace bench
 // ingest`: its batches stream into one INSERT each and cost no memory, and
@@ -220,6 +236,7 @@ func Default() Config {
 		Embedded:    Embedded{ClickHousePort: 29000, ClickHouseHTTPPort: 28123, NATSPort: 4222},
 		Synthesizer: synthesizer.DefaultSettings(),
 		Env:         envserver.DefaultConfig(),
+		Adapter:     Adapter{Backend: "nats", Plan: plan.DefaultConfig(), DeadlineCheck: 30 * time.Second},
 	}
 }
 
@@ -373,6 +390,17 @@ func (c Config) Validate() error {
 		if v < 0 || v > 1 {
 			errs = append(errs, fmt.Errorf("%s: must be in [0, 1], got %v", name, v))
 		}
+	}
+	switch c.Adapter.Backend {
+	case "nats", "none":
+	default:
+		errs = append(errs, fmt.Errorf("adapter.backend: %q is not nats or none", c.Adapter.Backend))
+	}
+	if err := c.Adapter.Plan.Validate("adapter.plan."); err != nil {
+		errs = append(errs, err)
+	}
+	if c.Adapter.DeadlineCheck <= 0 {
+		errs = append(errs, fmt.Errorf("adapter.deadline_check: must be positive, got %s", c.Adapter.DeadlineCheck))
 	}
 	if _, _, err := net.SplitHostPort(c.HTTP.Addr); err != nil {
 		errs = append(errs, fmt.Errorf("http.addr: %q is not host:port", c.HTTP.Addr))

@@ -1,0 +1,28 @@
+// Package dispatch holds the adapt role's trainer backends: nats (jobs on
+// the JetStream work queue trace.training.jobs for external trainer
+// workers). Each implements adapter.Backend.
+package dispatch
+
+import (
+	"context"
+
+	"github.com/traceops/trace/schemas"
+)
+
+// JobPublisher puts a job on trace.training.jobs with Msg-Id = job id
+// (internal/bus.Bus).
+type JobPublisher interface {
+	PublishTrainingJob(ctx context.Context, jobID string, spec []byte) error
+}
+
+// NATS dispatches to external trainer workers through JetStream; trainers
+// report on trace.training.events.<job_id>, which the adapt role consumes.
+type NATS struct{ Pub JobPublisher }
+
+// Name is "nats".
+func (NATS) Name() string { return "nats" }
+
+// Dispatch publishes the spec; it returns once JetStream stored it.
+func (n NATS) Dispatch(ctx context.Context, job *schemas.TrainingJob, spec []byte) error {
+	return n.Pub.PublishTrainingJob(ctx, job.JobID, spec)
+}

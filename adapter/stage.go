@@ -1,0 +1,356 @@
+package adapter
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/traceops/trace/adapter/plan"
+	"github.com/traceops/trace/schemas"
+	"github.com/traceops/trace/sink"
+)
+
+// Store keeps jobs, their history and the adapter registry (sink.Store).
+type Store interface {
+	SaveTrainingJob(ctx context.Context, r sink.TrainingJobRow) error
+	TrainingJob(ctx context.Context, id string) (*sink.TrainingJobRow, error)
+	OverdueTrainingJobs(ctx context.Context, now time.Time) ([]sink.TrainingJobRow, error)
+	InsertTrainingEvents(ctx context.Context, evs []sink.TrainingEventRow) error
+	SaveAdapter(ctx context.Context, r sink.AdapterRow) error
+	Adapter(ctx context.Context, name string) (*sink.AdapterRow, error)
+}
+
+// Claims makes a job id's dispatch happen once (internal/bus: a KV bucket).
+// Claim returns true for the first caller only, across replicas and
+// restarts; Release undoes a claim whose dispatch failed.
+type Claims interface {
+	ClaimTrainingJob(ctx context.Context, jobID string) (bool, error)
+	ReleaseTrainingJob(ctx context.Context, jobID string) error
+}
+
+// Backend hands a job to trainers. Dispatch returns once the job is
+// durably handed over (nats: in the stream; command: started; webhook:
+// accepted); an error means it was not, and the dispatch is retried.
+// Backends whose trainers report through another channel than the events
+// subject feed the reports to Stage.HandleEvent themselves.
+type Backend interface {
+	Name() string
+	Dispatch(ctx context.Context, job *schemas.TrainingJob, spec []byte) error
+}
+
+// Planner is the optional planning agent: it may adjust a plan within the
+// bounds (the adjusted plan is validated; out of bounds is an error naming
+// the field) and gives its reason.
+type Planner interface {
+	Adjust(ctx context.Context, r *schemas.EnvironmentReady, job *schemas.TrainingJob) (adj *plan.Settings, reason, model string, err error)
+}
+
+// Config assembles a Stage. Plan, Store, Claims are required; Backend nil
+// records jobs as PLANNED without dispatching them.
+type Config struct {
+	Plan      plan.Config
+	Store     Store
+	Claims    Claims
+	Backend   Backend
+	Planner   Planner // nil: the configured plan stands
+	Simulated bool    // jobs go to the simulated trainer (trace demo)
+	Now       func() time.Time
+	Log       *slog.Logger
+}
+
+// Stage is the adapt role's logic. Safe for concurrent use: event handling
+// and the deadline check are serialised (they both write job versions).
+type Stage struct {
+	cfg Config
+	mu  sync.Mutex
+}
+
+// NewStage checks cfg.
+func NewStage(cfg Config) (*Stage, error) {
+	if cfg.Store == nil || cfg.Claims == nil {
+		return nil, errors.New("adapter: Store and Claims are required")
+	}
+	if err := cfg.Plan.Validate("adapter.plan."); err != nil {
+		return nil, err
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.DiscardHandler)
+	}
+	return &Stage{cfg: cfg}, nil
+}
+
+// Result says what HandleReady did.
+type Result struct {
+	JobID      string
+	Dispatched bool // handed to the backend now
+	Duplicate  bool // the job existed already: nothing done
+	Planned    bool // recorded only (no backend)
+}
+
+// Plan builds the job of a ready environment at a revision, with the
+// planning agent's adjustment when one is configured. An agent's plan
+// that fails validation is recorded as the agent's failure and the
+// configured plan stands.
+func (s *Stage) Plan(ctx context.Context, r *schemas.EnvironmentReady, revision int) (*schemas.TrainingJob, error) {
+	in := plan.Input{Ready: r, Revision: revision, Simulated: s.cfg.Simulated, Now: s.cfg.Now()}
+	job, err := s.cfg.Plan.Build(in)
+	if err != nil {
+		return nil, err
+	}
+	if s.cfg.Planner == nil {
+		return job, nil
+	}
+	adj, reason, model, err := s.cfg.Planner.Adjust(ctx, r, job)
+	if err != nil {
+		s.cfg.Log.Warn("adapter: planning agent failed; the configured plan stands", "job", job.JobID, "err", err)
+		job.Planner.Reason = "planning agent failed: " + err.Error()
+		job.Planner.Model = model
+		return job, nil
+	}
+	if adj == nil {
+		job.Planner.Reason, job.Planner.Model = reason, model
+		return job, nil
+	}
+	in.Adjust, in.Source, in.Model, in.Reason = adj, schemas.PlanAgent, model, reason
+	adjusted, err := s.cfg.Plan.Build(in)
+	if err != nil {
+		s.cfg.Log.Warn("adapter: the planning agent's plan is out of bounds; the configured plan stands", "job", job.JobID, "err", err)
+		job.Planner.Reason = "agent's plan rejected: " + err.Error()
+		job.Planner.Model = model
+		return job, nil
+	}
+	return adjusted, nil
+}
+
+// HandleReady plans and dispatches the job of a ready environment at plan
+// revision 1; see Dispatch.
+func (s *Stage) HandleReady(ctx context.Context, r *schemas.EnvironmentReady) (Result, error) {
+	job, err := s.Plan(ctx, r, 1)
+	if err != nil {
+		return Result{}, err
+	}
+	return s.Dispatch(ctx, job)
+}
+
+// Dispatch records and dispatches a job once: a job already in
+// training_jobs or already claimed is a duplicate. A failed dispatch
+// releases the claim and returns the error (the caller retries).
+func (s *Stage) Dispatch(ctx context.Context, job *schemas.TrainingJob) (Result, error) {
+	res := Result{JobID: job.JobID}
+	spec, err := job.Encode()
+	if err != nil {
+		return res, err
+	}
+	if prev, err := s.cfg.Store.TrainingJob(ctx, job.JobID); err != nil {
+		return res, err
+	} else if prev != nil {
+		res.Duplicate = true
+		return res, nil
+	}
+	ok, err := s.cfg.Claims.ClaimTrainingJob(ctx, job.JobID)
+	if err != nil {
+		return res, err
+	}
+	if !ok {
+		res.Duplicate = true
+		return res, nil
+	}
+	now := s.cfg.Now().UTC()
+	row := jobRow(job, spec, now)
+	row.Status, row.Backend = StatusPlanned, "none"
+	if s.cfg.Backend != nil {
+		row.Status, row.Backend = StatusDispatched, s.cfg.Backend.Name()
+	}
+	release := func(err error) (Result, error) {
+		if rerr := s.cfg.Claims.ReleaseTrainingJob(context.WithoutCancel(ctx), job.JobID); rerr != nil {
+			s.cfg.Log.Warn("adapter: release claim", "job", job.JobID, "err", rerr)
+		}
+		return res, err
+	}
+	if err := s.cfg.Store.SaveTrainingJob(ctx, row); err != nil {
+		return release(err)
+	}
+	if s.cfg.Backend == nil {
+		res.Planned = true
+		return res, nil
+	}
+	payload, _ := json.Marshal(map[string]any{"backend": s.cfg.Backend.Name(), "planner": job.Planner})
+	if err := s.cfg.Store.InsertTrainingEvents(ctx, []sink.TrainingEventRow{{JobID: job.JobID, Key: "trace:dispatched", Type: "dispatched",
+		At: now, Iteration: -1, Payload: string(payload), ReceivedAt: now}}); err != nil {
+		return release(err)
+	}
+	if err := s.cfg.Backend.Dispatch(ctx, job, spec); err != nil {
+		return release(fmt.Errorf("dispatch %s (%s): %w", job.JobID, s.cfg.Backend.Name(), err))
+	}
+	res.Dispatched = true
+	s.cfg.Log.Info("training job dispatched", "job", job.JobID, "environment_id", job.EnvironmentID, "capability", job.Capability.Name,
+		"backend", s.cfg.Backend.Name(), "adapter", job.Output.AdapterName, "planner", job.Planner.Source)
+	return res, nil
+}
+
+func jobRow(job *schemas.TrainingJob, spec []byte, now time.Time) sink.TrainingJobRow {
+	planner, _ := json.Marshal(job.Planner)
+	return sink.TrainingJobRow{JobID: job.JobID, EnvironmentID: job.EnvironmentID, PlanRevision: uint32(job.PlanRevision),
+		Environment: job.Environment, AgentVersion: job.AgentVersion, Capability: job.Capability.Name, BaseModel: job.BaseModel,
+		AdapterName: job.Output.AdapterName, Iterations: uint32(job.GRPO.Iterations), Simulated: job.Simulated,
+		Planner: string(planner), Spec: string(spec), DispatchedAt: now, LastEventAt: now,
+		DeadlineAt: now.Add(time.Duration(job.Report.DeadlineSeconds) * time.Second),
+		CreatedAt:  job.CreatedAt, UpdatedAt: now, Version: uint64(now.UnixNano())}
+}
+
+// ErrUnknownJob: an event names a job trace has no record of (yet).
+var ErrUnknownJob = errors.New("unknown training job")
+
+// HandleEvent records a trainer's event and applies it to its job: status,
+// last event, deadline, progress; a success registers the adapter (as
+// candidate) before the job is saved SUCCEEDED, so a crash in between is
+// repaired by the redelivery. key identifies the event within its job (a
+// redelivery has the same key). An event of an unknown job returns
+// ErrUnknownJob after recording it.
+func (s *Stage) HandleEvent(ctx context.Context, e *schemas.TrainingEvent, key string, payload []byte) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := s.cfg.Now().UTC()
+	row := eventRow(e, key, payload, now)
+	if err := s.cfg.Store.InsertTrainingEvents(ctx, []sink.TrainingEventRow{row}); err != nil {
+		return err
+	}
+	job, err := s.cfg.Store.TrainingJob(ctx, e.JobID)
+	if err != nil {
+		return err
+	}
+	if job == nil {
+		return fmt.Errorf("%w: %s", ErrUnknownJob, e.JobID)
+	}
+	tr := Apply(job.Status, e)
+	if tr.Ignored {
+		if Terminal(job.Status) {
+			s.cfg.Log.Info("adapter: event after the job ended (recorded, status unchanged)", "job", e.JobID, "status", job.Status, "event", e.Type)
+		}
+		return nil
+	}
+	if tr.Register {
+		if err := s.register(ctx, job, e, now); err != nil {
+			return err
+		}
+	}
+	next := *job
+	next.Status, next.Reason = tr.Status, tr.Reason
+	next.LastEventAt, next.UpdatedAt = now, now
+	var spec schemas.TrainingJob
+	_ = json.Unmarshal([]byte(job.Spec), &spec)
+	next.DeadlineAt = now.Add(time.Duration(max(spec.Report.DeadlineSeconds, 1)) * time.Second)
+	if e.Iteration != nil {
+		next.Iteration = uint32(max(*e.Iteration, 0))
+	}
+	if e.MeanReward != nil {
+		next.MeanReward = *e.MeanReward
+	}
+	if e.Simulated {
+		next.Simulated = true
+	}
+	next.Version = max(job.Version+1, uint64(now.UnixNano()))
+	if err := s.cfg.Store.SaveTrainingJob(ctx, next); err != nil {
+		return err
+	}
+	if tr.Status != job.Status {
+		s.cfg.Log.Info("training job status", "job", e.JobID, "from", job.Status, "to", tr.Status, "reason", tr.Reason)
+	}
+	return nil
+}
+
+func eventRow(e *schemas.TrainingEvent, key string, payload []byte, now time.Time) sink.TrainingEventRow {
+	r := sink.TrainingEventRow{JobID: e.JobID, Key: key, Type: e.Type, At: e.At, Iteration: -1, Payload: string(payload), ReceivedAt: now}
+	if e.Iteration != nil {
+		r.Iteration = int32(*e.Iteration)
+	}
+	if e.MeanReward != nil {
+		r.MeanReward = *e.MeanReward
+	}
+	if e.RewardStd != nil {
+		r.RewardStd = *e.RewardStd
+	}
+	if e.KL != nil {
+		r.KL, r.HasKL = *e.KL, true
+	}
+	return r
+}
+
+// register saves a succeeded job's adapter as a candidate, unless it is
+// registered already (a redelivered success must not reset an adapter an
+// operator activated since).
+func (s *Stage) register(ctx context.Context, job *sink.TrainingJobRow, e *schemas.TrainingEvent, now time.Time) error {
+	name := job.AdapterName
+	if e.Adapter != nil && e.Adapter.Name != "" {
+		name = e.Adapter.Name
+	}
+	if prev, err := s.cfg.Store.Adapter(ctx, name); err != nil {
+		return err
+	} else if prev != nil {
+		return nil
+	}
+	eval, _ := json.Marshal(e.Eval)
+	trainer := "external"
+	if job.Simulated || e.Simulated {
+		trainer = "simulated (no model was trained)"
+	}
+	meta, _ := json.Marshal(map[string]any{"trainer": trainer, "simulated": job.Simulated || e.Simulated, "worker": e.Worker,
+		"plan_revision": job.PlanRevision, "backend": job.Backend})
+	r := sink.AdapterRow{Name: name, JobID: job.JobID, EnvironmentID: job.EnvironmentID, Capability: job.Capability,
+		Environment: job.Environment, AgentVersion: job.AgentVersion, BaseModel: job.BaseModel, URI: e.Adapter.URI,
+		Eval: string(eval), Status: AdapterCandidate, Simulated: job.Simulated || e.Simulated, Metadata: string(meta),
+		CreatedAt: now, UpdatedAt: now, Version: uint64(now.UnixNano())}
+	if e.Eval != nil {
+		r.EvalMeanReward, r.EvalSuccessRate = e.Eval.MeanReward, e.Eval.SuccessRate
+	}
+	if err := s.cfg.Store.SaveAdapter(ctx, r); err != nil {
+		return err
+	}
+	s.cfg.Log.Info("adapter registered", "adapter", name, "job", job.JobID, "uri", r.URI, "eval_mean_reward", r.EvalMeanReward, "simulated", r.Simulated)
+	return nil
+}
+
+// Adapter statuses in the registry.
+const (
+	AdapterCandidate  = "candidate"
+	AdapterActive     = "active"
+	AdapterRetired    = "retired"
+	AdapterRolledBack = "rolled_back"
+)
+
+// CheckDeadlines fails every open job with no event within its deadline,
+// and returns how many it failed.
+func (s *Stage) CheckDeadlines(ctx context.Context) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := s.cfg.Now().UTC()
+	over, err := s.cfg.Store.OverdueTrainingJobs(ctx, now)
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	for _, j := range over {
+		reason := fmt.Sprintf("deadline: no event from the trainer since %s (deadline %s)", j.LastEventAt.Format(time.RFC3339), j.DeadlineAt.Format(time.RFC3339))
+		payload, _ := json.Marshal(map[string]string{"reason": reason})
+		if err := s.cfg.Store.InsertTrainingEvents(ctx, []sink.TrainingEventRow{{JobID: j.JobID, Key: "trace:deadline", Type: "failed",
+			At: now, Iteration: -1, Payload: string(payload), ReceivedAt: now}}); err != nil {
+			return n, err
+		}
+		next := j
+		next.Status, next.Reason, next.UpdatedAt = StatusFailed, reason, now
+		next.Version = max(j.Version+1, uint64(now.UnixNano()))
+		if err := s.cfg.Store.SaveTrainingJob(ctx, next); err != nil {
+			return n, err
+		}
+		s.cfg.Log.Warn("training job failed: silent past its deadline", "job", j.JobID, "last_event", j.LastEventAt, "deadline", j.DeadlineAt)
+		n++
+	}
+	return n, nil
+}

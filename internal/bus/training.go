@@ -1,0 +1,130 @@
+package bus
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/traceops/trace/schemas"
+)
+
+// The training resources (TRACE step 3). JetStream stream names cannot hold
+// dots, so the stream the issue calls trace.training.jobs is
+// TRACE_TRAINING_JOBS, capturing subject trace.training.jobs.
+const (
+	StreamTrainingJobs    = "TRACE_TRAINING_JOBS"
+	SubjectTrainingJobs   = "trace.training.jobs"
+	StreamTrainingEvents  = "TRACE_TRAINING_EVENTS"
+	BucketTrainingClaims  = "trace_training_claims"
+	DurableAdapter        = "trace-adapter"        // the adapt role on TRACE_ENVIRONMENTS
+	DurableAdapterEvents  = "trace-adapter-events" // the adapt role on TRACE_TRAINING_EVENTS
+	DurableTrainers       = "trace-trainers"       // trainer workers on TRACE_TRAINING_JOBS
+	DefaultAdapterAckWait = time.Minute
+)
+
+// trainingStreams are ensured with the others: jobs with work-queue
+// retention (a job is removed once a worker acks it, and one consumer
+// takes each), events kept for replay.
+func trainingStreams(dup time.Duration) []jetstream.StreamConfig {
+	return []jetstream.StreamConfig{
+		{Name: StreamTrainingJobs, Subjects: []string{SubjectTrainingJobs}, Storage: jetstream.FileStorage, Duplicates: dup,
+			Retention: jetstream.WorkQueuePolicy, Description: "trace training jobs (training_job/v1) for trainer workers"},
+		{Name: StreamTrainingEvents, Subjects: []string{schemas.SubjectTrainingEvents + ".>"}, Storage: jetstream.FileStorage, Duplicates: dup,
+			MaxAge: 30 * 24 * time.Hour, Description: "trace training events (training_event/v1) reported by trainers"},
+	}
+}
+
+// ReadyConsumer is the adapt role's durable consumer of
+// trace.environments.ready: every replica shares it.
+func (b *Bus) ReadyConsumer(ctx context.Context, ackWait time.Duration) (jetstream.Consumer, error) {
+	c, err := b.JS.CreateOrUpdateConsumer(ctx, StreamEnvReady, jetstream.ConsumerConfig{
+		Durable: DurableAdapter, Description: "trace adapt role: ready environments → training jobs",
+		AckPolicy: jetstream.AckExplicitPolicy, AckWait: cmpDur(ackWait, DefaultAdapterAckWait), MaxDeliver: -1,
+		FilterSubject: SubjectEnvReady,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("nats: ready consumer: %w", err)
+	}
+	return c, nil
+}
+
+// TrainingEventsConsumer is the adapt role's durable consumer of every
+// job's events.
+func (b *Bus) TrainingEventsConsumer(ctx context.Context, ackWait time.Duration) (jetstream.Consumer, error) {
+	c, err := b.JS.CreateOrUpdateConsumer(ctx, StreamTrainingEvents, jetstream.ConsumerConfig{
+		Durable: DurableAdapterEvents, Description: "trace adapt role: training events → status, history, registry",
+		AckPolicy: jetstream.AckExplicitPolicy, AckWait: cmpDur(ackWait, DefaultAdapterAckWait), MaxDeliver: -1,
+		FilterSubject: schemas.SubjectTrainingEvents + ".>",
+	})
+	if err != nil {
+		return nil, fmt.Errorf("nats: training events consumer: %w", err)
+	}
+	return c, nil
+}
+
+// TrainerConsumer is the durable consumer trainer workers share on
+// TRACE_TRAINING_JOBS (a work queue admits one consumer per subject).
+func (b *Bus) TrainerConsumer(ctx context.Context, ackWait time.Duration) (jetstream.Consumer, error) {
+	c, err := b.JS.CreateOrUpdateConsumer(ctx, StreamTrainingJobs, jetstream.ConsumerConfig{
+		Durable: DurableTrainers, Description: "trainer workers", AckPolicy: jetstream.AckExplicitPolicy,
+		AckWait: cmpDur(ackWait, 5*time.Minute), MaxAckPending: 1,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("nats: trainer consumer: %w", err)
+	}
+	return c, nil
+}
+
+func cmpDur(d, def time.Duration) time.Duration {
+	if d <= 0 {
+		return def
+	}
+	return d
+}
+
+// PublishTrainingJob puts a job on trace.training.jobs with the job id as
+// Msg-Id (a second publish within the duplicate window is dropped).
+func (b *Bus) PublishTrainingJob(ctx context.Context, jobID string, spec []byte) error {
+	if _, err := b.JS.Publish(ctx, SubjectTrainingJobs, spec, jetstream.WithMsgID(jobID)); err != nil {
+		return fmt.Errorf("nats: publish training job %s: %w", jobID, err)
+	}
+	return nil
+}
+
+// PublishTrainingEvent reports an event on trace.training.events.<job_id>
+// (the simulated trainer, tests); it is validated before it goes out.
+func (b *Bus) PublishTrainingEvent(ctx context.Context, e *schemas.TrainingEvent) error {
+	data, err := e.Encode()
+	if err != nil {
+		return err
+	}
+	if _, err := b.JS.Publish(ctx, schemas.TrainingEventsSubject(e.JobID), data); err != nil {
+		return fmt.Errorf("nats: publish training event: %w", err)
+	}
+	return nil
+}
+
+// ClaimTrainingJob claims a job id in trace_training_claims (atomic across
+// replicas, durable across restarts): true when this caller is the first.
+func (b *Bus) ClaimTrainingJob(ctx context.Context, jobID string) (bool, error) {
+	v, _ := json.Marshal(map[string]any{"claimed_at": time.Now().UTC()})
+	if _, err := b.trainingClaims.Create(ctx, Token(jobID), v); err != nil {
+		if errors.Is(err, jetstream.ErrKeyExists) {
+			return false, nil
+		}
+		return false, fmt.Errorf("nats: claim training job: %w", err)
+	}
+	return true, nil
+}
+
+// ReleaseTrainingJob drops a claim (the dispatch failed and will be retried).
+func (b *Bus) ReleaseTrainingJob(ctx context.Context, jobID string) error {
+	if err := b.trainingClaims.Delete(ctx, Token(jobID)); err != nil {
+		return fmt.Errorf("nats: release training job: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,100 @@
+package schemas
+
+import (
+	"encoding/json"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+)
+
+func sampleJob() *TrainingJob {
+	env := EnvironmentID("trig-1")
+	id := TrainingJobID(env, 1)
+	return &TrainingJob{
+		Schema: TrainingJobSchema, JobID: id, PlanRevision: 1, EnvironmentID: env, Environment: "sim-airline", AgentVersion: "1.4.0",
+		Capability: JobCapability{Name: "precondition_verification", Definition: "d"}, ProgramHash: strings.Repeat("ab", 32),
+		EnvServer: JobEnvServer{BaseURL: "http://127.0.0.1:8090/v1/environments/" + env}, BaseModel: "Qwen/Qwen3-8B",
+		LoRA: LoRASettings{Rank: 16, Alpha: 16, TargetModules: []string{"q_proj", "v_proj"}},
+		GRPO: GRPOSettings{GroupSize: 16, GroupsPerIteration: 32, Iterations: 20, LearningRate: 1e-5, Temperature: 1, ClipEpsilon: 0.2,
+			MaxGradNorm: 1, HintRatio: 0.25, StripHints: true, DropConstantGroups: true, Advantage: AdvantageGroupStd},
+		Eval:      EvalPlan{Seeds: []int64{1000000, 1000001}, RolloutsPerSeed: 4, SuccessThreshold: 0.6},
+		Output:    JobOutput{AdapterName: "precondition-verification-1", URI: "file:///tmp/a"},
+		Report:    JobReport{EventsSubject: TrainingEventsSubject(id), HeartbeatSeconds: 60, DeadlineSeconds: 1800},
+		Planner:   PlannerRecord{Source: PlanDefaults, Preset: "paper"},
+		CreatedAt: time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC),
+	}
+}
+
+func TestTrainingJobRejects(t *testing.T) {
+	tests := []struct {
+		name, path string
+		mod        func(m map[string]any)
+	}{
+		{"unknown field", "/", func(m map[string]any) { m["gpus"] = 8 }},
+		{"nested unknown field", "/lora", func(m map[string]any) { m["lora"].(map[string]any)["bias"] = "none" }},
+		{"rank out of bounds", "/lora/rank", func(m map[string]any) { m["lora"].(map[string]any)["rank"] = 4096 }},
+		{"unknown target", "/lora/target_modules/0", func(m map[string]any) { m["lora"].(map[string]any)["target_modules"] = []any{"lm_head"} }},
+		{"hint ratio", "/grpo/hint_ratio", func(m map[string]any) { m["grpo"].(map[string]any)["hint_ratio"] = 0.8 }},
+		{"missing eval", "/", func(m map[string]any) { delete(m, "eval") }},
+		{"job id of another revision", "/job_id", func(m map[string]any) { m["plan_revision"] = 2 }},
+		{"events subject of another job", "/report/events_subject", func(m map[string]any) {
+			m["report"].(map[string]any)["events_subject"] = "trace.training.events.job-0000000000000000"
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			data, _ := json.Marshal(sampleJob())
+			var m map[string]any
+			_ = json.Unmarshal(data, &m)
+			tt.mod(m)
+			data, _ = json.Marshal(m)
+			_, err := DecodeTrainingJob(data)
+			var se *Error
+			if !errors.As(err, &se) || se.Reason != ReasonSchema {
+				t.Fatalf("got %v", err)
+			}
+			if se.Path != tt.path && !(tt.path == "/" && se.Path == "") {
+				t.Fatalf("path %q, want %q (%v)", se.Path, tt.path, err)
+			}
+		})
+	}
+	if _, err := sampleJob().Encode(); err != nil {
+		t.Fatalf("valid job: %v", err)
+	}
+}
+
+func TestTrainingEventRules(t *testing.T) {
+	it, r, s := 3, 0.5, 0.1
+	id := sampleJob().JobID
+	ok := []*TrainingEvent{
+		{JobID: id, Type: EventStarted, At: time.Now()},
+		{JobID: id, Type: EventProgress, At: time.Now(), Iteration: &it, MeanReward: &r, RewardStd: &s},
+		{JobID: id, Type: EventSucceeded, At: time.Now(), Adapter: &EventAdapter{Name: "a", URI: "file:///a"}, Eval: &EvalMetrics{MeanReward: 0.7, SuccessRate: 0.5, Episodes: 200}},
+		{JobID: id, Type: EventFailed, At: time.Now(), Reason: "CUDA out of memory"},
+	}
+	for _, e := range ok {
+		data, err := e.Encode()
+		if err != nil {
+			t.Fatalf("%s: %v", e.Type, err)
+		}
+		if back, err := DecodeTrainingEvent(data); err != nil || back.Type != e.Type {
+			t.Fatalf("%s: %v", e.Type, err)
+		}
+	}
+	bad := []struct{ name, json, path string }{
+		{"progress without reward", `{"schema":"training_event/v1","job_id":"` + id + `","type":"progress","at":"2026-12-01T10:00:00Z","iteration":1}`, ""},
+		{"succeeded without adapter", `{"schema":"training_event/v1","job_id":"` + id + `","type":"succeeded","at":"2026-12-01T10:00:00Z"}`, ""},
+		{"failed without reason", `{"schema":"training_event/v1","job_id":"` + id + `","type":"failed","at":"2026-12-01T10:00:00Z"}`, ""},
+		{"unknown type", `{"schema":"training_event/v1","job_id":"` + id + `","type":"paused","at":"2026-12-01T10:00:00Z"}`, "/type"},
+		{"unknown field", `{"schema":"training_event/v1","job_id":"` + id + `","type":"started","at":"2026-12-01T10:00:00Z","gpu":1}`, ""},
+		{"bad job id", `{"schema":"training_event/v1","job_id":"j1","type":"started","at":"2026-12-01T10:00:00Z"}`, "/job_id"},
+	}
+	for _, tt := range bad {
+		_, err := DecodeTrainingEvent([]byte(tt.json))
+		var se *Error
+		if !errors.As(err, &se) || (tt.path != "" && se.Path != tt.path) {
+			t.Errorf("%s: got %v", tt.name, err)
+		}
+	}
+}

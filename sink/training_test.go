@@ -1,0 +1,86 @@
+package sink_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/traceops/trace/sink"
+)
+
+// TestTrainingJobsEventsAdapters: job versions (newest wins, filters on the
+// newest), overdue jobs (open and past their deadline only), event history
+// (a redelivered event is one), adapters (newest version wins).
+func TestTrainingJobsEventsAdapters(t *testing.T) {
+	s := openStore(t)
+	ctx := context.Background()
+	at := time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC)
+	job := func(id, status string, v uint64, deadline time.Time) sink.TrainingJobRow {
+		return sink.TrainingJobRow{JobID: id, EnvironmentID: "env-" + id, PlanRevision: 1, Environment: "sim-airline", AgentVersion: "1.4.0",
+			Capability: "precondition_verification", BaseModel: "m", Backend: "nats", Status: status, AdapterName: "a-" + id, Iterations: 20,
+			Planner: `{"source":"defaults"}`, Spec: `{"job_id":"` + id + `"}`, DispatchedAt: at, LastEventAt: at, DeadlineAt: deadline,
+			CreatedAt: at.Add(time.Duration(len(id)) * time.Second), UpdatedAt: at, Version: v}
+	}
+	for _, r := range []sink.TrainingJobRow{
+		job("j1", "DISPATCHED", 1, at.Add(time.Hour)), job("j1", "RUNNING", 2, at.Add(2*time.Hour)),
+		job("j1", "SUCCEEDED", 3, at.Add(2*time.Hour)), job("j1", "RUNNING", 2, at.Add(2*time.Hour)), // an old version again
+		job("j22", "RUNNING", 1, at.Add(time.Minute)),
+		job("j333", "DISPATCHED", 1, at.Add(3*time.Hour)),
+	} {
+		if err := s.SaveTrainingJob(ctx, r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	j, err := s.TrainingJob(ctx, "j1")
+	if err != nil || j == nil || j.Status != "SUCCEEDED" || j.Spec != `{"job_id":"j1"}` || !j.DeadlineAt.Equal(at.Add(2*time.Hour)) {
+		t.Fatalf("TrainingJob(j1) = %+v, %v", j, err)
+	}
+	if j, err := s.TrainingJob(ctx, "nope"); j != nil || err != nil {
+		t.Fatalf("missing job: %+v %v", j, err)
+	}
+	running, err := s.TrainingJobs(ctx, sink.TrainingJobFilter{Status: "RUNNING"})
+	if err != nil || len(running) != 1 || running[0].JobID != "j22" {
+		t.Fatalf("RUNNING: %+v %v", running, err)
+	}
+	all, _ := s.TrainingJobs(ctx, sink.TrainingJobFilter{})
+	if len(all) != 3 || all[0].JobID != "j333" {
+		t.Fatalf("all jobs newest first: %+v", all)
+	}
+	over, err := s.OverdueTrainingJobs(ctx, at.Add(2*time.Hour+time.Minute))
+	if err != nil || len(over) != 1 || over[0].JobID != "j22" {
+		t.Fatalf("overdue (j1 is done, j333 not yet due): %+v %v", over, err)
+	}
+
+	ev := func(key, typ string, it int32, r float64) sink.TrainingEventRow {
+		return sink.TrainingEventRow{JobID: "j1", Key: key, Type: typ, At: at.Add(time.Duration(it+1) * time.Minute), Iteration: it, MeanReward: r, RewardStd: 0.1, Payload: "{}"}
+	}
+	if err := s.InsertTrainingEvents(ctx, []sink.TrainingEventRow{ev("s0", "started", -1, 0), ev("s1", "progress", 1, 0.4), ev("s2", "progress", 2, 0.5)}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.InsertTrainingEvents(ctx, []sink.TrainingEventRow{ev("s2", "progress", 2, 0.5)}); err != nil { // redelivered
+		t.Fatal(err)
+	}
+	evs, err := s.TrainingEvents(ctx, "j1")
+	if err != nil || len(evs) != 3 || evs[0].Type != "started" || evs[2].MeanReward != 0.5 || evs[2].Iteration != 2 {
+		t.Fatalf("events: %+v %v", evs, err)
+	}
+
+	ad := func(name, status string, v uint64) sink.AdapterRow {
+		return sink.AdapterRow{Name: name, JobID: "j1", EnvironmentID: "env-j1", Capability: "precondition_verification", Environment: "sim-airline",
+			AgentVersion: "1.4.0", BaseModel: "m", URI: "file:///a/" + name, Eval: `{"mean_reward":0.7}`, EvalMeanReward: 0.7, Status: status,
+			Simulated: true, Metadata: `{"trainer":"simulated"}`, CreatedAt: at, UpdatedAt: at, Version: v}
+	}
+	for _, r := range []sink.AdapterRow{ad("a1", "candidate", 1), ad("a1", "active", 2), ad("a2", "candidate", 1)} {
+		if err := s.SaveAdapter(ctx, r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	a, err := s.Adapter(ctx, "a1")
+	if err != nil || a == nil || a.Status != "active" || !a.Simulated || a.EvalMeanReward != 0.7 {
+		t.Fatalf("adapter a1: %+v %v", a, err)
+	}
+	cands, _ := s.Adapters(ctx, sink.AdapterFilter{Status: "candidate"})
+	if len(cands) != 1 || cands[0].Name != "a2" {
+		t.Fatalf("candidates: %+v", cands)
+	}
+}
