@@ -4,8 +4,6 @@ import (
 	"strconv"
 
 	"github.com/prometheus/client_golang/prometheus"
-
-	"github.com/traceops/trace/schemas"
 )
 
 // Metrics are the Prometheus instruments of every Consumer of a process. One
@@ -44,9 +42,6 @@ type Metrics struct {
 //	trace_consumer_lag{partition}                 high watermark minus the group's committed offset,
 //	                                              polled every Config.LagInterval (aggregate with max:
 //	                                              every member of a group reports every partition)
-//
-// and, without labels, trace_schema_fast_path_fallbacks_total
-// (schemas.FastPathFallbacks).
 func NewMetrics(reg prometheus.Registerer) *Metrics {
 	const ns, sub = "trace", "consumer"
 	st := []string{"stage", "topic"}
@@ -84,12 +79,8 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			[]string{"stage", "topic", "partition"}),
 	}
 	if reg != nil {
-		fallbacks := prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: ns, Subsystem: "schema",
-			Name: "fast_path_fallbacks_total", Help: "Valid rollouts the one-pass parser failed on by a bug of its own, " +
-				"decoded with encoding/json instead (schemas.FastPathFallbacks). Should stay 0."},
-			func() float64 { return float64(schemas.FastPathFallbacks()) })
 		reg.MustRegister(m.consumed, m.inserted, m.deadLettered, m.skipped, m.sinkRetries, m.errors,
-			m.batchRows, m.batchBytes, m.insertDur, m.commitDur, m.lag, fallbacks)
+			m.batchRows, m.batchBytes, m.insertDur, m.commitDur, m.lag)
 	}
 	return m
 }
