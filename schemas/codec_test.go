@@ -788,7 +788,7 @@ func TestParserMatchesSchemaOnSeeds(t *testing.T) {
 }
 
 // FuzzParserMatchesSchema: go test -fuzz=FuzzParserMatchesSchema ./schemas/
-// (CI runs it for 45 s.)
+// (CI runs it for 60 s.)
 func FuzzParserMatchesSchema(f *testing.F) {
 	for _, d := range seedDocs() {
 		f.Add([]byte(d))
