@@ -4,7 +4,7 @@ GO ?= go
 .PHONY: test test-short build
 
 # Everything: vet, then every test against real servers (kfake, embedded
-# NATS, and a local ClickHouse that internal/testenv starts, or the one in
+# NATS, and a local ClickHouse that internal/dev/testenv starts, or the one in
 # TRACE_TEST_CLICKHOUSE).
 test: setup-test
 	$(GO) vet ./...

@@ -26,11 +26,12 @@ func BuiltinDictionaryYAML(name string) ([]byte, error) {
 }
 
 // BuiltinDictionaries parses every embedded dictionary: today
-// dictionaries/tau-tools.yaml, the τ²-style tool-environment dictionary for
-// sim-airline and sim-retail, every agent version ("*"), version 1, with the
-// capabilities precondition_verification, argument_grounding,
-// multi_step_completion, tool_error_recovery and user_confirmation, each with
-// a CEL detector for the rules labeler. Every call returns fresh copies.
+// dictionaries/tau-tools.yaml, the default dictionary (every environment
+// "*", every agent version "*", version 1) with the capabilities
+// precondition_verification, argument_grounding, multi_step_completion,
+// tool_error_recovery and user_confirmation, each with a CEL detector for
+// the rules labeler that reads only tool calls, their results and grader
+// reasons. Every call returns fresh copies.
 func BuiltinDictionaries() ([]*Dictionary, error) {
 	var out []*Dictionary
 	for _, name := range BuiltinDictionaryFiles() {
@@ -47,17 +48,21 @@ func BuiltinDictionaries() ([]*Dictionary, error) {
 	return out, nil
 }
 
-// BuiltinDictionary returns the embedded dictionary of an environment (for
-// every agent version), or nil.
+// BuiltinDictionary returns the embedded dictionary that labels an
+// environment (its own, else the default for every environment), or nil.
 func BuiltinDictionary(environment string) (*Dictionary, error) {
 	ds, err := BuiltinDictionaries()
 	if err != nil {
 		return nil, err
 	}
+	var def *Dictionary
 	for _, d := range ds {
-		if d.Environment == environment {
+		switch d.Environment {
+		case environment:
 			return d, nil
+		case AnyEnvironment:
+			def = d
 		}
 	}
-	return nil, nil
+	return def, nil
 }

@@ -2,6 +2,7 @@ package analyzer
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -80,15 +81,9 @@ func NewDiscoverer(client ChatClient, cfg DiscoverConfig) (*Discoverer, error) {
 	if client == nil {
 		return nil, errors.New("discoverer: client is nil")
 	}
-	if cfg.MaxRollouts == 0 {
-		cfg.MaxRollouts = DefaultDiscoverMaxRollouts
-	}
-	if cfg.MaxTranscriptChars == 0 {
-		cfg.MaxTranscriptChars = DefaultDiscoverMaxTranscriptChars
-	}
-	if cfg.MaxTokens == 0 {
-		cfg.MaxTokens = DefaultDiscoverMaxTokens
-	}
+	cfg.MaxRollouts = cmp.Or(cfg.MaxRollouts, DefaultDiscoverMaxRollouts)
+	cfg.MaxTranscriptChars = cmp.Or(cfg.MaxTranscriptChars, DefaultDiscoverMaxTranscriptChars)
+	cfg.MaxTokens = cmp.Or(cfg.MaxTokens, DefaultDiscoverMaxTokens)
 	if cfg.MaxRollouts < 2 || cfg.MaxTranscriptChars < 0 || cfg.MaxTokens < 0 {
 		return nil, fmt.Errorf("discoverer: MaxRollouts must be >= 2 and the other limits >= 0 (got %d, %d, %d)", cfg.MaxRollouts, cfg.MaxTranscriptChars, cfg.MaxTokens)
 	}
@@ -144,12 +139,8 @@ type DiscoverPromptDictionary struct {
 func (g *Discoverer) Discover(ctx context.Context, req DiscoveryRequest) (*Dictionary, error) {
 	env, agent, version := req.Environment, req.AgentVersion, uint32(1)
 	if req.Previous != nil {
-		if env == "" {
-			env = req.Previous.Environment
-		}
-		if agent == "" {
-			agent = req.Previous.AgentVersion
-		}
+		env = cmp.Or(env, req.Previous.Environment)
+		agent = cmp.Or(agent, req.Previous.AgentVersion)
 		version = req.Previous.Version + 1
 	}
 	if env == "" || agent == "" {

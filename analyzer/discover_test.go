@@ -11,8 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/traceops/trace/internal/dev/llmtest"
 	"github.com/traceops/trace/internal/llm"
-	"github.com/traceops/trace/internal/llmtest"
 	"github.com/traceops/trace/schemas"
 )
 

@@ -1,24 +1,24 @@
 package analyzer
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"log/slog"
 	"sync"
 	"time"
-
-	"github.com/traceops/trace/sink"
 )
 
 // DiscoveryRunner runs the discovery agent where TRACE says to: for an
-// (environment, agent version) that has no dictionary (Request, called by the
-// labeling stage), and for a cohort whose window has too many failures that
+// (environment, agent version) that has no dictionary of its own (Request,
+// called by the labeling stage, also while the default dictionary labels
+// it), and for a cohort whose window has too many failures that
 // no LACKING label explains (checked every Interval). A scope is rediscovered
 // at most once per Cooldown. The new dictionary is stored and announced by
 // Apply, and every analyzer picks it up.
 type DiscoveryRunner struct {
 	Discoverer *Discoverer
-	Store      *sink.Store
+	Store      DiscoveryStore
 	Registry   *Registry
 	// Apply stores and announces a new dictionary version.
 	Apply func(ctx context.Context, d *Dictionary) error
@@ -45,24 +45,12 @@ func (d *DiscoveryRunner) init() {
 	if d.pending == nil {
 		d.pending, d.last, d.kick = map[[2]string]bool{}, map[[2]string]time.Time{}, make(chan struct{}, 1)
 	}
-	if d.Threshold == 0 {
-		d.Threshold = DefaultUnexplainedThreshold
-	}
-	if d.MinFailures == 0 {
-		d.MinFailures = 20
-	}
-	if d.Window == 0 {
-		d.Window = 24 * time.Hour
-	}
-	if d.Interval == 0 {
-		d.Interval = time.Minute
-	}
-	if d.Cooldown == 0 {
-		d.Cooldown = time.Hour
-	}
-	if d.Sample == 0 {
-		d.Sample = 10
-	}
+	d.Threshold = cmp.Or(d.Threshold, DefaultUnexplainedThreshold)
+	d.MinFailures = cmp.Or(d.MinFailures, 20)
+	d.Window = cmp.Or(d.Window, 24*time.Hour)
+	d.Interval = cmp.Or(d.Interval, time.Minute)
+	d.Cooldown = cmp.Or(d.Cooldown, time.Hour)
+	d.Sample = cmp.Or(d.Sample, 10)
 }
 
 // Request asks for a dictionary for a scope that has none. Cheap and safe to
@@ -103,6 +91,17 @@ func (d *DiscoveryRunner) Run(ctx context.Context) error {
 		d.mu.Unlock()
 		retry := false
 		for _, k := range todo {
+			d.mu.Lock()
+			recent := time.Since(d.last[k]) < d.Cooldown
+			d.mu.Unlock()
+			if recent {
+				// Asked again within the cooldown (every rollout labeled by the
+				// default dictionary asks): the cooldown is not extended.
+				d.mu.Lock()
+				delete(d.pending, k)
+				d.mu.Unlock()
+				continue
+			}
 			err := d.discover(ctx, k[0], k[1])
 			if errors.Is(err, errNoFailures) {
 				retry = true // its rollouts are not in ClickHouse yet: try again shortly
@@ -129,18 +128,19 @@ func (d *DiscoveryRunner) Run(ctx context.Context) error {
 
 // checkCohorts queues cohorts whose failures the dictionary no longer explains.
 func (d *DiscoveryRunner) checkCohorts(ctx context.Context) {
-	since := time.Now().Add(-d.Window)
-	cohorts, err := d.Store.Cohorts(ctx, since)
+	// Each cohort's window ends at its watermark (event time), as the
+	// evaluator's does.
+	marks, err := d.Store.Watermarks(ctx, nil)
 	if err != nil {
 		d.Log.Warn("discovery: list cohorts", "err", err)
 		return
 	}
-	for _, c := range cohorts {
+	for c, wm := range marks {
 		cur := d.Registry.Resolve(c.Environment, c.AgentVersion)
 		if cur == nil || cur.Version != c.DictionaryVersion {
 			continue // an older dictionary's labels: the current one is judged on its own
 		}
-		failures, unexplained, err := d.Store.UnexplainedFailures(ctx, c, since)
+		failures, unexplained, err := d.Store.UnexplainedFailures(ctx, c, wm.Add(-d.Window))
 		if err != nil {
 			d.Log.Warn("discovery: unexplained failures", "cohort", c.String(), "err", err)
 			continue

@@ -1,6 +1,7 @@
 package analyzer
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -13,7 +14,6 @@ import (
 	"github.com/cenkalti/backoff/v4"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/traceops/trace/internal/bus"
 	"github.com/traceops/trace/schemas"
 	"github.com/traceops/trace/sink"
 )
@@ -27,8 +27,10 @@ type EvalConfig struct {
 	// labeled in all N runs take part (see sink.WindowSpec.Runs).
 	K int `koanf:"k"` // default 8
 	N int `koanf:"n"` // default 10
-	// Window: the last WindowHours of rollouts (by end time), and, when
-	// WindowRollouts > 0, only the most recent WindowRollouts of them.
+	// Window: a cohort's rollouts that ended within Window of its
+	// watermark (the end time of its newest labeled rollout: event time,
+	// not the wall clock), and, when WindowRollouts > 0, only the
+	// WindowRollouts of them that ended last.
 	Window         time.Duration `koanf:"window"`          // default 24h
 	WindowRollouts int           `koanf:"window_rollouts"` // default 0 (all in the time window)
 	MinFailures    int           `koanf:"min_failures"`    // default 20: no decision below
@@ -44,36 +46,16 @@ type EvalConfig struct {
 
 // WithDefaults fills unset fields.
 func (c EvalConfig) WithDefaults() EvalConfig {
-	if c.Rho == 0 {
-		c.Rho = DefaultThresholds.Rho
-	}
-	if c.Delta == 0 {
-		c.Delta = DefaultThresholds.Delta
-	}
-	if c.K == 0 {
-		c.K = DefaultThresholds.K
-	}
-	if c.N == 0 {
-		c.N = 10
-	}
-	if c.Window == 0 {
-		c.Window = 24 * time.Hour
-	}
-	if c.MinFailures == 0 {
-		c.MinFailures = 20
-	}
-	if c.RearmAfter == 0 {
-		c.RearmAfter = time.Hour
-	}
-	if c.Interval == 0 {
-		c.Interval = 10 * time.Second
-	}
-	if c.Settle == 0 {
-		c.Settle = 300 * time.Millisecond
-	}
-	if c.MaxDelay == 0 {
-		c.MaxDelay = time.Second
-	}
+	c.Rho = cmp.Or(c.Rho, DefaultThresholds.Rho)
+	c.Delta = cmp.Or(c.Delta, DefaultThresholds.Delta)
+	c.K = cmp.Or(c.K, DefaultThresholds.K)
+	c.N = cmp.Or(c.N, 10)
+	c.Window = cmp.Or(c.Window, 24*time.Hour)
+	c.MinFailures = cmp.Or(c.MinFailures, 20)
+	c.RearmAfter = cmp.Or(c.RearmAfter, time.Hour)
+	c.Interval = cmp.Or(c.Interval, 10*time.Second)
+	c.Settle = cmp.Or(c.Settle, 300*time.Millisecond)
+	c.MaxDelay = cmp.Or(c.MaxDelay, time.Second)
 	return c
 }
 
@@ -97,9 +79,27 @@ func (c EvalConfig) Validate() error {
 	return nil
 }
 
-// Publisher delivers synthesis requests exactly once (see internal/bus).
+// Publisher delivers synthesis requests exactly once per trigger id. A
+// returned error means the request may not be delivered: the evaluator keeps
+// the trigger pending and retries. (internal/bus's Bus does this over NATS
+// JetStream; the wiring adapts it, see app.BusPublisher.)
 type Publisher interface {
-	PublishSynthesis(ctx context.Context, req *schemas.SynthesisRequest) (bus.PublishResult, error)
+	PublishSynthesis(ctx context.Context, req *schemas.SynthesisRequest) (PublishResult, error)
+}
+
+// PublishResult says what a Publisher did with a request.
+type PublishResult struct {
+	Published bool // a new message is in the stream
+	Duplicate bool // the stream had it already (same message id within the window)
+	Claimed   bool // another publisher had published it earlier
+}
+
+// PublisherFunc adapts a function to a Publisher.
+type PublisherFunc func(ctx context.Context, req *schemas.SynthesisRequest) (PublishResult, error)
+
+// PublishSynthesis calls f.
+func (f PublisherFunc) PublishSynthesis(ctx context.Context, req *schemas.SynthesisRequest) (PublishResult, error) {
+	return f(ctx, req)
 }
 
 // Evaluator recomputes the window statistics of cohorts whose labels changed
@@ -108,7 +108,7 @@ type Publisher interface {
 // ClickHouse trigger_events at start, so replicas and restarts agree.
 type Evaluator struct {
 	cfg   EvalConfig
-	store *sink.Store
+	store EvaluatorStore
 	pub   Publisher
 	reg   *Registry
 	log   *slog.Logger
@@ -122,15 +122,16 @@ type Evaluator struct {
 	last     map[sink.Cohort][]Result
 	tools    map[[2]string][]schemas.Tool // (env, agent version) -> the target's tool schemas
 	noTools  map[[2]string]time.Time      // cohorts whose rollouts had no tools, when last looked up
+	skewed   map[sink.Cohort]bool         // cohorts warned of a watermark in the future
 }
 
 // NewEvaluator builds an evaluator. Call Recover before Run.
-func NewEvaluator(cfg EvalConfig, st *sink.Store, pub Publisher, reg *Registry, log *slog.Logger, m *Metrics) *Evaluator {
+func NewEvaluator(cfg EvalConfig, st EvaluatorStore, pub Publisher, reg *Registry, log *slog.Logger, m *Metrics) *Evaluator {
 	if log == nil {
 		log = slog.Default()
 	}
 	return &Evaluator{cfg: cfg.WithDefaults(), store: st, pub: pub, reg: reg, log: log, now: time.Now, met: m,
-		dirty: map[sink.Cohort]dirtySpan{}, wake: make(chan struct{}, 1), triggers: map[TriggerKey]Trigger{}, last: map[sink.Cohort][]Result{}, tools: map[[2]string][]schemas.Tool{}, noTools: map[[2]string]time.Time{}}
+		dirty: map[sink.Cohort]dirtySpan{}, wake: make(chan struct{}, 1), triggers: map[TriggerKey]Trigger{}, last: map[sink.Cohort][]Result{}, tools: map[[2]string][]schemas.Tool{}, noTools: map[[2]string]time.Time{}, skewed: map[sink.Cohort]bool{}}
 }
 
 // Recover rebuilds every trigger from trigger_events.
@@ -189,7 +190,9 @@ func (e *Evaluator) Run(ctx context.Context) error {
 		case <-e.wake:
 		case <-timer.C:
 		case <-tick.C:
-			cohorts, err := e.store.Cohorts(ctx, e.now().Add(-e.cfg.Window))
+			// Every cohort, whatever its age: windows follow event time, and
+			// labels may have been written by another process (a backfill).
+			cohorts, err := e.store.Cohorts(ctx, time.Time{})
 			if err != nil {
 				e.log.Warn("analyzer: list cohorts", "err", err)
 				continue
@@ -309,7 +312,14 @@ func (e *Evaluator) Snapshot() map[sink.Cohort][]Result {
 // of them) and applies their triggers.
 func (e *Evaluator) Evaluate(ctx context.Context, cohorts ...sink.Cohort) error {
 	now := e.now()
-	spec := sink.MultiSpec{Cohorts: cohorts, Since: now.Add(-e.cfg.Window), LastRollouts: e.cfg.WindowRollouts, Runs: e.cfg.N}
+	// Each cohort's window follows its own event time: it ends at the
+	// cohort's watermark (its newest labeled rollout's end time), not at the
+	// wall clock, so replayed history decides as it did live.
+	spec, marks, err := e.store.EventSpec(ctx, cohorts, e.cfg.Window, e.cfg.WindowRollouts, e.cfg.N)
+	if err != nil {
+		return err
+	}
+	e.warnFuture(now, marks)
 	infos, err := e.store.WindowInfoMulti(ctx, spec)
 	if err != nil {
 		return err
@@ -325,7 +335,7 @@ func (e *Evaluator) Evaluate(ctx context.Context, cohorts ...sink.Cohort) error 
 	var evs []sink.TriggerEvent
 	var steps []transition
 	for _, c := range cohorts {
-		ce, cs, err := e.apply(ctx, now, spec, c, infos[c], counts[c])
+		ce, cs, err := e.apply(ctx, now, spec.Ranges[c], c, infos[c], counts[c])
 		evs, steps = append(evs, ce...), append(steps, cs...)
 		if err != nil {
 			return err
@@ -342,13 +352,34 @@ func (e *Evaluator) Evaluate(ctx context.Context, cohorts ...sink.Cohort) error 
 	return nil
 }
 
+// FutureSkew is how far ahead of the wall clock a watermark may be before
+// the evaluator warns of clock skew (the window still follows it).
+const FutureSkew = 5 * time.Minute
+
+// warnFuture logs, once per cohort, a watermark ahead of the wall clock.
+func (e *Evaluator) warnFuture(now time.Time, marks map[sink.Cohort]time.Time) {
+	for c, wm := range marks {
+		if wm.Sub(now) <= FutureSkew {
+			continue
+		}
+		e.mu.Lock()
+		seen := e.skewed[c]
+		e.skewed[c] = true
+		e.mu.Unlock()
+		if !seen {
+			e.log.Warn("analyzer: a rollout ends in the future (clock skew?); the cohort's window ends at it", "cohort", c.String(),
+				"watermark", wm.Format(time.RFC3339), "ahead", wm.Sub(now).Round(time.Second).String())
+		}
+	}
+}
+
 type transition struct {
 	key  TriggerKey
 	next Trigger
 }
 
 // apply runs one cohort's triggers on its window statistics.
-func (e *Evaluator) apply(ctx context.Context, now time.Time, spec sink.MultiSpec, c sink.Cohort, info sink.WindowInfo, counts []sink.RunCounts) (evs []sink.TriggerEvent, steps []transition, err error) {
+func (e *Evaluator) apply(ctx context.Context, now time.Time, win sink.Range, c sink.Cohort, info sink.WindowInfo, counts []sink.RunCounts) (evs []sink.TriggerEvent, steps []transition, err error) {
 	dict := e.reg.Version(c.Environment, c.AgentVersion, c.DictionaryVersion)
 	inputs, runs := CohortInputs(counts, dict)
 	results := Select(inputs, Thresholds{Rho: e.cfg.Rho, Delta: e.cfg.Delta, K: e.cfg.K})
@@ -376,7 +407,7 @@ func (e *Evaluator) apply(ctx context.Context, now time.Time, spec sink.MultiSpe
 			TriggerID: TriggerID(k, next.Epoch), Environment: c.Environment, AgentVersion: c.AgentVersion,
 			DictionaryVersion: c.DictionaryVersion, Capability: r.Name, Epoch: next.Epoch, Event: string(act), At: now,
 			MeanCov: r.MeanCov, MeanDelta: r.MeanDelta, RunsPassed: uint16(r.RunsPassed), RunsTotal: uint16(r.RunsTotal),
-			Window: schemas.Window{Start: spec.Since, End: now, Rollouts: info.Rollouts, Failures: info.Failures},
+			Window: schemas.Window{Start: win.From, End: win.To, Rollouts: info.Rollouts, Failures: info.Failures},
 		}
 		if act == ActFire {
 			if tools == nil {

@@ -9,7 +9,7 @@ import (
 	"sort"
 	"testing"
 
-	"github.com/traceops/trace/internal/simulate"
+	"github.com/traceops/trace/internal/dev/simulate"
 	"github.com/traceops/trace/schemas"
 )
 
@@ -41,7 +41,7 @@ func TestFleetSelection(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				// (internal/simulate's tests validate every rollout against the
+				// (internal/dev/simulate's tests validate every rollout against the
 				// schema; a plain decode keeps this test fast.)
 				dec := &schemas.Rollout{}
 				if err := json.Unmarshal(b, dec); err != nil {
@@ -186,12 +186,13 @@ func builtinByEnv(t *testing.T) map[string]*Dictionary {
 	if err != nil {
 		t.Fatal(err)
 	}
-	out := map[string]*Dictionary{}
+	reg := NewRegistry()
 	for _, d := range ds {
-		out[d.Environment] = d
+		reg.Put(d)
 	}
+	out := map[string]*Dictionary{}
 	for _, env := range simulate.Environments {
-		if out[env] == nil {
+		if out[env] = reg.Resolve(env, "1.4.0"); out[env] == nil {
 			t.Fatalf("no built-in dictionary for %s", env)
 		}
 	}

@@ -14,8 +14,10 @@ import (
 
 	"github.com/traceops/trace/analyzer"
 	"github.com/traceops/trace/ingest"
+	"github.com/traceops/trace/internal/app"
 	"github.com/traceops/trace/internal/bus"
-	"github.com/traceops/trace/internal/testenv"
+	"github.com/traceops/trace/internal/dev/testenv"
+	"github.com/traceops/trace/internal/stream"
 	"github.com/traceops/trace/schemas"
 	"github.com/traceops/trace/sink"
 )
@@ -56,8 +58,8 @@ func BenchmarkTriggerLatency(b *testing.B) {
 			b.Fatal(err)
 		}
 		ev := analyzer.NewEvaluator(analyzer.EvalConfig{K: 1, N: 1, MinFailures: minFailures, Interval: time.Minute,
-			Settle: 100 * time.Millisecond, MaxDelay: 400 * time.Millisecond}, st, bs, analyzer.NewRegistry(), nil, nil)
-		cons, err := ingest.NewConsumer(ingest.Config{Brokers: brokers, Topic: topic, GroupID: "bench", Stage: "labels",
+			Settle: 100 * time.Millisecond, MaxDelay: 400 * time.Millisecond}, st, app.BusPublisher{Bus: bs}, analyzer.NewRegistry(), nil, nil)
+		cons, err := stream.NewConsumer(stream.Config{Brokers: brokers, Topic: topic, GroupID: "bench", Stage: "labels",
 			BatchRows: 2000, BatchTimeout: 100 * time.Millisecond}, ingest.DecodeLabel, &analyzer.LabelEventSink{Store: st, Evaluator: ev}, nil, nil)
 		if err != nil {
 			b.Fatal(err)

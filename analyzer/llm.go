@@ -2,6 +2,7 @@ package analyzer
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/binary"
@@ -162,9 +163,7 @@ func NewLLMLabeler(client ChatClient, cfg LLMLabelerConfig) (*LLMLabeler, error)
 	if client == nil {
 		return nil, errors.New("llm labeler: client is nil")
 	}
-	if cfg.Runs == 0 {
-		cfg.Runs = DefaultLLMRuns
-	}
+	cfg.Runs = cmp.Or(cfg.Runs, DefaultLLMRuns)
 	if cfg.Runs < 1 || cfg.Runs > 1000 {
 		return nil, fmt.Errorf("llm labeler: Runs must be in [1, 1000], got %d", cfg.Runs)
 	}
@@ -175,9 +174,7 @@ func NewLLMLabeler(client ChatClient, cfg LLMLabelerConfig) (*LLMLabeler, error)
 	if cfg.MaxTokens < 0 {
 		return nil, fmt.Errorf("llm labeler: MaxTokens must be >= 0, got %d", cfg.MaxTokens)
 	}
-	if cfg.MaxTranscriptChars == 0 {
-		cfg.MaxTranscriptChars = DefaultMaxTranscriptChars
-	}
+	cfg.MaxTranscriptChars = cmp.Or(cfg.MaxTranscriptChars, DefaultMaxTranscriptChars)
 	if cfg.Prompts == nil {
 		cfg.Prompts = prompts.Default()
 	}
@@ -193,6 +190,23 @@ func (l *LLMLabeler) Name() string { return schemas.SourceLLM }
 
 // Runs implements Labeler.
 func (l *LLMLabeler) Runs() int { return l.cfg.Runs }
+
+// Estimate is the cost of one labeling run of r: its prompt's tokens
+// (about 4 characters a token) and the completion token cap.
+func (l *LLMLabeler) Estimate(d *Dictionary, r *schemas.Rollout) (promptTokens, maxCompletion int, err error) {
+	msgs, err := l.Prompt(d, r)
+	if err != nil {
+		return 0, 0, err
+	}
+	for _, m := range msgs {
+		promptTokens += (len(m.Content) + 3) / 4
+	}
+	maxCompletion = l.cfg.MaxTokens
+	if maxCompletion == 0 {
+		maxCompletion = 200 + 100*len(d.Capabilities)
+	}
+	return promptTokens, maxCompletion, nil
+}
 
 // ShouldLabel reports whether r is in the labeler's sample.
 func (l *LLMLabeler) ShouldLabel(r *schemas.Rollout) bool { return l.cfg.SampleRate.ShouldLabel(r) }
@@ -233,9 +247,7 @@ func (l *LLMLabeler) Label(ctx context.Context, d *Dictionary, r *schemas.Rollou
 	}
 	schema := LabelSchema(d)
 	maxTokens := l.cfg.MaxTokens
-	if maxTokens == 0 {
-		maxTokens = 200 + 100*len(d.Capabilities)
-	}
+	maxTokens = cmp.Or(maxTokens, 200+100*len(d.Capabilities))
 	validate := func(content string) error {
 		_, err := ParseLabelAnswer(d, content)
 		return err

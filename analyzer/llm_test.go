@@ -17,8 +17,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/traceops/trace/internal/dev/llmtest"
 	"github.com/traceops/trace/internal/llm"
-	"github.com/traceops/trace/internal/llmtest"
 	"github.com/traceops/trace/prompts"
 	"github.com/traceops/trace/schemas"
 	"github.com/traceops/trace/sink"
@@ -76,7 +76,7 @@ func allLabels(d *Dictionary, label string) []llmtest.Label {
 	return out
 }
 
-func auditOutcomes(calls []sink.LLMCall) []string {
+func auditOutcomes(calls []llm.AuditRecord) []string {
 	out := make([]string, len(calls))
 	for i, c := range calls {
 		out[i] = c.Outcome

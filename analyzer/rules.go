@@ -6,6 +6,7 @@ package analyzer
 // documented in docs/dictionary.md; keep the two in sync.
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -90,9 +91,7 @@ func NewRulesLabeler(opt RulesOptions) *RulesLabeler {
 	if l.prefixes == nil {
 		l.prefixes = DefaultWritePrefixes
 	}
-	if l.cost == 0 {
-		l.cost = DefaultRulesCostLimit
-	}
+	l.cost = cmp.Or(l.cost, DefaultRulesCostLimit)
 	return l
 }
 
@@ -255,9 +254,7 @@ func RuleVariables(r *schemas.Rollout, writePrefixes []string) map[string]any {
 		for _, tc := range m.ToolCalls {
 			args := normalizeMap(tc.Arguments)
 			req := tc.Requestor
-			if req == "" {
-				req = "assistant"
-			}
+			req = cmp.Or(req, "assistant")
 			call := map[string]any{
 				"index": int64(i), "seq": int64(len(calls)), "id": tc.ID, "name": tc.Name,
 				"args": args, "arg_values": argValues(args), "requestor": req,

@@ -11,7 +11,7 @@ import (
 	"testing"
 
 	"github.com/traceops/trace/ingest"
-	"github.com/traceops/trace/internal/shareddata"
+	"github.com/traceops/trace/internal/dev/shareddata"
 	"github.com/traceops/trace/schemas"
 )
 
@@ -439,11 +439,12 @@ func TestBuiltinDictionaries(t *testing.T) {
 			t.Error(err)
 		}
 	}
-	if !slices.Equal(envs, []string{"sim-airline", "sim-retail"}) {
+	// One default dictionary, for every environment and agent version.
+	if !slices.Equal(envs, []string{AnyEnvironment}) || !ds[0].IsDefault() {
 		t.Errorf("environments %v", envs)
 	}
-	if d, err := BuiltinDictionary("nowhere"); d != nil || err != nil {
-		t.Errorf("BuiltinDictionary(nowhere) = %v, %v", d, err)
+	if d, err := BuiltinDictionary("nowhere"); d == nil || err != nil || !d.IsDefault() {
+		t.Errorf("BuiltinDictionary(nowhere) = %v, %v; want the default", d, err)
 	}
 	b, err := BuiltinDictionaryYAML("dictionaries/tau-tools.yaml")
 	if err != nil || !strings.Contains(string(b), "precondition_verification") {

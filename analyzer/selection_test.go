@@ -9,7 +9,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/traceops/trace/internal/shareddata"
+	"github.com/traceops/trace/internal/dev/shareddata"
 	"github.com/traceops/trace/schemas"
 )
 

@@ -4,15 +4,16 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"sync"
 
 	"golang.org/x/sync/errgroup"
 
-	"github.com/traceops/trace/ingest"
+	"github.com/traceops/trace/internal/stream"
 	"github.com/traceops/trace/schemas"
 	"github.com/traceops/trace/sink"
 )
 
-// LabelingSink is the analyze stage's ingest.Sink for rollouts: it labels each
+// LabelingSink is the analyze stage's stream.Sink for rollouts: it labels each
 // rollout of a batch against its cohort's dictionary, writes the labels to
 // ClickHouse in one block, and then tells the evaluator which cohorts changed.
 //
@@ -23,7 +24,7 @@ import (
 type LabelingSink struct {
 	Labeler     Labeler
 	Registry    *Registry
-	Store       *sink.Store
+	Store       LabelStore
 	Evaluator   *Evaluator // may be nil
 	Concurrency int        // rollouts labeled at once; default 8
 	Log         *slog.Logger
@@ -31,12 +32,38 @@ type LabelingSink struct {
 	// ShouldLabel, when set, samples rollouts (per outcome); nil labels all.
 	ShouldLabel func(*schemas.Rollout) bool
 	// OnMissingDictionary is called for a rollout whose cohort has no
-	// dictionary (for example to schedule discovery). The rollout is skipped.
+	// dictionary of its own (for example to schedule discovery): none at
+	// all, and the rollout is skipped, or only the default (environment
+	// "*"), which labels it meanwhile.
 	OnMissingDictionary func(env, agentVersion string)
+
+	chosen sync.Map // (env, agent version) -> "scope vN": the last choice logged
 }
 
-// Write implements ingest.Sink.
-func (s *LabelingSink) Write(ctx context.Context, batch []ingest.Record[*schemas.Rollout]) error {
+// logChoice logs, once per cohort and dictionary, which dictionary labels
+// it and why.
+func (s *LabelingSink) logChoice(env, agentVersion string, d *Dictionary) {
+	if s.Log == nil {
+		return
+	}
+	k := [2]string{env, agentVersion}
+	choice := fmt.Sprintf("%s v%d", d.Scope(), d.Version)
+	if prev, loaded := s.chosen.Swap(k, choice); loaded && prev == choice {
+		return
+	}
+	why := "its own dictionary"
+	switch {
+	case d.IsDefault():
+		why = "the default dictionary: no dictionary of its own (write one and `trace dict apply FILE --backfill`, or configure llm.base_url for discovery)"
+	case d.AgentVersion == AnyVersion && agentVersion != AnyVersion:
+		why = "its environment's dictionary for every agent version"
+	}
+	s.Log.Info("analyzer: dictionary chosen for cohort", "environment", env, "agent_version", agentVersion,
+		"dictionary", d.Scope(), "dictionary_version", d.Version, "source", d.Source, "why", why)
+}
+
+// Write implements stream.Sink.
+func (s *LabelingSink) Write(ctx context.Context, batch []stream.Record[*schemas.Rollout]) error {
 	events := make([][]schemas.LabelEvent, len(batch))
 	runRecs := make([][]sink.LabelRun, len(batch))
 	record := s.Labeler.Runs() > 1 || s.Labeler.Name() == schemas.SourceLLM
@@ -49,12 +76,13 @@ func (s *LabelingSink) Write(ctx context.Context, batch []ingest.Record[*schemas
 	for i, rec := range batch {
 		r := rec.Value
 		d := s.Registry.Resolve(r.Environment, r.Agent.Version)
+		if (d == nil || d.IsDefault()) && s.OnMissingDictionary != nil {
+			s.OnMissingDictionary(r.Environment, r.Agent.Version)
+		}
 		if d == nil {
-			if s.OnMissingDictionary != nil {
-				s.OnMissingDictionary(r.Environment, r.Agent.Version)
-			}
 			continue
 		}
+		s.logChoice(r.Environment, r.Agent.Version, d)
 		if s.Evaluator != nil {
 			s.Evaluator.ObserveTools(r.Environment, r.Agent.Version, r.Tools)
 		}
@@ -70,7 +98,10 @@ func (s *LabelingSink) Write(ctx context.Context, batch []ingest.Record[*schemas
 			}
 			kept := runs[:0]
 			for _, rl := range runs {
-				if record {
+				// Every failed run is recorded (trace report says why a
+				// cohort has no labels); valid runs of non-deterministic
+				// labelers too, so that they are never labeled twice.
+				if record || rl.Failed != "" {
 					lr := sink.LabelRun{Environment: r.Environment, AgentVersion: r.Agent.Version, DictionaryVersion: d.Version,
 						RolloutID: r.RolloutID, Run: uint16(rl.Run), Labeler: s.Labeler.Name(), Status: "ok", Reason: rl.Failed, At: r.EndTime}
 					if rl.Failed != "" {
@@ -111,23 +142,23 @@ func (s *LabelingSink) Write(ctx context.Context, batch []ingest.Record[*schemas
 	}
 	if err := s.Store.InsertLabelRuns(ctx, lrs); err != nil {
 		if !sink.IsRetryable(err) {
-			return ingest.Fatal(err)
+			return stream.Fatal(err)
 		}
 		return err
 	}
 	return nil
 }
 
-// LabelEventSink is the ingest.Sink of the external label topic
+// LabelEventSink is the stream.Sink of the external label topic
 // (trace.labels): events are validated by the decoder and written as they are.
 type LabelEventSink struct {
-	Store     *sink.Store
+	Store     LabelStore
 	Evaluator *Evaluator
 	Metrics   *Metrics
 }
 
-// Write implements ingest.Sink.
-func (s *LabelEventSink) Write(ctx context.Context, batch []ingest.Record[*schemas.LabelEvent]) error {
+// Write implements stream.Sink.
+func (s *LabelEventSink) Write(ctx context.Context, batch []stream.Record[*schemas.LabelEvent]) error {
 	rows := make([]sink.LabelRow, len(batch))
 	for i, rec := range batch {
 		rows[i] = sink.LabelRowFrom(rec.Value)
@@ -135,13 +166,13 @@ func (s *LabelEventSink) Write(ctx context.Context, batch []ingest.Record[*schem
 	return writeLabels(ctx, s.Store, s.Evaluator, s.Metrics, schemas.SourceExternal, rows)
 }
 
-func writeLabels(ctx context.Context, st *sink.Store, ev *Evaluator, m *Metrics, source string, rows []sink.LabelRow) error {
+func writeLabels(ctx context.Context, st LabelStore, ev *Evaluator, m *Metrics, source string, rows []sink.LabelRow) error {
 	if len(rows) == 0 {
 		return nil
 	}
 	if err := st.InsertLabels(ctx, rows); err != nil {
 		if !sink.IsRetryable(err) {
-			return ingest.Fatal(err)
+			return stream.Fatal(err)
 		}
 		return err
 	}

@@ -17,9 +17,11 @@ import (
 
 	"github.com/traceops/trace/analyzer"
 	"github.com/traceops/trace/ingest"
+	"github.com/traceops/trace/internal/app"
 	"github.com/traceops/trace/internal/bus"
-	"github.com/traceops/trace/internal/shareddata"
-	"github.com/traceops/trace/internal/testenv"
+	"github.com/traceops/trace/internal/dev/shareddata"
+	"github.com/traceops/trace/internal/dev/testenv"
+	"github.com/traceops/trace/internal/stream"
 	"github.com/traceops/trace/schemas"
 	"github.com/traceops/trace/sink"
 )
@@ -88,11 +90,11 @@ func (g *goldenEnv) publish(t *testing.T) {
 
 // replica is one analyzer process: a label consumer and an evaluator.
 func (g *goldenEnv) replica(t *testing.T, ctx context.Context, wg *sync.WaitGroup, group string) *analyzer.Evaluator {
-	ev := analyzer.NewEvaluator(analyzer.EvalConfig{Interval: 500 * time.Millisecond}, g.store, g.bus, g.reg, nil, nil)
+	ev := analyzer.NewEvaluator(analyzer.EvalConfig{Interval: 500 * time.Millisecond}, g.store, app.BusPublisher{Bus: g.bus}, g.reg, nil, nil)
 	if err := ev.Recover(ctx); err != nil {
 		t.Fatal(err)
 	}
-	c, err := ingest.NewConsumer(ingest.Config{Brokers: g.brokers, Topic: g.topic, GroupID: group, Stage: "analyze",
+	c, err := stream.NewConsumer(stream.Config{Brokers: g.brokers, Topic: g.topic, GroupID: group, Stage: "analyze",
 		BatchRows: 20000, BatchTimeout: 2 * time.Second}, ingest.DecodeLabel,
 		&analyzer.LabelEventSink{Store: g.store, Evaluator: ev}, nil, nil)
 	if err != nil {
@@ -246,7 +248,7 @@ func TestTriggerSurvivesNATSOutage(t *testing.T) {
 	deadline := time.Now().Add(60 * time.Second)
 	for {
 		var n uint64
-		g.store.Conn().QueryRow(context.Background(), "SELECT count() FROM capability_labels").Scan(&n)
+		testenv.StoreConn(t, g.store).QueryRow(context.Background(), "SELECT count() FROM capability_labels").Scan(&n)
 		if n >= uint64(len(g.events)) {
 			break
 		}
@@ -257,13 +259,13 @@ func TestTriggerSurvivesNATSOutage(t *testing.T) {
 	}
 	time.Sleep(3 * time.Second) // evaluations fail and back off meanwhile
 	var fired uint64
-	g.store.Conn().QueryRow(context.Background(), "SELECT count() FROM trigger_events WHERE event = 'fired'").Scan(&fired)
+	testenv.StoreConn(t, g.store).QueryRow(context.Background(), "SELECT count() FROM trigger_events WHERE event = 'fired'").Scan(&fired)
 	if fired != 0 {
 		t.Fatalf("%d triggers recorded as fired while NATS was down", fired)
 	}
 	g.nats.Restart()
 	g.check(t, g.requests(t, 6))
-	g.store.Conn().QueryRow(context.Background(), "SELECT count() FROM trigger_events FINAL WHERE event = 'fired'").Scan(&fired)
+	testenv.StoreConn(t, g.store).QueryRow(context.Background(), "SELECT count() FROM trigger_events FINAL WHERE event = 'fired'").Scan(&fired)
 	if fired != 6 {
 		t.Fatalf("trigger_events has %d fired events, want 6", fired)
 	}

@@ -1,6 +1,7 @@
 package analyzer
 
 import (
+	"cmp"
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
@@ -64,9 +65,7 @@ const (
 // the action's effect (publish, record) succeeded, so a failed publish is
 // retried by the next evaluation.
 func (t Trigger) Observe(now time.Time, decided, selected bool, rearmAfter time.Duration) (Trigger, Action) {
-	if t.State == "" {
-		t.State = StateIdle
-	}
+	t.State = cmp.Or(t.State, StateIdle)
 	if !decided {
 		return t, ActNone
 	}

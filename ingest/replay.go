@@ -3,6 +3,7 @@ package ingest
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -204,9 +205,7 @@ func (r *Replayer) Replay(ctx context.Context, files []string) (Summary, error) 
 		return finish(errors.New("replay: no writer"))
 	}
 	format := r.Format
-	if format == "" {
-		format = FormatAuto
-	}
+	format = cmp.Or(format, FormatAuto)
 	switch format {
 	case FormatAuto, FormatRolloutJSONL, FormatTau2:
 	default:

@@ -17,15 +17,15 @@ import (
 	"github.com/segmentio/kafka-go"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
-	"github.com/traceops/trace/internal/shareddata"
-	"github.com/traceops/trace/internal/testenv"
+	"github.com/traceops/trace/internal/dev/shareddata"
+	"github.com/traceops/trace/internal/dev/testenv"
 	"github.com/traceops/trace/schemas"
 )
 
 // replayCodecZstd is the compression codec id in a Kafka RecordBatch's attributes.
 const replayCodecZstd = 4
 
-// replayBroker is the Kafka-protocol broker of a test (internal/testenv).
+// replayBroker is the Kafka-protocol broker of a test (internal/dev/testenv).
 type replayBroker struct {
 	addrs []string
 

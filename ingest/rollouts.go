@@ -3,12 +3,13 @@ package ingest
 import (
 	"context"
 
+	"github.com/traceops/trace/internal/stream"
 	"github.com/traceops/trace/schemas"
 	"github.com/traceops/trace/sink"
 )
 
 // DecodeRollout is the rollout Decoder with a size limit.
-func DecodeRollout(maxBytes int) Decoder[*schemas.Rollout] {
+func DecodeRollout(maxBytes int) stream.Decoder[*schemas.Rollout] {
 	opt := schemas.DecodeOptions{MaxBytes: maxBytes}
 	return func(b []byte) (*schemas.Rollout, error) { return schemas.DecodeRollout(b, opt) }
 }
@@ -28,7 +29,7 @@ func DecodeLabel(b []byte) (*schemas.LabelEvent, error) {
 // arguments and metadata are stored as JSON anyway, so the row is made from
 // their text in the input (sink.RawRolloutRow) rather than from decoded
 // values encoded again.
-func DecodeRolloutRow(maxBytes int) Decoder[*sink.RolloutRow] {
+func DecodeRolloutRow(maxBytes int) stream.Decoder[*sink.RolloutRow] {
 	opt := schemas.DecodeOptions{MaxBytes: maxBytes}
 	return func(b []byte) (*sink.RolloutRow, error) {
 		r, err := schemas.DecodeRawRollout(b, opt)
@@ -50,7 +51,7 @@ type RowSink struct {
 
 // Write implements Sink: the batch through one Stream. (A Consumer streams
 // instead; see StreamSink.)
-func (s *RowSink) Write(ctx context.Context, batch []Record[*sink.RolloutRow]) error {
+func (s *RowSink) Write(ctx context.Context, batch []stream.Record[*sink.RolloutRow]) error {
 	st, err := s.Begin(ctx)
 	if err != nil {
 		return err
@@ -64,7 +65,7 @@ func (s *RowSink) Write(ctx context.Context, batch []Record[*sink.RolloutRow]) e
 
 // Begin implements StreamSink: the batch is streamed into one INSERT, each
 // row dropped as soon as it is appended.
-func (s *RowSink) Begin(ctx context.Context) (Stream[*sink.RolloutRow], error) {
+func (s *RowSink) Begin(ctx context.Context) (stream.Stream[*sink.RolloutRow], error) {
 	ins, err := s.Store.BeginRollouts(ctx)
 	if err != nil {
 		return nil, classify(ctx, err)
@@ -77,7 +78,7 @@ type rowStream struct {
 	ins *sink.RolloutInsert
 }
 
-func (st *rowStream) Add(recs []Record[*sink.RolloutRow]) error {
+func (st *rowStream) Add(recs []stream.Record[*sink.RolloutRow]) error {
 	for _, rec := range recs {
 		row := rec.Value
 		row.Coord = sink.Coord{Topic: rec.Topic, Partition: rec.Partition, Offset: rec.Offset}
@@ -94,7 +95,7 @@ func (st *rowStream) Abort()        { st.ins.Abort() }
 // classify marks errors that retrying cannot fix as Fatal.
 func classify(ctx context.Context, err error) error {
 	if err != nil && !sink.IsRetryable(err) && ctx.Err() == nil {
-		return Fatal(err)
+		return stream.Fatal(err)
 	}
 	return err
 }

@@ -12,9 +12,10 @@ import (
 	"unicode/utf8"
 
 	"github.com/traceops/trace/ingest"
-	"github.com/traceops/trace/internal/shareddata"
-	"github.com/traceops/trace/internal/simulate"
-	"github.com/traceops/trace/internal/testenv"
+	"github.com/traceops/trace/internal/dev/shareddata"
+	"github.com/traceops/trace/internal/dev/simulate"
+	"github.com/traceops/trace/internal/dev/testenv"
+	"github.com/traceops/trace/internal/stream"
 	"github.com/traceops/trace/schemas"
 	"github.com/traceops/trace/sink"
 )
@@ -215,24 +216,25 @@ func TestRowSinkWrite(t *testing.T) {
 	ctx := context.Background()
 	dec := ingest.DecodeRolloutRow(0)
 	gen := simulate.New(simulate.Config{Seed: 3, Rollouts: 5, Start: time.Unix(1.7e9, 0), Interval: time.Second})
-	var batch []ingest.Record[*sink.RolloutRow]
+	var batch []stream.Record[*sink.RolloutRow]
 	for r := gen.Next(); r != nil; r = gen.Next() {
 		b, _ := json.Marshal(r)
 		row, err := dec(b)
 		if err != nil {
 			t.Fatal(err)
 		}
-		batch = append(batch, ingest.Record[*sink.RolloutRow]{Value: row, Topic: "t", Partition: 2, Offset: int64(100 + len(batch))})
+		batch = append(batch, stream.Record[*sink.RolloutRow]{Value: row, Topic: "t", Partition: 2, Offset: int64(100 + len(batch))})
 	}
 	if err := (&ingest.RowSink{Store: s}).Write(ctx, batch); err != nil {
 		t.Fatal(err)
 	}
 	var n uint64
 	var offsets int64
-	if err := s.Conn().QueryRow(ctx, "SELECT count(), sum(kafka_offset) FROM rollouts WHERE kafka_topic = 't' AND kafka_partition = 2").Scan(&n, &offsets); err != nil {
+	if err := testenv.StoreConn(t, s).QueryRow(ctx, "SELECT count(), sum(kafka_offset) FROM rollouts WHERE kafka_topic = 't' AND kafka_partition = 2").Scan(&n, &offsets); err != nil {
 		t.Fatal(err)
 	}
 	if n != 5 || offsets != 100+101+102+103+104 {
 		t.Fatalf("%d rows with offsets summing to %d, want 5 and 510", n, offsets)
 	}
 }
+

@@ -1,9 +1,8 @@
-// Package ingest brings rollouts into trace: converters from third-party
-// result formats (τ²-bench) and the replay of rollout files onto Kafka.
 package ingest
 
 import (
 	"bytes"
+	"cmp"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -347,12 +346,8 @@ type tau2Converter struct {
 func newTau2Converter(f *tau2File, opt Tau2Options) *tau2Converter {
 	ai := f.Info.AgentInfo
 	name := ai.LLM
-	if name == "" {
-		name = ai.Implementation
-	}
-	if name == "" {
-		name = "unknown"
-	}
+	name = cmp.Or(name, ai.Implementation)
+	name = cmp.Or(name, "unknown")
 	c := &tau2Converter{
 		f:     f,
 		opt:   opt,

@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/traceops/trace/internal/shareddata"
+	"github.com/traceops/trace/internal/dev/shareddata"
 	"github.com/traceops/trace/schemas"
 )
 

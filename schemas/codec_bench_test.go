@@ -4,8 +4,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/traceops/trace/internal/bench"
-	"github.com/traceops/trace/internal/shareddata"
+	"github.com/traceops/trace/internal/dev/bench"
+	"github.com/traceops/trace/internal/dev/shareddata"
 	"github.com/traceops/trace/schemas"
 	"github.com/traceops/trace/sink"
 )

@@ -14,7 +14,6 @@ import (
 	"bytes"
 	"embed"
 	"fmt"
-	"sort"
 	"strings"
 	"sync"
 
@@ -134,45 +133,13 @@ func Validate(k Kind, doc any) error {
 	if !ok {
 		return &Error{Reason: ReasonSchema, Msg: err.Error()}
 	}
-	leaves := leafErrors(ve, nil)
-	sort.SliceStable(leaves, func(i, j int) bool {
-		return strings.Join(leaves[i].InstanceLocation, "/") < strings.Join(leaves[j].InstanceLocation, "/")
-	})
-	e := leaves[0]
-	msgs := make([]string, 0, len(leaves))
-	for _, l := range leaves {
-		msgs = append(msgs, pointer(l.InstanceLocation)+": "+l.ErrorKind.LocalizedString(printer))
+	vs := Violations(ve)
+	msgs := make([]string, 0, len(vs))
+	for _, v := range vs {
+		msgs = append(msgs, v.Path+": "+v.Msg)
 	}
 	if len(msgs) > 5 {
 		msgs = append(msgs[:5], fmt.Sprintf("and %d more", len(msgs)-5))
 	}
-	return &Error{
-		Reason: ReasonSchema,
-		Path:   pointer(e.InstanceLocation),
-		Rule:   strings.Join(e.ErrorKind.KeywordPath(), "/"),
-		Msg:    strings.Join(msgs, "; "),
-	}
-}
-
-func leafErrors(e *jsonschema.ValidationError, out []*jsonschema.ValidationError) []*jsonschema.ValidationError {
-	if len(e.Causes) == 0 {
-		return append(out, e)
-	}
-	for _, c := range e.Causes {
-		out = leafErrors(c, out)
-	}
-	return out
-}
-
-func pointer(tokens []string) string {
-	if len(tokens) == 0 {
-		return "/"
-	}
-	var b strings.Builder
-	for _, t := range tokens {
-		b.WriteByte('/')
-		t = strings.ReplaceAll(t, "~", "~0")
-		b.WriteString(strings.ReplaceAll(t, "/", "~1"))
-	}
-	return b.String()
+	return &Error{Reason: ReasonSchema, Path: vs[0].Path, Rule: vs[0].Rule, Msg: strings.Join(msgs, "; ")}
 }

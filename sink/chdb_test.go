@@ -408,6 +408,7 @@ func TestChdbModernDialect(t *testing.T) {
 	t.Run("labels", func(t *testing.T) { chdbLabels(t, c, base) })
 	t.Run("rollouts", func(t *testing.T) { chdbRollouts(t, c, base.Add(-3*time.Hour)) })
 	t.Run("state", func(t *testing.T) { chdbState(t, c, base) })
+	t.Run("dashboard", func(t *testing.T) { chdbDashboard(t, c) })
 	t.Run("ttl", func(t *testing.T) { chdbTTL(t, c) })
 	t.Logf("total %s", time.Since(t0).Round(time.Millisecond))
 }
@@ -586,6 +587,28 @@ func chdbLabels(t *testing.T, c *chdbDB, base time.Time) {
 				cohortA: {Rollouts: 20, Failures: 10, First: base.Add(20 * time.Minute), Last: base.Add(39 * time.Minute)},
 				cohortB: {Rollouts: 3, Failures: 2, First: at(0), Last: at(2)},
 			}},
+		// Event-time ranges, one per cohort: the since-until case above as
+		// closed ranges ending at a cohort's own time.
+		{"ranges", MultiSpec{Cohorts: AB, Ranges: map[Cohort]Range{cohortA: {base.Add(20 * time.Minute), base.Add(39 * time.Minute)}, cohortB: {at(0), at(2)}}},
+			map[Cohort][]RunCounts{cohortA: {rc("cap_a", 0, 0, 5, 5, 0, 10, 0)}, cohortB: {
+				rc("cap_x", 0, 2, 0, 0, 0, 1, 0, "b0", "b1"),
+				rc("cap_x", 1, 2, 0, 0, 0, 1, 0, "b0", "b1"),
+				rc("cap_x", 2, 1, 1, 0, 0, 1, 0, "b0"),
+			}},
+			map[Cohort]WindowInfo{
+				cohortA: {Rollouts: 20, Failures: 10, First: base.Add(20 * time.Minute), Last: base.Add(39 * time.Minute)},
+				cohortB: {Rollouts: 3, Failures: 2, First: at(0), Last: at(2)},
+			}},
+		// A cohort without a range selects nothing.
+		{"ranges-one", MultiSpec{Cohorts: AB, Ranges: map[Cohort]Range{cohortB: {at(4), at(6)}}},
+			map[Cohort][]RunCounts{cohortB: {
+				rc("cap_x", 0, 1, 0, 1, 0, 1, 0, "b6"),
+				rc("cap_x", 1, 0, 0, 1, 0, 1, 0),
+				rc("cap_x", 2, 0, 0, 1, 0, 1, 0),
+				rc("cap_x", 3, 0, 0, 0, 0, 1, 0),
+				rc("cap_y", 0, 0, 1, 0, 0, 0, 0), rc("cap_y", 1, 0, 1, 0, 0, 0, 0), rc("cap_y", 2, 0, 1, 0, 0, 0, 0),
+			}},
+			map[Cohort]WindowInfo{cohortB: {Rollouts: 3, Failures: 2, First: at(4), Last: at(6)}}},
 		// TestWindowCountsExactUnderRedelivery's last-15 window: f25..f39.
 		{"last-15", MultiSpec{Cohorts: []Cohort{cohortA}, LastRollouts: 15},
 			map[Cohort][]RunCounts{cohortA: {rc("cap_a", 0, 0, 0, 5, 0, 10, 0)}},
@@ -653,6 +676,36 @@ func chdbLabels(t *testing.T, c *chdbDB, base time.Time) {
 		}
 	}
 
+	// Watermarks: the newest label time per cohort, of all or of some.
+	marks := func(cs []Cohort) map[Cohort]time.Time {
+		q, args := watermarksSQL(cs)
+		r := c.query(q, args...)
+		r.wantTypes(t, "Watermarks", "String", "String", "UInt32", "DateTime")
+		out := map[Cohort]time.Time{}
+		for _, row := range r.rows {
+			out[Cohort{Environment: row.str(0), AgentVersion: row.str(1), DictionaryVersion: uint32(row.uint(2))}] = row.time(3)
+		}
+		return out
+	}
+	if got, want := marks(nil), map[Cohort]time.Time{cohortA: base.Add(39 * time.Minute), cohortB: at(6), cohortC: baseB.Add(30 * time.Minute)}; !reflect.DeepEqual(got, want) {
+		t.Errorf("Watermarks(all) = %v, want %v", got, want)
+	}
+	if got, want := marks([]Cohort{cohortB}), map[Cohort]time.Time{cohortB: at(6)}; !reflect.DeepEqual(got, want) {
+		t.Errorf("Watermarks(B) = %v, want %v", got, want)
+	}
+
+	// LabeledRuns: cohort B's runs per rollout (capability_labels only here).
+	q, args := labeledRunsSQL(cohortB)
+	r := c.query(q, args...)
+	r.wantTypes(t, "LabeledRuns", "String", "UInt64")
+	runsOf := map[string]uint64{}
+	for _, row := range r.rows {
+		runsOf[row.str(0)] = row.uint(1)
+	}
+	if want := map[string]uint64{"b0": 3, "b1": 3, "b2": 3, "b3": 3, "b4": 4, "b5": 3, "b6": 1}; !reflect.DeepEqual(runsOf, want) {
+		t.Errorf("LabeledRuns(B) = %v, want %v", runsOf, want)
+	}
+
 	cohorts := func(since time.Time) []Cohort {
 		q, args := cohortsSQL(since)
 		r := c.query(q, args...)
@@ -672,7 +725,7 @@ func chdbLabels(t *testing.T, c *chdbDB, base time.Time) {
 
 	// The trend table, exact under redelivery: cohort A's 12 LACKING
 	// failures, whatever was delivered three times (the 18.16 test's check).
-	r := c.query("SELECT uniqExactMerge(rollouts) FROM label_counts WHERE agent_version = 'v1' AND label = 'LACKING' AND success = 0")
+	r = c.query("SELECT uniqExactMerge(rollouts) FROM label_counts WHERE agent_version = 'v1' AND label = 'LACKING' AND success = 0")
 	if n := r.rows[0].uint(0); n != 12 {
 		t.Errorf("label_counts: cohort A LACKING on failures = %d, want 12", n)
 	}
@@ -824,6 +877,31 @@ func chdbRollouts(t *testing.T, c *chdbDB, base time.Time) {
 		t.Errorf("SampleRollouts = %v, want %v", ids, want)
 	}
 
+	// RolloutScopes, StoredRollouts and CompactedRollouts (backfill).
+	r = c.query(rolloutScopesSQL)
+	r.wantTypes(t, "RolloutScopes", "String", "String", "UInt64", "UInt64", "DateTime")
+	if len(r.rows) != 1 || r.rows[0].str(0) != "env" || r.rows[0].uint(2) != 100 || r.rows[0].uint(3) != 66 || !r.rows[0].time(4).Equal(base.Add(99*time.Minute)) {
+		t.Errorf("RolloutScopes = %v", r.rows)
+	}
+	q, args = storedRolloutsSQL("env", "v1", base.Add(90*time.Minute))
+	r = c.query(q, args...)
+	r.wantTypes(t, "StoredRollouts", "String", "DateTime", "String", "Int32", "Int64")
+	if len(r.rows) != 10 || r.rows[0].str(0) != "r90" || r.rows[9].str(0) != "r99" || r.rows[9].uint(4) != 99 || r.rows[0].str(2) != "t" {
+		t.Errorf("StoredRollouts since r90 = %v", r.rows)
+	}
+	q, args = compactedRolloutsSQL("env", "v1", []string{"r3", "r4"})
+	r = c.query(q, args...)
+	r.wantTypes(t, "CompactedRollouts", "String", "String", "String", "UInt8", "Float64", "DateTime", "DateTime", "String", "String", "String", "String")
+	if len(r.rows) != 2 {
+		t.Errorf("CompactedRollouts = %v", r.rows)
+	}
+	for _, row := range r.rows {
+		ro := schemas.Rollout{RolloutID: row.str(0)}
+		if err := decodeStored(&ro, row.str(7), row.str(8), row.str(9), row.str(10)); err != nil || len(ro.Messages) != 3 || len(ro.Tools) != 1 {
+			t.Errorf("CompactedRollouts %s: %v %+v", row.str(0), err, ro)
+		}
+	}
+
 	// CohortTools: the latest rollout that declared tools. r100 ends later
 	// and declares none.
 	c.insert("rollouts", rolloutCols, rolloutValues(RolloutRowFrom(chdbRollout("r100", false, base.Add(3*time.Hour), ""), Coord{Topic: "t", Offset: 100}), base.Add(3*time.Hour)))
@@ -962,6 +1040,27 @@ func chdbState(t *testing.T, c *chdbDB, base time.Time) {
 			t.Errorf("StoredRuns(%s, %s, dict %d) = %v, want %v", tc.av, tc.id, tc.dv, got, tc.want)
 		}
 	}
+
+	// FailedLabelRuns: per cohort, distinct failed (rollout, run)s.
+	r = c.query(failedLabelRunsSQL)
+	r.wantTypes(t, "FailedLabelRuns", "String", "String", "UInt32", "String", "UInt64", "String")
+	var failed []string
+	for _, row := range r.rows {
+		failed = append(failed, fmt.Sprintf("%s/%s/%d %s %d %s", row.str(0), row.str(1), row.uint(2), row.str(3), row.uint(4), row.str(5)))
+	}
+	if want := []string{"env/v2/1 llm 1 timeout: no answer in 30s", "env/v2/2 llm 1 other dictionary"}; !slices.Equal(failed, want) {
+		t.Errorf("FailedLabelRuns = %v, want %v", failed, want)
+	}
+	// LabeledRuns counts label_runs too: b6 has labels in run 0, run 0 ok
+	// and run 1 failed in label_runs.
+	q, args := labeledRunsSQL(cohortB)
+	runsOf := map[string]uint64{}
+	for _, row := range c.query(q, args...).rows {
+		runsOf[row.str(0)] = row.uint(1)
+	}
+	if runsOf["b6"] != 2 {
+		t.Errorf("LabeledRuns(B)[b6] = %d, want 2", runsOf["b6"])
+	}
 }
 
 // chdbTTL checks that the modern dialect's retention works: a row older
@@ -982,4 +1081,36 @@ func chdbTTL(t *testing.T, c *chdbDB) {
 	if !slices.Equal(ids, []string{"new"}) {
 		t.Errorf("llm_calls after OPTIMIZE FINAL: %v, want only the row within %d days", ids, chdbDialect.RetentionDays)
 	}
+}
+
+// chdbDashboard runs the dashboard's statements (sink/dashboard.go) with
+// their documented example binds, hourly and daily, and the demo's and the
+// benchmarks' counts, on the data of the sections before: the dialect must
+// accept every one. (Their numbers are checked on 18.16 by the dashboard's
+// tests.)
+func chdbDashboard(t *testing.T, c *chdbDB) {
+	c = c.on(t)
+	for _, q := range DashboardQueries {
+		text, err := q.Example()
+		if err != nil {
+			t.Fatalf("%s: %v", q.Name, err)
+		}
+		c.query(text)
+		if daily := dailySQL(text); daily != text {
+			c.query(daily)
+		}
+	}
+	r := c.query(QWeekBounds, uint32(1.7e9), uint32(1.7e9), uint32(14))
+	if len(r.rows) != 1 {
+		t.Fatalf("QWeekBounds: %d rows", len(r.rows))
+	}
+	if n := c.query(countRolloutsSQL).rows[0].uint(0); n < 200 {
+		t.Errorf("CountRollouts: %d rows, want at least the 200 rows of the rollouts section", n)
+	}
+	r = c.query(countLabelsSQL)
+	r.wantTypes(t, "CountLabels", "UInt64", "UInt64")
+	if r.rows[0].uint(0) == 0 || r.rows[0].uint(1) < r.rows[0].uint(0) {
+		t.Errorf("CountLabels: %d labeled rollouts, %d labels", r.rows[0].uint(0), r.rows[0].uint(1))
+	}
+	c.query(activeMergesSQL)
 }

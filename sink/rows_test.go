@@ -12,7 +12,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/traceops/trace/ingest"
-	"github.com/traceops/trace/internal/shareddata"
+	"github.com/traceops/trace/internal/dev/shareddata"
 	"github.com/traceops/trace/schemas"
 	"github.com/traceops/trace/sink"
 )

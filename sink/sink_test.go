@@ -11,7 +11,7 @@ import (
 
 	"github.com/ClickHouse/clickhouse-go/v2"
 
-	"github.com/traceops/trace/internal/testenv"
+	"github.com/traceops/trace/internal/dev/testenv"
 	"github.com/traceops/trace/schemas"
 	"github.com/traceops/trace/sink"
 )
@@ -48,7 +48,7 @@ func TestMigrateIsIdempotent(t *testing.T) {
 	}
 	for _, tbl := range []string{"rollouts", "rollout_counts", "capability_labels", "label_counts", "dictionaries", "trigger_events", "llm_calls", "label_runs"} {
 		var n uint64
-		if err := s.Conn().QueryRow(ctx, "SELECT count() FROM system.tables WHERE database = ? AND name = ?", s.Database(), tbl).Scan(&n); err != nil || n != 1 {
+		if err := testenv.StoreConn(t, s).QueryRow(ctx, "SELECT count() FROM system.tables WHERE database = ? AND name = ?", s.Database(), tbl).Scan(&n); err != nil || n != 1 {
 			t.Errorf("table %s: n=%d err=%v", tbl, n, err)
 		}
 	}
@@ -104,19 +104,19 @@ func TestRolloutsCompactedAndDeduplicated(t *testing.T) {
 		t.Fatalf("distinct=%d rows=%d err=%v", distinct, total, err)
 	}
 	var final uint64
-	if err := s.Conn().QueryRow(ctx, "SELECT count() FROM rollouts FINAL").Scan(&final); err != nil || final != 100 {
+	if err := testenv.StoreConn(t, s).QueryRow(ctx, "SELECT count() FROM rollouts FINAL").Scan(&final); err != nil || final != 100 {
 		t.Fatalf("FINAL count %d %v", final, err)
 	}
 	var msgs string
 	var calls, errs uint32
-	if err := s.Conn().QueryRow(ctx, "SELECT messages, n_tool_calls, n_tool_errors FROM rollouts WHERE rollout_id = 'r1' LIMIT 1").Scan(&msgs, &calls, &errs); err != nil {
+	if err := testenv.StoreConn(t, s).QueryRow(ctx, "SELECT messages, n_tool_calls, n_tool_errors FROM rollouts WHERE rollout_id = 'r1' LIMIT 1").Scan(&msgs, &calls, &errs); err != nil {
 		t.Fatal(err)
 	}
 	if calls != 1 || errs != 1 || strings.Contains(msgs, strings.Repeat("é", 301)) || !strings.Contains(msgs, strings.Repeat("é", 299)+"…") {
 		t.Fatalf("not compacted: calls=%d errs=%d %s", calls, errs, msgs[:200])
 	}
 	var total2, succ uint64
-	if err := s.Conn().QueryRow(ctx, "SELECT uniqExactMerge(rollouts), uniqExactIfMerge(successes) FROM rollout_counts").Scan(&total2, &succ); err != nil {
+	if err := testenv.StoreConn(t, s).QueryRow(ctx, "SELECT uniqExactMerge(rollouts), uniqExactIfMerge(successes) FROM rollout_counts").Scan(&total2, &succ); err != nil {
 		t.Fatal(err)
 	}
 	if total2 != 100 || succ != 34 {
@@ -191,7 +191,7 @@ func TestWindowCountsExactUnderRedelivery(t *testing.T) {
 	}
 	// The trend table is exact under redelivery too.
 	var lacking uint64
-	if err := s.Conn().QueryRow(ctx, "SELECT uniqExactMerge(rollouts) FROM label_counts WHERE label = 'LACKING' AND success = 0").Scan(&lacking); err != nil || lacking != 12 {
+	if err := testenv.StoreConn(t, s).QueryRow(ctx, "SELECT uniqExactMerge(rollouts) FROM label_counts WHERE label = 'LACKING' AND success = 0").Scan(&lacking); err != nil || lacking != 12 {
 		t.Fatalf("label_counts LACKING on failures = %d (%v), want 12", lacking, err)
 	}
 	// Window by time and by last M rollouts.
@@ -258,7 +258,7 @@ func TestConfigValidate(t *testing.T) {
 func TestInsertRolloutsBlocksMakeOnePart(t *testing.T) {
 	s := openStore(t)
 	ctx := context.Background()
-	if err := s.Conn().Exec(ctx, "SYSTEM STOP MERGES "+s.Database()+".rollouts"); err != nil {
+	if err := testenv.StoreConn(t, s).Exec(ctx, "SYSTEM STOP MERGES "+s.Database()+".rollouts"); err != nil {
 		t.Fatalf("stop merges: %v", err)
 	}
 	const n = 5000 // more than two blocks
@@ -270,11 +270,11 @@ func TestInsertRolloutsBlocksMakeOnePart(t *testing.T) {
 		t.Fatal(err)
 	}
 	var parts, count, distinct uint64
-	if err := s.Conn().QueryRow(ctx, "SELECT count() FROM system.parts WHERE database = ? AND table = 'rollouts' AND active",
+	if err := testenv.StoreConn(t, s).QueryRow(ctx, "SELECT count() FROM system.parts WHERE database = ? AND table = 'rollouts' AND active",
 		s.Database()).Scan(&parts); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Conn().QueryRow(ctx, "SELECT count(), uniqExact(rollout_id) FROM rollouts").Scan(&count, &distinct); err != nil {
+	if err := testenv.StoreConn(t, s).QueryRow(ctx, "SELECT count(), uniqExact(rollout_id) FROM rollouts").Scan(&count, &distinct); err != nil {
 		t.Fatal(err)
 	}
 	if parts != 1 || count != n || distinct != n {
@@ -300,5 +300,44 @@ func TestProtocolCompression(t *testing.T) {
 		if err != nil || !strings.EqualFold(got, tt.want) {
 			t.Errorf("compression %q for %v = %q, %v; want %s", tt.compression, tt.addr, got, err, tt.want)
 		}
+	}
+}
+
+// TestInlineBinds checks the bind substitution used for the docs.
+func TestInlineBinds(t *testing.T) {
+	got, err := sink.InlineBinds("a = ? AND b = ?", "'x'", "1")
+	if err != nil || got != "a = 'x' AND b = 1" {
+		t.Errorf("InlineBinds = %q, %v", got, err)
+	}
+	if _, err := sink.InlineBinds("a = ?"); err == nil {
+		t.Error("missing literal accepted")
+	}
+	if _, err := sink.InlineBinds("a", "1"); err == nil {
+		t.Error("extra literal accepted")
+	}
+}
+
+// QueryDashboard runs the documented statements (hourly and daily) and
+// refuses any other SQL.
+func TestQueryDashboardRunsOnlyItsStatements(t *testing.T) {
+	s := testenv.ClickHouse(t).Store()
+	ctx := context.Background()
+	rows, err := s.QueryDashboard(ctx, sink.QPassRateHourly, true, "airline", uint32(0))
+	if err != nil {
+		t.Fatalf("daily pass rate: %v", err)
+	}
+	rows.Close()
+	var monday, since time.Time
+	if err := s.QueryDashboardRow(ctx, sink.QWeekBounds, uint32(1.7e9), uint32(1.7e9), uint32(14)).Scan(&monday, &since); err != nil {
+		t.Fatal(err)
+	}
+	if monday.Weekday() != time.Monday || monday.Sub(since) != 14*24*time.Hour {
+		t.Errorf("week bounds %v, %v: want a Monday and the day 14 days before it", monday, since)
+	}
+	if _, err := s.QueryDashboard(ctx, "DROP TABLE rollouts", false); err == nil {
+		t.Error("QueryDashboard ran a statement that is not the dashboard's")
+	}
+	if err := s.QueryDashboardRow(ctx, "SELECT 1").Scan(new(uint8)); err == nil {
+		t.Error("QueryDashboardRow ran a statement that is not the dashboard's")
 	}
 }

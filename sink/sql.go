@@ -2,6 +2,7 @@ package sink
 
 import (
 	"fmt"
+	"strings"
 	"time"
 )
 
@@ -43,10 +44,31 @@ GROUP BY %s`, cohortCols, cohortCols, where, cohortCols, cohortCols)
 	return q, args
 }
 
-// cohortsSQL is the query of Cohorts.
+// cohortsSQL is the query of Cohorts. It reads the hourly label_counts
+// aggregate rather than capability_labels: the evaluator lists every cohort
+// at each tick, whatever its age, and the aggregate is far smaller. since is
+// taken to its hour.
 func cohortsSQL(since time.Time) (string, []any) {
 	return `SELECT DISTINCT environment, agent_version, dictionary_version
-	FROM capability_labels WHERE toUInt32(ts) >= ? ORDER BY environment, agent_version, dictionary_version`, []any{uint32(max(since.Unix(), 0))}
+	FROM label_counts WHERE bucket >= toStartOfHour(toDateTime(?)) ORDER BY environment, agent_version, dictionary_version`, []any{uint32(max(since.Unix(), 0))}
+}
+
+// watermarksSQL is the query of Watermarks: the newest label time (the end
+// time of the newest labeled rollout) per cohort, of the given cohorts or of
+// all.
+func watermarksSQL(cohorts []Cohort) (string, []any) {
+	where := ""
+	var args []any
+	if len(cohorts) > 0 {
+		tuples := make([]string, len(cohorts))
+		for i, c := range cohorts {
+			tuples[i] = "(?, ?, ?)"
+			args = append(args, c.Environment, c.AgentVersion, c.DictionaryVersion)
+		}
+		where = "\n\tWHERE (" + cohortCols + ") IN (" + strings.Join(tuples, ", ") + ")"
+	}
+	return `SELECT ` + cohortCols + `, max(ts) FROM capability_labels` + where + `
+	GROUP BY ` + cohortCols + ` ORDER BY ` + cohortCols, args
 }
 
 // cohortToolsSQL is the query of CohortTools.
@@ -99,4 +121,46 @@ func storedRunsSQL(env, agentVersion, rolloutID string, dictVersion uint32) (str
 	SELECT DISTINCT run FROM label_runs
 	WHERE environment = ? AND agent_version = ? AND dictionary_version = ? AND rollout_id = ?`,
 		[]any{env, agentVersion, dictVersion, rolloutID, env, agentVersion, dictVersion, rolloutID}
+}
+
+// rolloutScopesSQL is the query of RolloutScopes.
+const rolloutScopesSQL = `SELECT environment, agent_version, uniqExact(rollout_id), uniqExactIf(rollout_id, success = 0), max(end_time)
+	FROM rollouts GROUP BY environment, agent_version ORDER BY environment, agent_version`
+
+// failedLabelRunsSQL is the query of FailedLabelRuns.
+const failedLabelRunsSQL = `SELECT environment, agent_version, dictionary_version, any(labeler), uniqExact(rollout_id, run), any(reason)
+	FROM label_runs WHERE status = 'failed'
+	GROUP BY environment, agent_version, dictionary_version ORDER BY environment, agent_version, dictionary_version`
+
+// storedRolloutsSQL is the query of StoredRollouts.
+func storedRolloutsSQL(env, agentVersion string, since time.Time) (string, []any) {
+	return `SELECT rollout_id, argMax(end_time, ingest_ns) AS en, argMax(kafka_topic, ingest_ns), argMax(kafka_partition, ingest_ns),
+		argMax(kafka_offset, ingest_ns)
+	FROM rollouts WHERE environment = ? AND agent_version = ? AND toUInt32(end_time) >= ?
+	GROUP BY rollout_id ORDER BY en, rollout_id`, []any{env, agentVersion, uint32(max(since.Unix(), 0))}
+}
+
+// labeledRunsSQL is the query of LabeledRuns: the runs of each rollout of a
+// cohort that have labels or a label_runs record.
+func labeledRunsSQL(c Cohort) (string, []any) {
+	return `SELECT rollout_id, uniqExact(run) FROM (
+	SELECT rollout_id, run FROM capability_labels WHERE environment = ? AND agent_version = ? AND dictionary_version = ?
+	UNION ALL
+	SELECT rollout_id, run FROM label_runs WHERE environment = ? AND agent_version = ? AND dictionary_version = ?)
+GROUP BY rollout_id`, []any{c.Environment, c.AgentVersion, c.DictionaryVersion, c.Environment, c.AgentVersion, c.DictionaryVersion}
+}
+
+// compactedRolloutsSQL is the query of CompactedRollouts.
+func compactedRolloutsSQL(env, agentVersion string, ids []string) (string, []any) {
+	marks := make([]string, len(ids))
+	args := []any{env, agentVersion}
+	for i, id := range ids {
+		marks[i] = "?"
+		args = append(args, id)
+	}
+	return `SELECT rollout_id, argMax(task_id, ingest_ns), argMax(agent_name, ingest_ns), argMax(success, ingest_ns), argMax(reward, ingest_ns),
+		argMax(start_time, ingest_ns), argMax(end_time, ingest_ns), argMax(messages, ingest_ns), argMax(tools, ingest_ns),
+		argMax(grader, ingest_ns), argMax(metadata, ingest_ns)
+	FROM rollouts WHERE environment = ? AND agent_version = ? AND rollout_id IN (` + strings.Join(marks, ", ") + `)
+	GROUP BY rollout_id`, args
 }

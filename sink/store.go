@@ -1,6 +1,7 @@
 package sink
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -33,21 +34,15 @@ type Config struct {
 
 // WithDefaults fills unset fields.
 func (c Config) WithDefaults() Config {
-	if c.Database == "" {
-		c.Database = "trace"
-	}
-	if c.User == "" {
-		c.User = "default"
-	}
+	c.Database = cmp.Or(c.Database, "trace")
+	c.User = cmp.Or(c.User, "default")
 	if c.DialTimeout <= 0 {
 		c.DialTimeout = 5 * time.Second
 	}
 	if c.MaxOpenConns <= 0 {
 		c.MaxOpenConns = 8
 	}
-	if c.Compression == "" {
-		c.Compression = "auto"
-	}
+	c.Compression = cmp.Or(c.Compression, "auto")
 	return c
 }
 
@@ -187,8 +182,11 @@ func open(cfg Config, db string) (driver.Conn, error) {
 	return conn, nil
 }
 
-// Conn exposes the driver connection for ad-hoc queries (reports, dashboard).
-func (s *Store) Conn() driver.Conn { return s.conn }
+// Config is the configuration the store was opened with (defaults filled
+// in), for a tool that opens its own connection to the same database (test
+// helpers; see internal/dev/testenv.StoreConn). Every statement of trace
+// itself is a method of Store.
+func (s *Store) Config() Config { return s.cfg }
 
 // Version is the server's version.
 func (s *Store) Version() Version { return s.version }

@@ -64,8 +64,24 @@ type WindowInfo struct {
 type MultiSpec struct {
 	Cohorts      []Cohort
 	Since, Until time.Time
+	// Ranges, when set, gives every cohort its own window (by event time,
+	// see EventSpec) instead of Since and Until; a cohort without a range
+	// selects nothing.
+	Ranges       map[Cohort]Range
 	LastRollouts int // per cohort
 	Runs         int
+}
+
+// Range is a closed interval of rollout end times, [From, To], at the
+// second resolution of the tables.
+type Range struct{ From, To time.Time }
+
+// EventRange is the window of a cohort whose newest labeled rollout ended
+// at watermark: the window length back from the watermark, both ends
+// included. Rollouts that end behind the watermark (late arrivals) count as
+// long as they are inside it; the wall clock plays no part.
+func EventRange(watermark time.Time, window time.Duration) Range {
+	return Range{From: watermark.Add(-window), To: watermark}
 }
 
 // Multi turns a single-cohort spec into a MultiSpec.
@@ -83,6 +99,21 @@ func (spec MultiSpec) where() (string, []any) {
 		args = append(args, c.Environment, c.AgentVersion, c.DictionaryVersion)
 	}
 	conds := []string{"(" + cohortCols + ") IN (" + strings.Join(tuples, ", ") + ")"}
+	if spec.Ranges != nil {
+		per := make([]string, 0, len(spec.Cohorts))
+		for _, c := range spec.Cohorts {
+			r, ok := spec.Ranges[c]
+			if !ok {
+				continue
+			}
+			per = append(per, "(environment = ? AND agent_version = ? AND dictionary_version = ? AND toUInt32(ts) >= ? AND toUInt32(ts) <= ?)")
+			args = append(args, c.Environment, c.AgentVersion, c.DictionaryVersion, unixSec(r.From), unixSec(r.To))
+		}
+		if len(per) == 0 {
+			per = append(per, "0")
+		}
+		conds = append(conds, "("+strings.Join(per, " OR ")+")")
+	}
 	if !spec.Since.IsZero() {
 		conds = append(conds, "toUInt32(ts) >= ?")
 		args = append(args, uint32(spec.Since.Unix()))
@@ -181,7 +212,55 @@ func (s *Store) WindowInfoMulti(ctx context.Context, spec MultiSpec) (map[Cohort
 	return out, rows.Err()
 }
 
-// Cohorts lists the cohorts that have labels ending at or after since.
+// unixSec is t as the Unix seconds of a DateTime column (0 before 1970).
+func unixSec(t time.Time) uint32 { return uint32(max(t.Unix(), 0)) }
+
+// Watermarks returns, per cohort, its watermark: the end time of its newest
+// labeled rollout (max ts of its labels). Cohorts without labels are absent.
+// With no cohorts given, it returns every cohort's.
+func (s *Store) Watermarks(ctx context.Context, cohorts []Cohort) (map[Cohort]time.Time, error) {
+	q, args := watermarksSQL(cohorts)
+	rows, err := s.conn.Query(ctx, q, args...)
+	if err != nil {
+		return nil, fmt.Errorf("watermarks: %w", err)
+	}
+	defer rows.Close()
+	out := map[Cohort]time.Time{}
+	for rows.Next() {
+		var (
+			c  Cohort
+			wm time.Time
+		)
+		if err := rows.Scan(&c.Environment, &c.AgentVersion, &c.DictionaryVersion, &wm); err != nil {
+			return nil, fmt.Errorf("watermarks: %w", err)
+		}
+		out[c] = wm.UTC()
+	}
+	return out, rows.Err()
+}
+
+// EventSpec is the decision window of each cohort by event time: the last
+// window of rollout end times back from the cohort's own watermark (see
+// EventRange), and, when lastRollouts > 0, only its lastRollouts newest
+// rollouts. It returns the watermarks too; cohorts without labels get no
+// range and select nothing.
+func (s *Store) EventSpec(ctx context.Context, cohorts []Cohort, window time.Duration, lastRollouts, runs int) (MultiSpec, map[Cohort]time.Time, error) {
+	spec := MultiSpec{Cohorts: cohorts, Ranges: map[Cohort]Range{}, LastRollouts: lastRollouts, Runs: runs}
+	if len(cohorts) == 0 {
+		return spec, map[Cohort]time.Time{}, nil
+	}
+	marks, err := s.Watermarks(ctx, cohorts)
+	if err != nil {
+		return spec, nil, err
+	}
+	for c, wm := range marks {
+		spec.Ranges[c] = EventRange(wm, window)
+	}
+	return spec, marks, nil
+}
+
+// Cohorts lists the cohorts that have labels ending at or after since's
+// hour (from the label_counts aggregate).
 func (s *Store) Cohorts(ctx context.Context, since time.Time) ([]Cohort, error) {
 	q, args := cohortsSQL(since)
 	rows, err := s.conn.Query(ctx, q, args...)

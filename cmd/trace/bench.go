@@ -12,8 +12,8 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/traceops/trace/internal/bench"
-	"github.com/traceops/trace/internal/shareddata"
+	"github.com/traceops/trace/internal/dev/bench"
+	"github.com/traceops/trace/internal/dev/shareddata"
 )
 
 func init() { rootCmd.AddCommand(newBenchCmd()) }
@@ -53,7 +53,7 @@ For each data set it produces the rollouts to a fresh topic, then measures:
                              message, CommitMessages at the end
   obvious loop               one goroutine: FetchMessage → encoding/json →
                              10,000-row PrepareBatch/Send → CommitMessages
-  trace ingest.Consumer      the consumer trace runs (trace run's ingest
+  trace stream.Consumer      the consumer trace runs (trace run's ingest
                              defaults), streaming into ClickHouse (RowSink),
                              timed until the set's rows are durable; one more
                              batch waits in the topic so that the last batch

@@ -14,6 +14,7 @@ import (
 func runCLI(t *testing.T, ctx context.Context, args ...string) (string, error) {
 	t.Helper()
 	resetFlags(rootCmd)
+	setContext(rootCmd, ctx)
 	var out bytes.Buffer
 	rootCmd.SetOut(&out)
 	rootCmd.SetErr(&out)
@@ -35,5 +36,15 @@ func resetFlags(c *cobra.Command) {
 	c.PersistentFlags().VisitAll(reset)
 	for _, sub := range c.Commands() {
 		resetFlags(sub)
+	}
+}
+
+// setContext gives every command ctx: cobra hands a parent's context to a
+// subcommand only when the subcommand has none, so a context from an
+// earlier (cancelled) run would otherwise stay.
+func setContext(c *cobra.Command, ctx context.Context) {
+	c.SetContext(ctx)
+	for _, sub := range c.Commands() {
+		setContext(sub, ctx)
 	}
 }

@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/traceops/trace/analyzer"
-	"github.com/traceops/trace/internal/app"
 	"github.com/traceops/trace/internal/bus"
 	"github.com/traceops/trace/internal/config"
 	"github.com/traceops/trace/sink"
@@ -72,9 +71,25 @@ func openDictWriter(ctx context.Context, cfg config.Config) (*dictWriter, error)
 	return &dictWriter{st: st, bus: b, reg: reg}, nil
 }
 
-// apply stores and announces d (see app.ApplyDictionary).
+// apply stores and announces d (see analyzer.Registry.Apply).
 func (w *dictWriter) apply(ctx context.Context, d *analyzer.Dictionary) (*analyzer.Dictionary, error) {
-	return app.ApplyDictionary(ctx, w.st, w.bus, w.reg, d)
+	return w.reg.Apply(ctx, w.st, w.bus, d)
+}
+
+// applyAt stores and announces d under its own version, unchanged: label
+// imports name the dictionary version their events carry.
+func (w *dictWriter) applyAt(ctx context.Context, d *analyzer.Dictionary) error {
+	if err := d.Validate(); err != nil {
+		return err
+	}
+	if d.CreatedAt.IsZero() {
+		d.CreatedAt = time.Now().UTC()
+	}
+	if err := w.st.SaveDictionary(ctx, analyzer.DictionaryRow(d)); err != nil {
+		return err
+	}
+	w.reg.Put(d)
+	return w.bus.AnnounceDictionary(ctx, d.Environment, d.AgentVersion, d.Version)
 }
 
 func (w *dictWriter) Close() {

@@ -22,7 +22,7 @@ import (
 	"github.com/traceops/trace/internal/app"
 	"github.com/traceops/trace/internal/bus"
 	"github.com/traceops/trace/internal/config"
-	"github.com/traceops/trace/internal/simulate"
+	"github.com/traceops/trace/internal/dev/simulate"
 	"github.com/traceops/trace/schemas"
 	"github.com/traceops/trace/sink"
 )
@@ -94,7 +94,7 @@ a local ClickHouse server) and runs trace's loop for real:
   → statistics in ClickHouse → synthesis requests on NATS JetStream
 
 The fleet has capability deficits planted per agent version (see
-internal/simulate DefaultFleet). The demo succeeds (exit 0) only when a trigger
+internal/dev/simulate DefaultFleet). The demo succeeds (exit 0) only when a trigger
 fired for exactly the planted deficits and for no other capability. A few
 malformed messages are published too and end in the dead-letter topic.
 
@@ -244,7 +244,7 @@ func (d *demo) publish(ctx context.Context, a *app.App, fleet []simulate.AgentSp
 		Start: time.Now().Add(-time.Duration(d.rollouts) * interval), Interval: interval})
 	w := &kafka.Writer{Addr: kafka.TCP(a.Brokers...), Topic: d.cfg.Kafka.RolloutsTopic, Balancer: &kafka.Hash{},
 		RequiredAcks: kafka.RequireAll, Compression: kafka.Zstd, BatchSize: 500, BatchTimeout: 10 * time.Millisecond,
-		BatchBytes: 16 << 20, Transport: a.Transport()}
+		BatchBytes: int64(d.cfg.Kafka.WriterBatchBytes()), Transport: a.Transport()}
 	defer w.Close()
 	malformed := [][]byte{[]byte(`{"rollout_id": "broken`), []byte(`{"rollout_id":"x","environment":"sim-airline"}`),
 		[]byte(`{"rollout_id":"nan","environment":"sim-airline","agent":{"name":"a","version":"1"},"task_id":"t","outcome":{"reward":NaN},"messages":[{"role":"user","content":"hi"}]}`)}
@@ -383,7 +383,7 @@ func (d *demo) counts(ctx context.Context, a *app.App) (demoCounts, error) {
 	if c.Stored, _, err = a.Store.CountDistinctRollouts(ctx); err != nil {
 		return c, err
 	}
-	if err := a.Store.Conn().QueryRow(ctx, "SELECT uniqExact(rollout_id), count() FROM capability_labels").Scan(&c.Labeled, &c.Labels); err != nil {
+	if c.Labeled, c.Labels, err = a.Store.CountLabels(ctx); err != nil {
 		return c, err
 	}
 	c.DeadLettered = topicSize(ctx, a.Brokers, d.cfg.Kafka.DLQTopic)

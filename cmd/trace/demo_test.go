@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/traceops/trace/internal/testenv"
+	"github.com/traceops/trace/internal/dev/testenv"
 )
 
 // TestDemoEndToEnd runs `trace demo --json` in-process on embedded servers

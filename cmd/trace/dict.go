@@ -21,12 +21,26 @@ environment. Labelers never invent or rename capabilities: a changed
 dictionary becomes a new version, which running analyzers pick up without a
 restart (announced on the NATS KV bucket trace_dictionaries).`,
 	}
-	var cf configFlags
+	var (
+		cf          configFlags
+		bf          backfillFlags
+		backfillNow bool
+	)
 	apply := &cobra.Command{
-		Use:     "apply FILE...",
-		Short:   "Validate and store dictionaries from YAML files",
-		Example: "  trace dict apply analyzer/dictionaries/tau-tools.yaml",
-		Args:    cobra.MinimumNArgs(1),
+		Use:   "apply FILE... [--backfill [--since T] [--yes]]",
+		Short: "Validate and store dictionaries from YAML files",
+		Long: `apply validates dictionaries and stores each as a version in ClickHouse,
+announced on NATS: running analyzers label new rollouts with it without a
+restart. A dictionary scoped to an environment (or an agent version) wins
+over the default (environment "*") and gets a version above it.
+
+--backfill also labels the rollouts already stored in ClickHouse that the
+new version now labels (see trace relabel: the same labeler, never a run
+labeled twice, resumable, --yes for the llm labeler's cost), then evaluates
+their cohorts.`,
+		Example: `  trace dict apply analyzer/dictionaries/tau-tools.yaml
+  trace dict apply tau2-airline.yaml --backfill`,
+		Args: cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, files []string) error {
 			var ds []*analyzer.Dictionary
 			for _, f := range files {
@@ -50,17 +64,33 @@ restart (announced on the NATS KV bucket trace_dictionaries).`,
 				return err
 			}
 			defer w.Close()
+			var applied []*analyzer.Dictionary
 			for _, d := range ds {
 				stored, err := w.apply(ctx, d)
 				if err != nil {
 					return err
 				}
+				applied = append(applied, stored)
 				fmt.Fprintf(cmd.OutOrStdout(), "%s/%s: version %d (%d capabilities)\n", stored.Environment, stored.AgentVersion, stored.Version, len(stored.Capabilities))
+			}
+			if !backfillNow {
+				return nil
+			}
+			since, err := bf.sinceTime()
+			if err != nil {
+				return err
+			}
+			for _, d := range applied {
+				if err := backfill(ctx, cmd.OutOrStdout(), cmd.ErrOrStderr(), cfg, w, analyzer.BackfillFilter{Since: since, Dictionary: d}, bf.yes); err != nil {
+					return err
+				}
 			}
 			return nil
 		},
 	}
 	cf.add(apply)
+	bf.add(apply)
+	apply.Flags().BoolVar(&backfillNow, "backfill", false, "also label the rollouts already stored that the new versions label")
 	var scf configFlags
 	var all bool
 	show := &cobra.Command{

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -62,18 +63,18 @@ dictionary version the events name.`,
 					return err
 				}
 				defer w.Close()
-				if w.reg.Version(scope.Environment, scope.AgentVersion, scope.DictionaryVersion) == nil {
-					if _, err := w.apply(ctx, analyzer.DictionaryFromCandidates(scope, cands)); err != nil {
+				// The events name their dictionary version: it is stored as
+				// that version of exactly their scope.
+				if w.reg.Exact(scope.Environment, scope.AgentVersion, scope.DictionaryVersion) == nil {
+					if err := w.applyAt(ctx, analyzer.DictionaryFromCandidates(scope, cands)); err != nil {
 						return err
 					}
 				}
 			}
 			events := analyzer.RunFileEvents(scope, runs)
-			if topic == "" {
-				topic = cfg.Kafka.LabelsTopic
-			}
+			topic = cmp.Or(topic, cfg.Kafka.LabelsTopic)
 			w := &kafka.Writer{Addr: kafka.TCP(cfg.KafkaBrokers()...), Topic: topic, Balancer: &kafka.Hash{},
-				RequiredAcks: kafka.RequireAll, Compression: kafka.Zstd, BatchSize: 1000, AllowAutoTopicCreation: true}
+				RequiredAcks: kafka.RequireAll, Compression: kafka.Zstd, BatchSize: 1000, BatchBytes: int64(cfg.Kafka.WriterBatchBytes()), AllowAutoTopicCreation: true}
 			defer w.Close()
 			msgs := make([]kafka.Message, 0, len(events))
 			for i := range events {

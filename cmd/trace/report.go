@@ -1,10 +1,13 @@
 package main
 
 import (
+	"context"
 	"encoding/csv"
 	"encoding/json"
 	"fmt"
 	"io"
+	"math"
+	"sort"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -12,25 +15,46 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/traceops/trace/analyzer"
+	"github.com/traceops/trace/internal/config"
 	"github.com/traceops/trace/sink"
 )
 
-// reportRow is one capability of one cohort in `trace report`.
+// reportRow is one capability of one cohort in `trace report`, or, with
+// Decision "no labels" and no capability, a cohort that has stored rollouts
+// but no labels, with the reason.
 type reportRow struct {
-	Environment       string   `json:"environment"`
-	AgentVersion      string   `json:"agent_version"`
-	DictionaryVersion uint32   `json:"dictionary_version"`
-	Capability        string   `json:"capability"`
-	Cov               float64  `json:"cov"`
-	ERFailed          float64  `json:"er_failed"`
-	ERPassed          float64  `json:"er_passed"`
-	Delta             float64  `json:"delta"`
-	RunsPassed        int      `json:"runs_passed"`
-	RunsTotal         int      `json:"runs_total"`
-	Decision          string   `json:"decision"`
-	Reasons           []string `json:"reasons,omitempty"`
-	Rollouts          int      `json:"window_rollouts"`
-	Failures          int      `json:"window_failures"`
+	Environment       string    `json:"environment"`
+	AgentVersion      string    `json:"agent_version"`
+	DictionaryVersion uint32    `json:"dictionary_version"`
+	Dictionary        string    `json:"dictionary,omitempty"` // its scope, e.g. "*/*" for the default
+	DefaultDictionary bool      `json:"default_dictionary,omitempty"`
+	Capability        string    `json:"capability"`
+	Cov               float64   `json:"cov"`
+	ERFailed          float64   `json:"er_failed"`
+	ERPassed          float64   `json:"er_passed"`
+	Delta             float64   `json:"delta"`
+	RunsPassed        int       `json:"runs_passed"`
+	RunsTotal         int       `json:"runs_total"`
+	Decision          string    `json:"decision"`
+	Reasons           []string  `json:"reasons,omitempty"`
+	Rollouts          int       `json:"window_rollouts"`
+	Failures          int       `json:"window_failures"`
+	Watermark         time.Time `json:"as_of,omitzero"` // the cohort's newest rollout's end time: the window ends here
+}
+
+// reportWindow parses --window: a duration, or "all" for every rollout.
+func reportWindow(s string, def time.Duration) (time.Duration, error) {
+	switch s {
+	case "":
+		return def, nil
+	case "all":
+		return time.Duration(math.MaxInt64), nil
+	}
+	d, err := time.ParseDuration(s)
+	if err != nil || d <= 0 {
+		return 0, fmt.Errorf("--window %q: want a positive duration (24h, 168h) or all", s)
+	}
+	return d, nil
 }
 
 func init() {
@@ -38,6 +62,7 @@ func init() {
 		cf     configFlags
 		env    string
 		format string
+		window string
 	)
 	cmd := &cobra.Command{
 		Use:   "report",
@@ -45,9 +70,20 @@ func init() {
 		Long: `report evaluates the configured window (analyzer.window, analyzer.window_rollouts)
 of every cohort (environment, agent version, dictionary version) stored in
 ClickHouse and prints, per capability: mean Cov, ER-, ER+ and gap over the
-labeling runs, runs passed, the decision and the reasons for a rejection.`,
-		Example: "  trace report --env sim-airline --format table",
-		Args:    cobra.NoArgs,
+labeling runs, runs passed, the decision and the reasons for a rejection.
+
+Windows follow event time, as the analyzer's do: each cohort's window ends
+at its watermark, the end time of its newest labeled rollout ("as of"), so
+replayed history reports as it did live. --window all takes every rollout.
+A watermark in the future (clock skew) is reported with a warning.
+
+A cohort with stored rollouts but no labels is listed with the reason (no
+dictionary and no LLM, a labeler failing, rollouts stored before their
+dictionary) and the setting or command that changes it; a cohort without
+a decision says why (too few failures: analyzer.min_failures).`,
+		Example: `  trace report --env sim-airline --format table
+  trace report --window all --format json`,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			switch format {
 			case "table", "json", "csv":
@@ -58,55 +94,22 @@ labeling runs, runs passed, the decision and the reasons for a rejection.`,
 			if err != nil {
 				return err
 			}
+			win, err := reportWindow(window, cfg.Analyzer.Window)
+			if err != nil {
+				return err
+			}
 			ctx := cmd.Context()
 			st, err := openStore(ctx, cfg)
 			if err != nil {
 				return err
 			}
 			defer st.Close()
-			ac := cfg.Analyzer.EvalConfig
-			since := time.Now().Add(-ac.Window)
-			cohorts, err := st.Cohorts(ctx, since)
+			rows, warnings, err := buildReport(ctx, cfg, st, env, win, time.Now())
 			if err != nil {
 				return err
 			}
-			reg := analyzer.NewRegistry()
-			if err := reg.Load(ctx, st); err != nil {
-				return err
-			}
-			var rows []reportRow
-			for _, c := range cohorts {
-				if env != "" && c.Environment != env {
-					continue
-				}
-				spec := sink.WindowSpec{Cohort: c, Since: since, LastRollouts: ac.WindowRollouts, Runs: ac.N}
-				info, err := st.WindowInfo(ctx, spec)
-				if err != nil {
-					return err
-				}
-				counts, err := st.WindowCounts(ctx, spec)
-				if err != nil {
-					return err
-				}
-				inputs, runs := analyzer.CohortInputs(counts, reg.Version(c.Environment, c.AgentVersion, c.DictionaryVersion))
-				for _, r := range analyzer.Select(inputs, analyzer.Thresholds{Rho: ac.Rho, Delta: ac.Delta, K: ac.K}) {
-					row := reportRow{Environment: c.Environment, AgentVersion: c.AgentVersion, DictionaryVersion: c.DictionaryVersion,
-						Capability: r.Name, Cov: r.MeanCov, ERFailed: r.MeanERFail, ERPassed: r.MeanERPass, Delta: r.MeanDelta,
-						RunsPassed: r.RunsPassed, RunsTotal: r.RunsTotal, Rollouts: info.Rollouts, Failures: info.Failures, Reasons: r.Rejection}
-					switch {
-					case info.Failures < ac.MinFailures:
-						row.Decision = "undecided"
-						row.Reasons = []string{fmt.Sprintf("%d failures in the window, needs %d", info.Failures, ac.MinFailures)}
-					case runs < ac.N:
-						row.Decision = "undecided"
-						row.Reasons = []string{fmt.Sprintf("%d complete labeling runs, needs %d", runs, ac.N)}
-					case r.Selected:
-						row.Decision = "selected"
-					default:
-						row.Decision = "rejected"
-					}
-					rows = append(rows, row)
-				}
+			for _, w := range warnings {
+				fmt.Fprintln(cmd.ErrOrStderr(), "warning:", w)
 			}
 			return writeReport(cmd.OutOrStdout(), format, rows)
 		},
@@ -114,7 +117,121 @@ labeling runs, runs passed, the decision and the reasons for a rejection.`,
 	cf.add(cmd)
 	cmd.Flags().StringVar(&env, "env", "", "only this environment")
 	cmd.Flags().StringVar(&format, "format", "table", "table, json or csv")
+	cmd.Flags().StringVar(&window, "window", "", "the window back from each cohort's watermark: a duration, or all (default analyzer.window)")
 	rootCmd.AddCommand(cmd)
+}
+
+// buildReport evaluates every cohort's event-time window and explains the
+// stored (environment, agent version)s that have no labels.
+func buildReport(ctx context.Context, cfg config.Config, st *sink.Store, env string, window time.Duration, now time.Time) ([]reportRow, []string, error) {
+	ac := cfg.Analyzer.EvalConfig
+	marks, err := st.Watermarks(ctx, nil)
+	if err != nil {
+		return nil, nil, err
+	}
+	reg := analyzer.NewRegistry()
+	if err := reg.Load(ctx, st); err != nil {
+		return nil, nil, err
+	}
+	var cohorts []sink.Cohort
+	for c := range marks {
+		if env == "" || c.Environment == env {
+			cohorts = append(cohorts, c)
+		}
+	}
+	sort.Slice(cohorts, func(i, j int) bool {
+		a, b := cohorts[i], cohorts[j]
+		if a.Environment != b.Environment {
+			return a.Environment < b.Environment
+		}
+		if a.AgentVersion != b.AgentVersion {
+			return a.AgentVersion < b.AgentVersion
+		}
+		return a.DictionaryVersion < b.DictionaryVersion
+	})
+	spec, _, err := st.EventSpec(ctx, cohorts, window, ac.WindowRollouts, ac.N)
+	if err != nil {
+		return nil, nil, err
+	}
+	infos, err := st.WindowInfoMulti(ctx, spec)
+	if err != nil {
+		return nil, nil, err
+	}
+	counts, err := st.WindowCountsMulti(ctx, spec)
+	if err != nil {
+		return nil, nil, err
+	}
+	var (
+		rows     []reportRow
+		warnings []string
+	)
+	labeled := map[sink.Cohort]bool{}
+	labeledAny := map[[2]string]bool{}
+	for _, c := range cohorts {
+		labeled[c], labeledAny[[2]string{c.Environment, c.AgentVersion}] = true, true
+		info, wm := infos[c], marks[c]
+		if ahead := wm.Sub(now); ahead > analyzer.FutureSkew {
+			warnings = append(warnings, fmt.Sprintf("%s: its newest rollout ends %s in the future (%s; clock skew?); its window ends there", c, ahead.Round(time.Second), wm.Format(time.RFC3339)))
+		}
+		dict := reg.Version(c.Environment, c.AgentVersion, c.DictionaryVersion)
+		inputs, runs := analyzer.CohortInputs(counts[c], dict)
+		undecided := analyzer.WhyUndecided(info.Failures, ac.MinFailures, runs, ac.N)
+		for _, r := range analyzer.Select(inputs, analyzer.Thresholds{Rho: ac.Rho, Delta: ac.Delta, K: ac.K}) {
+			row := reportRow{Environment: c.Environment, AgentVersion: c.AgentVersion, DictionaryVersion: c.DictionaryVersion,
+				Capability: r.Name, Cov: r.MeanCov, ERFailed: r.MeanERFail, ERPassed: r.MeanERPass, Delta: r.MeanDelta,
+				RunsPassed: r.RunsPassed, RunsTotal: r.RunsTotal, Rollouts: info.Rollouts, Failures: info.Failures, Reasons: r.Rejection, Watermark: wm}
+			if dict != nil {
+				row.Dictionary, row.DefaultDictionary = dict.Scope(), dict.IsDefault()
+			}
+			switch {
+			case undecided != "":
+				row.Decision = "undecided"
+				row.Reasons = []string{undecided}
+			case r.Selected:
+				row.Decision = "selected"
+			default:
+				row.Decision = "rejected"
+			}
+			rows = append(rows, row)
+		}
+	}
+	// Stored rollouts whose current dictionary labeled none of them.
+	scopes, err := st.RolloutScopes(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	failed, err := st.FailedLabelRuns(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	failedBy := map[sink.Cohort]sink.FailedRuns{}
+	for _, f := range failed {
+		failedBy[f.Cohort] = f
+	}
+	setup := analyzer.LabelingSetup{Labeler: cfg.Analyzer.Labeler, LLM: cfg.LLM.BaseURL != ""}
+	for _, sc := range scopes {
+		if env != "" && sc.Environment != env {
+			continue
+		}
+		d := reg.Resolve(sc.Environment, sc.AgentVersion)
+		c := sink.Cohort{Environment: sc.Environment, AgentVersion: sc.AgentVersion}
+		if d != nil {
+			c.DictionaryVersion = d.Version
+		}
+		// Labeled under its current dictionary, or (no dictionary stored:
+		// external labels) under any version: not a cohort without labels.
+		if (d != nil && labeled[c]) || (d == nil && labeledAny[[2]string{sc.Environment, sc.AgentVersion}]) {
+			continue
+		}
+		row := reportRow{Environment: sc.Environment, AgentVersion: sc.AgentVersion, DictionaryVersion: c.DictionaryVersion,
+			Decision: "no labels", Rollouts: sc.Rollouts, Failures: sc.Failures, Watermark: sc.Watermark,
+			Reasons: []string{analyzer.WhyNoLabels(setup, sc.Environment, sc.AgentVersion, d, failedBy[c])}}
+		if d != nil {
+			row.Dictionary, row.DefaultDictionary = d.Scope(), d.IsDefault()
+		}
+		rows = append(rows, row)
+	}
+	return rows, warnings, nil
 }
 
 func writeReport(w io.Writer, format string, rows []reportRow) error {
@@ -128,23 +245,54 @@ func writeReport(w io.Writer, format string, rows []reportRow) error {
 		return enc.Encode(rows)
 	case "csv":
 		cw := csv.NewWriter(w)
-		cw.Write([]string{"environment", "agent_version", "dictionary_version", "capability", "cov", "er_failed", "er_passed", "delta", "runs_passed", "runs_total", "decision", "reasons"})
+		cw.Write([]string{"environment", "agent_version", "dictionary_version", "capability", "cov", "er_failed", "er_passed", "delta", "runs_passed", "runs_total", "decision", "reasons", "as_of"})
 		for _, r := range rows {
 			cw.Write([]string{r.Environment, r.AgentVersion, fmt.Sprint(r.DictionaryVersion), r.Capability, f4(r.Cov), f4(r.ERFailed), f4(r.ERPassed), f4(r.Delta),
-				fmt.Sprint(r.RunsPassed), fmt.Sprint(r.RunsTotal), r.Decision, strings.Join(r.Reasons, "; ")})
+				fmt.Sprint(r.RunsPassed), fmt.Sprint(r.RunsTotal), r.Decision, strings.Join(r.Reasons, "; "), r.Watermark.UTC().Format(time.RFC3339)})
 		}
 		cw.Flush()
 		return cw.Error()
 	}
 	if len(rows) == 0 {
-		fmt.Fprintln(w, "no labeled rollouts in the window yet")
+		fmt.Fprintln(w, "no rollouts stored yet (nothing labeled, nothing to report)")
 		return nil
 	}
+	// One line per cohort first: its dictionary, its watermark and window.
+	seen := map[string]bool{}
+	for _, r := range rows {
+		k := fmt.Sprintf("%s/%s v%d", r.Environment, r.AgentVersion, r.DictionaryVersion)
+		if seen[k] {
+			continue
+		}
+		seen[k] = true
+		dict := "no dictionary"
+		if r.Dictionary != "" {
+			dict = fmt.Sprintf("dictionary %s v%d", r.Dictionary, r.DictionaryVersion)
+			if r.DefaultDictionary {
+				dict += " (the default)"
+			}
+		}
+		fmt.Fprintf(w, "%s/%s: %s, as of %s: %d rollouts, %d failures in the window\n", r.Environment, r.AgentVersion, dict,
+			r.Watermark.UTC().Format("2006-01-02 15:04:05 UTC"), r.Rollouts, r.Failures)
+		if r.Decision == "no labels" {
+			fmt.Fprintf(w, "  no labels: %s\n", strings.Join(r.Reasons, "; "))
+		}
+	}
+	fmt.Fprintln(w)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "environment\tagent\tdict\tcapability\tCov\tER-\tER+\tΔ\truns\tdecision\treasons")
+	n := 0
 	for _, r := range rows {
+		if r.Decision == "no labels" {
+			continue
+		}
+		n++
 		fmt.Fprintf(tw, "%s\t%s\tv%d\t%s\t%s\t%s\t%s\t%s\t%d/%d\t%s\t%s\n", r.Environment, r.AgentVersion, r.DictionaryVersion, r.Capability,
 			f4(r.Cov), f4(r.ERFailed), f4(r.ERPassed), f4(r.Delta), r.RunsPassed, r.RunsTotal, r.Decision, strings.Join(r.Reasons, "; "))
+	}
+	if n == 0 {
+		fmt.Fprintln(w, "no labeled rollouts yet (reasons above)")
+		return nil
 	}
 	return tw.Flush()
 }

@@ -6,10 +6,13 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/traceops/trace/analyzer"
-	"github.com/traceops/trace/internal/shareddata"
-	"github.com/traceops/trace/internal/testenv"
+	"github.com/traceops/trace/internal/config"
+	"github.com/traceops/trace/internal/dev/shareddata"
+	"github.com/traceops/trace/internal/dev/testenv"
+	"github.com/traceops/trace/schemas"
 	"github.com/traceops/trace/sink"
 )
 
@@ -58,7 +61,77 @@ func TestReportOnTheTraceRelease(t *testing.T) {
 		t.Fatalf("csv (%v):\n%s", err, csv)
 	}
 	table, err := runCLI(t, ctx, append([]string{"report", "--env", "nothing-here"}, sets...)...)
-	if err != nil || !strings.Contains(table, "no labeled rollouts") {
+	if err != nil || !strings.Contains(table, "no rollouts stored yet") {
 		t.Fatalf("empty report (%v): %s", err, table)
+	}
+}
+
+// TestReportSaysWhy: a cohort whose rollouts are stored but not labeled is
+// reported with the reason and the setting to change; a cohort whose
+// labeler failed says so; a watermark in the future is reported with a
+// warning, its data shown.
+func TestReportSaysWhy(t *testing.T) {
+	ch := testenv.ClickHouse(t)
+	st := ch.Store()
+	ctx := context.Background()
+	now := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
+	rollout := func(env, id string, end time.Time) sink.RolloutRow {
+		ok := false
+		return sink.RolloutRowFrom(&schemas.Rollout{RolloutID: id, Environment: env, Agent: schemas.Agent{Name: "a", Version: "v1"}, TaskID: "t",
+			StartTime: end.Add(-time.Minute), EndTime: end, Outcome: schemas.Outcome{Success: &ok}}, sink.Coord{Topic: "t"})
+	}
+	if err := st.InsertRollouts(ctx, []sink.RolloutRow{rollout("lonely", "r1", now.Add(-time.Hour)), rollout("broken", "r2", now.Add(-time.Hour)),
+		rollout("skewed", "r3", now.Add(3*time.Hour))}); err != nil {
+		t.Fatal(err)
+	}
+	// "broken" has a dictionary whose rules run failed; "skewed" is labeled
+	// three hours ahead of the clock.
+	d := &analyzer.Dictionary{Environment: "broken", AgentVersion: "*", Version: 1, Source: "file",
+		Capabilities: []analyzer.Capability{{Name: "some_cap", Definition: "a definition long enough to label against.", Detector: "'NA'"}}}
+	if err := st.SaveDictionary(ctx, analyzer.DictionaryRow(d)); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.InsertLabelRuns(ctx, []sink.LabelRun{{Environment: "broken", AgentVersion: "v1", DictionaryVersion: 1, RolloutID: "r2",
+		Labeler: "rules", Status: "failed", Reason: "capability some_cap: no such key: x", At: now}}); err != nil {
+		t.Fatal(err)
+	}
+	ev := schemas.LabelEvent{RolloutID: "r3", Environment: "skewed", AgentVersion: "v1", DictionaryVersion: 1, Capability: "some_cap",
+		Label: "LACKING", Source: "rules", TS: now.Add(3 * time.Hour)}
+	if err := st.InsertLabels(ctx, []sink.LabelRow{sink.LabelRowFrom(&ev)}); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := config.Load("", []string{"clickhouse.addr=" + ch.Addr, "clickhouse.database=" + ch.Database})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rows, warnings, err := buildReport(ctx, cfg, st, "", cfg.Analyzer.Window, now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	why := map[string]string{}
+	for _, r := range rows {
+		if r.Decision == "no labels" {
+			why[r.Environment] = strings.Join(r.Reasons, "; ")
+		}
+		if r.Environment == "skewed" && (r.Decision != "undecided" || !r.Watermark.Equal(now.Add(3*time.Hour)) || !strings.Contains(r.Reasons[0], "analyzer.min_failures")) {
+			t.Errorf("skewed cohort: %+v", r)
+		}
+	}
+	if w := why["lonely"]; !strings.Contains(w, "no dictionary") || !strings.Contains(w, "llm.base_url") || !strings.Contains(w, "trace dict apply FILE --backfill") {
+		t.Errorf("lonely: %q", w)
+	}
+	if w := why["broken"]; !strings.Contains(w, "rules labeler failed on 1 labeling runs") || !strings.Contains(w, "no such key: x") || !strings.Contains(w, "trace relabel --env broken") {
+		t.Errorf("broken: %q", w)
+	}
+	if len(warnings) != 1 || !strings.Contains(warnings[0], "skewed") || !strings.Contains(warnings[0], "3h0m0s in the future") {
+		t.Errorf("warnings %q", warnings)
+	}
+	// The table prints the reasons per cohort.
+	var b strings.Builder
+	if err := writeReport(&b, "table", rows); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(b.String(), "lonely/v1: no dictionary, as of 2026-12-01 11:00:00 UTC") || !strings.Contains(b.String(), "  no labels: no dictionary for lonely/v1") {
+		t.Errorf("table:\n%s", b.String())
 	}
 }

@@ -8,7 +8,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/traceops/trace/internal/shareddata"
+	"github.com/traceops/trace/internal/dev/shareddata"
 )
 
 func TestSelectCommandGolden(t *testing.T) {

@@ -13,8 +13,8 @@ import (
 
 	"github.com/segmentio/kafka-go"
 
-	"github.com/traceops/trace/internal/simulate"
-	"github.com/traceops/trace/internal/testenv"
+	"github.com/traceops/trace/internal/dev/simulate"
+	"github.com/traceops/trace/internal/dev/testenv"
 	"github.com/traceops/trace/sink"
 )
 

@@ -18,7 +18,7 @@ import (
 	"golang.org/x/time/rate"
 
 	"github.com/traceops/trace/ingest"
-	"github.com/traceops/trace/internal/simulate"
+	"github.com/traceops/trace/internal/dev/simulate"
 	"github.com/traceops/trace/schemas"
 )
 

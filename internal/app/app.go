@@ -2,8 +2,11 @@
 // embedded servers a configuration asks for, opens ClickHouse and NATS, and
 // runs every enabled role as an actor (a run function and an interrupt
 // function, as Prometheus does with oklog/run), so one failing role stops the
-// others and shutdown is ordered: consumers drain and commit first, then the
-// evaluator, then the HTTP server, then the embedded servers.
+// others. Shutdown interrupts every actor at once (oklog/run gives no order):
+// each consumer drains and commits its batch in flight within its drain
+// timeout while the evaluator and the HTTP server stop; Run returns when all
+// have returned, and only then does Close stop the store, the bus and the
+// embedded servers, in reverse start order.
 package app
 
 import (
@@ -31,6 +34,7 @@ import (
 	"github.com/traceops/trace/internal/config"
 	"github.com/traceops/trace/internal/embedded"
 	"github.com/traceops/trace/internal/llm"
+	"github.com/traceops/trace/internal/stream"
 	"github.com/traceops/trace/sink"
 )
 
@@ -58,8 +62,21 @@ type App struct {
 	httpAddr   string
 }
 
+// ClickHouseAddr is the native address of the ClickHouse in use (the
+// embedded server's when none is configured).
+func (a *App) ClickHouseAddr() string {
+	if a.ch != nil {
+		return a.ch.Addr()
+	}
+	return a.Cfg.ClickHouse.Addr[0]
+}
+
 // HTTPAddr is the address the serve role listens on (after Ready).
 func (a *App) HTTPAddr() string { return a.httpAddr }
+
+// EmbeddedClickHouse is the local ClickHouse server trace started (nil when
+// clickhouse.addr is configured). Run supervises it.
+func (a *App) EmbeddedClickHouse() *chserver.Server { return a.ch }
 
 // Start brings up the infrastructure (embedded where nothing is configured),
 // migrates ClickHouse, connects NATS and loads the dictionaries. Close undoes it.
@@ -75,7 +92,7 @@ func Start(ctx context.Context, cfg config.Config, log *slog.Logger) (*App, erro
 	var err error
 	a.Brokers = cfg.Kafka.Brokers
 	if len(a.Brokers) == 0 {
-		if a.kfake, err = embedded.Kafka(cfg.Kafka.EmbeddedAddr, cfg.Path("kafka"), 4, log,
+		if a.kfake, err = embedded.Kafka(cfg.Kafka.EmbeddedAddr, cfg.Path("kafka"), 4, cfg.Kafka.TopicMaxBytes(), log,
 			cfg.Kafka.RolloutsTopic, cfg.Kafka.LabelsTopic, cfg.Kafka.DLQTopic); err != nil {
 			return nil, err
 		}
@@ -139,13 +156,17 @@ func openStore(ctx context.Context, cfg sink.Config, log *slog.Logger) (*sink.St
 	}
 }
 
-// loadDictionaries stores the built-in example dictionary and every
+// loadDictionaries stores the built-in default dictionary (unless
+// analyzer.default_dictionary is false) and every
 // configured file (as new versions when their content changed), announces
 // them, and loads every stored version into the registry.
 func (a *App) loadDictionaries(ctx context.Context) error {
-	ds, err := analyzer.BuiltinDictionaries()
-	if err != nil {
-		return err
+	var ds []*analyzer.Dictionary
+	if a.Cfg.Analyzer.DefaultDictionary {
+		var err error
+		if ds, err = analyzer.BuiltinDictionaries(); err != nil {
+			return err
+		}
 	}
 	for _, f := range a.Cfg.Dictionary {
 		data, err := os.ReadFile(f)
@@ -162,61 +183,26 @@ func (a *App) loadDictionaries(ctx context.Context) error {
 		return err
 	}
 	for _, d := range ds {
-		if _, err := ApplyDictionary(ctx, a.Store, a.Bus, a.Dicts, d); err != nil {
+		if _, err := a.Dicts.Apply(ctx, a.Store, announcer(a.Bus), d); err != nil {
 			return err
 		}
 	}
 	return nil
 }
 
-// ApplyDictionary stores d unless the same content is already the current
-// version of its scope, announces it over NATS, and adds it to reg. A
-// dictionary whose content changed but whose version did not is stored as
-// the next version (capabilities are never renamed within a version).
-func ApplyDictionary(ctx context.Context, st *sink.Store, b *bus.Bus, reg *analyzer.Registry, d *analyzer.Dictionary) (*analyzer.Dictionary, error) {
-	if err := d.Validate(); err != nil {
-		return nil, err
-	}
-	cur := reg.Resolve(d.Environment, d.AgentVersion)
-	if cur != nil && cur.Environment == d.Environment && cur.AgentVersion == d.AgentVersion {
-		if cur.Fingerprint() == d.Fingerprint() {
-			return cur, nil
-		}
-		if d.Version <= cur.Version {
-			d.Version = cur.Version + 1
-		}
-	}
-	if d.CreatedAt.IsZero() {
-		d.CreatedAt = time.Now().UTC()
-	}
-	if d.Source == "" {
-		d.Source = "file"
-	}
-	if err := st.SaveDictionary(ctx, analyzer.DictionaryRow(d)); err != nil {
-		return nil, err
-	}
-	reg.Put(d)
-	if b != nil {
-		if err := b.AnnounceDictionary(ctx, d.Environment, d.AgentVersion, d.Version); err != nil {
-			return nil, err
-		}
-	}
-	return d, nil
-}
-
 // Ready is closed when every role has started.
 func (a *App) Ready() <-chan struct{} { return a.readyCh }
 
 // Run runs the configured roles until ctx ends or one role fails. It returns
-// nil after a clean, ordered shutdown.
+// nil after a clean shutdown: every actor interrupted at once, each returned.
 func (a *App) Run(ctx context.Context, extra ...Actor) error {
 	var g run.Group
-	im := ingest.NewMetrics(a.Registry)
+	im := stream.NewMetrics(a.Registry)
 	am := analyzer.NewMetrics(a.Registry)
-	a.Evaluator = analyzer.NewEvaluator(a.Cfg.Analyzer.EvalConfig, a.Store, a.Bus, a.Dicts, a.Log, am)
+	a.Evaluator = analyzer.NewEvaluator(a.Cfg.Analyzer.EvalConfig, a.Store, BusPublisher{Bus: a.Bus}, a.Dicts, a.Log, am)
 
 	if a.Cfg.Has("ingest") {
-		c, err := ingest.NewConsumer(a.consumerConfig(a.Cfg.Kafka.IngestGroup, a.Cfg.Kafka.RolloutsTopic, "ingest"),
+		c, err := stream.NewConsumer(a.consumerConfig(a.Cfg.Kafka.IngestGroup, a.Cfg.Kafka.RolloutsTopic, "ingest"),
 			ingest.DecodeRolloutRow(a.Cfg.Kafka.MaxBytes), &ingest.RowSink{Store: a.Store}, a.Log, im)
 		if err != nil {
 			return err
@@ -242,7 +228,7 @@ func (a *App) Run(ctx context.Context, extra ...Actor) error {
 			}
 			cc := a.consumerConfig(a.Cfg.Kafka.AnalyzeGroup, a.Cfg.Kafka.RolloutsTopic, "analyze")
 			cc.SkipInvalid = !a.Cfg.Kafka.AnalyzeDeadLetters
-			c, err := ingest.NewConsumer(cc, ingest.DecodeRollout(a.Cfg.Kafka.MaxBytes), ls, a.Log, im)
+			c, err := stream.NewConsumer(cc, ingest.DecodeRollout(a.Cfg.Kafka.MaxBytes), ls, a.Log, im)
 			if err != nil {
 				return err
 			}
@@ -250,7 +236,7 @@ func (a *App) Run(ctx context.Context, extra ...Actor) error {
 		}
 		lc := a.consumerConfig(a.Cfg.Kafka.LabelsGroup, a.Cfg.Kafka.LabelsTopic, "labels")
 		lc.DLQTopic = a.Cfg.Kafka.LabelsTopic + ".dlq"
-		c, err := ingest.NewConsumer(lc, ingest.DecodeLabel, &analyzer.LabelEventSink{Store: a.Store, Evaluator: a.Evaluator, Metrics: am}, a.Log, im)
+		c, err := stream.NewConsumer(lc, ingest.DecodeLabel, &analyzer.LabelEventSink{Store: a.Store, Evaluator: a.Evaluator, Metrics: am}, a.Log, im)
 		if err != nil {
 			return err
 		}
@@ -263,6 +249,9 @@ func (a *App) Run(ctx context.Context, extra ...Actor) error {
 				}
 			})
 		})
+	}
+	if a.ch != nil {
+		a.superviseClickHouse(ctx, &g)
 	}
 	if err := a.addHTTP(&g); err != nil {
 		return err
@@ -299,6 +288,29 @@ func addActor(g *run.Group, parent context.Context, name string, fn func(context
 	}, func(error) { cancel() })
 }
 
+// superviseClickHouse restarts the embedded ClickHouse server when its
+// process dies (chserver.Supervise: logged with the exit status, capped
+// backoff); meanwhile the consumers back off and /readyz fails. Counted in
+// trace_embedded_clickhouse_exits_total and _restarts_total.
+func (a *App) superviseClickHouse(ctx context.Context, g *run.Group) {
+	exits := prometheus.NewCounter(prometheus.CounterOpts{Name: "trace_embedded_clickhouse_exits_total",
+		Help: "Unexpected exits of the embedded ClickHouse server (crash, kill -9, OOM killer)."})
+	restarts := prometheus.NewCounter(prometheus.CounterOpts{Name: "trace_embedded_clickhouse_restarts_total",
+		Help: "Restarts of the embedded ClickHouse server after an unexpected exit."})
+	for _, c := range []*prometheus.Counter{&exits, &restarts} {
+		if err := a.Registry.Register(*c); err != nil {
+			var are prometheus.AlreadyRegisteredError
+			if errors.As(err, &are) {
+				*c = are.ExistingCollector.(prometheus.Counter) // Run called again
+			}
+		}
+	}
+	addActor(g, ctx, "clickhouse-supervisor", func(ctx context.Context) error {
+		return a.ch.Supervise(ctx, chserver.SuperviseOptions{
+			OnExit: func(error) { exits.Inc() }, OnRestart: restarts.Inc})
+	})
+}
+
 // addHTTP listens on http.addr and adds the HTTP server (health, metrics,
 // and with the serve role the dashboard and API) to g.
 func (a *App) addHTTP(g *run.Group) error {
@@ -329,15 +341,18 @@ func (a *App) addHTTP(g *run.Group) error {
 // consumerConfig is the consumer configuration of a stage. kafka.batch_* size
 // the ingest stage's batches, which stream into ClickHouse and cost no memory;
 // the other stages hold their batches in memory, so their batches are capped
-// at ingest.DefaultBatchRows and ingest.DefaultBatchBytes.
-func (a *App) consumerConfig(group, topic, stage string) ingest.Config {
+// at stream.DefaultBatchRows and stream.DefaultBatchBytes. The fetch size
+// covers the largest message the topics hold, and dead letters keep up to
+// kafka.max_message_bytes of their value (config.Kafka.TopicMaxBytes).
+func (a *App) consumerConfig(group, topic, stage string) stream.Config {
 	k := a.Cfg.Kafka
 	rows, bytes := k.BatchRows, k.BatchBytes
 	if stage != "ingest" {
-		rows, bytes = min(rows, ingest.DefaultBatchRows), min(bytes, ingest.DefaultBatchBytes)
+		rows, bytes = min(rows, stream.DefaultBatchRows), min(bytes, stream.DefaultBatchBytes)
 	}
-	return ingest.Config{Brokers: a.Brokers, Topic: topic, GroupID: group, DLQTopic: k.DLQTopic, Stage: stage,
-		BatchRows: rows, BatchBytes: bytes, BatchTimeout: k.BatchTimeout, MaxMessageBytes: k.MaxBytes + 64<<10, Dialer: a.Dialer}
+	return stream.Config{Brokers: a.Brokers, Topic: topic, GroupID: group, DLQTopic: k.DLQTopic, Stage: stage,
+		BatchRows: rows, BatchBytes: bytes, BatchTimeout: k.BatchTimeout,
+		MaxMessageBytes: k.TopicMaxBytes(), DLQMaxValueBytes: k.MaxBytes, Dialer: a.Dialer}
 }
 
 func (a *App) labeler() (analyzer.Labeler, error) {

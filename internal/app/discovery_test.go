@@ -8,16 +8,17 @@ import (
 	"time"
 
 	"github.com/traceops/trace/internal/config"
-	"github.com/traceops/trace/internal/llmtest"
-	"github.com/traceops/trace/internal/testenv"
+	"github.com/traceops/trace/internal/dev/llmtest"
+	"github.com/traceops/trace/internal/dev/testenv"
 )
 
 var trajectoryIDRe = regexp.MustCompile(`(?m)^id: (\S+)$`)
 
 // TestDiscoveryForANewEnvironment: rollouts of an environment without a
-// dictionary make the analyzer run the discovery agent (over a sample read
-// back from ClickHouse); its proposal becomes dictionary version 1, stored,
-// announced, and used to label the next rollouts.
+// dictionary of its own are labeled with the default dictionary (version 1)
+// and make the analyzer run the discovery agent (over a sample read back
+// from ClickHouse); its proposal takes over as version 2, stored, announced,
+// and used to label the next rollouts.
 func TestDiscoveryForANewEnvironment(t *testing.T) {
 	if testing.Short() {
 		t.Skip("pipeline test")
@@ -52,10 +53,10 @@ func TestDiscoveryForANewEnvironment(t *testing.T) {
 	cfg.LLM = config.LLM{BaseURL: srv.URL, Model: "scripted", Timeout: 5 * time.Second, Concurrency: 4, Runs: 1, Structured: "json_schema"}
 	a, stop := w.start(t, cfg)
 	defer stop()
-	w.publish(t, 0, 40) // no dictionary yet: stored, not labeled; discovery is requested
+	w.publish(t, 0, 40) // no dictionary of its own: labeled with the default, discovery is requested
 	deadline := time.Now().Add(90 * time.Second)
 	for {
-		if d := a.Dicts.Resolve("novel-env", "1.4.0"); d != nil || time.Now().After(deadline) {
+		if d := a.Dicts.Resolve("novel-env", "1.4.0"); (d != nil && !d.IsDefault()) || time.Now().After(deadline) {
 			break
 		}
 		time.Sleep(200 * time.Millisecond)
@@ -63,11 +64,11 @@ func TestDiscoveryForANewEnvironment(t *testing.T) {
 	var found bool
 	for _, av := range []string{"1.4.0", "1.5.0"} {
 		d := a.Dicts.Resolve("novel-env", av)
-		if d == nil {
+		if d == nil || d.IsDefault() {
 			continue
 		}
 		found = true
-		if d.Version != 1 || d.Source != "discovery" || d.Capabilities[0].Name != "write_precondition_check" {
+		if d.Version != 2 || d.Source != "discovery" || d.Environment != "novel-env" || d.Capabilities[0].Name != "write_precondition_check" {
 			t.Fatalf("discovered dictionary %+v", d)
 		}
 	}
@@ -85,12 +86,18 @@ func TestDiscoveryForANewEnvironment(t *testing.T) {
 	if !stored {
 		t.Fatal("the discovered dictionary is not stored in ClickHouse")
 	}
+	// Meanwhile the default dictionary labeled the first rollouts.
+	var byDefault uint64
+	testenv.StoreConn(t, a.Store).QueryRow(context.Background(), "SELECT count() FROM capability_labels WHERE environment = 'novel-env' AND dictionary_version = 1 AND capability = 'tool_error_recovery'").Scan(&byDefault)
+	if byDefault == 0 {
+		t.Error("the default dictionary labeled none of the rollouts that arrived before discovery")
+	}
 	// The next rollouts are labeled against it.
 	w.publish(t, 40, 80)
 	deadline = time.Now().Add(60 * time.Second)
 	for {
 		var n uint64
-		a.Store.Conn().QueryRow(context.Background(), "SELECT count() FROM capability_labels WHERE environment = 'novel-env' AND capability = 'write_precondition_check'").Scan(&n)
+		testenv.StoreConn(t, a.Store).QueryRow(context.Background(), "SELECT count() FROM capability_labels WHERE environment = 'novel-env' AND dictionary_version = 2 AND capability = 'write_precondition_check'").Scan(&n)
 		if n > 0 {
 			break
 		}

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"sort"
 	"sync"
@@ -18,8 +19,9 @@ import (
 	"github.com/traceops/trace/internal/app"
 	"github.com/traceops/trace/internal/bus"
 	"github.com/traceops/trace/internal/config"
-	"github.com/traceops/trace/internal/simulate"
-	"github.com/traceops/trace/internal/testenv"
+	"github.com/traceops/trace/internal/dev/simulate"
+	"github.com/traceops/trace/internal/dev/testenv"
+	"github.com/traceops/trace/internal/stream"
 	"github.com/traceops/trace/schemas"
 	"github.com/traceops/trace/sink"
 )
@@ -190,8 +192,19 @@ func (w *world) publish(t *testing.T, from, to int) {
 // start runs an app until the returned stop function is called.
 func (w *world) start(t *testing.T, cfg config.Config) (*app.App, func() error) {
 	t.Helper()
+	return w.startLogged(t, cfg, nil)
+}
+
+// startLogged is start with the app's log (warnings and errors) also
+// written to logs.
+func (w *world) startLogged(t *testing.T, cfg config.Config, logs io.Writer) (*app.App, func() error) {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	a, err := app.Start(ctx, cfg, slog.New(slog.NewTextHandler(testLog{t}, &slog.HandlerOptions{Level: slog.LevelWarn})))
+	var out io.Writer = testLog{t}
+	if logs != nil {
+		out = io.MultiWriter(out, logs)
+	}
+	a, err := app.Start(ctx, cfg, slog.New(slog.NewTextHandler(out, &slog.HandlerOptions{Level: slog.LevelWarn})))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -220,8 +233,8 @@ func (w *world) waitComplete(t *testing.T, st *sink.Store, timeout time.Duration
 	deadline := time.Now().Add(timeout)
 	for {
 		var rollouts, labeled uint64
-		errA := st.Conn().QueryRow(context.Background(), "SELECT uniqExact(rollout_id) FROM rollouts").Scan(&rollouts)
-		errB := st.Conn().QueryRow(context.Background(), "SELECT uniqExact(rollout_id) FROM capability_labels").Scan(&labeled)
+		errA := testenv.StoreConn(t, st).QueryRow(context.Background(), "SELECT uniqExact(rollout_id) FROM rollouts").Scan(&rollouts)
+		errB := testenv.StoreConn(t, st).QueryRow(context.Background(), "SELECT uniqExact(rollout_id) FROM capability_labels").Scan(&labeled)
 		if errA == nil && errB == nil && rollouts == uint64(len(w.rollouts)) && labeled == uint64(len(w.rollouts)) {
 			return
 		}
@@ -238,7 +251,7 @@ func (w *world) exactlyOnce(t *testing.T, st *sink.Store) {
 	t.Helper()
 	ctx := context.Background()
 	var final, distinct, successes uint64
-	if err := st.Conn().QueryRow(ctx, "SELECT count(), uniqExact(rollout_id), sum(success) FROM rollouts FINAL").Scan(&final, &distinct, &successes); err != nil {
+	if err := testenv.StoreConn(t, st).QueryRow(ctx, "SELECT count(), uniqExact(rollout_id), sum(success) FROM rollouts FINAL").Scan(&final, &distinct, &successes); err != nil {
 		t.Fatal(err)
 	}
 	want := 0
@@ -253,7 +266,7 @@ func (w *world) exactlyOnce(t *testing.T, st *sink.Store) {
 	// The materialized view's block lands just after the source table's.
 	var mvTotal, mvSucc uint64
 	for deadline := time.Now().Add(10 * time.Second); ; {
-		if err := st.Conn().QueryRow(ctx, "SELECT uniqExactMerge(rollouts), uniqExactIfMerge(successes) FROM rollout_counts").Scan(&mvTotal, &mvSucc); err != nil {
+		if err := testenv.StoreConn(t, st).QueryRow(ctx, "SELECT uniqExactMerge(rollouts), uniqExactIfMerge(successes) FROM rollout_counts").Scan(&mvTotal, &mvSucc); err != nil {
 			t.Fatal(err)
 		}
 		if mvTotal == uint64(len(w.rollouts)) || time.Now().After(deadline) {
@@ -318,23 +331,23 @@ func TestCancelBetweenInsertAndCommit(t *testing.T) {
 	wrote := 0
 	for _, stage := range []string{"ingest", "analyze"} {
 		ctx, cancel := context.WithCancel(context.Background())
-		cc := ingest.Config{Brokers: w.cfg.Kafka.Brokers, Topic: w.cfg.Kafka.RolloutsTopic, DLQTopic: w.cfg.Kafka.DLQTopic,
+		cc := stream.Config{Brokers: w.cfg.Kafka.Brokers, Topic: w.cfg.Kafka.RolloutsTopic, DLQTopic: w.cfg.Kafka.DLQTopic,
 			GroupID: w.cfg.Kafka.IngestGroup, Stage: stage, BatchRows: 300, BatchTimeout: 100 * time.Millisecond, DrainTimeout: 300 * time.Millisecond}
 		var run func(context.Context) error
 		var err error
 		if stage == "ingest" {
 			// The ingest stage as trace runs it: rows streamed by RowSink.
-			var c *ingest.Consumer[*sink.RolloutRow]
-			c, err = ingest.NewConsumer(cc, ingest.DecodeRolloutRow(0),
-				ingest.Sink[*sink.RolloutRow](&cancelAfterCommit{RowSink: &ingest.RowSink{Store: a.Store}, cancel: cancel, wrote: &wrote}), nil, nil)
+			var c *stream.Consumer[*sink.RolloutRow]
+			c, err = stream.NewConsumer(cc, ingest.DecodeRolloutRow(0),
+				stream.Sink[*sink.RolloutRow](&cancelAfterCommit{RowSink: &ingest.RowSink{Store: a.Store}, cancel: cancel, wrote: &wrote}), nil, nil)
 			if c != nil {
 				run = c.Run
 			}
 		} else {
 			cc.GroupID = w.cfg.Kafka.AnalyzeGroup
 			inner := &analyzer.LabelingSink{Labeler: analyzer.NewRulesLabeler(analyzer.RulesOptions{}), Registry: dicts, Store: a.Store}
-			var c *ingest.Consumer[*schemas.Rollout]
-			c, err = ingest.NewConsumer(cc, ingest.DecodeRollout(0), ingest.SinkFunc[*schemas.Rollout](func(wctx context.Context, batch []ingest.Record[*schemas.Rollout]) error {
+			var c *stream.Consumer[*schemas.Rollout]
+			c, err = stream.NewConsumer(cc, ingest.DecodeRollout(0), stream.SinkFunc[*schemas.Rollout](func(wctx context.Context, batch []stream.Record[*schemas.Rollout]) error {
 				if err := inner.Write(wctx, batch); err != nil {
 					return err
 				}
@@ -363,7 +376,7 @@ func TestCancelBetweenInsertAndCommit(t *testing.T) {
 	a2, stop2 := w.start(t, w.cfg)
 	w.waitComplete(t, a2.Store, 2*time.Minute)
 	var rows uint64
-	a2.Store.Conn().QueryRow(context.Background(), "SELECT count() FROM rollouts").Scan(&rows)
+	testenv.StoreConn(t, a2.Store).QueryRow(context.Background(), "SELECT count() FROM rollouts").Scan(&rows)
 	t.Logf("%d rollouts written before the cancel; %d rows in rollouts for %d rollouts", wrote, rows, len(w.rollouts))
 	w.exactlyOnce(t, a2.Store)
 	if err := stop2(); err != nil {
@@ -379,7 +392,7 @@ type cancelAfterCommit struct {
 	wrote  *int
 }
 
-func (s *cancelAfterCommit) Begin(ctx context.Context) (ingest.Stream[*sink.RolloutRow], error) {
+func (s *cancelAfterCommit) Begin(ctx context.Context) (stream.Stream[*sink.RolloutRow], error) {
 	st, err := s.RowSink.Begin(ctx)
 	if err != nil {
 		return nil, err
@@ -388,13 +401,13 @@ func (s *cancelAfterCommit) Begin(ctx context.Context) (ingest.Stream[*sink.Roll
 }
 
 type cancelStream struct {
-	ingest.Stream[*sink.RolloutRow]
+	stream.Stream[*sink.RolloutRow]
 	ctx  context.Context
 	s    *cancelAfterCommit
 	rows int
 }
 
-func (st *cancelStream) Add(recs []ingest.Record[*sink.RolloutRow]) error {
+func (st *cancelStream) Add(recs []stream.Record[*sink.RolloutRow]) error {
 	st.rows += len(recs)
 	return st.Stream.Add(recs)
 }
@@ -500,7 +513,7 @@ func TestDictionaryHotReload(t *testing.T) {
 	d.Capabilities = append([]analyzer.Capability{}, before.Capabilities...)
 	d.Capabilities[0].Definition += " Updated for the hot-reload test."
 	d.Source, d.CreatedAt = "", time.Time{}
-	stored, err := app.ApplyDictionary(context.Background(), st, b, reg, &d)
+	stored, err := reg.Apply(context.Background(), st, b, &d)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,6 +1,7 @@
 package app
 
 import (
+	"cmp"
 	"crypto/subtle"
 	"net/http"
 	"strings"
@@ -8,6 +9,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/traceops/trace/analyzer"
 	"github.com/traceops/trace/internal/dashboard"
 )
 
@@ -17,28 +19,17 @@ import (
 func (a *App) httpServer() *http.Server {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { w.Write([]byte("ok\n")) })
-	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
-		select {
-		case <-a.readyCh:
-		default:
-			http.Error(w, "starting", http.StatusServiceUnavailable)
-			return
-		}
-		if err := a.Store.Ping(r.Context()); err != nil {
-			http.Error(w, "clickhouse: "+err.Error(), http.StatusServiceUnavailable)
-			return
-		}
-		if a.Bus != nil && !a.Bus.NC.IsConnected() {
-			http.Error(w, "nats: disconnected", http.StatusServiceUnavailable)
-			return
-		}
-		w.Write([]byte("ready\n"))
-	})
+	mux.HandleFunc("GET /readyz", a.readyz)
 	protected := http.NewServeMux()
 	protected.Handle("GET /metrics", promhttp.HandlerFor(a.Registry, promhttp.HandlerOpts{Registry: a.Registry}))
 	if a.Cfg.Has("serve") {
-		protected.Handle("/", dashboard.New(dashboard.Deps{Store: a.Store, Evaluator: a.Evaluator, Dicts: a.Dicts,
-			Rho: a.Cfg.Analyzer.Rho, Delta: a.Cfg.Analyzer.Delta, Eval: a.Cfg.Analyzer.EvalConfig, Log: a.Log}))
+		deps := dashboard.Deps{Evaluator: a.Evaluator, Dicts: a.Dicts,
+			Rho: a.Cfg.Analyzer.Rho, Delta: a.Cfg.Analyzer.Delta, Eval: a.Cfg.Analyzer.EvalConfig, Log: a.Log,
+			Labeling: analyzer.LabelingSetup{Labeler: a.Cfg.Analyzer.Labeler, LLM: a.Cfg.LLM.BaseURL != ""}}
+		if a.Store != nil { // a nil *sink.Store must stay a nil Store
+			deps.Store = a.Store
+		}
+		protected.Handle("/", dashboard.New(deps))
 	}
 	mux.Handle("/", bearer(a.Cfg.HTTP.BearerToken, protected))
 	return &http.Server{Addr: a.Cfg.HTTP.Addr, Handler: mux, ReadHeaderTimeout: 10 * time.Second}
@@ -53,9 +44,7 @@ func bearer(token string, h http.Handler) http.Handler {
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		got := strings.TrimPrefix(r.Header.Get("Authorization"), "Bearer ")
-		if got == "" {
-			got = r.URL.Query().Get("token")
-		}
+		got = cmp.Or(got, r.URL.Query().Get("token"))
 		if subtle.ConstantTimeCompare([]byte(got), []byte(token)) != 1 {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="trace"`)
 			http.Error(w, "unauthorized", http.StatusUnauthorized)

@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/traceops/trace/internal/testenv"
+	"github.com/traceops/trace/internal/dev/testenv"
 )
 
 // TestServeEndpoints: health and readiness are open; /metrics, the API and

@@ -58,7 +58,7 @@ func (a *App) discoveryRunner() (*analyzer.DiscoveryRunner, error) {
 		Threshold: an.UnexplainedThreshold, MinFailures: an.MinFailures, Window: an.Window, Cooldown: an.DiscoveryCooldown,
 		Sample: an.DiscoverySample,
 		Apply: func(ctx context.Context, d *analyzer.Dictionary) error {
-			_, err := ApplyDictionary(ctx, a.Store, a.Bus, a.Dicts, d)
+			_, err := a.Dicts.Apply(ctx, a.Store, announcer(a.Bus), d)
 			return err
 		}}, nil
 }
@@ -101,7 +101,8 @@ func NewAuditRecorder(st *sink.Store, log *slog.Logger) *AuditRecorder {
 }
 
 // RecordLLMCall implements llm.Recorder.
-func (r *AuditRecorder) RecordLLMCall(_ context.Context, c sink.LLMCall) {
+func (r *AuditRecorder) RecordLLMCall(_ context.Context, rec llm.AuditRecord) {
+	c := sink.LLMCall(rec)
 	r.mu.Lock()
 	if len(r.buf) >= auditMax {
 		r.buf = r.buf[1:]

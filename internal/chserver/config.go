@@ -2,6 +2,7 @@ package chserver
 
 import (
 	"bytes"
+	"cmp"
 	"embed"
 	"encoding/xml"
 	"fmt"
@@ -99,15 +100,9 @@ func RenderConfig(p ConfigParams) (config, users []byte, err error) {
 	if p.TCPPort == p.HTTPPort {
 		return nil, nil, fmt.Errorf("chserver: tcp and http port are both %d", p.TCPPort)
 	}
-	if p.ListenHost == "" {
-		p.ListenHost = DefaultListenHost
-	}
-	if p.LogLevel == "" {
-		p.LogLevel = "information"
-	}
-	if p.Note == "" {
-		p.Note = "Do not edit: chserver.Start rewrites it on every start."
-	}
+	p.ListenHost = cmp.Or(p.ListenHost, DefaultListenHost)
+	p.LogLevel = cmp.Or(p.LogLevel, "information")
+	p.Note = cmp.Or(p.Note, "Do not edit: chserver.Start rewrites it on every start.")
 	dir := filepath.Clean(p.Dir)
 	data := struct {
 		ConfigParams

@@ -67,12 +67,18 @@ type Server struct {
 	proc        *process
 	version     Version // what the running (or last) server reported
 	renderedFor Version // version the config on disk was rendered for
+
+	downMu sync.Mutex
+	down   error // set by Supervise while a crashed server is not back
 }
 
 type process struct {
 	pid  int
 	done chan struct{} // closed when the process has exited and was reaped
 	err  error         // exit status, valid after done
+	// stopping is set (under Server.mu) before Stop, Kill or Restart
+	// signal the process: its exit is asked for, not a crash.
+	stopping bool
 }
 
 // ours holds the pids of servers this process started and has not seen
@@ -227,6 +233,7 @@ func (s *Server) Kill() error {
 	if p == nil {
 		return nil
 	}
+	p.stopping = true
 	err := signalGroup(p.pid, syscall.SIGKILL)
 	<-p.done
 	s.forget(p)
@@ -291,6 +298,7 @@ func (s *Server) stopLocked(ctx context.Context) error {
 		ctx, cancel = context.WithTimeout(ctx, StopTimeout)
 		defer cancel()
 	}
+	p.stopping = true
 	if err := signalGroup(p.pid, syscall.SIGTERM); err != nil {
 		s.log.Warn("clickhouse: SIGTERM failed", "pid", p.pid, "err", err)
 	}

@@ -6,6 +6,7 @@
 package config
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"net"
@@ -99,6 +100,26 @@ type Kafka struct {
 	SASL               SASL `koanf:"sasl"`
 }
 
+// Message sizes follow kafka.max_message_bytes (M, 4 MiB by default): the
+// largest rollout trace accepts; a larger one is dead-lettered (reason
+// too_large) with its first M bytes.
+//
+// TopicMaxBytes (2M + 1 MiB) is the max.message.bytes of the embedded
+// broker's topics and the consumers' fetch size (kafka-go MaxBytes): every
+// rollout up to M is accepted uncompressed, and a rollout somewhat over M
+// still reaches the ingest stage and is dead-lettered with its reason instead
+// of being refused to its producer. Give the topics of a real cluster the
+// same (or at least WriterBatchBytes).
+//
+// WriterBatchBytes (M + 1 MiB) is the kafka-go Writer.BatchBytes of trace's
+// producers (dead letters, the demo, label events): a message of M bytes
+// with its key and headers fits one batch, and no batch exceeds
+// TopicMaxBytes even uncompressed.
+func (k Kafka) TopicMaxBytes() int { return 2*k.MaxBytes + 1<<20 }
+
+// WriterBatchBytes: see TopicMaxBytes.
+func (k Kafka) WriterBatchBytes() int { return k.MaxBytes + 1<<20 }
+
 // TLS settings of a client.
 type TLS struct {
 	Enabled    bool   `koanf:"enabled"`
@@ -122,6 +143,12 @@ type Analyzer struct {
 	SampleFailed        float64                   `koanf:"sample_failed"` // share of failed rollouts labeled by the llm labeler
 	SamplePassed        float64                   `koanf:"sample_passed"` // share of passed rollouts labeled by the llm labeler
 	Concurrency         int                       `koanf:"concurrency"`   // rollouts labeled at once
+	// DefaultDictionary stores the built-in dictionary
+	// (analyzer/dictionaries/tau-tools.yaml, environment "*") at start, so
+	// that every (environment, agent version) without a dictionary of its
+	// own is labeled with it. false: only dictionaries applied or discovered
+	// label (a default stored earlier stays stored).
+	DefaultDictionary bool `koanf:"default_dictionary"`
 	// Discovery (needs llm.base_url): a scope without a dictionary, or whose
 	// window has more than UnexplainedThreshold of its failures without any
 	// LACKING label, gets a new dictionary version from the discovery agent,
@@ -147,6 +174,9 @@ type LLM struct {
 type HTTP struct {
 	Addr        string `koanf:"addr"`
 	BearerToken string `koanf:"bearer_token"` // secret; protects the API and dashboard (not /healthz, /readyz)
+	// ReadyTimeout bounds each dependency check of /readyz (they run in
+	// parallel), so a probe answers within about this long whatever is down.
+	ReadyTimeout time.Duration `koanf:"ready_timeout"`
 }
 
 // Roles trace run knows.
@@ -155,7 +185,7 @@ var Roles = []string{"ingest", "analyze", "serve"}
 // The ingest stage's batch defaults (kafka.batch_*), from `trace bench
 // ingest`: its batches stream into one INSERT each and cost no memory, and
 // ClickHouse spends less CPU on fewer, larger inserts (parts and merges).
-// Other stages cap theirs at ingest.DefaultBatchRows / DefaultBatchBytes.
+// Other stages cap theirs at stream.DefaultBatchRows / DefaultBatchBytes.
 const (
 	IngestBatchRows    = 10000
 	IngestBatchBytes   = 256 << 20
@@ -175,10 +205,10 @@ func Default() Config {
 		ClickHouse: sink.Config{Database: "trace", User: "default", DialTimeout: 5 * time.Second, MaxOpenConns: 8, Compression: "auto"},
 		NATS:       bus.Config{Duplicates: bus.DefaultDuplicates},
 		// K and N stay 0 here: Load derives them from the labeler.
-		Analyzer: Analyzer{Labeler: "rules", SampleFailed: 1, SamplePassed: 1, Concurrency: 8,
+		Analyzer: Analyzer{Labeler: "rules", SampleFailed: 1, SamplePassed: 1, Concurrency: 8, DefaultDictionary: true,
 			UnexplainedThreshold: analyzer.DefaultUnexplainedThreshold, DiscoveryCooldown: time.Hour, DiscoverySample: 10},
 		LLM:      LLM{Timeout: 60 * time.Second, Concurrency: 4, Runs: 10, Structured: "json_schema"},
-		HTTP:     HTTP{Addr: "127.0.0.1:8080"},
+		HTTP:     HTTP{Addr: "127.0.0.1:8080", ReadyTimeout: 2 * time.Second},
 		Embedded: Embedded{ClickHousePort: 29000, ClickHouseHTTPPort: 28123, NATSPort: 4222},
 	}
 }
@@ -250,9 +280,7 @@ func Load(path string, overrides []string) (Config, error) {
 	}
 	// Unset (zero) analyzer thresholds take the paper's defaults.
 	c.Analyzer.EvalConfig = c.Analyzer.EvalConfig.WithDefaults()
-	if c.LLM.APIKey == "" {
-		c.LLM.APIKey = os.Getenv("OPENAI_API_KEY")
-	}
+	c.LLM.APIKey = cmp.Or(c.LLM.APIKey, os.Getenv("OPENAI_API_KEY"))
 	return c, c.Validate()
 }
 
@@ -296,8 +324,8 @@ func (c Config) Validate() error {
 	if k.BatchTimeout <= 0 {
 		errs = append(errs, fmt.Errorf("kafka.batch_timeout: must be positive, got %s", k.BatchTimeout))
 	}
-	if k.MaxBytes < 1024 {
-		errs = append(errs, fmt.Errorf("kafka.max_message_bytes: must be >= 1024, got %d", k.MaxBytes))
+	if k.MaxBytes < 1024 || k.MaxBytes > 256<<20 {
+		errs = append(errs, fmt.Errorf("kafka.max_message_bytes: must be in [1024, 268435456] (256 MiB), got %d", k.MaxBytes))
 	}
 	switch k.SASL.Mechanism {
 	case "", "plain", "scram-sha-256", "scram-sha-512":
@@ -338,6 +366,9 @@ func (c Config) Validate() error {
 	}
 	if _, _, err := net.SplitHostPort(c.HTTP.Addr); err != nil {
 		errs = append(errs, fmt.Errorf("http.addr: %q is not host:port", c.HTTP.Addr))
+	}
+	if c.HTTP.ReadyTimeout <= 0 || c.HTTP.ReadyTimeout > time.Minute {
+		errs = append(errs, fmt.Errorf("http.ready_timeout: must be in (0, 1m], got %s", c.HTTP.ReadyTimeout))
 	}
 	for _, f := range c.Dictionary {
 		if _, err := os.Stat(f); err != nil {

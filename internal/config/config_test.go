@@ -59,6 +59,8 @@ func TestValidateNamesTheField(t *testing.T) {
 		{[]string{"analyzer.labeler=llm"}, "llm.base_url"},
 		{[]string{"analyzer.sample_failed=1.5"}, "analyzer.sample_failed"},
 		{[]string{"http.addr=8080"}, "http.addr"},
+		{[]string{"http.ready_timeout=0s"}, "http.ready_timeout"},
+		{[]string{"kafka.max_message_bytes=100"}, "kafka.max_message_bytes"},
 		{[]string{"nokey"}, "--set"},
 	}
 	for _, tt := range tests {

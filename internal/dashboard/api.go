@@ -44,14 +44,29 @@ type CohortSummary struct {
 	Capabilities    uint64    `json:"capabilities"`
 	Runs            uint64    `json:"runs"`
 	LastSeen        time.Time `json:"last_seen"`
-	Selected        int       `json:"selected"` // capabilities selected in the decision window (-1 = not computed)
+	Selected        int       `json:"selected"` // capabilities selected by the cohort's decision (as in its decision table); 0 without labels
+	// Dictionary is the scope of the dictionary that labels the cohort
+	// ("*/*" for the default, "env/*", "env/version"); DefaultDictionary
+	// says it is the default (no dictionary of its own).
+	Dictionary        string `json:"dictionary,omitempty"`
+	DefaultDictionary bool   `json:"default_dictionary,omitempty"`
+	// NoLabels says why a cohort with rollouts has no labels, naming the
+	// setting to change (DictionaryVersion 0 only).
+	NoLabels string `json:"no_labels,omitempty"`
 }
 
-// Range is the time range of a chart.
+// Range is the time range of a chart. It ends at AsOf, the watermark of
+// what is shown (the newest rollout's end time), not at the wall clock, so
+// replayed history is shown as it happened. Hours 0 with All is every
+// rollout. Warning is set when the watermark is in the future (clock skew):
+// such data is shown, not hidden.
 type Range struct {
-	Since time.Time `json:"since"`
-	Until time.Time `json:"until"`
-	Hours int       `json:"hours"`
+	Since   time.Time `json:"since"`
+	Until   time.Time `json:"until"`
+	AsOf    time.Time `json:"as_of"`
+	All     bool      `json:"all,omitempty"`
+	Warning string    `json:"warning,omitempty"`
+	Hours   int       `json:"hours"`
 	// Bucket is the width of a time bucket: "hour" or "day".
 	Bucket string `json:"bucket"`
 }
@@ -136,6 +151,8 @@ type Decision struct {
 	// "computed" (computed now from ClickHouse with the same rule).
 	Source string     `json:"source"`
 	Window WindowJSON `json:"window"`
+	// AsOf is the cohort's watermark: its decision window ends there.
+	AsOf time.Time `json:"as_of"`
 	// Decided is false when the window has fewer failures than
 	// min_failures or fewer complete runs than n: no trigger acts then.
 	Decided      bool                 `json:"decided"`

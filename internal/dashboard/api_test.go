@@ -3,6 +3,7 @@ package dashboard
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"math"
 	"net/http"
 	"net/http/httptest"
@@ -14,8 +15,7 @@ import (
 	"time"
 
 	"github.com/traceops/trace/analyzer"
-	"github.com/traceops/trace/internal/bus"
-	"github.com/traceops/trace/internal/testenv"
+	"github.com/traceops/trace/internal/dev/testenv"
 	"github.com/traceops/trace/schemas"
 	"github.com/traceops/trace/sink"
 )
@@ -98,6 +98,27 @@ func TestAPI(t *testing.T) {
 			}
 			if c.DictionaryVersion == 1 && (c.LabeledRollouts != w[0] || c.Runs != demoRuns || c.Capabilities != 4) {
 				t.Errorf("cohort %+v: labeled %d runs %d caps %d", c.CohortKey, c.LabeledRollouts, c.Runs, c.Capabilities)
+			}
+		}
+		// Selected is a count for every cohort, not only the one shown (no
+		// evaluator here): the number its own decision table selects, 0
+		// without labels.
+		for _, c := range o.Cohorts {
+			want := 0
+			if c.DictionaryVersion > 0 {
+				var oc OverviewResponse
+				getJSON(t, h, fmt.Sprintf("/api/overview?env=%s&agent_version=%s&dict=%d", c.Environment, c.AgentVersion, c.DictionaryVersion), &oc)
+				for _, cd := range oc.Decision.Capabilities {
+					if cd.Decision == DecisionSelected {
+						want++
+					}
+				}
+				if c.CohortKey == (CohortKey{"airline", "v1", 1}) && want == 0 {
+					t.Errorf("airline v1 selects nothing; the seed plants %s", capMulti)
+				}
+			}
+			if c.Selected != want {
+				t.Errorf("cohort %+v: selected = %d, want %d", c.CohortKey, c.Selected, want)
 			}
 		}
 
@@ -503,12 +524,12 @@ func TestAPI(t *testing.T) {
 	t.Run("documented queries run", func(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
-		for _, q := range Queries {
+		for _, q := range sink.DashboardQueries {
 			sql, err := q.Example()
 			if err != nil {
 				t.Fatalf("%s: %v", q.Name, err)
 			}
-			rows, err := st.Conn().Query(ctx, sql)
+			rows, err := testenv.StoreConn(t, st).Query(ctx, sql)
 			if err != nil {
 				t.Errorf("%s: %v", q.Name, err)
 				continue
@@ -530,9 +551,9 @@ func TestAPI(t *testing.T) {
 
 type nopPublisher struct{ n int }
 
-func (p *nopPublisher) PublishSynthesis(context.Context, *schemas.SynthesisRequest) (bus.PublishResult, error) {
+func (p *nopPublisher) PublishSynthesis(context.Context, *schemas.SynthesisRequest) (analyzer.PublishResult, error) {
 	p.n++
-	return bus.PublishResult{}, nil
+	return analyzer.PublishResult{}, nil
 }
 
 // TestEvaluatorSnapshot: with a running evaluator the overview shows its
@@ -648,7 +669,7 @@ func TestQueriesDoc(t *testing.T) {
 	if err != nil {
 		t.Fatalf("%v (generate it with TRACE_UPDATE_DOCS=1 go test -run TestQueriesDoc ./internal/dashboard/)", err)
 	}
-	for _, q := range Queries {
+	for _, q := range sink.DashboardQueries {
 		if !strings.Contains(string(got), q.SQL) {
 			t.Errorf("%s does not contain the SQL of %s", QueriesDocPath, q.Name)
 		}
@@ -657,22 +678,8 @@ func TestQueriesDoc(t *testing.T) {
 		t.Errorf("%s is out of date: run TRACE_UPDATE_DOCS=1 go test -run TestQueriesDoc ./internal/dashboard/", QueriesDocPath)
 	}
 	for _, name := range []string{"QPassRateHourly", "QCapabilityHourly", "QLackingWeekOverWeek"} {
-		if !strings.Contains(string(got), "dashboard."+name) {
+		if !strings.Contains(string(got), "sink."+name) {
 			t.Errorf("doc lacks %s", name)
 		}
-	}
-}
-
-// TestInline checks the bind substitution used for the docs.
-func TestInline(t *testing.T) {
-	got, err := Inline("a = ? AND b = ?", "'x'", "1")
-	if err != nil || got != "a = 'x' AND b = 1" {
-		t.Errorf("Inline = %q, %v", got, err)
-	}
-	if _, err := Inline("a = ?"); err == nil {
-		t.Error("missing literal accepted")
-	}
-	if _, err := Inline("a", "1"); err == nil {
-		t.Error("extra literal accepted")
 	}
 }

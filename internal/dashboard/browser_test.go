@@ -6,13 +6,15 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/chromedp/chromedp"
 
-	"github.com/traceops/trace/internal/testenv"
+	"github.com/traceops/trace/internal/dev/testenv"
+	"github.com/traceops/trace/sink"
 )
 
 // chromiumPath finds Debian's chromium (apt-get install -y chromium), or the
@@ -89,6 +91,33 @@ type pageCheck struct {
 	want func(t *testing.T, got map[string]any)
 }
 
+// longStore is a store holding only seedLongNames' data.
+func longStore(t *testing.T, now time.Time) *sink.Store {
+	st := openStore(t)
+	seedLongNames(t, st, now)
+	return st
+}
+
+func allMatch(ss []string, re string) bool {
+	r := regexp.MustCompile(re)
+	for _, s := range ss {
+		if !r.MatchString(s) {
+			return false
+		}
+	}
+	return true
+}
+
+func anyMatch(ss []string, re string) bool {
+	r := regexp.MustCompile(re)
+	for _, s := range ss {
+		if r.MatchString(s) {
+			return true
+		}
+	}
+	return false
+}
+
 func num(v any) float64 {
 	f, _ := v.(float64)
 	return f
@@ -145,6 +174,9 @@ func TestBrowser(t *testing.T) {
 					selected: rows.filter(r => r.dataset.decision === 'selected').map(r => r.dataset.capability).join(','),
 					firstRow: rows.length ? rows[0].dataset.capability : '',
 					legend: document.querySelectorAll('#legend-caps .key').length,
+					selectedCells: [...document.querySelectorAll('#cohorts td.selected-count')].map(td => td.textContent.trim()).join(','),
+					currentSelected: document.querySelector('#cohorts tr.current td.selected-count')?.textContent.trim() || '',
+					statSelected: (document.getElementById('stat-selected')?.firstChild?.textContent || '').trim(),
 				};
 			})()`,
 			want: func(t *testing.T, g map[string]any) {
@@ -162,6 +194,12 @@ func TestBrowser(t *testing.T) {
 				}
 				if num(g["rows"]) != 4 || g["firstRow"] != capMulti || !strings.Contains(g["selected"].(string), capMulti) || num(g["legend"]) != 4 {
 					t.Errorf("decision table: %v rows, first %v, selected %v, legend %v", g["rows"], g["firstRow"], g["selected"], g["legend"])
+				}
+				// The Selected column is a count in every row (airline v1, v2, retail v1), never "—";
+				// the current cohort's equals the Selected card.
+				cells := strings.Split(g["selectedCells"].(string), ",")
+				if len(cells) != 3 || !allMatch(cells, `^[0-9]+$`) || g["currentSelected"] != g["statSelected"] || g["statSelected"] == "" {
+					t.Errorf("cohorts' Selected column %q, current %q, Selected card %q", g["selectedCells"], g["currentSelected"], g["statSelected"])
 				}
 			},
 		},
@@ -249,6 +287,7 @@ func TestBrowser(t *testing.T) {
 				weekRows: document.querySelectorAll('#weekly tr.week-row').length,
 				topItems: document.querySelectorAll('#weekly ol.top li').length,
 				firstTop: document.querySelector('#weekly ol.top li')?.dataset.capability || '',
+				counts: [...document.querySelectorAll('.lacking-count')].map(e => e.textContent.trim()).join(','),
 			}))()`,
 			want: func(t *testing.T, g map[string]any) {
 				if num(g["series"]) != 2 || num(g["points"]) < 4 {
@@ -259,6 +298,60 @@ func TestBrowser(t *testing.T) {
 				}
 				if num(g["weekRows"]) < 3 || num(g["topItems"]) < 6 || g["firstTop"] != capMulti {
 					t.Errorf("weekly table: %v rows, %v top items, first %v", g["weekRows"], g["topItems"], g["firstTop"])
+				}
+				// Means over 10 runs: a whole one prints as an integer, others with one decimal.
+				if c := strings.Split(g["counts"].(string), ","); len(c) < 14 || !allMatch(c, `^[0-9]+(\.[0-9])?$`) || anyMatch(c, `\.0$`) {
+					t.Errorf("LACKING failure counts %q: want integers or one decimal, never \".0\"", g["counts"])
+				}
+			},
+		},
+	}
+	// Long names (τ²-bench agents), one labeling run.
+	long := httptest.NewServer(newHandler(longStore(t, now), now, nil, registry()))
+	defer long.Close()
+	longChecks := []pageCheck{
+		{
+			name: "triggers-long-names", path: "/triggers",
+			js: `(() => {
+				const card = document.getElementById('chart-triggers').closest('section.card').getBoundingClientRect();
+				const svg = document.getElementById('chart-triggers').getBoundingClientRect();
+				const labels = [...document.querySelectorAll('#chart-triggers text.cat, #chart-triggers text.cat-sub')];
+				const out = labels.filter(e => { const r = e.getBoundingClientRect(); return r.left < card.left + 1 || r.right > card.right - 1 || r.left < svg.left - 0.5; });
+				return {` + common + `
+					labels: labels.length,
+					outside: out.map(e => e.textContent).join(' | '),
+					cut: labels.filter(e => e.textContent.endsWith('…')).length,
+					titles: [...document.querySelectorAll('#chart-triggers g.row-label > title')].map(e => e.textContent).join(' | '),
+					markers: document.querySelectorAll('#chart-triggers .event').length,
+				};
+			})()`,
+			want: func(t *testing.T, g map[string]any) {
+				// Two rows (two capabilities of one cohort), each a capability line and a cohort line.
+				if num(g["labels"]) != 4 || g["outside"] != "" || num(g["markers"]) != 3 {
+					t.Errorf("timeline labels: %v drawn, outside their card: %q, %v markers", g["labels"], g["outside"], g["markers"])
+				}
+				full := longEnv + "/" + longAV + " dict v3 · " + longCap
+				if num(g["cut"]) < 1 || !strings.Contains(g["titles"].(string), full) {
+					t.Errorf("long labels: %v cut, tooltips %q; want the long ones cut and the whole label as a tooltip", g["cut"], g["titles"])
+				}
+			},
+		},
+		{
+			name: "trends-one-run", path: "/trends?env=" + longEnv,
+			js: `(() => ({` + common + `
+				counts: [...document.querySelectorAll('.lacking-count')].map(e => e.textContent.trim()).join(','),
+				barLabels: document.querySelectorAll('figure.wow text.cat').length,
+				barLabelsOutside: [...document.querySelectorAll('figure.wow text.cat')].filter(e => {
+					const f = e.closest('figure').getBoundingClientRect(), r = e.getBoundingClientRect();
+					return r.left < f.left - 0.5 || r.right > f.right + 0.5; }).length,
+			}))()`,
+			want: func(t *testing.T, g map[string]any) {
+				if num(g["barLabels"]) != 2 || num(g["barLabelsOutside"]) != 0 {
+					t.Errorf("week-over-week chart: %v labels, %v outside their figure", g["barLabels"], g["barLabelsOutside"])
+				}
+				// One labeling run: every count is a whole number, printed as one ("13", not "13.0").
+				if c := strings.Split(g["counts"].(string), ","); len(c) < 2 || !allMatch(c, `^[0-9]+$`) {
+					t.Errorf("LACKING failure counts of a one-run cohort: %q, want integers", g["counts"])
 				}
 			},
 		},
@@ -309,6 +402,9 @@ func TestBrowser(t *testing.T) {
 	}
 	for _, c := range checks {
 		t.Run(c.name, func(t *testing.T) { run(t, srv.URL, c) })
+	}
+	for _, c := range longChecks {
+		t.Run(c.name, func(t *testing.T) { run(t, long.URL, c) })
 	}
 	t.Run("empty", func(t *testing.T) {
 		for _, p := range []string{"/", "/trends"} {

@@ -14,7 +14,8 @@
 //
 // Pages are rendered on the server with html/template; charts are inline SVG
 // drawn in Go (svg.go). Nothing is loaded from the internet. The SQL lives in
-// queries.go and is documented in docs/queries.md.
+// sink/dashboard.go (run through the Store interface's QueryDashboard) and is
+// documented in docs/queries.md.
 //
 // A page URL that carries ?token= (the HTTP server's bearer token, see
 // internal/app) keeps it on every link it renders.
@@ -35,13 +36,29 @@ import (
 	"strings"
 	"time"
 
+	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 	"github.com/traceops/trace/analyzer"
 	"github.com/traceops/trace/sink"
 )
 
+// Store is what the dashboard reads from ClickHouse (sink.Store implements
+// it): the analyzer's window statistics, the dictionaries, and the
+// dashboard's own statements, which live in sink/dashboard.go.
+type Store interface {
+	AllDictionaries(ctx context.Context) ([]sink.DictionaryRow, error)
+	// EventSpec, WindowInfoMulti and WindowCountsMulti compute a cohort's
+	// decision window as the analyzer does (event time).
+	EventSpec(ctx context.Context, cohorts []sink.Cohort, window time.Duration, lastRollouts, runs int) (sink.MultiSpec, map[sink.Cohort]time.Time, error)
+	WindowInfoMulti(ctx context.Context, spec sink.MultiSpec) (map[sink.Cohort]sink.WindowInfo, error)
+	WindowCountsMulti(ctx context.Context, spec sink.MultiSpec) (map[sink.Cohort][]sink.RunCounts, error)
+	FailedLabelRuns(ctx context.Context) ([]sink.FailedRuns, error)
+	QueryDashboard(ctx context.Context, q string, daily bool, args ...any) (driver.Rows, error)
+	QueryDashboardRow(ctx context.Context, q string, args ...any) driver.Row
+}
+
 // Deps are what the dashboard reads from.
 type Deps struct {
-	Store     *sink.Store
+	Store     Store // nil: every page says there is no store
 	Evaluator *analyzer.Evaluator
 	Dicts     *analyzer.Registry
 	Rho       float64
@@ -54,6 +71,8 @@ type Deps struct {
 	Eval analyzer.EvalConfig
 	// Now is the clock (tests); nil means time.Now.
 	Now func() time.Time
+	// Labeling is the labeler setup, for saying why a cohort has no labels.
+	Labeling analyzer.LabelingSetup
 }
 
 //go:embed assets templates
@@ -124,6 +143,14 @@ type params struct {
 
 func (p *params) str(name string) string { return strings.TrimSpace(p.q.Get(name)) }
 
+// hours is the hours parameter: a count, or "all" (0: every rollout).
+func (p *params) hours() int {
+	if p.str("hours") == "all" {
+		return 0
+	}
+	return p.intIn("hours", 168, 1, maxHours)
+}
+
 func (p *params) intIn(name string, def, lo, hi int) int {
 	v := p.str(name)
 	if v == "" {
@@ -188,14 +215,14 @@ const maxHours = 24 * 92
 func parseOverview(r *http.Request) (overviewParams, error) {
 	p := &params{q: r.URL.Query()}
 	o := overviewParams{Env: p.str("env"), AgentVersion: p.str("agent_version"), Dict: p.dict(),
-		Hours: p.intIn("hours", 168, 1, maxHours), Bucket: p.bucket(), Fresh: p.str("fresh") == "1"}
+		Hours: p.hours(), Bucket: p.bucket(), Fresh: p.str("fresh") == "1"}
 	return o, p.err
 }
 
 func parseCapability(r *http.Request) (capabilityParams, error) {
 	p := &params{q: r.URL.Query()}
 	c := capabilityParams{Env: p.str("env"), AgentVersion: p.str("agent_version"), Dict: p.dict(), Name: p.str("name"),
-		Examples: p.intIn("examples", 5, 0, 20), Hours: p.intIn("hours", 168, 1, maxHours), Bucket: p.bucket()}
+		Examples: p.intIn("examples", 5, 0, 20), Hours: p.hours(), Bucket: p.bucket()}
 	if p.err == nil && (c.Env == "" || c.AgentVersion == "" || c.Name == "") {
 		p.err = badRequest{"parameters env, agent_version and name are required (dict defaults to the newest labeled version)"}
 	}
@@ -261,8 +288,8 @@ func (s *server) ctx(r *http.Request) (context.Context, context.CancelFunc) {
 func (s *server) apiIndex(w http.ResponseWriter, _ *http.Request) {
 	s.writeJSON(w, map[string]any{
 		"endpoints": map[string]string{
-			"/api/overview":   "?env=&agent_version=&dict=&hours=168&bucket=hour|day&fresh=0",
-			"/api/capability": "?env=&agent_version=&dict=&name=&examples=5&hours=168&bucket=hour|day",
+			"/api/overview":   "?env=&agent_version=&dict=&hours=168|all&bucket=hour|day&fresh=0",
+			"/api/capability": "?env=&agent_version=&dict=&name=&examples=5&hours=168|all&bucket=hour|day",
 			"/api/triggers":   "?env=&agent_version=&capability=&days=30&limit=500",
 			"/api/trends":     "?env=&weeks=8&top=5&at=",
 		},

@@ -13,20 +13,25 @@ import (
 	"github.com/traceops/trace/sink"
 )
 
+// Bucket widths of the time series.
+const (
+	bucketHour = "hour"
+	bucketDay  = "day"
+)
+
 // emptyMessage is what every page says before the first rollout arrives.
 const emptyMessage = "No rollouts yet. The dashboard fills in as rollouts arrive on Kafka and are labeled."
 
 // cohorts lists every (environment, agent version, dictionary version) with
 // rollouts or labels.
 func (s *server) cohorts(ctx context.Context) ([]CohortSummary, error) {
-	conn := s.d.Store.Conn()
 	type rc struct {
 		rollouts, successes uint64
 		last                time.Time
 	}
 	byAV := map[[2]string]rc{}
 	var order [][2]string
-	rows, err := conn.Query(ctx, QRolloutCohorts)
+	rows, err := s.d.Store.QueryDashboard(ctx, sink.QRolloutCohorts, false)
 	if err != nil {
 		return nil, fmt.Errorf("rollout cohorts: %w", err)
 	}
@@ -48,7 +53,7 @@ func (s *server) cohorts(ctx context.Context) ([]CohortSummary, error) {
 
 	var out []CohortSummary
 	labeled := map[[2]string]bool{}
-	rows, err = conn.Query(ctx, QLabelCohorts)
+	rows, err = s.d.Store.QueryDashboard(ctx, sink.QLabelCohorts, false)
 	if err != nil {
 		return nil, fmt.Errorf("label cohorts: %w", err)
 	}
@@ -88,22 +93,82 @@ func (s *server) cohorts(ctx context.Context) ([]CohortSummary, error) {
 		}
 		return a.DictionaryVersion > b.DictionaryVersion // newest dictionary first
 	})
-	var snap map[sink.Cohort][]analyzer.Result
-	if s.d.Evaluator != nil {
-		snap = s.d.Evaluator.Snapshot()
-	}
-	for i := range out {
-		out[i].Selected = -1
-		if res, ok := snap[out[i].cohort()]; ok {
-			out[i].Selected = 0
-			for _, r := range res {
-				if r.Selected {
-					out[i].Selected++
-				}
+	s.describeDictionaries(ctx, out)
+	return out, nil
+}
+
+// countSelected sets every cohort's Selected to the number of capabilities
+// its decision selects, by the rule of the decision table (decided, and
+// passed in K of N runs): the evaluator's snapshot when preferSnapshot and
+// it has one, else computed from the window. A cohort without labels has
+// none selected.
+func (s *server) countSelected(ctx context.Context, list []CohortSummary, preferSnapshot bool) error {
+	for i := range list {
+		list[i].Selected = 0
+		if list[i].DictionaryVersion == 0 {
+			continue
+		}
+		dec, _, _, err := s.decision(ctx, list[i].CohortKey, preferSnapshot)
+		if err != nil {
+			return fmt.Errorf("cohort %s/%s dict v%d: %w", list[i].Environment, list[i].AgentVersion, list[i].DictionaryVersion, err)
+		}
+		for _, c := range dec.Capabilities {
+			if c.Decision == DecisionSelected {
+				list[i].Selected++
 			}
 		}
 	}
-	return out, nil
+	return nil
+}
+
+// describeDictionaries names each cohort's dictionary (its scope, and
+// whether it is the default) and, for cohorts without labels, why.
+func (s *server) describeDictionaries(ctx context.Context, list []CohortSummary) {
+	var failed map[sink.Cohort]sink.FailedRuns
+	for i := range list {
+		c := &list[i]
+		var d *analyzer.Dictionary
+		if c.DictionaryVersion > 0 {
+			d = s.dictionary(ctx, c.Environment, c.AgentVersion, c.DictionaryVersion)
+		} else if s.d.Dicts != nil {
+			d = s.d.Dicts.Resolve(c.Environment, c.AgentVersion)
+		}
+		if d != nil {
+			c.Dictionary, c.DefaultDictionary = d.Scope(), d.IsDefault()
+		}
+		if c.DictionaryVersion > 0 {
+			continue
+		}
+		if failed == nil {
+			failed = map[sink.Cohort]sink.FailedRuns{}
+			if fr, err := s.d.Store.FailedLabelRuns(ctx); err == nil {
+				for _, f := range fr {
+					failed[f.Cohort] = f
+				}
+			}
+		}
+		key := sink.Cohort{Environment: c.Environment, AgentVersion: c.AgentVersion}
+		if d != nil {
+			key.DictionaryVersion = d.Version
+		}
+		c.NoLabels = analyzer.WhyNoLabels(s.d.Labeling, c.Environment, c.AgentVersion, d, failed[key])
+	}
+}
+
+// anchor is the watermark of what a page shows: the newest rollout or
+// label time of env's cohorts (the pass-rate chart covers every agent
+// version of env), or now when there is none.
+func anchor(list []CohortSummary, env string, now time.Time) time.Time {
+	var wm time.Time
+	for _, c := range list {
+		if c.Environment == env && c.LastSeen.After(wm) {
+			wm = c.LastSeen
+		}
+	}
+	if wm.IsZero() {
+		return now.UTC()
+	}
+	return wm.UTC()
 }
 
 // pickCohort chooses the cohort a page shows: the one the parameters name
@@ -154,15 +219,15 @@ func (s *server) dictionary(ctx context.Context, env, av string, version uint32)
 	}
 	var found *analyzer.Dictionary
 	for _, r := range rows {
-		if r.Environment != env || r.Version != version || (r.AgentVersion != av && r.AgentVersion != analyzer.AnyVersion) {
+		if (r.Environment != env && r.Environment != analyzer.AnyEnvironment) || r.Version != version || (r.AgentVersion != av && r.AgentVersion != analyzer.AnyVersion) {
 			continue
 		}
 		d, err := analyzer.DictionaryFromRow(r)
 		if err != nil {
 			continue
 		}
-		if found == nil || d.AgentVersion == av {
-			found = d
+		if found == nil || d.Environment == env && (found.Environment != env || d.AgentVersion == av) {
+			found = d // the most specific scope
 		}
 	}
 	return found
@@ -171,14 +236,18 @@ func (s *server) dictionary(ctx context.Context, env, av string, version uint32)
 // decision computes (or reads from the evaluator) the window statistics of a
 // cohort. counts are the raw per-run counts when computed.
 func (s *server) decision(ctx context.Context, key CohortKey, preferSnapshot bool) (*Decision, []sink.RunCounts, *analyzer.Dictionary, error) {
-	now := s.now()
-	spec := sink.WindowSpec{Cohort: key.cohort(), Since: now.Add(-s.eval.Window), LastRollouts: s.eval.WindowRollouts, Runs: s.eval.N}
-	info, err := s.d.Store.WindowInfo(ctx, spec)
+	// The analyzer's window: back from the cohort's watermark (event time).
+	mspec, marks, err := s.d.Store.EventSpec(ctx, []sink.Cohort{key.cohort()}, s.eval.Window, s.eval.WindowRollouts, s.eval.N)
 	if err != nil {
 		return nil, nil, nil, err
 	}
+	infos, err := s.d.Store.WindowInfoMulti(ctx, mspec)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	info, win := infos[key.cohort()], mspec.Ranges[key.cohort()]
 	dict := s.dictionary(ctx, key.Environment, key.AgentVersion, key.DictionaryVersion)
-	dec := &Decision{Source: "computed", Window: WindowJSON{Start: spec.Since.UTC(), End: now.UTC(), Rollouts: info.Rollouts, Failures: info.Failures}}
+	dec := &Decision{Source: "computed", AsOf: marks[key.cohort()], Window: WindowJSON{Start: win.From.UTC(), End: win.To.UTC(), Rollouts: info.Rollouts, Failures: info.Failures}}
 	var results []analyzer.Result
 	var counts []sink.RunCounts
 	runs := 0
@@ -189,10 +258,11 @@ func (s *server) decision(ctx context.Context, key CohortKey, preferSnapshot boo
 			runs = max(runs, r.RunsTotal)
 		}
 	} else {
-		counts, err = s.d.Store.WindowCounts(ctx, spec)
+		cm, err := s.d.Store.WindowCountsMulti(ctx, mspec)
 		if err != nil {
 			return nil, nil, nil, err
 		}
+		counts = cm[key.cohort()]
 		var inputs []analyzer.CapabilityRuns
 		inputs, runs = analyzer.CohortInputs(counts, dict)
 		results = analyzer.Select(inputs, s.th)
@@ -201,11 +271,11 @@ func (s *server) decision(ctx context.Context, key CohortKey, preferSnapshot boo
 	dec.Decided = info.Failures >= s.eval.MinFailures && runs >= s.eval.N
 	switch {
 	case info.Rollouts == 0:
-		dec.Reason = fmt.Sprintf("no labeled rollouts in the last %s", fmtDuration(s.eval.Window))
+		dec.Reason = fmt.Sprintf("no labeled rollouts in the %s up to the cohort's newest one", fmtDuration(s.eval.Window))
 	case info.Failures < s.eval.MinFailures:
-		dec.Reason = fmt.Sprintf("%d failed rollouts in the window; a decision needs at least %d", info.Failures, s.eval.MinFailures)
+		dec.Reason = fmt.Sprintf("%d failed rollouts in the window; a decision needs at least %d (analyzer.min_failures)", info.Failures, s.eval.MinFailures)
 	case runs < s.eval.N:
-		dec.Reason = fmt.Sprintf("%d complete labeling runs; a decision needs %d", runs, s.eval.N)
+		dec.Reason = fmt.Sprintf("%d complete labeling runs; a decision needs %d (analyzer.n)", runs, s.eval.N)
 	}
 	seen := map[string]bool{}
 	for i, r := range results {
@@ -267,7 +337,7 @@ func (s *server) snapshot(key CohortKey) ([]analyzer.Result, bool) {
 }
 
 func (s *server) latestTriggers(ctx context.Context, key CohortKey) (map[string]TriggerStatus, error) {
-	rows, err := s.d.Store.Conn().Query(ctx, QLatestTriggers, key.Environment, key.AgentVersion, key.DictionaryVersion)
+	rows, err := s.d.Store.QueryDashboard(ctx, sink.QLatestTriggers, false, key.Environment, key.AgentVersion, key.DictionaryVersion)
 	if err != nil {
 		return nil, fmt.Errorf("latest triggers: %w", err)
 	}
@@ -287,7 +357,7 @@ func (s *server) latestTriggers(ctx context.Context, key CohortKey) (map[string]
 
 // passRateHourly is the hourly pass rate of every agent version of env.
 func (s *server) passRateHourly(ctx context.Context, env string, since time.Time, bucket string) ([]PassSeries, error) {
-	rows, err := s.d.Store.Conn().Query(ctx, bucketSQL(QPassRateHourly, bucket), env, unix(since))
+	rows, err := s.d.Store.QueryDashboard(ctx, sink.QPassRateHourly, bucket == bucketDay, env, unix(since))
 	if err != nil {
 		return nil, fmt.Errorf("pass rate: %w", err)
 	}
@@ -311,7 +381,7 @@ func (s *server) passRateHourly(ctx context.Context, env string, since time.Time
 
 // capabilityHourly is Cov and Δ per capability per hour of a cohort.
 func (s *server) capabilityHourly(ctx context.Context, key CohortKey, since time.Time, bucket string) ([]CapSeries, error) {
-	rows, err := s.d.Store.Conn().Query(ctx, bucketSQL(QCapabilityHourly, bucket), key.Environment, key.AgentVersion, key.DictionaryVersion, unix(since))
+	rows, err := s.d.Store.QueryDashboard(ctx, sink.QCapabilityHourly, bucket == bucketDay, key.Environment, key.AgentVersion, key.DictionaryVersion, unix(since))
 	if err != nil {
 		return nil, fmt.Errorf("capability series: %w", err)
 	}
@@ -343,11 +413,12 @@ type overviewParams struct {
 
 func (s *server) overview(ctx context.Context, p overviewParams) (*OverviewResponse, error) {
 	now := s.now()
-	rg := timeRange(now, p.Hours, p.Bucket)
-	since := rg.Since
-	resp := &OverviewResponse{GeneratedAt: now.UTC(), Thresholds: s.thresholds(), Range: rg, PassRate: []PassSeries{}, Capabilities: []CapSeries{}}
+	resp := &OverviewResponse{GeneratedAt: now.UTC(), Thresholds: s.thresholds(), Range: timeRange(now, now, p.Hours, p.Bucket), PassRate: []PassSeries{}, Capabilities: []CapSeries{}}
 	list, err := s.cohorts(ctx)
 	if err != nil {
+		return nil, err
+	}
+	if err := s.countSelected(ctx, list, !p.Fresh); err != nil {
 		return nil, err
 	}
 	resp.Cohorts = list
@@ -365,11 +436,25 @@ func (s *server) overview(ctx context.Context, p overviewParams) (*OverviewRespo
 		return resp, nil
 	}
 	resp.Cohort = key
+	resp.Range = timeRange(anchor(list, key.Environment, now), now, p.Hours, p.Bucket)
+	since := resp.Range.Since
 	if resp.PassRate, err = s.passRateHourly(ctx, key.Environment, since, p.Bucket); err != nil {
 		return nil, err
 	}
+	if resp.Range.All {
+		for _, ps := range resp.PassRate {
+			if len(ps.Points) > 0 && (resp.Range.Since.IsZero() || ps.Points[0].Bucket.Before(resp.Range.Since)) {
+				resp.Range.Since = ps.Points[0].Bucket
+			}
+		}
+	}
 	if key.DictionaryVersion == 0 {
 		resp.Message = "These rollouts are not labeled yet: no capability statistics."
+		for _, c := range list {
+			if c.CohortKey == *key && c.NoLabels != "" {
+				resp.Message = "These rollouts are not labeled: " + c.NoLabels
+			}
+		}
 		return resp, nil
 	}
 	if resp.Capabilities, err = s.capabilityHourly(ctx, *key, since, p.Bucket); err != nil {
@@ -377,16 +462,6 @@ func (s *server) overview(ctx context.Context, p overviewParams) (*OverviewRespo
 	}
 	if resp.Decision, _, _, err = s.decision(ctx, *key, !p.Fresh); err != nil {
 		return nil, err
-	}
-	for i := range resp.Cohorts {
-		if resp.Cohorts[i].CohortKey == *key && resp.Cohorts[i].Selected < 0 {
-			resp.Cohorts[i].Selected = 0
-			for _, c := range resp.Decision.Capabilities {
-				if c.Decision == DecisionSelected {
-					resp.Cohorts[i].Selected++
-				}
-			}
-		}
 	}
 	return resp, nil
 }
@@ -419,15 +494,15 @@ type capabilityParams struct {
 
 func (s *server) capability(ctx context.Context, p capabilityParams) (*CapabilityResponse, error) {
 	now := s.now()
-	rg := timeRange(now, p.Hours, p.Bucket)
+	list, err := s.cohorts(ctx)
+	if err != nil {
+		return nil, err
+	}
+	rg := timeRange(anchor(list, p.Env, now), now, p.Hours, p.Bucket)
 	since := rg.Since
 	resp := &CapabilityResponse{GeneratedAt: now.UTC(), Thresholds: s.thresholds(), Range: rg,
 		PerRun: []RunRow{}, Series: []CapPoint{}, Triggers: []TriggerEvent{}, Examples: []ExampleRollout{}}
 	if p.Dict == 0 {
-		list, err := s.cohorts(ctx)
-		if err != nil {
-			return nil, err
-		}
 		k := pickCohort(list, p.Env, p.AgentVersion, 0)
 		if k != nil {
 			p.Dict = k.DictionaryVersion
@@ -501,8 +576,7 @@ func (s *server) examples(ctx context.Context, key CohortKey, name string, since
 	if limit <= 0 {
 		return out, nil
 	}
-	conn := s.d.Store.Conn()
-	rows, err := conn.Query(ctx, QLackingExamples, key.Environment, key.AgentVersion, key.DictionaryVersion, name, unix(since), uint32(limit))
+	rows, err := s.d.Store.QueryDashboard(ctx, sink.QLackingExamples, false, key.Environment, key.AgentVersion, key.DictionaryVersion, name, unix(since), uint32(limit))
 	if err != nil {
 		return nil, fmt.Errorf("examples: %w", err)
 	}
@@ -524,7 +598,7 @@ func (s *server) examples(ctx context.Context, key CohortKey, name string, since
 	if len(ids) == 0 {
 		return out, nil
 	}
-	rows, err = conn.Query(ctx, QRollouts, key.Environment, key.AgentVersion, ids)
+	rows, err = s.d.Store.QueryDashboard(ctx, sink.QRollouts, false, key.Environment, key.AgentVersion, ids)
 	if err != nil {
 		return nil, fmt.Errorf("example rollouts: %w", err)
 	}
@@ -564,7 +638,7 @@ func (s *server) examples(ctx context.Context, key CohortKey, name string, since
 // triggerEvents reads trigger transitions in time order; truncated reports
 // that there were more than limit.
 func (s *server) triggerEvents(ctx context.Context, since time.Time, f TriggerFilter, limit int) ([]TriggerEvent, bool, error) {
-	rows, err := s.d.Store.Conn().Query(ctx, QTriggerEvents, unix(since),
+	rows, err := s.d.Store.QueryDashboard(ctx, sink.QTriggerEvents, false, unix(since),
 		f.Environment, f.Environment, f.AgentVersion, f.AgentVersion, f.Capability, f.Capability, uint32(limit+1))
 	if err != nil {
 		return nil, false, fmt.Errorf("trigger events: %w", err)
@@ -656,10 +730,11 @@ func (s *server) trends(ctx context.Context, p trendsParams) (*TrendsResponse, e
 		resp.Empty, resp.Message = true, fmt.Sprintf("No rollouts yet for environment %s.", resp.Environment)
 		return resp, nil
 	}
-	conn := s.d.Store.Conn()
+	if p.At.IsZero() {
+		at = anchor(list, resp.Environment, now) // "this week" is the week of the newest data
+	}
 	var thisWeek, since time.Time
-	if err := conn.QueryRow(ctx, `SELECT toMonday(toDateTime(?)), toDateTime(toMonday(toDateTime(?)) - ?)`,
-		unix(at), unix(at), uint32(7*(p.Weeks-1))).Scan(&thisWeek, &since); err != nil {
+	if err := s.d.Store.QueryDashboardRow(ctx, sink.QWeekBounds, unix(at), unix(at), uint32(7*(p.Weeks-1))).Scan(&thisWeek, &since); err != nil {
 		return nil, fmt.Errorf("trends: weeks: %w", err)
 	}
 	resp.ThisWeek, resp.Since = dateUTC(thisWeek), since.UTC()
@@ -667,7 +742,7 @@ func (s *server) trends(ctx context.Context, p trendsParams) (*TrendsResponse, e
 		resp.Weeks = append(resp.Weeks, resp.ThisWeek.AddDate(0, 0, -7*i))
 	}
 	avs := map[string]bool{}
-	rows, err := conn.Query(ctx, QPassRateWeekly, resp.Environment, unix(since))
+	rows, err := s.d.Store.QueryDashboard(ctx, sink.QPassRateWeekly, false, resp.Environment, unix(since))
 	if err != nil {
 		return nil, fmt.Errorf("trends: pass rate: %w", err)
 	}
@@ -685,7 +760,7 @@ func (s *server) trends(ctx context.Context, p trendsParams) (*TrendsResponse, e
 	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("trends: pass rate: %w", err)
 	}
-	rows, err = conn.Query(ctx, QLackingWeekly, resp.Environment, unix(since))
+	rows, err = s.d.Store.QueryDashboard(ctx, sink.QLackingWeekly, false, resp.Environment, unix(since))
 	if err != nil {
 		return nil, fmt.Errorf("trends: lacking: %w", err)
 	}
@@ -720,7 +795,7 @@ func (s *server) trends(ctx context.Context, p trendsParams) (*TrendsResponse, e
 	}
 	sort.Strings(resp.AgentVersions)
 	for _, av := range resp.AgentVersions {
-		rows, err := conn.Query(ctx, QLackingWeekOverWeek, unix(at), resp.Environment, av, unix(at), unix(at), uint32(max(p.Top, 1)*2))
+		rows, err := s.d.Store.QueryDashboard(ctx, sink.QLackingWeekOverWeek, false, unix(at), resp.Environment, av, unix(at), unix(at), uint32(max(p.Top, 1)*2))
 		if err != nil {
 			return nil, fmt.Errorf("trends: week over week: %w", err)
 		}
@@ -744,15 +819,25 @@ func (s *server) trends(ctx context.Context, p trendsParams) (*TrendsResponse, e
 	return resp, nil
 }
 
-// timeRange is the range of a time-series chart: the last hours, from the
-// start of the bucket they begin in.
-func timeRange(now time.Time, hours int, bucket string) Range {
+// timeRange is the range of a time-series chart: the last hours up to asOf
+// (the watermark of what is shown), from the start of the bucket they begin
+// in; hours 0 is every rollout (Since is then set from the data). A
+// watermark ahead of now by more than analyzer.FutureSkew gets a warning.
+func timeRange(asOf, now time.Time, hours int, bucket string) Range {
 	step := time.Hour
 	if bucket == bucketDay {
 		step = 24 * time.Hour
 	}
-	since := now.Add(-time.Duration(hours) * time.Hour).UTC().Truncate(step)
-	return Range{Since: since, Until: now.UTC(), Hours: hours, Bucket: bucket}
+	rg := Range{Until: asOf.UTC(), AsOf: asOf.UTC(), Hours: hours, Bucket: bucket}
+	if hours == 0 {
+		rg.All = true
+	} else {
+		rg.Since = asOf.Add(-time.Duration(hours) * time.Hour).UTC().Truncate(step)
+	}
+	if ahead := asOf.Sub(now); ahead > analyzer.FutureSkew {
+		rg.Warning = fmt.Sprintf("the newest rollout ends %s after this server's clock (clock skew?); it is shown as is", fmtDuration(ahead.Round(time.Minute)))
+	}
+	return rg
 }
 
 func ratio(num, den uint64) float64 {

@@ -3,57 +3,27 @@ package dashboard
 import (
 	"fmt"
 	"strings"
+
+	"github.com/traceops/trace/sink"
 )
 
 // QueriesDocPath is docs/queries.md relative to the repository root.
 const QueriesDocPath = "docs/queries.md"
 
-// Inline substitutes literals for the `?` binds of sql, in order. The
-// dashboard's SQL has no `?` inside string literals, so a plain scan is
-// enough.
-func Inline(sql string, literals ...string) (string, error) {
-	var b strings.Builder
-	i := 0
-	for _, r := range sql {
-		if r == '?' {
-			if i >= len(literals) {
-				return "", fmt.Errorf("more binds than the %d literals", len(literals))
-			}
-			b.WriteString(literals[i])
-			i++
-			continue
-		}
-		b.WriteRune(r)
-	}
-	if i != len(literals) {
-		return "", fmt.Errorf("%d binds, %d literals", i, len(literals))
-	}
-	return b.String(), nil
-}
-
-// Example is q's SQL with the documented example literals.
-func (q Query) Example() (string, error) {
-	lits := make([]string, len(q.Binds))
-	for i, b := range q.Binds {
-		lits[i] = b.Example
-	}
-	return Inline(q.SQL, lits...)
-}
-
-// QueriesDoc renders docs/queries.md from Queries. TestQueriesDoc checks
+// QueriesDoc renders docs/queries.md from sink.DashboardQueries. TestQueriesDoc checks
 // that the file is up to date; TRACE_UPDATE_DOCS=1 go test -run
 // TestQueriesDoc ./internal/dashboard/ rewrites it.
 func QueriesDoc() string {
 	var b strings.Builder
 	b.WriteString(`# Failure-trend queries
 
-<!-- Generated from internal/dashboard/queries.go by internal/dashboard/docs.go.
+<!-- Generated from sink/dashboard.go by internal/dashboard/docs.go.
      Do not edit by hand: TRACE_UPDATE_DOCS=1 go test -run TestQueriesDoc ./internal/dashboard/ -->
 
 Ready-made ClickHouse SQL for failure-trend analytics: pass rate over time per
 agent version, Cov and Δ over time per capability, and the capabilities most
 often LACKING this week against last week. These are the statements the
-dashboard itself runs (the constants in ` + "`internal/dashboard/queries.go`" + `),
+dashboard itself runs (the constants in ` + "`sink/dashboard.go`" + `),
 so the numbers you get match the dashboard's pages and its JSON API.
 
 They run unchanged on ClickHouse 18.16 (Debian's package, used in CI) and on
@@ -83,12 +53,12 @@ server's time zone). The hourly queries become daily ones (the dashboard's
 
 `)
 	more := false
-	for _, q := range Queries {
+	for _, q := range sink.DashboardQueries {
 		if q.More && !more {
 			more = true
 			b.WriteString("# Other statements of the dashboard\n\nThe rest of what the dashboard's pages and API read, for completeness.\n\n")
 		}
-		fmt.Fprintf(&b, "## %s\n\n%s\n\nGo constant: `dashboard.%s`.", q.Title, q.Purpose, q.Name)
+		fmt.Fprintf(&b, "## %s\n\n%s\n\nGo constant: `sink.%s`.", q.Title, q.Purpose, q.Name)
 		if len(q.Binds) == 0 {
 			fmt.Fprintf(&b, " No binds. Ready to run:\n\n```sql\n%s\n```\n\n", q.SQL)
 			continue

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/url"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -31,7 +32,7 @@ var funcs = template.FuncMap{
 	"pct":      func(f float64) string { return fmt.Sprintf("%.1f%%", f*100) },
 	"f2":       func(f float64) string { return fmt.Sprintf("%.2f", f) },
 	"f3":       func(f float64) string { return fmt.Sprintf("%.3f", f) },
-	"f1":       func(f float64) string { return fmt.Sprintf("%.1f", f) },
+	"count":    fmtCount,
 	"signed":   func(f float64) string { return fmt.Sprintf("%+.3f", f) },
 	"ts":       fmtTS,
 	"day":      func(t time.Time) string { return t.UTC().Format("Mon Jan 2") },
@@ -65,6 +66,9 @@ func href(tok, path string, kv ...any) string {
 		if v == "" || v == "0" && k == "dict" {
 			continue
 		}
+		if k == "hours" && v == "0" { // Range.Hours 0: every rollout
+			v = "all"
+		}
 		q.Set(k, v)
 	}
 	if tok != "" {
@@ -74,6 +78,15 @@ func href(tok, path string, kv ...any) string {
 		return path
 	}
 	return path + "?" + q.Encode()
+}
+
+// fmtCount prints a count that is a mean over labeling runs: a whole number
+// as an integer ("2369", as with one run), else with one decimal ("52.1").
+func fmtCount(f float64) string {
+	if r := math.Round(f); math.Abs(f-r) < 0.05 {
+		return strconv.FormatFloat(r, 'f', 0, 64)
+	}
+	return strconv.FormatFloat(f, 'f', 1, 64)
 }
 
 func fmtTS(t time.Time) string {
@@ -185,12 +198,16 @@ func bucketStep(bucket string) (time.Duration, string) {
 // rangeLinks are the time-range and bucket selectors of a page.
 func rangeLinks(tok, path string, kv []any, rg Range) (ranges, buckets []rangeLink) {
 	link := func(hours int, bucket string) string {
-		return href(tok, path, append(append([]any(nil), kv...), "hours", hours, "bucket", bucket)...)
+		var h any = hours
+		if hours == 0 {
+			h = "all"
+		}
+		return href(tok, path, append(append([]any(nil), kv...), "hours", h, "bucket", bucket)...)
 	}
 	for _, h := range []struct {
 		l string
 		h int
-	}{{"24 h", 24}, {"3 days", 72}, {"7 days", 168}, {"14 days", 336}, {"30 days", 720}} {
+	}{{"24 h", 24}, {"3 days", 72}, {"7 days", 168}, {"14 days", 336}, {"30 days", 720}, {"all", 0}} {
 		ranges = append(ranges, rangeLink{Label: h.l, Href: link(h.h, rg.Bucket), Active: h.h == rg.Hours})
 	}
 	buckets = []rangeLink{
@@ -409,15 +426,15 @@ func (s *server) pageTriggers(w http.ResponseWriter, r *http.Request) {
 	for _, k := range []string{"fired", "deselected", "reselected", "rearmed"} {
 		pg.Kinds = append(pg.Kinds, legendItem{Name: fmt.Sprintf("%s (%d)", k, resp.Counts[k]), Color: eventColors[k]})
 	}
-	rowIdx := map[string]int{}
+	rowIdx := map[timelineRow]int{}
 	tl := timelineChart{ID: "chart-triggers", Title: "Trigger events over time", XMin: resp.Since, XMax: resp.GeneratedAt}
 	for _, e := range resp.Events {
-		label := fmt.Sprintf("%s/%s dict v%d · %s", e.Environment, e.AgentVersion, e.DictionaryVersion, e.Capability)
-		i, ok := rowIdx[label]
+		lr := timelineRow{Label: e.Capability, Sub: fmt.Sprintf("%s/%s dict v%d", e.Environment, e.AgentVersion, e.DictionaryVersion)}
+		i, ok := rowIdx[lr]
 		if !ok {
 			i = len(tl.Rows)
-			rowIdx[label] = i
-			tl.Rows = append(tl.Rows, label)
+			rowIdx[lr] = i
+			tl.Rows = append(tl.Rows, lr)
 		}
 		capHref := href(pg.Tok, "/capability", "env", e.Environment, "agent_version", e.AgentVersion, "dict", e.DictionaryVersion, "name", e.Capability)
 		tl.Events = append(tl.Events, timelineEvent{Row: i, At: e.At, Kind: e.Event, Href: capHref,
@@ -552,9 +569,9 @@ func (s *server) pageTrends(w http.ResponseWriter, r *http.Request) {
 				blk.Rows = append(blk.Rows, wo)
 				bc.Categories = append(bc.Categories, wo.Capability)
 				bc.Groups[0].Values = append(bc.Groups[0].Values, wo.CovLastWeek)
-				bc.Groups[0].Tips = append(bc.Groups[0].Tips, fmt.Sprintf("%s last week: Cov %.3f, %.1f LACKING failures", wo.Capability, wo.CovLastWeek, wo.LackingLastWeek))
+				bc.Groups[0].Tips = append(bc.Groups[0].Tips, fmt.Sprintf("%s last week: Cov %.3f, %s LACKING failures", wo.Capability, wo.CovLastWeek, fmtCount(wo.LackingLastWeek)))
 				bc.Groups[1].Values = append(bc.Groups[1].Values, wo.CovThisWeek)
-				bc.Groups[1].Tips = append(bc.Groups[1].Tips, fmt.Sprintf("%s this week: Cov %.3f, %.1f LACKING failures", wo.Capability, wo.CovThisWeek, wo.LackingThisWeek))
+				bc.Groups[1].Tips = append(bc.Groups[1].Tips, fmt.Sprintf("%s this week: Cov %.3f, %s LACKING failures", wo.Capability, wo.CovThisWeek, fmtCount(wo.LackingThisWeek)))
 			}
 			if len(blk.Rows) > 0 {
 				blk.Chart = bc.render()

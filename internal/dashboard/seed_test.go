@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/traceops/trace/analyzer"
-	"github.com/traceops/trace/internal/testenv"
+	"github.com/traceops/trace/internal/dev/testenv"
 	"github.com/traceops/trace/schemas"
 	"github.com/traceops/trace/sink"
 )
@@ -150,7 +150,7 @@ func seedDemo(t *testing.T, st *sink.Store, now time.Time) *demo {
 	defer cancel()
 	d := &demo{now: now, loc: time.UTC, rollouts: map[string]sink.RolloutRow{}, labels: map[labelKey]finalLabel{}}
 	var tz string
-	if err := st.Conn().QueryRow(ctx, "SELECT timezone()").Scan(&tz); err == nil {
+	if err := testenv.StoreConn(t, st).QueryRow(ctx, "SELECT timezone()").Scan(&tz); err == nil {
 		if loc, err := time.LoadLocation(tz); err == nil {
 			d.loc = loc
 		}
@@ -447,4 +447,65 @@ func sortedKeys[K comparable, V any](m map[K]V, less func(a, b K) bool) []K {
 	}
 	sort.Slice(out, func(i, j int) bool { return less(out[i], out[j]) })
 	return out
+}
+
+// Long names, as τ²-bench result files have them (tau2-<domain>, dated
+// model names, long capability names), labeled in one run (as the rules
+// labeler does): for the layout of the trigger timeline and for counts
+// that are whole numbers.
+const (
+	longEnv = "tau2-airline-with-a-rather-long-environment-name"
+	longAV  = "claude-3-7-sonnet-20250219-with-extended-thinking"
+	longCap = "handling_concurrent_user_intents_across_several_reservations"
+)
+
+// seedLongNames writes 40 rollouts of one long-named cohort over the last
+// 10 days, labeled in run 0 only, and three trigger events for it.
+func seedLongNames(t *testing.T, st *sink.Store, now time.Time) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var rows []sink.RolloutRow
+	var labels []sink.LabelRow
+	for i := range 40 {
+		id := fmt.Sprintf("long:%03d", i)
+		ok := i%3 == 0
+		end := now.Add(-time.Duration(i) * 6 * time.Hour).Truncate(time.Second)
+		reward := 1.0
+		if !ok {
+			reward = 0
+		}
+		ro := &schemas.Rollout{RolloutID: id, Environment: longEnv, Agent: schemas.Agent{Name: "agent", Version: longAV},
+			TaskID: fmt.Sprintf("task_%d", i%7), StartTime: end.Add(-time.Minute), EndTime: end,
+			Outcome: schemas.Outcome{Reward: reward}, Messages: conversation(id, ok), Tools: demoTools}
+		rows = append(rows, sink.RolloutRowFrom(ro, sink.Coord{Topic: "rollouts", Offset: int64(i)}))
+		for j, c := range []string{longCap, capMulti} {
+			l := schemas.LabelPresent
+			if !ok && (i+j)%2 == 0 {
+				l = schemas.LabelLacking
+			}
+			labels = append(labels, sink.LabelRow{LabelEvent: schemas.LabelEvent{RolloutID: id, Environment: longEnv, AgentVersion: longAV,
+				DictionaryVersion: 3, Capability: c, Run: 0, Label: l, Success: ok, Reward: reward, Source: schemas.SourceRules, TS: end}})
+		}
+	}
+	if err := st.InsertRollouts(ctx, rows); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.InsertLabels(ctx, labels); err != nil {
+		t.Fatal(err)
+	}
+	h := func(n int) time.Time { return now.Add(-time.Duration(n) * time.Hour).Truncate(time.Second) }
+	w := schemas.Window{Start: h(24 * 9), End: h(1), Rollouts: 40, Failures: 26}
+	var evs []sink.TriggerEvent
+	for i, e := range []struct {
+		cap, kind string
+		at        int
+	}{{longCap, "fired", 72}, {longCap, "deselected", 30}, {capMulti, "fired", 48}} {
+		evs = append(evs, sink.TriggerEvent{TriggerID: fmt.Sprintf("t-long-%d", i), Environment: longEnv, AgentVersion: longAV,
+			DictionaryVersion: 3, Capability: e.cap, Epoch: 1, Event: e.kind, At: h(e.at), MeanCov: 0.4, MeanDelta: 0.5,
+			RunsPassed: 1, RunsTotal: 1, Window: w})
+	}
+	if err := st.InsertTriggerEvents(ctx, evs); err != nil {
+		t.Fatal(err)
+	}
 }

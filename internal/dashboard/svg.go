@@ -7,6 +7,7 @@ package dashboard
 // dashed threshold lines (<line class="threshold">) with their label.
 
 import (
+	"cmp"
 	"fmt"
 	"html"
 	"html/template"
@@ -62,12 +63,8 @@ const (
 func esc(s string) string { return html.EscapeString(s) }
 
 func (c lineChart) render() template.HTML {
-	if c.W == 0 {
-		c.W = 1200
-	}
-	if c.H == 0 {
-		c.H = 260
-	}
+	c.W = cmp.Or(c.W, 1200)
+	c.H = cmp.Or(c.H, 260)
 	pw, ph := float64(c.W-padL-padR), float64(c.H-padT-padB)
 	if !c.XMax.After(c.XMin) {
 		c.XMax = c.XMin.Add(time.Hour)
@@ -117,9 +114,7 @@ func (c lineChart) render() template.HTML {
 	// Thresholds.
 	for _, h := range c.HLines {
 		col := h.Color
-		if col == "" {
-			col = "#d62728"
-		}
+		col = cmp.Or(col, "#d62728")
 		yy := y(h.Y)
 		fmt.Fprintf(&b, `<line class="threshold" data-threshold="%s" x1="%d" x2="%.1f" y1="%.1f" y2="%.1f" stroke="%s"/>`,
 			esc(h.Name), padL, float64(padL)+pw, yy, yy, col)
@@ -128,16 +123,12 @@ func (c lineChart) render() template.HTML {
 	// Series.
 	if n == 0 {
 		msg := c.Empty
-		if msg == "" {
-			msg = "no data in this range"
-		}
+		msg = cmp.Or(msg, "no data in this range")
 		fmt.Fprintf(&b, `<text class="empty-note" x="%.1f" y="%.1f" text-anchor="middle">%s</text>`, float64(padL)+pw/2, float64(padT)+ph/2, esc(msg))
 	}
 	for i, s := range c.Series {
 		col := s.Color
-		if col == "" {
-			col = colorAt(i)
-		}
+		col = cmp.Or(col, colorAt(i))
 		pts := append([]chartPoint(nil), s.Points...)
 		sort.SliceStable(pts, func(i, j int) bool { return pts[i].X.Before(pts[j].X) })
 		var d strings.Builder
@@ -192,9 +183,7 @@ type barGroup struct {
 }
 
 func (c barChart) render() template.HTML {
-	if c.W == 0 {
-		c.W = 1200
-	}
+	c.W = cmp.Or(c.W, 1200)
 	const left, right, top, bottom, bar, gap = 235, 40, 22, 36, 12, 10
 	rowH := float64(len(c.Groups)*bar + gap)
 	h := top + bottom + int(math.Ceil(rowH*float64(max(len(c.Categories), 1))))
@@ -216,7 +205,10 @@ func (c barChart) render() template.HTML {
 	fmt.Fprintf(&b, `<line class="axis-line" x1="%d" x2="%d" y1="%d" y2="%.1f"/>`, left, left, top, base)
 	for i, cat := range c.Categories {
 		y0 := float64(top) + rowH*float64(i) + gap/2
-		fmt.Fprintf(&b, `<text class="cat" x="%d" y="%.1f" text-anchor="end" dominant-baseline="middle">%s</text>`, left-8, y0+float64(len(c.Groups)*bar)/2, esc(cat))
+		// Cut to the label column (a long capability name would leave the
+		// chart); the whole name is the tooltip.
+		fmt.Fprintf(&b, `<g class="bar-label"><title>%s</title><text class="cat" x="%d" y="%.1f" text-anchor="end" dominant-baseline="middle">%s</text></g>`,
+			esc(cat), left-8, y0+float64(len(c.Groups)*bar)/2, esc(fitText(cat, left-12, catFont)))
 		for g, grp := range c.Groups {
 			v := 0.0
 			if i < len(grp.Values) {
@@ -227,9 +219,7 @@ func (c barChart) render() template.HTML {
 				tip = grp.Tips[i]
 			}
 			col := grp.Color
-			if col == "" {
-				col = colorAt(g)
-			}
+			col = cmp.Or(col, colorAt(g))
 			fmt.Fprintf(&b, `<rect class="bar" data-group="%s" data-category="%s" x="%d" y="%.1f" width="%.1f" height="%d" fill="%s"><title>%s</title></rect>`,
 				esc(grp.Name), esc(cat), left, y0+float64(g*bar), math.Max(x(v)-float64(left), 0.5), bar-2, col, esc(tip))
 			fmt.Fprintf(&b, `<text class="bar-value" x="%.1f" y="%.1f" dominant-baseline="middle">%s</text>`, x(v)+4, y0+float64(g*bar)+float64(bar-2)/2, esc(fmtTick(v, c.Percent)))
@@ -237,9 +227,7 @@ func (c barChart) render() template.HTML {
 	}
 	for _, l := range c.VLines {
 		col := l.Color
-		if col == "" {
-			col = "#d62728"
-		}
+		col = cmp.Or(col, "#d62728")
 		fmt.Fprintf(&b, `<line class="threshold" data-threshold="%s" x1="%.1f" x2="%.1f" y1="%d" y2="%.1f" stroke="%s"/>`, esc(l.Name), x(l.Y), x(l.Y), top, base, col)
 		fmt.Fprintf(&b, `<text class="threshold-label" x="%.1f" y="%d" fill="%s" text-anchor="middle">%s</text>`, x(l.Y), top-8, col, esc(l.Label))
 	}
@@ -253,8 +241,15 @@ type timelineChart struct {
 	Title      string
 	W          int
 	XMin, XMax time.Time
-	Rows       []string
+	Rows       []timelineRow
 	Events     []timelineEvent
+}
+
+// timelineRow is a row's label: Label (the capability) and, below it in
+// smaller type, Sub (the cohort). Each is cut with "…" to fit the label
+// column; the whole text is the row's tooltip.
+type timelineRow struct {
+	Label, Sub string
 }
 
 type timelineEvent struct {
@@ -268,11 +263,77 @@ type timelineEvent struct {
 // eventColors are the trigger event kinds' colors (legend in the page).
 var eventColors = map[string]string{"fired": "#2ca02c", "deselected": "#d62728", "reselected": "#ff7f0e", "rearmed": "#1f77b4"}
 
-func (c timelineChart) render() template.HTML {
-	if c.W == 0 {
-		c.W = 1200
+// Font sizes of the charts' category labels (style.css: .cat, .cat-sub).
+const (
+	catFont    = 12.0
+	catSubFont = 10.5
+)
+
+// emWidth is a character's advance in em in DejaVu Sans, the widest of the
+// stylesheet's fonts and what system-ui is on Debian, so that a label
+// measured to fit does fit (with a 5 % margin in textWidth). Characters not
+// listed count as 1 em.
+func emWidth(r rune) float64 {
+	const lower = "abcdefghijklmnopqrstuvwxyz"
+	widths := [...]float64{0.613, 0.635, 0.550, 0.635, 0.615, 0.352, 0.635, 0.634, 0.278, 0.278, 0.579, 0.278, 0.974,
+		0.634, 0.612, 0.635, 0.635, 0.411, 0.521, 0.392, 0.634, 0.592, 0.818, 0.592, 0.592, 0.525}
+	switch {
+	case r >= 'a' && r <= 'z':
+		return widths[strings.IndexRune(lower, r)]
+	case r >= '0' && r <= '9':
+		return 0.636
+	case r >= 'A' && r <= 'Z':
+		return 0.79
 	}
-	const left, right, top, bottom, rowH = 390, 24, 10, 34, 26
+	switch r {
+	case ' ', '.', ',', '·', ':', ';', '/', '|', '(', ')', '[', ']', '\'', '!':
+		return 0.40
+	case '-', '_', '…':
+		return 0.50
+	}
+	return 1
+}
+
+// textWidth is an upper bound of s's width, in viewBox units, at size.
+func textWidth(s string, size float64) float64 {
+	w := 0.0
+	for _, r := range s {
+		w += emWidth(r)
+	}
+	return w * size * 1.05
+}
+
+// fitText cuts s to at most width viewBox units at font size size, marking
+// a cut with "…" (the whole text goes into the element's tooltip).
+func fitText(s string, width, size float64) string {
+	if textWidth(s, size) <= width {
+		return s
+	}
+	r := []rune(s)
+	for n := len(r) - 1; n > 0; n-- {
+		cut := strings.TrimRight(string(r[:n]), " ·/-_") + "…"
+		if textWidth(cut, size) <= width {
+			return cut
+		}
+	}
+	return "…"
+}
+
+func (c timelineChart) render() template.HTML {
+	c.W = cmp.Or(c.W, 1200)
+	const right, top, bottom = 24, 10, 34
+	// The label column fits the longest label, within [160, W/3]; longer
+	// labels are cut (fitText), so no text leaves the chart.
+	need, subs := 0.0, false
+	for _, r := range c.Rows {
+		need = math.Max(need, math.Max(textWidth(r.Label, catFont), textWidth(r.Sub, catSubFont)))
+		subs = subs || r.Sub != ""
+	}
+	left := int(math.Min(math.Max(need+16, 160), float64(c.W)/3))
+	rowH := 26
+	if subs {
+		rowH = 36
+	}
 	h := top + bottom + rowH*max(len(c.Rows), 1)
 	pw := float64(c.W - left - right)
 	if !c.XMax.After(c.XMin) {
@@ -281,7 +342,7 @@ func (c timelineChart) render() template.HTML {
 	span := c.XMax.Sub(c.XMin).Seconds()
 	x := func(t time.Time) float64 { return float64(left) + pw*t.Sub(c.XMin).Seconds()/span }
 	var b strings.Builder
-	fmt.Fprintf(&b, `<svg class="chart timeline-chart" id="%s" viewBox="0 0 %d %d" width="100%%" role="img" aria-label="%s">`, esc(c.ID), c.W, h, esc(c.Title))
+	fmt.Fprintf(&b, `<svg class="chart timeline-chart" id="%s" viewBox="0 0 %d %d" width="100%%" role="img" aria-label="%s" data-label-width="%d">`, esc(c.ID), c.W, h, esc(c.Title), left)
 	base := float64(top + rowH*len(c.Rows))
 	ticks, format := timeTicks(c.XMin, c.XMax, int(pw/110))
 	for _, t := range ticks {
@@ -289,17 +350,29 @@ func (c timelineChart) render() template.HTML {
 		fmt.Fprintf(&b, `<text class="tick" x="%.1f" y="%.1f" text-anchor="middle">%s</text>`, x(t), base+16, esc(t.UTC().Format(format)))
 	}
 	fmt.Fprintf(&b, `<text class="axis-note" x="%d" y="%d" text-anchor="end">UTC</text>`, c.W-4, h-4)
+	avail := float64(left - 12)
 	for i, r := range c.Rows {
 		yy := float64(top + rowH*i + rowH/2)
+		full := r.Label
+		if r.Sub != "" {
+			full = r.Sub + " · " + r.Label
+		}
 		fmt.Fprintf(&b, `<line class="grid" x1="%d" x2="%.1f" y1="%.1f" y2="%.1f"/>`, left, float64(left)+pw, yy, yy)
-		fmt.Fprintf(&b, `<text class="cat" x="%d" y="%.1f" text-anchor="end" dominant-baseline="middle">%s</text>`, left-8, yy, esc(r))
+		ly := yy
+		if r.Sub != "" {
+			ly = yy - 6
+		}
+		fmt.Fprintf(&b, `<g class="row-label"><title>%s</title>`, esc(full))
+		fmt.Fprintf(&b, `<text class="cat" x="%d" y="%.1f" text-anchor="end" dominant-baseline="middle">%s</text>`, left-8, ly, esc(fitText(r.Label, avail, catFont)))
+		if r.Sub != "" {
+			fmt.Fprintf(&b, `<text class="cat-sub" x="%d" y="%.1f" text-anchor="end" dominant-baseline="middle">%s</text>`, left-8, yy+8, esc(fitText(r.Sub, avail, catSubFont)))
+		}
+		b.WriteString(`</g>`)
 	}
 	for _, e := range c.Events {
 		yy := float64(top + rowH*e.Row + rowH/2)
 		col := eventColors[e.Kind]
-		if col == "" {
-			col = "#7f7f7f"
-		}
+		col = cmp.Or(col, "#7f7f7f")
 		xx := x(e.At)
 		if e.Href != "" {
 			fmt.Fprintf(&b, `<a href="%s">`, esc(e.Href))

@@ -6,6 +6,7 @@
 package embedded
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"log/slog"
@@ -23,7 +24,9 @@ import (
 // Kafka starts kfake listening on addr (host:port, host must be a loopback
 // address) with its log and group offsets under dir, so they survive a
 // restart. Topics are created on first use with partitions partitions.
-func Kafka(addr, dir string, partitions int, log *slog.Logger, seed ...string) (*kfake.Cluster, error) {
+// Every topic accepts record batches of up to maxMessageBytes (the broker's
+// message.max.bytes; kfake's default is Kafka's, about 1 MiB).
+func Kafka(addr, dir string, partitions, maxMessageBytes int, log *slog.Logger, seed ...string) (*kfake.Cluster, error) {
 	host, portS, err := net.SplitHostPort(addr)
 	if err != nil {
 		return nil, fmt.Errorf("embedded kafka: %w", err)
@@ -38,6 +41,7 @@ func Kafka(addr, dir string, partitions int, log *slog.Logger, seed ...string) (
 	opts := []kfake.Opt{
 		kfake.NumBrokers(1), kfake.Ports(port), kfake.DataDir(dir),
 		kfake.AllowAutoTopicCreation(), kfake.DefaultNumPartitions(partitions),
+		kfake.BrokerConfigs(map[string]string{"message.max.bytes": strconv.Itoa(maxMessageBytes)}),
 		kfake.ListenFn(func(network, _ string) (net.Listener, error) {
 			return net.Listen(network, net.JoinHostPort(host, strconv.Itoa(port)))
 		}),
@@ -50,16 +54,14 @@ func Kafka(addr, dir string, partitions int, log *slog.Logger, seed ...string) (
 		return nil, fmt.Errorf("embedded kafka on %s: %w (is another broker listening there? set kafka.brokers or kafka.embedded_addr)", addr, err)
 	}
 	log.Info("embedded: started a Kafka-protocol broker (kfake); production should use a real Kafka cluster (kafka.brokers)",
-		"addr", c.ListenAddrs()[0], "data", dir)
+		"addr", c.ListenAddrs()[0], "data", dir, "max_message_bytes", maxMessageBytes)
 	return c, nil
 }
 
 // NATS starts an embedded nats-server with JetStream on 127.0.0.1 (port 0 =
 // any free port) storing under dir.
 func NATS(dir string, port int, log *slog.Logger) (*server.Server, string, error) {
-	if port == 0 {
-		port = server.RANDOM_PORT
-	}
+	port = cmp.Or(port, server.RANDOM_PORT)
 	ns, err := server.NewServer(&server.Options{
 		ServerName: "trace-embedded", Host: "127.0.0.1", Port: port,
 		JetStream: true, StoreDir: dir, NoSigs: true, NoLog: true,

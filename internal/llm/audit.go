@@ -3,11 +3,24 @@ package llm
 import (
 	"context"
 	"sync"
-
-	"github.com/traceops/trace/sink"
+	"time"
 )
 
-// Outcomes of one HTTP attempt, as recorded in sink.LLMCall.Outcome.
+// AuditRecord is the audit row of one HTTP attempt to an LLM endpoint. (The
+// wiring stores it as sink.LLMCall in llm_calls; the fields are the same.)
+type AuditRecord struct {
+	TS                             time.Time
+	Purpose, Model, Endpoint       string // purpose: label | discover | ...
+	PromptHash, RolloutID          string
+	Run                            uint16
+	Attempt                        uint8
+	PromptTokens, CompletionTokens uint32
+	LatencyMS                      uint32
+	Outcome                        string // one of the Outcome constants
+	Error                          string
+}
+
+// Outcomes of one HTTP attempt, as recorded in AuditRecord.Outcome.
 const (
 	OutcomeOK          = "ok"
 	OutcomeHTTP429     = "http_429"
@@ -29,24 +42,24 @@ const (
 // still recorded. Rows never contain the API key or the prompt text, only its
 // hash.
 type Recorder interface {
-	RecordLLMCall(ctx context.Context, call sink.LLMCall)
+	RecordLLMCall(ctx context.Context, call AuditRecord)
 }
 
 // RecorderFunc adapts a function to Recorder.
-type RecorderFunc func(ctx context.Context, call sink.LLMCall)
+type RecorderFunc func(ctx context.Context, call AuditRecord)
 
 // RecordLLMCall calls f.
-func (f RecorderFunc) RecordLLMCall(ctx context.Context, call sink.LLMCall) { f(ctx, call) }
+func (f RecorderFunc) RecordLLMCall(ctx context.Context, call AuditRecord) { f(ctx, call) }
 
 // BufferRecorder collects audit rows in memory until drained. The zero value
 // is ready to use and safe for concurrent use.
 type BufferRecorder struct {
 	mu    sync.Mutex
-	calls []sink.LLMCall
+	calls []AuditRecord
 }
 
 // RecordLLMCall appends call.
-func (b *BufferRecorder) RecordLLMCall(_ context.Context, call sink.LLMCall) {
+func (b *BufferRecorder) RecordLLMCall(_ context.Context, call AuditRecord) {
 	b.mu.Lock()
 	b.calls = append(b.calls, call)
 	b.mu.Unlock()
@@ -54,7 +67,7 @@ func (b *BufferRecorder) RecordLLMCall(_ context.Context, call sink.LLMCall) {
 
 // Drain returns the rows recorded since the last Drain, in recording order,
 // and forgets them.
-func (b *BufferRecorder) Drain() []sink.LLMCall {
+func (b *BufferRecorder) Drain() []AuditRecord {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	out := b.calls

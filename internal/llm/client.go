@@ -2,6 +2,7 @@ package llm
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -21,8 +22,6 @@ import (
 
 	"github.com/cenkalti/backoff/v4"
 	"golang.org/x/time/rate"
-
-	"github.com/traceops/trace/sink"
 )
 
 // maxResponseBytes bounds one response body.
@@ -262,9 +261,7 @@ func (c *Client) body(req Request) ([]byte, error) {
 	}
 	if len(req.Schema) > 0 {
 		name := req.SchemaName
-		if name == "" {
-			name = "response"
-		}
+		name = cmp.Or(name, "response")
 		switch c.cfg.StructuredOutput {
 		case StructuredJSONSchema:
 			w.ResponseFormat = map[string]any{"type": "json_schema", "json_schema": map[string]any{"name": name, "schema": req.Schema, "strict": true}}
@@ -472,7 +469,7 @@ func (c *Client) record(ctx context.Context, req Request, hash string, attempt i
 	if c.cfg.Recorder == nil {
 		return
 	}
-	row := sink.LLMCall{
+	row := AuditRecord{
 		TS: start, Purpose: req.Purpose, Model: c.cfg.Model, Endpoint: c.endpoint,
 		PromptHash: hash, RolloutID: req.RolloutID, Run: uint16(max(req.Run, 0)), Attempt: uint8(min(attempt, math.MaxUint8)),
 		PromptTokens: uint32(max(res.promptTokens, 0)), CompletionTokens: uint32(max(res.completionTokens, 0)),

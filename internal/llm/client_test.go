@@ -12,9 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/traceops/trace/internal/dev/llmtest"
 	"github.com/traceops/trace/internal/llm"
-	"github.com/traceops/trace/internal/llmtest"
-	"github.com/traceops/trace/sink"
 )
 
 const testKey = "sk-test-S3CRET-0123456789"
@@ -46,7 +45,7 @@ func ask(schema json.RawMessage) llm.Request {
 		Messages: []llm.Message{{Role: "user", Content: "Answer yes or no as JSON."}}}
 }
 
-func outcomes(calls []sink.LLMCall) []string {
+func outcomes(calls []llm.AuditRecord) []string {
 	out := make([]string, len(calls))
 	for i, c := range calls {
 		out[i] = c.Outcome

@@ -1,6 +1,7 @@
 package llm
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -150,33 +151,17 @@ func APIKeyFromEnv() Secret {
 // empty APIKey taken from the environment.
 func (c Config) WithDefaults() Config {
 	c.BaseURL = strings.TrimRight(strings.TrimSpace(c.BaseURL), "/")
-	if c.APIKey == "" {
-		c.APIKey = APIKeyFromEnv()
-	}
-	if c.Timeout == 0 {
-		c.Timeout = DefaultTimeout
-	}
-	if c.MaxAttempts == 0 {
-		c.MaxAttempts = DefaultMaxAttempts
-	}
-	if c.BackoffInitial == 0 {
-		c.BackoffInitial = DefaultBackoffInitial
-	}
-	if c.BackoffMax == 0 {
-		c.BackoffMax = DefaultBackoffMax
-	}
-	if c.MaxRetryAfter == 0 {
-		c.MaxRetryAfter = DefaultMaxRetryAfter
-	}
-	if c.Concurrency == 0 {
-		c.Concurrency = DefaultConcurrency
-	}
+	c.APIKey = cmp.Or(c.APIKey, APIKeyFromEnv())
+	c.Timeout = cmp.Or(c.Timeout, DefaultTimeout)
+	c.MaxAttempts = cmp.Or(c.MaxAttempts, DefaultMaxAttempts)
+	c.BackoffInitial = cmp.Or(c.BackoffInitial, DefaultBackoffInitial)
+	c.BackoffMax = cmp.Or(c.BackoffMax, DefaultBackoffMax)
+	c.MaxRetryAfter = cmp.Or(c.MaxRetryAfter, DefaultMaxRetryAfter)
+	c.Concurrency = cmp.Or(c.Concurrency, DefaultConcurrency)
 	if c.Temperature == nil {
 		c.Temperature = Float(DefaultTemperature)
 	}
-	if c.StructuredOutput == "" {
-		c.StructuredOutput = StructuredJSONSchema
-	}
+	c.StructuredOutput = cmp.Or(c.StructuredOutput, StructuredJSONSchema)
 	return c
 }
 

@@ -15,7 +15,7 @@
 //     request and capped exponential backoff: 429 (after Retry-After), 5xx,
 //     time-outs, connection errors and rejected answers. Other 4xx answers
 //     are returned at once. The error then lists every attempt's outcome.
-//   - Every HTTP attempt yields exactly one audit row (sink.LLMCall) through
+//   - Every HTTP attempt yields exactly one audit row (AuditRecord) through
 //     the Recorder: model, endpoint without credentials, sha256 of the
 //     messages, tokens from usage, latency, attempt number, outcome.
 //   - The API key is sent as a Bearer token and never appears in an audit row,

@@ -10,8 +10,7 @@ import (
 	"sync"
 
 	"github.com/santhosh-tekuri/jsonschema/v6"
-	"golang.org/x/text/language"
-	"golang.org/x/text/message"
+	"github.com/traceops/trace/schemas"
 )
 
 // StripFences removes one Markdown code fence (```json … ``` or ``` … ```)
@@ -119,35 +118,14 @@ func (c *compiledSchema) validate(content string) error {
 		return err
 	}
 	var msgs []string
-	for _, l := range leaves(ve, nil) {
-		msgs = append(msgs, fmt.Sprintf("at %q: %s", pathOrRoot(pointer(l.InstanceLocation)), l.ErrorKind.LocalizedString(printer)))
+	for _, v := range schemas.Violations(ve) {
+		msgs = append(msgs, fmt.Sprintf("at %q: %s", v.Path, v.Msg))
 	}
 	if len(msgs) > 4 {
 		msgs = append(msgs[:4], fmt.Sprintf("and %d more", len(msgs)-4))
 	}
 	return errors.New(strings.Join(msgs, "; "))
 }
-
-func leaves(e *jsonschema.ValidationError, out []*jsonschema.ValidationError) []*jsonschema.ValidationError {
-	if len(e.Causes) == 0 {
-		return append(out, e)
-	}
-	for _, c := range e.Causes {
-		out = leaves(c, out)
-	}
-	return out
-}
-
-func pointer(tokens []string) string {
-	var b strings.Builder
-	for _, t := range tokens {
-		b.WriteByte('/')
-		b.WriteString(t)
-	}
-	return b.String()
-}
-
-var printer = message.NewPrinter(language.English)
 
 // schemaCache compiles each distinct request schema once.
 type schemaCache struct {

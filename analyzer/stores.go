@@ -1,0 +1,59 @@
+package analyzer
+
+import (
+	"context"
+	"time"
+
+	"github.com/traceops/trace/schemas"
+	"github.com/traceops/trace/sink"
+)
+
+// The analyzer's storage, as the interfaces it consumes; *sink.Store
+// implements all of them (checked below). Each is safe for concurrent use.
+
+// EvaluatorStore is what the Evaluator reads and writes: the window
+// statistics of cohorts, their tools, and the trigger history it rebuilds
+// its state from and appends to.
+type EvaluatorStore interface {
+	Cohorts(ctx context.Context, since time.Time) ([]sink.Cohort, error)
+	// EventSpec is each cohort's event-time window (back from its watermark).
+	EventSpec(ctx context.Context, cohorts []sink.Cohort, window time.Duration, lastRollouts, runs int) (sink.MultiSpec, map[sink.Cohort]time.Time, error)
+	CohortTools(ctx context.Context, env, agentVersion string) ([]schemas.Tool, error)
+	WindowCountsMulti(ctx context.Context, spec sink.MultiSpec) (map[sink.Cohort][]sink.RunCounts, error)
+	WindowInfoMulti(ctx context.Context, spec sink.MultiSpec) (map[sink.Cohort]sink.WindowInfo, error)
+	TriggerHistory(ctx context.Context) ([]sink.TriggerEvent, error)
+	InsertTriggerEvents(ctx context.Context, evs []sink.TriggerEvent) error
+}
+
+// LabelStore is where the labeling sinks write labels and labeling runs.
+type LabelStore interface {
+	InsertLabels(ctx context.Context, rows []sink.LabelRow) error
+	InsertLabelRuns(ctx context.Context, runs []sink.LabelRun) error
+}
+
+// DiscoveryStore is what the DiscoveryRunner reads: cohorts, their
+// unexplained failures, and sample rollouts.
+type DiscoveryStore interface {
+	Cohorts(ctx context.Context, since time.Time) ([]sink.Cohort, error)
+	Watermarks(ctx context.Context, cohorts []sink.Cohort) (map[sink.Cohort]time.Time, error)
+	UnexplainedFailures(ctx context.Context, c sink.Cohort, since time.Time) (failures, unexplained int, err error)
+	SampleRollouts(ctx context.Context, env, agentVersion string, n int) ([]*schemas.Rollout, error)
+}
+
+// BackfillStore is what a Backfill reads (the stored rollouts and the runs
+// already labeled) and writes (through the labeling sink).
+type BackfillStore interface {
+	LabelStore
+	RolloutScopes(ctx context.Context) ([]sink.RolloutScope, error)
+	StoredRollouts(ctx context.Context, env, agentVersion string, since time.Time) ([]sink.StoredRollout, error)
+	LabeledRuns(ctx context.Context, c sink.Cohort) (map[string]int, error)
+	CompactedRollouts(ctx context.Context, env, agentVersion string, ids []string) (map[string]*schemas.Rollout, error)
+}
+
+var (
+	_ BackfillStore   = (*sink.Store)(nil)
+	_ EvaluatorStore  = (*sink.Store)(nil)
+	_ LabelStore      = (*sink.Store)(nil)
+	_ DiscoveryStore  = (*sink.Store)(nil)
+	_ DictionaryStore = (*sink.Store)(nil)
+)

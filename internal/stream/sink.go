@@ -1,0 +1,82 @@
+package stream
+
+import (
+	"context"
+	"time"
+)
+
+// Record is one decoded message with its Kafka coordinates.
+type Record[T any] struct {
+	Value     T
+	Topic     string
+	Partition int
+	Offset    int64
+	Key       []byte
+	Time      time.Time // the message timestamp
+	Size      int       // bytes of the encoded value
+}
+
+// Sink makes a batch durable.
+//
+// Write returns nil only when every record of the batch is durable: that is
+// the promise that lets the consumer commit the batch's offsets. It may see
+// the same records again after a failure, a rebalance or a restart
+// (at-least-once), so it must be idempotent.
+//
+// An error for which Config.IsRetryable is true makes the consumer retry the
+// same batch (same slice, same order) with capped exponential backoff, forever
+// until Run's context ends, while it fetches nothing and commits nothing
+// (backpressure). Any other error stops the consumer: Run returns it.
+//
+// Write is called from one goroutine at a time, never with an empty batch.
+// Its ctx is not Run's: after Run's context is cancelled, the batch in flight
+// gets Config.DrainTimeout more to finish, and ctx ends then. Write must
+// return promptly when ctx ends. The batch slice is not reused after Write
+// returns nil, so a Sink may keep it.
+type Sink[T any] interface {
+	Write(ctx context.Context, batch []Record[T]) error
+}
+
+// A StreamSink is a Sink that also takes a batch in pieces, while it is
+// being fetched and decoded, so that the consumer holds none of its records:
+// memory stays bounded by a few chunks whatever the batch size, and large
+// batches (few, large inserts) cost no memory.
+//
+// The consumer then calls Begin once per batch, Add for its records in
+// fetch order (records of one partition in offset order), and Commit when
+// the batch is sealed; Commit returning nil is the promise that lets it
+// commit the batch's offsets. When Begin, Add or Commit fails with a
+// retryable error the records are gone from memory: the consumer reads the
+// batch's offset ranges again from Kafka (outside the group) and writes them
+// to a new Stream, with backoff, until that succeeds (a retry may see the
+// partitions in another order). Write is not called. The rest of Sink's
+// contract holds: at-least-once, idempotent, one goroutine at a time.
+type StreamSink[T any] interface {
+	Sink[T]
+	// Begin starts the write of one batch; ctx bounds the whole Stream.
+	Begin(ctx context.Context) (Stream[T], error)
+}
+
+// Stream is one batch being written by a StreamSink.
+type Stream[T any] interface {
+	// Add takes the next records. It must not keep recs (the slice is
+	// reused); it may keep the values.
+	Add(recs []Record[T]) error
+	// Commit makes every added record durable.
+	Commit() error
+	// Abort ends a Stream that is not committed; a no-op after Commit.
+	Abort()
+}
+
+// SinkFunc adapts a function to a Sink.
+type SinkFunc[T any] func(ctx context.Context, batch []Record[T]) error
+
+// Write calls f.
+func (f SinkFunc[T]) Write(ctx context.Context, batch []Record[T]) error { return f(ctx, batch) }
+
+// Decoder turns a message value into T. It is called concurrently from
+// Config.DecodeWorkers goroutines. An error (or a panic) sends the message,
+// untouched, to the dead-letter topic; the reason header is the Reason of a
+// *schemas.Error in the error's chain, else "decode" ("panic" for a panic).
+// The decoder must not keep value: the consumer releases it afterwards.
+type Decoder[T any] func(value []byte) (T, error)

@@ -1,0 +1,425 @@
+package sink
+
+import (
+	"context"
+	"fmt"
+	"strings"
+
+	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
+)
+
+// The SQL the dashboard runs. Every statement works on ClickHouse 18.16
+// (Debian's) and on current ClickHouse: no window functions, no DateTime64,
+// no Map, no toStartOfInterval, no server-side {p:Type} parameters. The `?`
+// are client-side binds (clickhouse-go substitutes them in order); times are
+// bound as Unix seconds and wrapped in toDateTime(?).
+//
+// docs/queries.md is generated from the DashboardQueries table below (by
+// internal/dashboard/docs.go); TestQueriesDoc keeps the two in sync. The
+// dashboard runs them through Store.QueryDashboard, which runs nothing but
+// these statements.
+//
+// Label statistics always take one label per (capability, run, rollout_id):
+// the most recently ingested one (argMax(label, ingest_ns)), exactly as the
+// analyzer's window statistics do (sink.WindowCounts), so a redelivered or
+// relabeled row never counts twice.
+
+// QPassRateHourly is the pass rate per agent version of one environment per
+// hour, from the rollout_counts aggregate (exact distinct rollout ids).
+// With toStartOfDay in place of toStartOfHour it is the daily pass rate
+// (the dashboard's bucket=day; see QueryDashboard).
+//
+// Binds: environment, since (Unix seconds).
+const QPassRateHourly = `SELECT agent_version, toStartOfHour(bucket) AS time_bucket,
+	uniqExactMerge(rollouts) AS rollouts,
+	uniqExactIfMerge(successes) AS successes
+FROM rollout_counts
+WHERE environment = ? AND bucket >= toDateTime(?)
+GROUP BY agent_version, time_bucket
+ORDER BY agent_version, time_bucket`
+
+// QPassRateWeekly is the pass rate per agent version of one environment per
+// week (weeks start on Monday, in the server's time zone).
+//
+// Binds: environment, since (Unix seconds).
+const QPassRateWeekly = `SELECT toMonday(bucket) AS week, agent_version,
+	uniqExactMerge(rollouts) AS rollouts,
+	uniqExactIfMerge(successes) AS successes
+FROM rollout_counts
+WHERE environment = ? AND bucket >= toDateTime(?)
+GROUP BY week, agent_version
+ORDER BY week, agent_version`
+
+// QCapabilityHourly is Cov and Δ per capability per hour of one cohort: the
+// TRACE statistics of each labeling run over the rollouts that ended in the
+// hour, then averaged over the runs. Ratios with a zero denominator are 0.
+// With toStartOfDay in place of toStartOfHour it is per day.
+//
+// Binds: environment, agent_version, dictionary_version, since (Unix seconds).
+const QCapabilityHourly = `SELECT capability, time_bucket,
+	avg(cov) AS mean_cov,
+	avg(delta) AS mean_delta,
+	count() AS runs,
+	max(failed) AS failed,
+	max(passed) AS passed
+FROM (
+	SELECT capability, run, toStartOfHour(t) AS time_bucket,
+		countIf(ok = 0 AND l = 'LACKING') AS lf,
+		countIf(ok = 0 AND l = 'PRESENT') AS pf,
+		countIf(ok = 0) AS failed,
+		countIf(ok = 1 AND l = 'LACKING') AS lp,
+		countIf(ok = 1 AND l = 'PRESENT') AS pp,
+		countIf(ok = 1) AS passed,
+		if(failed = 0, 0., lf / failed) AS cov,
+		if(lf + pf = 0, 0., lf / (lf + pf)) - if(lp + pp = 0, 0., lp / (lp + pp)) AS delta
+	FROM (
+		SELECT capability, run, rollout_id,
+			argMax(label, ingest_ns) AS l,
+			argMax(success, ingest_ns) AS ok,
+			argMax(ts, ingest_ns) AS t
+		FROM capability_labels
+		WHERE environment = ? AND agent_version = ? AND dictionary_version = ? AND ts >= toDateTime(?)
+		GROUP BY capability, run, rollout_id
+	)
+	GROUP BY capability, run, time_bucket
+)
+GROUP BY capability, time_bucket
+ORDER BY capability, time_bucket`
+
+// QLackingWeekly is, per week, agent version and capability of one
+// environment, the mean over runs of Cov (the share of failed rollouts
+// labeled LACKING), of Δ and of the number of failures labeled LACKING: the
+// failure trends. Labels of every dictionary version count; a capability is
+// matched by name.
+//
+// Binds: environment, since (Unix seconds).
+const QLackingWeekly = `SELECT week, agent_version, capability,
+	avg(cov) AS mean_cov,
+	avg(delta) AS mean_delta,
+	avg(lf) AS lacking_failed,
+	max(failed) AS failed
+FROM (
+	SELECT toMonday(t) AS week, agent_version, capability, run,
+		countIf(ok = 0 AND l = 'LACKING') AS lf,
+		countIf(ok = 0 AND l = 'PRESENT') AS pf,
+		countIf(ok = 0) AS failed,
+		countIf(ok = 1 AND l = 'LACKING') AS lp,
+		countIf(ok = 1 AND l = 'PRESENT') AS pp,
+		if(failed = 0, 0., lf / failed) AS cov,
+		if(lf + pf = 0, 0., lf / (lf + pf)) - if(lp + pp = 0, 0., lp / (lp + pp)) AS delta
+	FROM (
+		SELECT agent_version, capability, run, rollout_id,
+			argMax(label, ingest_ns) AS l,
+			argMax(success, ingest_ns) AS ok,
+			argMax(ts, ingest_ns) AS t
+		FROM capability_labels
+		WHERE environment = ? AND ts >= toDateTime(?)
+		GROUP BY agent_version, capability, run, rollout_id
+	)
+	GROUP BY week, agent_version, capability, run
+)
+GROUP BY week, agent_version, capability
+ORDER BY week, agent_version, mean_cov DESC, capability`
+
+// QLackingWeekOverWeek compares, per capability of one environment and agent
+// version, this week with last week: mean over runs of Cov, Δ and the
+// failures labeled LACKING. "This week" is the week (Monday to Sunday, server
+// time zone) that contains the anchor time; a week without labels gives 0
+// (runs_* tell the two cases apart).
+//
+// Binds: anchor (Unix seconds), environment, agent_version, anchor, anchor, top-N limit.
+const QLackingWeekOverWeek = `SELECT capability,
+	sumIf(cov, w = 1) / greatest(countIf(w = 1), 1) AS cov_this_week,
+	sumIf(cov, w = 0) / greatest(countIf(w = 0), 1) AS cov_last_week,
+	sumIf(delta, w = 1) / greatest(countIf(w = 1), 1) AS delta_this_week,
+	sumIf(delta, w = 0) / greatest(countIf(w = 0), 1) AS delta_last_week,
+	sumIf(lf, w = 1) / greatest(countIf(w = 1), 1) AS lacking_this_week,
+	sumIf(lf, w = 0) / greatest(countIf(w = 0), 1) AS lacking_last_week,
+	countIf(w = 1) AS runs_this_week,
+	countIf(w = 0) AS runs_last_week
+FROM (
+	SELECT capability, run, toMonday(t) = toMonday(toDateTime(?)) AS w,
+		countIf(ok = 0 AND l = 'LACKING') AS lf,
+		countIf(ok = 0 AND l = 'PRESENT') AS pf,
+		countIf(ok = 0) AS failed,
+		countIf(ok = 1 AND l = 'LACKING') AS lp,
+		countIf(ok = 1 AND l = 'PRESENT') AS pp,
+		if(failed = 0, 0., lf / failed) AS cov,
+		if(lf + pf = 0, 0., lf / (lf + pf)) - if(lp + pp = 0, 0., lp / (lp + pp)) AS delta
+	FROM (
+		SELECT capability, run, rollout_id,
+			argMax(label, ingest_ns) AS l,
+			argMax(success, ingest_ns) AS ok,
+			argMax(ts, ingest_ns) AS t
+		FROM capability_labels
+		WHERE environment = ? AND agent_version = ?
+			AND ts >= toDateTime(toMonday(toDateTime(?)) - 7)
+			AND ts < toDateTime(toMonday(toDateTime(?)) + 7)
+		GROUP BY capability, run, rollout_id
+	)
+	GROUP BY capability, run, w
+)
+GROUP BY capability
+ORDER BY cov_this_week DESC, lacking_this_week DESC, capability
+LIMIT ?`
+
+// QRolloutCohorts lists every (environment, agent version) with rollouts and
+// its totals.
+const QRolloutCohorts = `SELECT environment, agent_version,
+	uniqExactMerge(rollouts) AS rollouts,
+	uniqExactIfMerge(successes) AS successes,
+	max(bucket) AS last_bucket
+FROM rollout_counts
+GROUP BY environment, agent_version
+ORDER BY environment, agent_version`
+
+// QLabelCohorts lists every labeled cohort (environment, agent version,
+// dictionary version) with its labeled rollouts, capabilities and runs.
+const QLabelCohorts = `SELECT environment, agent_version, dictionary_version,
+	uniqExactMerge(rollouts) AS labeled_rollouts,
+	uniqExact(capability) AS capabilities,
+	toUInt64(max(run) + 1) AS runs,
+	max(bucket) AS last_bucket
+FROM label_counts
+GROUP BY environment, agent_version, dictionary_version
+ORDER BY environment, agent_version, dictionary_version`
+
+// QLackingExamples lists the failed rollouts of one capability labeled
+// LACKING in at least one run, most often LACKING first.
+//
+// Binds: environment, agent_version, dictionary_version, capability, since (Unix seconds), limit.
+const QLackingExamples = `SELECT rollout_id,
+	countIf(l = 'LACKING') AS lacking_runs,
+	count() AS runs
+FROM (
+	SELECT run, rollout_id,
+		argMax(label, ingest_ns) AS l,
+		argMax(success, ingest_ns) AS ok
+	FROM capability_labels
+	WHERE environment = ? AND agent_version = ? AND dictionary_version = ? AND capability = ? AND ts >= toDateTime(?)
+	GROUP BY run, rollout_id
+)
+WHERE ok = 0
+GROUP BY rollout_id
+HAVING lacking_runs > 0
+ORDER BY lacking_runs DESC, rollout_id
+LIMIT ?`
+
+// QRollouts reads stored rollouts by id (the latest ingested version of each).
+//
+// Binds: environment, agent_version, array of rollout ids.
+const QRollouts = `SELECT rollout_id,
+	argMax(task_id, ingest_ns) AS task_id,
+	argMax(success, ingest_ns) AS success,
+	argMax(reward, ingest_ns) AS reward,
+	argMax(end_time, ingest_ns) AS end_time,
+	argMax(messages, ingest_ns) AS messages,
+	argMax(grader, ingest_ns) AS grader
+FROM rollouts
+WHERE environment = ? AND agent_version = ? AND has(?, rollout_id)
+GROUP BY rollout_id`
+
+// QTriggerEvents lists trigger transitions in time order. An empty filter
+// value matches everything.
+//
+// Binds: since (Unix seconds), environment ×2, agent_version ×2, capability ×2, limit.
+const QTriggerEvents = `SELECT trigger_id, environment, agent_version, dictionary_version, capability, epoch, event, at,
+	mean_cov, mean_delta, runs_passed, runs_total,
+	window_start, window_end, window_rollouts, window_failures, payload
+FROM trigger_events FINAL
+WHERE at >= toDateTime(?)
+	AND (? = '' OR environment = ?)
+	AND (? = '' OR agent_version = ?)
+	AND (? = '' OR capability = ?)
+ORDER BY at, environment, agent_version, dictionary_version, capability, epoch, event
+LIMIT ?`
+
+// QLatestTriggers is the newest trigger transition per capability of one
+// cohort.
+//
+// Binds: environment, agent_version, dictionary_version.
+const QLatestTriggers = `SELECT capability,
+	argMax(event, (at, epoch)) AS last_event,
+	max(epoch) AS last_epoch,
+	max(at) AS last_at
+FROM trigger_events FINAL
+WHERE environment = ? AND agent_version = ? AND dictionary_version = ?
+GROUP BY capability`
+
+// QWeekBounds is the Monday (server time zone) of the week of a time, and
+// the Monday a number of days before it: the trends page's weeks.
+//
+// Binds: anchor (Unix seconds) ×2, days back.
+const QWeekBounds = `SELECT toMonday(toDateTime(?)), toDateTime(toMonday(toDateTime(?)) - ?)`
+
+// dailySQL turns an hourly statement into its daily variant.
+func dailySQL(q string) string { return strings.ReplaceAll(q, "toStartOfHour(", "toStartOfDay(") }
+
+// dashboardSQL is the set of statements QueryDashboard runs.
+var dashboardSQL = func() map[string]bool {
+	m := map[string]bool{}
+	for _, q := range DashboardQueries {
+		m[q.SQL] = true
+	}
+	return m
+}()
+
+// QueryDashboard runs q, one of the dashboard statements of this file (the
+// Q* constants), with its binds; daily turns its toStartOfHour buckets
+// into toStartOfDay ones. Any other SQL is refused: the dashboard reads
+// through this method, and every statement trace runs lives in package sink.
+// The caller closes the rows.
+func (s *Store) QueryDashboard(ctx context.Context, q string, daily bool, args ...any) (driver.Rows, error) {
+	if !dashboardSQL[q] {
+		return nil, fmt.Errorf("sink: not a dashboard statement: %.60q", q)
+	}
+	if daily {
+		q = dailySQL(q)
+	}
+	return s.conn.Query(ctx, q, args...)
+}
+
+// QueryDashboardRow is QueryDashboard for a statement of one row (the
+// hourly variant).
+func (s *Store) QueryDashboardRow(ctx context.Context, q string, args ...any) driver.Row {
+	if !dashboardSQL[q] {
+		return errRow{fmt.Errorf("sink: not a dashboard statement: %.60q", q)}
+	}
+	return s.conn.QueryRow(ctx, q, args...)
+}
+
+// errRow is a driver.Row that only fails.
+type errRow struct{ err error }
+
+func (r errRow) Err() error           { return r.err }
+func (r errRow) Scan(...any) error    { return r.err }
+func (r errRow) ScanStruct(any) error { return r.err }
+
+// DashboardQuery is one documented statement of the dashboard.
+type DashboardQuery struct {
+	Name    string // Go constant
+	Title   string
+	Purpose string
+	SQL     string
+	Binds   []DashboardBind
+	// More: listed under "Other statements of the dashboard".
+	More bool
+}
+
+// DashboardBind documents one `?` of a query, in order, with the literal used in the
+// docs' ready-to-run example.
+type DashboardBind struct {
+	Name    string
+	Example string // SQL literal
+}
+
+// DashboardQueries are the statements documented in docs/queries.md, in
+// order.
+var DashboardQueries = []DashboardQuery{
+	{
+		Name: "QPassRateHourly", Title: "Pass rate over time per agent version (hourly)",
+		Purpose: "The overview's pass-rate chart: rollouts and successes per hour and agent version of one environment.",
+		SQL:     QPassRateHourly,
+		Binds:   []DashboardBind{{"environment", "'airline'"}, {"since (Unix seconds)", "toUInt32(now() - INTERVAL 7 DAY)"}},
+	},
+	{
+		Name: "QPassRateWeekly", Title: "Pass rate over time per agent version (weekly)",
+		Purpose: "The trends page's pass-rate chart: rollouts and successes per week and agent version.",
+		SQL:     QPassRateWeekly,
+		Binds:   []DashboardBind{{"environment", "'airline'"}, {"since (Unix seconds)", "toUInt32(toDateTime(toMonday(today()) - 7 * 7))"}},
+	},
+	{
+		Name: "QCapabilityHourly", Title: "Cov and Δ over time per capability (hourly)",
+		Purpose: "The overview's Cov and Δ charts: per hour, each run's Cov = L−/|failed| and Δ = ER− − ER+, averaged over runs.",
+		SQL:     QCapabilityHourly,
+		Binds: []DashboardBind{{"environment", "'airline'"}, {"agent_version", "'v2'"}, {"dictionary_version", "1"},
+			{"since (Unix seconds)", "toUInt32(now() - INTERVAL 7 DAY)"}},
+	},
+	{
+		Name: "QLackingWeekly", Title: "LACKING capabilities per week and agent version",
+		Purpose: "The trends page's weekly table: mean Cov, Δ and LACKING failures per week, agent version and capability, highest Cov first.",
+		SQL:     QLackingWeekly,
+		Binds:   []DashboardBind{{"environment", "'airline'"}, {"since (Unix seconds)", "toUInt32(toDateTime(toMonday(today()) - 7 * 7))"}},
+	},
+	{
+		Name: "QLackingWeekOverWeek", Title: "Top LACKING capabilities this week vs last week",
+		Purpose: "The trends page's comparison: per capability of one agent version, Cov, Δ and LACKING failures this week and last week.",
+		SQL:     QLackingWeekOverWeek,
+		Binds: []DashboardBind{{"anchor: a time in \"this week\" (Unix seconds)", "toUInt32(now())"}, {"environment", "'airline'"},
+			{"agent_version", "'v2'"}, {"anchor", "toUInt32(now())"}, {"anchor", "toUInt32(now())"}, {"top N", "10"}},
+	},
+	{
+		Name: "QLackingExamples", Title: "Failed rollouts where a capability was LACKING",
+		Purpose: "The capability page's examples: failed rollouts labeled LACKING, with in how many runs.",
+		SQL:     QLackingExamples,
+		Binds: []DashboardBind{{"environment", "'airline'"}, {"agent_version", "'v2'"}, {"dictionary_version", "1"},
+			{"capability", "'multi_step_transaction_completion'"}, {"since (Unix seconds)", "0"}, {"limit", "5"}},
+	},
+	{
+		Name: "QTriggerEvents", Title: "Trigger timeline",
+		Purpose: "The trigger page: every transition (fired, deselected, reselected, rearmed) in time order; '' matches every value.",
+		SQL:     QTriggerEvents,
+		Binds: []DashboardBind{{"since (Unix seconds)", "0"}, {"environment", "''"}, {"environment", "''"}, {"agent_version", "''"},
+			{"agent_version", "''"}, {"capability", "''"}, {"capability", "''"}, {"limit", "500"}},
+	},
+	{
+		Name: "QRolloutCohorts", Title: "Environments and agent versions with rollouts", More: true,
+		Purpose: "The overview's cohort list: rollouts, successes and the latest hour per (environment, agent version).",
+		SQL:     QRolloutCohorts,
+	},
+	{
+		Name: "QLabelCohorts", Title: "Labeled cohorts", More: true,
+		Purpose: "The overview's cohort list: labeled rollouts, capabilities and runs per (environment, agent version, dictionary version).",
+		SQL:     QLabelCohorts,
+	},
+	{
+		Name: "QLatestTriggers", Title: "Latest trigger transition per capability", More: true,
+		Purpose: "The overview's trigger column.",
+		SQL:     QLatestTriggers,
+		Binds:   []DashboardBind{{"environment", "'airline'"}, {"agent_version", "'v1'"}, {"dictionary_version", "1"}},
+	},
+	{
+		Name: "QRollouts", Title: "Stored rollouts by id", More: true,
+		Purpose: "The capability page's conversations (compacted messages) and grader output.",
+		SQL:     QRollouts,
+		Binds:   []DashboardBind{{"environment", "'airline'"}, {"agent_version", "'v2'"}, {"rollout ids (array)", "['airline:v2:001', 'airline:v2:002']"}},
+	},
+	{
+		Name: "QWeekBounds", Title: "Week boundaries", More: true,
+		Purpose: "The trends page's weeks: the Monday of the anchor's week and the Monday N days before it.",
+		SQL:     QWeekBounds,
+		Binds:   []DashboardBind{{"anchor (Unix seconds)", "toUInt32(now())"}, {"anchor", "toUInt32(now())"}, {"days back", "42"}},
+	},
+}
+
+// InlineBinds substitutes literals for the `?` binds of sql, in order. The
+// dashboard's SQL has no `?` inside string literals, so a plain scan is
+// enough.
+func InlineBinds(sql string, literals ...string) (string, error) {
+	var b strings.Builder
+	i := 0
+	for _, r := range sql {
+		if r == '?' {
+			if i >= len(literals) {
+				return "", fmt.Errorf("more binds than the %d literals", len(literals))
+			}
+			b.WriteString(literals[i])
+			i++
+			continue
+		}
+		b.WriteRune(r)
+	}
+	if i != len(literals) {
+		return "", fmt.Errorf("%d binds, %d literals", i, len(literals))
+	}
+	return b.String(), nil
+}
+
+// Example is q's SQL with the documented example literals.
+func (q DashboardQuery) Example() (string, error) {
+	lits := make([]string, len(q.Binds))
+	for i, b := range q.Binds {
+		lits[i] = b.Example
+	}
+	return InlineBinds(q.SQL, lits...)
+}
