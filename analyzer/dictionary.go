@@ -9,6 +9,8 @@ import (
 	"fmt"
 	"io"
 	"regexp"
+	"slices"
+	"strings"
 	"time"
 
 	"go.yaml.in/yaml/v3"
@@ -25,6 +27,42 @@ type Capability struct {
 	// Detector is the rules labeler's CEL expression returning "NA",
 	// "PRESENT" or "LACKING". Empty for dictionaries labeled only by an LLM.
 	Detector string `yaml:"detector,omitempty" json:"detector,omitempty"`
+	// Family names the built-in environment template family the capability
+	// belongs to (one of TemplateFamilies), or FamilyOther for none; empty
+	// lets the synthesizer match the name and definition to a family.
+	Family string `yaml:"family,omitempty" json:"family,omitempty"`
+}
+
+// FamilyOther is the Family of a capability that belongs to no template family.
+const FamilyOther = "other"
+
+// TemplateFamilies are the families of the synthesizer's built-in
+// environment templates (synthesizer/templates): the five capabilities of
+// the shipped rules dictionary and TRACE's structured-data reasoning. A
+// dictionary's family must be one of them or FamilyOther.
+var TemplateFamilies = []string{
+	"precondition_verification",
+	"argument_grounding",
+	"multi_step_completion",
+	"tool_error_recovery",
+	"user_confirmation",
+	"structured_data_reasoning",
+}
+
+// FamilySummaries say in one line what each template family practises (the
+// discovery prompt shows them).
+var FamilySummaries = map[string]string{
+	"precondition_verification": "reading a record with a lookup tool before changing it, and acting on its current state",
+	"argument_grounding":        "passing to write tools only identifiers copied from earlier tool results or the user",
+	"multi_step_completion":     "carrying out every step a multi-part request needs, to the end",
+	"tool_error_recovery":       "reacting correctly to a tool error instead of ignoring or repeating it",
+	"user_confirmation":         "asking the user to confirm before a consequential write",
+	"structured_data_reasoning": "computing over several records (totals, comparisons, filters) before answering or acting",
+}
+
+// ValidFamily reports whether f may be a capability's Family ("" included).
+func ValidFamily(f string) bool {
+	return f == "" || f == FamilyOther || slices.Contains(TemplateFamilies, f)
 }
 
 // Dictionary is a frozen, versioned set of capabilities scoped to one
@@ -68,6 +106,9 @@ func (d *Dictionary) Validate() error {
 		seen[c.Name] = true
 		if len(c.Definition) < 20 {
 			return fmt.Errorf("dictionary %s/%s v%d: capabilities[%d].definition of %q is too short to label against", d.Environment, d.AgentVersion, d.Version, i, c.Name)
+		}
+		if !ValidFamily(c.Family) {
+			return fmt.Errorf("dictionary %s/%s v%d: capabilities[%d].family %q of %q is not one of %s or %q", d.Environment, d.AgentVersion, d.Version, i, c.Family, c.Name, strings.Join(TemplateFamilies, ", "), FamilyOther)
 		}
 	}
 	return nil

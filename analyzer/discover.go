@@ -121,7 +121,11 @@ type DiscoverPromptData struct {
 	Failed, Succeeded         int
 	Previous                  *DiscoverPromptDictionary // nil without a previous dictionary
 	Rollouts                  []PromptRollout
+	Families                  []PromptFamily // the template families a capability may name
 }
+
+// PromptFamily is one template family as the discovery prompt lists it.
+type PromptFamily struct{ Name, Summary string }
 
 // DiscoverPromptDictionary is the previous dictionary as shown to the model.
 type DiscoverPromptDictionary struct {
@@ -220,6 +224,9 @@ func (g *Discoverer) sample(rs []*schemas.Rollout) ([]*schemas.Rollout, error) {
 // Prompt renders the discovery prompt: a single user message.
 func (g *Discoverer) Prompt(env, agentVersion string, prev *Dictionary, sample []*schemas.Rollout) ([]llm.Message, error) {
 	data := DiscoverPromptData{Environment: escapeData(env), AgentVersion: escapeData(agentVersion), MaxCapabilities: MaxCapabilities}
+	for _, f := range TemplateFamilies {
+		data.Families = append(data.Families, PromptFamily{Name: f, Summary: FamilySummaries[f]})
+	}
 	if prev != nil {
 		data.Previous = &DiscoverPromptDictionary{Version: prev.Version, Capabilities: promptCapabilities(prev.Capabilities)}
 	}
@@ -241,15 +248,16 @@ func (g *Discoverer) Prompt(env, agentVersion string, prev *Dictionary, sample [
 // DiscoverySchema is the JSON Schema of a discovery answer for a sample
 // with the given rollout ids:
 //
-//	{"capabilities": [{"name": "snake_case_name", "definition": "…", "examples": ["<id>", …]}]}
+//	{"capabilities": [{"name": "snake_case_name", "definition": "…", "examples": ["<id>", …], "family": "…"}]}
 //
 // 1–10 capabilities, names matching the dictionary's snake_case rule, 2–4
-// examples drawn from ids.
+// examples drawn from ids, and the template family (one of TemplateFamilies
+// or "other") the synthesizer builds its environment from.
 func DiscoverySchema(ids []string) json.RawMessage {
 	item := orderedObject{
 		{"type", "object"},
 		{"additionalProperties", false},
-		{"required", []string{"name", "definition", "examples"}},
+		{"required", []string{"name", "definition", "examples", "family"}},
 		{"properties", orderedObject{
 			{"name", orderedObject{{"type", "string"}, {"pattern", capNameRe.String()}}},
 			{"definition", orderedObject{{"type", "string"}}},
@@ -257,6 +265,7 @@ func DiscoverySchema(ids []string) json.RawMessage {
 				{"type", "array"}, {"minItems", 2}, {"maxItems", 4},
 				{"items", orderedObject{{"type", "string"}, {"enum", ids}}},
 			}},
+			{"family", orderedObject{{"type", "string"}, {"enum", append(slices.Clone(TemplateFamilies), FamilyOther)}}},
 		}},
 	}
 	s := orderedObject{
@@ -291,6 +300,7 @@ func ParseDiscoveryAnswer(content string, ids []string, env, agentVersion string
 			Name       string   `json:"name"`
 			Definition string   `json:"definition"`
 			Examples   []string `json:"examples"`
+			Family     string   `json:"family"` // optional here: the schema asks for it, an answer without it is still a dictionary
 		} `json:"capabilities"`
 	}
 	dec := json.NewDecoder(bytes.NewReader(data))
@@ -332,7 +342,10 @@ func ParseDiscoveryAnswer(content string, ids []string, env, agentVersion string
 			}
 			seen[ex] = true
 		}
-		d.Capabilities = append(d.Capabilities, Capability{Name: c.Name, Definition: def, Examples: slices.Clone(c.Examples)})
+		if !ValidFamily(c.Family) {
+			problems = append(problems, fmt.Sprintf("%s: family %q is not one of %s or %q", c.Name, c.Family, strings.Join(TemplateFamilies, ", "), FamilyOther))
+		}
+		d.Capabilities = append(d.Capabilities, Capability{Name: c.Name, Definition: def, Examples: slices.Clone(c.Examples), Family: c.Family})
 	}
 	if len(problems) == 0 {
 		if err := d.Validate(); err != nil { // the dictionary's own rules (definition length, …)

@@ -24,8 +24,9 @@ var embedded embed.FS
 
 // Names of the prompts.
 const (
-	Label    = "label.md"    // capability labeling (analyzer.LLMLabeler)
-	Discover = "discover.md" // capability discovery (analyzer.Discoverer)
+	Label               = "label.md"                // capability labeling (analyzer.LLMLabeler)
+	Discover            = "discover.md"             // capability discovery (analyzer.Discoverer)
+	GenerateEnvironment = "generate_environment.md" // environment generation (synthesizer.Generator)
 )
 
 // Set resolves prompts: a file in Dir wins over the embedded one.

@@ -1,6 +1,6 @@
 // Package schemas holds the JSON Schemas of every message trace puts on the
-// wire (rollout, label event, synthesis request) and the Go types and
-// validation for each of them.
+// wire (rollout, label event, synthesis request, environment ready) and the
+// Go types and validation for each of them.
 //
 // The schema files in this directory are the contract: producers outside trace
 // validate against them, and every decoder here validates with them (through
@@ -33,10 +33,11 @@ const (
 	KindRollout          Kind = "rollout.v1"
 	KindLabel            Kind = "label.v1"
 	KindSynthesisRequest Kind = "synthesis_request.v1"
+	KindEnvironmentReady Kind = "environment_ready.v1"
 )
 
 // Kinds lists every schema, for documentation and tests.
-var Kinds = []Kind{KindRollout, KindLabel, KindSynthesisRequest}
+var Kinds = []Kind{KindRollout, KindLabel, KindSynthesisRequest, KindEnvironmentReady}
 
 // Reason codes of *Error. They are stable: dashboards and DLQ consumers match on them.
 const (

@@ -312,6 +312,12 @@ func literal(v any) (string, error) {
 		return strconv.FormatFloat(v, 'g', -1, 64), nil
 	case time.Time:
 		return "toDateTime(" + strconv.FormatInt(v.Unix(), 10) + ")", nil
+	case []string: // as clickhouse-go binds a slice: an Array literal
+		parts := make([]string, len(v))
+		for i, e := range v {
+			parts[i], _ = literal(e)
+		}
+		return "[" + strings.Join(parts, ", ") + "]", nil
 	}
 	return "", fmt.Errorf("no ClickHouse literal for %T", v)
 }
@@ -410,6 +416,7 @@ func TestChdbModernDialect(t *testing.T) {
 	t.Run("state", func(t *testing.T) { chdbState(t, c, base) })
 	t.Run("dashboard", func(t *testing.T) { chdbDashboard(t, c) })
 	t.Run("ttl", func(t *testing.T) { chdbTTL(t, c) })
+	t.Run("environments", func(t *testing.T) { chdbEnvironments(t, c, base) })
 	t.Logf("total %s", time.Since(t0).Round(time.Millisecond))
 }
 
@@ -443,6 +450,8 @@ func chdbMigrations(t *testing.T, c *chdbDB) {
 		"rollouts": "ReplacingMergeTree", "rollout_counts": "AggregatingMergeTree", "rollout_counts_mv": "MaterializedView",
 		"capability_labels": "ReplacingMergeTree", "label_counts": "AggregatingMergeTree", "label_counts_mv": "MaterializedView",
 		"dictionaries": "ReplacingMergeTree", "trigger_events": "ReplacingMergeTree", "llm_calls": "MergeTree", "label_runs": "ReplacingMergeTree",
+		"environments": "ReplacingMergeTree",
+		"env_episodes": "ReplacingMergeTree",
 	} {
 		if tables[name] != engine {
 			t.Errorf("table %s: engine %q, want %s", name, tables[name], engine)
@@ -458,6 +467,9 @@ func chdbMigrations(t *testing.T, c *chdbDB) {
 	if typ, _ := col("rollouts", "environment"); typ != "LowCardinality(String)" {
 		t.Errorf("rollouts.environment is %s, want LowCardinality(String)", typ)
 	}
+	if typ, _ := col("env_episodes", "environment_id"); typ != "LowCardinality(String)" {
+		t.Errorf("env_episodes.environment_id is %s, want LowCardinality(String)", typ)
+	}
 	if typ, _ := col("label_counts", "capability"); typ != "LowCardinality(String)" {
 		t.Errorf("label_counts.capability is %s, want LowCardinality(String)", typ)
 	}
@@ -466,7 +478,7 @@ func chdbMigrations(t *testing.T, c *chdbDB) {
 			t.Errorf("rollouts.%s codec %q, want CODEC(ZSTD(3))", name, codec)
 		}
 	}
-	for table, ttl := range map[string]string{"rollouts": "end_time", "capability_labels": "ts", "llm_calls": "ts", "label_runs": "at"} {
+	for table, ttl := range map[string]string{"rollouts": "end_time", "capability_labels": "ts", "llm_calls": "ts", "label_runs": "at", "env_episodes": "ended_at"} {
 		r := c.query("SELECT create_table_query FROM system.tables WHERE database = currentDatabase() AND name = ?", table)
 		if q := r.rows[0].str(0); !strings.Contains(q, "TTL "+ttl+" + toIntervalDay(90)") {
 			t.Errorf("%s has no TTL on %s:\n%s", table, ttl, q)
@@ -877,6 +889,14 @@ func chdbRollouts(t *testing.T, c *chdbDB, base time.Time) {
 		t.Errorf("SampleRollouts = %v, want %v", ids, want)
 	}
 
+	// RolloutsByID: the named ids of the cohort, one row each although
+	// every rollout is stored twice; an unknown id is left out.
+	q, args = rolloutsByIDSQL("env", "v1", []string{"r7", "r3", "nope"})
+	r = c.query(q, args...)
+	r.wantTypes(t, "RolloutsByID", "String", "String", "String", "UInt8", "Float64", "DateTime", "DateTime", "String", "String")
+	if len(r.rows) != 2 || r.rows[0].str(0) != "r3" || r.rows[1].str(0) != "r7" || r.rows[0].uint(3) != 1 || r.rows[1].uint(3) != 0 {
+		t.Errorf("RolloutsByID rows %v", r.rows)
+	}
 	// RolloutScopes, StoredRollouts and CompactedRollouts (backfill).
 	r = c.query(rolloutScopesSQL)
 	r.wantTypes(t, "RolloutScopes", "String", "String", "UInt64", "UInt64", "DateTime")
@@ -1080,6 +1100,60 @@ func chdbTTL(t *testing.T, c *chdbDB) {
 	}
 	if !slices.Equal(ids, []string{"new"}) {
 		t.Errorf("llm_calls after OPTIMIZE FINAL: %v, want only the row within %d days", ids, chdbDialect.RetentionDays)
+	}
+}
+
+// chdbEnvironments: the environments table's statements (SaveEnvironment's
+// column list, Environment, Environments with every filter) on 26.7, with
+// the outcomes sink's 18.16 test expects: the newest version of each
+// environment wins, an old version never matches a filter.
+func chdbEnvironments(t *testing.T, c *chdbDB, base time.Time) {
+	c = c.on(t)
+	row := func(id, status string, version uint64, at time.Time) []any {
+		return []any{id, "t-" + id, "sim-airline", "1.4.0", uint32(1), "precondition_verification", "precondition_verification",
+			status, "", uint8(version), "def reset(seed):\n    pass\n", "ab", `["get_reservation_details"]`, 0.4, 0.35, uint8(1), `{"1":0.35}`,
+			`{"trigger_id":"t-` + id + `"}`, `[{"n":1}]`, `{"accepted":true}`, `{"rank":1}`, at, at, version}
+	}
+	c.insert("environments", environmentColumns,
+		row("env-a", "PENDING", 1, base), row("env-a", "GENERATING", 2, base), row("env-b", "GENERATING", 1, base.Add(time.Minute)))
+	c.insert("environments", environmentColumns,
+		row("env-a", "DONE", 4, base), row("env-a", "DONE", 4, base), row("env-a", "CALIBRATING", 3, base), row("env-c", "FAILED", 7, base.Add(-time.Minute)))
+
+	r := c.query(environmentSQL, "env-a")
+	r.wantTypes(t, "Environment", "String", "String", "String", "String", "UInt32", "String",
+		"String", "String", "String", "UInt8", "String", "String", "String", "Float64", "Float64", "UInt8",
+		"String", "String", "String", "String", "String", "DateTime", "DateTime", "UInt64")
+	if len(r.rows) != 1 || r.rows[0].str(7) != "DONE" || r.rows[0].uint(23) != 4 || r.rows[0].str(10) != "def reset(seed):\n    pass\n" {
+		t.Fatalf("Environment(env-a) = %v", r.rows)
+	}
+	if r := c.query(environmentSQL, "env-zzz"); len(r.rows) != 0 {
+		t.Fatalf("a missing environment: %v", r.rows)
+	}
+	for _, tt := range []struct {
+		f    EnvironmentFilter
+		want []string
+	}{
+		{EnvironmentFilter{}, []string{"env-b", "env-a", "env-c"}},
+		{EnvironmentFilter{Status: "CALIBRATING"}, nil},
+		{EnvironmentFilter{Status: "GENERATING"}, []string{"env-b"}},
+		{EnvironmentFilter{Status: "DONE", Full: true}, []string{"env-a"}},
+		{EnvironmentFilter{Environment: "sim-airline", AgentVersion: "1.4.0", Limit: 2}, []string{"env-b", "env-a"}},
+	} {
+		q, args := environmentsSQL(tt.f)
+		r := c.query(q, args...)
+		var ids []string
+		for _, row := range r.rows {
+			ids = append(ids, row.str(0))
+			if st := row.str(7); row.str(0) == "env-a" && st != "DONE" {
+				t.Errorf("filter %+v: env-a listed as %s", tt.f, st)
+			}
+			if prog := row.str(10); (prog != "") != tt.f.Full {
+				t.Errorf("filter %+v: program %q", tt.f, prog)
+			}
+		}
+		if !slices.Equal(ids, tt.want) {
+			t.Errorf("Environments(%+v) = %v, want %v", tt.f, ids, tt.want)
+		}
 	}
 }
 

@@ -204,6 +204,63 @@ PARTITION BY toYYYYMM(at)
 ORDER BY (environment, agent_version, dictionary_version, rollout_id, run)` + d.TTL("at"),
 		}
 	}},
+	{5, "environments", func(d Dialect) []string {
+		// One row per saved version of a synthesized environment's record
+		// (synthesizer.Environment): the newest version wins, so saving a
+		// status again is idempotent. No TTL: environments are the output.
+		return []string{`CREATE TABLE IF NOT EXISTS environments (
+	environment_id String,
+	trigger_id String,
+	environment ` + d.LC() + `,
+	agent_version ` + d.LC() + `,
+	dictionary_version UInt32,
+	capability ` + d.LC() + `,
+	family ` + d.LC() + `,
+	status ` + d.LC() + `,
+	reason String,
+	attempts UInt8,
+	program String` + d.Big() + `,
+	program_hash String,
+	tools String,
+	mean_reward Float64,
+	success_rate Float64,
+	simulated UInt8,
+	pass_at_k String,
+	request String` + d.Big() + `,
+	attempts_json String` + d.Big() + `,
+	calibration String,
+	details String,
+	created_at DateTime,
+	updated_at DateTime,
+	version UInt64
+) ENGINE = ReplacingMergeTree(version)
+ORDER BY environment_id`,
+		}
+	}},
+	{6, "env_episodes", func(d Dialect) []string {
+		// One row per episode played through the environment server
+		// (sampled): the reward curve of a training run. A retried insert
+		// of the same episode replaces itself (same sorting key).
+		return []string{`CREATE TABLE IF NOT EXISTS env_episodes (
+	environment_id ` + d.LC() + `,
+	program_hash String,
+	session_id String,
+	episode_id String,
+	transport ` + d.LC() + `,
+	seed Int64,
+	hinted UInt8,
+	steps UInt32,
+	done_reason ` + d.LC() + `,
+	reward Float64,
+	components String,
+	started_at DateTime,
+	ended_at DateTime,
+	duration_ms UInt32
+) ENGINE = ReplacingMergeTree()
+PARTITION BY toYYYYMM(ended_at)
+ORDER BY (environment_id, ended_at, session_id, episode_id)` + d.TTL("ended_at"),
+		}
+	}},
 }
 
 // Migrate applies every migration not yet recorded in schema_migrations, in

@@ -46,7 +46,7 @@ func TestMigrateIsIdempotent(t *testing.T) {
 	if len(applied) != len(sink.Migrations) {
 		t.Fatalf("applied %v, want %d migrations", applied, len(sink.Migrations))
 	}
-	for _, tbl := range []string{"rollouts", "rollout_counts", "capability_labels", "label_counts", "dictionaries", "trigger_events", "llm_calls", "label_runs"} {
+	for _, tbl := range []string{"rollouts", "rollout_counts", "capability_labels", "label_counts", "dictionaries", "trigger_events", "llm_calls", "label_runs", "environments"} {
 		var n uint64
 		if err := testenv.StoreConn(t, s).QueryRow(ctx, "SELECT count() FROM system.tables WHERE database = ? AND name = ?", s.Database(), tbl).Scan(&n); err != nil || n != 1 {
 			t.Errorf("table %s: n=%d err=%v", tbl, n, err)

@@ -99,6 +99,16 @@ func sampleRolloutsSQL(env, agentVersion string, n int) (string, []any) {
 ORDER BY en DESC, rollout_id LIMIT %d BY ok`, n), []any{env, agentVersion}
 }
 
+// rolloutsByIDSQL is the query of RolloutsByID: the columns of
+// sampleRolloutsSQL for the given ids of a cohort (clickhouse-go binds a
+// []string as an Array literal, hence has() rather than IN).
+func rolloutsByIDSQL(env, agentVersion string, ids []string) (string, []any) {
+	return `SELECT rollout_id, any(task_id), any(agent_name), any(success), any(reward),
+		any(start_time), any(end_time), any(messages), any(grader)
+	FROM rollouts WHERE environment = ? AND agent_version = ? AND has(?, rollout_id)
+	GROUP BY rollout_id ORDER BY rollout_id`, []any{env, agentVersion, ids}
+}
+
 // latestDictionariesSQL is the query of LatestDictionaries.
 const latestDictionariesSQL = `SELECT environment, agent_version, max(version) AS v,
 	argMax(created_at, version), argMax(source, version), argMax(body, version)

@@ -322,9 +322,44 @@ func (s *Store) UnexplainedFailures(ctx context.Context, c Cohort, since time.Ti
 // agent. Tool arguments cut by compaction are kept as their JSON text.
 func (s *Store) SampleRollouts(ctx context.Context, env, agentVersion string, n int) ([]*schemas.Rollout, error) {
 	q, args := sampleRolloutsSQL(env, agentVersion, n)
-	rows, err := s.conn.Query(ctx, q, args...)
+	out, err := s.queryRollouts(ctx, env, agentVersion, q, args...)
 	if err != nil {
 		return nil, fmt.Errorf("sample rollouts: %w", err)
+	}
+	return out, nil
+}
+
+// RolloutsByID returns the stored (compacted) rollouts of a cohort with the
+// given ids, in the order of ids; ids not stored are left out.
+func (s *Store) RolloutsByID(ctx context.Context, env, agentVersion string, ids []string) ([]*schemas.Rollout, error) {
+	if len(ids) == 0 {
+		return nil, nil
+	}
+	q, args := rolloutsByIDSQL(env, agentVersion, ids)
+	rs, err := s.queryRollouts(ctx, env, agentVersion, q, args...)
+	if err != nil {
+		return nil, fmt.Errorf("rollouts by id: %w", err)
+	}
+	byID := make(map[string]*schemas.Rollout, len(rs))
+	for _, r := range rs {
+		byID[r.RolloutID] = r
+	}
+	out := make([]*schemas.Rollout, 0, len(rs))
+	for _, id := range ids {
+		if r, ok := byID[id]; ok {
+			out = append(out, r)
+			delete(byID, id)
+		}
+	}
+	return out, nil
+}
+
+// queryRollouts runs a query with the columns of sampleRolloutsSQL and
+// rebuilds the rollouts from their stored, compacted form.
+func (s *Store) queryRollouts(ctx context.Context, env, agentVersion, q string, args ...any) ([]*schemas.Rollout, error) {
+	rows, err := s.conn.Query(ctx, q, args...)
+	if err != nil {
+		return nil, err
 	}
 	defer rows.Close()
 	var out []*schemas.Rollout
@@ -343,7 +378,7 @@ func (s *Store) SampleRollouts(ctx context.Context, env, agentVersion string, n 
 		r.Outcome.Success = &succ
 		var cms []CompactMessage
 		if err := json.Unmarshal([]byte(msgs), &cms); err != nil {
-			return nil, fmt.Errorf("sample rollouts: stored messages of %s: %w", r.RolloutID, err)
+			return nil, fmt.Errorf("stored messages of %s: %w", r.RolloutID, err)
 		}
 		for _, cm := range cms {
 			m := schemas.Message{Role: cm.Role, Content: cm.Content, Reasoning: cm.Reasoning, ToolCallID: cm.ToolCallID,

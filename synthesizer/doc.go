@@ -1,11 +1,38 @@
-// Package synthesizer is the home of TRACE step 2, targeted environment
-// synthesis (TRACE-METHOD.md): for each synthesis request the analyzer
-// publishes on NATS JetStream subject trace.synthesis.<env>.<capability>
-// (schema schemas/synthesis_request.v1.schema.json, stream TRACE_SYNTHESIS,
-// one message per trigger epoch), a generation agent writes a verifiable
-// training environment that isolates the capability, validates and
-// calibrates it, and announces it on trace.environments.ready.
+// Package synthesizer is TRACE step 2, targeted environment synthesis
+// (TRACE-METHOD.md), as the synthesize role of `trace run`: every synthesis
+// request the analyzer publishes on NATS JetStream subject
+// trace.synthesis.<env>.<capability> (schema synthesis_request.v1, stream
+// TRACE_SYNTHESIS) becomes a validated, calibrated training environment, a
+// Starlark program (package envprog), announced on trace.environments.ready
+// (schema environment_ready.v1) once DONE.
 //
-// This stage is not implemented yet; the analyzer already produces its input,
-// and `trace run` will run it as one more role.
+// Files by concern:
+//
+//   - state.go: the pure state machine PENDING → GENERATING → VALIDATING →
+//     CALIBRATING → DONE | FAILED, and WAITING_FOR_LLM (no generation
+//     model and no template fits, or no policy to calibrate with). At most
+//     MaxAttempts (5) programs per path; the fifth failure is FAILED, never
+//     DONE. Table-tested.
+//   - stage.go: Stage.Synthesize drives the machine for one request:
+//     an Author writes each attempt's program, a Validator checks it, a
+//     Calibrator plays it; every transition is saved (Store), every
+//     failure's diagnosis is fed to the next attempt, DONE is published.
+//     The environment id is derived from the trigger id, so a redelivered
+//     or duplicated request resumes or re-acknowledges the same record.
+//   - generate.go, extract.go: the generation agent (prompts/
+//     generate_environment.md through internal/llm) and the extraction of
+//     the program from its answer; an answer without one is a failed attempt.
+//   - adapters.go: the Validator (envprog's checks, model programs
+//     sandboxed), the Calibrator (calibrate.Run with a policy), the template
+//     Author (templates.Instantiate, knobs stepped as templates.Tune does)
+//     and the FamilyMatcher.
+//   - worker.go, queue.go: the JetStream worker (one capability at a time
+//     per target environment, highest mean Δ first; in-progress acks; Nak
+//     with a growing delay; FAILED after MaxDeliver).
+//   - sinkstore.go: the records in ClickHouse (sink's environments table),
+//     example rollouts, the dictionary's definitions and families.
+//   - settings.go: the configuration section and Build.
+//
+// Interfaces are defined here, where they are consumed; the app wires the
+// adapters (internal/app/synthesize.go).
 package synthesizer

@@ -22,26 +22,32 @@ import (
 	"github.com/traceops/trace/internal/app"
 	"github.com/traceops/trace/internal/bus"
 	"github.com/traceops/trace/internal/config"
+	"github.com/traceops/trace/internal/dev/simpolicy"
 	"github.com/traceops/trace/internal/dev/simulate"
 	"github.com/traceops/trace/schemas"
 	"github.com/traceops/trace/sink"
+	"github.com/traceops/trace/synthesizer"
+	"github.com/traceops/trace/synthesizer/calibrate"
 )
 
 // demoSummary is what `trace demo --json` prints.
 type demoSummary struct {
-	OK           bool                `json:"ok"`
-	Verdict      string              `json:"verdict"`
-	Counts       demoCounts          `json:"counts"`
-	Planted      []string            `json:"planted"`   // env/agent_version/capability
-	Triggered    []string            `json:"triggered"` // env/agent_version/capability
-	Capabilities []demoCapability    `json:"capabilities"`
-	Triggers     []demoTrigger       `json:"triggers"`
-	Dashboard    string              `json:"dashboard"`
-	Elapsed      string              `json:"elapsed"`
-	Brokers      []string            `json:"kafka_brokers"`
-	NATS         string              `json:"nats_url"`
-	Extra        map[string]any      `json:"extra,omitempty"`
-	byKey        map[string]struct{} `json:"-"`
+	OK           bool             `json:"ok"`
+	Verdict      string           `json:"verdict"`
+	Counts       demoCounts       `json:"counts"`
+	Planted      []string         `json:"planted"`   // env/agent_version/capability
+	Triggered    []string         `json:"triggered"` // env/agent_version/capability
+	Capabilities []demoCapability `json:"capabilities"`
+	Triggers     []demoTrigger    `json:"triggers"`
+	// Environments are what the synthesize role made of the triggers:
+	// templates calibrated by the simulated policy (labeled simulated).
+	Environments []environmentSummary `json:"environments"`
+	Dashboard    string               `json:"dashboard"`
+	Elapsed      string               `json:"elapsed"`
+	Brokers      []string             `json:"kafka_brokers"`
+	NATS         string               `json:"nats_url"`
+	Extra        map[string]any       `json:"extra,omitempty"`
+	byKey        map[string]struct{}  `json:"-"`
 }
 
 type demoCounts struct {
@@ -53,6 +59,7 @@ type demoCounts struct {
 	DeadLettered  int64  `json:"dead_lettered"`
 	SynthesisMsgs int    `json:"synthesis_requests"`
 	TriggerEvents int    `json:"trigger_events"`
+	EnvsDone      int    `json:"environments_done"`
 }
 
 type demoCapability struct {
@@ -92,11 +99,16 @@ a local ClickHouse server) and runs trace's loop for real:
   simulated fleet → Kafka trace.rollouts → ingest + labels (rules labeler with
   the shipped example dictionary, or the LLM labeler when llm.base_url is set)
   → statistics in ClickHouse → synthesis requests on NATS JetStream
+  → environments: each request gets a training environment from a built-in
+  template (or the generation agent when llm.base_url is set), validated and
+  calibrated by the SIMULATED policy (the fleet's agent version with its
+  planted deficits, not a model) → trace.environments.ready
 
 The fleet has capability deficits planted per agent version (see
 internal/dev/simulate DefaultFleet). The demo succeeds (exit 0) only when a trigger
-fired for exactly the planted deficits and for no other capability. A few
-malformed messages are published too and end in the dead-letter topic.
+fired for exactly the planted deficits and for no other capability, and each
+planted deficit's environment reached DONE. A few malformed messages are
+published too and end in the dead-letter topic.
 
 Data lives under ./data/demo and is reset at every start (--keep keeps it).`,
 		Example: `  trace demo
@@ -105,7 +117,7 @@ Data lives under ./data/demo and is reset at every start (--keep keeps it).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			sets := append([]string{"data_dir=./data/demo", "kafka.batch_timeout=200ms", "analyzer.interval=1s",
-				"analyzer.min_failures=20", "analyzer.window=720h"}, cf.sets...)
+				"analyzer.min_failures=20", "analyzer.window=720h", "synthesizer.policy=simulated", "synthesizer.concurrency=3"}, cf.sets...)
 			cfg, err := config.Load(cf.file, sets)
 			if err != nil {
 				return err
@@ -192,6 +204,9 @@ func (d *demo) run(ctx, parent context.Context, linger time.Duration) (*demoSumm
 	}
 	defer a.Close()
 	fleet := simulate.DefaultFleet()
+	a.Simulated = func(env, agentVersion, capability string) (calibrate.Policy, error) {
+		return simpolicy.SimulatedFleetPolicy(fleet, env, agentVersion, capability)
+	}
 	runCtx, stopRun := context.WithCancel(context.WithoutCancel(ctx))
 	runErr := make(chan error, 1)
 	go func() {
@@ -217,6 +232,9 @@ func (d *demo) run(ctx, parent context.Context, linger time.Duration) (*demoSumm
 	if err != nil {
 		stop()
 		return nil, err
+	}
+	if d.cfg.Has("synthesize") {
+		d.waitEnvironments(ctx, a, sum)
 	}
 	sum.Dashboard, sum.Brokers, sum.NATS = dash, a.Brokers, a.NATSURL
 	sum.Elapsed = time.Since(start).Round(time.Millisecond).String()
@@ -497,8 +515,37 @@ func printDemoSummary(w io.Writer, s *demoSummary) {
 			t.Subject, r.TriggerID, r.Epoch, r.Window.Rollouts, r.Window.Failures, len(r.Tools), strings.Join(first(r.ExampleFailedRolloutIDs, 3), ", "))
 	}
 	c := s.Counts
-	fmt.Fprintf(w, "\ncounts: published %d (+%d malformed), stored %d, labeled %d (%d labels), dead-lettered %d, synthesis requests %d\n",
-		c.Published, c.Malformed, c.Stored, c.Labeled, c.Labels, c.DeadLettered, c.SynthesisMsgs)
+	if len(s.Environments) > 0 {
+		fmt.Fprintf(w, "\nenvironments (built-in templates, calibrated by the SIMULATED policy — the fleet's agent version, not a model):\n")
+		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+		fmt.Fprintln(tw, "  environment\tagent\tcapability\tstatus\tattempts\ttools\tmean\tsuccess\tpass@1/4/8/16")
+		for _, e := range s.Environments {
+			mean, succ, pass := "-", "-", "-"
+			if e.MeanReward != nil {
+				mean, succ = fmt.Sprintf("%.3f", *e.MeanReward), fmt.Sprintf("%.3f", *e.SuccessRate)
+				var ps []string
+				for _, k := range []string{"1", "4", "8", "16"} {
+					if v, ok := e.PassAtK[k]; ok {
+						ps = append(ps, fmt.Sprintf("%.2f", v))
+					}
+				}
+				pass = strings.Join(ps, "/")
+				if e.Simulated {
+					pass += " (simulated)"
+				}
+			}
+			fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\n", e.Environment, e.AgentVersion, e.Capability, e.Status, e.Attempts,
+				strings.Join(e.Tools, ","), mean, succ, pass)
+		}
+		tw.Flush()
+		for _, e := range s.Environments {
+			if e.Status != string(synthesizer.StatusDone) && e.Reason != "" {
+				fmt.Fprintf(w, "  %s %s/%s %s: %s\n", e.ID, e.Environment, e.AgentVersion, e.Status, cutText(e.Reason, 300))
+			}
+		}
+	}
+	fmt.Fprintf(w, "\ncounts: published %d (+%d malformed), stored %d, labeled %d (%d labels), dead-lettered %d, synthesis requests %d, environments DONE %d\n",
+		c.Published, c.Malformed, c.Stored, c.Labeled, c.Labels, c.DeadLettered, c.SynthesisMsgs, c.EnvsDone)
 	fmt.Fprintf(w, "dashboard: %s   elapsed: %s\n", s.Dashboard, s.Elapsed)
 	mark := "FAIL"
 	if s.OK {
@@ -512,4 +559,79 @@ func first(s []string, n int) []string {
 		return s[:n]
 	}
 	return s
+}
+
+// waitEnvironments follows the synthesize role until the environment of
+// every trigger is finished (DONE or FAILED) or waits for a model, printing
+// each status change, then adds the environments to the summary: the demo
+// is OK only when every planted deficit's environment is DONE.
+func (d *demo) waitEnvironments(ctx context.Context, a *app.App, s *demoSummary) {
+	store := synthesizer.SinkStore{Rows: a.Store}
+	want := map[string]string{} // environment id → env/agent/capability
+	for _, t := range s.Triggers {
+		want[schemas.EnvironmentID(t.Request.TriggerID)] = t.Request.Environment + "/" + t.Request.AgentVersion + "/" + t.Request.Capability.Skill
+	}
+	seen := map[string]string{}
+	var es []*synthesizer.Environment
+	tick := time.NewTicker(500 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		all, err := store.List(ctx, sink.EnvironmentFilter{})
+		if err != nil && ctx.Err() == nil {
+			d.log.Warn("demo: environments", "err", err)
+		}
+		es = es[:0]
+		finished := 0
+		for _, e := range all {
+			if _, ok := want[e.ID]; !ok {
+				continue
+			}
+			es = append(es, e)
+			if e.Status.Terminal() || e.Status == synthesizer.StatusWaitingForLLM {
+				finished++
+			}
+			if st := fmt.Sprintf("%s/%d", e.Status, e.Attempt); seen[e.ID] != st {
+				seen[e.ID] = st
+				line := fmt.Sprintf("◇ environment %s  %s/%s %s  %s  attempt %d", e.ID, e.Environment, e.AgentVersion, e.Capability, e.Status, e.Attempt)
+				if c := e.Calibration; c != nil && e.Status == synthesizer.StatusDone {
+					line += fmt.Sprintf("  mean %.3f  success %.3f  %s", c.MeanReward, c.SuccessRate, passAtText(c.PassAtK))
+					if c.Simulated {
+						line += "  [SIMULATED policy]"
+					}
+				}
+				d.logf("%s", line)
+			}
+		}
+		if finished == len(want) || ctx.Err() != nil {
+			break
+		}
+		select {
+		case <-ctx.Done():
+		case <-tick.C:
+		}
+	}
+	sortEnvironments(es)
+	s.Environments = environmentSummaries(es)
+	done := map[string]bool{}
+	for _, e := range es {
+		if e.Status == synthesizer.StatusDone {
+			done[want[e.ID]] = true
+			s.Counts.EnvsDone++
+		}
+	}
+	var missing []string
+	for _, p := range s.Planted {
+		if !done[p] {
+			missing = append(missing, p)
+		}
+	}
+	if len(missing) > 0 && s.OK {
+		s.OK = false
+		s.Verdict = fmt.Sprintf("%s, but the environments of %v did not reach DONE", s.Verdict, missing)
+		if ctx.Err() != nil {
+			s.Verdict += " before the timeout"
+		}
+	} else if s.OK {
+		s.Verdict += fmt.Sprintf(", and each got an environment that reached DONE (calibrated by the simulated policy)")
+	}
 }

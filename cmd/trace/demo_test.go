@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"os/exec"
+	"slices"
 	"testing"
 	"time"
 
@@ -44,6 +45,21 @@ func TestDemoEndToEnd(t *testing.T) {
 	for _, tr := range sum.Triggers {
 		if tr.Request.Capability.Status != "PENDING" || len(tr.Request.Tools) == 0 || len(tr.Request.ExampleFailedRolloutIDs) == 0 {
 			t.Errorf("synthesis request lacks its payload: %+v", tr.Request)
+		}
+	}
+	// Every planted deficit got an environment from a template, DONE,
+	// calibrated by the simulated policy and labeled so.
+	if len(sum.Environments) != 3 || sum.Counts.EnvsDone != 3 {
+		t.Fatalf("environments %+v", sum.Environments)
+	}
+	for _, e := range sum.Environments {
+		key := e.Environment + "/" + e.AgentVersion + "/" + e.Capability
+		if e.Status != "DONE" || !e.Simulated || len(e.Tools) < 2 || e.MeanReward == nil || e.SuccessRate == nil ||
+			*e.MeanReward < 0.2 || *e.MeanReward > 0.6 || *e.SuccessRate < 0.2 || *e.SuccessRate > 0.6 || len(e.PassAtK) != 4 || e.Family != e.Capability {
+			t.Errorf("environment of %s: %+v", key, e)
+		}
+		if !slices.Contains(sum.Planted, key) {
+			t.Errorf("an environment for %s, which is not a planted deficit", key)
 		}
 	}
 }

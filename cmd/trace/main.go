@@ -15,6 +15,8 @@ import (
 	"syscall"
 
 	"github.com/spf13/cobra"
+
+	"github.com/traceops/trace/synthesizer/envprog"
 )
 
 var rootCmd = &cobra.Command{
@@ -61,6 +63,7 @@ func (e *exitError) Error() string { return e.err.Error() }
 func (e *exitError) Unwrap() error { return e.err }
 
 func main() {
+	envprog.RunWorkerIfRequested() // a sandbox worker of an environment program (synthesizer/envprog)
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	err := rootCmd.ExecuteContext(ctx)

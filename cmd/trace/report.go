@@ -17,6 +17,7 @@ import (
 	"github.com/traceops/trace/analyzer"
 	"github.com/traceops/trace/internal/config"
 	"github.com/traceops/trace/sink"
+	"github.com/traceops/trace/synthesizer"
 )
 
 // reportRow is one capability of one cohort in `trace report`, or, with
@@ -40,6 +41,46 @@ type reportRow struct {
 	Rollouts          int       `json:"window_rollouts"`
 	Failures          int       `json:"window_failures"`
 	Watermark         time.Time `json:"as_of,omitzero"` // the cohort's newest rollout's end time: the window ends here
+	// Synthesis is the newest environment the synthesize role made for the
+	// capability of this cohort (none until a trigger fired).
+	Synthesis *reportEnvironment `json:"synthesis,omitempty"`
+}
+
+// reportEnvironment is an environment's status in `trace report`.
+type reportEnvironment struct {
+	ID        string   `json:"environment_id"`
+	Status    string   `json:"status"`
+	Attempts  int      `json:"attempts"`
+	Reason    string   `json:"reason,omitempty"`
+	Mean      *float64 `json:"mean_reward,omitempty"`
+	Success   *float64 `json:"success_rate,omitempty"`
+	Simulated bool     `json:"simulated"`
+}
+
+// attachEnvironments sets each row's Synthesis to the newest environment
+// made for its capability.
+func attachEnvironments(ctx context.Context, st *sink.Store, env string, rows []reportRow) error {
+	envs, err := synthesizer.SinkStore{Rows: st}.List(ctx, sink.EnvironmentFilter{Environment: env})
+	if err != nil {
+		return err
+	}
+	synth := map[string]*reportEnvironment{}
+	for _, e := range envs { // newest first: keep the first of each capability
+		key := fmt.Sprintf("%s/%s/%d/%s", e.Environment, e.AgentVersion, e.DictionaryVersion, e.Capability)
+		if synth[key] != nil {
+			continue
+		}
+		re := &reportEnvironment{ID: e.ID, Status: string(e.Status), Attempts: e.Attempt, Reason: e.Reason}
+		if c := e.Calibration; c != nil && e.Status == synthesizer.StatusDone {
+			re.Mean, re.Success, re.Simulated = &c.MeanReward, &c.SuccessRate, c.Simulated
+		}
+		synth[key] = re
+	}
+	for i := range rows {
+		r := &rows[i]
+		r.Synthesis = synth[fmt.Sprintf("%s/%s/%d/%s", r.Environment, r.AgentVersion, r.DictionaryVersion, r.Capability)]
+	}
+	return nil
 }
 
 // reportWindow parses --window: a duration, or "all" for every rollout.
@@ -70,7 +111,9 @@ func init() {
 		Long: `report evaluates the configured window (analyzer.window, analyzer.window_rollouts)
 of every cohort (environment, agent version, dictionary version) stored in
 ClickHouse and prints, per capability: mean Cov, ER-, ER+ and gap over the
-labeling runs, runs passed, the decision and the reasons for a rejection.
+labeling runs, runs passed, the decision and the reasons for a rejection, and
+the status of the environment the synthesize role made for a selected one
+(PENDING … DONE, FAILED, WAITING_FOR_LLM; see trace env list).
 
 Windows follow event time, as the analyzer's do: each cohort's window ends
 at its watermark, the end time of its newest labeled rollout ("as of"), so
@@ -106,6 +149,9 @@ a decision says why (too few failures: analyzer.min_failures).`,
 			defer st.Close()
 			rows, warnings, err := buildReport(ctx, cfg, st, env, win, time.Now())
 			if err != nil {
+				return err
+			}
+			if err := attachEnvironments(ctx, st, env, rows); err != nil {
 				return err
 			}
 			for _, w := range warnings {
@@ -245,10 +291,15 @@ func writeReport(w io.Writer, format string, rows []reportRow) error {
 		return enc.Encode(rows)
 	case "csv":
 		cw := csv.NewWriter(w)
-		cw.Write([]string{"environment", "agent_version", "dictionary_version", "capability", "cov", "er_failed", "er_passed", "delta", "runs_passed", "runs_total", "decision", "reasons", "as_of"})
+		cw.Write([]string{"environment", "agent_version", "dictionary_version", "capability", "cov", "er_failed", "er_passed", "delta", "runs_passed", "runs_total", "decision", "reasons", "as_of",
+			"environment_id", "environment_status"})
 		for _, r := range rows {
+			id, status := "", ""
+			if r.Synthesis != nil {
+				id, status = r.Synthesis.ID, r.Synthesis.Status
+			}
 			cw.Write([]string{r.Environment, r.AgentVersion, fmt.Sprint(r.DictionaryVersion), r.Capability, f4(r.Cov), f4(r.ERFailed), f4(r.ERPassed), f4(r.Delta),
-				fmt.Sprint(r.RunsPassed), fmt.Sprint(r.RunsTotal), r.Decision, strings.Join(r.Reasons, "; "), r.Watermark.UTC().Format(time.RFC3339)})
+				fmt.Sprint(r.RunsPassed), fmt.Sprint(r.RunsTotal), r.Decision, strings.Join(r.Reasons, "; "), r.Watermark.UTC().Format(time.RFC3339), id, status})
 		}
 		cw.Flush()
 		return cw.Error()
@@ -280,21 +331,47 @@ func writeReport(w io.Writer, format string, rows []reportRow) error {
 	}
 	fmt.Fprintln(w)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "environment\tagent\tdict\tcapability\tCov\tER-\tER+\tΔ\truns\tdecision\treasons")
+	fmt.Fprintln(tw, "environment\tagent\tdict\tcapability\tCov\tER-\tER+\tΔ\truns\tdecision\tsynthesis\treasons")
 	n := 0
+	var synth []reportRow
 	for _, r := range rows {
 		if r.Decision == "no labels" {
 			continue
 		}
 		n++
-		fmt.Fprintf(tw, "%s\t%s\tv%d\t%s\t%s\t%s\t%s\t%s\t%d/%d\t%s\t%s\n", r.Environment, r.AgentVersion, r.DictionaryVersion, r.Capability,
-			f4(r.Cov), f4(r.ERFailed), f4(r.ERPassed), f4(r.Delta), r.RunsPassed, r.RunsTotal, r.Decision, strings.Join(r.Reasons, "; "))
+		st := "-"
+		if r.Synthesis != nil {
+			st = r.Synthesis.Status
+			synth = append(synth, r)
+		}
+		fmt.Fprintf(tw, "%s\t%s\tv%d\t%s\t%s\t%s\t%s\t%s\t%d/%d\t%s\t%s\t%s\n", r.Environment, r.AgentVersion, r.DictionaryVersion, r.Capability,
+			f4(r.Cov), f4(r.ERFailed), f4(r.ERPassed), f4(r.Delta), r.RunsPassed, r.RunsTotal, r.Decision, st, strings.Join(r.Reasons, "; "))
 	}
 	if n == 0 {
 		fmt.Fprintln(w, "no labeled rollouts yet (reasons above)")
 		return nil
 	}
-	return tw.Flush()
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if len(synth) > 0 {
+		fmt.Fprintln(w, "\nenvironments (trace env show ID for one):")
+		for _, r := range synth {
+			e := r.Synthesis
+			line := fmt.Sprintf("  %s  %s/%s %s  %s  attempt %d", e.ID, r.Environment, r.AgentVersion, r.Capability, e.Status, e.Attempts)
+			if e.Mean != nil {
+				line += fmt.Sprintf("  mean %.3f  success %.3f", *e.Mean, *e.Success)
+				if e.Simulated {
+					line += "  [SIMULATED policy]"
+				}
+			}
+			if e.Reason != "" {
+				line += "  — " + cutText(e.Reason, 200)
+			}
+			fmt.Fprintln(w, line)
+		}
+	}
+	return nil
 }
 
 func f4(f float64) string { return fmt.Sprintf("%.4f", f) }

@@ -30,12 +30,16 @@ func init() {
 	var roles []string
 	cmd := &cobra.Command{
 		Use:   "run",
-		Short: "Run the streaming roles: ingest, analyze, serve",
+		Short: "Run the streaming roles: ingest, analyze, synthesize, serve",
 		Long: `run starts trace's long-running roles in one process:
 
   ingest   consume trace.rollouts, validate (invalid → trace.rollouts.dlq), store in ClickHouse
   analyze  label rollouts (rules or llm), consume external labels (trace.labels),
            keep the window statistics and publish synthesis requests on NATS JetStream
+  synthesize  turn each synthesis request into a training environment: the
+           generation agent (llm.*) or a built-in template writes a Starlark program,
+           it is validated and calibrated (synthesizer.*), recorded in ClickHouse
+           environments, and announced on trace.environments.ready when DONE
   serve    the dashboard, JSON API, /metrics, /healthz and /readyz
 
 Nothing configured means everything embedded: a Kafka-protocol broker on
@@ -68,7 +72,7 @@ SIGTERM drains every role (the batch in flight is committed) and exits 0.`,
 		},
 	}
 	cf.add(cmd)
-	cmd.Flags().StringSliceVar(&roles, "roles", nil, "roles to run (default all): ingest,analyze,serve")
+	cmd.Flags().StringSliceVar(&roles, "roles", nil, "roles to run (default all): ingest,analyze,synthesize,serve")
 	rootCmd.AddCommand(cmd)
 
 	var pcf configFlags

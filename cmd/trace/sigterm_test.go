@@ -16,12 +16,14 @@ import (
 	"github.com/traceops/trace/internal/dev/simulate"
 	"github.com/traceops/trace/internal/dev/testenv"
 	"github.com/traceops/trace/sink"
+	"github.com/traceops/trace/synthesizer/envprog"
 )
 
 // TestMain lets the test binary act as the trace binary (TRACE_TEST_MAIN=1),
 // so process-level behaviour (signals, exit codes) is tested on the real
 // main function.
 func TestMain(m *testing.M) {
+	envprog.RunWorkerIfRequested() // `trace env` tests run programs in sandbox workers
 	if os.Getenv("TRACE_TEST_MAIN") == "1" {
 		os.Args = append([]string{"trace"}, strings.Fields(os.Getenv("TRACE_TEST_ARGS"))...)
 		main()

@@ -59,7 +59,12 @@ type App struct {
 	readyCh    chan struct{}
 	background []Actor // actors the roles need (e.g. the LLM audit writer)
 	llm        *llm.Client
+	audit      *AuditRecorder
 	httpAddr   string
+
+	// Simulated, when set before Run, provides the simulated policy for
+	// synthesizer.policy: simulated (trace demo).
+	Simulated SimulatedPolicies
 }
 
 // ClickHouseAddr is the native address of the ClickHouse in use (the
@@ -114,9 +119,9 @@ func Start(ctx context.Context, cfg config.Config, log *slog.Logger) (*App, erro
 	if err := a.Store.Migrate(ctx); err != nil {
 		return nil, err
 	}
-	// NATS and the dictionaries serve the analyze and serve roles; an
-	// ingest-only replica neither needs nor waits for them.
-	if cfg.Has("analyze") || cfg.Has("serve") {
+	// NATS and the dictionaries serve the analyze, synthesize and serve
+	// roles; an ingest-only replica neither needs nor waits for them.
+	if cfg.Has("analyze") || cfg.Has("synthesize") || cfg.Has("serve") {
 		natsCfg := cfg.NATS
 		if natsCfg.URL == "" {
 			if a.nats, natsCfg.URL, err = embedded.NATS(cfg.Path("nats"), cfg.Embedded.NATSPort, log); err != nil {
@@ -252,6 +257,20 @@ func (a *App) Run(ctx context.Context, extra ...Actor) error {
 	}
 	if a.ch != nil {
 		a.superviseClickHouse(ctx, &g)
+	}
+	if a.Cfg.Has("synthesize") {
+		if err := a.addSynthesize(ctx, &g); err != nil {
+			return err
+		}
+		if !a.Cfg.Has("analyze") { // the analyze role's watcher serves both
+			addActor(&g, ctx, "dictionaries", func(ctx context.Context) error {
+				return a.Bus.WatchDictionaries(ctx, func(string) {
+					if err := a.Dicts.Load(ctx, a.Store); err != nil {
+						a.Log.Warn("synthesizer: reload dictionaries", "err", err)
+					}
+				})
+			})
+		}
 	}
 	if err := a.addHTTP(&g); err != nil {
 		return err

@@ -45,6 +45,7 @@ func TestDiscoveryForANewEnvironment(t *testing.T) {
 			"name":       "write_precondition_check",
 			"definition": "Before changing a record the agent reads that record with a lookup tool. It acts only after checking the record's current state.",
 			"examples":   []string{ids[0][1], ids[1][1]},
+			"family":     "precondition_verification",
 		}}})
 	})
 	cfg := w.cfg

@@ -11,6 +11,7 @@ import (
 
 	"github.com/traceops/trace/analyzer"
 	"github.com/traceops/trace/internal/dashboard"
+	"github.com/traceops/trace/synthesizer"
 )
 
 // httpServer serves /healthz, /readyz and /metrics for every role, so that
@@ -28,6 +29,7 @@ func (a *App) httpServer() *http.Server {
 			Labeling: analyzer.LabelingSetup{Labeler: a.Cfg.Analyzer.Labeler, LLM: a.Cfg.LLM.BaseURL != ""}}
 		if a.Store != nil { // a nil *sink.Store must stay a nil Store
 			deps.Store = a.Store
+			deps.Environments = synthesizer.SinkStore{Rows: a.Store}
 		}
 		protected.Handle("/", dashboard.New(deps))
 	}

@@ -29,14 +29,22 @@ func (a *App) llmClient() (*llm.Client, error) {
 	if a.llm != nil {
 		return a.llm, nil
 	}
-	rec := NewAuditRecorder(a.Store, a.Log)
-	a.background = append(a.background, Actor{Name: "llm-audit", Run: rec.Run})
-	c, err := LLMClient(a.Cfg.LLM, rec, a.Log)
+	c, err := LLMClient(a.Cfg.LLM, a.auditRecorder(), a.Log)
 	if err != nil {
 		return nil, fmt.Errorf("llm: %w", err)
 	}
 	a.llm = c
 	return c, nil
+}
+
+// auditRecorder is the process's one llm_calls writer (every LLM client's
+// Recorder), created on first use.
+func (a *App) auditRecorder() *AuditRecorder {
+	if a.audit == nil {
+		a.audit = NewAuditRecorder(a.Store, a.Log)
+		a.background = append(a.background, Actor{Name: "llm-audit", Run: a.audit.Run})
+	}
+	return a.audit
 }
 
 // discoveryRunner returns the discovery agent's runner, or nil when no LLM

@@ -26,6 +26,7 @@ import (
 	"github.com/traceops/trace/analyzer"
 	"github.com/traceops/trace/internal/bus"
 	"github.com/traceops/trace/sink"
+	"github.com/traceops/trace/synthesizer"
 )
 
 // Config is the whole configuration of `trace run` and `trace demo`.
@@ -40,6 +41,9 @@ type Config struct {
 	HTTP       HTTP        `koanf:"http"`
 	Dictionary []string    `koanf:"dictionaries"` // YAML files applied at start (besides the built-in example)
 	Embedded   Embedded    `koanf:"embedded"`
+	// Synthesizer is the synthesize role (TRACE step 2): attempts, the
+	// calibration run and its bands, the policy model of each cohort.
+	Synthesizer synthesizer.Settings `koanf:"synthesizer"`
 }
 
 // Embedded are the fixed loopback ports of the embedded servers, so that
@@ -180,7 +184,7 @@ type HTTP struct {
 }
 
 // Roles trace run knows.
-var Roles = []string{"ingest", "analyze", "serve"}
+var Roles = []string{"ingest", "analyze", "synthesize", "serve"}
 
 // The ingest stage's batch defaults (kafka.batch_*), from `trace bench
 // ingest`: its batches stream into one INSERT each and cost no memory, and
@@ -207,9 +211,10 @@ func Default() Config {
 		// K and N stay 0 here: Load derives them from the labeler.
 		Analyzer: Analyzer{Labeler: "rules", SampleFailed: 1, SamplePassed: 1, Concurrency: 8, DefaultDictionary: true,
 			UnexplainedThreshold: analyzer.DefaultUnexplainedThreshold, DiscoveryCooldown: time.Hour, DiscoverySample: 10},
-		LLM:      LLM{Timeout: 60 * time.Second, Concurrency: 4, Runs: 10, Structured: "json_schema"},
-		HTTP:     HTTP{Addr: "127.0.0.1:8080", ReadyTimeout: 2 * time.Second},
-		Embedded: Embedded{ClickHousePort: 29000, ClickHouseHTTPPort: 28123, NATSPort: 4222},
+		LLM:         LLM{Timeout: 60 * time.Second, Concurrency: 4, Runs: 10, Structured: "json_schema"},
+		HTTP:        HTTP{Addr: "127.0.0.1:8080", ReadyTimeout: 2 * time.Second},
+		Embedded:    Embedded{ClickHousePort: 29000, ClickHouseHTTPPort: 28123, NATSPort: 4222},
+		Synthesizer: synthesizer.DefaultSettings(),
 	}
 }
 
@@ -375,6 +380,9 @@ func (c Config) Validate() error {
 			errs = append(errs, fmt.Errorf("dictionaries: %w", err))
 		}
 	}
+	if err := c.Synthesizer.Validate(); err != nil {
+		errs = append(errs, err)
+	}
 	return errors.Join(errs...)
 }
 
@@ -391,6 +399,10 @@ func (c Config) Redacted() Config {
 	red(&r.NATS.Token)
 	red(&r.LLM.APIKey)
 	red(&r.HTTP.BearerToken)
+	r.Synthesizer.Policies = slices.Clone(c.Synthesizer.Policies)
+	for i := range r.Synthesizer.Policies {
+		red(&r.Synthesizer.Policies[i].APIKey)
+	}
 	return r
 }
 

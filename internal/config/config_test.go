@@ -62,6 +62,10 @@ func TestValidateNamesTheField(t *testing.T) {
 		{[]string{"http.ready_timeout=0s"}, "http.ready_timeout"},
 		{[]string{"kafka.max_message_bytes=100"}, "kafka.max_message_bytes"},
 		{[]string{"nokey"}, "--set"},
+		{[]string{"synthesizer.max_attempts=9"}, "synthesizer.max_attempts"},
+		{[]string{"synthesizer.policy=oracle"}, "synthesizer.policy"},
+		{[]string{"synthesizer.calibration.seeds=0"}, "synthesizer.calibration.seeds"},
+		{[]string{"synthesizer.calibration.bands.success_min=0.9"}, "synthesizer.calibration.bands.success_min"},
 	}
 	for _, tt := range tests {
 		_, err := Load("", tt.set)
@@ -96,5 +100,37 @@ func TestKAndNFollowTheLabeler(t *testing.T) {
 		if c.Analyzer.K != tt.k || c.Analyzer.N != tt.n {
 			t.Errorf("%v: k=%d n=%d, want %d %d", tt.set, c.Analyzer.K, c.Analyzer.N, tt.k, tt.n)
 		}
+	}
+}
+
+func TestSynthesizerSection(t *testing.T) {
+	f := filepath.Join(t.TempDir(), "trace.yaml")
+	os.WriteFile(f, []byte(`
+synthesizer:
+  max_attempts: 3
+  templates: false
+  calibration:
+    seeds: 20
+    rollouts: 8
+    temperature: 1.0
+    bands: {mean_min: 0.1, mean_max: 0.7}
+  policies:
+    - {environment: tau2-airline, agent_version: "*", base_url: "http://vllm:8000/v1", model: qwen3-30b, api_key: k3y}
+`), 0o644)
+	c, err := Load(f, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := c.Synthesizer
+	cal := s.CalibrationConfig()
+	if s.MaxAttempts != 3 || s.Templates || cal.Seeds != 20 || cal.Rollouts != 8 || cal.Temperature != 1 || cal.Bands.MeanMin != 0.1 ||
+		cal.Bands.MeanMax != 0.7 || cal.Bands.SuccessMax != 0.6 || s.Policy != "model" || len(s.Policies) != 1 || s.AckWait != 2*time.Minute {
+		t.Fatalf("synthesizer: %+v", s)
+	}
+	if r := c.Redacted(); r.Synthesizer.Policies[0].APIKey != "[REDACTED]" || c.Synthesizer.Policies[0].APIKey != "k3y" {
+		t.Fatalf("redaction: %+v / %+v", r.Synthesizer.Policies, c.Synthesizer.Policies)
+	}
+	if d, _ := Load("", nil); !d.Has("synthesize") || !d.Synthesizer.Templates || d.Synthesizer.CalibrationConfig().Seeds != 100 {
+		t.Fatalf("defaults: roles %v, %+v", d.Roles, d.Synthesizer)
 	}
 }

@@ -6,10 +6,13 @@
 //	/capability       one capability: definition, statistics per run, LACKING failures with their conversation
 //	/triggers         trigger timeline with the synthesis requests' payloads
 //	/trends           weekly pass rate and top LACKING capabilities, per agent version
+//	/environments     synthesized environments (environments.go): status, attempts, calibration
+//	/environment      one environment: request, attempts, calibration histogram, program
 //	/api/overview     the JSON of each page (same structs, same queries)
 //	/api/capability
 //	/api/triggers
 //	/api/trends
+//	/api/environments, /api/environments/{id}, /api/environments/{id}/program
 //	/assets/...       embedded CSS
 //
 // Pages are rendered on the server with html/template; charts are inline SVG
@@ -71,6 +74,9 @@ type Deps struct {
 	Eval analyzer.EvalConfig
 	// Now is the clock (tests); nil means time.Now.
 	Now func() time.Time
+	// Environments are the synthesized environments (the Environments
+	// pages); nil: those pages say there is no store.
+	Environments EnvironmentStore
 	// Labeling is the labeler setup, for saying why a cohort has no labels.
 	Labeling analyzer.LabelingSetup
 }
@@ -111,11 +117,16 @@ func New(d Deps) http.Handler {
 	mux.HandleFunc("GET /capability", s.pageCapability)
 	mux.HandleFunc("GET /triggers", s.pageTriggers)
 	mux.HandleFunc("GET /trends", s.pageTrends)
+	mux.HandleFunc("GET /environments", s.pageEnvironments)
+	mux.HandleFunc("GET /environment", s.pageEnvironment)
 	mux.HandleFunc("GET /api/{$}", s.apiIndex)
 	mux.HandleFunc("GET /api/overview", apiHandler(s, parseOverview, (*server).overview))
 	mux.HandleFunc("GET /api/capability", apiHandler(s, parseCapability, (*server).capability))
 	mux.HandleFunc("GET /api/triggers", apiHandler(s, parseTriggers, (*server).triggers))
 	mux.HandleFunc("GET /api/trends", apiHandler(s, parseTrends, (*server).trends))
+	mux.HandleFunc("GET /api/environments", s.apiEnvironments)
+	mux.HandleFunc("GET /api/environments/{id}", s.apiEnvironment)
+	mux.HandleFunc("GET /api/environments/{id}/program", s.apiProgram)
 	assets, _ := fs.Sub(files, "assets")
 	static := http.StripPrefix("/assets/", http.FileServer(http.FS(assets)))
 	mux.Handle("GET /assets/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -264,8 +275,10 @@ func (s *server) writeError(w http.ResponseWriter, r *http.Request, err error, a
 	switch {
 	case errors.As(err, &br):
 		code = http.StatusBadRequest
-	case errors.Is(err, errNoStore):
+	case errors.Is(err, errNoStore), errors.Is(err, errNoEnvironments):
 		code = http.StatusServiceUnavailable
+	case errors.As(err, new(notFound)):
+		code = http.StatusNotFound
 	case r.Context().Err() != nil:
 		code = http.StatusServiceUnavailable
 	default:
@@ -288,10 +301,13 @@ func (s *server) ctx(r *http.Request) (context.Context, context.CancelFunc) {
 func (s *server) apiIndex(w http.ResponseWriter, _ *http.Request) {
 	s.writeJSON(w, map[string]any{
 		"endpoints": map[string]string{
-			"/api/overview":   "?env=&agent_version=&dict=&hours=168|all&bucket=hour|day&fresh=0",
-			"/api/capability": "?env=&agent_version=&dict=&name=&examples=5&hours=168|all&bucket=hour|day",
-			"/api/triggers":   "?env=&agent_version=&capability=&days=30&limit=500",
-			"/api/trends":     "?env=&weeks=8&top=5&at=",
+			"/api/overview":                  "?env=&agent_version=&dict=&hours=168|all&bucket=hour|day&fresh=0",
+			"/api/capability":                "?env=&agent_version=&dict=&name=&examples=5&hours=168|all&bucket=hour|day",
+			"/api/triggers":                  "?env=&agent_version=&capability=&days=30&limit=500",
+			"/api/trends":                    "?env=&weeks=8&top=5&at=",
+			"/api/environments":              "?status=&env=&agent_version=&limit=200",
+			"/api/environments/{id}":         "the whole record of one environment",
+			"/api/environments/{id}/program": "its program (text/x-starlark)",
 		},
 	})
 }

@@ -1,0 +1,127 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/traceops/trace/internal/dev/simulate"
+	"github.com/traceops/trace/synthesizer/envprog"
+	"github.com/traceops/trace/synthesizer/examples"
+)
+
+func TestEnvValidateExample(t *testing.T) {
+	// The target's tools as a synthesis request carries them: the simulated
+	// airline environment's.
+	tools, _ := json.Marshal(map[string]any{"tools": simulate.Tools(simulate.Airline)})
+	toolsFile := filepath.Join(t.TempDir(), "request.json")
+	if err := os.WriteFile(toolsFile, tools, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out, err := runCLI(t, context.Background(), "env", "validate", "example:precondition_airline", "--tools", toolsFile, "--seeds", "30")
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	for _, check := range []string{"load", "contract", "docstring", "tools_match_target", "tool_count", "reset_deterministic", "distinct_instances",
+		"step_deterministic", "random_play_runs", "reward_range", "do_nothing_scores_low", "reference_scores_one", "hint_is_guidance"} {
+		if !strings.Contains(out, "PASS "+check+": ") {
+			t.Errorf("no PASS %s in\n%s", check, out)
+		}
+	}
+	if !strings.Contains(out, "13 passed, 0 failed, 0 skipped") {
+		t.Errorf("summary missing:\n%s", out)
+	}
+}
+
+func TestEnvValidateFailsWithExitOne(t *testing.T) {
+	// The example with a reward that pays 0.4 for anything: doing nothing
+	// scores 0.4 on every seed.
+	src := strings.Replace(string(examples.PreconditionAirline), `"reward": 0.6 * action + 0.4 * communication`, `"reward": 0.4 + 0.6 * action`, 1)
+	file := filepath.Join(t.TempDir(), "lenient.star")
+	if err := os.WriteFile(file, []byte(src), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out, err := runCLI(t, context.Background(), "env", "validate", file, "--seeds", "20", "--json")
+	var ee *exitError
+	if !errors.As(err, &ee) || ee.code != 1 {
+		t.Fatalf("got %v, want exit status 1\n%s", err, out)
+	}
+	var v struct {
+		OK     bool           `json:"ok"`
+		Report envprog.Report `json:"report"`
+	}
+	if err := json.Unmarshal([]byte(out), &v); err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	failed := v.Report.Failed()
+	if v.OK || len(failed) != 1 || failed[0].Name != envprog.CheckDoNothing || !strings.Contains(failed[0].Msg, "scores a mean 0.400 over 20 seeds") {
+		t.Errorf("failed checks %+v", failed)
+	}
+}
+
+func TestEnvValidateSyntaxError(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "broken.star")
+	if err := os.WriteFile(file, []byte("def tools(:\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out, err := runCLI(t, context.Background(), "env", "validate", file)
+	var ee *exitError
+	if !errors.As(err, &ee) || ee.code != 1 || !strings.Contains(out, "FAIL load: ") || !strings.Contains(out, "broken.star:1:12: got ':', want ')'") {
+		t.Errorf("got %v\n%s", err, out)
+	}
+}
+
+// TestEnvPlayPiped plays seed 5 with the reference solution typed on stdin
+// (plus a malformed line, which is refused without ending the episode).
+func TestEnvPlayPiped(t *testing.T) {
+	ctx := context.Background()
+	env, err := envprog.Load(ctx, "x", examples.PreconditionAirline, envprog.Limits{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ep, _ := env.Reset(ctx, 5)
+	ref, err := ep.Reference(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var lines []string
+	lines = append(lines, `{"name": "get_user_details", "arguments": {`) // malformed
+	for _, a := range ref {
+		if len(a.ToolCalls) == 0 {
+			lines = append(lines, a.Content)
+			continue
+		}
+		lines = append(lines, actionText(a))
+	}
+	rootCmd.SetIn(strings.NewReader(strings.Join(lines, "\n") + "\n"))
+	defer rootCmd.SetIn(nil)
+	out, err := runCLI(t, ctx, "env", "play", "example:precondition_airline", "--seed", "5", "--hint")
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	for _, want := range []string{"── system ──", "<expert_guidance>", "── user ──", ep.Start().User, "not a tool call: unexpected EOF",
+		"[get_reservation_details] {\"reservation_id\":", "reward 1  (action=1, communication=1, verified=1)"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("output lacks %q:\n%s", want, out)
+		}
+	}
+}
+
+// TestEnvPlayScoresWhatWasDone: input that ends before a final answer is
+// scored as it stands.
+func TestEnvPlayScoresWhatWasDone(t *testing.T) {
+	rootCmd.SetIn(strings.NewReader(":hint\n:reference\n"))
+	defer rootCmd.SetIn(nil)
+	out, err := runCLI(t, context.Background(), "env", "play", "example:precondition_airline", "--seed", "1", "--in-process")
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	if !strings.Contains(out, "(input ended: the episode is scored as it stands)") || !strings.Contains(out, "reward 0  (action=0, communication=0, verified=0)") ||
+		!strings.Contains(out, `{"name": "get_reservation_details", "arguments": {"reservation_id":`) {
+		t.Errorf("output:\n%s", out)
+	}
+}

@@ -1,0 +1,160 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/spf13/cobra"
+
+	"github.com/traceops/trace/synthesizer/envserver"
+)
+
+// envID is the environment id of a program file: its base name without
+// the extension, with anything but letters, digits, '.', '_' and '-'
+// replaced by '_'.
+func envID(path string) string {
+	base := strings.TrimSuffix(filepath.Base(path), filepath.Ext(path))
+	var b strings.Builder
+	for _, r := range base {
+		switch {
+		case r >= 'a' && r <= 'z', r >= 'A' && r <= 'Z', r >= '0' && r <= '9', r == '.', r == '_', r == '-':
+			b.WriteRune(r)
+		default:
+			b.WriteByte('_')
+		}
+	}
+	if b.Len() == 0 {
+		return "env"
+	}
+	return b.String()
+}
+
+func init() {
+	var cf configFlags
+	var ef envFlags
+	cfg := envserver.DefaultConfig()
+	var record bool
+	cmd := &cobra.Command{
+		Use:   "serve FILE...",
+		Short: "Serve environment programs to RL trainers over OpenEnv (WebSocket, HTTP, MCP)",
+		Long: `serve loads each environment program (Starlark, docs/environments.md) and
+serves it over OpenEnv, the protocol of openenv-core's reference server that
+TRL, verifiers and AgileRL consume unchanged. FILE's base name is the
+environment's id; it is served under /v1/environments/ID/ (ws, reset, step,
+state, schema, metadata, health, mcp), and GET /v1/environments lists them.
+
+FILE is a path, or example:NAME for a program shipped with trace.
+
+  trace env serve example:precondition_airline
+  # python: GenericEnvClient(base_url="http://127.0.0.1:8090/v1/environments/precondition_airline")
+
+Programs run in a sandbox worker (memory, steps and time bounded) unless
+--in-process. The token is --token, else http.bearer_token from the
+configuration (TRACE_HTTP__BEARER_TOKEN); clients send it as a bearer
+header, as the password in the URL (http://trace:TOKEN@host:port/...), which
+openenv's WebSocket client passes on, or as ?token=. /health is open.
+With --record, finished episodes are written to ClickHouse env_episodes
+(the configured clickhouse.addr, or the embedded one of a running trace run).
+/metrics serves the Prometheus metrics. SIGTERM drains: sessions get
+SESSION_ERROR, queued episodes are written, then it exits 0.`,
+		Args: cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, files []string) error {
+			ctx := cmd.Context()
+			tc, err := cf.load()
+			if err != nil {
+				return err
+			}
+			if !cmd.Flags().Changed("token") {
+				cfg.BearerToken = tc.HTTP.BearerToken
+			}
+			if err := cfg.Validate(); err != nil {
+				return err
+			}
+			if cfg.Addr == "" {
+				return errors.New("--addr: a host:port to listen on is required")
+			}
+			cat := envserver.NewStaticCatalog()
+			defer cat.Close() // the programs no session opened
+			var ids []string
+			for _, f := range files {
+				name, src, err := readProgram(f)
+				if err != nil {
+					return err
+				}
+				env, err := ef.load(ctx, filepath.Base(name), src)
+				if err != nil {
+					return fmt.Errorf("%s: %w", f, err)
+				}
+				id := envID(name)
+				if err := cat.Add(id, env, envserver.Entry{}); err != nil {
+					env.Close()
+					return fmt.Errorf("%s: %w", f, err)
+				}
+				ids = append(ids, id)
+			}
+			reg := prometheus.NewRegistry()
+			opts := envserver.Options{Catalog: cat, Registerer: reg, Log: slog.Default()}
+			if record {
+				st, err := openStore(ctx, tc)
+				if err != nil {
+					return fmt.Errorf("--record: %w", err)
+				}
+				defer st.Close()
+				opts.Writer = st
+			}
+			srv, err := envserver.New(cfg, opts)
+			if err != nil {
+				return err
+			}
+			ln, err := net.Listen("tcp", cfg.Addr)
+			if err != nil {
+				srv.Close(context.Background())
+				return err
+			}
+			mux := http.NewServeMux()
+			mux.Handle("GET /metrics", envserver.Auth(cfg.BearerToken, promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg})))
+			mux.Handle("/", srv.Handler())
+			hs := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+			out := cmd.OutOrStdout()
+			base := "http://" + ln.Addr().String()
+			for _, id := range ids {
+				fmt.Fprintf(out, "serving %s at %s/v1/environments/%s\n", id, base, id)
+			}
+			fmt.Fprintf(out, "listening on %s (GET %s/v1/environments lists the environments)\n", ln.Addr(), base)
+			errc := make(chan error, 1)
+			go func() { errc <- hs.Serve(ln) }()
+			select {
+			case err := <-errc:
+				srv.Close(context.Background())
+				return err
+			case <-ctx.Done():
+			}
+			slog.Info("env serve: shutting down")
+			sctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			hs.Shutdown(sctx)
+			return srv.Close(sctx)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&cfg.Addr, "addr", "127.0.0.1:8090", "listen address (port 0 picks a free port)")
+	f.StringVar(&cfg.BearerToken, "token", "", "token clients must send (default: http.bearer_token of the configuration)")
+	f.IntVar(&cfg.MaxSessions, "max-sessions", cfg.MaxSessions, "concurrent sessions per environment; one more is answered CAPACITY_REACHED")
+	f.DurationVar(&cfg.IdleTimeout, "idle-timeout", cfg.IdleTimeout, "evict a session idle for this long (SESSION_ERROR)")
+	f.DurationVar(&cfg.StepTimeout, "step-timeout", cfg.StepTimeout, "bound of one reset or step (EXECUTION_ERROR past it)")
+	f.IntVar(&cfg.MaxMessageBytes, "max-message-bytes", cfg.MaxMessageBytes, "largest frame or body accepted (VALIDATION_ERROR above)")
+	f.BoolVar(&record, "record", false, "record finished episodes in ClickHouse env_episodes")
+	f.Float64Var(&cfg.RecordSample, "record-sample", cfg.RecordSample, "share of episodes recorded with --record (0 to 1)")
+	cf.add(cmd)
+	ef.add(cmd)
+	envCmd.AddCommand(cmd)
+}

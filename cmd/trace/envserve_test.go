@@ -1,0 +1,128 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"os"
+	"os/exec"
+	"regexp"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/traceops/trace/internal/dev/testenv"
+	"github.com/traceops/trace/synthesizer/envclient"
+	"github.com/traceops/trace/synthesizer/envprog"
+	"github.com/traceops/trace/synthesizer/examples"
+	"github.com/traceops/trace/synthesizer/openenv"
+)
+
+func TestEnvID(t *testing.T) {
+	for in, want := range map[string]string{
+		"synthesizer/examples/precondition_airline.star": "precondition_airline",
+		"/tmp/my env (2).star":                           "my_env__2_",
+		"a.b.star":                                       "a.b",
+		".star":                                          "env",
+	} {
+		if got := envID(in); got != want {
+			t.Errorf("envID(%q) = %q, want %q", in, got, want)
+		}
+	}
+	if c, _, err := rootCmd.Find([]string{"env", "serve"}); err != nil || c.Name() != "serve" {
+		t.Fatalf("trace env serve is not registered: %v", err)
+	}
+}
+
+// TestEnvServeProcess runs `trace env serve` as a process (sandboxed
+// program, token, --record), plays the example's reference solution through
+// it, sends SIGTERM and expects exit 0 with the episode in env_episodes.
+func TestEnvServeProcess(t *testing.T) {
+	if testing.Short() {
+		t.Skip("process test")
+	}
+	ch := testenv.ClickHouse(t)
+	args := []string{"env", "serve", "example:precondition_airline", "--addr", "127.0.0.1:0", "--token", "tok", "--record",
+		"--set", "clickhouse.addr=" + ch.Addr, "--set", "clickhouse.database=" + ch.Database}
+	cmd := exec.Command(os.Args[0])
+	cmd.Env = append(os.Environ(), "TRACE_TEST_MAIN=1", "TRACE_TEST_ARGS="+strings.Join(args, " "))
+	cmd.Stderr = os.Stderr
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer cmd.Process.Kill()
+	sc := bufio.NewScanner(out)
+	var base string
+	re := regexp.MustCompile(`serving precondition_airline at (\S+)`)
+	for sc.Scan() {
+		if m := re.FindStringSubmatch(sc.Text()); m != nil {
+			base = m[1]
+			break
+		}
+	}
+	if base == "" {
+		t.Fatal("no serving line")
+	}
+	go func() {
+		for sc.Scan() {
+		}
+	}()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+
+	// The reference solution for seed 4, computed in-process.
+	env, err := envprog.Load(ctx, examples.PreconditionAirlineName, examples.PreconditionAirline, envprog.Limits{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer env.Close()
+	ep, _ := env.Reset(ctx, 4)
+	ref, _ := ep.Reference(ctx)
+
+	s, err := envclient.New(base, "tok").Dial(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	seed := int64(4)
+	if _, err := s.Reset(ctx, openenv.ResetRequest{Seed: &seed}); err != nil {
+		t.Fatal(err)
+	}
+	var obs openenv.StepResponse
+	for _, a := range ref {
+		m := openenv.ChatMessage{Role: "assistant", Content: a.Content}
+		for _, c := range a.ToolCalls {
+			m.ToolCalls = append(m.ToolCalls, openenv.ChatToolCall{ID: "c", Type: "function", Function: openenv.ChatFunction{Name: c.Name, Arguments: string(c.Arguments)}})
+		}
+		if obs, err = s.Step(ctx, m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if !obs.Done || obs.Reward == nil || *obs.Reward != 1 {
+		t.Fatalf("the reference through trace env serve: %+v", obs)
+	}
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("exit after SIGTERM: %v", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("trace env serve did not exit within 30 s of SIGTERM")
+	}
+	var n uint64
+	var reward float64
+	if err := ch.Conn().QueryRow(ctx, "SELECT count(), any(reward) FROM env_episodes WHERE seed = 4").Scan(&n, &reward); err != nil {
+		t.Fatal(err)
+	}
+	if n != 1 || reward != 1 {
+		t.Fatalf("env_episodes after the drain: %d rows, reward %v; want the one episode with reward 1", n, reward)
+	}
+}

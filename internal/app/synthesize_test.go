@@ -1,0 +1,134 @@
+package app_test
+
+import (
+	"context"
+	"encoding/json"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/traceops/trace/internal/app"
+	"github.com/traceops/trace/internal/bus"
+	"github.com/traceops/trace/internal/config"
+	"github.com/traceops/trace/internal/dev/simpolicy"
+	"github.com/traceops/trace/internal/dev/simulate"
+	"github.com/traceops/trace/internal/dev/testenv"
+	"github.com/traceops/trace/schemas"
+	"github.com/traceops/trace/sink"
+	"github.com/traceops/trace/synthesizer"
+	"github.com/traceops/trace/synthesizer/calibrate"
+)
+
+func simulatedFleet(env, agentVersion, capability string) (calibrate.Policy, error) {
+	return simpolicy.SimulatedFleetPolicy(simulate.DefaultFleet(), env, agentVersion, capability)
+}
+
+// TestSynthesizeRole runs `trace run --roles synthesize` on real NATS and
+// ClickHouse, with templates and the simulated policy: a synthesis request
+// delivered twice (two messages, as a publisher that missed the duplicate
+// window would send), then the process restarted and the request delivered
+// once more, yields one environment, DONE, announced once on
+// trace.environments.ready.
+func TestSynthesizeRole(t *testing.T) {
+	ch := testenv.ClickHouse(t)
+	ns := testenv.NATS(t)
+	cfg, err := config.Load("", []string{"data_dir=" + t.TempDir(), "roles=synthesize", "http.addr=127.0.0.1:0",
+		"clickhouse.addr=" + ch.Addr, "clickhouse.database=" + ch.Database, "nats.url=" + ns.URL(),
+		"synthesizer.policy=simulated", "synthesizer.calibration.seeds=30", "synthesizer.calibration.rollouts=8"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := func() func() {
+		ctx, cancel := context.WithCancel(context.Background())
+		a, err := app.Start(ctx, cfg, slog.New(slog.NewTextHandler(testLog{t}, &slog.HandlerOptions{Level: slog.LevelWarn})))
+		if err != nil {
+			t.Fatal(err)
+		}
+		a.Simulated = simulatedFleet
+		done := make(chan error, 1)
+		go func() { done <- a.Run(ctx) }()
+		return func() {
+			cancel()
+			if err := <-done; err != nil {
+				t.Errorf("run: %v", err)
+			}
+			a.Close()
+		}
+	}
+	ctx := context.Background()
+	b, err := bus.Connect(ctx, bus.Config{URL: ns.URL()}, "test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	req := &schemas.SynthesisRequest{TriggerID: "sim-airline/1.4.0/v1/precondition_verification/1", Environment: simulate.Airline, AgentVersion: "1.4.0",
+		DictionaryVersion: 1, Epoch: 1, Rank: 1, Tools: simulate.Tools(simulate.Airline), FiredAt: time.Now().UTC(),
+		Capability: schemas.SelectedCapability{Skill: "precondition_verification", Description: "Look before a write.", MeanDelta: 0.4,
+			NRunsPassed: 1, NRunsTotal: 1, PassesConsistency: true, ExampleFailedCases: []string{}, Status: "selected"}}
+	again := func(msgID string) {
+		data, _ := json.Marshal(req)
+		if _, err := b.JS.Publish(ctx, bus.SynthesisSubject(req.Environment, req.Capability.Skill), data, jetstream.WithMsgID(msgID)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := b.PublishSynthesis(ctx, req); err != nil {
+		t.Fatal(err)
+	}
+	again("late-duplicate-1")
+	stop := start()
+	store := synthesizer.SinkStore{Rows: ch.Store()}
+	id := schemas.EnvironmentID(req.TriggerID)
+	waitEnv := func(what string, ok func(es []*synthesizer.Environment) bool) []*synthesizer.Environment {
+		deadline := time.Now().Add(60 * time.Second)
+		for {
+			es, err := store.List(ctx, sink.EnvironmentFilter{Full: true})
+			if err == nil && ok(es) {
+				return es
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("timed out waiting for %s: %v %+v", what, err, es)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+	es := waitEnv("DONE", func(es []*synthesizer.Environment) bool {
+		return len(es) == 1 && es[0].Status == synthesizer.StatusDone
+	})
+	stop()
+	stop = start()
+	again("late-duplicate-2")
+	time.Sleep(2 * time.Second) // time for the redelivered request to be handled
+	stop()
+	es = waitEnv("still one", func(es []*synthesizer.Environment) bool { return len(es) == 1 })
+	e := es[0]
+	if e.ID != id || e.Status != synthesizer.StatusDone || e.Path != synthesizer.PathTemplate || e.Calibration == nil || !e.Calibration.Simulated {
+		t.Fatalf("%+v", e)
+	}
+	accepted := 0
+	for _, a := range e.Attempts {
+		if a.Accepted {
+			accepted++
+		}
+	}
+	if accepted != 1 {
+		t.Fatalf("%d accepted attempts", accepted)
+	}
+	ready, err := b.ReadyEnvironments(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ready) != 1 || ready[0].EnvironmentID != id || ready[0].Program.Hash != e.ProgramHash || !ready[0].Calibration.Simulated ||
+		ready[0].Fetch.Path != "/api/environments/"+id+"/program" {
+		t.Fatalf("ready %+v", ready)
+	}
+	c, err := b.SynthesisConsumer(ctx, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := c.Info(ctx)
+	if err != nil || info.NumAckPending != 0 || info.NumPending != 0 {
+		t.Fatalf("requests left unacknowledged: %+v %v", info, err)
+	}
+}

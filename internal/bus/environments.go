@@ -1,0 +1,93 @@
+package bus
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/traceops/trace/schemas"
+)
+
+// DurableSynthesizer is the durable consumer of the synthesize role on
+// TRACE_SYNTHESIS: every replica shares it, so each request goes to one.
+const DurableSynthesizer = "trace-synthesizer"
+
+// DefaultSynthesisAckWait is the ack wait of DurableSynthesizer; the worker
+// sends an in-progress ack every third of it.
+const DefaultSynthesisAckWait = 2 * time.Minute
+
+// SynthesisConsumer returns the durable pull consumer of synthesis
+// requests, creating or updating it. It redelivers without a limit
+// (MaxDeliver -1): the synthesizer counts deliveries itself and records a
+// request FAILED at its own MaxDeliver, so no request is dropped before its
+// failure is recorded.
+func (b *Bus) SynthesisConsumer(ctx context.Context, ackWait time.Duration) (jetstream.Consumer, error) {
+	if ackWait <= 0 {
+		ackWait = DefaultSynthesisAckWait
+	}
+	c, err := b.JS.CreateOrUpdateConsumer(ctx, StreamSynthesis, jetstream.ConsumerConfig{
+		Durable:       DurableSynthesizer,
+		Description:   "trace synthesize role: synthesis requests → environments",
+		AckPolicy:     jetstream.AckExplicitPolicy,
+		AckWait:       ackWait,
+		MaxDeliver:    -1,
+		MaxAckPending: 256,
+		FilterSubject: SubjectSynthesis + ".>",
+	})
+	if err != nil {
+		return nil, fmt.Errorf("nats: synthesis consumer: %w", err)
+	}
+	return c, nil
+}
+
+// PublishEnvironmentReady announces a DONE environment on
+// trace.environments.ready (stream TRACE_ENVIRONMENTS) with the
+// environment id as Msg-Id: announcing it again within the duplicate window
+// (a redelivered request of a DONE environment) is dropped by JetStream.
+func (b *Bus) PublishEnvironmentReady(ctx context.Context, m *schemas.EnvironmentReady) error {
+	m.Schema = schemas.EnvironmentReadySchema
+	data, err := json.Marshal(m)
+	if err != nil {
+		return err
+	}
+	if _, err := schemas.DecodeEnvironmentReady(data); err != nil { // never put an invalid message on the wire
+		return fmt.Errorf("environment ready %s: %w", m.EnvironmentID, err)
+	}
+	if _, err := b.JS.Publish(ctx, SubjectEnvReady, data, jetstream.WithMsgID(m.EnvironmentID)); err != nil {
+		return fmt.Errorf("nats: publish environment ready: %w", err)
+	}
+	return nil
+}
+
+// ReadyEnvironments reads every environment-ready message in the stream
+// (trace env list --ready, tests), decoded; an invalid one is an error.
+func (b *Bus) ReadyEnvironments(ctx context.Context) ([]*schemas.EnvironmentReady, error) {
+	s, err := b.JS.Stream(ctx, StreamEnvReady)
+	if err != nil {
+		return nil, fmt.Errorf("nats: stream %s: %w", StreamEnvReady, err)
+	}
+	info, err := s.Info(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("nats: stream %s: %w", StreamEnvReady, err)
+	}
+	var out []*schemas.EnvironmentReady
+	for seq := info.State.FirstSeq; seq <= info.State.LastSeq && info.State.Msgs > 0; seq++ {
+		m, err := s.GetMsg(ctx, seq)
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("nats: %s seq %d: %w", StreamEnvReady, seq, err)
+		}
+		e, err := schemas.DecodeEnvironmentReady(m.Data)
+		if err != nil {
+			return nil, fmt.Errorf("nats: %s seq %d: %w", StreamEnvReady, seq, err)
+		}
+		out = append(out, e)
+	}
+	return out, nil
+}

@@ -1,0 +1,91 @@
+package bus_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/traceops/trace/internal/bus"
+	"github.com/traceops/trace/internal/dev/testenv"
+	"github.com/traceops/trace/schemas"
+)
+
+func ready(id string) *schemas.EnvironmentReady {
+	hash := strings.Repeat("ab", 32)
+	return &schemas.EnvironmentReady{EnvironmentID: id, TriggerID: "t", Environment: "sim-airline", AgentVersion: "1.4.0", DictionaryVersion: 1,
+		Capability:  schemas.ReadyCapability{Name: "precondition_verification", Definition: "d"},
+		Program:     schemas.ReadyProgram{Hash: hash, Origin: schemas.OriginTemplate, Tools: []string{"get_reservation_details"}, Attempts: 1},
+		Calibration: schemas.ReadyCalib{Policy: "simulated", Simulated: true, Seeds: 1, RolloutsPerSeed: 1, PassAtK: map[string]float64{"1": 1}},
+		Fetch:       schemas.ReadyFetch{Path: schemas.EnvironmentProgramPath(id), ClickHouse: schemas.ClickHouseRef{Table: "environments", EnvironmentID: id, ProgramHash: hash}},
+		ReadyAt:     time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC)}
+}
+
+func TestEnvironmentReadyOncePerEnvironment(t *testing.T) {
+	srv := testenv.NATS(t)
+	ctx := context.Background()
+	b, err := bus.Connect(ctx, bus.Config{URL: srv.URL()}, "test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	a, c := schemas.EnvironmentID("a"), schemas.EnvironmentID("c")
+	for _, id := range []string{a, a, c, a} {
+		if err := b.PublishEnvironmentReady(ctx, ready(id)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got, err := b.ReadyEnvironments(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 2 || got[0].EnvironmentID != a || got[1].EnvironmentID != c || got[0].Schema != schemas.EnvironmentReadySchema {
+		t.Fatalf("%+v", got)
+	}
+	bad := ready(schemas.EnvironmentID("x"))
+	bad.Fetch.ClickHouse.ProgramHash = strings.Repeat("cd", 32)
+	if err := b.PublishEnvironmentReady(ctx, bad); err == nil || !strings.Contains(err.Error(), "program_hash") {
+		t.Fatalf("an inconsistent message was published: %v", err)
+	}
+}
+
+func TestSynthesisConsumerGetsRequests(t *testing.T) {
+	srv := testenv.NATS(t)
+	ctx := context.Background()
+	b, err := bus.Connect(ctx, bus.Config{URL: srv.URL()}, "test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	req := &schemas.SynthesisRequest{TriggerID: "trig-1", Environment: "sim-airline", AgentVersion: "1.4.0", DictionaryVersion: 1, Epoch: 1,
+		Capability: schemas.SelectedCapability{Skill: "precondition_verification", ExampleFailedCases: []string{}}, FiredAt: time.Now().UTC()}
+	if _, err := b.PublishSynthesis(ctx, req); err != nil {
+		t.Fatal(err)
+	}
+	c, err := b.SynthesisConsumer(ctx, time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.SynthesisConsumer(ctx, time.Second); err != nil { // a second replica, or a restart
+		t.Fatalf("consumer again: %v", err)
+	}
+	batch, err := c.Fetch(5, jetstream.FetchMaxWait(2*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var n int
+	for m := range batch.Messages() {
+		got, err := schemas.DecodeSynthesisRequest(m.Data())
+		if err != nil || got.TriggerID != "trig-1" || m.Subject() != "trace.synthesis.sim-airline.precondition_verification" {
+			t.Fatalf("%v %+v %s", err, got, m.Subject())
+		}
+		n++
+		_ = m.Ack()
+	}
+	info, _ := c.Info(ctx)
+	if n != 1 || info.Config.MaxDeliver != -1 || info.Config.AckWait != time.Second {
+		t.Fatalf("%d messages; consumer %+v", n, info.Config)
+	}
+}

@@ -1,0 +1,145 @@
+package dashboard
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/traceops/trace/schemas"
+	"github.com/traceops/trace/synthesizer"
+)
+
+// seedEnvironments stores a DONE environment (calibrated by the simulated
+// policy, after a rejected attempt) and a FAILED one in ClickHouse.
+func seedEnvironments(t *testing.T, st synthesizer.SinkStore) (done, failed *synthesizer.Environment) {
+	t.Helper()
+	at := time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC)
+	prog := "\"\"\"Why it transfers.\"\"\"\ndef reset(seed):\n    return {\"system\": \"<b>policy</b>\", \"user\": \"u\", \"state\": {}}\n"
+	cal := &synthesizer.Calibration{Accepted: true, Verdict: "accepted", Policy: "simulated sim-airline/1.4.0", Simulated: true, Seeds: 100,
+		RolloutsPerSeed: 16, Temperature: 0.7, MeanReward: 0.45, StdReward: 0.41, SuccessRate: 0.38, InformativeGroups: 0.8,
+		PassAtK: map[string]float64{"1": 0.38, "4": 0.8, "16": 0.97}, Histogram: []int{600, 0, 0, 0, 0, 390, 0, 0, 0, 610}}
+	done = &synthesizer.Environment{ID: schemas.EnvironmentID("t-done"), TriggerID: "t-done", Environment: "sim-airline", AgentVersion: "1.4.0",
+		DictionaryVersion: 1, Capability: "precondition_verification", Definition: "Look before you write.", MeanDelta: 0.41, Rank: 2,
+		Family: "precondition_verification", FamilySource: synthesizer.FamilyFromDictionary, FamilyWhy: "the dictionary declares family precondition_verification",
+		Status: synthesizer.StatusDone, Path: synthesizer.PathTemplate, Attempt: 2, Program: prog, ProgramHash: synthesizer.ProgramHash(prog),
+		Tools: []string{"get_reservation_details", "cancel_reservation"}, Rationale: "Why it transfers.",
+		Request: &schemas.SynthesisRequest{TriggerID: "t-done", Environment: "sim-airline", AgentVersion: "1.4.0"},
+		Attempts: []synthesizer.Attempt{
+			{N: 1, Origin: schemas.OriginTemplate, Family: "precondition_verification", Knobs: json.RawMessage(`{"records":3}`), Stage: synthesizer.StageCalibrate,
+				Diagnosis: "calibration: too easy (mean reward 0.9 > 0.6)", StartedAt: at, EndedAt: at.Add(time.Second),
+				Validation:  &synthesizer.Validation{OK: true, Checks: []synthesizer.Check{{Name: "reward_range", Verdict: synthesizer.Pass, Message: "rewards in [0, 1]"}}},
+				Calibration: &synthesizer.Calibration{Verdict: "too_easy", Simulated: true, MeanReward: 0.9, Histogram: []int{10, 0, 0, 0, 0, 0, 0, 0, 0, 90}}},
+			{N: 2, Origin: schemas.OriginTemplate, Stage: synthesizer.StageCalibrate, Accepted: true, Calibration: cal, StartedAt: at, EndedAt: at.Add(2 * time.Second)},
+		},
+		Calibration: cal, CreatedAt: at, UpdatedAt: at.Add(time.Minute), Version: 5}
+	failed = &synthesizer.Environment{ID: schemas.EnvironmentID("t-failed"), TriggerID: "t-failed", Environment: "sim-retail", AgentVersion: "1.5.0",
+		DictionaryVersion: 1, Capability: "argument_grounding", Status: synthesizer.StatusFailed, Path: synthesizer.PathLLM, Attempt: 5,
+		Reason: "5 attempts, none accepted; last: validation: reward_range: seed 3: reward 1.5",
+		Attempts: []synthesizer.Attempt{{N: 1, Origin: schemas.OriginLLM, Model: "gen", Stage: synthesizer.StageValidate, Diagnosis: "validation: load: syntax error",
+			Validation: &synthesizer.Validation{Checks: []synthesizer.Check{{Name: "load", Verdict: synthesizer.Fail, Message: "program.star:3:5: got '!'"}}}}},
+		CreatedAt: at.Add(time.Hour), UpdatedAt: at.Add(time.Hour), Version: 9}
+	for _, e := range []*synthesizer.Environment{done, failed} {
+		if err := st.SaveEnvironment(context.Background(), e); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return done, failed
+}
+
+func TestEnvironmentsPagesAndAPI(t *testing.T) {
+	st := synthesizer.SinkStore{Rows: openStore(t)}
+	done, failed := seedEnvironments(t, st)
+	h := New(Deps{Environments: st})
+
+	var list EnvironmentsResponse
+	getJSON(t, h, "/api/environments", &list)
+	if len(list.Environments) != 2 || list.Environments[0].ID != failed.ID || list.Counts["DONE"] != 1 || list.Counts["FAILED"] != 1 {
+		t.Fatalf("%+v", list)
+	}
+	d := list.Environments[1]
+	if d.Status != "DONE" || *d.MeanReward != 0.45 || d.PassAtK["16"] != 0.97 || !d.Simulated || len(d.Tools) != 2 {
+		t.Fatalf("%+v", d)
+	}
+	if f := list.Environments[0]; f.MeanReward != nil || f.Reason == "" {
+		t.Fatalf("failed row %+v", f)
+	}
+	getJSON(t, h, "/api/environments?status=failed", &list)
+	if len(list.Environments) != 1 || list.Environments[0].ID != failed.ID {
+		t.Fatalf("status filter: %+v", list)
+	}
+	var one synthesizer.Environment
+	getJSON(t, h, "/api/environments/"+done.ID, &one)
+	if one.ID != done.ID || len(one.Attempts) != 2 || one.Program != done.Program || one.Calibration.Histogram[9] != 610 {
+		t.Fatalf("%+v", one)
+	}
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, schemas.EnvironmentProgramPath(done.ID), nil))
+	if rec.Code != 200 || rec.Body.String() != done.Program || rec.Header().Get("X-Trace-Program-Sha256") != done.ProgramHash ||
+		!strings.HasPrefix(rec.Header().Get("Content-Type"), "text/x-starlark") {
+		t.Fatalf("program: %d %q %v", rec.Code, rec.Body.String(), rec.Header())
+	}
+	for path, want := range map[string]int{
+		"/api/environments/env-0000000000000000":         404,
+		schemas.EnvironmentProgramPath(failed.ID):        404, // no program yet
+		"/api/environments?status=SOMETIMES":             400,
+		"/environment?id=env-0000000000000000":           404,
+		"/environment":                                   400,
+		"/api/environments?limit=0":                      400,
+		"/api/environments/" + done.ID + "/program/more": 404,
+	} {
+		if code, body := getStatus(h, path); code != want {
+			t.Errorf("GET %s: %d, want %d: %s", path, code, want, body)
+		}
+	}
+
+	code, body := getStatus(h, "/environments")
+	if code != 200 {
+		t.Fatalf("list page: %d %s", code, body)
+	}
+	for _, want := range []string{`href="/environment?id=` + done.ID + `"`, `data-status="FAILED"`, "5 attempts, none accepted", "@16 0.97",
+		`class="simulated"`, "get_reservation_details, cancel_reservation", `class="active">Environments</a>`} {
+		if !strings.Contains(body, want) {
+			t.Errorf("list page lacks %q", want)
+		}
+	}
+	code, body = getStatus(h, "/environment?id="+done.ID)
+	if code != 200 {
+		t.Fatalf("environment page: %d %s", code, body)
+	}
+	for _, want := range []string{`id="chart-calibration"`, `data-bin="9" data-count="610"`, "SIMULATED policy", "pass@16 0.97",
+		`data-attempt="1" data-stage="calibrate"`, "too easy (mean reward 0.9 &gt; 0.6)", `id="chart-attempt-1"`, "knobs <code>{&#34;records&#34;:3}</code>",
+		"&lt;b&gt;policy&lt;/b&gt;", "the dictionary declares family", `href="/api/environments/` + done.ID + `/program"`} {
+		if !strings.Contains(body, want) {
+			t.Errorf("environment page lacks %q", want)
+		}
+	}
+	if strings.Contains(body, "<b>policy</b>") {
+		t.Error("the program is not escaped")
+	}
+	_, body = getStatus(h, "/environment?id="+failed.ID)
+	for _, want := range []string{`class="check-fail"`, "program.star:3:5", "status-FAILED"} {
+		if !strings.Contains(body, want) {
+			t.Errorf("failed environment page lacks %q", want)
+		}
+	}
+	if code, _ := getStatus(New(Deps{}), "/api/environments"); code != http.StatusServiceUnavailable {
+		t.Errorf("without a store: %d", code)
+	}
+}
+
+func TestHistogramChart(t *testing.T) {
+	svg := string(histogramChart{ID: "h", Title: "t <x>", Counts: []int{1, 0, 3}, Simulated: true}.render())
+	for _, want := range []string{`<svg class="chart histogram" id="h"`, `aria-label="t &lt;x&gt;"`, `data-bin="0" data-count="1"`, `data-bin="2" data-count="3"`,
+		"reward [0.7, 1.0]: 3 rollouts (75.0%)", "reward (4 rollouts) · SIMULATED policy"} {
+		if !strings.Contains(svg, want) {
+			t.Errorf("svg lacks %q:\n%s", want, svg)
+		}
+	}
+	if svg := string(histogramChart{Counts: make([]int, 10)}.render()); !strings.Contains(svg, "reward (0 rollouts)") || strings.Contains(svg, "NaN") {
+		t.Errorf("empty histogram: %s", svg)
+	}
+}

@@ -1,0 +1,160 @@
+package sink
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+)
+
+// EnvironmentRow is one version of a synthesized environment's record (the
+// environments table; the synthesizer's Environment in columns). The JSON
+// columns hold what only one environment's page reads: Request (the
+// synthesis request), Attempts (every attempt with its validation and
+// calibration), Calibration (the accepted one), PassAtK, Tools and Details
+// (the rest of the record). Version orders the rows of one environment:
+// the table is a ReplacingMergeTree(version) by environment_id, so
+// re-saving a status is idempotent and the newest version wins.
+type EnvironmentRow struct {
+	EnvironmentID     string
+	TriggerID         string
+	Environment       string
+	AgentVersion      string
+	DictionaryVersion uint32
+	Capability        string
+	Family            string
+	Status            string
+	Reason            string
+	Attempts          uint8 // attempts recorded
+	Program           string
+	ProgramHash       string
+	Tools             string  // JSON array of tool names
+	MeanReward        float64 // of the accepted calibration (0 before)
+	SuccessRate       float64
+	Simulated         bool   // the accepted calibration was played by a simulated policy
+	PassAtK           string // JSON object {"1": …}
+	Request           string // JSON
+	AttemptsJSON      string // JSON array
+	Calibration       string // JSON object, "" before DONE
+	Details           string // JSON object
+	CreatedAt         time.Time
+	UpdatedAt         time.Time
+	Version           uint64
+}
+
+// environmentColumns is the column list of every INSERT and SELECT of
+// environments, in EnvironmentRow's order.
+const environmentColumns = `environment_id, trigger_id, environment, agent_version, dictionary_version, capability, family,
+	status, reason, attempts, program, program_hash, tools, mean_reward, success_rate, simulated, pass_at_k,
+	request, attempts_json, calibration, details, created_at, updated_at, version`
+
+// environmentListColumns are the columns of a list: every column but the
+// program and the JSON of one environment's page (empty strings instead).
+const environmentListColumns = `environment_id, trigger_id, environment, agent_version, dictionary_version, capability, family,
+	status, reason, attempts, '' AS program, program_hash, tools, mean_reward, success_rate, simulated, pass_at_k,
+	request, '' AS attempts_json, '' AS calibration, details, created_at, updated_at, version`
+
+// environmentSQL is the query of Environment: the newest version of one.
+const environmentSQL = `SELECT ` + environmentColumns + `
+	FROM environments WHERE environment_id = ? ORDER BY version DESC LIMIT 1`
+
+// environmentsSQL is the query of Environments: the newest version of every
+// environment (FINAL, then the filters, so a filter never sees an old
+// version), newest first.
+func environmentsSQL(f EnvironmentFilter) (string, []any) {
+	var where []string
+	var args []any
+	if f.Status != "" {
+		where = append(where, "status = ?")
+		args = append(args, f.Status)
+	}
+	if f.Environment != "" {
+		where = append(where, "environment = ?")
+		args = append(args, f.Environment)
+	}
+	if f.AgentVersion != "" {
+		where = append(where, "agent_version = ?")
+		args = append(args, f.AgentVersion)
+	}
+	cols := environmentListColumns
+	if f.Full {
+		cols = environmentColumns
+	}
+	q := `SELECT ` + cols + ` FROM (SELECT * FROM environments FINAL)`
+	if len(where) > 0 {
+		q += "\n\tWHERE " + strings.Join(where, " AND ")
+	}
+	q += "\n\tORDER BY created_at DESC, environment_id"
+	if f.Limit > 0 {
+		q += fmt.Sprintf(" LIMIT %d", f.Limit)
+	}
+	return q, args
+}
+
+// EnvironmentFilter selects environments; zero fields select all.
+type EnvironmentFilter struct {
+	Status, Environment, AgentVersion string
+	Limit                             int
+	// Full reads the program and every JSON column too (default: what a
+	// list shows).
+	Full bool
+}
+
+// SaveEnvironment stores a version of an environment's record.
+func (s *Store) SaveEnvironment(ctx context.Context, r EnvironmentRow) error {
+	b, err := s.conn.PrepareBatch(ctx, "INSERT INTO environments ("+environmentColumns+")")
+	if err != nil {
+		return fmt.Errorf("save environment: %w", err)
+	}
+	defer b.Abort()
+	now := time.Now().UTC()
+	if err := b.Append(r.EnvironmentID, r.TriggerID, r.Environment, r.AgentVersion, r.DictionaryVersion, r.Capability, r.Family,
+		r.Status, r.Reason, r.Attempts, r.Program, r.ProgramHash, r.Tools, r.MeanReward, r.SuccessRate, b2u(r.Simulated), r.PassAtK,
+		r.Request, r.AttemptsJSON, r.Calibration, r.Details, ts(r.CreatedAt, now), ts(r.UpdatedAt, now), r.Version); err != nil {
+		return fmt.Errorf("save environment: %w", err)
+	}
+	if err := b.Send(); err != nil {
+		return fmt.Errorf("save environment: %w", err)
+	}
+	return nil
+}
+
+// Environment returns the newest version of environment id, nil when
+// there is none.
+func (s *Store) Environment(ctx context.Context, id string) (*EnvironmentRow, error) {
+	rs, err := s.queryEnvironments(ctx, environmentSQL, id)
+	if err != nil || len(rs) == 0 {
+		return nil, err
+	}
+	return &rs[0], nil
+}
+
+// Environments lists environments (their newest versions) matching f.
+func (s *Store) Environments(ctx context.Context, f EnvironmentFilter) ([]EnvironmentRow, error) {
+	q, args := environmentsSQL(f)
+	return s.queryEnvironments(ctx, q, args...)
+}
+
+func (s *Store) queryEnvironments(ctx context.Context, q string, args ...any) ([]EnvironmentRow, error) {
+	rows, err := s.conn.Query(ctx, q, args...)
+	if err != nil {
+		return nil, fmt.Errorf("environments: %w", err)
+	}
+	defer rows.Close()
+	var out []EnvironmentRow
+	for rows.Next() {
+		var (
+			r   EnvironmentRow
+			sim uint8
+		)
+		if err := rows.Scan(&r.EnvironmentID, &r.TriggerID, &r.Environment, &r.AgentVersion, &r.DictionaryVersion, &r.Capability, &r.Family,
+			&r.Status, &r.Reason, &r.Attempts, &r.Program, &r.ProgramHash, &r.Tools, &r.MeanReward, &r.SuccessRate, &sim, &r.PassAtK,
+			&r.Request, &r.AttemptsJSON, &r.Calibration, &r.Details, &r.CreatedAt, &r.UpdatedAt, &r.Version); err != nil {
+			return nil, fmt.Errorf("environments: %w", err)
+		}
+		r.Simulated = sim == 1
+		r.CreatedAt, r.UpdatedAt = r.CreatedAt.UTC(), r.UpdatedAt.UTC()
+		out = append(out, r)
+	}
+	return out, rows.Err()
+}

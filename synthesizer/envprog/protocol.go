@@ -1,0 +1,162 @@
+package envprog
+
+import (
+	"bufio"
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"sync"
+	"sync/atomic"
+)
+
+// The sandbox protocol between a parent (LoadSandboxed) and its worker
+// process: frames of a 4-byte big-endian length and a JSON object, requests
+// on the worker's stdin, responses on its stdout. Requests carry an id the
+// response repeats; the worker answers requests concurrently (one at a time
+// per episode, as the parent never has two calls of one episode in flight).
+// "close" and "cancel" have no response.
+
+const maxFrame = 64 << 20
+
+type request struct {
+	ID      uint64  `json:"id"`
+	Op      string  `json:"op"` // load, reset, step, reward, hint, reference, close, cancel
+	Episode uint64  `json:"ep,omitempty"`
+	Seed    int64   `json:"seed,omitempty"`
+	Name    string  `json:"name,omitempty"`
+	Src     []byte  `json:"src,omitempty"`
+	Limits  *Limits `json:"limits,omitempty"`
+	Action  *Action `json:"action,omitempty"`
+	Target  uint64  `json:"target,omitempty"` // the request a cancel cancels
+}
+
+type response struct {
+	ID        uint64      `json:"id"`
+	Err       *wireError  `json:"err,omitempty"`
+	Info      *Info       `json:"info,omitempty"`
+	Start     *Start      `json:"start,omitempty"`
+	Assistant *Message    `json:"assistant,omitempty"` // the turn as the transcript records it
+	Step      *StepResult `json:"step,omitempty"`
+	Reward    *Reward     `json:"reward,omitempty"`
+	Hint      string      `json:"hint,omitempty"`
+	Reference []Action    `json:"reference,omitempty"`
+	// On the step that ends an episode the worker scores it at once
+	// (reward is a pure function of state and transcript), saving the
+	// round trip of the Reward call that almost always follows.
+	Final    *Reward    `json:"final,omitempty"`
+	FinalErr *wireError `json:"final_err,omitempty"`
+}
+
+// wireError carries an error across the pipe: a ProgramError field for
+// field, or one of the runtime's sentinel errors by code.
+type wireError struct {
+	Code  string `json:"code,omitempty"` // "program", "done", "closed", "canceled", "deadline", "other"
+	Func  string `json:"func,omitempty"`
+	Seed  int64  `json:"seed,omitempty"`
+	Limit string `json:"limit,omitempty"`
+	Msg   string `json:"msg"`
+}
+
+func toWire(err error) *wireError {
+	if err == nil {
+		return nil
+	}
+	var pe *ProgramError
+	switch {
+	case errors.As(err, &pe):
+		return &wireError{Code: "program", Func: pe.Func, Seed: pe.Seed, Limit: pe.Limit, Msg: pe.Msg}
+	case errors.Is(err, ErrDone):
+		return &wireError{Code: "done", Msg: err.Error()}
+	case errors.Is(err, errClosed):
+		return &wireError{Code: "closed", Msg: err.Error()}
+	case errors.Is(err, context.Canceled):
+		return &wireError{Code: "canceled", Msg: err.Error()}
+	case errors.Is(err, context.DeadlineExceeded):
+		return &wireError{Code: "deadline", Msg: err.Error()}
+	default:
+		return &wireError{Code: "other", Msg: err.Error()}
+	}
+}
+
+func (w *wireError) err() error {
+	if w == nil {
+		return nil
+	}
+	switch w.Code {
+	case "program":
+		return &ProgramError{Func: w.Func, Seed: w.Seed, Limit: w.Limit, Msg: w.Msg}
+	case "done":
+		return ErrDone
+	case "closed":
+		return errClosed
+	case "canceled":
+		return context.Canceled
+	case "deadline":
+		return context.DeadlineExceeded
+	default:
+		return fmt.Errorf("envprog worker: %s", w.Msg)
+	}
+}
+
+func appendFrame(buf []byte, v any) ([]byte, error) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return buf, err
+	}
+	if len(b) > maxFrame {
+		return buf, fmt.Errorf("frame of %d bytes exceeds %d", len(b), maxFrame)
+	}
+	buf = binary.BigEndian.AppendUint32(buf, uint32(len(b)))
+	return append(buf, b...), nil
+}
+
+func readFrame(r *bufio.Reader, v any) error {
+	var hdr [4]byte
+	if _, err := io.ReadFull(r, hdr[:]); err != nil {
+		return err
+	}
+	n := binary.BigEndian.Uint32(hdr[:])
+	if n > maxFrame {
+		return fmt.Errorf("frame of %d bytes exceeds %d", n, maxFrame)
+	}
+	b := make([]byte, n)
+	if _, err := io.ReadFull(r, b); err != nil {
+		return err
+	}
+	return json.Unmarshal(b, v)
+}
+
+// frameWriter writes frames from many goroutines straight from the
+// caller (no hand-off to a writer goroutine, which costs a wake-up per
+// call); the last of the writers waiting on the lock flushes, so the
+// frames of concurrent calls share one system call.
+type frameWriter struct {
+	waiting atomic.Int32
+	mu      sync.Mutex
+	bw      *bufio.Writer
+	failed  bool
+}
+
+func newFrameWriter(w io.Writer) *frameWriter {
+	return &frameWriter{bw: bufio.NewWriterSize(w, 64<<10)}
+}
+
+// send writes one frame; false once writing failed (the peer is gone).
+func (fw *frameWriter) send(f []byte) bool {
+	fw.waiting.Add(1)
+	fw.mu.Lock()
+	defer fw.mu.Unlock()
+	last := fw.waiting.Add(-1) == 0
+	if fw.failed {
+		return false
+	}
+	_, err := fw.bw.Write(f)
+	if err == nil && last {
+		err = fw.bw.Flush()
+	}
+	fw.failed = err != nil
+	return !fw.failed
+}

@@ -1,0 +1,468 @@
+package envprog
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// LoadSandboxed loads an untrusted (generated) program into a worker
+// process: the current binary (os.Executable) started again in worker
+// mode (see RunWorkerIfRequested), with its address space bounded to its
+// start-up size plus lim.MaxMemory (RLIMIT_AS). Steps and time are bounded
+// inside the worker as in Load; in addition the parent kills a worker that
+// does not answer a call within twice CallTimeout plus a second (a program
+// stuck inside one long built-in operation).
+//
+// When the worker dies (out of memory, a crash, killed for time) the call
+// in flight returns a *ProgramError with Limit "memory" or "timeout" (or ""
+// and the exit status for other deaths), every other episode of that worker
+// fails with a *ProgramError saying so, and the next Reset starts a new
+// worker. Nothing a program does stops, kills or slows the caller.
+//
+// Episodes of one Env share its worker; calls of different episodes run
+// concurrently in it.
+func LoadSandboxed(ctx context.Context, name string, src []byte, lim Limits) (Env, error) {
+	if !sandboxSupported {
+		return nil, errors.New("envprog: LoadSandboxed needs Linux (RLIMIT_AS)")
+	}
+	lim = lim.withDefaults()
+	if name == "" {
+		name = "program.star"
+	}
+	s := &sandbox{name: name, src: slices.Clone(src), lim: lim}
+	w, err := s.worker(ctx)
+	if err != nil {
+		return nil, err
+	}
+	s.info = w.info
+	return s, nil
+}
+
+type sandbox struct {
+	name string
+	src  []byte
+	lim  Limits
+	info Info
+
+	mu     sync.Mutex
+	cur    *worker
+	closed bool
+	nextEp atomic.Uint64
+}
+
+// worker returns the live worker, starting one (and loading the program
+// into it) when there is none or the last one died.
+func (s *sandbox) worker(ctx context.Context) (*worker, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return nil, errClosed
+	}
+	if s.cur != nil && !s.cur.isDead() {
+		return s.cur, nil
+	}
+	w, err := startWorker(s.lim)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := w.call(ctx, &request{Op: "load", Name: s.name, Src: s.src, Limits: &s.lim}, "", 0)
+	if err == nil {
+		err = resp.Err.err()
+	}
+	if err != nil {
+		w.stop()
+		return nil, err
+	}
+	w.info = *resp.Info
+	s.cur = w
+	return w, nil
+}
+
+func (s *sandbox) Info() Info {
+	info := s.info
+	info.Tools = slices.Clone(s.info.Tools)
+	return info
+}
+
+func (s *sandbox) Close() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.closed = true
+	if s.cur != nil {
+		s.cur.stop()
+		s.cur = nil
+	}
+	return nil
+}
+
+func (s *sandbox) Reset(ctx context.Context, seed int64) (Episode, error) {
+	w, err := s.worker(ctx)
+	if err != nil {
+		return nil, err
+	}
+	id := s.nextEp.Add(1)
+	resp, err := w.call(ctx, &request{Op: "reset", Episode: id, Seed: seed}, "reset", seed)
+	if err != nil {
+		return nil, err
+	}
+	if err := resp.Err.err(); err != nil {
+		return nil, err
+	}
+	e := &sandboxEpisode{w: w, id: id, seed: seed, start: *resp.Start}
+	e.msgs = []Message{{Role: "system", Content: e.start.System}, {Role: "user", Content: e.start.User}}
+	return e, nil
+}
+
+// worker is one worker process and the calls in flight to it.
+type worker struct {
+	cmd     *exec.Cmd
+	stdin   io.WriteCloser
+	fw      *frameWriter
+	timeout time.Duration // the parent's bound on one call
+	info    Info
+	stderr  tailBuffer
+
+	mu      sync.Mutex
+	pending map[uint64]chan *response
+	nextID  uint64
+	killed  string // the limit the parent killed the worker for
+
+	dead  chan struct{} // closed once the process is gone
+	death string        // why, for the error messages (set before dead closes)
+	limit string        // "memory", "timeout" or ""
+}
+
+func startWorker(lim Limits) (*worker, error) {
+	exe, err := os.Executable()
+	if err != nil {
+		return nil, fmt.Errorf("envprog: the sandbox re-executes this binary: %w", err)
+	}
+	cmd := exec.Command(exe)
+	cmd.Env = append(os.Environ(), workerEnv+"=1", workerMemEnv+"="+strconv.FormatInt(lim.MaxMemory, 10))
+	sandboxAttr(cmd)
+	w := &worker{
+		cmd:     cmd,
+		timeout: 2*lim.CallTimeout + time.Second,
+		pending: map[uint64]chan *response{},
+		dead:    make(chan struct{}),
+	}
+	cmd.Stderr = &w.stderr
+	if w.stdin, err = cmd.StdinPipe(); err != nil {
+		return nil, err
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("envprog: starting the sandbox worker: %w", err)
+	}
+	w.fw = newFrameWriter(w.stdin)
+	go w.read(bufio.NewReaderSize(stdout, 64<<10))
+	return w, nil
+}
+
+// read delivers responses until the worker's stdout ends, then records
+// how the worker died and fails what is pending.
+func (w *worker) read(r *bufio.Reader) {
+	var readErr error
+	for {
+		resp := new(response)
+		if readErr = readFrame(r, resp); readErr != nil {
+			break
+		}
+		w.mu.Lock()
+		ch := w.pending[resp.ID]
+		delete(w.pending, resp.ID)
+		w.mu.Unlock()
+		if ch != nil {
+			ch <- resp
+		}
+	}
+	if !errors.Is(readErr, io.EOF) && !errors.Is(readErr, io.ErrUnexpectedEOF) {
+		// A protocol error: the worker is unusable.
+		_ = w.cmd.Process.Kill()
+	}
+	waitErr := w.cmd.Wait()
+	w.mu.Lock()
+	killed := w.killed
+	w.mu.Unlock()
+	tail := strings.TrimSpace(w.stderr.String())
+	switch {
+	case killed != "":
+		w.limit = killed
+		w.death = "the worker process was killed: a call ran past " + w.timeout.String()
+	case isOOM(tail):
+		w.limit = "memory"
+		w.death = "the worker process ran out of memory: " + lastLines(tail, 3)
+	default:
+		w.death = fmt.Sprintf("the worker process exited (%v)", waitErr)
+		if tail != "" {
+			w.death += ": " + lastLines(tail, 5)
+		}
+		if readErr != nil && !errors.Is(readErr, io.EOF) {
+			w.death += " (" + readErr.Error() + ")"
+		}
+	}
+	close(w.dead)
+}
+
+func isOOM(stderr string) bool {
+	// The Go runtime's messages, and those of -race builds (ThreadSanitizer's
+	// allocator and the race runtime's mmap placement).
+	for _, s := range []string{"out of memory", "cannot allocate memory", "failed to create new OS thread", "mmap errno 12",
+		"failed to allocate", "address space collisions"} {
+		if strings.Contains(stderr, s) {
+			return true
+		}
+	}
+	return false
+}
+
+func lastLines(s string, n int) string {
+	lines := strings.Split(s, "\n")
+	if len(lines) > n {
+		lines = lines[:n] // the first lines say what happened; goroutine dumps follow
+	}
+	return strings.Join(lines, " | ")
+}
+
+func (w *worker) isDead() bool {
+	select {
+	case <-w.dead:
+		return true
+	default:
+		return false
+	}
+}
+
+// deathError is what a call of fn on seed gets once the worker is gone.
+func (w *worker) deathError(fn string, seed int64, inFlight bool) error {
+	msg := w.death
+	if !inFlight {
+		msg = "this episode is lost: " + msg
+	}
+	return &ProgramError{Func: fn, Seed: seed, Limit: w.limit, Msg: msg}
+}
+
+func (w *worker) kill(limit string) {
+	w.mu.Lock()
+	if w.killed == "" {
+		w.killed = limit
+	}
+	w.mu.Unlock()
+	_ = w.cmd.Process.Kill()
+}
+
+// stop ends the worker: closing its stdin makes it exit; a worker that
+// does not within a second is killed.
+func (w *worker) stop() {
+	_ = w.stdin.Close()
+	select {
+	case <-w.dead:
+	case <-time.After(time.Second):
+		_ = w.cmd.Process.Kill()
+		<-w.dead
+	}
+}
+
+// call sends req and waits for its response. A worker that dies or does
+// not answer in time yields a *ProgramError for fn; ctx ending cancels the
+// call in the worker and returns ctx's error.
+func (w *worker) call(ctx context.Context, req *request, fn string, seed int64) (*response, error) {
+	if w.isDead() {
+		return nil, w.deathError(fn, seed, false)
+	}
+	ch := make(chan *response, 1)
+	w.mu.Lock()
+	w.nextID++
+	req.ID = w.nextID
+	w.pending[req.ID] = ch
+	w.mu.Unlock()
+	f, err := appendFrame(nil, req)
+	if err != nil {
+		w.forget(req.ID)
+		return nil, fmt.Errorf("envprog: encoding a request: %w", err)
+	}
+	if !w.fw.send(f) {
+		<-w.dead // the pipe broke: the worker is gone or going
+		return nil, w.deathError(fn, seed, true)
+	}
+	timer := time.NewTimer(w.timeout)
+	defer timer.Stop()
+	select {
+	case resp := <-ch:
+		return resp, nil
+	case <-w.dead:
+		select {
+		case resp := <-ch: // answered just before it died
+			return resp, nil
+		default:
+		}
+		return nil, w.deathError(fn, seed, true)
+	case <-ctx.Done():
+		w.forget(req.ID)
+		if f, err := appendFrame(nil, &request{Op: "cancel", Target: req.ID}); err == nil {
+			w.fw.send(f)
+		}
+		return nil, ctx.Err()
+	case <-timer.C:
+		w.kill("timeout")
+		<-w.dead
+		return nil, w.deathError(fn, seed, true)
+	}
+}
+
+func (w *worker) forget(id uint64) {
+	w.mu.Lock()
+	delete(w.pending, id)
+	w.mu.Unlock()
+}
+
+// notify sends a request that has no response.
+func (w *worker) notify(req *request) {
+	if w.isDead() {
+		return
+	}
+	if f, err := appendFrame(nil, req); err == nil {
+		w.fw.send(f)
+	}
+}
+
+// tailBuffer keeps the first 4 KiB written to it (a Go runtime's fatal
+// error comes first, then its goroutine dump).
+type tailBuffer struct {
+	mu sync.Mutex
+	b  []byte
+}
+
+func (t *tailBuffer) Write(p []byte) (int, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if room := 4096 - len(t.b); room > 0 {
+		t.b = append(t.b, p[:min(room, len(p))]...)
+	}
+	return len(p), nil
+}
+
+func (t *tailBuffer) String() string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return string(t.b)
+}
+
+// sandboxEpisode is an episode living in a worker. Its transcript is kept
+// on this side too, so Messages costs no round trip.
+type sandboxEpisode struct {
+	w      *worker
+	id     uint64
+	seed   int64
+	start  Start
+	turns  int
+	msgs   []Message
+	done   bool
+	closed bool
+	final  *response // the reward the worker computed on the final step
+}
+
+func (e *sandboxEpisode) Seed() int64         { return e.seed }
+func (e *sandboxEpisode) Start() Start        { return e.start }
+func (e *sandboxEpisode) Messages() []Message { return slices.Clone(e.msgs) }
+
+func (e *sandboxEpisode) Close() error {
+	if !e.closed {
+		e.closed = true
+		e.w.notify(&request{Op: "close", Episode: e.id})
+	}
+	return nil
+}
+
+func (e *sandboxEpisode) call(ctx context.Context, req *request, fn string) (*response, error) {
+	if e.closed {
+		return nil, errors.New("envprog: episode is closed")
+	}
+	req.Episode = e.id
+	resp, err := e.w.call(ctx, req, fn, e.seed)
+	if err != nil {
+		return nil, err
+	}
+	return resp, nil
+}
+
+func (e *sandboxEpisode) Step(ctx context.Context, a Action) (StepResult, error) {
+	if e.done {
+		return StepResult{Done: true}, ErrDone
+	}
+	e.turns++
+	a = normalizeAction(a, e.turns) // as the worker will: the same ids
+	resp, err := e.call(ctx, &request{Op: "step", Action: &a}, "step")
+	if err != nil {
+		var pe *ProgramError
+		if errors.As(err, &pe) {
+			e.done = true
+		}
+		return StepResult{Done: e.done}, err
+	}
+	if resp.Assistant != nil {
+		e.msgs = append(e.msgs, *resp.Assistant)
+	}
+	var res StepResult
+	if resp.Step != nil {
+		res = *resp.Step
+		e.msgs = append(e.msgs, res.ToolResults...)
+	}
+	e.final = nil
+	if resp.Final != nil {
+		e.final = resp
+	}
+	if err := resp.Err.err(); err != nil {
+		e.done = true
+		res.Done = true
+		return res, err
+	}
+	e.done = res.Done
+	return res, nil
+}
+
+func (e *sandboxEpisode) Reward(ctx context.Context) (Reward, error) {
+	if f := e.final; f != nil {
+		e.final = nil // once: a second call asks the worker again
+		return *f.Final, f.FinalErr.err()
+	}
+	resp, err := e.call(ctx, &request{Op: "reward"}, "reward")
+	if err != nil {
+		return Reward{}, err
+	}
+	var r Reward
+	if resp.Reward != nil {
+		r = *resp.Reward
+	}
+	return r, resp.Err.err()
+}
+
+func (e *sandboxEpisode) Hint(ctx context.Context) (string, error) {
+	resp, err := e.call(ctx, &request{Op: "hint"}, "hint")
+	if err != nil {
+		return "", err
+	}
+	return resp.Hint, resp.Err.err()
+}
+
+func (e *sandboxEpisode) Reference(ctx context.Context) ([]Action, error) {
+	resp, err := e.call(ctx, &request{Op: "reference"}, "reference")
+	if err != nil {
+		return nil, err
+	}
+	return resp.Reference, resp.Err.err()
+}

@@ -1,0 +1,209 @@
+package envprog
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"runtime/debug"
+	"runtime/pprof"
+	"strconv"
+	"sync"
+)
+
+// The worker process of LoadSandboxed: the current binary started again
+// with workerEnv set. It bounds its own address space, then serves the
+// protocol of protocol.go for one program and many episodes.
+
+const (
+	workerEnv    = "TRACE_ENVPROG_WORKER"
+	workerMemEnv = "TRACE_ENVPROG_MAX_MEMORY"
+	// workerProfileEnv, set in the parent's environment, makes each worker
+	// write a CPU profile to that path (the last worker to exit wins).
+	workerProfileEnv = "TRACE_ENVPROG_WORKER_CPUPROFILE"
+)
+
+// RunWorkerIfRequested turns the process into a sandbox worker when it was
+// started as one by LoadSandboxed, and never returns then; otherwise it
+// returns at once. Every binary that calls LoadSandboxed must call it first
+// thing in main (cmd/trace does), and test binaries from TestMain:
+//
+//	func TestMain(m *testing.M) {
+//		envprog.RunWorkerIfRequested()
+//		os.Exit(m.Run())
+//	}
+func RunWorkerIfRequested() {
+	if os.Getenv(workerEnv) != "1" {
+		return
+	}
+	os.Exit(serveWorker(os.Stdin, os.Stdout))
+}
+
+func serveWorker(in io.Reader, out io.Writer) int {
+	maxMem, err := strconv.ParseInt(os.Getenv(workerMemEnv), 10, 64)
+	if err != nil || maxMem <= 0 {
+		fmt.Fprintf(os.Stderr, "envprog worker: %s=%q is not a positive byte count\n", workerMemEnv, os.Getenv(workerMemEnv))
+		return 3
+	}
+	// The soft limit makes the collector work hard before the hard
+	// address-space limit would fail an allocation of live data.
+	debug.SetMemoryLimit(maxMem)
+	if err := limitAddressSpace(maxMem); err != nil {
+		fmt.Fprintf(os.Stderr, "envprog worker: %v\n", err)
+		return 3
+	}
+	if path := os.Getenv(workerProfileEnv); path != "" {
+		// Debugging aid: a CPU profile of the worker, written when the
+		// parent closes the program.
+		if f, err := os.Create(path); err == nil {
+			if pprof.StartCPUProfile(f) == nil {
+				defer pprof.StopCPUProfile()
+			}
+		}
+	}
+	r := bufio.NewReaderSize(in, 64<<10)
+	w := &workerState{
+		fw:       newFrameWriter(out),
+		episodes: map[uint64]*episode{},
+		cancels:  map[uint64]context.CancelFunc{},
+	}
+	for {
+		var req request
+		if err := readFrame(r, &req); err != nil {
+			if errors.Is(err, io.EOF) {
+				pprof.StopCPUProfile()
+				return 0 // the parent closed the program
+			}
+			fmt.Fprintf(os.Stderr, "envprog worker: reading a request: %v\n", err)
+			return 4
+		}
+		switch req.Op {
+		case "load":
+			w.load(&req)
+		case "cancel":
+			w.cancel(req.Target)
+		case "close":
+			w.mu.Lock()
+			delete(w.episodes, req.Episode)
+			w.mu.Unlock()
+		default:
+			// A lone request is handled right here: handing it to a new
+			// goroutine costs a wake-up, which is most of a round trip.
+			// When more requests are already waiting (concurrent
+			// episodes), this one gets its own goroutine so that they
+			// run in parallel.
+			if r.Buffered() > 0 {
+				go w.handle(&req)
+			} else {
+				w.handle(&req)
+			}
+		}
+	}
+}
+
+type workerState struct {
+	fw   *frameWriter
+	prog *program
+
+	mu       sync.Mutex
+	episodes map[uint64]*episode
+	cancels  map[uint64]context.CancelFunc
+}
+
+func (w *workerState) reply(resp *response) {
+	f, err := appendFrame(nil, resp)
+	if err != nil {
+		f, _ = appendFrame(nil, &response{ID: resp.ID, Err: toWire(fmt.Errorf("encoding the response: %w", err))})
+	}
+	w.fw.send(f)
+}
+
+func (w *workerState) load(req *request) {
+	lim := DefaultLimits
+	if req.Limits != nil {
+		lim = req.Limits.withDefaults()
+	}
+	p, err := load(context.Background(), req.Name, req.Src, lim)
+	if err != nil {
+		w.reply(&response{ID: req.ID, Err: toWire(err)})
+		return
+	}
+	w.prog = p
+	info := p.Info()
+	w.reply(&response{ID: req.ID, Info: &info})
+}
+
+func (w *workerState) cancel(id uint64) {
+	w.mu.Lock()
+	c := w.cancels[id]
+	w.mu.Unlock()
+	if c != nil {
+		c()
+	}
+}
+
+func (w *workerState) handle(req *request) {
+	resp := &response{ID: req.ID}
+	defer w.reply(resp)
+	if w.prog == nil {
+		resp.Err = toWire(errors.New("no program loaded"))
+		return
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	w.mu.Lock()
+	w.cancels[req.ID] = cancel
+	ep := w.episodes[req.Episode]
+	w.mu.Unlock()
+	defer func() {
+		w.mu.Lock()
+		delete(w.cancels, req.ID)
+		w.mu.Unlock()
+		cancel()
+	}()
+	if req.Op != "reset" && ep == nil {
+		resp.Err = toWire(fmt.Errorf("no episode %d", req.Episode))
+		return
+	}
+	var err error
+	switch req.Op {
+	case "reset":
+		var e *episode
+		if e, err = w.prog.reset(ctx, req.Seed); err == nil {
+			w.mu.Lock()
+			w.episodes[req.Episode] = e
+			w.mu.Unlock()
+			start := e.Start()
+			resp.Start = &start
+		}
+	case "step":
+		if req.Action == nil {
+			err = errors.New("step without an action")
+			break
+		}
+		before := len(ep.msgs)
+		var res StepResult
+		res, err = ep.Step(ctx, *req.Action)
+		resp.Step = &res
+		if len(ep.msgs) > before {
+			m := ep.msgs[before]
+			resp.Assistant = &m
+		}
+		if err == nil && res.Done {
+			r, rerr := ep.Reward(ctx)
+			resp.Final, resp.FinalErr = &r, toWire(rerr)
+		}
+	case "reward":
+		var r Reward
+		r, err = ep.Reward(ctx)
+		resp.Reward = &r
+	case "hint":
+		resp.Hint, err = ep.Hint(ctx)
+	case "reference":
+		resp.Reference, err = ep.Reference(ctx)
+	default:
+		err = fmt.Errorf("unknown op %q", req.Op)
+	}
+	resp.Err = toWire(err)
+}

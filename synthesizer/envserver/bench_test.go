@@ -1,0 +1,414 @@
+package envserver_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/coder/websocket"
+
+	"github.com/traceops/trace/synthesizer/envclient"
+	"github.com/traceops/trace/synthesizer/envprog"
+	"github.com/traceops/trace/synthesizer/examples"
+	"github.com/traceops/trace/synthesizer/openenv"
+)
+
+// pids maps a server's base URL to its process, for its CPU time.
+var pids sync.Map
+
+var (
+	userRe = regexp.MustCompile(`user id ([a-z]+_[a-z]+_[0-9]+)`)
+	resRe  = regexp.MustCompile(`reservation ([A-Z0-9]{6})`)
+)
+
+type loadResult struct {
+	steps   int
+	elapsed time.Duration
+	cpu     time.Duration // the server process's CPU time meanwhile
+	lat     []time.Duration
+	errs    int
+}
+
+func (r loadResult) rate() float64 { return float64(r.steps) / r.elapsed.Seconds() }
+
+func (r loadResult) pct(p float64) time.Duration {
+	if len(r.lat) == 0 {
+		return 0
+	}
+	return r.lat[min(len(r.lat)-1, int(p*float64(len(r.lat))))]
+}
+
+func call(name, args string) openenv.ChatMessage {
+	return openenv.ChatMessage{Role: "assistant", ToolCalls: []openenv.ChatToolCall{{ID: "c", Type: "function",
+		Function: openenv.ChatFunction{Name: name, Arguments: args}}}}
+}
+
+// episode plays one benchmark episode: reset, the two lookups a careful
+// agent makes (user, reservation), the final answer; it returns the step
+// latencies (resets are not steps). The load generator decodes only what
+// it needs of each answer (the frame type; the user message after a
+// reset), so that its own cost, shared by both servers, stays small.
+func episode(ctx context.Context, s *envclient.Session, seed int64, lat []time.Duration) ([]time.Duration, error) {
+	c := s.Conn()
+	roundTrip := func(frame []byte, out any) error {
+		if err := c.Write(ctx, websocket.MessageText, frame); err != nil {
+			return err
+		}
+		_, b, err := c.Read(ctx)
+		if err != nil {
+			return err
+		}
+		// Both servers put the type first: {"type":"observation","data":...}.
+		if !bytes.HasPrefix(b, []byte(`{"type":"observation"`)) {
+			return fmt.Errorf("answered %.300s", b)
+		}
+		if out != nil {
+			var f struct {
+				Data json.RawMessage `json:"data"`
+			}
+			if err := json.Unmarshal(b, &f); err != nil {
+				return err
+			}
+			return json.Unmarshal(f.Data, out)
+		}
+		return nil
+	}
+	var obs struct {
+		Observation struct {
+			Messages []struct {
+				Content string `json:"content"`
+			} `json:"messages"`
+		} `json:"observation"`
+	}
+	if err := roundTrip([]byte(`{"type":"reset","data":{"seed":`+strconv.FormatInt(seed, 10)+`}}`), &obs); err != nil {
+		return lat, err
+	}
+	if len(obs.Observation.Messages) < 2 {
+		return lat, fmt.Errorf("reset observation without the user message")
+	}
+	user := obs.Observation.Messages[1].Content
+	u, r := userRe.FindStringSubmatch(user), resRe.FindStringSubmatch(user)
+	if u == nil || r == nil {
+		return lat, fmt.Errorf("no user or reservation id in %q", user)
+	}
+	for _, a := range []openenv.ChatMessage{
+		call("get_user_details", `{"user_id": "`+u[1]+`"}`),
+		call("get_reservation_details", `{"reservation_id": "`+r[1]+`"}`),
+		{Role: "assistant", Content: "I'm sorry, I cannot do that for reservation " + r[1] + "."},
+	} {
+		frame, _ := json.Marshal(map[string]any{"type": "step", "data": a})
+		t0 := time.Now()
+		if err := roundTrip(frame, nil); err != nil {
+			return lat, err
+		}
+		lat = append(lat, time.Since(t0))
+	}
+	return lat, nil
+}
+
+// load runs n WebSocket sessions against base for d, each playing episodes
+// back to back.
+func load(b *testing.B, base string, n int, d time.Duration) loadResult {
+	ctx, cancel := context.WithTimeout(context.Background(), d+2*time.Minute)
+	defer cancel()
+	sessions := make([]*envclient.Session, n)
+	for i := range sessions {
+		s, err := envclient.New(base, "").Dial(ctx)
+		if err != nil {
+			b.Fatalf("session %d: %v", i, err)
+		}
+		defer s.Close()
+		if _, err := episode(ctx, s, int64(i), nil); err != nil { // warm-up
+			b.Fatalf("warm-up %s: %v", base, err)
+		}
+		sessions[i] = s
+	}
+	var mu sync.Mutex
+	var res loadResult
+	var wg sync.WaitGroup
+	pid := 0
+	for u, p := range pids.Range {
+		if strings.HasPrefix(base, u.(string)) {
+			pid = p.(int)
+		}
+	}
+	cpu0 := cpuOf(pid)
+	start := time.Now()
+	stop := start.Add(d)
+	for i, s := range sessions {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var lat []time.Duration
+			errs := 0
+			for seed := int64(i * 1_000_000); time.Now().Before(stop); seed++ {
+				var err error
+				if lat, err = episode(ctx, s, seed, lat); err != nil {
+					errs++
+					if errs > 10 {
+						break
+					}
+				}
+			}
+			mu.Lock()
+			res.lat = append(res.lat, lat...)
+			res.errs += errs
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	res.elapsed = time.Since(start)
+	res.cpu = cpuOf(pid) - cpu0
+	res.steps = len(res.lat)
+	sort.Slice(res.lat, func(i, j int) bool { return res.lat[i] < res.lat[j] })
+	return res
+}
+
+func freePort(b *testing.B) int {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+// cpuOf is the CPU time (user + system) of process pid and its waited-for
+// children so far, and of its live children (a sandbox worker), from /proc.
+func cpuOf(pid int) time.Duration {
+	total := time.Duration(0)
+	pids := []int{pid}
+	if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/children", pid, pid)); err == nil {
+		for _, f := range strings.Fields(string(b)) {
+			if c, err := strconv.Atoi(f); err == nil {
+				pids = append(pids, c)
+			}
+		}
+	}
+	for _, p := range pids {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", p))
+		if err != nil {
+			continue
+		}
+		// Fields after the command's closing parenthesis: utime is the
+		// 12th, stime the 13th (clock ticks, 100 per second here).
+		rest := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+2:]))
+		for _, i := range []int{11, 12} {
+			if v, err := strconv.ParseInt(rest[i], 10, 64); err == nil {
+				total += time.Duration(v) * 10 * time.Millisecond
+			}
+		}
+	}
+	return total
+}
+
+// serverProcess starts cmd, a server on port, and waits for its /health.
+func serverProcess(b *testing.B, cmd *exec.Cmd, port int) string {
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	base := fmt.Sprintf("http://127.0.0.1:%d", port)
+	pids.Store(base, cmd.Process.Pid)
+	deadline := time.Now().Add(3 * time.Minute) // importing openenv takes long on a loaded machine
+	for {
+		resp, err := http.Get(base + "/health")
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == 200 {
+				return base
+			}
+		}
+		if time.Now().After(deadline) {
+			b.Fatalf("%s did not come up on %s", cmd.Path, base)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// pythonServer starts openenv-core's reference server with the same
+// environment logic (testdata/openenv_python_server.py).
+func pythonServer(b *testing.B) string {
+	py := os.Getenv("TRACE_OPENENV_PYTHON")
+	if py == "" {
+		py = "/var/cache/trace/openenv-venv/bin/python"
+	}
+	if _, err := os.Stat(py); err != nil {
+		b.Skipf("no openenv-core python at %s (TRACE_OPENENV_PYTHON): the comparison needs it", py)
+	}
+	port := freePort(b)
+	return serverProcess(b, exec.Command(py, "testdata/openenv_python_server.py", strconv.Itoa(port)), port)
+}
+
+// goServer starts trace's server with the example, in a process of its own
+// (this test binary again, see serveForBench).
+func goServer(b *testing.B, sandboxed bool) string {
+	port := freePort(b)
+	cmd := exec.Command(os.Args[0])
+	cmd.Env = append(os.Environ(), fmt.Sprintf("TRACE_BENCH_SERVE=127.0.0.1:%d", port))
+	if sandboxed {
+		cmd.Env = append(cmd.Env, "TRACE_BENCH_SANDBOXED=1")
+	}
+	return serverProcess(b, cmd, port) + "/v1/environments/" + exampleID
+}
+
+// selfCPU is this process's CPU time so far.
+func selfCPU() time.Duration {
+	var ru syscall.Rusage
+	syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// programCost is the CPU time per step of the example's Starlark program
+// alone (envprog, in-process, no server), on the benchmark's episodes.
+func programCost(b *testing.B) time.Duration {
+	ctx := context.Background()
+	env, err := envprog.Load(ctx, examples.PreconditionAirlineName, examples.PreconditionAirline, envprog.Limits{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer env.Close()
+	const n = 2000
+	t0 := selfCPU()
+	for i := range n {
+		ep, err := env.Reset(ctx, int64(i))
+		if err != nil {
+			b.Fatal(err)
+		}
+		user := ep.Start().User
+		u, r := userRe.FindStringSubmatch(user), resRe.FindStringSubmatch(user)
+		for _, a := range []envprog.Action{
+			{ToolCalls: []envprog.ToolCall{{ID: "1", Name: "get_user_details", Arguments: json.RawMessage(`{"user_id":"` + u[1] + `"}`)}}},
+			{ToolCalls: []envprog.ToolCall{{ID: "2", Name: "get_reservation_details", Arguments: json.RawMessage(`{"reservation_id":"` + r[1] + `"}`)}}},
+			{Content: "I cannot do that."},
+		} {
+			if _, err := ep.Step(ctx, a); err != nil {
+				b.Fatal(err)
+			}
+			ep.Messages()
+		}
+		if _, err := ep.Reward(ctx); err != nil {
+			b.Fatal(err)
+		}
+		ep.Close()
+	}
+	return (selfCPU() - t0) / (3 * n)
+}
+
+// pythonLogicCost runs testdata/openenv_python_logic.py: the CPython
+// environment's CPU time per step, with and without openenv's models.
+func pythonLogicCost(b *testing.B) (withModels, logic time.Duration) {
+	py := os.Getenv("TRACE_OPENENV_PYTHON")
+	if py == "" {
+		py = "/var/cache/trace/openenv-venv/bin/python"
+	}
+	out, err := exec.Command(py, "testdata/openenv_python_logic.py").Output()
+	if err != nil {
+		b.Fatalf("openenv_python_logic.py: %v", err)
+	}
+	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		name, v, _ := strings.Cut(line, " ")
+		us, _ := strconv.ParseFloat(v, 64)
+		d := time.Duration(us * float64(time.Microsecond))
+		switch name {
+		case "environment":
+			withModels = d
+		case "logic":
+			logic = d
+		}
+	}
+	return withModels, logic
+}
+
+// BenchmarkEnvServer measures steps/s through the WebSocket protocol on
+// loopback with 1, 16 and 64 concurrent sessions on the example
+// environment, for trace's server (the program in-process, and in its
+// sandbox worker as `trace env serve` runs it by default) and, in the same
+// run, openenv-core's own Python server with the same environment logic,
+// each server a process of its own and the load from this one;
+// it prints both, the ratio and the step latency percentiles. Run it once:
+//
+//	go test -run '^$' -bench EnvServer -benchtime 1x ./synthesizer/envserver
+//
+// TRACE_BENCH_SECONDS sets the measuring time per point (default 5).
+func BenchmarkEnvServer(b *testing.B) {
+	d := 5 * time.Second
+	if s, err := strconv.Atoi(os.Getenv("TRACE_BENCH_SECONDS")); err == nil && s > 0 {
+		d = time.Duration(s) * time.Second
+	}
+	goBase, sbBase := goServer(b, false), goServer(b, true)
+	pyBase := ""
+	if os.Getenv("TRACE_BENCH_GO_ONLY") == "" {
+		pyBase = pythonServer(b)
+	}
+	type row struct {
+		server string
+		n      int
+		r      loadResult
+	}
+	// Each point is the better of two rounds, the servers alternating, so
+	// that a burst of load from other processes on the shared machine does
+	// not decide a comparison.
+	var rows []row
+	sessions := []int{1, 16, 64}
+	if v, err := strconv.Atoi(os.Getenv("TRACE_BENCH_SESSIONS")); err == nil && v > 0 {
+		sessions = []int{v}
+	}
+	for _, n := range sessions {
+		servers := []struct{ name, base string }{{"trace (Go, in-process program)", goBase}, {"trace (Go, sandboxed program)", sbBase}, {"openenv-core 0.3.0 (Python)", pyBase}}
+		best := make([]loadResult, len(servers))
+		for round := range 2 {
+			for i, srv := range servers {
+				if srv.base == "" {
+					best[i] = loadResult{elapsed: time.Second}
+					continue
+				}
+				if r := load(b, srv.base, n, d); round == 0 || r.rate() > best[i].rate() {
+					best[i] = r
+				}
+			}
+		}
+		for i, srv := range servers {
+			rows = append(rows, row{srv.name, n, best[i]})
+		}
+	}
+	fmt.Printf("\nsteps through the WebSocket protocol on loopback, example environment (precondition_airline), better of two %s rounds per point\n", d)
+	fmt.Printf("%-32s %8s %8s %10s %9s %9s %14s %6s\n", "server", "sessions", "steps", "steps/s", "p50", "p99", "server cpu/step", "errors")
+	for _, r := range rows {
+		perStep := time.Duration(0)
+		if r.r.steps > 0 {
+			perStep = r.r.cpu / time.Duration(r.r.steps)
+		}
+		fmt.Printf("%-32s %8d %8d %10.0f %9s %9s %14s %6d\n", r.server, r.n, r.r.steps, r.r.rate(),
+			r.r.pct(0.50).Round(time.Microsecond), r.r.pct(0.99).Round(time.Microsecond), perStep.Round(time.Microsecond), r.r.errs)
+	}
+	fmt.Println("(server cpu/step: the server process's CPU time, its sandbox worker's included, over the steps; resets are played too but not counted as steps)")
+	prog := programCost(b)
+	pyEnv, pyLogic := pythonLogicCost(b)
+	fmt.Printf("environment logic alone, CPU per step: Starlark program (envprog, in-process) %s; CPython class %s (%s with openenv's pydantic observation)\n",
+		prog.Round(time.Microsecond), pyLogic.Round(time.Microsecond), pyEnv.Round(time.Microsecond))
+	fmt.Println()
+	for i := 0; i < len(rows); i += 3 {
+		goR, sbR, pyR := rows[i].r, rows[i+1].r, rows[i+2].r
+		fmt.Printf("%2d sessions: trace in-process %.0f steps/s = %.1f × openenv-core (%.0f steps/s); sandboxed %.0f steps/s = %.1f ×\n",
+			rows[i].n, goR.rate(), goR.rate()/pyR.rate(), pyR.rate(), sbR.rate(), sbR.rate()/pyR.rate())
+		if rows[i].n == 16 {
+			b.ReportMetric(goR.rate(), "steps/s@16")
+			b.ReportMetric(goR.rate()/pyR.rate(), "ratio@16")
+		}
+	}
+}

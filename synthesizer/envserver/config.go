@@ -1,0 +1,95 @@
+package envserver
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"time"
+)
+
+// Config is the environment server's configuration (the `env:` section of
+// trace's configuration; `trace env serve` sets it from flags).
+type Config struct {
+	// Addr is a dedicated listen address (host:port). Empty: the server is
+	// mounted on the serve role's HTTP server.
+	Addr string `koanf:"addr"`
+	// BearerToken protects everything but the health endpoints. It is sent
+	// as "Authorization: Bearer T", as the password of HTTP Basic
+	// authentication (so that a client that cannot set headers, such as
+	// openenv's WebSocket client, puts it in the URL: http://trace:T@host/…),
+	// or as ?token=T. Empty: no authentication (trace's HTTP token model).
+	BearerToken string `koanf:"bearer_token"`
+	// MaxSessions bounds the concurrent sessions of one environment
+	// (WebSocket connections and stateful HTTP sessions); one more is
+	// answered CAPACITY_REACHED.
+	MaxSessions int `koanf:"max_sessions"`
+	// IdleTimeout evicts a session without a frame or request for that long
+	// (SESSION_ERROR on its WebSocket, then the connection closes).
+	IdleTimeout time.Duration `koanf:"idle_timeout"`
+	// StepTimeout bounds one reset, step or reward computation; past it the
+	// caller gets EXECUTION_ERROR at once and the episode is over.
+	StepTimeout time.Duration `koanf:"step_timeout"`
+	// MaxMessageBytes bounds one WebSocket frame or HTTP body; a larger one
+	// is answered VALIDATION_ERROR (the WebSocket session survives).
+	MaxMessageBytes int `koanf:"max_message_bytes"`
+	// RecordSample is the share of finished episodes recorded in ClickHouse
+	// env_episodes (0 to 1; the choice is a hash of the episode id).
+	RecordSample float64 `koanf:"record_sample"`
+	// RecordQueue bounds the episodes waiting to be written; past it an
+	// episode is dropped (trace_env_episodes_dropped_total) rather than
+	// slowing a step.
+	RecordQueue int `koanf:"record_queue"`
+	// RecordBatch and RecordFlush: an INSERT per RecordBatch episodes or
+	// every RecordFlush, whichever comes first.
+	RecordBatch int           `koanf:"record_batch"`
+	RecordFlush time.Duration `koanf:"record_flush"`
+}
+
+// DefaultConfig returns the defaults.
+func DefaultConfig() Config {
+	return Config{
+		MaxSessions:     64,
+		IdleTimeout:     5 * time.Minute,
+		StepTimeout:     30 * time.Second,
+		MaxMessageBytes: 1 << 20,
+		RecordSample:    1.0,
+		RecordQueue:     10000,
+		RecordBatch:     1000,
+		RecordFlush:     time.Second,
+	}
+}
+
+// Validate names the first bad field of every bad value.
+func (c Config) Validate() error {
+	var errs []error
+	if c.Addr != "" {
+		if _, _, err := net.SplitHostPort(c.Addr); err != nil {
+			errs = append(errs, fmt.Errorf("env.addr: %q is not host:port", c.Addr))
+		}
+	}
+	if c.MaxSessions < 1 {
+		errs = append(errs, fmt.Errorf("env.max_sessions: %d, must be at least 1", c.MaxSessions))
+	}
+	if c.IdleTimeout <= 0 {
+		errs = append(errs, fmt.Errorf("env.idle_timeout: %s, must be positive", c.IdleTimeout))
+	}
+	if c.StepTimeout <= 0 {
+		errs = append(errs, fmt.Errorf("env.step_timeout: %s, must be positive", c.StepTimeout))
+	}
+	if c.MaxMessageBytes < 1024 {
+		errs = append(errs, fmt.Errorf("env.max_message_bytes: %d, must be at least 1024", c.MaxMessageBytes))
+	}
+	if !(c.RecordSample >= 0 && c.RecordSample <= 1) {
+		errs = append(errs, fmt.Errorf("env.record_sample: %v, must be in [0, 1]", c.RecordSample))
+	}
+	if c.RecordQueue < 1 {
+		errs = append(errs, fmt.Errorf("env.record_queue: %d, must be at least 1", c.RecordQueue))
+	}
+	if c.RecordBatch < 1 {
+		errs = append(errs, fmt.Errorf("env.record_batch: %d, must be at least 1", c.RecordBatch))
+	}
+	if c.RecordFlush <= 0 {
+		errs = append(errs, fmt.Errorf("env.record_flush: %s, must be positive", c.RecordFlush))
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,234 @@
+package envserver
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"time"
+
+	"github.com/traceops/trace/synthesizer/openenv"
+)
+
+// SessionHeader names a stateful HTTP session on /reset, /step and /state
+// (as does the body's session_id, or ?session_id= on GET /state). A session
+// is created by the JSON-RPC method openenv/session/create on /mcp (as
+// openenv's MCPToolClient does) and ends with openenv/session/close or the
+// idle timeout. Responses of a stateful request carry the header back.
+const SessionHeader = "X-Session-Id"
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	var b []byte
+	var err error
+	if raw, ok := v.(json.RawMessage); ok {
+		b = raw // encoded by the server itself
+	} else {
+		b, err = json.Marshal(v)
+	}
+	if err != nil {
+		status, b = http.StatusInternalServerError, []byte(`{"detail":"encoding the response failed"}`)
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	w.Write(b)
+}
+
+// httpError answers a protocol error with FastAPI's shapes: 422 with the
+// validation errors as detail, else the message; trace adds the code.
+func (s *Server) httpError(w http.ResponseWriter, e *served, perr *openenv.Error) {
+	s.m.errors.WithLabelValues(e.id, perr.Code).Inc()
+	status := http.StatusInternalServerError
+	var detail any = perr.Message
+	switch perr.Code {
+	case openenv.CodeValidation, openenv.CodeInvalidJSON:
+		status = http.StatusUnprocessableEntity
+		if len(perr.Fields) > 0 {
+			fs := make([]map[string]any, len(perr.Fields))
+			for i, f := range perr.Fields {
+				fs[i] = map[string]any{"type": f.Type, "loc": f.Loc, "msg": f.Msg}
+			}
+			detail = fs
+		}
+	case openenv.CodeCapacityReached:
+		status = http.StatusServiceUnavailable
+	case openenv.CodeSession:
+		status = http.StatusNotFound
+	}
+	writeJSON(w, status, openenv.HTTPError{Detail: detail, Code: perr.Code})
+}
+
+// body reads a request body up to the message limit.
+func (s *Server) body(w http.ResponseWriter, r *http.Request, e *served) ([]byte, bool) {
+	b, err := io.ReadAll(http.MaxBytesReader(w, r.Body, int64(s.cfg.MaxMessageBytes)))
+	var tooBig *http.MaxBytesError
+	switch {
+	case errors.As(err, &tooBig):
+		s.m.errors.WithLabelValues(e.id, openenv.CodeValidation).Inc()
+		writeJSON(w, http.StatusRequestEntityTooLarge, openenv.HTTPError{
+			Detail: fmt.Sprintf("the body exceeds the %d-byte limit (env.max_message_bytes)", s.cfg.MaxMessageBytes), Code: openenv.CodeValidation})
+		return nil, false
+	case err != nil:
+		writeJSON(w, http.StatusBadRequest, openenv.HTTPError{Detail: "reading the body: " + err.Error()})
+		return nil, false
+	}
+	return b, true
+}
+
+// stateful returns the HTTP session a request names, or nil for a
+// stateless request; a name that matches no session is answered.
+func (s *Server) stateful(w http.ResponseWriter, r *http.Request, e *served, bodyID string) (*session, bool) {
+	id := r.Header.Get(SessionHeader)
+	if id == "" {
+		id = bodyID
+	}
+	if id == "" {
+		id = r.URL.Query().Get("session_id")
+	}
+	if id == "" {
+		return nil, true
+	}
+	sess := e.lookup(id)
+	if sess == nil {
+		s.httpError(w, e, &openenv.Error{Code: openenv.CodeSession,
+			Message: fmt.Sprintf("Unknown session_id: %s (create one with openenv/session/create on /mcp; idle sessions are evicted after %s)", id, s.cfg.IdleTimeout)})
+		return nil, false
+	}
+	w.Header().Set(SessionHeader, sess.id)
+	return sess, true
+}
+
+// use runs f on a session, holding it busy (never evicted meanwhile).
+func use[T any](sess *session, f func() (T, *openenv.Error)) (T, *openenv.Error) {
+	sess.busy.Add(1)
+	sess.touch()
+	sess.mu.Lock()
+	defer func() {
+		sess.mu.Unlock()
+		sess.touch()
+		sess.busy.Add(-1)
+	}()
+	return f()
+}
+
+// httpReset is POST /reset: a fresh episode, or the named session's.
+func (s *Server) httpReset(w http.ResponseWriter, r *http.Request, e *served) {
+	b, ok := s.body(w, r, e)
+	if !ok {
+		return
+	}
+	req, perr := openenv.DecodeReset(b)
+	if perr != nil {
+		s.httpError(w, e, perr)
+		return
+	}
+	sess, ok := s.stateful(w, r, e, req.SessionID)
+	if !ok {
+		return
+	}
+	if sess == nil {
+		sess = e.ephemeral()
+		defer sess.discard()
+	}
+	resp, perr := use(sess, func() (json.RawMessage, *openenv.Error) { return sess.reset(r.Context(), req) })
+	if perr != nil {
+		s.httpError(w, e, perr)
+		return
+	}
+	writeJSON(w, http.StatusOK, resp)
+}
+
+// httpStep is POST /step. Stateless (no session): the action is played in a
+// fresh episode of the body's seed (random when absent), as OpenEnv's HTTP
+// step plays a fresh environment.
+func (s *Server) httpStep(w http.ResponseWriter, r *http.Request, e *served) {
+	b, ok := s.body(w, r, e)
+	if !ok {
+		return
+	}
+	req, perr := openenv.DecodeStep(b)
+	if perr != nil {
+		s.httpError(w, e, perr)
+		return
+	}
+	a, perr := openenv.DecodeAction(req.Action)
+	if perr != nil {
+		for i := range perr.Fields {
+			perr.Fields[i].Loc = append([]any{"body", "action"}, perr.Fields[i].Loc[min(1, len(perr.Fields[i].Loc)):]...)
+		}
+		s.httpError(w, e, perr)
+		return
+	}
+	timeout := s.cfg.StepTimeout
+	if req.TimeoutS != nil {
+		timeout = min(timeout, time.Duration(*req.TimeoutS*float64(time.Second)))
+	}
+	sess, ok := s.stateful(w, r, e, req.SessionID)
+	if !ok {
+		return
+	}
+	fresh := sess == nil
+	if fresh {
+		sess = e.ephemeral()
+		defer sess.discard()
+	}
+	resp, perr := use(sess, func() (any, *openenv.Error) {
+		if fresh {
+			if _, perr := sess.reset(r.Context(), openenv.ResetRequest{Seed: req.Seed}); perr != nil {
+				return nil, perr
+			}
+		}
+		return sess.act(r.Context(), a, timeout)
+	})
+	if perr != nil {
+		s.httpError(w, e, perr)
+		return
+	}
+	writeJSON(w, http.StatusOK, resp)
+}
+
+// httpState is GET /state: a fresh environment's state, or the session's.
+func (s *Server) httpState(w http.ResponseWriter, r *http.Request, e *served) {
+	sess, ok := s.stateful(w, r, e, "")
+	if !ok {
+		return
+	}
+	if sess == nil {
+		writeJSON(w, http.StatusOK, openenv.State{Environment: e.id})
+		return
+	}
+	st, _ := use(sess, func() (openenv.State, *openenv.Error) { return sess.state(), nil })
+	writeJSON(w, http.StatusOK, st)
+}
+
+func (s *Server) httpSchema(w http.ResponseWriter, _ *http.Request, e *served) {
+	writeJSON(w, http.StatusOK, e.schemas)
+}
+
+func (s *Server) httpMetadata(w http.ResponseWriter, _ *http.Request, e *served) {
+	name := e.info.Name
+	if name == "" {
+		name = e.id
+	}
+	md := openenv.Metadata{Name: name, Description: e.info.Doc}
+	if e.info.Hash != "" {
+		v := "sha256:" + e.info.Hash
+		md.Version = &v
+	}
+	writeJSON(w, http.StatusOK, md)
+}
+
+// httpMCP is POST /mcp: one JSON-RPC request (openenv answers every error
+// with HTTP 200 and a JSON-RPC error).
+func (s *Server) httpMCP(w http.ResponseWriter, r *http.Request, e *served) {
+	b, ok := s.body(w, r, e)
+	if !ok {
+		return
+	}
+	req, rerr := openenv.DecodeRPC(b)
+	if rerr != nil {
+		writeJSON(w, http.StatusOK, openenv.RPCResponse{Error: rerr})
+		return
+	}
+	writeJSON(w, http.StatusOK, s.mcp(r.Context(), e, nil, req))
+}

@@ -1,0 +1,278 @@
+package envserver_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/traceops/trace/internal/dev/testenv"
+)
+
+// openenvPython is the python of a venv with openenv-core 0.3.0
+// (TRACE_OPENENV_PYTHON; .ci/run creates it).
+func openenvPython(t *testing.T) string {
+	t.Helper()
+	py := os.Getenv("TRACE_OPENENV_PYTHON")
+	if py == "" {
+		py = "/var/cache/trace/openenv-venv/bin/python"
+	}
+	if _, err := os.Stat(py); err != nil {
+		testenv.Unavailable(t, "no openenv-core python at %s (TRACE_OPENENV_PYTHON): python3 -m venv /var/cache/trace/openenv-venv && /var/cache/trace/openenv-venv/bin/pip install openenv-core==0.3.0", py)
+	}
+	out, err := exec.Command(py, "-c", "import importlib.metadata as m; print(m.version('openenv-core'))").CombinedOutput()
+	if err != nil {
+		testenv.Unavailable(t, "%s cannot import openenv-core: %v\n%s", py, err, out)
+	}
+	if v := strings.TrimSpace(string(out)); v != "0.3.0" {
+		t.Logf("openenv-core %s (the interop is written against 0.3.0)", v)
+	}
+	return py
+}
+
+func jsonValue(t *testing.T, s string) any {
+	t.Helper()
+	var v any
+	if err := json.Unmarshal([]byte(s), &v); err != nil {
+		t.Fatalf("tool result %q is not JSON: %v", s, err)
+	}
+	return v
+}
+
+// TestOpenEnvInterop drives the server with openenv-core's own clients
+// (testdata/openenv_interop.py): GenericEnvClient over WebSocket (reset
+// with a seed, tool steps, protocol errors the session survives, the final
+// answer, the reward), MCPToolClient over WebSocket and over HTTP (session
+// create, tools/list, tools/call), the stateless HTTP endpoints validated by
+// openenv's response models, the token in the URL. The Go side checks what
+// the clients saw against the in-process play and what ClickHouse recorded.
+func TestOpenEnvInterop(t *testing.T) {
+	py := openenvPython(t)
+	st := testenv.ClickHouse(t).Store()
+	cfg := testConfig()
+	cfg.BearerToken = "interop-token"
+	f := start(t, cfg, st, nil)
+	wsPlay, httpPlay := playLocal(t, 21), playLocal(t, 22)
+	userinfo := "trace:" + cfg.BearerToken
+	in := map[string]any{
+		"base_url": strings.Replace(f.base, "http://", "http://"+userinfo+"@", 1),
+		"userinfo": userinfo,
+		"ws_seed":  21, "ws_actions": wsPlay.actions,
+		"http_seed": 22, "http_actions": httpPlay.actions,
+	}
+	inFile := filepath.Join(t.TempDir(), "in.json")
+	b, _ := json.Marshal(in)
+	os.WriteFile(inFile, b, 0o644)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, py, "testdata/openenv_interop.py", inFile)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("openenv_interop.py: %v\nstdout:\n%s\nstderr:\n%s", err, stdout.String(), stderr.String())
+	}
+	lines := strings.Split(strings.TrimSpace(stdout.String()), "\n")
+	var out struct {
+		WS struct {
+			ResetMessages []struct{ Role, Content string } `json:"reset_messages"`
+			ResetDone     bool                             `json:"reset_done"`
+			Tools         []string                         `json:"tools"`
+			ToolResults   [][]string                       `json:"tool_results"`
+			Errors        []string                         `json:"errors"`
+			Done          bool                             `json:"done"`
+			Reward        *float64                         `json:"reward"`
+			Components    map[string]float64               `json:"components"`
+			EpisodeID     string                           `json:"episode_id"`
+			State         map[string]any                   `json:"state"`
+		} `json:"ws"`
+		MCPWS struct {
+			Tools   []string         `json:"tools"`
+			Schemas []map[string]any `json:"schemas"`
+			Result  any              `json:"result"`
+		} `json:"mcp_ws"`
+		HTTP struct {
+			Health         string             `json:"health"`
+			SchemaHasTools bool               `json:"schema_has_tools"`
+			MetadataName   string             `json:"metadata_name"`
+			StatelessUser  string             `json:"stateless_reset_user"`
+			StatelessEp    *string            `json:"stateless_state_episode"`
+			SessionID      string             `json:"session_id"`
+			ResetUser      string             `json:"reset_user"`
+			Tools          []string           `json:"tools"`
+			CallResults    []any              `json:"call_results"`
+			Done           bool               `json:"done"`
+			Reward         *float64           `json:"reward"`
+			Components     map[string]float64 `json:"components"`
+			EpisodeID      string             `json:"episode_id"`
+			StateReward    *float64           `json:"state_reward"`
+			UnknownTool    string             `json:"unknown_tool"`
+			BadStepStatus  int                `json:"bad_step_status"`
+			BadStepCode    string             `json:"bad_step_code"`
+		} `json:"http"`
+		NoToken string `json:"no_token"`
+	}
+	if err := json.Unmarshal([]byte(lines[len(lines)-1]), &out); err != nil {
+		t.Fatalf("output %q: %v\nstderr:\n%s", lines[len(lines)-1], err, stderr.String())
+	}
+	tools := []string{"get_user_details", "get_reservation_details", "cancel_reservation", "update_reservation_baggages"}
+
+	// GenericEnvClient over WebSocket.
+	ws := out.WS
+	if len(ws.ResetMessages) != 2 || ws.ResetMessages[0].Content != wsPlay.start.System || ws.ResetMessages[1].Content != wsPlay.start.User || ws.ResetDone {
+		t.Errorf("ws reset: %+v", ws.ResetMessages)
+	}
+	if !reflect.DeepEqual(ws.Tools, tools) {
+		t.Errorf("ws tools %v", ws.Tools)
+	}
+	if len(ws.ToolResults) != len(wsPlay.results) {
+		t.Fatalf("ws: %d steps seen, want %d", len(ws.ToolResults), len(wsPlay.results))
+	}
+	for i, rs := range wsPlay.results {
+		for j, r := range rs {
+			if ws.ToolResults[i][j] != r.Content {
+				t.Errorf("ws step %d result %d: %q, want %q", i, j, ws.ToolResults[i][j], r.Content)
+			}
+		}
+	}
+	if len(ws.Errors) != 2 || !strings.Contains(ws.Errors[0], "VALIDATION_ERROR") || !strings.Contains(ws.Errors[0], "book_flight") ||
+		!strings.Contains(ws.Errors[1], "VALIDATION_ERROR") || !strings.Contains(ws.Errors[1], "/user_id") {
+		t.Errorf("ws protocol errors as openenv's client raised them: %q", ws.Errors)
+	}
+	if !ws.Done || ws.Reward == nil || *ws.Reward != wsPlay.reward.Value || !reflect.DeepEqual(ws.Components, wsPlay.reward.Components) {
+		t.Errorf("ws end: done %v reward %v components %v, want %+v", ws.Done, ws.Reward, ws.Components, wsPlay.reward)
+	}
+	if ws.State["episode_id"] != ws.EpisodeID || ws.State["step_count"] != float64(len(wsPlay.actions)) {
+		t.Errorf("ws state %v", ws.State)
+	}
+
+	// MCPToolClient over WebSocket.
+	if !reflect.DeepEqual(out.MCPWS.Tools, tools) || len(out.MCPWS.Schemas) != 4 || out.MCPWS.Schemas[0]["type"] != "object" {
+		t.Errorf("MCPToolClient list_tools over ws: %v %v", out.MCPWS.Tools, out.MCPWS.Schemas)
+	}
+	if want := jsonValue(t, wsPlay.results[0][0].Content); !reflect.DeepEqual(out.MCPWS.Result, want) {
+		t.Errorf("MCPToolClient call_tool over ws: %v, want %v", out.MCPWS.Result, want)
+	}
+
+	// The HTTP path.
+	h := out.HTTP
+	if h.Health != "healthy" || !h.SchemaHasTools || h.MetadataName == "" || h.StatelessUser != httpPlay.start.User || h.StatelessEp != nil {
+		t.Errorf("stateless HTTP: %+v", h)
+	}
+	if h.SessionID == "" || h.ResetUser != httpPlay.start.User || !reflect.DeepEqual(h.Tools, tools) {
+		t.Errorf("HTTP session: %+v", h)
+	}
+	var wantCalls []any
+	for _, rs := range httpPlay.results[:len(httpPlay.results)-1] {
+		for _, r := range rs {
+			wantCalls = append(wantCalls, jsonValue(t, r.Content))
+		}
+	}
+	if !reflect.DeepEqual(h.CallResults, wantCalls) {
+		t.Errorf("MCPToolClient call_tool over HTTP:\n got %v\nwant %v", h.CallResults, wantCalls)
+	}
+	if !h.Done || h.Reward == nil || *h.Reward != httpPlay.reward.Value || !reflect.DeepEqual(h.Components, httpPlay.reward.Components) ||
+		h.StateReward == nil || *h.StateReward != httpPlay.reward.Value {
+		t.Errorf("HTTP end: %+v, want %+v", h, httpPlay.reward)
+	}
+	if !strings.Contains(h.UnknownTool, "Tool not found: book_flight") {
+		t.Errorf("MCPToolClient unknown tool: %q", h.UnknownTool)
+	}
+	if h.BadStepStatus != 422 || h.BadStepCode != "VALIDATION_ERROR" {
+		t.Errorf("bad HTTP step: %d %s", h.BadStepStatus, h.BadStepCode)
+	}
+	if !strings.Contains(out.NoToken, "401") {
+		t.Errorf("without the token: %q, want an HTTP 401 refusal", out.NoToken)
+	}
+
+	// What the Go side recorded: the two finished episodes, nothing else.
+	rows := readEpisodes(t, st, 2)
+	time.Sleep(300 * time.Millisecond) // a late third row would show up now
+	rows = readEpisodes(t, st, 2)
+	if len(rows) != 2 {
+		t.Fatalf("env_episodes: %+v, want the 2 finished episodes", rows)
+	}
+	for _, r := range rows {
+		want, transport, id := wsPlay, "ws", ws.EpisodeID
+		if r.Seed == 22 {
+			want, transport, id = httpPlay, "http", h.EpisodeID
+		}
+		var comps map[string]float64
+		json.Unmarshal([]byte(r.Components), &comps)
+		if r.Episode != id || r.Transport != transport || r.Reward != want.reward.Value || !reflect.DeepEqual(comps, want.reward.Components) ||
+			r.Steps != uint32(len(want.actions)) || r.Reason != "final" {
+			t.Errorf("recorded %+v, want episode %s (%s) reward %v components %v", r, id, transport, want.reward.Value, want.reward.Components)
+		}
+	}
+	if h.SessionID != "" && rows[1].Session != h.SessionID && rows[0].Session != h.SessionID {
+		t.Errorf("the HTTP episode's session %s is not recorded: %+v", h.SessionID, rows)
+	}
+}
+
+// TestVerifiersInterop plays the example through verifiers 0.4.0's OpenEnv
+// integration (OpenEnvTaskset, OpenEnvEnv.run) with a scripted player
+// (testdata/verifiers_interop.py; no model): its schema fetch, reset with
+// the task's seed, the step loop and the reward it records.
+func TestVerifiersInterop(t *testing.T) {
+	py := os.Getenv("TRACE_VERIFIERS_PYTHON")
+	if py == "" {
+		py = "/var/cache/trace/verifiers-venv/bin/python"
+	}
+	if _, err := os.Stat(py); err != nil {
+		testenv.Unavailable(t, "no verifiers python at %s (TRACE_VERIFIERS_PYTHON): python3 -m venv /var/cache/trace/verifiers-venv && /var/cache/trace/verifiers-venv/bin/pip install verifiers==0.4.0 openenv-core==0.3.0", py)
+	}
+	st := testenv.ClickHouse(t).Store()
+	cfg := testConfig()
+	cfg.BearerToken = "verifiers-token"
+	f := start(t, cfg, st, nil)
+	lp := playLocal(t, 31)
+	in, _ := json.Marshal(map[string]any{"base_url": strings.Replace(f.base, "http://", "http://trace:"+cfg.BearerToken+"@", 1),
+		"seed": 31, "actions": lp.actions})
+	inFile := filepath.Join(t.TempDir(), "in.json")
+	os.WriteFile(inFile, in, 0o644)
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, py, "testdata/verifiers_interop.py", inFile)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("verifiers_interop.py: %v\nstdout:\n%s\nstderr:\n%s", err, stdout.String(), stderr.String())
+	}
+	lines := strings.Split(strings.TrimSpace(stdout.String()), "\n")
+	var out struct {
+		Patched     bool               `json:"patched_base_url"`
+		Tasks       int                `json:"tasks"`
+		Turns       int                `json:"turns"`
+		FirstUser   string             `json:"first_user"`
+		SchemaTitle string             `json:"action_schema_title"`
+		LastResults []*string          `json:"last_tool_results"`
+		Rewards     map[string]float64 `json:"rewards"`
+		Stopped     *string            `json:"stopped"`
+	}
+	if err := json.Unmarshal([]byte(lines[len(lines)-1]), &out); err != nil {
+		t.Fatalf("output %q: %v\nstderr:\n%s", lines[len(lines)-1], err, stderr.String())
+	}
+	t.Logf("verifiers 0.4.0 needed GenericEnvClient._base_url added: %v", out.Patched)
+	// The final answer ends the episode without another turn: one payload
+	// per action but the last.
+	if out.Tasks != 1 || out.Turns != len(lp.actions) || out.FirstUser != lp.start.User || out.SchemaTitle != "ChatAction" || out.Stopped != nil {
+		t.Fatalf("verifiers run: %+v", out)
+	}
+	for i, r := range out.LastResults {
+		if want := lp.results[i][len(lp.results[i])-1].Content; r == nil || *r != want {
+			t.Errorf("turn %d: last tool result %v, want %s", i+1, r, want)
+		}
+	}
+	if got, ok := out.Rewards["openenv_reward"]; !ok || got != lp.reward.Value {
+		t.Fatalf("verifiers recorded openenv_reward %v, want %v", out.Rewards, lp.reward.Value)
+	}
+	rows := readEpisodes(t, st, 1)
+	if len(rows) != 1 || rows[0].Seed != 31 || rows[0].Reward != lp.reward.Value || rows[0].Steps != uint32(len(lp.actions)) {
+		t.Fatalf("env_episodes %+v", rows)
+	}
+}

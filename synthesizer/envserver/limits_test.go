@@ -1,0 +1,222 @@
+package envserver_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/coder/websocket"
+
+	"github.com/traceops/trace/synthesizer/envprog"
+	"github.com/traceops/trace/synthesizer/openenv"
+)
+
+func loadSpin(t testing.TB) envprog.Env {
+	t.Helper()
+	src, err := os.ReadFile("testdata/spin.star")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The program's own limits are far away: the server's step timeout
+	// is what stops it.
+	env, err := envprog.Load(context.Background(), "spin.star", src, envprog.Limits{MaxSteps: 1 << 62, CallTimeout: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return env
+}
+
+// waitFor polls cond (the server releases sessions asynchronously, after
+// the connection ends).
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestCapacity: the session after the last allowed one is answered
+// CAPACITY_REACHED (WebSocket) or a JSON-RPC server error with the counts
+// (openenv/session/create); a freed slot is usable again.
+func TestCapacity(t *testing.T) {
+	cfg := testConfig()
+	cfg.MaxSessions = 2
+	f := start(t, cfg, nil, nil)
+	ctx := ctxT(t)
+	c := f.client("")
+	seed := int64(1)
+	a, err := c.Dial(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.Reset(ctx, openenv.ResetRequest{Seed: &seed}); err != nil {
+		t.Fatal(err)
+	}
+	sid, err := c.CreateSession(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	third, err := c.Dial(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = third.Reset(ctx, openenv.ResetRequest{Seed: &seed})
+	if !isCode(err, openenv.CodeCapacityReached) || !strings.Contains(err.Error(), "2/2") {
+		t.Fatalf("third session: %v, want CAPACITY_REACHED 2/2", err)
+	}
+	if _, _, err := third.Conn().Read(ctx); websocket.CloseStatus(err) != websocket.StatusTryAgainLater {
+		t.Fatalf("after CAPACITY_REACHED the connection should close with 1013: %v", err)
+	}
+	_, err = c.CreateSession(ctx)
+	var rpcErr *openenv.RPCError
+	if !errors.As(err, &rpcErr) || rpcErr.Code != openenv.RPCServerError || !strings.Contains(rpcErr.Message, "capacity") {
+		t.Fatalf("session/create at capacity: %v", err)
+	}
+	data, _ := json.Marshal(rpcErr.Data)
+	if string(data) != `{"active_sessions":2,"max_sessions":2}` {
+		t.Fatalf("capacity data %s", data)
+	}
+	if got := counter(t, f, "trace_env_sessions_open", nil); got != 2 {
+		t.Fatalf("trace_env_sessions_open = %v, want 2", got)
+	}
+	if err := c.CloseSession(ctx, sid); err != nil {
+		t.Fatal(err)
+	}
+	a.Close()
+	waitFor(t, "both slots free", func() bool { return counter(t, f, "trace_env_sessions_open", nil) == 0 })
+	b, err := c.Dial(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	if _, err := b.Reset(ctx, openenv.ResetRequest{Seed: &seed}); err != nil {
+		t.Fatalf("a freed slot: %v", err)
+	}
+	if got := counter(t, f, "trace_env_errors_total", map[string]string{"code": openenv.CodeCapacityReached}); got != 2 {
+		t.Fatalf("CAPACITY_REACHED counted %v times, want 2", got)
+	}
+}
+
+// TestIdleEviction: a session without frames for longer than the idle
+// timeout gets SESSION_ERROR and its connection closes; an idle HTTP
+// session is gone; both slots are freed.
+func TestIdleEviction(t *testing.T) {
+	cfg := testConfig()
+	cfg.IdleTimeout = 300 * time.Millisecond
+	f := start(t, cfg, nil, nil)
+	ctx := ctxT(t)
+	c := f.client("")
+	s, err := c.Dial(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	seed := int64(2)
+	if _, err := s.Reset(ctx, openenv.ResetRequest{Seed: &seed}); err != nil {
+		t.Fatal(err)
+	}
+	sid, err := c.CreateSession(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Nothing is sent: the eviction frame arrives by itself.
+	_, b, err := s.Conn().Read(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var fr struct {
+		Type string            `json:"type"`
+		Data openenv.ErrorData `json:"data"`
+	}
+	if json.Unmarshal(b, &fr) != nil || fr.Type != "error" || fr.Data.Code != openenv.CodeSession || !strings.Contains(fr.Data.Message, "idle") {
+		t.Fatalf("eviction frame %s", b)
+	}
+	if _, _, err := s.Conn().Read(ctx); websocket.CloseStatus(err) != websocket.StatusPolicyViolation {
+		t.Fatalf("after eviction: %v, want close 1008", err)
+	}
+	waitFor(t, "the HTTP session's eviction", func() bool {
+		_, err := c.State(ctx, sid)
+		return err != nil && strings.Contains(err.Error(), "404")
+	})
+	waitFor(t, "no session open", func() bool { return counter(t, f, "trace_env_sessions_open", nil) == 0 })
+	if got := counter(t, f, "trace_env_sessions_evicted_total", nil); got != 2 {
+		t.Fatalf("evicted %v, want 2", got)
+	}
+	// A session in use is not evicted: steps every 100 ms for 1 s.
+	s2, err := c.Dial(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s2.Close()
+	for range 10 {
+		if _, err := s2.Reset(ctx, openenv.ResetRequest{Seed: &seed}); err != nil {
+			t.Fatalf("an active session was evicted: %v", err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// TestStepTimeout: a step that runs past env.step_timeout is answered
+// EXECUTION_ERROR at the deadline (the program does not stop on its own:
+// its limits are an hour away); the episode is over, the session goes on.
+func TestStepTimeout(t *testing.T) {
+	cfg := testConfig()
+	cfg.StepTimeout = 300 * time.Millisecond
+	f := start(t, cfg, nil, map[string]envprog.Env{"spin": loadSpin(t)})
+	ctx := ctxT(t)
+	c := f.client("")
+	c.BaseURL = f.http.URL + "/v1/environments/spin"
+	s, err := c.Dial(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	seed := int64(10)
+	if _, err := s.Reset(ctx, openenv.ResetRequest{Seed: &seed}); err != nil {
+		t.Fatal(err)
+	}
+	spin := func(n int64) openenv.ChatMessage {
+		return openenv.ChatMessage{Role: "assistant", ToolCalls: []openenv.ChatToolCall{{ID: "s", Type: "function",
+			Function: openenv.ChatFunction{Name: "spin", Arguments: `{"n": ` + jsonInt(n) + `}`}}}}
+	}
+	_, err = s.Step(ctx, spin(1<<50))
+	if !isCode(err, openenv.CodeExecution) || !strings.Contains(err.Error(), "timed out after 300ms") {
+		t.Fatalf("long step: %v, want EXECUTION_ERROR timed out", err)
+	}
+	if _, err := s.Step(ctx, spin(1)); !isCode(err, openenv.CodeExecution) || !strings.Contains(err.Error(), "timeout") {
+		t.Fatalf("step after a timeout: %v, want the episode over", err)
+	}
+	if _, err := s.Reset(ctx, openenv.ResetRequest{Seed: &seed}); err != nil {
+		t.Fatal(err)
+	}
+	obs, err := s.Step(ctx, spin(10))
+	if err != nil || *obs.Observation.LastToolResult != "10" {
+		t.Fatalf("after the timeout: %+v, %v", obs, err)
+	}
+	obs, err = s.Step(ctx, openenv.ChatMessage{Role: "assistant", Content: "counted"})
+	if err != nil || !obs.Done || *obs.Reward != 1 {
+		t.Fatalf("final: %+v, %v", obs, err)
+	}
+	// The HTTP timeout_s of a step lowers the deadline further.
+	sid, err := c.CreateSession(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Reset(ctx, openenv.ResetRequest{Seed: &seed, SessionID: sid})
+	_, err = c.Step(ctx, sid, nil, spin(1<<50))
+	if err == nil || !strings.Contains(err.Error(), "timed out") {
+		t.Fatalf("HTTP long step: %v", err)
+	}
+}
+
+func jsonInt(n int64) string {
+	b, _ := json.Marshal(n)
+	return string(b)
+}

@@ -1,0 +1,131 @@
+package envserver
+
+import (
+	"context"
+	"hash/fnv"
+	"log/slog"
+	"math"
+	"time"
+
+	"github.com/cenkalti/backoff/v4"
+
+	"github.com/traceops/trace/sink"
+)
+
+// EpisodeWriter stores finished episodes; *sink.Store implements it
+// (ClickHouse env_episodes). WriteEpisodes is called from one goroutine; a
+// nil error means the rows are durable.
+type EpisodeWriter interface {
+	InsertEnvEpisodes(ctx context.Context, rows []sink.EnvEpisodeRow) error
+}
+
+// recorder queues sampled episodes and writes them in batches from its own
+// goroutine, so a step never waits on ClickHouse: the queue is bounded, and
+// an episode that finds it full is dropped and counted.
+type recorder struct {
+	w       EpisodeWriter
+	cfg     Config
+	m       *metrics
+	log     *slog.Logger
+	q       chan sink.EnvEpisodeRow
+	done    chan struct{}
+	maxWait time.Duration // bound of one batch's retries
+}
+
+func newRecorder(w EpisodeWriter, cfg Config, m *metrics, log *slog.Logger) *recorder {
+	return &recorder{w: w, cfg: cfg, m: m, log: log, q: make(chan sink.EnvEpisodeRow, cfg.RecordQueue),
+		done: make(chan struct{}), maxWait: 30 * time.Second}
+}
+
+// Sampled reports whether an episode is recorded at rate: a hash of its id below
+// the rate, so the choice is the same wherever it is made.
+func Sampled(episodeID string, rate float64) bool {
+	if rate >= 1 {
+		return true
+	}
+	if rate <= 0 {
+		return false
+	}
+	h := fnv.New64a()
+	h.Write([]byte(episodeID))
+	// FNV's high bits are poorly spread for short, similar ids: mix them
+	// (splitmix64's finalizer) before comparing.
+	x := h.Sum64()
+	x ^= x >> 30
+	x *= 0xbf58476d1ce4e5b9
+	x ^= x >> 27
+	x *= 0x94d049bb133111eb
+	x ^= x >> 31
+	return float64(x)/math.MaxUint64 < rate
+}
+
+// offer queues row without blocking; it reports false when the queue was
+// full (the row is dropped and counted).
+func (r *recorder) offer(row sink.EnvEpisodeRow) bool {
+	select {
+	case r.q <- row:
+		return true
+	default:
+		r.m.dropped.WithLabelValues("queue_full").Inc()
+		return false
+	}
+}
+
+// run writes batches until ctx is cancelled, then drains what is queued
+// (within the retry bound) and returns.
+func (r *recorder) run(ctx context.Context) {
+	defer close(r.done)
+	batch := make([]sink.EnvEpisodeRow, 0, r.cfg.RecordBatch)
+	t := time.NewTicker(r.cfg.RecordFlush)
+	defer t.Stop()
+	flush := func() {
+		if len(batch) == 0 {
+			return
+		}
+		r.write(batch)
+		batch = batch[:0]
+	}
+	for {
+		select {
+		case row := <-r.q:
+			batch = append(batch, row)
+			if len(batch) >= r.cfg.RecordBatch {
+				flush()
+			}
+		case <-t.C:
+			flush()
+		case <-ctx.Done():
+			for {
+				select {
+				case row := <-r.q:
+					batch = append(batch, row)
+					if len(batch) >= r.cfg.RecordBatch {
+						flush()
+					}
+				default:
+					flush()
+					return
+				}
+			}
+		}
+	}
+}
+
+// write inserts one batch, retrying with capped exponential backoff for at
+// most maxWait; a batch that still fails is dropped and counted (the step
+// path is never held up for it).
+func (r *recorder) write(rows []sink.EnvEpisodeRow) {
+	b := backoff.NewExponentialBackOff()
+	b.InitialInterval, b.MaxInterval, b.MaxElapsedTime = 100*time.Millisecond, 5*time.Second, r.maxWait
+	err := backoff.Retry(func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		return r.w.InsertEnvEpisodes(ctx, rows)
+	}, b)
+	if err != nil {
+		r.m.dropped.WithLabelValues("write_failed").Add(float64(len(rows)))
+		r.log.Error("env_episodes: batch dropped after retries", "episodes", len(rows), "err", err)
+		return
+	}
+	r.m.recorded.Add(float64(len(rows)))
+}

@@ -1,0 +1,119 @@
+package envserver
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/traceops/trace/sink"
+)
+
+// stallWriter stands in for a ClickHouse that stops answering (simulated:
+// the recorder's queue logic is what is tested; the real insert is tested
+// against ClickHouse in record_test.go).
+type stallWriter struct {
+	release chan struct{}
+	rows    atomic.Int64
+	fail    bool
+}
+
+func (w *stallWriter) InsertEnvEpisodes(ctx context.Context, rows []sink.EnvEpisodeRow) error {
+	if w.fail {
+		return errors.New("simulated: clickhouse refuses the insert")
+	}
+	select {
+	case <-w.release:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	w.rows.Add(int64(len(rows)))
+	return nil
+}
+
+// TestRecorderNeverBlocks: with the writer stalled, offering episodes
+// returns at once; past the queue's bound they are dropped and counted;
+// once the writer answers, what was queued is written.
+func TestRecorderNeverBlocks(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.RecordQueue, cfg.RecordBatch, cfg.RecordFlush = 4, 1, 10*time.Millisecond
+	m := newMetrics(prometheus.NewRegistry(), func() float64 { return 0 })
+	w := &stallWriter{release: make(chan struct{})}
+	r := newRecorder(w, cfg, m, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	ctx, cancel := context.WithCancel(context.Background())
+	go r.run(ctx)
+	accepted := 0
+	t0 := time.Now()
+	for i := range 100 {
+		if r.offer(sink.EnvEpisodeRow{EpisodeID: string(rune('a' + i%26))}) {
+			accepted++
+		}
+	}
+	if d := time.Since(t0); d > 5*time.Second {
+		t.Fatalf("offering 100 episodes to a stalled writer took %s", d)
+	}
+	// One batch is in the stalled writer, at most the queue's 4 wait.
+	if accepted > 4+1+1 || accepted < 4 {
+		t.Fatalf("accepted %d of 100 with a queue of 4", accepted)
+	}
+	if got := testutil.ToFloat64(m.dropped.WithLabelValues("queue_full")); got != float64(100-accepted) {
+		t.Fatalf("queue_full drops %v, want %d", got, 100-accepted)
+	}
+	close(w.release)
+	cancel()
+	<-r.done
+	if got := w.rows.Load(); got != int64(accepted) {
+		t.Fatalf("written %d, want the %d accepted", got, accepted)
+	}
+}
+
+// TestRecorderWriteFailed: a batch ClickHouse keeps refusing is dropped
+// after the retry bound and counted.
+func TestRecorderWriteFailed(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.RecordFlush = 10 * time.Millisecond
+	m := newMetrics(prometheus.NewRegistry(), func() float64 { return 0 })
+	r := newRecorder(&stallWriter{fail: true}, cfg, m, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	r.maxWait = 300 * time.Millisecond
+	ctx, cancel := context.WithCancel(context.Background())
+	go r.run(ctx)
+	r.offer(sink.EnvEpisodeRow{EpisodeID: "x"})
+	r.offer(sink.EnvEpisodeRow{EpisodeID: "y"})
+	deadline := time.Now().Add(10 * time.Second)
+	for testutil.ToFloat64(m.dropped.WithLabelValues("write_failed")) != 2 {
+		if time.Now().After(deadline) {
+			t.Fatalf("write_failed drops %v, want 2", testutil.ToFloat64(m.dropped.WithLabelValues("write_failed")))
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	cancel()
+	<-r.done
+}
+
+func TestSampled(t *testing.T) {
+	n := 0
+	for i := range 10000 {
+		id := newID()
+		if i%2 == 0 {
+			id = string(rune(i))
+		}
+		if Sampled(id, 0.25) {
+			n++
+		}
+		if !Sampled(id, 1) || Sampled(id, 0) {
+			t.Fatal("rate 1 must take every episode, rate 0 none")
+		}
+	}
+	if n < 2200 || n > 2800 {
+		t.Fatalf("%d of 10000 sampled at 0.25", n)
+	}
+	if Sampled("abc", 0.5) != Sampled("abc", 0.5) {
+		t.Fatal("not deterministic")
+	}
+}

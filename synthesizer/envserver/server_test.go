@@ -1,0 +1,515 @@
+package envserver_test
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"reflect"
+	"strings"
+	"testing"
+
+	"github.com/traceops/trace/synthesizer/envclient"
+	"github.com/traceops/trace/synthesizer/openenv"
+)
+
+// TestWebSocketEpisode plays the example's reference solution through /ws
+// and checks every observation against the same play in-process: the
+// transcript, the tool results and, at the end, the reward and components.
+func TestWebSocketEpisode(t *testing.T) {
+	f := start(t, testConfig(), nil, nil)
+	ctx := ctxT(t)
+	for _, seed := range []int64{1, 2, 7} {
+		lp := playLocal(t, seed)
+		s, err := f.client("").Dial(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		seedV := seed
+		obs, err := s.Reset(ctx, openenv.ResetRequest{Seed: &seedV})
+		if err != nil {
+			t.Fatal(err)
+		}
+		o := obs.Observation
+		if obs.Done || obs.Reward != nil || o.Seed != seed || o.StepCount != 0 || len(o.Tools) != 4 || o.LastToolResult != nil {
+			t.Fatalf("reset observation: %+v", obs)
+		}
+		if len(o.Messages) != 2 || o.Messages[0].Role != "system" || o.Messages[0].Content != lp.start.System ||
+			o.Messages[1].Role != "user" || o.Messages[1].Content != lp.start.User {
+			t.Fatalf("reset messages %+v, want the program's start %+v", o.Messages, lp.start)
+		}
+		if strings.Contains(o.Messages[0].Content, "<expert_guidance>") {
+			t.Fatal("hint in the system prompt without hint: true")
+		}
+		for i, a := range lp.actions {
+			obs, err = s.Step(ctx, a)
+			if err != nil {
+				t.Fatalf("seed %d step %d: %v", seed, i, err)
+			}
+			o := obs.Observation
+			if o.StepCount != i+1 || len(o.ToolResults) != len(lp.results[i]) {
+				t.Fatalf("seed %d step %d: observation %+v, want %d tool results", seed, i, o, len(lp.results[i]))
+			}
+			for j, r := range lp.results[i] {
+				if o.ToolResults[j].Content != r.Content || o.ToolResults[j].ToolCallID != r.ToolCallID || o.ToolResults[j].Role != "tool" {
+					t.Fatalf("seed %d step %d: tool result %+v, want %+v", seed, i, o.ToolResults[j], r)
+				}
+			}
+			if n := len(lp.results[i]); n > 0 && (o.LastToolResult == nil || *o.LastToolResult != lp.results[i][n-1].Content) {
+				t.Fatalf("seed %d step %d: last_tool_result %v", seed, i, o.LastToolResult)
+			}
+			last := o.Messages[len(o.Messages)-1-len(lp.results[i])]
+			if last.Role != "assistant" || !reflect.DeepEqual(last.ToolCalls, a.ToolCalls) {
+				t.Fatalf("seed %d step %d: transcript's assistant turn %+v, want %+v", seed, i, last, a)
+			}
+		}
+		if !obs.Done || obs.Reward == nil || *obs.Reward != lp.reward.Value || lp.reward.Value != 1 ||
+			!reflect.DeepEqual(obs.Observation.RewardComponents, lp.reward.Components) || obs.Observation.DoneReason != "final" {
+			t.Fatalf("seed %d: final %+v reward %v, want %+v (the reference scores 1)", seed, obs.Observation, obs.Reward, lp.reward)
+		}
+		st, err := s.State(ctx)
+		if err != nil || *st.EpisodeID != obs.Observation.EpisodeID || st.StepCount != len(lp.actions) || !st.Done || *st.Reward != 1 {
+			t.Fatalf("state %+v, %v", st, err)
+		}
+		// A step after the end is an error; the session survives it.
+		if _, err := s.Step(ctx, openenv.ChatMessage{Role: "assistant", Content: "again"}); !isCode(err, openenv.CodeExecution) {
+			t.Fatalf("step after done: %v, want EXECUTION_ERROR", err)
+		}
+		if _, err := s.Reset(ctx, openenv.ResetRequest{Seed: &seedV, Hint: true}); err != nil {
+			t.Fatal(err)
+		}
+		s.Close()
+	}
+}
+
+func isCode(err error, code string) bool {
+	var e *envclient.Error
+	return errors.As(err, &e) && e.Code == code
+}
+
+// TestHintedReset: hint: true appends the program's guidance in its tags.
+func TestHintedReset(t *testing.T) {
+	f := start(t, testConfig(), nil, nil)
+	ctx := ctxT(t)
+	seed := int64(4)
+	obs, err := f.client("").Reset(ctx, openenv.ResetRequest{Seed: &seed, Hint: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sys := obs.Observation.Messages[0].Content
+	if i := strings.Index(sys, "\n\n<expert_guidance>"); i < 0 || !strings.HasSuffix(sys, "</expert_guidance>") || !strings.Contains(sys[i:], "policy") {
+		t.Fatalf("system prompt with hint: %q", sys)
+	}
+}
+
+// TestProtocolErrors sends malformed frames and invalid actions on one
+// WebSocket session: each is answered with its code and a message, and the
+// session goes on to finish its episode.
+func TestProtocolErrors(t *testing.T) {
+	cfg := testConfig()
+	cfg.MaxMessageBytes = 4096
+	f := start(t, cfg, nil, nil)
+	ctx := ctxT(t)
+	s, err := f.client("").Dial(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if _, err := s.Step(ctx, openenv.ChatMessage{Role: "assistant", Content: "hi"}); !isCode(err, openenv.CodeExecution) || !strings.Contains(err.Error(), "reset") {
+		t.Fatalf("step before reset: %v", err)
+	}
+	lp := playLocal(t, 5)
+	seed := int64(5)
+	if _, err := s.Reset(ctx, openenv.ResetRequest{Seed: &seed}); err != nil {
+		t.Fatal(err)
+	}
+	step := func(data string) string { return `{"type":"step","data":` + data + `}` }
+	call := func(name, args string) string {
+		return step(`{"role":"assistant","tool_calls":[{"id":"x","type":"function","function":{"name":"` + name + `","arguments":` + args + `}}]}`)
+	}
+	for _, tc := range []struct{ frame, code, contains string }{
+		{`{"type":"step","data":`, openenv.CodeInvalidJSON, "Invalid JSON"},
+		{`not json at all`, openenv.CodeInvalidJSON, "Invalid JSON"},
+		{`{"type":"fly"}`, openenv.CodeUnknownType, "Unknown message type: fly"},
+		{`{"data":{}}`, openenv.CodeUnknownType, "Unknown message type"},
+		{`[]`, openenv.CodeValidation, "JSON object"},
+		{`{"type":"step"}`, openenv.CodeValidation, "Field required"},
+		{`{"type":"reset","data":{"seed":-3}}`, openenv.CodeValidation, "greater than or equal to 0"},
+		{step(`{"role":"user","content":"x"}`), openenv.CodeValidation, "assistant"},
+		{call("book_flight", `"{}"`), openenv.CodeValidation, `unknown tool "book_flight"`},
+		{call("get_user_details", `"{\"user_id\": 42}"`), openenv.CodeValidation, "/user_id"},
+		{call("get_user_details", `"{}"`), openenv.CodeValidation, "user_id"},
+		{call("update_reservation_baggages", `{"reservation_id":"X","total_baggages":"two","nonfree_baggages":0,"payment_id":"p"}`), openenv.CodeValidation, "/total_baggages"},
+		{call("get_user_details", `"{user_id: 1}"`), openenv.CodeValidation, "not valid JSON"},
+		{step(`{"content":"` + strings.Repeat("x", 5000) + `"}`), openenv.CodeValidation, "exceeds the 4096-byte limit"},
+		{`{"type":"mcp","data":{"jsonrpc":"2.0","method":"nope","id":3}}`, "", ""},
+	} {
+		fr, err := s.Send(ctx, []byte(tc.frame))
+		if err != nil {
+			t.Fatalf("%.60s: %v", tc.frame, err)
+		}
+		if tc.code == "" { // a JSON-RPC error inside an mcp frame
+			var r struct {
+				Error openenv.RPCError `json:"error"`
+			}
+			if fr.Type != "mcp" || json.Unmarshal(fr.Data, &r) != nil || r.Error.Code != openenv.RPCMethodNotFound {
+				t.Fatalf("mcp frame answer %s %s", fr.Type, fr.Data)
+			}
+			continue
+		}
+		var d openenv.ErrorData
+		if fr.Type != "error" || json.Unmarshal(fr.Data, &d) != nil || d.Code != tc.code || !strings.Contains(d.Message, tc.contains) {
+			t.Fatalf("%.60s: answered %s %s, want %s containing %q", tc.frame, fr.Type, fr.Data, tc.code, tc.contains)
+		}
+		if d.Code == openenv.CodeValidation && len(d.Errors) == 0 {
+			t.Fatalf("%.60s: validation error without errors: %s", tc.frame, fr.Data)
+		}
+	}
+	// The episode was not touched by any of them: the reference still
+	// scores what it scores in-process.
+	var obs openenv.StepResponse
+	for _, a := range lp.actions {
+		if obs, err = s.Step(ctx, a); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if !obs.Done || *obs.Reward != lp.reward.Value || obs.Observation.StepCount != len(lp.actions) {
+		t.Fatalf("after the errors: %+v", obs)
+	}
+	if got := counter(t, f, "trace_env_errors_total", map[string]string{"code": openenv.CodeValidation}); got < 9 {
+		t.Fatalf("trace_env_errors_total{code=VALIDATION_ERROR} = %v, want >= 9", got)
+	}
+}
+
+// TestArgumentsForms: arguments as a JSON string, as an object, absent.
+func TestArgumentsForms(t *testing.T) {
+	f := start(t, testConfig(), nil, nil)
+	ctx := ctxT(t)
+	lp := playLocal(t, 8)
+	s, err := f.client("").Dial(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	seed := int64(8)
+	s.Reset(ctx, openenv.ResetRequest{Seed: &seed})
+	first := lp.actions[0].ToolCalls[0]
+	var args map[string]any
+	json.Unmarshal([]byte(first.Function.Arguments), &args)
+	raw, err := s.StepRaw(ctx, map[string]any{"role": "assistant", "content": nil, "reasoning_content": "thinking…",
+		"tool_calls": []any{map[string]any{"id": "o1", "type": "function", "function": map[string]any{"name": first.Function.Name, "arguments": args}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var obs openenv.StepResponse
+	json.Unmarshal(raw, &obs)
+	if got := *obs.Observation.LastToolResult; got != lp.results[0][0].Content {
+		t.Fatalf("object arguments: %s, want %s", got, lp.results[0][0].Content)
+	}
+	// The transcript carries them as OpenAI's JSON string.
+	tc := obs.Observation.Messages[2].ToolCalls[0]
+	var back map[string]any
+	if json.Unmarshal([]byte(tc.Function.Arguments), &back) != nil || !reflect.DeepEqual(back, args) || tc.ID != "o1" {
+		t.Fatalf("transcript tool call %+v", tc)
+	}
+	// A missing id gets one, unique within the episode.
+	raw, err = s.StepRaw(ctx, map[string]any{"tool_calls": []any{map[string]any{"function": map[string]any{"name": first.Function.Name, "arguments": first.Function.Arguments}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	json.Unmarshal(raw, &obs)
+	if id := obs.Observation.ToolResults[0].ToolCallID; id == "" || id == "o1" {
+		t.Fatalf("assigned call id %q", id)
+	}
+}
+
+// TestStatelessHTTP: OpenEnv's HTTP reset and step play a fresh episode
+// each; GET /state of no session is an empty state.
+func TestStatelessHTTP(t *testing.T) {
+	f := start(t, testConfig(), nil, nil)
+	ctx := ctxT(t)
+	c := f.client("")
+	lp := playLocal(t, 3)
+	seed := int64(3)
+	obs, err := c.Reset(ctx, openenv.ResetRequest{Seed: &seed})
+	if err != nil || obs.Observation.Messages[1].Content != lp.start.User || obs.Done {
+		t.Fatalf("reset: %+v, %v", obs, err)
+	}
+	obs, err = c.Step(ctx, "", &seed, lp.actions[0])
+	if err != nil || obs.Observation.StepCount != 1 || *obs.Observation.LastToolResult != lp.results[0][0].Content {
+		t.Fatalf("stateless step: %+v, %v", obs, err)
+	}
+	// Twice the same: nothing was kept between the requests.
+	obs2, err := c.Step(ctx, "", &seed, lp.actions[0])
+	if err != nil || obs2.Observation.StepCount != 1 || obs2.Observation.EpisodeID == obs.Observation.EpisodeID {
+		t.Fatalf("second stateless step: %+v, %v", obs2, err)
+	}
+	st, err := c.State(ctx, "")
+	if err != nil || st.EpisodeID != nil || st.StepCount != 0 {
+		t.Fatalf("stateless state %+v, %v", st, err)
+	}
+	for _, tc := range []struct {
+		path, body string
+		status     int
+		code       string
+	}{
+		{"/step", `{"action": "x"}`, 422, openenv.CodeValidation},
+		{"/step", `{}`, 422, openenv.CodeValidation},
+		{"/step", `{"action": {"tool_calls": [{"function": {"name": "nope"}}]}}`, 422, openenv.CodeValidation},
+		{"/reset", `{"seed": "x"}`, 422, openenv.CodeValidation},
+		{"/reset", `{`, 422, openenv.CodeInvalidJSON},
+		{"/step", `{"action": {}, "session_id": "missing"}`, 404, openenv.CodeSession},
+		{"/reset", `{"pad": "` + strings.Repeat("p", 2<<20) + `"}`, 413, openenv.CodeValidation},
+	} {
+		resp, err := http.Post(f.base+tc.path, "application/json", strings.NewReader(tc.body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		var he struct {
+			Detail json.RawMessage `json:"detail"`
+			Code   string          `json:"code"`
+		}
+		if resp.StatusCode != tc.status || json.Unmarshal(b, &he) != nil || he.Code != tc.code || len(he.Detail) == 0 {
+			t.Errorf("POST %s %.40s: %d %s, want %d %s", tc.path, tc.body, resp.StatusCode, b, tc.status, tc.code)
+		}
+	}
+	for path, want := range map[string]string{"/schema": `"action"`, "/metadata": `"description"`, "/health": `"healthy"`} {
+		resp, err := http.Get(f.base + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 || !bytes.Contains(b, []byte(want)) {
+			t.Errorf("GET %s: %d %.200s", path, resp.StatusCode, b)
+		}
+	}
+	md, err := c.Metadata(ctx)
+	if err != nil || md.Name == "" || !strings.Contains(md.Description, "Precondition verification") || md.Version == nil {
+		t.Fatalf("metadata %+v, %v", md, err)
+	}
+	sch, err := c.Schema(ctx)
+	if err != nil || !bytes.Contains(sch.Action, []byte("get_reservation_details")) || !bytes.Contains(sch.Observation, []byte("last_tool_result")) {
+		t.Fatalf("schema %+v, %v", sch, err)
+	}
+}
+
+// TestSessionHTTPAndMCP: a stateful HTTP session from openenv/session/create,
+// played with /reset, tools/call and /step, read with /state, closed.
+func TestSessionHTTPAndMCP(t *testing.T) {
+	f := start(t, testConfig(), nil, nil)
+	ctx := ctxT(t)
+	c := f.client("")
+	lp := playLocal(t, 6)
+	tools, err := c.ListTools(ctx)
+	if err != nil || len(tools) != 4 || tools[0].Name != "get_user_details" || !bytes.Contains(tools[0].InputSchema, []byte("user_id")) {
+		t.Fatalf("tools/list: %+v, %v", tools, err)
+	}
+	sid, err := c.CreateSession(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	seed := int64(6)
+	if _, err := c.Reset(ctx, openenv.ResetRequest{Seed: &seed, SessionID: sid}); err != nil {
+		t.Fatal(err)
+	}
+	// All turns but the last as MCP tool calls, the final answer by /step.
+	n := len(lp.actions)
+	for i, a := range lp.actions[:n-1] {
+		for j, tc := range a.ToolCalls {
+			res, err := c.CallTool(ctx, sid, tc.Function.Name, json.RawMessage(tc.Function.Arguments))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if res.Content[0].Text != lp.results[i][j].Content || res.IsError || res.Meta.Done {
+				t.Fatalf("tools/call %s: %+v, want %s", tc.Function.Name, res, lp.results[i][j].Content)
+			}
+			var data any
+			if json.Unmarshal(res.Data, &data) != nil {
+				t.Fatalf("tools/call data %s", res.Data)
+			}
+		}
+	}
+	obs, err := c.Step(ctx, sid, nil, lp.actions[n-1])
+	if err != nil || !obs.Done || *obs.Reward != lp.reward.Value {
+		t.Fatalf("final step: %+v, %v (want reward %v)", obs, err, lp.reward.Value)
+	}
+	st, err := c.State(ctx, sid)
+	if err != nil || st.SessionID != sid || !st.Done || *st.Reward != lp.reward.Value || !reflect.DeepEqual(st.Components, lp.reward.Components) {
+		t.Fatalf("state %+v, %v", st, err)
+	}
+	if err := c.CloseSession(ctx, sid); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.State(ctx, sid); err == nil || !strings.Contains(err.Error(), "404") {
+		t.Fatalf("state of a closed session: %v", err)
+	}
+	var rpcErr *openenv.RPCError
+	if err := c.CloseSession(ctx, sid); !errors.As(err, &rpcErr) || rpcErr.Code != openenv.RPCInvalidParams {
+		t.Fatalf("closing twice: %v", err)
+	}
+	// Sessionless tools/call plays a fresh episode of the given seed.
+	raw, err := c.MCP(ctx, openenv.MethodToolsCall, map[string]any{"name": "get_reservation_details", "arguments": map[string]any{"reservation_id": "NOPE00"}, "seed": 1})
+	if err != nil || !bytes.Contains(raw, []byte("reservation not found")) {
+		t.Fatalf("sessionless tools/call: %s, %v", raw, err)
+	}
+	for _, tc := range []struct {
+		method string
+		params any
+		code   int
+	}{
+		{"tools/call", map[string]any{"name": "book_flight"}, openenv.RPCInvalidParams},
+		{"tools/call", map[string]any{"arguments": map[string]any{}}, openenv.RPCInvalidParams},
+		{"tools/call", map[string]any{"name": "get_user_details", "arguments": map[string]any{"user_id": 3}}, openenv.RPCInvalidParams},
+		{"tools/call", map[string]any{"name": "get_user_details", "arguments": map[string]any{"user_id": "x"}, "session_id": "gone"}, openenv.RPCInvalidParams},
+		{"initialize", nil, openenv.RPCMethodNotFound},
+	} {
+		if _, err := c.MCP(ctx, tc.method, tc.params); !errors.As(err, &rpcErr) || rpcErr.Code != tc.code {
+			t.Errorf("%s %v: %v, want code %d", tc.method, tc.params, err, tc.code)
+		}
+	}
+	resp, err := http.Post(f.base+"/mcp", "application/json", strings.NewReader(`{"jsonrpc": "2.0", "method"`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != 200 || !bytes.Contains(b, []byte(`"code":-32700`)) {
+		t.Fatalf("parse error: %d %s", resp.StatusCode, b)
+	}
+}
+
+// TestMCPActionsOverWS: openenv's MCPToolClient (simulation mode) sends
+// list_tools and call_tool as step actions; their answers have the shapes
+// it parses.
+func TestMCPActionsOverWS(t *testing.T) {
+	f := start(t, testConfig(), nil, nil)
+	ctx := ctxT(t)
+	s, err := f.client("").Dial(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	seed := int64(2)
+	s.Reset(ctx, openenv.ResetRequest{Seed: &seed})
+	raw, err := s.StepRaw(ctx, map[string]any{"type": "list_tools"})
+	if err != nil || !bytes.Contains(raw, []byte(`"input_schema"`)) {
+		t.Fatalf("list_tools: %s, %v", raw, err)
+	}
+	raw, err = s.StepRaw(ctx, map[string]any{"type": "call_tool", "tool_name": "get_reservation_details", "arguments": map[string]any{"reservation_id": "NOPE00"}})
+	var obs struct {
+		Observation struct {
+			ToolName string                  `json:"tool_name"`
+			Result   openenv.ToolsCallResult `json:"result"`
+		} `json:"observation"`
+		Done bool `json:"done"`
+	}
+	if err != nil || json.Unmarshal(raw, &obs) != nil || obs.Observation.ToolName != "get_reservation_details" ||
+		!strings.Contains(string(obs.Observation.Result.Data), "reservation not found") || obs.Done {
+		t.Fatalf("call_tool: %s, %v", raw, err)
+	}
+	r, err := s.MCP(ctx, "tools/list", nil)
+	if err != nil || r.Error != nil {
+		t.Fatalf("mcp frame tools/list: %+v, %v", r, err)
+	}
+}
+
+// TestAuth: with a token, everything but health needs it, as a bearer
+// header, a Basic password (the URL form openenv's clients use) or ?token=.
+func TestAuth(t *testing.T) {
+	cfg := testConfig()
+	cfg.BearerToken = "s3cret"
+	f := start(t, cfg, nil, nil)
+	ctx := ctxT(t)
+	get := func(url string, h http.Header) int {
+		req, _ := http.NewRequest("GET", url, nil)
+		for k, v := range h {
+			req.Header[k] = v
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	for _, tc := range []struct {
+		url    string
+		h      http.Header
+		status int
+	}{
+		{f.http.URL + "/health", nil, 200},
+		{f.base + "/health", nil, 200},
+		{f.base + "/schema", nil, 401},
+		{f.http.URL + "/v1/environments", nil, 401},
+		{f.base + "/schema", http.Header{"Authorization": {"Bearer wrong"}}, 401},
+		{f.base + "/schema", http.Header{"Authorization": {"Bearer s3cret"}}, 200},
+		{f.base + "/schema?token=s3cret", nil, 200},
+		{strings.Replace(f.base, "http://", "http://trace:s3cret@", 1) + "/schema", nil, 200},
+		{strings.Replace(f.base, "http://", "http://trace:nope@", 1) + "/schema", nil, 401},
+	} {
+		if got := get(tc.url, tc.h); got != tc.status {
+			t.Errorf("GET %s %v: %d, want %d", tc.url, tc.h, got, tc.status)
+		}
+	}
+	if _, err := f.client("").Dial(ctx); err == nil {
+		t.Fatal("WebSocket without the token was accepted")
+	}
+	s, err := f.client("s3cret").Dial(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+	envs, err := envclient.ListEnvironments(ctx, f.http.URL, "s3cret")
+	if err != nil || len(envs) != 1 || envs[0].ID != exampleID || len(envs[0].Tools) != 4 || envs[0].Source != "file" ||
+		envs[0].URL != "/v1/environments/"+exampleID || envs[0].ProgramHash == "" {
+		t.Fatalf("environments %+v, %v", envs, err)
+	}
+	resp, err := http.Get(f.http.URL + "/v1/environments/nope/schema?token=s3cret")
+	if err != nil || resp.StatusCode != 404 {
+		t.Fatalf("unknown environment: %v %v", resp.StatusCode, err)
+	}
+}
+
+// TestObservationShape: the hand-encoded observation has exactly the
+// members of openenv.StepResponse and openenv.Observation, no others.
+func TestObservationShape(t *testing.T) {
+	f := start(t, testConfig(), nil, nil)
+	ctx := ctxT(t)
+	lp := playLocal(t, 9)
+	s, err := f.client("").Dial(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	raws := []json.RawMessage{}
+	fr, err := s.Send(ctx, []byte(`{"type":"reset","data":{"seed":9,"hint":true}}`))
+	if err != nil || fr.Type != "observation" {
+		t.Fatalf("%+v %v", fr, err)
+	}
+	raws = append(raws, fr.Data)
+	for _, a := range lp.actions {
+		raw, err := s.StepRaw(ctx, a)
+		if err != nil {
+			t.Fatal(err)
+		}
+		raws = append(raws, raw)
+	}
+	for i, raw := range raws {
+		dec := json.NewDecoder(bytes.NewReader(raw))
+		dec.DisallowUnknownFields()
+		var r openenv.StepResponse
+		if err := dec.Decode(&r); err != nil {
+			t.Fatalf("observation %d does not decode strictly: %v\n%s", i, err, raw)
+		}
+		again, _ := json.Marshal(r)
+		var a, b map[string]any
+		json.Unmarshal(raw, &a)
+		json.Unmarshal(again, &b)
+		if !reflect.DeepEqual(a, b) {
+			t.Fatalf("observation %d: hand encoding\n%s\nstruct encoding\n%s", i, raw, again)
+		}
+	}
+}

@@ -1,0 +1,528 @@
+package envserver
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	mrand "math/rand/v2"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/santhosh-tekuri/jsonschema/v6"
+	"golang.org/x/text/language"
+	"golang.org/x/text/message"
+
+	"github.com/traceops/trace/sink"
+	"github.com/traceops/trace/synthesizer/envprog"
+	"github.com/traceops/trace/synthesizer/openenv"
+)
+
+// served is one environment the server serves: its program, its tools'
+// argument validators and its sessions.
+type served struct {
+	id      string
+	entry   Entry
+	env     envprog.Env
+	info    envprog.Info
+	tools   []openenv.Tool
+	mcp     []openenv.MCPTool
+	names   []string
+	params  map[string]*jsonschema.Schema // tool name → compiled parameters schema
+	schemas openenv.SchemaResponse
+	srv     *Server
+	// toolsJSON is the tools' encoding, sent in every observation.
+	toolsJSON []byte
+
+	mu       sync.Mutex
+	sessions map[string]*session
+}
+
+func newServed(srv *Server, e Entry, env envprog.Env) (*served, error) {
+	info := env.Info()
+	s := &served{id: e.ID, entry: e, env: env, info: info, tools: info.Tools, srv: srv,
+		params: map[string]*jsonschema.Schema{}, sessions: map[string]*session{}}
+	c := jsonschema.NewCompiler()
+	for i, t := range info.Tools {
+		name := t.Function.Name
+		s.names = append(s.names, name)
+		params := t.Function.Parameters
+		if len(params) == 0 || string(params) == "null" {
+			params = json.RawMessage(`{"type":"object","properties":{}}`)
+		}
+		s.mcp = append(s.mcp, openenv.MCPTool{Name: name, Description: t.Function.Description, InputSchema: params})
+		doc, err := jsonschema.UnmarshalJSON(strings.NewReader(string(params)))
+		if err != nil {
+			return nil, fmt.Errorf("environment %s: tool %s: parameters: %w", e.ID, name, err)
+		}
+		url := fmt.Sprintf("mem://tools/%d.json", i)
+		if err := c.AddResource(url, doc); err != nil {
+			return nil, fmt.Errorf("environment %s: tool %s: parameters: %w", e.ID, name, err)
+		}
+		sch, err := c.Compile(url)
+		if err != nil {
+			return nil, fmt.Errorf("environment %s: tool %s: parameters are not a JSON Schema: %w", e.ID, name, err)
+		}
+		s.params[name] = sch
+	}
+	s.schemas = openenv.Schemas(s.names)
+	if s.tools == nil {
+		s.tools = []openenv.Tool{}
+	}
+	tj, err := json.Marshal(s.tools)
+	if err != nil {
+		return nil, fmt.Errorf("environment %s: tools: %w", e.ID, err)
+	}
+	s.toolsJSON = tj
+	return s, nil
+}
+
+// session is one client's environment session: a WebSocket connection, or
+// a stateful HTTP/MCP session named by its id. It plays one episode at a
+// time; mu serializes its use.
+type session struct {
+	id        string
+	env       *served
+	transport string // ws | http
+
+	mu   sync.Mutex
+	play *play   // the current episode, nil before the first reset
+	w    *worker // runs the program's calls; nil until the first
+
+	lastActive atomic.Int64 // unix nanoseconds
+	busy       atomic.Int32 // requests in progress (never evicted while > 0)
+	evictOnce  sync.Once
+	evicted    chan struct{}       // closed when evicted or closed
+	onEvict    func(reason string) // WebSocket: send SESSION_ERROR with reason and close
+}
+
+// play is one episode in a session.
+type play struct {
+	id      string
+	seed    int64
+	hinted  bool
+	hint    string
+	ep      envprog.Episode
+	started time.Time
+	steps   int
+	results []openenv.ChatMessage
+	done    bool
+	reason  string // why it ended, see openenv.Observation.DoneReason
+	err     string
+	reward  *envprog.Reward
+	msgJSON []byte // the transcript's messages encoded so far, comma-separated
+	encoded int    // how many
+
+	mu        sync.Mutex
+	inFlight  bool // a timed-out call still runs in the background
+	abandoned bool // the session let go of the episode
+	closeOnce sync.Once
+}
+
+// close lets go of the episode: it is closed now, or by the timed-out call
+// still running when that returns.
+func (p *play) close() {
+	if p == nil {
+		return
+	}
+	p.mu.Lock()
+	p.abandoned = true
+	busy := p.inFlight
+	p.mu.Unlock()
+	if !busy {
+		p.closeOnce.Do(func() { p.ep.Close() })
+	}
+}
+
+// begin marks a program call in progress; the call's goroutine calls
+// returned when it ends, in time or after its deadline.
+func (p *play) begin() {
+	p.mu.Lock()
+	p.inFlight = true
+	p.mu.Unlock()
+}
+
+// returned ends a call: an episode let go of meanwhile is closed now.
+func (p *play) returned() {
+	p.mu.Lock()
+	p.inFlight = false
+	abandoned := p.abandoned
+	p.mu.Unlock()
+	if abandoned {
+		p.closeOnce.Do(func() { p.ep.Close() })
+	}
+}
+
+func newID() string {
+	var b [16]byte
+	rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+func (s *session) touch() { s.lastActive.Store(time.Now().UnixNano()) }
+
+// acquire creates a session, or answers CAPACITY_REACHED.
+func (e *served) acquire(transport string, onEvict func(reason string)) (*session, *openenv.Error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if n := len(e.sessions); n >= e.srv.cfg.MaxSessions {
+		return nil, &openenv.Error{Code: openenv.CodeCapacityReached, Fatal: true, Active: n, Max: e.srv.cfg.MaxSessions,
+			Message: fmt.Sprintf("Server at capacity: %d/%d sessions active. Cannot accept new connections.", n, e.srv.cfg.MaxSessions)}
+	}
+	s := &session{id: newID(), env: e, transport: transport, evicted: make(chan struct{}), onEvict: onEvict}
+	s.touch()
+	e.sessions[s.id] = s
+	e.srv.m.sessions.WithLabelValues(e.id).Set(float64(len(e.sessions)))
+	return s, nil
+}
+
+// lookup returns the HTTP session id, or nil.
+func (e *served) lookup(id string) *session {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	s := e.sessions[id]
+	if s == nil || s.transport != "http" {
+		return nil
+	}
+	return s
+}
+
+// release ends a session: its episode is closed (an unfinished one is not
+// recorded) and its slot freed.
+func (e *served) release(s *session) {
+	e.mu.Lock()
+	if e.sessions[s.id] == s {
+		delete(e.sessions, s.id)
+		e.srv.m.sessions.WithLabelValues(e.id).Set(float64(len(e.sessions)))
+	}
+	e.mu.Unlock()
+	s.evictOnce.Do(func() { close(s.evicted) })
+	s.mu.Lock()
+	s.play.close()
+	s.play = nil
+	if s.w != nil {
+		s.w.stop()
+		s.w = nil
+	}
+	s.mu.Unlock()
+}
+
+// reap evicts the sessions idle for longer than the idle timeout.
+func (e *served) reap(now time.Time) {
+	limit := now.Add(-e.srv.cfg.IdleTimeout).UnixNano()
+	e.mu.Lock()
+	var stale []*session
+	for _, s := range e.sessions {
+		if s.busy.Load() == 0 && s.lastActive.Load() < limit {
+			stale = append(stale, s)
+		}
+	}
+	e.mu.Unlock()
+	for _, s := range stale {
+		e.srv.m.evicted.WithLabelValues(e.id).Inc()
+		e.srv.log.Info("env session evicted after idle timeout", "environment", e.id, "session", s.id,
+			"transport", s.transport, "idle_timeout", e.srv.cfg.IdleTimeout)
+		if s.onEvict != nil {
+			go s.onEvict(fmt.Sprintf("session evicted: idle for longer than %s (env.idle_timeout)", e.srv.cfg.IdleTimeout)) // it writes to the client: never hold the reaper up
+		}
+		e.release(s)
+	}
+}
+
+// sessionCount is the number of open sessions.
+func (e *served) sessionCount() int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return len(e.sessions)
+}
+
+// errTimeout marks a call cut off by the step timeout.
+var errTimeout = errors.New("timeout")
+
+// worker runs a session's program calls on one long-lived goroutine, whose
+// stack has grown to what the interpreter needs, instead of a new goroutine
+// (and its stack growth) per call.
+type worker struct {
+	calls chan func()
+}
+
+func newWorker() *worker {
+	w := &worker{calls: make(chan func())}
+	go func() {
+		for f := range w.calls {
+			f()
+		}
+	}()
+	return w
+}
+
+// stop ends the worker once its current call, if any, returns.
+func (w *worker) stop() { close(w.calls) }
+
+// within runs f on the session's worker with a deadline and returns at the
+// deadline even when f does not: f then goes on in the background (its
+// worker is let go, and the session takes a new one) and late receives its
+// result. The caller holds s.mu.
+func within[T any](s *session, ctx context.Context, d time.Duration, f func(context.Context) (T, error), late func(T, error)) (T, error) {
+	ctx, cancel := context.WithTimeout(ctx, d)
+	type res struct {
+		v   T
+		err error
+	}
+	ch := make(chan res, 1)
+	if s.w == nil {
+		s.w = newWorker()
+	}
+	w := s.w
+	w.calls <- func() {
+		v, err := f(ctx)
+		ch <- res{v, err}
+	}
+	select {
+	case r := <-ch:
+		cancel()
+		return r.v, r.err
+	case <-ctx.Done():
+		s.w = nil
+		w.stop()
+		go func() {
+			r := <-ch
+			cancel()
+			if late != nil {
+				late(r.v, r.err)
+			}
+		}()
+		var zero T
+		if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+			return zero, errTimeout
+		}
+		return zero, ctx.Err()
+	}
+}
+
+// reset starts a new episode in the session (closing the current one).
+func (s *session) reset(ctx context.Context, r openenv.ResetRequest) (json.RawMessage, *openenv.Error) {
+	srv := s.env.srv
+	if s.play != nil {
+		s.play.close()
+		s.play = nil
+	}
+	seed := mrand.Int64N(1 << 31)
+	if r.Seed != nil {
+		seed = *r.Seed
+	}
+	id := newID()
+	if r.EpisodeID != nil && *r.EpisodeID != "" {
+		id = *r.EpisodeID
+	}
+	ep, err := within(s, ctx, srv.cfg.StepTimeout, func(ctx context.Context) (envprog.Episode, error) {
+		return s.env.env.Reset(ctx, seed)
+	}, func(ep envprog.Episode, err error) {
+		if err == nil {
+			ep.Close()
+		}
+	})
+	if err != nil {
+		return nil, programError("reset", srv.cfg.StepTimeout, err)
+	}
+	p := &play{id: id, seed: seed, ep: ep, started: time.Now()}
+	if r.Hint && s.env.info.HasHint {
+		p.begin()
+		h, err := within(s, ctx, srv.cfg.StepTimeout, func(ctx context.Context) (string, error) {
+			defer p.returned()
+			return ep.Hint(ctx)
+		}, nil)
+		if err != nil {
+			p.close()
+			return nil, programError("hint", srv.cfg.StepTimeout, err)
+		}
+		p.hint, p.hinted = h, h != ""
+	}
+	s.play = p
+	return s.observation(), nil
+}
+
+// programError turns an error of a program call into EXECUTION_ERROR.
+func programError(fn string, timeout time.Duration, err error) *openenv.Error {
+	if errors.Is(err, errTimeout) {
+		return openenv.Execution("%s timed out after %s (env.step_timeout); the episode is over, send reset", fn, timeout)
+	}
+	var pe *envprog.ProgramError
+	if errors.As(err, &pe) {
+		return openenv.Execution("%s", pe.Error())
+	}
+	return openenv.Execution("%s: %v", fn, err)
+}
+
+// validate checks an action's tool calls against the environment's tools
+// before anything runs: an unknown tool or arguments that do not fit the
+// tool's parameters schema is VALIDATION_ERROR, and the episode is
+// unchanged.
+func (e *served) validate(a openenv.Action) *openenv.Error {
+	for i, c := range a.ToolCalls {
+		sch, ok := e.params[c.Name]
+		loc := []any{"data", "tool_calls", i, "function"}
+		if a.Kind == openenv.ActionCallTool {
+			loc = []any{"data", "tool_name"}
+		}
+		if !ok {
+			return openenv.Validation(append(loc, "name"), "unknown_tool", "tool_calls[%d]: unknown tool %q (tools: %s)", i, c.Name, strings.Join(e.names, ", "))
+		}
+		v, err := jsonschema.UnmarshalJSON(strings.NewReader(string(c.Arguments)))
+		if err != nil {
+			return openenv.Validation(append(loc, "arguments"), "json_invalid", "tool_calls[%d].function.arguments: %v", i, err)
+		}
+		if err := sch.Validate(v); err != nil {
+			return openenv.Validation(append(loc, "arguments"), "arguments_schema", "tool_calls[%d] %s: arguments do not fit the tool's parameters: %s", i, c.Name, schemaMessage(err))
+		}
+	}
+	return nil
+}
+
+var englishPrinter = message.NewPrinter(language.English)
+
+// schemaMessage flattens a jsonschema validation error to its leaves.
+func schemaMessage(err error) string {
+	var ve *jsonschema.ValidationError
+	if !errors.As(err, &ve) {
+		return err.Error()
+	}
+	var leaves []string
+	var walk func(e *jsonschema.ValidationError)
+	walk = func(e *jsonschema.ValidationError) {
+		if len(e.Causes) == 0 {
+			at := "/" + strings.Join(e.InstanceLocation, "/")
+			leaves = append(leaves, at+": "+e.ErrorKind.LocalizedString(englishPrinter))
+			return
+		}
+		for _, c := range e.Causes {
+			walk(c)
+		}
+	}
+	walk(ve)
+	sort.Strings(leaves)
+	return strings.Join(leaves, "; ")
+}
+
+// step plays one action in the session's episode.
+func (s *session) step(ctx context.Context, a openenv.Action, timeout time.Duration) (json.RawMessage, *openenv.Error) {
+	srv := s.env.srv
+	p := s.play
+	if p == nil {
+		return nil, openenv.Execution("no episode: send reset first")
+	}
+	if p.done {
+		return nil, openenv.Execution("the episode is done (%s): send reset", p.reason)
+	}
+	if e := s.env.validate(a); e != nil {
+		return nil, e
+	}
+	act := envprog.Action{Content: a.Content}
+	for i, c := range a.ToolCalls {
+		id := c.ID
+		if id == "" {
+			id = fmt.Sprintf("call_%d_%d", p.steps+1, i)
+		}
+		act.ToolCalls = append(act.ToolCalls, envprog.ToolCall{ID: id, Name: c.Name, Arguments: json.RawMessage(c.Arguments)})
+	}
+	t0 := time.Now()
+	p.begin()
+	res, err := within(s, ctx, timeout, func(ctx context.Context) (envprog.StepResult, error) {
+		defer p.returned()
+		return p.ep.Step(ctx, act)
+	}, nil)
+	srv.m.stepTime.WithLabelValues(s.env.id).Observe(time.Since(t0).Seconds())
+	srv.m.steps.WithLabelValues(s.env.id).Inc()
+	if err != nil {
+		p.done, p.err = true, err.Error()
+		p.reason = "error"
+		if errors.Is(err, errTimeout) {
+			p.reason = "timeout"
+		}
+		return nil, programError("step", timeout, err)
+	}
+	p.steps++
+	p.results = chatMessages(res.ToolResults)
+	if !res.Done {
+		return s.observation(), nil
+	}
+	p.done, p.reason = true, "environment"
+	if len(a.ToolCalls) == 0 {
+		p.reason = "final"
+	}
+	p.begin()
+	rw, err := within(s, ctx, timeout, func(ctx context.Context) (envprog.Reward, error) {
+		defer p.returned()
+		return p.ep.Reward(ctx)
+	}, nil)
+	if err != nil {
+		p.reason, p.err = "error", err.Error()
+		if errors.Is(err, errTimeout) {
+			p.reason = "timeout"
+		}
+		return nil, programError("reward", timeout, err)
+	}
+	p.reward = &rw
+	srv.m.reward.WithLabelValues(s.env.id).Observe(rw.Value)
+	srv.m.episodes.WithLabelValues(s.env.id, p.reason).Inc()
+	srv.record(s, p)
+	return s.observation(), nil
+}
+
+// state is the session's state frame / GET /state body.
+func (s *session) state() openenv.State {
+	st := openenv.State{Environment: s.env.id}
+	if s.transport == "http" {
+		st.SessionID = s.id
+	}
+	p := s.play
+	if p == nil {
+		return st
+	}
+	id, seed := p.id, p.seed
+	st.EpisodeID, st.Seed, st.StepCount, st.Done = &id, &seed, p.steps, p.done
+	if p.reward != nil {
+		v := p.reward.Value
+		st.Reward, st.Components = &v, p.reward.Components
+	}
+	return st
+}
+
+func chatMessages(ms []envprog.Message) []openenv.ChatMessage {
+	if ms == nil {
+		return nil
+	}
+	out := make([]openenv.ChatMessage, len(ms))
+	for i, m := range ms {
+		c := openenv.ChatMessage{Role: m.Role, Content: m.Content, ToolCallID: m.ToolCallID, Name: m.Name}
+		for _, tc := range m.ToolCalls {
+			args := string(tc.Arguments)
+			if args == "" {
+				args = "{}"
+			}
+			c.ToolCalls = append(c.ToolCalls, openenv.ChatToolCall{ID: tc.ID, Type: "function",
+				Function: openenv.ChatFunction{Name: tc.Name, Arguments: args}})
+		}
+		out[i] = c
+	}
+	return out
+}
+
+// record offers a finished episode to the recorder (sampled).
+func (s *Server) record(sess *session, p *play) {
+	if s.rec == nil || !Sampled(p.id, s.cfg.RecordSample) {
+		return
+	}
+	comps, _ := json.Marshal(p.reward.Components)
+	if p.reward.Components == nil {
+		comps = []byte("{}")
+	}
+	s.rec.offer(sink.EnvEpisodeRow{EnvironmentID: sess.env.id, ProgramHash: sess.env.info.Hash, SessionID: sess.id,
+		EpisodeID: p.id, Transport: sess.transport, Seed: p.seed, Hinted: p.hinted, Steps: uint32(p.steps),
+		DoneReason: p.reason, Reward: p.reward.Value, Components: string(comps), StartedAt: p.started, EndedAt: time.Now()})
+}

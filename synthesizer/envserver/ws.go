@@ -1,0 +1,244 @@
+package envserver
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"time"
+
+	"github.com/coder/websocket"
+
+	"github.com/traceops/trace/synthesizer/openenv"
+)
+
+// writeTimeout bounds writing one frame to a client that does not read.
+const writeTimeout = 10 * time.Second
+
+// discardFactor: a frame over the size limit is read and thrown away up to
+// this many times the limit, so the session survives it; a larger one
+// closes the connection (1009, message too big).
+const discardFactor = 64
+
+// wsConn is one WebSocket connection's writer (coder/websocket allows
+// concurrent writes; the reaper writes the eviction frame).
+type wsConn struct {
+	c *websocket.Conn
+}
+
+func (w wsConn) send(ctx context.Context, v any) error {
+	b, ok := v.([]byte) // a frame the server encoded itself
+	if !ok {
+		var err error
+		if b, err = json.Marshal(v); err != nil {
+			return err
+		}
+	}
+	ctx, cancel := context.WithTimeout(ctx, writeTimeout)
+	defer cancel()
+	return w.c.Write(ctx, websocket.MessageText, b)
+}
+
+func errorFrame(e *openenv.Error) map[string]any {
+	return map[string]any{"type": openenv.FrameError, "data": e.Data()}
+}
+
+// accept upgrades the connection; clients are programs, not browsers, so
+// no origin check applies beyond coder/websocket's same-origin default for
+// requests that carry an Origin.
+func (s *Server) accept(w http.ResponseWriter, r *http.Request) (*websocket.Conn, error) {
+	c, err := websocket.Accept(w, r, &websocket.AcceptOptions{CompressionMode: websocket.CompressionDisabled})
+	if err != nil {
+		return nil, err
+	}
+	c.SetReadLimit(-1) // frames are limited by readFrame, which survives an oversized one
+	return c, nil
+}
+
+// readFrame reads one message into buf; a message over limit is discarded
+// (up to discardFactor × limit) and reported as tooBig.
+func readFrame(ctx context.Context, c *websocket.Conn, buf *bytes.Buffer, limit int) (tooBig int64, err error) {
+	_, rd, err := c.Reader(ctx)
+	if err != nil {
+		return 0, err
+	}
+	buf.Reset()
+	n, err := buf.ReadFrom(io.LimitReader(rd, int64(limit)+1))
+	if err != nil {
+		return 0, err
+	}
+	if n <= int64(limit) {
+		return 0, nil
+	}
+	m, err := io.Copy(io.Discard, io.LimitReader(rd, int64(limit)*discardFactor))
+	if err != nil {
+		return 0, err
+	}
+	if more, _ := rd.Read(make([]byte, 1)); more > 0 {
+		c.Close(websocket.StatusMessageTooBig, "frame too large")
+		return 0, fmt.Errorf("frame over %d bytes", int64(limit)*discardFactor)
+	}
+	return n + m, nil
+}
+
+// serveWS is /ws: one session per connection, frames until close.
+func (s *Server) serveWS(w http.ResponseWriter, r *http.Request, e *served) {
+	c, err := s.accept(w, r)
+	if err != nil {
+		return
+	}
+	defer c.CloseNow()
+	conn := wsConn{c}
+	ctx := r.Context()
+	sess, perr := e.acquire("ws", func(reason string) {
+		conn.send(context.Background(), errorFrame(&openenv.Error{Code: openenv.CodeSession, Message: reason}))
+		c.Close(websocket.StatusPolicyViolation, "session ended")
+	})
+	if perr != nil {
+		s.m.errors.WithLabelValues(e.id, perr.Code).Inc()
+		conn.send(ctx, errorFrame(perr))
+		c.Close(websocket.StatusTryAgainLater, "capacity reached")
+		return
+	}
+	defer e.release(sess)
+	var buf bytes.Buffer
+	for {
+		tooBig, err := readFrame(ctx, c, &buf, s.cfg.MaxMessageBytes)
+		if err != nil {
+			return
+		}
+		sess.busy.Add(1)
+		sess.touch()
+		var resp any
+		stop := false
+		select {
+		case <-sess.evicted:
+			resp, stop = errorFrame(&openenv.Error{Code: openenv.CodeSession, Message: "session evicted: idle for longer than " + s.cfg.IdleTimeout.String()}), true
+		default:
+			if tooBig > 0 {
+				perr := &openenv.Error{Code: openenv.CodeValidation, Message: fmt.Sprintf("Invalid message: a frame of %d bytes exceeds the %d-byte limit (env.max_message_bytes)", tooBig, s.cfg.MaxMessageBytes),
+					Fields: []openenv.FieldError{{Type: "too_long", Loc: []any{}, Msg: "frame too large"}}}
+				s.m.errors.WithLabelValues(e.id, perr.Code).Inc()
+				resp = errorFrame(perr)
+			} else {
+				resp, stop = s.frame(ctx, e, sess, buf.Bytes())
+			}
+		}
+		if resp != nil {
+			if err := conn.send(ctx, resp); err != nil {
+				sess.busy.Add(-1)
+				return
+			}
+		}
+		sess.touch()
+		sess.busy.Add(-1)
+		if stop {
+			c.Close(websocket.StatusNormalClosure, "")
+			return
+		}
+	}
+}
+
+// frame answers one client frame; stop ends the session (a close frame).
+func (s *Server) frame(ctx context.Context, e *served, sess *session, b []byte) (resp any, stop bool) {
+	fail := func(perr *openenv.Error) (any, bool) {
+		s.m.errors.WithLabelValues(e.id, perr.Code).Inc()
+		return errorFrame(perr), false
+	}
+	f, perr := openenv.DecodeFrame(b)
+	if perr != nil {
+		return fail(perr)
+	}
+	switch f.Type {
+	case openenv.FrameClose:
+		return nil, true
+	case openenv.FrameState:
+		sess.mu.Lock()
+		st := sess.state()
+		sess.mu.Unlock()
+		return map[string]any{"type": openenv.FrameState, "data": st}, false
+	case openenv.FrameReset:
+		r, perr := openenv.DecodeReset(f.Data)
+		if perr != nil {
+			return fail(perr)
+		}
+		sess.mu.Lock()
+		obs, perr := sess.reset(ctx, r)
+		sess.mu.Unlock()
+		if perr != nil {
+			return fail(perr)
+		}
+		return frameJSON(openenv.FrameObservation, obs), false
+	case openenv.FrameStep:
+		a, perr := openenv.DecodeAction(f.Data)
+		if perr != nil {
+			return fail(perr)
+		}
+		sess.mu.Lock()
+		obs, perr := sess.act(ctx, a, s.cfg.StepTimeout)
+		sess.mu.Unlock()
+		if perr != nil {
+			return fail(perr)
+		}
+		if raw, ok := obs.(json.RawMessage); ok {
+			return frameJSON(openenv.FrameObservation, raw), false
+		}
+		return map[string]any{"type": openenv.FrameObservation, "data": obs}, false
+	case openenv.FrameMCP:
+		req, rerr := openenv.DecodeRPC(f.Data)
+		var out openenv.RPCResponse
+		if rerr != nil {
+			out = openenv.RPCResponse{Error: rerr}
+		} else {
+			out = s.mcp(ctx, e, sess, req)
+		}
+		return map[string]any{"type": openenv.FrameMCP, "data": out}, false
+	}
+	return fail(&openenv.Error{Code: openenv.CodeUnknownType, Message: "Unknown message type: " + f.Type})
+}
+
+// serveMCPWS is the WebSocket /mcp: JSON-RPC requests on a session of
+// their own (openenv's mcp_websocket_endpoint).
+func (s *Server) serveMCPWS(w http.ResponseWriter, r *http.Request, e *served) {
+	c, err := s.accept(w, r)
+	if err != nil {
+		return
+	}
+	defer c.CloseNow()
+	conn := wsConn{c}
+	ctx := r.Context()
+	sess, perr := e.acquire("ws", func(string) { c.Close(websocket.StatusPolicyViolation, "session ended") })
+	if perr != nil {
+		s.m.errors.WithLabelValues(e.id, perr.Code).Inc()
+		conn.send(ctx, openenv.RPCResponse{Error: openenv.NewRPCError(openenv.RPCServerError, perr.Message,
+			map[string]int{"active_sessions": perr.Active, "max_sessions": perr.Max})})
+		c.Close(websocket.StatusTryAgainLater, "capacity reached")
+		return
+	}
+	defer e.release(sess)
+	var buf bytes.Buffer
+	for {
+		tooBig, err := readFrame(ctx, c, &buf, s.cfg.MaxMessageBytes)
+		if err != nil {
+			return
+		}
+		sess.busy.Add(1)
+		sess.touch()
+		var out openenv.RPCResponse
+		if tooBig > 0 {
+			out = openenv.RPCResponse{Error: openenv.NewRPCError(openenv.RPCInvalidRequest, fmt.Sprintf("request of %d bytes exceeds the %d-byte limit", tooBig, s.cfg.MaxMessageBytes), nil)}
+		} else if req, rerr := openenv.DecodeRPC(buf.Bytes()); rerr != nil {
+			out = openenv.RPCResponse{Error: rerr}
+		} else {
+			out = s.mcp(ctx, e, sess, req)
+		}
+		err = conn.send(ctx, out)
+		sess.touch()
+		sess.busy.Add(-1)
+		if err != nil {
+			return
+		}
+	}
+}

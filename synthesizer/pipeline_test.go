@@ -1,0 +1,152 @@
+package synthesizer
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/traceops/trace/analyzer"
+	"github.com/traceops/trace/internal/dev/llmtest"
+	"github.com/traceops/trace/internal/dev/simpolicy"
+	"github.com/traceops/trace/internal/dev/simulate"
+	"github.com/traceops/trace/schemas"
+	"github.com/traceops/trace/synthesizer/calibrate"
+	"github.com/traceops/trace/synthesizer/envprog"
+	"github.com/traceops/trace/synthesizer/examples"
+	"github.com/traceops/trace/synthesizer/templates"
+)
+
+// airlineRequest is a synthesis request of the simulated airline fleet
+// for precondition_verification, with the simulated airline tools (the
+// τ²-bench airline names, parameters and types).
+func airlineRequest(trigger string) *schemas.SynthesisRequest {
+	r := testRequest(trigger)
+	r.Environment = simulate.Airline
+	r.Tools = simulate.Tools(simulate.Airline)
+	return r
+}
+
+// TestGenerationPathOnTheRuntime is the generation path of issue 13 on the
+// real runtime, validation and calibration: the model first answers a
+// program with a syntax error, then one that fails a validation check (a
+// tool the target does not have), then the shipped example environment.
+// The repair prompts carry each diagnosis as envprog worded it, the
+// programs run sandboxed, and the accepted one is calibrated by a scripted
+// policy of 40 % skill.
+func TestGenerationPathOnTheRuntime(t *testing.T) {
+	example := string(examples.PreconditionAirline)
+	broken := strings.Replace(example, "def _z(n, width):", "def _z(n, width)", 1)
+	foreign := strings.Replace(example, `"cancel_reservation"`, `"cancel_booking"`, -1)
+	if broken == example || foreign == example {
+		t.Fatal("the example changed: the test's edits no longer apply")
+	}
+	srv := llmtest.New(t)
+	srv.Enqueue(llmtest.Text(fenced(broken)), llmtest.Text(fenced(foreign)), llmtest.Text("```starlark\n"+example+"```"))
+	gen, rec := newTestGenerator(t, srv)
+	cfg := calibrate.DefaultConfig()
+	store, pub := newMemStore(), &memPublisher{}
+	stage, err := NewStage(Config{LLM: gen, Validator: EnvValidator{}, Store: store, Publisher: pub,
+		Calibrators: func(*Job) (Calibrator, error) {
+			return PolicyCalibrator{Policy: calibrate.SkillPolicy{Skill: 0.4}, Config: cfg}, nil
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	e, err := stage.Synthesize(context.Background(), airlineRequest("trig-runtime"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("three attempts, sandboxed validation and a 100 × 16 calibration in %v", time.Since(start).Round(time.Millisecond))
+	if e.Status != StatusDone || len(e.Attempts) != 3 {
+		t.Fatalf("%s after %d attempts: %q", e.Status, len(e.Attempts), e.Diagnoses)
+	}
+	a1, a2, a3 := e.Attempts[0], e.Attempts[1], e.Attempts[2]
+	if a1.Stage != StageValidate || a1.Validation.OK || a1.Validation.Checks[0].Name != envprog.CheckLoad || a1.Validation.Checks[0].Verdict != Fail {
+		t.Fatalf("attempt 1: %+v", a1.Validation)
+	}
+	if a2.Stage != StageValidate || a2.Validation.OK || !strings.Contains(a2.Diagnosis, envprog.CheckTools) || !strings.Contains(a2.Diagnosis, "cancel_booking") {
+		t.Fatalf("attempt 2: %s", a2.Diagnosis)
+	}
+	if !a3.Accepted || !a3.Validation.OK || a3.Calibration == nil || !a3.Calibration.Accepted || !a3.Calibration.Simulated {
+		t.Fatalf("attempt 3: %+v", a3)
+	}
+	reqs := srv.Requests()
+	if len(reqs) != 3 {
+		t.Fatalf("%d generation requests", len(reqs))
+	}
+	if p := reqs[1].Chat.Messages[0].Content; !strings.Contains(p, a1.Validation.Diagnosis()) || !strings.Contains(p, "does not load") {
+		t.Errorf("the second prompt lacks the load diagnosis %q", a1.Validation.Diagnosis())
+	}
+	if p := reqs[2].Chat.Messages[0].Content; !strings.Contains(p, esc(strings.TrimPrefix(a2.Diagnosis, "validation: "))) || !strings.Contains(p, esc(a1.Validation.Diagnosis())) {
+		t.Errorf("the third prompt lacks a diagnosis:\n%s", p)
+	}
+	c := e.Calibration
+	if c.Seeds != 100 || c.RolloutsPerSeed != 16 || c.PassAtK["16"] < c.PassAtK["1"] || len(c.Histogram) != HistogramBins || c.Policy != "scripted-skill-0.40" {
+		t.Fatalf("calibration %+v", c)
+	}
+	sum := 0
+	for _, n := range c.Histogram {
+		sum += n
+	}
+	if sum != 1600 {
+		t.Fatalf("histogram counts %d rollouts", sum)
+	}
+	if len(e.Tools) != 4 || e.Rationale == "" || len(rec.Drain()) != 3 {
+		t.Fatalf("tools %v, rationale %q", e.Tools, e.Rationale)
+	}
+	if m := pub.msgs[0]; m.Program.Hash != ProgramHash(example+"\n") && m.Program.Hash != e.ProgramHash {
+		t.Fatalf("announced hash %s", m.Program.Hash)
+	}
+}
+
+// TestTemplatePathWithTheSimulatedPolicy: no model; the capability's family
+// template is instantiated for the simulated airline tools, validated, and
+// calibrated by the simulated policy of the fleet's agent version that
+// lacks the capability, tuned until it lands in the bands.
+func TestTemplatePathWithTheSimulatedPolicy(t *testing.T) {
+	cfg := calibrate.DefaultConfig()
+	cfg.Seeds, cfg.Rollouts = 50, 8
+	store, pub := newMemStore(), &memPublisher{}
+	stage, err := NewStage(Config{Templates: TemplateAuthor{Bands: cfg.Bands}, Families: TemplateFamilies{}, Validator: EnvValidator{},
+		Store: store, Publisher: pub,
+		Calibrators: func(j *Job) (Calibrator, error) {
+			p, err := simpolicy.SimulatedFleetPolicy(simulate.DefaultFleet(), j.Request.Environment, j.Request.AgentVersion, j.Request.Capability.Skill)
+			if err != nil {
+				return nil, err
+			}
+			return PolicyCalibrator{Policy: p, Config: cfg}, nil
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, err := stage.Synthesize(context.Background(), airlineRequest("trig-template-sim"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, a := range e.Attempts {
+		t.Logf("attempt %d knobs %s: %s", a.N, a.Knobs, a.Diagnosis)
+	}
+	if e.Status != StatusDone || e.Path != PathTemplate || e.Family != templates.PreconditionVerification || !e.Calibration.Simulated ||
+		!strings.HasPrefix(e.Calibration.Policy, "simulated") {
+		t.Fatalf("%s %s %q: %q; %+v", e.Status, e.Path, e.Family, e.Reason, e.Calibration)
+	}
+	if e.FamilySource != FamilyMatched || !strings.Contains(e.FamilyWhy, "named after the precondition_verification family") {
+		t.Errorf("family found by %q: %q", e.FamilySource, e.FamilyWhy)
+	}
+	if m := pub.msgs[0]; m.Program.Origin != schemas.OriginTemplate || !m.Calibration.Simulated {
+		t.Fatalf("%+v", m)
+	}
+}
+
+func TestDictionaryFamiliesAreTheTemplates(t *testing.T) {
+	if got, want := strings.Join(templates.Names(), ","), strings.Join(analyzer.TemplateFamilies, ","); got != want {
+		t.Fatalf("templates %s, analyzer.TemplateFamilies %s", got, want)
+	}
+}
+
+// simulatedFleet is Deps.Simulated over the simulated fleet.
+func simulatedFleet(env, agentVersion, capability string) (calibrate.Policy, error) {
+	return simpolicy.SimulatedFleetPolicy(simulate.DefaultFleet(), env, agentVersion, capability)
+}

@@ -1,0 +1,366 @@
+package synthesizer
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/traceops/trace/internal/dev/llmtest"
+	"github.com/traceops/trace/internal/dev/testenv"
+	"github.com/traceops/trace/schemas"
+	"github.com/traceops/trace/sink"
+)
+
+// natsKit is a JetStream stream and durable consumer on an embedded server,
+// shaped like internal/bus's TRACE_SYNTHESIS (the worker's production
+// consumer is created there).
+type natsKit struct {
+	srv *testenv.NATSServer
+	nc  *nats.Conn
+	js  jetstream.JetStream
+}
+
+const testStream, testSubject, testDurable = "TEST_SYNTHESIS", "test.synthesis", "test-synthesizer"
+
+func newNATSKit(t *testing.T, ackWait time.Duration) *natsKit {
+	t.Helper()
+	k := &natsKit{srv: testenv.NATS(t)}
+	k.connect(t, ackWait)
+	return k
+}
+
+func (k *natsKit) connect(t *testing.T, ackWait time.Duration) {
+	t.Helper()
+	nc, err := nats.Connect(k.srv.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if _, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{Name: testStream, Subjects: []string{testSubject + ".>"}, Storage: jetstream.FileStorage}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := js.CreateOrUpdateConsumer(ctx, testStream, jetstream.ConsumerConfig{Durable: testDurable, AckPolicy: jetstream.AckExplicitPolicy,
+		AckWait: ackWait, MaxDeliver: -1}); err != nil {
+		t.Fatal(err)
+	}
+	k.nc, k.js = nc, js
+}
+
+func (k *natsKit) consumer(t *testing.T) jetstream.Consumer {
+	c, err := k.js.Consumer(context.Background(), testStream, testDurable)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+func (k *natsKit) publish(t *testing.T, req *schemas.SynthesisRequest, msgID string) {
+	t.Helper()
+	data, _ := json.Marshal(req)
+	if _, err := k.js.Publish(context.Background(), testSubject+"."+req.Environment+"."+req.Capability.Skill, data, jetstream.WithMsgID(msgID)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// pending is the consumer's unacknowledged + undelivered count.
+func (k *natsKit) pending(t *testing.T) (ackPending int, undelivered uint64, redelivered int) {
+	info, err := k.consumer(t).Info(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return info.NumAckPending, info.NumPending, info.NumRedelivered
+}
+
+func startWorker(t *testing.T, w *Worker) (stop func()) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- w.Run(ctx) }()
+	return func() {
+		cancel()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("worker: %v", err)
+			}
+		case <-time.After(30 * time.Second):
+			t.Error("worker did not stop")
+		}
+	}
+}
+
+func waitFor(t *testing.T, what string, d time.Duration, ok func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !ok() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// slowCalibrator accepts after taking longer than the consumer's AckWait.
+type slowCalibrator struct {
+	d     time.Duration
+	calls atomic.Int32
+	fail  atomic.Bool
+}
+
+func (c *slowCalibrator) Calibrate(ctx context.Context, _ Draft) (*Calibration, error) {
+	c.calls.Add(1)
+	if c.fail.Load() {
+		return nil, errors.New("policy server unreachable")
+	}
+	select {
+	case <-time.After(c.d):
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	return &Calibration{Accepted: true, Verdict: "accepted", Policy: "scripted", Simulated: true, Seeds: 2, RolloutsPerSeed: 2,
+		MeanReward: 0.4, SuccessRate: 0.4, PassAtK: map[string]float64{"1": 0.4}}, nil
+}
+
+func workerStage(t *testing.T, store Store, cal Calibrator, pub ReadyPublisher) (*Stage, *llmtest.Server) {
+	srv := llmtest.New(t)
+	srv.Handle(func(llmtest.Request) llmtest.Reply { return llmtest.Text(fenced(goodProgram)) })
+	gen, _ := newTestGenerator(t, srv)
+	s, err := NewStage(Config{LLM: gen, Validator: &markerValidator{}, Calibrators: func(*Job) (Calibrator, error) { return cal, nil },
+		Store: store, Publisher: pub})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s, srv
+}
+
+// TestWorkerLongWorkIsNotRedelivered: calibration takes 3 × AckWait; the
+// in-progress acks keep the request from being redelivered.
+func TestWorkerLongWorkIsNotRedelivered(t *testing.T) {
+	k := newNATSKit(t, 600*time.Millisecond)
+	store, pub := newMemStore(), &memPublisher{}
+	cal := &slowCalibrator{d: 1800 * time.Millisecond}
+	stage, gen := workerStage(t, store, cal, pub)
+	k.publish(t, testRequest("trig-long"), "trig-long")
+	stop := startWorker(t, NewWorker(stage, k.consumer(t), WorkerConfig{AckWait: 600 * time.Millisecond}))
+	defer stop()
+	id := schemas.EnvironmentID("trig-long")
+	waitFor(t, "DONE", 20*time.Second, func() bool {
+		e, _ := store.LoadEnvironment(context.Background(), id)
+		return e != nil && e.Status == StatusDone
+	})
+	waitFor(t, "the ack", 5*time.Second, func() bool { ap, _, _ := k.pending(t); return ap == 0 })
+	if _, _, redelivered := k.pending(t); redelivered != 0 || cal.calls.Load() != 1 || len(gen.Requests()) != 1 {
+		t.Fatalf("redelivered %d, calibrations %d, generations %d", redelivered, cal.calls.Load(), len(gen.Requests()))
+	}
+}
+
+// TestWorkerDuplicateAndRestartMakeOneEnvironment: the same request twice
+// (two messages, as after the duplicate window), a worker stopped in the
+// middle of the work and a new one on the same durable consumer, and the
+// request again after DONE: one environment, announced, one accepted
+// program — with the records in ClickHouse, and in memory.
+func TestWorkerDuplicateAndRestartMakeOneEnvironment(t *testing.T) {
+	t.Run("clickhouse", func(t *testing.T) {
+		st := chStore(t)
+		dupRestart(t, st, func() []string {
+			es, err := st.List(context.Background(), sink.EnvironmentFilter{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var ids []string
+			for _, e := range es {
+				ids = append(ids, e.ID)
+			}
+			return ids
+		})
+	})
+	t.Run("memory", func(t *testing.T) {
+		st := newMemStore()
+		dupRestart(t, st, st.ids)
+	})
+}
+
+func dupRestart(t *testing.T, store Store, ids func() []string) {
+	k := newNATSKit(t, 5*time.Second)
+	pub := &memPublisher{}
+	cal := &slowCalibrator{d: 2 * time.Second}
+	stage, gen := workerStage(t, store, cal, pub)
+	req := testRequest("trig-dup-nats")
+	k.publish(t, req, "m1")
+	k.publish(t, req, "m2")
+	stop := startWorker(t, NewWorker(stage, k.consumer(t), WorkerConfig{AckWait: 5 * time.Second}))
+	id := schemas.EnvironmentID(req.TriggerID)
+	waitFor(t, "calibration to start", 15*time.Second, func() bool { return cal.calls.Load() == 1 })
+	stop() // mid-calibration: the request is Nak'd and the record says CALIBRATING
+	if e, _ := store.LoadEnvironment(context.Background(), id); e == nil || e.Status != StatusCalibrating {
+		t.Fatalf("after the stop: %+v", e)
+	}
+	cal.d = 10 * time.Millisecond
+	stop = startWorker(t, NewWorker(stage, k.consumer(t), WorkerConfig{AckWait: 5 * time.Second}))
+	defer stop()
+	waitFor(t, "both messages acked", 20*time.Second, func() bool {
+		ap, np, _ := k.pending(t)
+		e, _ := store.LoadEnvironment(context.Background(), id)
+		return ap == 0 && np == 0 && e != nil && e.Status == StatusDone
+	})
+	k.publish(t, req, "m3") // again after DONE
+	waitFor(t, "the third acked", 10*time.Second, func() bool { ap, np, _ := k.pending(t); return ap == 0 && np == 0 })
+	if got := ids(); len(got) != 1 || got[0] != id {
+		t.Fatalf("environments %v", got)
+	}
+	e, _ := store.LoadEnvironment(context.Background(), id)
+	accepted := 0
+	for _, a := range e.Attempts {
+		if a.Accepted {
+			accepted++
+		}
+	}
+	if accepted != 1 || len(e.Attempts) != 1 {
+		t.Fatalf("%d attempts, %d accepted", len(e.Attempts), accepted)
+	}
+	pub.mu.Lock()
+	defer pub.mu.Unlock()
+	for _, m := range pub.msgs {
+		if m.EnvironmentID != id {
+			t.Fatal(m.EnvironmentID)
+		}
+	}
+	if len(pub.msgs) == 0 || len(gen.Requests()) > 2 {
+		t.Fatalf("%d announcements, %d generations", len(pub.msgs), len(gen.Requests()))
+	}
+}
+
+func TestWorkerRecordsFailedAfterMaxDeliver(t *testing.T) {
+	k := newNATSKit(t, 5*time.Second)
+	store, pub := newMemStore(), &memPublisher{}
+	cal := &slowCalibrator{}
+	cal.fail.Store(true)
+	stage, _ := workerStage(t, store, cal, pub)
+	k.publish(t, testRequest("trig-maxdeliver"), "trig-maxdeliver")
+	stop := startWorker(t, NewWorker(stage, k.consumer(t), WorkerConfig{MaxDeliver: 3, NakDelay: 20 * time.Millisecond}))
+	defer stop()
+	id := schemas.EnvironmentID("trig-maxdeliver")
+	waitFor(t, "FAILED", 20*time.Second, func() bool {
+		e, _ := store.LoadEnvironment(context.Background(), id)
+		return e != nil && e.Status == StatusFailed
+	})
+	waitFor(t, "the ack", 5*time.Second, func() bool { ap, np, _ := k.pending(t); return ap == 0 && np == 0 })
+	e, _ := store.LoadEnvironment(context.Background(), id)
+	if cal.calls.Load() != 3 || e.Reason != "delivered 3 times, the last transient failure: transient: calibrate: policy server unreachable" {
+		t.Fatalf("%d calibrations; reason %q", cal.calls.Load(), e.Reason)
+	}
+	if len(pub.msgs) != 0 {
+		t.Fatal("a FAILED environment was announced")
+	}
+}
+
+func TestWorkerTerminatesInvalidRequests(t *testing.T) {
+	k := newNATSKit(t, 5*time.Second)
+	store := newMemStore()
+	stage, _ := workerStage(t, store, &slowCalibrator{}, &memPublisher{})
+	if _, err := k.js.Publish(context.Background(), testSubject+".x.y", []byte(`{"trigger_id": 7}`)); err != nil {
+		t.Fatal(err)
+	}
+	stop := startWorker(t, NewWorker(stage, k.consumer(t), WorkerConfig{}))
+	defer stop()
+	waitFor(t, "the termination", 10*time.Second, func() bool { ap, np, _ := k.pending(t); return ap == 0 && np == 0 })
+	if len(store.ids()) != 0 {
+		t.Fatal("an environment from an invalid request")
+	}
+}
+
+// TestWorkerOneCapabilityAtATimePerEnvironment: three requests of one
+// environment and one of another; the worker may run two at once, but never
+// two of the same environment, and takes the highest mean Δ first.
+func TestWorkerOneCapabilityAtATimePerEnvironment(t *testing.T) {
+	k := newNATSKit(t, 5*time.Second)
+	store := newMemStore()
+	oc := &orderCalibrator{running: map[string]int{}}
+	srv := llmtest.New(t)
+	srv.Handle(func(llmtest.Request) llmtest.Reply { return llmtest.Text(fenced(goodProgram)) })
+	gen, _ := newTestGenerator(t, srv)
+	stage, err := NewStage(Config{LLM: gen, Validator: &markerValidator{}, Store: store,
+		Calibrators: func(j *Job) (Calibrator, error) { return &capCalibrator{oc, j.Request.Capability.Skill}, nil }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mk := func(trig, env, capability string, delta float64, rank int) *schemas.SynthesisRequest {
+		r := testRequest(trig)
+		r.Environment, r.Capability.Skill, r.Capability.MeanDelta, r.Rank = env, capability, delta, rank
+		return r
+	}
+	oc.envOf = map[string]string{}
+	for _, r := range []*schemas.SynthesisRequest{
+		mk("a3", "air", "user_confirmation", 0.30, 3), mk("a1", "air", "multi_step_completion", 0.60, 1),
+		mk("a2", "air", "precondition_verification", 0.57, 2), mk("r1", "ret", "argument_grounding", 0.82, 1),
+	} {
+		oc.envOf[r.Capability.Skill] = r.Environment
+		k.publish(t, r, r.TriggerID)
+	}
+	time.Sleep(200 * time.Millisecond) // all four in the stream before the worker fetches
+	stop := startWorker(t, NewWorker(stage, k.consumer(t), WorkerConfig{Concurrency: 4}))
+	defer stop()
+	waitFor(t, "four environments", 20*time.Second, func() bool {
+		n := 0
+		for _, id := range store.ids() {
+			if e, _ := store.LoadEnvironment(context.Background(), id); e.Status == StatusDone {
+				n++
+			}
+		}
+		return n == 4
+	})
+	oc.mu.Lock()
+	defer oc.mu.Unlock()
+	if oc.maxPerEnv != 1 {
+		t.Fatalf("%d calibrations of one environment at once", oc.maxPerEnv)
+	}
+	var air []string
+	for _, c := range oc.order {
+		if oc.envOf[c] == "air" {
+			air = append(air, c)
+		}
+	}
+	if len(air) != 3 || air[0] != "multi_step_completion" || air[1] != "precondition_verification" || air[2] != "user_confirmation" {
+		t.Fatalf("air order %v", air)
+	}
+}
+
+// orderCalibrator records the order of calibrations and how many of one
+// environment overlapped.
+type orderCalibrator struct {
+	mu        sync.Mutex
+	running   map[string]int
+	maxPerEnv int
+	order     []string
+	envOf     map[string]string
+}
+
+type capCalibrator struct {
+	c          *orderCalibrator
+	capability string
+}
+
+func (cc *capCalibrator) Calibrate(ctx context.Context, _ Draft) (*Calibration, error) {
+	c, env := cc.c, cc.c.envOf[cc.capability]
+	c.mu.Lock()
+	c.order = append(c.order, cc.capability)
+	c.running[env]++
+	c.maxPerEnv = max(c.maxPerEnv, c.running[env])
+	c.mu.Unlock()
+	time.Sleep(150 * time.Millisecond)
+	c.mu.Lock()
+	c.running[env]--
+	c.mu.Unlock()
+	return &Calibration{Accepted: true, Verdict: "accepted", Policy: "scripted", Seeds: 1, RolloutsPerSeed: 1, PassAtK: map[string]float64{"1": 0.5}}, nil
+}
