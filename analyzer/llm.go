@@ -401,7 +401,17 @@ func messageLine(i int, m sink.CompactMessage) string {
 	if m.Requestor != "" && m.Requestor != "assistant" {
 		role += " (" + m.Requestor + " side)"
 	}
+	if m.Error && m.Role != "tool" {
+		role += " (error)"
+	}
 	fmt.Fprintf(&b, "[%d] %s: %s", i, escapeData(role), escapeData(oneLine(m.Content)))
+	// Reasoning and error texts are cut like contents (sink.CompactMessages).
+	if m.Reasoning != "" {
+		fmt.Fprintf(&b, "\n    reasoning: %s", escapeData(oneLine(m.Reasoning)))
+	}
+	if m.ErrorText != "" {
+		fmt.Fprintf(&b, "\n    error: %s", escapeData(oneLine(m.ErrorText)))
+	}
 	for _, tc := range m.ToolCalls {
 		by := ""
 		if tc.Requestor != "" && tc.Requestor != "assistant" {

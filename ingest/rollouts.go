@@ -2,7 +2,6 @@ package ingest
 
 import (
 	"context"
-	"sync"
 
 	"github.com/traceops/trace/internal/stream"
 	"github.com/traceops/trace/schemas"
@@ -26,30 +25,21 @@ func DecodeLabel(b []byte) (*schemas.LabelEvent, error) {
 // rows instead of whole rollouts (less memory, less work in the serial write
 // stage). The row's Kafka coordinates are filled in by RowSink.
 //
-// Contents are cut to sink.MaxContentChars anyway, so the decoder keeps only
-// a prefix of long ones (schemas.DecodeOptions.ContentPrefix): the rest is
-// validated but not copied. Contents and tool-call arguments are stored as
-// JSON, so they are handed over as JSON text from the input, contents cut
-// already (schemas.DecodeOptions.RawJSON, ContentCut), rather than decoded
-// and encoded again.
+// The rollout is decoded raw (schemas.DecodeRawRollout): contents,
+// arguments and metadata are stored as JSON anyway, so the row is made from
+// their text in the input (sink.RawRolloutRow) rather than from decoded
+// values encoded again.
 func DecodeRolloutRow(maxBytes int) stream.Decoder[*sink.RolloutRow] {
-	opt := schemas.DecodeOptions{MaxBytes: maxBytes, ContentPrefix: sink.MaxContentChars + 1,
-		RawJSON: true, ContentCut: sink.MaxContentChars}
+	opt := schemas.DecodeOptions{MaxBytes: maxBytes}
 	return func(b []byte) (*sink.RolloutRow, error) {
-		// The rollout's strings live in a pooled buffer only until its row
-		// is made (the row owns its strings).
-		buf := arenas.Get().(*[]byte)
-		defer arenas.Put(buf)
-		r, err := schemas.DecodeRolloutInto(b, opt, buf)
+		r, err := schemas.DecodeRawRollout(b, opt)
 		if err != nil {
 			return nil, err
 		}
-		row := sink.RolloutRowFrom(r, sink.Coord{})
+		row := sink.RawRolloutRow(r, sink.Coord{})
 		return &row, nil
 	}
 }
-
-var arenas = sync.Pool{New: func() any { return new([]byte) }}
 
 // RowSink writes rows made by DecodeRolloutRow: the ingest stage's sink.
 // Errors that retrying cannot fix are marked Fatal; everything else

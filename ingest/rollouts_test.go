@@ -3,6 +3,7 @@ package ingest_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"path/filepath"
 	"reflect"
 	"strings"
@@ -10,7 +11,6 @@ import (
 	"time"
 	"unicode/utf8"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/traceops/trace/ingest"
 	"github.com/traceops/trace/internal/dev/shareddata"
 	"github.com/traceops/trace/internal/dev/simulate"
@@ -87,14 +87,21 @@ func TestDecodeRolloutRowMatchesFullDecode(t *testing.T) {
 	// Compared after every decode: a row must not view the decoder's reused
 	// buffer.
 	for i := range gots {
-		// The metadata is stored from its input text: the same JSON value,
-		// spelled as the input spelled it (60.0 stays 60.0).
-		if (gots[i].Metadata == "") != (wants[i].Metadata == "") || !jsonEqual(gots[i].Metadata, wants[i].Metadata) {
-			t.Fatalf("doc %d: metadata %s, want %s", i, gots[i].Metadata, wants[i].Metadata)
+		// The JSON columns are stored from their input text: the same JSON
+		// values, spelled as the input spelled them (60.0 stays 60.0, an
+		// escaped \u003e stays escaped).
+		for _, c := range []struct {
+			name      string
+			got, want *string
+		}{{"messages", &gots[i].Messages, &wants[i].Messages}, {"tools", &gots[i].Tools, &wants[i].Tools},
+			{"grader", &gots[i].Grader, &wants[i].Grader}, {"metadata", &gots[i].Metadata, &wants[i].Metadata}} {
+			if (*c.got == "") != (*c.want == "") || !jsonEqual(*c.got, *c.want) {
+				t.Fatalf("doc %d: %s %.2000s, want %.2000s", i, c.name, *c.got, *c.want)
+			}
+			*c.got = *c.want
 		}
-		gots[i].Metadata = wants[i].Metadata
 		if gots[i] != wants[i] {
-			t.Fatalf("doc %d: row differs\n got %+v\nwant %+v", i, gots[i], wants[i])
+			t.Fatalf("doc %d: row differs\n got %.2000v\nwant %.2000v", i, gots[i], wants[i])
 		}
 	}
 	if cut == 0 {
@@ -105,10 +112,11 @@ func TestDecodeRolloutRowMatchesFullDecode(t *testing.T) {
 
 // Rollouts written by other JSON encoders than Go's (Python's json.dumps:
 // ", " and ": " separators, \u escapes for every non-ASCII character, keys
-// in insertion order; escaped slashes; repeated keys; lone surrogates) give
-// rows with the same values as a full decode: contents decode to the same
-// cut text, arguments to the same JSON value (or are both cut at 200
-// characters), and every other column is equal.
+// in insertion order; escaped slashes) give rows with the same values as a
+// full decode: contents decode to the same cut text, arguments to the same
+// JSON value (or are both cut at 200 characters), and every other column is
+// equal. What RFC 7493 forbids (a repeated key, a lone surrogate escape) is
+// refused, not stored.
 func TestDecodeRolloutRowOtherEncoders(t *testing.T) {
 	long := strings.Repeat(`caf\u00e9 \"x\" \/ `, 40)
 	longArgs := `{"z": "` + strings.Repeat(`\u00e9 `, 150) + `", "a": [1, 2.50, {"b": null}]}`
@@ -117,12 +125,12 @@ func TestDecodeRolloutRowOtherEncoders(t *testing.T) {
 		`{"role": "user", "content": "\ud83d\ude00 na\u00efve \u2028 <&>", "turn_idx": 0}`,
 		`{"role": "assistant", "content": null, "tool_calls": [` +
 			`{"id": "c1", "name": "f", "arguments": {"z": 1, "a": "x\/y", "m": {"k": [true, false]}}},` +
-			`{"id": "c2", "name": "f", "arguments": {"a": 1, "a": 2}},` +
-			`{"id": "c3", "name": "f", "arguments": {"s": "\ud800"}},` +
+			`{"id": "c2", "name": "f", "arguments": {"a": 1, "b": 2}},` +
+			`{"id": "c3", "name": "f", "arguments": {"s": "\ud83d\ude00"}},` +
 			`{"id": "c4", "name": "f", "arguments": ` + longArgs + `, "requestor": "user"}]}`,
-		`{"role": "tool", "tool_call_id": "c1", "content": "\udc00 lone", "error": true}`,
-		`{"role": "tool", "tool_call_id": "c2", "content": "` + strings.Repeat("x", 298) + `\ud800 in the part kept"}`,
-		`{"role": "tool", "tool_call_id": "c3", "content": "` + strings.Repeat("x", 300) + `\ud800 past the cut"}`,
+		`{"role": "tool", "tool_call_id": "c1", "content": "\udbff\udfff pair", "error": true, "error_text": "` + long + `"}`,
+		`{"role": "tool", "tool_call_id": "c2", "content": "` + strings.Repeat("x", 298) + `\ud83d\ude00 in the part kept"}`,
+		`{"role": "assistant", "reasoning": "` + strings.Repeat("x", 300) + `\ud83d\ude00 past the cut", "content": "ok"}`,
 		`{"role": "user", "content": "` + strings.Repeat(`\u00e9`, 299) + `\n"}`,
 		`{"role": "user", "content": "` + strings.Repeat(`\u00e9`, 301) + `"}`,
 	}
@@ -174,10 +182,17 @@ func TestDecodeRolloutRowOtherEncoders(t *testing.T) {
 	if cutArgs != 1 {
 		t.Fatalf("%d arguments cut, want 1", cutArgs)
 	}
-	// The contents were stored from their input text (RawJSON), escapes and
-	// all, not decoded and encoded again.
-	if !strings.Contains(got.Messages, `caf\u00e9 \"x\" \/`) {
-		t.Fatalf("stored contents do not keep the input's escapes:\n%.300s", got.Messages)
+	if gm[5].Reasoning == "" || !strings.HasSuffix(gm[5].Reasoning, "…") || utf8.RuneCountInString(gm[3].ErrorText) != sink.MaxContentChars {
+		t.Fatalf("reasoning %q, error text %q: not kept or not cut", gm[5].Reasoning, gm[3].ErrorText)
+	}
+	for _, bad := range []struct{ old, new, reason string }{
+		{`"arguments": {"a": 1, "b": 2}`, `"arguments": {"a": 1, "a": 2}`, schemas.ReasonDuplicateKey},
+		{`pair`, `\ud800 lone`, schemas.ReasonNotJSON},
+	} {
+		_, err := ingest.DecodeRolloutRow(0)([]byte(strings.Replace(doc, bad.old, bad.new, 1)))
+		if e := (*schemas.Error)(nil); !errors.As(err, &e) || e.Reason != bad.reason {
+			t.Fatalf("%s: err %v, want %s", bad.new, err, bad.reason)
+		}
 	}
 	got.Messages = want.Messages
 	if *got != want {
@@ -223,22 +238,3 @@ func TestRowSinkWrite(t *testing.T) {
 	}
 }
 
-// RegisterMetrics exports the decoder's fallback counter (0: no valid rollout
-// made the one-pass parser fail by a bug of its own).
-func TestRegisterMetricsExportsFastPathFallbacks(t *testing.T) {
-	reg := prometheus.NewRegistry()
-	ingest.RegisterMetrics(reg)
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() == "trace_schema_fast_path_fallbacks_total" {
-			if v := mf.GetMetric()[0].GetCounter().GetValue(); v != float64(schemas.FastPathFallbacks()) {
-				t.Fatalf("exported %v, schemas.FastPathFallbacks() = %d", v, schemas.FastPathFallbacks())
-			}
-			return
-		}
-	}
-	t.Fatal("trace_schema_fast_path_fallbacks_total is not exported")
-}

@@ -60,7 +60,10 @@ type Tau2Options struct {
 //     content (null becomes "") and tool calls (id, name, arguments object,
 //     requestor — including the user-side calls of the telecom domain). Tool
 //     messages become role "tool" with tool_call_id = the message's id,
-//     content, error and requestor. turn_idx is kept.
+//     content, error and requestor. turn_idx is kept, and so is a message's
+//     "reasoning" text (some agents' files carry it). A message's "errors"
+//     (a string, a list or an object, in some files) sets its error flag,
+//     with the errors as error_text (list items joined with "; ").
 //   - tools: info.environment_info.tool_defs mapped to OpenAI function schemas
 //     (sorted by name). tool_defs is often null in result files; then the list
 //     is derived from the distinct names of the agent-side tool calls seen
@@ -235,10 +238,12 @@ type tau2RewardInfo struct {
 type tau2Message struct {
 	Role      string          `json:"role"`
 	Content   any             `json:"content"`
+	Reasoning any             `json:"reasoning"` // some agents' result files: the model's reasoning text
 	ToolCalls []tau2ToolCall  `json:"tool_calls"`
 	ID        tau2LooseString `json:"id"`
 	Requestor string          `json:"requestor"`
 	Error     *bool           `json:"error"`
+	Errors    any             `json:"errors"` // some result files: what failed in this turn (a string, a list or an object)
 	TurnIdx   *int            `json:"turn_idx"`
 }
 
@@ -463,11 +468,14 @@ func (c *tau2Converter) rollout(i int) *schemas.Rollout {
 }
 
 func tau2ConvertMessage(m tau2Message) schemas.Message {
-	out := schemas.Message{Role: m.Role, Content: tau2Content(m.Content), TurnIdx: m.TurnIdx}
+	out := schemas.Message{Role: m.Role, Content: tau2Content(m.Content), Reasoning: tau2Content(m.Reasoning), TurnIdx: m.TurnIdx}
 	if m.Role == "tool" {
 		out.ToolCallID = string(m.ID)
 		out.Error = m.Error != nil && *m.Error
 		out.Requestor = tau2Requestor(m.Requestor)
+	}
+	if text := tau2Errors(m.Errors); text != "" {
+		out.Error, out.ErrorText = true, text
 	}
 	for _, tc := range m.ToolCalls {
 		out.ToolCalls = append(out.ToolCalls, schemas.ToolCall{
@@ -624,6 +632,32 @@ func tau2Content(v any) string {
 		}
 		return string(b)
 	}
+}
+
+// tau2Errors renders a message's "errors" value as one text: a string as
+// it is, the items of a list joined with "; " (strings as they are, other
+// values as JSON), anything else as JSON; "" when there are none (null, "",
+// [], {}).
+func tau2Errors(v any) string {
+	switch e := v.(type) {
+	case nil:
+		return ""
+	case string:
+		return e
+	case []any:
+		parts := make([]string, 0, len(e))
+		for _, item := range e {
+			if s := tau2Errors(item); s != "" {
+				parts = append(parts, s)
+			}
+		}
+		return strings.Join(parts, "; ")
+	case map[string]any:
+		if len(e) == 0 {
+			return ""
+		}
+	}
+	return tau2Content(v)
 }
 
 func tau2Requestor(s string) string {

@@ -389,3 +389,41 @@ func TestTau2AgentVersion(t *testing.T) {
 		t.Errorf("version too long: %d", len(v))
 	}
 }
+
+// Some agents' result files carry a message's "reasoning" text and an
+// "errors" value (a string, a list of strings or objects, or an object);
+// the conversion keeps the reasoning and turns errors into the message's
+// error flag and text, through the schema (and no errors, no flag).
+func TestConvertTau2ReasoningAndErrors(t *testing.T) {
+	in := strings.Replace(tau2Telecom, `{"role": "assistant", "content": "Hi! How can I help you today?", "tool_calls": null, "turn_idx": 0},`,
+		`{"role": "assistant", "content": "Hi! How can I help you today?", "reasoning": "Greet first.\nThen ask.", "errors": null, "tool_calls": null, "turn_idx": 0},`, 1)
+	in = strings.Replace(in, `{"role": "user", "content": "My data does not work abroad.", "tool_calls": null, "turn_idx": 3},`,
+		`{"role": "user", "content": "My data does not work abroad.", "reasoning": {"summary": "roaming"}, "errors": [], "tool_calls": null, "turn_idx": 3},`, 1)
+	in = strings.Replace(in, `{"role": "tool", "id": "a-1", "content": "{\"customer_id\": \"C1\"}", "requestor": "assistant", "error": false, "turn_idx": 5},`,
+		`{"role": "tool", "id": "a-1", "content": "{\"customer_id\": \"C1\"}", "requestor": "assistant", "error": false, "errors": ["timeout", {"code": 504}], "turn_idx": 5},`, 1)
+	in = strings.Replace(in, `{"role": "user", "content": "###STOP###", "tool_calls": null, "turn_idx": 7}`,
+		`{"role": "user", "content": "###STOP###", "tool_calls": null, "errors": "user simulator: rate limited", "turn_idx": 7}`, 1)
+	if strings.Count(in, `"errors"`) != 4 {
+		t.Fatal("fixture not rewritten")
+	}
+	ros, err := ConvertTau2(strings.NewReader(in))
+	if err != nil {
+		t.Fatal(err)
+	}
+	msgs := tau2Revalidate(t, ros[0]).Messages
+	if m := msgs[1]; m.Reasoning != "Greet first.\nThen ask." || m.Error || m.ErrorText != "" {
+		t.Errorf("reasoning as a string: %+v", m)
+	}
+	if m := msgs[4]; m.Reasoning != `{"summary":"roaming"}` || m.Error {
+		t.Errorf("reasoning as an object, errors empty: %+v", m)
+	}
+	if m := msgs[6]; !m.Error || m.ErrorText != `timeout; {"code":504}` || m.Role != "tool" {
+		t.Errorf("errors as a list: %+v", m)
+	}
+	if m := msgs[8]; !m.Error || m.ErrorText != "user simulator: rate limited" {
+		t.Errorf("errors as a string: %+v", m)
+	}
+	if m := msgs[7]; !m.Error || m.ErrorText != "" {
+		t.Errorf("the error flag alone: %+v", m)
+	}
+}

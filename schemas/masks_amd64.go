@@ -6,3 +6,6 @@ package schemas
 //
 //go:noescape
 func specialMasks64(p *byte) (quote, backslash, ctl uint64)
+
+// masks64 is specialMasks64 of b[:64] (len(b) >= 64).
+func masks64(b []byte) (quote, backslash, ctl uint64) { return specialMasks64(&b[0]) }

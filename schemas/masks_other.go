@@ -2,12 +2,10 @@
 
 package schemas
 
-import "unsafe"
-
-// specialMasks64 is masks_amd64.s's masks of the quotes, backslashes and
-// control characters of the 64 bytes at p, one byte at a time.
-func specialMasks64(p *byte) (quote, backslash, ctl uint64) {
-	for i, c := range unsafe.Slice(p, 64) {
+// masks64 is masks_amd64.s's masks of the quotes, backslashes and control
+// characters of b[:64], one byte at a time.
+func masks64(b []byte) (quote, backslash, ctl uint64) {
+	for i, c := range b[:64] {
 		switch {
 		case c == '"':
 			quote |= 1 << i

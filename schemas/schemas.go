@@ -46,6 +46,7 @@ const (
 	ReasonTooLarge        = "too_large"
 	ReasonInvalidUTF8     = "invalid_utf8"
 	ReasonNotJSON         = "not_json"
+	ReasonDuplicateKey    = "duplicate_key" // an object repeats a member name; Path names the repeat
 	ReasonSchema          = "schema"
 	ReasonNonFiniteReward = "non_finite_reward"
 	ReasonEmpty           = "empty"

@@ -1,7 +1,7 @@
 package schemas
 
 import (
-	"encoding/json"
+	json "github.com/go-json-experiment/json"
 	"time"
 )
 

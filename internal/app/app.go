@@ -209,7 +209,6 @@ func (a *App) Ready() <-chan struct{} { return a.readyCh }
 func (a *App) Run(ctx context.Context, extra ...Actor) error {
 	var g run.Group
 	im := stream.NewMetrics(a.Registry)
-	ingest.RegisterMetrics(a.Registry)
 	am := analyzer.NewMetrics(a.Registry)
 	a.Evaluator = analyzer.NewEvaluator(a.Cfg.Analyzer.EvalConfig, a.Store, BusPublisher{Bus: a.Bus}, a.Dicts, a.Log, am)
 

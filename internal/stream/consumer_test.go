@@ -466,7 +466,15 @@ func TestConsumerDeadLettersMalformedRollouts(t *testing.T) {
 		{"environment with a slash", mod(`"environment":"tau2-airline"`, `"environment":"tau2/airline"`), schemas.ReasonSchema},
 		{"single quotes", []byte(strings.ReplaceAll(string(validRollout("sq")), `"`, `'`)), schemas.ReasonNotJSON},
 		{"null document", []byte("null"), schemas.ReasonSchema},
+		// A repeated member name is ambiguous (which value is meant?),
+		// wherever it is: dead-lettered with the JSON path of the repeat.
+		{"repeated environment", mod(`"environment":"tau2-airline"`, `"environment":"tau2-airline","environment":"other"`), schemas.ReasonDuplicateKey},
+		{"repeated rollout_id", mod(`"rollout_id":"bad"`, `"rollout_id":"bad","rollout_id":"bad"`), schemas.ReasonDuplicateKey},
+		{"repeated key in arguments", mod(`"arguments":{"user_id":"u1"}`, `"arguments":{"user_id":"u1","user_\u0069d":"u2"}`), schemas.ReasonDuplicateKey},
+		{"repeated key in metadata", mod(`"task_id":"7",`, `"task_id":"7","metadata":{"a":{"b":1,"b":2}},`), schemas.ReasonDuplicateKey},
 	}
+	duplicatePaths := map[string]string{"repeated environment": "/environment", "repeated rollout_id": "/rollout_id",
+		"repeated key in arguments": "/messages/2/tool_calls/0/arguments/user_id", "repeated key in metadata": "/metadata/a/b"}
 	if len(bad) < 20 {
 		t.Fatalf("only %d malformed kinds", len(bad))
 	}
@@ -543,6 +551,11 @@ func TestConsumerDeadLettersMalformedRollouts(t *testing.T) {
 			errh, _ := header(m, stream.HeaderError)
 			t.Errorf("%s: reason %q, want %q (error %q)", b.name, r, b.reason, errh)
 		}
+		if p, ok := duplicatePaths[b.name]; ok {
+			if errh, _ := header(m, stream.HeaderError); !strings.Contains(errh, strconv.Quote(p)) {
+				t.Errorf("%s: error %q does not name the path %s", b.name, errh, p)
+			}
+		}
 		for _, h := range []string{stream.HeaderError, stream.HeaderStage, stream.HeaderSourceTopic,
 			stream.HeaderSourcePartition, stream.HeaderSourceOffset, stream.HeaderFailedAt, "producer"} {
 			if v, ok := header(m, h); !ok || v == "" {
@@ -581,11 +594,8 @@ func TestConsumerDeadLettersMalformedRollouts(t *testing.T) {
 	if n := metricValue(t, reg, "trace_consumer_messages_consumed_total"); n != float64(len(msgs)) {
 		t.Errorf("messages_consumed_total = %v, want %d", n, len(msgs))
 	}
-	// No message of the corpus, valid or not, made the one-pass parser fail
-	// by a bug of its own. (That the counter is exported is
-	// ingest.TestRegisterMetricsExportsFastPathFallbacks'.)
-	if n := schemas.FastPathFallbacks(); n != 0 {
-		t.Errorf("schemas.FastPathFallbacks() = %d, want 0", n)
+	if n := metricValue(t, reg, "trace_consumer_dead_lettered_total", "reason", schemas.ReasonDuplicateKey); n != 4 {
+		t.Errorf("dead_lettered_total{reason=duplicate_key} = %v, want 4", n)
 	}
 
 	// A second consumer of the same group gets nothing old: all was

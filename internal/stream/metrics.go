@@ -42,9 +42,6 @@ type Metrics struct {
 //	trace_consumer_lag{partition}                 high watermark minus the group's committed offset,
 //	                                              polled every Config.LagInterval (aggregate with max:
 //	                                              every member of a group reports every partition)
-//
-// (The rollout decoder's trace_schema_fast_path_fallbacks_total is registered
-// by ingest.RegisterMetrics.)
 func NewMetrics(reg prometheus.Registerer) *Metrics {
 	const ns, sub = "trace", "consumer"
 	st := []string{"stage", "topic"}

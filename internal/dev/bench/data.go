@@ -150,8 +150,8 @@ func NewDataset(set Set, rollouts []*schemas.Rollout, run string) (*Dataset, err
 		if err != nil {
 			return nil, err
 		}
-		// Only valid rollouts: what the decoder decodes is what the row holds.
-		dr, err := schemas.DecodeRollout(value, schemas.DecodeOptions{})
+		// Only valid rollouts; the row is what the ingest stage stores.
+		dr, err := schemas.DecodeRawRollout(value, schemas.DecodeOptions{})
 		if err != nil {
 			return nil, fmt.Errorf("bench: template %s: %w", r.RolloutID, err)
 		}
@@ -160,10 +160,10 @@ func NewDataset(set Set, rollouts []*schemas.Rollout, run string) (*Dataset, err
 			return nil, err
 		}
 		d.values = append(d.values, t)
-		d.keys = append(d.keys, []byte(dr.Key()))
+		d.keys = append(d.keys, []byte(dr.Head.Key()))
 		total += len(value)
 
-		row := sink.RolloutRowFrom(dr, sink.Coord{Topic: "bench", Partition: 0, Offset: 0})
+		row := sink.RawRolloutRow(dr, sink.Coord{Topic: "bench", Partition: 0, Offset: 0})
 		line, err := json.Marshal(rowJSON(row, now))
 		if err != nil {
 			return nil, err
@@ -198,7 +198,7 @@ func (d *Dataset) Value(i int, dst []byte) []byte { return d.fill(d.values[i%len
 func (d *Dataset) Key(i int) []byte { return d.keys[i%len(d.keys)] }
 
 // Row is the JSONEachRow line (with its newline) of row i of the rollouts
-// table: the values RolloutRowFrom gives for message i.
+// table: the values RawRolloutRow gives for message i.
 func (d *Dataset) Row(i int, dst []byte) []byte { return d.fill(d.rows[i%len(d.rows)], i, dst) }
 
 // rowJSON maps a row to the columns of the rollouts table, as InsertRollouts

@@ -5,36 +5,167 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"math/big"
-	"math/rand/v2"
 	"reflect"
-	"regexp"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
-	"unicode/utf8"
 
 	"github.com/santhosh-tekuri/jsonschema/v6"
 )
 
-// ---- the oracle: the schema path, independent of fast.go ----
+// ---- the oracle: the schema path, independent of codec.go and jsontext ----
+
+// oracleDoc decodes with encoding/json (UseNumber), nothing else.
+func oracleDoc(data []byte) (any, bool) {
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.UseNumber()
+	var doc any
+	if dec.Decode(&doc) != nil {
+		return nil, false
+	}
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		return nil, false
+	}
+	return doc, true
+}
 
 // schemaAccepts is the verdict of the JSON Schema path: encoding/json with
-// UseNumber, the rollout schema, then the finite reward.
+// UseNumber, the rollout schema, then the finite reward, on a document that
+// strictSyntax finds no fault in.
 func schemaAccepts(data []byte) bool {
-	doc, err := parseDoc(data)
-	if err != nil {
+	doc, ok := oracleDoc(data)
+	if !ok {
+		return false
+	}
+	if fault, _ := strictSyntax(data); fault != "" {
 		return false
 	}
 	if Validate(KindRollout, doc) != nil {
 		return false
 	}
 	reward := doc.(map[string]any)["outcome"].(map[string]any)["reward"].(json.Number)
-	_, err = strconv.ParseFloat(string(reward), 64) // ±Inf comes with ErrRange
+	_, err := strconv.ParseFloat(string(reward), 64) // ±Inf comes with ErrRange
 	return err == nil
+}
+
+// strictSyntax finds, in a document encoding/json reads, what RFC 7493
+// forbids and encoding/json accepts: a string escaping a lone surrogate
+// anywhere (fault "surrogate"), else a member name repeated in its object
+// (after unescaping; fault "duplicate", with the JSON pointer of the first
+// repeat). It walks encoding/json's tokens and looks at each string's text
+// in the input.
+func strictSyntax(data []byte) (fault, path string) {
+	var dup string // the first repeat's pointer
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.UseNumber()
+	type frame struct {
+		object bool
+		names  map[string]bool
+		index  int
+		name   string // the member being read
+		inName bool   // the next string is a name
+	}
+	var stack []*frame
+	ptr := func(last string) string {
+		var b strings.Builder
+		for _, f := range stack[:len(stack)-1] {
+			b.WriteByte('/')
+			if f.object {
+				b.WriteString(strings.NewReplacer("~", "~0", "/", "~1").Replace(f.name))
+			} else {
+				b.WriteString(strconv.Itoa(f.index - 1))
+			}
+		}
+		return b.String() + "/" + strings.NewReplacer("~", "~0", "/", "~1").Replace(last)
+	}
+	for {
+		start := dec.InputOffset()
+		tok, err := dec.Token()
+		if err != nil {
+			if dup != "" {
+				return "duplicate", dup
+			}
+			return "", ""
+		}
+		var top *frame
+		if len(stack) > 0 {
+			top = stack[len(stack)-1]
+		}
+		isName := top != nil && top.object && top.inName
+		if s, ok := tok.(string); ok {
+			if loneSurrogate(data[start:dec.InputOffset()]) {
+				return "surrogate", ""
+			}
+			if isName {
+				if top.names[s] && dup == "" {
+					dup = ptr(s)
+				}
+				top.names[s] = true
+				top.name, top.inName = s, false
+				continue
+			}
+		}
+		if d, ok := tok.(json.Delim); ok && (d == '}' || d == ']') {
+			stack = stack[:len(stack)-1]
+			if len(stack) > 0 && stack[len(stack)-1].object {
+				stack[len(stack)-1].inName = true
+			}
+			continue
+		}
+		// a value: it completes a member or an element
+		if top != nil {
+			if top.object {
+				top.inName = true
+			} else {
+				top.index++
+			}
+		}
+		if d, ok := tok.(json.Delim); ok {
+			if top != nil && top.object {
+				top.inName = false // the value is open
+			}
+			stack = append(stack, &frame{object: d == '{', names: map[string]bool{}, inName: d == '{'})
+		}
+	}
+}
+
+// loneSurrogate reports whether a string's JSON text escapes a surrogate
+// that is not half of a high-low pair.
+func loneSurrogate(text []byte) bool {
+	hex := func(i int) (rune, bool) {
+		if i+6 > len(text) || text[i] != '\\' || text[i+1] != 'u' {
+			return 0, false
+		}
+		v, err := strconv.ParseUint(string(text[i+2:i+6]), 16, 32)
+		return rune(v), err == nil
+	}
+	for i := 0; i < len(text); i++ {
+		if text[i] != '\\' {
+			continue
+		}
+		r, ok := hex(i)
+		if !ok {
+			i++ // a one-byte escape
+			continue
+		}
+		switch {
+		case r >= 0xD800 && r < 0xDC00:
+			if r2, ok := hex(i + 6); ok && r2 >= 0xDC00 && r2 < 0xE000 {
+				i += 11
+				continue
+			}
+			return true
+		case r >= 0xDC00 && r < 0xE000:
+			return true
+		}
+		i += 5
+	}
+	return false
 }
 
 var (
@@ -194,9 +325,9 @@ func childKind(k reprKind, key string, object bool) reprKind {
 // written as integers, then unmarshalled by encoding/json.
 func expectedRollout(t testing.TB, data []byte) *Rollout {
 	t.Helper()
-	doc, err := parseDoc(data)
-	if err != nil {
-		t.Fatal(err)
+	doc, ok := oracleDoc(data)
+	if !ok {
+		t.Fatal("not JSON")
 	}
 	keep := func(m any, keys ...string) map[string]any {
 		src := m.(map[string]any)
@@ -219,7 +350,7 @@ func expectedRollout(t testing.TB, data []byte) *Rollout {
 	top["outcome"] = keep(top["outcome"], "reward", "success")
 	var msgs []any
 	for _, m := range top["messages"].([]any) {
-		mm := keep(m, "role", "content", "tool_calls", "tool_call_id", "error", "requestor", "turn_idx")
+		mm := keep(m, "role", "content", "reasoning", "tool_calls", "tool_call_id", "error", "error_text", "requestor", "turn_idx")
 		if n, ok := mm["turn_idx"].(json.Number); ok {
 			r, _ := new(big.Rat).SetString(string(n))
 			mm["turn_idx"] = json.Number(r.Num().String())
@@ -261,8 +392,7 @@ func expectedRollout(t testing.TB, data []byte) *Rollout {
 }
 
 // canonicalParameters rewrites raw parameters to encoding/json's canonical
-// form, so that rollouts compare by value. Decoded tools may be shared
-// (SharedTools), so it rewrites a copy.
+// form, so that rollouts compare by value.
 func canonicalParameters(t testing.TB, r *Rollout) {
 	r.Tools = slices.Clone(r.Tools)
 	for i := range r.Tools {
@@ -278,114 +408,29 @@ func canonicalParameters(t testing.TB, r *Rollout) {
 	}
 }
 
-// checkContentPrefix: keeping only a content prefix (here at least 2 runes,
-// 8 bytes) accepts exactly the same documents and decodes the same rollout,
-// except that each content is a prefix of the whole one, complete or at
-// least 8 bytes long.
-func checkContentPrefix(t testing.TB, data []byte, full *Rollout) {
-	t.Helper()
-	p, why, _ := fastDecodeRolloutPrefix(data, DecodeOptions{ContentPrefix: 2}, nil)
-	if (p != nil) != (full != nil) {
-		t.Fatalf("with a content prefix the fast path accepts=%v (%s), without it %v\n%q", p != nil, why, full != nil, data)
-	}
-	if p == nil {
-		return
-	}
-	for i := range full.Messages {
-		c, w := p.Messages[i].Content, full.Messages[i].Content
-		if !strings.HasPrefix(w, c) || (c != w && len(c) < 8) {
-			t.Fatalf("message %d: prefix %q of %q", i, c, w)
-		}
-		p.Messages[i].Content = w
-	}
-	if !reflect.DeepEqual(p, full) {
-		t.Fatalf("with a content prefix the rollout differs beyond the contents\n%q", data)
-	}
-}
-
-// loneSurrogateEscape matches a \u escape of a surrogate, lone or not.
-var loneSurrogateEscape = regexp.MustCompile(`\\u[dD][89a-fA-F]`)
-
-// cutRunes is TRACE's compaction rule (sink.Truncate) for n runes.
-func cutRunes(s string, n int) string {
-	if r := []rune(s); len(r) > n {
-		return string(r[:n-1]) + "…"
-	}
-	return s
-}
-
-// checkRawJSON: with RawJSON (contents cut to cut characters) the fast path
-// accepts exactly the same documents, every content, arguments and metadata
-// text decodes to the value decoded without it (cut), and the rest of the
-// rollout is the same. Values fall back to decoding only when the input escapes a
-// surrogate (or for arguments, which may also repeat keys).
-func checkRawJSON(t testing.TB, data []byte, full *Rollout, cut int) {
-	t.Helper()
-	p, why, _ := fastDecodeRolloutPrefix(data, DecodeOptions{ContentPrefix: cut + 1, RawJSON: true, ContentCut: cut}, nil)
-	if (p != nil) != (full != nil) {
-		t.Fatalf("with RawJSON the fast path accepts=%v (%s), without it %v\n%q", p != nil, why, full != nil, data)
-	}
-	if p == nil {
-		return
-	}
-	for i := range full.Messages {
-		m, w := &p.Messages[i], &full.Messages[i]
-		switch {
-		case m.ContentJSON != "":
-			var c string
-			if m.Content != "" || json.Unmarshal([]byte(`"`+m.ContentJSON+`"`), &c) != nil || c != cutRunes(w.Content, cut) {
-				t.Fatalf("message %d: content text %q (%q) for %q\n%q", i, m.ContentJSON, m.Content, w.Content, data)
-			}
-		case m.Content == "":
-			if w.Content != "" {
-				t.Fatalf("message %d: content %q lost\n%q", i, w.Content, data)
-			}
-		case !loneSurrogateEscape.Match(data):
-			t.Fatalf("message %d: content %q decoded, not kept as text\n%q", i, m.Content, data)
-		case !strings.HasPrefix(w.Content, m.Content):
-			t.Fatalf("message %d: content %q is not a prefix of %q", i, m.Content, w.Content)
-		}
-		m.Content, m.ContentJSON = w.Content, ""
-		for j := range m.ToolCalls {
-			tc := &m.ToolCalls[j]
-			if tc.ArgumentsJSON != "" {
-				var args map[string]any
-				if tc.Arguments != nil || json.Unmarshal([]byte(tc.ArgumentsJSON), &args) != nil || !reflect.DeepEqual(args, w.ToolCalls[j].Arguments) {
-					t.Fatalf("message %d call %d: arguments text %q for %v\n%q", i, j, tc.ArgumentsJSON, w.ToolCalls[j].Arguments, data)
-				}
-				tc.Arguments, tc.ArgumentsJSON = args, ""
-			}
-		}
-	}
-	if p.MetadataJSON != "" {
-		var md map[string]any
-		if p.Metadata != nil || json.Unmarshal([]byte(p.MetadataJSON), &md) != nil || !reflect.DeepEqual(md, full.Metadata) {
-			t.Fatalf("metadata text %q for %v\n%q", p.MetadataJSON, full.Metadata, data)
-		}
-		p.Metadata, p.MetadataJSON = md, ""
-	}
-	if !reflect.DeepEqual(p, full) {
-		t.Fatalf("with RawJSON the rollout differs beyond contents, arguments and metadata\n%q", data)
-	}
-}
-
-// checkFast is the differential property: the fast path accepts exactly what
-// the schema path accepts and the struct can hold, it decodes the value the
-// schema's view describes, and DecodeRollout agrees with it.
-func checkFast(t testing.TB, data []byte) {
+// checkParser is the differential property: the parser accepts exactly what
+// the schema path accepts and the Go types can hold, it decodes the value
+// the schema's view describes, its raw values are the input's text of those
+// values, and a rejection carries the reason the oracle expects (a repeated
+// name: duplicate_key at the repeat's path).
+func checkParser(t testing.TB, data []byte) {
 	t.Helper()
 	if precheck(data, DecodeOptions{}) != nil {
 		return // size, emptiness and UTF-8 are checked before either path
 	}
-	got, why := fastDecodeRollout(data)
-	checkContentPrefix(t, data, got)
-	checkRawJSON(t, data, got, 3)
-	checkRawJSON(t, data, got, 20) // long enough for bodyCut's 8-byte steps
+	raw, why := parseRollout(data)
+	ref, refWhy := parseJSONText(data)
+	if (raw != nil) != (ref != nil) {
+		t.Fatalf("scanRollout accepts=%v (%s), parseJSONText accepts=%v (%s)\n%q", raw != nil, why, ref != nil, refWhy, data)
+	}
+	if raw != nil && !reflect.DeepEqual(raw, ref) {
+		t.Fatalf("scanRollout and parseJSONText read different values\n%+v\n%+v\n%q", raw, ref, data)
+	}
 	schemaOK := schemaAccepts(data)
 	want := schemaOK && representable(data)
-	if (got != nil) != want {
-		t.Fatalf("fast path accepts=%v (%s), schema accepts=%v, representable=%v\n%q",
-			got != nil, why, schemaOK, want || !schemaOK, data)
+	if (raw != nil) != want {
+		t.Fatalf("parser accepts=%v (%s), schema accepts=%v, representable=%v\n%q",
+			raw != nil, why, schemaOK, want || !schemaOK, data)
 	}
 	r, err := DecodeRollout(data, DecodeOptions{})
 	if (err == nil) != want {
@@ -396,19 +441,72 @@ func checkFast(t testing.TB, data []byte) {
 		if !errors.As(err, &e) || e.Reason == "" {
 			t.Fatalf("rejection without a reason: %v", err)
 		}
+		_, jsonOK := oracleDoc(data)
+		fault, path := strictSyntax(data)
+		switch {
+		case !jsonOK:
+			if e.Reason != ReasonNotJSON && e.Reason != ReasonNonFiniteReward {
+				t.Fatalf("not JSON, but reason %s (%v)\n%q", e.Reason, err, data)
+			}
+		case fault == "duplicate":
+			if e.Reason != ReasonDuplicateKey || e.Path != path {
+				t.Fatalf("repeated name at %s, but %v (path %q)\n%q", path, err, e.Path, data)
+			}
+		case fault == "surrogate":
+			if e.Reason != ReasonNotJSON {
+				t.Fatalf("lone surrogate, but %v\n%q", err, data)
+			}
+		case e.Reason == ReasonDuplicateKey || e.Reason == ReasonNotJSON:
+			t.Fatalf("strict JSON, but %v\n%q", err, data)
+		}
 		return
 	}
 	exp := expectedRollout(t, data)
-	canonicalParameters(t, got)
 	canonicalParameters(t, r)
-	if !reflect.DeepEqual(got, exp) {
-		gb, _ := json.Marshal(got)
-		eb, _ := json.Marshal(exp)
-		t.Fatalf("fast path decoded\n%s\nwant\n%s\ninput %q", gb, eb, data)
-	}
 	if !reflect.DeepEqual(r, exp) {
-		t.Fatalf("DecodeRollout differs from the fast path")
+		gb, _ := json.Marshal(r)
+		eb, _ := json.Marshal(exp)
+		t.Fatalf("decoded\n%s\nwant\n%s\ninput %q", gb, eb, data)
 	}
+	checkRawValues(t, data, raw, exp)
+}
+
+// checkRawValues: every raw value is a part of the input, and reads as the
+// value the oracle decoded.
+func checkRawValues(t testing.TB, data []byte, raw *RawRollout, exp *Rollout) {
+	t.Helper()
+	within := func(v []byte) {
+		if len(v) > 0 && !bytes.Contains(data, v) {
+			t.Fatalf("raw value %q is not a part of the input", v)
+		}
+	}
+	same := func(what string, v []byte, want any) {
+		t.Helper()
+		within(v)
+		if v == nil {
+			return
+		}
+		got := reflect.New(reflect.TypeOf(want)).Interface()
+		if err := json.Unmarshal(v, got); err != nil {
+			t.Fatalf("%s: raw %q: %v", what, v, err)
+		}
+		if g := reflect.ValueOf(got).Elem().Interface(); !reflect.DeepEqual(g, want) {
+			t.Fatalf("%s: raw %q reads %v, want %v", what, v, g, want)
+		}
+	}
+	for i, m := range raw.Messages {
+		em := exp.Messages[i]
+		same("content", m.Content, em.Content)
+		same("reasoning", m.Reasoning, em.Reasoning)
+		for j, tc := range m.ToolCalls {
+			same("arguments", tc.Arguments, em.ToolCalls[j].Arguments)
+		}
+	}
+	if exp.Metadata != nil {
+		same("metadata", raw.Metadata, exp.Metadata)
+	}
+	within(raw.Tools)
+	within(raw.Grader)
 }
 
 // ---- documents: a valid rollout as ordered members, to mutate ----
@@ -577,7 +675,7 @@ func seedDocs() []string {
 	msgs := map[string]obj{"user": baseUser, "assistant": baseAsst, "tool": baseToolMsg}
 	for _, name := range []string{"user", "assistant", "tool"} {
 		m := msgs[name]
-		for _, k := range []string{"role", "content", "tool_calls", "tool_call_id", "error", "requestor", "turn_idx"} {
+		for _, k := range []string{"role", "content", "reasoning", "tool_calls", "tool_call_id", "error", "error_text", "requestor", "turn_idx"} {
 			add(top.set("messages", baseMessages(m.del(k))))
 			for _, v := range anyKind {
 				add(top.set("messages", baseMessages(m.set(k, v))))
@@ -655,6 +753,12 @@ func seedDocs() []string {
 		add(top.set("metadata", `{"a":`+v+`}`))
 	}
 	add(top.set("metadata", `{"a":1e999,"a":1}`))
+	add(top.set("metadata", `{"a":{"b":1,"b":1}}`))
+	add(top.set("metadata", `{"a":1,"\u0061":1}`))
+	add(top.add("environment", `"other"`))
+	add(top.set("messages", calls(baseCall.set("arguments", `{"x":[{"y":1,"y":2}]}`).String())))
+	add(top.set("messages", baseMessages(baseAsst.set("reasoning", `"why"`), baseToolMsg.set("error", `true`).set("error_text", `"failed"`))))
+	add(top.set("messages", baseMessages(baseUser.set("content", `"\udc00"`).add("content", `"x"`))))
 	add(top.set("metadata", strings.Repeat(`{"a":`, 300)+`1`+strings.Repeat(`}`, 300)))
 
 	// Syntax around a valid document.
@@ -668,12 +772,12 @@ func seedDocs() []string {
 	return docs
 }
 
-func TestFastMatchesSchemaOnSeeds(t *testing.T) {
+func TestParserMatchesSchemaOnSeeds(t *testing.T) {
 	docs := seedDocs()
 	accepted := 0
 	for _, d := range docs {
-		checkFast(t, []byte(d))
-		if r, _ := fastDecodeRollout([]byte(d)); r != nil {
+		checkParser(t, []byte(d))
+		if r, _ := parseRollout([]byte(d)); r != nil {
 			accepted++
 		}
 	}
@@ -683,8 +787,9 @@ func TestFastMatchesSchemaOnSeeds(t *testing.T) {
 	}
 }
 
-// FuzzFastMatchesSchema: go test -fuzz=FuzzFastMatchesSchema ./schemas/
-func FuzzFastMatchesSchema(f *testing.F) {
+// FuzzParserMatchesSchema: go test -fuzz=FuzzParserMatchesSchema ./schemas/
+// (CI runs it for 60 s.)
+func FuzzParserMatchesSchema(f *testing.F) {
 	for _, d := range seedDocs() {
 		f.Add([]byte(d))
 	}
@@ -693,12 +798,12 @@ func FuzzFastMatchesSchema(f *testing.F) {
 		if len(data) > 1<<16 {
 			return
 		}
-		checkFast(t, data)
+		checkParser(t, data)
 	})
 }
 
-// TestFastConstraints names the verdict of each constraint explicitly.
-func TestFastConstraints(t *testing.T) {
+// TestParserConstraints names the verdict of each constraint explicitly.
+func TestParserConstraints(t *testing.T) {
 	top := baseTop()
 	msg := func(o obj) obj { return top.set("messages", baseMessages(o)) }
 	call := func(o obj) obj { return top.set("messages", baseMessages(baseAsst.set("tool_calls", arr(o.String())))) }
@@ -720,8 +825,8 @@ func TestFastConstraints(t *testing.T) {
 		{"optional members absent", top.del("schema").del("start_time").del("end_time").del("tools").del("grader").del("metadata"), true},
 		{"key case matters", top.rename("rollout_id", "Rollout_ID"), false},
 		{"key of another case is unknown", top.add("ROLLOUT_ID", `5`), true},
-		{"last duplicate wins (valid last)", top.set("rollout_id", `5`).add("rollout_id", `"r2"`), true},
-		{"last duplicate wins (invalid last)", top.add("rollout_id", `""`), false},
+		{"a repeated key is refused (valid last)", top.set("rollout_id", `5`).add("rollout_id", `"r2"`), false},
+		{"a repeated key is refused (same value)", top.add("rollout_id", `"r1"`), false},
 		{"null rollout_id", top.set("rollout_id", `null`), false},
 		{"rollout_id empty", top.set("rollout_id", `""`), false},
 		{"rollout_id 256 runes", top.set("rollout_id", q(strings.Repeat("é", 256))), true},
@@ -798,7 +903,13 @@ func TestFastConstraints(t *testing.T) {
 		{"grader null", top.set("grader", `null`), false},
 		{"grader reasons not strings", top.set("grader", `{"reasons":[1]}`), false},
 		{"grader breakdown not numbers", top.set("grader", `{"breakdown":{"a":"1"}}`), false},
-		{"grader breakdown last duplicate wins", top.set("grader", `{"breakdown":{"a":"1","a":1}}`), true},
+		{"grader breakdown repeated key", top.set("grader", `{"breakdown":{"a":1,"a":1}}`), false},
+		{"reasoning string", msg(baseAsst.set("reasoning", `"because"`)), true},
+		{"reasoning null", msg(baseAsst.set("reasoning", `null`)), true},
+		{"reasoning number", msg(baseAsst.set("reasoning", `1`)), false},
+		{"error_text string", msg(baseAsst.set("error", `true`).set("error_text", `"timeout"`)), true},
+		{"error_text null", msg(baseAsst.set("error_text", `null`)), false},
+		{"lone surrogate escape", msg(baseUser.set("content", `"\ud800"`)), false},
 		{"metadata array", top.set("metadata", `[]`), false},
 		{"metadata null", top.set("metadata", `null`), false},
 		{"metadata anything inside", top.set("metadata", `{"a":[null,true,{"b":"c"}]}`), true},
@@ -807,32 +918,32 @@ func TestFastConstraints(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			doc := []byte(tt.doc.String())
-			r, why := fastDecodeRollout(doc)
+			r, why := parseRollout(doc)
 			if (r != nil) != tt.ok {
-				t.Fatalf("fast path accepts=%v (%s), want %v\n%s", r != nil, why, tt.ok, doc)
+				t.Fatalf("parser accepts=%v (%s), want %v\n%s", r != nil, why, tt.ok, doc)
 			}
-			checkFast(t, doc)
+			checkParser(t, doc)
 		})
 	}
 	for _, s := range []string{`[1,2]`, `"x"`, `{}`, `{"rollout_id":"r"`, baseTop().String() + "x"} {
-		if r, _ := fastDecodeRollout([]byte(s)); r != nil {
+		if r, _ := parseRollout([]byte(s)); r != nil {
 			t.Errorf("accepted %q", s)
 		}
 	}
 }
 
-func TestFastDecodesValues(t *testing.T) {
+func TestDecodesValues(t *testing.T) {
 	doc := baseTop().set("messages", baseMessages(
-		baseUser.set("content", `"a\"b\\c\/d\b\f\n\r\t\u00e9\ud83d\ude00\ud800x"`).set("turn_idx", `1e1`),
-		baseAsst, baseToolMsg.set("error", `true`))).String()
-	r, why := fastDecodeRollout([]byte(doc))
-	if r == nil {
-		t.Fatal(why)
+		baseUser.set("content", `"a\"b\\c\/d\b\f\n\r\t\u00e9\ud83d\ude00x"`).set("turn_idx", `1e1`),
+		baseAsst.set("reasoning", `"think\u0021"`), baseToolMsg.set("error", `true`).set("error_text", `"boom"`))).String()
+	r, err := DecodeRollout([]byte(doc), DecodeOptions{})
+	if err != nil {
+		t.Fatal(err)
 	}
-	if got, want := r.Messages[0].Content, "a\"b\\c/d\b\f\n\r\té😀\ufffdx"; got != want {
+	if got, want := r.Messages[0].Content, "a\"b\\c/d\b\f\n\r\té😀x"; got != want {
 		t.Errorf("content %q, want %q", got, want)
 	}
-	if *r.Messages[0].TurnIdx != 10 || !r.Messages[2].Error || r.Messages[1].Content != "" {
+	if *r.Messages[0].TurnIdx != 10 || !r.Messages[2].Error || r.Messages[2].ErrorText != "boom" || r.Messages[1].Content != "" || r.Messages[1].Reasoning != "think!" {
 		t.Errorf("messages %+v", r.Messages)
 	}
 	if args := r.Messages[1].ToolCalls[0].Arguments; args["n"] != 2.0 || args["deep"].([]any)[1].(map[string]any)["x"] != nil {
@@ -844,12 +955,12 @@ func TestFastDecodesValues(t *testing.T) {
 	if r.EndTime.Format(time.RFC3339Nano) != "2026-01-01T00:01:00.5+02:00" || r.Grader.Breakdown["COMM"] != 1.5 {
 		t.Errorf("end %v grader %+v", r.EndTime, r.Grader)
 	}
-	checkFast(t, []byte(doc))
+	checkParser(t, []byte(doc))
 }
 
-// TestFastErrorsComeFromTheSchema: a rejected message gets the schema
-// library's error, as before the fast path existed.
-func TestFastErrorsComeFromTheSchema(t *testing.T) {
+// TestErrorsComeFromTheSchema: a rejected message gets the schema
+// library's error.
+func TestErrorsComeFromTheSchema(t *testing.T) {
 	_, err := DecodeRollout([]byte(baseTop().set("rollout_id", `5`).String()), DecodeOptions{})
 	var e *Error
 	if !errors.As(err, &e) || e.Reason != ReasonSchema || e.Path != "/rollout_id" || !strings.Contains(e.Rule, "type") {
@@ -861,13 +972,13 @@ func TestFastErrorsComeFromTheSchema(t *testing.T) {
 	}
 }
 
-// TestFastNeverKeepsInput: strings must not alias the caller's buffer, which
-// the consumer reuses.
-func TestFastNeverKeepsInput(t *testing.T) {
+// TestNeverKeepsInput: a decoded rollout must not alias the caller's
+// buffer, which the consumer reuses (only RawRollout's values do).
+func TestNeverKeepsInput(t *testing.T) {
 	doc := []byte(baseTop().String())
-	r, why := fastDecodeRollout(doc)
-	if r == nil {
-		t.Fatal(why)
+	r, err := DecodeRollout(doc, DecodeOptions{})
+	if err != nil {
+		t.Fatal(err)
 	}
 	before := fmt.Sprintf("%+v", *r)
 	for i := range doc {
@@ -878,373 +989,81 @@ func TestFastNeverKeepsInput(t *testing.T) {
 	}
 }
 
-// Tool arrays that decoded valid are remembered by their bytes: the same
-// definitions give the same shared slice, equal to a fresh decode, even after
-// the first input's buffer was overwritten; other definitions do not hit.
-func TestToolsCache(t *testing.T) {
-	tools := arr(baseTool.set("function", baseFunction.set("name", `"cache_probe_tool"`).String()).String())
-	first := []byte(baseTop().set("tools", tools).String())
-	a, why := fastDecodeRollout(first)
-	if a == nil {
-		t.Fatal(why)
+// A repeated member name is refused wherever it is, with reason
+// duplicate_key and the JSON pointer of the repeat, also where the last
+// value alone would be valid and where the names differ only in escapes.
+func TestDuplicateKeys(t *testing.T) {
+	top := baseTop()
+	call := func(args string) obj {
+		return top.set("messages", baseMessages(baseAsst.set("tool_calls", arr(baseCall.set("arguments", args).String()))))
 	}
-	want := slices.Clone(a.Tools)
-	want[0].Function.Parameters = slices.Clone(want[0].Function.Parameters)
-	for i := range first { // the consumer's buffers are not ours to keep
-		first[i] = ' '
-	}
-	b, why := fastDecodeRollout([]byte(baseTop().set("rollout_id", `"other"`).set("tools", tools).String()))
-	if b == nil {
-		t.Fatal(why)
-	}
-	if !SharedTools(a.Tools) || !SharedTools(b.Tools) || &a.Tools[0] != &b.Tools[0] {
-		t.Fatalf("same definitions: shared %v %v, same slice %v", SharedTools(a.Tools), SharedTools(b.Tools), &a.Tools[0] == &b.Tools[0])
-	}
-	if !reflect.DeepEqual(b.Tools, want) {
-		t.Fatalf("cached tools %+v, want %+v", b.Tools, want)
-	}
-	other := arr(baseTool.set("function", baseFunction.set("name", `"cache_probe_other"`).String()).String())
-	c, why := fastDecodeRollout([]byte(baseTop().set("tools", other).String()))
-	if c == nil {
-		t.Fatal(why)
-	}
-	if &c.Tools[0] == &a.Tools[0] || c.Tools[0].Function.Name != "cache_probe_other" {
-		t.Fatalf("different definitions hit the cache: %+v", c.Tools)
-	}
-	if SharedTools([]Tool{{Type: "function"}}) {
-		t.Fatal("a tool slice built by hand reported shared")
-	}
-}
-
-// RawJSON hands contents and arguments over as their text from the input,
-// cut or whole, and falls back to decoding exactly where the text would be
-// ambiguous.
-func TestRawJSON(t *testing.T) {
-	opt := DecodeOptions{ContentPrefix: 4, RawJSON: true, ContentCut: 3}
-	decode := func(content, args string) []Message {
-		t.Helper()
-		call := baseCall.set("arguments", args)
-		doc := baseTop().set("messages", baseMessages(baseUser.set("content", content), baseAsst.set("tool_calls", arr(call.String()))))
-		r, err := DecodeRolloutInto([]byte(doc.String()), opt, nil)
-		if err != nil {
-			t.Fatalf("%s / %s: %v", content, args, err)
-		}
-		return r.Messages
-	}
-	contents := []struct{ in, text, decoded string }{
-		{`""`, ``, ``},
-		{`"abc"`, `abc`, ``},
-		{`"abcd"`, `ab…`, ``},
-		{`"ab\n"`, `ab\n`, ``},
-		{`"ab\ncd"`, `ab…`, ``},
-		{`"a\"\\/x"`, `a\"…`, ``},
-		{`"\u00e9\u00e9\u00e9\u00e9"`, `\u00e9\u00e9…`, ``},
-		{`"é😀xy"`, `é😀…`, ``},
-		{`"\ud83d\ude00xyz"`, `\ud83d\ude00x…`, ``},
-		{`"abcd\ud800"`, `ab…`, ``},                // the lone surrogate is past the cut
-		{`"abc\ud800"`, `ab…`, ``},                 // character 4: past the cut too
-		{`"ab\ud800"`, ``, "ab\ufffd"},             // character 3, kept: decoded
-		{`"\ud800abc"`, ``, "\ufffdabc"},           // in the part kept: decoded
-		{`"ab\udc00"`, ``, "ab\ufffd"},             // a low surrogate alone
-		{`"x\ud83dy"`, ``, "x\ufffdy"},             // a high surrogate alone
-		{q(strings.Repeat("é", 50)), `éé…`, ``},    // cut inside a long run
-		{q(strings.Repeat("a\"", 50)), `a\"…`, ``}, // cut between escapes
-	}
-	for _, c := range contents {
-		m := decode(c.in, `{}`)[0]
-		if m.ContentJSON != c.text || m.Content != c.decoded {
-			t.Errorf("content %s: text %q decoded %q, want %q %q", c.in, m.ContentJSON, m.Content, c.text, c.decoded)
-		}
-	}
-	many := func(n int) string {
-		var b strings.Builder
-		b.WriteString("{")
-		for i := range n {
-			if i > 0 {
-				b.WriteString(",")
-			}
-			fmt.Fprintf(&b, `"k%d":%d`, i, i)
-		}
-		return b.String() + "}"
-	}
-	for _, c := range []struct {
-		args string
-		raw  bool
+	tests := []struct {
+		name string
+		doc  string
+		path string
 	}{
-		{`{"user_id":"u1","n":2,"deep":[1,{"x":null}]}`, true},
-		{"{ \"a\" : [ 1 , 2.50 ] ,\n \"b\" : \"<&>\" }", true},
-		{`{"a":"\ud83d\ude00","b":"\u00e9"}`, true},
-		{`{"a":{"b":1},"c":{"b":2}}`, true}, // the same key in two objects
-		{many(32), true},
-		{many(33), false},
-		{`{"a":1,"a":2}`, false},
-		{`{"a":{"b":1,"b":2}}`, false},
-		{`{"a":[{"b":1,"b":2}]}`, false},
-		{`{"\u0061":1}`, false},
-		{`{"a":"\ud800"}`, false},
-		{`{"a":["x\udfff"]}`, false},
-	} {
-		tc := decode(`"hi"`, c.args)[1].ToolCalls[0]
-		var want map[string]any
-		if err := json.Unmarshal([]byte(c.args), &want); err != nil {
-			t.Fatal(err)
-		}
-		switch {
-		case c.raw && (tc.ArgumentsJSON != c.args || tc.Arguments != nil):
-			t.Errorf("arguments %s: text %q, decoded %v; want the text", c.args, tc.ArgumentsJSON, tc.Arguments)
-		case !c.raw && (tc.ArgumentsJSON != "" || !reflect.DeepEqual(tc.Arguments, want)):
-			t.Errorf("arguments %s: text %q, decoded %v; want decoded %v", c.args, tc.ArgumentsJSON, tc.Arguments, want)
-		}
+		{"rollout_id", top.add("rollout_id", `"r2"`).String(), "/rollout_id"},
+		{"environment", top.add("environment", `"other"`).String(), "/environment"},
+		{"escaped repeat", top.add("rollout\u005fid", `"r2"`).String(), "/rollout_id"},
+		{"agent version", top.set("agent", baseAgent.add("version", `"v2"`).String()).String(), "/agent/version"},
+		{"message role", top.set("messages", baseMessages(baseUser, baseUser.add("role", `"assistant"`))).String(), "/messages/1/role"},
+		{"tool-call arguments", call(`{"user_id":"u1","user_id":"u2"}`).String(), "/messages/0/tool_calls/0/arguments/user_id"},
+		{"deep in arguments", call(`{"a":[1,{"b":{"c":1,"c":2}}]}`).String(), "/messages/0/tool_calls/0/arguments/a/1/b/c"},
+		{"metadata", top.set("metadata", `{"k":1,"k":1}`).String(), "/metadata/k"},
+		{"metadata name with a slash", top.set("metadata", `{"a/b~":1,"a/b~":2}`).String(), "/metadata/a~1b~0"},
+		{"grader breakdown", top.set("grader", `{"breakdown":{"DB":0,"DB":1}}`).String(), "/grader/breakdown/DB"},
+		{"unknown member", top.add("extra", `{"x":1,"x":2}`).String(), "/extra/x"},
+		{"tool parameters", top.set("tools", arr(baseTool.set("function", baseFunction.set("parameters", `{"type":"object","type":"object"}`).String()).String())).String(), "/tools/0/function/parameters/type"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := DecodeRollout([]byte(tt.doc), DecodeOptions{})
+			var e *Error
+			if !errors.As(err, &e) || e.Reason != ReasonDuplicateKey || e.Path != tt.path {
+				t.Fatalf("err = %v (path %q), want %s at %s", err, pathOf(e), ReasonDuplicateKey, tt.path)
+			}
+			checkParser(t, []byte(tt.doc))
+		})
+	}
+	// Label events and synthesis requests share the strict syntax check.
+	_, err := DecodeLabel([]byte(`{"rollout_id":"r","rollout_id":"s"}`), DecodeOptions{})
+	if e := (*Error)(nil); !errors.As(err, &e) || e.Reason != ReasonDuplicateKey || e.Path != "/rollout_id" {
+		t.Fatalf("label: %v", err)
+	}
+	_, err = DecodeSynthesisRequest([]byte(`{"capability":{"skill":"a","skill":"b"}}`))
+	if e := (*Error)(nil); !errors.As(err, &e) || e.Reason != ReasonDuplicateKey || e.Path != "/capability/skill" {
+		t.Fatalf("synthesis request: %v", err)
 	}
 }
 
-func TestRawJSONMetadata(t *testing.T) {
-	opt := DecodeOptions{RawJSON: true}
-	for _, c := range []struct {
-		md  string
-		raw bool
-	}{{`{"k": [1, "v"]}`, true}, {`{}`, true}, {`{"k":1,"k":2}`, false}, {`{"k":"\udfff"}`, false}} {
-		r, err := DecodeRolloutInto([]byte(baseTop().set("metadata", c.md).String()), opt, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		var want map[string]any
-		_ = json.Unmarshal([]byte(c.md), &want)
-		if c.raw && (r.MetadataJSON != c.md || r.Metadata != nil) || !c.raw && (r.MetadataJSON != "" || !reflect.DeepEqual(r.Metadata, want)) {
-			t.Errorf("metadata %s: text %q decoded %v, want the text: %v", c.md, r.MetadataJSON, r.Metadata, c.raw)
-		}
+func pathOf(e *Error) string {
+	if e == nil {
+		return ""
 	}
+	return e.Path
 }
 
-// plainRun stops at the first quote, backslash or control character at every
-// offset and alignment.
-func TestPlainRun(t *testing.T) {
-	for _, special := range []byte{'"', '\\', 0, 0x1f, '\n'} {
-		for n := 0; n < 80; n++ {
-			for at := 0; at <= n; at++ {
-				b := bytes.Repeat([]byte("aé~\x7f"), 20)[:n+1]
-				b[len(b)-1] = 'z'
-				if at < n {
-					b[at] = special
-				}
-				for i := 0; i <= min(at, 3); i++ {
-					if got, want := plainRun(b, i), plainRunRef(b, i); got != want {
-						t.Fatalf("plainRun(%q, %d) = %d, want %d", b, i, got, want)
-					}
-				}
-			}
-		}
-	}
-}
-
-func plainRunRef(b []byte, i int) int {
-	for i < len(b) && b[i] >= 0x20 && b[i] != '"' && b[i] != '\\' {
-		i++
-	}
-	return i
-}
-
-// FuzzPlainRun: go test -fuzz=FuzzPlainRun ./schemas/
-func FuzzPlainRun(f *testing.F) {
-	f.Add([]byte(strings.Repeat("x", 40)+`"`), 3)
-	f.Add([]byte(strings.Repeat("é\x1f", 30)), 0)
-	f.Fuzz(func(t *testing.T, b []byte, i int) {
-		if i < 0 || i > len(b) {
-			return
-		}
-		if got, want := plainRun(b, i), plainRunRef(b, i); got != want {
-			t.Fatalf("plainRun(%q, %d) = %d, want %d", b, i, got, want)
-		}
-	})
-}
-
-// escapedMask marks exactly the bytes that an odd run of backslashes ends
-// before, across block boundaries.
-func TestEscapedMask(t *testing.T) {
-	rng := rand.New(rand.NewPCG(1, 2))
-	for range 20000 {
-		n := 64 * (1 + rng.IntN(3))
-		b := make([]byte, n)
-		for i := range b {
-			if rng.IntN(3) == 0 {
-				b[i] = 'a'
-			} else {
-				b[i] = '\\'
-			}
-		}
-		var carry uint64
-		escaped := false
-		for blk := 0; blk < n; blk += 64 {
-			var bs, want uint64
-			for i := range 64 {
-				c := b[blk+i]
-				if c == '\\' {
-					bs |= 1 << i
-				}
-				if escaped {
-					want |= 1 << i
-					escaped = false
-				} else if c == '\\' {
-					escaped = true
-				}
-			}
-			if got := escapedMask(bs, &carry); got != want {
-				t.Fatalf("block %d of %q: %064b, want %064b", blk/64, b, got, want)
-			}
-		}
-	}
-}
-
-// skipStrFrom (64 bytes at a time when it can) agrees with a byte-at-a-time
-// reader on where a string ends, whether it is valid and whether it escapes
-// a lone surrogate, for strings of escapes, quotes, control characters and
-// multi-byte characters at every alignment.
-func TestSkipStr(t *testing.T) {
-	pieces := []string{"a", "bcdefgh", "é", "😀", `\"`, `\\`, `\/`, `\n`, `\u00e9`, `\ud83d\ude00`, `\ud800`, `\udc00x`,
-		`\\\"`, `\\\\`, `"`, "\x01", `\x`, `\u12g4`, `\`, `\u`, strings.Repeat("p", 60)}
-	rng := rand.New(rand.NewPCG(3, 4))
-	for range 30000 {
-		var sb strings.Builder
-		sb.WriteString(strings.Repeat(" ", rng.IntN(70)))
-		start := sb.Len()
-		for sb.Len() < start+rng.IntN(300) {
-			p := pieces[rng.IntN(len(pieces))]
-			if (p == `"` || p == "\x01" || p == `\x` || p == `\u12g4` || p == `\` || p == `\u`) && rng.IntN(8) != 0 {
-				continue // keep most strings long and valid
-			}
-			sb.WriteString(p)
-		}
-		sb.WriteString(`"` + strings.Repeat("z", rng.IntN(70)))
-		b := []byte(sb.String())
-		end, noLone, ok := skipStrRef(b, start)
-		d := fastDec{b: b}
-		gotOK, gotNoLone := true, false
-		func() {
-			defer func() {
-				if p := recover(); p != nil {
-					if _, isReject := p.(fastReject); !isReject {
-						panic(p)
-					}
-					gotOK = false
-				}
-			}()
-			gotNoLone = d.skipStrFrom(start)
-		}()
-		if gotOK != ok || ok && (d.i != end || gotNoLone != noLone) {
-			t.Fatalf("%q from %d: ok=%v end=%d noLone=%v, want %v %d %v", b, start, gotOK, d.i, gotNoLone, ok, end, noLone)
-		}
-	}
-}
-
-// skipStrRef is skipStrFrom one byte at a time.
-func skipStrRef(b []byte, j int) (end int, noLone, ok bool) {
-	noLone = true
-	for j < len(b) {
-		switch c := b[j]; {
-		case c == '"':
-			return j + 1, noLone, true
-		case c == '\\':
-			next, lone := escapeEnd(b, j)
-			if next < 0 {
-				return 0, false, false
-			}
-			noLone = noLone && !lone
-			j = next
-		case c < 0x20:
-			return 0, false, false
-		default:
-			j++
-		}
-	}
-	return 0, false, false
-}
-
-// bodyCut agrees with decoding the body and counting its characters, on
-// random bodies of ASCII runs, multi-byte characters and escapes, for cuts
-// short and long (the 8-byte steps only run for long ones).
-func TestBodyCut(t *testing.T) {
-	pieces := []string{"a", "bcdefgh", "ijklmnopqrstuvw", "é", "’", "😀", `\"`, `\\`, `\/`, `\n`, `\u00e9`, `\ud83d\ude00`, `\ud800`, `\udc00`}
-	rng := rand.New(rand.NewPCG(5, 6))
-	for range 40000 {
-		var sb strings.Builder
-		for sb.Len() < rng.IntN(120) {
-			sb.WriteString(pieces[rng.IntN(len(pieces))])
-		}
-		body := sb.String()
-		var s string
-		if err := json.Unmarshal([]byte(`"`+body+`"`), &s); err != nil {
-			t.Fatal(err)
-		}
-		// The characters of the body: its escapes decode one by one, a
-		// surrogate pair to one character.
-		chars := []rune(s)
-		for _, n := range []int{1, 2, 3, 8, 9, 17, 30, 60} {
-			cut, over, lone := bodyCut([]byte(body), n)
-			if over != (len(chars) > n) {
-				t.Fatalf("bodyCut(%q, %d): over=%v, %d characters", body, n, over, len(chars))
-			}
-			if !over {
-				continue
-			}
-			var kept string
-			if err := json.Unmarshal([]byte(`"`+body[:cut]+`"`), &kept); err != nil || kept != string(chars[:n-1]) {
-				t.Fatalf("bodyCut(%q, %d): cut %d keeps %q, want %q", body, n, cut, kept, string(chars[:n-1]))
-			}
-			first := loneIn(body, n)
-			if lone != first {
-				t.Fatalf("bodyCut(%q, %d): lone=%v, want %v", body, n, lone, first)
-			}
-		}
-	}
-}
-
-// loneIn reports whether one of the first n characters of a body escapes a
-// lone surrogate.
-func loneIn(body string, n int) bool {
-	b := []byte(body)
-	for i, count := 0, 0; i < len(b) && count < n; count++ {
-		if b[i] != '\\' {
-			_, size := utf8.DecodeRune(b[i:])
-			i += size
-			continue
-		}
-		next, lone := escapeEnd(b, i)
-		if lone {
-			return true
-		}
-		i = next
-	}
-	return false
-}
-
-// A bug of the fast path (here a stand-in panic) does not refuse a valid
-// rollout: encoding/json decodes it, and the fallback is counted. An invalid
-// rollout is still refused with the schema's reason.
-func TestFastPathBugFallsBack(t *testing.T) {
-	want, err := DecodeRollout([]byte(validRollout), DecodeOptions{})
+// The raw rollout hands out the input's own text of each free-form value.
+func TestRawRolloutViewsInput(t *testing.T) {
+	doc := []byte(baseTop().set("messages", baseMessages(baseUser.set("content", `"h\u0069 \"x\""`), baseAsst.set("reasoning", `"r"`))).
+		set("metadata", `{ "k" : [1, 2.50] }`).String())
+	r, err := DecodeRawRollout(doc, DecodeOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	fastTestHook = func() { _ = []int{}[len(validRollout)] }
-	defer func() { fastTestHook = nil }()
-	before := FastPathFallbacks()
-	got, err := DecodeRolloutInto([]byte(validRollout), DecodeOptions{RawJSON: true, ContentCut: 3}, nil)
-	if err != nil {
-		t.Fatalf("a fast-path bug refused a valid rollout: %v", err)
+	if got := string(r.Messages[0].Content); got != `"h\u0069 \"x\""` {
+		t.Errorf("content text %s", got)
 	}
-	canonicalParameters(t, got)
-	canonicalParameters(t, want)
-	if !reflect.DeepEqual(got, want) {
-		t.Fatalf("fallback decoded %+v, want %+v", got, want)
+	if got := string(r.Messages[1].ToolCalls[0].Arguments); got != `{"user_id":"u1","n":2,"deep":[1,{"x":null}]}` {
+		t.Errorf("arguments text %s", got)
 	}
-	if n := FastPathFallbacks() - before; n != 1 {
-		t.Fatalf("%d fallbacks counted, want 1", n)
+	if got := string(r.Metadata); got != `{ "k" : [1, 2.50] }` {
+		t.Errorf("metadata text %s", got)
 	}
-	var e *Error
-	if _, err := DecodeRollout([]byte(`{"rollout_id":1}`), DecodeOptions{}); !errors.As(err, &e) || e.Reason != ReasonSchema {
-		t.Fatalf("invalid rollout: %v", err)
+	if r.Messages[1].Content != nil || string(r.Messages[1].Reasoning) != `"r"` {
+		t.Errorf("null content %q, reasoning %q", r.Messages[1].Content, r.Messages[1].Reasoning)
 	}
-	if n := FastPathFallbacks() - before; n != 1 {
-		t.Fatalf("an invalid rollout was counted as a fallback")
+	if !strings.HasPrefix(string(r.Tools), "[") || !strings.HasPrefix(string(r.Grader), "{") || r.Head.RolloutID != "r1" {
+		t.Errorf("tools %s grader %s head %+v", r.Tools, r.Grader, r.Head)
 	}
 }

@@ -1,0 +1,7 @@
+package schemas
+
+// The two rollout parsers, for the external benchmark (codec_bench_test.go).
+var (
+	ParseScan     = scanRollout
+	ParseJSONText = parseJSONText
+)
