@@ -71,6 +71,9 @@ func TestLLMLabelingPipeline(t *testing.T) {
 			return llmtest.Malformed()
 		case 7: // a capability missing
 			caps, _ := llmtest.SchemaCapabilities(req)
+			if len(caps) == 0 { // not a labeling request (discovery, asked while the default dictionary labels)
+				return auto(req)
+			}
 			var pairs []llmtest.Label
 			for _, c := range caps[1:] {
 				pairs = append(pairs, llmtest.Label{Capability: c, Label: truthLabel(req, c)})
