@@ -99,7 +99,21 @@ func TestSynthesizeRole(t *testing.T) {
 	stop()
 	stop = start()
 	again("late-duplicate-2")
-	time.Sleep(2 * time.Second) // time for the redelivered request to be handled
+	// Wait until the restarted role has handled (acknowledged) everything,
+	// the late duplicate included, before stopping it.
+	handled := time.Now().Add(60 * time.Second)
+	for {
+		c, err := b.JS.Consumer(ctx, bus.StreamSynthesis, bus.DurableSynthesizer)
+		if err == nil {
+			if info, err := c.Info(ctx); err == nil && info.NumAckPending == 0 && info.NumPending == 0 && info.Delivered.Stream >= 3 {
+				break
+			}
+		}
+		if time.Now().After(handled) {
+			t.Fatal("the restarted synthesize role did not handle the late duplicate within 60 s")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 	stop()
 	es = waitEnv("still one", func(es []*synthesizer.Environment) bool { return len(es) == 1 })
 	e := es[0]
