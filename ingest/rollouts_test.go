@@ -237,4 +237,3 @@ func TestRowSinkWrite(t *testing.T) {
 		t.Fatalf("%d rows with offsets summing to %d, want 5 and 510", n, offsets)
 	}
 }
-
