@@ -188,6 +188,24 @@ func (c *Client) Chat(ctx context.Context, req Request) (Response, error) {
 	}
 	hash := PromptHash(req.Messages)
 
+	r, tally, err := retry(ctx, c, req, func(attempt int) (attemptResult, Response) {
+		res := c.attempt(ctx, req, body, hash, attempt, sch)
+		return res, res.resp
+	})
+	r.Attempts, r.TotalPromptTokens, r.TotalCompletionTokens = tally.attempts, tally.promptTokens, tally.completionTokens
+	return r, err
+}
+
+// tally counts a call's attempts and the tokens they spent.
+type tally struct{ attempts, promptTokens, completionTokens int }
+
+// retry runs try (attempt 1, 2, …) until an attempt succeeds, fails for
+// good (not retryable, or cfg.MaxAttempts reached: an *Error listing every
+// outcome) or ctx ends, waiting between attempts with capped exponential
+// backoff or the server's Retry-After (at most cfg.MaxRetryAfter). req names
+// the call in errors and logs. On a cancelled ctx the tally is empty.
+func retry[R any](ctx context.Context, c *Client, req Request, try func(attempt int) (attemptResult, R)) (R, tally, error) {
+	var zero R
 	b := &backoff.ExponentialBackOff{
 		InitialInterval:     c.cfg.BackoffInitial,
 		RandomizationFactor: backoff.DefaultRandomizationFactor,
@@ -198,28 +216,24 @@ func (c *Client) Chat(ctx context.Context, req Request) (Response, error) {
 		Clock:               backoff.SystemClock,
 	}
 	b.Reset()
-
 	var (
-		outcomes         []string
-		totalIn, totalOu int
+		outcomes []string
+		t        tally
 	)
 	for attempt := 1; ; attempt++ {
-		res := c.attempt(ctx, req, body, hash, attempt, sch)
-		totalIn += res.promptTokens
-		totalOu += res.completionTokens
+		res, r := try(attempt)
+		t.attempts = attempt
+		t.promptTokens += res.promptTokens
+		t.completionTokens += res.completionTokens
 		if res.outcome == OutcomeOK {
-			r := res.resp
-			r.Attempts = attempt
-			r.TotalPromptTokens, r.TotalCompletionTokens = totalIn, totalOu
-			return r, nil
+			return r, t, nil
 		}
 		if ctx.Err() != nil {
-			return Response{}, fmt.Errorf("llm %s: attempt %d: %w", req.Purpose, attempt, context.Cause(ctx))
+			return zero, tally{}, fmt.Errorf("llm %s: attempt %d: %w", req.Purpose, attempt, context.Cause(ctx))
 		}
 		outcomes = append(outcomes, res.outcome)
 		if !res.retryable || attempt >= c.cfg.MaxAttempts {
-			return Response{Attempts: attempt, TotalPromptTokens: totalIn, TotalCompletionTokens: totalOu},
-				&Error{Purpose: req.Purpose, Attempts: attempt, Outcomes: outcomes, Status: res.status, Retryable: res.retryable, Err: res.err}
+			return zero, t, &Error{Purpose: req.Purpose, Attempts: attempt, Outcomes: outcomes, Status: res.status, Retryable: res.retryable, Err: res.err}
 		}
 		wait := b.NextBackOff()
 		if res.retryAfter > 0 {
@@ -227,14 +241,36 @@ func (c *Client) Chat(ctx context.Context, req Request) (Response, error) {
 		}
 		c.log.Warn("llm attempt failed, retrying", "purpose", req.Purpose, "rollout_id", req.RolloutID, "run", req.Run,
 			"attempt", attempt, "outcome", res.outcome, "error", res.err, "wait", wait)
-		t := time.NewTimer(wait)
+		timer := time.NewTimer(wait)
 		select {
 		case <-ctx.Done():
-			t.Stop()
-			return Response{}, fmt.Errorf("llm %s: waiting to retry: %w", req.Purpose, context.Cause(ctx))
-		case <-t.C:
+			timer.Stop()
+			return zero, tally{}, fmt.Errorf("llm %s: waiting to retry: %w", req.Purpose, context.Cause(ctx))
+		case <-timer.C:
 		}
 	}
+}
+
+// acquire takes a slot of the concurrency bound, then a token of the rate
+// limit (spent right before the request goes out). It returns the slot's
+// release, or the attempt's result when ctx ended or the limiter refused.
+func (c *Client) acquire(ctx context.Context) (release func(), failed *attemptResult) {
+	select {
+	case c.sem <- struct{}{}:
+	case <-ctx.Done():
+		return nil, &attemptResult{outcome: OutcomeCanceled, err: ctx.Err()}
+	}
+	release = func() { <-c.sem }
+	if c.limiter != nil {
+		if err := c.limiter.Wait(ctx); err != nil {
+			release()
+			if ctx.Err() != nil {
+				return nil, &attemptResult{outcome: OutcomeCanceled, err: ctx.Err()}
+			}
+			return nil, &attemptResult{outcome: OutcomeTimeout, err: fmt.Errorf("rate limit: %w", err)}
+		}
+	}
+	return release, nil
 }
 
 type wireRequest struct {
@@ -304,22 +340,11 @@ type wireResponse struct {
 
 // attempt makes one HTTP attempt and records it.
 func (c *Client) attempt(ctx context.Context, req Request, body []byte, hash string, attempt int, sch *compiledSchema) (res attemptResult) {
-	// A slot of the concurrency bound, then a token of the rate limit: the
-	// token is spent right before the request goes out.
-	select {
-	case c.sem <- struct{}{}:
-	case <-ctx.Done():
-		return attemptResult{outcome: OutcomeCanceled, err: ctx.Err()}
+	release, failed := c.acquire(ctx)
+	if failed != nil {
+		return *failed
 	}
-	defer func() { <-c.sem }()
-	if c.limiter != nil {
-		if err := c.limiter.Wait(ctx); err != nil {
-			if ctx.Err() != nil {
-				return attemptResult{outcome: OutcomeCanceled, err: ctx.Err()}
-			}
-			return attemptResult{outcome: OutcomeTimeout, err: fmt.Errorf("rate limit: %w", err)}
-		}
-	}
+	defer release()
 
 	start := time.Now()
 	defer func() { c.record(ctx, req, hash, attempt, start, res) }()

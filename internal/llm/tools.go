@@ -12,8 +12,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/cenkalti/backoff/v4"
-
 	"github.com/traceops/trace/schemas"
 )
 
@@ -96,48 +94,11 @@ func (c *Client) ChatTools(ctx context.Context, req ToolsRequest) (ToolsResponse
 	hash := hex.EncodeToString(sum[:])
 	audit := Request{Purpose: req.Purpose, RolloutID: req.RolloutID, Run: req.Run}
 
-	b := &backoff.ExponentialBackOff{
-		InitialInterval:     c.cfg.BackoffInitial,
-		RandomizationFactor: backoff.DefaultRandomizationFactor,
-		Multiplier:          backoff.DefaultMultiplier,
-		MaxInterval:         c.cfg.BackoffMax,
-		Stop:                backoff.Stop,
-		Clock:               backoff.SystemClock,
-	}
-	b.Reset()
-	var outcomes []string
-	var totalIn, totalOut int
-	for attempt := 1; ; attempt++ {
-		res, resp := c.toolsAttempt(ctx, audit, body, hash, attempt)
-		totalIn += res.promptTokens
-		totalOut += res.completionTokens
-		if res.outcome == OutcomeOK {
-			resp.Attempts = attempt
-			resp.TotalPromptTokens, resp.TotalCompletionTokens = totalIn, totalOut
-			return resp, nil
-		}
-		if ctx.Err() != nil {
-			return ToolsResponse{}, fmt.Errorf("llm %s: attempt %d: %w", req.Purpose, attempt, context.Cause(ctx))
-		}
-		outcomes = append(outcomes, res.outcome)
-		if !res.retryable || attempt >= c.cfg.MaxAttempts {
-			return ToolsResponse{Attempts: attempt, TotalPromptTokens: totalIn, TotalCompletionTokens: totalOut},
-				&Error{Purpose: req.Purpose, Attempts: attempt, Outcomes: outcomes, Status: res.status, Retryable: res.retryable, Err: res.err}
-		}
-		wait := b.NextBackOff()
-		if res.retryAfter > 0 {
-			wait = min(res.retryAfter, c.cfg.MaxRetryAfter)
-		}
-		c.log.Warn("llm attempt failed, retrying", "purpose", req.Purpose, "rollout_id", req.RolloutID,
-			"attempt", attempt, "outcome", res.outcome, "error", res.err, "wait", wait)
-		t := time.NewTimer(wait)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return ToolsResponse{}, fmt.Errorf("llm %s: waiting to retry: %w", req.Purpose, context.Cause(ctx))
-		case <-t.C:
-		}
-	}
+	r, tally, err := retry(ctx, c, audit, func(attempt int) (attemptResult, ToolsResponse) {
+		return c.toolsAttempt(ctx, audit, body, hash, attempt)
+	})
+	r.Attempts, r.TotalPromptTokens, r.TotalCompletionTokens = tally.attempts, tally.promptTokens, tally.completionTokens
+	return r, err
 }
 
 type wireToolCall struct {
@@ -218,20 +179,11 @@ type wireToolsResponse struct {
 
 // toolsAttempt makes one HTTP attempt of ChatTools and records it.
 func (c *Client) toolsAttempt(ctx context.Context, audit Request, body []byte, hash string, attempt int) (res attemptResult, resp ToolsResponse) {
-	select {
-	case c.sem <- struct{}{}:
-	case <-ctx.Done():
-		return attemptResult{outcome: OutcomeCanceled, err: ctx.Err()}, resp
+	release, failed := c.acquire(ctx)
+	if failed != nil {
+		return *failed, resp
 	}
-	defer func() { <-c.sem }()
-	if c.limiter != nil {
-		if err := c.limiter.Wait(ctx); err != nil {
-			if ctx.Err() != nil {
-				return attemptResult{outcome: OutcomeCanceled, err: ctx.Err()}, resp
-			}
-			return attemptResult{outcome: OutcomeTimeout, err: fmt.Errorf("rate limit: %w", err)}, resp
-		}
-	}
+	defer release()
 	start := time.Now()
 	defer func() { c.record(ctx, audit, hash, attempt, start, res) }()
 
