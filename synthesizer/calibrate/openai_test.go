@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/traceops/trace/internal/dev/envtest"
 	"github.com/traceops/trace/internal/dev/llmtest"
 	"github.com/traceops/trace/internal/llm"
 	"github.com/traceops/trace/synthesizer/envprog"
@@ -71,7 +72,7 @@ func TestOpenAIPolicyCalibrates(t *testing.T) {
 	}
 	cfg := DefaultConfig()
 	cfg.Seeds, cfg.Rollouts = 8, 8
-	res, err := Run(context.Background(), &ledgerEnv{}, NewOpenAIPolicy(client, "ledger"), cfg)
+	res, err := Run(context.Background(), &envtest.Ledger{}, NewOpenAIPolicy(client, "ledger"), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -128,7 +129,7 @@ func TestOpenAIPolicyFailureStopsCalibration(t *testing.T) {
 	}
 	cfg := DefaultConfig()
 	cfg.Seeds, cfg.Rollouts = 2, 2
-	_, err = Run(context.Background(), &ledgerEnv{}, NewOpenAIPolicy(client, "x"), cfg)
+	_, err = Run(context.Background(), &envtest.Ledger{}, NewOpenAIPolicy(client, "x"), cfg)
 	var le *llm.Error
 	var re *RolloutError
 	if !errors.As(err, &le) || !errors.As(err, &re) || le.Attempts != 2 {

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/traceops/trace/internal/dev/envtest"
 	"github.com/traceops/trace/synthesizer/envprog"
 )
 
@@ -30,7 +31,7 @@ func TestScriptedPoliciesOnGoEnv(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(policyName(tt.policy), func(t *testing.T) {
-			res, err := Run(context.Background(), &ledgerEnv{}, tt.policy, smallConfig())
+			res, err := Run(context.Background(), &envtest.Ledger{}, tt.policy, smallConfig())
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -67,7 +68,7 @@ func TestHintBlockOnHintedRollouts(t *testing.T) {
 	cfg := smallConfig()
 	cfg.Seeds = 30
 	rec := &recorder{Policy: OraclePolicy{}}
-	res, err := Run(context.Background(), &ledgerEnv{}, rec, cfg)
+	res, err := Run(context.Background(), &envtest.Ledger{}, rec, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -113,7 +114,7 @@ func TestNoHintWithoutHintFunction(t *testing.T) {
 	rec := &recorder{Policy: OraclePolicy{}}
 	cfg := smallConfig()
 	cfg.Seeds = 5
-	res, err := Run(context.Background(), &ledgerEnv{noHint: true}, rec, cfg)
+	res, err := Run(context.Background(), &envtest.Ledger{NoHint: true}, rec, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -159,12 +160,12 @@ func TestRunDeterministicAcrossConcurrency(t *testing.T) {
 	cfg := smallConfig()
 	cfg.Seeds = 12
 	cfg.Concurrency = 1
-	a, err := Run(context.Background(), &ledgerEnv{}, SkillPolicy{Skill: 0.4}, cfg)
+	a, err := Run(context.Background(), &envtest.Ledger{}, SkillPolicy{Skill: 0.4}, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	cfg.Concurrency = 8
-	b, err := Run(context.Background(), &ledgerEnv{}, SkillPolicy{Skill: 0.4}, cfg)
+	b, err := Run(context.Background(), &envtest.Ledger{}, SkillPolicy{Skill: 0.4}, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -191,7 +192,7 @@ func TestProgressAndConcurrencyBound(t *testing.T) {
 		time.Sleep(time.Millisecond)
 		return OraclePolicy{}.Act(ctx, t)
 	})
-	if _, err := Run(context.Background(), &ledgerEnv{}, pol, cfg); err != nil {
+	if _, err := Run(context.Background(), &envtest.Ledger{}, pol, cfg); err != nil {
 		t.Fatal(err)
 	}
 	if len(calls) != 24 || calls[23] != (Progress{Done: 24, Total: 24}) {
@@ -217,7 +218,7 @@ func TestRunCancel(t *testing.T) {
 		<-ctx.Done()
 		return envprog.Action{}, ctx.Err()
 	})
-	env := &ledgerEnv{}
+	env := &envtest.Ledger{}
 	done := make(chan error, 1)
 	go func() {
 		_, err := Run(ctx, env, pol, DefaultConfig())
@@ -231,7 +232,7 @@ func TestRunCancel(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("Run did not return after its context was cancelled")
 	}
-	if n := env.resets.Load(); n > 16 {
+	if n := env.Resets.Load(); n > 16 {
 		t.Errorf("%d episodes started after cancellation at the 3rd turn (concurrency 4)", n)
 	}
 }
@@ -246,7 +247,7 @@ func TestRunPolicyErrorNamesRollout(t *testing.T) {
 	})
 	cfg := smallConfig()
 	cfg.Seeds, cfg.Rollouts, cfg.Concurrency = 4, 4, 1
-	_, err := Run(context.Background(), &ledgerEnv{}, pol, cfg)
+	_, err := Run(context.Background(), &envtest.Ledger{}, pol, cfg)
 	var re *RolloutError
 	if !errors.As(err, &re) || re.Seed != 2 || re.Rollout != 3 || !errors.Is(err, boom) {
 		t.Fatalf("error %v, want a RolloutError for seed 2 rollout 3 wrapping the policy's", err)
@@ -281,7 +282,7 @@ func TestConfigValidate(t *testing.T) {
 		if err := c.Validate(); err == nil || !strings.Contains(err.Error(), tt.field) {
 			t.Errorf("%s: error %v", tt.field, err)
 		}
-		if _, err := Run(context.Background(), &ledgerEnv{}, OraclePolicy{}, c); err == nil {
+		if _, err := Run(context.Background(), &envtest.Ledger{}, OraclePolicy{}, c); err == nil {
 			t.Errorf("%s: Run accepted the bad config", tt.field)
 		}
 	}

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/traceops/trace/internal/dev/envtest"
 	"github.com/traceops/trace/internal/dev/simulate"
 	"github.com/traceops/trace/synthesizer/calibrate"
 	"github.com/traceops/trace/synthesizer/envprog"
@@ -123,11 +124,11 @@ func TestSimulatedPolicyOnGoEnv(t *testing.T) {
 		t.Errorf("String %q", p)
 	}
 	cfg := smallConfig()
-	a, err := calibrate.Run(context.Background(), &ledgerEnv{}, p, cfg)
+	a, err := calibrate.Run(context.Background(), &envtest.Ledger{}, p, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, err := calibrate.Run(context.Background(), &ledgerEnv{}, p, cfg)
+	b, err := calibrate.Run(context.Background(), &envtest.Ledger{}, p, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -145,7 +146,7 @@ func TestSimulatedPolicyOnGoEnv(t *testing.T) {
 	// No deficit, no base failure: the reference every time.
 	p.Agent.Deficits = nil
 	p.BaseFailure = 0
-	res, err := calibrate.Run(context.Background(), &ledgerEnv{}, p, cfg)
+	res, err := calibrate.Run(context.Background(), &envtest.Ledger{}, p, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,4 +1,6 @@
-package calibrate
+// Package envtest holds environments written in Go against envprog.Env,
+// for tests that must not depend on the Starlark runtime.
+package envtest
 
 import (
 	"context"
@@ -6,23 +8,20 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"strings"
-	"sync"
 	"sync/atomic"
 
 	"github.com/traceops/trace/schemas"
 	"github.com/traceops/trace/synthesizer/envprog"
 )
 
-// ledgerEnv is a small environment written in Go against envprog.Env, for
-// the runner's tests that must not depend on the Starlark runtime: each
+// Ledger is a small environment written in Go against envprog.Env, for
+// tests that must not depend on the Starlark runtime: each
 // seed asks for 2–3 priority changes of to-dos; the reward is 0.8 × the
 // share of required changes made + 0.2 × whether the final answer names
 // every changed to-do.
-type ledgerEnv struct {
-	noHint  bool
-	resets  atomic.Int64
-	mu      sync.Mutex
-	systems []string // system prompts the policy saw, by (seed, rollout)
+type Ledger struct {
+	NoHint bool         // no hint(): Info().HasHint is false
+	Resets atomic.Int64 // episodes started
 }
 
 var ledgerTools = []schemas.Tool{
@@ -32,14 +31,14 @@ var ledgerTools = []schemas.Tool{
 		`{"type":"object","properties":{"todo_id":{"type":"string"},"priority":{"type":"string","enum":["low","high"]}},"required":["todo_id","priority"]}`)}},
 }
 
-func (e *ledgerEnv) Info() envprog.Info {
-	return envprog.Info{Name: "ledger", Tools: ledgerTools, HasHint: !e.noHint, HasReference: true}
+func (e *Ledger) Info() envprog.Info {
+	return envprog.Info{Name: "ledger", Tools: ledgerTools, HasHint: !e.NoHint, HasReference: true}
 }
 
-func (e *ledgerEnv) Close() error { return nil }
+func (e *Ledger) Close() error { return nil }
 
-func (e *ledgerEnv) Reset(_ context.Context, seed int64) (envprog.Episode, error) {
-	e.resets.Add(1)
+func (e *Ledger) Reset(_ context.Context, seed int64) (envprog.Episode, error) {
+	e.Resets.Add(1)
 	rng := rand.New(rand.NewPCG(uint64(seed), 1))
 	ep := &ledgerEpisode{seed: seed, want: map[string]string{}, done: map[string]string{}}
 	n := 2 + rng.IntN(2)
