@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
 	"time"
 
@@ -121,8 +122,10 @@ func (a *App) Readiness(ctx context.Context) ReadyReport {
 			var err error
 			select {
 			case err = <-res:
-				// A driver may report its own read timeout at the deadline.
-				if err != nil && errors.Is(cctx.Err(), context.DeadlineExceeded) {
+				// A driver may report its own read timeout at the deadline,
+				// an instant before the context says so.
+				var ne net.Error
+				if err != nil && (errors.Is(cctx.Err(), context.DeadlineExceeded) || errors.As(err, &ne) && ne.Timeout() || time.Since(start) >= timeout) {
 					err = fmt.Errorf("no answer within %s: %w", timeout, err)
 				}
 			case <-cctx.Done():
