@@ -64,7 +64,9 @@ type Config struct {
 	// Capabilities overrides by capability name.
 	Capabilities map[string]Settings `koanf:"capabilities"`
 	// EnvServerURL is the base URL of trace's OpenEnv-compatible
-	// environment server; a job plays <url>/v1/environments/<id>.
+	// environment server; a job plays <url>/v1/environments/<id>. Empty in
+	// trace's configuration: `trace run` fills in where its own serve role
+	// serves environments (env.addr, else http.addr).
 	EnvServerURL string `koanf:"env_server_url"`
 	// EnvServerTokenEnv names the variable that holds the environment
 	// server's bearer token on the trainer's side.
@@ -273,6 +275,9 @@ func (c Config) Validate(prefix string) error {
 		}
 	}
 	for name, u := range map[string]string{"env_server_url": c.EnvServerURL, "output_uri": c.OutputURI} {
+		if name == "env_server_url" && u == "" {
+			continue // filled in by the caller (trace run: its serve role)
+		}
 		if !strings.Contains(u, "://") {
 			errs = append(errs, fmt.Errorf("%s%s: %q is not a URL", prefix, name, u))
 		}
@@ -339,6 +344,9 @@ func (c Config) Build(in Input) (*schemas.TrainingJob, error) {
 	r := in.Ready
 	if r == nil {
 		return nil, errors.New("plan: no ready environment")
+	}
+	if c.EnvServerURL == "" {
+		return nil, errors.New("plan: adapter.plan.env_server_url is not set")
 	}
 	rev := max(in.Revision, 1)
 	s, overrides, err := c.Resolve(r.Environment, r.Capability.Name)

@@ -179,3 +179,16 @@ func TestBuiltJobDecodesStrictly(t *testing.T) {
 		t.Fatalf("round trip changed the job:\n%s\n%s", data, again)
 	}
 }
+
+// TestBuildNeedsAnEnvServerURL: an empty URL passes Validate (the caller
+// fills it in) but no job is built without one.
+func TestBuildNeedsAnEnvServerURL(t *testing.T) {
+	c := DefaultConfig()
+	c.EnvServerURL = ""
+	if err := c.Validate("adapter.plan."); err != nil {
+		t.Fatalf("Validate: %v", err)
+	}
+	if _, err := c.Build(Input{Ready: ready(), Now: now}); err == nil || !strings.Contains(err.Error(), "env_server_url") {
+		t.Fatalf("Build without a URL: %v", err)
+	}
+}

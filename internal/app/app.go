@@ -469,7 +469,9 @@ func (a *App) addAdapt(ctx context.Context, g *run.Group) error {
 	default:
 		return fmt.Errorf("adapter.backend: %q is not supported", a.Cfg.Adapter.Backend)
 	}
-	st, err := adapter.NewStage(adapter.Config{Plan: a.Cfg.Adapter.Plan, Store: a.Store, Claims: a.Bus, Backend: backend,
+	pc := a.Cfg.Adapter.Plan
+	pc.EnvServerURL = a.Cfg.EnvServerURL()
+	st, err := adapter.NewStage(adapter.Config{Plan: pc, Store: a.Store, Claims: a.Bus, Backend: backend,
 		Simulated: a.Cfg.Adapter.Simulated, Log: a.Log.With("role", "adapt")})
 	if err != nil {
 		return err
@@ -488,6 +490,6 @@ func (a *App) addAdapt(ctx context.Context, g *run.Group) error {
 	every := a.Cfg.Adapter.DeadlineCheck
 	addActor(g, ctx, "adapt-deadlines", func(ctx context.Context) error { return st.RunDeadlines(ctx, every) })
 	a.Log.Info("adapt role: training jobs from ready environments", "backend", a.Cfg.Adapter.Backend, "preset", a.Cfg.Adapter.Plan.Preset,
-		"env_server", a.Cfg.Adapter.Plan.EnvServerURL)
+		"env_server", pc.EnvServerURL)
 	return nil
 }

@@ -236,7 +236,7 @@ func Default() Config {
 		Embedded:    Embedded{ClickHousePort: 29000, ClickHouseHTTPPort: 28123, NATSPort: 4222},
 		Synthesizer: synthesizer.DefaultSettings(),
 		Env:         envserver.DefaultConfig(),
-		Adapter:     Adapter{Backend: "nats", Plan: plan.DefaultConfig(), DeadlineCheck: 30 * time.Second},
+		Adapter:     Adapter{Backend: "nats", Plan: defaultPlan(), DeadlineCheck: 30 * time.Second},
 	}
 }
 
@@ -450,3 +450,17 @@ func (c Config) Path(elem ...string) string {
 
 // Has reports whether a role is enabled.
 func (c Config) Has(role string) bool { return slices.Contains(c.Roles, role) }
+
+// defaultPlan is the training plan's defaults with no environment server
+// URL: `trace run` points jobs at its own serve role (Config.EnvServerURL).
+func defaultPlan() plan.Config {
+	p := plan.DefaultConfig()
+	p.EnvServerURL = ""
+	return p
+}
+
+// EnvServerURL is adapter.plan.env_server_url, or where this trace's serve
+// role serves environments: http://<env.addr>, else http://<http.addr>.
+func (c Config) EnvServerURL() string {
+	return cmp.Or(c.Adapter.Plan.EnvServerURL, "http://"+cmp.Or(c.Env.Addr, c.HTTP.Addr))
+}

@@ -134,3 +134,27 @@ synthesizer:
 		t.Fatalf("defaults: roles %v, %+v", d.Roles, d.Synthesizer)
 	}
 }
+
+// TestEnvServerURL: training jobs play the environments where this trace's
+// serve role serves them, unless adapter.plan.env_server_url says otherwise.
+func TestEnvServerURL(t *testing.T) {
+	for _, tt := range []struct {
+		name string
+		set  []string
+		want string
+	}{
+		{"the serve role's http.addr", nil, "http://127.0.0.1:8080"},
+		{"a dedicated env.addr", []string{"env.addr=127.0.0.1:8091"}, "http://127.0.0.1:8091"},
+		{"configured", []string{"env.addr=127.0.0.1:8091", "adapter.plan.env_server_url=https://envs.example.internal"}, "https://envs.example.internal"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			c, err := Load("", tt.set)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := c.EnvServerURL(); got != tt.want {
+				t.Errorf("EnvServerURL() = %q, want %q", got, tt.want)
+			}
+		})
+	}
+}
