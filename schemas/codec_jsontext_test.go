@@ -290,6 +290,11 @@ func (p *parser) rollout(r *RawRollout) bool {
 			}
 		case "metadata":
 			r.Metadata, ok = p.freeObject("metadata")
+		case "conversation_id":
+			h.ConversationID, ok = p.boundedStr("conversation_id", 1, 256)
+		case "routing":
+			h.Routing = &Routing{}
+			ok = p.routing(h.Routing)
 		default:
 			ok = p.skip()
 		}
@@ -327,6 +332,31 @@ func (p *parser) agent(a *Agent) bool {
 	})
 	if ok && seen != 3 {
 		return p.fail("agent: a required property is missing")
+	}
+	return ok
+}
+
+func (p *parser) routing(rt *Routing) bool {
+	var seen bool
+	ok := p.object("routing", func(k []byte) bool {
+		var ok bool
+		switch string(k) {
+		case "decision_id":
+			rt.DecisionID, ok = p.boundedStr("routing.decision_id", 1, 128)
+			seen = true
+		case "adapter":
+			if p.dec.PeekKind() == 'n' {
+				rt.Adapter, ok = "", p.skip()
+			} else {
+				rt.Adapter, ok = p.boundedStr("routing.adapter", 0, 256)
+			}
+		default:
+			ok = p.skip()
+		}
+		return ok
+	})
+	if ok && !seen {
+		return p.fail("routing.decision_id is missing")
 	}
 	return ok
 }

@@ -340,7 +340,7 @@ func expectedRollout(t testing.TB, data []byte) *Rollout {
 		return out
 	}
 	top := keep(doc, "schema", "rollout_id", "environment", "agent", "task_id", "start_time", "end_time",
-		"outcome", "messages", "tools", "grader", "metadata")
+		"outcome", "messages", "tools", "grader", "metadata", "conversation_id", "routing")
 	for _, k := range []string{"start_time", "end_time"} {
 		if s, ok := top[k].(string); ok {
 			top[k] = upperTZ(s)
@@ -348,6 +348,13 @@ func expectedRollout(t testing.TB, data []byte) *Rollout {
 	}
 	top["agent"] = keep(top["agent"], "name", "version")
 	top["outcome"] = keep(top["outcome"], "reward", "success")
+	if rt, ok := top["routing"]; ok {
+		r := keep(rt, "decision_id", "adapter")
+		if r["adapter"] == nil {
+			delete(r, "adapter") // null: the base model, as absent
+		}
+		top["routing"] = r
+	}
 	var msgs []any
 	for _, m := range top["messages"].([]any) {
 		mm := keep(m, "role", "content", "reasoning", "tool_calls", "tool_call_id", "error", "error_text", "requestor", "turn_idx")
@@ -606,8 +613,11 @@ func baseTop() obj {
 		{"start_time", `"2026-01-01T00:00:00Z"`}, {"end_time", `"2026-01-01T00:01:00.5+02:00"`},
 		{"outcome", baseOutcome.String()}, {"messages", baseMessages()},
 		{"tools", arr(baseTool.String())}, {"grader", baseGrader.String()}, {"metadata", `{"k":1,"s":"x"}`},
+		{"conversation_id", `"c1"`}, {"routing", baseRouting.String()},
 	}
 }
+
+var baseRouting = obj{{"decision_id", `"d1"`}, {"adapter", `"tau2-airline-precondition-r1"`}}
 
 // Values of every JSON kind, plus a few that break specific keywords.
 var anyKind = []string{`null`, `true`, `false`, `0`, `-1`, `1.5`, `1e400`, `""`, `"x"`, `{}`, `[]`, `[1]`, `{"a":1}`}
@@ -643,6 +653,17 @@ func seedDocs() []string {
 	for _, v := range []string{long("a", 128), long("a", 129), `"a"`, `"_a"`, `"a b"`, `"a\n"`, `"tau2-x:y.z_w"`, `"é"`, `"\u0061b"`, `"-a"`, `"A9"`} {
 		add(top.set("environment", v))
 	}
+	for _, v := range []string{long("x", 256), long("x", 257), `""`, `1`, `null`} {
+		add(top.set("conversation_id", v))
+		add(top.set("routing", baseRouting.set("adapter", v).String()))
+	}
+	for _, v := range []string{long("x", 128), long("x", 129), `""`, `1`, `null`} {
+		add(top.set("routing", baseRouting.set("decision_id", v).String()))
+	}
+	add(top.set("routing", baseRouting.del("decision_id").String()))
+	add(top.set("routing", baseRouting.del("adapter").String()))
+	add(top.set("routing", baseRouting.add("adapter", `null`).String()))
+	add(top.set("routing", baseRouting.add("extra", `[1]`).String()))
 	add(top.set("agent", baseAgent.del("name").String()))
 	add(top.set("agent", baseAgent.del("version").String()))
 	add(top.set("agent", baseAgent.add("name", `1`).String()))

@@ -30,6 +30,20 @@ type Rollout struct {
 	Tools       []Tool         `json:"tools,omitempty"`
 	Grader      *Grader        `json:"grader,omitempty"`
 	Metadata    map[string]any `json:"metadata,omitempty"`
+	// ConversationID is the producer's id of the conversation (optional):
+	// the routing proxy keys its decisions by it, so rollouts that do not
+	// carry Routing are joined to their decision through it.
+	ConversationID string `json:"conversation_id,omitempty"`
+	// Routing is set by producers whose conversation went through trace's
+	// routing proxy (optional).
+	Routing *Routing `json:"routing,omitempty"`
+}
+
+// Routing names the routing decision that served a conversation and the
+// adapter it chose ("" or null: the base model).
+type Routing struct {
+	DecisionID string `json:"decision_id"`
+	Adapter    string `json:"adapter,omitempty"`
 }
 
 // Agent identifies the agent that produced a rollout. Statistics are kept per

@@ -520,6 +520,11 @@ func (s *scanner) rollout(r *RawRollout) bool {
 			}
 		case "metadata":
 			r.Metadata, ok = s.freeObject("metadata")
+		case "conversation_id":
+			h.ConversationID, ok = s.boundedStr("conversation_id", 1, 256)
+		case "routing":
+			h.Routing = &Routing{}
+			ok = s.routing(h.Routing)
 		default:
 			ok = s.skip()
 		}
@@ -557,6 +562,31 @@ func (s *scanner) agent(a *Agent) bool {
 	})
 	if ok && seen != 3 {
 		return s.fail("agent: a required property is missing")
+	}
+	return ok
+}
+
+func (s *scanner) routing(rt *Routing) bool {
+	var seen bool
+	ok := s.object("routing", func(k []byte) bool {
+		var ok bool
+		switch string(k) {
+		case "decision_id":
+			rt.DecisionID, ok = s.boundedStr("routing.decision_id", 1, 128)
+			seen = true
+		case "adapter":
+			if s.peek() == 'n' {
+				rt.Adapter, ok = "", s.literal("null")
+			} else {
+				rt.Adapter, ok = s.boundedStr("routing.adapter", 0, 256)
+			}
+		default:
+			ok = s.skip()
+		}
+		return ok
+	})
+	if ok && !seen {
+		return s.fail("routing.decision_id is missing")
 	}
 	return ok
 }

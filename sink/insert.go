@@ -72,7 +72,7 @@ type RolloutInsert struct {
 func (s *Store) BeginRollouts(ctx context.Context) (*RolloutInsert, error) {
 	b, err := s.conn.PrepareBatch(ctx, `INSERT INTO rollouts (rollout_id, environment, agent_name, agent_version, task_id,
 	success, reward, start_time, end_time, n_messages, n_tool_calls, n_tool_errors, messages, tools, grader, metadata,
-	kafka_topic, kafka_partition, kafka_offset, ingested_at, ingest_ns)`)
+	kafka_topic, kafka_partition, kafka_offset, ingested_at, ingest_ns, conversation_id, route_decision_id, adapter)`)
 	if err != nil {
 		return nil, fmt.Errorf("insert rollouts: %w", err)
 	}
@@ -96,7 +96,8 @@ func (ins *RolloutInsert) Append(r *RolloutRow) error {
 	if err := ins.b.Append(r.RolloutID, r.Environment, r.AgentName, r.AgentVersion, r.TaskID,
 		b2u(r.Success), r.Reward, start.UTC(), end, r.NMessages, r.NToolCalls, r.NToolErrors,
 		r.Messages, r.Tools, r.Grader, r.Metadata,
-		r.Coord.Topic, int32(r.Coord.Partition), r.Coord.Offset, ins.now, ins.ns); err != nil {
+		r.Coord.Topic, int32(r.Coord.Partition), r.Coord.Offset, ins.now, ins.ns,
+		r.ConversationID, r.RouteDecisionID, r.Adapter); err != nil {
 		return fmt.Errorf("insert rollouts: append %s: %w", r.RolloutID, err)
 	}
 	ins.block++

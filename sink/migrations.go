@@ -48,6 +48,17 @@ func (d Dialect) TTL(col string) string {
 	return ""
 }
 
+// AddColumn adds a column to a table if it is not there yet. Servers
+// with the modern features say IF NOT EXISTS; 18.16 does not know it, so
+// Migrate treats its "column already exists" answer (code 44) to an ADD
+// COLUMN as done.
+func (d Dialect) AddColumn(table, column, typ string) string {
+	if d.Features.LowCardinality { // the 20.1+ servers, which know IF NOT EXISTS
+		return "ALTER TABLE " + table + " ADD COLUMN IF NOT EXISTS " + column + " " + typ
+	}
+	return "ALTER TABLE " + table + " ADD COLUMN " + column + " " + typ
+}
+
 const labelEnum = "Enum8('NA' = 0, 'PRESENT' = 1, 'LACKING' = 2)"
 
 // Migrations is the ordered schema history. Append only: never edit a
@@ -335,6 +346,16 @@ ORDER BY (job_id, event_key)`,
 ORDER BY adapter_name`,
 		}
 	}},
+	{9, "rollouts_routing", func(d Dialect) []string {
+		// Routed conversations (TRACE step 4): the rollout's conversation id,
+		// and the routing decision and adapter that served it (rollout v1's
+		// optional conversation_id and routing fields; empty when absent).
+		return []string{
+			d.AddColumn("rollouts", "conversation_id", "String DEFAULT ''"),
+			d.AddColumn("rollouts", "route_decision_id", "String DEFAULT ''"),
+			d.AddColumn("rollouts", "adapter", d.LC()+" DEFAULT ''"),
+		}
+	}},
 }
 
 // Migrate applies every migration not yet recorded in schema_migrations, in
@@ -355,7 +376,7 @@ func (s *Store) Migrate(ctx context.Context) error {
 			continue
 		}
 		for _, stmt := range m.SQL(d) {
-			if err := s.conn.Exec(ctx, stmt); err != nil {
+			if err := s.conn.Exec(ctx, stmt); err != nil && !columnExists(stmt, err) {
 				return fmt.Errorf("migration %d (%s): %w\n%s", m.Version, m.Name, err, firstLine(stmt))
 			}
 		}
@@ -372,6 +393,12 @@ func (s *Store) Migrate(ctx context.Context) error {
 		s.log.Info("clickhouse migration applied", "version", m.Version, "name", m.Name, "database", s.cfg.Database)
 	}
 	return nil
+}
+
+// columnExists reports an ADD COLUMN whose column is already there (a
+// migration that ran before its record was written).
+func columnExists(stmt string, err error) bool {
+	return strings.Contains(stmt, " ADD COLUMN ") && ErrorCode(err) == 44
 }
 
 // AppliedMigrations returns the recorded migration versions.

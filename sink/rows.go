@@ -35,13 +35,18 @@ type RolloutRow struct {
 	StartTime, EndTime                                      time.Time
 	NMessages, NToolCalls, NToolErrors                      uint32
 	Messages, Tools, Grader, Metadata                       string // JSON
-	Coord                                                   Coord
+	// ConversationID, RouteDecisionID and Adapter come from the rollout's
+	// optional conversation_id and routing fields ("" when absent; Adapter
+	// "" with a decision id: routed to the base model).
+	ConversationID, RouteDecisionID, Adapter string
+	Coord                                    Coord
 }
 
 // size is the row's data in bytes, about what it weighs in a block.
 func (r *RolloutRow) size() int {
 	return len(r.RolloutID) + len(r.Environment) + len(r.AgentName) + len(r.AgentVersion) + len(r.TaskID) +
-		len(r.Messages) + len(r.Tools) + len(r.Grader) + len(r.Metadata) + len(r.Coord.Topic) + 64
+		len(r.Messages) + len(r.Tools) + len(r.Grader) + len(r.Metadata) + len(r.Coord.Topic) +
+		len(r.ConversationID) + len(r.RouteDecisionID) + len(r.Adapter) + 64
 }
 
 // CompactMessage is one message as stored: content, reasoning and error
@@ -124,6 +129,10 @@ func RolloutRowFrom(r *schemas.Rollout, c Coord) RolloutRow {
 		RolloutID: r.RolloutID, Environment: r.Environment, AgentName: r.Agent.Name, AgentVersion: r.Agent.Version,
 		TaskID: r.TaskID, Success: r.Succeeded(), Reward: r.Outcome.Reward,
 		StartTime: r.StartTime, EndTime: r.EndTime, NMessages: uint32(len(r.Messages)), Coord: c,
+		ConversationID: r.ConversationID,
+	}
+	if r.Routing != nil {
+		row.RouteDecisionID, row.Adapter = r.Routing.DecisionID, r.Routing.Adapter
 	}
 	for _, m := range r.Messages {
 		row.NToolCalls += uint32(len(m.ToolCalls))
@@ -160,6 +169,10 @@ func RawRolloutRow(r *schemas.RawRollout, c Coord) RolloutRow {
 		RolloutID: h.RolloutID, Environment: h.Environment, AgentName: h.Agent.Name, AgentVersion: h.Agent.Version,
 		TaskID: h.TaskID, Success: h.Succeeded(), Reward: h.Outcome.Reward,
 		StartTime: h.StartTime, EndTime: h.EndTime, NMessages: uint32(len(r.Messages)), Coord: c,
+		ConversationID: h.ConversationID,
+	}
+	if h.Routing != nil {
+		row.RouteDecisionID, row.Adapter = h.Routing.DecisionID, h.Routing.Adapter
 	}
 	w := writers.Get().(*rowWriter)
 	defer writers.Put(w)

@@ -2,6 +2,7 @@ package sink_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -339,5 +340,91 @@ func TestQueryDashboardRunsOnlyItsStatements(t *testing.T) {
 	}
 	if err := s.QueryDashboardRow(ctx, "SELECT 1").Scan(new(uint8)); err == nil {
 		t.Error("QueryDashboardRow ran a statement that is not the dashboard's")
+	}
+}
+
+// A migration whose record was lost (a crash after its statements ran)
+// runs again: its ADD COLUMNs find their columns there and still succeed
+// (18.16 has no ADD COLUMN IF NOT EXISTS).
+func TestMigrateAddColumnRerun(t *testing.T) {
+	s := openStore(t)
+	ctx := context.Background()
+	conn := testenv.StoreConn(t, s)
+	if err := conn.Exec(ctx, "ALTER TABLE schema_migrations DELETE WHERE version = 9"); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		applied, err := s.AppliedMigrations(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !applied[9] {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the mutation deleting migration 9's record did not finish")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if err := s.Migrate(ctx); err != nil {
+		t.Fatalf("re-running migration 9: %v", err)
+	}
+	applied, err := s.AppliedMigrations(ctx)
+	if err != nil || !applied[9] {
+		t.Fatalf("migration 9 not recorded again: %v %v", applied, err)
+	}
+}
+
+// The rollout's optional conversation_id and routing reach their columns,
+// from both row builders.
+func TestRolloutRoutingColumns(t *testing.T) {
+	s := openStore(t)
+	ctx := context.Background()
+	routed := rollout("routed", false)
+	routed.ConversationID = "conv-1"
+	routed.Routing = &schemas.Routing{DecisionID: "dec-1", Adapter: "tau2-airline-precondition"}
+	raw, err := json.Marshal(routed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rr, err := schemas.DecodeRawRollout(raw, schemas.DecodeOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rows := []sink.RolloutRow{
+		sink.RolloutRowFrom(routed, sink.Coord{Topic: "t"}),
+		sink.RolloutRowFrom(rollout("plain", true), sink.Coord{Topic: "t", Offset: 1}),
+	}
+	fromWire := sink.RawRolloutRow(rr, sink.Coord{Topic: "t", Offset: 2})
+	fromWire.RolloutID = "routed-wire"
+	rows = append(rows, fromWire)
+	if err := s.InsertRollouts(ctx, rows); err != nil {
+		t.Fatal(err)
+	}
+	want := map[string][3]string{
+		"routed":      {"conv-1", "dec-1", "tau2-airline-precondition"},
+		"routed-wire": {"conv-1", "dec-1", "tau2-airline-precondition"},
+		"plain":       {"", "", ""},
+	}
+	r, err := testenv.StoreConn(t, s).Query(ctx, "SELECT rollout_id, conversation_id, route_decision_id, toString(adapter) FROM rollouts")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	n := 0
+	for r.Next() {
+		var id string
+		var got [3]string
+		if err := r.Scan(&id, &got[0], &got[1], &got[2]); err != nil {
+			t.Fatal(err)
+		}
+		if got != want[id] {
+			t.Errorf("%s: (conversation, decision, adapter) = %q, want %q", id, got, want[id])
+		}
+		n++
+	}
+	if n != len(want) {
+		t.Fatalf("%d rows, want %d", n, len(want))
 	}
 }
