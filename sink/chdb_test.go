@@ -1239,4 +1239,19 @@ func chdbTraining(t *testing.T, c *chdbDB, base time.Time) {
 	if r := c.query(q, args...); len(r.rows) != 1 || r.rows[0].str(0) != "a2" {
 		t.Fatalf("Adapters(candidate) = %v", r.rows)
 	}
+	// Reward curves (the dashboard's Training page): progress events of the
+	// newest jobs, in iteration order; j1 is the oldest job.
+	pe := func(job, key string, it int32, r float64) []any {
+		return []any{job, key, "progress", base, base.UnixNano() + int64(it), it, r, 0.2, 0.01, uint8(1), `{}`, base}
+	}
+	c.insert("training_job_events", trainingEventColumns, pe("j22", "s2", 2, 0.6), pe("j22", "s1", 1, 0.3),
+		[]any{"j22", "s9", "succeeded", base, base.UnixNano() + 9, int32(2), 0.9, 0.0, 0.0, uint8(0), `{}`, base})
+	r = c.query(trainingCurvesSQL, uint64(10))
+	r.wantTypes(t, "TrainingCurves", "String", "Int32", "Float64", "Float64", "Float64", "UInt8")
+	if len(r.rows) != 3 || r.rows[0].str(0) != "j1" || r.rows[1].str(0) != "j22" || r.rows[1].float(1) != 1 || r.rows[2].float(2) != 0.6 {
+		t.Fatalf("TrainingCurves(10) = %v", r.rows)
+	}
+	if r := c.query(trainingCurvesSQL, uint64(2)); len(r.rows) != 2 || r.rows[0].str(0) != "j22" {
+		t.Fatalf("TrainingCurves(2) = %v", r.rows)
+	}
 }

@@ -31,6 +31,7 @@ func (a *App) httpServer() *http.Server {
 		if a.Store != nil { // a nil *sink.Store must stay a nil Store
 			deps.Store = a.Store
 			deps.Environments = synthesizer.SinkStore{Rows: a.Store}
+			deps.Training = a.Store
 		}
 		protected.Handle("/", dashboard.New(deps))
 		if a.envSrv != nil && a.Cfg.Env.Addr == "" {
