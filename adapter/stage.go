@@ -44,10 +44,22 @@ type Backend interface {
 
 // Planner is the optional planning agent: it may adjust a plan within the
 // bounds (the adjusted plan is validated; out of bounds is an error naming
-// the field) and gives its reason.
+// the field) and gives its reason. A nil adjustment keeps the plan. An
+// error is the agent's failure (no valid answer), except a *RejectedError:
+// an answer that was valid but out of bounds. Either way the plan stands.
 type Planner interface {
 	Adjust(ctx context.Context, r *schemas.EnvironmentReady, job *schemas.TrainingJob) (adj *plan.Settings, reason, model string, err error)
 }
+
+// RejectedError is a planning agent's answer whose settings are out of
+// bounds: Fields names them, Err says why.
+type RejectedError struct {
+	Fields []string
+	Err    error
+}
+
+func (e *RejectedError) Error() string { return e.Err.Error() }
+func (e *RejectedError) Unwrap() error { return e.Err }
 
 // Config assembles a Stage. Plan, Store, Claims are required; Backend nil
 // records jobs as PLANNED without dispatching them.
@@ -95,9 +107,11 @@ type Result struct {
 }
 
 // Plan builds the job of a ready environment at a revision, with the
-// planning agent's adjustment when one is configured. An agent's plan
-// that fails validation is recorded as the agent's failure and the
-// configured plan stands.
+// planning agent's adjustment when one is configured. The agent's outcome
+// is recorded in the job's planner record (schemas.PlannerRecord): an
+// adjustment in bounds is applied with its reason; one out of bounds is
+// rejected with the fields it broke, and a failed agent is recorded with
+// its error — in both cases the configured plan stands.
 func (s *Stage) Plan(ctx context.Context, r *schemas.EnvironmentReady, revision int) (*schemas.TrainingJob, error) {
 	in := plan.Input{Ready: r, Revision: revision, Simulated: s.cfg.Simulated, Now: s.cfg.Now()}
 	job, err := s.cfg.Plan.Build(in)
@@ -108,24 +122,34 @@ func (s *Stage) Plan(ctx context.Context, r *schemas.EnvironmentReady, revision 
 		return job, nil
 	}
 	adj, reason, model, err := s.cfg.Planner.Adjust(ctx, r, job)
-	if err != nil {
-		s.cfg.Log.Warn("adapter: planning agent failed; the configured plan stands", "job", job.JobID, "err", err)
-		job.Planner.Reason = "planning agent failed: " + err.Error()
-		job.Planner.Model = model
+	job.Planner.Model, job.Planner.Reason = model, reason
+	reject := func(err error, fields []string) (*schemas.TrainingJob, error) {
+		s.cfg.Log.Warn("adapter: the planning agent's plan is out of bounds; the configured plan stands", "job", job.JobID, "fields", fields, "err", err)
+		job.Planner.Agent, job.Planner.Error, job.Planner.RejectedFields = schemas.AgentRejected, err.Error(), fields
 		return job, nil
 	}
-	if adj == nil {
-		job.Planner.Reason, job.Planner.Model = reason, model
+	var rej *RejectedError
+	switch {
+	case errors.As(err, &rej):
+		return reject(rej.Err, rej.Fields)
+	case err != nil:
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		s.cfg.Log.Warn("adapter: planning agent failed; the configured plan stands", "job", job.JobID, "err", err)
+		job.Planner.Agent, job.Planner.Error = schemas.AgentFailed, err.Error()
+		return job, nil
+	case adj == nil:
+		job.Planner.Agent = schemas.AgentUnchanged
 		return job, nil
 	}
 	in.Adjust, in.Source, in.Model, in.Reason = adj, schemas.PlanAgent, model, reason
 	adjusted, err := s.cfg.Plan.Build(in)
 	if err != nil {
-		s.cfg.Log.Warn("adapter: the planning agent's plan is out of bounds; the configured plan stands", "job", job.JobID, "err", err)
-		job.Planner.Reason = "agent's plan rejected: " + err.Error()
-		job.Planner.Model = model
-		return job, nil
+		return reject(err, plan.ErrorFields(err))
 	}
+	adjusted.Planner.Agent = schemas.AgentAccepted
+	s.cfg.Log.Info("adapter: the planning agent adjusted the plan", "job", job.JobID, "overrides", adjusted.Planner.Overrides, "reason", reason)
 	return adjusted, nil
 }
 
