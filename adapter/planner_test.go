@@ -268,7 +268,8 @@ func TestPlannerRealModel(t *testing.T) {
 		t.Fatal("no audit rows")
 	}
 	for _, c := range calls {
-		if c.Purpose != adapter.PurposePlan || c.PromptTokens == 0 {
+		answered := c.Outcome == llm.OutcomeOK || c.Outcome == llm.OutcomeSchema || c.Outcome == llm.OutcomeInvalidJSON
+		if c.Purpose != adapter.PurposePlan || c.RolloutID != job.JobID || (answered && c.PromptTokens == 0) {
 			t.Errorf("audit row %+v", c)
 		}
 	}

@@ -70,6 +70,12 @@ type Config struct {
 	Backend   Backend
 	Planner   Planner // nil: the configured plan stands
 	Simulated bool    // jobs go to the simulated trainer (trace demo)
+	// AutoActivate makes a succeeded job's adapter active through
+	// Registry (loaded into the serving engine, the previous active one of
+	// its environment and capability retired). Off: adapters stay
+	// candidates until `trace adapters activate`.
+	AutoActivate bool
+	Registry     *Registry
 	Now       func() time.Time
 	Log       *slog.Logger
 }
@@ -88,6 +94,9 @@ func NewStage(cfg Config) (*Stage, error) {
 	}
 	if err := cfg.Plan.Validate("adapter.plan."); err != nil {
 		return nil, err
+	}
+	if cfg.AutoActivate && cfg.Registry == nil {
+		return nil, errors.New("adapter: AutoActivate needs a Registry")
 	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now
@@ -238,32 +247,69 @@ var ErrUnknownJob = errors.New("unknown training job")
 // repaired by the redelivery. key identifies the event within its job (a
 // redelivery has the same key). An event of an unknown job returns
 // ErrUnknownJob after recording it.
+//
+// With AutoActivate, the adapter of a job that succeeded now is activated
+// after the job is saved (outside the lock: a load may take a while); the
+// outcome is recorded in the job's history ("activated" or
+// "activation_failed", which leaves the adapter a candidate) and is not
+// the event's error.
 func (s *Stage) HandleEvent(ctx context.Context, e *schemas.TrainingEvent, key string, payload []byte) error {
+	name, err := s.handleEvent(ctx, e, key, payload)
+	if err != nil || name == "" || !s.cfg.AutoActivate || s.cfg.Registry == nil {
+		return err
+	}
+	s.autoActivate(ctx, e.JobID, name)
+	return nil
+}
+
+func (s *Stage) autoActivate(ctx context.Context, jobID, name string) {
+	changes, err := s.cfg.Registry.Activate(ctx, name)
+	now := s.cfg.Now().UTC()
+	typ, body := "activated", map[string]any{"adapter": name, "changes": changes}
+	if err != nil {
+		s.cfg.Log.Warn("adapter: auto-activation failed", "adapter", name, "job", jobID, "err", err)
+		body["error"] = err.Error()
+		if len(changes) == 0 {
+			typ = "activation_failed"
+		}
+	}
+	payload, _ := json.Marshal(body)
+	if ierr := s.cfg.Store.InsertTrainingEvents(context.WithoutCancel(ctx), []sink.TrainingEventRow{{JobID: jobID, Key: "trace:activate", Type: typ,
+		At: now, Iteration: -1, Payload: string(payload), ReceivedAt: now}}); ierr != nil {
+		s.cfg.Log.Warn("adapter: recording the auto-activation", "job", jobID, "err", ierr)
+	}
+}
+
+// handleEvent is HandleEvent under the lock; it returns the name of the
+// adapter registered now ("" for none).
+func (s *Stage) handleEvent(ctx context.Context, e *schemas.TrainingEvent, key string, payload []byte) (string, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := s.cfg.Now().UTC()
 	row := eventRow(e, key, payload, now)
 	if err := s.cfg.Store.InsertTrainingEvents(ctx, []sink.TrainingEventRow{row}); err != nil {
-		return err
+		return "", err
 	}
 	job, err := s.cfg.Store.TrainingJob(ctx, e.JobID)
 	if err != nil {
-		return err
+		return "", err
 	}
 	if job == nil {
-		return fmt.Errorf("%w: %s", ErrUnknownJob, e.JobID)
+		return "", fmt.Errorf("%w: %s", ErrUnknownJob, e.JobID)
 	}
 	tr := Apply(job.Status, e)
 	if tr.Ignored {
 		if Terminal(job.Status) {
 			s.cfg.Log.Info("adapter: event after the job ended (recorded, status unchanged)", "job", e.JobID, "status", job.Status, "event", e.Type)
 		}
-		return nil
+		return "", nil
 	}
+	registered := ""
 	if tr.Register {
 		if err := s.register(ctx, job, e, now); err != nil {
-			return err
+			return "", err
 		}
+		registered = registeredName(job, e)
 	}
 	next := *job
 	next.Status, next.Reason = tr.Status, tr.Reason
@@ -282,12 +328,21 @@ func (s *Stage) HandleEvent(ctx context.Context, e *schemas.TrainingEvent, key s
 	}
 	next.Version = max(job.Version+1, uint64(now.UnixNano()))
 	if err := s.cfg.Store.SaveTrainingJob(ctx, next); err != nil {
-		return err
+		return "", err
 	}
 	if tr.Status != job.Status {
 		s.cfg.Log.Info("training job status", "job", e.JobID, "from", job.Status, "to", tr.Status, "reason", tr.Reason)
 	}
-	return nil
+	return registered, nil
+}
+
+// registeredName is the name a succeeded job's adapter is registered
+// under: the trainer's, else the plan's.
+func registeredName(job *sink.TrainingJobRow, e *schemas.TrainingEvent) string {
+	if e.Adapter != nil && e.Adapter.Name != "" {
+		return e.Adapter.Name
+	}
+	return job.AdapterName
 }
 
 func eventRow(e *schemas.TrainingEvent, key string, payload []byte, now time.Time) sink.TrainingEventRow {
@@ -311,10 +366,7 @@ func eventRow(e *schemas.TrainingEvent, key string, payload []byte, now time.Tim
 // registered already (a redelivered success must not reset an adapter an
 // operator activated since).
 func (s *Stage) register(ctx context.Context, job *sink.TrainingJobRow, e *schemas.TrainingEvent, now time.Time) error {
-	name := job.AdapterName
-	if e.Adapter != nil && e.Adapter.Name != "" {
-		name = e.Adapter.Name
-	}
+	name := registeredName(job, e)
 	if prev, err := s.cfg.Store.Adapter(ctx, name); err != nil {
 		return err
 	} else if prev != nil {

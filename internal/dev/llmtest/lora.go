@@ -68,6 +68,19 @@ func (s *Server) EnqueueLoRA(replies ...Reply) {
 	}
 }
 
+// DropLoRAFaults forgets the queued faults the LoRA routes have not
+// answered yet, and returns how many there were.
+func (s *Server) DropLoRAFaults() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.lora == nil {
+		return 0
+	}
+	n := len(s.lora.faults)
+	s.lora.faults = nil
+	return n
+}
+
 // LoadedAdapters returns the loaded adapters: name → path.
 func (s *Server) LoadedAdapters() map[string]string {
 	s.mu.Lock()
