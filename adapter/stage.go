@@ -76,8 +76,8 @@ type Config struct {
 	// candidates until `trace adapters activate`.
 	AutoActivate bool
 	Registry     *Registry
-	Now       func() time.Time
-	Log       *slog.Logger
+	Now          func() time.Time
+	Log          *slog.Logger
 }
 
 // Stage is the adapt role's logic. Safe for concurrent use: event handling
