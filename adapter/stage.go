@@ -122,18 +122,27 @@ type Result struct {
 // rejected with the fields it broke, and a failed agent is recorded with
 // its error — in both cases the configured plan stands.
 func (s *Stage) Plan(ctx context.Context, r *schemas.EnvironmentReady, revision int) (*schemas.TrainingJob, error) {
-	in := plan.Input{Ready: r, Revision: revision, Simulated: s.cfg.Simulated, Now: s.cfg.Now()}
-	job, err := s.cfg.Plan.Build(in)
+	return PlanJob(ctx, s.cfg.Plan, s.cfg.Planner, plan.Input{Ready: r, Revision: revision, Simulated: s.cfg.Simulated, Now: s.cfg.Now()}, s.cfg.Log)
+}
+
+// PlanJob is Stage.Plan without a stage (trace train plan): the job pc
+// builds from in, adjusted by planner when it is not nil.
+func PlanJob(ctx context.Context, pc plan.Config, planner Planner, in plan.Input, log *slog.Logger) (*schemas.TrainingJob, error) {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	r := in.Ready
+	job, err := pc.Build(in)
 	if err != nil {
 		return nil, err
 	}
-	if s.cfg.Planner == nil {
+	if planner == nil {
 		return job, nil
 	}
-	adj, reason, model, err := s.cfg.Planner.Adjust(ctx, r, job)
+	adj, reason, model, err := planner.Adjust(ctx, r, job)
 	job.Planner.Model, job.Planner.Reason = model, reason
 	reject := func(err error, fields []string) (*schemas.TrainingJob, error) {
-		s.cfg.Log.Warn("adapter: the planning agent's plan is out of bounds; the configured plan stands", "job", job.JobID, "fields", fields, "err", err)
+		log.Warn("adapter: the planning agent's plan is out of bounds; the configured plan stands", "job", job.JobID, "fields", fields, "err", err)
 		job.Planner.Agent, job.Planner.Error, job.Planner.RejectedFields = schemas.AgentRejected, err.Error(), fields
 		return job, nil
 	}
@@ -145,7 +154,7 @@ func (s *Stage) Plan(ctx context.Context, r *schemas.EnvironmentReady, revision 
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
 		}
-		s.cfg.Log.Warn("adapter: planning agent failed; the configured plan stands", "job", job.JobID, "err", err)
+		log.Warn("adapter: planning agent failed; the configured plan stands", "job", job.JobID, "err", err)
 		job.Planner.Agent, job.Planner.Error = schemas.AgentFailed, err.Error()
 		return job, nil
 	case adj == nil:
@@ -153,12 +162,12 @@ func (s *Stage) Plan(ctx context.Context, r *schemas.EnvironmentReady, revision 
 		return job, nil
 	}
 	in.Adjust, in.Source, in.Model, in.Reason = adj, schemas.PlanAgent, model, reason
-	adjusted, err := s.cfg.Plan.Build(in)
+	adjusted, err := pc.Build(in)
 	if err != nil {
 		return reject(err, plan.ErrorFields(err))
 	}
 	adjusted.Planner.Agent = schemas.AgentAccepted
-	s.cfg.Log.Info("adapter: the planning agent adjusted the plan", "job", job.JobID, "overrides", adjusted.Planner.Overrides, "reason", reason)
+	log.Info("adapter: the planning agent adjusted the plan", "job", job.JobID, "overrides", adjusted.Planner.Overrides, "reason", reason)
 	return adjusted, nil
 }
 

@@ -28,7 +28,6 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 
 	"github.com/traceops/trace/adapter"
-	"github.com/traceops/trace/adapter/dispatch"
 	"github.com/traceops/trace/analyzer"
 	"github.com/traceops/trace/ingest"
 	"github.com/traceops/trace/internal/bus"
@@ -461,13 +460,9 @@ func (a *App) Close() {
 // trace.environments.ready (plan → dispatch), the consumer of the
 // trainers' events (status, history, registry) and the deadline check.
 func (a *App) addAdapt(ctx context.Context, g *run.Group) error {
-	var backend adapter.Backend
-	switch a.Cfg.Adapter.Backend {
-	case "nats":
-		backend = dispatch.NATS{Pub: a.Bus}
-	case "none":
-	default:
-		return fmt.Errorf("adapter.backend: %q is not supported", a.Cfg.Adapter.Backend)
+	backend, err := TrainingBackend(a.Cfg, a.Bus)
+	if err != nil {
+		return err
 	}
 	pc := a.Cfg.Adapter.Plan
 	pc.EnvServerURL = a.Cfg.EnvServerURL()

@@ -6,11 +6,26 @@ import (
 	"log/slog"
 
 	"github.com/traceops/trace/adapter"
+	"github.com/traceops/trace/adapter/dispatch"
 	"github.com/traceops/trace/adapter/serving"
+	"github.com/traceops/trace/internal/bus"
 	"github.com/traceops/trace/internal/config"
 	"github.com/traceops/trace/internal/llm"
 	"github.com/traceops/trace/sink"
 )
+
+// TrainingBackend is the trainer backend of adapter.backend (nil for
+// none: jobs are recorded as PLANNED).
+func TrainingBackend(cfg config.Config, b *bus.Bus) (adapter.Backend, error) {
+	switch cfg.Adapter.Backend {
+	case "nats":
+		return dispatch.NATS{Pub: b}, nil
+	case "none":
+		return nil, nil
+	default:
+		return nil, fmt.Errorf("adapter.backend: %q is not supported", cfg.Adapter.Backend)
+	}
+}
 
 // AdapterRegistry is the adapter registry of cfg: with adapter.serving
 // enabled it loads active adapters into the serving engine, else it only
