@@ -33,7 +33,7 @@ func TestTrainAndAdaptersCommands(t *testing.T) {
 	done := &synthesizer.Environment{ID: schemas.EnvironmentID("t-train"), TriggerID: "t-train", Environment: "sim-airline", AgentVersion: "1.4.0",
 		DictionaryVersion: 1, Capability: "precondition_verification", Definition: "Look before you write.", Family: "precondition_verification",
 		Status: synthesizer.StatusDone, Path: synthesizer.PathTemplate, Attempt: 1, Program: "def reset(seed):\n    pass\n", ProgramHash: strings.Repeat("ab", 32),
-		Tools: []string{"get_reservation_details", "cancel_reservation"},
+		Tools:    []string{"get_reservation_details", "cancel_reservation"},
 		Attempts: []synthesizer.Attempt{{N: 1, Origin: "template", Family: "precondition_verification", Stage: synthesizer.StageCalibrate, Accepted: true, StartedAt: at, EndedAt: at}},
 		Calibration: &synthesizer.Calibration{Accepted: true, Verdict: "accepted", Policy: "simulated", Simulated: true, Seeds: 100, RolloutsPerSeed: 16,
 			MeanReward: 0.44, StdReward: 0.3, SuccessRate: 0.31, PassAtK: map[string]float64{"1": 0.31, "16": 0.97}, Histogram: []int{800, 0, 0, 0, 0, 300, 0, 0, 0, 500}},
