@@ -175,13 +175,15 @@ func (p *LLMPlanner) Adjust(ctx context.Context, r *schemas.EnvironmentReady, jo
 
 // PlanAnswerSchema is the JSON Schema of the planning agent's answer. It
 // fixes the shape and the types; the bounds are checked after (an answer
-// out of bounds is a valid answer, rejected, not retried).
+// out of bounds is a valid answer, rejected, not retried). It has no
+// length bounds: llama-cpp-python turns a maxLength into one nested
+// grammar rule per character, and one of 2000 crashed its server.
 var PlanAnswerSchema = json.RawMessage(`{
   "type": "object",
   "additionalProperties": false,
   "required": ["reason", "adjust"],
   "properties": {
-    "reason": {"type": "string", "minLength": 1, "maxLength": 2000},
+    "reason": {"type": "string"},
     "adjust": {
       "type": "object",
       "additionalProperties": false,
@@ -207,6 +209,10 @@ var PlanAnswerSchema = json.RawMessage(`{
     }
   }
 }`)
+
+// MaxReasonChars bounds an answer's reason (checked here, not in the
+// schema: see PlanAnswerSchema).
+const MaxReasonChars = 2000
 
 // PlanAnswer is a decoded answer: every setting the agent set is non-nil.
 type PlanAnswer struct {
@@ -261,6 +267,9 @@ func ParsePlanAnswer(content string) (*PlanAnswer, error) {
 	}
 	if strings.TrimSpace(a.Reason) == "" {
 		return nil, fmt.Errorf("%w: \"reason\" is empty", llm.ErrSchema)
+	}
+	if n := len([]rune(a.Reason)); n > MaxReasonChars {
+		return nil, fmt.Errorf("%w: \"reason\" has %d characters, more than %d", llm.ErrSchema, n, MaxReasonChars)
 	}
 	return &a, nil
 }

@@ -274,3 +274,19 @@ func TestPlannerRealModel(t *testing.T) {
 		}
 	}
 }
+
+// TestPlanAnswerSchemaIsGrammarFriendly: llama-cpp-python compiles the
+// schema into a grammar, and a string length bound becomes one nested
+// rule per character — maxLength 2000 made a grammar it failed to parse
+// and the server died. The answer's lengths are checked by
+// ParsePlanAnswer instead.
+func TestPlanAnswerSchemaIsGrammarFriendly(t *testing.T) {
+	for _, k := range []string{"minLength", "maxLength", "minItems", "maxItems", "pattern"} {
+		if strings.Contains(string(adapter.PlanAnswerSchema), k) {
+			t.Errorf("PlanAnswerSchema uses %s", k)
+		}
+	}
+	if !json.Valid(adapter.PlanAnswerSchema) {
+		t.Fatal("invalid JSON")
+	}
+}
