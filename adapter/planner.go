@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strings"
 	"text/template"
+	"unicode"
 
 	"github.com/traceops/trace/adapter/plan"
 	"github.com/traceops/trace/internal/llm"
@@ -265,8 +266,8 @@ func ParsePlanAnswer(content string) (*PlanAnswer, error) {
 	if err := dec.Decode(&a); err != nil {
 		return nil, fmt.Errorf("%w: %v (the settings an agent may set: %s)", llm.ErrSchema, err, strings.Join(AgentSettings(), ", "))
 	}
-	if strings.TrimSpace(a.Reason) == "" {
-		return nil, fmt.Errorf("%w: \"reason\" is empty", llm.ErrSchema)
+	if !strings.ContainsFunc(a.Reason, unicode.IsLetter) {
+		return nil, fmt.Errorf("%w: \"reason\" %q says nothing (the answer format's placeholder is not a reason)", llm.ErrSchema, a.Reason)
 	}
 	if n := len([]rune(a.Reason)); n > MaxReasonChars {
 		return nil, fmt.Errorf("%w: \"reason\" has %d characters, more than %d", llm.ErrSchema, n, MaxReasonChars)

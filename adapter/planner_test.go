@@ -197,6 +197,7 @@ func TestPlannerSchemaBreakRetriedThenFailed(t *testing.T) {
 	}{
 		{`{"reason": "r", "adjust": {}}`, false},
 		{`{"reason": "", "adjust": {}}`, true},
+		{`{"reason": "...", "adjust": {}}`, true},
 		{`{"reason": "r"}`, true},
 		{`{"reason": "r", "adjust": {"lora_rank": 8, "lora_rank": 16}}`, true},
 		{`{"reason": "r", "adjust": {"lora_rank": 8.5}}`, true},
