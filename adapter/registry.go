@@ -77,9 +77,11 @@ type Registry struct {
 
 // Change is one adapter's transition.
 type Change struct {
-	Name, From, To string
-	Loaded         bool // loaded into the engine now
-	Unloaded       bool // unloaded from the engine now
+	Name     string `json:"name"`
+	From     string `json:"from"`
+	To       string `json:"to"`
+	Loaded   bool   `json:"loaded"`   // loaded into the engine now
+	Unloaded bool   `json:"unloaded"` // unloaded from the engine now
 }
 
 // Serving is the "serving" entry of an adapter's metadata: what the

@@ -190,6 +190,15 @@ func TestTrainAndAdaptersCommands(t *testing.T) {
 	if err != nil || !strings.Contains(out, "retired → active") || !strings.Contains(out, "adapter.serving is off") {
 		t.Errorf("activate without serving (%v):\n%s", err, out)
 	}
+	out, err = run("adapters", "retire", name, "--json")
+	var v struct {
+		Changes []adapter.Change `json:"changes"`
+		Serving bool             `json:"serving"`
+	}
+	if err != nil || json.Unmarshal([]byte(out), &v) != nil || len(v.Changes) != 1 || v.Changes[0].From != adapter.AdapterActive ||
+		v.Changes[0].To != adapter.AdapterRetired || v.Serving {
+		t.Errorf("retire --json (%v):\n%s", err, out)
+	}
 }
 
 func ptr[T any](v T) *T { return &v }
