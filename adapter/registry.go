@@ -212,6 +212,10 @@ func (r *Registry) Activate(ctx context.Context, name string) ([]Change, error) 
 	}
 	from := a.Status
 	var sv *Serving
+	if r.Engine != nil && a.Simulated {
+		return nil, fmt.Errorf("%w: adapter %s is simulated (no model was trained): there is nothing to load into %s (with adapter.serving off the registry records it)",
+			ErrTransition, name, r.Engine.Name())
+	}
 	if r.Engine != nil {
 		path, err := LoRAPath(a.URI, r.PathMap)
 		if err != nil {

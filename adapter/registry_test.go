@@ -142,6 +142,14 @@ func TestRegistryTransitionsAndServing(t *testing.T) {
 	if _, err := reg.Activate(ctx, "mt-1"); !errors.Is(err, adapter.ErrTransition) {
 		t.Errorf("activating a rolled-back adapter: %v", err)
 	}
+	now := time.Now().UTC()
+	if err := st.SaveAdapter(ctx, sink.AdapterRow{Name: "sim-x", Capability: "multi_turn", Environment: "sim-airline", URI: "sim://simtrainer/sim-x",
+		Status: adapter.AdapterCandidate, Simulated: true, CreatedAt: now, UpdatedAt: now, Version: 1}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := reg.Activate(ctx, "sim-x"); !errors.Is(err, adapter.ErrTransition) || !strings.Contains(err.Error(), "simulated") {
+		t.Errorf("activating a simulated adapter into an engine: %v", err)
+	}
 	if _, err := reg.RollBack(ctx, "gone", ""); !errors.Is(err, adapter.ErrTransition) {
 		t.Errorf("rolling back a candidate: %v", err)
 	}
