@@ -108,6 +108,13 @@ func TestPlannerAcceptsPlanInBounds(t *testing.T) {
 	if len(calls) != 1 || calls[0].Purpose != adapter.PurposePlan || calls[0].Outcome != llm.OutcomeOK || calls[0].RolloutID != res.JobID {
 		t.Errorf("audit rows %+v", calls)
 	}
+	// A redelivered ready event is a duplicate before any planning call.
+	if res, err := s.HandleReady(context.Background(), r); err != nil || !res.Duplicate {
+		t.Fatalf("redelivery: %+v %v", res, err)
+	}
+	if n := len(srv.Requests()); n != 1 {
+		t.Errorf("a redelivered ready event asked the planning agent again (%d requests)", n)
+	}
 }
 
 // TestPlannerRejectsPlanOutOfBounds: a valid answer out of bounds is not

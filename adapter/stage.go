@@ -172,13 +172,29 @@ func PlanJob(ctx context.Context, pc plan.Config, planner Planner, in plan.Input
 }
 
 // HandleReady plans and dispatches the job of a ready environment at plan
-// revision 1; see Dispatch.
+// revision 1; see DispatchReady.
 func (s *Stage) HandleReady(ctx context.Context, r *schemas.EnvironmentReady) (Result, error) {
-	job, err := s.Plan(ctx, r, 1)
-	if err != nil {
-		return Result{}, err
+	res, _, err := s.DispatchReady(ctx, r, 1)
+	return res, err
+}
+
+// DispatchReady plans and dispatches the job of a ready environment at a
+// revision (see Dispatch). A job already recorded is a duplicate before
+// anything is planned, so a redelivered ready event costs no planning
+// agent call; the job is nil then.
+func (s *Stage) DispatchReady(ctx context.Context, r *schemas.EnvironmentReady, revision int) (Result, *schemas.TrainingJob, error) {
+	id := schemas.TrainingJobID(r.EnvironmentID, max(revision, 1))
+	if prev, err := s.cfg.Store.TrainingJob(ctx, id); err != nil {
+		return Result{JobID: id}, nil, err
+	} else if prev != nil {
+		return Result{JobID: id, Duplicate: true}, nil, nil
 	}
-	return s.Dispatch(ctx, job)
+	job, err := s.Plan(ctx, r, revision)
+	if err != nil {
+		return Result{JobID: id}, nil, err
+	}
+	res, err := s.Dispatch(ctx, job)
+	return res, job, err
 }
 
 // Dispatch records and dispatches a job once: a job already in

@@ -254,18 +254,18 @@ PLANNED. The adapt role of a running trace run tracks the job's events.`,
 			if err != nil {
 				return err
 			}
-			job, err := stage.Plan(ctx, r, revision)
-			if err != nil {
-				return err
-			}
-			res, err := stage.Dispatch(ctx, job)
+			res, job, err := stage.DispatchReady(ctx, r, revision)
 			if err != nil {
 				return err
 			}
 			out := cmd.OutOrStdout()
 			if asJSON {
-				return writeJSON(out, map[string]any{"job_id": res.JobID, "dispatched": res.Dispatched, "duplicate": res.Duplicate,
-					"planned": res.Planned, "backend": cfg.Adapter.Backend, "adapter": job.Output.AdapterName, "planner": job.Planner})
+				v := map[string]any{"job_id": res.JobID, "dispatched": res.Dispatched, "duplicate": res.Duplicate,
+					"planned": res.Planned, "backend": cfg.Adapter.Backend}
+				if job != nil {
+					v["adapter"], v["planner"] = job.Output.AdapterName, job.Planner
+				}
+				return writeJSON(out, v)
 			}
 			switch {
 			case res.Duplicate:
