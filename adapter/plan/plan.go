@@ -246,6 +246,29 @@ func (s Settings) Validate(prefix string) error {
 	return errors.Join(errs...)
 }
 
+// ErrorFields returns the setting names an error of Settings.Validate
+// (with an empty prefix) or Build names, in order, without repeats: the
+// text before the first colon of each of its lines, when that is a
+// setting's JSON name.
+func ErrorFields(err error) []string {
+	if err == nil {
+		return nil
+	}
+	var out []string
+	for _, line := range strings.Split(err.Error(), "\n") {
+		name, _, ok := strings.Cut(line, ":")
+		if ok && slices.Contains(SettingNames, name) && !slices.Contains(out, name) {
+			out = append(out, name)
+		}
+	}
+	return out
+}
+
+// SettingNames are the JSON names of Settings' fields.
+var SettingNames = []string{"base_model", "lora_rank", "lora_alpha", "lora_dropout", "target_modules", "group_size", "groups_per_iteration",
+	"iterations", "learning_rate", "temperature", "kl_coef", "clip_epsilon", "max_grad_norm", "hint_ratio", "advantage",
+	"eval_seeds", "eval_rollouts", "success_threshold"}
+
 // Validate checks the configuration: the preset, and every override
 // merged over it (so an override out of bounds is named with its key).
 func (c Config) Validate(prefix string) error {

@@ -28,7 +28,6 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 
 	"github.com/traceops/trace/adapter"
-	"github.com/traceops/trace/adapter/dispatch"
 	"github.com/traceops/trace/analyzer"
 	"github.com/traceops/trace/ingest"
 	"github.com/traceops/trace/internal/bus"
@@ -461,18 +460,27 @@ func (a *App) Close() {
 // trace.environments.ready (plan → dispatch), the consumer of the
 // trainers' events (status, history, registry) and the deadline check.
 func (a *App) addAdapt(ctx context.Context, g *run.Group) error {
-	var backend adapter.Backend
-	switch a.Cfg.Adapter.Backend {
-	case "nats":
-		backend = dispatch.NATS{Pub: a.Bus}
-	case "none":
-	default:
-		return fmt.Errorf("adapter.backend: %q is not supported", a.Cfg.Adapter.Backend)
+	backend, err := TrainingBackend(a.Cfg, a.Bus)
+	if err != nil {
+		return err
 	}
 	pc := a.Cfg.Adapter.Plan
 	pc.EnvServerURL = a.Cfg.EnvServerURL()
-	st, err := adapter.NewStage(adapter.Config{Plan: pc, Store: a.Store, Claims: a.Bus, Backend: backend,
-		Simulated: a.Cfg.Adapter.Simulated, Log: a.Log.With("role", "adapt")})
+	log := a.Log.With("role", "adapt")
+	var rec llm.Recorder
+	if a.Cfg.Adapter.Planner.Enabled {
+		rec = a.auditRecorder()
+	}
+	planner, err := Planner(a.Cfg, a.Store, rec, log)
+	if err != nil {
+		return err
+	}
+	reg, err := AdapterRegistry(a.Cfg, a.Store, log)
+	if err != nil {
+		return err
+	}
+	st, err := adapter.NewStage(adapter.Config{Plan: pc, Store: a.Store, Claims: a.Bus, Backend: backend, Planner: planner,
+		Registry: reg, AutoActivate: a.Cfg.Adapter.AutoActivate, Simulated: a.Cfg.Adapter.Simulated, Log: log})
 	if err != nil {
 		return err
 	}
@@ -490,6 +498,6 @@ func (a *App) addAdapt(ctx context.Context, g *run.Group) error {
 	every := a.Cfg.Adapter.DeadlineCheck
 	addActor(g, ctx, "adapt-deadlines", func(ctx context.Context) error { return st.RunDeadlines(ctx, every) })
 	a.Log.Info("adapt role: training jobs from ready environments", "backend", a.Cfg.Adapter.Backend, "preset", a.Cfg.Adapter.Plan.Preset,
-		"env_server", pc.EnvServerURL)
+		"env_server", pc.EnvServerURL, "planner", planner != nil, "serving", a.Cfg.Adapter.Serving.Enabled, "auto_activate", a.Cfg.Adapter.AutoActivate)
 	return nil
 }

@@ -198,6 +198,14 @@ type Adapter struct {
 	Plan    plan.Config `koanf:"plan"`
 	// DeadlineCheck is how often jobs are checked for silence.
 	DeadlineCheck time.Duration `koanf:"deadline_check"`
+	// Planner is the optional planning agent; Serving loads active
+	// adapters into the serving engine (training.go).
+	Planner Planner `koanf:"planner"`
+	Serving Serving `koanf:"serving"`
+	// AutoActivate activates every succeeded job's adapter (replacing the
+	// active one of its environment and capability). Off: adapters stay
+	// candidates until `trace adapters activate`.
+	AutoActivate bool `koanf:"auto_activate"`
 	// Simulated marks jobs for the demo's simulated trainer (set by
 	// trace demo, not a user setting: no model is trained).
 	Simulated bool `koanf:"-"`
@@ -236,7 +244,8 @@ func Default() Config {
 		Embedded:    Embedded{ClickHousePort: 29000, ClickHouseHTTPPort: 28123, NATSPort: 4222},
 		Synthesizer: synthesizer.DefaultSettings(),
 		Env:         envserver.DefaultConfig(),
-		Adapter:     Adapter{Backend: "nats", Plan: defaultPlan(), DeadlineCheck: 30 * time.Second},
+		Adapter: Adapter{Backend: "nats", Plan: defaultPlan(), DeadlineCheck: 30 * time.Second,
+			Planner: DefaultPlanner(), Serving: DefaultServing()},
 	}
 }
 
@@ -402,6 +411,7 @@ func (c Config) Validate() error {
 	if c.Adapter.DeadlineCheck <= 0 {
 		errs = append(errs, fmt.Errorf("adapter.deadline_check: must be positive, got %s", c.Adapter.DeadlineCheck))
 	}
+	errs = append(errs, c.validateTraining()...)
 	if _, _, err := net.SplitHostPort(c.HTTP.Addr); err != nil {
 		errs = append(errs, fmt.Errorf("http.addr: %q is not host:port", c.HTTP.Addr))
 	}
@@ -436,6 +446,7 @@ func (c Config) Redacted() Config {
 	red(&r.LLM.APIKey)
 	red(&r.Env.BearerToken)
 	red(&r.HTTP.BearerToken)
+	red(&r.Adapter.Serving.Token)
 	r.Synthesizer.Policies = slices.Clone(c.Synthesizer.Policies)
 	for i := range r.Synthesizer.Policies {
 		red(&r.Synthesizer.Policies[i].APIKey)

@@ -4,6 +4,7 @@
 // handler, and afterwards inspects every request the server received —
 // headers, body, response_format — to assert what the client sent.
 //
+// ServeLoRA, in lora.go, adds vLLM's runtime LoRA routes.
 // RealServer, in real.go, is the fixture for tests against a real model
 // (scripts/llm-server.sh).
 package llmtest
@@ -134,6 +135,7 @@ type Server struct {
 	reqs        []Request
 	inflight    int
 	maxInflight int
+	lora        *loraState // ServeLoRA (lora.go)
 }
 
 // New starts a server on 127.0.0.1; it is closed when the test ends.
@@ -189,6 +191,9 @@ func (s *Server) MaxInFlight() int {
 }
 
 func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
+	if s.serveLoRA(w, r) {
+		return
+	}
 	switch {
 	case r.URL.Path == "/v1/models" && r.Method == http.MethodGet:
 		writeJSON(w, http.StatusOK, map[string]any{"object": "list", "data": []any{
@@ -209,6 +214,9 @@ func (s *Server) chat(w http.ResponseWriter, r *http.Request) {
 	var cr ChatRequest
 	if err := json.Unmarshal(body, &cr); err != nil {
 		writeJSON(w, http.StatusBadRequest, errorBody("body is not JSON: "+err.Error(), "invalid_request_error"))
+		return
+	}
+	if s.rejectModel(w, cr.Model) {
 		return
 	}
 	s.mu.Lock()
