@@ -141,16 +141,20 @@ func (s *Stage) HandleReady(ctx context.Context, r *schemas.EnvironmentReady) (R
 
 // Dispatch records and dispatches a job once: a job already in
 // training_jobs or already claimed is a duplicate. A failed dispatch
-// releases the claim and returns the error (the caller retries).
+// releases the claim and returns the error (the caller retries, and the
+// retry finds the DISPATCHED row with a free claim: it dispatches again).
 func (s *Stage) Dispatch(ctx context.Context, job *schemas.TrainingJob) (Result, error) {
 	res := Result{JobID: job.JobID}
 	spec, err := job.Encode()
 	if err != nil {
 		return res, err
 	}
+	// A DISPATCHED job whose claim is free again is one whose dispatch
+	// failed (the claim is released only then): it is dispatched again.
+	// Every other recorded job is a duplicate.
 	if prev, err := s.cfg.Store.TrainingJob(ctx, job.JobID); err != nil {
 		return res, err
-	} else if prev != nil {
+	} else if prev != nil && prev.Status != StatusDispatched {
 		res.Duplicate = true
 		return res, nil
 	}

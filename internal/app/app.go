@@ -461,20 +461,50 @@ func (a *App) Close() {
 // trace.environments.ready (plan → dispatch), the consumer of the
 // trainers' events (status, history, registry) and the deadline check.
 func (a *App) addAdapt(ctx context.Context, g *run.Group) error {
-	var backend adapter.Backend
+	log := a.Log.With("role", "adapt")
+	pc := a.Cfg.Adapter.Plan
+	pc.EnvServerURL = a.Cfg.EnvServerURL()
+	var (
+		backend adapter.Backend
+		command *dispatch.Command
+		webhook *dispatch.Webhook
+		err     error
+	)
 	switch a.Cfg.Adapter.Backend {
 	case "nats":
 		backend = dispatch.NATS{Pub: a.Bus}
+	case "command":
+		if command, err = dispatch.NewCommand(a.Cfg.CommandConfig(), log.With("backend", "command")); err != nil {
+			return err
+		}
+		backend = command
+	case "webhook":
+		if webhook, err = dispatch.NewWebhook(a.Cfg.WebhookConfig(), log.With("backend", "webhook")); err != nil {
+			return err
+		}
+		if a.Cfg.TrainingCallback() {
+			pc.CallbackURL = webhook.Config().CallbackURL
+		}
+		backend = webhook
 	case "none":
 	default:
 		return fmt.Errorf("adapter.backend: %q is not supported", a.Cfg.Adapter.Backend)
 	}
-	pc := a.Cfg.Adapter.Plan
-	pc.EnvServerURL = a.Cfg.EnvServerURL()
 	st, err := adapter.NewStage(adapter.Config{Plan: pc, Store: a.Store, Claims: a.Bus, Backend: backend,
-		Simulated: a.Cfg.Adapter.Simulated, Log: a.Log.With("role", "adapt")})
+		Simulated: a.Cfg.Adapter.Simulated, Log: log})
 	if err != nil {
 		return err
+	}
+	// The command and webhook backends report what they learn (events on a
+	// command's stdout, its exit, an HTTP rejection) to the stage.
+	if command != nil {
+		command.Reporter = st
+		// Stopping interrupts the running commands (SIGTERM to their
+		// process groups, SIGKILL after kill_grace) and records them FAILED.
+		addActor(g, ctx, "adapt-command", command.Run)
+	}
+	if webhook != nil {
+		webhook.Reporter = st
 	}
 	rc, err := a.Bus.ReadyConsumer(ctx, 0)
 	if err != nil {
