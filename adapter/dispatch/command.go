@@ -521,43 +521,50 @@ func tail(b []byte, n int) []byte {
 }
 
 // lineWriter calls line for every line written to it (without its
-// newline); a line longer than maxLine is cut there. exec's copying
-// goroutine is its only writer.
+// newline); a line longer than maxLine is cut there (the rest of it is
+// dropped). exec's copying goroutine is its only writer.
 type lineWriter struct {
 	line func([]byte)
 	buf  []byte
+	skip bool // the line in progress was cut: drop it up to its newline
 }
 
 func (w *lineWriter) Write(p []byte) (int, error) {
 	n := len(p)
 	for len(p) > 0 {
 		i := bytes.IndexByte(p, '\n')
-		if i < 0 {
-			w.buf = append(w.buf, p...)
+		chunk := p
+		if i >= 0 {
+			chunk, p = p[:i], p[i+1:]
+		} else {
+			p = nil
+		}
+		if !w.skip {
+			w.buf = append(w.buf, chunk...)
 			if len(w.buf) >= maxLine {
+				w.buf = w.buf[:maxLine]
+				w.emit()
+				w.skip = true
+			}
+		}
+		if i >= 0 {
+			if !w.skip {
 				w.emit()
 			}
-			break
+			w.skip = false
 		}
-		w.buf = append(w.buf, p[:i]...)
-		p = p[i+1:]
-		w.emit()
 	}
 	return n, nil
 }
 
 func (w *lineWriter) emit() {
-	l := w.buf
-	if len(l) > maxLine {
-		l = l[:maxLine]
-	}
-	w.line(bytes.TrimRight(l, "\r"))
+	w.line(bytes.TrimRight(w.buf, "\r"))
 	w.buf = w.buf[:0]
 }
 
 // flush emits a last line without its newline.
 func (w *lineWriter) flush() {
-	if len(w.buf) > 0 {
+	if len(w.buf) > 0 && !w.skip {
 		w.emit()
 	}
 }
