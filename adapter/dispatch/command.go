@@ -47,6 +47,9 @@ const (
 	maxLine = 1 << 20
 	// tailBytes of standard error are kept for a failure's reason.
 	tailBytes = 2048
+	// recordGrace is how long, after the kill grace, a stopping backend
+	// keeps trying to record what its commands reported.
+	recordGrace = 30 * time.Second
 )
 
 // Placeholders of a command template. Each is replaced wherever it occurs
@@ -176,8 +179,13 @@ type Command struct {
 	slots    chan struct{}
 	life     context.Context
 	stop     context.CancelFunc
-	wg       sync.WaitGroup
-	now      func() time.Time
+	// rec bounds the recording of what the commands reported: it ends
+	// recordGrace after the backend stopped (a store that is away then
+	// cannot be waited for forever).
+	rec       context.Context
+	recCancel context.CancelFunc
+	wg        sync.WaitGroup
+	now       func() time.Time
 }
 
 // NewCommand checks cfg and that its program can be found (an error names
@@ -197,7 +205,9 @@ func NewCommand(cfg CommandConfig, log *slog.Logger) (*Command, error) {
 		log = slog.New(slog.DiscardHandler)
 	}
 	life, stop := context.WithCancel(context.Background())
-	return &Command{cfg: cfg, log: log, slots: make(chan struct{}, cfg.MaxRunning), life: life, stop: stop, now: time.Now}, nil
+	rec, recCancel := context.WithCancel(context.Background())
+	return &Command{cfg: cfg, log: log, slots: make(chan struct{}, cfg.MaxRunning), life: life, stop: stop, rec: rec, recCancel: recCancel,
+		now: time.Now}, nil
 }
 
 // Name is "command".
@@ -211,6 +221,8 @@ func (c *Command) Config() CommandConfig { return c.cfg }
 func (c *Command) Run(ctx context.Context) error {
 	<-ctx.Done()
 	c.stop()
+	t := time.AfterFunc(c.cfg.KillGrace+recordGrace, c.recCancel)
+	defer t.Stop()
 	c.wg.Wait()
 	return nil
 }
@@ -250,6 +262,7 @@ func (c *Command) Dispatch(ctx context.Context, job *schemas.TrainingJob, spec [
 	started := c.now().UTC()
 	r := &run{c: c, job: job, mode: c.cfg.Mode, prefix: "cmd:" + strconv.FormatInt(started.UnixNano(), 36) + ":",
 		log: c.log.With("job", job.JobID, "backend", "command")}
+	r.q = newLineQueue()
 	r.stdout = &lineWriter{line: r.stdoutLine}
 	r.stderr = &lineWriter{line: r.stderrLine}
 	cmd.Stdout, cmd.Stderr = r.stdout, r.stderr
@@ -258,11 +271,16 @@ func (c *Command) Dispatch(ctx context.Context, job *schemas.TrainingJob, spec [
 		return fmt.Errorf("command backend: start %q: %w", argv[0], err)
 	}
 	r.log.Info("training command started", "argv", argv, "pid", cmd.Process.Pid, "mode", c.cfg.Mode, "timeout", c.cfg.Timeout)
+	recorded := make(chan struct{})
+	go func() {
+		defer close(recorded)
+		r.record()
+	}()
 	c.wg.Add(1)
 	go func() {
 		defer c.wg.Done()
 		defer func() { <-c.slots }()
-		r.wait(cmd, started)
+		r.wait(cmd, started, recorded)
 	}()
 	return nil
 }
@@ -274,6 +292,7 @@ type run struct {
 	mode, prefix   string
 	log            *slog.Logger
 	stdout, stderr *lineWriter
+	q              *lineQueue
 	mu             sync.Mutex
 	lines          int
 	terminal       bool   // a succeeded or failed event was reported
@@ -281,7 +300,7 @@ type run struct {
 	stderrTail     []byte
 }
 
-func (r *run) wait(cmd *exec.Cmd, started time.Time) {
+func (r *run) wait(cmd *exec.Cmd, started time.Time, recorded <-chan struct{}) {
 	done := make(chan struct{})
 	var timedOutF, stoppedF atomic.Bool
 	go func() {
@@ -311,6 +330,10 @@ func (r *run) wait(cmd *exec.Cmd, started time.Time) {
 	}
 	r.stdout.flush()
 	r.stderr.flush()
+	// Every event line is stored before the end is: the exit's outcome
+	// depends on them and comes last in the history.
+	r.q.close()
+	<-recorded
 	code := -1
 	if cmd.ProcessState != nil {
 		code = cmd.ProcessState.ExitCode()
@@ -324,8 +347,7 @@ func (r *run) wait(cmd *exec.Cmd, started time.Time) {
 		x.Signal = "unknown (" + err.Error() + ")"
 	}
 	reason := ExitOutcome(x)
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
+	ctx := r.c.rec
 	note := map[string]any{"mode": r.mode, "exit_code": code, "duration_seconds": time.Since(started).Seconds(), "stderr_tail": x.StderrTail}
 	if x.Signal != "" {
 		note["signal"] = x.Signal
@@ -385,6 +407,10 @@ func (r *run) retry(ctx context.Context, what string, fn func(context.Context) e
 // adapter).
 const unknownJob = "unknown training job"
 
+// stdoutLine runs on exec's copying goroutine: it parses and queues, and
+// never waits for the store, so the command's output is read to its end
+// however slow the store is (exec closes the pipes WaitDelay after the
+// command exits; what is unread then would be lost).
 func (r *run) stdoutLine(line []byte) {
 	r.mu.Lock()
 	r.lines++
@@ -402,28 +428,94 @@ func (r *run) stdoutLine(line []byte) {
 		r.log.Info("command output", "stream", "stdout", "line", string(line))
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
-	defer cancel()
-	key := r.prefix + strconv.Itoa(n)
-	if err != nil {
-		r.log.Warn("command printed a malformed event line (recorded)", "line", n, "err", err)
-		r.retry(ctx, "record a malformed event line", func(ctx context.Context) error {
-			return r.c.Reporter.RecordMalformed(ctx, r.job.JobID, key, line, fmt.Errorf("stdout line %d: %w", n, err))
+	q := queued{n: n, key: r.prefix + strconv.Itoa(n), e: e, err: err, line: bytes.Clone(line)}
+	if err == nil {
+		if e.Seq != nil {
+			q.key = "seq:" + strconv.FormatInt(*e.Seq, 10)
+		}
+		if e.Type == schemas.EventSucceeded || e.Type == schemas.EventFailed {
+			r.mu.Lock()
+			r.terminal = true
+			r.mu.Unlock()
+		}
+	}
+	r.q.push(q)
+}
+
+// queued is an event line waiting for the store.
+type queued struct {
+	n    int
+	key  string
+	e    *schemas.TrainingEvent
+	err  error // malformed
+	line []byte
+}
+
+// record stores the queued event lines in order until the queue is closed
+// and empty; a store that is away is retried (the lines wait in memory).
+func (r *run) record() {
+	for {
+		q, ok := r.q.pop()
+		if !ok {
+			return
+		}
+		ctx := r.c.rec
+		if q.err != nil {
+			r.log.Warn("command printed a malformed event line (recorded)", "line", q.n, "err", q.err)
+			r.retry(ctx, "record a malformed event line", func(ctx context.Context) error {
+				return r.c.Reporter.RecordMalformed(ctx, r.job.JobID, q.key, q.line, fmt.Errorf("stdout line %d: %w", q.n, q.err))
+			})
+			continue
+		}
+		r.log.Info("training event", "type", q.e.Type, "iteration", q.e.Iteration)
+		r.retry(ctx, "record an event", func(ctx context.Context) error {
+			return r.c.Reporter.HandleEvent(ctx, q.e, q.key, q.line)
 		})
-		return
 	}
-	if e.Seq != nil {
-		key = "seq:" + strconv.FormatInt(*e.Seq, 10)
+}
+
+// lineQueue is an unbounded FIFO of event lines (events are small; the
+// command must never block on the store).
+type lineQueue struct {
+	mu     sync.Mutex
+	cond   *sync.Cond
+	items  []queued
+	closed bool
+}
+
+func newLineQueue() *lineQueue {
+	q := &lineQueue{}
+	q.cond = sync.NewCond(&q.mu)
+	return q
+}
+
+func (q *lineQueue) push(x queued) {
+	q.mu.Lock()
+	q.items = append(q.items, x)
+	q.mu.Unlock()
+	q.cond.Signal()
+}
+
+func (q *lineQueue) close() {
+	q.mu.Lock()
+	q.closed = true
+	q.mu.Unlock()
+	q.cond.Broadcast()
+}
+
+func (q *lineQueue) pop() (queued, bool) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	for len(q.items) == 0 && !q.closed {
+		q.cond.Wait()
 	}
-	if e.Type == schemas.EventSucceeded || e.Type == schemas.EventFailed {
-		r.mu.Lock()
-		r.terminal = true
-		r.mu.Unlock()
+	if len(q.items) == 0 {
+		return queued{}, false
 	}
-	r.log.Info("training event", "type", e.Type, "iteration", e.Iteration)
-	r.retry(ctx, "record an event", func(ctx context.Context) error {
-		return r.c.Reporter.HandleEvent(ctx, e, key, line)
-	})
+	x := q.items[0]
+	q.items[0] = queued{}
+	q.items = q.items[1:]
+	return x, true
 }
 
 func (r *run) stderrLine(line []byte) {
