@@ -71,8 +71,10 @@ type CommandConfig struct {
 	SpecDir string
 	// Dir is the command's working directory ("": trace's).
 	Dir string
-	// Env is added to trace's environment for the command (KEY=value),
-	// after TRACE_JOB_ID, TRACE_JOB_SPEC and TRACE_EVENTS_SUBJECT.
+	// Env is added to the command's environment (KEY=value), after
+	// TRACE_JOB_ID, TRACE_JOB_SPEC and TRACE_EVENTS_SUBJECT. The command
+	// inherits trace's environment without trace's own TRACE_* variables
+	// (ChildEnv).
 	Env []string
 	// Timeout bounds one command (0: 12h in run mode, 10m in submit mode);
 	// at the timeout its whole process group gets SIGTERM, then SIGKILL
@@ -159,6 +161,23 @@ func Expand(argv []string, job *schemas.TrainingJob, specPath string) []string {
 			}
 			return m
 		})
+	}
+	return out
+}
+
+// ChildEnv is the environment a command inherits: trace's, without its
+// own TRACE_* configuration variables (they may hold secrets: passwords,
+// the webhook secret), except keep, the variable the job names for the
+// environment server's token (env_server.token_env). What else a trainer
+// needs goes in adapter.command.env.
+func ChildEnv(environ []string, keep string) []string {
+	out := make([]string, 0, len(environ))
+	for _, kv := range environ {
+		k, _, _ := strings.Cut(kv, "=")
+		if strings.HasPrefix(k, "TRACE_") && (keep == "" || k != keep) {
+			continue
+		}
+		out = append(out, kv)
 	}
 	return out
 }
@@ -253,7 +272,8 @@ func (c *Command) Dispatch(ctx context.Context, job *schemas.TrainingJob, spec [
 	argv := Expand(c.cfg.Argv, job, path)
 	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Dir = c.cfg.Dir
-	cmd.Env = append(os.Environ(), "TRACE_JOB_ID="+job.JobID, "TRACE_JOB_SPEC="+path, "TRACE_EVENTS_SUBJECT="+job.Report.EventsSubject)
+	cmd.Env = append(ChildEnv(os.Environ(), job.EnvServer.TokenEnv), "TRACE_JOB_ID="+job.JobID, "TRACE_JOB_SPEC="+path,
+		"TRACE_EVENTS_SUBJECT="+job.Report.EventsSubject)
 	cmd.Env = append(cmd.Env, c.cfg.Env...)
 	inGroup(cmd)
 	// Output still held open by a process the command left behind is

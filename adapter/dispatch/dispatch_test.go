@@ -222,3 +222,13 @@ func TestWebhookConfigValidate(t *testing.T) {
 		}
 	}
 }
+
+func TestChildEnv(t *testing.T) {
+	got := ChildEnv([]string{"PATH=/bin", "TRACE_CLICKHOUSE__PASSWORD=x", "TRACE_ADAPTER__WEBHOOK__SECRET=y", "TRACE_ENV_TOKEN=t", "HF_TOKEN=h", "TRACE_X"}, "TRACE_ENV_TOKEN")
+	if strings.Join(got, " ") != "PATH=/bin TRACE_ENV_TOKEN=t HF_TOKEN=h" {
+		t.Errorf("ChildEnv = %q", got)
+	}
+	if got := ChildEnv([]string{"TRACE_A=1", "B=2"}, ""); strings.Join(got, " ") != "B=2" {
+		t.Errorf("ChildEnv without keep = %q", got)
+	}
+}
