@@ -286,7 +286,9 @@ func (c *Command) Dispatch(ctx context.Context, job *schemas.TrainingJob, spec [
 	r.stdout = &lineWriter{line: r.stdoutLine}
 	r.stderr = &lineWriter{line: r.stderrLine}
 	cmd.Stdout, cmd.Stderr = r.stdout, r.stderr
+	c.wg.Add(1) // before Start: Run's Wait must see this command
 	if err := cmd.Start(); err != nil {
+		c.wg.Done()
 		<-c.slots
 		return fmt.Errorf("command backend: start %q: %w", argv[0], err)
 	}
@@ -296,7 +298,6 @@ func (c *Command) Dispatch(ctx context.Context, job *schemas.TrainingJob, spec [
 		defer close(recorded)
 		r.record()
 	}()
-	c.wg.Add(1)
 	go func() {
 		defer c.wg.Done()
 		defer func() { <-c.slots }()
