@@ -186,8 +186,18 @@ func (s *Stage) DispatchReady(ctx context.Context, r *schemas.EnvironmentReady, 
 	id := schemas.TrainingJobID(r.EnvironmentID, max(revision, 1))
 	if prev, err := s.cfg.Store.TrainingJob(ctx, id); err != nil {
 		return Result{JobID: id}, nil, err
-	} else if prev != nil {
+	} else if prev != nil && prev.Status != StatusDispatched {
 		return Result{JobID: id, Duplicate: true}, nil, nil
+	} else if prev != nil {
+		// DISPATCHED: maybe a dispatch that failed and released its claim
+		// (Dispatch decides); its recorded plan is dispatched again, without
+		// planning anew.
+		job, err := schemas.DecodeTrainingJob([]byte(prev.Spec))
+		if err != nil {
+			return Result{JobID: id}, nil, fmt.Errorf("job %s: recorded spec: %w", id, err)
+		}
+		res, err := s.Dispatch(ctx, job)
+		return res, job, err
 	}
 	job, err := s.Plan(ctx, r, revision)
 	if err != nil {
@@ -199,16 +209,20 @@ func (s *Stage) DispatchReady(ctx context.Context, r *schemas.EnvironmentReady, 
 
 // Dispatch records and dispatches a job once: a job already in
 // training_jobs or already claimed is a duplicate. A failed dispatch
-// releases the claim and returns the error (the caller retries).
+// releases the claim and returns the error (the caller retries, and the
+// retry finds the DISPATCHED row with a free claim: it dispatches again).
 func (s *Stage) Dispatch(ctx context.Context, job *schemas.TrainingJob) (Result, error) {
 	res := Result{JobID: job.JobID}
 	spec, err := job.Encode()
 	if err != nil {
 		return res, err
 	}
+	// A DISPATCHED job whose claim is free again is one whose dispatch
+	// failed (the claim is released only then): it is dispatched again.
+	// Every other recorded job is a duplicate.
 	if prev, err := s.cfg.Store.TrainingJob(ctx, job.JobID); err != nil {
 		return res, err
-	} else if prev != nil {
+	} else if prev != nil && prev.Status != StatusDispatched {
 		res.Duplicate = true
 		return res, nil
 	}

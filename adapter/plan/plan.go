@@ -77,6 +77,11 @@ type Config struct {
 	// a job silent for Deadline is FAILED.
 	Heartbeat time.Duration `koanf:"heartbeat"`
 	Deadline  time.Duration `koanf:"deadline"`
+	// CallbackURL, when set, is the base URL of the webhook backend's
+	// callback endpoint: a job's report.callback_url is
+	// <CallbackURL>/v1/training/jobs/<job_id>/events. Set by `trace run`
+	// from adapter.webhook (events: callback), not a plan setting.
+	CallbackURL string `koanf:"-"`
 	// EvalFirstSeed is the first held-out seed; training seeds lie below
 	// it (calibration uses seeds 0–99, so held-out seeds start above).
 	EvalFirstSeed int64 `koanf:"eval_first_seed"`
@@ -426,6 +431,9 @@ func (c Config) Build(in Input) (*schemas.TrainingJob, error) {
 		Planner:   schemas.PlannerRecord{Source: source, Preset: cmp.Or(c.Preset, PresetPaper), Overrides: ptrs, Model: in.Model, Reason: in.Reason},
 		Simulated: in.Simulated,
 		CreatedAt: now.UTC().Truncate(time.Second),
+	}
+	if c.CallbackURL != "" {
+		j.Report.CallbackURL = strings.TrimRight(c.CallbackURL, "/") + "/v1/training/jobs/" + id + "/events"
 	}
 	if _, err := j.Encode(); err != nil {
 		return nil, err

@@ -240,10 +240,16 @@ PLANNED. The adapt role of a running trace run tracks the job's events.`,
 				return err
 			}
 			defer b.Close()
-			backend, err := app.TrainingBackend(cfg, b)
+			tb, err := app.TrainingBackend(cfg, b, slog.Default())
 			if err != nil {
 				return err
 			}
+			if tb.Command != nil {
+				// A command (and its exit code) is supervised by the process
+				// that started it; this one exits at once.
+				return fmt.Errorf("adapter.backend is command: dispatch through the adapt role (trace run), which supervises the trainer's process; `trace train dispatch` works with the nats and webhook backends")
+			}
+			backend := tb.Backend
 			planner, stop, err := cliPlanner(ctx, cfg, st, noPlanner)
 			if err != nil {
 				return err

@@ -460,13 +460,15 @@ func (a *App) Close() {
 // trace.environments.ready (plan → dispatch), the consumer of the
 // trainers' events (status, history, registry) and the deadline check.
 func (a *App) addAdapt(ctx context.Context, g *run.Group) error {
-	backend, err := TrainingBackend(a.Cfg, a.Bus)
+	log := a.Log.With("role", "adapt")
+	tb, err := TrainingBackend(a.Cfg, a.Bus, log)
 	if err != nil {
 		return err
 	}
+	backend, command, webhook := tb.Backend, tb.Command, tb.Webhook
 	pc := a.Cfg.Adapter.Plan
 	pc.EnvServerURL = a.Cfg.EnvServerURL()
-	log := a.Log.With("role", "adapt")
+	pc.CallbackURL = tb.CallbackURL
 	var rec llm.Recorder
 	if a.Cfg.Adapter.Planner.Enabled {
 		rec = a.auditRecorder()
@@ -483,6 +485,17 @@ func (a *App) addAdapt(ctx context.Context, g *run.Group) error {
 		Registry: reg, AutoActivate: a.Cfg.Adapter.AutoActivate, Simulated: a.Cfg.Adapter.Simulated, Log: log})
 	if err != nil {
 		return err
+	}
+	// The command and webhook backends report what they learn (events on a
+	// command's stdout, its exit, an HTTP rejection) to the stage.
+	if command != nil {
+		command.Reporter = st
+		// Stopping interrupts the running commands (SIGTERM to their
+		// process groups, SIGKILL after kill_grace) and records them FAILED.
+		addActor(g, ctx, "adapt-command", command.Run)
+	}
+	if webhook != nil {
+		webhook.Reporter = st
 	}
 	rc, err := a.Bus.ReadyConsumer(ctx, 0)
 	if err != nil {

@@ -2,6 +2,7 @@ package app
 
 import (
 	"cmp"
+	"context"
 	"crypto/subtle"
 	"net/http"
 	"strings"
@@ -9,6 +10,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/traceops/trace/adapter/dispatch"
 	"github.com/traceops/trace/analyzer"
 	"github.com/traceops/trace/internal/dashboard"
 	"github.com/traceops/trace/synthesizer"
@@ -41,6 +43,11 @@ func (a *App) httpServer() *http.Server {
 			mux.Handle("/v1/environments", h)
 			mux.Handle("/v1/environments/", h)
 		}
+	}
+	if cb := a.trainingCallback(); cb != nil {
+		// Authenticated by the webhook's HMAC signature (or its callback
+		// token), not by http.bearer_token: trainers hold those.
+		mux.Handle(dispatch.CallbackRoute, cb)
 	}
 	mux.Handle("/", bearer(a.Cfg.HTTP.BearerToken, protected))
 	return &http.Server{Addr: a.Cfg.HTTP.Addr, Handler: mux, ReadHeaderTimeout: 10 * time.Second}
@@ -80,4 +87,20 @@ func (a *App) newEnvServer() (*envserver.Server, error) {
 		Registerer: a.Registry,
 		Log:        a.Log.With("component", "envserver"),
 	})
+}
+
+// trainingCallback is the webhook backend's callback endpoint on the serve
+// role (adapter.webhook.events: callback): an authenticated event is
+// relayed to trace.training.events.<job_id>, which the adapt role
+// consumes, wherever it runs. Nil when not configured.
+func (a *App) trainingCallback() http.Handler {
+	if !a.Cfg.Has("serve") || !a.Cfg.TrainingCallback() || a.Bus == nil || a.Store == nil {
+		return nil
+	}
+	wc := a.Cfg.WebhookConfig()
+	return &dispatch.Callback{Secret: []byte(wc.Secret), Token: wc.CallbackToken, Tolerance: wc.Tolerance, Relay: a.Bus,
+		Jobs: func(ctx context.Context, id string) (bool, error) {
+			j, err := a.Store.TrainingJob(ctx, id)
+			return j != nil, err
+		}, Log: a.Log.With("component", "training-callback")}
 }

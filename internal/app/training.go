@@ -14,17 +14,43 @@ import (
 	"github.com/traceops/trace/sink"
 )
 
-// TrainingBackend is the trainer backend of adapter.backend (nil for
-// none: jobs are recorded as PLANNED).
-func TrainingBackend(cfg config.Config, b *bus.Bus) (adapter.Backend, error) {
+// Backends is the trainer backend of adapter.backend, with the concrete
+// command or webhook backend when that one is chosen (the adapt role runs
+// the command backend's process supervisor and feeds both its reports).
+type Backends struct {
+	Backend adapter.Backend // nil for none: jobs are recorded as PLANNED
+	Command *dispatch.Command
+	Webhook *dispatch.Webhook
+	// CallbackURL is the base URL webhook trainers report to when
+	// adapter.webhook.events is callback ("" otherwise).
+	CallbackURL string
+}
+
+// TrainingBackend builds the trainer backend of adapter.backend.
+func TrainingBackend(cfg config.Config, b *bus.Bus, log *slog.Logger) (Backends, error) {
+	var out Backends
+	var err error
 	switch cfg.Adapter.Backend {
 	case "nats":
-		return dispatch.NATS{Pub: b}, nil
+		out.Backend = dispatch.NATS{Pub: b}
+	case "command":
+		if out.Command, err = dispatch.NewCommand(cfg.CommandConfig(), log.With("backend", "command")); err != nil {
+			return out, err
+		}
+		out.Backend = out.Command
+	case "webhook":
+		if out.Webhook, err = dispatch.NewWebhook(cfg.WebhookConfig(), log.With("backend", "webhook")); err != nil {
+			return out, err
+		}
+		if cfg.TrainingCallback() {
+			out.CallbackURL = out.Webhook.Config().CallbackURL
+		}
+		out.Backend = out.Webhook
 	case "none":
-		return nil, nil
 	default:
-		return nil, fmt.Errorf("adapter.backend: %q is not supported", cfg.Adapter.Backend)
+		return out, fmt.Errorf("adapter.backend: %q is not supported", cfg.Adapter.Backend)
 	}
+	return out, nil
 }
 
 // AdapterRegistry is the adapter registry of cfg: with adapter.serving

@@ -192,10 +192,14 @@ type HTTP struct {
 // Adapter configures the adapt role (TRACE step 3): the training plan and
 // where jobs are dispatched.
 type Adapter struct {
-	// Backend: nats (jobs on JetStream for external trainer workers) or
-	// none (plans are recorded, nothing is dispatched).
-	Backend string      `koanf:"backend"`
-	Plan    plan.Config `koanf:"plan"`
+	// Backend: nats (jobs on JetStream for external trainer workers),
+	// command (a command per job: the trainer itself, or a scheduler's
+	// submit command), webhook (a signed HTTP POST of each spec), or none
+	// (plans are recorded, nothing is dispatched).
+	Backend string         `koanf:"backend"`
+	Command CommandBackend `koanf:"command"`
+	Webhook WebhookBackend `koanf:"webhook"`
+	Plan    plan.Config    `koanf:"plan"`
 	// DeadlineCheck is how often jobs are checked for silence.
 	DeadlineCheck time.Duration `koanf:"deadline_check"`
 	// Planner is the optional planning agent; Serving loads active
@@ -244,8 +248,8 @@ func Default() Config {
 		Embedded:    Embedded{ClickHousePort: 29000, ClickHouseHTTPPort: 28123, NATSPort: 4222},
 		Synthesizer: synthesizer.DefaultSettings(),
 		Env:         envserver.DefaultConfig(),
-		Adapter: Adapter{Backend: "nats", Plan: defaultPlan(), DeadlineCheck: 30 * time.Second,
-			Planner: DefaultPlanner(), Serving: DefaultServing()},
+		Adapter: Adapter{Backend: "nats", Command: defaultCommandBackend(), Webhook: defaultWebhookBackend(), Plan: defaultPlan(),
+			DeadlineCheck: 30 * time.Second, Planner: DefaultPlanner(), Serving: DefaultServing()},
 	}
 }
 
@@ -400,10 +404,8 @@ func (c Config) Validate() error {
 			errs = append(errs, fmt.Errorf("%s: must be in [0, 1], got %v", name, v))
 		}
 	}
-	switch c.Adapter.Backend {
-	case "nats", "none":
-	default:
-		errs = append(errs, fmt.Errorf("adapter.backend: %q is not nats or none", c.Adapter.Backend))
+	if err := c.validateBackend(); err != nil {
+		errs = append(errs, err)
 	}
 	if err := c.Adapter.Plan.Validate("adapter.plan."); err != nil {
 		errs = append(errs, err)
@@ -447,6 +449,9 @@ func (c Config) Redacted() Config {
 	red(&r.Env.BearerToken)
 	red(&r.HTTP.BearerToken)
 	red(&r.Adapter.Serving.Token)
+	red(&r.Adapter.Webhook.Secret)
+	red(&r.Adapter.Webhook.BearerToken)
+	red(&r.Adapter.Webhook.CallbackToken)
 	r.Synthesizer.Policies = slices.Clone(c.Synthesizer.Policies)
 	for i := range r.Synthesizer.Policies {
 		red(&r.Synthesizer.Policies[i].APIKey)
