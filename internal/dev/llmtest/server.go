@@ -115,6 +115,8 @@ type Reply struct {
 	NoUsage      bool
 	FinishReason string // default "stop"
 	Logprobs     []Logprob
+	// Stream, when set, answers as server-sent events (stream.go).
+	Stream *Stream
 }
 
 // Handler answers a request when no scripted reply is queued.
@@ -250,6 +252,10 @@ func (s *Server) chat(w http.ResponseWriter, r *http.Request) {
 	}
 	status := rep.Status
 	status = cmp.Or(status, http.StatusOK)
+	if rep.Stream != nil && status == http.StatusOK {
+		s.stream(w, r, rep)
+		return
+	}
 	if rep.Body != "" {
 		w.Header().Set("Content-Type", "application/json")
 		w.WriteHeader(status)
