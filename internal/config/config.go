@@ -50,6 +50,9 @@ type Config struct {
 	// Env is the OpenEnv environment server of the serve role: it serves
 	// the registry's DONE environments to trainers at /v1/environments.
 	Env envserver.Config `koanf:"env"`
+	// Router is the route role (TRACE step 4): the router and its
+	// OpenAI-compatible proxy on router.addr.
+	Router Router `koanf:"router"`
 }
 
 // Embedded are the fixed loopback ports of the embedded servers, so that
@@ -204,7 +207,11 @@ type Adapter struct {
 }
 
 // Roles trace run knows.
-var Roles = []string{"ingest", "analyze", "synthesize", "adapt", "serve"}
+var Roles = []string{"ingest", "analyze", "synthesize", "adapt", "serve", "route"}
+
+// DefaultRoles run when roles is not set: every role but route, which
+// needs router.upstream_url and router.base_model.
+var DefaultRoles = []string{"ingest", "analyze", "synthesize", "adapt", "serve"}
 
 // The ingest stage's batch defaults (kafka.batch_*), from `trace bench
 // ingest`: its batches stream into one INSERT each and cost no memory, and
@@ -220,7 +227,7 @@ const (
 func Default() Config {
 	return Config{
 		DataDir: "./data",
-		Roles:   slices.Clone(Roles),
+		Roles:   slices.Clone(DefaultRoles),
 		Kafka: Kafka{
 			EmbeddedAddr: "127.0.0.1:9092", RolloutsTopic: "trace.rollouts", LabelsTopic: "trace.labels", DLQTopic: "trace.rollouts.dlq",
 			IngestGroup: "trace-ingest", AnalyzeGroup: "trace-analyzer", LabelsGroup: "trace-labels",
@@ -237,6 +244,7 @@ func Default() Config {
 		Synthesizer: synthesizer.DefaultSettings(),
 		Env:         envserver.DefaultConfig(),
 		Adapter:     Adapter{Backend: "nats", Plan: defaultPlan(), DeadlineCheck: 30 * time.Second},
+		Router:      DefaultRouter(),
 	}
 }
 
@@ -419,6 +427,11 @@ func (c Config) Validate() error {
 	if err := c.Env.Validate(); err != nil {
 		errs = append(errs, err)
 	}
+	if c.Has("route") {
+		if err := c.Router.validate(); err != nil {
+			errs = append(errs, err)
+		}
+	}
 	return errors.Join(errs...)
 }
 
@@ -436,6 +449,9 @@ func (c Config) Redacted() Config {
 	red(&r.LLM.APIKey)
 	red(&r.Env.BearerToken)
 	red(&r.HTTP.BearerToken)
+	red(&r.Router.UpstreamAPIKey)
+	red(&r.Router.BearerToken)
+	red(&r.Router.ClassifierAPIKey)
 	r.Synthesizer.Policies = slices.Clone(c.Synthesizer.Policies)
 	for i := range r.Synthesizer.Policies {
 		red(&r.Synthesizer.Policies[i].APIKey)
