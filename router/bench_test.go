@@ -23,7 +23,9 @@ import (
 // the measured path: decisions are cached).
 type staticAdapters []router.Candidate
 
-func (s staticAdapters) ActiveAdapters(context.Context, string, string) ([]router.Candidate, error) { return s, nil }
+func (s staticAdapters) ActiveAdapters(context.Context, string, string) ([]router.Candidate, error) {
+	return s, nil
+}
 
 // discard is a DecisionWriter that drops rows: the benchmark measures what
 // recording costs a request (Recorder.Record), not ClickHouse.
