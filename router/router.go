@@ -64,6 +64,9 @@ type Config struct {
 	// ClassifierAttempts bounds the classifier's HTTP attempts per
 	// decision (default 2: routing waits on it).
 	ClassifierAttempts int
+	// Retriever, when set, shows each candidate with its most similar
+	// successful trajectory (TRACE's retrieval variant); nil: off.
+	Retriever *Retriever
 	// Prompts resolves prompts/route.md (nil: the embedded one).
 	Prompts *prompts.Set
 	Logger  *slog.Logger
@@ -182,6 +185,9 @@ type Decision struct {
 	Error           string
 	ClassifierModel string
 	ClassifyLatency time.Duration
+	// Examples are the retrieved trajectories shown, rollout id by
+	// capability (retrieval only).
+	Examples map[string]string
 }
 
 // Router makes and caches decisions. Safe for concurrent use.
@@ -272,7 +278,23 @@ func (r *Router) classify(ctx context.Context, in Input) Decision {
 		d.Reason, d.Error = ReasonClassifierError, "no classifier configured"
 		return d
 	}
-	msgs, err := r.messages(in.Environment, labels, turns)
+	var examples map[string]Example
+	if r.cfg.Retriever != nil {
+		var caps []string
+		for _, l := range labels {
+			if !l.NoAdapter {
+				caps = append(caps, l.Candidate.Capability)
+			}
+		}
+		examples = r.cfg.Retriever.Examples(ctx, in.Environment, caps, turns)
+		for c, e := range examples {
+			if d.Examples == nil {
+				d.Examples = map[string]string{}
+			}
+			d.Examples[c] = e.RolloutID
+		}
+	}
+	msgs, err := r.messages(in.Environment, labels, turns, examples)
 	if err != nil {
 		d.Reason, d.Error = ReasonClassifierError, err.Error()
 		return d
@@ -311,9 +333,11 @@ func (r *Router) classify(ctx context.Context, in Input) Decision {
 
 type promptCandidate struct {
 	Label, Capability, Description string
+	// Example is the retrieved successful trajectory ("" without retrieval).
+	Example string
 }
 
-func (r *Router) messages(env string, labels []Label, turns []Turn) ([]llm.Message, error) {
+func (r *Router) messages(env string, labels []Label, turns []Turn, examples map[string]Example) ([]llm.Message, error) {
 	data := struct {
 		Environment    string
 		Candidates     []promptCandidate
@@ -330,7 +354,8 @@ func (r *Router) messages(env string, labels []Label, turns []Turn) ([]llm.Messa
 		if desc == "" {
 			desc = strings.ReplaceAll(l.Candidate.Capability, "_", " ")
 		}
-		data.Candidates = append(data.Candidates, promptCandidate{Label: l.Name, Capability: l.Candidate.Capability, Description: desc})
+		data.Candidates = append(data.Candidates, promptCandidate{Label: l.Name, Capability: l.Candidate.Capability, Description: desc,
+			Example: examples[l.Candidate.Capability].Text})
 	}
 	var sys, user strings.Builder
 	if err := r.tmpl.ExecuteTemplate(&sys, "system", data); err != nil {

@@ -1275,6 +1275,22 @@ func chdbRouting(t *testing.T, c *chdbDB, base time.Time) {
 	if len(got) != 2 || got["c1"] != "d1/a1" || got["c2"] != "d2/" {
 		t.Fatalf("ConversationRoutes: %v", got)
 	}
+	// Retrieval candidates: successful, labeled PRESENT for the capability.
+	coh := Cohort{Environment: "route-env", AgentVersion: "v1", DictionaryVersion: 1}
+	for _, x := range []struct {
+		id    string
+		ok    bool
+		label string
+	}{{"rt-ok", true, "PRESENT"}, {"rt-failed", false, "PRESENT"}, {"rt-na", true, "NA"}} {
+		ro := chdbRollout(x.id, x.ok, base.Add(time.Duration(len(x.id))*time.Second), "")
+		ro.Environment = "route-env"
+		c.insert("rollouts", rolloutCols, rolloutValues(RolloutRowFrom(ro, Coord{}), base))
+		c.insert("capability_labels", labelCols, labelValues(coh, x.id, x.ok, "policy_lookup", 0, x.label, base, 1))
+	}
+	r = c.query(successfulTrajectoriesSQL, "route-env", "route-env", "policy_lookup", 5)
+	if len(r.rows) != 1 || r.rows[0].str(0) != "rt-ok" || !strings.Contains(r.rows[0].str(1), `"role":"user"`) {
+		t.Fatalf("SuccessfulTrajectories: %v", r.rows)
+	}
 	r = c.query(routeSharesSQL, "sim-airline", base.Add(-time.Hour))
 	if len(r.rows) != 2 || r.rows[0].str(1) != "a1" || r.rows[0].uint(2) != 2 || r.rows[1].str(1) != "" || r.rows[1].uint(2) != 1 {
 		t.Fatalf("RouteShares: %v", r.rows)

@@ -208,3 +208,36 @@ func (s *Store) ConversationRoutes(ctx context.Context, environment string, ids 
 
 const conversationRoutesSQL = `SELECT environment, conversation_id, decision_id, adapter FROM (` + RouteByConversationSQL + `)
 	WHERE environment = ? AND has(?, conversation_id)`
+
+// Trajectory is a stored rollout's compacted messages (rollouts.messages JSON).
+type Trajectory struct {
+	RolloutID string
+	Messages  string
+}
+
+// successfulTrajectoriesSQL selects an environment's newest successful
+// rollouts that some labeling run found to exhibit the capability (PRESENT).
+const successfulTrajectoriesSQL = `SELECT rollout_id, messages FROM rollouts FINAL
+	WHERE environment = ? AND success = 1 AND rollout_id IN (
+		SELECT rollout_id FROM capability_labels WHERE environment = ? AND capability = ? AND label = 'PRESENT' AND success = 1)
+	ORDER BY end_time DESC, rollout_id LIMIT ?`
+
+// SuccessfulTrajectories returns up to limit of an environment's newest
+// successful rollouts labeled PRESENT for the capability (the router's
+// retrieval candidates).
+func (s *Store) SuccessfulTrajectories(ctx context.Context, environment, capability string, limit int) ([]Trajectory, error) {
+	rows, err := s.conn.Query(ctx, successfulTrajectoriesSQL, environment, environment, capability, max(limit, 1))
+	if err != nil {
+		return nil, fmt.Errorf("successful trajectories: %w", err)
+	}
+	defer rows.Close()
+	var out []Trajectory
+	for rows.Next() {
+		var t Trajectory
+		if err := rows.Scan(&t.RolloutID, &t.Messages); err != nil {
+			return nil, fmt.Errorf("successful trajectories: %w", err)
+		}
+		out = append(out, t)
+	}
+	return out, rows.Err()
+}

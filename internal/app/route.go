@@ -40,10 +40,20 @@ func (a *App) addRoute(ctx context.Context, g *run.Group) error {
 	if err != nil {
 		return fmt.Errorf("router classifier (router.classifier_url, router.classifier_model): %w", err)
 	}
+	var ret *router.Retriever
+	if rv := rc.Retrieval; rv.EmbeddingsURL != "" {
+		emb, err := llm.New(llm.Config{BaseURL: rv.EmbeddingsURL, Model: rv.EmbeddingsModel, APIKey: llm.Secret(rv.APIKey),
+			Timeout: rc.ClassifierTimeout, MaxAttempts: 2, BackoffInitial: 100 * time.Millisecond, BackoffMax: time.Second,
+			Concurrency: 8, Recorder: a.auditRecorder(), Logger: a.Log})
+		if err != nil {
+			return fmt.Errorf("router retrieval (router.retrieval.embeddings_url, embeddings_model): %w", err)
+		}
+		ret = &router.Retriever{Embedder: emb, Source: a.Store, Pool: rv.Pool, TTL: rv.TTL, Log: a.Log.With("role", "route")}
+	}
 	reg := &router.Registry{Rows: a.Store, TTL: rc.AdaptersRefresh, Describe: a.describeCapability}
 	r, err := router.New(router.Config{BaseModel: rc.BaseModel, TopP: topP(rc.TopP), Temperature: rc.Temperature, TopLogprobs: rc.TopLogprobs,
 		Context: rc.Context, LastN: rc.LastN, CacheTTL: cacheTTL(rc.CacheTTL), CacheMax: rc.CacheMax, LabelConstraint: rc.LabelConstraint,
-		ClassifierAttempts: rc.ClassifierAttempts, Logger: a.Log.With("role", "route")}, cls, reg)
+		ClassifierAttempts: rc.ClassifierAttempts, Retriever: ret, Logger: a.Log.With("role", "route")}, cls, reg)
 	if err != nil {
 		return err
 	}

@@ -452,6 +452,7 @@ func (c Config) Redacted() Config {
 	red(&r.Router.UpstreamAPIKey)
 	red(&r.Router.BearerToken)
 	red(&r.Router.ClassifierAPIKey)
+	red(&r.Router.Retrieval.APIKey)
 	r.Synthesizer.Policies = slices.Clone(c.Synthesizer.Policies)
 	for i := range r.Synthesizer.Policies {
 		red(&r.Synthesizer.Policies[i].APIKey)

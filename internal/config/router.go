@@ -56,13 +56,28 @@ type Router struct {
 	AdaptersRefresh time.Duration `koanf:"adapters_refresh"`
 	// DrainTimeout bounds the wait for requests in flight (streams) on SIGTERM.
 	DrainTimeout time.Duration `koanf:"drain_timeout"`
+	// Retrieval shows each candidate with its most similar successful
+	// trajectory; on when retrieval.embeddings_url is set.
+	Retrieval RouterRetrieval `koanf:"retrieval"`
+}
+
+// RouterRetrieval is the router's retrieval variant (off by default).
+type RouterRetrieval struct {
+	// EmbeddingsURL is an OpenAI-compatible API root with /embeddings
+	// ("" = retrieval off); EmbeddingsModel its model (required with it).
+	EmbeddingsURL   string        `koanf:"embeddings_url"`
+	EmbeddingsModel string        `koanf:"embeddings_model"`
+	APIKey          string        `koanf:"api_key"` // secret
+	Pool            int           `koanf:"pool"`    // successful trajectories considered per capability
+	TTL             time.Duration `koanf:"ttl"`     // how long their embeddings are kept
 }
 
 // DefaultRouter is the route role's defaults.
 func DefaultRouter() Router {
 	return Router{Addr: "127.0.0.1:8088", ClassifierTimeout: 10 * time.Second, ClassifierAttempts: 2, TopP: 0.95, Temperature: 1,
 		TopLogprobs: 20, Context: "first_user", LastN: 4, CacheTTL: time.Hour, CacheMax: 100000, LabelConstraint: "none",
-		AdaptersRefresh: 10 * time.Second, DrainTimeout: 30 * time.Second}
+		AdaptersRefresh: 10 * time.Second, DrainTimeout: 30 * time.Second,
+		Retrieval: RouterRetrieval{Pool: 50, TTL: 10 * time.Minute}}
 }
 
 // validate checks the route role's settings (only when the role runs).
@@ -121,6 +136,20 @@ func (r Router) validate() error {
 	}
 	if r.AdaptersRefresh <= 0 {
 		bad("adapters_refresh", "must be positive, got %s", r.AdaptersRefresh)
+	}
+	if rv := r.Retrieval; rv.EmbeddingsURL != "" {
+		if u, err := url.Parse(rv.EmbeddingsURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			bad("retrieval.embeddings_url", "%q is not an http(s) URL", rv.EmbeddingsURL)
+		}
+		if rv.EmbeddingsModel == "" {
+			bad("retrieval.embeddings_model", "is required with router.retrieval.embeddings_url")
+		}
+		if rv.Pool < 1 {
+			bad("retrieval.pool", "must be at least 1, got %d", rv.Pool)
+		}
+		if rv.TTL <= 0 {
+			bad("retrieval.ttl", "must be positive, got %s", rv.TTL)
+		}
 	}
 	if r.DrainTimeout <= 0 {
 		bad("drain_timeout", "must be positive, got %s", r.DrainTimeout)

@@ -17,6 +17,7 @@ import (
 	"net/http/httptest"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -136,6 +137,7 @@ type Server struct {
 	reqs        []Request
 	inflight    int
 	maxInflight int
+	embeds      atomic.Int64 // POST /v1/embeddings served (embeddings.go)
 }
 
 // New starts a server on 127.0.0.1; it is closed when the test ends.
@@ -197,6 +199,8 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 			map[string]any{"id": s.Model, "object": "model", "owned_by": "llmtest"}}})
 	case r.URL.Path == "/v1/chat/completions" && r.Method == http.MethodPost:
 		s.chat(w, r)
+	case r.URL.Path == "/v1/embeddings" && r.Method == http.MethodPost:
+		s.embeddings(w, r) // embeddings.go
 	default:
 		writeJSON(w, http.StatusNotFound, errorBody("no route "+r.Method+" "+r.URL.Path, "invalid_request_error"))
 	}
