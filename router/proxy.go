@@ -16,6 +16,7 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/traceops/trace/sink"
@@ -310,35 +311,42 @@ func (p *Proxy) chat(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, "body is not a JSON object", "invalid_request_error")
 		return
 	}
-	var msgs []wireMessage
-	if err := json.Unmarshal(fields["messages"], &msgs); err != nil || len(msgs) == 0 {
-		writeError(w, http.StatusBadRequest, "messages: must be a non-empty array of chat messages", "invalid_request_error")
-		return
-	}
 	var md metadata
 	if raw, ok := fields["metadata"]; ok {
 		_ = json.Unmarshal(raw, &md) // metadata of another shape is the upstream's business
 	}
 	var stream bool
 	_ = json.Unmarshal(fields["stream"], &stream)
-	turns := turnsOf(msgs)
 	env := firstOf(r.Header.Get(HeaderEnvironment), md.Environment, p.cfg.DefaultEnvironment)
-	in := Input{Environment: env, AgentVersion: firstOf(r.Header.Get(HeaderAgentVersion), md.AgentVersion), Turns: turns}
+	in := Input{Environment: env, AgentVersion: firstOf(r.Header.Get(HeaderAgentVersion), md.AgentVersion)}
 	switch {
 	case r.Header.Get(HeaderConversation) != "":
 		in.ConversationID, in.ConversationSource = r.Header.Get(HeaderConversation), SourceHeader
 	case md.ConversationID != "":
 		in.ConversationID, in.ConversationSource = md.ConversationID, SourceMetadata
-	default:
-		in.ConversationID, in.ConversationSource = HashConversation(env, turns), SourceHash
 	}
-	var d Decision
-	cached := false
-	if env == "" {
-		d = Decision{ID: NewID(), At: time.Now().UTC(), ConversationID: in.ConversationID, ConversationSource: in.ConversationSource,
-			AgentVersion: in.AgentVersion, Model: p.r.cfg.BaseModel, Reason: ReasonNoAdapters, Error: "no environment named (header " + HeaderEnvironment + ", metadata.environment or router.default_environment)"}
-	} else {
-		d, cached = p.r.Route(r.Context(), in)
+	// A named conversation with a fresh decision needs nothing from the
+	// messages: the common case skips decoding them.
+	d, cached := Decision{}, false
+	if in.ConversationID != "" && env != "" {
+		d, cached = p.r.Lookup(env, in.ConversationID)
+	}
+	if !cached {
+		var msgs []wireMessage
+		if err := json.Unmarshal(fields["messages"], &msgs); err != nil || len(msgs) == 0 {
+			writeError(w, http.StatusBadRequest, "messages: must be a non-empty array of chat messages", "invalid_request_error")
+			return
+		}
+		in.Turns = turnsOf(msgs)
+		if in.ConversationID == "" {
+			in.ConversationID, in.ConversationSource = HashConversation(env, in.Turns), SourceHash
+		}
+		if env == "" {
+			d = Decision{ID: NewID(), At: time.Now().UTC(), ConversationID: in.ConversationID, ConversationSource: in.ConversationSource,
+				AgentVersion: in.AgentVersion, Model: p.r.cfg.BaseModel, Reason: ReasonNoAdapters, Error: "no environment named (header " + HeaderEnvironment + ", metadata.environment or router.default_environment)"}
+		} else {
+			d, cached = p.r.Route(r.Context(), in)
+		}
 	}
 	model, _ := json.Marshal(d.Model)
 	fields["model"] = model
@@ -416,13 +424,17 @@ func (p *Proxy) chat(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
+var copyBufs = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
+
 // copyFlush copies the upstream body to the caller read by read, flushing
 // after each, so that SSE events pass through as they arrive. With sse it
 // reports whether an error event passed ("data: {"error"…" or an object
 // of type "error").
 func copyFlush(w http.ResponseWriter, body io.Reader, sse bool) (err error, sawError bool) {
 	rc := http.NewResponseController(w)
-	buf := make([]byte, 32<<10)
+	bp := copyBufs.Get().(*[]byte)
+	defer copyBufs.Put(bp)
+	buf := *bp
 	var tail []byte // the end of the previous read, for a pattern split across reads
 	for {
 		n, rerr := body.Read(buf)

@@ -1,12 +1,14 @@
 package router
 
 import (
+	"context"
 	"math"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/traceops/trace/internal/dev/llmtest"
 	"github.com/traceops/trace/internal/llm"
 )
 
@@ -195,4 +197,49 @@ func TestCacheTTLAndBound(t *testing.T) {
 	if _, ok := off.Get("a"); ok {
 		t.Fatal("a cache with TTL 0 serves entries")
 	}
+}
+
+// TestRouteConcurrentFirstRequests: concurrent first requests of one
+// conversation share one classification; exactly one of them reports it
+// as new (cached false).
+func TestRouteConcurrentFirstRequests(t *testing.T) {
+	srv := llmtest.New(t)
+	srv.Handle(func(llmtest.Request) llmtest.Reply {
+		return llmtest.Slow(300*time.Millisecond, llmtest.Classification(map[string]float64{"A": 0.9, "B": 0.1}))
+	})
+	cls, err := llm.New(llm.Config{BaseURL: srv.URL, Model: "base"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := New(Config{BaseModel: "base"}, cls, staticSource{{Adapter: "a", Capability: "c"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	in := Input{ConversationID: "c1", Environment: "e", Turns: []Turn{{Role: "user", Text: "hi"}}}
+	const n = 8
+	results := make(chan Decision, n)
+	fresh := make(chan bool, n)
+	for range n {
+		go func() { d, cached := r.Route(context.Background(), in); results <- d; fresh <- !cached }()
+	}
+	nFresh, id := 0, ""
+	for range n {
+		d := <-results
+		if id != "" && d.ID != id {
+			t.Fatalf("two decisions %s and %s for one conversation", id, d.ID)
+		}
+		id = d.ID
+		if <-fresh {
+			nFresh++
+		}
+	}
+	if nFresh != 1 || len(srv.Requests()) != 1 {
+		t.Fatalf("%d fresh decisions, %d classifications; want 1 and 1", nFresh, len(srv.Requests()))
+	}
+}
+
+type staticSource []Candidate
+
+func (s staticSource) ActiveAdapters(context.Context, string, string) ([]Candidate, error) {
+	return s, nil
 }

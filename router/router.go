@@ -239,15 +239,22 @@ func (r *Router) Route(ctx context.Context, in Input) (d Decision, cached bool) 
 	if d, ok := r.cache.Get(key); ok {
 		return d, true
 	}
-	v, _, shared := r.group.Do(key, func() (any, error) {
+	classified := false // set only in the one call that runs the classification
+	v, _, _ := r.group.Do(key, func() (any, error) {
 		if d, ok := r.cache.Get(key); ok {
 			return d, nil
 		}
 		d := r.classify(context.WithoutCancel(ctx), in)
+		classified = true
 		r.cache.Put(key, d)
 		return d, nil
 	})
-	return v.(Decision), shared
+	return v.(Decision), !classified
+}
+
+// Lookup returns a conversation's cached decision while it is fresh.
+func (r *Router) Lookup(environment, conversationID string) (Decision, bool) {
+	return r.cache.Get(environment + "\x00" + conversationID)
 }
 
 // classify makes a new decision.
