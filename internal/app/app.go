@@ -66,6 +66,7 @@ type App struct {
 	httpAddr   string
 	envSrv     *envserver.Server // the serve role's environment server
 	envAddr    string
+	routerAddr string // the route role's listener
 
 	// Simulated, when set before Run, provides the simulated policy for
 	// synthesizer.policy: simulated (trace demo).
@@ -279,6 +280,11 @@ func (a *App) Run(ctx context.Context, extra ...Actor) error {
 	}
 	if a.Cfg.Has("adapt") {
 		if err := a.addAdapt(ctx, &g); err != nil {
+			return err
+		}
+	}
+	if a.Cfg.Has("route") {
+		if err := a.addRoute(ctx, &g); err != nil {
 			return err
 		}
 	}

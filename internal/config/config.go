@@ -50,6 +50,9 @@ type Config struct {
 	// Env is the OpenEnv environment server of the serve role: it serves
 	// the registry's DONE environments to trainers at /v1/environments.
 	Env envserver.Config `koanf:"env"`
+	// Router is the route role (TRACE step 4): the router and its
+	// OpenAI-compatible proxy on router.addr.
+	Router Router `koanf:"router"`
 }
 
 // Embedded are the fixed loopback ports of the embedded servers, so that
@@ -216,7 +219,11 @@ type Adapter struct {
 }
 
 // Roles trace run knows.
-var Roles = []string{"ingest", "analyze", "synthesize", "adapt", "serve"}
+var Roles = []string{"ingest", "analyze", "synthesize", "adapt", "serve", "route"}
+
+// DefaultRoles run when roles is not set: every role but route, which
+// needs router.upstream_url and router.base_model.
+var DefaultRoles = []string{"ingest", "analyze", "synthesize", "adapt", "serve"}
 
 // The ingest stage's batch defaults (kafka.batch_*), from `trace bench
 // ingest`: its batches stream into one INSERT each and cost no memory, and
@@ -232,7 +239,7 @@ const (
 func Default() Config {
 	return Config{
 		DataDir: "./data",
-		Roles:   slices.Clone(Roles),
+		Roles:   slices.Clone(DefaultRoles),
 		Kafka: Kafka{
 			EmbeddedAddr: "127.0.0.1:9092", RolloutsTopic: "trace.rollouts", LabelsTopic: "trace.labels", DLQTopic: "trace.rollouts.dlq",
 			IngestGroup: "trace-ingest", AnalyzeGroup: "trace-analyzer", LabelsGroup: "trace-labels",
@@ -250,6 +257,7 @@ func Default() Config {
 		Env:         envserver.DefaultConfig(),
 		Adapter: Adapter{Backend: "nats", Command: defaultCommandBackend(), Webhook: defaultWebhookBackend(), Plan: defaultPlan(),
 			DeadlineCheck: 30 * time.Second, Planner: DefaultPlanner(), Serving: DefaultServing()},
+		Router: DefaultRouter(),
 	}
 }
 
@@ -431,6 +439,11 @@ func (c Config) Validate() error {
 	if err := c.Env.Validate(); err != nil {
 		errs = append(errs, err)
 	}
+	if c.Has("route") {
+		if err := c.Router.validate(); err != nil {
+			errs = append(errs, err)
+		}
+	}
 	return errors.Join(errs...)
 }
 
@@ -452,6 +465,10 @@ func (c Config) Redacted() Config {
 	red(&r.Adapter.Webhook.Secret)
 	red(&r.Adapter.Webhook.BearerToken)
 	red(&r.Adapter.Webhook.CallbackToken)
+	red(&r.Router.UpstreamAPIKey)
+	red(&r.Router.BearerToken)
+	red(&r.Router.ClassifierAPIKey)
+	red(&r.Router.Retrieval.APIKey)
 	r.Synthesizer.Policies = slices.Clone(c.Synthesizer.Policies)
 	for i := range r.Synthesizer.Policies {
 		red(&r.Synthesizer.Policies[i].APIKey)

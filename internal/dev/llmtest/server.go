@@ -18,6 +18,7 @@ import (
 	"net/http/httptest"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -116,6 +117,8 @@ type Reply struct {
 	NoUsage      bool
 	FinishReason string // default "stop"
 	Logprobs     []Logprob
+	// Stream, when set, answers as server-sent events (stream.go).
+	Stream *Stream
 }
 
 // Handler answers a request when no scripted reply is queued.
@@ -135,7 +138,8 @@ type Server struct {
 	reqs        []Request
 	inflight    int
 	maxInflight int
-	lora        *loraState // ServeLoRA (lora.go)
+	lora        *loraState   // ServeLoRA (lora.go)
+	embeds      atomic.Int64 // POST /v1/embeddings served (embeddings.go)
 }
 
 // New starts a server on 127.0.0.1; it is closed when the test ends.
@@ -200,6 +204,8 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 			map[string]any{"id": s.Model, "object": "model", "owned_by": "llmtest"}}})
 	case r.URL.Path == "/v1/chat/completions" && r.Method == http.MethodPost:
 		s.chat(w, r)
+	case r.URL.Path == "/v1/embeddings" && r.Method == http.MethodPost:
+		s.embeddings(w, r) // embeddings.go
 	default:
 		writeJSON(w, http.StatusNotFound, errorBody("no route "+r.Method+" "+r.URL.Path, "invalid_request_error"))
 	}
@@ -258,6 +264,10 @@ func (s *Server) chat(w http.ResponseWriter, r *http.Request) {
 	}
 	status := rep.Status
 	status = cmp.Or(status, http.StatusOK)
+	if rep.Stream != nil && status == http.StatusOK {
+		s.stream(w, r, rep)
+		return
+	}
 	if rep.Body != "" {
 		w.Header().Set("Content-Type", "application/json")
 		w.WriteHeader(status)
