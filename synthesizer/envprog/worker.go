@@ -11,6 +11,7 @@ import (
 	"runtime/pprof"
 	"strconv"
 	"sync"
+	"time"
 )
 
 // The worker process of LoadSandboxed: the current binary started again
@@ -23,6 +24,8 @@ const (
 	// workerProfileEnv, set in the parent's environment, makes each worker
 	// write a CPU profile to that path (the last worker to exit wins).
 	workerProfileEnv = "TRACE_ENVPROG_WORKER_CPUPROFILE"
+	// workerGCPercent is the worker's GOGC (see serveWorker).
+	workerGCPercent = 400
 )
 
 // RunWorkerIfRequested turns the process into a sandbox worker when it was
@@ -50,6 +53,12 @@ func serveWorker(in io.Reader, out io.Writer) int {
 	// The soft limit makes the collector work hard before the hard
 	// address-space limit would fail an allocation of live data.
 	debug.SetMemoryLimit(maxMem)
+	// A worker's live heap is small (the program and the episodes' states)
+	// and its garbage plentiful (every reset builds a store): with the
+	// default GOGC of 100 the collector runs every few megabytes and takes
+	// ~20% of the CPU. The memory limit above still bounds the heap, so a
+	// laxer percentage costs only some tens of megabytes of slack.
+	debug.SetGCPercent(workerGCPercent)
 	if err := limitAddressSpace(maxMem); err != nil {
 		fmt.Fprintf(os.Stderr, "envprog worker: %v\n", err)
 		return 3
@@ -66,12 +75,14 @@ func serveWorker(in io.Reader, out io.Writer) int {
 	r := bufio.NewReaderSize(in, 64<<10)
 	w := &workerState{
 		fw:       newFrameWriter(out),
+		idle:     make(chan *request),
 		episodes: map[uint64]*episode{},
 		cancels:  map[uint64]context.CancelFunc{},
 	}
+	var scratch []byte
 	for {
 		var req request
-		if err := readFrame(r, &req); err != nil {
+		if err := readFrame(r, &req, &scratch); err != nil {
 			if errors.Is(err, io.EOF) {
 				pprof.StopCPUProfile()
 				return 0 // the parent closed the program
@@ -95,7 +106,7 @@ func serveWorker(in io.Reader, out io.Writer) int {
 			// episodes), this one gets its own goroutine so that they
 			// run in parallel.
 			if r.Buffered() > 0 {
-				go w.handle(&req)
+				w.hand(&req)
 			} else {
 				w.handle(&req)
 			}
@@ -106,10 +117,41 @@ func serveWorker(in io.Reader, out io.Writer) int {
 type workerState struct {
 	fw   *frameWriter
 	prog *program
+	// idle hands requests to handler goroutines waiting for one (see hand).
+	idle chan *request
 
 	mu       sync.Mutex
 	episodes map[uint64]*episode
 	cancels  map[uint64]context.CancelFunc
+}
+
+// handlerIdle is how long a handler goroutine waits for another request
+// before it exits.
+const handlerIdle = 10 * time.Second
+
+// hand runs req on a handler goroutine: one waiting for work if there is
+// one, else a new one, which then stays for handlerIdle. A goroutine per
+// request would grow a fresh stack to the interpreter's depth each time
+// (copying it at every doubling); a waiting handler has grown it already.
+func (w *workerState) hand(req *request) {
+	select {
+	case w.idle <- req:
+		return
+	default:
+	}
+	go func() {
+		t := time.NewTimer(handlerIdle)
+		defer t.Stop()
+		for {
+			w.handle(req)
+			t.Reset(handlerIdle)
+			select {
+			case req = <-w.idle:
+			case <-t.C:
+				return
+			}
+		}
+	}()
 }
 
 func (w *workerState) reply(resp *response) {
