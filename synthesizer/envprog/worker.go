@@ -11,6 +11,7 @@ import (
 	"runtime/pprof"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -79,6 +80,12 @@ func serveWorker(in io.Reader, out io.Writer) int {
 		episodes: map[uint64]*episode{},
 		cancels:  map[uint64]context.CancelFunc{},
 	}
+	return w.serve(r)
+}
+
+// serve reads requests and dispatches them until the parent closes the
+// pipe, and returns the worker's exit status.
+func (w *workerState) serve(r *bufio.Reader) int {
 	var scratch []byte
 	for {
 		var req request
@@ -100,18 +107,42 @@ func serveWorker(in io.Reader, out io.Writer) int {
 			delete(w.episodes, req.Episode)
 			w.mu.Unlock()
 		default:
-			// A lone request is handled right here: handing it to a new
-			// goroutine costs a wake-up, which is most of a round trip.
-			// When more requests are already waiting (concurrent
-			// episodes), this one gets its own goroutine so that they
-			// run in parallel.
+			// A lone request is handled right here: handing it to
+			// another goroutine costs a wake-up, which is most of a
+			// round trip. When more requests are already waiting
+			// (concurrent episodes), this one goes to a handler
+			// goroutine so that they run in parallel.
 			if r.Buffered() > 0 {
 				w.hand(&req)
-			} else {
-				w.handle(&req)
+			} else if !w.inline(&req, r) {
+				// Another goroutine reads the requests now: this one
+				// stays on as a handler.
+				for req := range w.idle {
+					w.handle(req)
+				}
 			}
 		}
 	}
+}
+
+// readerTakeover is how long a request handled on the reading goroutine
+// runs before another goroutine takes over the reading, so that what the
+// parent sends meanwhile (a cancel at its deadline, other episodes'
+// requests) is read and acted on.
+const readerTakeover = 2 * time.Millisecond
+
+// inline handles req on the reading goroutine; it returns false when, req
+// having run past readerTakeover, a new goroutine took over the reading.
+func (w *workerState) inline(req *request, r *bufio.Reader) bool {
+	var state atomic.Int32 // 0 running, 1 finished on time, 2 taken over
+	t := time.AfterFunc(readerTakeover, func() {
+		if state.CompareAndSwap(0, 2) {
+			go func() { os.Exit(w.serve(r)) }()
+		}
+	})
+	w.handle(req)
+	t.Stop()
+	return state.CompareAndSwap(0, 1)
 }
 
 type workerState struct {
