@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"context"
 	"encoding/binary"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -13,7 +12,9 @@ import (
 )
 
 // The sandbox protocol between a parent (LoadSandboxed) and its worker
-// process: frames of a 4-byte big-endian length and a JSON object, requests
+// process: frames of a 4-byte big-endian length and a message in the
+// binary encoding of codec.go (the JSON tags below name the fields in
+// error messages and docs only), requests
 // on the worker's stdin, responses on its stdout. Requests carry an id the
 // response repeats; the worker answers requests concurrently (one at a time
 // per episode, as the parent never has two calls of one episode in flight).
@@ -101,19 +102,31 @@ func (w *wireError) err() error {
 	}
 }
 
-func appendFrame(buf []byte, v any) ([]byte, error) {
-	b, err := json.Marshal(v)
+// appendFrame appends v's frame: its length, then v in the binary
+// encoding of codec.go.
+func appendFrame(buf []byte, v message) ([]byte, error) {
+	start := len(buf)
+	buf = append(buf, 0, 0, 0, 0)
+	buf, err := v.encode(buf)
 	if err != nil {
-		return buf, err
+		return buf[:start], err
 	}
-	if len(b) > maxFrame {
-		return buf, fmt.Errorf("frame of %d bytes exceeds %d", len(b), maxFrame)
+	n := len(buf) - start - 4
+	if n > maxFrame {
+		return buf[:start], fmt.Errorf("frame of %d bytes exceeds %d", n, maxFrame)
 	}
-	buf = binary.BigEndian.AppendUint32(buf, uint32(len(b)))
-	return append(buf, b...), nil
+	binary.BigEndian.PutUint32(buf[start:], uint32(n))
+	return buf, nil
 }
 
-func readFrame(r *bufio.Reader, v any) error {
+// message is a request or a response.
+type message interface {
+	encode([]byte) ([]byte, error)
+	decode([]byte) error
+}
+
+// readFrame reads one frame into v, using *scratch as its buffer.
+func readFrame(r *bufio.Reader, v message, scratch *[]byte) error {
 	var hdr [4]byte
 	if _, err := io.ReadFull(r, hdr[:]); err != nil {
 		return err
@@ -122,11 +135,17 @@ func readFrame(r *bufio.Reader, v any) error {
 	if n > maxFrame {
 		return fmt.Errorf("frame of %d bytes exceeds %d", n, maxFrame)
 	}
-	b := make([]byte, n)
+	if cap(*scratch) < int(n) {
+		*scratch = make([]byte, n)
+	}
+	b := (*scratch)[:n]
 	if _, err := io.ReadFull(r, b); err != nil {
+		if errors.Is(err, io.EOF) {
+			err = io.ErrUnexpectedEOF
+		}
 		return err
 	}
-	return json.Unmarshal(b, v)
+	return v.decode(b)
 }
 
 // frameWriter writes frames from many goroutines straight from the

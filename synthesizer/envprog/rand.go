@@ -26,7 +26,12 @@ const pcgIncrement = 0x9e3779b97f4a7c15
 type rng struct {
 	pcg    rand.PCG
 	frozen bool
+	// methods are the bound methods, made on first use: a program draws
+	// hundreds of times per reset, and binding a method allocates.
+	methods [5]*starlark.Builtin
 }
+
+var rngMethods = [5]string{"randint", "random", "choice", "sample", "shuffle"}
 
 var _ starlark.HasAttrs = (*rng)(nil)
 
@@ -54,22 +59,34 @@ func (r *rng) AttrNames() []string {
 }
 
 func (r *rng) Attr(name string) (starlark.Value, error) {
-	var fn func(*starlark.Thread, *starlark.Builtin, starlark.Tuple, []starlark.Tuple) (starlark.Value, error)
-	switch name {
-	case "randint":
-		fn = r.randint
-	case "random":
-		fn = r.random
-	case "choice":
-		fn = r.choice
-	case "sample":
-		fn = r.sample
-	case "shuffle":
-		fn = r.shuffle
-	default:
+	i := 0
+	for i < len(rngMethods) && rngMethods[i] != name {
+		i++
+	}
+	if i == len(rngMethods) {
 		return nil, nil
 	}
-	return starlark.NewBuiltin(name, fn).BindReceiver(r), nil
+	if m := r.methods[i]; m != nil {
+		return m, nil
+	}
+	var fn func(*starlark.Thread, *starlark.Builtin, starlark.Tuple, []starlark.Tuple) (starlark.Value, error)
+	switch i {
+	case 0:
+		fn = r.randint
+	case 1:
+		fn = r.random
+	case 2:
+		fn = r.choice
+	case 3:
+		fn = r.sample
+	default:
+		fn = r.shuffle
+	}
+	m := starlark.NewBuiltin(name, fn).BindReceiver(r)
+	if !r.frozen { // a frozen rng is shared by goroutines: never write to it
+		r.methods[i] = m
+	}
+	return m, nil
 }
 
 func (r *rng) check(name string) error {
@@ -215,4 +232,4 @@ func (r *rng) sample(_ *starlark.Thread, b *starlark.Builtin, args starlark.Tupl
 }
 
 // copy returns an unfrozen rng with the same position in its stream.
-func (r *rng) copy() *rng { c := *r; c.frozen = false; return &c }
+func (r *rng) copy() *rng { return &rng{pcg: r.pcg} }

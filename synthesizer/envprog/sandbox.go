@@ -89,6 +89,14 @@ func (s *sandbox) worker(ctx context.Context) (*worker, error) {
 	return w, nil
 }
 
+// ReturnsByDeadline reports that a sandboxed program's calls return by
+// their context's deadline whatever the program does: the parent stops
+// waiting then and cancels the call in the worker (and kills a worker that
+// does not answer within twice CallTimeout plus a second). The one wait
+// not bounded by the context is handing a request to a worker whose input
+// pipe is full, which that kill also ends.
+func (s *sandbox) ReturnsByDeadline() bool { return true }
+
 func (s *sandbox) Info() Info {
 	info := s.info
 	info.Tools = slices.Clone(s.info.Tools)
@@ -177,9 +185,10 @@ func startWorker(lim Limits) (*worker, error) {
 // how the worker died and fails what is pending.
 func (w *worker) read(r *bufio.Reader) {
 	var readErr error
+	var scratch []byte
 	for {
 		resp := new(response)
-		if readErr = readFrame(r, resp); readErr != nil {
+		if readErr = readFrame(r, resp, &scratch); readErr != nil {
 			break
 		}
 		w.mu.Lock()

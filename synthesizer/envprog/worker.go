@@ -11,6 +11,8 @@ import (
 	"runtime/pprof"
 	"strconv"
 	"sync"
+	"sync/atomic"
+	"time"
 )
 
 // The worker process of LoadSandboxed: the current binary started again
@@ -23,6 +25,8 @@ const (
 	// workerProfileEnv, set in the parent's environment, makes each worker
 	// write a CPU profile to that path (the last worker to exit wins).
 	workerProfileEnv = "TRACE_ENVPROG_WORKER_CPUPROFILE"
+	// workerGCPercent is the worker's GOGC (see serveWorker).
+	workerGCPercent = 400
 )
 
 // RunWorkerIfRequested turns the process into a sandbox worker when it was
@@ -50,6 +54,12 @@ func serveWorker(in io.Reader, out io.Writer) int {
 	// The soft limit makes the collector work hard before the hard
 	// address-space limit would fail an allocation of live data.
 	debug.SetMemoryLimit(maxMem)
+	// A worker's live heap is small (the program and the episodes' states)
+	// and its garbage plentiful (every reset builds a store): with the
+	// default GOGC of 100 the collector runs every few megabytes and takes
+	// ~20% of the CPU. The memory limit above still bounds the heap, so a
+	// laxer percentage costs only some tens of megabytes of slack.
+	debug.SetGCPercent(workerGCPercent)
 	if err := limitAddressSpace(maxMem); err != nil {
 		fmt.Fprintf(os.Stderr, "envprog worker: %v\n", err)
 		return 3
@@ -66,12 +76,20 @@ func serveWorker(in io.Reader, out io.Writer) int {
 	r := bufio.NewReaderSize(in, 64<<10)
 	w := &workerState{
 		fw:       newFrameWriter(out),
+		idle:     make(chan *request),
 		episodes: map[uint64]*episode{},
 		cancels:  map[uint64]context.CancelFunc{},
 	}
+	return w.serve(r)
+}
+
+// serve reads requests and dispatches them until the parent closes the
+// pipe, and returns the worker's exit status.
+func (w *workerState) serve(r *bufio.Reader) int {
+	var scratch []byte
 	for {
 		var req request
-		if err := readFrame(r, &req); err != nil {
+		if err := readFrame(r, &req, &scratch); err != nil {
 			if errors.Is(err, io.EOF) {
 				pprof.StopCPUProfile()
 				return 0 // the parent closed the program
@@ -89,27 +107,82 @@ func serveWorker(in io.Reader, out io.Writer) int {
 			delete(w.episodes, req.Episode)
 			w.mu.Unlock()
 		default:
-			// A lone request is handled right here: handing it to a new
-			// goroutine costs a wake-up, which is most of a round trip.
-			// When more requests are already waiting (concurrent
-			// episodes), this one gets its own goroutine so that they
-			// run in parallel.
+			// A lone request is handled right here: handing it to
+			// another goroutine costs a wake-up, which is most of a
+			// round trip. When more requests are already waiting
+			// (concurrent episodes), this one goes to a handler
+			// goroutine so that they run in parallel.
 			if r.Buffered() > 0 {
-				go w.handle(&req)
-			} else {
-				w.handle(&req)
+				w.hand(&req)
+			} else if !w.inline(&req, r) {
+				// Another goroutine reads the requests now: this one
+				// stays on as a handler.
+				for req := range w.idle {
+					w.handle(req)
+				}
 			}
 		}
 	}
 }
 
+// readerTakeover is how long a request handled on the reading goroutine
+// runs before another goroutine takes over the reading, so that what the
+// parent sends meanwhile (a cancel at its deadline, other episodes'
+// requests) is read and acted on.
+const readerTakeover = 2 * time.Millisecond
+
+// inline handles req on the reading goroutine; it returns false when, req
+// having run past readerTakeover, a new goroutine took over the reading.
+func (w *workerState) inline(req *request, r *bufio.Reader) bool {
+	var state atomic.Int32 // 0 running, 1 finished on time, 2 taken over
+	t := time.AfterFunc(readerTakeover, func() {
+		if state.CompareAndSwap(0, 2) {
+			go func() { os.Exit(w.serve(r)) }()
+		}
+	})
+	w.handle(req)
+	t.Stop()
+	return state.CompareAndSwap(0, 1)
+}
+
 type workerState struct {
 	fw   *frameWriter
 	prog *program
+	// idle hands requests to handler goroutines waiting for one (see hand).
+	idle chan *request
 
 	mu       sync.Mutex
 	episodes map[uint64]*episode
 	cancels  map[uint64]context.CancelFunc
+}
+
+// handlerIdle is how long a handler goroutine waits for another request
+// before it exits.
+const handlerIdle = 10 * time.Second
+
+// hand runs req on a handler goroutine: one waiting for work if there is
+// one, else a new one, which then stays for handlerIdle. A goroutine per
+// request would grow a fresh stack to the interpreter's depth each time
+// (copying it at every doubling); a waiting handler has grown it already.
+func (w *workerState) hand(req *request) {
+	select {
+	case w.idle <- req:
+		return
+	default:
+	}
+	go func() {
+		t := time.NewTimer(handlerIdle)
+		defer t.Stop()
+		for {
+			w.handle(req)
+			t.Reset(handlerIdle)
+			select {
+			case req = <-w.idle:
+			case <-t.C:
+				return
+			}
+		}
+	}()
 }
 
 func (w *workerState) reply(resp *response) {

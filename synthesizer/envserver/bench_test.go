@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"regexp"
 	"sort"
 	"strconv"
@@ -38,6 +39,7 @@ type loadResult struct {
 	steps   int
 	elapsed time.Duration
 	cpu     time.Duration // the server process's CPU time meanwhile
+	ownCPU  time.Duration // the load generator's (this process's)
 	lat     []time.Duration
 	errs    int
 }
@@ -59,59 +61,48 @@ func call(name, args string) openenv.ChatMessage {
 // episode plays one benchmark episode: reset, the two lookups a careful
 // agent makes (user, reservation), the final answer; it returns the step
 // latencies (resets are not steps). The load generator decodes only what
-// it needs of each answer (the frame type; the user message after a
-// reset), so that its own cost, shared by both servers, stays small.
-func episode(ctx context.Context, s *envclient.Session, seed int64, lat []time.Duration) ([]time.Duration, error) {
+// it needs of each answer: the frame type, and the user and reservation
+// ids, which it reads straight from the reset frame's bytes (they are in
+// the user message, and only there); so its own cost, shared by both
+// servers and taken from the same two cores, stays small.
+func episode(ctx context.Context, s *envclient.Session, seed int64, buf *bytes.Buffer, lat []time.Duration) ([]time.Duration, error) {
 	c := s.Conn()
-	roundTrip := func(frame []byte, out any) error {
+	roundTrip := func(frame []byte) ([]byte, error) {
 		if err := c.Write(ctx, websocket.MessageText, frame); err != nil {
-			return err
+			return nil, err
 		}
-		_, b, err := c.Read(ctx)
+		_, r, err := c.Reader(ctx)
 		if err != nil {
-			return err
+			return nil, err
 		}
+		buf.Reset()
+		if _, err := buf.ReadFrom(r); err != nil {
+			return nil, err
+		}
+		b := buf.Bytes()
 		// Both servers put the type first: {"type":"observation","data":...}.
 		if !bytes.HasPrefix(b, []byte(`{"type":"observation"`)) {
-			return fmt.Errorf("answered %.300s", b)
+			return nil, fmt.Errorf("answered %.300s", b)
 		}
-		if out != nil {
-			var f struct {
-				Data json.RawMessage `json:"data"`
-			}
-			if err := json.Unmarshal(b, &f); err != nil {
-				return err
-			}
-			return json.Unmarshal(f.Data, out)
-		}
-		return nil
+		return b, nil
 	}
-	var obs struct {
-		Observation struct {
-			Messages []struct {
-				Content string `json:"content"`
-			} `json:"messages"`
-		} `json:"observation"`
-	}
-	if err := roundTrip([]byte(`{"type":"reset","data":{"seed":`+strconv.FormatInt(seed, 10)+`}}`), &obs); err != nil {
+	b, err := roundTrip([]byte(`{"type":"reset","data":{"seed":` + strconv.FormatInt(seed, 10) + `}}`))
+	if err != nil {
 		return lat, err
 	}
-	if len(obs.Observation.Messages) < 2 {
-		return lat, fmt.Errorf("reset observation without the user message")
-	}
-	user := obs.Observation.Messages[1].Content
-	u, r := userRe.FindStringSubmatch(user), resRe.FindStringSubmatch(user)
+	u, r := userRe.FindSubmatch(b), resRe.FindSubmatch(b)
 	if u == nil || r == nil {
-		return lat, fmt.Errorf("no user or reservation id in %q", user)
+		return lat, fmt.Errorf("no user or reservation id in the reset observation %.300s", b)
 	}
+	uid, rid := string(u[1]), string(r[1])
 	for _, a := range []openenv.ChatMessage{
-		call("get_user_details", `{"user_id": "`+u[1]+`"}`),
-		call("get_reservation_details", `{"reservation_id": "`+r[1]+`"}`),
-		{Role: "assistant", Content: "I'm sorry, I cannot do that for reservation " + r[1] + "."},
+		call("get_user_details", `{"user_id": "`+uid+`"}`),
+		call("get_reservation_details", `{"reservation_id": "`+rid+`"}`),
+		{Role: "assistant", Content: "I'm sorry, I cannot do that for reservation " + rid + "."},
 	} {
 		frame, _ := json.Marshal(map[string]any{"type": "step", "data": a})
 		t0 := time.Now()
-		if err := roundTrip(frame, nil); err != nil {
+		if _, err := roundTrip(frame); err != nil {
 			return lat, err
 		}
 		lat = append(lat, time.Since(t0))
@@ -131,7 +122,7 @@ func load(b *testing.B, base string, n int, d time.Duration) loadResult {
 			b.Fatalf("session %d: %v", i, err)
 		}
 		defer s.Close()
-		if _, err := episode(ctx, s, int64(i), nil); err != nil { // warm-up
+		if _, err := episode(ctx, s, int64(i), new(bytes.Buffer), nil); err != nil { // warm-up
 			b.Fatalf("warm-up %s: %v", base, err)
 		}
 		sessions[i] = s
@@ -145,7 +136,7 @@ func load(b *testing.B, base string, n int, d time.Duration) loadResult {
 			pid = p.(int)
 		}
 	}
-	cpu0 := cpuOf(pid)
+	cpu0, own0 := cpuOf(pid), selfCPU()
 	start := time.Now()
 	stop := start.Add(d)
 	for i, s := range sessions {
@@ -153,10 +144,11 @@ func load(b *testing.B, base string, n int, d time.Duration) loadResult {
 		go func() {
 			defer wg.Done()
 			var lat []time.Duration
+			var buf bytes.Buffer
 			errs := 0
 			for seed := int64(i * 1_000_000); time.Now().Before(stop); seed++ {
 				var err error
-				if lat, err = episode(ctx, s, seed, lat); err != nil {
+				if lat, err = episode(ctx, s, seed, &buf, lat); err != nil {
 					errs++
 					if errs > 10 {
 						break
@@ -171,7 +163,7 @@ func load(b *testing.B, base string, n int, d time.Duration) loadResult {
 	}
 	wg.Wait()
 	res.elapsed = time.Since(start)
-	res.cpu = cpuOf(pid) - cpu0
+	res.cpu, res.ownCPU = cpuOf(pid)-cpu0, selfCPU()-own0
 	res.steps = len(res.lat)
 	sort.Slice(res.lat, func(i, j int) bool { return res.lat[i] < res.lat[j] })
 	return res
@@ -191,7 +183,14 @@ func freePort(b *testing.B) int {
 func cpuOf(pid int) time.Duration {
 	total := time.Duration(0)
 	pids := []int{pid}
-	if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/children", pid, pid)); err == nil {
+	// A child is listed under the thread that started it, which for a Go
+	// process is any of its threads: read them all.
+	tasks, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/children", pid))
+	for _, t := range tasks {
+		b, err := os.ReadFile(t)
+		if err != nil {
+			continue
+		}
 		for _, f := range strings.Fields(string(b)) {
 			if c, err := strconv.Atoi(f); err == nil {
 				pids = append(pids, c)
@@ -221,7 +220,18 @@ func serverProcess(b *testing.B, cmd *exec.Cmd, port int) string {
 	if err := cmd.Start(); err != nil {
 		b.Fatal(err)
 	}
-	b.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	b.Cleanup(func() {
+		// SIGTERM first, so that a profiling server writes its profile.
+		cmd.Process.Signal(syscall.SIGTERM)
+		done := make(chan struct{})
+		go func() { cmd.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(5 * time.Second):
+			cmd.Process.Kill()
+			<-done
+		}
+	})
 	base := fmt.Sprintf("http://127.0.0.1:%d", port)
 	pids.Store(base, cmd.Process.Pid)
 	deadline := time.Now().Add(3 * time.Minute) // importing openenv takes long on a loaded machine
@@ -344,7 +354,10 @@ func pythonLogicCost(b *testing.B) (withModels, logic time.Duration) {
 //
 //	go test -run '^$' -bench EnvServer -benchtime 1x ./synthesizer/envserver
 //
-// TRACE_BENCH_SECONDS sets the measuring time per point (default 5).
+// TRACE_BENCH_SECONDS sets the measuring time per point (default 5),
+// TRACE_BENCH_SESSIONS a single session count, TRACE_BENCH_GO_ONLY=1 skips
+// the Python server, TRACE_BENCH_PROFILE_DIR writes CPU profiles of the Go
+// servers and the sandbox worker there.
 func BenchmarkEnvServer(b *testing.B) {
 	d := 5 * time.Second
 	if s, err := strconv.Atoi(os.Getenv("TRACE_BENCH_SECONDS")); err == nil && s > 0 {
@@ -387,16 +400,17 @@ func BenchmarkEnvServer(b *testing.B) {
 		}
 	}
 	fmt.Printf("\nsteps through the WebSocket protocol on loopback, example environment (precondition_airline), better of two %s rounds per point\n", d)
-	fmt.Printf("%-32s %8s %8s %10s %9s %9s %14s %6s\n", "server", "sessions", "steps", "steps/s", "p50", "p99", "server cpu/step", "errors")
+	fmt.Printf("%-32s %8s %8s %10s %9s %9s %15s %15s %6s\n", "server", "sessions", "steps", "steps/s", "p50", "p99", "server cpu/step", "client cpu/step", "errors")
 	for _, r := range rows {
-		perStep := time.Duration(0)
+		perStep, own := time.Duration(0), time.Duration(0)
 		if r.r.steps > 0 {
-			perStep = r.r.cpu / time.Duration(r.r.steps)
+			perStep, own = r.r.cpu/time.Duration(r.r.steps), r.r.ownCPU/time.Duration(r.r.steps)
 		}
-		fmt.Printf("%-32s %8d %8d %10.0f %9s %9s %14s %6d\n", r.server, r.n, r.r.steps, r.r.rate(),
-			r.r.pct(0.50).Round(time.Microsecond), r.r.pct(0.99).Round(time.Microsecond), perStep.Round(time.Microsecond), r.r.errs)
+		fmt.Printf("%-32s %8d %8d %10.0f %9s %9s %15s %15s %6d\n", r.server, r.n, r.r.steps, r.r.rate(),
+			r.r.pct(0.50).Round(time.Microsecond), r.r.pct(0.99).Round(time.Microsecond), perStep.Round(time.Microsecond), own.Round(time.Microsecond), r.r.errs)
 	}
-	fmt.Println("(server cpu/step: the server process's CPU time, its sandbox worker's included, over the steps; resets are played too but not counted as steps)")
+	fmt.Println("(server cpu/step: the server process's CPU time, its sandbox worker's included, over the steps; resets are played too but not counted as steps;")
+	fmt.Println(" client cpu/step: the load generator's, on the same two cores)")
 	prog := programCost(b)
 	pyEnv, pyLogic := pythonLogicCost(b)
 	fmt.Printf("environment logic alone, CPU per step: Starlark program (envprog, in-process) %s; CPython class %s (%s with openenv's pydantic observation)\n",

@@ -36,9 +36,28 @@ func (p *play) encodeMessages() {
 		if i > 0 {
 			p.msgJSON = append(p.msgJSON, ',')
 		}
+		p.msgStart = append(p.msgStart, len(p.msgJSON))
 		p.msgJSON = appendJSON(p.msgJSON, m)
 	}
 	p.encoded = len(msgs)
+	p.tail = msgs[max(0, len(msgs)-len(p.results)):]
+}
+
+// resultsEncoded reports whether the step's tool results are the
+// transcript's last messages (they are, unless a call failed), so that
+// their encoding there serves tool_results too.
+func (p *play) resultsEncoded() bool {
+	n := len(p.results)
+	if n == 0 || n > len(p.tail) || p.encoded != len(p.msgStart) {
+		return false
+	}
+	for i, r := range p.results {
+		m := p.tail[len(p.tail)-n+i]
+		if m.Role != r.Role || m.Content != r.Content || m.ToolCallID != r.ToolCallID || m.Name != r.Name || len(m.ToolCalls) != 0 || len(r.ToolCalls) != 0 {
+			return false
+		}
+	}
+	return true
 }
 
 // observation encodes the current episode's StepResponse.
@@ -57,9 +76,14 @@ func (s *session) observation() json.RawMessage {
 	b = append(b, `],"tools":`...)
 	b = append(b, s.env.toolsJSON...)
 	b = append(b, `,"tool_results":`...)
-	if p.results == nil {
+	switch {
+	case p.results == nil:
 		b = append(b, `[]`...)
-	} else {
+	case p.resultsEncoded():
+		b = append(b, '[')
+		b = append(b, p.msgJSON[p.msgStart[p.encoded-len(p.results)]:]...)
+		b = append(b, ']')
+	default:
 		b = appendJSON(b, p.results)
 	}
 	b = append(b, `,"last_tool_result":`...)

@@ -6,6 +6,10 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"os/signal"
+	"path/filepath"
+	"runtime/pprof"
+	"syscall"
 	"testing"
 	"time"
 
@@ -32,11 +36,37 @@ func TestMain(m *testing.M) {
 // benchmark runs trace's server as a process of its own, as it runs
 // openenv-core's, so that both get the machine on the same terms.
 func serveForBench(addr string, sandboxed bool) int {
+	var env envprog.Env
+	if dir := os.Getenv("TRACE_BENCH_PROFILE_DIR"); dir != "" {
+		// CPU profiles of the server process (server-inproc.prof,
+		// server-sandboxed.prof), written when the benchmark ends it
+		// (SIGTERM), and of the sandbox worker (worker.prof, written when
+		// its parent goes).
+		name := "server-inproc.prof"
+		if sandboxed {
+			name = "server-sandboxed.prof"
+			os.Setenv("TRACE_ENVPROG_WORKER_CPUPROFILE", filepath.Join(dir, "worker.prof"))
+		}
+		if f, err := os.Create(filepath.Join(dir, name)); err == nil && pprof.StartCPUProfile(f) == nil {
+			sig := make(chan os.Signal, 1)
+			signal.Notify(sig, syscall.SIGTERM)
+			go func() {
+				<-sig
+				pprof.StopCPUProfile()
+				f.Close()
+				if env != nil {
+					env.Close() // the worker writes its profile as it exits
+				}
+				os.Exit(0)
+			}()
+		}
+	}
 	load := envprog.Load
 	if sandboxed {
 		load = envprog.LoadSandboxed
 	}
-	env, err := load(context.Background(), examples.PreconditionAirlineName, examples.PreconditionAirline, envprog.Limits{})
+	var err error
+	env, err = load(context.Background(), examples.PreconditionAirlineName, examples.PreconditionAirline, envprog.Limits{})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1

@@ -15,7 +15,9 @@ import (
 	"github.com/traceops/trace/synthesizer/openenv"
 )
 
-func loadSpin(t testing.TB) envprog.Env {
+func loadSpin(t testing.TB) envprog.Env { return loadSpinWith(t, envprog.Load) }
+
+func loadSpinWith(t testing.TB, load func(context.Context, string, []byte, envprog.Limits) (envprog.Env, error)) envprog.Env {
 	t.Helper()
 	src, err := os.ReadFile("testdata/spin.star")
 	if err != nil {
@@ -23,10 +25,11 @@ func loadSpin(t testing.TB) envprog.Env {
 	}
 	// The program's own limits are far away: the server's step timeout
 	// is what stops it.
-	env, err := envprog.Load(context.Background(), "spin.star", src, envprog.Limits{MaxSteps: 1 << 62, CallTimeout: time.Hour})
+	env, err := load(context.Background(), "spin.star", src, envprog.Limits{MaxSteps: 1 << 62, CallTimeout: time.Hour})
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { env.Close() })
 	return env
 }
 
@@ -166,10 +169,22 @@ func TestIdleEviction(t *testing.T) {
 // TestStepTimeout: a step that runs past env.step_timeout is answered
 // EXECUTION_ERROR at the deadline (the program does not stop on its own:
 // its limits are an hour away); the episode is over, the session goes on.
+// In process, the call is abandoned on the session's worker goroutine; in
+// the sandbox, which the session calls directly (ReturnsByDeadline), the
+// parent stops waiting and cancels the call in the worker.
 func TestStepTimeout(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		load func(context.Context, string, []byte, envprog.Limits) (envprog.Env, error)
+	}{{"in-process", envprog.Load}, {"sandboxed", envprog.LoadSandboxed}} {
+		t.Run(c.name, func(t *testing.T) { testStepTimeout(t, loadSpinWith(t, c.load)) })
+	}
+}
+
+func testStepTimeout(t *testing.T, env envprog.Env) {
 	cfg := testConfig()
 	cfg.StepTimeout = 300 * time.Millisecond
-	f := start(t, cfg, nil, map[string]envprog.Env{"spin": loadSpin(t)})
+	f := start(t, cfg, nil, map[string]envprog.Env{"spin": env})
 	ctx := ctxT(t)
 	c := f.client("")
 	c.BaseURL = f.http.URL + "/v1/environments/spin"

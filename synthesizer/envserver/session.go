@@ -38,15 +38,31 @@ type served struct {
 	srv     *Server
 	// toolsJSON is the tools' encoding, sent in every observation.
 	toolsJSON []byte
+	// bounded: env's calls return by their context's deadline whatever
+	// the program does (see deadlineBound), so sessions call it directly.
+	bounded bool
 
 	mu       sync.Mutex
 	sessions map[string]*session
+}
+
+// deadlineBound is an Env whose calls return by their context's deadline
+// whatever the program does: a sandboxed program, whose parent stops
+// waiting at the deadline and cancels or kills the worker. Other Envs (a
+// trusted in-process program may be inside one long built-in operation)
+// are called on a session's worker goroutine, which within abandons at the
+// deadline.
+type deadlineBound interface {
+	ReturnsByDeadline() bool
 }
 
 func newServed(srv *Server, e Entry, env envprog.Env) (*served, error) {
 	info := env.Info()
 	s := &served{id: e.ID, entry: e, env: env, info: info, tools: info.Tools, srv: srv,
 		params: map[string]*jsonschema.Schema{}, sessions: map[string]*session{}}
+	if b, ok := env.(deadlineBound); ok && b.ReturnsByDeadline() {
+		s.bounded = true
+	}
 	c := jsonschema.NewCompiler()
 	for i, t := range info.Tools {
 		name := t.Function.Name
@@ -103,20 +119,24 @@ type session struct {
 
 // play is one episode in a session.
 type play struct {
-	id      string
-	seed    int64
-	hinted  bool
-	hint    string
-	ep      envprog.Episode
-	started time.Time
-	steps   int
-	results []openenv.ChatMessage
-	done    bool
-	reason  string // why it ended, see openenv.Observation.DoneReason
-	err     string
-	reward  *envprog.Reward
-	msgJSON []byte // the transcript's messages encoded so far, comma-separated
-	encoded int    // how many
+	id       string
+	seed     int64
+	hinted   bool
+	hint     string
+	ep       envprog.Episode
+	started  time.Time
+	steps    int
+	results  []openenv.ChatMessage
+	done     bool
+	reason   string // why it ended, see openenv.Observation.DoneReason
+	err      string
+	reward   *envprog.Reward
+	msgJSON  []byte // the transcript's messages encoded so far, comma-separated
+	encoded  int    // how many
+	msgStart []int  // where each begins in msgJSON
+	// tail is the transcript's last messages as of the last encoding, as
+	// many as there are results (see resultsEncoded).
+	tail []envprog.Message
 
 	mu        sync.Mutex
 	inFlight  bool // a timed-out call still runs in the background
@@ -270,6 +290,23 @@ func (w *worker) stop() { close(w.calls) }
 // result. The caller holds s.mu.
 func within[T any](s *session, ctx context.Context, d time.Duration, f func(context.Context) (T, error), late func(T, error)) (T, error) {
 	ctx, cancel := context.WithTimeout(ctx, d)
+	if s.env.bounded {
+		// The Env returns by the deadline itself: call it right here,
+		// sparing the two goroutine hand-offs of the worker.
+		defer cancel()
+		v, err := f(ctx)
+		if err != nil && ctx.Err() != nil {
+			if late != nil {
+				late(v, err)
+			}
+			var zero T
+			if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+				return zero, errTimeout
+			}
+			return zero, ctx.Err()
+		}
+		return v, err
+	}
 	type res struct {
 		v   T
 		err error

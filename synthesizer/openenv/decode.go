@@ -19,6 +19,15 @@ func sprintf(format string, args ...any) string {
 // object decodes b as a JSON object into its members; ok is false when b is
 // valid JSON of another type.
 func object(b []byte) (m map[string]json.RawMessage, ok bool, err error) {
+	if i := bytes.IndexFunc(b, func(r rune) bool { return r != ' ' && r != '\t' && r != '\n' && r != '\r' }); i >= 0 && b[i] == '{' {
+		// json.Unmarshal checks the whole text before decoding any of
+		// it, so invalid JSON fails here with the message it would give
+		// below, and a valid object always decodes into m.
+		if err := json.Unmarshal(b, &m); err != nil {
+			return nil, false, err
+		}
+		return m, true, nil
+	}
 	if !json.Valid(b) {
 		// json.Unmarshal's message names the offending byte.
 		var v any
