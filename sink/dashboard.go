@@ -642,13 +642,13 @@ var DashboardQueries = []DashboardQuery{
 		Name: "QPassRateHourly", Title: "Pass rate over time per agent version (hourly)",
 		Purpose: "The overview's pass-rate chart: rollouts and successes per hour and agent version of one environment.",
 		SQL:     QPassRateHourly, Raw: rawPassRateHourly, Args: []int{0, 1, 0, 1},
-		Binds:   []DashboardBind{{"environment", "'airline'"}, {"since (Unix seconds)", "toUInt32(now() - INTERVAL 7 DAY)"}},
+		Binds: []DashboardBind{{"environment", "'airline'"}, {"since (Unix seconds)", "toUInt32(now() - INTERVAL 7 DAY)"}},
 	},
 	{
 		Name: "QPassRateWeekly", Title: "Pass rate over time per agent version (weekly)",
 		Purpose: "The trends page's pass-rate chart: rollouts and successes per week and agent version.",
 		SQL:     QPassRateWeekly, Raw: rawPassRateWeekly, Args: []int{0, 1, 0, 1},
-		Binds:   []DashboardBind{{"environment", "'airline'"}, {"since (Unix seconds)", "toUInt32(toDateTime(toMonday(today()) - 7 * 7))"}},
+		Binds: []DashboardBind{{"environment", "'airline'"}, {"since (Unix seconds)", "toUInt32(toDateTime(toMonday(today()) - 7 * 7))"}},
 	},
 	{
 		Name: "QCapabilityHourly", Title: "Cov and Δ over time per capability (hourly)",
@@ -661,7 +661,7 @@ var DashboardQueries = []DashboardQuery{
 		Name: "QLackingWeekly", Title: "LACKING capabilities per week and agent version",
 		Purpose: "The trends page's weekly table: mean Cov, Δ and LACKING failures per week, agent version and capability, highest Cov first.",
 		SQL:     QLackingWeekly, Raw: rawLackingWeekly, Args: []int{0, 1, 0, 1, 1},
-		Binds:   []DashboardBind{{"environment", "'airline'"}, {"since (Unix seconds)", "toUInt32(toDateTime(toMonday(today()) - 7 * 7))"}},
+		Binds: []DashboardBind{{"environment", "'airline'"}, {"since (Unix seconds)", "toUInt32(toDateTime(toMonday(today()) - 7 * 7))"}},
 	},
 	{
 		Name: "QLackingWeekOverWeek", Title: "Top LACKING capabilities this week vs last week",
@@ -704,7 +704,7 @@ var DashboardQueries = []DashboardQuery{
 		Name: "QRollouts", Title: "Stored rollouts by id", More: true,
 		Purpose: "The capability page's conversations (compacted messages) and grader output.",
 		SQL:     QRollouts, Raw: rawRollouts,
-		Binds:   []DashboardBind{{"environment", "'airline'"}, {"agent_version", "'v2'"}, {"rollout ids (array)", "['airline:v2:001', 'airline:v2:002']"}},
+		Binds: []DashboardBind{{"environment", "'airline'"}, {"agent_version", "'v2'"}, {"rollout ids (array)", "['airline:v2:001', 'airline:v2:002']"}},
 	},
 	{
 		Name: "QWeekBounds", Title: "Week boundaries", More: true,
