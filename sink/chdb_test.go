@@ -1273,9 +1273,9 @@ func chdbRollup(t *testing.T, c *chdbDB) {
 		}
 		var marks [][]any
 		for _, h := range hs {
-			marks = append(marks, []any{h.kind, h.env, h.av, h.hour, h.version, now})
+			marks = append(marks, []any{h.kind, h.env, h.av, h.hour, h.version, uint64(now.UnixNano()), now})
 		}
-		c.insert("rollup_hours", "kind, environment, agent_version, hour, version, rolled_at", marks...)
+		c.insert("rollup_hours", "kind, environment, agent_version, hour, version, run_ns, rolled_at", marks...)
 	}
 	if r := c.query(staleCountSQL); r.rows[0].uint(0) != 0 || r.rows[0].uint(1) != 0 {
 		t.Errorf("after the rollup: %s/%s hours stale", r.rows[0].vals[0], r.rows[0].vals[1])

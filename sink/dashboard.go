@@ -233,6 +233,8 @@ GROUP BY rollout_id`
 const (
 	staleLabelsIn   = `(` + staleLabelHours + `)`
 	staleRolloutsIn = `(` + staleRolloutHours + `)`
+	freshLabelsIn   = `(` + freshLabelHours + `)`
+	freshRolloutsIn = `(` + freshRolloutHours + `)`
 )
 
 // QPassRateHourly is the pass rate per agent version of one environment per
@@ -245,8 +247,8 @@ const (
 const QPassRateHourly = `SELECT agent_version, time_bucket, sum(r) AS rollouts, sum(s) AS successes
 FROM (
 	SELECT agent_version, toStartOfHour(hour) AS time_bucket, rollouts AS r, successes AS s
-	FROM rollout_hourly FINAL
-	WHERE environment = ? AND hour >= toDateTime(?) AND (environment, agent_version, hour) NOT IN ` + staleRolloutsIn + `
+	FROM rollout_hourly
+	WHERE environment = ? AND hour >= toDateTime(?) AND (environment, agent_version, hour, version) IN ` + freshRolloutsIn + `
 	UNION ALL
 	SELECT agent_version, toStartOfHour(bucket) AS time_bucket, uniqExactMerge(rollouts) AS r, uniqExactIfMerge(successes) AS s
 	FROM rollout_counts
@@ -263,8 +265,8 @@ ORDER BY agent_version, time_bucket`
 const QPassRateWeekly = `SELECT week, agent_version, sum(r) AS rollouts, sum(s) AS successes
 FROM (
 	SELECT toMonday(hour) AS week, agent_version, rollouts AS r, successes AS s
-	FROM rollout_hourly FINAL
-	WHERE environment = ? AND hour >= toDateTime(?) AND (environment, agent_version, hour) NOT IN ` + staleRolloutsIn + `
+	FROM rollout_hourly
+	WHERE environment = ? AND hour >= toDateTime(?) AND (environment, agent_version, hour, version) IN ` + freshRolloutsIn + `
 	UNION ALL
 	SELECT toMonday(bucket) AS week, agent_version, uniqExactMerge(rollouts) AS r, uniqExactIfMerge(successes) AS s
 	FROM rollout_counts
@@ -305,9 +307,9 @@ FROM (
 		SELECT capability, run, time_bucket, ` + labelSumCols + `
 		FROM (
 			SELECT capability, run, toStartOfHour(hour) AS time_bucket, ` + labelRollupCols + `
-			FROM label_hourly FINAL
+			FROM label_hourly
 			WHERE environment = ? AND agent_version = ? AND dicts = 0 AND dictionary_version = ? AND hour >= toDateTime(?)
-				AND (environment, agent_version, hour) NOT IN ` + staleLabelsIn + `
+				AND (environment, agent_version, hour, version) IN ` + freshLabelsIn + `
 			UNION ALL
 			SELECT capability, run, toStartOfHour(t) AS time_bucket, ` + labelRawCols + `
 			FROM (
@@ -348,9 +350,9 @@ FROM (
 		SELECT week, agent_version, capability, run, ` + labelSumCols + `
 		FROM (
 			SELECT toMonday(hour) AS week, agent_version, capability, run, ` + labelRollupCols + `
-			FROM label_hourly FINAL
+			FROM label_hourly
 			WHERE environment = ? AND dicts = 1 AND hour >= toDateTime(?)
-				AND (environment, agent_version, hour) NOT IN ` + staleLabelsIn + `
+				AND (environment, agent_version, hour, version) IN ` + freshLabelsIn + `
 			UNION ALL
 			SELECT toMonday(t) AS week, agent_version, capability, run, ` + labelRawCols + `
 			FROM (
@@ -394,10 +396,10 @@ FROM (
 		SELECT capability, run, w, ` + labelSumCols + `
 		FROM (
 			SELECT capability, run, toMonday(hour) = toMonday(toDateTime(?)) AS w, ` + labelRollupCols + `
-			FROM label_hourly FINAL
+			FROM label_hourly
 			WHERE environment = ? AND agent_version = ? AND dicts = 1
 				AND hour >= toDateTime(toMonday(toDateTime(?)) - 7) AND hour < toDateTime(toMonday(toDateTime(?)) + 7)
-				AND (environment, agent_version, hour) NOT IN ` + staleLabelsIn + `
+				AND (environment, agent_version, hour, version) IN ` + freshLabelsIn + `
 			UNION ALL
 			SELECT capability, run, toMonday(t) = toMonday(toDateTime(?)) AS w, ` + labelRawCols + `
 			FROM (
@@ -426,8 +428,8 @@ LIMIT ?`
 const QRolloutCohorts = `SELECT environment, agent_version, sum(r) AS rollouts, sum(s) AS successes, max(b) AS last_bucket
 FROM (
 	SELECT environment, agent_version, rollouts AS r, successes AS s, hour AS b
-	FROM rollout_hourly FINAL
-	WHERE (environment, agent_version, hour) NOT IN ` + staleRolloutsIn + `
+	FROM rollout_hourly
+	WHERE (environment, agent_version, hour, version) IN ` + freshRolloutsIn + `
 	UNION ALL
 	SELECT environment, agent_version, uniqExactMerge(rollouts) AS r, uniqExactIfMerge(successes) AS s, max(bucket) AS b
 	FROM rollout_counts
@@ -454,8 +456,8 @@ FROM (
 	GROUP BY environment, agent_version, dictionary_version, capability
 	UNION ALL
 	SELECT environment, agent_version, dictionary_version, rollouts AS n, toUInt64(0) AS caps, toUInt16(0) AS mr, toDateTime(0) AS lb
-	FROM labeled_hourly FINAL
-	WHERE (environment, agent_version, hour) NOT IN ` + staleLabelsIn + `
+	FROM labeled_hourly
+	WHERE (environment, agent_version, hour, version) IN ` + freshLabelsIn + `
 	UNION ALL
 	SELECT environment, agent_version, dictionary_version, uniqExact(rollout_id) AS n, toUInt64(0) AS caps, toUInt16(0) AS mr, toDateTime(0) AS lb
 	FROM labels_by_time

@@ -368,8 +368,9 @@ SELECT ` + cols + ` FROM capability_labels`,
 		// scale"). rollup_changes: per (kind, environment, agent version,
 		// hour) the newest ingest_ns written (kind 1 = labels, 2 =
 		// rollouts), kept at insert time. rollup_hours: the ingest_ns each
-		// rolled-up hour was computed through; an hour whose two numbers
-		// differ is stale and read raw. label_hourly, labeled_hourly,
+		// rolled-up hour was computed through (version) and the computation
+		// that did it (run_ns, the version of its rollup rows); an hour whose
+		// newest change is not a recorded version is stale and read raw. label_hourly, labeled_hourly,
 		// rollout_hourly: the counts of closed hours, computed from the raw
 		// rows with one label per identity (the newest version wins).
 		return []string{`CREATE TABLE IF NOT EXISTS rollup_changes (
@@ -398,6 +399,7 @@ FROM rollouts GROUP BY environment, agent_version, hour`,
 	agent_version ` + d.LC() + `,
 	hour DateTime,
 	version UInt64,
+	run_ns UInt64,
 	rolled_at DateTime
 ) ENGINE = ReplacingMergeTree(version)
 ORDER BY (kind, environment, agent_version, hour)`,
