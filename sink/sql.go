@@ -103,11 +103,12 @@ ORDER BY en DESC, rollout_id LIMIT %d BY ok`, n), []any{env, agentVersion}
 
 // rolloutsByIDSQL is the query of RolloutsByID: the columns of
 // sampleRolloutsSQL for the given ids of a cohort (clickhouse-go binds a
-// []string as an Array literal, hence has() rather than IN).
+// []string as an Array literal, hence IN over its arrayJoin: a set the sort
+// key serves, where has() read the whole cohort).
 func rolloutsByIDSQL(env, agentVersion string, ids []string) (string, []any) {
 	return `SELECT rollout_id, any(task_id), any(agent_name), any(success), any(reward),
 		any(start_time), any(end_time), any(messages), any(grader)
-	FROM rollouts WHERE environment = ? AND agent_version = ? AND has(?, rollout_id)
+	FROM rollouts WHERE environment = ? AND agent_version = ? AND rollout_id IN (SELECT arrayJoin(?))
 	GROUP BY rollout_id ORDER BY rollout_id`, []any{env, agentVersion, ids}
 }
 
