@@ -229,12 +229,45 @@ GROUP BY rollout_id`
 // query` compare them with). Filters on ts use toStartOfHour(ts), which
 // the daily variant leaves alone; only the buckets become days.
 
-// stale tuple sets, inlined.
+// hourSet is the IN set of stale hours (environment, agent_version, hour)
+// or of fresh hours (…, run_ns to read) of a kind (sink/rollup.go), as a
+// parenthesised subquery. filter narrows both small tables it reads to the
+// statement's environment and range (a superset: it is only there to keep
+// the sets small); its binds come twice.
+func hourSet(fresh bool, kind int, filter string) string {
+	k := fmt.Sprint(kind)
+	if fresh {
+		return `(SELECT environment, agent_version, hour, max(run_ns) FROM rollup_hours
+		WHERE kind = ` + k + filter + ` AND (environment, agent_version, hour, version) IN (
+			SELECT environment, agent_version, hour, maxMerge(last_ingest) FROM rollup_changes WHERE kind = ` + k + filter + `
+			GROUP BY environment, agent_version, hour)
+		GROUP BY environment, agent_version, hour)`
+	}
+	return `(SELECT environment, agent_version, hour FROM (
+			SELECT environment, agent_version, hour, maxMerge(last_ingest) AS v FROM rollup_changes
+			WHERE kind = ` + k + filter + ` GROUP BY environment, agent_version, hour)
+		WHERE (environment, agent_version, hour, v) NOT IN (
+			SELECT environment, agent_version, hour, version FROM rollup_hours WHERE kind = ` + k + filter + `))`
+}
+
+// The filters of hourSet: an environment and the hours from the one that
+// contains since on (binds: environment, since), or from a week's Monday.
 const (
-	staleLabelsIn   = `(` + staleLabelHours + `)`
-	staleRolloutsIn = `(` + staleRolloutHours + `)`
-	freshLabelsIn   = `(` + freshLabelHours + `)`
-	freshRolloutsIn = `(` + freshRolloutHours + `)`
+	sinceFilter = ` AND environment = ? AND hour + 3600 > toDateTime(?)`
+	weekFilter  = ` AND environment = ? AND hour >= toDateTime(toMonday(toDateTime(?)) - 7)`
+)
+
+var (
+	staleLabelsIn      = hourSet(false, rollupLabels, "")
+	staleRolloutsIn    = hourSet(false, rollupRollouts, "")
+	freshLabelsIn      = hourSet(true, rollupLabels, "")
+	freshRolloutsIn    = hourSet(true, rollupRollouts, "")
+	staleLabelsSince   = hourSet(false, rollupLabels, sinceFilter)
+	staleRolloutsSince = hourSet(false, rollupRollouts, sinceFilter)
+	freshLabelsSince   = hourSet(true, rollupLabels, sinceFilter)
+	freshRolloutsSince = hourSet(true, rollupRollouts, sinceFilter)
+	staleLabelsWeek    = hourSet(false, rollupLabels, weekFilter)
+	freshLabelsWeek    = hourSet(true, rollupLabels, weekFilter)
 )
 
 // QPassRateHourly is the pass rate per agent version of one environment per
@@ -244,15 +277,15 @@ const (
 // QueryDashboard).
 //
 // Binds: environment, since (Unix seconds).
-const QPassRateHourly = `SELECT agent_version, time_bucket, sum(r) AS rollouts, sum(s) AS successes
+var QPassRateHourly = `SELECT agent_version, time_bucket, sum(r) AS rollouts, sum(s) AS successes
 FROM (
 	SELECT agent_version, toStartOfHour(hour) AS time_bucket, rollouts AS r, successes AS s
 	FROM rollout_hourly
-	WHERE environment = ? AND hour >= toDateTime(?) AND (environment, agent_version, hour, version) IN ` + freshRolloutsIn + `
+	WHERE environment = ? AND hour >= toDateTime(?) AND (environment, agent_version, hour, version) IN ` + freshRolloutsSince + `
 	UNION ALL
 	SELECT agent_version, toStartOfHour(bucket) AS time_bucket, uniqExactMerge(rollouts) AS r, uniqExactIfMerge(successes) AS s
 	FROM rollout_counts
-	WHERE environment = ? AND bucket >= toDateTime(?) AND (environment, agent_version, bucket) IN ` + staleRolloutsIn + `
+	WHERE environment = ? AND bucket >= toDateTime(?) AND (environment, agent_version, bucket) IN ` + staleRolloutsSince + `
 	GROUP BY agent_version, time_bucket
 )
 GROUP BY agent_version, time_bucket
@@ -262,15 +295,15 @@ ORDER BY agent_version, time_bucket`
 // week (weeks start on Monday, in the server's time zone).
 //
 // Binds: environment, since (Unix seconds).
-const QPassRateWeekly = `SELECT week, agent_version, sum(r) AS rollouts, sum(s) AS successes
+var QPassRateWeekly = `SELECT week, agent_version, sum(r) AS rollouts, sum(s) AS successes
 FROM (
 	SELECT toMonday(hour) AS week, agent_version, rollouts AS r, successes AS s
 	FROM rollout_hourly
-	WHERE environment = ? AND hour >= toDateTime(?) AND (environment, agent_version, hour, version) IN ` + freshRolloutsIn + `
+	WHERE environment = ? AND hour >= toDateTime(?) AND (environment, agent_version, hour, version) IN ` + freshRolloutsSince + `
 	UNION ALL
 	SELECT toMonday(bucket) AS week, agent_version, uniqExactMerge(rollouts) AS r, uniqExactIfMerge(successes) AS s
 	FROM rollout_counts
-	WHERE environment = ? AND bucket >= toDateTime(?) AND (environment, agent_version, bucket) IN ` + staleRolloutsIn + `
+	WHERE environment = ? AND bucket >= toDateTime(?) AND (environment, agent_version, bucket) IN ` + staleRolloutsSince + `
 	GROUP BY week, agent_version
 )
 GROUP BY week, agent_version
@@ -294,7 +327,7 @@ const labelSumCols = `sum(c_lf) AS lf, sum(c_pf) AS pf, sum(c_failed) AS failed,
 // With toStartOfDay in place of toStartOfHour it is per day.
 //
 // Binds: environment, agent_version, dictionary_version, since (Unix seconds).
-const QCapabilityHourly = `SELECT capability, time_bucket,
+var QCapabilityHourly = `SELECT capability, time_bucket,
 	avg(cov) AS mean_cov,
 	avg(delta) AS mean_delta,
 	count() AS runs,
@@ -309,7 +342,7 @@ FROM (
 			SELECT capability, run, toStartOfHour(hour) AS time_bucket, ` + labelRollupCols + `
 			FROM label_hourly
 			WHERE environment = ? AND agent_version = ? AND dicts = 0 AND dictionary_version = ? AND hour >= toDateTime(?)
-				AND (environment, agent_version, hour, version) IN ` + freshLabelsIn + `
+				AND (environment, agent_version, hour, version) IN ` + freshLabelsSince + `
 			UNION ALL
 			SELECT capability, run, toStartOfHour(t) AS time_bucket, ` + labelRawCols + `
 			FROM (
@@ -319,7 +352,7 @@ FROM (
 					argMax(ts, ingest_ns) AS t
 				FROM labels_by_time
 				WHERE environment = ? AND agent_version = ? AND dictionary_version = ? AND ts >= toDateTime(?)
-					AND (toStartOfHour(ts) < toDateTime(?) OR (environment, agent_version, toStartOfHour(ts)) IN ` + staleLabelsIn + `)
+					AND (toStartOfHour(ts) < toDateTime(?) OR (environment, agent_version, toStartOfHour(ts)) IN ` + staleLabelsSince + `)
 				GROUP BY capability, run, rollout_id
 			)
 			GROUP BY capability, run, time_bucket
@@ -338,7 +371,7 @@ ORDER BY capability, time_bucket`
 // a capability is matched by name.
 //
 // Binds: environment, since (Unix seconds).
-const QLackingWeekly = `SELECT week, agent_version, capability,
+var QLackingWeekly = `SELECT week, agent_version, capability,
 	avg(cov) AS mean_cov,
 	avg(delta) AS mean_delta,
 	avg(lf) AS lacking_failed,
@@ -352,7 +385,7 @@ FROM (
 			SELECT toMonday(hour) AS week, agent_version, capability, run, ` + labelRollupCols + `
 			FROM label_hourly
 			WHERE environment = ? AND dicts = 1 AND hour >= toDateTime(?)
-				AND (environment, agent_version, hour, version) IN ` + freshLabelsIn + `
+				AND (environment, agent_version, hour, version) IN ` + freshLabelsSince + `
 			UNION ALL
 			SELECT toMonday(t) AS week, agent_version, capability, run, ` + labelRawCols + `
 			FROM (
@@ -362,7 +395,7 @@ FROM (
 					argMax(ts, ingest_ns) AS t
 				FROM labels_by_time
 				WHERE environment = ? AND ts >= toDateTime(?)
-					AND (toStartOfHour(ts) < toDateTime(?) OR (environment, agent_version, toStartOfHour(ts)) IN ` + staleLabelsIn + `)
+					AND (toStartOfHour(ts) < toDateTime(?) OR (environment, agent_version, toStartOfHour(ts)) IN ` + staleLabelsSince + `)
 				GROUP BY agent_version, capability, run, rollout_id
 			)
 			GROUP BY week, agent_version, capability, run
@@ -380,7 +413,7 @@ ORDER BY week, agent_version, mean_cov DESC, capability`
 // (runs_* tell the two cases apart).
 //
 // Binds: anchor (Unix seconds), environment, agent_version, anchor, anchor, top-N limit.
-const QLackingWeekOverWeek = `SELECT capability,
+var QLackingWeekOverWeek = `SELECT capability,
 	sumIf(cov, w = 1) / greatest(countIf(w = 1), 1) AS cov_this_week,
 	sumIf(cov, w = 0) / greatest(countIf(w = 0), 1) AS cov_last_week,
 	sumIf(delta, w = 1) / greatest(countIf(w = 1), 1) AS delta_this_week,
@@ -399,7 +432,7 @@ FROM (
 			FROM label_hourly
 			WHERE environment = ? AND agent_version = ? AND dicts = 1
 				AND hour >= toDateTime(toMonday(toDateTime(?)) - 7) AND hour < toDateTime(toMonday(toDateTime(?)) + 7)
-				AND (environment, agent_version, hour, version) IN ` + freshLabelsIn + `
+				AND (environment, agent_version, hour, version) IN ` + freshLabelsWeek + `
 			UNION ALL
 			SELECT capability, run, toMonday(t) = toMonday(toDateTime(?)) AS w, ` + labelRawCols + `
 			FROM (
@@ -411,7 +444,7 @@ FROM (
 				WHERE environment = ? AND agent_version = ?
 					AND ts >= toDateTime(toMonday(toDateTime(?)) - 7)
 					AND ts < toDateTime(toMonday(toDateTime(?)) + 7)
-					AND (environment, agent_version, toStartOfHour(ts)) IN ` + staleLabelsIn + `
+					AND (environment, agent_version, toStartOfHour(ts)) IN ` + staleLabelsWeek + `
 				GROUP BY capability, run, rollout_id
 			)
 			GROUP BY capability, run, w
@@ -425,7 +458,7 @@ LIMIT ?`
 
 // QRolloutCohorts lists every (environment, agent version) with rollouts and
 // its totals: the rollup's fresh hours and rollout_counts for the others.
-const QRolloutCohorts = `SELECT environment, agent_version, sum(r) AS rollouts, sum(s) AS successes, max(b) AS last_bucket
+var QRolloutCohorts = `SELECT environment, agent_version, sum(r) AS rollouts, sum(s) AS successes, max(b) AS last_bucket
 FROM (
 	SELECT environment, agent_version, rollouts AS r, successes AS s, hour AS b
 	FROM rollout_hourly
@@ -444,7 +477,7 @@ ORDER BY environment, agent_version`
 // capabilities, runs and newest hour from the small label_capabilities
 // table, the labeled rollouts from the rollup's fresh hours and the raw rows
 // of the others.
-const QLabelCohorts = `SELECT environment, agent_version, dictionary_version,
+var QLabelCohorts = `SELECT environment, agent_version, dictionary_version,
 	sum(n) AS labeled_rollouts,
 	sum(caps) AS capabilities,
 	toUInt64(max(mr) + 1) AS runs,
@@ -472,7 +505,7 @@ ORDER BY environment, agent_version, dictionary_version`
 // serves.
 //
 // Binds: environment, agent_version, array of rollout ids.
-const QRollouts = `SELECT rollout_id,
+var QRollouts = `SELECT rollout_id,
 	argMax(task_id, ingest_ns) AS task_id,
 	argMax(success, ingest_ns) AS success,
 	argMax(reward, ingest_ns) AS reward,
@@ -643,32 +676,32 @@ var DashboardQueries = []DashboardQuery{
 	{
 		Name: "QPassRateHourly", Title: "Pass rate over time per agent version (hourly)",
 		Purpose: "The overview's pass-rate chart: rollouts and successes per hour and agent version of one environment.",
-		SQL:     QPassRateHourly, Raw: rawPassRateHourly, Args: []int{0, 1, 0, 1},
+		SQL:     QPassRateHourly, Raw: rawPassRateHourly, Args: []int{0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1},
 		Binds: []DashboardBind{{"environment", "'airline'"}, {"since (Unix seconds)", "toUInt32(now() - INTERVAL 7 DAY)"}},
 	},
 	{
 		Name: "QPassRateWeekly", Title: "Pass rate over time per agent version (weekly)",
 		Purpose: "The trends page's pass-rate chart: rollouts and successes per week and agent version.",
-		SQL:     QPassRateWeekly, Raw: rawPassRateWeekly, Args: []int{0, 1, 0, 1},
+		SQL:     QPassRateWeekly, Raw: rawPassRateWeekly, Args: []int{0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1},
 		Binds: []DashboardBind{{"environment", "'airline'"}, {"since (Unix seconds)", "toUInt32(toDateTime(toMonday(today()) - 7 * 7))"}},
 	},
 	{
 		Name: "QCapabilityHourly", Title: "Cov and Δ over time per capability (hourly)",
 		Purpose: "The overview's Cov and Δ charts: per hour, each run's Cov = L−/|failed| and Δ = ER− − ER+, averaged over runs.",
-		SQL:     QCapabilityHourly, Raw: rawCapabilityHourly, Args: []int{0, 1, 2, 3, 0, 1, 2, 3, 3},
+		SQL:     QCapabilityHourly, Raw: rawCapabilityHourly, Args: []int{0, 1, 2, 3, 0, 3, 0, 3, 0, 1, 2, 3, 3, 0, 3, 0, 3},
 		Binds: []DashboardBind{{"environment", "'airline'"}, {"agent_version", "'v2'"}, {"dictionary_version", "1"},
 			{"since (Unix seconds)", "toUInt32(now() - INTERVAL 7 DAY)"}},
 	},
 	{
 		Name: "QLackingWeekly", Title: "LACKING capabilities per week and agent version",
 		Purpose: "The trends page's weekly table: mean Cov, Δ and LACKING failures per week, agent version and capability, highest Cov first.",
-		SQL:     QLackingWeekly, Raw: rawLackingWeekly, Args: []int{0, 1, 0, 1, 1},
+		SQL:     QLackingWeekly, Raw: rawLackingWeekly, Args: []int{0, 1, 0, 1, 0, 1, 0, 1, 1, 0, 1, 0, 1},
 		Binds: []DashboardBind{{"environment", "'airline'"}, {"since (Unix seconds)", "toUInt32(toDateTime(toMonday(today()) - 7 * 7))"}},
 	},
 	{
 		Name: "QLackingWeekOverWeek", Title: "Top LACKING capabilities this week vs last week",
 		Purpose: "The trends page's comparison: per capability of one agent version, Cov, Δ and LACKING failures this week and last week.",
-		SQL:     QLackingWeekOverWeek, Raw: rawLackingWeekOverWeek, Args: []int{0, 1, 2, 3, 4, 0, 1, 2, 3, 4, 5},
+		SQL:     QLackingWeekOverWeek, Raw: rawLackingWeekOverWeek, Args: []int{0, 1, 2, 3, 4, 1, 0, 1, 0, 0, 1, 2, 3, 4, 1, 0, 1, 0, 5},
 		Binds: []DashboardBind{{"anchor: a time in \"this week\" (Unix seconds)", "toUInt32(now())"}, {"environment", "'airline'"},
 			{"agent_version", "'v2'"}, {"anchor", "toUInt32(now())"}, {"anchor", "toUInt32(now())"}, {"top N", "10"}},
 	},

@@ -43,12 +43,10 @@ const rollupBatch = 200
 
 // staleLabelHours and staleRolloutHours list the (environment,
 // agent_version, hour) of labels and of rollouts whose newest change is not
-// one the rollup was computed through: the hours reads take raw.
-// freshLabelHours and freshRolloutHours are the others, each with the
-// run_ns of the computation to read (the newest complete one: rows of an
-// older or of an unfinished computation have another version and are not
-// read, so the rollup tables need no FINAL). All four read only the small
-// tables rollup_changes and rollup_hours.
+// one the rollup was computed through: the hours reads take raw (the
+// dashboard's statements use hourSet, the same sets narrowed to their
+// range, and the fresh hours with the run_ns to read). They read only the
+// small tables rollup_changes and rollup_hours.
 const (
 	staleLabelHours = `SELECT environment, agent_version, hour FROM (
 		SELECT environment, agent_version, hour, maxMerge(last_ingest) AS v FROM rollup_changes
@@ -58,14 +56,6 @@ const (
 		SELECT environment, agent_version, hour, maxMerge(last_ingest) AS v FROM rollup_changes
 		WHERE kind = 2 GROUP BY environment, agent_version, hour)
 	WHERE (environment, agent_version, hour, v) NOT IN (SELECT environment, agent_version, hour, version FROM rollup_hours WHERE kind = 2)`
-	freshLabelHours = `SELECT environment, agent_version, hour, max(run_ns) FROM rollup_hours
-	WHERE kind = 1 AND (environment, agent_version, hour, version) IN (
-		SELECT environment, agent_version, hour, maxMerge(last_ingest) FROM rollup_changes WHERE kind = 1 GROUP BY environment, agent_version, hour)
-	GROUP BY environment, agent_version, hour`
-	freshRolloutHours = `SELECT environment, agent_version, hour, max(run_ns) FROM rollup_hours
-	WHERE kind = 2 AND (environment, agent_version, hour, version) IN (
-		SELECT environment, agent_version, hour, maxMerge(last_ingest) FROM rollup_changes WHERE kind = 2 GROUP BY environment, agent_version, hour)
-	GROUP BY environment, agent_version, hour`
 )
 
 // rollupTodoSQL lists the hours Rollup computes: closed (before now's hour),
