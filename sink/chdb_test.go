@@ -1174,6 +1174,7 @@ func chdbEnvironments(t *testing.T, c *chdbDB, base time.Time) {
 // tests.)
 func chdbDashboard(t *testing.T, c *chdbDB) {
 	c = c.on(t)
+	chdbRollup(t, c)
 	for _, q := range DashboardQueries {
 		text, err := q.Example()
 		if err != nil {
@@ -1309,5 +1310,81 @@ func chdbRouting(t *testing.T, c *chdbDB, base time.Time) {
 	r = c.query(routeSharesSQL, "sim-airline", base.Add(-time.Hour))
 	if len(r.rows) != 2 || r.rows[0].str(1) != "a1" || r.rows[0].uint(2) != 2 || r.rows[1].str(1) != "" || r.rows[1].uint(2) != 1 {
 		t.Fatalf("RouteShares: %v", r.rows)
+	}
+}
+
+// chdbRollup runs the rollup's statements (rollup.go) on 26.7 over the data
+// of the sections before, as Store.Rollup does, then checks that every
+// rollup-backed dashboard statement gives its raw statement's rows (the
+// documented example binds), and that the rollup left no stale hour.
+func chdbRollup(t *testing.T, c *chdbDB) {
+	now := time.Now().Add(RollupGrace + time.Second)
+	todo := c.query(rollupTodoSQL, unixSec(now), uint64(now.UnixNano()), uint64(100000))
+	todo.wantTypes(t, "rollup todo", "UInt8", "String", "String", "DateTime", "UInt64")
+	if len(todo.rows) == 0 {
+		t.Fatal("rollup: no stale hour in the data of the sections before")
+	}
+	byKind := map[uint64][]rollupHour{}
+	for _, r := range todo.rows {
+		k := r.uint(0)
+		byKind[k] = append(byKind[k], rollupHour{kind: uint8(k), env: r.str(1), av: r.str(2), hour: r.time(3), version: r.uint(4)})
+	}
+	for kind, hs := range byKind {
+		in, args := hourTuples(hs)
+		stmts := []string{rolloutHourlySQL(in)}
+		if kind == rollupLabels {
+			stmts = []string{labelHourlySQL(false, in), labelHourlySQL(true, in), labeledHourlySQL(in)}
+		}
+		for _, q := range stmts {
+			text, err := inlineArgs(q, append([]any{uint64(now.UnixNano())}, args...))
+			if err != nil {
+				t.Fatal(err)
+			}
+			c.exec(text)
+		}
+		var marks [][]any
+		for _, h := range hs {
+			marks = append(marks, []any{h.kind, h.env, h.av, h.hour, h.version, uint64(now.UnixNano()), now})
+		}
+		c.insert("rollup_hours", "kind, environment, agent_version, hour, version, run_ns, rolled_at", marks...)
+	}
+	if r := c.query(staleCountSQL); r.rows[0].uint(0) != 0 || r.rows[0].uint(1) != 0 {
+		t.Errorf("after the rollup: %s/%s hours stale", r.rows[0].vals[0], r.rows[0].vals[1])
+	}
+	for _, q := range DashboardQueries {
+		if q.Raw == "" || q.Name == "QRollouts" {
+			continue
+		}
+		text, err := q.Example()
+		if err != nil {
+			t.Fatal(err)
+		}
+		lits := make([]string, len(q.Binds))
+		for i, b := range q.Binds {
+			lits[i] = b.Example
+		}
+		raw, err := InlineBinds(q.Raw, lits...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, want := c.query(text), c.query(raw)
+		if len(got.rows) != len(want.rows) {
+			t.Errorf("%s: %d rows from the rollup, %d raw", q.Name, len(got.rows), len(want.rows))
+			continue
+		}
+		for i := range got.rows {
+			for j := range got.rows[i].vals {
+				a, b := string(got.rows[i].vals[j]), string(want.rows[i].vals[j])
+				if a == b {
+					continue
+				}
+				fa, ea := strconv.ParseFloat(strings.Trim(a, `"`), 64)
+				fb, eb := strconv.ParseFloat(strings.Trim(b, `"`), 64)
+				if ea == nil && eb == nil && math.Abs(fa-fb) <= 1e-9*math.Max(1, math.Abs(fa)) {
+					continue
+				}
+				t.Errorf("%s row %d column %s: %s from the rollup, %s raw", q.Name, i, got.names[j], a, b)
+			}
+		}
 	}
 }

@@ -24,13 +24,13 @@ import (
 // analyzer's window statistics do (sink.WindowCounts), so a redelivered or
 // relabeled row never counts twice.
 
-// QPassRateHourly is the pass rate per agent version of one environment per
+// rawPassRateHourly (before the rollup) is the pass rate per agent version of one environment per
 // hour, from the rollout_counts aggregate (exact distinct rollout ids).
 // With toStartOfDay in place of toStartOfHour it is the daily pass rate
 // (the dashboard's bucket=day; see QueryDashboard).
 //
 // Binds: environment, since (Unix seconds).
-const QPassRateHourly = `SELECT agent_version, toStartOfHour(bucket) AS time_bucket,
+const rawPassRateHourly = `SELECT agent_version, toStartOfHour(bucket) AS time_bucket,
 	uniqExactMerge(rollouts) AS rollouts,
 	uniqExactIfMerge(successes) AS successes
 FROM rollout_counts
@@ -38,11 +38,11 @@ WHERE environment = ? AND bucket >= toDateTime(?)
 GROUP BY agent_version, time_bucket
 ORDER BY agent_version, time_bucket`
 
-// QPassRateWeekly is the pass rate per agent version of one environment per
+// rawPassRateWeekly (before the rollup) is the pass rate per agent version of one environment per
 // week (weeks start on Monday, in the server's time zone).
 //
 // Binds: environment, since (Unix seconds).
-const QPassRateWeekly = `SELECT toMonday(bucket) AS week, agent_version,
+const rawPassRateWeekly = `SELECT toMonday(bucket) AS week, agent_version,
 	uniqExactMerge(rollouts) AS rollouts,
 	uniqExactIfMerge(successes) AS successes
 FROM rollout_counts
@@ -50,13 +50,13 @@ WHERE environment = ? AND bucket >= toDateTime(?)
 GROUP BY week, agent_version
 ORDER BY week, agent_version`
 
-// QCapabilityHourly is Cov and Δ per capability per hour of one cohort: the
+// rawCapabilityHourly (before the rollup) is Cov and Δ per capability per hour of one cohort: the
 // TRACE statistics of each labeling run over the rollouts that ended in the
 // hour, then averaged over the runs. Ratios with a zero denominator are 0.
 // With toStartOfDay in place of toStartOfHour it is per day.
 //
 // Binds: environment, agent_version, dictionary_version, since (Unix seconds).
-const QCapabilityHourly = `SELECT capability, time_bucket,
+const rawCapabilityHourly = `SELECT capability, time_bucket,
 	avg(cov) AS mean_cov,
 	avg(delta) AS mean_delta,
 	count() AS runs,
@@ -86,14 +86,14 @@ FROM (
 GROUP BY capability, time_bucket
 ORDER BY capability, time_bucket`
 
-// QLackingWeekly is, per week, agent version and capability of one
+// rawLackingWeekly (before the rollup) is, per week, agent version and capability of one
 // environment, the mean over runs of Cov (the share of failed rollouts
 // labeled LACKING), of Δ and of the number of failures labeled LACKING: the
 // failure trends. Labels of every dictionary version count; a capability is
 // matched by name.
 //
 // Binds: environment, since (Unix seconds).
-const QLackingWeekly = `SELECT week, agent_version, capability,
+const rawLackingWeekly = `SELECT week, agent_version, capability,
 	avg(cov) AS mean_cov,
 	avg(delta) AS mean_delta,
 	avg(lf) AS lacking_failed,
@@ -121,14 +121,14 @@ FROM (
 GROUP BY week, agent_version, capability
 ORDER BY week, agent_version, mean_cov DESC, capability`
 
-// QLackingWeekOverWeek compares, per capability of one environment and agent
+// rawLackingWeekOverWeek (before the rollup) compares, per capability of one environment and agent
 // version, this week with last week: mean over runs of Cov, Δ and the
 // failures labeled LACKING. "This week" is the week (Monday to Sunday, server
 // time zone) that contains the anchor time; a week without labels gives 0
 // (runs_* tell the two cases apart).
 //
 // Binds: anchor (Unix seconds), environment, agent_version, anchor, anchor, top-N limit.
-const QLackingWeekOverWeek = `SELECT capability,
+const rawLackingWeekOverWeek = `SELECT capability,
 	sumIf(cov, w = 1) / greatest(countIf(w = 1), 1) AS cov_this_week,
 	sumIf(cov, w = 0) / greatest(countIf(w = 0), 1) AS cov_last_week,
 	sumIf(delta, w = 1) / greatest(countIf(w = 1), 1) AS delta_this_week,
@@ -163,9 +163,9 @@ GROUP BY capability
 ORDER BY cov_this_week DESC, lacking_this_week DESC, capability
 LIMIT ?`
 
-// QRolloutCohorts lists every (environment, agent version) with rollouts and
+// rawRolloutCohorts (before the rollup) lists every (environment, agent version) with rollouts and
 // its totals.
-const QRolloutCohorts = `SELECT environment, agent_version,
+const rawRolloutCohorts = `SELECT environment, agent_version,
 	uniqExactMerge(rollouts) AS rollouts,
 	uniqExactIfMerge(successes) AS successes,
 	max(bucket) AS last_bucket
@@ -173,9 +173,9 @@ FROM rollout_counts
 GROUP BY environment, agent_version
 ORDER BY environment, agent_version`
 
-// QLabelCohorts lists every labeled cohort (environment, agent version,
+// rawLabelCohorts (before the rollup) lists every labeled cohort (environment, agent version,
 // dictionary version) with its labeled rollouts, capabilities and runs.
-const QLabelCohorts = `SELECT environment, agent_version, dictionary_version,
+const rawLabelCohorts = `SELECT environment, agent_version, dictionary_version,
 	uniqExactMerge(rollouts) AS labeled_rollouts,
 	uniqExact(capability) AS capabilities,
 	toUInt64(max(run) + 1) AS runs,
@@ -205,10 +205,10 @@ HAVING lacking_runs > 0
 ORDER BY lacking_runs DESC, rollout_id
 LIMIT ?`
 
-// QRollouts reads stored rollouts by id (the latest ingested version of each).
+// rawRollouts (before the rollup) reads stored rollouts by id (the latest ingested version of each).
 //
 // Binds: environment, agent_version, array of rollout ids.
-const QRollouts = `SELECT rollout_id,
+const rawRollouts = `SELECT rollout_id,
 	argMax(task_id, ingest_ns) AS task_id,
 	argMax(success, ingest_ns) AS success,
 	argMax(reward, ingest_ns) AS reward,
@@ -217,6 +217,303 @@ const QRollouts = `SELECT rollout_id,
 	argMax(grader, ingest_ns) AS grader
 FROM rollouts
 WHERE environment = ? AND agent_version = ? AND has(?, rollout_id)
+GROUP BY rollout_id`
+
+// The rollup-backed statements. Each reads the hours the rollup has fresh
+// from label_hourly / labeled_hourly / rollout_hourly and every other hour
+// (the open one, late or relabeled data, hours not rolled up yet, a partial
+// first hour) raw, from labels_by_time or rollout_counts, pruned by their
+// time-sorted keys; staleLabelHours / staleRolloutHours (sink/rollup.go) say
+// which is which. The result is the raw computation's (raw* below, the
+// statements before the rollup, which TestRollupExact and `trace bench
+// query` compare them with). Filters on ts use toStartOfHour(ts), which
+// the daily variant leaves alone; only the buckets become days.
+
+// hourSet is the IN set of stale hours (environment, agent_version, hour)
+// or of fresh hours (…, run_ns to read) of a kind (sink/rollup.go), as a
+// parenthesised subquery. filter narrows both small tables it reads to the
+// statement's environment and range (a superset: it is only there to keep
+// the sets small); its binds come twice.
+func hourSet(fresh bool, kind int, filter string) string {
+	k := fmt.Sprint(kind)
+	if fresh {
+		return `(SELECT environment, agent_version, hour, max(run_ns) FROM rollup_hours
+		WHERE kind = ` + k + filter + ` AND (environment, agent_version, hour, version) IN (
+			SELECT environment, agent_version, hour, maxMerge(last_ingest) FROM rollup_changes WHERE kind = ` + k + filter + `
+			GROUP BY environment, agent_version, hour)
+		GROUP BY environment, agent_version, hour)`
+	}
+	return `(SELECT environment, agent_version, hour FROM (
+			SELECT environment, agent_version, hour, maxMerge(last_ingest) AS v FROM rollup_changes
+			WHERE kind = ` + k + filter + ` GROUP BY environment, agent_version, hour)
+		WHERE (environment, agent_version, hour, v) NOT IN (
+			SELECT environment, agent_version, hour, version FROM rollup_hours WHERE kind = ` + k + filter + `))`
+}
+
+// The filters of hourSet: an environment and the hours from the one that
+// contains since on (binds: environment, since), or from a week's Monday.
+const (
+	sinceFilter = ` AND environment = ? AND hour + 3600 > toDateTime(?)`
+	weekFilter  = ` AND environment = ? AND hour >= toDateTime(toMonday(toDateTime(?)) - 7)`
+)
+
+var (
+	staleLabelsIn      = hourSet(false, rollupLabels, "")
+	staleRolloutsIn    = hourSet(false, rollupRollouts, "")
+	freshLabelsIn      = hourSet(true, rollupLabels, "")
+	freshRolloutsIn    = hourSet(true, rollupRollouts, "")
+	staleLabelsSince   = hourSet(false, rollupLabels, sinceFilter)
+	staleRolloutsSince = hourSet(false, rollupRollouts, sinceFilter)
+	freshLabelsSince   = hourSet(true, rollupLabels, sinceFilter)
+	freshRolloutsSince = hourSet(true, rollupRollouts, sinceFilter)
+	staleLabelsWeek    = hourSet(false, rollupLabels, weekFilter)
+	freshLabelsWeek    = hourSet(true, rollupLabels, weekFilter)
+)
+
+// QPassRateHourly is the pass rate per agent version of one environment per
+// hour: exact distinct rollout ids, from the rollup's closed hours and the
+// rollout_counts aggregate for the rest. With toStartOfDay in place of
+// toStartOfHour it is the daily pass rate (the dashboard's bucket=day; see
+// QueryDashboard).
+//
+// Binds: environment, since (Unix seconds).
+var QPassRateHourly = `SELECT agent_version, time_bucket, sum(r) AS rollouts, sum(s) AS successes
+FROM (
+	SELECT agent_version, toStartOfHour(hour) AS time_bucket, rollouts AS r, successes AS s
+	FROM rollout_hourly
+	WHERE environment = ? AND hour >= toDateTime(?) AND (environment, agent_version, hour, version) IN ` + freshRolloutsSince + `
+	UNION ALL
+	SELECT agent_version, toStartOfHour(bucket) AS time_bucket, uniqExactMerge(rollouts) AS r, uniqExactIfMerge(successes) AS s
+	FROM rollout_counts
+	WHERE environment = ? AND bucket >= toDateTime(?) AND (environment, agent_version, bucket) IN ` + staleRolloutsSince + `
+	GROUP BY agent_version, time_bucket
+)
+GROUP BY agent_version, time_bucket
+ORDER BY agent_version, time_bucket`
+
+// QPassRateWeekly is the pass rate per agent version of one environment per
+// week (weeks start on Monday, in the server's time zone).
+//
+// Binds: environment, since (Unix seconds).
+var QPassRateWeekly = `SELECT week, agent_version, sum(r) AS rollouts, sum(s) AS successes
+FROM (
+	SELECT toMonday(hour) AS week, agent_version, rollouts AS r, successes AS s
+	FROM rollout_hourly
+	WHERE environment = ? AND hour >= toDateTime(?) AND (environment, agent_version, hour, version) IN ` + freshRolloutsSince + `
+	UNION ALL
+	SELECT toMonday(bucket) AS week, agent_version, uniqExactMerge(rollouts) AS r, uniqExactIfMerge(successes) AS s
+	FROM rollout_counts
+	WHERE environment = ? AND bucket >= toDateTime(?) AND (environment, agent_version, bucket) IN ` + staleRolloutsSince + `
+	GROUP BY week, agent_version
+)
+GROUP BY week, agent_version
+ORDER BY week, agent_version`
+
+// labelSums is the per-(…, run, bucket) counts of the union of the rollup
+// part and the raw part, with each run's Cov and Δ.
+const labelStats = `if(failed = 0, 0., lf / failed) AS cov,
+		if(lf + pf = 0, 0., lf / (lf + pf)) - if(lp + pp = 0, 0., lp / (lp + pp)) AS delta`
+
+const labelRollupCols = `lf AS c_lf, pf AS c_pf, lf + pf + nf AS c_failed, lp AS c_lp, pp AS c_pp, lp + pp + np AS c_passed`
+
+const labelRawCols = `countIf(ok = 0 AND l = 'LACKING') AS c_lf, countIf(ok = 0 AND l = 'PRESENT') AS c_pf, countIf(ok = 0) AS c_failed,
+		countIf(ok = 1 AND l = 'LACKING') AS c_lp, countIf(ok = 1 AND l = 'PRESENT') AS c_pp, countIf(ok = 1) AS c_passed`
+
+const labelSumCols = `sum(c_lf) AS lf, sum(c_pf) AS pf, sum(c_failed) AS failed, sum(c_lp) AS lp, sum(c_pp) AS pp, sum(c_passed) AS passed`
+
+// QCapabilityHourly is Cov and Δ per capability per hour of one cohort: the
+// TRACE statistics of each labeling run over the rollouts that ended in the
+// hour, then averaged over the runs. Ratios with a zero denominator are 0.
+// With toStartOfDay in place of toStartOfHour it is per day.
+//
+// Binds: environment, agent_version, dictionary_version, since (Unix seconds).
+var QCapabilityHourly = `SELECT capability, time_bucket,
+	avg(cov) AS mean_cov,
+	avg(delta) AS mean_delta,
+	count() AS runs,
+	max(failed) AS failed,
+	max(passed) AS passed
+FROM (
+	SELECT capability, run, time_bucket, failed, passed,
+		` + labelStats + `
+	FROM (
+		SELECT capability, run, time_bucket, ` + labelSumCols + `
+		FROM (
+			SELECT capability, run, toStartOfHour(hour) AS time_bucket, ` + labelRollupCols + `
+			FROM label_hourly
+			WHERE environment = ? AND agent_version = ? AND dicts = 0 AND dictionary_version = ? AND hour >= toDateTime(?)
+				AND (environment, agent_version, hour, version) IN ` + freshLabelsSince + `
+			UNION ALL
+			SELECT capability, run, toStartOfHour(t) AS time_bucket, ` + labelRawCols + `
+			FROM (
+				SELECT capability, run, rollout_id,
+					argMax(label, ingest_ns) AS l,
+					argMax(success, ingest_ns) AS ok,
+					argMax(ts, ingest_ns) AS t
+				FROM labels_by_time
+				WHERE environment = ? AND agent_version = ? AND dictionary_version = ? AND ts >= toDateTime(?)
+					AND (toStartOfHour(ts) < toDateTime(?) OR (environment, agent_version, toStartOfHour(ts)) IN ` + staleLabelsSince + `)
+				GROUP BY capability, run, rollout_id
+			)
+			GROUP BY capability, run, time_bucket
+		)
+		GROUP BY capability, run, time_bucket
+	)
+)
+GROUP BY capability, time_bucket
+ORDER BY capability, time_bucket`
+
+// QLackingWeekly is, per week, agent version and capability of one
+// environment, the mean over runs of Cov (the share of failed rollouts
+// labeled LACKING), of Δ and of the number of failures labeled LACKING: the
+// failure trends. Labels of every dictionary version count (one label per
+// agent version, capability, run and rollout: the rollup's dicts = 1 rows);
+// a capability is matched by name.
+//
+// Binds: environment, since (Unix seconds).
+var QLackingWeekly = `SELECT week, agent_version, capability,
+	avg(cov) AS mean_cov,
+	avg(delta) AS mean_delta,
+	avg(lf) AS lacking_failed,
+	max(failed) AS failed
+FROM (
+	SELECT week, agent_version, capability, run, lf, failed,
+		` + labelStats + `
+	FROM (
+		SELECT week, agent_version, capability, run, ` + labelSumCols + `
+		FROM (
+			SELECT toMonday(hour) AS week, agent_version, capability, run, ` + labelRollupCols + `
+			FROM label_hourly
+			WHERE environment = ? AND dicts = 1 AND hour >= toDateTime(?)
+				AND (environment, agent_version, hour, version) IN ` + freshLabelsSince + `
+			UNION ALL
+			SELECT toMonday(t) AS week, agent_version, capability, run, ` + labelRawCols + `
+			FROM (
+				SELECT agent_version, capability, run, rollout_id,
+					argMax(label, ingest_ns) AS l,
+					argMax(success, ingest_ns) AS ok,
+					argMax(ts, ingest_ns) AS t
+				FROM labels_by_time
+				WHERE environment = ? AND ts >= toDateTime(?)
+					AND (toStartOfHour(ts) < toDateTime(?) OR (environment, agent_version, toStartOfHour(ts)) IN ` + staleLabelsSince + `)
+				GROUP BY agent_version, capability, run, rollout_id
+			)
+			GROUP BY week, agent_version, capability, run
+		)
+		GROUP BY week, agent_version, capability, run
+	)
+)
+GROUP BY week, agent_version, capability
+ORDER BY week, agent_version, mean_cov DESC, capability`
+
+// QLackingWeekOverWeek compares, per capability of one environment and agent
+// version, this week with last week: mean over runs of Cov, Δ and the
+// failures labeled LACKING. "This week" is the week (Monday to Sunday, server
+// time zone) that contains the anchor time; a week without labels gives 0
+// (runs_* tell the two cases apart).
+//
+// Binds: anchor (Unix seconds), environment, agent_version, anchor, anchor, top-N limit.
+var QLackingWeekOverWeek = `SELECT capability,
+	sumIf(cov, w = 1) / greatest(countIf(w = 1), 1) AS cov_this_week,
+	sumIf(cov, w = 0) / greatest(countIf(w = 0), 1) AS cov_last_week,
+	sumIf(delta, w = 1) / greatest(countIf(w = 1), 1) AS delta_this_week,
+	sumIf(delta, w = 0) / greatest(countIf(w = 0), 1) AS delta_last_week,
+	sumIf(lf, w = 1) / greatest(countIf(w = 1), 1) AS lacking_this_week,
+	sumIf(lf, w = 0) / greatest(countIf(w = 0), 1) AS lacking_last_week,
+	countIf(w = 1) AS runs_this_week,
+	countIf(w = 0) AS runs_last_week
+FROM (
+	SELECT capability, run, w, lf,
+		` + labelStats + `
+	FROM (
+		SELECT capability, run, w, ` + labelSumCols + `
+		FROM (
+			SELECT capability, run, toMonday(hour) = toMonday(toDateTime(?)) AS w, ` + labelRollupCols + `
+			FROM label_hourly
+			WHERE environment = ? AND agent_version = ? AND dicts = 1
+				AND hour >= toDateTime(toMonday(toDateTime(?)) - 7) AND hour < toDateTime(toMonday(toDateTime(?)) + 7)
+				AND (environment, agent_version, hour, version) IN ` + freshLabelsWeek + `
+			UNION ALL
+			SELECT capability, run, toMonday(t) = toMonday(toDateTime(?)) AS w, ` + labelRawCols + `
+			FROM (
+				SELECT capability, run, rollout_id,
+					argMax(label, ingest_ns) AS l,
+					argMax(success, ingest_ns) AS ok,
+					argMax(ts, ingest_ns) AS t
+				FROM labels_by_time
+				WHERE environment = ? AND agent_version = ?
+					AND ts >= toDateTime(toMonday(toDateTime(?)) - 7)
+					AND ts < toDateTime(toMonday(toDateTime(?)) + 7)
+					AND (environment, agent_version, toStartOfHour(ts)) IN ` + staleLabelsWeek + `
+				GROUP BY capability, run, rollout_id
+			)
+			GROUP BY capability, run, w
+		)
+		GROUP BY capability, run, w
+	)
+)
+GROUP BY capability
+ORDER BY cov_this_week DESC, lacking_this_week DESC, capability
+LIMIT ?`
+
+// QRolloutCohorts lists every (environment, agent version) with rollouts and
+// its totals: the rollup's fresh hours and rollout_counts for the others.
+var QRolloutCohorts = `SELECT environment, agent_version, sum(r) AS rollouts, sum(s) AS successes, max(b) AS last_bucket
+FROM (
+	SELECT environment, agent_version, rollouts AS r, successes AS s, hour AS b
+	FROM rollout_hourly
+	WHERE (environment, agent_version, hour, version) IN ` + freshRolloutsIn + `
+	UNION ALL
+	SELECT environment, agent_version, uniqExactMerge(rollouts) AS r, uniqExactIfMerge(successes) AS s, max(bucket) AS b
+	FROM rollout_counts
+	WHERE (environment, agent_version, bucket) IN ` + staleRolloutsIn + `
+	GROUP BY environment, agent_version
+)
+GROUP BY environment, agent_version
+ORDER BY environment, agent_version`
+
+// QLabelCohorts lists every labeled cohort (environment, agent version,
+// dictionary version) with its labeled rollouts, capabilities and runs: the
+// capabilities, runs and newest hour from the small label_capabilities
+// table, the labeled rollouts from the rollup's fresh hours and the raw rows
+// of the others.
+var QLabelCohorts = `SELECT environment, agent_version, dictionary_version,
+	sum(n) AS labeled_rollouts,
+	sum(caps) AS capabilities,
+	toUInt64(max(mr) + 1) AS runs,
+	max(lb) AS last_bucket
+FROM (
+	SELECT environment, agent_version, dictionary_version, toUInt64(0) AS n, toUInt64(1) AS caps,
+		maxMerge(max_run) AS mr, toStartOfHour(maxMerge(last_ts)) AS lb
+	FROM label_capabilities
+	GROUP BY environment, agent_version, dictionary_version, capability
+	UNION ALL
+	SELECT environment, agent_version, dictionary_version, rollouts AS n, toUInt64(0) AS caps, toUInt16(0) AS mr, toDateTime(0) AS lb
+	FROM labeled_hourly
+	WHERE (environment, agent_version, hour, version) IN ` + freshLabelsIn + `
+	UNION ALL
+	SELECT environment, agent_version, dictionary_version, uniqExact(rollout_id) AS n, toUInt64(0) AS caps, toUInt16(0) AS mr, toDateTime(0) AS lb
+	FROM labels_by_time
+	WHERE (environment, agent_version, toStartOfHour(ts)) IN ` + staleLabelsIn + `
+	GROUP BY environment, agent_version, dictionary_version, toStartOfHour(ts)
+)
+GROUP BY environment, agent_version, dictionary_version
+ORDER BY environment, agent_version, dictionary_version`
+
+// QRollouts reads stored rollouts by id (the latest ingested version of each).
+// The ids are a set the sort key (environment, agent_version, rollout_id)
+// serves.
+//
+// Binds: environment, agent_version, array of rollout ids.
+var QRollouts = `SELECT rollout_id,
+	argMax(task_id, ingest_ns) AS task_id,
+	argMax(success, ingest_ns) AS success,
+	argMax(reward, ingest_ns) AS reward,
+	argMax(end_time, ingest_ns) AS end_time,
+	argMax(messages, ingest_ns) AS messages,
+	argMax(grader, ingest_ns) AS grader
+FROM rollouts
+WHERE environment = ? AND agent_version = ? AND rollout_id IN (SELECT arrayJoin(?))
 GROUP BY rollout_id`
 
 // QTriggerEvents lists trigger transitions in time order. An empty filter
@@ -252,40 +549,92 @@ GROUP BY capability`
 // Binds: anchor (Unix seconds) ×2, days back.
 const QWeekBounds = `SELECT toMonday(toDateTime(?)), toDateTime(toMonday(toDateTime(?)) - ?)`
 
-// dailySQL turns an hourly statement into its daily variant.
-func dailySQL(q string) string { return strings.ReplaceAll(q, "toStartOfHour(", "toStartOfDay(") }
+// dailySQL turns an hourly statement into its daily variant: its
+// toStartOfHour buckets become toStartOfDay ones; the filters on
+// toStartOfHour(ts) (which hours are read raw) stay hourly.
+func dailySQL(q string) string {
+	const keep = "\x00ts-hour\x00"
+	q = strings.ReplaceAll(q, "toStartOfHour(ts)", keep)
+	q = strings.ReplaceAll(q, "toStartOfHour(", "toStartOfDay(")
+	return strings.ReplaceAll(q, keep, "toStartOfHour(ts)")
+}
 
 // dashboardSQL is the set of statements QueryDashboard runs.
-var dashboardSQL = func() map[string]bool {
-	m := map[string]bool{}
-	for _, q := range DashboardQueries {
-		m[q.SQL] = true
+var dashboardSQL = func() map[string]*DashboardQuery {
+	m := map[string]*DashboardQuery{}
+	for i := range DashboardQueries {
+		m[DashboardQueries[i].SQL] = &DashboardQueries[i]
 	}
 	return m
 }()
+
+// args is the caller's binds in the order of q's `?` (see DashboardQuery.Args).
+func (q *DashboardQuery) args(caller []any) ([]any, error) {
+	if q.Args == nil {
+		return caller, nil
+	}
+	out := make([]any, len(q.Args))
+	for i, a := range q.Args {
+		if a >= len(caller) {
+			return nil, fmt.Errorf("sink: %s takes %d binds, got %d", q.Name, len(q.Binds), len(caller))
+		}
+		out[i] = caller[a]
+	}
+	return out, nil
+}
 
 // QueryDashboard runs q, one of the dashboard statements of this file (the
 // Q* constants), with its binds; daily turns its toStartOfHour buckets
 // into toStartOfDay ones. Any other SQL is refused: the dashboard reads
 // through this method, and every statement trace runs lives in package sink.
-// The caller closes the rows.
+// The query runs under the dashboard's limits (DashboardLimits). The caller
+// closes the rows.
 func (s *Store) QueryDashboard(ctx context.Context, q string, daily bool, args ...any) (driver.Rows, error) {
-	if !dashboardSQL[q] {
+	dq := dashboardSQL[q]
+	if dq == nil {
 		return nil, fmt.Errorf("sink: not a dashboard statement: %.60q", q)
+	}
+	args, err := dq.args(args)
+	if err != nil {
+		return nil, err
 	}
 	if daily {
 		q = dailySQL(q)
 	}
-	return s.conn.Query(ctx, q, args...)
+	return s.conn.Query(s.dashboardCtx(ctx), q, args...)
+}
+
+// QueryDashboardRaw runs the statement q stood for before the rollup (its
+// Raw SQL, reading only raw rows and the insert-time aggregates) with the
+// same binds: the comparison of `trace bench query` and of the exactness
+// tests. A statement without a rollup runs as itself.
+func (s *Store) QueryDashboardRaw(ctx context.Context, q string, daily bool, args ...any) (driver.Rows, error) {
+	dq := dashboardSQL[q]
+	if dq == nil {
+		return nil, fmt.Errorf("sink: not a dashboard statement: %.60q", q)
+	}
+	if dq.Raw == "" {
+		return s.QueryDashboard(ctx, q, daily, args...)
+	}
+	raw := dq.Raw
+	if daily {
+		raw = dailySQL(raw)
+	}
+	return s.conn.Query(s.dashboardCtx(ctx), raw, args...)
 }
 
 // QueryDashboardRow is QueryDashboard for a statement of one row (the
 // hourly variant).
 func (s *Store) QueryDashboardRow(ctx context.Context, q string, args ...any) driver.Row {
-	if !dashboardSQL[q] {
+	dq := dashboardSQL[q]
+	if dq == nil {
 		return errRow{fmt.Errorf("sink: not a dashboard statement: %.60q", q)}
 	}
-	return s.conn.QueryRow(ctx, q, args...)
+	args, err := dq.args(args)
+	if err != nil {
+		return errRow{err}
+	}
+	return s.conn.QueryRow(s.dashboardCtx(ctx), q, args...)
 }
 
 // errRow is a driver.Row that only fails.
@@ -304,6 +653,14 @@ type DashboardQuery struct {
 	Binds   []DashboardBind
 	// More: listed under "Other statements of the dashboard".
 	More bool
+	// Args, when set, maps each `?` of SQL, in order, to the index of the
+	// caller's bind it takes (a statement that reads the rollup and the raw
+	// rows uses some binds twice); nil means the binds in order.
+	Args []int
+	// Raw is the statement before the rollup (raw rows and the insert-time
+	// aggregates only), taking the caller's binds in order: what `trace
+	// bench query` and the exactness tests compare with.
+	Raw string
 }
 
 // DashboardBind documents one `?` of a query, in order, with the literal used in the
@@ -319,32 +676,32 @@ var DashboardQueries = []DashboardQuery{
 	{
 		Name: "QPassRateHourly", Title: "Pass rate over time per agent version (hourly)",
 		Purpose: "The overview's pass-rate chart: rollouts and successes per hour and agent version of one environment.",
-		SQL:     QPassRateHourly,
-		Binds:   []DashboardBind{{"environment", "'airline'"}, {"since (Unix seconds)", "toUInt32(now() - INTERVAL 7 DAY)"}},
+		SQL:     QPassRateHourly, Raw: rawPassRateHourly, Args: []int{0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1},
+		Binds: []DashboardBind{{"environment", "'airline'"}, {"since (Unix seconds)", "toUInt32(now() - INTERVAL 7 DAY)"}},
 	},
 	{
 		Name: "QPassRateWeekly", Title: "Pass rate over time per agent version (weekly)",
 		Purpose: "The trends page's pass-rate chart: rollouts and successes per week and agent version.",
-		SQL:     QPassRateWeekly,
-		Binds:   []DashboardBind{{"environment", "'airline'"}, {"since (Unix seconds)", "toUInt32(toDateTime(toMonday(today()) - 7 * 7))"}},
+		SQL:     QPassRateWeekly, Raw: rawPassRateWeekly, Args: []int{0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1},
+		Binds: []DashboardBind{{"environment", "'airline'"}, {"since (Unix seconds)", "toUInt32(toDateTime(toMonday(today()) - 7 * 7))"}},
 	},
 	{
 		Name: "QCapabilityHourly", Title: "Cov and Δ over time per capability (hourly)",
 		Purpose: "The overview's Cov and Δ charts: per hour, each run's Cov = L−/|failed| and Δ = ER− − ER+, averaged over runs.",
-		SQL:     QCapabilityHourly,
+		SQL:     QCapabilityHourly, Raw: rawCapabilityHourly, Args: []int{0, 1, 2, 3, 0, 3, 0, 3, 0, 1, 2, 3, 3, 0, 3, 0, 3},
 		Binds: []DashboardBind{{"environment", "'airline'"}, {"agent_version", "'v2'"}, {"dictionary_version", "1"},
 			{"since (Unix seconds)", "toUInt32(now() - INTERVAL 7 DAY)"}},
 	},
 	{
 		Name: "QLackingWeekly", Title: "LACKING capabilities per week and agent version",
 		Purpose: "The trends page's weekly table: mean Cov, Δ and LACKING failures per week, agent version and capability, highest Cov first.",
-		SQL:     QLackingWeekly,
-		Binds:   []DashboardBind{{"environment", "'airline'"}, {"since (Unix seconds)", "toUInt32(toDateTime(toMonday(today()) - 7 * 7))"}},
+		SQL:     QLackingWeekly, Raw: rawLackingWeekly, Args: []int{0, 1, 0, 1, 0, 1, 0, 1, 1, 0, 1, 0, 1},
+		Binds: []DashboardBind{{"environment", "'airline'"}, {"since (Unix seconds)", "toUInt32(toDateTime(toMonday(today()) - 7 * 7))"}},
 	},
 	{
 		Name: "QLackingWeekOverWeek", Title: "Top LACKING capabilities this week vs last week",
 		Purpose: "The trends page's comparison: per capability of one agent version, Cov, Δ and LACKING failures this week and last week.",
-		SQL:     QLackingWeekOverWeek,
+		SQL:     QLackingWeekOverWeek, Raw: rawLackingWeekOverWeek, Args: []int{0, 1, 2, 3, 4, 1, 0, 1, 0, 0, 1, 2, 3, 4, 1, 0, 1, 0, 5},
 		Binds: []DashboardBind{{"anchor: a time in \"this week\" (Unix seconds)", "toUInt32(now())"}, {"environment", "'airline'"},
 			{"agent_version", "'v2'"}, {"anchor", "toUInt32(now())"}, {"anchor", "toUInt32(now())"}, {"top N", "10"}},
 	},
@@ -365,12 +722,12 @@ var DashboardQueries = []DashboardQuery{
 	{
 		Name: "QRolloutCohorts", Title: "Environments and agent versions with rollouts", More: true,
 		Purpose: "The overview's cohort list: rollouts, successes and the latest hour per (environment, agent version).",
-		SQL:     QRolloutCohorts,
+		SQL:     QRolloutCohorts, Raw: rawRolloutCohorts,
 	},
 	{
 		Name: "QLabelCohorts", Title: "Labeled cohorts", More: true,
 		Purpose: "The overview's cohort list: labeled rollouts, capabilities and runs per (environment, agent version, dictionary version).",
-		SQL:     QLabelCohorts,
+		SQL:     QLabelCohorts, Raw: rawLabelCohorts,
 	},
 	{
 		Name: "QLatestTriggers", Title: "Latest trigger transition per capability", More: true,
@@ -381,8 +738,8 @@ var DashboardQueries = []DashboardQuery{
 	{
 		Name: "QRollouts", Title: "Stored rollouts by id", More: true,
 		Purpose: "The capability page's conversations (compacted messages) and grader output.",
-		SQL:     QRollouts,
-		Binds:   []DashboardBind{{"environment", "'airline'"}, {"agent_version", "'v2'"}, {"rollout ids (array)", "['airline:v2:001', 'airline:v2:002']"}},
+		SQL:     QRollouts, Raw: rawRollouts,
+		Binds: []DashboardBind{{"environment", "'airline'"}, {"agent_version", "'v2'"}, {"rollout ids (array)", "['airline:v2:001', 'airline:v2:002']"}},
 	},
 	{
 		Name: "QWeekBounds", Title: "Week boundaries", More: true,
@@ -420,6 +777,16 @@ func (q DashboardQuery) Example() (string, error) {
 	lits := make([]string, len(q.Binds))
 	for i, b := range q.Binds {
 		lits[i] = b.Example
+	}
+	if q.Args != nil {
+		exp := make([]string, len(q.Args))
+		for i, a := range q.Args {
+			if a >= len(lits) {
+				return "", fmt.Errorf("%s: bind %d of %d documented", q.Name, a+1, len(lits))
+			}
+			exp[i] = lits[a]
+		}
+		lits = exp
 	}
 	return InlineBinds(q.SQL, lits...)
 }

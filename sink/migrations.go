@@ -398,6 +398,130 @@ PARTITION BY toYYYYMM(ts)
 ORDER BY (environment, ts, request_id)` + d.TTL("ts"),
 		}
 	}},
+	{12, "labels_by_time", func(d Dialect) []string {
+		// capability_labels again, sorted by time within each cohort: the
+		// evaluator's windows and the raw part of the dashboard's reads
+		// (open and late hours) select a time range of a cohort, which
+		// capability_labels' sort key (…, capability, run, rollout_id)
+		// cannot prune. Kept by a materialized view; the existing labels
+		// are copied once (a row copied twice, by two replicas migrating at
+		// once, is collapsed: same sorting key and ingest_ns).
+		cols := "environment, agent_version, dictionary_version, capability, run, rollout_id, label, success, ts, ingest_ns"
+		return []string{`CREATE TABLE IF NOT EXISTS labels_by_time (
+	environment ` + d.LC() + `,
+	agent_version ` + d.LC() + `,
+	dictionary_version UInt32,
+	capability ` + d.LC() + `,
+	run UInt16,
+	rollout_id String,
+	label ` + labelEnum + `,
+	success UInt8,
+	ts DateTime,
+	ingest_ns UInt64
+) ENGINE = ReplacingMergeTree(ingest_ns)
+PARTITION BY toYYYYMM(ts)
+ORDER BY (environment, agent_version, dictionary_version, ts, capability, run, rollout_id)` + d.TTL("ts"),
+			`CREATE MATERIALIZED VIEW IF NOT EXISTS labels_by_time_mv TO labels_by_time AS
+SELECT ` + cols + ` FROM capability_labels`,
+			`INSERT INTO labels_by_time (` + cols + `) SELECT ` + cols + ` FROM capability_labels`,
+		}
+	}},
+	{13, "rollups", func(d Dialect) []string {
+		// The exact hourly rollup (docs/ARCHITECTURE.md, "Analytics at
+		// scale"). rollup_changes: per (kind, environment, agent version,
+		// hour) the newest ingest_ns written (kind 1 = labels, 2 =
+		// rollouts), kept at insert time. rollup_hours: the ingest_ns each
+		// rolled-up hour was computed through (version) and the computation
+		// that did it (run_ns, the version of its rollup rows); an hour whose
+		// newest change is not a recorded version is stale and read raw. label_hourly, labeled_hourly,
+		// rollout_hourly: the counts of closed hours, computed from the raw
+		// rows with one label per identity (the newest version wins).
+		return []string{`CREATE TABLE IF NOT EXISTS rollup_changes (
+	kind UInt8,
+	environment ` + d.LC() + `,
+	agent_version ` + d.LC() + `,
+	hour DateTime,
+	last_ingest AggregateFunction(max, UInt64)
+) ENGINE = AggregatingMergeTree()
+ORDER BY (kind, environment, agent_version, hour)`,
+			`CREATE MATERIALIZED VIEW IF NOT EXISTS rollup_changes_labels_mv TO rollup_changes AS
+SELECT toUInt8(1) AS kind, environment, agent_version, toStartOfHour(ts) AS hour, maxState(ingest_ns) AS last_ingest
+FROM capability_labels GROUP BY environment, agent_version, hour`,
+			`CREATE MATERIALIZED VIEW IF NOT EXISTS rollup_changes_rollouts_mv TO rollup_changes AS
+SELECT toUInt8(2) AS kind, environment, agent_version, toStartOfHour(end_time) AS hour, maxState(ingest_ns) AS last_ingest
+FROM rollouts GROUP BY environment, agent_version, hour`,
+			`INSERT INTO rollup_changes (kind, environment, agent_version, hour, last_ingest)
+SELECT toUInt8(1), environment, agent_version, toStartOfHour(ts) AS hour, maxState(ingest_ns)
+FROM capability_labels GROUP BY environment, agent_version, hour`,
+			`INSERT INTO rollup_changes (kind, environment, agent_version, hour, last_ingest)
+SELECT toUInt8(2), environment, agent_version, toStartOfHour(end_time) AS hour, maxState(ingest_ns)
+FROM rollouts GROUP BY environment, agent_version, hour`,
+			`CREATE TABLE IF NOT EXISTS rollup_hours (
+	kind UInt8,
+	environment ` + d.LC() + `,
+	agent_version ` + d.LC() + `,
+	hour DateTime,
+	version UInt64,
+	run_ns UInt64,
+	rolled_at DateTime
+) ENGINE = ReplacingMergeTree(version)
+ORDER BY (kind, environment, agent_version, hour)`,
+			`CREATE TABLE IF NOT EXISTS label_hourly (
+	environment ` + d.LC() + `,
+	agent_version ` + d.LC() + `,
+	dicts UInt8,
+	dictionary_version UInt32,
+	capability ` + d.LC() + `,
+	run UInt16,
+	hour DateTime,
+	lf UInt64, pf UInt64, nf UInt64,
+	lp UInt64, pp UInt64, np UInt64,
+	version UInt64
+) ENGINE = ReplacingMergeTree(version)
+PARTITION BY toYYYYMM(hour)
+ORDER BY (environment, agent_version, dicts, dictionary_version, hour, capability, run)`,
+			`CREATE TABLE IF NOT EXISTS labeled_hourly (
+	environment ` + d.LC() + `,
+	agent_version ` + d.LC() + `,
+	dictionary_version UInt32,
+	hour DateTime,
+	rollouts UInt64,
+	version UInt64
+) ENGINE = ReplacingMergeTree(version)
+ORDER BY (environment, agent_version, dictionary_version, hour)`,
+			`CREATE TABLE IF NOT EXISTS rollout_hourly (
+	environment ` + d.LC() + `,
+	agent_version ` + d.LC() + `,
+	hour DateTime,
+	rollouts UInt64,
+	successes UInt64,
+	version UInt64
+) ENGINE = ReplacingMergeTree(version)
+ORDER BY (environment, agent_version, hour)`,
+		}
+	}},
+	{14, "label_capabilities", func(d Dialect) []string {
+		// The small table of labeled cohorts and their capabilities: one
+		// row per (cohort, capability) once merged, with the highest run and
+		// the newest label time (a cohort's watermark). The cohort lists and
+		// the evaluator's watermarks read it instead of scanning labels.
+		return []string{`CREATE TABLE IF NOT EXISTS label_capabilities (
+	environment ` + d.LC() + `,
+	agent_version ` + d.LC() + `,
+	dictionary_version UInt32,
+	capability ` + d.LC() + `,
+	max_run AggregateFunction(max, UInt16),
+	last_ts AggregateFunction(max, DateTime)
+) ENGINE = AggregatingMergeTree()
+ORDER BY (environment, agent_version, dictionary_version, capability)`,
+			`CREATE MATERIALIZED VIEW IF NOT EXISTS label_capabilities_mv TO label_capabilities AS
+SELECT environment, agent_version, dictionary_version, capability, maxState(run) AS max_run, maxState(ts) AS last_ts
+FROM capability_labels GROUP BY environment, agent_version, dictionary_version, capability`,
+			`INSERT INTO label_capabilities (environment, agent_version, dictionary_version, capability, max_run, last_ts)
+SELECT environment, agent_version, dictionary_version, capability, maxState(run), maxState(ts)
+FROM capability_labels GROUP BY environment, agent_version, dictionary_version, capability`,
+		}
+	}},
 }
 
 // Migrate applies every migration not yet recorded in schema_migrations, in

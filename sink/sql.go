@@ -23,7 +23,7 @@ func windowCountsSQL(spec MultiSpec) (string, []any) {
 	arraySlice(arraySort(groupArrayIf(rollout_id, ok = 0 AND l = 'LACKING')), 1, %d)
 FROM (
 	SELECT %s, capability, run, rollout_id, argMax(label, ingest_ns) AS l, argMax(success, ingest_ns) AS ok
-	FROM capability_labels
+	FROM labels_by_time
 	WHERE %s
 	GROUP BY %s, capability, run, rollout_id
 )
@@ -39,23 +39,25 @@ func windowInfoSQL(spec MultiSpec) (string, []any) {
 	where, args := spec.where()
 	q := fmt.Sprintf(`SELECT %s, count(), countIf(ok = 0), min(t), max(t) FROM (
 	SELECT %s, rollout_id, argMax(success, ingest_ns) AS ok, max(ts) AS t
-	FROM capability_labels WHERE %s GROUP BY %s, rollout_id)
+	FROM labels_by_time WHERE %s GROUP BY %s, rollout_id)
 GROUP BY %s`, cohortCols, cohortCols, where, cohortCols, cohortCols)
 	return q, args
 }
 
-// cohortsSQL is the query of Cohorts. It reads the hourly label_counts
-// aggregate rather than capability_labels: the evaluator lists every cohort
-// at each tick, whatever its age, and the aggregate is far smaller. since is
+// cohortsSQL is the query of Cohorts. It reads the small label_capabilities
+// table (one row per cohort and capability) rather than the labels: the
+// evaluator lists every cohort at each tick, whatever its age. since is
 // taken to its hour.
 func cohortsSQL(since time.Time) (string, []any) {
-	return `SELECT DISTINCT environment, agent_version, dictionary_version
-	FROM label_counts WHERE bucket >= toStartOfHour(toDateTime(?)) ORDER BY environment, agent_version, dictionary_version`, []any{uint32(max(since.Unix(), 0))}
+	return `SELECT environment, agent_version, dictionary_version
+	FROM label_capabilities GROUP BY environment, agent_version, dictionary_version
+	HAVING maxMerge(last_ts) >= toStartOfHour(toDateTime(?)) ORDER BY environment, agent_version, dictionary_version`, []any{uint32(max(since.Unix(), 0))}
 }
 
 // watermarksSQL is the query of Watermarks: the newest label time (the end
 // time of the newest labeled rollout) per cohort, of the given cohorts or of
-// all.
+// all, from the small label_capabilities table (kept at insert time: the
+// same max(ts) as over the labels).
 func watermarksSQL(cohorts []Cohort) (string, []any) {
 	where := ""
 	var args []any
@@ -67,7 +69,7 @@ func watermarksSQL(cohorts []Cohort) (string, []any) {
 		}
 		where = "\n\tWHERE (" + cohortCols + ") IN (" + strings.Join(tuples, ", ") + ")"
 	}
-	return `SELECT ` + cohortCols + `, max(ts) FROM capability_labels` + where + `
+	return `SELECT ` + cohortCols + `, maxMerge(last_ts) FROM label_capabilities` + where + `
 	GROUP BY ` + cohortCols + ` ORDER BY ` + cohortCols, args
 }
 
@@ -84,7 +86,7 @@ const countDistinctRolloutsSQL = "SELECT uniqExact(rollout_id), count() FROM rol
 func unexplainedFailuresSQL(c Cohort, since time.Time) (string, []any) {
 	return `SELECT countIf(ok = 0), countIf(ok = 0 AND lacking = 0) FROM (
 	SELECT rollout_id, argMax(success, ingest_ns) AS ok, max(label = 'LACKING') AS lacking
-	FROM capability_labels
+	FROM labels_by_time
 	WHERE environment = ? AND agent_version = ? AND dictionary_version = ? AND toUInt32(ts) >= ?
 	GROUP BY rollout_id)`, []any{c.Environment, c.AgentVersion, c.DictionaryVersion, uint32(max(since.Unix(), 0))}
 }
@@ -101,11 +103,12 @@ ORDER BY en DESC, rollout_id LIMIT %d BY ok`, n), []any{env, agentVersion}
 
 // rolloutsByIDSQL is the query of RolloutsByID: the columns of
 // sampleRolloutsSQL for the given ids of a cohort (clickhouse-go binds a
-// []string as an Array literal, hence has() rather than IN).
+// []string as an Array literal, hence IN over its arrayJoin: a set the sort
+// key serves, where has() read the whole cohort).
 func rolloutsByIDSQL(env, agentVersion string, ids []string) (string, []any) {
 	return `SELECT rollout_id, any(task_id), any(agent_name), any(success), any(reward),
 		any(start_time), any(end_time), any(messages), any(grader)
-	FROM rollouts WHERE environment = ? AND agent_version = ? AND has(?, rollout_id)
+	FROM rollouts WHERE environment = ? AND agent_version = ? AND rollout_id IN (SELECT arrayJoin(?))
 	GROUP BY rollout_id ORDER BY rollout_id`, []any{env, agentVersion, ids}
 }
 

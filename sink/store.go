@@ -30,6 +30,12 @@ type Config struct {
 	// address is a loopback one, where compressing only costs CPU on both
 	// ends, else lz4), lz4, zstd or none.
 	Compression string `koanf:"compression"`
+	// Limits of each dashboard / report query (settings sent with the
+	// query, enforced by the server, which cancels the query): the time
+	// (default 10s) and the memory (default 1 GiB), so that analytics
+	// cannot starve ingest. 0 takes the default; -1 turns a limit off.
+	QueryTimeout   time.Duration `koanf:"query_timeout"`
+	QueryMaxMemory int64         `koanf:"query_max_memory"`
 }
 
 // WithDefaults fills unset fields.
@@ -43,8 +49,21 @@ func (c Config) WithDefaults() Config {
 		c.MaxOpenConns = 8
 	}
 	c.Compression = cmp.Or(c.Compression, "auto")
+	if c.QueryTimeout == 0 {
+		c.QueryTimeout = DefaultQueryTimeout
+	}
+	if c.QueryMaxMemory == 0 {
+		c.QueryMaxMemory = DefaultQueryMaxMemory
+	}
 	return c
 }
+
+// The default limits of a dashboard query (Config.QueryTimeout,
+// QueryMaxMemory).
+const (
+	DefaultQueryTimeout   = 10 * time.Second
+	DefaultQueryMaxMemory = 1 << 30
+)
 
 // Validate names the first bad field.
 func (c Config) Validate() error {
@@ -61,6 +80,12 @@ func (c Config) Validate() error {
 	}
 	if c.RetentionDays < 0 {
 		return fmt.Errorf("clickhouse.retention_days: must be >= 0, got %d", c.RetentionDays)
+	}
+	if c.QueryTimeout < 0 && c.QueryTimeout != -1 {
+		return fmt.Errorf("clickhouse.query_timeout: must be > 0, or -1 for none, got %s", c.QueryTimeout)
+	}
+	if c.QueryMaxMemory < -1 {
+		return fmt.Errorf("clickhouse.query_max_memory: must be > 0 bytes, or -1 for none, got %d", c.QueryMaxMemory)
 	}
 	if _, err := compression(c.Compression, c.Addr); err != nil {
 		return err

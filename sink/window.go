@@ -129,13 +129,13 @@ func (spec MultiSpec) where() (string, []any) {
 	where := strings.Join(conds, " AND ")
 	base, baseArgs := where, append([]any(nil), args...)
 	if spec.LastRollouts > 0 {
-		where += fmt.Sprintf(` AND (%s, rollout_id) IN (SELECT %s, rollout_id FROM capability_labels WHERE %s
+		where += fmt.Sprintf(` AND (%s, rollout_id) IN (SELECT %s, rollout_id FROM labels_by_time WHERE %s
 	GROUP BY %s, rollout_id ORDER BY max(ts) DESC, rollout_id DESC LIMIT %d BY %s)`,
 			cohortCols, cohortCols, base, cohortCols, spec.LastRollouts, cohortCols)
 		args = append(args, baseArgs...)
 	}
 	if spec.Runs > 1 {
-		where += fmt.Sprintf(` AND (%s, capability, rollout_id) IN (SELECT %s, capability, rollout_id FROM capability_labels WHERE %s
+		where += fmt.Sprintf(` AND (%s, capability, rollout_id) IN (SELECT %s, capability, rollout_id FROM labels_by_time WHERE %s
 	GROUP BY %s, capability, rollout_id HAVING uniqExact(run) >= %d)`, cohortCols, cohortCols, base, cohortCols, spec.Runs)
 		args = append(args, baseArgs...)
 	}

@@ -24,6 +24,7 @@ func newBenchCmd() *cobra.Command {
 		Short: "Measure trace on this machine",
 	}
 	cmd.AddCommand(newBenchIngestCmd())
+	cmd.AddCommand(newBenchQueryCmd())
 	return cmd
 }
 

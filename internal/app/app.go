@@ -253,6 +253,7 @@ func (a *App) Run(ctx context.Context, extra ...Actor) error {
 		}
 		addActor(&g, ctx, "labels", c.Run)
 		addActor(&g, ctx, "evaluate", a.Evaluator.Run)
+		addActor(&g, ctx, "rollup", a.runRollup)
 		addActor(&g, ctx, "dictionaries", func(ctx context.Context) error {
 			return a.Bus.WatchDictionaries(ctx, func(string) {
 				if err := a.Dicts.Load(ctx, a.Store); err != nil {
@@ -519,4 +520,31 @@ func (a *App) addAdapt(ctx context.Context, g *run.Group) error {
 	a.Log.Info("adapt role: training jobs from ready environments", "backend", a.Cfg.Adapter.Backend, "preset", a.Cfg.Adapter.Plan.Preset,
 		"env_server", pc.EnvServerURL, "planner", planner != nil, "serving", a.Cfg.Adapter.Serving.Enabled, "auto_activate", a.Cfg.Adapter.AutoActivate)
 	return nil
+}
+
+// rollupInterval is how often the analyze role brings the hourly rollup up
+// to date (sink.Store.Rollup; reads are exact whatever its progress, only
+// slower while hours wait).
+const rollupInterval = 30 * time.Second
+
+// runRollup rolls up the closed hours every rollupInterval until ctx ends.
+func (a *App) runRollup(ctx context.Context) error {
+	t := time.NewTicker(rollupInterval)
+	defer t.Stop()
+	for {
+		st, err := a.Store.RollupAll(ctx, time.Now())
+		switch {
+		case ctx.Err() != nil:
+			return nil
+		case err != nil:
+			a.Log.Warn("rollup of closed hours", "err", err)
+		case st.Hours > 0:
+			a.Log.Debug("rollup of closed hours", "hours", st.Hours, "statements", st.Statements)
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+	}
 }

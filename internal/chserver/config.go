@@ -76,8 +76,19 @@ func ProfileSettings(v Version) []Setting {
 	if v.AtLeast(18, 12) && !v.AtLeast(19, 3) {
 		s = append(s, Setting{"allow_experimental_low_cardinality_type", "1"})
 	}
+	// A ceiling on any one query's memory, so that no single query (an
+	// analytics page over months of history) can take the machine, and
+	// ingest with it. The dashboard's queries carry tighter limits of their
+	// own (sink.Config.QueryMaxMemory, QueryTimeout). No time limit here:
+	// ingest's streamed INSERTs and the migrations' one-time copies may
+	// legitimately run long.
+	s = append(s, Setting{"max_memory_usage", fmt.Sprint(EmbeddedMaxQueryMemory)})
 	return s
 }
+
+// EmbeddedMaxQueryMemory is the embedded server's per-query memory ceiling
+// (bytes): 8 GiB.
+const EmbeddedMaxQueryMemory = 8 << 30
 
 // rootElement is <yandex> up to 21.x; <clickhouse> from 22.1 on (21.10 added
 // it, and later versions still accept <yandex>, but 22.1+ only documents

@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ClickHouse/clickhouse-go/v2"
+
 	"github.com/traceops/trace/analyzer"
 	"github.com/traceops/trace/internal/dev/testenv"
 	"github.com/traceops/trace/schemas"
@@ -680,6 +682,50 @@ func TestQueriesDoc(t *testing.T) {
 	for _, name := range []string{"QPassRateHourly", "QCapabilityHourly", "QLackingWeekOverWeek"} {
 		if !strings.Contains(string(got), "sink."+name) {
 			t.Errorf("doc lacks %s", name)
+		}
+	}
+}
+
+// TestQueryLimits: a dashboard query stopped by the server at its memory
+// limit answers 503 with a plain message (no driver internals), on the API
+// and on the pages.
+func TestQueryLimits(t *testing.T) {
+	ch := testenv.ClickHouse(t)
+	ctx := context.Background()
+	st, err := sink.Open(ctx, sink.Config{Addr: []string{ch.Addr}, Database: ch.Database, QueryMaxMemory: 1 << 10}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	if err := st.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	seedDemo(t, st, time.Now())
+	h := New(Deps{Store: st})
+	for _, p := range []string{"/api/overview", "/api/trends", "/"} {
+		code, body := getStatus(h, p)
+		if code != http.StatusServiceUnavailable || !strings.Contains(body, "more memory than the dashboard") {
+			t.Errorf("GET %s: %d %.300s, want 503 and the plain message", p, code, body)
+		}
+		if strings.Contains(body, "code: 241") || strings.Contains(body, "clickhouse [") {
+			t.Errorf("GET %s: driver internals in the body: %.300s", p, body)
+		}
+	}
+}
+
+func TestLimitKind(t *testing.T) {
+	for _, tt := range []struct {
+		err  error
+		want string
+	}{
+		{&clickhouse.Exception{Code: 159, Message: "Timeout exceeded: elapsed 10.0 seconds"}, "timeout"},
+		{fmt.Errorf("overview: %w", &clickhouse.Exception{Code: 241, Message: "Memory limit (for query) exceeded"}), "memory"},
+		{fmt.Errorf("trends: %w", context.DeadlineExceeded), "timeout"},
+		{&clickhouse.Exception{Code: 60, Message: "Table doesn't exist"}, ""},
+		{nil, ""},
+	} {
+		if got := sink.LimitKind(tt.err); got != tt.want {
+			t.Errorf("LimitKind(%v) = %q, want %q", tt.err, got, tt.want)
 		}
 	}
 }

@@ -286,6 +286,17 @@ func (s *server) writeError(w http.ResponseWriter, r *http.Request, err error, a
 		code = http.StatusServiceUnavailable
 	case errors.As(err, new(notFound)):
 		code = http.StatusNotFound
+	case sink.LimitKind(err) == "timeout":
+		// The server stopped the query at clickhouse.query_timeout (or the
+		// request's deadline cancelled it there): a plain message, not the
+		// driver's.
+		code = http.StatusGatewayTimeout
+		s.log.Warn("dashboard: query stopped at its time limit", "path", r.URL.Path, "err", err)
+		err = errors.New("the query took longer than the dashboard's time limit (clickhouse.query_timeout) and was stopped on the server; choose a shorter range or try again")
+	case sink.LimitKind(err) == "memory":
+		code = http.StatusServiceUnavailable
+		s.log.Warn("dashboard: query stopped at its memory limit", "path", r.URL.Path, "err", err)
+		err = errors.New("the query needed more memory than the dashboard's limit (clickhouse.query_max_memory) and was stopped on the server; choose a shorter range or try again")
 	case r.Context().Err() != nil:
 		code = http.StatusServiceUnavailable
 	default:

@@ -31,7 +31,8 @@ current ClickHouse: no window functions, no DateTime64, no Map, no
 toStartOfInterval, no server-side ` + "`{name:Type}`" + ` parameters. Buckets use
 toStartOfHour, toStartOfDay and toMonday (weeks start on Monday in the
 server's time zone). The hourly queries become daily ones (the dashboard's
-` + "`bucket=day`" + `) by writing toStartOfDay where they say toStartOfHour.
+` + "`bucket=day`" + `) by writing toStartOfDay where they bucket with
+toStartOfHour (not in the filters on ` + "`toStartOfHour(ts)`" + `).
 
 ## Conventions
 
@@ -45,6 +46,15 @@ server's time zone). The hourly queries become daily ones (the dashboard's
   denominator is 0 is 0. Charts show the mean over the runs.
 - **Exact counts.** Pass rates read the ` + "`rollout_counts`" + ` aggregate with
   ` + "`uniqExactMerge`/`uniqExactIfMerge`" + `: a redelivered rollout counts once.
+- **Rollup of closed hours, raw for the rest.** The trend statements read the
+  hours an exact rollup has computed (` + "`label_hourly`, `labeled_hourly`, `rollout_hourly`" + `:
+  counts per cohort, capability, run and hour, one label per identity) and
+  every other hour — the open one, an hour that received late, redelivered or
+  relabeled data since, a partial first hour — from the raw rows
+  (` + "`labels_by_time`" + `, sorted by time within each cohort, and ` + "`rollout_counts`" + `).
+  The subqueries on ` + "`rollup_changes`/`rollup_hours`" + ` (small tables) say which hours
+  are which, so the numbers are always the raw computation's; ` + "`trace bench query`" + `
+  compares them with the statements before the rollup.
 - **Binds.** ` + "`?`" + ` are client-side binds (clickhouse-go replaces them in
   order); times are Unix seconds inside ` + "`toDateTime(?)`" + `. Each query below is
   followed by a ready-to-run copy with example values for clickhouse-client:

@@ -1,0 +1,102 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"runtime"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/traceops/trace/internal/config"
+	"github.com/traceops/trace/internal/dev/bench"
+	"github.com/traceops/trace/sink"
+)
+
+func newBenchQueryCmd() *cobra.Command {
+	var (
+		opt   bench.QueryOptions
+		sizes string
+	)
+	cmd := &cobra.Command{
+		Use:   "query [--sizes 100k,1M] [--clickhouse host:port]",
+		Short: "Dashboard, report and evaluator latency at 100k–10M rollouts, against the statements before the rollup",
+		Long: `bench query measures the analytics at production volume. For each size it
+creates a scratch database (--database, dropped before and after), bulk-loads
+that many SIMULATED rollouts with their labels (3 environments, 2 agent
+versions, 5 capabilities, one labeling run, a planted deficit; generated
+inside ClickHouse, not through the labelers) spread over --days of history
+ending now, runs the hourly rollup, and then:
+
+  exactness   compares every rollup-backed dashboard statement with the raw
+              statement it replaces (sink.DashboardQuery.Raw), for every
+              cohort and the ranges 24 h, 30 d and all, hourly and daily:
+              any difference fails the run
+  endpoints   times every dashboard API endpoint and page --reps times, the
+              new way and the old way (the same handler reading through the
+              raw statements) alternating, and prints p50 and p95 of each
+  report      times trace report (every cohort's decision window)
+  evaluator   times one evaluator tick's queries over every cohort
+
+Dashboard queries run under the default limits (clickhouse.query_timeout,
+query_max_memory), so an old-way query past them shows as an error. The
+machine may be shared: read each figure beside its comparison.`,
+		Example: `  trace bench query --sizes 100k,1M
+  trace bench query --sizes 10M --reps 5`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx := cmd.Context()
+			for _, f := range strings.Split(sizes, ",") {
+				n, err := parseSize(strings.TrimSpace(f))
+				if err != nil {
+					return fmt.Errorf("--sizes: %w", err)
+				}
+				opt.Sizes = append(opt.Sizes, n)
+			}
+			out := cmd.OutOrStdout()
+			opt.Out = out
+			opt.Log = slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: slog.LevelWarn}))
+			cfg := config.Default()
+			opt.Report = func(ctx context.Context, st *sink.Store, now time.Time) error {
+				_, _, err := buildReport(ctx, cfg, st, "", cfg.Analyzer.Window, now)
+				return err
+			}
+			fmt.Fprintf(out, "trace bench query: %d CPUs, %s, load average %s, ClickHouse %s\n",
+				runtime.NumCPU(), runtime.Version(), loadAvg(), opt.ClickHouse)
+			rs, err := bench.RunQuery(ctx, opt)
+			if len(rs) > 0 {
+				fmt.Fprintln(out)
+				fmt.Fprint(out, bench.QueryTable(rs))
+			}
+			fmt.Fprintf(out, "load average at the end: %s\n", loadAvg())
+			return err
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&sizes, "sizes", "100k,1M", "comma-separated rollout counts (k and M suffixes)")
+	f.StringVar(&opt.ClickHouse, "clickhouse", "127.0.0.1:9000", "host:port (native protocol) of the ClickHouse server")
+	f.StringVar(&opt.Database, "database", "trace_bench_query", "scratch database (dropped before and after each size)")
+	f.IntVar(&opt.Reps, "reps", 5, "repetitions per endpoint")
+	f.IntVar(&opt.Days, "days", 90, "days of history the rollouts are spread over")
+	f.BoolVar(&opt.Keep, "keep", false, "keep the last size's database")
+	return cmd
+}
+
+// parseSize reads 100k, 1M, 10M or a plain number.
+func parseSize(s string) (int, error) {
+	mul := 1
+	switch {
+	case strings.HasSuffix(s, "k"), strings.HasSuffix(s, "K"):
+		mul, s = 1000, s[:len(s)-1]
+	case strings.HasSuffix(s, "M"), strings.HasSuffix(s, "m"):
+		mul, s = 1_000_000, s[:len(s)-1]
+	}
+	n, err := strconv.Atoi(s)
+	if err != nil || n <= 0 {
+		return 0, fmt.Errorf("%q is not a positive count", s)
+	}
+	return n * mul, nil
+}

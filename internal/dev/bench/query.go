@@ -1,0 +1,354 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"math"
+	"net/http"
+	"net/http/httptest"
+	"reflect"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
+
+	"github.com/traceops/trace/internal/dashboard"
+	"github.com/traceops/trace/sink"
+)
+
+// QueryOptions configure `trace bench query`.
+type QueryOptions struct {
+	ClickHouse string // host:port, native protocol
+	Database   string // scratch database, dropped before and after (unless Keep)
+	Sizes      []int  // rollouts per size, loaded cumulatively
+	Reps       int    // repetitions per endpoint
+	Days       int    // history spread
+	Keep       bool
+	Out        io.Writer
+	Log        *slog.Logger
+	// Report runs `trace report` (its buildReport) against st.
+	Report func(ctx context.Context, st *sink.Store, now time.Time) error
+}
+
+// QueryResult is one endpoint at one size.
+type QueryResult struct {
+	Size           int
+	Endpoint       string
+	New, Old       []time.Duration // sorted
+	NewErr, OldErr string
+	NoOld          bool
+}
+
+func pct(ds []time.Duration, p float64) time.Duration {
+	if len(ds) == 0 {
+		return 0
+	}
+	i := int(math.Ceil(p*float64(len(ds)))) - 1
+	return ds[max(i, 0)]
+}
+
+// rawStore is the dashboard's store the old way: every statement as it was
+// before the rollup (sink.DashboardQuery.Raw).
+type rawStore struct{ *sink.Store }
+
+func (r rawStore) QueryDashboard(ctx context.Context, q string, daily bool, args ...any) (driver.Rows, error) {
+	return r.Store.QueryDashboardRaw(ctx, q, daily, args...)
+}
+
+// endpoint is one timed request.
+type endpoint struct{ name, path string }
+
+func queryEndpoints() []endpoint {
+	env, av, capName := sink.BenchEnvironments[0], sink.BenchAgentVersions[1], sink.BenchPlanted
+	c := "env=" + env + "&agent_version=" + av + "&dict=1"
+	return []endpoint{
+		{"overview API, 24 h", "/api/overview?" + c + "&hours=24"},
+		{"overview API, 30 d", "/api/overview?" + c + "&hours=720"},
+		{"overview API, 30 d daily", "/api/overview?" + c + "&hours=720&bucket=day"},
+		{"overview API, all", "/api/overview?" + c + "&hours=all&bucket=day"},
+		{"capability API, 30 d", "/api/capability?" + c + "&name=" + capName + "&hours=720"},
+		{"capability API, all", "/api/capability?" + c + "&name=" + capName + "&hours=all&bucket=day"},
+		{"trends API, 8 weeks", "/api/trends?env=" + env + "&weeks=8"},
+		{"trends API, 104 weeks (all)", "/api/trends?env=" + env + "&weeks=104"},
+		{"overview page", "/?" + c + "&hours=168"},
+		{"trends page", "/trends?env=" + env + "&weeks=8"},
+	}
+}
+
+func timeHandler(ctx context.Context, h http.Handler, path string) (time.Duration, error) {
+	req := httptest.NewRequest(http.MethodGet, path, nil).WithContext(ctx)
+	rec := httptest.NewRecorder()
+	start := time.Now()
+	h.ServeHTTP(rec, req)
+	d := time.Since(start)
+	if rec.Code != http.StatusOK {
+		return d, fmt.Errorf("HTTP %d: %.200s", rec.Code, rec.Body.String())
+	}
+	return d, nil
+}
+
+// RunQuery loads each size, rolls it up, checks exactness on a sample and
+// times every endpoint the new way and the old way.
+func RunQuery(ctx context.Context, opt QueryOptions) ([]QueryResult, error) {
+	if opt.Reps <= 0 {
+		opt.Reps = 5
+	}
+	if opt.Days <= 0 {
+		opt.Days = 90
+	}
+	if opt.Database == "" {
+		opt.Database = "trace_bench_query"
+	}
+	log := opt.Log
+	if log == nil {
+		log = slog.Default()
+	}
+	out := opt.Out
+	now := time.Now()
+	from := now.Add(-time.Duration(opt.Days) * 24 * time.Hour)
+	span := now.Sub(from)
+	var results []QueryResult
+	for _, size := range opt.Sizes {
+		// Each size is a fresh database with size rollouts over the same span.
+		st, err := freshStore(ctx, opt, log)
+		if err != nil {
+			return results, err
+		}
+		defer st.Close()
+		hNew := dashboard.New(dashboard.Deps{Store: st, Log: log})
+		hOld := dashboard.New(dashboard.Deps{Store: rawStore{st}, Log: log})
+		start := time.Now()
+		if err := st.BenchLoad(ctx, size, from, span, 0, func(done int) {
+			fmt.Fprintf(out, "  loaded %d / %d rollouts (%v)\n", done, size, time.Since(start).Round(time.Second))
+		}); err != nil {
+			return results, err
+		}
+		load := time.Since(start)
+		_, labels, _ := st.CountLabels(ctx)
+		start = time.Now()
+		rs, err := st.RollupAll(ctx, time.Now().Add(sink.RollupGrace+time.Second))
+		if err != nil {
+			return results, err
+		}
+		roll := time.Since(start)
+		fmt.Fprintf(out, "size %d: %d rollouts, %d labels (simulated, bulk-loaded in %v); rollup of %d hours in %v (%d statements)\n",
+			size, size, labels, load.Round(time.Second), rs.Hours, roll.Round(time.Millisecond), rs.Statements)
+		// Exactness on a sample: every cohort, ranges 24 h, 30 d, all,
+		// hourly and daily, rollup-backed statements against the raw ones.
+		n, err := checkSample(ctx, st, now)
+		if err != nil {
+			return results, fmt.Errorf("size %d: exactness: %w", size, err)
+		}
+		fmt.Fprintf(out, "size %d: exactness: %d statement results compared with the raw computation, all equal\n", size, n)
+		for _, ep := range queryEndpoints() {
+			r := QueryResult{Size: size, Endpoint: ep.name}
+			for range opt.Reps {
+				d, err := timeHandler(ctx, hNew, ep.path)
+				if err != nil {
+					r.NewErr = err.Error()
+				}
+				r.New = append(r.New, d)
+				d, err = timeHandler(ctx, hOld, ep.path)
+				if err != nil {
+					r.OldErr = err.Error()
+				}
+				r.Old = append(r.Old, d)
+			}
+			slices.Sort(r.New)
+			slices.Sort(r.Old)
+			results = append(results, r)
+			fmt.Fprintf(out, "  %-28s new p50 %v, old p50 %v\n", ep.name, pct(r.New, .5).Round(time.Millisecond), pct(r.Old, .5).Round(time.Millisecond))
+		}
+		if opt.Report != nil {
+			r := QueryResult{Size: size, Endpoint: "trace report", NoOld: true}
+			for range opt.Reps {
+				s := time.Now()
+				if err := opt.Report(ctx, st, time.Now()); err != nil {
+					r.NewErr = err.Error()
+				}
+				r.New = append(r.New, time.Since(s))
+			}
+			slices.Sort(r.New)
+			results = append(results, r)
+		}
+		r := QueryResult{Size: size, Endpoint: "evaluator tick (6 cohorts, 24 h)", NoOld: true}
+		cohorts, err := st.Cohorts(ctx, time.Time{})
+		if err != nil {
+			return results, err
+		}
+		for range opt.Reps {
+			s := time.Now()
+			spec, _, err := st.EventSpec(ctx, cohorts, 24*time.Hour, 0, 1)
+			if err == nil {
+				_, err = st.WindowCountsMulti(ctx, spec)
+			}
+			if err == nil {
+				_, err = st.WindowInfoMulti(ctx, spec)
+			}
+			if err != nil {
+				r.NewErr = err.Error()
+			}
+			r.New = append(r.New, time.Since(s))
+		}
+		slices.Sort(r.New)
+		results = append(results, r)
+		if !opt.Keep {
+			if err := st.DropDatabase(ctx, opt.Database); err != nil {
+				return results, err
+			}
+		}
+	}
+	return results, nil
+}
+
+// freshStore drops and creates the scratch database, migrated.
+func freshStore(ctx context.Context, opt QueryOptions, log *slog.Logger) (*sink.Store, error) {
+	cfg := sink.Config{Addr: []string{opt.ClickHouse}, Database: opt.Database}
+	st, err := sink.Open(ctx, cfg, log)
+	if err != nil {
+		return nil, err
+	}
+	if err := st.DropDatabase(ctx, opt.Database); err != nil {
+		st.Close()
+		return nil, err
+	}
+	st.Close()
+	if st, err = sink.Open(ctx, cfg, log); err != nil {
+		return nil, err
+	}
+	if err := st.Migrate(ctx); err != nil {
+		st.Close()
+		return nil, err
+	}
+	return st, nil
+}
+
+// checkSample compares the rollup-backed dashboard statements with the raw
+// ones for every cohort of the load over several ranges.
+func checkSample(ctx context.Context, st *sink.Store, now time.Time) (int, error) {
+	u := func(t time.Time) uint32 { return uint32(max(t.Unix(), 0)) }
+	type c struct {
+		q     string
+		daily bool
+		args  []any
+	}
+	var cs []c
+	for _, env := range sink.BenchEnvironments {
+		for _, since := range []time.Time{now.Add(-24 * time.Hour), now.Add(-30 * 24 * time.Hour), {}} {
+			for _, daily := range []bool{false, true} {
+				cs = append(cs, c{sink.QPassRateHourly, daily, []any{env, u(since)}})
+				for _, av := range sink.BenchAgentVersions {
+					cs = append(cs, c{sink.QCapabilityHourly, daily, []any{env, av, uint32(1), u(since)}})
+				}
+			}
+			cs = append(cs, c{sink.QLackingWeekly, false, []any{env, u(since)}}, c{sink.QPassRateWeekly, false, []any{env, u(since)}})
+		}
+		for _, av := range sink.BenchAgentVersions {
+			cs = append(cs, c{sink.QLackingWeekOverWeek, false, []any{u(now), env, av, u(now), u(now), uint32(10)}})
+		}
+	}
+	cs = append(cs, c{sink.QRolloutCohorts, false, nil}, c{sink.QLabelCohorts, false, nil})
+	for i, x := range cs {
+		a, err := readRows(ctx, st.QueryDashboard, x.q, x.daily, x.args)
+		if err != nil {
+			return i, err
+		}
+		b, err := readRows(ctx, st.QueryDashboardRaw, x.q, x.daily, x.args)
+		if err != nil {
+			return i, err
+		}
+		if err := sameRows(a, b); err != nil {
+			return i, fmt.Errorf("%.40q %v: %w", x.q, x.args, err)
+		}
+		if len(a) == 0 {
+			return i, fmt.Errorf("%.40q %v: no rows: the sample does not exercise it", x.q, x.args)
+		}
+	}
+	return len(cs), nil
+}
+
+type queryFn func(ctx context.Context, q string, daily bool, args ...any) (driver.Rows, error)
+
+func readRows(ctx context.Context, run queryFn, q string, daily bool, args []any) ([][]any, error) {
+	rows, err := run(ctx, q, daily, args...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out [][]any
+	types := rows.ColumnTypes()
+	for rows.Next() {
+		ptrs := make([]any, len(types))
+		for i, ct := range types {
+			ptrs[i] = reflect.New(ct.ScanType()).Interface()
+		}
+		if err := rows.Scan(ptrs...); err != nil {
+			return nil, err
+		}
+		vals := make([]any, len(ptrs))
+		for i, p := range ptrs {
+			vals[i] = reflect.ValueOf(p).Elem().Interface()
+		}
+		out = append(out, vals)
+	}
+	return out, rows.Err()
+}
+
+func sameRows(a, b [][]any) error {
+	if len(a) != len(b) {
+		return fmt.Errorf("%d rows vs %d raw", len(a), len(b))
+	}
+	for i := range a {
+		for j := range a[i] {
+			x, y := a[i][j], b[i][j]
+			if fx, ok := x.(float64); ok {
+				if fy, ok := y.(float64); ok && math.Abs(fx-fy) <= 1e-9*math.Max(1, math.Abs(fx)) {
+					continue
+				}
+			}
+			if fmt.Sprint(x) != fmt.Sprint(y) {
+				return fmt.Errorf("row %d column %d: %v vs %v raw", i, j, x, y)
+			}
+		}
+	}
+	return nil
+}
+
+// QueryTable renders the results as a markdown table: p50 / p95 of the new
+// way, of the old way, and the ratio of the p50s.
+func QueryTable(rs []QueryResult) string {
+	var b strings.Builder
+	b.WriteString("| endpoint | rollouts | new p50 | new p95 | old p50 | old p95 | old/new (p50) |\n|---|---|---|---|---|---|---|\n")
+	ms := func(d time.Duration) string { return fmt.Sprintf("%.0f ms", float64(d.Microseconds())/1000) }
+	for _, r := range rs {
+		newCol := ms(pct(r.New, .5)) + " | " + ms(pct(r.New, .95))
+		if r.NewErr != "" {
+			newCol = "error | " + strings.ReplaceAll(r.NewErr, "|", "/")
+		}
+		oldCol, ratio := "— | —", "—"
+		if !r.NoOld {
+			oldCol = ms(pct(r.Old, .5)) + " | " + ms(pct(r.Old, .95))
+			if r.OldErr != "" {
+				oldCol = "error | " + strings.ReplaceAll(r.OldErr, "|", "/")
+			}
+			if n := pct(r.New, .5); n > 0 && r.OldErr == "" && r.NewErr == "" {
+				ratio = fmt.Sprintf("%.1f×", float64(pct(r.Old, .5))/float64(n))
+			}
+		}
+		fmt.Fprintf(&b, "| %s | %s | %s | %s | %s |\n", r.Endpoint, sizeName(r.Size), newCol, oldCol, ratio)
+	}
+	return b.String()
+}
+
+func sizeName(n int) string {
+	switch {
+	case n >= 1_000_000 && n%1_000_000 == 0:
+		return fmt.Sprintf("%dM", n/1_000_000)
+	case n >= 1000 && n%1000 == 0:
+		return fmt.Sprintf("%dk", n/1000)
+	}
+	return fmt.Sprint(n)
+}

@@ -1,0 +1,234 @@
+package sink
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+)
+
+// The exact hourly rollup (docs/ARCHITECTURE.md, "Analytics at scale").
+//
+// Write side: rollup_changes (kept by materialized views at insert time)
+// holds, per kind (1 = labels, 2 = rollouts), environment, agent version and
+// hour, the newest ingest_ns written. Rollup recomputes the closed hours
+// whose newest change is not yet rolled up — from the raw rows, one label per
+// identity, the newest version winning, exactly as the raw queries count —
+// into label_hourly, labeled_hourly and rollout_hourly (ReplacingMergeTree:
+// a recomputation replaces the previous one), then records in rollup_hours
+// the change it computed through. A crash between the two leaves the hour
+// stale, and the next run computes it again: every step is idempotent.
+//
+// Read side: an hour is fresh when rollup_hours records exactly its newest
+// change (staleLabelHours / staleRolloutHours). The dashboard's statements
+// read fresh hours from the rollup and every other hour — the open one, one
+// that received late or redelivered data, a conflicting relabel, or one the
+// job has not reached yet — from the raw rows, so their numbers are always
+// the raw computation's, whatever the job's progress.
+
+// Rollup kinds (rollup_changes.kind, rollup_hours.kind).
+const (
+	rollupLabels   = 1
+	rollupRollouts = 2
+)
+
+// RollupGrace is how long an hour's newest change must be old before the
+// hour is rolled up: rows of one insert arrive together, and writers whose
+// clocks disagree by less than this cannot slip a row behind a recorded
+// change.
+const RollupGrace = time.Minute
+
+// rollupBatch is the number of hours recomputed per statement.
+const rollupBatch = 200
+
+// staleLabelHours and staleRolloutHours list the (environment,
+// agent_version, hour) of labels and of rollouts whose newest change is not
+// one the rollup was computed through: the hours reads take raw (the
+// dashboard's statements use hourSet, the same sets narrowed to their
+// range, and the fresh hours with the run_ns to read). They read only the
+// small tables rollup_changes and rollup_hours.
+const (
+	staleLabelHours = `SELECT environment, agent_version, hour FROM (
+		SELECT environment, agent_version, hour, maxMerge(last_ingest) AS v FROM rollup_changes
+		WHERE kind = 1 GROUP BY environment, agent_version, hour)
+	WHERE (environment, agent_version, hour, v) NOT IN (SELECT environment, agent_version, hour, version FROM rollup_hours WHERE kind = 1)`
+	staleRolloutHours = `SELECT environment, agent_version, hour FROM (
+		SELECT environment, agent_version, hour, maxMerge(last_ingest) AS v FROM rollup_changes
+		WHERE kind = 2 GROUP BY environment, agent_version, hour)
+	WHERE (environment, agent_version, hour, v) NOT IN (SELECT environment, agent_version, hour, version FROM rollup_hours WHERE kind = 2)`
+)
+
+// rollupTodoSQL lists the hours Rollup computes: closed (before now's hour),
+// settled (newest change at most cutoff ns) and stale.
+//
+// Binds: now (Unix seconds), cutoff (ns), limit.
+const rollupTodoSQL = `SELECT kind, environment, agent_version, hour, v FROM (
+	SELECT kind, environment, agent_version, hour, maxMerge(last_ingest) AS v FROM rollup_changes
+	GROUP BY kind, environment, agent_version, hour)
+WHERE hour < toStartOfHour(toDateTime(?)) AND v <= ?
+	AND (kind, environment, agent_version, hour, v) NOT IN (SELECT kind, environment, agent_version, hour, version FROM rollup_hours)
+ORDER BY kind, environment, agent_version, hour
+LIMIT ?`
+
+// rollupHour is one hour to roll up and the change it is computed through.
+type rollupHour struct {
+	kind    uint8
+	env, av string
+	hour    time.Time
+	version uint64
+}
+
+// RollupStats says what one Rollup call did.
+type RollupStats struct {
+	Hours      int  // hours recomputed
+	Statements int  // INSERT … SELECT statements run
+	More       bool // the limit was reached: call again
+}
+
+// labelHourlySQL recomputes label_hourly of a batch of hours: per cohort
+// (dicts 0) and per agent version across dictionary versions (dicts 1, as
+// QLackingWeekly counts), one label per identity.
+func labelHourlySQL(dicts bool, in string) string {
+	dv, group := "dictionary_version", "environment, agent_version, dictionary_version, capability, run, rollout_id"
+	flag := "0"
+	if dicts {
+		dv, group, flag = "toUInt32(0)", "environment, agent_version, capability, run, rollout_id", "1"
+	}
+	return `INSERT INTO label_hourly (environment, agent_version, dicts, dictionary_version, capability, run, hour,
+	lf, pf, nf, lp, pp, np, version)
+SELECT environment, agent_version, toUInt8(` + flag + `), dv, capability, run, h,
+	countIf(ok = 0 AND l = 'LACKING'), countIf(ok = 0 AND l = 'PRESENT'), countIf(ok = 0 AND l = 'NA'),
+	countIf(ok = 1 AND l = 'LACKING'), countIf(ok = 1 AND l = 'PRESENT'), countIf(ok = 1 AND l = 'NA'),
+	toUInt64(?)
+FROM (
+	SELECT ` + group + `, ` + dv + ` AS dv, toStartOfHour(ts) AS h,
+		argMax(label, ingest_ns) AS l, argMax(success, ingest_ns) AS ok
+	FROM labels_by_time
+	WHERE (environment, agent_version, toStartOfHour(ts)) IN (` + in + `)
+	GROUP BY ` + group + `, h)
+GROUP BY environment, agent_version, dv, capability, run, h`
+}
+
+// labeledHourlySQL recomputes labeled_hourly: distinct labeled rollouts per
+// cohort and hour.
+func labeledHourlySQL(in string) string {
+	return `INSERT INTO labeled_hourly (environment, agent_version, dictionary_version, hour, rollouts, version)
+SELECT environment, agent_version, dictionary_version, toStartOfHour(ts) AS h, uniqExact(rollout_id), toUInt64(?)
+FROM labels_by_time
+WHERE (environment, agent_version, toStartOfHour(ts)) IN (` + in + `)
+GROUP BY environment, agent_version, dictionary_version, h`
+}
+
+// rolloutHourlySQL recomputes rollout_hourly from the exact rollout_counts
+// aggregate (distinct rollout ids per hour).
+func rolloutHourlySQL(in string) string {
+	return `INSERT INTO rollout_hourly (environment, agent_version, hour, rollouts, successes, version)
+SELECT environment, agent_version, bucket, uniqExactMerge(rollouts), uniqExactIfMerge(successes), toUInt64(?)
+FROM rollout_counts
+WHERE (environment, agent_version, bucket) IN (` + in + `)
+GROUP BY environment, agent_version, bucket`
+}
+
+// hourTuples renders hours as a literal IN list of (environment,
+// agent_version, hour) tuples, with their binds.
+func hourTuples(hs []rollupHour) (string, []any) {
+	parts := make([]string, len(hs))
+	args := make([]any, 0, 3*len(hs))
+	for i, h := range hs {
+		parts[i] = "(?, ?, toDateTime(?))"
+		args = append(args, h.env, h.av, unixSec(h.hour))
+	}
+	return strings.Join(parts, ", "), args
+}
+
+// Rollup brings the hourly rollup up to date with the data stored by now:
+// every closed hour (before now's hour) whose newest change is older than
+// RollupGrace and not yet rolled up is recomputed from the raw rows. It does
+// at most limit hours (0 = 2000) per call and says when more remain. It is
+// safe to run from several processes at once and after any crash.
+func (s *Store) Rollup(ctx context.Context, now time.Time, limit int) (RollupStats, error) {
+	var st RollupStats
+	if limit <= 0 {
+		limit = 2000
+	}
+	cutoff := uint64(max(now.Add(-RollupGrace).UnixNano(), 0))
+	rows, err := s.conn.Query(ctx, rollupTodoSQL, unixSec(now), cutoff, uint64(limit))
+	if err != nil {
+		return st, fmt.Errorf("rollup: stale hours: %w", err)
+	}
+	var todo []rollupHour
+	for rows.Next() {
+		var h rollupHour
+		if err := rows.Scan(&h.kind, &h.env, &h.av, &h.hour, &h.version); err != nil {
+			rows.Close()
+			return st, fmt.Errorf("rollup: stale hours: %w", err)
+		}
+		todo = append(todo, h)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return st, fmt.Errorf("rollup: stale hours: %w", err)
+	}
+	st.More = len(todo) == limit
+	for len(todo) > 0 {
+		n := 1
+		for n < len(todo) && n < rollupBatch && todo[n].kind == todo[0].kind {
+			n++
+		}
+		batch := todo[:n]
+		todo = todo[n:]
+		runNs := uint64(time.Now().UnixNano())
+		in, inArgs := hourTuples(batch)
+		var stmts []string
+		if batch[0].kind == rollupLabels {
+			stmts = []string{labelHourlySQL(false, in), labelHourlySQL(true, in), labeledHourlySQL(in)}
+		} else {
+			stmts = []string{rolloutHourlySQL(in)}
+		}
+		for _, q := range stmts {
+			if err := s.conn.Exec(ctx, q, append([]any{runNs}, inArgs...)...); err != nil {
+				return st, fmt.Errorf("rollup of %d hours: %w", len(batch), err)
+			}
+			st.Statements++
+		}
+		// The commit: these hours are fresh as of the change listed.
+		b, err := s.conn.PrepareBatch(ctx, "INSERT INTO rollup_hours (kind, environment, agent_version, hour, version, run_ns, rolled_at)")
+		if err != nil {
+			return st, fmt.Errorf("rollup: record: %w", err)
+		}
+		for _, h := range batch {
+			if err := b.Append(h.kind, h.env, h.av, h.hour, h.version, runNs, now); err != nil {
+				_ = b.Abort()
+				return st, fmt.Errorf("rollup: record: %w", err)
+			}
+		}
+		if err := b.Send(); err != nil {
+			return st, fmt.Errorf("rollup: record: %w", err)
+		}
+		st.Hours += len(batch)
+	}
+	return st, nil
+}
+
+// RollupAll calls Rollup until no settled stale hour is left (a load, a
+// benchmark, a test) and returns the total.
+func (s *Store) RollupAll(ctx context.Context, now time.Time) (RollupStats, error) {
+	var tot RollupStats
+	for {
+		st, err := s.Rollup(ctx, now, 0)
+		tot.Hours += st.Hours
+		tot.Statements += st.Statements
+		if err != nil || !st.More {
+			return tot, err
+		}
+	}
+}
+
+// StaleHours counts the hours of each kind that reads take raw (not rolled
+// up, or changed since): for /metrics and the benchmark's report.
+func (s *Store) StaleHours(ctx context.Context) (labels, rollouts uint64, err error) {
+	err = s.conn.QueryRow(ctx, staleCountSQL).Scan(&labels, &rollouts)
+	return labels, rollouts, err
+}
+
+const staleCountSQL = `SELECT (SELECT count() FROM (` + staleLabelHours + `)), (SELECT count() FROM (` + staleRolloutHours + `))`

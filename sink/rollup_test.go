@@ -1,0 +1,351 @@
+package sink_test
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"reflect"
+	"testing"
+	"time"
+
+	"github.com/traceops/trace/internal/dev/testenv"
+	"github.com/traceops/trace/schemas"
+	"github.com/traceops/trace/sink"
+)
+
+// rollupBase is a Monday 00:00 UTC; the data spans its week and the week
+// before, all hours closed.
+var rollupBase = time.Date(2026, 10, 12, 0, 0, 0, 0, time.UTC)
+
+// rollupNow is a wall-clock time past RollupGrace: the labels just written
+// count as settled.
+func rollupNow() time.Time { return time.Now().Add(sink.RollupGrace + time.Second) }
+
+// rollupCase is one dashboard statement with binds.
+type rollupCase struct {
+	name  string
+	q     string
+	daily bool
+	args  []any
+}
+
+func rollupCases() []rollupCase {
+	u := func(t time.Time) uint32 { return uint32(max(t.Unix(), 0)) }
+	var cs []rollupCase
+	for _, since := range []time.Time{{}, rollupBase.Add(-7 * 24 * time.Hour), rollupBase.Add(3*time.Hour + 17*time.Minute)} {
+		for _, daily := range []bool{false, true} {
+			sfx := fmt.Sprintf(" since=%d daily=%v", u(since), daily)
+			cs = append(cs,
+				rollupCase{"QPassRateHourly" + sfx, sink.QPassRateHourly, daily, []any{"env", u(since)}},
+				rollupCase{"QCapabilityHourly v1" + sfx, sink.QCapabilityHourly, daily, []any{"env", "v1", uint32(1), u(since)}},
+				rollupCase{"QCapabilityHourly v2 dict2" + sfx, sink.QCapabilityHourly, daily, []any{"env", "v2", uint32(2), u(since)}},
+			)
+		}
+		sfx := fmt.Sprintf(" since=%d", u(since))
+		cs = append(cs,
+			rollupCase{"QPassRateWeekly" + sfx, sink.QPassRateWeekly, false, []any{"env", u(since)}},
+			rollupCase{"QLackingWeekly" + sfx, sink.QLackingWeekly, false, []any{"env", u(since)}})
+	}
+	for _, at := range []time.Time{rollupBase.Add(50 * time.Hour), rollupBase.Add(-50 * time.Hour)} {
+		for _, av := range []string{"v1", "v2"} {
+			cs = append(cs, rollupCase{fmt.Sprintf("QLackingWeekOverWeek %s at=%d", av, u(at)), sink.QLackingWeekOverWeek, false,
+				[]any{u(at), "env", av, u(at), u(at), uint32(10)}})
+		}
+	}
+	return append(cs, rollupCase{"QRolloutCohorts", sink.QRolloutCohorts, false, nil}, rollupCase{"QLabelCohorts", sink.QLabelCohorts, false, nil})
+}
+
+// readAll runs a query and returns its rows as values.
+func readAll(t *testing.T, s *sink.Store, raw bool, c rollupCase) [][]any {
+	t.Helper()
+	ctx := context.Background()
+	run := s.QueryDashboard
+	if raw {
+		run = s.QueryDashboardRaw
+	}
+	rows, err := run(ctx, c.q, c.daily, c.args...)
+	if err != nil {
+		t.Fatalf("%s (raw=%v): %v", c.name, raw, err)
+	}
+	defer rows.Close()
+	var out [][]any
+	types := rows.ColumnTypes()
+	for rows.Next() {
+		ptrs := make([]any, len(types))
+		for i, ct := range types {
+			ptrs[i] = reflect.New(ct.ScanType()).Interface()
+		}
+		if err := rows.Scan(ptrs...); err != nil {
+			t.Fatalf("%s: scan: %v", c.name, err)
+		}
+		vals := make([]any, len(ptrs))
+		for i, p := range ptrs {
+			vals[i] = reflect.ValueOf(p).Elem().Interface()
+		}
+		out = append(out, vals)
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatalf("%s: %v", c.name, err)
+	}
+	return out
+}
+
+// sameRows compares two results; floats may differ in the last bits (the
+// mean over runs is summed in another order).
+func sameRows(a, b [][]any) error {
+	if len(a) != len(b) {
+		return fmt.Errorf("%d rows vs %d rows", len(a), len(b))
+	}
+	for i := range a {
+		for j := range a[i] {
+			x, y := a[i][j], b[i][j]
+			if fx, ok := x.(float64); ok {
+				if fy, ok := y.(float64); ok && math.Abs(fx-fy) <= 1e-9*math.Max(1, math.Abs(fx)) {
+					continue
+				}
+			}
+			if tx, ok := x.(time.Time); ok {
+				if ty, ok := y.(time.Time); ok && tx.Equal(ty) {
+					continue
+				}
+			}
+			if fmt.Sprint(x) != fmt.Sprint(y) {
+				return fmt.Errorf("row %d col %d: %v vs %v\n  rollup %v\n  raw    %v", i, j, x, y, a[i], b[i])
+			}
+		}
+	}
+	return nil
+}
+
+// checkExact asserts that every rollup-backed statement gives the raw
+// computation's rows, and returns the results (to see that a step changed
+// them).
+func checkExact(t *testing.T, s *sink.Store, step string) map[string][][]any {
+	t.Helper()
+	got := map[string][][]any{}
+	nonEmpty := 0
+	start := time.Now()
+	defer func() { t.Logf("%s: %d statements compared in %v", step, len(got), time.Since(start)) }()
+	for _, c := range rollupCases() {
+		r, raw := readAll(t, s, false, c), readAll(t, s, true, c)
+		if err := sameRows(r, raw); err != nil {
+			t.Errorf("%s: %s: rollup differs from the raw computation: %v", step, c.name, err)
+		}
+		if len(r) > 0 {
+			nonEmpty++
+		}
+		got[c.name] = r
+	}
+	if nonEmpty < len(got)*2/3 {
+		t.Fatalf("%s: only %d of %d statements returned rows: the data does not exercise them", step, nonEmpty, len(got))
+	}
+	return got
+}
+
+func stale(t *testing.T, s *sink.Store) (uint64, uint64) {
+	t.Helper()
+	l, r, err := s.StaleHours(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l, r
+}
+
+// rollupData is rollouts and their labels: agent versions v1 (dictionary 1)
+// and v2 (dictionaries 1 and 2: the same rollouts labeled by both), 3
+// capabilities, 2 runs, over 10 days either side of rollupBase.
+func rollupData(prefix string, n int, from time.Time, span time.Duration) ([]sink.RolloutRow, []sink.LabelRow) {
+	var rs []sink.RolloutRow
+	var ls []sink.LabelRow
+	caps := []string{"cap_a", "cap_b", "cap_c"}
+	for i := range n {
+		av := []string{"v1", "v2"}[i%2]
+		end := from.Add(time.Duration(int64(span) * int64(i) / int64(n))).Truncate(time.Second)
+		ok := i%3 == 0
+		r := &schemas.Rollout{RolloutID: fmt.Sprintf("%s%05d", prefix, i), Environment: "env", Agent: schemas.Agent{Name: "a", Version: av},
+			TaskID: "t", StartTime: end.Add(-time.Minute), EndTime: end, Outcome: schemas.Outcome{Reward: map[bool]float64{true: 1}[ok]}}
+		r.Outcome.Success = &ok
+		rs = append(rs, sink.RolloutRowFrom(r, sink.Coord{Topic: "t", Offset: int64(i)}))
+		dicts := []uint32{1}
+		if av == "v2" {
+			dicts = []uint32{1, 2}
+		}
+		for _, dv := range dicts {
+			for ci, c := range caps {
+				for run := range uint16(2) {
+					l := schemas.LabelPresent
+					switch (i + ci*7 + int(run)*3 + int(dv)) % 5 {
+					case 0, 1:
+						l = schemas.LabelLacking
+					case 2:
+						l = schemas.LabelNA
+					}
+					ls = append(ls, sink.LabelRow{LabelEvent: schemas.LabelEvent{RolloutID: r.RolloutID, Environment: "env", AgentVersion: av,
+						DictionaryVersion: dv, Capability: c, Run: run, Label: l, Success: ok, Source: schemas.SourceRules, TS: end}})
+				}
+			}
+		}
+	}
+	return rs, ls
+}
+
+// TestRollupExact: the dashboard's rollup-backed statements give exactly
+// the raw computation's numbers — with nothing rolled up, everything rolled
+// up, and after each of: redelivered labels, a crash between the rollup's
+// insert and its commit, a conflicting external relabel, late rollouts for a
+// closed hour (each checked before and after the rollup catches up).
+func TestRollupExact(t *testing.T) {
+	s := openStore(t)
+	ctx := context.Background()
+	rs, ls := rollupData("r", 1200, rollupBase.Add(-10*24*time.Hour), 20*24*time.Hour)
+	if err := s.InsertRollouts(ctx, rs); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.InsertLabels(ctx, ls); err != nil {
+		t.Fatal(err)
+	}
+	if l, r := stale(t, s); l == 0 || r == 0 {
+		t.Fatalf("before any rollup: %d label hours and %d rollout hours stale, want all", l, r)
+	}
+	first := checkExact(t, s, "nothing rolled up")
+
+	start := time.Now()
+	st, err := s.RollupAll(ctx, rollupNow())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("rollup: %+v in %v", st, time.Since(start))
+	if st.Hours == 0 {
+		t.Fatal("rollup did nothing")
+	}
+	if l, r := stale(t, s); l != 0 || r != 0 {
+		t.Fatalf("after the rollup: %d label hours and %d rollout hours still stale", l, r)
+	}
+	rolled := checkExact(t, s, "all rolled up")
+	for k, v := range first {
+		if err := sameRows(rolled[k], v); err != nil {
+			t.Errorf("%s changed with the rollup alone: %v", k, err)
+		}
+	}
+	// A second run finds nothing to do (idempotent, no double counting).
+	if st, err := s.RollupAll(ctx, rollupNow()); err != nil || st.Hours != 0 {
+		t.Fatalf("second rollup: %+v %v", st, err)
+	}
+
+	// The reads really use the rollup: a forged rollup row shows.
+	conn := testenv.StoreConn(t, s)
+	forge := func(t *testing.T, conn interface {
+		Exec(context.Context, string, ...any) error
+	}) {
+		if err := conn.Exec(ctx, `INSERT INTO label_hourly (environment, agent_version, dicts, dictionary_version, capability, run, hour, lf, pf, nf, lp, pp, np, version)
+			SELECT environment, agent_version, dicts, dictionary_version, capability, run, hour, lf + 1000, pf, nf, lp, pp, np, version
+			FROM label_hourly WHERE agent_version = 'v1' AND dicts = 0 AND hour = ?`, rollupBase.Add(5*time.Hour)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Run("reads the rollup", func(t *testing.T) {
+		s := openStore(t)
+		if err := s.InsertRollouts(ctx, rs); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.InsertLabels(ctx, ls); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.RollupAll(ctx, rollupNow()); err != nil {
+			t.Fatal(err)
+		}
+		forge(t, testenv.StoreConn(t, s))
+		c := rollupCase{"QCapabilityHourly", sink.QCapabilityHourly, false, []any{"env", "v1", uint32(1), uint32(0)}}
+		if sameRows(readAll(t, s, false, c), readAll(t, s, true, c)) == nil {
+			t.Fatal("a forged rollup row did not change QCapabilityHourly: the rollup is not read")
+		}
+	})
+
+	closedHour := func(prefix string, hs time.Duration) []sink.LabelRow {
+		var out []sink.LabelRow
+		for _, l := range ls {
+			if l.TS.Sub(rollupBase) >= hs && l.TS.Sub(rollupBase) < hs+time.Hour {
+				out = append(out, l)
+			}
+		}
+		if len(out) == 0 {
+			t.Fatalf("%s: no labels in hour %v", prefix, hs)
+		}
+		return out
+	}
+	catchUp := func(step string) map[string][][]any {
+		t.Helper()
+		if l, _ := stale(t, s); l == 0 {
+			t.Errorf("%s: no label hour is stale: the change is not seen", step)
+		}
+		checkExact(t, s, step+", not rolled up yet")
+		if _, err := s.RollupAll(ctx, rollupNow()); err != nil {
+			t.Fatal(err)
+		}
+		if l, r := stale(t, s); l != 0 || r != 0 {
+			t.Fatalf("%s: %d/%d hours stale after the rollup", step, l, r)
+		}
+		return checkExact(t, s, step+", rolled up again")
+	}
+
+	// Redelivered labels (a consumer that crashed between its insert and its
+	// offset commit reads and writes them again): nothing changes.
+	if err := s.InsertLabels(ctx, closedHour("redelivery", 3*time.Hour)); err != nil {
+		t.Fatal(err)
+	}
+	if got := catchUp("redelivered labels"); sameRows(got["QLabelCohorts"], first["QLabelCohorts"]) != nil ||
+		sameRows(got["QCapabilityHourly v1 since=0 daily=false"], first["QCapabilityHourly v1 since=0 daily=false"]) != nil {
+		t.Error("redelivered labels changed the numbers")
+	}
+
+	// A crash of the rollup between its insert and its commit: the rows
+	// are in label_hourly, rollup_hours never heard of them.
+	if err := conn.Exec(ctx, "TRUNCATE TABLE rollup_hours"); err != nil {
+		t.Fatal(err)
+	}
+	if l, r := stale(t, s); l == 0 || r == 0 {
+		t.Fatalf("after the crash: %d/%d hours stale, want all", l, r)
+	}
+	checkExact(t, s, "rollup crashed before its commit")
+	if _, err := s.RollupAll(ctx, rollupNow()); err != nil {
+		t.Fatal(err)
+	}
+	if got := checkExact(t, s, "rollup re-run after the crash"); sameRows(got["QLabelCohorts"], first["QLabelCohorts"]) != nil {
+		t.Error("the re-run rollup double counted")
+	}
+
+	// A conflicting external relabel of a closed hour: newer labels for the
+	// same identities, different values.
+	var relabel []sink.LabelRow
+	for _, l := range closedHour("relabel", 7*time.Hour) {
+		l.Source = schemas.SourceExternal
+		if l.Label == schemas.LabelLacking {
+			l.Label = schemas.LabelPresent
+		} else {
+			l.Label = schemas.LabelLacking
+		}
+		relabel = append(relabel, l)
+	}
+	if err := s.InsertLabels(ctx, relabel); err != nil {
+		t.Fatal(err)
+	}
+	key := "QCapabilityHourly v1 since=0 daily=false"
+	if got := catchUp("conflicting external relabel"); sameRows(got[key], first[key]) == nil {
+		t.Error("the relabel did not change QCapabilityHourly: the test does not exercise it")
+	}
+
+	// Late rollouts for a closed, rolled-up hour.
+	lateR, lateL := rollupData("late", 40, rollupBase.Add(9*time.Hour), 50*time.Minute)
+	if err := s.InsertRollouts(ctx, lateR); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.InsertLabels(ctx, lateL); err != nil {
+		t.Fatal(err)
+	}
+	if _, r := stale(t, s); r == 0 {
+		t.Error("late rollouts: no rollout hour is stale")
+	}
+	if got := catchUp("late rollouts"); sameRows(got["QRolloutCohorts"], first["QRolloutCohorts"]) == nil {
+		t.Error("late rollouts did not change QRolloutCohorts")
+	}
+}
