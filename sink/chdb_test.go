@@ -461,7 +461,7 @@ func chdbMigrations(t *testing.T, c *chdbDB) {
 		"environments":  "ReplacingMergeTree",
 		"env_episodes":  "ReplacingMergeTree",
 		"training_jobs": "ReplacingMergeTree", "training_job_events": "ReplacingMergeTree", "adapters": "ReplacingMergeTree",
-		"route_decisions": "MergeTree",
+		"route_decisions": "ReplacingMergeTree",
 	} {
 		if tables[name] != engine {
 			t.Errorf("table %s: engine %q, want %s", name, tables[name], engine)

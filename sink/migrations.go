@@ -363,7 +363,9 @@ ORDER BY adapter_name`,
 		// probabilities are parallel arrays (18.16 has no Map); adapter ''
 		// is the base model. outcome is the proxied request's end (ok,
 		// upstream_error, stream_error, unreachable, canceled) or 'routed'
-		// for /v1/route.
+		// for /v1/route. A batch retried after an ambiguous failure (sent,
+		// its answer lost) lands twice: the copies are identical, merges
+		// drop them, and reads take one row per request_id.
 		return []string{`CREATE TABLE IF NOT EXISTS route_decisions (
 	ts DateTime,
 	at_ns Int64,
@@ -393,7 +395,7 @@ ORDER BY adapter_name`,
 	upstream_status UInt16,
 	outcome ` + d.LC() + `,
 	stream UInt8
-) ENGINE = MergeTree()
+) ENGINE = ReplacingMergeTree()
 PARTITION BY toYYYYMM(ts)
 ORDER BY (environment, ts, request_id)` + d.TTL("ts"),
 		}

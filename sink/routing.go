@@ -108,7 +108,7 @@ func routeDecisionsSQL(f RouteDecisionFilter) (string, []any) {
 	if len(where) > 0 {
 		q += "\n\tWHERE " + strings.Join(where, " AND ")
 	}
-	q += "\n\tORDER BY at_ns, request_id"
+	q += "\n\tORDER BY at_ns, request_id LIMIT 1 BY request_id"
 	if f.Limit > 0 {
 		q += fmt.Sprintf(" LIMIT %d", f.Limit)
 	}
@@ -152,7 +152,7 @@ const RouteByConversationSQL = `SELECT environment, conversation_id,
 	GROUP BY environment, conversation_id`
 
 // routeSharesSQL counts routed requests per adapter and hour of one environment.
-const routeSharesSQL = `SELECT toStartOfHour(ts) AS hour, adapter, count() AS requests
+const routeSharesSQL = `SELECT toStartOfHour(ts) AS hour, adapter, uniqExact(request_id) AS requests
 	FROM route_decisions WHERE environment = ? AND ts >= ?
 	GROUP BY hour, adapter ORDER BY hour, adapter`
 
