@@ -62,12 +62,58 @@ def _rows(url: str, seeds: list, hint_ratio: float, rng: random.Random, log=prin
     rows = []
     for i, seed in enumerate(seeds):
         hinted = hint_ratio > 0 and rng.random() < hint_ratio
-        key = (seed, hinted)
-        if key not in cache:
-            cache[key] = start_of(url, seed, hinted)
-        st = cache[key]
-        rows.append({"prompt": st["messages"], "seed": seed, "hinted": hinted})
+        for h in {False, hinted}:
+            if (seed, h) not in cache:
+                cache[(seed, h)] = start_of(url, seed, h)
+        # plain_prompt: the same start without the hint block, what the
+        # gradient step sees when the plan strips hints.
+        rows.append({"prompt": cache[(seed, hinted)]["messages"], "plain_prompt": cache[(seed, False)]["messages"],
+                     "seed": seed, "hinted": hinted})
     return rows, next(iter(cache.values()))["tools"]
+
+
+def hint_stripping(GRPOTrainer):
+    """GRPOTrainer whose training batches have the hint block removed from
+    the prompt of hinted rollouts before the loss (TRACE: the policy is
+    trained to act without the hint it was sampled with). The rollout is
+    generated and scored as TRL does; only the prompt tokens the loss is
+    computed on are replaced by the unhinted prompt's. Sound here because
+    the reference trainer generates once per optimizer step
+    (steps_per_generation 1, num_iterations 1, no vLLM): TRL keeps no
+    old log-probabilities computed on the hinted prompt, and with KL 0 no
+    reference log-probabilities either (KL > 0 with stripped hints is
+    refused at the start)."""
+    import torch
+    from trl.trainer.utils import pad
+
+    class HintStrippingGRPOTrainer(GRPOTrainer):
+        stripped = 0
+
+        def _generate_and_score_completions(self, inputs):
+            out = super()._generate_and_score_completions(inputs)
+            if not self.model.training or not any(x.get("hinted") for x in inputs):
+                return out
+            if "old_per_token_logps" in out or "ref_per_token_logps" in out:
+                raise RuntimeError("strip_hints: log-probabilities on the hinted prompt were kept; cannot strip")
+            tools = self._env_tools[None]
+            ids = []
+            for x, row, mask in zip(inputs, out["prompt_ids"], out["prompt_mask"]):
+                if x.get("hinted"):
+                    enc = self.processing_class.apply_chat_template(
+                        x["plain_prompt"], tools=tools, add_generation_prompt=True, tokenize=True, return_dict=True,
+                        **self.chat_template_kwargs)
+                    ids.append(torch.tensor(enc["input_ids"]))
+                    self.stripped += 1
+                else:
+                    ids.append(row[mask.bool()].cpu())
+            dev = out["prompt_ids"].device
+            out["prompt_ids"] = pad(ids, padding_value=self._tokenizer.pad_token_id, padding_side="left",
+                                    pad_to_multiple_of=self.pad_to_multiple_of).to(dev)
+            out["prompt_mask"] = pad([torch.ones_like(t) for t in ids], padding_value=0, padding_side="left",
+                                     pad_to_multiple_of=self.pad_to_multiple_of).to(dev)
+            return out
+
+    return HintStrippingGRPOTrainer
 
 
 def run(job: dict, emit, opts: Options) -> dict:
@@ -182,7 +228,12 @@ def run(job: dict, emit, opts: Options) -> dict:
             if stop_requested.is_set():
                 control.should_training_stop = True
 
-    trainer = GRPOTrainer(
+    strip = bool(g.get("strip_hints", True)) and any(r["hinted"] for r in train_rows)
+    if strip and g["kl_coef"] > 0:
+        raise JobError("grpo.kl_coef > 0 with strip_hints and hinted rollouts is not supported by the reference trainer "
+                       "(the reference model's log-probabilities would be on the hinted prompt)")
+    Trainer = hint_stripping(GRPOTrainer) if strip else GRPOTrainer
+    trainer = Trainer(
         model=model,
         reward_funcs=environment_reward,
         args=args,
@@ -212,6 +263,9 @@ def run(job: dict, emit, opts: Options) -> dict:
     trainer.train()
     if stop_requested.is_set():
         raise JobError("stopped by a signal before the last iteration")
+    if strip:
+        print(f"trace-trainer: hint block stripped from {trainer.stripped} hinted prompts before the gradient step",
+              file=sys.stderr)
     final = evaluate("eval")
     print(f"trace-trainer: adapter on the held-out seeds: {final}", file=sys.stderr)
 
