@@ -21,7 +21,7 @@ SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<tool_call>", "</too
 
 
 def build(out: str, conversations: list, vocab: int = 4096, hidden: int = 64, layers: int = 2,
-          steps: int = 150, lr: float = 3e-3, seed: int = 0) -> dict:
+          steps: int = 160, lr: float = 6e-3, seed: int = 0) -> dict:
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
@@ -46,10 +46,15 @@ def build(out: str, conversations: list, vocab: int = 4096, hidden: int = 64, la
     params = sum(p.numel() for p in model.parameters())
 
     # 3. The warm-up: next-token loss on the assistant turns of the transcripts.
+    import random
+
     batches = []
     for c in conversations:
-        ids, mask = _assistant_mask(tok, c)
-        batches.append((torch.tensor([ids]), torch.tensor([mask])))
+        for ids, mask in _examples(tok, c):
+            batches.append((torch.tensor([ids]), torch.tensor([mask])))
+    if not batches:
+        raise ValueError("no warm-up example: the conversations have no assistant turn")
+    random.Random(seed).shuffle(batches)
     opt = torch.optim.AdamW(model.parameters(), lr=lr)
     model.train()
     t0 = time.monotonic()
@@ -69,7 +74,7 @@ def build(out: str, conversations: list, vocab: int = 4096, hidden: int = 64, la
     model.save_pretrained(out)
     tok.save_pretrained(out)
     return {"parameters": params, "vocab": len(tok), "mean_tokens": sum(b[0].shape[1] for b in batches) // len(batches),
-            "warmup_steps": steps, "warmup_seconds": round(time.monotonic() - t0, 1),
+            "examples": len(batches), "warmup_steps": steps, "warmup_seconds": round(time.monotonic() - t0, 1),
             "loss_first": round(sum(losses[:10]) / 10, 3), "loss_last": round(sum(losses[-10:]) / 10, 3)}
 
 
@@ -83,24 +88,28 @@ def _bpe(texts, vocab, Tokenizer, models, pre_tokenizers, decoders, trainers):
     return t
 
 
-def _assistant_mask(tok, conv):
-    """Token ids of the whole conversation and a mask of the assistant
-    turns: the prefix before each assistant turn is rendered with a
-    generation prompt, and what the turn adds is the target."""
+def _examples(tok, conv, max_turns: int = 3):
+    """Warm-up examples of a conversation: for each of its first assistant
+    turns, the conversation up to that turn rendered as the model sees it
+    when it generates that turn (the turn last, after the generation
+    prompt), and a mask of the turn's tokens, the target."""
     msgs, tools = conv["messages"], conv.get("tools")
-    full = tok.apply_chat_template(msgs, tools=tools, tokenize=False)
-    ids = tok(full, add_special_tokens=False)["input_ids"]
-    mask = [0] * len(ids)
+    out = []
     for i, m in enumerate(msgs):
         if m["role"] != "assistant":
             continue
+        if len(out) == max_turns:
+            break
         before = tok.apply_chat_template(msgs[:i], tools=tools, tokenize=False, add_generation_prompt=True)
         upto = tok.apply_chat_template(msgs[: i + 1], tools=tools, tokenize=False)
-        a = len(tok(before, add_special_tokens=False)["input_ids"])
-        b = len(tok(upto, add_special_tokens=False)["input_ids"])
-        for j in range(a, min(b, len(ids))):
-            mask[j] = 1
-    return ids, mask
+        if not upto.startswith(before):
+            continue
+        a = tok(before, add_special_tokens=False)["input_ids"]
+        ids = tok(upto, add_special_tokens=False)["input_ids"]
+        if ids[: len(a)] != a:
+            continue
+        out.append((ids, [0] * len(a) + [1] * (len(ids) - len(a))))
+    return out
 
 
 def main(argv=None) -> int:
@@ -108,7 +117,7 @@ def main(argv=None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", required=True, help="model directory to write")
     p.add_argument("--warmup", required=True, help="JSON file: a list of {messages, tools} conversations")
-    p.add_argument("--steps", type=int, default=150, help="warm-up optimizer steps (default 150)")
+    p.add_argument("--steps", type=int, default=160, help="warm-up optimizer steps (default 160)")
     p.add_argument("--vocab", type=int, default=4096)
     p.add_argument("--hidden", type=int, default=64)
     p.add_argument("--layers", type=int, default=2)
