@@ -1,6 +1,6 @@
 """python -m trace_trainer.tiny --out DIR --warmup FILE: a tiny Qwen3-shaped
 causal LM for the CPU smoke test, made here and now: random weights from a
-config (~0.3M parameters), a byte-level BPE tokenizer trained on the spot
+config (~0.17M parameters), a byte-level BPE tokenizer trained on the spot
 on the warm-up transcripts, Qwen3's chat template (TRL's copy, which
 renders tool calls and tool results, so TRL recognizes it and parses
 <tool_call> blocks), then a short supervised warm-up on the transcripts
@@ -21,7 +21,7 @@ SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<tool_call>", "</too
 
 
 def build(out: str, conversations: list, vocab: int = 4096, hidden: int = 64, layers: int = 2,
-          steps: int = 160, lr: float = 6e-3, seed: int = 0) -> dict:
+          steps: int = 500, lr: float = 1e-2, seed: int = 0) -> dict:
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
@@ -88,7 +88,7 @@ def _bpe(texts, vocab, Tokenizer, models, pre_tokenizers, decoders, trainers):
     return t
 
 
-def _examples(tok, conv, max_turns: int = 3):
+def _examples(tok, conv, max_turns: int = 2):
     """Warm-up examples of a conversation: for each of its first assistant
     turns, the conversation up to that turn rendered as the model sees it
     when it generates that turn (the turn last, after the generation
@@ -117,7 +117,7 @@ def main(argv=None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", required=True, help="model directory to write")
     p.add_argument("--warmup", required=True, help="JSON file: a list of {messages, tools} conversations")
-    p.add_argument("--steps", type=int, default=160, help="warm-up optimizer steps (default 160)")
+    p.add_argument("--steps", type=int, default=500, help="warm-up optimizer steps (default 500)")
     p.add_argument("--vocab", type=int, default=4096)
     p.add_argument("--hidden", type=int, default=64)
     p.add_argument("--layers", type=int, default=2)
