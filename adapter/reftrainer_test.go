@@ -1,0 +1,473 @@
+package adapter_test
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"log/slog"
+	"math"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/traceops/trace/adapter"
+	"github.com/traceops/trace/adapter/dispatch"
+	"github.com/traceops/trace/adapter/plan"
+	"github.com/traceops/trace/internal/bus"
+	"github.com/traceops/trace/internal/dev/testenv"
+	"github.com/traceops/trace/schemas"
+	"github.com/traceops/trace/sink"
+	"github.com/traceops/trace/synthesizer/envprog"
+	"github.com/traceops/trace/synthesizer/envserver"
+	"github.com/traceops/trace/synthesizer/examples"
+)
+
+// trainerPython is the python of the reference trainer's venv
+// (TRACE_TRAINER_PYTHON; .ci/run builds it from trainer/requirements.txt).
+func trainerPython(t *testing.T) string {
+	t.Helper()
+	py := os.Getenv("TRACE_TRAINER_PYTHON")
+	if py == "" {
+		t.Skip("TRACE_TRAINER_PYTHON is not set: the reference trainer's smoke test needs its venv " +
+			"(python3 -m venv /var/cache/trace/trainer-venv && /var/cache/trace/trainer-venv/bin/pip install -r trainer/requirements.txt; " +
+			"then TRACE_TRAINER_PYTHON=/var/cache/trace/trainer-venv/bin/python). .ci/run does this.")
+	}
+	if out, err := exec.Command(py, "-c", "import torch, transformers, trl, peft, openenv, nats").CombinedOutput(); err != nil {
+		t.Fatalf("TRACE_TRAINER_PYTHON=%s cannot import the trainer's dependencies: %v\n%s", py, err, out)
+	}
+	return py
+}
+
+// warmupConversations plays the example environment's reference solution
+// for seeds in-process and returns them as OpenAI-format conversations
+// (system, user, assistant tool calls, tool results, final answer) with
+// the tools: the tiny model's supervised warm-up.
+func warmupConversations(t *testing.T, env envprog.Env, seeds []int64) []map[string]any {
+	t.Helper()
+	ctx := context.Background()
+	var tools []any
+	b, _ := json.Marshal(env.Info().Tools)
+	json.Unmarshal(b, &tools)
+	var out []map[string]any
+	for _, seed := range seeds {
+		ep, err := env.Reset(ctx, seed)
+		if err != nil {
+			t.Fatal(err)
+		}
+		st := ep.Start()
+		msgs := []map[string]any{{"role": "system", "content": st.System}, {"role": "user", "content": st.User}}
+		ref, err := ep.Reference(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, a := range ref {
+			m := map[string]any{"role": "assistant", "content": a.Content}
+			var calls []any
+			for j := range a.ToolCalls {
+				a.ToolCalls[j].ID = "call_" + string(rune('a'+i)) + string(rune('0'+j))
+				var args any
+				json.Unmarshal(a.ToolCalls[j].Arguments, &args)
+				calls = append(calls, map[string]any{"id": a.ToolCalls[j].ID, "type": "function",
+					"function": map[string]any{"name": a.ToolCalls[j].Name, "arguments": args}})
+			}
+			if calls != nil {
+				m["tool_calls"] = calls
+			}
+			msgs = append(msgs, m)
+			res, err := ep.Step(ctx, a)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, r := range res.ToolResults {
+				msgs = append(msgs, map[string]any{"role": "tool", "content": r.Content, "tool_call_id": r.ToolCallID})
+			}
+			if res.Done {
+				break
+			}
+		}
+		ep.Close()
+		out = append(out, map[string]any{"messages": msgs, "tools": tools})
+	}
+	return out
+}
+
+type episodeRec struct {
+	Phase      string             `json:"phase"`
+	Step       int                `json:"step"`
+	EpisodeID  string             `json:"episode_id"`
+	Seed       int64              `json:"seed"`
+	Hinted     bool               `json:"hinted"`
+	ToolCalls  int                `json:"tool_calls"`
+	ToolErrors int                `json:"tool_errors"`
+	Reward     float64            `json:"reward"`
+	Components map[string]float64 `json:"components"`
+}
+
+type envEpisode struct {
+	Seed       int64
+	Steps      uint32
+	Reward     float64
+	Hinted     uint8
+	DoneReason string
+	Components string
+}
+
+// TestReferenceTrainerSmoke is the reference trainer's CPU smoke test: a
+// tiny Qwen3-shaped model made on the spot (random weights, a tokenizer
+// trained here, Qwen3's chat template) and warmed up on reference
+// transcripts, then trace_trainer --nats takes the adapt role's job from
+// JetStream and trains a LoRA with TRL's GRPOTrainer for 2 optimizer
+// steps against the example environment served by trace's environment
+// server (episodes recorded in ClickHouse env_episodes). It checks the
+// events, that the model's tool calls reached the server and the rewards
+// the trainer saw are the server's, the PEFT adapter files, and the
+// adapters row the adapt role registered.
+func TestReferenceTrainerSmoke(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: the reference trainer's smoke test trains a model (minutes on 2 cores)")
+	}
+	py := trainerPython(t)
+	t0 := time.Now()
+	srv := testenv.NATS(t)
+	ch := testenv.ClickHouse(t)
+	st := ch.Store()
+	ctx := context.Background()
+	trainerDir, err := filepath.Abs("../trainer")
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	// trace's environment server with the example environment, under the
+	// id of the ready event below.
+	ready := readyFor("t-reftrainer", "precondition_verification")
+	env, err := envprog.Load(ctx, examples.PreconditionAirlineName, examples.PreconditionAirline, envprog.Limits{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { env.Close() })
+	cat := envserver.NewStaticCatalog()
+	if err := cat.Add(ready.EnvironmentID, env, envserver.Entry{}); err != nil {
+		t.Fatal(err)
+	}
+	cfg := envserver.DefaultConfig()
+	cfg.RecordFlush = 50 * time.Millisecond
+	es, err := envserver.New(cfg, envserver.Options{Catalog: cat, Writer: st})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs := httptest.NewServer(es.Handler())
+	t.Cleanup(func() {
+		hs.Close()
+		c, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		es.Close(c)
+	})
+
+	// The tiny base model, warmed up on 24 reference transcripts (training
+	// seeds lie below the held-out ones, from 1000).
+	work := t.TempDir()
+	if d := os.Getenv("TRACE_TRAINER_SMOKE_DIR"); d != "" { // keep the model, adapter and logs to look at
+		work = d
+		os.RemoveAll(filepath.Join(work, "adapters"))
+	}
+	var seeds []int64
+	for s := int64(0); s < 24; s++ {
+		seeds = append(seeds, 500+s)
+	}
+	wb, _ := json.Marshal(warmupConversations(t, env, seeds))
+	warmup := filepath.Join(work, "warmup.json")
+	os.WriteFile(warmup, wb, 0o644)
+	model := filepath.Join(work, "tiny-qwen3")
+	if _, err := os.Stat(filepath.Join(model, "config.json")); err == nil && os.Getenv("TRACE_TRAINER_SMOKE_DIR") != "" {
+		t.Logf("reusing the tiny model in %s", model)
+	} else {
+		tw := time.Now()
+		cmd := exec.Command(py, "-m", "trace_trainer.tiny", "--out", model, "--warmup", warmup, "--steps", "500")
+		cmd.Dir = trainerDir
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Fatalf("trace_trainer.tiny: %v\n%s", err, out)
+		}
+		t.Logf("tiny model (%.1fs): %s", time.Since(tw).Seconds(), lastLine(string(out)))
+	}
+
+	// The adapt role, planning tiny jobs.
+	b, err := bus.Connect(ctx, bus.Config{URL: srv.URL()}, "test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	pc := plan.DefaultConfig()
+	pc.Heartbeat, pc.Deadline = 2*time.Second, 5*time.Minute
+	pc.EnvServerURL = hs.URL
+	adapters := filepath.Join(work, "adapters")
+	pc.OutputURI = "file://" + adapters
+	zero := 0.0
+	pc.Defaults = plan.Settings{BaseModel: model, LoRARank: 4, LoRAAlpha: 8, GroupSize: 4, GroupsPerIteration: 1, Iterations: 2,
+		LearningRate: 1e-4, HintRatio: &zero, EvalSeeds: 2, EvalRollouts: 2}
+	role := startRoleWith(t, b, st, pc)
+	defer role.stop()
+
+	// The trainer, as a worker on the nats protocol.
+	logs := startRefTrainer(t, py, trainerDir, srv.URL())
+
+	if err := b.PublishEnvironmentReady(ctx, ready); err != nil {
+		t.Fatal(err)
+	}
+	jobID := schemas.TrainingJobID(ready.EnvironmentID, 1)
+	waitFor(t, "the reference trainer's job", 10*time.Minute, func() bool {
+		j, err := st.TrainingJob(ctx, jobID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return j != nil && adapter.Terminal(j.Status)
+	})
+	j, _ := st.TrainingJob(ctx, jobID)
+	if j.Status != adapter.StatusSucceeded {
+		t.Fatalf("job %s: %s (%s)\ntrainer:\n%s", jobID, j.Status, j.Reason, logs())
+	}
+
+	// The events: started, a progress event per optimizer step, succeeded.
+	evs, err := st.TrainingEvents(ctx, jobID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var types []string
+	var progress []sink.TrainingEventRow
+	var succeeded map[string]any
+	for _, e := range evs {
+		if e.Type == "heartbeat" {
+			continue
+		}
+		types = append(types, e.Type)
+		switch e.Type {
+		case "progress":
+			progress = append(progress, e)
+		case "succeeded":
+			json.Unmarshal([]byte(e.Payload), &succeeded)
+		}
+	}
+	if strings.Join(types, ",") != "dispatched,started,progress,progress,succeeded" {
+		t.Fatalf("history: %v", types)
+	}
+	for i, p := range progress {
+		if p.Iteration != int32(i+1) || p.RewardStd < 0 || p.HasKL {
+			t.Errorf("progress %d: %+v (kl_coef 0: no KL)", i, p)
+		}
+	}
+
+	// What the trainer saw of every episode, and what the server recorded.
+	name := j.AdapterName
+	dir := filepath.Join(adapters, name)
+	var recs []episodeRec
+	f, err := os.Open(filepath.Join(dir, "episodes.jsonl"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sc := bufio.NewScanner(f)
+	sc.Buffer(nil, 1<<20)
+	for sc.Scan() {
+		var r episodeRec
+		if err := json.Unmarshal(sc.Bytes(), &r); err != nil {
+			t.Fatal(err)
+		}
+		recs = append(recs, r)
+	}
+	f.Close()
+	// 2 held-out seeds × 2 rollouts before and after training, 4 rollouts × 2 steps.
+	want := map[string]int{"eval_base": 4, "train": 8, "eval": 4}
+	got := map[string]int{}
+	for _, r := range recs {
+		got[r.Phase]++
+	}
+	for k, n := range want {
+		if got[k] != n {
+			t.Errorf("%d %s episodes in episodes.jsonl, want %d (%v)", got[k], k, n, got)
+		}
+	}
+	server := map[string]envEpisode{}
+	deadline := time.Now().Add(20 * time.Second)
+	for len(server) < len(recs) && time.Now().Before(deadline) {
+		rows, err := ch.Conn().Query(ctx, `SELECT episode_id, seed, steps, reward, hinted, done_reason, components FROM env_episodes FINAL
+	WHERE environment_id = ?`, ready.EnvironmentID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for rows.Next() {
+			var id string
+			var e envEpisode
+			if err := rows.Scan(&id, &e.Seed, &e.Steps, &e.Reward, &e.Hinted, &e.DoneReason, &e.Components); err != nil {
+				t.Fatal(err)
+			}
+			server[id] = e
+		}
+		rows.Close()
+		time.Sleep(100 * time.Millisecond)
+	}
+	if len(server) != len(recs) {
+		t.Fatalf("env_episodes has %d episodes of %s, the trainer finished %d", len(server), ready.EnvironmentID, len(recs))
+	}
+	toolCalls, stepReward := 0, map[int][]float64{}
+	var evalRewards []float64
+	for _, r := range recs {
+		e, ok := server[r.EpisodeID]
+		if !ok {
+			t.Errorf("episode %s (%s, seed %d) is not in env_episodes", r.EpisodeID, r.Phase, r.Seed)
+			continue
+		}
+		if e.Reward != r.Reward || e.Seed != r.Seed {
+			t.Errorf("episode %s: the trainer saw reward %v for seed %d, the server computed %v for seed %d", r.EpisodeID, r.Reward, r.Seed, e.Reward, e.Seed)
+		}
+		// Every tool call that reached the server is an assistant turn of
+		// the episode (a protocol error leaves the episode as it was); the
+		// final answer is one more.
+		if e.DoneReason == "final" && int(e.Steps) != r.ToolCalls-r.ToolErrors+1 {
+			t.Errorf("episode %s: %d turns on the server, the trainer made %d tool calls (%d refused) and a final answer", r.EpisodeID, e.Steps, r.ToolCalls, r.ToolErrors)
+		}
+		toolCalls += r.ToolCalls - r.ToolErrors
+		switch r.Phase {
+		case "train":
+			stepReward[r.Step] = append(stepReward[r.Step], e.Reward)
+		case "eval":
+			evalRewards = append(evalRewards, e.Reward)
+		}
+	}
+	if toolCalls == 0 {
+		t.Errorf("no tool call of the model reached the environment server (the warm-up did not teach it to call tools)")
+	}
+	for i, p := range progress {
+		rs := stepReward[i+1]
+		if len(rs) != 4 || math.Abs(p.MeanReward-mean(rs)) > 1e-6 {
+			t.Errorf("progress %d: mean reward %v, the server's rewards of that step %v (mean %v)", i+1, p.MeanReward, rs, mean(rs))
+		}
+	}
+
+	// The adapter: a standard PEFT directory with the plan's LoRA.
+	var ac struct {
+		R             int      `json:"r"`
+		Alpha         int      `json:"lora_alpha"`
+		TargetModules []string `json:"target_modules"`
+		PeftType      string   `json:"peft_type"`
+		Base          string   `json:"base_model_name_or_path"`
+	}
+	acb, err := os.ReadFile(filepath.Join(dir, "adapter_config.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	json.Unmarshal(acb, &ac)
+	if ac.R != 4 || ac.Alpha != 8 || ac.PeftType != "LORA" || len(ac.TargetModules) != 7 || ac.Base != model {
+		t.Errorf("adapter_config.json: %+v", ac)
+	}
+	if fi, err := os.Stat(filepath.Join(dir, "adapter_model.safetensors")); err != nil || fi.Size() < 1000 {
+		t.Errorf("adapter_model.safetensors: %v %v", fi, err)
+	}
+
+	// The registry row, from the adapt role's handling of succeeded.
+	a, err := st.Adapter(ctx, name)
+	if err != nil || a == nil {
+		t.Fatalf("adapter %s not registered: %v", name, err)
+	}
+	ev := succeeded["eval"].(map[string]any)
+	if a.Status != adapter.AdapterCandidate || a.JobID != jobID || a.URI != "file://"+dir || a.BaseModel != model || a.Simulated ||
+		math.Abs(a.EvalMeanReward-mean(evalRewards)) > 1e-9 || a.EvalMeanReward != ev["mean_reward"].(float64) ||
+		ev["episodes"].(float64) != 4 {
+		t.Errorf("adapter row %+v; succeeded eval %v; held-out rewards on the server %v", a, ev, evalRewards)
+	}
+	t.Logf("smoke test: %d episodes, %d tool calls reached the server, rewards per step %v, held-out %v (base %v), %.1fs in all",
+		len(recs), toolCalls, stepReward, evalRewards, ev["base_mean_reward"], time.Since(t0).Seconds())
+}
+
+func mean(xs []float64) float64 {
+	if len(xs) == 0 {
+		return math.NaN()
+	}
+	s := 0.0
+	for _, x := range xs {
+		s += x
+	}
+	return s / float64(len(xs))
+}
+
+func lastLine(s string) string {
+	s = strings.TrimSpace(s)
+	return s[strings.LastIndex(s, "\n")+1:]
+}
+
+// startRoleWith runs the adapt role with plan configuration pc.
+func startRoleWith(t *testing.T, b *bus.Bus, st *sink.Store, pc plan.Config) *role {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	s, err := adapter.NewStage(adapter.Config{Plan: pc, Store: st, Claims: b, Backend: dispatch.NATS{Pub: b},
+		Log: slog.New(slog.NewTextHandler(testWriter{t}, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rc, err := b.ReadyConsumer(ctx, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ec, err := b.TrainingEventsConsumer(ctx, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &role{stage: s, cancel: cancel}
+	for _, fn := range []func() error{
+		func() error { return s.RunReady(ctx, rc) },
+		func() error { return s.RunEvents(ctx, ec) },
+		func() error { return s.RunDeadlines(ctx, time.Second) },
+	} {
+		r.wg.Add(1)
+		go func() {
+			defer r.wg.Done()
+			if err := fn(); err != nil {
+				t.Errorf("adapt role: %v", err)
+			}
+		}()
+	}
+	return r
+}
+
+// startRefTrainer runs python -m trace_trainer --nats; the returned
+// function returns what it logged.
+func startRefTrainer(t *testing.T, py, dir, natsURL string) func() string {
+	t.Helper()
+	cmd := exec.Command(py, "-m", "trace_trainer", "--nats", natsURL, "--max-completion-length", "768", "--worker", "smoke-test")
+	cmd.Dir = dir
+	cmd.Env = append(os.Environ(), "OMP_NUM_THREADS=1", "TOKENIZERS_PARALLELISM=false", "TRL_EXPERIMENTAL_SILENCE=1")
+	var mu sync.Mutex
+	var buf strings.Builder
+	pr, pw, _ := os.Pipe()
+	cmd.Stdout, cmd.Stderr = pw, pw
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	pw.Close()
+	go func() {
+		sc := bufio.NewScanner(pr)
+		sc.Buffer(nil, 1<<20)
+		for sc.Scan() {
+			if strings.HasPrefix(sc.Text(), "trace-trainer:") {
+				t.Log(sc.Text())
+			}
+			mu.Lock()
+			buf.WriteString(sc.Text() + "\n")
+			mu.Unlock()
+		}
+	}()
+	t.Cleanup(func() {
+		_ = cmd.Process.Signal(os.Interrupt)
+		done := make(chan struct{})
+		go func() { cmd.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(30 * time.Second):
+			cmd.Process.Kill()
+		}
+	})
+	return func() string { mu.Lock(); defer mu.Unlock(); return buf.String() }
+}

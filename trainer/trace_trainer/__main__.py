@@ -1,0 +1,102 @@
+"""python -m trace_trainer: trace's reference trainer.
+
+  --spec PATH      the command protocol: run the job in PATH, print its
+                   events as JSON lines on stdout (logs on stderr); exit 0
+                   when it succeeded, 1 when it failed, 2 on a bad spec.
+  --nats URL       the nats protocol: take jobs from the JetStream work queue
+                   trace.training.jobs (durable consumer trace-trainers), one
+                   at a time, and publish events on each job's events subject,
+                   until SIGTERM.
+"""
+
+import argparse
+import json
+import os
+import sys
+import traceback
+
+from . import train
+from .events import Emitter, stdout_sink
+
+
+def _options(a) -> train.Options:
+    return train.Options(max_completion_length=a.max_completion_length, max_tool_calls=a.max_tool_calls,
+                         episodes_log=a.episodes_log, seed=a.seed, cpu=a.cpu)
+
+
+def check_job(job) -> None:
+    """The fields the trainer reads; the adapt role validated the rest
+    against training_job/v1."""
+    if not isinstance(job, dict) or job.get("schema") != "training_job/v1":
+        raise ValueError("schema: not a training_job/v1")
+    for path in ("job_id", "base_model", "env_server.base_url", "lora.rank", "lora.alpha", "lora.dropout",
+                 "lora.target_modules", "grpo.group_size", "grpo.groups_per_iteration", "grpo.iterations",
+                 "grpo.learning_rate", "grpo.temperature", "grpo.kl_coef", "grpo.clip_epsilon", "grpo.max_grad_norm",
+                 "grpo.hint_ratio", "grpo.advantage", "eval.seeds", "eval.rollouts_per_seed",
+                 "eval.success_threshold", "output.adapter_name", "output.uri", "report.events_subject"):
+        v = job
+        for k in path.split("."):
+            if not isinstance(v, dict) or k not in v:
+                raise ValueError(f"{path}: missing")
+            v = v[k]
+
+
+def run_job(job: dict, emitter: Emitter, opts: train.Options) -> bool:
+    emitter.start_heartbeat()
+    try:
+        result = train.run(job, emitter.emit, opts)
+        emitter.emit("succeeded", **result)
+        return True
+    except Exception as e:
+        traceback.print_exc(file=sys.stderr)
+        reason = str(e) if isinstance(e, train.JobError) else f"{type(e).__name__}: {e}"
+        emitter.emit("failed", reason=reason[:2000])
+        return False
+    finally:
+        emitter.stop_heartbeat()
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m trace_trainer", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    mode = p.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--spec", help="job spec file (training_job/v1 JSON): the command protocol")
+    mode.add_argument("--nats", help="NATS URL (e.g. nats://127.0.0.1:4222): the nats protocol worker")
+    p.add_argument("--max-completion-length", type=int, default=2048,
+                   help="tokens per rollout, tool results included (default 2048)")
+    p.add_argument("--max-tool-calls", type=int, default=None,
+                   help="tool calls per rollout (default: the job's env_server.max_steps, else 16)")
+    p.add_argument("--episodes-log", default=None,
+                   help="JSON lines of every episode played (default: <adapter dir>/episodes.jsonl)")
+    p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    p.add_argument("--cpu", action="store_true", help="train on the CPU even when CUDA is available")
+    p.add_argument("--worker", default=None, help="the worker name in events (default trace-trainer@<host>)")
+    a = p.parse_args(argv)
+    opts = _options(a)
+
+    if a.nats:
+        from .worker import serve
+
+        return serve(a.nats, opts, a.worker)
+
+    try:
+        with open(a.spec) as f:
+            job = json.load(f)
+        check_job(job)
+    except (OSError, ValueError) as e:
+        print(f"trace-trainer: {a.spec}: {e}", file=sys.stderr)
+        return 2
+    # Anything a library prints on stdout would break the event stream: the
+    # events go to the real stdout, everything else to stderr.
+    out = os.fdopen(os.dup(sys.stdout.fileno()), "w", buffering=1)
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
+
+    def sink(_subject, data):
+        out.write(data.decode() + "\n")
+        out.flush()
+
+    return 0 if run_job(job, Emitter(job, sink, a.worker), opts) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
