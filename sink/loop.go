@@ -1,0 +1,181 @@
+package sink
+
+import (
+	"context"
+	"fmt"
+	"time"
+)
+
+// The closed loop's reads (package verify): the per-rollout labels of one
+// capability on the rollouts an adapter served and on its cohort before it
+// was activated, and the routing share per adapter over time. They live
+// here, apart from the window queries the analyzer uses, and read only
+// tables that exist since migration 9 (rollouts.adapter) — no migration of
+// their own.
+
+// LoopSample selects the rollouts one side of a before/after comparison is
+// computed on, and the capability whose labels are read for them.
+//
+//   - Adapter set: the "after" side, the rollouts routed to that adapter
+//     (rollouts.adapter = Adapter) in Environment, whatever their agent
+//     version (the router serves the adapter to the cohort it was trained
+//     for; a producer may report another version).
+//   - Adapter empty: the "before" side, the base model's rollouts
+//     (rollouts.adapter is empty) of the cohort (Environment, AgentVersion) that
+//     ended before Until.
+//
+// Either side keeps the Limit most recent rollouts (by end time).
+type LoopSample struct {
+	Environment       string
+	AgentVersion      string // the before side only
+	Adapter           string
+	Until             time.Time // the before side only: end_time < Until
+	DictionaryVersion uint32
+	Capability        string
+	Limit             int
+}
+
+// RolloutLabels are one rollout's labels for one capability: Labels[run]
+// is NA, PRESENT, LACKING, or "" when that run has not labeled it.
+type RolloutLabels struct {
+	RolloutID string
+	Success   bool
+	Labels    []string
+}
+
+// DefaultLoopLimit bounds a sample when LoopSample.Limit is 0.
+const DefaultLoopLimit = 5000
+
+// loopRolloutsSQL is the subquery selecting a sample's rollout ids.
+func loopRolloutsSQL(s LoopSample) (string, []any) {
+	limit := s.Limit
+	if limit <= 0 {
+		limit = DefaultLoopLimit
+	}
+	if s.Adapter != "" {
+		return fmt.Sprintf(`SELECT rollout_id FROM rollouts WHERE environment = ? AND adapter = ?
+		GROUP BY rollout_id ORDER BY max(end_time) DESC, rollout_id LIMIT %d`, limit), []any{s.Environment, s.Adapter}
+	}
+	return fmt.Sprintf(`SELECT rollout_id FROM rollouts WHERE environment = ? AND agent_version = ? AND adapter = '' AND toUInt32(end_time) < ?
+		GROUP BY rollout_id ORDER BY max(end_time) DESC, rollout_id LIMIT %d`, limit), []any{s.Environment, s.AgentVersion, unixSec(s.Until)}
+}
+
+// loopLabelsSQL is LoopLabels' query: per (rollout, run) the most recently
+// ingested label of the capability and the rollout's outcome.
+func loopLabelsSQL(s LoopSample) (string, []any) {
+	sub, subArgs := loopRolloutsSQL(s)
+	q := `SELECT rollout_id, run, argMax(label, ingest_ns) AS l, argMax(success, ingest_ns) AS ok
+	FROM capability_labels
+	WHERE environment = ? AND dictionary_version = ? AND capability = ? AND rollout_id IN (` + sub + `)
+	GROUP BY rollout_id, run
+	ORDER BY rollout_id, run`
+	return q, append([]any{s.Environment, s.DictionaryVersion, s.Capability}, subArgs...)
+}
+
+// LoopLabels returns the sample's labeled rollouts, ordered by id. A
+// rollout of the sample that no run labeled yet is absent.
+func (s *Store) LoopLabels(ctx context.Context, spec LoopSample) ([]RolloutLabels, error) {
+	q, args := loopLabelsSQL(spec)
+	rows, err := s.conn.Query(ctx, q, args...)
+	if err != nil {
+		return nil, fmt.Errorf("loop labels of %s: %w", spec.Capability, err)
+	}
+	defer rows.Close()
+	var out []RolloutLabels
+	for rows.Next() {
+		var (
+			id, label string
+			run       uint16
+			ok        uint8
+		)
+		if err := rows.Scan(&id, &run, &label, &ok); err != nil {
+			return nil, fmt.Errorf("loop labels: %w", err)
+		}
+		if len(out) == 0 || out[len(out)-1].RolloutID != id {
+			out = append(out, RolloutLabels{RolloutID: id})
+		}
+		r := &out[len(out)-1]
+		r.Success = ok == 1
+		for len(r.Labels) <= int(run) {
+			r.Labels = append(r.Labels, "")
+		}
+		r.Labels[run] = label
+	}
+	return out, rows.Err()
+}
+
+// loopDictionarySQL is LoopDictionary's query.
+const loopDictionarySQL = `SELECT max(dictionary_version), count() FROM capability_labels
+	WHERE environment = ? AND agent_version = ? AND capability = ?`
+
+// LoopDictionary is the newest dictionary version whose labels of the
+// capability exist for the cohort, 0 when there are none.
+func (s *Store) LoopDictionary(ctx context.Context, environment, agentVersion, capability string) (uint32, error) {
+	var (
+		v uint32
+		n uint64
+	)
+	if err := s.conn.QueryRow(ctx, loopDictionarySQL, environment, agentVersion, capability).Scan(&v, &n); err != nil {
+		return 0, fmt.Errorf("loop dictionary: %w", err)
+	}
+	if n == 0 {
+		return 0, nil
+	}
+	return v, nil
+}
+
+// ShareRow is the number of an environment's rollouts one adapter (""
+// for the base model) served in one time bucket.
+type ShareRow struct {
+	Bucket   time.Time
+	Adapter  string
+	Rollouts uint64
+}
+
+// routingShareSQL is RoutingShare's query: distinct rollouts per (bucket of
+// end time, adapter). The bucket is computed on the epoch seconds, which
+// every ClickHouse version has (18.16 lacks toStartOfInterval).
+func routingShareSQL(environment string, since time.Time, bucket time.Duration) (string, []any) {
+	sec := max(int64(bucket/time.Second), 1)
+	q := fmt.Sprintf(`SELECT toDateTime(intDiv(toUInt32(end_time), %d) * %d) AS b, adapter, uniqExact(rollout_id)
+	FROM rollouts WHERE environment = ? AND toUInt32(end_time) >= ?
+	GROUP BY b, adapter ORDER BY b, adapter`, sec, sec)
+	return q, []any{environment, unixSec(since)}
+}
+
+// RoutingShare counts the environment's rollouts per adapter and time
+// bucket since the given time, from rollouts.adapter (the routing the
+// rollouts themselves report).
+func (s *Store) RoutingShare(ctx context.Context, environment string, since time.Time, bucket time.Duration) ([]ShareRow, error) {
+	q, args := routingShareSQL(environment, since, bucket)
+	rows, err := s.conn.Query(ctx, q, args...)
+	if err != nil {
+		return nil, fmt.Errorf("routing share of %s: %w", environment, err)
+	}
+	defer rows.Close()
+	var out []ShareRow
+	for rows.Next() {
+		var r ShareRow
+		if err := rows.Scan(&r.Bucket, &r.Adapter, &r.Rollouts); err != nil {
+			return nil, fmt.Errorf("routing share: %w", err)
+		}
+		r.Bucket = r.Bucket.UTC()
+		out = append(out, r)
+	}
+	return out, rows.Err()
+}
+
+// MarkAdapterRolledBack saves a new version of the adapter with status
+// rolled_back and the reason in its metadata.
+//
+// This is the minimal registry write of the closed loop's guard, a
+// stand-in until the adapter lifecycle (activate / retire / rollback with
+// the vLLM unload) lands: it does not unload anything from serving. The
+// guard calls it through its own interface (verify.RollBacker), so the
+// lifecycle's transition replaces it without touching the guard.
+func (s *Store) MarkAdapterRolledBack(ctx context.Context, a AdapterRow, metadata string, now time.Time) error {
+	next := a
+	next.Status, next.Metadata, next.UpdatedAt = "rolled_back", metadata, now.UTC()
+	next.Version = max(a.Version+1, uint64(now.UnixNano()))
+	return s.SaveAdapter(ctx, next)
+}
