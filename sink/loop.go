@@ -133,21 +133,28 @@ type ShareRow struct {
 }
 
 // routingShareSQL is RoutingShare's query: distinct rollouts per (bucket of
-// end time, adapter). The bucket is computed on the epoch seconds, which
-// every ClickHouse version has (18.16 lacks toStartOfInterval).
-func routingShareSQL(environment string, since time.Time, bucket time.Duration) (string, []any) {
+// end time, adapter) over the window back from the environment's newest
+// rollout (event time, as the analyzer's windows; window 0: every
+// rollout). The bucket is computed on the epoch seconds, which every
+// ClickHouse version has (18.16 lacks toStartOfInterval).
+func routingShareSQL(environment string, window, bucket time.Duration) (string, []any) {
 	sec := max(int64(bucket/time.Second), 1)
+	w := int64(window / time.Second)
+	if window <= 0 {
+		w = 1 << 32
+	}
 	q := fmt.Sprintf(`SELECT toDateTime(intDiv(toUInt32(end_time), %d) * %d) AS b, adapter, uniqExact(rollout_id)
-	FROM rollouts WHERE environment = ? AND toUInt32(end_time) >= ?
-	GROUP BY b, adapter ORDER BY b, adapter`, sec, sec)
-	return q, []any{environment, unixSec(since)}
+	FROM rollouts WHERE environment = ?
+		AND toInt64(toUInt32(end_time)) >= (SELECT toInt64(toUInt32(max(end_time))) FROM rollouts WHERE environment = ?) - %d
+	GROUP BY b, adapter ORDER BY b, adapter`, sec, sec, w)
+	return q, []any{environment, environment}
 }
 
 // RoutingShare counts the environment's rollouts per adapter and time
-// bucket since the given time, from rollouts.adapter (the routing the
-// rollouts themselves report).
-func (s *Store) RoutingShare(ctx context.Context, environment string, since time.Time, bucket time.Duration) ([]ShareRow, error) {
-	q, args := routingShareSQL(environment, since, bucket)
+// bucket over the window back from its newest rollout, from
+// rollouts.adapter (the routing the rollouts themselves report).
+func (s *Store) RoutingShare(ctx context.Context, environment string, window, bucket time.Duration) ([]ShareRow, error) {
+	q, args := routingShareSQL(environment, window, bucket)
 	rows, err := s.conn.Query(ctx, q, args...)
 	if err != nil {
 		return nil, fmt.Errorf("routing share of %s: %w", environment, err)

@@ -54,7 +54,7 @@ func chdbLoop(t *testing.T, c *chdbDB, base time.Time) {
 	if want := "r1/PRESENT r2/LACKING"; strings.Join(got, " ") != want {
 		t.Fatalf("after: %s, want %s", strings.Join(got, " "), want)
 	}
-	q, args = routingShareSQL("loop-env", act, time.Hour)
+	q, args = routingShareSQL("loop-env", 70*time.Minute, time.Hour)
 	got = nil
 	for _, row := range c.query(q, args...).rows {
 		got = append(got, fmt.Sprintf("%s/%s/%d", row.time(0).Sub(act), row.str(1), row.uint(2)))

@@ -97,7 +97,7 @@ func TestLoopSamplesAndRoutingShare(t *testing.T) {
 		t.Fatalf("after = %+v\nwant %+v", after, want)
 	}
 
-	share, err := s.RoutingShare(ctx, "env", act.Add(-30*time.Minute), time.Hour)
+	share, err := s.RoutingShare(ctx, "env", 110*time.Minute, time.Hour)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -13,6 +13,7 @@ import (
 	"github.com/traceops/trace/internal/dashboard"
 	"github.com/traceops/trace/synthesizer"
 	"github.com/traceops/trace/synthesizer/envserver"
+	"github.com/traceops/trace/verify"
 )
 
 // httpServer serves /healthz, /readyz and /metrics for every role, so that
@@ -31,6 +32,8 @@ func (a *App) httpServer() *http.Server {
 		if a.Store != nil { // a nil *sink.Store must stay a nil Store
 			deps.Store = a.Store
 			deps.Environments = synthesizer.SinkStore{Rows: a.Store}
+			// Read-only: the dashboard reports; the adapt role's guard acts.
+			deps.Loop = verify.Reporter{Checker: verify.New(a.Cfg.Verify, a.Store, nil, nil, a.Log), Share: a.Store}
 		}
 		protected.Handle("/", dashboard.New(deps))
 		if a.envSrv != nil && a.Cfg.Env.Addr == "" {
