@@ -16,10 +16,10 @@ import (
 // LoopSample selects the rollouts one side of a before/after comparison is
 // computed on, and the capability whose labels are read for them.
 //
-//   - Adapter set: the "after" side, the rollouts routed to that adapter
-//     (rollouts.adapter = Adapter) in Environment, whatever their agent
-//     version (the router serves the adapter to the cohort it was trained
-//     for; a producer may report another version).
+//   - Adapter set: the "after" side, the rollouts of the cohort
+//     (Environment, AgentVersion) routed to that adapter (rollouts.adapter
+//     = Adapter). Other agent versions the router sent to the adapter are
+//     left out: both sides are the same cohort.
 //   - Adapter empty: the "before" side, the base model's rollouts
 //     (rollouts.adapter is empty) of the cohort (Environment, AgentVersion) that
 //     ended before Until.
@@ -27,7 +27,7 @@ import (
 // Either side keeps the Limit most recent rollouts (by end time).
 type LoopSample struct {
 	Environment       string
-	AgentVersion      string // the before side only
+	AgentVersion      string
 	Adapter           string
 	Until             time.Time // the before side only: end_time < Until
 	DictionaryVersion uint32
@@ -53,8 +53,8 @@ func loopRolloutsSQL(s LoopSample) (string, []any) {
 		limit = DefaultLoopLimit
 	}
 	if s.Adapter != "" {
-		return fmt.Sprintf(`SELECT rollout_id FROM rollouts WHERE environment = ? AND adapter = ?
-		GROUP BY rollout_id ORDER BY max(end_time) DESC, rollout_id LIMIT %d`, limit), []any{s.Environment, s.Adapter}
+		return fmt.Sprintf(`SELECT rollout_id FROM rollouts WHERE environment = ? AND agent_version = ? AND adapter = ?
+		GROUP BY rollout_id ORDER BY max(end_time) DESC, rollout_id LIMIT %d`, limit), []any{s.Environment, s.AgentVersion, s.Adapter}
 	}
 	return fmt.Sprintf(`SELECT rollout_id FROM rollouts WHERE environment = ? AND agent_version = ? AND adapter = '' AND toUInt32(end_time) < ?
 		GROUP BY rollout_id ORDER BY max(end_time) DESC, rollout_id LIMIT %d`, limit), []any{s.Environment, s.AgentVersion, unixSec(s.Until)}

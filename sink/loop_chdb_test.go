@@ -22,7 +22,7 @@ func chdbLoop(t *testing.T, c *chdbDB, base time.Time) {
 		"messages, tools, grader, metadata, kafka_topic, kafka_partition, kafka_offset, ingested_at, ingest_ns, adapter"
 	c.insert("rollouts", cols, ro("b1", "1.4.0", "", act.Add(-time.Hour), 0), ro("b2", "1.4.0", "", act.Add(-time.Minute), 1),
 		ro("x1", "1.5.0", "", act.Add(-time.Hour), 0), ro("late", "1.4.0", "", act.Add(time.Hour), 0),
-		ro("r1", "1.4.0", "ad", act.Add(10*time.Minute), 1), ro("r2", "1.5.0", "ad", act.Add(70*time.Minute), 0))
+		ro("r1", "1.4.0", "ad", act.Add(10*time.Minute), 1), ro("r2", "1.4.0", "ad", act.Add(70*time.Minute), 0), ro("r3", "1.5.0", "ad", act.Add(20*time.Minute), 0))
 	lab := func(id, version string, run uint16, l string, ok uint8, end time.Time, ns uint64) []any {
 		return []any{"loop-env", version, uint32(2), "cap", run, id, l, ok, float64(ok), "test", end, ns}
 	}
@@ -31,7 +31,7 @@ func chdbLoop(t *testing.T, c *chdbDB, base time.Time) {
 		lab("b1", "1.4.0", 1, "LACKING", 0, act.Add(-time.Hour), 2), // a relabel: the newest wins
 		lab("b2", "1.4.0", 0, "NA", 1, act.Add(-time.Minute), 1), lab("b2", "1.4.0", 1, "PRESENT", 1, act.Add(-time.Minute), 1),
 		lab("x1", "1.5.0", 0, "LACKING", 0, act.Add(-time.Hour), 1), lab("late", "1.4.0", 0, "LACKING", 0, act.Add(time.Hour), 1),
-		lab("r1", "1.4.0", 0, "PRESENT", 1, act.Add(10*time.Minute), 1), lab("r2", "1.5.0", 0, "LACKING", 0, act.Add(70*time.Minute), 1))
+		lab("r1", "1.4.0", 0, "PRESENT", 1, act.Add(10*time.Minute), 1), lab("r2", "1.4.0", 0, "LACKING", 0, act.Add(70*time.Minute), 1), lab("r3", "1.5.0", 0, "LACKING", 0, act.Add(20*time.Minute), 1))
 
 	if r := c.query(loopDictionarySQL, "loop-env", "1.4.0", "cap"); len(r.rows) != 1 || r.rows[0].uint(0) != 2 || r.rows[0].uint(1) == 0 {
 		t.Fatalf("loop dictionary: %v", r.rows)
@@ -46,7 +46,7 @@ func chdbLoop(t *testing.T, c *chdbDB, base time.Time) {
 	if want := "b1/LACKING b1/LACKING b2/NA b2/PRESENT"; strings.Join(got, " ") != want {
 		t.Fatalf("before: %s, want %s", strings.Join(got, " "), want)
 	}
-	q, args = loopLabelsSQL(LoopSample{Environment: "loop-env", Adapter: "ad", DictionaryVersion: 2, Capability: "cap", Limit: 10})
+	q, args = loopLabelsSQL(LoopSample{Environment: "loop-env", AgentVersion: "1.4.0", Adapter: "ad", DictionaryVersion: 2, Capability: "cap", Limit: 10})
 	got = nil
 	for _, row := range c.query(q, args...).rows {
 		got = append(got, row.str(0)+"/"+row.str(2))
@@ -59,7 +59,7 @@ func chdbLoop(t *testing.T, c *chdbDB, base time.Time) {
 	for _, row := range c.query(q, args...).rows {
 		got = append(got, fmt.Sprintf("%s/%s/%d", row.time(0).Sub(act), row.str(1), row.uint(2)))
 	}
-	if want := "0s/ad/1 1h0m0s//1 1h0m0s/ad/1"; strings.Join(got, " ") != want {
+	if want := "0s/ad/2 1h0m0s//1 1h0m0s/ad/1"; strings.Join(got, " ") != want {
 		t.Fatalf("share: %s, want %s", strings.Join(got, " "), want)
 	}
 }

@@ -13,7 +13,7 @@ import (
 // TestLoopSamplesAndRoutingShare: the before side is the cohort's base
 // rollouts that ended before activation (not routed ones, not another
 // agent version's, not later ones), the after side the rollouts routed to
-// the adapter whatever their version; a relabel's newest label wins; the
+// the adapter in the same cohort (not another version's); a relabel's newest label wins; the
 // limit keeps the most recent; the dictionary is the cohort's newest; the
 // routing share counts rollouts per bucket and adapter.
 func TestLoopSamplesAndRoutingShare(t *testing.T) {
@@ -33,7 +33,8 @@ func TestLoopSamplesAndRoutingShare(t *testing.T) {
 		{"x1", "1.5.0", "", act.Add(-time.Hour), false, []string{"LACKING", "LACKING"}},  // another version
 		{"late", "1.4.0", "", act.Add(time.Hour), false, []string{"LACKING", "LACKING"}}, // base, after activation
 		{"r1", "1.4.0", "ad", act.Add(10 * time.Minute), true, []string{"PRESENT", "PRESENT"}},
-		{"r2", "1.5.0", "ad", act.Add(70 * time.Minute), false, []string{"PRESENT"}}, // one run so far
+		{"r2", "1.4.0", "ad", act.Add(70 * time.Minute), false, []string{"PRESENT"}}, // one run so far
+		{"r3", "1.5.0", "ad", act.Add(30 * time.Minute), false, []string{"LACKING"}}, // another version
 		{"o1", "1.4.0", "other", act.Add(20 * time.Minute), false, []string{"LACKING", "LACKING"}},
 	}
 	var rows []sink.RolloutRow
@@ -85,7 +86,7 @@ func TestLoopSamplesAndRoutingShare(t *testing.T) {
 	if err != nil || len(last2) != 2 || last2[0].RolloutID != "b2" || last2[1].RolloutID != "b3" {
 		t.Fatalf("limit 2 = %+v %v", last2, err)
 	}
-	after, err := s.LoopLabels(ctx, sink.LoopSample{Environment: "env", Adapter: "ad", DictionaryVersion: 2, Capability: "cap"})
+	after, err := s.LoopLabels(ctx, sink.LoopSample{Environment: "env", AgentVersion: "1.4.0", Adapter: "ad", DictionaryVersion: 2, Capability: "cap"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -103,7 +104,7 @@ func TestLoopSamplesAndRoutingShare(t *testing.T) {
 	}
 	wantShare := []sink.ShareRow{
 		{Bucket: act.Add(-time.Hour), Adapter: "", Rollouts: 1}, // b3
-		{Bucket: act, Adapter: "ad", Rollouts: 1},
+		{Bucket: act, Adapter: "ad", Rollouts: 2},
 		{Bucket: act, Adapter: "other", Rollouts: 1},
 		{Bucket: act.Add(time.Hour), Adapter: "", Rollouts: 1}, // late
 		{Bucket: act.Add(time.Hour), Adapter: "ad", Rollouts: 1},

@@ -9,8 +9,8 @@
 //   - before: the base model's rollouts of the adapter's cohort
 //     (environment, agent version) that ended before the adapter was
 //     activated;
-//   - after: the rollouts routed to the adapter (rollouts.adapter, from
-//     rollout v1's routing field).
+//   - after: the same cohort's rollouts routed to the adapter
+//     (rollouts.adapter, from rollout v1's routing field).
 //
 // Each statistic has a 95 % interval (Wilson for proportions, a seeded
 // percentile bootstrap over rollouts for Δ), and the verdict is one of
@@ -154,9 +154,9 @@ func (c *Checker) checkOne(ctx context.Context, a sink.AdapterRow) (AdapterCheck
 	ac.DictionaryVersion = dv
 	var before, after []sink.RolloutLabels
 	if dv > 0 {
-		base := sink.LoopSample{Environment: a.Environment, DictionaryVersion: dv, Capability: a.Capability, Limit: c.cfg.SampleLimit}
+		base := sink.LoopSample{Environment: a.Environment, AgentVersion: a.AgentVersion, DictionaryVersion: dv, Capability: a.Capability, Limit: c.cfg.SampleLimit}
 		b := base
-		b.AgentVersion, b.Until = a.AgentVersion, ac.ActivatedAt
+		b.Until = ac.ActivatedAt
 		if before, err = c.src.LoopLabels(ctx, b); err != nil {
 			return ac, err
 		}
