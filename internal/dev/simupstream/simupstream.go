@@ -7,8 +7,9 @@
 // 1, logprobs) with label logprobs. It does not read the conversation the
 // way a model would: it looks the conversation's first user turn up in
 // the simulation's ground truth (which capabilities the simulated task
-// exercises, Register) and puts 97 % on the first candidate whose
-// capability is among them, in the order of preference given, else on the
+// exercises, Register) and puts 97 % on a candidate whose capability is
+// among them — when several are, one chosen by a hash of the turn, so
+// conversations spread over the adapters they could use — else on the
 // "no adapter" label. As the answering model it returns one fixed
 // assistant message naming the model it was asked for (streamed as SSE
 // when the request asks for it). Everything it says is labeled simulated.
@@ -17,6 +18,7 @@ package simupstream
 import (
 	"encoding/json"
 	"fmt"
+	"hash/fnv"
 	"math"
 	"net/http"
 	"regexp"
@@ -29,19 +31,14 @@ import (
 // Server is the simulated upstream. Register the ground truth before the
 // traffic; safe for concurrent use.
 type Server struct {
-	// Prefer orders capabilities when a task exercises several candidates'
-	// capabilities (the first wins); capabilities not listed come after,
-	// by name.
-	Prefer []string
-
 	mu    sync.RWMutex
 	truth map[string][]string // environment + NUL + first user turn → capabilities exercised
 
 	Classified, Answered atomic.Int64
 }
 
-// New returns a server preferring the given capabilities in that order.
-func New(prefer ...string) *Server { return &Server{Prefer: prefer, truth: map[string][]string{}} }
+// New returns a server with no ground truth yet.
+func New() *Server { return &Server{truth: map[string][]string{}} }
 
 // Register records that a conversation of the environment starting with
 // firstUser exercises the capabilities.
@@ -109,7 +106,7 @@ var (
 	conversation  = regexp.MustCompile(`(?s)<conversation>\s*(.*?)\s*</conversation>`)
 )
 
-// Pick is the label the simulated classifier chooses: the preferred
+// pick is the label the simulated classifier chooses: the preferred
 // candidate among the capabilities the conversation exercises, or none.
 func (s *Server) pick(system, user string) (label, none string) {
 	if m := noneLine.FindStringSubmatch(system); m != nil {
@@ -130,24 +127,18 @@ func (s *Server) pick(system, user string) (label, none string) {
 	s.mu.RLock()
 	needed := s.truth[env+"\x00"+strings.TrimSpace(first)]
 	s.mu.RUnlock()
-	best, bestRank := "", math.MaxInt
+	var matching []string
 	for _, m := range candidateLine.FindAllStringSubmatch(system, -1) {
-		c := m[2]
-		if c == "none" || !slices.Contains(needed, c) {
-			continue
-		}
-		rank := slices.Index(s.Prefer, c)
-		if rank < 0 {
-			rank = len(s.Prefer) + 1
-		}
-		if rank < bestRank {
-			best, bestRank = m[1], rank
+		if m[2] != "none" && slices.Contains(needed, m[2]) {
+			matching = append(matching, m[1])
 		}
 	}
-	if best == "" {
+	if len(matching) == 0 {
 		return none, none
 	}
-	return best, none
+	h := fnv.New32a()
+	h.Write([]byte(first))
+	return matching[h.Sum32()%uint32(len(matching))], none
 }
 
 func (s *Server) classify(w http.ResponseWriter, req request) {
