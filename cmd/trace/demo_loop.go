@@ -1,0 +1,352 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"sort"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+
+	"github.com/traceops/trace/internal/app"
+	"github.com/traceops/trace/internal/dev/simulate"
+	"github.com/traceops/trace/internal/dev/simupstream"
+	"github.com/traceops/trace/sink"
+	"github.com/traceops/trace/verify"
+)
+
+// The demo's closed loop (TRACE step 4): after the simulated trainer has
+// registered an adapter per ready environment, the demo activates them,
+// plants one harmful adapter, sends the simulated fleet's traffic through
+// the routing proxy in front of a SIMULATED upstream, and reports each
+// planted capability's Δ before and after with its verdict, and the
+// guard's rollback of the harmful adapter.
+
+// loopDisclaimer is said wherever the loop's results are shown.
+const loopDisclaimer = "SIMULATED: the classifier and the answers are the simulated upstream's (no model ran); " +
+	"a conversation routed to an adapter loses that adapter's planted deficit — the simulation's stand-in for a trained adapter, " +
+	"since the simulated trainer trained nothing; the harmful adapter is planted by the demo"
+
+// harmfulCapability is the capability the planted harmful adapter breaks:
+// one the fleet does not lack, so the guard has a clear before to compare
+// with.
+const harmfulCapability = simulate.ToolErrorRecovery
+
+// demoLoop is the closed-loop section of the summary.
+type demoLoop struct {
+	Simulated string            `json:"simulated"`
+	Traffic   int               `json:"traffic"`  // conversations sent through the proxy
+	Routed    map[string]int    `json:"routed"`   // per adapter ("none": the base model)
+	Adapters  []demoLoopAdapter `json:"adapters"` // the planted deficits' adapters and the harmful one
+	OK        bool              `json:"ok"`       // every planted gap closed and the harmful adapter rolled back
+	Problems  []string          `json:"problems,omitempty"`
+	GuardNote string            `json:"guard,omitempty"`
+}
+
+type demoLoopAdapter struct {
+	Adapter      string          `json:"adapter"`
+	Environment  string          `json:"environment"`
+	AgentVersion string          `json:"agent_version"`
+	Capability   string          `json:"capability"`
+	Role         string          `json:"role"` // planted_deficit | harmful
+	Status       string          `json:"status"`
+	Verdict      verify.Verdict  `json:"verdict"`
+	Reason       string          `json:"reason"`
+	DeltaBefore  verify.Interval `json:"delta_before"`
+	DeltaAfter   verify.Interval `json:"delta_after"`
+	PassBefore   verify.Interval `json:"pass_rate_before"`
+	PassAfter    verify.Interval `json:"pass_rate_after"`
+	Routed       int             `json:"routed_rollouts"`
+}
+
+// loopDriver runs the closed loop of one demo.
+type loopDriver struct {
+	d        *demo
+	a        *app.App
+	up       *simupstream.Server
+	proxyURL string // the routing proxy (the route role)
+	gen      *simulate.Generator
+	from     int // the first rollout index of the loop's traffic
+	traffic  int
+	planted  []string // env/agent/capability
+}
+
+// activateAdapter makes an adapter active in the registry with its
+// activation time in the metadata.
+//
+// A stand-in for the adapter lifecycle's activate transition (which also
+// loads the adapter into serving): here it is the registry write alone,
+// which is all the router reads.
+func activateAdapter(ctx context.Context, st *sink.Store, r sink.AdapterRow, now time.Time) (sink.AdapterRow, error) {
+	meta := map[string]any{}
+	_ = json.Unmarshal([]byte(r.Metadata), &meta)
+	meta["activated_at"], meta["activated_by"] = now.UTC(), "trace demo"
+	b, _ := json.Marshal(meta)
+	r.Status, r.Metadata, r.UpdatedAt = "active", string(b), now.UTC()
+	r.Version = max(r.Version+1, uint64(now.UnixNano()))
+	return r, st.SaveAdapter(ctx, r)
+}
+
+// activate waits for the simulated trainer's adapters of every planted
+// deficit, activates them, and plants the harmful adapter. It returns the
+// effect of each adapter name on a conversation routed to it.
+func (l *loopDriver) activate(ctx context.Context) (map[string]simulate.Effect, []demoLoopAdapter, error) {
+	st := l.a.Store
+	want := map[string]bool{}
+	for _, p := range l.planted {
+		want[p] = true
+	}
+	found := map[string]sink.AdapterRow{}
+	tick := time.NewTicker(500 * time.Millisecond)
+	defer tick.Stop()
+	for len(found) < len(want) {
+		rows, err := st.Adapters(ctx, sink.AdapterFilter{})
+		if err != nil && ctx.Err() == nil {
+			l.d.log.Warn("demo: adapters", "err", err)
+		}
+		for _, r := range rows {
+			k := r.Environment + "/" + r.AgentVersion + "/" + r.Capability
+			if want[k] && found[k].Name == "" {
+				found[k] = r
+				l.d.logf("▣ adapter %s registered for %s (%s)", r.Name, k, r.Status)
+			}
+		}
+		if len(found) == len(want) {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			var missing []string
+			for k := range want {
+				if found[k].Name == "" {
+					missing = append(missing, k)
+				}
+			}
+			sort.Strings(missing)
+			return nil, nil, fmt.Errorf("no adapter was registered for %v before the timeout", missing)
+		case <-tick.C:
+		}
+	}
+	now := time.Now()
+	effects := map[string]simulate.Effect{}
+	var list []demoLoopAdapter
+	for _, k := range l.planted {
+		r := found[k]
+		if r.Status != "active" {
+			var err error
+			if r, err = activateAdapter(ctx, st, r, now); err != nil {
+				return nil, nil, err
+			}
+		}
+		effects[r.Name] = simulate.Effect{Adapter: r.Name, Fixes: []string{r.Capability}}
+		list = append(list, demoLoopAdapter{Adapter: r.Name, Environment: r.Environment, AgentVersion: r.AgentVersion, Capability: r.Capability, Role: "planted_deficit"})
+		l.d.logf("▣ adapter %s active: conversations routed to it lose the %s deficit (simulated effect)", r.Name, r.Capability)
+	}
+	// The harmful adapter: on the first planted cohort's environment.
+	first := found[l.planted[0]]
+	bad := sink.AdapterRow{Name: first.Environment + "-" + harmfulCapability + "-harmful", JobID: "demo-planted", Capability: harmfulCapability,
+		Environment: first.Environment, AgentVersion: first.AgentVersion, BaseModel: first.BaseModel, URI: "simulated://harmful",
+		Status: "candidate", Simulated: true, CreatedAt: now, UpdatedAt: now, Version: uint64(now.UnixNano()),
+		Metadata: `{"trainer":"simulated (no model was trained)","planted":"harmful: conversations routed to it lose tool-error recovery"}`}
+	bad, err := activateAdapter(ctx, st, bad, now)
+	if err != nil {
+		return nil, nil, err
+	}
+	effects[bad.Name] = simulate.Effect{Adapter: bad.Name, Breaks: map[string]float64{harmfulCapability: 1}}
+	list = append(list, demoLoopAdapter{Adapter: bad.Name, Environment: bad.Environment, AgentVersion: bad.AgentVersion, Capability: bad.Capability, Role: "harmful"})
+	l.d.logf("▣ adapter %s planted and active: HARMFUL — conversations routed to it lose %s (simulated)", bad.Name, harmfulCapability)
+	return effects, list, nil
+}
+
+// route sends a conversation's first turn through the routing proxy and
+// returns the adapter it chose ("" for the base model) and the decision id.
+func (l *loopDriver) route(ctx context.Context, client *http.Client, p simulate.Plan, conv string) (string, string, error) {
+	body, _ := json.Marshal(map[string]any{"model": "sim-base", "messages": []map[string]string{
+		{"role": "system", "content": p.System}, {"role": "user", "content": p.FirstUser}}})
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, l.proxyURL+"/v1/chat/completions", bytes.NewReader(body))
+	if err != nil {
+		return "", "", err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("X-Trace-Conversation-Id", conv)
+	req.Header.Set("X-Trace-Environment", p.Environment)
+	req.Header.Set("X-Trace-Agent-Version", p.AgentVersion)
+	resp, err := client.Do(req)
+	if err != nil {
+		return "", "", fmt.Errorf("routing proxy: %w", err)
+	}
+	defer resp.Body.Close()
+	raw, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	if resp.StatusCode != http.StatusOK {
+		return "", "", fmt.Errorf("routing proxy: HTTP %d: %s", resp.StatusCode, cutText(string(raw), 300))
+	}
+	adapter := resp.Header.Get("X-Trace-Adapter")
+	if adapter == "none" {
+		adapter = ""
+	}
+	// The simulated upstream answers as the model the proxy asked it for:
+	// the adapter's served name, or the base model.
+	if !strings.Contains(string(raw), simupstream.Answer(cmpOr(adapter, "sim-base"))) {
+		return "", "", fmt.Errorf("routing proxy: the upstream was not asked for %q: %s", cmpOr(adapter, "sim-base"), cutText(string(raw), 300))
+	}
+	return adapter, resp.Header.Get("X-Trace-Decision-Id"), nil
+}
+
+func cmpOr(a, b string) string {
+	if a != "" {
+		return a
+	}
+	return b
+}
+
+// send routes and publishes the loop's traffic; it returns the number of
+// conversations per adapter.
+func (l *loopDriver) send(ctx context.Context, effects map[string]simulate.Effect) (map[string]int, error) {
+	w := &kafka.Writer{Addr: kafka.TCP(l.a.Brokers...), Topic: l.d.cfg.Kafka.RolloutsTopic, Balancer: &kafka.Hash{},
+		RequiredAcks: kafka.RequireAll, Compression: kafka.Zstd, BatchSize: 500, BatchTimeout: 10 * time.Millisecond,
+		BatchBytes: int64(l.d.cfg.Kafka.WriterBatchBytes()), Transport: l.a.Transport()}
+	defer w.Close()
+	client := &http.Client{Timeout: 30 * time.Second}
+	routed := map[string]int{}
+	batch := make([]kafka.Message, 0, 200)
+	for i := l.from; i < l.from+l.traffic; i++ {
+		p := l.gen.Plan(i)
+		l.up.Register(p.Environment, p.FirstUser, p.Needed)
+		conv := fmt.Sprintf("conv-%d-%d", l.d.seed, i)
+		adapter, decision, err := l.route(ctx, client, p, conv)
+		if err != nil {
+			return routed, err
+		}
+		routed[cmpOr(adapter, "none")]++
+		eff := effects[adapter] // unknown adapter or base model: no effect
+		eff.Adapter, eff.DecisionID, eff.ConversationID = adapter, decision, conv
+		r := l.gen.RolloutWith(i, eff)
+		b, err := json.Marshal(r)
+		if err != nil {
+			return routed, err
+		}
+		batch = append(batch, kafka.Message{Key: []byte(r.Key()), Value: b})
+		if len(batch) >= 200 || i == l.from+l.traffic-1 {
+			if err := w.WriteMessages(ctx, batch...); err != nil {
+				return routed, fmt.Errorf("publish routed rollouts: %w", err)
+			}
+			batch = batch[:0]
+		}
+	}
+	return routed, nil
+}
+
+// result checks every adapter after the traffic is labeled and the guard
+// had its chance.
+func (l *loopDriver) result(ctx context.Context, list []demoLoopAdapter, routed map[string]int) *demoLoop {
+	out := &demoLoop{Simulated: loopDisclaimer, Traffic: l.traffic, Routed: routed}
+	checks, err := verify.New(l.d.cfg.Verify, l.a.Store, nil, nil, nil).Check(ctx, verify.ReportStatuses...)
+	if err != nil {
+		out.Problems = append(out.Problems, "closed-loop check: "+err.Error())
+	}
+	by := map[string]verify.AdapterCheck{}
+	for _, c := range checks {
+		by[c.Adapter] = c
+	}
+	for _, a := range list {
+		c, ok := by[a.Adapter]
+		if !ok {
+			out.Problems = append(out.Problems, a.Adapter+": not in the registry's report")
+			out.Adapters = append(out.Adapters, a)
+			continue
+		}
+		a.Status, a.Verdict, a.Reason = c.Status, c.Verdict, c.Reason
+		a.DeltaBefore, a.DeltaAfter, a.PassBefore, a.PassAfter = c.Before.Delta, c.After.Delta, c.Before.PassRate, c.After.PassRate
+		a.Routed = routed[a.Adapter]
+		switch a.Role {
+		case "planted_deficit":
+			if c.Verdict != verify.GapClosed || c.Status != "active" {
+				out.Problems = append(out.Problems, fmt.Sprintf("%s (%s/%s/%s): verdict %s, status %s — %s", a.Adapter, a.Environment, a.AgentVersion, a.Capability, c.Verdict, c.Status, c.Reason))
+			}
+		case "harmful":
+			if c.Status != "rolled_back" {
+				out.Problems = append(out.Problems, fmt.Sprintf("the harmful adapter %s was not rolled back: status %s, verdict %s — %s", a.Adapter, c.Status, c.Verdict, c.Reason))
+			}
+		}
+		out.Adapters = append(out.Adapters, a)
+	}
+	out.OK = len(out.Problems) == 0
+	return out
+}
+
+// waitLoop waits until every rollout published so far is stored and
+// labeled, then until the guard rolled the harmful adapter back (or the
+// deadline).
+func (l *loopDriver) waitLoop(ctx context.Context, total int, harmful string, guardWait time.Duration) string {
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	for {
+		c, err := l.d.counts(ctx, l.a)
+		if err == nil && c.Stored >= uint64(total) && c.Labeled >= uint64(total) {
+			break
+		}
+		if err == nil {
+			l.d.logf("… closed loop: stored %d/%d  labeled %d/%d", c.Stored, total, c.Labeled, total)
+		}
+		select {
+		case <-ctx.Done():
+			return "timed out before the routed rollouts were labeled"
+		case <-tick.C:
+		}
+	}
+	deadline := time.After(guardWait)
+	for {
+		if a, err := l.a.Store.Adapter(ctx, harmful); err == nil && a != nil && a.Status == "rolled_back" {
+			var m struct {
+				Reason string `json:"rollback_reason"`
+			}
+			_ = json.Unmarshal([]byte(a.Metadata), &m)
+			l.d.logf("◆ guard: %s rolled back — %s", harmful, m.Reason)
+			return ""
+		}
+		select {
+		case <-ctx.Done():
+			return "timed out waiting for the guard"
+		case <-deadline:
+			return fmt.Sprintf("the guard did not roll %s back within %s", harmful, guardWait)
+		case <-tick.C:
+		}
+	}
+}
+
+func printDemoLoop(w io.Writer, l *demoLoop) {
+	if l == nil {
+		return
+	}
+	fmt.Fprintf(w, "\nclosed loop (%s):\n", l.Simulated)
+	var names []string
+	for n := range l.Routed {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	var parts []string
+	for _, n := range names {
+		parts = append(parts, fmt.Sprintf("%s %d", n, l.Routed[n]))
+	}
+	fmt.Fprintf(w, "  %d conversations through the routing proxy: %s\n", l.Traffic, strings.Join(parts, ", "))
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "  capability\tcohort\tadapter\trouted\tΔ before\tΔ after\tpass before\tpass after\tverdict\tstatus")
+	for _, a := range l.Adapters {
+		name := a.Adapter
+		if a.Role == "harmful" {
+			name += " (HARMFUL, planted)"
+		}
+		fmt.Fprintf(tw, "  %s\t%s/%s\t%s\t%d\t%s\t%s\t%.3f\t%.3f\t%s\t%s\n", a.Capability, a.Environment, a.AgentVersion, name, a.Routed,
+			ci(a.DeltaBefore), ci(a.DeltaAfter), a.PassBefore.Value, a.PassAfter.Value, a.Verdict, a.Status)
+	}
+	tw.Flush()
+	for _, p := range l.Problems {
+		fmt.Fprintf(w, "  problem: %s\n", p)
+	}
+}
