@@ -145,3 +145,47 @@ func TestGuardEndToEnd(t *testing.T) {
 type testWriter struct{ t *testing.T }
 
 func (w testWriter) Write(p []byte) (int, error) { w.t.Log(string(p)); return len(p), nil }
+
+// TestGuardRunLoop: Run rolls a worse adapter back on its own schedule
+// and returns nil when its context ends.
+func TestGuardRunLoop(t *testing.T) {
+	ctx := context.Background()
+	st := testenv.ClickHouse(t).Store()
+	ns := testenv.NATS(t)
+	b, err := bus.Connect(ctx, bus.Config{URL: ns.URL()}, "verify-test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.NC.Close()
+	c := verify.New(verify.Config{Guard: true, Interval: 200 * time.Millisecond}, st, verify.StoreRollBack{Store: st}, b, nil)
+	runCtx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- c.Run(runCtx) }()
+	// The adapter turns up after the guard started.
+	time.Sleep(300 * time.Millisecond)
+	if err := verifytest.Seed(ctx, st, verifytest.Adapter{Name: "bad", Capability: "multi_step_completion", Environment: "sim-airline",
+		AgentVersion: "1.4.0", ActivatedAt: time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC),
+		Before: gap, After: verifytest.Mix{LF: 45, PF: 40, NF: 5, LP: 2, PP: 13, NP: 5}}); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		a, err := st.Adapter(ctx, "bad")
+		if err == nil && a != nil && a.Status == "rolled_back" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("not rolled back: %+v %v", a, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("Run returned %v on shutdown", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Run did not return after its context ended")
+	}
+}
