@@ -44,10 +44,22 @@ type Backend interface {
 
 // Planner is the optional planning agent: it may adjust a plan within the
 // bounds (the adjusted plan is validated; out of bounds is an error naming
-// the field) and gives its reason.
+// the field) and gives its reason. A nil adjustment keeps the plan. An
+// error is the agent's failure (no valid answer), except a *RejectedError:
+// an answer that was valid but out of bounds. Either way the plan stands.
 type Planner interface {
 	Adjust(ctx context.Context, r *schemas.EnvironmentReady, job *schemas.TrainingJob) (adj *plan.Settings, reason, model string, err error)
 }
+
+// RejectedError is a planning agent's answer whose settings are out of
+// bounds: Fields names them, Err says why.
+type RejectedError struct {
+	Fields []string
+	Err    error
+}
+
+func (e *RejectedError) Error() string { return e.Err.Error() }
+func (e *RejectedError) Unwrap() error { return e.Err }
 
 // Config assembles a Stage. Plan, Store, Claims are required; Backend nil
 // records jobs as PLANNED without dispatching them.
@@ -58,8 +70,14 @@ type Config struct {
 	Backend   Backend
 	Planner   Planner // nil: the configured plan stands
 	Simulated bool    // jobs go to the simulated trainer (trace demo)
-	Now       func() time.Time
-	Log       *slog.Logger
+	// AutoActivate makes a succeeded job's adapter active through
+	// Registry (loaded into the serving engine, the previous active one of
+	// its environment and capability retired). Off: adapters stay
+	// candidates until `trace adapters activate`.
+	AutoActivate bool
+	Registry     *Registry
+	Now          func() time.Time
+	Log          *slog.Logger
 }
 
 // Stage is the adapt role's logic. Safe for concurrent use: event handling
@@ -76,6 +94,9 @@ func NewStage(cfg Config) (*Stage, error) {
 	}
 	if err := cfg.Plan.Validate("adapter.plan."); err != nil {
 		return nil, err
+	}
+	if cfg.AutoActivate && cfg.Registry == nil {
+		return nil, errors.New("adapter: AutoActivate needs a Registry")
 	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now
@@ -95,62 +116,113 @@ type Result struct {
 }
 
 // Plan builds the job of a ready environment at a revision, with the
-// planning agent's adjustment when one is configured. An agent's plan
-// that fails validation is recorded as the agent's failure and the
-// configured plan stands.
+// planning agent's adjustment when one is configured. The agent's outcome
+// is recorded in the job's planner record (schemas.PlannerRecord): an
+// adjustment in bounds is applied with its reason; one out of bounds is
+// rejected with the fields it broke, and a failed agent is recorded with
+// its error — in both cases the configured plan stands.
 func (s *Stage) Plan(ctx context.Context, r *schemas.EnvironmentReady, revision int) (*schemas.TrainingJob, error) {
-	in := plan.Input{Ready: r, Revision: revision, Simulated: s.cfg.Simulated, Now: s.cfg.Now()}
-	job, err := s.cfg.Plan.Build(in)
+	return PlanJob(ctx, s.cfg.Plan, s.cfg.Planner, plan.Input{Ready: r, Revision: revision, Simulated: s.cfg.Simulated, Now: s.cfg.Now()}, s.cfg.Log)
+}
+
+// PlanJob is Stage.Plan without a stage (trace train plan): the job pc
+// builds from in, adjusted by planner when it is not nil.
+func PlanJob(ctx context.Context, pc plan.Config, planner Planner, in plan.Input, log *slog.Logger) (*schemas.TrainingJob, error) {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	r := in.Ready
+	job, err := pc.Build(in)
 	if err != nil {
 		return nil, err
 	}
-	if s.cfg.Planner == nil {
+	if planner == nil {
 		return job, nil
 	}
-	adj, reason, model, err := s.cfg.Planner.Adjust(ctx, r, job)
-	if err != nil {
-		s.cfg.Log.Warn("adapter: planning agent failed; the configured plan stands", "job", job.JobID, "err", err)
-		job.Planner.Reason = "planning agent failed: " + err.Error()
-		job.Planner.Model = model
+	adj, reason, model, err := planner.Adjust(ctx, r, job)
+	job.Planner.Model, job.Planner.Reason = model, reason
+	reject := func(err error, fields []string) (*schemas.TrainingJob, error) {
+		log.Warn("adapter: the planning agent's plan is out of bounds; the configured plan stands", "job", job.JobID, "fields", fields, "err", err)
+		job.Planner.Agent, job.Planner.Error, job.Planner.RejectedFields = schemas.AgentRejected, err.Error(), fields
 		return job, nil
 	}
-	if adj == nil {
-		job.Planner.Reason, job.Planner.Model = reason, model
+	var rej *RejectedError
+	switch {
+	case errors.As(err, &rej):
+		return reject(rej.Err, rej.Fields)
+	case err != nil:
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		log.Warn("adapter: planning agent failed; the configured plan stands", "job", job.JobID, "err", err)
+		job.Planner.Agent, job.Planner.Error = schemas.AgentFailed, err.Error()
+		return job, nil
+	case adj == nil:
+		job.Planner.Agent = schemas.AgentUnchanged
 		return job, nil
 	}
 	in.Adjust, in.Source, in.Model, in.Reason = adj, schemas.PlanAgent, model, reason
-	adjusted, err := s.cfg.Plan.Build(in)
+	adjusted, err := pc.Build(in)
 	if err != nil {
-		s.cfg.Log.Warn("adapter: the planning agent's plan is out of bounds; the configured plan stands", "job", job.JobID, "err", err)
-		job.Planner.Reason = "agent's plan rejected: " + err.Error()
-		job.Planner.Model = model
-		return job, nil
+		return reject(err, plan.ErrorFields(err))
 	}
+	adjusted.Planner.Agent = schemas.AgentAccepted
+	log.Info("adapter: the planning agent adjusted the plan", "job", job.JobID, "overrides", adjusted.Planner.Overrides, "reason", reason)
 	return adjusted, nil
 }
 
 // HandleReady plans and dispatches the job of a ready environment at plan
-// revision 1; see Dispatch.
+// revision 1; see DispatchReady.
 func (s *Stage) HandleReady(ctx context.Context, r *schemas.EnvironmentReady) (Result, error) {
-	job, err := s.Plan(ctx, r, 1)
-	if err != nil {
-		return Result{}, err
+	res, _, err := s.DispatchReady(ctx, r, 1)
+	return res, err
+}
+
+// DispatchReady plans and dispatches the job of a ready environment at a
+// revision (see Dispatch). A job already recorded is a duplicate before
+// anything is planned, so a redelivered ready event costs no planning
+// agent call; the job is nil then.
+func (s *Stage) DispatchReady(ctx context.Context, r *schemas.EnvironmentReady, revision int) (Result, *schemas.TrainingJob, error) {
+	id := schemas.TrainingJobID(r.EnvironmentID, max(revision, 1))
+	if prev, err := s.cfg.Store.TrainingJob(ctx, id); err != nil {
+		return Result{JobID: id}, nil, err
+	} else if prev != nil && prev.Status != StatusDispatched {
+		return Result{JobID: id, Duplicate: true}, nil, nil
+	} else if prev != nil {
+		// DISPATCHED: maybe a dispatch that failed and released its claim
+		// (Dispatch decides); its recorded plan is dispatched again, without
+		// planning anew.
+		job, err := schemas.DecodeTrainingJob([]byte(prev.Spec))
+		if err != nil {
+			return Result{JobID: id}, nil, fmt.Errorf("job %s: recorded spec: %w", id, err)
+		}
+		res, err := s.Dispatch(ctx, job)
+		return res, job, err
 	}
-	return s.Dispatch(ctx, job)
+	job, err := s.Plan(ctx, r, revision)
+	if err != nil {
+		return Result{JobID: id}, nil, err
+	}
+	res, err := s.Dispatch(ctx, job)
+	return res, job, err
 }
 
 // Dispatch records and dispatches a job once: a job already in
 // training_jobs or already claimed is a duplicate. A failed dispatch
-// releases the claim and returns the error (the caller retries).
+// releases the claim and returns the error (the caller retries, and the
+// retry finds the DISPATCHED row with a free claim: it dispatches again).
 func (s *Stage) Dispatch(ctx context.Context, job *schemas.TrainingJob) (Result, error) {
 	res := Result{JobID: job.JobID}
 	spec, err := job.Encode()
 	if err != nil {
 		return res, err
 	}
+	// A DISPATCHED job whose claim is free again is one whose dispatch
+	// failed (the claim is released only then): it is dispatched again.
+	// Every other recorded job is a duplicate.
 	if prev, err := s.cfg.Store.TrainingJob(ctx, job.JobID); err != nil {
 		return res, err
-	} else if prev != nil {
+	} else if prev != nil && prev.Status != StatusDispatched {
 		res.Duplicate = true
 		return res, nil
 	}
@@ -214,32 +286,69 @@ var ErrUnknownJob = errors.New("unknown training job")
 // repaired by the redelivery. key identifies the event within its job (a
 // redelivery has the same key). An event of an unknown job returns
 // ErrUnknownJob after recording it.
+//
+// With AutoActivate, the adapter of a job that succeeded now is activated
+// after the job is saved (outside the lock: a load may take a while); the
+// outcome is recorded in the job's history ("activated" or
+// "activation_failed", which leaves the adapter a candidate) and is not
+// the event's error.
 func (s *Stage) HandleEvent(ctx context.Context, e *schemas.TrainingEvent, key string, payload []byte) error {
+	name, err := s.handleEvent(ctx, e, key, payload)
+	if err != nil || name == "" || !s.cfg.AutoActivate || s.cfg.Registry == nil {
+		return err
+	}
+	s.autoActivate(ctx, e.JobID, name)
+	return nil
+}
+
+func (s *Stage) autoActivate(ctx context.Context, jobID, name string) {
+	changes, err := s.cfg.Registry.Activate(ctx, name)
+	now := s.cfg.Now().UTC()
+	typ, body := "activated", map[string]any{"adapter": name, "changes": changes}
+	if err != nil {
+		s.cfg.Log.Warn("adapter: auto-activation failed", "adapter", name, "job", jobID, "err", err)
+		body["error"] = err.Error()
+		if len(changes) == 0 {
+			typ = "activation_failed"
+		}
+	}
+	payload, _ := json.Marshal(body)
+	if ierr := s.cfg.Store.InsertTrainingEvents(context.WithoutCancel(ctx), []sink.TrainingEventRow{{JobID: jobID, Key: "trace:activate", Type: typ,
+		At: now, Iteration: -1, Payload: string(payload), ReceivedAt: now}}); ierr != nil {
+		s.cfg.Log.Warn("adapter: recording the auto-activation", "job", jobID, "err", ierr)
+	}
+}
+
+// handleEvent is HandleEvent under the lock; it returns the name of the
+// adapter registered now ("" for none).
+func (s *Stage) handleEvent(ctx context.Context, e *schemas.TrainingEvent, key string, payload []byte) (string, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := s.cfg.Now().UTC()
 	row := eventRow(e, key, payload, now)
 	if err := s.cfg.Store.InsertTrainingEvents(ctx, []sink.TrainingEventRow{row}); err != nil {
-		return err
+		return "", err
 	}
 	job, err := s.cfg.Store.TrainingJob(ctx, e.JobID)
 	if err != nil {
-		return err
+		return "", err
 	}
 	if job == nil {
-		return fmt.Errorf("%w: %s", ErrUnknownJob, e.JobID)
+		return "", fmt.Errorf("%w: %s", ErrUnknownJob, e.JobID)
 	}
 	tr := Apply(job.Status, e)
 	if tr.Ignored {
 		if Terminal(job.Status) {
 			s.cfg.Log.Info("adapter: event after the job ended (recorded, status unchanged)", "job", e.JobID, "status", job.Status, "event", e.Type)
 		}
-		return nil
+		return "", nil
 	}
+	registered := ""
 	if tr.Register {
 		if err := s.register(ctx, job, e, now); err != nil {
-			return err
+			return "", err
 		}
+		registered = registeredName(job, e)
 	}
 	next := *job
 	next.Status, next.Reason = tr.Status, tr.Reason
@@ -258,12 +367,21 @@ func (s *Stage) HandleEvent(ctx context.Context, e *schemas.TrainingEvent, key s
 	}
 	next.Version = max(job.Version+1, uint64(now.UnixNano()))
 	if err := s.cfg.Store.SaveTrainingJob(ctx, next); err != nil {
-		return err
+		return "", err
 	}
 	if tr.Status != job.Status {
 		s.cfg.Log.Info("training job status", "job", e.JobID, "from", job.Status, "to", tr.Status, "reason", tr.Reason)
 	}
-	return nil
+	return registered, nil
+}
+
+// registeredName is the name a succeeded job's adapter is registered
+// under: the trainer's, else the plan's.
+func registeredName(job *sink.TrainingJobRow, e *schemas.TrainingEvent) string {
+	if e.Adapter != nil && e.Adapter.Name != "" {
+		return e.Adapter.Name
+	}
+	return job.AdapterName
 }
 
 func eventRow(e *schemas.TrainingEvent, key string, payload []byte, now time.Time) sink.TrainingEventRow {
@@ -287,10 +405,7 @@ func eventRow(e *schemas.TrainingEvent, key string, payload []byte, now time.Tim
 // registered already (a redelivered success must not reset an adapter an
 // operator activated since).
 func (s *Stage) register(ctx context.Context, job *sink.TrainingJobRow, e *schemas.TrainingEvent, now time.Time) error {
-	name := job.AdapterName
-	if e.Adapter != nil && e.Adapter.Name != "" {
-		name = e.Adapter.Name
-	}
+	name := registeredName(job, e)
 	if prev, err := s.cfg.Store.Adapter(ctx, name); err != nil {
 		return err
 	} else if prev != nil {

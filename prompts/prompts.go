@@ -27,6 +27,8 @@ const (
 	Label               = "label.md"                // capability labeling (analyzer.LLMLabeler)
 	Discover            = "discover.md"             // capability discovery (analyzer.Discoverer)
 	GenerateEnvironment = "generate_environment.md" // environment generation (synthesizer.Generator)
+	PlanTraining        = "plan_training.md"        // training plan adjustment (adapter.LLMPlanner)
+	Route               = "route.md"                // routing classifier (router.Router): templates "system" and "user"
 )
 
 // Set resolves prompts: a file in Dir wins over the embedded one.

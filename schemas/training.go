@@ -121,13 +121,28 @@ const (
 	PlanCLI      = "cli"
 )
 
-// PlannerRecord says who made the plan and why.
+// Outcomes of the planning agent (PlannerRecord.Agent).
+const (
+	AgentAccepted  = "accepted"  // its adjustment is in the plan
+	AgentUnchanged = "unchanged" // it kept the plan as it was
+	AgentRejected  = "rejected"  // its adjustment was out of bounds: the plan stands
+	AgentFailed    = "failed"    // no valid answer (schema, unreachable): the plan stands
+)
+
+// PlannerRecord says who made the plan and why. Agent, Reason and Error
+// record the planning agent when one is configured: its outcome, its own
+// reason (also for a rejected plan), and why its answer was rejected or
+// failed (naming the field); RejectedFields lists the settings out of
+// bounds.
 type PlannerRecord struct {
-	Source    string   `json:"source"`
-	Preset    string   `json:"preset"`
-	Overrides []string `json:"overrides,omitempty"`
-	Model     string   `json:"model,omitempty"`
-	Reason    string   `json:"reason,omitempty"`
+	Source         string   `json:"source"`
+	Preset         string   `json:"preset"`
+	Overrides      []string `json:"overrides,omitempty"`
+	Model          string   `json:"model,omitempty"`
+	Reason         string   `json:"reason,omitempty"`
+	Agent          string   `json:"agent,omitempty"`
+	Error          string   `json:"error,omitempty"`
+	RejectedFields []string `json:"rejected_fields,omitempty"`
 }
 
 // TrainingJobID is the job id of an (environment, plan revision): "job-"

@@ -318,6 +318,12 @@ func literal(v any) (string, error) {
 			parts[i], _ = literal(e)
 		}
 		return "[" + strings.Join(parts, ", ") + "]", nil
+	case []float64:
+		parts := make([]string, len(v))
+		for i, e := range v {
+			parts[i], _ = literal(e)
+		}
+		return "[" + strings.Join(parts, ", ") + "]", nil
 	}
 	return "", fmt.Errorf("no ClickHouse literal for %T", v)
 }
@@ -418,6 +424,7 @@ func TestChdbModernDialect(t *testing.T) {
 	t.Run("ttl", func(t *testing.T) { chdbTTL(t, c) })
 	t.Run("environments", func(t *testing.T) { chdbEnvironments(t, c, base) })
 	t.Run("training", func(t *testing.T) { chdbTraining(t, c, base) })
+	t.Run("routing", func(t *testing.T) { chdbRouting(t, c, base) })
 	t.Run("loop", func(t *testing.T) { chdbLoop(t, c, base) })
 	t.Logf("total %s", time.Since(t0).Round(time.Millisecond))
 }
@@ -455,6 +462,7 @@ func chdbMigrations(t *testing.T, c *chdbDB) {
 		"environments":  "ReplacingMergeTree",
 		"env_episodes":  "ReplacingMergeTree",
 		"training_jobs": "ReplacingMergeTree", "training_job_events": "ReplacingMergeTree", "adapters": "ReplacingMergeTree",
+		"route_decisions": "MergeTree",
 	} {
 		if tables[name] != engine {
 			t.Errorf("table %s: engine %q, want %s", name, tables[name], engine)
@@ -481,7 +489,7 @@ func chdbMigrations(t *testing.T, c *chdbDB) {
 			t.Errorf("rollouts.%s codec %q, want CODEC(ZSTD(3))", name, codec)
 		}
 	}
-	for table, ttl := range map[string]string{"rollouts": "end_time", "capability_labels": "ts", "llm_calls": "ts", "label_runs": "at", "env_episodes": "ended_at"} {
+	for table, ttl := range map[string]string{"rollouts": "end_time", "capability_labels": "ts", "llm_calls": "ts", "label_runs": "at", "env_episodes": "ended_at", "route_decisions": "ts"} {
 		r := c.query("SELECT create_table_query FROM system.tables WHERE database = currentDatabase() AND name = ?", table)
 		if q := r.rows[0].str(0); !strings.Contains(q, "TTL "+ttl+" + toIntervalDay(90)") {
 			t.Errorf("%s has no TTL on %s:\n%s", table, ttl, q)
@@ -1239,5 +1247,68 @@ func chdbTraining(t *testing.T, c *chdbDB, base time.Time) {
 	q, args = adaptersSQL(AdapterFilter{Status: "candidate", Environment: "sim-airline", Capability: "precondition_verification"})
 	if r := c.query(q, args...); len(r.rows) != 1 || r.rows[0].str(0) != "a2" {
 		t.Fatalf("Adapters(candidate) = %v", r.rows)
+	}
+	// Reward curves (the dashboard's Training page): progress events of the
+	// newest jobs, in iteration order; j1 is the oldest job.
+	pe := func(job, key string, it int32, r float64) []any {
+		return []any{job, key, "progress", base, base.UnixNano() + int64(it), it, r, 0.2, 0.01, uint8(1), `{}`, base}
+	}
+	c.insert("training_job_events", trainingEventColumns, pe("j22", "s2", 2, 0.6), pe("j22", "s1", 1, 0.3),
+		[]any{"j22", "s9", "succeeded", base, base.UnixNano() + 9, int32(2), 0.9, 0.0, 0.0, uint8(0), `{}`, base})
+	r = c.query(trainingCurvesSQL, uint64(10))
+	r.wantTypes(t, "TrainingCurves", "String", "Int32", "Float64", "Float64", "Float64", "UInt8")
+	if len(r.rows) != 3 || r.rows[0].str(0) != "j1" || r.rows[1].str(0) != "j22" || r.rows[1].float(1) != 1 || r.rows[2].float(2) != 0.6 {
+		t.Fatalf("TrainingCurves(10) = %v", r.rows)
+	}
+	if r := c.query(trainingCurvesSQL, uint64(2)); len(r.rows) != 2 || r.rows[0].str(0) != "j22" {
+		t.Fatalf("TrainingCurves(2) = %v", r.rows)
+	}
+}
+
+// chdbRouting: route_decisions' reads on 26.7 with the outcomes of sink's
+// 18.16 test (TestRouteDecisions): rows in order with their arrays, the
+// latest decision per conversation, requests per adapter and hour.
+func chdbRouting(t *testing.T, c *chdbDB, base time.Time) {
+	c = c.on(t)
+	row := func(req, dec, conv, adapter string, off time.Duration, cached uint8) []any {
+		at := base.Add(off)
+		return []any{at, at.UnixNano(), req, dec, conv, "header", "sim-airline", "1.4.0", "proxy", cached, adapter, "cap", adapter, "A",
+			[]string{"A", "B"}, []string{"cap", "none"}, []string{"a1", ""}, []float64{0.75, 0.25}, []string{"a1"}, []float64{1},
+			"classified", "", "base", uint32(12), uint32(150), uint16(200), "ok", uint8(1)}
+	}
+	c.insert("route_decisions", routeDecisionColumns, row("r1", "d1", "c1", "a1", 0, 0), row("r2", "d1", "c1", "a1", time.Second, 1),
+		row("r3", "d2", "c2", "", 90*time.Minute, 0))
+	q, args := routeDecisionsSQL(RouteDecisionFilter{Environment: "sim-airline", Since: base.Add(-time.Hour), Limit: 10})
+	r := c.query(q, args...)
+	if len(r.rows) != 3 || r.rows[0].str(2) != "r1" || r.rows[2].str(2) != "r3" || !slices.Equal(r.rows[0].strs(14), []string{"A", "B"}) {
+		t.Fatalf("RouteDecisions: %v", r.rows)
+	}
+	r = c.query(conversationRoutesSQL, "sim-airline", []string{"c1", "c2", "c3"})
+	got := map[string]string{}
+	for _, row := range r.rows {
+		got[row.str(1)] = row.str(2) + "/" + row.str(3)
+	}
+	if len(got) != 2 || got["c1"] != "d1/a1" || got["c2"] != "d2/" {
+		t.Fatalf("ConversationRoutes: %v", got)
+	}
+	// Retrieval candidates: successful, labeled PRESENT for the capability.
+	coh := Cohort{Environment: "route-env", AgentVersion: "v1", DictionaryVersion: 1}
+	for _, x := range []struct {
+		id    string
+		ok    bool
+		label string
+	}{{"rt-ok", true, "PRESENT"}, {"rt-failed", false, "PRESENT"}, {"rt-na", true, "NA"}} {
+		ro := chdbRollout(x.id, x.ok, base.Add(time.Duration(len(x.id))*time.Second), "")
+		ro.Environment = "route-env"
+		c.insert("rollouts", rolloutCols, rolloutValues(RolloutRowFrom(ro, Coord{}), base))
+		c.insert("capability_labels", labelCols, labelValues(coh, x.id, x.ok, "policy_lookup", 0, x.label, base, 1))
+	}
+	r = c.query(successfulTrajectoriesSQL, "route-env", "route-env", "policy_lookup", 5)
+	if len(r.rows) != 1 || r.rows[0].str(0) != "rt-ok" || !strings.Contains(r.rows[0].str(1), `"role":"user"`) {
+		t.Fatalf("SuccessfulTrajectories: %v", r.rows)
+	}
+	r = c.query(routeSharesSQL, "sim-airline", base.Add(-time.Hour))
+	if len(r.rows) != 2 || r.rows[0].str(1) != "a1" || r.rows[0].uint(2) != 2 || r.rows[1].str(1) != "" || r.rows[1].uint(2) != 1 {
+		t.Fatalf("RouteShares: %v", r.rows)
 	}
 }

@@ -356,6 +356,48 @@ ORDER BY adapter_name`,
 			d.AddColumn("rollouts", "adapter", d.LC()+" DEFAULT ''"),
 		}
 	}},
+	{10, "route_decisions", func(d Dialect) []string {
+		// The router's decisions (TRACE step 4): one row per routed request
+		// (POST /v1/route or the proxy's /v1/chat/completions); a cached
+		// decision repeats its decision_id with cached = 1. Labels and
+		// probabilities are parallel arrays (18.16 has no Map); adapter ''
+		// is the base model. outcome is the proxied request's end (ok,
+		// upstream_error, stream_error, unreachable, canceled) or 'routed'
+		// for /v1/route.
+		return []string{`CREATE TABLE IF NOT EXISTS route_decisions (
+	ts DateTime,
+	at_ns Int64,
+	request_id String,
+	decision_id String,
+	conversation_id String,
+	conversation_source ` + d.LC() + `,
+	environment ` + d.LC() + `,
+	agent_version ` + d.LC() + `,
+	endpoint ` + d.LC() + `,
+	cached UInt8,
+	adapter ` + d.LC() + `,
+	capability ` + d.LC() + `,
+	model String,
+	label String,
+	labels Array(String),
+	label_capabilities Array(String),
+	label_adapters Array(String),
+	probabilities Array(Float64),
+	weight_adapters Array(String),
+	weights Array(Float64),
+	reason ` + d.LC() + `,
+	error String,
+	classifier_model String,
+	classify_ms UInt32,
+	overhead_us UInt32,
+	upstream_status UInt16,
+	outcome ` + d.LC() + `,
+	stream UInt8
+) ENGINE = MergeTree()
+PARTITION BY toYYYYMM(ts)
+ORDER BY (environment, ts, request_id)` + d.TTL("ts"),
+		}
+	}},
 }
 
 // Migrate applies every migration not yet recorded in schema_migrations, in

@@ -83,4 +83,32 @@ func TestTrainingJobsEventsAdapters(t *testing.T) {
 	if len(cands) != 1 || cands[0].Name != "a2" {
 		t.Fatalf("candidates: %+v", cands)
 	}
+
+	// Reward curves: progress events only, in iteration order, one point
+	// per iteration (a re-reported iteration keeps the later report), of
+	// the newest jobs only.
+	j22 := func(key string, it int32, r float64, at time.Time) sink.TrainingEventRow {
+		return sink.TrainingEventRow{JobID: "j22", Key: key, Type: "progress", At: at, Iteration: it, MeanReward: r, RewardStd: 0.2, KL: 0.01, HasKL: true, Payload: "{}"}
+	}
+	if err := s.InsertTrainingEvents(ctx, []sink.TrainingEventRow{j22("s2", 2, 0.6, at.Add(2*time.Minute)), j22("s1", 1, 0.3, at.Add(time.Minute)),
+		j22("s3", 2, 0.65, at.Add(3*time.Minute)), {JobID: "j22", Key: "s9", Type: "succeeded", At: at.Add(4 * time.Minute), Iteration: 2, MeanReward: 0.9, Payload: "{}"}}); err != nil {
+		t.Fatal(err)
+	}
+	curves, err := s.TrainingCurves(ctx, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c := curves["j1"]; len(c) != 2 || c[0].Iteration != 1 || c[0].MeanReward != 0.4 || c[1].Iteration != 2 || c[1].MeanReward != 0.5 || c[1].HasKL {
+		t.Fatalf("curve j1: %+v", c)
+	}
+	if c := curves["j22"]; len(c) != 2 || c[0].MeanReward != 0.3 || c[1].MeanReward != 0.65 || !c[1].HasKL || c[1].KL != 0.01 || c[1].RewardStd != 0.2 {
+		t.Fatalf("curve j22: %+v", c)
+	}
+	if len(curves) != 2 {
+		t.Fatalf("curves of %d jobs: %v", len(curves), curves)
+	}
+	// The newest job is j333 (no events), then j22: a limit of 2 leaves j1 out.
+	if curves, err := s.TrainingCurves(ctx, 2); err != nil || len(curves) != 1 || curves["j22"] == nil {
+		t.Fatalf("limit 2: %v %v", curves, err)
+	}
 }

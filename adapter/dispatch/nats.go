@@ -1,6 +1,10 @@
-// Package dispatch holds the adapt role's trainer backends: nats (jobs on
-// the JetStream work queue trace.training.jobs for external trainer
-// workers). Each implements adapter.Backend.
+// Package dispatch holds the adapt role's trainer backends, each an
+// adapter.Backend: nats (jobs on the JetStream work queue
+// trace.training.jobs for external trainer workers), command (a configured
+// command per job, run to completion with events on its standard output,
+// or a scheduler's submit command), and webhook (an HMAC-signed HTTP POST
+// of the spec); and the webhook's callback endpoint, over which trainers
+// may report instead of NATS. docs/training-protocol.md is the contract.
 package dispatch
 
 import (

@@ -77,6 +77,11 @@ type Config struct {
 	// a job silent for Deadline is FAILED.
 	Heartbeat time.Duration `koanf:"heartbeat"`
 	Deadline  time.Duration `koanf:"deadline"`
+	// CallbackURL, when set, is the base URL of the webhook backend's
+	// callback endpoint: a job's report.callback_url is
+	// <CallbackURL>/v1/training/jobs/<job_id>/events. Set by `trace run`
+	// from adapter.webhook (events: callback), not a plan setting.
+	CallbackURL string `koanf:"-"`
 	// EvalFirstSeed is the first held-out seed; training seeds lie below
 	// it (calibration uses seeds 0–99, so held-out seeds start above).
 	EvalFirstSeed int64 `koanf:"eval_first_seed"`
@@ -246,6 +251,29 @@ func (s Settings) Validate(prefix string) error {
 	return errors.Join(errs...)
 }
 
+// ErrorFields returns the setting names an error of Settings.Validate
+// (with an empty prefix) or Build names, in order, without repeats: the
+// text before the first colon of each of its lines, when that is a
+// setting's JSON name.
+func ErrorFields(err error) []string {
+	if err == nil {
+		return nil
+	}
+	var out []string
+	for _, line := range strings.Split(err.Error(), "\n") {
+		name, _, ok := strings.Cut(line, ":")
+		if ok && slices.Contains(SettingNames, name) && !slices.Contains(out, name) {
+			out = append(out, name)
+		}
+	}
+	return out
+}
+
+// SettingNames are the JSON names of Settings' fields.
+var SettingNames = []string{"base_model", "lora_rank", "lora_alpha", "lora_dropout", "target_modules", "group_size", "groups_per_iteration",
+	"iterations", "learning_rate", "temperature", "kl_coef", "clip_epsilon", "max_grad_norm", "hint_ratio", "advantage",
+	"eval_seeds", "eval_rollouts", "success_threshold"}
+
 // Validate checks the configuration: the preset, and every override
 // merged over it (so an override out of bounds is named with its key).
 func (c Config) Validate(prefix string) error {
@@ -403,6 +431,9 @@ func (c Config) Build(in Input) (*schemas.TrainingJob, error) {
 		Planner:   schemas.PlannerRecord{Source: source, Preset: cmp.Or(c.Preset, PresetPaper), Overrides: ptrs, Model: in.Model, Reason: in.Reason},
 		Simulated: in.Simulated,
 		CreatedAt: now.UTC().Truncate(time.Second),
+	}
+	if c.CallbackURL != "" {
+		j.Report.CallbackURL = strings.TrimRight(c.CallbackURL, "/") + "/v1/training/jobs/" + id + "/events"
 	}
 	if _, err := j.Encode(); err != nil {
 		return nil, err

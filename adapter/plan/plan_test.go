@@ -2,6 +2,7 @@ package plan
 
 import (
 	"encoding/json"
+	"errors"
 	"slices"
 	"strings"
 	"testing"
@@ -190,5 +191,17 @@ func TestBuildNeedsAnEnvServerURL(t *testing.T) {
 	}
 	if _, err := c.Build(Input{Ready: ready(), Now: now}); err == nil || !strings.Contains(err.Error(), "env_server_url") {
 		t.Fatalf("Build without a URL: %v", err)
+	}
+}
+
+func TestErrorFields(t *testing.T) {
+	s, _ := Preset(PresetPaper)
+	s.Iterations, s.HintRatio, s.TargetModules = 0, f(0.9), []string{"q_proj", "q_proj", "lm_head"}
+	got := ErrorFields(s.Validate(""))
+	if strings.Join(got, ",") != "target_modules,iterations,hint_ratio" {
+		t.Fatalf("fields %v of %v", got, s.Validate(""))
+	}
+	if ErrorFields(nil) != nil || len(ErrorFields(errors.New("plan: adapter.plan.env_server_url is not set"))) != 0 {
+		t.Fatal("fields of a non-settings error")
 	}
 }

@@ -42,12 +42,18 @@ type demoSummary struct {
 	// Environments are what the synthesize role made of the triggers:
 	// templates calibrated by the simulated policy (labeled simulated).
 	Environments []environmentSummary `json:"environments"`
-	Dashboard    string               `json:"dashboard"`
-	Elapsed      string               `json:"elapsed"`
-	Brokers      []string             `json:"kafka_brokers"`
-	NATS         string               `json:"nats_url"`
-	Extra        map[string]any       `json:"extra,omitempty"`
-	byKey        map[string]struct{}  `json:"-"`
+	// Jobs are the adapt role's training jobs of the DONE environments and
+	// Adapters what the registry registered: both from the SIMULATED
+	// trainer (no model is trained).
+	Jobs     []demoJob     `json:"training_jobs"`
+	Adapters []demoAdapter `json:"adapters"`
+
+	Dashboard string              `json:"dashboard"`
+	Elapsed   string              `json:"elapsed"`
+	Brokers   []string            `json:"kafka_brokers"`
+	NATS      string              `json:"nats_url"`
+	Extra     map[string]any      `json:"extra,omitempty"`
+	byKey     map[string]struct{} `json:"-"`
 }
 
 type demoCounts struct {
@@ -60,6 +66,8 @@ type demoCounts struct {
 	SynthesisMsgs int    `json:"synthesis_requests"`
 	TriggerEvents int    `json:"trigger_events"`
 	EnvsDone      int    `json:"environments_done"`
+	JobsSucceeded int    `json:"training_jobs_succeeded"`
+	Adapters      int    `json:"adapters_registered"`
 }
 
 type demoCapability struct {
@@ -103,11 +111,17 @@ a local ClickHouse server) and runs trace's loop for real:
   template (or the generation agent when llm.base_url is set), validated and
   calibrated by the SIMULATED policy (the fleet's agent version with its
   planted deficits, not a model) → trace.environments.ready
+  → training jobs: the adapt role dispatches one per ready environment on
+  the JetStream work queue trace.training.jobs; a SIMULATED trainer takes
+  them as an external trainer would, reports a simulated reward curve on
+  trace.training.events.<job_id> and a sim:// adapter, which the adapt role
+  registers as a candidate (no model is trained)
 
 The fleet has capability deficits planted per agent version (see
 internal/dev/simulate DefaultFleet). The demo succeeds (exit 0) only when a trigger
 fired for exactly the planted deficits and for no other capability, and each
-planted deficit's environment reached DONE. A few malformed messages are
+planted deficit's environment reached DONE, and each DONE environment's
+training job succeeded with its adapter registered. A few malformed messages are
 published too and end in the dead-letter topic.
 
 Data lives under ./data/demo and is reset at every start (--keep keeps it).`,
@@ -128,6 +142,7 @@ Data lives under ./data/demo and is reset at every start (--keep keeps it).`,
 			if cfg.Analyzer.Labeler == "rules" {
 				cfg.Analyzer.K, cfg.Analyzer.N = 1, 1 // the rules labeler is deterministic: one run
 			}
+			cfg.Adapter.Simulated = true // jobs go to the simulated trainer (no model is trained)
 			if !keep {
 				if err := os.RemoveAll(cfg.DataDir); err != nil {
 					return fmt.Errorf("reset %s: %w", cfg.DataDir, err)
@@ -190,6 +205,10 @@ type demo struct {
 	triggers  []demoTrigger
 }
 
+// training: the adapt role runs with the nats backend, so the simulated
+// trainer gets the jobs.
+func (d *demo) training() bool { return d.cfg.Has("adapt") && d.cfg.Adapter.Backend == "nats" }
+
 func (d *demo) logf(format string, args ...any) {
 	if !d.json {
 		fmt.Fprintf(d.out, format+"\n", args...)
@@ -209,12 +228,14 @@ func (d *demo) run(ctx, parent context.Context, linger time.Duration) (*demoSumm
 	}
 	runCtx, stopRun := context.WithCancel(context.WithoutCancel(ctx))
 	runErr := make(chan error, 1)
-	go func() {
-		runErr <- a.Run(runCtx,
-			app.Actor{Name: "simulator", Run: func(ctx context.Context) error { return d.publish(ctx, a, fleet) }},
-			app.Actor{Name: "synthesis-watcher", Run: func(ctx context.Context) error { return d.watch(ctx, a) }},
-		)
-	}()
+	actors := []app.Actor{
+		{Name: "simulator", Run: func(ctx context.Context) error { return d.publish(ctx, a, fleet) }},
+		{Name: "synthesis-watcher", Run: func(ctx context.Context) error { return d.watch(ctx, a) }},
+	}
+	if d.training() {
+		actors = append(actors, d.simTrainerActor(a))
+	}
+	go func() { runErr <- a.Run(runCtx, actors...) }()
 	stop := func() error {
 		stopRun()
 		return <-runErr
@@ -235,6 +256,9 @@ func (d *demo) run(ctx, parent context.Context, linger time.Duration) (*demoSumm
 	}
 	if d.cfg.Has("synthesize") {
 		d.waitEnvironments(ctx, a, sum)
+		if d.training() {
+			d.waitTraining(ctx, a, sum)
+		}
 	}
 	sum.Dashboard, sum.Brokers, sum.NATS = dash, a.Brokers, a.NATSURL
 	sum.Elapsed = time.Since(start).Round(time.Millisecond).String()
@@ -544,8 +568,9 @@ func printDemoSummary(w io.Writer, s *demoSummary) {
 			}
 		}
 	}
-	fmt.Fprintf(w, "\ncounts: published %d (+%d malformed), stored %d, labeled %d (%d labels), dead-lettered %d, synthesis requests %d, environments DONE %d\n",
-		c.Published, c.Malformed, c.Stored, c.Labeled, c.Labels, c.DeadLettered, c.SynthesisMsgs, c.EnvsDone)
+	printTrainingSummary(w, s)
+	fmt.Fprintf(w, "\ncounts: published %d (+%d malformed), stored %d, labeled %d (%d labels), dead-lettered %d, synthesis requests %d, environments DONE %d, training jobs SUCCEEDED %d, adapters %d (simulated)\n",
+		c.Published, c.Malformed, c.Stored, c.Labeled, c.Labels, c.DeadLettered, c.SynthesisMsgs, c.EnvsDone, c.JobsSucceeded, c.Adapters)
 	fmt.Fprintf(w, "dashboard: %s   elapsed: %s\n", s.Dashboard, s.Elapsed)
 	mark := "FAIL"
 	if s.OK {

@@ -5,10 +5,12 @@ import (
 	"encoding/json"
 	"os/exec"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/traceops/trace/internal/dev/testenv"
+	"github.com/traceops/trace/schemas"
 )
 
 // TestDemoEndToEnd runs `trace demo --json` in-process on embedded servers
@@ -61,6 +63,39 @@ func TestDemoEndToEnd(t *testing.T) {
 		if !slices.Contains(sum.Planted, key) {
 			t.Errorf("an environment for %s, which is not a planted deficit", key)
 		}
+	}
+	// Every environment's training job went through the nats work queue to
+	// the simulated trainer, succeeded after its planned iterations with a
+	// reward above the environment's calibrated base, and its adapter is in
+	// the registry as a simulated candidate with a sim:// URI.
+	if len(sum.Jobs) != 3 || len(sum.Adapters) != 3 || sum.Counts.JobsSucceeded != 3 || sum.Counts.Adapters != 3 {
+		t.Fatalf("training: jobs %+v adapters %+v counts %+v", sum.Jobs, sum.Adapters, sum.Counts)
+	}
+	envs := map[string]environmentSummary{}
+	for _, e := range sum.Environments {
+		envs[e.ID] = e
+	}
+	ads := map[string]demoAdapter{}
+	for _, a := range sum.Adapters {
+		ads[a.JobID] = a
+	}
+	for _, j := range sum.Jobs {
+		e, ok := envs[j.EnvironmentID]
+		if !ok || j.JobID != schemas.TrainingJobID(e.ID, 1) || j.Capability != e.Capability {
+			t.Errorf("job %+v is not the job of an environment of the demo", j)
+		}
+		if j.Status != "SUCCEEDED" || !j.Simulated || j.Iterations < 10 || j.Iteration != j.Iterations || e.MeanReward == nil ||
+			j.BaseReward != *e.MeanReward || j.FinalReward <= j.BaseReward || j.FinalReward > 1 {
+			t.Errorf("job %+v", j)
+		}
+		a, ok := ads[j.JobID]
+		if !ok || a.Name != j.Adapter || !strings.HasPrefix(a.Name, "sim-") || !strings.HasPrefix(a.URI, "sim://") || a.Status != "candidate" ||
+			!a.Simulated || !strings.Contains(a.Trainer, "simulated") || a.EvalMeanReward != j.FinalReward {
+			t.Errorf("adapter of %s: %+v", j.JobID, a)
+		}
+	}
+	if !strings.Contains(sum.Verdict, "adapter registered") {
+		t.Errorf("verdict %q does not say the adapters were registered", sum.Verdict)
 	}
 }
 

@@ -41,6 +41,10 @@ func init() {
            it is validated and calibrated (synthesizer.*), recorded in ClickHouse
            environments, and announced on trace.environments.ready when DONE
   serve    the dashboard, JSON API, /metrics, /healthz and /readyz
+  route    (not a default role) the router and its OpenAI-compatible proxy on
+           router.addr: POST /v1/route and POST /v1/chat/completions, forwarded
+           to router.upstream_url with the chosen adapter (or router.base_model)
+           as model; decisions in ClickHouse route_decisions
 
 Nothing configured means everything embedded: a Kafka-protocol broker on
 127.0.0.1:9092 and NATS with JetStream under ./data, and a local ClickHouse
@@ -72,7 +76,7 @@ SIGTERM drains every role (the batch in flight is committed) and exits 0.`,
 		},
 	}
 	cf.add(cmd)
-	cmd.Flags().StringSliceVar(&roles, "roles", nil, "roles to run (default all): ingest,analyze,synthesize,serve")
+	cmd.Flags().StringSliceVar(&roles, "roles", nil, "roles to run (default all but route): ingest,analyze,synthesize,adapt,serve,route")
 	rootCmd.AddCommand(cmd)
 
 	var pcf configFlags

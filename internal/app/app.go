@@ -28,7 +28,6 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 
 	"github.com/traceops/trace/adapter"
-	"github.com/traceops/trace/adapter/dispatch"
 	"github.com/traceops/trace/analyzer"
 	"github.com/traceops/trace/ingest"
 	"github.com/traceops/trace/internal/bus"
@@ -69,6 +68,7 @@ type App struct {
 	httpAddr   string
 	envSrv     *envserver.Server // the serve role's environment server
 	envAddr    string
+	routerAddr string // the route role's listener
 
 	// Simulated, when set before Run, provides the simulated policy for
 	// synthesizer.policy: simulated (trace demo).
@@ -285,6 +285,11 @@ func (a *App) Run(ctx context.Context, extra ...Actor) error {
 			return err
 		}
 	}
+	if a.Cfg.Has("route") {
+		if err := a.addRoute(ctx, &g); err != nil {
+			return err
+		}
+	}
 	if err := a.addHTTP(&g); err != nil {
 		return err
 	}
@@ -463,20 +468,42 @@ func (a *App) Close() {
 // trace.environments.ready (plan → dispatch), the consumer of the
 // trainers' events (status, history, registry) and the deadline check.
 func (a *App) addAdapt(ctx context.Context, g *run.Group) error {
-	var backend adapter.Backend
-	switch a.Cfg.Adapter.Backend {
-	case "nats":
-		backend = dispatch.NATS{Pub: a.Bus}
-	case "none":
-	default:
-		return fmt.Errorf("adapter.backend: %q is not supported", a.Cfg.Adapter.Backend)
-	}
-	pc := a.Cfg.Adapter.Plan
-	pc.EnvServerURL = a.Cfg.EnvServerURL()
-	st, err := adapter.NewStage(adapter.Config{Plan: pc, Store: a.Store, Claims: a.Bus, Backend: backend,
-		Simulated: a.Cfg.Adapter.Simulated, Log: a.Log.With("role", "adapt")})
+	log := a.Log.With("role", "adapt")
+	tb, err := TrainingBackend(a.Cfg, a.Bus, log)
 	if err != nil {
 		return err
+	}
+	backend, command, webhook := tb.Backend, tb.Command, tb.Webhook
+	pc := a.Cfg.Adapter.Plan
+	pc.EnvServerURL = a.Cfg.EnvServerURL()
+	pc.CallbackURL = tb.CallbackURL
+	var rec llm.Recorder
+	if a.Cfg.Adapter.Planner.Enabled {
+		rec = a.auditRecorder()
+	}
+	planner, err := Planner(a.Cfg, a.Store, rec, log)
+	if err != nil {
+		return err
+	}
+	reg, err := AdapterRegistry(a.Cfg, a.Store, log)
+	if err != nil {
+		return err
+	}
+	st, err := adapter.NewStage(adapter.Config{Plan: pc, Store: a.Store, Claims: a.Bus, Backend: backend, Planner: planner,
+		Registry: reg, AutoActivate: a.Cfg.Adapter.AutoActivate, Simulated: a.Cfg.Adapter.Simulated, Log: log})
+	if err != nil {
+		return err
+	}
+	// The command and webhook backends report what they learn (events on a
+	// command's stdout, its exit, an HTTP rejection) to the stage.
+	if command != nil {
+		command.Reporter = st
+		// Stopping interrupts the running commands (SIGTERM to their
+		// process groups, SIGKILL after kill_grace) and records them FAILED.
+		addActor(g, ctx, "adapt-command", command.Run)
+	}
+	if webhook != nil {
+		webhook.Reporter = st
 	}
 	rc, err := a.Bus.ReadyConsumer(ctx, 0)
 	if err != nil {
@@ -493,6 +520,6 @@ func (a *App) addAdapt(ctx context.Context, g *run.Group) error {
 	addActor(g, ctx, "adapt-deadlines", func(ctx context.Context) error { return st.RunDeadlines(ctx, every) })
 	a.addGuard(ctx, g)
 	a.Log.Info("adapt role: training jobs from ready environments", "backend", a.Cfg.Adapter.Backend, "preset", a.Cfg.Adapter.Plan.Preset,
-		"env_server", pc.EnvServerURL)
+		"env_server", pc.EnvServerURL, "planner", planner != nil, "serving", a.Cfg.Adapter.Serving.Enabled, "auto_activate", a.Cfg.Adapter.AutoActivate)
 	return nil
 }

@@ -88,8 +88,12 @@ func TestDiscoveryForANewEnvironment(t *testing.T) {
 		t.Fatal("the discovered dictionary is not stored in ClickHouse")
 	}
 	// Meanwhile the default dictionary labeled the first rollouts.
+	// (Their labels may still be on their way to ClickHouse when discovery
+	// finishes: the labeler flushes in batches.)
 	var byDefault uint64
-	testenv.StoreConn(t, a.Store).QueryRow(context.Background(), "SELECT count() FROM capability_labels WHERE environment = 'novel-env' AND dictionary_version = 1 AND capability = 'tool_error_recovery'").Scan(&byDefault)
+	for deadline := time.Now().Add(30 * time.Second); byDefault == 0 && time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
+		testenv.StoreConn(t, a.Store).QueryRow(context.Background(), "SELECT count() FROM capability_labels WHERE environment = 'novel-env' AND dictionary_version = 1 AND capability = 'tool_error_recovery'").Scan(&byDefault)
+	}
 	if byDefault == 0 {
 		t.Error("the default dictionary labeled none of the rollouts that arrived before discovery")
 	}

@@ -2,6 +2,7 @@ package app
 
 import (
 	"cmp"
+	"context"
 	"crypto/subtle"
 	"net/http"
 	"strings"
@@ -9,6 +10,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/traceops/trace/adapter/dispatch"
 	"github.com/traceops/trace/analyzer"
 	"github.com/traceops/trace/internal/dashboard"
 	"github.com/traceops/trace/synthesizer"
@@ -32,6 +34,7 @@ func (a *App) httpServer() *http.Server {
 		if a.Store != nil { // a nil *sink.Store must stay a nil Store
 			deps.Store = a.Store
 			deps.Environments = synthesizer.SinkStore{Rows: a.Store}
+			deps.Training = a.Store
 			// Read-only: the dashboard reports; the adapt role's guard acts.
 			deps.Loop = verify.Reporter{Checker: verify.New(a.Cfg.Verify, a.Store, nil, nil, a.Log), Share: a.Store}
 		}
@@ -43,6 +46,11 @@ func (a *App) httpServer() *http.Server {
 			mux.Handle("/v1/environments", h)
 			mux.Handle("/v1/environments/", h)
 		}
+	}
+	if cb := a.trainingCallback(); cb != nil {
+		// Authenticated by the webhook's HMAC signature (or its callback
+		// token), not by http.bearer_token: trainers hold those.
+		mux.Handle(dispatch.CallbackRoute, cb)
 	}
 	mux.Handle("/", bearer(a.Cfg.HTTP.BearerToken, protected))
 	return &http.Server{Addr: a.Cfg.HTTP.Addr, Handler: mux, ReadHeaderTimeout: 10 * time.Second}
@@ -82,4 +90,20 @@ func (a *App) newEnvServer() (*envserver.Server, error) {
 		Registerer: a.Registry,
 		Log:        a.Log.With("component", "envserver"),
 	})
+}
+
+// trainingCallback is the webhook backend's callback endpoint on the serve
+// role (adapter.webhook.events: callback): an authenticated event is
+// relayed to trace.training.events.<job_id>, which the adapt role
+// consumes, wherever it runs. Nil when not configured.
+func (a *App) trainingCallback() http.Handler {
+	if !a.Cfg.Has("serve") || !a.Cfg.TrainingCallback() || a.Bus == nil || a.Store == nil {
+		return nil
+	}
+	wc := a.Cfg.WebhookConfig()
+	return &dispatch.Callback{Secret: []byte(wc.Secret), Token: wc.CallbackToken, Tolerance: wc.Tolerance, Relay: a.Bus,
+		Jobs: func(ctx context.Context, id string) (bool, error) {
+			j, err := a.Store.TrainingJob(ctx, id)
+			return j != nil, err
+		}, Log: a.Log.With("component", "training-callback")}
 }

@@ -54,6 +54,9 @@ type Config struct {
 	// Env is the OpenEnv environment server of the serve role: it serves
 	// the registry's DONE environments to trainers at /v1/environments.
 	Env envserver.Config `koanf:"env"`
+	// Router is the route role (TRACE step 4): the router and its
+	// OpenAI-compatible proxy on router.addr.
+	Router Router `koanf:"router"`
 }
 
 // Embedded are the fixed loopback ports of the embedded servers, so that
@@ -196,19 +199,35 @@ type HTTP struct {
 // Adapter configures the adapt role (TRACE step 3): the training plan and
 // where jobs are dispatched.
 type Adapter struct {
-	// Backend: nats (jobs on JetStream for external trainer workers) or
-	// none (plans are recorded, nothing is dispatched).
-	Backend string      `koanf:"backend"`
-	Plan    plan.Config `koanf:"plan"`
+	// Backend: nats (jobs on JetStream for external trainer workers),
+	// command (a command per job: the trainer itself, or a scheduler's
+	// submit command), webhook (a signed HTTP POST of each spec), or none
+	// (plans are recorded, nothing is dispatched).
+	Backend string         `koanf:"backend"`
+	Command CommandBackend `koanf:"command"`
+	Webhook WebhookBackend `koanf:"webhook"`
+	Plan    plan.Config    `koanf:"plan"`
 	// DeadlineCheck is how often jobs are checked for silence.
 	DeadlineCheck time.Duration `koanf:"deadline_check"`
+	// Planner is the optional planning agent; Serving loads active
+	// adapters into the serving engine (training.go).
+	Planner Planner `koanf:"planner"`
+	Serving Serving `koanf:"serving"`
+	// AutoActivate activates every succeeded job's adapter (replacing the
+	// active one of its environment and capability). Off: adapters stay
+	// candidates until `trace adapters activate`.
+	AutoActivate bool `koanf:"auto_activate"`
 	// Simulated marks jobs for the demo's simulated trainer (set by
 	// trace demo, not a user setting: no model is trained).
 	Simulated bool `koanf:"-"`
 }
 
 // Roles trace run knows.
-var Roles = []string{"ingest", "analyze", "synthesize", "adapt", "serve"}
+var Roles = []string{"ingest", "analyze", "synthesize", "adapt", "serve", "route"}
+
+// DefaultRoles run when roles is not set: every role but route, which
+// needs router.upstream_url and router.base_model.
+var DefaultRoles = []string{"ingest", "analyze", "synthesize", "adapt", "serve"}
 
 // The ingest stage's batch defaults (kafka.batch_*), from `trace bench
 // ingest`: its batches stream into one INSERT each and cost no memory, and
@@ -224,7 +243,7 @@ const (
 func Default() Config {
 	return Config{
 		DataDir: "./data",
-		Roles:   slices.Clone(Roles),
+		Roles:   slices.Clone(DefaultRoles),
 		Kafka: Kafka{
 			EmbeddedAddr: "127.0.0.1:9092", RolloutsTopic: "trace.rollouts", LabelsTopic: "trace.labels", DLQTopic: "trace.rollouts.dlq",
 			IngestGroup: "trace-ingest", AnalyzeGroup: "trace-analyzer", LabelsGroup: "trace-labels",
@@ -240,8 +259,10 @@ func Default() Config {
 		Embedded:    Embedded{ClickHousePort: 29000, ClickHouseHTTPPort: 28123, NATSPort: 4222},
 		Synthesizer: synthesizer.DefaultSettings(),
 		Env:         envserver.DefaultConfig(),
-		Adapter:     Adapter{Backend: "nats", Plan: defaultPlan(), DeadlineCheck: 30 * time.Second},
-		Verify:      verify.Config{Guard: true}.Defaults(),
+		Adapter: Adapter{Backend: "nats", Command: defaultCommandBackend(), Webhook: defaultWebhookBackend(), Plan: defaultPlan(),
+			DeadlineCheck: 30 * time.Second, Planner: DefaultPlanner(), Serving: DefaultServing()},
+		Router: DefaultRouter(),
+		Verify: verify.Config{Guard: true}.Defaults(),
 	}
 }
 
@@ -396,10 +417,8 @@ func (c Config) Validate() error {
 			errs = append(errs, fmt.Errorf("%s: must be in [0, 1], got %v", name, v))
 		}
 	}
-	switch c.Adapter.Backend {
-	case "nats", "none":
-	default:
-		errs = append(errs, fmt.Errorf("adapter.backend: %q is not nats or none", c.Adapter.Backend))
+	if err := c.validateBackend(); err != nil {
+		errs = append(errs, err)
 	}
 	if err := c.Adapter.Plan.Validate("adapter.plan."); err != nil {
 		errs = append(errs, err)
@@ -410,6 +429,7 @@ func (c Config) Validate() error {
 	if c.Adapter.DeadlineCheck <= 0 {
 		errs = append(errs, fmt.Errorf("adapter.deadline_check: must be positive, got %s", c.Adapter.DeadlineCheck))
 	}
+	errs = append(errs, c.validateTraining()...)
 	if _, _, err := net.SplitHostPort(c.HTTP.Addr); err != nil {
 		errs = append(errs, fmt.Errorf("http.addr: %q is not host:port", c.HTTP.Addr))
 	}
@@ -426,6 +446,11 @@ func (c Config) Validate() error {
 	}
 	if err := c.Env.Validate(); err != nil {
 		errs = append(errs, err)
+	}
+	if c.Has("route") {
+		if err := c.Router.validate(); err != nil {
+			errs = append(errs, err)
+		}
 	}
 	return errors.Join(errs...)
 }
@@ -444,6 +469,14 @@ func (c Config) Redacted() Config {
 	red(&r.LLM.APIKey)
 	red(&r.Env.BearerToken)
 	red(&r.HTTP.BearerToken)
+	red(&r.Adapter.Serving.Token)
+	red(&r.Adapter.Webhook.Secret)
+	red(&r.Adapter.Webhook.BearerToken)
+	red(&r.Adapter.Webhook.CallbackToken)
+	red(&r.Router.UpstreamAPIKey)
+	red(&r.Router.BearerToken)
+	red(&r.Router.ClassifierAPIKey)
+	red(&r.Router.Retrieval.APIKey)
 	r.Synthesizer.Policies = slices.Clone(c.Synthesizer.Policies)
 	for i := range r.Synthesizer.Policies {
 		red(&r.Synthesizer.Policies[i].APIKey)

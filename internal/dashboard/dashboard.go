@@ -8,12 +8,14 @@
 //	/trends           weekly pass rate and top LACKING capabilities, per agent version
 //	/environments     synthesized environments (environments.go): status, attempts, calibration
 //	/environment      one environment: request, attempts, calibration histogram, program
+//	/training         training jobs (training.go): status, reward curve per job, adapters
 //	/loop             the closed loop (loop.go): each adapter's effect on its capability, the guard, the routing share
 //	/api/overview     the JSON of each page (same structs, same queries)
 //	/api/capability
 //	/api/triggers
 //	/api/trends
 //	/api/environments, /api/environments/{id}, /api/environments/{id}/program
+//	/api/training
 //	/assets/...       embedded CSS
 //
 // Pages are rendered on the server with html/template; charts are inline SVG
@@ -78,6 +80,9 @@ type Deps struct {
 	// Environments are the synthesized environments (the Environments
 	// pages); nil: those pages say there is no store.
 	Environments EnvironmentStore
+	// Training is the adapt role's jobs, curves and adapter registry (the
+	// Training page); nil: that page says there is no store.
+	Training TrainingStore
 	// Labeling is the labeler setup, for saying why a cohort has no labels.
 	Labeling analyzer.LabelingSetup
 	// Loop is the closed loop (the /loop page); nil: that page says it is
@@ -123,6 +128,7 @@ func New(d Deps) http.Handler {
 	mux.HandleFunc("GET /trends", s.pageTrends)
 	mux.HandleFunc("GET /environments", s.pageEnvironments)
 	mux.HandleFunc("GET /environment", s.pageEnvironment)
+	mux.HandleFunc("GET /training", s.pageTraining)
 	mux.HandleFunc("GET /loop", s.pageLoop)
 	mux.HandleFunc("GET /api/loop", s.apiLoop)
 	mux.HandleFunc("GET /api/{$}", s.apiIndex)
@@ -133,6 +139,7 @@ func New(d Deps) http.Handler {
 	mux.HandleFunc("GET /api/environments", s.apiEnvironments)
 	mux.HandleFunc("GET /api/environments/{id}", s.apiEnvironment)
 	mux.HandleFunc("GET /api/environments/{id}/program", s.apiProgram)
+	mux.HandleFunc("GET /api/training", s.apiTraining)
 	assets, _ := fs.Sub(files, "assets")
 	static := http.StripPrefix("/assets/", http.FileServer(http.FS(assets)))
 	mux.Handle("GET /assets/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -281,7 +288,7 @@ func (s *server) writeError(w http.ResponseWriter, r *http.Request, err error, a
 	switch {
 	case errors.As(err, &br):
 		code = http.StatusBadRequest
-	case errors.Is(err, errNoStore), errors.Is(err, errNoEnvironments):
+	case errors.Is(err, errNoStore), errors.Is(err, errNoEnvironments), errors.Is(err, errNoTraining):
 		code = http.StatusServiceUnavailable
 	case errors.As(err, new(notFound)):
 		code = http.StatusNotFound
@@ -314,6 +321,7 @@ func (s *server) apiIndex(w http.ResponseWriter, _ *http.Request) {
 			"/api/environments":              "?status=&env=&agent_version=&limit=200",
 			"/api/environments/{id}":         "the whole record of one environment",
 			"/api/environments/{id}/program": "its program (text/x-starlark)",
+			"/api/training":                  "?limit=100: training jobs with their reward curves, and the adapter registry",
 			"/api/loop":                      "?hours=168|all&bucket=hour|day: the closed loop per capability and the routing share",
 		},
 	})

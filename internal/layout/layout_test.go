@@ -23,6 +23,7 @@ var rules = []struct {
 	{"sink", []string{"ingest", "analyzer", "internal/..."}, "storage knows only the wire schemas"},
 	{"schemas", []string{"..."}, "the wire schemas depend on nothing of trace"},
 	{"internal/bus", []string{"analyzer", "ingest", "sink", "internal/app"}, "the bus carries schemas only"},
+	{"router", []string{"analyzer", "ingest", "internal/bus", "internal/app", "synthesizer/...", "adapter/..."}, "the router reads the registry and the dictionaries through interfaces it defines; the wiring adapts"},
 }
 
 // production is every package of the module except the tooling under

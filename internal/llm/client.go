@@ -66,6 +66,14 @@ type Request struct {
 	// TopLogprobs (0–20) alternatives for each.
 	Logprobs    bool
 	TopLogprobs int
+	// Extra are further top-level request fields, sent as given (e.g.
+	// vLLM's "structured_outputs": {"choice": [...]}). They never replace
+	// the fields the client sets itself (model, messages, temperature,
+	// max_tokens, logprobs, top_logprobs, response_format).
+	Extra map[string]any
+	// MaxAttempts, when > 0, lowers Config.MaxAttempts for this call (a
+	// latency-bound caller such as the router retries less).
+	MaxAttempts int
 }
 
 // TopLogprob is one alternative token with its log probability.
@@ -232,7 +240,11 @@ func retry[R any](ctx context.Context, c *Client, req Request, try func(attempt 
 			return zero, tally{}, fmt.Errorf("llm %s: attempt %d: %w", req.Purpose, attempt, context.Cause(ctx))
 		}
 		outcomes = append(outcomes, res.outcome)
-		if !res.retryable || attempt >= c.cfg.MaxAttempts {
+		maxAttempts := c.cfg.MaxAttempts
+		if req.MaxAttempts > 0 {
+			maxAttempts = min(maxAttempts, req.MaxAttempts)
+		}
+		if !res.retryable || attempt >= maxAttempts {
 			return zero, t, &Error{Purpose: req.Purpose, Attempts: attempt, Outcomes: outcomes, Status: res.status, Retryable: res.retryable, Err: res.err}
 		}
 		wait := b.NextBackOff()
@@ -307,7 +319,28 @@ func (c *Client) body(req Request) ([]byte, error) {
 			w.ResponseFormat = map[string]any{"type": "json_object", "schema": req.Schema}
 		}
 	}
-	return json.Marshal(w)
+	if len(req.Extra) == 0 {
+		return json.Marshal(w)
+	}
+	base, err := json.Marshal(w)
+	if err != nil {
+		return nil, err
+	}
+	var fields map[string]json.RawMessage
+	if err := json.Unmarshal(base, &fields); err != nil {
+		return nil, err
+	}
+	for k, v := range req.Extra {
+		if _, own := fields[k]; own || k == "model" || k == "messages" {
+			continue
+		}
+		b, err := json.Marshal(v)
+		if err != nil {
+			return nil, fmt.Errorf("request field %q: %w", k, err)
+		}
+		fields[k] = b
+	}
+	return json.Marshal(fields)
 }
 
 type attemptResult struct {

@@ -547,6 +547,35 @@ func TestRequestOverridesAndLogprobs(t *testing.T) {
 	}
 }
 
+func TestExtraFieldsAndMaxAttempts(t *testing.T) {
+	srv := llmtest.New(t)
+	srv.Enqueue(llmtest.Reply{Status: 503}, llmtest.Reply{Status: 503}, llmtest.Reply{Content: "A"})
+	c, _ := newClient(t, srv, nil)
+	req := ask(nil)
+	req.MaxTokens = 1
+	req.Extra = map[string]any{"structured_outputs": map[string]any{"choice": []string{"A", "B"}}, "model": "not-this", "max_tokens": 99}
+	req.MaxAttempts = 2
+	if _, err := c.Chat(context.Background(), req); err == nil {
+		t.Fatal("a call limited to 2 attempts succeeded on the third reply")
+	}
+	if n := len(srv.Requests()); n != 2 {
+		t.Fatalf("%d attempts, want 2", n)
+	}
+	var body struct {
+		Model             string `json:"model"`
+		MaxTokens         int    `json:"max_tokens"`
+		StructuredOutputs struct {
+			Choice []string `json:"choice"`
+		} `json:"structured_outputs"`
+	}
+	if err := json.Unmarshal(srv.Requests()[0].Body, &body); err != nil {
+		t.Fatal(err)
+	}
+	if body.Model != "test-model" || body.MaxTokens != 1 || strings.Join(body.StructuredOutputs.Choice, ",") != "A,B" {
+		t.Fatalf("sent %s", srv.Requests()[0].Body)
+	}
+}
+
 func TestCancelStopsCall(t *testing.T) {
 	srv := llmtest.New(t)
 	srv.Handle(func(llmtest.Request) llmtest.Reply { return llmtest.Slow(5*time.Second, llmtest.Text("{}")) })

@@ -4,6 +4,7 @@
 // handler, and afterwards inspects every request the server received —
 // headers, body, response_format — to assert what the client sent.
 //
+// ServeLoRA, in lora.go, adds vLLM's runtime LoRA routes.
 // RealServer, in real.go, is the fixture for tests against a real model
 // (scripts/llm-server.sh).
 package llmtest
@@ -17,6 +18,7 @@ import (
 	"net/http/httptest"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -115,6 +117,8 @@ type Reply struct {
 	NoUsage      bool
 	FinishReason string // default "stop"
 	Logprobs     []Logprob
+	// Stream, when set, answers as server-sent events (stream.go).
+	Stream *Stream
 }
 
 // Handler answers a request when no scripted reply is queued.
@@ -134,6 +138,8 @@ type Server struct {
 	reqs        []Request
 	inflight    int
 	maxInflight int
+	lora        *loraState   // ServeLoRA (lora.go)
+	embeds      atomic.Int64 // POST /v1/embeddings served (embeddings.go)
 }
 
 // New starts a server on 127.0.0.1; it is closed when the test ends.
@@ -189,12 +195,17 @@ func (s *Server) MaxInFlight() int {
 }
 
 func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
+	if s.serveLoRA(w, r) {
+		return
+	}
 	switch {
 	case r.URL.Path == "/v1/models" && r.Method == http.MethodGet:
 		writeJSON(w, http.StatusOK, map[string]any{"object": "list", "data": []any{
 			map[string]any{"id": s.Model, "object": "model", "owned_by": "llmtest"}}})
 	case r.URL.Path == "/v1/chat/completions" && r.Method == http.MethodPost:
 		s.chat(w, r)
+	case r.URL.Path == "/v1/embeddings" && r.Method == http.MethodPost:
+		s.embeddings(w, r) // embeddings.go
 	default:
 		writeJSON(w, http.StatusNotFound, errorBody("no route "+r.Method+" "+r.URL.Path, "invalid_request_error"))
 	}
@@ -209,6 +220,9 @@ func (s *Server) chat(w http.ResponseWriter, r *http.Request) {
 	var cr ChatRequest
 	if err := json.Unmarshal(body, &cr); err != nil {
 		writeJSON(w, http.StatusBadRequest, errorBody("body is not JSON: "+err.Error(), "invalid_request_error"))
+		return
+	}
+	if s.rejectModel(w, cr.Model) {
 		return
 	}
 	s.mu.Lock()
@@ -250,6 +264,10 @@ func (s *Server) chat(w http.ResponseWriter, r *http.Request) {
 	}
 	status := rep.Status
 	status = cmp.Or(status, http.StatusOK)
+	if rep.Stream != nil && status == http.StatusOK {
+		s.stream(w, r, rep)
+		return
+	}
 	if rep.Body != "" {
 		w.Header().Set("Content-Type", "application/json")
 		w.WriteHeader(status)

@@ -1,0 +1,308 @@
+package adapter_test
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/traceops/trace/adapter"
+	"github.com/traceops/trace/adapter/dispatch"
+	"github.com/traceops/trace/adapter/plan"
+	"github.com/traceops/trace/internal/bus"
+	"github.com/traceops/trace/internal/dev/testenv"
+	"github.com/traceops/trace/schemas"
+	"github.com/traceops/trace/sink"
+)
+
+// newStage is an adapt stage on real NATS (claims) and ClickHouse with a
+// backend; the backend's Reporter is the stage.
+func newStage(t *testing.T, b *bus.Bus, st *sink.Store, backend adapter.Backend, tweak func(*plan.Config)) *adapter.Stage {
+	t.Helper()
+	p := fastPlan()
+	p.Deadline = time.Hour // these tests run no deadline check; keep jobs open
+	if tweak != nil {
+		tweak(&p)
+	}
+	s, err := adapter.NewStage(adapter.Config{Plan: p, Store: st, Claims: b, Backend: backend,
+		Log: slog.New(slog.NewTextHandler(testWriter{t}, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func historyTypes(t *testing.T, st *sink.Store, id string) ([]string, []sink.TrainingEventRow) {
+	t.Helper()
+	evs, err := st.TrainingEvents(context.Background(), id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var types []string
+	for _, e := range evs {
+		types = append(types, e.Type)
+	}
+	return types, evs
+}
+
+// dead: the process is gone, or a zombie its new parent has not reaped
+// yet (a killed orphan is reparented).
+func dead(pid int) bool {
+	for range 20 {
+		if err := syscall.Kill(pid, 0); errors.Is(err, syscall.ESRCH) {
+			return true
+		}
+		if stat, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat"); err == nil {
+			if f := strings.Fields(string(stat[strings.LastIndexByte(string(stat), ')')+1:])); len(f) > 0 && f[0] == "Z" {
+				return true
+			}
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	return false
+}
+
+func count(ss []string, s string) int {
+	n := 0
+	for _, x := range ss {
+		if x == s {
+			n++
+		}
+	}
+	return n
+}
+
+// TestCommandBackend runs testdata/commands/trainer.sh per job, in run
+// mode: a script that succeeds (events from its stdout: status, history,
+// registry), one that fails (FAILED with the exit code and stderr's tail),
+// one that hangs (the timeout kills its whole process group: its child is
+// gone), one that prints malformed event lines (recorded as malformed, not
+// fatal: the job still succeeds), one that exits 0 without a terminal
+// event (FAILED, documented). A dispatch while every slot is busy is
+// refused, and the same job is dispatched again once a slot is free.
+func TestCommandBackend(t *testing.T) {
+	srv := testenv.NATS(t)
+	st := testenv.ClickHouse(t).Store()
+	ctx := context.Background()
+	b, err := bus.Connect(ctx, bus.Config{URL: srv.URL()}, "test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	script, _ := filepath.Abs("testdata/commands/trainer.sh")
+	specDir := t.TempDir()
+	cmd, err := dispatch.NewCommand(dispatch.CommandConfig{Argv: []string{"sh", script, "{spec}", "{job_id}", "{adapter_name}", "{output_uri}"},
+		SpecDir: specDir, Timeout: 3 * time.Second, KillGrace: time.Second, MaxRunning: 5}, slog.New(slog.NewTextHandler(testWriter{t}, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := newStage(t, b, st, cmd, nil)
+	cmd.Reporter = s
+	runCtx, stop := context.WithCancel(ctx)
+	defer stop()
+	go func() { _ = cmd.Run(runCtx) }()
+
+	caps := []string{"must_succeed", "will_fail", "may_hang", "prints_malformed", "stays_quiet"}
+	ids := map[string]string{}
+	for _, c := range caps {
+		r := readyFor("t-cmd-"+c, c)
+		res, err := s.HandleReady(ctx, r)
+		if err != nil || !res.Dispatched {
+			t.Fatalf("dispatch %s: %+v %v", c, res, err)
+		}
+		ids[c] = res.JobID
+		if _, err := os.Stat(filepath.Join(specDir, res.JobID+".json")); err != nil {
+			t.Errorf("spec file of %s: %v", c, err)
+		}
+	}
+	// Every slot is busy: refused, recorded DISPATCHED, retried below.
+	late := readyFor("t-cmd-late", "late_succeed")
+	if _, err := s.HandleReady(ctx, late); !errors.Is(err, dispatch.ErrBusy) {
+		t.Fatalf("a sixth command with 5 slots: %v, want ErrBusy", err)
+	}
+	cmd.Wait()
+
+	job := func(id string) *sink.TrainingJobRow {
+		j, err := st.TrainingJob(ctx, id)
+		if err != nil || j == nil {
+			t.Fatalf("job %s: %v", id, err)
+		}
+		return j
+	}
+	// Succeeded: events from stdout, adapter registered.
+	j := job(ids["must_succeed"])
+	if j.Status != adapter.StatusSucceeded || j.Backend != "command" || j.Iteration != 2 || j.MeanReward != 0.55 {
+		t.Errorf("succeeding command: %+v", j)
+	}
+	types, evs := historyTypes(t, st, j.JobID)
+	if strings.Join(types, ",") != "dispatched,started,progress,progress,succeeded,command_exited" {
+		t.Errorf("history of the succeeding command: %v", types)
+	}
+	if evs[3].KL != 0.002 || !evs[3].HasKL || evs[3].RewardStd != 0.15 {
+		t.Errorf("progress event from stdout: %+v", evs[3])
+	}
+	if a, err := st.Adapter(ctx, j.AdapterName); err != nil || a == nil || a.EvalMeanReward != 0.7 || a.Status != adapter.AdapterCandidate ||
+		!strings.Contains(a.Metadata, `"backend":"command"`) {
+		t.Errorf("adapter of the succeeding command: %+v %v", a, err)
+	}
+	// Failed: the exit code and stderr's tail.
+	j = job(ids["will_fail"])
+	if j.Status != adapter.StatusFailed || !strings.Contains(j.Reason, "command exited with code 3") ||
+		!strings.Contains(j.Reason, "RuntimeError: CUDA out of memory (test trainer)") {
+		t.Errorf("failing command: %s %q", j.Status, j.Reason)
+	}
+	types, evs = historyTypes(t, st, j.JobID)
+	if strings.Join(types, ",") != "dispatched,started,progress,command_exited,failed" || !strings.Contains(evs[3].Payload, `"exit_code":3`) {
+		t.Errorf("history of the failing command: %v %s", types, evs[3].Payload)
+	}
+	// Hung: killed at the timeout, with its child.
+	j = job(ids["may_hang"])
+	if j.Status != adapter.StatusFailed || !strings.HasPrefix(j.Reason, "command timed out after 3s; its process group was killed") {
+		t.Errorf("hanging command: %s %q", j.Status, j.Reason)
+	}
+	pidText, err := os.ReadFile(filepath.Join(specDir, ids["may_hang"]+".json.pid"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid, _ := strconv.Atoi(strings.TrimSpace(string(pidText)))
+	if pid <= 0 {
+		t.Fatalf("child pid %q", pidText)
+	}
+	if !dead(pid) {
+		t.Errorf("the hanging command's child %d is still running: the process group was not killed", pid)
+	}
+	// Malformed lines: recorded, not fatal.
+	j = job(ids["prints_malformed"])
+	if j.Status != adapter.StatusSucceeded {
+		t.Errorf("malformed lines are not fatal: %s %q", j.Status, j.Reason)
+	}
+	types, evs = historyTypes(t, st, j.JobID)
+	if count(types, "malformed") != 3 || count(types, "succeeded") != 1 || count(types, "progress") != 1 {
+		t.Errorf("history with malformed lines: %v", types)
+	}
+	var malformed []string
+	for _, e := range evs {
+		if e.Type == "malformed" {
+			malformed = append(malformed, e.Payload)
+		}
+		if strings.Contains(e.Payload, "a log line, not an event") {
+			t.Errorf("a log line is output, not history: %+v", e)
+		}
+	}
+	if len(malformed) == 3 && (!strings.Contains(malformed[0], `"type":"progress"`) || !strings.Contains(malformed[0], "stdout line 3") ||
+		!strings.Contains(malformed[1], "finished") || !strings.Contains(malformed[2], "mean_reward")) {
+		t.Errorf("malformed entries keep the line and the reason: %q", malformed)
+	}
+	// Exit 0 without a terminal event.
+	j = job(ids["stays_quiet"])
+	if j.Status != adapter.StatusFailed || j.Reason != "command exited 0 without reporting succeeded or failed" {
+		t.Errorf("quiet command: %s %q", j.Status, j.Reason)
+	}
+
+	// The refused job is dispatched again now that slots are free.
+	res, err := s.HandleReady(ctx, late)
+	if err != nil || !res.Dispatched || res.Duplicate {
+		t.Fatalf("retry of the refused dispatch: %+v %v", res, err)
+	}
+	cmd.Wait()
+	if j := job(res.JobID); j.Status != adapter.StatusSucceeded {
+		t.Errorf("the retried job: %s %q", j.Status, j.Reason)
+	}
+	// And a redelivery of a finished job dispatches nothing.
+	if res, err := s.HandleReady(ctx, readyFor("t-cmd-must_succeed", "must_succeed")); err != nil || !res.Duplicate {
+		t.Errorf("redelivered ready event: %+v %v", res, err)
+	}
+	_ = schemas.TrainingEventSchema
+}
+
+// TestCommandBackendSubmitMode: the command returns at once (a scheduler's
+// submit); exit 0 is recorded as submitted (the job stays DISPATCHED) and
+// the trainer's events then come over NATS; a submit command that fails
+// fails its job with the code and stderr.
+func TestCommandBackendSubmitMode(t *testing.T) {
+	srv := testenv.NATS(t)
+	st := testenv.ClickHouse(t).Store()
+	ctx := context.Background()
+	b, err := bus.Connect(ctx, bus.Config{URL: srv.URL()}, "test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	cmd, err := dispatch.NewCommand(dispatch.CommandConfig{Mode: dispatch.ModeSubmit,
+		Argv: []string{"sh", "-c", `case "$1" in *refuse*) echo "sbatch: error: invalid partition specified: gpu" >&2; exit 1;; esac; echo "Submitted batch job 4242 for $0"`,
+			"{job_id}", "{adapter_name}"},
+		SpecDir: t.TempDir()}, slog.New(slog.NewTextHandler(testWriter{t}, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c := cmd.Config(); c.Timeout != dispatch.DefaultSubmitTimeout || c.MaxRunning != dispatch.DefaultSubmitRunning {
+		t.Errorf("submit defaults: %+v", c)
+	}
+	s := newStage(t, b, st, cmd, nil)
+	cmd.Reporter = s
+	r := startRoleWith(t, b, s)
+	defer r.stop()
+
+	okRes, err := s.HandleReady(ctx, readyFor("t-submit-ok", "accepted_job"))
+	if err != nil || !okRes.Dispatched {
+		t.Fatal(okRes, err)
+	}
+	badRes, err := s.HandleReady(ctx, readyFor("t-submit-bad", "refuse_partition"))
+	if err != nil || !badRes.Dispatched {
+		t.Fatal(badRes, err)
+	}
+	cmd.Wait()
+	j, _ := st.TrainingJob(ctx, okRes.JobID)
+	if j.Status != adapter.StatusDispatched {
+		t.Errorf("an accepted submission waits for the trainer: %s %q", j.Status, j.Reason)
+	}
+	types, evs := historyTypes(t, st, okRes.JobID)
+	if strings.Join(types, ",") != "dispatched,submitted" || !strings.Contains(evs[1].Payload, "Submitted batch job 4242 for "+okRes.JobID) {
+		t.Errorf("history of the accepted submission: %v %+v", types, evs)
+	}
+	j, _ = st.TrainingJob(ctx, badRes.JobID)
+	if j.Status != adapter.StatusFailed || !strings.Contains(j.Reason, "submit command exited with code 1; stderr: sbatch: error: invalid partition") {
+		t.Errorf("a refused submission: %s %q", j.Status, j.Reason)
+	}
+	// The scheduler's trainer reports over NATS.
+	it, mr := 1, 0.5
+	for _, e := range []*schemas.TrainingEvent{
+		{JobID: okRes.JobID, Type: schemas.EventStarted, At: time.Now().UTC(), Worker: "slurm-4242"},
+		{JobID: okRes.JobID, Type: schemas.EventProgress, At: time.Now().UTC(), Iteration: &it, MeanReward: &mr, RewardStd: new(float64)},
+		{JobID: okRes.JobID, Type: schemas.EventSucceeded, At: time.Now().UTC(), Adapter: &schemas.EventAdapter{Name: j.AdapterName, URI: "s3://x/y"},
+			Eval: &schemas.EvalMetrics{MeanReward: 0.6, SuccessRate: 0.5, Episodes: 10}},
+	} {
+		if err := b.PublishTrainingEvent(ctx, e); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFor(t, "the submitted job's success over NATS", 20*time.Second, func() bool {
+		j, _ := st.TrainingJob(ctx, okRes.JobID)
+		return j != nil && j.Status == adapter.StatusSucceeded
+	})
+}
+
+// startRoleWith runs the events consumer of an existing stage.
+func startRoleWith(t *testing.T, b *bus.Bus, s *adapter.Stage) *role {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	ec, err := b.TrainingEventsConsumer(ctx, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &role{stage: s, cancel: cancel}
+	r.wg.Add(1)
+	go func() {
+		defer r.wg.Done()
+		if err := s.RunEvents(ctx, ec); err != nil {
+			t.Errorf("events: %v", err)
+		}
+	}()
+	return r
+}

@@ -1,0 +1,202 @@
+package adapter_test
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/traceops/trace/adapter"
+	"github.com/traceops/trace/adapter/serving"
+	"github.com/traceops/trace/internal/dev/llmtest"
+	"github.com/traceops/trace/internal/dev/testenv"
+	"github.com/traceops/trace/schemas"
+	"github.com/traceops/trace/sink"
+)
+
+func candidate(t *testing.T, st *sink.Store, name, capability, uri string) {
+	t.Helper()
+	now := time.Now().UTC()
+	if err := st.SaveAdapter(context.Background(), sink.AdapterRow{Name: name, JobID: "job-" + name, EnvironmentID: "env-0123456789abcdef",
+		Capability: capability, Environment: "sim-airline", AgentVersion: "1.4.0", BaseModel: "Qwen/Qwen3-8B", URI: uri,
+		Status: adapter.AdapterCandidate, Metadata: `{"trainer":"external"}`, CreatedAt: now, UpdatedAt: now, Version: uint64(now.UnixNano())}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func statusOf(t *testing.T, st *sink.Store, name string) *sink.AdapterRow {
+	t.Helper()
+	a, err := st.Adapter(context.Background(), name)
+	if err != nil || a == nil {
+		t.Fatalf("adapter %s: %v", name, err)
+	}
+	return a
+}
+
+func chatStatus(t *testing.T, srv *llmtest.Server, model string) int {
+	t.Helper()
+	resp, err := http.Post(srv.URL+"/chat/completions", "application/json",
+		strings.NewReader(`{"model":"`+model+`","messages":[{"role":"user","content":"hi"}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	return resp.StatusCode
+}
+
+// TestRegistryTransitionsAndServing drives activate, retire and roll back
+// against ClickHouse and the scriptable server's vLLM LoRA routes: an
+// active adapter is served under its name and only then recorded active,
+// one adapter is active per (environment, capability), a failed load
+// changes nothing, a failed unload is recorded and retried.
+func TestRegistryTransitionsAndServing(t *testing.T) {
+	ctx := context.Background()
+	st := testenv.ClickHouse(t).Store()
+	srv := llmtest.New(t)
+	srv.ServeLoRA(llmtest.LoRAOptions{APIKey: "tok"})
+	srv.Handle(func(llmtest.Request) llmtest.Reply { return llmtest.Text("hello") })
+	eng := &serving.VLLM{BaseURL: srv.URL, Token: "tok", InitialBackoff: time.Millisecond, MaxElapsed: time.Second}
+	dir := t.TempDir()
+	reg := &adapter.Registry{Store: st, Engine: eng, PathMap: map[string]string{"file:///var/lib/trace/adapters": dir}}
+	candidate(t, st, "pv-1", "precondition_verification", "file:///var/lib/trace/adapters")
+	candidate(t, st, "pv-2", "precondition_verification", "file://"+t.TempDir())
+	candidate(t, st, "mt-1", "multi_turn", "file://"+t.TempDir())
+	candidate(t, st, "gone", "multi_turn", "file:///nonexistent/adapter")
+
+	if chatStatus(t, srv, "pv-1") != 404 {
+		t.Fatal("a candidate is served")
+	}
+	ch, err := reg.Activate(ctx, "pv-1")
+	if err != nil || len(ch) != 1 || !ch[0].Loaded || ch[0].From != adapter.AdapterCandidate {
+		t.Fatalf("activate pv-1: %+v %v", ch, err)
+	}
+	if a := statusOf(t, st, "pv-1"); a.Status != adapter.AdapterActive || adapter.ServingOf(a) == nil || adapter.ServingOf(a).LoRAPath != dir || !adapter.ServingOf(a).Loaded {
+		t.Fatalf("pv-1 after activation: %+v", a)
+	}
+	if chatStatus(t, srv, "pv-1") != 200 || srv.LoadedAdapters()["pv-1"] != dir {
+		t.Fatal("the active adapter is not served under its name (path mapped)")
+	}
+	// The second adapter of the same capability replaces the first.
+	ch, err = reg.Activate(ctx, "pv-2")
+	if err != nil || len(ch) != 2 || ch[1].Name != "pv-1" || ch[1].To != adapter.AdapterRetired || !ch[1].Unloaded {
+		t.Fatalf("activate pv-2: %+v %v", ch, err)
+	}
+	if statusOf(t, st, "pv-1").Status != adapter.AdapterRetired || chatStatus(t, srv, "pv-1") != 404 || chatStatus(t, srv, "pv-2") != 200 {
+		t.Fatal("pv-1 not retired and unloaded")
+	}
+	// Another capability does not touch it.
+	if _, err := reg.Activate(ctx, "mt-1"); err != nil {
+		t.Fatal(err)
+	}
+	if as, _ := st.Adapters(ctx, sink.AdapterFilter{Status: adapter.AdapterActive}); len(as) != 2 {
+		t.Fatalf("active adapters %+v", as)
+	}
+	// A load that fails leaves the registry as it was.
+	if _, err := reg.Activate(ctx, "gone"); err == nil || !strings.Contains(err.Error(), "No adapter found for /nonexistent/adapter") ||
+		!strings.Contains(err.Error(), "the registry is unchanged") {
+		t.Fatalf("activate gone: %v", err)
+	}
+	if statusOf(t, st, "gone").Status != adapter.AdapterCandidate || statusOf(t, st, "mt-1").Status != adapter.AdapterActive {
+		t.Fatal("a failed load changed the registry")
+	}
+	// Re-activating the active adapter reloads it (an engine restart).
+	if err := eng.Unload(ctx, "pv-2"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := reg.Activate(ctx, "pv-2"); err != nil || chatStatus(t, srv, "pv-2") != 200 {
+		t.Fatalf("reload: %v", err)
+	}
+	// Retire with an engine that fails: retired in the registry, the
+	// failure recorded; retiring again retries the unload.
+	eng.MaxElapsed = 30 * time.Millisecond
+	for range 50 {
+		srv.EnqueueLoRA(llmtest.ServerError())
+	}
+	c, err := reg.Retire(ctx, "pv-2", "operator")
+	if err == nil || !strings.Contains(err.Error(), "retired in the registry, but the serving engine still serves it") || c == nil || c.Unloaded {
+		t.Fatalf("retire with a failing engine: %+v %v", c, err)
+	}
+	a := statusOf(t, st, "pv-2")
+	if sv := adapter.ServingOf(a); a.Status != adapter.AdapterRetired || sv == nil || !sv.Loaded || !strings.Contains(sv.Error, "HTTP 500") {
+		t.Fatalf("pv-2 after a failed unload: %+v", a)
+	}
+	srv.DropLoRAFaults()
+	eng.MaxElapsed = time.Second
+	if c, err := reg.Retire(ctx, "pv-2", ""); err != nil || !c.Unloaded || c.From != adapter.AdapterRetired {
+		t.Fatalf("retiring again retries the unload: %+v %v", c, err)
+	}
+	if chatStatus(t, srv, "pv-2") != 404 || adapter.ServingOf(statusOf(t, st, "pv-2")).Loaded {
+		t.Fatal("the retried unload did not happen")
+	}
+	// Roll back: active → rolled_back, unloaded, never activated again.
+	c, err = reg.RollBack(ctx, "mt-1", "closed loop: pass rate fell from 0.41 to 0.30")
+	if err != nil || !c.Unloaded || c.To != adapter.AdapterRolledBack {
+		t.Fatalf("roll back: %+v %v", c, err)
+	}
+	a = statusOf(t, st, "mt-1")
+	if a.Status != adapter.AdapterRolledBack || !strings.Contains(a.Metadata, "pass rate fell from 0.41 to 0.30") || chatStatus(t, srv, "mt-1") != 404 {
+		t.Fatalf("mt-1 after roll back: %+v", a)
+	}
+	if _, err := reg.Activate(ctx, "mt-1"); !errors.Is(err, adapter.ErrTransition) {
+		t.Errorf("activating a rolled-back adapter: %v", err)
+	}
+	now := time.Now().UTC()
+	if err := st.SaveAdapter(ctx, sink.AdapterRow{Name: "sim-x", Capability: "multi_turn", Environment: "sim-airline", URI: "sim://simtrainer/sim-x",
+		Status: adapter.AdapterCandidate, Simulated: true, CreatedAt: now, UpdatedAt: now, Version: 1}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := reg.Activate(ctx, "sim-x"); !errors.Is(err, adapter.ErrTransition) || !strings.Contains(err.Error(), "simulated") {
+		t.Errorf("activating a simulated adapter into an engine: %v", err)
+	}
+	if _, err := reg.RollBack(ctx, "gone", ""); !errors.Is(err, adapter.ErrTransition) {
+		t.Errorf("rolling back a candidate: %v", err)
+	}
+	if _, err := reg.Retire(ctx, "nope", ""); !errors.Is(err, adapter.ErrUnknownAdapter) || !strings.Contains(err.Error(), "nope") {
+		t.Errorf("unknown adapter: %v", err)
+	}
+	// Every transition is in the metadata.
+	if a := statusOf(t, st, "pv-1"); !strings.Contains(a.Metadata, `"from":"candidate","reason":"activated"`) || !strings.Contains(a.Metadata, `"reason":"replaced by pv-2"`) ||
+		!strings.Contains(a.Metadata, `"trainer":"external"`) {
+		t.Errorf("pv-1 metadata %s", a.Metadata)
+	}
+}
+
+// TestAutoActivation: with AutoActivate, a job's success registers its
+// adapter and activates it (loaded into the engine), recorded in the
+// job's history; without a registry the stage refuses the setting.
+func TestAutoActivation(t *testing.T) {
+	ctx := context.Background()
+	st, b := plannerFixture(t)
+	srv := llmtest.New(t)
+	srv.ServeLoRA(llmtest.LoRAOptions{})
+	srv.Handle(func(llmtest.Request) llmtest.Reply { return llmtest.Text("hello") })
+	reg := &adapter.Registry{Store: st, Engine: &serving.VLLM{BaseURL: srv.URL, InitialBackoff: time.Millisecond, MaxElapsed: time.Second}}
+	if _, err := adapter.NewStage(adapter.Config{Plan: fastPlan(), Store: st, Claims: b, AutoActivate: true}); err == nil {
+		t.Fatal("AutoActivate without a registry accepted")
+	}
+	s, err := adapter.NewStage(adapter.Config{Plan: fastPlan(), Store: st, Claims: b, AutoActivate: true, Registry: reg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := s.HandleReady(ctx, readyFor("t-auto", "precondition_verification"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	job, _ := st.TrainingJob(ctx, res.JobID)
+	dir := t.TempDir()
+	e := &schemas.TrainingEvent{Schema: schemas.TrainingEventSchema, JobID: res.JobID, Type: schemas.EventSucceeded, At: time.Now().UTC(),
+		Adapter: &schemas.EventAdapter{Name: job.AdapterName, URI: "file://" + dir}, Eval: &schemas.EvalMetrics{MeanReward: 0.7, SuccessRate: 0.6, Episodes: 200}}
+	data, _ := e.Encode()
+	if err := s.HandleEvent(ctx, e, "seq:1", data); err != nil {
+		t.Fatal(err)
+	}
+	if a := statusOf(t, st, job.AdapterName); a.Status != adapter.AdapterActive || chatStatus(t, srv, job.AdapterName) != 200 {
+		t.Fatalf("auto-activated adapter %+v", a)
+	}
+	evs, _ := st.TrainingEvents(ctx, res.JobID)
+	if last := evs[len(evs)-1]; last.Type != "activated" || !strings.Contains(last.Payload, job.AdapterName) {
+		t.Errorf("history %+v", evs)
+	}
+}

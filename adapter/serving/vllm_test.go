@@ -1,0 +1,98 @@
+package serving
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/traceops/trace/internal/dev/llmtest"
+)
+
+func fast(srv *llmtest.Server, token string) *VLLM {
+	return &VLLM{BaseURL: srv.URL, Token: token, InitialBackoff: time.Millisecond, MaxElapsed: 2 * time.Second, Timeout: time.Second}
+}
+
+// TestVLLMLoadUnload: a load is retried through 503s and then serves the
+// adapter's name; a repeated load of the same path is a success (a retried
+// load whose answer was lost), of another path an error; unloading an
+// unknown adapter is not an error; a missing path and a wrong token fail
+// at once.
+func TestVLLMLoadUnload(t *testing.T) {
+	ctx := context.Background()
+	srv := llmtest.New(t)
+	srv.ServeLoRA(llmtest.LoRAOptions{APIKey: "secret"})
+	dir, other := t.TempDir(), t.TempDir()
+	v := fast(srv, "secret")
+	srv.EnqueueLoRA(llmtest.Status(http.StatusServiceUnavailable, "busy"), llmtest.Status(http.StatusServiceUnavailable, "busy"))
+	if err := v.Load(ctx, "cap-a", dir); err != nil {
+		t.Fatal(err)
+	}
+	if got := srv.LoadedAdapters()["cap-a"]; got != dir {
+		t.Fatalf("loaded %q", got)
+	}
+	if n := len(srv.LoRACalls()); n != 3 {
+		t.Errorf("%d calls, want 2 failed and 1 accepted", n)
+	}
+	if err := v.Load(ctx, "cap-a", dir); err != nil {
+		t.Errorf("a repeated load of the same path: %v", err)
+	}
+	err := v.Load(ctx, "cap-a", other)
+	var ve *Error
+	if !errors.As(err, &ve) || ve.Status != 400 || !strings.Contains(err.Error(), "it is loaded from "+dir) {
+		t.Errorf("load from another path: %v", err)
+	}
+	if p, ok, err := v.Loaded(ctx, "cap-a"); err != nil || !ok || p != dir {
+		t.Errorf("Loaded: %q %v %v", p, ok, err)
+	}
+	before := len(srv.LoRACalls())
+	err = v.Load(ctx, "cap-b", "/nonexistent/adapter")
+	if !errors.As(err, &ve) || ve.Status != 404 || ve.Attempts != 1 || !strings.Contains(err.Error(), "No adapter found for /nonexistent/adapter") {
+		t.Errorf("missing path: %v", err)
+	}
+	if n := len(srv.LoRACalls()) - before; n != 1 {
+		t.Errorf("a 404 was retried: %d calls", n)
+	}
+	if err := fast(srv, "wrong").Load(ctx, "cap-b", dir); !errors.As(err, &ve) || ve.Status != 401 || !strings.Contains(err.Error(), "adapter.serving.token") {
+		t.Errorf("wrong token: %v", err)
+	}
+	if err := v.Unload(ctx, "cap-a"); err != nil {
+		t.Fatal(err)
+	}
+	if len(srv.LoadedAdapters()) != 0 {
+		t.Fatalf("still loaded: %v", srv.LoadedAdapters())
+	}
+	if err := v.Unload(ctx, "cap-a"); err != nil {
+		t.Errorf("unloading an unloaded adapter: %v", err)
+	}
+	// A server that stays down: retried until MaxElapsed, then reported.
+	srv.EnqueueLoRA(llmtest.ServerError(), llmtest.ServerError(), llmtest.ServerError(), llmtest.ServerError(), llmtest.ServerError(),
+		llmtest.ServerError(), llmtest.ServerError(), llmtest.ServerError(), llmtest.ServerError(), llmtest.ServerError())
+	v.MaxElapsed = 50 * time.Millisecond
+	if err := v.Load(ctx, "cap-c", dir); !errors.As(err, &ve) || ve.Status != 500 || ve.Attempts < 2 {
+		t.Errorf("a server that stays down: %v", err)
+	}
+	down := &VLLM{BaseURL: "http://127.0.0.1:1/v1", InitialBackoff: time.Millisecond, MaxElapsed: 20 * time.Millisecond}
+	if err := down.Load(ctx, "x", dir); !errors.As(err, &ve) || ve.Status != 0 || !strings.Contains(err.Error(), "POST http://127.0.0.1:1/v1/load_lora_adapter") {
+		t.Errorf("unreachable: %v", err)
+	}
+}
+
+func TestErrorBodies(t *testing.T) {
+	for _, c := range []struct{ body, msg string }{
+		{`{"error": {"message": "m1", "type": "NotFoundError", "code": 404}}`, "m1"},
+		{`{"object": "error", "message": "m2", "type": "x", "code": 400}`, "m2"},
+		{`{"error": "Unauthorized"}`, "Unauthorized"},
+		{`{"detail": "Not Found"}`, "Not Found"},
+		{`Internal Server Error`, "Internal Server Error"},
+	} {
+		if got := errorMessage([]byte(c.body)); got != c.msg {
+			t.Errorf("%s: %q", c.body, got)
+		}
+	}
+	if !isRouteMissing([]byte(`{"detail": "Not Found"}`)) || isRouteMissing([]byte(`{"error": {"message": "The lora adapter 'x' cannot be found."}}`)) {
+		t.Error("isRouteMissing")
+	}
+}

@@ -1,0 +1,204 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/traceops/trace/adapter"
+	"github.com/traceops/trace/adapter/plan"
+	"github.com/traceops/trace/internal/bus"
+	"github.com/traceops/trace/internal/dev/llmtest"
+	"github.com/traceops/trace/internal/dev/testenv"
+	"github.com/traceops/trace/schemas"
+	"github.com/traceops/trace/synthesizer"
+)
+
+// TestTrainAndAdaptersCommands drives trace train plan/dispatch/list/show
+// and trace adapters list/activate/retire against ClickHouse, NATS and
+// the scriptable OpenAI-protocol server (the planning agent, and vLLM's
+// runtime LoRA routes for serving).
+func TestTrainAndAdaptersCommands(t *testing.T) {
+	ctx := context.Background()
+	ch := testenv.ClickHouse(t)
+	ns := testenv.NATS(t)
+	st := ch.Store()
+	at := time.Now().UTC().Add(-time.Hour).Truncate(time.Second)
+	done := &synthesizer.Environment{ID: schemas.EnvironmentID("t-train"), TriggerID: "t-train", Environment: "sim-airline", AgentVersion: "1.4.0",
+		DictionaryVersion: 1, Capability: "precondition_verification", Definition: "Look before you write.", Family: "precondition_verification",
+		Status: synthesizer.StatusDone, Path: synthesizer.PathTemplate, Attempt: 1, Program: "def reset(seed):\n    pass\n", ProgramHash: strings.Repeat("ab", 32),
+		Tools:    []string{"get_reservation_details", "cancel_reservation"},
+		Attempts: []synthesizer.Attempt{{N: 1, Origin: "template", Family: "precondition_verification", Stage: synthesizer.StageCalibrate, Accepted: true, StartedAt: at, EndedAt: at}},
+		Calibration: &synthesizer.Calibration{Accepted: true, Verdict: "accepted", Policy: "simulated", Simulated: true, Seeds: 100, RolloutsPerSeed: 16,
+			MeanReward: 0.44, StdReward: 0.3, SuccessRate: 0.31, PassAtK: map[string]float64{"1": 0.31, "16": 0.97}, Histogram: []int{800, 0, 0, 0, 0, 300, 0, 0, 0, 500}},
+		CreatedAt: at, UpdatedAt: at, Version: 2}
+	failed := &synthesizer.Environment{ID: schemas.EnvironmentID("t-train-failed"), TriggerID: "t-train-failed", Environment: "sim-retail", AgentVersion: "1.5.0",
+		DictionaryVersion: 1, Capability: "argument_grounding", Status: synthesizer.StatusFailed, Reason: "5 attempts, none accepted", Attempt: 5,
+		CreatedAt: at, UpdatedAt: at, Version: 9}
+	for _, e := range []*synthesizer.Environment{done, failed} {
+		if err := (synthesizer.SinkStore{Rows: st}).SaveEnvironment(ctx, e); err != nil {
+			t.Fatal(err)
+		}
+	}
+	srv := llmtest.New(t)
+	srv.ServeLoRA(llmtest.LoRAOptions{APIKey: "vllm-key"})
+	srv.Handle(func(llmtest.Request) llmtest.Reply { return llmtest.Text("hello") })
+	sets := []string{"--set", "clickhouse.addr=" + ch.Addr, "--set", "clickhouse.database=" + ch.Database, "--set", "nats.url=" + ns.URL(),
+		"--set", "adapter.plan.env_server_url=http://trace-env:8090"}
+	run := func(args ...string) (string, error) { return runCLI(t, ctx, append(args, sets...)...) }
+	var ee *exitError
+
+	// plan: the configured plan, nothing stored.
+	out, err := run("train", "plan", done.ID)
+	jobID := schemas.TrainingJobID(done.ID, 1)
+	for _, want := range []string{"training job " + jobID + " (plan revision 1)", "capability    precondition_verification",
+		"lora          rank 16, alpha 16, dropout 0, targets q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj",
+		"20 iterations × 32 groups × 16 rollouts, lr 1e-05", "http://trace-env:8090/v1/environments/" + done.ID, "plan          defaults (preset paper)"} {
+		if err != nil || !strings.Contains(out, want) {
+			t.Errorf("plan lacks %q (%v):\n%s", want, err, out)
+		}
+	}
+	if j, _ := st.TrainingJob(ctx, jobID); j != nil {
+		t.Fatal("plan stored a job")
+	}
+	// plan with the planning agent: its adjustment and reason.
+	srv.Enqueue(llmtest.JSON(map[string]any{"reason": "Half the groups are constant: more hints.", "adjust": map[string]any{"hint_ratio": 0.45, "iterations": 30}}))
+	out, err = run("train", "plan", done.ID, "--json", "--set", "adapter.planner.enabled=true", "--set", "llm.base_url="+srv.URL, "--set", "llm.model="+srv.Model)
+	var job schemas.TrainingJob
+	if err != nil || json.Unmarshal([]byte(out), &job) != nil {
+		t.Fatalf("plan --json (%v):\n%s", err, out)
+	}
+	if job.Planner.Agent != schemas.AgentAccepted || job.GRPO.Iterations != 30 || job.GRPO.HintRatio != 0.45 || job.Planner.Reason != "Half the groups are constant: more hints." {
+		t.Errorf("planned with the agent: %+v %+v", job.Planner, job.GRPO)
+	}
+	if p := srv.Requests()[0].Chat.Prompt(); !strings.Contains(p, "reward histogram (10 equal bins over [0, 1], rollouts per bin): [800, 0, 0, 0, 0, 300, 0, 0, 0, 500]") {
+		t.Errorf("the prompt lacks the stored histogram:\n%s", p)
+	}
+	// Unknown and unfinished environments exit 1 naming them.
+	if _, err := run("train", "plan", "env-0000000000000000"); !errors.As(err, &ee) || ee.code != 1 || !strings.Contains(err.Error(), `no environment "env-0000000000000000"`) {
+		t.Errorf("unknown environment: %v", err)
+	}
+	if _, err := run("train", "dispatch", failed.ID); !errors.As(err, &ee) || ee.code != 1 || !strings.Contains(err.Error(), failed.ID+" is FAILED, not DONE") {
+		t.Errorf("failed environment: %v", err)
+	}
+
+	// dispatch: once, then nothing.
+	out, err = run("train", "dispatch", done.ID)
+	if err != nil || !strings.Contains(out, "dispatched job "+jobID+" to nats") {
+		t.Fatalf("dispatch (%v):\n%s", err, out)
+	}
+	out, err = run("train", "dispatch", done.ID)
+	if err != nil || !strings.Contains(out, "job "+jobID+" exists already (DISPATCHED): nothing dispatched") {
+		t.Fatalf("second dispatch (%v):\n%s", err, out)
+	}
+	b, err := bus.Connect(ctx, bus.Config{URL: ns.URL()}, "test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	s, _ := b.JS.Stream(ctx, bus.StreamTrainingJobs)
+	if info, _ := s.Info(ctx); info.State.Msgs != 1 {
+		t.Fatalf("%d jobs on the stream, want 1", info.State.Msgs)
+	}
+
+	// The trainer reports (through the stage, as the adapt role would).
+	stage, err := adapter.NewStage(adapter.Config{Plan: plan.DefaultConfig(), Store: st, Claims: b, Log: slog.Default()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	name := plan.AdapterName(done.Capability, done.ID, 1)
+	for i, e := range []schemas.TrainingEvent{
+		{Type: schemas.EventStarted},
+		{Type: schemas.EventProgress, Iteration: ptr(1), MeanReward: ptr(0.3), RewardStd: ptr(0.1)},
+		{Type: schemas.EventProgress, Iteration: ptr(2), MeanReward: ptr(0.55), RewardStd: ptr(0.12)},
+		{Type: schemas.EventSucceeded, Adapter: &schemas.EventAdapter{Name: name, URI: "file://" + dir}, Eval: &schemas.EvalMetrics{MeanReward: 0.62, SuccessRate: 0.5, Episodes: 200}},
+	} {
+		e.JobID, e.At = jobID, time.Now().UTC()
+		data, err := e.Encode()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := stage.HandleEvent(ctx, &e, "seq:"+strconv.Itoa(i), data); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	out, err = run("train", "list")
+	if err != nil || !strings.Contains(out, jobID) || !strings.Contains(out, "SUCCEEDED") || !strings.Contains(out, "2/20") {
+		t.Errorf("list (%v):\n%s", err, out)
+	}
+	out, err = run("train", "list", "--status", "succeeded", "--json")
+	var jobs []jobSummary
+	if err != nil || json.Unmarshal([]byte(out), &jobs) != nil || len(jobs) != 1 || jobs[0].JobID != jobID || jobs[0].Planner == nil {
+		t.Errorf("list --json (%v):\n%s", err, out)
+	}
+	if _, err := run("train", "list", "--status", "SOMETIMES"); err == nil || !strings.Contains(err.Error(), "--status must be one of") {
+		t.Errorf("bad status: %v", err)
+	}
+	out, err = run("train", "show", jobID)
+	for _, want := range []string{"training job " + jobID + ": SUCCEEDED", "events (5)", "dispatched        backend nats", "progress          iteration 2  mean 0.550  std 0.120",
+		"succeeded         adapter " + name + ", eval mean 0.620 success 0.500", "reward curve (mean reward per iteration over [0, 1]; ± std)",
+		"     1 │████████████····························│ 0.300 ± 0.100", "     2 │██████████████████████··················│ 0.550 ± 0.120",
+		"adapter " + name + ": candidate"} {
+		if err != nil || !strings.Contains(out, want) {
+			t.Errorf("show lacks %q (%v):\n%s", want, err, out)
+		}
+	}
+	if _, err := run("train", "show", "job-0000000000000000"); !errors.As(err, &ee) || ee.code != 1 || !strings.Contains(err.Error(), `no training job "job-0000000000000000"`) {
+		t.Errorf("unknown job: %v", err)
+	}
+
+	// adapters: list, activate (loaded into the engine), retire (unloaded).
+	serve := []string{"--set", "adapter.serving.enabled=true", "--set", "adapter.serving.base_url=" + srv.URL, "--set", "adapter.serving.token=vllm-key"}
+	out, err = run("adapters", "list")
+	if err != nil || !strings.Contains(out, name) || !strings.Contains(out, "candidate") || !strings.Contains(out, "0.620") {
+		t.Errorf("adapters list (%v):\n%s", err, out)
+	}
+	chat := func() int {
+		resp, err := http.Post(srv.URL+"/chat/completions", "application/json", strings.NewReader(`{"model":"`+name+`","messages":[{"role":"user","content":"hi"}]}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	out, err = run(append([]string{"adapters", "activate", name}, serve...)...)
+	if err != nil || !strings.Contains(out, name+": candidate → active, loaded into "+srv.URL+" (model: "+name+")") || chat() != 200 {
+		t.Fatalf("activate (%v):\n%s", err, out)
+	}
+	out, err = run("adapters", "list", "--status", "active", "--json")
+	var as []adapterEntry
+	if err != nil || json.Unmarshal([]byte(out), &as) != nil || len(as) != 1 || as[0].Serving == nil || !as[0].Serving.Loaded || as[0].Serving.LoRAPath != dir {
+		t.Errorf("adapters list --json (%v):\n%s", err, out)
+	}
+	out, err = run(append([]string{"adapters", "retire", name, "--reason", "test over"}, serve...)...)
+	if err != nil || !strings.Contains(out, name+": active → retired, unloaded from "+srv.URL) || chat() != 404 {
+		t.Fatalf("retire (%v):\n%s", err, out)
+	}
+	if _, err := run("adapters", "activate", "nope"); !errors.As(err, &ee) || ee.code != 1 || !strings.Contains(err.Error(), "unknown adapter: nope") {
+		t.Errorf("unknown adapter: %v", err)
+	}
+	// Without serving the registry only records, and says so.
+	out, err = run("adapters", "activate", name)
+	if err != nil || !strings.Contains(out, "retired → active") || !strings.Contains(out, "adapter.serving is off") {
+		t.Errorf("activate without serving (%v):\n%s", err, out)
+	}
+	out, err = run("adapters", "retire", name, "--json")
+	var v struct {
+		Changes []adapter.Change `json:"changes"`
+		Serving bool             `json:"serving"`
+	}
+	if err != nil || json.Unmarshal([]byte(out), &v) != nil || len(v.Changes) != 1 || v.Changes[0].From != adapter.AdapterActive ||
+		v.Changes[0].To != adapter.AdapterRetired || v.Serving {
+		t.Errorf("retire --json (%v):\n%s", err, out)
+	}
+}
+
+func ptr[T any](v T) *T { return &v }

@@ -1,0 +1,128 @@
+package app
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/oklog/run"
+
+	"github.com/traceops/trace/internal/llm"
+	"github.com/traceops/trace/router"
+)
+
+// RouterAddr is where the route role listens (after Ready), "" without it.
+func (a *App) RouterAddr() string { return a.routerAddr }
+
+// addRoute adds the route role (TRACE step 4): the router over the
+// registry's active adapters with the base model as classifier, and its
+// proxy on router.addr. One actor serves the proxy and runs the decision
+// recorder, so that on shutdown the requests in flight (streams) drain
+// first, within router.drain_timeout, and their decisions are flushed to
+// route_decisions after them.
+func (a *App) addRoute(ctx context.Context, g *run.Group) error {
+	rc := a.Cfg.Router
+	if a.Bus == nil { // no role loaded the dictionaries: the descriptions come from them
+		if err := a.Dicts.Load(ctx, a.Store); err != nil {
+			return fmt.Errorf("router: dictionaries: %w", err)
+		}
+	}
+	cls, err := llm.New(llm.Config{
+		BaseURL: cmp.Or(rc.ClassifierURL, rc.UpstreamURL), Model: cmp.Or(rc.ClassifierModel, rc.BaseModel),
+		APIKey: llm.Secret(cmp.Or(rc.ClassifierAPIKey, rc.UpstreamAPIKey)), Timeout: rc.ClassifierTimeout, MaxAttempts: rc.ClassifierAttempts,
+		BackoffInitial: 100 * time.Millisecond, BackoffMax: time.Second, Concurrency: 16,
+		Recorder: a.auditRecorder(), Logger: a.Log,
+	})
+	if err != nil {
+		return fmt.Errorf("router classifier (router.classifier_url, router.classifier_model): %w", err)
+	}
+	var ret *router.Retriever
+	if rv := rc.Retrieval; rv.EmbeddingsURL != "" {
+		emb, err := llm.New(llm.Config{BaseURL: rv.EmbeddingsURL, Model: rv.EmbeddingsModel, APIKey: llm.Secret(rv.APIKey),
+			Timeout: rc.ClassifierTimeout, MaxAttempts: 2, BackoffInitial: 100 * time.Millisecond, BackoffMax: time.Second,
+			Concurrency: 8, Recorder: a.auditRecorder(), Logger: a.Log})
+		if err != nil {
+			return fmt.Errorf("router retrieval (router.retrieval.embeddings_url, embeddings_model): %w", err)
+		}
+		ret = &router.Retriever{Embedder: emb, Source: a.Store, Pool: rv.Pool, TTL: rv.TTL, Log: a.Log.With("role", "route")}
+	}
+	reg := &router.Registry{Rows: a.Store, TTL: rc.AdaptersRefresh, Describe: a.describeCapability}
+	r, err := router.New(router.Config{BaseModel: rc.BaseModel, TopP: topP(rc.TopP), Temperature: rc.Temperature, TopLogprobs: rc.TopLogprobs,
+		Context: rc.Context, LastN: rc.LastN, CacheTTL: cacheTTL(rc.CacheTTL), CacheMax: rc.CacheMax, LabelConstraint: rc.LabelConstraint,
+		ClassifierAttempts: rc.ClassifierAttempts, Retriever: ret, Logger: a.Log.With("role", "route")}, cls, reg)
+	if err != nil {
+		return err
+	}
+	rec := &router.Recorder{W: a.Store, Log: a.Log.With("role", "route")}
+	p, err := router.NewProxy(router.ProxyConfig{UpstreamURL: rc.UpstreamURL, UpstreamAPIKey: rc.UpstreamAPIKey, BearerToken: rc.BearerToken,
+		DefaultEnvironment: rc.DefaultEnvironment, Logger: a.Log.With("role", "route")}, r, rec)
+	if err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", rc.Addr)
+	if err != nil {
+		return fmt.Errorf("router.addr %s: %w", rc.Addr, err)
+	}
+	a.routerAddr = ln.Addr().String()
+	srv := &http.Server{Handler: p.Handler(), ReadHeaderTimeout: 10 * time.Second}
+	recCtx, stopRec := context.WithCancel(context.WithoutCancel(ctx))
+	recDone := make(chan struct{})
+	go func() { _ = rec.Run(recCtx); close(recDone) }()
+	g.Add(func() error {
+		err := srv.Serve(ln)
+		if !errors.Is(err, http.ErrServerClosed) {
+			stopRec()
+			<-recDone
+			return fmt.Errorf("router %s: %w", a.routerAddr, err)
+		}
+		return nil
+	}, func(error) {
+		sctx, cancel := context.WithTimeout(context.Background(), rc.DrainTimeout)
+		defer cancel()
+		if err := srv.Shutdown(sctx); err != nil {
+			a.Log.Warn("router: requests still in flight at router.drain_timeout; closing them", "err", err)
+			_ = srv.Close()
+		}
+		stopRec()
+		<-recDone
+	})
+	a.Log.Info("route role: routing proxy", "url", "http://"+a.routerAddr+"/v1/chat/completions", "upstream", rc.UpstreamURL,
+		"base_model", rc.BaseModel, "auth", rc.BearerToken != "")
+	return nil
+}
+
+// describeCapability is a capability's definition in the dictionary of the
+// (environment, agent version), "" when none is known.
+func (a *App) describeCapability(env, agentVersion, capability string) string {
+	d := a.Dicts.Resolve(env, agentVersion)
+	if d == nil {
+		return ""
+	}
+	for _, c := range d.Capabilities {
+		if c.Name == capability {
+			return c.Definition
+		}
+	}
+	return ""
+}
+
+// topP maps the configuration's "0 or less: the top adapter alone" to the
+// router's negative value (its zero means the default).
+func topP(p float64) float64 {
+	if p <= 0 {
+		return -1
+	}
+	return p
+}
+
+// cacheTTL maps router.cache_ttl 0 (no caching) to the router's negative value.
+func cacheTTL(d time.Duration) time.Duration {
+	if d == 0 {
+		return -1
+	}
+	return d
+}

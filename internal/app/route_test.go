@@ -1,0 +1,69 @@
+package app_test
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/traceops/trace/internal/dev/llmtest"
+	"github.com/traceops/trace/internal/dev/testenv"
+	"github.com/traceops/trace/router"
+	"github.com/traceops/trace/sink"
+)
+
+// TestRouteRoleDrainsAndRecords: trace run's route role serves the proxy
+// on router.addr; a stream in flight at shutdown completes (drained), and
+// its decision reaches route_decisions after it, before Run returns.
+func TestRouteRoleDrainsAndRecords(t *testing.T) {
+	ch := testenv.ClickHouse(t)
+	w := newWorld(t, ch.Addr, 1)
+	up := llmtest.New(t)
+	up.Handle(func(req llmtest.Request) llmtest.Reply {
+		if req.Chat.Logprobs {
+			return llmtest.Classification(map[string]float64{"A": 0.8, "B": 0.2})
+		}
+		return llmtest.Reply{Stream: &llmtest.Stream{Chunks: []string{"one", "two", "three"}, Interval: 300 * time.Millisecond}}
+	})
+	cfg := withRoles(w.cfg, "route")
+	cfg.Router.Addr, cfg.Router.UpstreamURL, cfg.Router.BaseModel, cfg.Router.DefaultEnvironment = "127.0.0.1:0", up.URL, "base", "sim-airline"
+	a, stop := w.start(t, cfg)
+	<-a.Ready()
+	if err := a.Store.SaveAdapter(context.Background(), sink.AdapterRow{Name: "lora-1", Capability: "precondition_verification",
+		Environment: "sim-airline", Status: "active", Version: 1}); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.Post("http://"+a.RouterAddr()+"/v1/chat/completions", "application/json",
+		strings.NewReader(`{"stream":true,"messages":[{"role":"user","content":"check the fare rules first"}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if resp.Header.Get(router.HeaderAdapter) != "lora-1" {
+		t.Fatalf("adapter header %q", resp.Header.Get(router.HeaderAdapter))
+	}
+	stopped := make(chan error, 1)
+	go func() { stopped <- stop() }() // SIGTERM while the stream is in flight
+	body, err := io.ReadAll(resp.Body)
+	if err != nil || !strings.Contains(string(body), `"three"`) || !strings.Contains(string(body), "[DONE]") {
+		t.Fatalf("stream cut by shutdown: %q, %v", body, err)
+	}
+	if err := <-stopped; err != nil {
+		t.Fatalf("run: %v", err)
+	}
+	// Run has returned and the app is closed: read through a new store.
+	st, err := sink.Open(context.Background(), cfg.ClickHouse, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	rows, err := st.RouteDecisions(context.Background(), sink.RouteDecisionFilter{Environment: "sim-airline"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rows) != 1 || rows[0].Adapter != "lora-1" || rows[0].Outcome != router.OutcomeOK || !rows[0].Stream {
+		t.Fatalf("rows %+v", rows)
+	}
+}

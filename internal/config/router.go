@@ -1,0 +1,158 @@
+package config
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/url"
+	"time"
+)
+
+// Router is the route role (TRACE step 4): the router and its
+// OpenAI-compatible proxy, on their own listener (router.addr), so that
+// agents' traffic, with its own token, never shares the dashboard's server.
+type Router struct {
+	// Addr is where POST /v1/route and POST /v1/chat/completions are served.
+	Addr string `koanf:"addr"`
+	// UpstreamURL is the OpenAI-compatible API root of the engine serving
+	// the base model and its LoRA adapters (vLLM multi-LoRA), e.g.
+	// http://127.0.0.1:8000/v1. Required with the route role.
+	UpstreamURL string `koanf:"upstream_url"`
+	// UpstreamAPIKey is sent upstream when a caller sends no Authorization (secret).
+	UpstreamAPIKey string `koanf:"upstream_api_key"`
+	// BaseModel is the upstream's served name of the base model: the model
+	// of conversations routed to no adapter, and the classifier's model.
+	BaseModel string `koanf:"base_model"`
+	// BearerToken, when set, is the router's own token, which callers send
+	// in X-Trace-Token (Authorization goes to the upstream) (secret).
+	BearerToken string `koanf:"bearer_token"`
+	// DefaultEnvironment applies to requests that name none.
+	DefaultEnvironment string `koanf:"default_environment"`
+	// Classifier: the base model by default (ClassifierURL = UpstreamURL,
+	// ClassifierModel = BaseModel, key = UpstreamAPIKey).
+	ClassifierURL      string        `koanf:"classifier_url"`
+	ClassifierModel    string        `koanf:"classifier_model"`
+	ClassifierAPIKey   string        `koanf:"classifier_api_key"` // secret
+	ClassifierTimeout  time.Duration `koanf:"classifier_timeout"`
+	ClassifierAttempts int           `koanf:"classifier_attempts"`
+	// TopP is the decision rule's p (0.95); Temperature the classifier
+	// temperature of the renormalisation (1.0); TopLogprobs the
+	// alternatives asked for (20).
+	TopP        float64 `koanf:"top_p"`
+	Temperature float64 `koanf:"temperature"`
+	TopLogprobs int     `koanf:"top_logprobs"`
+	// Context is first_user (the first user turn) or last_n (the last
+	// LastN user and assistant turns).
+	Context string `koanf:"context"`
+	LastN   int    `koanf:"last_n"`
+	// CacheTTL keeps each conversation's decision; CacheMax bounds the
+	// conversations kept.
+	CacheTTL time.Duration `koanf:"cache_ttl"`
+	CacheMax int           `koanf:"cache_max"`
+	// LabelConstraint: none, or structured_outputs (vLLM: the output is
+	// restricted to the labels with structured_outputs: {choice: [...]}).
+	LabelConstraint string `koanf:"label_constraint"`
+	// AdaptersRefresh is how long the list of active adapters is kept.
+	AdaptersRefresh time.Duration `koanf:"adapters_refresh"`
+	// DrainTimeout bounds the wait for requests in flight (streams) on SIGTERM.
+	DrainTimeout time.Duration `koanf:"drain_timeout"`
+	// Retrieval shows each candidate with its most similar successful
+	// trajectory; on when retrieval.embeddings_url is set.
+	Retrieval RouterRetrieval `koanf:"retrieval"`
+}
+
+// RouterRetrieval is the router's retrieval variant (off by default).
+type RouterRetrieval struct {
+	// EmbeddingsURL is an OpenAI-compatible API root with /embeddings
+	// ("" = retrieval off); EmbeddingsModel its model (required with it).
+	EmbeddingsURL   string        `koanf:"embeddings_url"`
+	EmbeddingsModel string        `koanf:"embeddings_model"`
+	APIKey          string        `koanf:"api_key"` // secret
+	Pool            int           `koanf:"pool"`    // successful trajectories considered per capability
+	TTL             time.Duration `koanf:"ttl"`     // how long their embeddings are kept
+}
+
+// DefaultRouter is the route role's defaults.
+func DefaultRouter() Router {
+	return Router{Addr: "127.0.0.1:8088", ClassifierTimeout: 10 * time.Second, ClassifierAttempts: 2, TopP: 0.95, Temperature: 1,
+		TopLogprobs: 20, Context: "first_user", LastN: 4, CacheTTL: time.Hour, CacheMax: 100000, LabelConstraint: "none",
+		AdaptersRefresh: 10 * time.Second, DrainTimeout: 30 * time.Second,
+		Retrieval: RouterRetrieval{Pool: 50, TTL: 10 * time.Minute}}
+}
+
+// validate checks the route role's settings (only when the role runs).
+func (r Router) validate() error {
+	var errs []error
+	bad := func(field, format string, args ...any) {
+		errs = append(errs, fmt.Errorf("router.%s: %s", field, fmt.Sprintf(format, args...)))
+	}
+	if _, _, err := net.SplitHostPort(r.Addr); err != nil {
+		bad("addr", "%q is not host:port", r.Addr)
+	}
+	for field, v := range map[string]string{"upstream_url": r.UpstreamURL, "classifier_url": r.ClassifierURL} {
+		if v == "" {
+			if field == "upstream_url" {
+				bad(field, "is required with the route role (the OpenAI-compatible API root serving the base model and its adapters, e.g. http://127.0.0.1:8000/v1)")
+			}
+			continue
+		}
+		if u, err := url.Parse(v); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			bad(field, "%q is not an http(s) URL", v)
+		}
+	}
+	if r.BaseModel == "" {
+		bad("base_model", "is required with the route role (the upstream's served name of the base model)")
+	}
+	if r.TopP > 1 || r.TopP != r.TopP {
+		bad("top_p", "must be at most 1 (0 or less: the top adapter alone), got %v", r.TopP)
+	}
+	if r.Temperature <= 0 {
+		bad("temperature", "must be positive, got %v", r.Temperature)
+	}
+	if r.TopLogprobs < 1 || r.TopLogprobs > 20 {
+		bad("top_logprobs", "must be in [1, 20], got %d", r.TopLogprobs)
+	}
+	switch r.Context {
+	case "first_user", "last_n":
+	default:
+		bad("context", "must be first_user or last_n, got %q", r.Context)
+	}
+	if r.LastN < 1 {
+		bad("last_n", "must be at least 1, got %d", r.LastN)
+	}
+	if r.CacheTTL < 0 {
+		bad("cache_ttl", "must not be negative, got %s", r.CacheTTL)
+	}
+	switch r.LabelConstraint {
+	case "none", "structured_outputs":
+	default:
+		bad("label_constraint", "must be none or structured_outputs, got %q", r.LabelConstraint)
+	}
+	if r.ClassifierTimeout <= 0 {
+		bad("classifier_timeout", "must be positive, got %s", r.ClassifierTimeout)
+	}
+	if r.ClassifierAttempts < 1 || r.ClassifierAttempts > 50 {
+		bad("classifier_attempts", "must be in [1, 50], got %d", r.ClassifierAttempts)
+	}
+	if r.AdaptersRefresh <= 0 {
+		bad("adapters_refresh", "must be positive, got %s", r.AdaptersRefresh)
+	}
+	if rv := r.Retrieval; rv.EmbeddingsURL != "" {
+		if u, err := url.Parse(rv.EmbeddingsURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			bad("retrieval.embeddings_url", "%q is not an http(s) URL", rv.EmbeddingsURL)
+		}
+		if rv.EmbeddingsModel == "" {
+			bad("retrieval.embeddings_model", "is required with router.retrieval.embeddings_url")
+		}
+		if rv.Pool < 1 {
+			bad("retrieval.pool", "must be at least 1, got %d", rv.Pool)
+		}
+		if rv.TTL <= 0 {
+			bad("retrieval.ttl", "must be positive, got %s", rv.TTL)
+		}
+	}
+	if r.DrainTimeout <= 0 {
+		bad("drain_timeout", "must be positive, got %s", r.DrainTimeout)
+	}
+	return errors.Join(errs...)
+}

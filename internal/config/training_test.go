@@ -1,0 +1,46 @@
+package config
+
+import (
+	"strings"
+	"testing"
+)
+
+func TestPlannerAndServingConfig(t *testing.T) {
+	c, err := Load("", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Adapter.Planner.Enabled || c.Adapter.Serving.Enabled || c.Adapter.AutoActivate {
+		t.Fatalf("planner, serving and auto-activation must be off by default: %+v", c.Adapter)
+	}
+	for _, tc := range []struct {
+		sets []string
+		want string
+	}{
+		{[]string{"adapter.planner.enabled=true"}, "adapter.planner.enabled: needs llm.base_url"},
+		{[]string{"adapter.planner.enabled=true", "llm.base_url=http://x/v1"}, "adapter.planner.model: required"},
+		{[]string{"adapter.planner.max_tokens=4"}, "adapter.planner.max_tokens: must be in [16, 32768], got 4"},
+		{[]string{"adapter.serving.enabled=true"}, `adapter.serving.base_url: "" is not an http(s) URL`},
+		{[]string{"adapter.serving.enabled=true", "adapter.serving.base_url=vllm:8000"}, "adapter.serving.base_url"},
+		{[]string{"adapter.serving.engine=tgi"}, `adapter.serving.engine: "tgi" is not vllm`},
+		{[]string{"adapter.serving.path_map=nothing"}, `adapter.serving.path_map: "nothing" is not FROM=TO`},
+	} {
+		_, err := Load("", tc.sets)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%v: %v, want %q", tc.sets, err, tc.want)
+		}
+	}
+	c, err = Load("", []string{"adapter.planner.enabled=true", "llm.base_url=http://x/v1", "adapter.planner.model=planner",
+		"adapter.serving.enabled=true", "adapter.serving.base_url=http://vllm:8000/v1", "adapter.serving.token=s3cret",
+		"adapter.serving.path_map=file:///var/lib/trace/adapters=/models", "adapter.auto_activate=true"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, _ := PathMapOf(c.Adapter.Serving.PathMap)
+	if !c.Adapter.AutoActivate || m["file:///var/lib/trace/adapters"] != "/models" || c.Adapter.Planner.Model != "planner" {
+		t.Errorf("%+v", c.Adapter)
+	}
+	if r := c.Redacted(); r.Adapter.Serving.Token != "[REDACTED]" {
+		t.Error("the serving token is not redacted")
+	}
+}

@@ -1,0 +1,99 @@
+package dashboard
+
+import (
+	"context"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/traceops/trace/sink"
+)
+
+// seedTraining stores a SUCCEEDED job of the simulated trainer with a
+// five-point reward curve and its registered adapter, and a FAILED job
+// with one progress point and its reason.
+func seedTraining(t *testing.T, st *sink.Store) (ok, failed string) {
+	t.Helper()
+	ctx := context.Background()
+	at := time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC)
+	ok, failed = "job-00000000000000aa", "job-00000000000000bb"
+	job := func(id, status, reason string, it uint32, r float64, sim bool, created time.Time) sink.TrainingJobRow {
+		return sink.TrainingJobRow{JobID: id, EnvironmentID: "env-" + id[4:], PlanRevision: 1, Environment: "sim-airline", AgentVersion: "1.4.0",
+			Capability: "precondition_verification", BaseModel: "Qwen/Qwen3-8B", Backend: "nats", Status: status, Reason: reason,
+			AdapterName: "precondition-verification-" + id[12:], Iteration: it, Iterations: 5, MeanReward: r, Simulated: sim,
+			Planner: `{"source":"defaults"}`, Spec: `{}`, DispatchedAt: created, LastEventAt: created, DeadlineAt: created.Add(time.Hour),
+			CreatedAt: created, UpdatedAt: created.Add(time.Minute), Version: 2}
+	}
+	for _, r := range []sink.TrainingJobRow{job(ok, "SUCCEEDED", "", 5, 0.81, true, at), job(failed, "FAILED", "CUDA out of memory", 1, 0.2, false, at.Add(time.Hour))} {
+		if err := st.SaveTrainingJob(ctx, r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var evs []sink.TrainingEventRow
+	for i, r := range []float64{0.42, 0.55, 0.66, 0.74, 0.81} {
+		evs = append(evs, sink.TrainingEventRow{JobID: ok, Key: "seq:" + string(rune('1'+i)), Type: "progress", At: at.Add(time.Duration(i) * time.Second),
+			Iteration: int32(i + 1), MeanReward: r, RewardStd: 0.3, KL: 0.002 * float64(i+1), HasKL: true, Payload: "{}"})
+	}
+	evs = append(evs, sink.TrainingEventRow{JobID: ok, Key: "seq:9", Type: "succeeded", At: at.Add(time.Minute), Iteration: -1, Payload: "{}"},
+		sink.TrainingEventRow{JobID: failed, Key: "seq:1", Type: "progress", At: at.Add(time.Hour), Iteration: 1, MeanReward: 0.2, RewardStd: 0.1, Payload: "{}"})
+	if err := st.InsertTrainingEvents(ctx, evs); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.SaveAdapter(ctx, sink.AdapterRow{Name: "sim-precondition-verification-00aa", JobID: ok, EnvironmentID: "env-" + ok[4:],
+		Capability: "precondition_verification", Environment: "sim-airline", AgentVersion: "1.4.0", BaseModel: "Qwen/Qwen3-8B",
+		URI: "sim://simtrainer/sim-precondition-verification-00aa", Eval: `{}`, EvalMeanReward: 0.81, EvalSuccessRate: 0.77, Status: "candidate",
+		Simulated: true, Metadata: `{"trainer":"simulated (no model was trained)","simulated":true}`, CreatedAt: at.Add(time.Minute),
+		UpdatedAt: at.Add(time.Minute), Version: 1}); err != nil {
+		t.Fatal(err)
+	}
+	return ok, failed
+}
+
+func TestTrainingPageAndAPI(t *testing.T) {
+	st := openStore(t)
+	ok, failed := seedTraining(t, st)
+	h := New(Deps{Training: st})
+
+	var resp TrainingResponse
+	getJSON(t, h, "/api/training", &resp)
+	if len(resp.Jobs) != 2 || resp.Jobs[0].JobID != failed || resp.Jobs[1].JobID != ok || resp.Counts["SUCCEEDED"] != 1 || resp.Counts["FAILED"] != 1 {
+		t.Fatalf("jobs %+v", resp)
+	}
+	j := resp.Jobs[1]
+	if len(j.Curve) != 5 || j.Curve[0].MeanReward != 0.42 || j.Curve[4].Iteration != 5 || !j.Curve[4].HasKL || !j.Simulated || j.PlanSource != "defaults" {
+		t.Fatalf("job %+v", j)
+	}
+	if f := resp.Jobs[0]; f.Reason != "CUDA out of memory" || len(f.Curve) != 1 {
+		t.Fatalf("failed job %+v", f)
+	}
+	if len(resp.Adapters) != 1 || resp.Adapters[0].JobID != ok || !resp.Adapters[0].Simulated || !strings.Contains(resp.Adapters[0].Trainer, "simulated") {
+		t.Fatalf("adapters %+v", resp.Adapters)
+	}
+	getJSON(t, h, "/api/training?limit=1", &resp)
+	if len(resp.Jobs) != 1 || resp.Jobs[0].JobID != failed || len(resp.Adapters) != 1 {
+		t.Fatalf("limit 1: %+v", resp)
+	}
+
+	code, body := getStatus(h, "/training")
+	if code != http.StatusOK {
+		t.Fatalf("/training: %d %s", code, body)
+	}
+	for _, want := range []string{`data-job="` + ok + `"`, `id="chart-curve-1"`, `data-points="5"`, "CUDA out of memory", "sim://simtrainer/",
+		"SIMULATED trainer (no model trained)", `class="adapter-row" data-adapter="sim-precondition-verification-00aa" data-status="candidate"`,
+		"iteration 5: mean reward 0.810 ± 0.300, KL 0.0100", "precondition-verification-000000bb (not registered)"} {
+		if !strings.Contains(body, want) {
+			t.Errorf("/training lacks %q", want)
+		}
+	}
+	if code, _ := getStatus(h, "/api/training?limit=0"); code != http.StatusBadRequest {
+		t.Errorf("limit=0: %d, want 400", code)
+	}
+	if code, _ := getStatus(New(Deps{}), "/api/training"); code != http.StatusServiceUnavailable {
+		t.Errorf("no training store: %d, want 503", code)
+	}
+	empty := New(Deps{Training: openStore(t)})
+	if code, body := getStatus(empty, "/training"); code != http.StatusOK || !strings.Contains(body, "No training jobs yet") || !strings.Contains(body, "No adapters registered yet") {
+		t.Errorf("empty /training: %d %s", code, body)
+	}
+}

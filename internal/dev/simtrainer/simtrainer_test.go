@@ -1,0 +1,212 @@
+package simtrainer_test
+
+import (
+	"context"
+	"encoding/json"
+	"log/slog"
+	"math"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/traceops/trace/adapter"
+	"github.com/traceops/trace/adapter/dispatch"
+	"github.com/traceops/trace/adapter/plan"
+	"github.com/traceops/trace/internal/bus"
+	"github.com/traceops/trace/internal/dev/simtrainer"
+	"github.com/traceops/trace/internal/dev/testenv"
+	"github.com/traceops/trace/schemas"
+)
+
+func TestMain(m *testing.M) { testenv.Main(m) }
+
+func job(id string, iterations int) *schemas.TrainingJob {
+	return &schemas.TrainingJob{JobID: id, GRPO: schemas.GRPOSettings{Iterations: iterations},
+		Eval: schemas.EvalPlan{Seeds: []int64{1000, 1001, 1002}, RolloutsPerSeed: 4}, Output: schemas.JobOutput{AdapterName: "cap-abcdef12"}}
+}
+
+// TestSimulate: the curve is deterministic per (seed, job), starts near the
+// base, ends clearly above it, stays in [0, 1], and the adapter is marked
+// simulated in its name and URI.
+func TestSimulate(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		base       float64
+		iterations int
+	}{{"low base", 0.1, 20}, {"mid base", 0.45, 40}, {"high base", 0.9, 10}, {"one iteration", 0.3, 1}} {
+		t.Run(tc.name, func(t *testing.T) {
+			j := job("job-0123456789abcdef", tc.iterations)
+			a, b := simtrainer.Simulate(7, j, tc.base), simtrainer.Simulate(7, j, tc.base)
+			if len(a.Curve) != tc.iterations {
+				t.Fatalf("%d points, want %d", len(a.Curve), tc.iterations)
+			}
+			for i := range a.Curve {
+				if a.Curve[i] != b.Curve[i] {
+					t.Fatalf("not deterministic at %d: %+v vs %+v", i, a.Curve[i], b.Curve[i])
+				}
+				p := a.Curve[i]
+				if p.Iteration != i+1 || p.MeanReward < 0 || p.MeanReward > 1 || p.RewardStd < 0 || p.KL <= 0 {
+					t.Fatalf("point %+v", p)
+				}
+			}
+			last := a.Curve[len(a.Curve)-1].MeanReward
+			if tc.iterations > 1 {
+				if first := a.Curve[0].MeanReward; math.Abs(first-tc.base) > 0.15 {
+					t.Errorf("first reward %.3f is far from the base %.3f", first, tc.base)
+				}
+				if last < tc.base+0.03 && tc.base < 0.9 {
+					t.Errorf("last reward %.3f did not rise above the base %.3f", last, tc.base)
+				}
+			}
+			if a.Eval.MeanReward != last || a.Eval.BaseMeanReward == nil || *a.Eval.BaseMeanReward != tc.base || a.Eval.Episodes != 12 {
+				t.Errorf("eval %+v", a.Eval)
+			}
+			if a.AdapterName != "sim-cap-abcdef12" || a.URI != "sim://simtrainer/sim-cap-abcdef12" {
+				t.Errorf("adapter %q %q", a.AdapterName, a.URI)
+			}
+		})
+	}
+	j := job("job-0123456789abcdef", 20)
+	if x, y := simtrainer.Simulate(1, j, 0.4), simtrainer.Simulate(2, j, 0.4); x.Curve[19] == y.Curve[19] && x.Curve[10] == y.Curve[10] {
+		t.Error("another seed gives the same curve")
+	}
+}
+
+func readyFor(trigger string) *schemas.EnvironmentReady {
+	id := schemas.EnvironmentID(trigger)
+	hash := strings.Repeat("ab", 32)
+	return &schemas.EnvironmentReady{Schema: schemas.EnvironmentReadySchema, EnvironmentID: id, TriggerID: trigger, Environment: "sim-airline",
+		AgentVersion: "1.4.0", DictionaryVersion: 1,
+		Capability:  schemas.ReadyCapability{Name: "precondition_verification", Definition: "d"},
+		Program:     schemas.ReadyProgram{Hash: hash, Origin: schemas.OriginTemplate, Tools: []string{"get_reservation_details"}, Attempts: 1},
+		Calibration: schemas.ReadyCalib{Policy: "simulated", Simulated: true, Seeds: 100, RolloutsPerSeed: 16, Temperature: 0.7, MeanReward: 0.42, StdReward: 0.4, SuccessRate: 0.38, PassAtK: map[string]float64{"1": 0.38}},
+		Fetch:       schemas.ReadyFetch{Path: schemas.EnvironmentProgramPath(id), ClickHouse: schemas.ClickHouseRef{Table: "environments", EnvironmentID: id, ProgramHash: hash}},
+		ReadyAt:     time.Now().UTC().Truncate(time.Second)}
+}
+
+// TestTrainerEndToEnd: the adapt role (nats backend) dispatches the job of
+// a ready environment; the simulated trainer, on its own NATS connection,
+// takes it from the work queue and reports; the role records the history
+// (started, every progress point, succeeded), ends the job SUCCEEDED and
+// registers the adapter as simulated, with the sim:// URI.
+func TestTrainerEndToEnd(t *testing.T) {
+	srv := testenv.NATS(t)
+	st := testenv.ClickHouse(t).Store()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	b, err := bus.Connect(ctx, bus.Config{URL: srv.URL()}, "test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	pc := plan.DefaultConfig()
+	pc.Defaults.Iterations = 12
+	stage, err := adapter.NewStage(adapter.Config{Plan: pc, Store: st, Claims: b, Backend: dispatch.NATS{Pub: b}, Simulated: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rc, err := b.ReadyConsumer(ctx, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ec, err := b.TrainingEventsConsumer(ctx, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rctx, stop := context.WithCancel(ctx)
+	defer stop()
+	go stage.RunReady(rctx, rc)
+	go stage.RunEvents(rctx, ec)
+
+	nc, err := nats.Connect(srv.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var (
+		mu    sync.Mutex
+		bases []string
+	)
+	tr, err := simtrainer.New(simtrainer.Config{JS: js, Seed: 3, Step: 5 * time.Millisecond, Log: slog.Default(),
+		Base: func(_ context.Context, j *schemas.TrainingJob) (float64, error) {
+			mu.Lock()
+			defer mu.Unlock()
+			bases = append(bases, j.EnvironmentID)
+			return 0.42, nil
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	go tr.Run(rctx)
+
+	r := readyFor("t-sim")
+	if err := b.PublishEnvironmentReady(ctx, r); err != nil {
+		t.Fatal(err)
+	}
+	id := schemas.TrainingJobID(r.EnvironmentID, 1)
+	for {
+		j, err := st.TrainingJob(ctx, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if j != nil && adapter.Terminal(j.Status) {
+			if j.Status != adapter.StatusSucceeded || !j.Simulated || j.Iteration != 12 {
+				t.Fatalf("job %+v", j)
+			}
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("job %s did not end: %+v", id, j)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(bases) != 1 || bases[0] != r.EnvironmentID {
+		t.Errorf("base reward asked for %v", bases)
+	}
+	evs, err := st.TrainingEvents(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var types []string
+	var rewards []float64
+	for _, e := range evs {
+		types = append(types, e.Type)
+		if e.Type == "progress" {
+			rewards = append(rewards, e.MeanReward)
+			if !e.HasKL || e.RewardStd <= 0 {
+				t.Errorf("progress event without KL or std: %+v", e)
+			}
+		}
+	}
+	if len(types) != 15 || types[0] != "dispatched" || types[1] != "started" || types[14] != "succeeded" || len(rewards) != 12 {
+		t.Fatalf("history %v", types)
+	}
+	want := simtrainer.Simulate(3, &schemas.TrainingJob{JobID: id, GRPO: schemas.GRPOSettings{Iterations: 12}}, 0.42)
+	for i, p := range want.Curve {
+		if rewards[i] != p.MeanReward {
+			t.Fatalf("reward %d = %v, the simulation says %v", i, rewards[i], p.MeanReward)
+		}
+	}
+	j, _ := st.TrainingJob(ctx, id)
+	ad, err := st.Adapter(ctx, simtrainer.NamePrefix+j.AdapterName)
+	if err != nil || ad == nil {
+		t.Fatalf("adapter not registered: %v", err)
+	}
+	var meta map[string]any
+	_ = json.Unmarshal([]byte(ad.Metadata), &meta)
+	if ad.Status != adapter.AdapterCandidate || !ad.Simulated || !strings.HasPrefix(ad.URI, "sim://") || ad.JobID != id ||
+		meta["simulated"] != true || !strings.Contains(meta["trainer"].(string), "simulated") || meta["worker"] != simtrainer.Worker ||
+		ad.EvalMeanReward != want.Eval.MeanReward {
+		t.Fatalf("adapter %+v", ad)
+	}
+}

@@ -1,0 +1,519 @@
+package router
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math"
+	"net"
+	"net/http"
+	"net/url"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/traceops/trace/sink"
+)
+
+// Request headers the proxy reads (and does not forward).
+const (
+	HeaderConversation = "X-Trace-Conversation-Id"
+	HeaderEnvironment  = "X-Trace-Environment"
+	HeaderAgentVersion = "X-Trace-Agent-Version"
+	// HeaderToken carries the proxy's own bearer token (router.bearer_token):
+	// Authorization is the upstream's and passes through.
+	HeaderToken = "X-Trace-Token"
+)
+
+// Response headers the proxy adds.
+const (
+	HeaderAdapter  = "X-Trace-Adapter" // the adapter's served name, or "none" for the base model
+	HeaderDecision = "X-Trace-Decision-Id"
+	HeaderModel    = "X-Trace-Model" // the model the upstream was asked for
+)
+
+// Conversation id sources, in the order the proxy tries them.
+const (
+	SourceHeader   = "header"   // X-Trace-Conversation-Id
+	SourceRequest  = "request"  // /v1/route's conversation_id field
+	SourceMetadata = "metadata" // the body's metadata.conversation_id
+	SourceHash     = "hash"     // sha256 of the environment and the messages up to the first user turn
+)
+
+// Outcomes of a proxied request, as recorded.
+const (
+	OutcomeOK            = "ok"
+	OutcomeRouted        = "routed" // POST /v1/route: nothing forwarded
+	OutcomeUpstreamError = "upstream_error"
+	OutcomeStreamError   = "stream_error" // an error event or a broken connection after the status was sent
+	OutcomeUnreachable   = "unreachable"
+	OutcomeCanceled      = "canceled"
+)
+
+// ProxyConfig configures the HTTP side.
+type ProxyConfig struct {
+	// UpstreamURL is the OpenAI-compatible API root of the engine serving
+	// the base model and its adapters (vLLM multi-LoRA), e.g.
+	// http://127.0.0.1:8000/v1.
+	UpstreamURL string
+	// UpstreamAPIKey is sent as Authorization when the caller sends none.
+	UpstreamAPIKey string
+	// BearerToken, when set, must come in X-Trace-Token.
+	BearerToken string
+	// DefaultEnvironment applies when a request names none.
+	DefaultEnvironment string
+	// MaxBodyBytes bounds a request body (default 32 MiB).
+	MaxBodyBytes int64
+	// Transport reaches the upstream (nil: a pooled transport of its own).
+	Transport http.RoundTripper
+	Logger    *slog.Logger
+}
+
+// Recorder receives one row per request; Record must not block.
+type DecisionRecorder interface {
+	Record(row sink.RouteDecisionRow)
+}
+
+// Proxy is the router's HTTP API: POST /v1/route and the
+// OpenAI-compatible POST /v1/chat/completions.
+type Proxy struct {
+	cfg      ProxyConfig
+	r        *Router
+	rec      DecisionRecorder
+	upstream string
+	client   *http.Client
+	log      *slog.Logger
+}
+
+// NewProxy validates cfg and returns the proxy. rec may be nil (nothing recorded).
+func NewProxy(cfg ProxyConfig, r *Router, rec DecisionRecorder) (*Proxy, error) {
+	u, err := url.Parse(strings.TrimRight(strings.TrimSpace(cfg.UpstreamURL), "/"))
+	if cfg.UpstreamURL == "" {
+		return nil, errors.New("router.upstream_url: is required (the OpenAI-compatible API root of the engine serving the adapters, e.g. http://127.0.0.1:8000/v1)")
+	}
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return nil, fmt.Errorf("router.upstream_url: %q is not an http(s) URL", cfg.UpstreamURL)
+	}
+	if cfg.MaxBodyBytes <= 0 {
+		cfg.MaxBodyBytes = 32 << 20
+	}
+	tr := cfg.Transport
+	if tr == nil {
+		t := http.DefaultTransport.(*http.Transport).Clone()
+		t.MaxIdleConns, t.MaxIdleConnsPerHost = 1024, 1024
+		t.ResponseHeaderTimeout = 10 * time.Minute
+		t.DisableCompression = true // bodies pass through as the upstream encodes them
+		tr = t
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &Proxy{cfg: cfg, r: r, rec: rec, upstream: u.String(), client: &http.Client{Transport: tr}, log: log}, nil
+}
+
+// Handler serves the API. /healthz is open; the rest needs X-Trace-Token
+// when a token is configured.
+func (p *Proxy) Handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
+	mux.Handle("POST /v1/route", p.auth(http.HandlerFunc(p.route)))
+	mux.Handle("POST /v1/chat/completions", p.auth(http.HandlerFunc(p.chat)))
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, http.StatusNotFound, "no route "+r.Method+" "+r.URL.Path+" (the router serves POST /v1/route and POST /v1/chat/completions)", "invalid_request_error")
+	})
+	return mux
+}
+
+func (p *Proxy) auth(h http.Handler) http.Handler {
+	if p.cfg.BearerToken == "" {
+		return h
+	}
+	tok := []byte(p.cfg.BearerToken)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		got := strings.TrimPrefix(r.Header.Get(HeaderToken), "Bearer ")
+		if subtle.ConstantTimeCompare([]byte(got), tok) != 1 {
+			writeError(w, http.StatusUnauthorized, "missing or wrong "+HeaderToken+" (the router's own token; Authorization is passed to the upstream)", "authentication_error")
+			return
+		}
+		h.ServeHTTP(w, r)
+	})
+}
+
+// wireMessage is a chat message as the proxy reads it; content is a string
+// or an array of parts.
+type wireMessage struct {
+	Role    string          `json:"role"`
+	Content json.RawMessage `json:"content"`
+}
+
+func (m wireMessage) text() string {
+	var s string
+	if json.Unmarshal(m.Content, &s) == nil {
+		return s
+	}
+	var parts []struct {
+		Type string `json:"type"`
+		Text string `json:"text"`
+	}
+	if json.Unmarshal(m.Content, &parts) != nil {
+		return ""
+	}
+	var b strings.Builder
+	for _, pt := range parts {
+		if pt.Text != "" {
+			if b.Len() > 0 {
+				b.WriteByte('\n')
+			}
+			b.WriteString(pt.Text)
+		}
+	}
+	return b.String()
+}
+
+func turnsOf(msgs []wireMessage) []Turn {
+	out := make([]Turn, len(msgs))
+	for i, m := range msgs {
+		out[i] = Turn{Role: m.Role, Text: m.text()}
+	}
+	return out
+}
+
+// HashConversation is the conversation id of a request that names none:
+// sha256 over the environment and the turns up to and including the first
+// user turn, so every later request of the same conversation, which repeats
+// them, maps to the same id.
+func HashConversation(environment string, turns []Turn) string {
+	h := sha256.New()
+	h.Write([]byte(environment))
+	for _, t := range turns {
+		h.Write([]byte{0})
+		h.Write([]byte(t.Role))
+		h.Write([]byte{0})
+		h.Write([]byte(t.Text))
+		if t.Role == "user" {
+			break
+		}
+	}
+	return "sha256:" + hex.EncodeToString(h.Sum(nil)[:16])
+}
+
+type metadata struct {
+	ConversationID string `json:"conversation_id"`
+	Environment    string `json:"environment"`
+	AgentVersion   string `json:"agent_version"`
+}
+
+// RouteRequest is the body of POST /v1/route.
+type RouteRequest struct {
+	Messages       []wireMessage   `json:"messages"`
+	Tools          json.RawMessage `json:"tools,omitempty"`
+	Environment    string          `json:"environment"`
+	AgentVersion   string          `json:"agent_version,omitempty"`
+	ConversationID string          `json:"conversation_id,omitempty"`
+}
+
+// RouteResponse is the answer of POST /v1/route.
+type RouteResponse struct {
+	Adapter        *string            `json:"adapter"`
+	Model          string             `json:"model"`
+	Probabilities  map[string]float64 `json:"probabilities"`
+	Labels         map[string]string  `json:"labels"`
+	Weights        []Weight           `json:"weights,omitempty"`
+	Cached         bool               `json:"cached"`
+	DecisionID     string             `json:"decision_id"`
+	ConversationID string             `json:"conversation_id"`
+	Reason         string             `json:"reason"`
+}
+
+func (p *Proxy) route(w http.ResponseWriter, r *http.Request) {
+	body, ok := p.readBody(w, r)
+	if !ok {
+		return
+	}
+	var req RouteRequest
+	if err := json.Unmarshal(body, &req); err != nil {
+		writeError(w, http.StatusBadRequest, "body is not a route request: "+err.Error(), "invalid_request_error")
+		return
+	}
+	env := firstOf(req.Environment, r.Header.Get(HeaderEnvironment), p.cfg.DefaultEnvironment)
+	if env == "" {
+		writeError(w, http.StatusBadRequest, "environment is required (field environment, header "+HeaderEnvironment+", or router.default_environment)", "invalid_request_error")
+		return
+	}
+	turns := turnsOf(req.Messages)
+	in := Input{Environment: env, AgentVersion: firstOf(req.AgentVersion, r.Header.Get(HeaderAgentVersion)), Turns: turns}
+	switch {
+	case req.ConversationID != "":
+		in.ConversationID, in.ConversationSource = req.ConversationID, SourceRequest
+	case r.Header.Get(HeaderConversation) != "":
+		in.ConversationID, in.ConversationSource = r.Header.Get(HeaderConversation), SourceHeader
+	default:
+		in.ConversationID, in.ConversationSource = HashConversation(env, turns), SourceHash
+	}
+	start := time.Now()
+	d, cached := p.r.Route(r.Context(), in)
+	resp := RouteResponse{Model: d.Model, Probabilities: d.Probabilities, Labels: map[string]string{}, Weights: d.Weights, Cached: cached,
+		DecisionID: d.ID, ConversationID: d.ConversationID, Reason: d.Reason}
+	if d.Adapter != "" {
+		a := d.Adapter
+		resp.Adapter = &a
+	}
+	if resp.Probabilities == nil {
+		resp.Probabilities = map[string]float64{}
+	}
+	for _, l := range d.Labels {
+		resp.Labels[l.Name] = l.Capability()
+	}
+	setDecisionHeaders(w.Header(), d)
+	row := Row(d, NewID(), "route", cached)
+	row.Outcome, row.UpstreamStatus = OutcomeRouted, 0
+	row.OverheadUS = micros(time.Since(start))
+	p.record(row)
+	writeJSON(w, http.StatusOK, resp)
+}
+
+func (p *Proxy) record(row sink.RouteDecisionRow) {
+	if p.rec != nil {
+		p.rec.Record(row)
+	}
+}
+
+func setDecisionHeaders(h http.Header, d Decision) {
+	h.Set(HeaderAdapter, cmpOr(d.Adapter, "none"))
+	h.Set(HeaderDecision, d.ID)
+	h.Set(HeaderModel, d.Model)
+	h.Set(HeaderConversation, d.ConversationID)
+}
+
+// hopHeaders are not forwarded (RFC 9110 §7.6.1), nor are the router's own.
+var hopHeaders = map[string]bool{
+	"Connection": true, "Proxy-Connection": true, "Keep-Alive": true, "Proxy-Authenticate": true, "Proxy-Authorization": true,
+	"Te": true, "Trailer": true, "Transfer-Encoding": true, "Upgrade": true, "Content-Length": true, "Host": true,
+	HeaderToken: true, HeaderConversation: true, HeaderEnvironment: true, HeaderAgentVersion: true,
+}
+
+func (p *Proxy) chat(w http.ResponseWriter, r *http.Request) {
+	start := time.Now()
+	body, ok := p.readBody(w, r)
+	if !ok {
+		return
+	}
+	var fields map[string]json.RawMessage
+	if err := json.Unmarshal(body, &fields); err != nil || fields == nil {
+		writeError(w, http.StatusBadRequest, "body is not a JSON object", "invalid_request_error")
+		return
+	}
+	var md metadata
+	if raw, ok := fields["metadata"]; ok {
+		_ = json.Unmarshal(raw, &md) // metadata of another shape is the upstream's business
+	}
+	var stream bool
+	_ = json.Unmarshal(fields["stream"], &stream)
+	env := firstOf(r.Header.Get(HeaderEnvironment), md.Environment, p.cfg.DefaultEnvironment)
+	in := Input{Environment: env, AgentVersion: firstOf(r.Header.Get(HeaderAgentVersion), md.AgentVersion)}
+	switch {
+	case r.Header.Get(HeaderConversation) != "":
+		in.ConversationID, in.ConversationSource = r.Header.Get(HeaderConversation), SourceHeader
+	case md.ConversationID != "":
+		in.ConversationID, in.ConversationSource = md.ConversationID, SourceMetadata
+	}
+	// A named conversation with a fresh decision needs nothing from the
+	// messages: the common case skips decoding them.
+	d, cached := Decision{}, false
+	if in.ConversationID != "" && env != "" {
+		d, cached = p.r.Lookup(env, in.ConversationID)
+	}
+	if !cached {
+		var msgs []wireMessage
+		if err := json.Unmarshal(fields["messages"], &msgs); err != nil || len(msgs) == 0 {
+			writeError(w, http.StatusBadRequest, "messages: must be a non-empty array of chat messages", "invalid_request_error")
+			return
+		}
+		in.Turns = turnsOf(msgs)
+		if in.ConversationID == "" {
+			in.ConversationID, in.ConversationSource = HashConversation(env, in.Turns), SourceHash
+		}
+		if env == "" {
+			d = Decision{ID: NewID(), At: time.Now().UTC(), ConversationID: in.ConversationID, ConversationSource: in.ConversationSource,
+				AgentVersion: in.AgentVersion, Model: p.r.cfg.BaseModel, Reason: ReasonNoAdapters, Error: "no environment named (header " + HeaderEnvironment + ", metadata.environment or router.default_environment)"}
+		} else {
+			d, cached = p.r.Route(r.Context(), in)
+		}
+	}
+	model, _ := json.Marshal(d.Model)
+	fields["model"] = model
+	out, err := json.Marshal(fields)
+	if err != nil {
+		writeError(w, http.StatusInternalServerError, "re-encoding the request: "+err.Error(), "server_error")
+		return
+	}
+	row := Row(d, NewID(), "proxy", cached)
+	row.Stream = stream
+	recorded := false
+	defer func() {
+		if !recorded {
+			p.record(row)
+		}
+	}()
+
+	ureq, err := http.NewRequestWithContext(r.Context(), http.MethodPost, p.upstream+"/chat/completions", bytes.NewReader(out))
+	if err != nil {
+		row.Outcome, row.Error = OutcomeUnreachable, err.Error()
+		writeError(w, http.StatusBadGateway, "router: building the upstream request: "+err.Error(), "upstream_error")
+		return
+	}
+	for k, vs := range r.Header {
+		if !hopHeaders[k] {
+			ureq.Header[k] = vs
+		}
+	}
+	if ureq.Header.Get("Authorization") == "" && p.cfg.UpstreamAPIKey != "" {
+		ureq.Header.Set("Authorization", "Bearer "+p.cfg.UpstreamAPIKey)
+	}
+	ureq.Header.Set("Content-Type", "application/json")
+	row.OverheadUS = micros(time.Since(start))
+	resp, err := p.client.Do(ureq)
+	if err != nil {
+		if r.Context().Err() != nil {
+			row.Outcome = OutcomeCanceled
+			return
+		}
+		row.Outcome, row.Error = OutcomeUnreachable, redactURLError(err)
+		setDecisionHeaders(w.Header(), d)
+		writeError(w, http.StatusBadGateway, "router: upstream unreachable: "+row.Error, "upstream_error")
+		return
+	}
+	defer resp.Body.Close()
+	row.UpstreamStatus = uint16(min(resp.StatusCode, math.MaxUint16))
+	h := w.Header()
+	for k, vs := range resp.Header {
+		if !hopHeaders[k] || k == "Content-Length" {
+			h[k] = vs
+		}
+	}
+	setDecisionHeaders(h, d)
+	w.WriteHeader(resp.StatusCode)
+	sse := strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream")
+	copyErr, sawError := copyFlush(w, resp.Body, sse)
+	switch {
+	case resp.StatusCode >= 400:
+		row.Outcome = OutcomeUpstreamError
+	case sawError:
+		row.Outcome, row.Error = OutcomeStreamError, "the upstream sent an error event"
+	case copyErr != nil && r.Context().Err() != nil:
+		row.Outcome = OutcomeCanceled
+	case copyErr != nil:
+		row.Outcome, row.Error = OutcomeStreamError, copyErr.Error()
+	default:
+		row.Outcome = OutcomeOK
+	}
+	if copyErr != nil && r.Context().Err() == nil {
+		// The upstream broke the body off: abort the response so that the
+		// caller sees a broken stream, not a clean but truncated one.
+		p.record(row)
+		recorded = true
+		panic(http.ErrAbortHandler)
+	}
+}
+
+var copyBufs = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
+
+// copyFlush copies the upstream body to the caller read by read, flushing
+// after each, so that SSE events pass through as they arrive. With sse it
+// reports whether an error event passed ("data: {"error"…" or an object
+// of type "error").
+func copyFlush(w http.ResponseWriter, body io.Reader, sse bool) (err error, sawError bool) {
+	rc := http.NewResponseController(w)
+	bp := copyBufs.Get().(*[]byte)
+	defer copyBufs.Put(bp)
+	buf := *bp
+	var tail []byte // the end of the previous read, for a pattern split across reads
+	for {
+		n, rerr := body.Read(buf)
+		if n > 0 {
+			if sse && !sawError {
+				chunk := append(tail, buf[:n]...)
+				sawError = bytes.Contains(chunk, []byte(`data: {"error"`)) || bytes.Contains(chunk, []byte(`"object":"error"`)) ||
+					bytes.Contains(chunk, []byte(`"object": "error"`))
+				tail = append(tail[:0], chunk[max(0, len(chunk)-24):]...)
+			}
+			if _, werr := w.Write(buf[:n]); werr != nil {
+				return werr, sawError
+			}
+			_ = rc.Flush()
+		}
+		if rerr == io.EOF {
+			return nil, sawError
+		}
+		if rerr != nil {
+			return rerr, sawError
+		}
+	}
+}
+
+func (p *Proxy) readBody(w http.ResponseWriter, r *http.Request) ([]byte, bool) {
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, p.cfg.MaxBodyBytes))
+	if err != nil {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			writeError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("body exceeds %d bytes", p.cfg.MaxBodyBytes), "invalid_request_error")
+		} else {
+			writeError(w, http.StatusBadRequest, "reading body: "+err.Error(), "invalid_request_error")
+		}
+		return nil, false
+	}
+	return body, true
+}
+
+// redactURLError drops the URL from a transport error (it may carry user
+// information); the error itself says what failed.
+func redactURLError(err error) string {
+	var ue *url.Error
+	if errors.As(err, &ue) {
+		err = ue.Err
+	}
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() {
+		return "timeout: " + err.Error()
+	}
+	if errors.Is(err, context.DeadlineExceeded) {
+		return "timeout"
+	}
+	return err.Error()
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+func writeError(w http.ResponseWriter, status int, msg, typ string) {
+	writeJSON(w, status, map[string]any{"error": map[string]any{"message": msg, "type": typ, "code": nil}})
+}
+
+func firstOf(vs ...string) string {
+	for _, v := range vs {
+		if v = strings.TrimSpace(v); v != "" {
+			return v
+		}
+	}
+	return ""
+}
+
+func cmpOr(a, b string) string {
+	if a != "" {
+		return a
+	}
+	return b
+}
+
+func micros(d time.Duration) uint32 { return uint32(min(d.Microseconds(), math.MaxUint32)) }

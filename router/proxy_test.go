@@ -1,0 +1,369 @@
+package router_test
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"math"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/traceops/trace/internal/dev/llmtest"
+	"github.com/traceops/trace/internal/dev/testenv"
+	"github.com/traceops/trace/internal/llm"
+	"github.com/traceops/trace/router"
+	"github.com/traceops/trace/sink"
+)
+
+func TestMain(m *testing.M) { testenv.Main(m) }
+
+const (
+	baseModel = "base-model"
+	env       = "sim-airline"
+	token     = "proxy-secret"
+)
+
+// fixture is a router and proxy over a real ClickHouse store (registry and
+// route_decisions) and one scriptable upstream that is both the classifier
+// (requests with logprobs) and the engine serving the base model and the
+// adapters, as one vLLM would be.
+type fixture struct {
+	t     *testing.T
+	st    *sink.Store
+	up    *llmtest.Server
+	rec   *router.Recorder
+	srv   *httptest.Server
+	route *router.Router
+}
+
+func newFixture(t *testing.T, adapters ...sink.AdapterRow) *fixture {
+	t.Helper()
+	st := testenv.ClickHouse(t).Store()
+	ctx := context.Background()
+	for _, a := range adapters {
+		if err := st.SaveAdapter(ctx, a); err != nil {
+			t.Fatal(err)
+		}
+	}
+	up := llmtest.New(t)
+	cls, err := llm.New(llm.Config{BaseURL: up.URL, Model: baseModel, Timeout: 5 * time.Second, BackoffInitial: time.Millisecond, BackoffMax: 2 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := router.New(router.Config{BaseModel: baseModel}, cls, &router.Registry{Rows: st,
+		Describe: func(_, _, c string) string { return "description of " + c }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := &router.Recorder{W: st, FlushEvery: 20 * time.Millisecond}
+	p, err := router.NewProxy(router.ProxyConfig{UpstreamURL: up.URL, BearerToken: token, DefaultEnvironment: env}, r, rec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { _ = rec.Run(rctx); close(done) }()
+	srv := httptest.NewServer(p.Handler())
+	t.Cleanup(func() { srv.Close(); cancel(); <-done })
+	return &fixture{t: t, st: st, up: up, rec: rec, srv: srv, route: r}
+}
+
+func adapterRow(name, capability string) sink.AdapterRow {
+	return sink.AdapterRow{Name: name, Capability: capability, Environment: env, AgentVersion: "1.0", BaseModel: baseModel, Status: "active", Version: 1}
+}
+
+// script makes the upstream answer classifications with probs and chat
+// requests with reply.
+func (f *fixture) script(probs map[string]float64, reply llmtest.Reply) {
+	f.up.Handle(func(req llmtest.Request) llmtest.Reply {
+		if req.Chat.Logprobs {
+			if probs == nil {
+				return llmtest.Reply{Content: "B"} // a server that returns no logprobs
+			}
+			return llmtest.Classification(probs)
+		}
+		return reply
+	})
+}
+
+func (f *fixture) post(path, body string, hdr map[string]string) *http.Response {
+	f.t.Helper()
+	req, _ := http.NewRequest(http.MethodPost, f.srv.URL+path, strings.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set(router.HeaderToken, token)
+	for k, v := range hdr {
+		req.Header.Set(k, v)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	f.t.Cleanup(func() { resp.Body.Close() })
+	return resp
+}
+
+// decisions waits for n recorded rows of the environment.
+func (f *fixture) decisions(n int) []sink.RouteDecisionRow {
+	f.t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		rows, err := f.st.RouteDecisions(context.Background(), sink.RouteDecisionFilter{Environment: env})
+		if err != nil {
+			f.t.Fatal(err)
+		}
+		if len(rows) >= n || time.Now().After(deadline) {
+			if len(rows) != n {
+				f.t.Fatalf("%d route_decisions rows, want %d: %+v", len(rows), n, rows)
+			}
+			return rows
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// upstreamChats are the forwarded (non-classifier) requests.
+func (f *fixture) upstreamChats() []llmtest.Request {
+	var out []llmtest.Request
+	for _, r := range f.up.Requests() {
+		if !r.Chat.Logprobs {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+const chatBody = `{"model":"whatever","messages":[{"role":"system","content":"You are an airline agent."},{"role":"user","content":"I need to change my flight"}],"temperature":0.3,"seed":7,"metadata":{"conversation_id":"conv-1"}}`
+
+// TestProxyNoAdapterWins: "no adapter" has the highest probability, so the
+// request goes upstream with the base model and everything else unchanged;
+// the second request of the conversation uses the cached decision (one
+// classification in all); both are recorded with the decision's id.
+func TestProxyNoAdapterWins(t *testing.T) {
+	f := newFixture(t, adapterRow("lora-ids", "id_verification"), adapterRow("lora-policy", "policy_lookup"))
+	// A = id_verification, B = policy_lookup, C = no adapter.
+	f.script(map[string]float64{"C": 0.6, "A": 0.3, "B": 0.1}, llmtest.Text("Sure, which flight?"))
+	resp := f.post("/v1/chat/completions", chatBody, map[string]string{"Authorization": "Bearer upstream-key"})
+	body, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != 200 || !strings.Contains(string(body), "Sure, which flight?") {
+		t.Fatalf("%s: %s", resp.Status, body)
+	}
+	if a := resp.Header.Get(router.HeaderAdapter); a != "none" {
+		t.Fatalf("%s = %q, want none", router.HeaderAdapter, a)
+	}
+	decision := resp.Header.Get(router.HeaderDecision)
+	if decision == "" {
+		t.Fatal("no decision id header")
+	}
+	chats := f.upstreamChats()
+	if len(chats) != 1 {
+		t.Fatalf("%d forwarded requests", len(chats))
+	}
+	var sent map[string]any
+	_ = json.Unmarshal(chats[0].Body, &sent)
+	var orig map[string]any
+	_ = json.Unmarshal([]byte(chatBody), &orig)
+	orig["model"] = baseModel
+	if a, b := mustJSON(t, sent), mustJSON(t, orig); a != b {
+		t.Fatalf("forwarded body\n%s\nwant (only model changed)\n%s", a, b)
+	}
+	if got := chats[0].Header.Get("Authorization"); got != "Bearer upstream-key" {
+		t.Fatalf("upstream Authorization %q", got)
+	}
+	if got := chats[0].Header.Get(router.HeaderToken); got != "" {
+		t.Fatalf("the router's token leaked upstream: %q", got)
+	}
+	// The classifier saw the labels and the first user turn.
+	var cls *llmtest.Request
+	for _, r := range f.up.Requests() {
+		if r.Chat.Logprobs {
+			cls = &r
+		}
+	}
+	if cls == nil || cls.Chat.MaxTokens != 1 || cls.Chat.Temperature == nil || *cls.Chat.Temperature != 0 || cls.Chat.TopLogprobs != 20 ||
+		!strings.Contains(cls.Chat.Prompt(), "A: id_verification — description of id_verification") || !strings.Contains(cls.Chat.Prompt(), "I need to change my flight") {
+		t.Fatalf("classifier request %+v", cls)
+	}
+
+	resp2 := f.post("/v1/chat/completions", chatBody, nil)
+	io.Copy(io.Discard, resp2.Body)
+	if resp2.Header.Get(router.HeaderDecision) != decision {
+		t.Fatalf("second request: decision %q, want the cached %q", resp2.Header.Get(router.HeaderDecision), decision)
+	}
+	nCls := len(f.up.Requests()) - len(f.upstreamChats())
+	if nCls != 1 {
+		t.Fatalf("%d classifications for one conversation, want 1", nCls)
+	}
+	rows := f.decisions(2)
+	if r := rows[0]; r.DecisionID != decision || r.Cached || r.Adapter != "" || r.Model != baseModel || r.Label != "C" || r.Reason != router.ReasonClassified ||
+		r.ConversationID != "conv-1" || r.ConversationSource != router.SourceMetadata || r.Outcome != router.OutcomeOK || r.UpstreamStatus != 200 ||
+		len(r.Probabilities) != 3 || math.Abs(r.Probabilities[2]-0.6) > 1e-9 {
+		t.Fatalf("first row %+v", r)
+	}
+	if !rows[1].Cached || rows[1].DecisionID != decision {
+		t.Fatalf("second row %+v", rows[1])
+	}
+}
+
+func mustJSON(t *testing.T, v any) string {
+	b, err := json.Marshal(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+// TestRouteTopPKeepsTwoAdapters: two adapters together reach p = 0.95, so
+// both are recorded with renormalised weights; the top one is served.
+func TestRouteTopPKeepsTwoAdapters(t *testing.T) {
+	f := newFixture(t, adapterRow("lora-ids", "id_verification"), adapterRow("lora-policy", "policy_lookup"), adapterRow("lora-pay", "payment"))
+	// A = id_verification, B = payment, C = policy_lookup, D = none.
+	f.script(map[string]float64{"C": 0.55, " A": 0.42, "D": 0.02, "Hello": 0.01}, llmtest.Text("ok"))
+	resp := f.post("/v1/route", `{"environment":"`+env+`","conversation_id":"c-7","messages":[{"role":"user","content":[{"type":"text","text":"what is the baggage policy?"}]}]}`, nil)
+	var got router.RouteResponse
+	if err := json.NewDecoder(resp.Body).Decode(&got); err != nil || resp.StatusCode != 200 {
+		t.Fatalf("%s %v", resp.Status, err)
+	}
+	if got.Adapter == nil || *got.Adapter != "lora-policy" || got.Cached || got.Reason != router.ReasonClassified {
+		t.Fatalf("route %+v", got)
+	}
+	sum := 0.0
+	for _, p := range got.Probabilities {
+		sum += p
+	}
+	if math.Abs(sum-1) > 1e-9 || len(got.Probabilities) != 4 || got.Labels["C"] != "policy_lookup" || got.Labels["D"] != router.NoAdapterCapability {
+		t.Fatalf("probabilities %v (sum %v), labels %v", got.Probabilities, sum, got.Labels)
+	}
+	if len(got.Weights) != 2 || got.Weights[0].Adapter != "lora-policy" || got.Weights[1].Adapter != "lora-ids" ||
+		math.Abs(got.Weights[0].Weight-0.55/0.97) > 1e-9 || math.Abs(got.Weights[0].Weight+got.Weights[1].Weight-1) > 1e-9 {
+		t.Fatalf("weights %+v", got.Weights)
+	}
+	// The proxy serves the top adapter for the same conversation (header id).
+	resp = f.post("/v1/chat/completions", `{"messages":[{"role":"user","content":"what is the baggage policy?"}]}`, map[string]string{router.HeaderConversation: "c-7"})
+	io.Copy(io.Discard, resp.Body)
+	if resp.Header.Get(router.HeaderAdapter) != "lora-policy" || resp.Header.Get(router.HeaderDecision) != got.DecisionID {
+		t.Fatalf("proxy headers %v", resp.Header)
+	}
+	if chats := f.upstreamChats(); len(chats) != 1 || chats[0].Chat.Model != "lora-policy" {
+		t.Fatalf("forwarded %+v", chats)
+	}
+	rows := f.decisions(2)
+	if r := rows[0]; r.Endpoint != "route" || r.Outcome != router.OutcomeRouted || strings.Join(r.WeightAdapters, ",") != "lora-policy,lora-ids" || r.ConversationSource != router.SourceRequest {
+		t.Fatalf("route row %+v", r)
+	}
+	if r := rows[1]; r.Endpoint != "proxy" || !r.Cached || r.Adapter != "lora-policy" || r.Capability != "policy_lookup" {
+		t.Fatalf("proxy row %+v", r)
+	}
+	// Without the router's token: 401, nothing forwarded.
+	req, _ := http.NewRequest(http.MethodPost, f.srv.URL+"/v1/chat/completions", strings.NewReader(chatBody))
+	req.Header.Set("Authorization", "Bearer "+token) // Authorization is the upstream's, not the router's
+	r401, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r401.Body.Close()
+	if r401.StatusCode != http.StatusUnauthorized || len(f.upstreamChats()) != 1 {
+		t.Fatalf("without %s: %s", router.HeaderToken, r401.Status)
+	}
+}
+
+// TestProxyNoLogprobs: a classifier that returns no logprobs routes to the
+// base model with the reason recorded; the caller gets its answer.
+func TestProxyNoLogprobs(t *testing.T) {
+	f := newFixture(t, adapterRow("lora-ids", "id_verification"))
+	f.script(nil, llmtest.Text("hello"))
+	resp := f.post("/v1/chat/completions", `{"messages":[{"role":"user","content":"hi"}]}`, nil)
+	body, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != 200 || !strings.Contains(string(body), "hello") || resp.Header.Get(router.HeaderAdapter) != "none" {
+		t.Fatalf("%s %v %s", resp.Status, resp.Header, body)
+	}
+	if chats := f.upstreamChats(); len(chats) != 1 || chats[0].Chat.Model != baseModel {
+		t.Fatalf("forwarded %+v", chats)
+	}
+	rows := f.decisions(1)
+	if r := rows[0]; r.Reason != router.ReasonNoLogprobs || r.Adapter != "" || len(r.Probabilities) != 0 || r.ConversationSource != router.SourceHash ||
+		!strings.HasPrefix(r.ConversationID, "sha256:") || r.Outcome != router.OutcomeOK {
+		t.Fatalf("row %+v", r)
+	}
+}
+
+// TestProxyUpstreamFailsMidStream: the upstream streams two chunks and then
+// an error event; the caller receives the chunks as they come and the
+// upstream's error, and the decision is recorded with outcome
+// stream_error. A stream cut without an error event reaches the caller as
+// a broken stream, recorded the same way.
+func TestProxyUpstreamFailsMidStream(t *testing.T) {
+	f := newFixture(t, adapterRow("lora-ids", "id_verification"))
+	f.script(map[string]float64{"A": 0.9, "B": 0.1}, llmtest.Reply{Stream: &llmtest.Stream{Chunks: []string{"Hel", "lo", " there"},
+		Interval: 150 * time.Millisecond, FailAfter: 2, ErrorMessage: "engine crashed: CUDA out of memory"}})
+	start := time.Now()
+	resp := f.post("/v1/chat/completions", `{"stream":true,"messages":[{"role":"user","content":"verify me"}]}`, map[string]string{router.HeaderConversation: "s-1"})
+	if resp.StatusCode != 200 || !strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") || resp.Header.Get(router.HeaderAdapter) != "lora-ids" {
+		t.Fatalf("%s %v", resp.Status, resp.Header)
+	}
+	sc := bufio.NewScanner(resp.Body)
+	var events []string
+	var firstAt time.Duration
+	for sc.Scan() {
+		if line := sc.Text(); strings.HasPrefix(line, "data: ") {
+			if len(events) == 0 {
+				firstAt = time.Since(start)
+			}
+			events = append(events, line)
+		}
+	}
+	if len(events) != 3 || !strings.Contains(events[0], `"Hel"`) || !strings.Contains(events[1], `"lo"`) ||
+		!strings.Contains(events[2], `"error"`) || !strings.Contains(events[2], "CUDA out of memory") {
+		t.Fatalf("events %q", events)
+	}
+	// The first chunk arrived before the upstream sent the second (150ms
+	// later): it was not buffered.
+	if total := time.Since(start); firstAt >= total-100*time.Millisecond {
+		t.Fatalf("first event after %v of %v: the stream was buffered", firstAt, total)
+	}
+	rows := f.decisions(1)
+	if r := rows[0]; r.Outcome != router.OutcomeStreamError || !r.Stream || r.Adapter != "lora-ids" || r.UpstreamStatus != 200 {
+		t.Fatalf("row %+v", r)
+	}
+
+	// Cut without an error event.
+	f.script(map[string]float64{"A": 0.9, "B": 0.1}, llmtest.Reply{Stream: &llmtest.Stream{Chunks: []string{"a", "b", "c"}, FailAfter: 1}})
+	resp = f.post("/v1/chat/completions", `{"stream":true,"messages":[{"role":"user","content":"verify me"}]}`, map[string]string{router.HeaderConversation: "s-2"})
+	data, err := io.ReadAll(resp.Body)
+	if err == nil || !bytes.Contains(data, []byte(`"a"`)) || bytes.Contains(data, []byte("[DONE]")) {
+		t.Fatalf("cut stream: read %q, err %v; want the first chunk and then an error", data, err)
+	}
+	rows = f.decisions(2)
+	if r := rows[1]; r.Outcome != router.OutcomeStreamError || r.ConversationID != "s-2" {
+		t.Fatalf("row %+v", r)
+	}
+}
+
+// TestProxyUpstreamErrorPassesThrough: an upstream error status and body
+// reach the caller unchanged, and an unreachable upstream is a 502 in the
+// OpenAI error shape; both are recorded.
+func TestProxyUpstreamErrorPassesThrough(t *testing.T) {
+	f := newFixture(t) // no adapters: nothing to classify
+	const errBody = `{"error":{"message":"The model lora-x does not exist.","type":"NotFoundError","code":404}}`
+	f.script(nil, llmtest.Reply{Status: 404, Body: errBody, Header: map[string]string{"X-Upstream": "yes"}})
+	resp := f.post("/v1/chat/completions", `{"messages":[{"role":"user","content":"hi"}]}`, nil)
+	body, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != 404 || string(body) != errBody || resp.Header.Get("X-Upstream") != "yes" {
+		t.Fatalf("%s %q", resp.Status, body)
+	}
+	f.up.Close()
+	resp = f.post("/v1/chat/completions", `{"messages":[{"role":"user","content":"hi"}]}`, nil)
+	body, _ = io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusBadGateway || !strings.Contains(string(body), `"upstream_error"`) {
+		t.Fatalf("%s %q", resp.Status, body)
+	}
+	rows := f.decisions(2)
+	if rows[0].Outcome != router.OutcomeUpstreamError || rows[0].UpstreamStatus != 404 || rows[0].Reason != router.ReasonNoAdapters ||
+		rows[1].Outcome != router.OutcomeUnreachable {
+		t.Fatalf("rows %+v", rows)
+	}
+}

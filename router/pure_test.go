@@ -1,0 +1,245 @@
+package router
+
+import (
+	"context"
+	"math"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/traceops/trace/internal/dev/llmtest"
+	"github.com/traceops/trace/internal/llm"
+)
+
+func TestAssignLabels(t *testing.T) {
+	labels, dropped := AssignLabels([]Candidate{
+		{Adapter: "lora-b", Capability: "policy_lookup"},
+		{Adapter: "lora-a", Capability: "id_verification"},
+		{Adapter: "lora-a", Capability: "id_verification"}, // listed twice
+	})
+	if len(dropped) != 0 {
+		t.Fatalf("dropped %v", dropped)
+	}
+	got := []string{}
+	for _, l := range labels {
+		got = append(got, l.Name+"="+l.Capability()+"/"+l.Candidate.Adapter)
+	}
+	if want := "A=id_verification/lora-a B=policy_lookup/lora-b C=none/"; strings.Join(got, " ") != want {
+		t.Fatalf("labels %q, want %q", strings.Join(got, " "), want)
+	}
+	if !labels[2].NoAdapter {
+		t.Fatal("the last label is not 'no adapter'")
+	}
+	var many []Candidate
+	for i := range 30 {
+		many = append(many, Candidate{Adapter: string(rune('a'+i%26)) + strings.Repeat("x", i/26), Capability: "c"})
+	}
+	labels, dropped = AssignLabels(many)
+	if len(labels) != MaxCandidates+1 || len(dropped) != 30-MaxCandidates || labels[MaxCandidates].Name != "Z" {
+		t.Fatalf("%d labels (last %s), %d dropped", len(labels), labels[len(labels)-1].Name, len(dropped))
+	}
+}
+
+func lp(tok string, l float64, top ...llm.TopLogprob) []llm.TokenLogprob {
+	return []llm.TokenLogprob{{Token: tok, Logprob: l, TopLogprobs: top}}
+}
+
+func TestProbabilities(t *testing.T) {
+	ln := math.Log
+	labels := []string{"A", "B", "C"}
+	cases := []struct {
+		name   string
+		lps    []llm.TokenLogprob
+		temp   float64
+		want   map[string]float64
+		reason string
+	}{
+		{"no logprobs", nil, 1, nil, ReasonNoLogprobs},
+		{"no label among tokens", lp("Hello", ln(0.9), llm.TopLogprob{Token: "Hi", Logprob: ln(0.1)}), 1, nil, ReasonNoLabel},
+		{"sampled repeated in top, renormalised over labels", lp("A", ln(0.5),
+			llm.TopLogprob{Token: "A", Logprob: ln(0.5)}, llm.TopLogprob{Token: "B", Logprob: ln(0.25)}, llm.TopLogprob{Token: "x", Logprob: ln(0.25)}), 1,
+			map[string]float64{"A": 2.0 / 3, "B": 1.0 / 3, "C": 0}, ReasonClassified},
+		{"sampled not in top is merged", lp("B", ln(0.2), llm.TopLogprob{Token: "A", Logprob: ln(0.6)}), 1,
+			map[string]float64{"A": 0.75, "B": 0.25, "C": 0}, ReasonClassified},
+		{"whitespace stripped, variants add", lp(" A", ln(0.3), llm.TopLogprob{Token: "A", Logprob: ln(0.3)}, llm.TopLogprob{Token: "C\n", Logprob: ln(0.4)}), 1,
+			map[string]float64{"A": 0.6, "B": 0, "C": 0.4}, ReasonClassified},
+		{"temperature 2 flattens", lp("A", ln(0.64), llm.TopLogprob{Token: "B", Logprob: ln(0.16)}), 2,
+			map[string]float64{"A": 2.0 / 3, "B": 1.0 / 3, "C": 0}, ReasonClassified},
+		{"temperature 0.5 sharpens", lp("A", ln(0.5), llm.TopLogprob{Token: "B", Logprob: ln(0.25)}), 0.5,
+			map[string]float64{"A": 0.8, "B": 0.2, "C": 0}, ReasonClassified},
+		{"lowercase is not a label", lp("a", ln(0.9)), 1, nil, ReasonNoLabel},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			got, reason := Probabilities(c.lps, labels, c.temp)
+			if reason != c.reason {
+				t.Fatalf("reason %q, want %q", reason, c.reason)
+			}
+			if c.want == nil {
+				if got != nil {
+					t.Fatalf("probabilities %v, want none", got)
+				}
+				return
+			}
+			sum := 0.0
+			for _, l := range labels {
+				if math.Abs(got[l]-c.want[l]) > 1e-9 {
+					t.Errorf("p(%s) = %v, want %v", l, got[l], c.want[l])
+				}
+				sum += got[l]
+			}
+			if math.Abs(sum-1) > 1e-9 || len(got) != len(labels) {
+				t.Errorf("probabilities %v sum to %v over %d labels", got, sum, len(got))
+			}
+		})
+	}
+}
+
+func TestDecide(t *testing.T) {
+	labels, _ := AssignLabels([]Candidate{{Adapter: "la", Capability: "a"}, {Adapter: "lb", Capability: "b"}, {Adapter: "lc", Capability: "c"}})
+	// A, B, C adapters; D = no adapter.
+	cases := []struct {
+		name    string
+		probs   map[string]float64
+		topP    float64
+		adapter string
+		weights string
+	}{
+		{"no adapter wins", map[string]float64{"A": 0.3, "B": 0.1, "C": 0.1, "D": 0.5}, 0.95, "", ""},
+		{"top adapter alone reaches p", map[string]float64{"A": 0.97, "D": 0.03}, 0.95, "la", "la=1.000"},
+		{"top-p keeps two adapters", map[string]float64{"A": 0.6, "B": 0.38, "D": 0.02}, 0.95, "la", "la=0.612 lb=0.388"},
+		{"no adapter counts towards p, gets no weight", map[string]float64{"A": 0.6, "D": 0.39, "B": 0.01}, 0.95, "la", "la=1.000"},
+		{"top_p off records the top adapter", map[string]float64{"B": 0.5, "A": 0.4, "D": 0.1}, -1, "lb", "lb=1.000"},
+		{"adapters with 0 left out", map[string]float64{"C": 0.9, "D": 0.02}, 0.95, "lc", "lc=1.000"},
+		{"tie breaks by label order", map[string]float64{"A": 0.4, "B": 0.4, "D": 0.2}, 0.5, "la", "la=0.500 lb=0.500"},
+		{"all zero is the first label", map[string]float64{}, 0.95, "la", "la=1.000"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			ch := Decide(labels, c.probs, c.topP)
+			sum := 0.0
+			for _, w := range ch.Weights {
+				sum += w.Weight
+			}
+			if ch.Adapter != c.adapter {
+				t.Fatalf("adapter %q, want %q", ch.Adapter, c.adapter)
+			}
+			if got := fmtWeights(ch.Weights); got != c.weights {
+				t.Fatalf("weights %q, want %q", got, c.weights)
+			}
+			if len(ch.Weights) > 0 && (math.Abs(sum-1) > 1e-9 || ch.Weights[0].Adapter != ch.Adapter) {
+				t.Fatalf("weights %v: sum %v, first must be the served adapter", ch.Weights, sum)
+			}
+			if c.adapter == "" && ch.Label != "D" {
+				t.Fatalf("label %q, want the no-adapter label D", ch.Label)
+			}
+		})
+	}
+}
+
+func fmtWeights(ws []Weight) string {
+	var out []string
+	for _, w := range ws {
+		out = append(out, w.Adapter+"="+strconv.FormatFloat(w.Weight, 'f', 3, 64))
+	}
+	return strings.Join(out, " ")
+}
+
+func TestSelectContext(t *testing.T) {
+	turns := []Turn{{"system", "be nice"}, {"user", "  "}, {"user", "refund my order"}, {"assistant", "which order?"}, {"tool", "{}"}, {"user", "the last one"}}
+	cases := []struct {
+		mode string
+		n    int
+		want string
+	}{
+		{ContextFirstUser, 0, "user:refund my order"},
+		{ContextLastN, 2, "assistant:which order?|user:the last one"},
+		{ContextLastN, 10, "user:refund my order|assistant:which order?|user:the last one"},
+		{ContextLastN, 0, "user:the last one"},
+	}
+	for _, c := range cases {
+		var got []string
+		for _, t := range SelectContext(turns, c.mode, c.n) {
+			got = append(got, t.Role+":"+t.Text)
+		}
+		if strings.Join(got, "|") != c.want {
+			t.Errorf("%s/%d: %q, want %q", c.mode, c.n, strings.Join(got, "|"), c.want)
+		}
+	}
+	if got := SelectContext([]Turn{{"system", "x"}, {"assistant", "hi"}}, ContextLastN, 3); got != nil {
+		t.Errorf("no user turn: %v, want nothing", got)
+	}
+}
+
+func TestCacheTTLAndBound(t *testing.T) {
+	now := time.Unix(1000, 0)
+	c := NewCache(time.Minute, 2, func() time.Time { return now })
+	c.Put("a", Decision{ID: "1"})
+	c.Put("b", Decision{ID: "2"})
+	if d, ok := c.Get("a"); !ok || d.ID != "1" {
+		t.Fatalf("a: %v %v", d, ok)
+	}
+	c.Put("c", Decision{ID: "3"}) // evicts b, the least recently used
+	if _, ok := c.Get("b"); ok {
+		t.Fatal("b survived the bound of 2")
+	}
+	now = now.Add(59 * time.Second)
+	if _, ok := c.Get("c"); !ok {
+		t.Fatal("c expired before its TTL")
+	}
+	now = now.Add(2 * time.Second)
+	if _, ok := c.Get("a"); ok {
+		t.Fatal("a is served after its TTL")
+	}
+	off := NewCache(0, 0, nil)
+	off.Put("a", Decision{ID: "1"})
+	if _, ok := off.Get("a"); ok {
+		t.Fatal("a cache with TTL 0 serves entries")
+	}
+}
+
+// TestRouteConcurrentFirstRequests: concurrent first requests of one
+// conversation share one classification; exactly one of them reports it
+// as new (cached false).
+func TestRouteConcurrentFirstRequests(t *testing.T) {
+	srv := llmtest.New(t)
+	srv.Handle(func(llmtest.Request) llmtest.Reply {
+		return llmtest.Slow(300*time.Millisecond, llmtest.Classification(map[string]float64{"A": 0.9, "B": 0.1}))
+	})
+	cls, err := llm.New(llm.Config{BaseURL: srv.URL, Model: "base"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := New(Config{BaseModel: "base"}, cls, staticSource{{Adapter: "a", Capability: "c"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	in := Input{ConversationID: "c1", Environment: "e", Turns: []Turn{{Role: "user", Text: "hi"}}}
+	const n = 8
+	results := make(chan Decision, n)
+	fresh := make(chan bool, n)
+	for range n {
+		go func() { d, cached := r.Route(context.Background(), in); results <- d; fresh <- !cached }()
+	}
+	nFresh, id := 0, ""
+	for range n {
+		d := <-results
+		if id != "" && d.ID != id {
+			t.Fatalf("two decisions %s and %s for one conversation", id, d.ID)
+		}
+		id = d.ID
+		if <-fresh {
+			nFresh++
+		}
+	}
+	if nFresh != 1 || len(srv.Requests()) != 1 {
+		t.Fatalf("%d fresh decisions, %d classifications; want 1 and 1", nFresh, len(srv.Requests()))
+	}
+}
+
+type staticSource []Candidate
+
+func (s staticSource) ActiveAdapters(context.Context, string, string) ([]Candidate, error) {
+	return s, nil
+}

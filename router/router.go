@@ -1,0 +1,389 @@
+package router
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"strings"
+	"text/template"
+	"time"
+
+	"golang.org/x/sync/singleflight"
+
+	"github.com/traceops/trace/internal/llm"
+	"github.com/traceops/trace/prompts"
+)
+
+// Classifier is the base model behind the OpenAI-compatible API
+// (*llm.Client). Chat must honour ctx.
+type Classifier interface {
+	Chat(ctx context.Context, req llm.Request) (llm.Response, error)
+	Model() string
+}
+
+// AdapterSource lists the adapters a conversation may be routed to: the
+// registry's active adapters of an environment (and agent version, when the
+// registry scopes them by it). Safe for concurrent use.
+type AdapterSource interface {
+	ActiveAdapters(ctx context.Context, environment, agentVersion string) ([]Candidate, error)
+}
+
+// Label constraints (router.label_constraint): how the classifier's
+// output is restricted to the labels besides the prompt.
+const (
+	ConstraintNone              = "none"               // the prompt only (llama.cpp, OpenAI)
+	ConstraintStructuredOutputs = "structured_outputs" // vLLM: structured_outputs: {choice: [labels]}
+)
+
+// Config of a Router. Zero fields take the defaults of WithDefaults.
+type Config struct {
+	// BaseModel is the upstream's served name of the base model: the
+	// "model" of conversations routed to no adapter.
+	BaseModel string
+	// TopP: the decision rule's p (default 0.95; a negative value records
+	// the top adapter alone).
+	TopP float64
+	// Temperature is the classifier temperature of the renormalisation
+	// (default 1.0).
+	Temperature float64
+	// TopLogprobs is the number of alternatives asked for (1–20, default 20).
+	TopLogprobs int
+	// Context is ContextFirstUser (default) or ContextLastN with LastN turns (default 4).
+	Context string
+	LastN   int
+	// CacheTTL keeps a conversation's decision (default 1h); CacheMax
+	// bounds the conversations held (default 100,000).
+	CacheTTL time.Duration
+	CacheMax int
+	// LabelConstraint is ConstraintNone (default) or ConstraintStructuredOutputs.
+	LabelConstraint string
+	// ClassifierAttempts bounds the classifier's HTTP attempts per
+	// decision (default 2: routing waits on it).
+	ClassifierAttempts int
+	// Retriever, when set, shows each candidate with its most similar
+	// successful trajectory (TRACE's retrieval variant); nil: off.
+	Retriever *Retriever
+	// Prompts resolves prompts/route.md (nil: the embedded one).
+	Prompts *prompts.Set
+	Logger  *slog.Logger
+	// Now is the clock (tests); nil means time.Now.
+	Now func() time.Time
+}
+
+// WithDefaults fills the zero fields.
+func (c Config) WithDefaults() Config {
+	if c.TopP == 0 {
+		c.TopP = 0.95
+	}
+	if c.Temperature == 0 {
+		c.Temperature = 1
+	}
+	if c.TopLogprobs == 0 {
+		c.TopLogprobs = 20
+	}
+	if c.Context == "" {
+		c.Context = ContextFirstUser
+	}
+	if c.LastN == 0 {
+		c.LastN = 4
+	}
+	if c.CacheTTL == 0 {
+		c.CacheTTL = time.Hour
+	}
+	if c.LabelConstraint == "" {
+		c.LabelConstraint = ConstraintNone
+	}
+	if c.ClassifierAttempts == 0 {
+		c.ClassifierAttempts = 2
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	return c
+}
+
+// Validate names the first bad field (as router.<field>).
+func (c Config) Validate() error {
+	var errs []error
+	bad := func(field, format string, args ...any) {
+		errs = append(errs, fmt.Errorf("router.%s: %s", field, fmt.Sprintf(format, args...)))
+	}
+	if strings.TrimSpace(c.BaseModel) == "" {
+		bad("base_model", "is required (the upstream's served name of the base model)")
+	}
+	if c.TopP > 1 || math.IsNaN(c.TopP) {
+		bad("top_p", "must be at most 1, got %v", c.TopP)
+	}
+	if c.Temperature <= 0 || math.IsNaN(c.Temperature) || math.IsInf(c.Temperature, 0) {
+		bad("temperature", "must be positive, got %v", c.Temperature)
+	}
+	if c.TopLogprobs < 1 || c.TopLogprobs > 20 {
+		bad("top_logprobs", "must be in [1, 20], got %d", c.TopLogprobs)
+	}
+	switch c.Context {
+	case ContextFirstUser, ContextLastN:
+	default:
+		bad("context", "must be first_user or last_n, got %q", c.Context)
+	}
+	if c.LastN < 1 {
+		bad("last_n", "must be at least 1, got %d", c.LastN)
+	}
+	if c.CacheTTL < 0 {
+		bad("cache_ttl", "must not be negative, got %s", c.CacheTTL)
+	}
+	switch c.LabelConstraint {
+	case ConstraintNone, ConstraintStructuredOutputs:
+	default:
+		bad("label_constraint", "must be none or structured_outputs, got %q", c.LabelConstraint)
+	}
+	if c.ClassifierAttempts < 1 || c.ClassifierAttempts > llm.MaxAttemptsLimit {
+		bad("classifier_attempts", "must be in [1, %d], got %d", llm.MaxAttemptsLimit, c.ClassifierAttempts)
+	}
+	return errors.Join(errs...)
+}
+
+// Input is one routing question: a conversation of an environment.
+type Input struct {
+	ConversationID string
+	// ConversationSource says where the id came from (header, metadata,
+	// request, hash).
+	ConversationSource string
+	Environment        string
+	AgentVersion       string
+	Turns              []Turn
+}
+
+// Decision is a routing decision, as cached and recorded.
+type Decision struct {
+	ID                 string
+	At                 time.Time
+	ConversationID     string
+	ConversationSource string
+	Environment        string
+	AgentVersion       string
+	// Adapter is the chosen adapter's served name, "" for the base model;
+	// Model is the "model" the upstream is asked for (the adapter or the
+	// base model).
+	Adapter    string
+	Capability string
+	Model      string
+	Label      string
+	Labels     []Label
+	// Probabilities per label (nil without a classification).
+	Probabilities map[string]float64
+	Weights       []Weight
+	// Reason is ReasonClassified or why the base model was used without
+	// probabilities; Error the classifier's error text then.
+	Reason          string
+	Error           string
+	ClassifierModel string
+	ClassifyLatency time.Duration
+	// Examples are the retrieved trajectories shown, rollout id by
+	// capability (retrieval only).
+	Examples map[string]string
+}
+
+// Router makes and caches decisions. Safe for concurrent use.
+type Router struct {
+	cfg      Config
+	cls      Classifier
+	adapters AdapterSource
+	tmpl     *template.Template
+	cache    *Cache
+	group    singleflight.Group
+	log      *slog.Logger
+}
+
+// New returns a router. cls may be nil only when no environment ever has
+// an active adapter (every decision is then ReasonNoAdapters).
+func New(cfg Config, cls Classifier, adapters AdapterSource) (*Router, error) {
+	cfg = cfg.WithDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if adapters == nil {
+		return nil, errors.New("router: no adapter source")
+	}
+	ps := cfg.Prompts
+	if ps == nil {
+		ps = prompts.Default()
+	}
+	t, err := ps.Template(prompts.Route)
+	if err != nil {
+		return nil, err
+	}
+	if t.Lookup("system") == nil || t.Lookup("user") == nil {
+		return nil, fmt.Errorf("router: prompt %s must define the templates \"system\" and \"user\"", prompts.Route)
+	}
+	return &Router{cfg: cfg, cls: cls, adapters: adapters, tmpl: t,
+		cache: NewCache(cfg.CacheTTL, cfg.CacheMax, cfg.Now), log: cfg.Logger}, nil
+}
+
+// Config is the effective configuration.
+func (r *Router) Config() Config { return r.cfg }
+
+// Route returns the conversation's decision: the cached one while it is
+// fresh (cached true), else a new classification, which is cached. It
+// never fails: whatever goes wrong routes to the base model with the
+// reason in the decision. Concurrent first requests of one conversation
+// share one classification.
+func (r *Router) Route(ctx context.Context, in Input) (d Decision, cached bool) {
+	key := in.Environment + "\x00" + in.ConversationID
+	if d, ok := r.cache.Get(key); ok {
+		return d, true
+	}
+	classified := false // set only in the one call that runs the classification
+	v, _, _ := r.group.Do(key, func() (any, error) {
+		if d, ok := r.cache.Get(key); ok {
+			return d, nil
+		}
+		d := r.classify(context.WithoutCancel(ctx), in)
+		classified = true
+		r.cache.Put(key, d)
+		return d, nil
+	})
+	return v.(Decision), !classified
+}
+
+// Lookup returns a conversation's cached decision while it is fresh.
+func (r *Router) Lookup(environment, conversationID string) (Decision, bool) {
+	return r.cache.Get(environment + "\x00" + conversationID)
+}
+
+// classify makes a new decision.
+func (r *Router) classify(ctx context.Context, in Input) Decision {
+	d := Decision{ID: NewID(), At: r.cfg.Now().UTC(), ConversationID: in.ConversationID, ConversationSource: in.ConversationSource,
+		Environment: in.Environment, AgentVersion: in.AgentVersion, Model: r.cfg.BaseModel}
+	cands, err := r.adapters.ActiveAdapters(ctx, in.Environment, in.AgentVersion)
+	if err != nil {
+		d.Reason, d.Error = ReasonRegistryError, err.Error()
+		r.log.Warn("router: adapter registry unavailable; routing to the base model", "environment", in.Environment, "err", err)
+		return d
+	}
+	if len(cands) == 0 {
+		d.Reason = ReasonNoAdapters
+		return d
+	}
+	labels, dropped := AssignLabels(cands)
+	if len(dropped) > 0 {
+		r.log.Warn("router: more active adapters than labels; some are never chosen", "environment", in.Environment, "dropped", len(dropped))
+	}
+	d.Labels = labels
+	turns := SelectContext(in.Turns, r.cfg.Context, r.cfg.LastN)
+	if len(turns) == 0 {
+		d.Reason = ReasonNoMessages
+		return d
+	}
+	if r.cls == nil {
+		d.Reason, d.Error = ReasonClassifierError, "no classifier configured"
+		return d
+	}
+	var examples map[string]Example
+	if r.cfg.Retriever != nil {
+		var caps []string
+		for _, l := range labels {
+			if !l.NoAdapter {
+				caps = append(caps, l.Candidate.Capability)
+			}
+		}
+		examples = r.cfg.Retriever.Examples(ctx, in.Environment, caps, turns)
+		for c, e := range examples {
+			if d.Examples == nil {
+				d.Examples = map[string]string{}
+			}
+			d.Examples[c] = e.RolloutID
+		}
+	}
+	msgs, err := r.messages(in.Environment, labels, turns, examples)
+	if err != nil {
+		d.Reason, d.Error = ReasonClassifierError, err.Error()
+		return d
+	}
+	names := LabelNames(labels)
+	req := llm.Request{Purpose: "route", RolloutID: in.ConversationID, Messages: msgs,
+		Temperature: llm.Float(0), MaxTokens: 1, Logprobs: true, TopLogprobs: r.cfg.TopLogprobs, MaxAttempts: r.cfg.ClassifierAttempts}
+	if r.cfg.LabelConstraint == ConstraintStructuredOutputs {
+		req.Extra = map[string]any{"structured_outputs": map[string]any{"choice": names}}
+	}
+	d.ClassifierModel = r.cls.Model()
+	start := time.Now()
+	resp, err := r.cls.Chat(ctx, req)
+	d.ClassifyLatency = time.Since(start)
+	if err != nil {
+		d.Reason, d.Error = ReasonClassifierError, err.Error()
+		r.log.Warn("router: classifier failed; routing to the base model", "environment", in.Environment, "err", err)
+		return d
+	}
+	probs, reason := Probabilities(resp.Logprobs, names, r.cfg.Temperature)
+	d.Reason = reason
+	if probs == nil {
+		if reason == ReasonNoLabel {
+			d.Error = fmt.Sprintf("answer %q and its alternatives hold none of the labels %s", cutText(resp.Raw, 40), strings.Join(names, ", "))
+		}
+		return d
+	}
+	d.Probabilities = probs
+	ch := Decide(labels, probs, r.cfg.TopP)
+	d.Label, d.Adapter, d.Capability, d.Weights = ch.Label, ch.Adapter, ch.Capability, ch.Weights
+	if ch.Adapter != "" {
+		d.Model = ch.Adapter
+	}
+	return d
+}
+
+type promptCandidate struct {
+	Label, Capability, Description string
+	// Example is the retrieved successful trajectory ("" without retrieval).
+	Example string
+}
+
+func (r *Router) messages(env string, labels []Label, turns []Turn, examples map[string]Example) ([]llm.Message, error) {
+	data := struct {
+		Environment    string
+		Candidates     []promptCandidate
+		NoAdapterLabel string
+		LabelList      string
+		Turns          []Turn
+	}{Environment: env, Turns: turns, LabelList: strings.Join(LabelNames(labels), ", ")}
+	for _, l := range labels {
+		if l.NoAdapter {
+			data.NoAdapterLabel = l.Name
+			continue
+		}
+		desc := strings.TrimSpace(l.Candidate.Description)
+		if desc == "" {
+			desc = strings.ReplaceAll(l.Candidate.Capability, "_", " ")
+		}
+		data.Candidates = append(data.Candidates, promptCandidate{Label: l.Name, Capability: l.Candidate.Capability, Description: desc,
+			Example: examples[l.Candidate.Capability].Text})
+	}
+	var sys, user strings.Builder
+	if err := r.tmpl.ExecuteTemplate(&sys, "system", data); err != nil {
+		return nil, fmt.Errorf("prompt %s: %w", prompts.Route, err)
+	}
+	if err := r.tmpl.ExecuteTemplate(&user, "user", data); err != nil {
+		return nil, fmt.Errorf("prompt %s: %w", prompts.Route, err)
+	}
+	return []llm.Message{{Role: "system", Content: strings.TrimSpace(sys.String())}, {Role: "user", Content: strings.TrimSpace(user.String())}}, nil
+}
+
+// NewID returns a random 128-bit hex id (decision and request ids).
+func NewID() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+func cutText(s string, n int) string {
+	if r := []rune(s); len(r) > n {
+		return string(r[:n]) + "…"
+	}
+	return s
+}

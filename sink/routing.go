@@ -1,0 +1,243 @@
+package sink
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+)
+
+// RouteDecisionRow is one routed request (the route_decisions table).
+// Labels, LabelCapabilities, LabelAdapters and Probabilities are parallel
+// (probabilities empty without a classification); WeightAdapters and
+// Weights the top-p set. Adapter "" is the base model.
+type RouteDecisionRow struct {
+	At                 time.Time
+	RequestID          string
+	DecisionID         string
+	ConversationID     string
+	ConversationSource string
+	Environment        string
+	AgentVersion       string
+	Endpoint           string // route | proxy
+	Cached             bool
+	Adapter            string
+	Capability         string
+	Model              string
+	Label              string
+	Labels             []string
+	LabelCapabilities  []string
+	LabelAdapters      []string
+	Probabilities      []float64
+	WeightAdapters     []string
+	Weights            []float64
+	Reason             string
+	Error              string
+	ClassifierModel    string
+	ClassifyMS         uint32
+	OverheadUS         uint32
+	UpstreamStatus     uint16
+	Outcome            string
+	Stream             bool
+}
+
+const routeDecisionColumns = `ts, at_ns, request_id, decision_id, conversation_id, conversation_source, environment, agent_version, endpoint,
+	cached, adapter, capability, model, label, labels, label_capabilities, label_adapters, probabilities, weight_adapters, weights,
+	reason, error, classifier_model, classify_ms, overhead_us, upstream_status, outcome, stream`
+
+// InsertRouteDecisions writes decisions in one INSERT.
+func (s *Store) InsertRouteDecisions(ctx context.Context, rows []RouteDecisionRow) error {
+	if len(rows) == 0 {
+		return nil
+	}
+	b, err := s.conn.PrepareBatch(ctx, "INSERT INTO route_decisions ("+routeDecisionColumns+")")
+	if err != nil {
+		return fmt.Errorf("insert route_decisions: %w", err)
+	}
+	defer b.Abort()
+	now := time.Now().UTC()
+	for _, r := range rows {
+		at := ts(r.At, now)
+		if err := b.Append(at, at.UnixNano(), r.RequestID, r.DecisionID, r.ConversationID, r.ConversationSource, r.Environment, r.AgentVersion, r.Endpoint,
+			b2u(r.Cached), r.Adapter, r.Capability, r.Model, r.Label, strs(r.Labels), strs(r.LabelCapabilities), strs(r.LabelAdapters), floats(r.Probabilities),
+			strs(r.WeightAdapters), floats(r.Weights), r.Reason, r.Error, r.ClassifierModel, r.ClassifyMS, r.OverheadUS, r.UpstreamStatus, r.Outcome, b2u(r.Stream)); err != nil {
+			return fmt.Errorf("insert route_decisions: %w", err)
+		}
+	}
+	if err := b.Send(); err != nil {
+		return fmt.Errorf("insert route_decisions: %w", err)
+	}
+	return nil
+}
+
+func strs(v []string) []string {
+	if v == nil {
+		return []string{}
+	}
+	return v
+}
+
+func floats(v []float64) []float64 {
+	if v == nil {
+		return []float64{}
+	}
+	return v
+}
+
+// RouteDecisionFilter selects decisions; zero fields select all.
+type RouteDecisionFilter struct {
+	Environment, ConversationID, DecisionID string
+	Since                                   time.Time
+	Limit                                   int
+}
+
+func routeDecisionsSQL(f RouteDecisionFilter) (string, []any) {
+	var where []string
+	var args []any
+	for _, c := range []struct{ col, v string }{{"environment", f.Environment}, {"conversation_id", f.ConversationID}, {"decision_id", f.DecisionID}} {
+		if c.v != "" {
+			where = append(where, c.col+" = ?")
+			args = append(args, c.v)
+		}
+	}
+	if !f.Since.IsZero() {
+		where = append(where, "ts >= ?")
+		args = append(args, f.Since.UTC())
+	}
+	q := `SELECT ` + routeDecisionColumns + ` FROM route_decisions`
+	if len(where) > 0 {
+		q += "\n\tWHERE " + strings.Join(where, " AND ")
+	}
+	q += "\n\tORDER BY at_ns, request_id"
+	if f.Limit > 0 {
+		q += fmt.Sprintf(" LIMIT %d", f.Limit)
+	}
+	return q, args
+}
+
+// RouteDecisions lists recorded decisions, oldest first.
+func (s *Store) RouteDecisions(ctx context.Context, f RouteDecisionFilter) ([]RouteDecisionRow, error) {
+	q, args := routeDecisionsSQL(f)
+	rows, err := s.conn.Query(ctx, q, args...)
+	if err != nil {
+		return nil, fmt.Errorf("route decisions: %w", err)
+	}
+	defer rows.Close()
+	var out []RouteDecisionRow
+	for rows.Next() {
+		var (
+			r              RouteDecisionRow
+			atNS           int64
+			cached, stream uint8
+		)
+		if err := rows.Scan(&r.At, &atNS, &r.RequestID, &r.DecisionID, &r.ConversationID, &r.ConversationSource, &r.Environment, &r.AgentVersion, &r.Endpoint,
+			&cached, &r.Adapter, &r.Capability, &r.Model, &r.Label, &r.Labels, &r.LabelCapabilities, &r.LabelAdapters, &r.Probabilities,
+			&r.WeightAdapters, &r.Weights, &r.Reason, &r.Error, &r.ClassifierModel, &r.ClassifyMS, &r.OverheadUS, &r.UpstreamStatus, &r.Outcome, &stream); err != nil {
+			return nil, fmt.Errorf("route decisions: %w", err)
+		}
+		r.At, r.Cached, r.Stream = time.Unix(0, atNS).UTC(), cached == 1, stream == 1
+		out = append(out, r)
+	}
+	return out, rows.Err()
+}
+
+// RouteByConversationSQL is a subquery with one row per (environment,
+// conversation_id) that the router decided: the latest decision's id and
+// adapter (” = base model). Join rollouts on it (rollouts.environment,
+// rollouts.conversation_id) for producers that do not send rollout v1's
+// routing field.
+const RouteByConversationSQL = `SELECT environment, conversation_id,
+	argMax(decision_id, at_ns) AS decision_id, argMax(adapter, at_ns) AS adapter
+	FROM route_decisions WHERE conversation_id != ''
+	GROUP BY environment, conversation_id`
+
+// routeSharesSQL counts routed requests per adapter and hour of one environment.
+const routeSharesSQL = `SELECT toStartOfHour(ts) AS hour, adapter, count() AS requests
+	FROM route_decisions WHERE environment = ? AND ts >= ?
+	GROUP BY hour, adapter ORDER BY hour, adapter`
+
+// RouteShare is the number of requests routed to an adapter (” = base)
+// in one hour.
+type RouteShare struct {
+	Hour     time.Time
+	Adapter  string
+	Requests uint64
+}
+
+// RouteShares returns the routed requests per hour and adapter of an
+// environment since a time, oldest first.
+func (s *Store) RouteShares(ctx context.Context, environment string, since time.Time) ([]RouteShare, error) {
+	rows, err := s.conn.Query(ctx, routeSharesSQL, environment, since.UTC())
+	if err != nil {
+		return nil, fmt.Errorf("route shares: %w", err)
+	}
+	defer rows.Close()
+	var out []RouteShare
+	for rows.Next() {
+		var r RouteShare
+		if err := rows.Scan(&r.Hour, &r.Adapter, &r.Requests); err != nil {
+			return nil, fmt.Errorf("route shares: %w", err)
+		}
+		r.Hour = r.Hour.UTC()
+		out = append(out, r)
+	}
+	return out, rows.Err()
+}
+
+// ConversationRoutes returns the latest decision per conversation of an
+// environment among ids (RouteByConversationSQL), by conversation id.
+func (s *Store) ConversationRoutes(ctx context.Context, environment string, ids []string) (map[string]RouteDecisionRow, error) {
+	out := map[string]RouteDecisionRow{}
+	if len(ids) == 0 {
+		return out, nil
+	}
+	rows, err := s.conn.Query(ctx, conversationRoutesSQL, environment, ids)
+	if err != nil {
+		return nil, fmt.Errorf("conversation routes: %w", err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var r RouteDecisionRow
+		if err := rows.Scan(&r.Environment, &r.ConversationID, &r.DecisionID, &r.Adapter); err != nil {
+			return nil, fmt.Errorf("conversation routes: %w", err)
+		}
+		out[r.ConversationID] = r
+	}
+	return out, rows.Err()
+}
+
+const conversationRoutesSQL = `SELECT environment, conversation_id, decision_id, adapter FROM (` + RouteByConversationSQL + `)
+	WHERE environment = ? AND has(?, conversation_id)`
+
+// Trajectory is a stored rollout's compacted messages (rollouts.messages JSON).
+type Trajectory struct {
+	RolloutID string
+	Messages  string
+}
+
+// successfulTrajectoriesSQL selects an environment's newest successful
+// rollouts that some labeling run found to exhibit the capability (PRESENT).
+const successfulTrajectoriesSQL = `SELECT rollout_id, messages FROM rollouts FINAL
+	WHERE environment = ? AND success = 1 AND rollout_id IN (
+		SELECT rollout_id FROM capability_labels WHERE environment = ? AND capability = ? AND label = 'PRESENT' AND success = 1)
+	ORDER BY end_time DESC, rollout_id LIMIT ?`
+
+// SuccessfulTrajectories returns up to limit of an environment's newest
+// successful rollouts labeled PRESENT for the capability (the router's
+// retrieval candidates).
+func (s *Store) SuccessfulTrajectories(ctx context.Context, environment, capability string, limit int) ([]Trajectory, error) {
+	rows, err := s.conn.Query(ctx, successfulTrajectoriesSQL, environment, environment, capability, max(limit, 1))
+	if err != nil {
+		return nil, fmt.Errorf("successful trajectories: %w", err)
+	}
+	defer rows.Close()
+	var out []Trajectory
+	for rows.Next() {
+		var t Trajectory
+		if err := rows.Scan(&t.RolloutID, &t.Messages); err != nil {
+			return nil, fmt.Errorf("successful trajectories: %w", err)
+		}
+		out = append(out, t)
+	}
+	return out, rows.Err()
+}

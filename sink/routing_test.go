@@ -1,0 +1,58 @@
+package sink_test
+
+import (
+	"context"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/traceops/trace/sink"
+)
+
+// TestRouteDecisions: decisions round-trip with their arrays, filters
+// select, the per-conversation join finds the latest decision, and the
+// hourly shares count requests per adapter.
+func TestRouteDecisions(t *testing.T) {
+	s := openStore(t)
+	ctx := context.Background()
+	at := time.Now().UTC().Truncate(time.Hour).Add(-2 * time.Hour)
+	row := func(req, dec, conv, adapter string, off time.Duration, cached bool) sink.RouteDecisionRow {
+		return sink.RouteDecisionRow{At: at.Add(off), RequestID: req, DecisionID: dec, ConversationID: conv, ConversationSource: "header",
+			Environment: "sim-airline", AgentVersion: "1.4.0", Endpoint: "proxy", Cached: cached, Adapter: adapter, Capability: "cap-" + adapter,
+			Model: adapter, Label: "A", Labels: []string{"A", "B"}, LabelCapabilities: []string{"cap-a1", "none"}, LabelAdapters: []string{"a1", ""},
+			Probabilities: []float64{0.75, 0.25}, WeightAdapters: []string{"a1"}, Weights: []float64{1}, Reason: "classified",
+			ClassifierModel: "base", ClassifyMS: 12, OverheadUS: 150, UpstreamStatus: 200, Outcome: "ok", Stream: true}
+	}
+	rows := []sink.RouteDecisionRow{
+		row("r1", "d1", "c1", "a1", 0, false), row("r2", "d1", "c1", "a1", time.Second, true),
+		row("r3", "d2", "c2", "", 90*time.Minute, false),
+	}
+	rows[2].Labels, rows[2].LabelCapabilities, rows[2].LabelAdapters, rows[2].Probabilities, rows[2].WeightAdapters, rows[2].Weights = nil, nil, nil, nil, nil, nil
+	rows[2].Reason, rows[2].Outcome, rows[2].UpstreamStatus, rows[2].Stream = "no_logprobs", "stream_error", 200, false
+	if err := s.InsertRouteDecisions(ctx, rows); err != nil {
+		t.Fatal(err)
+	}
+	got, err := s.RouteDecisions(ctx, sink.RouteDecisionFilter{Environment: "sim-airline"})
+	if err != nil || len(got) != 3 {
+		t.Fatalf("RouteDecisions = %d rows, %v", len(got), err)
+	}
+	if g := got[0]; g.RequestID != "r1" || g.Cached || !g.Stream || !slices.Equal(g.Labels, []string{"A", "B"}) || !slices.Equal(g.Probabilities, []float64{0.75, 0.25}) ||
+		!slices.Equal(g.LabelAdapters, []string{"a1", ""}) || g.OverheadUS != 150 || !g.At.Equal(at) {
+		t.Fatalf("first decision %+v", g)
+	}
+	if g := got[2]; g.Adapter != "" || len(g.Probabilities) != 0 || g.Reason != "no_logprobs" || g.Outcome != "stream_error" {
+		t.Fatalf("third decision %+v", g)
+	}
+	if got, _ := s.RouteDecisions(ctx, sink.RouteDecisionFilter{DecisionID: "d1", Limit: 1}); len(got) != 1 || got[0].RequestID != "r1" {
+		t.Fatalf("by decision id: %+v", got)
+	}
+	routes, err := s.ConversationRoutes(ctx, "sim-airline", []string{"c1", "c2", "c3"})
+	if err != nil || len(routes) != 2 || routes["c1"].Adapter != "a1" || routes["c1"].DecisionID != "d1" || routes["c2"].Adapter != "" {
+		t.Fatalf("ConversationRoutes = %+v, %v", routes, err)
+	}
+	shares, err := s.RouteShares(ctx, "sim-airline", at.Add(-time.Hour))
+	if err != nil || len(shares) != 2 || shares[0].Adapter != "a1" || shares[0].Requests != 2 || shares[1].Adapter != "" || shares[1].Requests != 1 ||
+		!shares[1].Hour.Equal(at.Add(time.Hour)) {
+		t.Fatalf("RouteShares = %+v, %v", shares, err)
+	}
+}
