@@ -59,9 +59,9 @@ type Publisher interface {
 }
 
 // StoreRollBack is the minimal RollBacker: the registry write only
-// (sink.Store.MarkAdapterRolledBack), no unload from serving. It stands in
-// until the adapter lifecycle's rollback transition (with the vLLM unload)
-// is wired in its place.
+// (sink.Store.MarkAdapterRolledBack), no unload from serving. trace run
+// uses the adapter lifecycle's transition (adapter.Registry.RollBack, with
+// the unload); this one serves tests and tools without a registry.
 type StoreRollBack struct{ Store *sink.Store }
 
 // RollBack implements RollBacker with the registry write alone.
@@ -109,14 +109,27 @@ func New(cfg Config, src Source, rollback RollBacker, pub Publisher, log *slog.L
 func (c *Checker) Config() Config { return c.cfg }
 
 // activatedAt is when the adapter became active: the metadata's
-// activated_at when the registry recorded it, else the update time of
-// its active version (the activate transition's write).
+// activated_at when set, else the time of the last transition to active
+// the registry recorded (adapter.Registry's metadata "transitions"), else
+// the update time of its version (the activate transition's write).
 func activatedAt(a sink.AdapterRow) time.Time {
 	var m struct {
 		ActivatedAt time.Time `json:"activated_at"`
+		Transitions []struct {
+			To string    `json:"to"`
+			At time.Time `json:"at"`
+		} `json:"transitions"`
 	}
-	if json.Unmarshal([]byte(a.Metadata), &m) == nil && !m.ActivatedAt.IsZero() {
+	if json.Unmarshal([]byte(a.Metadata), &m) != nil {
+		return a.UpdatedAt
+	}
+	if !m.ActivatedAt.IsZero() {
 		return m.ActivatedAt.UTC()
+	}
+	for i := len(m.Transitions) - 1; i >= 0; i-- {
+		if t := m.Transitions[i]; t.To == "active" && !t.At.IsZero() {
+			return t.At.UTC()
+		}
 	}
 	return a.UpdatedAt
 }
@@ -213,8 +226,9 @@ func (c *Checker) rollBack(ctx context.Context, ac *AdapterCheck) error {
 		return errors.New("the guard needs a rollback and a publisher")
 	}
 	now := c.now().UTC()
-	reason := "closed-loop guard: " + ac.Reason
-	ev := &schemas.AdapterEvent{EventID: schemas.AdapterEventID(ac.Adapter, schemas.AdapterRolledBack, ac.row.Version),
+	eventID := schemas.AdapterEventID(ac.Adapter, schemas.AdapterRolledBack, ac.row.Version)
+	reason := "closed-loop guard (event " + eventID + "): " + ac.Reason
+	ev := &schemas.AdapterEvent{EventID: eventID,
 		Type: schemas.AdapterRolledBack, Adapter: ac.Adapter, Capability: ac.Capability, Environment: ac.Environment,
 		AgentVersion: ac.AgentVersion, At: now, By: "guard", Reason: reason, Simulated: ac.Simulated, Evidence: ac.Evidence()}
 	if err := c.pub.PublishAdapterEvent(ctx, ev); err != nil {

@@ -518,7 +518,7 @@ func (a *App) addAdapt(ctx context.Context, g *run.Group) error {
 	addActor(g, ctx, "adapt-events", func(ctx context.Context) error { return st.RunEvents(ctx, ec) })
 	every := a.Cfg.Adapter.DeadlineCheck
 	addActor(g, ctx, "adapt-deadlines", func(ctx context.Context) error { return st.RunDeadlines(ctx, every) })
-	a.addGuard(ctx, g)
+	a.addGuard(ctx, g, reg)
 	a.Log.Info("adapt role: training jobs from ready environments", "backend", a.Cfg.Adapter.Backend, "preset", a.Cfg.Adapter.Plan.Preset,
 		"env_server", pc.EnvServerURL, "planner", planner != nil, "serving", a.Cfg.Adapter.Serving.Enabled, "auto_activate", a.Cfg.Adapter.AutoActivate)
 	return nil

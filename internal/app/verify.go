@@ -5,6 +5,8 @@ import (
 
 	"github.com/oklog/run"
 
+	"github.com/traceops/trace/adapter"
+	"github.com/traceops/trace/sink"
 	"github.com/traceops/trace/verify"
 )
 
@@ -14,13 +16,24 @@ import (
 // back the ones that made things significantly worse (verify.guard). A
 // guard run in flight finishes before shutdown completes (verify.Checker.Run).
 //
-// The rollback is verify.StoreRollBack, the registry write alone, until the
-// adapter lifecycle's rollback transition (with the unload from vLLM)
-// replaces it here; the event on trace.adapters.events tells the routers.
-func (a *App) addGuard(ctx context.Context, g *run.Group) {
-	c := verify.New(a.Cfg.Verify, a.Store, verify.StoreRollBack{Store: a.Store}, a.Bus, a.Log.With("role", "adapt", "component", "guard"))
+// The rollback is the registry's RollBack transition (active → rolled_back,
+// then unloaded from the serving engine when adapter.serving is on), on the
+// same Registry as the stage's, so its transitions stay serialised; the
+// event on trace.adapters.events tells the routers.
+func (a *App) addGuard(ctx context.Context, g *run.Group, reg *adapter.Registry) {
+	c := verify.New(a.Cfg.Verify, a.Store, registryRollBack{reg}, a.Bus, a.Log.With("role", "adapt", "component", "guard"))
 	a.Verify = c
 	addActor(g, ctx, "adapt-guard", c.Run)
 	a.Log.Info("adapt role: closed-loop guard", "guard", a.Cfg.Verify.Guard, "interval", c.Config().Interval,
 		"min_failures", c.Config().MinFailures, "delta", c.Config().Delta)
+}
+
+// registryRollBack is verify.RollBacker over adapter.Registry.RollBack:
+// the registry records the transition with the guard's reason (which names
+// the event) in the adapter's metadata and unloads it.
+type registryRollBack struct{ reg *adapter.Registry }
+
+func (r registryRollBack) RollBack(ctx context.Context, a sink.AdapterRow, reason, _ string) error {
+	_, err := r.reg.RollBack(ctx, a.Name, reason)
+	return err
 }
