@@ -350,3 +350,58 @@ func printDemoLoop(w io.Writer, l *demoLoop) {
 		fmt.Fprintf(w, "  problem: %s\n", p)
 	}
 }
+
+// demoBeforeLoop, when set (tests), runs before the loop looks for the
+// simulated trainer's adapters.
+var demoBeforeLoop func(ctx context.Context, a *app.App, sum *demoSummary)
+
+// closedLoop runs the loop after the environments are DONE and adds its
+// section to the summary; the demo is OK only if the loop is.
+func (d *demo) closedLoop(ctx context.Context, a *app.App, fleet []simulate.AgentSpec, sum *demoSummary) {
+	interval := 10 * time.Millisecond
+	l := &loopDriver{d: d, a: a, up: d.upstream, proxyURL: "http://" + a.RouterAddr(), from: d.rollouts, traffic: d.loopN, planted: sum.Planted,
+		gen: simulate.New(simulate.Config{Seed: d.seed, Fleet: fleet, Start: time.Now().Add(time.Second - time.Duration(d.rollouts)*interval), Interval: interval})}
+	d.logf("\nclosed loop — %s", loopDisclaimer)
+	fail := func(problem string) {
+		if sum.Loop == nil {
+			sum.Loop = &demoLoop{Simulated: loopDisclaimer, Traffic: d.loopN}
+		}
+		sum.Loop.OK = false
+		sum.Loop.Problems = append(sum.Loop.Problems, problem)
+		sum.OK = false
+		sum.Verdict += "; closed loop: " + problem
+	}
+	if demoBeforeLoop != nil {
+		demoBeforeLoop(ctx, a, sum)
+	}
+	effects, list, err := l.activate(ctx)
+	if err != nil {
+		fail(err.Error())
+		return
+	}
+	// The router re-reads the registry every router.adapters_refresh.
+	select {
+	case <-ctx.Done():
+	case <-time.After(d.cfg.Router.AdaptersRefresh + 500*time.Millisecond):
+	}
+	harmful := list[len(list)-1].Adapter
+	d.logf("▶ %d simulated conversations → routing proxy %s → simulated upstream", d.loopN, l.proxyURL)
+	routed, err := l.send(ctx, effects)
+	if err != nil {
+		fail(err.Error())
+		return
+	}
+	problem := l.waitLoop(ctx, d.rollouts+d.loopN, harmful, time.Minute)
+	sum.Loop = l.result(ctx, list, routed)
+	if problem != "" {
+		fail(problem)
+	}
+	if !sum.Loop.OK {
+		sum.OK = false
+		if problem == "" {
+			sum.Verdict += "; closed loop: " + strings.Join(sum.Loop.Problems, "; ")
+		}
+		return
+	}
+	sum.Verdict += fmt.Sprintf("; closed loop: the %d planted deficits' gaps closed on routed traffic and the guard rolled the harmful adapter back (simulated upstream and adapter effects)", len(sum.Planted))
+}
