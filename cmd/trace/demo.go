@@ -124,12 +124,21 @@ a local ClickHouse server) and runs trace's loop for real:
   them as an external trainer would, reports a simulated reward curve on
   trace.training.events.<job_id> and a sim:// adapter, which the adapt role
   registers as a candidate (no model is trained)
+  → the closed loop: the adapters are activated, one HARMFUL adapter is
+  planted, and --loop-rollouts more conversations go through the routing
+  proxy (route role) in front of a SIMULATED upstream (classifier and
+  answers); a conversation routed to an adapter loses that adapter's planted
+  deficit — the simulation's stand-in for a trained adapter — and the adapt
+  role's guard rolls the harmful adapter back
 
 The fleet has capability deficits planted per agent version (see
 internal/dev/simulate DefaultFleet). The demo succeeds (exit 0) only when a trigger
-fired for exactly the planted deficits and for no other capability, and each
-planted deficit's environment reached DONE, and each DONE environment's
-training job succeeded with its adapter registered. A few malformed messages are
+fired for exactly the planted deficits and for no other capability, each
+planted deficit's environment reached DONE, each DONE environment's
+training job succeeded with its adapter registered, and, in the closed
+loop, every planted deficit's gap closed on the traffic routed to its
+adapter and the guard rolled the harmful adapter back (--loop-rollouts 0
+stops before the loop). A few malformed messages are
 published too and end in the dead-letter topic.
 
 Data lives under ./data/demo and is reset at every start (--keep keeps it).`,

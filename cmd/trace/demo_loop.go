@@ -65,6 +65,9 @@ type demoLoopAdapter struct {
 	Routed       int             `json:"routed_rollouts"`
 }
 
+// adapterWait bounds the wait for the simulated trainer's adapters.
+const adapterWait = 2 * time.Minute
+
 // loopDriver runs the closed loop of one demo.
 type loopDriver struct {
 	d        *demo
@@ -75,6 +78,8 @@ type loopDriver struct {
 	from     int // the first rollout index of the loop's traffic
 	traffic  int
 	planted  []string // env/agent/capability
+	// harmScope is the harmful adapter's cohort (env/agent version).
+	harmScope string
 }
 
 // activateAdapter makes an adapter active in the registry with its
@@ -103,6 +108,8 @@ func (l *loopDriver) activate(ctx context.Context) (map[string]simulate.Effect, 
 		want[p] = true
 	}
 	found := map[string]sink.AdapterRow{}
+	ctx, cancel := context.WithTimeout(ctx, adapterWait)
+	defer cancel()
 	tick := time.NewTicker(500 * time.Millisecond)
 	defer tick.Stop()
 	for len(found) < len(want) {
@@ -129,7 +136,7 @@ func (l *loopDriver) activate(ctx context.Context) (map[string]simulate.Effect, 
 				}
 			}
 			sort.Strings(missing)
-			return nil, nil, fmt.Errorf("no adapter was registered for %v before the timeout", missing)
+			return nil, nil, fmt.Errorf("the simulated trainer registered no adapter for %v within %s of the environments being ready", missing, adapterWait)
 		case <-tick.C:
 		}
 	}
@@ -159,6 +166,7 @@ func (l *loopDriver) activate(ctx context.Context) (map[string]simulate.Effect, 
 		return nil, nil, err
 	}
 	effects[bad.Name] = simulate.Effect{Adapter: bad.Name, Breaks: map[string]float64{harmfulCapability: 1}}
+	l.harmScope = bad.Environment + "/" + bad.AgentVersion
 	list = append(list, demoLoopAdapter{Adapter: bad.Name, Environment: bad.Environment, AgentVersion: bad.AgentVersion, Capability: bad.Capability, Role: "harmful"})
 	l.d.logf("▣ adapter %s planted and active: HARMFUL — conversations routed to it lose %s (simulated)", bad.Name, harmfulCapability)
 	return effects, list, nil
@@ -225,6 +233,12 @@ func (l *loopDriver) send(ctx context.Context, effects map[string]simulate.Effec
 		}
 		routed[cmpOr(adapter, "none")]++
 		eff := effects[adapter] // unknown adapter or base model: no effect
+		if eff.Breaks != nil && l.harmScope != p.Environment+"/"+p.AgentVersion {
+			// The harm is planted on the harmful adapter's own cohort only:
+			// other agent versions the router sends to it are left as they
+			// are, so the rest of the fleet's statistics do not move.
+			eff.Breaks = nil
+		}
 		eff.Adapter, eff.DecisionID, eff.ConversationID = adapter, decision, conv
 		r := l.gen.RolloutWith(i, eff)
 		b, err := json.Marshal(r)

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"os/exec"
@@ -54,8 +55,9 @@ func TestDemoClosedLoop(t *testing.T) {
 	if l == nil {
 		t.Fatalf("no closed loop in the summary: %q\n%s", sum.Verdict, out)
 	}
-	b, _ := json.MarshalIndent(l, "", "  ")
-	t.Logf("closed loop:\n%s", b)
+	var text bytes.Buffer
+	printDemoLoop(&text, l)
+	t.Logf("closed loop:%s", text.String())
 	if err != nil || !sum.OK || !l.OK {
 		t.Fatalf("demo failed: %v; verdict %q", err, sum.Verdict)
 	}
