@@ -82,22 +82,6 @@ type loopDriver struct {
 	harmScope string
 }
 
-// activateAdapter makes an adapter active in the registry with its
-// activation time in the metadata.
-//
-// A stand-in for the adapter lifecycle's activate transition (which also
-// loads the adapter into serving): here it is the registry write alone,
-// which is all the router reads.
-func activateAdapter(ctx context.Context, st *sink.Store, r sink.AdapterRow, now time.Time) (sink.AdapterRow, error) {
-	meta := map[string]any{}
-	_ = json.Unmarshal([]byte(r.Metadata), &meta)
-	meta["activated_at"], meta["activated_by"] = now.UTC(), "trace demo"
-	b, _ := json.Marshal(meta)
-	r.Status, r.Metadata, r.UpdatedAt = "active", string(b), now.UTC()
-	r.Version = max(r.Version+1, uint64(now.UnixNano()))
-	return r, st.SaveAdapter(ctx, r)
-}
-
 // activate waits for the simulated trainer's adapters of every planted
 // deficit, activates them, and plants the harmful adapter. It returns the
 // effect of each adapter name on a conversation routed to it.
@@ -141,14 +125,20 @@ func (l *loopDriver) activate(ctx context.Context) (map[string]simulate.Effect, 
 		}
 	}
 	now := time.Now()
+	// The adapter lifecycle's activate transition (trace adapters activate):
+	// the simulated adapters have nothing to load, so adapter.serving stays
+	// off and the registry records the change.
+	reg, err := app.AdapterRegistry(l.d.cfg, st, l.d.log)
+	if err != nil {
+		return nil, nil, err
+	}
 	effects := map[string]simulate.Effect{}
 	var list []demoLoopAdapter
 	for _, k := range l.planted {
 		r := found[k]
 		if r.Status != "active" {
-			var err error
-			if r, err = activateAdapter(ctx, st, r, now); err != nil {
-				return nil, nil, err
+			if _, err := reg.Activate(ctx, r.Name); err != nil {
+				return nil, nil, fmt.Errorf("activate %s: %w", r.Name, err)
 			}
 		}
 		effects[r.Name] = simulate.Effect{Adapter: r.Name, Fixes: []string{r.Capability}}
@@ -161,9 +151,11 @@ func (l *loopDriver) activate(ctx context.Context) (map[string]simulate.Effect, 
 		Environment: first.Environment, AgentVersion: first.AgentVersion, BaseModel: first.BaseModel, URI: "simulated://harmful",
 		Status: "candidate", Simulated: true, CreatedAt: now, UpdatedAt: now, Version: uint64(now.UnixNano()),
 		Metadata: `{"trainer":"simulated (no model was trained)","planted":"harmful: conversations routed to it lose tool-error recovery"}`}
-	bad, err := activateAdapter(ctx, st, bad, now)
-	if err != nil {
+	if err := st.SaveAdapter(ctx, bad); err != nil {
 		return nil, nil, err
+	}
+	if _, err := reg.Activate(ctx, bad.Name); err != nil {
+		return nil, nil, fmt.Errorf("activate %s: %w", bad.Name, err)
 	}
 	effects[bad.Name] = simulate.Effect{Adapter: bad.Name, Breaks: map[string]float64{harmfulCapability: 1}}
 	l.harmScope = bad.Environment + "/" + bad.AgentVersion
@@ -318,10 +310,18 @@ func (l *loopDriver) waitLoop(ctx context.Context, total int, harmful string, gu
 	for {
 		if a, err := l.a.Store.Adapter(ctx, harmful); err == nil && a != nil && a.Status == "rolled_back" {
 			var m struct {
-				Reason string `json:"rollback_reason"`
+				Transitions []struct {
+					To, Reason string
+				} `json:"transitions"`
 			}
 			_ = json.Unmarshal([]byte(a.Metadata), &m)
-			l.d.logf("◆ guard: %s rolled back — %s", harmful, m.Reason)
+			reason := ""
+			for _, t := range m.Transitions {
+				if t.To == "rolled_back" {
+					reason = t.Reason
+				}
+			}
+			l.d.logf("◆ guard: %s rolled back — %s", harmful, reason)
 			return ""
 		}
 		select {
@@ -365,10 +365,6 @@ func printDemoLoop(w io.Writer, l *demoLoop) {
 	}
 }
 
-// demoBeforeLoop, when set (tests), runs before the loop looks for the
-// simulated trainer's adapters.
-var demoBeforeLoop func(ctx context.Context, a *app.App, sum *demoSummary)
-
 // closedLoop runs the loop after the environments are DONE and adds its
 // section to the summary; the demo is OK only if the loop is.
 func (d *demo) closedLoop(ctx context.Context, a *app.App, fleet []simulate.AgentSpec, sum *demoSummary) {
@@ -384,9 +380,6 @@ func (d *demo) closedLoop(ctx context.Context, a *app.App, fleet []simulate.Agen
 		sum.Loop.Problems = append(sum.Loop.Problems, problem)
 		sum.OK = false
 		sum.Verdict += "; closed loop: " + problem
-	}
-	if demoBeforeLoop != nil {
-		demoBeforeLoop(ctx, a, sum)
 	}
 	effects, list, err := l.activate(ctx)
 	if err != nil {

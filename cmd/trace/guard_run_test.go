@@ -59,7 +59,8 @@ func TestAdaptRoleGuard(t *testing.T) {
 	for {
 		a, err := st.Adapter(context.Background(), "msc-bad")
 		if err == nil && a != nil && a.Status == "rolled_back" {
-			if !strings.Contains(a.Metadata, "closed-loop guard: significantly worse") {
+			if !strings.Contains(a.Metadata, `"to":"rolled_back"`) || !strings.Contains(a.Metadata, "closed-loop guard (event aev-") ||
+				!strings.Contains(a.Metadata, "significantly worse") {
 				t.Fatalf("metadata %s", a.Metadata)
 			}
 			break
