@@ -9,9 +9,9 @@ import (
 // The closed loop's reads (package verify): the per-rollout labels of one
 // capability on the rollouts an adapter served and on its cohort before it
 // was activated, and the routing share per adapter over time. They live
-// here, apart from the window queries the analyzer uses, and read only
-// tables that exist since migration 9 (rollouts.adapter) — no migration of
-// their own.
+// here, apart from the window queries the analyzer uses, and read tables
+// that exist already (rollouts' routing columns, migration 9;
+// route_decisions, migration 10) — no migration of their own.
 
 // LoopSample selects the rollouts one side of a before/after comparison is
 // computed on, and the capability whose labels are read for them.
@@ -47,17 +47,29 @@ type RolloutLabels struct {
 const DefaultLoopLimit = 5000
 
 // loopRolloutsSQL is the subquery selecting a sample's rollout ids.
+//
+// A rollout is routed to an adapter when it says so (rollout v1's routing
+// field, rollouts.adapter) or, for producers that send only the
+// conversation id, when the router's latest decision for its conversation
+// chose the adapter (route_decisions, joined on RouteByConversationSQL).
+// The before side keeps the base model's rollouts: no adapter, and no
+// decision for another adapter found through the conversation.
 func loopRolloutsSQL(s LoopSample) (string, []any) {
 	limit := s.Limit
 	if limit <= 0 {
 		limit = DefaultLoopLimit
 	}
+	joined := `(adapter = '' AND route_decision_id = '' AND conversation_id != '' AND conversation_id IN (
+			SELECT conversation_id FROM (` + RouteByConversationSQL + `) WHERE environment = ? AND %s))`
 	if s.Adapter != "" {
-		return fmt.Sprintf(`SELECT rollout_id FROM rollouts WHERE environment = ? AND agent_version = ? AND adapter = ?
-		GROUP BY rollout_id ORDER BY max(end_time) DESC, rollout_id LIMIT %d`, limit), []any{s.Environment, s.AgentVersion, s.Adapter}
+		return fmt.Sprintf(`SELECT rollout_id FROM rollouts WHERE environment = ? AND agent_version = ? AND (adapter = ? OR `+fmt.Sprintf(joined, "adapter = ?")+`)
+		GROUP BY rollout_id ORDER BY max(end_time) DESC, rollout_id LIMIT %d`, limit),
+			[]any{s.Environment, s.AgentVersion, s.Adapter, s.Environment, s.Adapter}
 	}
 	return fmt.Sprintf(`SELECT rollout_id FROM rollouts WHERE environment = ? AND agent_version = ? AND adapter = '' AND toUInt32(end_time) < ?
-		GROUP BY rollout_id ORDER BY max(end_time) DESC, rollout_id LIMIT %d`, limit), []any{s.Environment, s.AgentVersion, unixSec(s.Until)}
+		AND NOT `+fmt.Sprintf(joined, "adapter != ''")+`
+		GROUP BY rollout_id ORDER BY max(end_time) DESC, rollout_id LIMIT %d`, limit),
+		[]any{s.Environment, s.AgentVersion, unixSec(s.Until), s.Environment}
 }
 
 // loopLabelsSQL is LoopLabels' query: per (rollout, run) the most recently

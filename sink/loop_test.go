@@ -11,9 +11,10 @@ import (
 )
 
 // TestLoopSamplesAndRoutingShare: the before side is the cohort's base
-// rollouts that ended before activation (not routed ones, not another
-// agent version's, not later ones), the after side the rollouts routed to
-// the adapter in the same cohort (not another version's); a relabel's newest label wins; the
+// rollouts that ended before activation (not routed ones — by their
+// routing field or by their conversation's decision —, not another agent
+// version's, not later ones), the after side the rollouts routed to the
+// adapter in the same cohort (by either, not another version's); a relabel's newest label wins; the
 // limit keeps the most recent; the dictionary is the cohort's newest; the
 // routing share counts rollouts per bucket and adapter.
 func TestLoopSamplesAndRoutingShare(t *testing.T) {
@@ -21,27 +22,31 @@ func TestLoopSamplesAndRoutingShare(t *testing.T) {
 	ctx := context.Background()
 	act := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
 	type ro struct {
-		id, version, adapter string
-		end                  time.Time
-		ok                   bool
-		labels               []string // per run
+		id, version, adapter, conv string
+		end                        time.Time
+		ok                         bool
+		labels                     []string // per run
 	}
 	data := []ro{
-		{"b1", "1.4.0", "", act.Add(-2 * time.Hour), false, []string{"LACKING", "LACKING"}},
-		{"b2", "1.4.0", "", act.Add(-time.Hour), true, []string{"PRESENT", "NA"}},
-		{"b3", "1.4.0", "", act.Add(-time.Minute), false, []string{"PRESENT", "LACKING"}},
-		{"x1", "1.5.0", "", act.Add(-time.Hour), false, []string{"LACKING", "LACKING"}},  // another version
-		{"late", "1.4.0", "", act.Add(time.Hour), false, []string{"LACKING", "LACKING"}}, // base, after activation
-		{"r1", "1.4.0", "ad", act.Add(10 * time.Minute), true, []string{"PRESENT", "PRESENT"}},
-		{"r2", "1.4.0", "ad", act.Add(70 * time.Minute), false, []string{"PRESENT"}}, // one run so far
-		{"r3", "1.5.0", "ad", act.Add(30 * time.Minute), false, []string{"LACKING"}}, // another version
-		{"o1", "1.4.0", "other", act.Add(20 * time.Minute), false, []string{"LACKING", "LACKING"}},
+		{"b1", "1.4.0", "", "", act.Add(-2 * time.Hour), false, []string{"LACKING", "LACKING"}},
+		{"b2", "1.4.0", "", "", act.Add(-time.Hour), true, []string{"PRESENT", "NA"}},
+		{"b3", "1.4.0", "", "", act.Add(-time.Minute), false, []string{"PRESENT", "LACKING"}},
+		{"b4", "1.4.0", "", "c-other", act.Add(-30 * time.Minute), false, []string{"LACKING", "LACKING"}}, // routed to "other" (found through its conversation)
+		{"b5", "1.4.0", "", "c-base", act.Add(-20 * time.Minute), true, []string{"PRESENT", "PRESENT"}},   // the router chose the base model
+		{"x1", "1.5.0", "", "", act.Add(-time.Hour), false, []string{"LACKING", "LACKING"}},               // another version
+		{"late", "1.4.0", "", "", act.Add(time.Hour), false, []string{"LACKING", "LACKING"}},              // base, after activation
+		{"r1", "1.4.0", "ad", "", act.Add(10 * time.Minute), true, []string{"PRESENT", "PRESENT"}},
+		{"r2", "1.4.0", "ad", "", act.Add(70 * time.Minute), false, []string{"PRESENT"}},    // one run so far
+		{"r3", "1.5.0", "ad", "", act.Add(30 * time.Minute), false, []string{"LACKING"}},    // another version
+		{"r4", "1.4.0", "", "c-ad", act.Add(40 * time.Minute), false, []string{"NA", "NA"}}, // no routing field: joined by conversation
+		{"o1", "1.4.0", "other", "", act.Add(20 * time.Minute), false, []string{"LACKING", "LACKING"}},
 	}
 	var rows []sink.RolloutRow
 	var labels []sink.LabelRow
 	for _, d := range data {
 		rows = append(rows, sink.RolloutRow{RolloutID: d.id, Environment: "env", AgentName: "bot", AgentVersion: d.version, TaskID: d.id,
-			Success: d.ok, StartTime: d.end.Add(-time.Minute), EndTime: d.end, Messages: "[]", Tools: "[]", Grader: "{}", Metadata: "{}", Adapter: d.adapter})
+			Success: d.ok, StartTime: d.end.Add(-time.Minute), EndTime: d.end, Messages: "[]", Tools: "[]", Grader: "{}", Metadata: "{}", Adapter: d.adapter,
+			ConversationID: d.conv})
 		for run, l := range d.labels {
 			labels = append(labels, sink.LabelRow{LabelEvent: schemas.LabelEvent{RolloutID: d.id, Environment: "env", AgentVersion: d.version,
 				DictionaryVersion: 2, Capability: "cap", Run: uint16(run), Label: l, Success: d.ok, Source: "test", TS: d.end}})
@@ -51,6 +56,16 @@ func TestLoopSamplesAndRoutingShare(t *testing.T) {
 		t.Fatal(err)
 	}
 	if err := s.InsertLabels(ctx, labels); err != nil {
+		t.Fatal(err)
+	}
+	// The router's decisions of the conversations without a routing field
+	// (c-ad decided twice: the latest, for ad, wins).
+	var decisions []sink.RouteDecisionRow
+	for i, d := range []struct{ conv, adapter string }{{"c-other", "other"}, {"c-base", ""}, {"c-ad", ""}, {"c-ad", "ad"}} {
+		decisions = append(decisions, sink.RouteDecisionRow{At: act.Add(time.Duration(i) * time.Second), RequestID: "q" + d.conv, DecisionID: "d-" + d.conv,
+			ConversationID: d.conv, Environment: "env", AgentVersion: "1.4.0", Endpoint: "proxy", Adapter: d.adapter, Outcome: "ok"})
+	}
+	if err := s.InsertRouteDecisions(ctx, decisions); err != nil {
 		t.Fatal(err)
 	}
 	// An older dictionary's labels and a relabel of b2's run 1 (newer ingest wins).
@@ -78,12 +93,13 @@ func TestLoopSamplesAndRoutingShare(t *testing.T) {
 		{RolloutID: "b1", Labels: []string{"LACKING", "LACKING"}},
 		{RolloutID: "b2", Success: true, Labels: []string{"PRESENT", "LACKING"}},
 		{RolloutID: "b3", Labels: []string{"PRESENT", "LACKING"}},
+		{RolloutID: "b5", Success: true, Labels: []string{"PRESENT", "PRESENT"}},
 	}
 	if !reflect.DeepEqual(before, want) {
 		t.Fatalf("before = %+v\nwant %+v", before, want)
 	}
 	last2, err := s.LoopLabels(ctx, sink.LoopSample{Environment: "env", AgentVersion: "1.4.0", Until: act, DictionaryVersion: 2, Capability: "cap", Limit: 2})
-	if err != nil || len(last2) != 2 || last2[0].RolloutID != "b2" || last2[1].RolloutID != "b3" {
+	if err != nil || len(last2) != 2 || last2[0].RolloutID != "b3" || last2[1].RolloutID != "b5" {
 		t.Fatalf("limit 2 = %+v %v", last2, err)
 	}
 	after, err := s.LoopLabels(ctx, sink.LoopSample{Environment: "env", AgentVersion: "1.4.0", Adapter: "ad", DictionaryVersion: 2, Capability: "cap"})
@@ -93,6 +109,7 @@ func TestLoopSamplesAndRoutingShare(t *testing.T) {
 	want = []sink.RolloutLabels{
 		{RolloutID: "r1", Success: true, Labels: []string{"PRESENT", "PRESENT"}},
 		{RolloutID: "r2", Labels: []string{"PRESENT"}},
+		{RolloutID: "r4", Labels: []string{"NA", "NA"}},
 	}
 	if !reflect.DeepEqual(after, want) {
 		t.Fatalf("after = %+v\nwant %+v", after, want)
@@ -103,7 +120,8 @@ func TestLoopSamplesAndRoutingShare(t *testing.T) {
 		t.Fatal(err)
 	}
 	wantShare := []sink.ShareRow{
-		{Bucket: act.Add(-time.Hour), Adapter: "", Rollouts: 1}, // b3
+		{Bucket: act.Add(-time.Hour), Adapter: "", Rollouts: 3}, // b3, b4, b5 (rollouts.adapter: what the rollouts say)
+		{Bucket: act, Adapter: "", Rollouts: 1},                 // r4
 		{Bucket: act, Adapter: "ad", Rollouts: 2},
 		{Bucket: act, Adapter: "other", Rollouts: 1},
 		{Bucket: act.Add(time.Hour), Adapter: "", Rollouts: 1}, // late
