@@ -136,8 +136,9 @@ func (s *Store) LoopDictionary(ctx context.Context, environment, agentVersion, c
 	return v, nil
 }
 
-// ShareRow is the number of an environment's rollouts one adapter (""
-// for the base model) served in one time bucket.
+// ShareRow is the number of an environment's rollouts (RoutingShare) or
+// routing decisions (DecisionShare) of one adapter ("" for the base model)
+// in one time bucket.
 type ShareRow struct {
 	Bucket   time.Time
 	Adapter  string
@@ -177,6 +178,44 @@ func (s *Store) RoutingShare(ctx context.Context, environment string, window, bu
 		var r ShareRow
 		if err := rows.Scan(&r.Bucket, &r.Adapter, &r.Rollouts); err != nil {
 			return nil, fmt.Errorf("routing share: %w", err)
+		}
+		r.Bucket = r.Bucket.UTC()
+		out = append(out, r)
+	}
+	return out, rows.Err()
+}
+
+// decisionShareSQL is DecisionShare's query: the router's decisions (one
+// per decision id: cached repeats count once) per (bucket, adapter) over
+// the window back from the environment's newest decision.
+func decisionShareSQL(environment string, window, bucket time.Duration) (string, []any) {
+	sec := max(int64(bucket/time.Second), 1)
+	w := int64(window / time.Second)
+	if window <= 0 {
+		w = 1 << 32
+	}
+	q := fmt.Sprintf(`SELECT toDateTime(intDiv(toUInt32(ts), %d) * %d) AS b, adapter, uniqExact(decision_id)
+	FROM route_decisions WHERE environment = ?
+		AND toInt64(toUInt32(ts)) >= (SELECT toInt64(toUInt32(max(ts))) FROM route_decisions WHERE environment = ?) - %d
+	GROUP BY b, adapter ORDER BY b, adapter`, sec, sec, w)
+	return q, []any{environment, environment}
+}
+
+// DecisionShare counts the router's decisions per adapter and time bucket
+// over the window back from the environment's newest decision
+// (route_decisions; "" is the base model).
+func (s *Store) DecisionShare(ctx context.Context, environment string, window, bucket time.Duration) ([]ShareRow, error) {
+	q, args := decisionShareSQL(environment, window, bucket)
+	rows, err := s.conn.Query(ctx, q, args...)
+	if err != nil {
+		return nil, fmt.Errorf("decision share of %s: %w", environment, err)
+	}
+	defer rows.Close()
+	var out []ShareRow
+	for rows.Next() {
+		var r ShareRow
+		if err := rows.Scan(&r.Bucket, &r.Adapter, &r.Rollouts); err != nil {
+			return nil, fmt.Errorf("decision share: %w", err)
 		}
 		r.Bucket = r.Bucket.UTC()
 		out = append(out, r)

@@ -62,6 +62,14 @@ func chdbLoop(t *testing.T, c *chdbDB, base time.Time) {
 	if want := "r1/PRESENT r2/LACKING r4/NA"; strings.Join(got, " ") != want {
 		t.Fatalf("after: %s, want %s", strings.Join(got, " "), want)
 	}
+	q, args = decisionShareSQL("loop-env", 0, time.Hour)
+	got = nil
+	for _, row := range c.query(q, args...).rows {
+		got = append(got, fmt.Sprintf("%s/%s/%d", row.time(0).Sub(act), row.str(1), row.uint(2)))
+	}
+	if want := "-1h0m0s/other/1 0s//1 0s/ad/1"; strings.Join(got, " ") != want {
+		t.Fatalf("decision share: %s, want %s", strings.Join(got, " "), want)
+	}
 	q, args = routingShareSQL("loop-env", 70*time.Minute, time.Hour)
 	got = nil
 	for _, row := range c.query(q, args...).rows {

@@ -131,6 +131,20 @@ func TestLoopSamplesAndRoutingShare(t *testing.T) {
 		t.Fatalf("share = %+v\nwant %+v", share, wantShare)
 	}
 
+	// The router's decisions: one per decision id (c-ad's two rows share
+	// theirs, one for the base model, one for ad).
+	dshare, err := s.DecisionShare(ctx, "env", 0, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantD := []sink.ShareRow{{Bucket: act, Adapter: "", Rollouts: 2}, {Bucket: act, Adapter: "ad", Rollouts: 1}, {Bucket: act, Adapter: "other", Rollouts: 1}}
+	if !reflect.DeepEqual(dshare, wantD) {
+		t.Fatalf("decision share = %+v\nwant %+v", dshare, wantD)
+	}
+	if none, err := s.DecisionShare(ctx, "nope", time.Hour, time.Hour); err != nil || len(none) != 0 {
+		t.Fatalf("no decisions: %+v %v", none, err)
+	}
+
 	a := sink.AdapterRow{Name: "ad", Capability: "cap", Environment: "env", Status: "active", Metadata: "{}", CreatedAt: act, UpdatedAt: act, Version: 5}
 	if err := s.SaveAdapter(ctx, a); err != nil {
 		t.Fatal(err)

@@ -11,11 +11,31 @@ import (
 
 // ShareSource counts an environment's rollouts per adapter ("" for the
 // base model) and time bucket. *sink.Store implements it from
-// rollouts.adapter (what the rollouts report of their routing); the
-// router's own decision log can implement it the same way.
+// rollouts.adapter (what the rollouts report of their routing);
+// DecisionShares from the router's own decision log.
 type ShareSource interface {
 	RoutingShare(ctx context.Context, environment string, window, bucket time.Duration) ([]sink.ShareRow, error)
 }
+
+// shareName is the name a ShareSource reports as EnvShare.Source
+// ("rollouts.adapter" when it has none).
+type shareName interface{ ShareName() string }
+
+// DecisionShares is the ShareSource over the router's decisions
+// (route_decisions, sink.Store.DecisionShare).
+type DecisionShares struct {
+	Store interface {
+		DecisionShare(ctx context.Context, environment string, window, bucket time.Duration) ([]sink.ShareRow, error)
+	}
+}
+
+// RoutingShare implements ShareSource.
+func (d DecisionShares) RoutingShare(ctx context.Context, environment string, window, bucket time.Duration) ([]sink.ShareRow, error) {
+	return d.Store.DecisionShare(ctx, environment, window, bucket)
+}
+
+// ShareName is "route_decisions".
+func (DecisionShares) ShareName() string { return "route_decisions" }
 
 // CapabilityLoop is one capability of one environment: every adapter
 // trained for it, with its comparison.
@@ -26,8 +46,9 @@ type CapabilityLoop struct {
 }
 
 // EnvShare is the routing share per adapter over time in one environment:
-// Share[adapter][i] is the adapter's share of Totals[i], the rollouts that
-// ended in the bucket starting at Buckets[i]. The base model is "".
+// Share[adapter][i] is the adapter's share of Totals[i], the decisions or
+// rollouts (Source: route_decisions or rollouts.adapter) of the bucket
+// starting at Buckets[i]. The base model is "".
 type EnvShare struct {
 	Environment string               `json:"environment"`
 	Bucket      string               `json:"bucket"`
@@ -51,8 +72,9 @@ var ReportStatuses = []string{"active", "rolled_back", "retired"}
 
 // Report checks every adapter with one of ReportStatuses and reads the
 // routing share of their environments over the window back from each
-// one's newest rollout (0: all; share nil: no share).
-func (c *Checker) Report(ctx context.Context, share ShareSource, window, bucket time.Duration) (*Report, error) {
+// one's newest rollout (0: all), from the first of the share sources that
+// has rows for the environment (none: no share).
+func (c *Checker) Report(ctx context.Context, window, bucket time.Duration, shares ...ShareSource) (*Report, error) {
 	checks, err := c.Check(ctx, ReportStatuses...)
 	if err != nil {
 		return nil, err
@@ -80,23 +102,30 @@ func (c *Checker) Report(ctx context.Context, share ShareSource, window, bucket 
 		}
 		return a.Capability < b.Capability
 	})
-	if share == nil {
-		return rep, nil
-	}
 	sort.Strings(envs)
 	for _, env := range envs {
-		rows, err := share.RoutingShare(ctx, env, window, bucket)
-		if err != nil {
-			return nil, err
+		for _, src := range shares {
+			rows, err := src.RoutingShare(ctx, env, window, bucket)
+			if err != nil {
+				return nil, err
+			}
+			if len(rows) == 0 {
+				continue
+			}
+			name := "rollouts.adapter"
+			if n, ok := src.(shareName); ok {
+				name = n.ShareName()
+			}
+			rep.Share = append(rep.Share, shareSeries(env, bucket, name, rows))
+			break
 		}
-		rep.Share = append(rep.Share, shareSeries(env, bucket, rows))
 	}
 	return rep, nil
 }
 
 // shareSeries turns bucket counts into shares per adapter.
-func shareSeries(env string, bucket time.Duration, rows []sink.ShareRow) EnvShare {
-	s := EnvShare{Environment: env, Bucket: bucket.String(), Share: map[string][]float64{}, Source: "rollouts.adapter"}
+func shareSeries(env string, bucket time.Duration, source string, rows []sink.ShareRow) EnvShare {
+	s := EnvShare{Environment: env, Bucket: bucket.String(), Share: map[string][]float64{}, Source: source}
 	pos := map[time.Time]int{}
 	for _, r := range rows {
 		if _, ok := pos[r.Bucket]; !ok {
@@ -119,13 +148,14 @@ func shareSeries(env string, bucket time.Duration, rows []sink.ShareRow) EnvShar
 }
 
 // Reporter is a read-only closed-loop report source (the dashboard's):
-// a Checker without rollback or publisher, and a share source.
+// a Checker without rollback or publisher, and the share sources in order
+// of preference.
 type Reporter struct {
 	Checker *Checker
-	Share   ShareSource
+	Shares  []ShareSource
 }
 
-// LoopReport is Checker.Report with the reporter's share source.
+// LoopReport is Checker.Report with the reporter's share sources.
 func (r Reporter) LoopReport(ctx context.Context, window, bucket time.Duration) (*Report, error) {
-	return r.Checker.Report(ctx, r.Share, window, bucket)
+	return r.Checker.Report(ctx, window, bucket, r.Shares...)
 }

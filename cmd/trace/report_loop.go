@@ -21,7 +21,7 @@ import (
 // the routing share per adapter over the last shareWindow of each
 // environment (event time, hourly buckets).
 func loopReport(ctx context.Context, cfg config.Config, st *sink.Store, env string, shareWindow time.Duration) (*verify.Report, error) {
-	rep, err := verify.New(cfg.Verify, st, nil, nil, nil).Report(ctx, st, shareWindow, time.Hour)
+	rep, err := verify.New(cfg.Verify, st, nil, nil, nil).Report(ctx, shareWindow, time.Hour, verify.DecisionShares{Store: st}, st)
 	if err != nil {
 		return nil, err
 	}
@@ -124,9 +124,9 @@ func writeLoop(w io.Writer, format string, rep *verify.Report) error {
 			names = append(names, n)
 		}
 		sort.Strings(names)
-		fmt.Fprintf(w, "\nrouting share in %s per hour (from rollouts.adapter):\n", s.Environment)
+		fmt.Fprintf(w, "\nrouting share in %s per hour (from %s):\n", s.Environment, s.Source)
 		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-		head := []string{"  hour", "rollouts"}
+		head := []string{"  hour", map[bool]string{true: "decisions", false: "rollouts"}[s.Source == "route_decisions"]}
 		for _, n := range names {
 			head = append(head, cmpName(n))
 		}

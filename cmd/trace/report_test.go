@@ -214,4 +214,24 @@ func TestReportLoop(t *testing.T) {
 	if lines := strings.Split(strings.TrimSpace(out), "\n"); len(lines) != 3 || !strings.Contains(out, ",pv-good,active,true,") || !strings.Contains(out, "gap_closed") {
 		t.Fatalf("csv:\n%s", out)
 	}
+	// Once the router has recorded decisions, the share is theirs.
+	if err := st.InsertRouteDecisions(ctx, []sink.RouteDecisionRow{
+		{At: act, RequestID: "q1", DecisionID: "d1", ConversationID: "c1", Environment: "sim-airline", Endpoint: "proxy", Adapter: "pv-good", Outcome: "ok"},
+		{At: act, RequestID: "q2", DecisionID: "d1", ConversationID: "c1", Environment: "sim-airline", Endpoint: "proxy", Adapter: "pv-good", Cached: true, Outcome: "ok"},
+		{At: act, RequestID: "q3", DecisionID: "d2", ConversationID: "c2", Environment: "sim-airline", Endpoint: "proxy", Outcome: "ok"},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	out, err = runCLI(t, ctx, append([]string{"report", "--loop", "--format", "json"}, sets...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rep = verify.Report{}
+	if err := json.Unmarshal([]byte(out), &rep); err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Share) != 1 || rep.Share[0].Source != "route_decisions" || len(rep.Share[0].Totals) != 1 || rep.Share[0].Totals[0] != 2 ||
+		rep.Share[0].Share["pv-good"][0] != 0.5 {
+		t.Fatalf("decision share: %+v", rep.Share)
+	}
 }

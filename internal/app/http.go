@@ -36,7 +36,8 @@ func (a *App) httpServer() *http.Server {
 			deps.Environments = synthesizer.SinkStore{Rows: a.Store}
 			deps.Training = a.Store
 			// Read-only: the dashboard reports; the adapt role's guard acts.
-			deps.Loop = verify.Reporter{Checker: verify.New(a.Cfg.Verify, a.Store, nil, nil, a.Log), Share: a.Store}
+			deps.Loop = verify.Reporter{Checker: verify.New(a.Cfg.Verify, a.Store, nil, nil, a.Log),
+				Shares: []verify.ShareSource{verify.DecisionShares{Store: a.Store}, a.Store}}
 		}
 		protected.Handle("/", dashboard.New(deps))
 		if a.envSrv != nil && a.Cfg.Env.Addr == "" {

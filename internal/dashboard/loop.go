@@ -72,6 +72,7 @@ type loopAdapter struct {
 
 type loopShare struct {
 	Environment string
+	Source      string
 	Chart       template.HTML
 	Legend      []legendItem
 }
@@ -117,12 +118,16 @@ func shareChart(sh verify.EnvShare, step time.Duration) loopShare {
 		names = append(names, n)
 	}
 	sort.Strings(names) // "" (the base model) first
-	c := lineChart{ID: "chart-share-" + sh.Environment, Title: "Routing share per adapter in " + sh.Environment, YLabel: "share of rollouts",
+	c := lineChart{ID: "chart-share-" + sh.Environment, Title: "Routing share per adapter in " + sh.Environment, YLabel: "share",
 		H: 220, YMin: 0, YMax: 1, Percent: true, Step: step, Empty: "no rollouts in the range"}
 	if len(sh.Buckets) > 0 {
 		c.XMin, c.XMax = sh.Buckets[0], sh.Buckets[len(sh.Buckets)-1].Add(step)
 	}
-	out := loopShare{Environment: sh.Environment}
+	out := loopShare{Environment: sh.Environment, Source: sh.Source}
+	unit := "rollouts"
+	if sh.Source == "route_decisions" {
+		unit = "decisions"
+	}
 	for i, n := range names {
 		label := n
 		if n == "" {
@@ -131,7 +136,7 @@ func shareChart(sh verify.EnvShare, step time.Duration) loopShare {
 		ser := chartSeries{Name: label, Color: colorAt(i)}
 		for j, b := range sh.Buckets {
 			ser.Points = append(ser.Points, chartPoint{X: b, Y: sh.Share[n][j],
-				Tip: fmt.Sprintf("%s %s: %.1f%% of %d rollouts", label, fmtTS(b), sh.Share[n][j]*100, sh.Totals[j])})
+				Tip: fmt.Sprintf("%s %s: %.1f%% of %d %s", label, fmtTS(b), sh.Share[n][j]*100, sh.Totals[j], unit)})
 		}
 		c.Series = append(c.Series, ser)
 		out.Legend = append(out.Legend, legendItem{Name: label, Color: colorAt(i)})

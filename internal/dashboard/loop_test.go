@@ -49,7 +49,8 @@ func seedLoop(t *testing.T) (*sink.Store, time.Time) {
 }
 
 func loopHandler(st *sink.Store) http.Handler {
-	return New(Deps{Store: st, Loop: verify.Reporter{Checker: verify.New(verify.Config{Guard: true}, st, nil, nil, nil), Share: st}})
+	return New(Deps{Store: st, Loop: verify.Reporter{Checker: verify.New(verify.Config{Guard: true}, st, nil, nil, nil),
+		Shares: []verify.ShareSource{verify.DecisionShares{Store: st}, st}}})
 }
 
 func TestLoopAPI(t *testing.T) {
@@ -78,7 +79,7 @@ func TestLoopAPI(t *testing.T) {
 	if got["pv-good"] != "gap_closed/active" || got["msc-bad"] != "worse/rolled_back" || len(rep.Capabilities) != 2 {
 		t.Fatalf("verdicts %v\n%s", got, body)
 	}
-	if len(rep.Share) != 1 || rep.Share[0].Environment != "sim-airline" || len(rep.Share[0].Share) != 3 {
+	if len(rep.Share) != 1 || rep.Share[0].Environment != "sim-airline" || len(rep.Share[0].Share) != 3 || rep.Share[0].Source != "rollouts.adapter" {
 		t.Fatalf("share: %+v", rep.Share)
 	}
 	// Every bucket's shares sum to 1.
