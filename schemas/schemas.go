@@ -36,10 +36,11 @@ const (
 	KindEnvironmentReady Kind = "environment_ready.v1"
 	KindTrainingJob      Kind = "training_job.v1"
 	KindTrainingEvent    Kind = "training_event.v1"
+	KindAdapterEvent     Kind = "adapter_event.v1"
 )
 
 // Kinds lists every schema, for documentation and tests.
-var Kinds = []Kind{KindRollout, KindLabel, KindSynthesisRequest, KindEnvironmentReady, KindTrainingJob, KindTrainingEvent}
+var Kinds = []Kind{KindRollout, KindLabel, KindSynthesisRequest, KindEnvironmentReady, KindTrainingJob, KindTrainingEvent, KindAdapterEvent}
 
 // Reason codes of *Error. They are stable: dashboards and DLQ consumers match on them.
 const (

@@ -425,6 +425,7 @@ func TestChdbModernDialect(t *testing.T) {
 	t.Run("environments", func(t *testing.T) { chdbEnvironments(t, c, base) })
 	t.Run("training", func(t *testing.T) { chdbTraining(t, c, base) })
 	t.Run("routing", func(t *testing.T) { chdbRouting(t, c, base) })
+	t.Run("loop", func(t *testing.T) { chdbLoop(t, c, base) })
 	t.Logf("total %s", time.Since(t0).Round(time.Millisecond))
 }
 

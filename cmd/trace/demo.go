@@ -7,7 +7,10 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
+	"net/http"
 	"os"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -24,6 +27,7 @@ import (
 	"github.com/traceops/trace/internal/config"
 	"github.com/traceops/trace/internal/dev/simpolicy"
 	"github.com/traceops/trace/internal/dev/simulate"
+	"github.com/traceops/trace/internal/dev/simupstream"
 	"github.com/traceops/trace/schemas"
 	"github.com/traceops/trace/sink"
 	"github.com/traceops/trace/synthesizer"
@@ -48,6 +52,9 @@ type demoSummary struct {
 	Jobs     []demoJob     `json:"training_jobs"`
 	Adapters []demoAdapter `json:"adapters"`
 
+	// Loop is the closed loop: adapters activated, traffic routed, the
+	// verdicts and the guard (SIMULATED parts labeled as such).
+	Loop      *demoLoop           `json:"closed_loop,omitempty"`
 	Dashboard string              `json:"dashboard"`
 	Elapsed   string              `json:"elapsed"`
 	Brokers   []string            `json:"kafka_brokers"`
@@ -97,6 +104,7 @@ func init() {
 		timeout  time.Duration
 		keep     bool
 		linger   time.Duration
+		loopN    int
 	)
 	cmd := &cobra.Command{
 		Use:   "demo",
@@ -116,12 +124,21 @@ a local ClickHouse server) and runs trace's loop for real:
   them as an external trainer would, reports a simulated reward curve on
   trace.training.events.<job_id> and a sim:// adapter, which the adapt role
   registers as a candidate (no model is trained)
+  → the closed loop: the adapters are activated, one HARMFUL adapter is
+  planted, and --loop-rollouts more conversations go through the routing
+  proxy (route role) in front of a SIMULATED upstream (classifier and
+  answers); a conversation routed to an adapter loses that adapter's planted
+  deficit — the simulation's stand-in for a trained adapter — and the adapt
+  role's guard rolls the harmful adapter back
 
 The fleet has capability deficits planted per agent version (see
 internal/dev/simulate DefaultFleet). The demo succeeds (exit 0) only when a trigger
-fired for exactly the planted deficits and for no other capability, and each
-planted deficit's environment reached DONE, and each DONE environment's
-training job succeeded with its adapter registered. A few malformed messages are
+fired for exactly the planted deficits and for no other capability, each
+planted deficit's environment reached DONE, each DONE environment's
+training job succeeded with its adapter registered, and, in the closed
+loop, every planted deficit's gap closed on the traffic routed to its
+adapter and the guard rolled the harmful adapter back (--loop-rollouts 0
+stops before the loop). A few malformed messages are
 published too and end in the dead-letter topic.
 
 Data lives under ./data/demo and is reset at every start (--keep keeps it).`,
@@ -130,8 +147,25 @@ Data lives under ./data/demo and is reset at every start (--keep keeps it).`,
   trace demo --linger 10m     # keep the dashboard up afterwards`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			sets := append([]string{"data_dir=./data/demo", "kafka.batch_timeout=200ms", "analyzer.interval=1s",
-				"analyzer.min_failures=20", "analyzer.window=720h", "synthesizer.policy=simulated", "synthesizer.concurrency=3"}, cf.sets...)
+			sets := []string{"data_dir=./data/demo", "kafka.batch_timeout=200ms", "analyzer.interval=1s",
+				"analyzer.min_failures=20", "analyzer.window=720h", "synthesizer.policy=simulated", "synthesizer.concurrency=3"}
+			// The closed loop: the route role in front of the SIMULATED
+			// upstream (classifier and answers), the guard every 2 s.
+			up := simupstream.New()
+			var upSrv *http.Server
+			if loopN > 0 {
+				ln, err := net.Listen("tcp", "127.0.0.1:0")
+				if err != nil {
+					return fmt.Errorf("simulated upstream: %w", err)
+				}
+				upSrv = &http.Server{Handler: up, ReadHeaderTimeout: 10 * time.Second}
+				go upSrv.Serve(ln)
+				defer upSrv.Close()
+				sets = append(sets, "roles="+strings.Join(append(slices.Clone(config.DefaultRoles), "route"), ","), "router.addr=127.0.0.1:0",
+					"router.upstream_url=http://"+ln.Addr().String()+"/v1", "router.base_model=sim-base", "router.adapters_refresh=1s",
+					"verify.interval=2s")
+			}
+			sets = append(sets, cf.sets...)
 			cfg, err := config.Load(cf.file, sets)
 			if err != nil {
 				return err
@@ -152,7 +186,7 @@ Data lives under ./data/demo and is reset at every start (--keep keeps it).`,
 			defer cancel()
 			out := cmd.OutOrStdout()
 			d := &demo{cfg: cfg, rollouts: rollouts, seed: seed, rate: rate, out: out, json: asJSON,
-				tty: !asJSON && isTerminal(out), log: slog.Default()}
+				tty: !asJSON && isTerminal(out), log: slog.Default(), loopN: loopN, upstream: up}
 			sum, err := d.run(ctx, cmd.Context(), linger)
 			if err != nil {
 				return err
@@ -181,6 +215,7 @@ Data lives under ./data/demo and is reset at every start (--keep keeps it).`,
 	f.DurationVar(&timeout, "timeout", 5*time.Minute, "give up after this long")
 	f.BoolVar(&keep, "keep", false, "keep ./data/demo from a previous run")
 	f.DurationVar(&linger, "linger", 0, "keep running (dashboard up) this long after the summary")
+	f.IntVar(&loopN, "loop-rollouts", 3000, "closed loop: simulated conversations sent through the routing proxy after the adapters are activated (0: stop before the loop)")
 	rootCmd.AddCommand(cmd)
 }
 
@@ -198,6 +233,9 @@ type demo struct {
 	json     bool
 	tty      bool
 	log      *slog.Logger
+
+	loopN    int                 // the closed loop's conversations (0: no loop)
+	upstream *simupstream.Server // the loop's SIMULATED upstream
 
 	mu        sync.Mutex
 	published int
@@ -259,6 +297,9 @@ func (d *demo) run(ctx, parent context.Context, linger time.Duration) (*demoSumm
 		if d.training() {
 			d.waitTraining(ctx, a, sum)
 		}
+	}
+	if d.loopN > 0 && d.cfg.Has("route") && sum.OK {
+		d.closedLoop(ctx, a, fleet, sum)
 	}
 	sum.Dashboard, sum.Brokers, sum.NATS = dash, a.Brokers, a.NATSURL
 	sum.Elapsed = time.Since(start).Round(time.Millisecond).String()
@@ -569,6 +610,7 @@ func printDemoSummary(w io.Writer, s *demoSummary) {
 		}
 	}
 	printTrainingSummary(w, s)
+	printDemoLoop(w, s.Loop)
 	fmt.Fprintf(w, "\ncounts: published %d (+%d malformed), stored %d, labeled %d (%d labels), dead-lettered %d, synthesis requests %d, environments DONE %d, training jobs SUCCEEDED %d, adapters %d (simulated)\n",
 		c.Published, c.Malformed, c.Stored, c.Labeled, c.Labels, c.DeadLettered, c.SynthesisMsgs, c.EnvsDone, c.JobsSucceeded, c.Adapters)
 	fmt.Fprintf(w, "dashboard: %s   elapsed: %s\n", s.Dashboard, s.Elapsed)

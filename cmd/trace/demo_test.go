@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"os/exec"
@@ -11,11 +12,15 @@ import (
 
 	"github.com/traceops/trace/internal/dev/testenv"
 	"github.com/traceops/trace/schemas"
+	"github.com/traceops/trace/verify"
 )
 
 // TestDemoEndToEnd runs `trace demo --json` in-process on embedded servers
 // (kfake, nats-server, a local ClickHouse) and checks that triggers fired for
-// exactly the planted deficits.
+// exactly the planted deficits, their environments and adapters were made,
+// and, in the closed loop, every planted deficit's gap closed on the traffic
+// routed to its adapter through the proxy while the guard rolled the
+// harmful adapter back.
 func TestDemoEndToEnd(t *testing.T) {
 	if testing.Short() {
 		t.Skip("end-to-end demo: skipped with -short")
@@ -26,9 +31,9 @@ func TestDemoEndToEnd(t *testing.T) {
 		}
 	}
 	dir := t.TempDir()
-	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 7*time.Minute)
 	defer cancel()
-	out, err := runCLI(t, ctx, "demo", "--json", "--timeout", "3m", "--rollouts", "2000", "--rate", "0",
+	out, err := runCLI(t, ctx, "demo", "--json", "--timeout", "6m", "--rollouts", "2000", "--rate", "0", "--loop-rollouts", "3000",
 		"--set", "data_dir="+dir, "--set", "kafka.embedded_addr=127.0.0.1:0", "--set", "embedded.clickhouse_port=0",
 		"--set", "embedded.clickhouse_http_port=0", "--set", "embedded.nats_port=0", "--set", "http.addr=127.0.0.1:0")
 	var sum demoSummary
@@ -38,7 +43,7 @@ func TestDemoEndToEnd(t *testing.T) {
 	if err != nil || !sum.OK {
 		t.Fatalf("demo failed: %v; verdict %q\n%s", err, sum.Verdict, out)
 	}
-	if len(sum.Planted) != 3 || len(sum.Triggered) != 3 || sum.Counts.Stored != 2000 || sum.Counts.Labeled != 2000 {
+	if len(sum.Planted) != 3 || len(sum.Triggered) != 3 || sum.Counts.Stored != 2000 || sum.Counts.Labeled != 2000 { // counted before the loop
 		t.Fatalf("summary %+v", sum)
 	}
 	if sum.Counts.DeadLettered < int64(sum.Counts.Malformed) || sum.Counts.Malformed == 0 {
@@ -96,6 +101,48 @@ func TestDemoEndToEnd(t *testing.T) {
 	}
 	if !strings.Contains(sum.Verdict, "adapter registered") {
 		t.Errorf("verdict %q does not say the adapters were registered", sum.Verdict)
+	}
+
+	// The closed loop.
+	l := sum.Loop
+	if l == nil || !l.OK {
+		t.Fatalf("closed loop %+v", l)
+	}
+	var text bytes.Buffer
+	printDemoLoop(&text, l)
+	t.Logf("closed loop:%s", text.String())
+	if !strings.Contains(l.Simulated, "SIMULATED") || !strings.Contains(l.Simulated, "stand-in for a trained adapter") || l.Traffic != 3000 || l.Routed["none"] == 0 {
+		t.Fatalf("loop %+v", l)
+	}
+	routed := 0
+	for _, n := range l.Routed {
+		routed += n
+	}
+	if routed != 3000 {
+		t.Fatalf("routed %v, want 3000 conversations in all", l.Routed)
+	}
+	planted, harmful := 0, 0
+	for _, a := range l.Adapters {
+		key := a.Environment + "/" + a.AgentVersion + "/" + a.Capability
+		switch a.Role {
+		case "planted_deficit":
+			planted++
+			if !slices.Contains(sum.Planted, key) || a.Verdict != verify.GapClosed || a.Status != "active" || a.Routed == 0 ||
+				a.DeltaBefore.Value < 0.2 || a.DeltaAfter.Value >= 0.2 || a.PassAfter.Value <= a.PassBefore.Value {
+				t.Errorf("planted deficit's adapter %+v", a)
+			}
+		case "harmful":
+			harmful++
+			if a.Verdict != verify.Worse || a.Status != "rolled_back" || a.PassAfter.Hi >= a.PassBefore.Lo {
+				t.Errorf("harmful adapter %+v", a)
+			}
+		}
+	}
+	if planted != 3 || harmful != 1 {
+		t.Fatalf("%d planted deficits' adapters, %d harmful", planted, harmful)
+	}
+	if !strings.Contains(sum.Verdict, "guard rolled the harmful adapter back") {
+		t.Errorf("verdict %q", sum.Verdict)
 	}
 }
 

@@ -104,6 +104,7 @@ func init() {
 		env    string
 		format string
 		window string
+		loop   bool
 	)
 	cmd := &cobra.Command{
 		Use:   "report",
@@ -123,9 +124,17 @@ A watermark in the future (clock skew) is reported with a warning.
 A cohort with stored rollouts but no labels is listed with the reason (no
 dictionary and no LLM, a labeler failing, rollouts stored before their
 dictionary) and the setting or command that changes it; a cohort without
-a decision says why (too few failures: analyzer.min_failures).`,
+a decision says why (too few failures: analyzer.min_failures).
+
+The closed loop (TRACE step 4) follows in the table, and alone with --loop
+(table, json or csv): for every adapter that was activated, its
+capability's Δ, ER-, ER+, Cov and pass rate on the base model's rollouts
+before activation beside the rollouts routed to it, with 95 % intervals,
+the verdict (gap_closed, improved, no_change, worse, not_enough_data; see
+verify.*), and the routing share per adapter per hour.`,
 		Example: `  trace report --env sim-airline --format table
-  trace report --window all --format json`,
+  trace report --window all --format json
+  trace report --loop --format json`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			switch format {
@@ -147,6 +156,13 @@ a decision says why (too few failures: analyzer.min_failures).`,
 				return err
 			}
 			defer st.Close()
+			if loop {
+				rep, err := loopReport(ctx, cfg, st, env, loopShareWindow(window))
+				if err != nil {
+					return err
+				}
+				return writeLoop(cmd.OutOrStdout(), format, rep)
+			}
 			rows, warnings, err := buildReport(ctx, cfg, st, env, win, time.Now())
 			if err != nil {
 				return err
@@ -157,12 +173,24 @@ a decision says why (too few failures: analyzer.min_failures).`,
 			for _, w := range warnings {
 				fmt.Fprintln(cmd.ErrOrStderr(), "warning:", w)
 			}
-			return writeReport(cmd.OutOrStdout(), format, rows)
+			if err := writeReport(cmd.OutOrStdout(), format, rows); err != nil || format != "table" {
+				return err
+			}
+			rep, err := loopReport(ctx, cfg, st, env, loopShareWindow(window))
+			if err != nil {
+				return err
+			}
+			if len(rep.Capabilities) == 0 {
+				return nil
+			}
+			fmt.Fprintln(cmd.OutOrStdout())
+			return writeLoop(cmd.OutOrStdout(), format, rep)
 		},
 	}
 	cf.add(cmd)
 	cmd.Flags().StringVar(&env, "env", "", "only this environment")
 	cmd.Flags().StringVar(&format, "format", "table", "table, json or csv")
+	cmd.Flags().BoolVar(&loop, "loop", false, "only the closed loop: each activated adapter's before/after, verdict and routing share")
 	cmd.Flags().StringVar(&window, "window", "", "the window back from each cohort's watermark: a duration, or all (default analyzer.window)")
 	rootCmd.AddCommand(cmd)
 }

@@ -15,6 +15,8 @@ import (
 	"github.com/traceops/trace/schemas"
 	"github.com/traceops/trace/sink"
 	"github.com/traceops/trace/synthesizer"
+	"github.com/traceops/trace/verify"
+	"github.com/traceops/trace/verify/verifytest"
 )
 
 // TestReportOnTheTraceRelease stores the release's 10 labeling runs as
@@ -153,5 +155,83 @@ func TestReportSaysWhy(t *testing.T) {
 	}
 	if !strings.Contains(b.String(), "lonely/v1: no dictionary, as of 2026-12-01 11:00:00 UTC") || !strings.Contains(b.String(), "  no labels: no dictionary for lonely/v1") {
 		t.Errorf("table:\n%s", b.String())
+	}
+}
+
+// TestReportLoop: `trace report` shows the closed loop per capability —
+// the table's last section and --loop in json and csv — with the verdicts
+// and the routing share.
+func TestReportLoop(t *testing.T) {
+	ch := testenv.ClickHouse(t)
+	st := ch.Store()
+	ctx := context.Background()
+	act := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
+	gap := verifytest.Mix{LF: 40, PF: 10, NF: 10, LP: 5, PP: 45, NP: 10}
+	for _, a := range []verifytest.Adapter{
+		{Name: "pv-good", Capability: "precondition_verification", Environment: "sim-airline", AgentVersion: "1.4.0", ActivatedAt: act,
+			Before: gap, After: verifytest.Mix{LF: 2, PF: 28, NF: 5, LP: 2, PP: 60, NP: 3}, Simulated: true},
+		{Name: "msc-new", Capability: "multi_step_completion", Environment: "sim-airline", AgentVersion: "1.4.0", ActivatedAt: act,
+			Before: gap, After: verifytest.Mix{LF: 4, PF: 4, PP: 20}},
+	} {
+		if err := verifytest.Seed(ctx, st, a); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sets := []string{"--set", "clickhouse.addr=" + ch.Addr, "--set", "clickhouse.database=" + ch.Database, "--set", "analyzer.labeler=none"}
+	out, err := runCLI(t, ctx, append([]string{"report", "--loop", "--format", "json"}, sets...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rep verify.Report
+	if err := json.Unmarshal([]byte(out), &rep); err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	verdicts := map[string]verify.Verdict{}
+	for _, c := range rep.Capabilities {
+		for _, a := range c.Adapters {
+			verdicts[a.Adapter] = a.Verdict
+		}
+	}
+	if verdicts["pv-good"] != verify.GapClosed || verdicts["msc-new"] != verify.NotEnoughData || len(rep.Share) != 1 || !rep.Config.Guard {
+		t.Fatalf("verdicts %v, share %d, guard %v\n%s", verdicts, len(rep.Share), rep.Config.Guard, out)
+	}
+	out, err = runCLI(t, ctx, append([]string{"report", "--window", "all"}, sets...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Log(out)
+	for _, want := range []string{"closed loop (before = the base model's rollouts", "precondition_verification on sim-airline",
+		"pv-good [SIMULATED trainer]", "pv-good: gap_closed — Δ 0.700 → 0.034, below δ = 0.20", "msc-new: not_enough_data — 8 labeled failures among the routed rollouts, 20 needed",
+		"routing share in sim-airline per hour", "base model"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("table lacks %q:\n%s", want, out)
+		}
+	}
+	out, err = runCLI(t, ctx, append([]string{"report", "--loop", "--format", "csv"}, sets...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if lines := strings.Split(strings.TrimSpace(out), "\n"); len(lines) != 3 || !strings.Contains(out, ",pv-good,active,true,") || !strings.Contains(out, "gap_closed") {
+		t.Fatalf("csv:\n%s", out)
+	}
+	// Once the router has recorded decisions, the share is theirs.
+	if err := st.InsertRouteDecisions(ctx, []sink.RouteDecisionRow{
+		{At: act, RequestID: "q1", DecisionID: "d1", ConversationID: "c1", Environment: "sim-airline", Endpoint: "proxy", Adapter: "pv-good", Outcome: "ok"},
+		{At: act, RequestID: "q2", DecisionID: "d1", ConversationID: "c1", Environment: "sim-airline", Endpoint: "proxy", Adapter: "pv-good", Cached: true, Outcome: "ok"},
+		{At: act, RequestID: "q3", DecisionID: "d2", ConversationID: "c2", Environment: "sim-airline", Endpoint: "proxy", Outcome: "ok"},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	out, err = runCLI(t, ctx, append([]string{"report", "--loop", "--format", "json"}, sets...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rep = verify.Report{}
+	if err := json.Unmarshal([]byte(out), &rep); err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Share) != 1 || rep.Share[0].Source != "route_decisions" || len(rep.Share[0].Totals) != 1 || rep.Share[0].Totals[0] != 2 ||
+		rep.Share[0].Share["pv-good"][0] != 0.5 {
+		t.Fatalf("decision share: %+v", rep.Share)
 	}
 }

@@ -38,6 +38,7 @@ import (
 	"github.com/traceops/trace/internal/stream"
 	"github.com/traceops/trace/sink"
 	"github.com/traceops/trace/synthesizer/envserver"
+	"github.com/traceops/trace/verify"
 )
 
 // App is a running trace process.
@@ -49,7 +50,8 @@ type App struct {
 	Bus       *bus.Bus
 	Dicts     *analyzer.Registry
 	Evaluator *analyzer.Evaluator
-	Adapt     *adapter.Stage // with the adapt role, after Run started
+	Adapt     *adapter.Stage  // with the adapt role, after Run started
+	Verify    *verify.Checker // the closed loop's guard, with the adapt role
 	Brokers   []string
 	NATSURL   string
 	Dialer    *kafka.Dialer
@@ -517,6 +519,7 @@ func (a *App) addAdapt(ctx context.Context, g *run.Group) error {
 	addActor(g, ctx, "adapt-events", func(ctx context.Context) error { return st.RunEvents(ctx, ec) })
 	every := a.Cfg.Adapter.DeadlineCheck
 	addActor(g, ctx, "adapt-deadlines", func(ctx context.Context) error { return st.RunDeadlines(ctx, every) })
+	a.addGuard(ctx, g, reg)
 	a.Log.Info("adapt role: training jobs from ready environments", "backend", a.Cfg.Adapter.Backend, "preset", a.Cfg.Adapter.Plan.Preset,
 		"env_server", pc.EnvServerURL, "planner", planner != nil, "serving", a.Cfg.Adapter.Serving.Enabled, "auto_activate", a.Cfg.Adapter.AutoActivate)
 	return nil

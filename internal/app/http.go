@@ -15,6 +15,7 @@ import (
 	"github.com/traceops/trace/internal/dashboard"
 	"github.com/traceops/trace/synthesizer"
 	"github.com/traceops/trace/synthesizer/envserver"
+	"github.com/traceops/trace/verify"
 )
 
 // httpServer serves /healthz, /readyz and /metrics for every role, so that
@@ -34,6 +35,9 @@ func (a *App) httpServer() *http.Server {
 			deps.Store = a.Store
 			deps.Environments = synthesizer.SinkStore{Rows: a.Store}
 			deps.Training = a.Store
+			// Read-only: the dashboard reports; the adapt role's guard acts.
+			deps.Loop = verify.Reporter{Checker: verify.New(a.Cfg.Verify, a.Store, nil, nil, a.Log),
+				Shares: []verify.ShareSource{verify.DecisionShares{Store: a.Store}, a.Store}}
 		}
 		protected.Handle("/", dashboard.New(deps))
 		if a.envSrv != nil && a.Cfg.Env.Addr == "" {

@@ -100,7 +100,7 @@ func (b *Bus) ensure(ctx context.Context, cfg Config) error {
 	for _, sc := range append([]jetstream.StreamConfig{
 		{Name: StreamSynthesis, Subjects: []string{SubjectSynthesis + ".>"}, Storage: jetstream.FileStorage, Duplicates: dup},
 		{Name: StreamEnvReady, Subjects: []string{SubjectEnvReady + ".>", SubjectEnvReady}, Storage: jetstream.FileStorage, Duplicates: dup},
-	}, trainingStreams(dup)...) {
+	}, append(trainingStreams(dup), adapterStreams(dup)...)...) {
 		// Existing streams are left as operators configured them (replicas,
 		// limits); only missing ones are created.
 		if _, err := b.JS.Stream(ctx, sc.Name); err == nil {

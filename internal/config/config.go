@@ -29,6 +29,7 @@ import (
 	"github.com/traceops/trace/sink"
 	"github.com/traceops/trace/synthesizer"
 	"github.com/traceops/trace/synthesizer/envserver"
+	"github.com/traceops/trace/verify"
 )
 
 // Config is the whole configuration of `trace run` and `trace demo`.
@@ -40,10 +41,13 @@ type Config struct {
 	NATS       bus.Config  `koanf:"nats"`
 	Analyzer   Analyzer    `koanf:"analyzer"`
 	Adapter    Adapter     `koanf:"adapter"`
-	LLM        LLM         `koanf:"llm"`
-	HTTP       HTTP        `koanf:"http"`
-	Dictionary []string    `koanf:"dictionaries"` // YAML files applied at start (besides the built-in example)
-	Embedded   Embedded    `koanf:"embedded"`
+	// Verify is the closed loop (TRACE step 4): each adapter's effect on its
+	// capability, and the guard the adapt role runs.
+	Verify     verify.Config `koanf:"verify"`
+	LLM        LLM           `koanf:"llm"`
+	HTTP       HTTP          `koanf:"http"`
+	Dictionary []string      `koanf:"dictionaries"` // YAML files applied at start (besides the built-in example)
+	Embedded   Embedded      `koanf:"embedded"`
 	// Synthesizer is the synthesize role (TRACE step 2): attempts, the
 	// calibration run and its bands, the policy model of each cohort.
 	Synthesizer synthesizer.Settings `koanf:"synthesizer"`
@@ -258,6 +262,7 @@ func Default() Config {
 		Adapter: Adapter{Backend: "nats", Command: defaultCommandBackend(), Webhook: defaultWebhookBackend(), Plan: defaultPlan(),
 			DeadlineCheck: 30 * time.Second, Planner: DefaultPlanner(), Serving: DefaultServing()},
 		Router: DefaultRouter(),
+		Verify: verify.Config{Guard: true}.Defaults(),
 	}
 }
 
@@ -416,6 +421,9 @@ func (c Config) Validate() error {
 		errs = append(errs, err)
 	}
 	if err := c.Adapter.Plan.Validate("adapter.plan."); err != nil {
+		errs = append(errs, err)
+	}
+	if err := c.Verify.Defaults().Validate("verify."); err != nil {
 		errs = append(errs, err)
 	}
 	if c.Adapter.DeadlineCheck <= 0 {

@@ -9,6 +9,7 @@
 //	/environments     synthesized environments (environments.go): status, attempts, calibration
 //	/environment      one environment: request, attempts, calibration histogram, program
 //	/training         training jobs (training.go): status, reward curve per job, adapters
+//	/loop             the closed loop (loop.go): each adapter's effect on its capability, the guard, the routing share
 //	/api/overview     the JSON of each page (same structs, same queries)
 //	/api/capability
 //	/api/triggers
@@ -84,6 +85,9 @@ type Deps struct {
 	Training TrainingStore
 	// Labeling is the labeler setup, for saying why a cohort has no labels.
 	Labeling analyzer.LabelingSetup
+	// Loop is the closed loop (the /loop page); nil: that page says it is
+	// not configured.
+	Loop LoopSource
 }
 
 //go:embed assets templates
@@ -125,6 +129,8 @@ func New(d Deps) http.Handler {
 	mux.HandleFunc("GET /environments", s.pageEnvironments)
 	mux.HandleFunc("GET /environment", s.pageEnvironment)
 	mux.HandleFunc("GET /training", s.pageTraining)
+	mux.HandleFunc("GET /loop", s.pageLoop)
+	mux.HandleFunc("GET /api/loop", s.apiLoop)
 	mux.HandleFunc("GET /api/{$}", s.apiIndex)
 	mux.HandleFunc("GET /api/overview", apiHandler(s, parseOverview, (*server).overview))
 	mux.HandleFunc("GET /api/capability", apiHandler(s, parseCapability, (*server).capability))
@@ -327,6 +333,7 @@ func (s *server) apiIndex(w http.ResponseWriter, _ *http.Request) {
 			"/api/environments/{id}":         "the whole record of one environment",
 			"/api/environments/{id}/program": "its program (text/x-starlark)",
 			"/api/training":                  "?limit=100: training jobs with their reward curves, and the adapter registry",
+			"/api/loop":                      "?hours=168|all&bucket=hour|day: the closed loop per capability and the routing share",
 		},
 	})
 }

@@ -16,7 +16,7 @@ import (
 
 type pageTemplate struct{ t *template.Template }
 
-var pageNames = []string{"overview", "capability", "triggers", "trends", "environments", "environment", "training", "error"}
+var pageNames = []string{"overview", "capability", "triggers", "trends", "environments", "environment", "training", "loop", "error"}
 
 func mustParsePages() map[string]*pageTemplate {
 	out := map[string]*pageTemplate{}

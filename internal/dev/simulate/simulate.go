@@ -337,7 +337,61 @@ func RolloutID(seed uint64, i int) string {
 }
 
 // Rollout returns rollout i.
-func (g *Generator) Rollout(i int) *schemas.Rollout {
+func (g *Generator) Rollout(i int) *schemas.Rollout { return g.rollout(i, nil) }
+
+// Effect is what serving a conversation with an adapter does to it in the
+// simulation — the stand-in for a trained adapter, since no model is
+// trained: a capability in Fixes is never lacking (its planted deficit is
+// gone), one in Breaks is lacking with the given probability whenever the
+// task exercises it (a harmful adapter). Adapter and DecisionID end up in
+// the rollout's routing field and its metadata["sim"]["served_by"].
+type Effect struct {
+	Adapter, DecisionID, ConversationID string
+	Fixes                               []string
+	Breaks                              map[string]float64
+}
+
+// RolloutWith is rollout i served under the effect: the same task, the
+// same conversation up to the deficits the effect changes, the same draws
+// otherwise (Rollout(i) and RolloutWith(i, Effect{}) differ only in the
+// routing fields).
+func (g *Generator) RolloutWith(i int, eff Effect) *schemas.Rollout { return g.rollout(i, &eff) }
+
+// Plan is what a router sees of rollout i before it is played: its cohort,
+// its conversation's system prompt and first user turn, and the
+// capabilities its task exercises (the simulation's ground truth, which a
+// simulated classifier may use; a real one reads only the messages).
+type Plan struct {
+	Environment, AgentVersion, TaskID string
+	System, FirstUser                 string
+	Needed                            []string
+	Deficits                          map[string]float64 // the agent version's planted deficit rates
+}
+
+// Plan returns rollout i's plan.
+func (g *Generator) Plan(i int) Plan {
+	r := g.rollout(i, nil)
+	p := Plan{Environment: r.Environment, AgentVersion: r.Agent.Version, TaskID: r.TaskID}
+	for _, m := range r.Messages {
+		if m.Role == "system" && p.System == "" {
+			p.System = m.Content
+		}
+		if m.Role == "user" {
+			p.FirstUser = m.Content
+			break
+		}
+	}
+	sim, _ := r.Metadata["sim"].(map[string]any)
+	p.Needed, _ = sim["needed"].([]string)
+	for _, a := range g.cfg.Fleet {
+		if a.Version == p.AgentVersion && slices.Contains(a.Environments, p.Environment) {
+			p.Deficits = a.Deficits
+		}
+	}
+	return p
+}
+
+func (g *Generator) rollout(i int, eff *Effect) *schemas.Rollout {
 	rng := rand.New(rand.NewPCG(mix64(g.cfg.Seed), mix64(uint64(i)^0x5851f42d4c957f2d)))
 	u := rng.Float64() * g.cum[len(g.cum)-1]
 	ai := 0
@@ -353,7 +407,16 @@ func (g *Generator) Rollout(i int) *schemas.Rollout {
 	needed := t.needed()
 	for _, c := range Capabilities { // always draw, so rng use does not depend on the task
 		p := rng.Float64()
-		if needed[c] && p < agent.Deficits[c] {
+		rate := agent.Deficits[c]
+		if eff != nil {
+			if slices.Contains(eff.Fixes, c) {
+				rate = 0
+			}
+			if b, ok := eff.Breaks[c]; ok {
+				rate = max(rate, b)
+			}
+		}
+		if needed[c] && p < rate {
 			ep.drawn[c] = true
 		}
 	}
@@ -408,6 +471,14 @@ func (g *Generator) Rollout(i int) *schemas.Rollout {
 				"failure_cause": cause,
 			},
 		},
+	}
+	if eff != nil && (eff.Adapter != "" || eff.DecisionID != "" || eff.ConversationID != "") {
+		r.ConversationID = eff.ConversationID
+		if eff.DecisionID != "" || eff.Adapter != "" {
+			r.Routing = &schemas.Routing{DecisionID: eff.DecisionID, Adapter: eff.Adapter}
+		}
+		r.Metadata["sim"].(map[string]any)["served_by"] = map[string]any{"adapter": eff.Adapter, "decision_id": eff.DecisionID,
+			"fixes": nonNil(eff.Fixes), "simulated_effect": "the simulation's stand-in for a trained adapter: no model was trained"}
 	}
 	return r
 }

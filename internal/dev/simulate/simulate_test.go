@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
+	"reflect"
 	"regexp"
 	"slices"
 	"strings"
@@ -389,4 +390,55 @@ func TestPyJSON(t *testing.T) {
 	if got != want || !json.Valid([]byte(got)) {
 		t.Errorf("pyJSON = %s", got)
 	}
+}
+
+// An Effect changes only what it says: the same task and first user turn,
+// fixed deficits gone, broken ones planted, routing recorded.
+func TestRolloutWithEffect(t *testing.T) {
+	g := New(Config{Seed: 7})
+	fixedSome, brokeSome := false, false
+	for i := range 400 {
+		base := g.Rollout(i)
+		p := g.Plan(i)
+		if p.Environment != base.Environment || p.AgentVersion != base.Agent.Version || p.TaskID != base.TaskID || p.FirstUser == "" {
+			t.Fatalf("plan %d = %+v", i, p)
+		}
+		if same := g.RolloutWith(i, Effect{}); !reflect.DeepEqual(same, base) {
+			t.Fatalf("rollout %d: an empty effect changed it", i)
+		}
+		fixed := g.RolloutWith(i, Effect{Adapter: "pv", DecisionID: "d1", ConversationID: "c1", Fixes: Capabilities})
+		if fixed.TaskID != base.TaskID || fixed.Routing == nil || fixed.Routing.Adapter != "pv" || fixed.ConversationID != "c1" {
+			t.Fatalf("rollout %d: %+v %+v", i, fixed.Routing, fixed.ConversationID)
+		}
+		if first := firstUser(fixed); first != p.FirstUser {
+			t.Fatalf("rollout %d: the first user turn changed under the effect: %q vs %q", i, first, p.FirstUser)
+		}
+		sim := fixed.Metadata["sim"].(map[string]any)
+		if n := len(sim["planted"].([]string)); n != 0 {
+			t.Fatalf("rollout %d: every deficit fixed, %d planted", i, n)
+		}
+		if len(base.Metadata["sim"].(map[string]any)["planted"].([]string)) > 0 {
+			fixedSome = true
+		}
+		broke := g.RolloutWith(i, Effect{Adapter: "bad", Breaks: map[string]float64{ToolErrorRecovery: 1}})
+		bs := broke.Metadata["sim"].(map[string]any)
+		if slices.Contains(bs["needed"].([]string), ToolErrorRecovery) {
+			if !slices.Contains(bs["drawn"].([]string), ToolErrorRecovery) {
+				t.Fatalf("rollout %d: tool_error_recovery needed and broken, not drawn", i)
+			}
+			brokeSome = true
+		}
+	}
+	if !fixedSome || !brokeSome {
+		t.Fatalf("the sample never exercised the effect: fixed %v broke %v", fixedSome, brokeSome)
+	}
+}
+
+func firstUser(r *schemas.Rollout) string {
+	for _, m := range r.Messages {
+		if m.Role == "user" {
+			return m.Content
+		}
+	}
+	return ""
 }

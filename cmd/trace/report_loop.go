@@ -1,0 +1,166 @@
+package main
+
+import (
+	"context"
+	"encoding/csv"
+	"encoding/json"
+	"fmt"
+	"io"
+	"sort"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/traceops/trace/internal/config"
+	"github.com/traceops/trace/sink"
+	"github.com/traceops/trace/verify"
+)
+
+// loopReport is the closed loop of `trace report` (--loop, and the table's
+// last section): every adapter in service or taken out, per capability, and
+// the routing share per adapter over the last shareWindow of each
+// environment (event time, hourly buckets).
+func loopReport(ctx context.Context, cfg config.Config, st *sink.Store, env string, shareWindow time.Duration) (*verify.Report, error) {
+	rep, err := verify.New(cfg.Verify, st, nil, nil, nil).Report(ctx, shareWindow, time.Hour, verify.DecisionShares{Store: st}, st)
+	if err != nil {
+		return nil, err
+	}
+	if env != "" {
+		caps := rep.Capabilities[:0]
+		for _, c := range rep.Capabilities {
+			if c.Environment == env {
+				caps = append(caps, c)
+			}
+		}
+		rep.Capabilities = caps
+		shares := rep.Share[:0]
+		for _, s := range rep.Share {
+			if s.Environment == env {
+				shares = append(shares, s)
+			}
+		}
+		rep.Share = shares
+	}
+	if rep.Capabilities == nil {
+		rep.Capabilities = []verify.CapabilityLoop{}
+	}
+	return rep, nil
+}
+
+func ci(i verify.Interval) string { return fmt.Sprintf("%.3f [%.3f, %.3f]", i.Value, i.Lo, i.Hi) }
+
+func writeLoop(w io.Writer, format string, rep *verify.Report) error {
+	switch format {
+	case "json":
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		return enc.Encode(rep)
+	case "csv":
+		cw := csv.NewWriter(w)
+		cw.Write([]string{"environment", "capability", "adapter", "status", "simulated", "activated_at", "verdict", "reason", "action",
+			"rollouts_before", "rollouts_after", "failures_before", "failures_after",
+			"delta_before", "delta_before_lo", "delta_before_hi", "delta_after", "delta_after_lo", "delta_after_hi",
+			"pass_rate_before", "pass_rate_before_lo", "pass_rate_before_hi", "pass_rate_after", "pass_rate_after_lo", "pass_rate_after_hi",
+			"er_failed_before", "er_failed_after", "er_passed_before", "er_passed_after", "cov_before", "cov_after"})
+		for _, c := range rep.Capabilities {
+			for _, a := range c.Adapters {
+				b, x := a.Before, a.After
+				cw.Write([]string{c.Environment, c.Capability, a.Adapter, a.Status, fmt.Sprint(a.Simulated), a.ActivatedAt.UTC().Format(time.RFC3339),
+					string(a.Verdict), a.Reason, a.Action, fmt.Sprint(b.Rollouts), fmt.Sprint(x.Rollouts), fmt.Sprint(b.Failures), fmt.Sprint(x.Failures),
+					f4(b.Delta.Value), f4(b.Delta.Lo), f4(b.Delta.Hi), f4(x.Delta.Value), f4(x.Delta.Lo), f4(x.Delta.Hi),
+					f4(b.PassRate.Value), f4(b.PassRate.Lo), f4(b.PassRate.Hi), f4(x.PassRate.Value), f4(x.PassRate.Lo), f4(x.PassRate.Hi),
+					f4(b.ERFailed.Value), f4(x.ERFailed.Value), f4(b.ERPassed.Value), f4(x.ERPassed.Value), f4(b.Cov.Value), f4(x.Cov.Value)})
+			}
+		}
+		cw.Flush()
+		return cw.Error()
+	}
+	if len(rep.Capabilities) == 0 {
+		fmt.Fprintln(w, "closed loop: no adapter activated yet")
+		return nil
+	}
+	guard := "on: an adapter whose verdict is worse is rolled back"
+	if !rep.Config.Guard {
+		guard = "off (verify.guard): worse adapters are only reported"
+	}
+	fmt.Fprintf(w, "closed loop (before = the base model's rollouts of the cohort before activation, after = the rollouts routed to the adapter;\n"+
+		"95 %% intervals in brackets; gap closed = Δ after < δ %.2f; at least %d labeled failures a side; guard %s):\n",
+		rep.Config.Delta, rep.Config.MinFailures, guard)
+	for _, c := range rep.Capabilities {
+		fmt.Fprintf(w, "\n%s on %s\n", c.Capability, c.Environment)
+		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+		fmt.Fprintln(tw, "  adapter\tstatus\t\trollouts\tfailures\tΔ\tpass rate\tER-\tER+\tCov\tverdict")
+		for _, a := range c.Adapters {
+			name := a.Adapter
+			if a.Simulated {
+				name += " [SIMULATED trainer]"
+			}
+			for i, s := range []verify.Stats{a.Before, a.After} {
+				side, n, st, v := "before", name, a.Status, ""
+				if i == 1 {
+					side, n, st, v = "after", "", "", string(a.Verdict)
+				}
+				fmt.Fprintf(tw, "  %s\t%s\t%s\t%d\t%d\t%s\t%s\t%.3f\t%.3f\t%.3f\t%s\n", n, st, side, s.Rollouts, s.Failures, ci(s.Delta), ci(s.PassRate),
+					s.ERFailed.Value, s.ERPassed.Value, s.Cov.Value, v)
+			}
+		}
+		if err := tw.Flush(); err != nil {
+			return err
+		}
+		for _, a := range c.Adapters {
+			line := fmt.Sprintf("  %s: %s — %s", a.Adapter, a.Verdict, a.Reason)
+			if a.Action != "" {
+				line += " [" + a.Action + "]"
+			}
+			fmt.Fprintln(w, line)
+		}
+	}
+	for _, s := range rep.Share {
+		if len(s.Buckets) == 0 {
+			continue
+		}
+		names := make([]string, 0, len(s.Share))
+		for n := range s.Share {
+			names = append(names, n)
+		}
+		sort.Strings(names)
+		fmt.Fprintf(w, "\nrouting share in %s per hour (from %s):\n", s.Environment, s.Source)
+		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+		head := []string{"  hour", map[bool]string{true: "decisions", false: "rollouts"}[s.Source == "route_decisions"]}
+		for _, n := range names {
+			head = append(head, cmpName(n))
+		}
+		fmt.Fprintln(tw, strings.Join(head, "\t"))
+		from := max(0, len(s.Buckets)-24) // the last 24 buckets
+		for i := from; i < len(s.Buckets); i++ {
+			row := []string{"  " + s.Buckets[i].UTC().Format("2006-01-02 15:04"), fmt.Sprint(s.Totals[i])}
+			for _, n := range names {
+				row = append(row, fmt.Sprintf("%.1f%%", s.Share[n][i]*100))
+			}
+			fmt.Fprintln(tw, strings.Join(row, "\t"))
+		}
+		if err := tw.Flush(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func cmpName(adapter string) string {
+	if adapter == "" {
+		return "base model"
+	}
+	return adapter
+}
+
+// loopShareWindow is the routing share's window: --window's duration, all
+// for "all", else the last 7 days of each environment.
+func loopShareWindow(window string) time.Duration {
+	if window == "all" {
+		return 0
+	}
+	if d, err := time.ParseDuration(window); err == nil && d > 0 {
+		return d
+	}
+	return 7 * 24 * time.Hour
+}

@@ -1,0 +1,164 @@
+package dashboard
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/chromedp/chromedp"
+
+	"github.com/traceops/trace/sink"
+	"github.com/traceops/trace/verify"
+	"github.com/traceops/trace/verify/verifytest"
+)
+
+// seedLoop stores two adapters on sim-airline: "pv-good", which closed its
+// gap, and "msc-bad", which made things worse and was rolled back.
+func seedLoop(t *testing.T) (*sink.Store, time.Time) {
+	t.Helper()
+	st := openStore(t)
+	ctx := context.Background()
+	act := time.Now().UTC().Truncate(time.Hour).Add(-2 * time.Hour)
+	gap := verifytest.Mix{LF: 40, PF: 10, NF: 10, LP: 5, PP: 45, NP: 10}
+	for _, a := range []verifytest.Adapter{
+		{Name: "pv-good", Capability: "precondition_verification", Environment: "sim-airline", AgentVersion: "1.4.0", ActivatedAt: act,
+			Before: gap, After: verifytest.Mix{LF: 2, PF: 28, NF: 5, LP: 2, PP: 60, NP: 3}, Simulated: true},
+		{Name: "msc-bad", Capability: "multi_step_completion", Environment: "sim-airline", AgentVersion: "1.4.0", ActivatedAt: act,
+			Before: gap, After: verifytest.Mix{LF: 45, PF: 40, NF: 5, LP: 2, PP: 13, NP: 5}},
+	} {
+		if err := verifytest.Seed(ctx, st, a); err != nil {
+			t.Fatal(err)
+		}
+	}
+	bad, err := st.Adapter(ctx, "msc-bad")
+	if err != nil {
+		t.Fatal(err)
+	}
+	meta, _ := json.Marshal(map[string]any{"activated_at": act, "rolled_back_by": "guard"})
+	if err := st.MarkAdapterRolledBack(ctx, *bad, string(meta), act.Add(time.Hour)); err != nil {
+		t.Fatal(err)
+	}
+	return st, act
+}
+
+func loopHandler(st *sink.Store) http.Handler {
+	return New(Deps{Store: st, Loop: verify.Reporter{Checker: verify.New(verify.Config{Guard: true}, st, nil, nil, nil),
+		Shares: []verify.ShareSource{verify.DecisionShares{Store: st}, st}}})
+}
+
+func TestLoopAPI(t *testing.T) {
+	st, _ := seedLoop(t)
+	srv := httptest.NewServer(loopHandler(st))
+	defer srv.Close()
+	resp, err := http.Get(srv.URL + "/api/loop?hours=all")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Fatalf("HTTP %d: %s", resp.StatusCode, body)
+	}
+	var rep verify.Report
+	if err := json.Unmarshal(body, &rep); err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]string{}
+	for _, c := range rep.Capabilities {
+		for _, a := range c.Adapters {
+			got[a.Adapter] = string(a.Verdict) + "/" + a.Status
+		}
+	}
+	if got["pv-good"] != "gap_closed/active" || got["msc-bad"] != "worse/rolled_back" || len(rep.Capabilities) != 2 {
+		t.Fatalf("verdicts %v\n%s", got, body)
+	}
+	if len(rep.Share) != 1 || rep.Share[0].Environment != "sim-airline" || len(rep.Share[0].Share) != 3 || rep.Share[0].Source != "rollouts.adapter" {
+		t.Fatalf("share: %+v", rep.Share)
+	}
+	// Every bucket's shares sum to 1.
+	sh := rep.Share[0]
+	for i := range sh.Buckets {
+		sum := 0.0
+		for _, xs := range sh.Share {
+			sum += xs[i]
+		}
+		if sum < 0.999 || sum > 1.001 {
+			t.Fatalf("bucket %s: shares sum to %v", sh.Buckets[i], sum)
+		}
+	}
+	// Without a loop source the page says so.
+	noLoop := httptest.NewServer(New(Deps{Store: st}))
+	defer noLoop.Close()
+	resp, err = http.Get(noLoop.URL + "/api/loop")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ = io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode < 400 || !strings.Contains(string(body), "closed loop is not configured") {
+		t.Fatalf("no loop: HTTP %d %s", resp.StatusCode, body)
+	}
+}
+
+// TestLoopPageInBrowser renders /loop in headless chromium: one section per
+// capability with its verdict, the rolled-back adapter marked, the routing
+// share chart drawn with a series per adapter and the base model.
+func TestLoopPageInBrowser(t *testing.T) {
+	if testing.Short() {
+		t.Skip("browser test: skipped with -short")
+	}
+	ctx := browser(t)
+	st, _ := seedLoop(t)
+	srv := httptest.NewServer(loopHandler(st))
+	defer srv.Close()
+	tctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	defer cancel()
+	resp, err := chromedp.Run(tctx, chromedp.NavigateResponse(srv.URL+"/loop?hours=all"))
+	if err != nil || resp.Status != 200 {
+		t.Fatalf("navigate: %v %v", resp, err)
+	}
+	g, err := chromedp.Run(tctx, chromedp.Evaluate[map[string]any](`(() => {
+		const rows = [...document.querySelectorAll('tr.loop-adapter')];
+		return {
+			overflowX: document.documentElement.scrollWidth > window.innerWidth,
+			sections: document.querySelectorAll('section.loop-capability').length,
+			verdicts: rows.map(r => r.dataset.adapter + '=' + r.dataset.verdict + '/' + r.dataset.status).sort().join(','),
+			badge: document.querySelector('tr[data-adapter=msc-bad] .verdict')?.textContent || '',
+			action: document.querySelector('tr[data-adapter=pv-good] .action')?.textContent || '',
+			simulated: document.querySelectorAll('tr[data-adapter=pv-good] .simulated').length,
+			delta: document.querySelector('tr[data-adapter=pv-good] td.delta')?.innerText || '',
+			series: [...document.querySelectorAll('section.share svg path.series')].filter(p => p.getBBox().width > 0 || p.getAttribute('d')).length,
+			legend: [...document.querySelectorAll('section.share .legend .key')].map(e => e.textContent.trim()).join(','),
+			nav: document.querySelector('header nav a.active')?.textContent || '',
+		};
+	})()`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("%v", g)
+	if g["overflowX"] == true || num(g["sections"]) != 2 || g["verdicts"] != "msc-bad=worse/rolled_back,pv-good=gap_closed/active" {
+		t.Errorf("sections %v, verdicts %v, overflow %v", g["sections"], g["verdicts"], g["overflowX"])
+	}
+	if g["badge"] != "worse" || g["action"] != "" || num(g["simulated"]) != 1 || !strings.HasPrefix(g["delta"].(string), "0.700") {
+		t.Errorf("badge %q action %q simulated %v delta %q", g["badge"], g["action"], g["simulated"], g["delta"])
+	}
+	if num(g["series"]) != 3 || g["legend"] != "base model,msc-bad,pv-good" || g["nav"] != "Closed loop" {
+		t.Errorf("share chart: %v series, legend %q, nav %q", g["series"], g["legend"], g["nav"])
+	}
+	shot, err := chromedp.Run(tctx, chromedp.FullScreenshot(100))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := filepath.Join(artifactsDir(t), "loop-full.png")
+	if err := os.WriteFile(p, shot, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("screenshot: %s", p)
+}

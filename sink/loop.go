@@ -1,0 +1,239 @@
+package sink
+
+import (
+	"context"
+	"fmt"
+	"time"
+)
+
+// The closed loop's reads (package verify): the per-rollout labels of one
+// capability on the rollouts an adapter served and on its cohort before it
+// was activated, and the routing share per adapter over time. They live
+// here, apart from the window queries the analyzer uses, and read tables
+// that exist already (rollouts' routing columns, migration 9;
+// route_decisions, migration 10) — no migration of their own.
+
+// LoopSample selects the rollouts one side of a before/after comparison is
+// computed on, and the capability whose labels are read for them.
+//
+//   - Adapter set: the "after" side, the rollouts of the cohort
+//     (Environment, AgentVersion) routed to that adapter (rollouts.adapter
+//     = Adapter). Other agent versions the router sent to the adapter are
+//     left out: both sides are the same cohort.
+//   - Adapter empty: the "before" side, the base model's rollouts
+//     (rollouts.adapter is empty) of the cohort (Environment, AgentVersion) that
+//     ended before Until.
+//
+// Either side keeps the Limit most recent rollouts (by end time).
+type LoopSample struct {
+	Environment       string
+	AgentVersion      string
+	Adapter           string
+	Until             time.Time // the before side only: end_time < Until
+	DictionaryVersion uint32
+	Capability        string
+	Limit             int
+}
+
+// RolloutLabels are one rollout's labels for one capability: Labels[run]
+// is NA, PRESENT, LACKING, or "" when that run has not labeled it.
+type RolloutLabels struct {
+	RolloutID string
+	Success   bool
+	Labels    []string
+}
+
+// DefaultLoopLimit bounds a sample when LoopSample.Limit is 0.
+const DefaultLoopLimit = 5000
+
+// loopRolloutsSQL is the subquery selecting a sample's rollout ids.
+//
+// A rollout is routed to an adapter when it says so (rollout v1's routing
+// field, rollouts.adapter) or, for producers that send only the
+// conversation id, when the router's latest decision for its conversation
+// chose the adapter (route_decisions, joined on RouteByConversationSQL).
+// The before side keeps the base model's rollouts: no adapter, and no
+// decision for another adapter found through the conversation.
+func loopRolloutsSQL(s LoopSample) (string, []any) {
+	limit := s.Limit
+	if limit <= 0 {
+		limit = DefaultLoopLimit
+	}
+	joined := `(adapter = '' AND route_decision_id = '' AND conversation_id != '' AND conversation_id IN (
+			SELECT conversation_id FROM (` + RouteByConversationSQL + `) WHERE environment = ? AND %s))`
+	if s.Adapter != "" {
+		return fmt.Sprintf(`SELECT rollout_id FROM rollouts WHERE environment = ? AND agent_version = ? AND (adapter = ? OR `+fmt.Sprintf(joined, "adapter = ?")+`)
+		GROUP BY rollout_id ORDER BY max(end_time) DESC, rollout_id LIMIT %d`, limit),
+			[]any{s.Environment, s.AgentVersion, s.Adapter, s.Environment, s.Adapter}
+	}
+	return fmt.Sprintf(`SELECT rollout_id FROM rollouts WHERE environment = ? AND agent_version = ? AND adapter = '' AND toUInt32(end_time) < ?
+		AND NOT `+fmt.Sprintf(joined, "adapter != ''")+`
+		GROUP BY rollout_id ORDER BY max(end_time) DESC, rollout_id LIMIT %d`, limit),
+		[]any{s.Environment, s.AgentVersion, unixSec(s.Until), s.Environment}
+}
+
+// loopLabelsSQL is LoopLabels' query: per (rollout, run) the most recently
+// ingested label of the capability and the rollout's outcome.
+func loopLabelsSQL(s LoopSample) (string, []any) {
+	sub, subArgs := loopRolloutsSQL(s)
+	q := `SELECT rollout_id, run, argMax(label, ingest_ns) AS l, argMax(success, ingest_ns) AS ok
+	FROM capability_labels
+	WHERE environment = ? AND dictionary_version = ? AND capability = ? AND rollout_id IN (` + sub + `)
+	GROUP BY rollout_id, run
+	ORDER BY rollout_id, run`
+	return q, append([]any{s.Environment, s.DictionaryVersion, s.Capability}, subArgs...)
+}
+
+// LoopLabels returns the sample's labeled rollouts, ordered by id. A
+// rollout of the sample that no run labeled yet is absent.
+func (s *Store) LoopLabels(ctx context.Context, spec LoopSample) ([]RolloutLabels, error) {
+	q, args := loopLabelsSQL(spec)
+	rows, err := s.conn.Query(ctx, q, args...)
+	if err != nil {
+		return nil, fmt.Errorf("loop labels of %s: %w", spec.Capability, err)
+	}
+	defer rows.Close()
+	var out []RolloutLabels
+	for rows.Next() {
+		var (
+			id, label string
+			run       uint16
+			ok        uint8
+		)
+		if err := rows.Scan(&id, &run, &label, &ok); err != nil {
+			return nil, fmt.Errorf("loop labels: %w", err)
+		}
+		if len(out) == 0 || out[len(out)-1].RolloutID != id {
+			out = append(out, RolloutLabels{RolloutID: id})
+		}
+		r := &out[len(out)-1]
+		r.Success = ok == 1
+		for len(r.Labels) <= int(run) {
+			r.Labels = append(r.Labels, "")
+		}
+		r.Labels[run] = label
+	}
+	return out, rows.Err()
+}
+
+// loopDictionarySQL is LoopDictionary's query.
+const loopDictionarySQL = `SELECT max(dictionary_version), count() FROM capability_labels
+	WHERE environment = ? AND agent_version = ? AND capability = ?`
+
+// LoopDictionary is the newest dictionary version whose labels of the
+// capability exist for the cohort, 0 when there are none.
+func (s *Store) LoopDictionary(ctx context.Context, environment, agentVersion, capability string) (uint32, error) {
+	var (
+		v uint32
+		n uint64
+	)
+	if err := s.conn.QueryRow(ctx, loopDictionarySQL, environment, agentVersion, capability).Scan(&v, &n); err != nil {
+		return 0, fmt.Errorf("loop dictionary: %w", err)
+	}
+	if n == 0 {
+		return 0, nil
+	}
+	return v, nil
+}
+
+// ShareRow is the number of an environment's rollouts (RoutingShare) or
+// routing decisions (DecisionShare) of one adapter ("" for the base model)
+// in one time bucket.
+type ShareRow struct {
+	Bucket   time.Time
+	Adapter  string
+	Rollouts uint64
+}
+
+// routingShareSQL is RoutingShare's query: distinct rollouts per (bucket of
+// end time, adapter) over the window back from the environment's newest
+// rollout (event time, as the analyzer's windows; window 0: every
+// rollout). The bucket is computed on the epoch seconds, which every
+// ClickHouse version has (18.16 lacks toStartOfInterval).
+func routingShareSQL(environment string, window, bucket time.Duration) (string, []any) {
+	sec := max(int64(bucket/time.Second), 1)
+	w := int64(window / time.Second)
+	if window <= 0 {
+		w = 1 << 32
+	}
+	q := fmt.Sprintf(`SELECT toDateTime(intDiv(toUInt32(end_time), %d) * %d) AS b, adapter, uniqExact(rollout_id)
+	FROM rollouts WHERE environment = ?
+		AND toInt64(toUInt32(end_time)) >= (SELECT toInt64(toUInt32(max(end_time))) FROM rollouts WHERE environment = ?) - %d
+	GROUP BY b, adapter ORDER BY b, adapter`, sec, sec, w)
+	return q, []any{environment, environment}
+}
+
+// RoutingShare counts the environment's rollouts per adapter and time
+// bucket over the window back from its newest rollout, from
+// rollouts.adapter (the routing the rollouts themselves report).
+func (s *Store) RoutingShare(ctx context.Context, environment string, window, bucket time.Duration) ([]ShareRow, error) {
+	q, args := routingShareSQL(environment, window, bucket)
+	rows, err := s.conn.Query(ctx, q, args...)
+	if err != nil {
+		return nil, fmt.Errorf("routing share of %s: %w", environment, err)
+	}
+	defer rows.Close()
+	var out []ShareRow
+	for rows.Next() {
+		var r ShareRow
+		if err := rows.Scan(&r.Bucket, &r.Adapter, &r.Rollouts); err != nil {
+			return nil, fmt.Errorf("routing share: %w", err)
+		}
+		r.Bucket = r.Bucket.UTC()
+		out = append(out, r)
+	}
+	return out, rows.Err()
+}
+
+// decisionShareSQL is DecisionShare's query: the router's decisions (one
+// per decision id: cached repeats count once) per (bucket, adapter) over
+// the window back from the environment's newest decision.
+func decisionShareSQL(environment string, window, bucket time.Duration) (string, []any) {
+	sec := max(int64(bucket/time.Second), 1)
+	w := int64(window / time.Second)
+	if window <= 0 {
+		w = 1 << 32
+	}
+	q := fmt.Sprintf(`SELECT toDateTime(intDiv(toUInt32(ts), %d) * %d) AS b, adapter, uniqExact(decision_id)
+	FROM route_decisions WHERE environment = ?
+		AND toInt64(toUInt32(ts)) >= (SELECT toInt64(toUInt32(max(ts))) FROM route_decisions WHERE environment = ?) - %d
+	GROUP BY b, adapter ORDER BY b, adapter`, sec, sec, w)
+	return q, []any{environment, environment}
+}
+
+// DecisionShare counts the router's decisions per adapter and time bucket
+// over the window back from the environment's newest decision
+// (route_decisions; "" is the base model).
+func (s *Store) DecisionShare(ctx context.Context, environment string, window, bucket time.Duration) ([]ShareRow, error) {
+	q, args := decisionShareSQL(environment, window, bucket)
+	rows, err := s.conn.Query(ctx, q, args...)
+	if err != nil {
+		return nil, fmt.Errorf("decision share of %s: %w", environment, err)
+	}
+	defer rows.Close()
+	var out []ShareRow
+	for rows.Next() {
+		var r ShareRow
+		if err := rows.Scan(&r.Bucket, &r.Adapter, &r.Rollouts); err != nil {
+			return nil, fmt.Errorf("decision share: %w", err)
+		}
+		r.Bucket = r.Bucket.UTC()
+		out = append(out, r)
+	}
+	return out, rows.Err()
+}
+
+// MarkAdapterRolledBack saves a new version of the adapter with status
+// rolled_back and the reason in its metadata.
+//
+// This is the minimal registry write of the closed loop's guard, a
+// stand-in until the adapter lifecycle (activate / retire / rollback with
+// the vLLM unload) lands: it does not unload anything from serving. The
+// guard calls it through its own interface (verify.RollBacker), so the
+// lifecycle's transition replaces it without touching the guard.
+func (s *Store) MarkAdapterRolledBack(ctx context.Context, a AdapterRow, metadata string, now time.Time) error {
+	next := a
+	next.Status, next.Metadata, next.UpdatedAt = "rolled_back", metadata, now.UTC()
+	next.Version = max(a.Version+1, uint64(now.UnixNano()))
+	return s.SaveAdapter(ctx, next)
+}

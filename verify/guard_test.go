@@ -1,0 +1,191 @@
+package verify_test
+
+import (
+	"context"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/traceops/trace/internal/bus"
+	"github.com/traceops/trace/internal/dev/testenv"
+	"github.com/traceops/trace/schemas"
+	"github.com/traceops/trace/sink"
+	"github.com/traceops/trace/verify"
+	"github.com/traceops/trace/verify/verifytest"
+)
+
+func TestMain(m *testing.M) { testenv.Main(m) }
+
+// gap is a cohort lacking the capability: ER− 0.8, ER+ 0.1, Δ 0.7.
+var gap = verifytest.Mix{LF: 40, PF: 10, NF: 10, LP: 5, PP: 45, NP: 10}
+
+// TestGuardEndToEnd: real ClickHouse and embedded NATS. Three active
+// adapters — one that closed its gap, one that made its capability's pass
+// rate collapse, one with too little routed traffic. With the guard off
+// nothing changes; with it on, exactly the bad one is rolled back in the
+// registry and one valid adapter_event/v1 with the evidence is on
+// trace.adapters.events; a second run does nothing more.
+func TestGuardEndToEnd(t *testing.T) {
+	ctx := context.Background()
+	st := testenv.ClickHouse(t).Store()
+	ns := testenv.NATS(t)
+	b, err := bus.Connect(ctx, bus.Config{URL: ns.URL()}, "verify-test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.NC.Close()
+	act := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
+	for _, a := range []verifytest.Adapter{
+		{Name: "good", Capability: "precondition_verification", Environment: "sim-airline", AgentVersion: "1.4.0", ActivatedAt: act,
+			Before: gap, After: verifytest.Mix{LF: 2, PF: 28, NF: 5, LP: 2, PP: 60, NP: 3}},
+		{Name: "bad", Capability: "multi_step_completion", Environment: "sim-airline", AgentVersion: "1.4.0", ActivatedAt: act.Add(time.Minute),
+			Before: gap, After: verifytest.Mix{LF: 45, PF: 40, NF: 5, LP: 2, PP: 13, NP: 5}, Simulated: true},
+		{Name: "fresh", Capability: "argument_grounding", Environment: "sim-retail", AgentVersion: "1.5.0", ActivatedAt: act,
+			Before: gap, After: verifytest.Mix{LF: 3, PF: 2, PP: 10}},
+	} {
+		if err := verifytest.Seed(ctx, st, a); err != nil {
+			t.Fatal(err)
+		}
+	}
+	log := slog.New(slog.NewTextHandler(testWriter{t}, nil))
+
+	off := verify.New(verify.Config{Guard: false}, st, verify.StoreRollBack{Store: st}, b, log)
+	checks, err := off.Guard(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]verify.Verdict{"good": verify.GapClosed, "bad": verify.Worse, "fresh": verify.NotEnoughData}
+	got := map[string]verify.AdapterCheck{}
+	for _, c := range checks {
+		got[c.Adapter] = c
+	}
+	for name, v := range want {
+		if got[name].Verdict != v {
+			t.Fatalf("%s: verdict %s (%s), want %s", name, got[name].Verdict, got[name].Reason, v)
+		}
+	}
+	if got["bad"].Action != "guard off: would roll back" || got["good"].Action != "" {
+		t.Fatalf("guard off: actions %q %q", got["bad"].Action, got["good"].Action)
+	}
+	if a, _ := st.Adapter(ctx, "bad"); a.Status != "active" {
+		t.Fatalf("guard off rolled back: %+v", a)
+	}
+	// The before side is the base cohort before activation, the after side
+	// the routed rollouts: 120 rollouts before, 100 after, 3 runs each.
+	if g := got["good"]; g.Before.Rollouts != 120 || g.After.Rollouts != 100 || g.Before.Runs != 3 || g.DictionaryVersion != 1 ||
+		!g.ActivatedAt.Equal(act) || g.Before.Delta.Value < 0.69 || g.After.Delta.Value > 0.1 {
+		t.Fatalf("good: %+v", g)
+	}
+
+	on := verify.New(verify.Config{Guard: true}, st, verify.StoreRollBack{Store: st}, b, log)
+	checks, err = on.Guard(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range checks {
+		if (c.Action == "rolled_back") != (c.Adapter == "bad") {
+			t.Fatalf("%s: action %q (verdict %s)", c.Adapter, c.Action, c.Verdict)
+		}
+	}
+	bad, err := st.Adapter(ctx, "bad")
+	if err != nil || bad.Status != "rolled_back" {
+		t.Fatalf("bad after the guard: %+v %v", bad, err)
+	}
+	if good, _ := st.Adapter(ctx, "good"); good.Status != "active" {
+		t.Fatalf("good after the guard: %+v", good)
+	}
+	act2, err := st.Adapters(ctx, sink.AdapterFilter{Status: "active"})
+	if err != nil || len(act2) != 2 {
+		t.Fatalf("active after the guard: %d %v", len(act2), err)
+	}
+
+	// A second run: bad is no longer active, nothing happens.
+	checks, err = on.Guard(ctx)
+	if err != nil || len(checks) != 2 {
+		t.Fatalf("second run: %d checks, %v", len(checks), err)
+	}
+	// The rolled-back adapter is still reported (trace report shows it).
+	all, err := on.Check(ctx, "active", "rolled_back")
+	if err != nil || len(all) != 3 {
+		t.Fatalf("check all: %d %v", len(all), err)
+	}
+	for _, c := range all {
+		if c.Adapter == "bad" && (c.Verdict != verify.Worse || !c.ActivatedAt.Equal(act.Add(time.Minute))) {
+			t.Fatalf("rolled-back adapter's check: %+v", c)
+		}
+	}
+
+	s, err := b.JS.Stream(ctx, bus.StreamAdapterEvents)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := s.Info(ctx)
+	if err != nil || info.State.Msgs != 1 {
+		t.Fatalf("adapter events: %+v %v", info.State, err)
+	}
+	msg, err := s.GetMsg(ctx, info.State.FirstSeq)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ev, err := schemas.DecodeAdapterEvent(msg.Data)
+	if err != nil {
+		t.Fatalf("the event breaks its schema: %v\n%s", err, msg.Data)
+	}
+	if msg.Subject != "trace.adapters.events" || ev.Type != "rolled_back" || ev.Adapter != "bad" || ev.By != "guard" || !ev.Simulated ||
+		ev.Evidence == nil || ev.Evidence.Verdict != "worse" || ev.Evidence.PassRateChange.Hi >= 0 || ev.Evidence.After.Rollouts != 110 {
+		t.Fatalf("event: %s", msg.Data)
+	}
+	if msg.Header.Get(jetstream.MsgIDHeader) != ev.EventID {
+		t.Fatalf("Msg-Id %q, event id %q", msg.Header.Get(jetstream.MsgIDHeader), ev.EventID)
+	}
+}
+
+type testWriter struct{ t *testing.T }
+
+func (w testWriter) Write(p []byte) (int, error) { w.t.Log(string(p)); return len(p), nil }
+
+// TestGuardRunLoop: Run rolls a worse adapter back on its own schedule
+// and returns nil when its context ends.
+func TestGuardRunLoop(t *testing.T) {
+	ctx := context.Background()
+	st := testenv.ClickHouse(t).Store()
+	ns := testenv.NATS(t)
+	b, err := bus.Connect(ctx, bus.Config{URL: ns.URL()}, "verify-test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.NC.Close()
+	c := verify.New(verify.Config{Guard: true, Interval: 200 * time.Millisecond}, st, verify.StoreRollBack{Store: st}, b, nil)
+	runCtx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- c.Run(runCtx) }()
+	// The adapter turns up after the guard started.
+	time.Sleep(300 * time.Millisecond)
+	if err := verifytest.Seed(ctx, st, verifytest.Adapter{Name: "bad", Capability: "multi_step_completion", Environment: "sim-airline",
+		AgentVersion: "1.4.0", ActivatedAt: time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC),
+		Before: gap, After: verifytest.Mix{LF: 45, PF: 40, NF: 5, LP: 2, PP: 13, NP: 5}}); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		a, err := st.Adapter(ctx, "bad")
+		if err == nil && a != nil && a.Status == "rolled_back" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("not rolled back: %+v %v", a, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("Run returned %v on shutdown", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Run did not return after its context ended")
+	}
+}

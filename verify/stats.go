@@ -1,0 +1,277 @@
+package verify
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"slices"
+
+	"github.com/traceops/trace/analyzer"
+	"github.com/traceops/trace/sink"
+)
+
+// z95 is the standard normal quantile of a two-sided 95 % interval.
+const z95 = 1.959963984540054
+
+// Interval is an estimate with its 95 % confidence interval [Lo, Hi].
+type Interval struct {
+	Value float64 `json:"value"`
+	Lo    float64 `json:"lo"`
+	Hi    float64 `json:"hi"`
+}
+
+func (i Interval) String() string { return fmt.Sprintf("%.3f [%.3f, %.3f]", i.Value, i.Lo, i.Hi) }
+
+// Wilson is the Wilson score interval of a proportion p observed on n
+// trials (n may be fractional: a mean over labeling runs). n = 0 gives
+// [0, 1].
+func Wilson(p, n float64) Interval {
+	if n <= 0 {
+		return Interval{Value: p, Lo: 0, Hi: 1}
+	}
+	z2 := z95 * z95
+	den := 1 + z2/n
+	center := (p + z2/(2*n)) / den
+	half := z95 * math.Sqrt(p*(1-p)/n+z2/(4*n*n)) / den
+	return Interval{Value: p, Lo: max(0, center-half), Hi: min(1, center+half)}
+}
+
+// Newcombe is the interval of the difference after − before of two
+// independent proportions from their Wilson intervals (Newcombe 1998,
+// method 10, the hybrid score interval).
+func Newcombe(before, after Interval) Interval {
+	d := after.Value - before.Value
+	lo := d - math.Sqrt(sq(after.Value-after.Lo)+sq(before.Hi-before.Value))
+	hi := d + math.Sqrt(sq(after.Hi-after.Value)+sq(before.Value-before.Lo))
+	return Interval{Value: d, Lo: lo, Hi: hi}
+}
+
+func sq(x float64) float64 { return x * x }
+
+// Label codes of a sample.
+const (
+	labelNA      int8 = 0
+	labelPresent int8 = 1
+	labelLacking int8 = 2
+)
+
+// Sample is one side of a comparison: complete labeled rollouts of one
+// capability, every rollout labeled in each of Runs runs.
+type Sample struct {
+	Runs    int
+	success []bool
+	labels  [][]int8 // [rollout][run]
+	// Incomplete counts the rollouts left out because some run had not
+	// labeled them (yet), or labeled them with an unknown label.
+	Incomplete int
+}
+
+// Len is the number of rollouts in the sample.
+func (s Sample) Len() int { return len(s.success) }
+
+// NewSample keeps the rollouts labeled in every run: the number of runs is
+// the most any rollout of the sample has. A rollout whose runs are still
+// arriving is left out (and counted) instead of skewing one run's ratios,
+// as the analyzer's windows do.
+func NewSample(rs []sink.RolloutLabels) Sample {
+	runs := 0
+	for _, r := range rs {
+		runs = max(runs, len(r.Labels))
+	}
+	s := Sample{Runs: runs}
+next:
+	for _, r := range rs {
+		if len(r.Labels) != runs {
+			s.Incomplete++
+			continue
+		}
+		ls := make([]int8, runs)
+		for i, l := range r.Labels {
+			switch l {
+			case "NA":
+				ls[i] = labelNA
+			case "PRESENT":
+				ls[i] = labelPresent
+			case "LACKING":
+				ls[i] = labelLacking
+			default:
+				s.Incomplete++
+				continue next
+			}
+		}
+		s.success = append(s.success, r.Success)
+		s.labels = append(s.labels, ls)
+	}
+	return s
+}
+
+// counts are the per-run label counts of the rollouts idx (all when nil).
+func (s Sample) counts(idx []int) []analyzer.Counts {
+	cs := make([]analyzer.Counts, s.Runs)
+	add := func(i int) {
+		for r, l := range s.labels[i] {
+			c := &cs[r]
+			switch {
+			case !s.success[i] && l == labelLacking:
+				c.LackingFailed++
+			case !s.success[i] && l == labelPresent:
+				c.PresentFailed++
+			case !s.success[i]:
+				c.NAFailed++
+			case l == labelLacking:
+				c.LackingPassed++
+			case l == labelPresent:
+				c.PresentPassed++
+			default:
+				c.NAPassed++
+			}
+		}
+	}
+	if idx == nil {
+		for i := range s.success {
+			add(i)
+		}
+	} else {
+		for _, i := range idx {
+			add(i)
+		}
+	}
+	return cs
+}
+
+// meanDelta is the mean over runs of Δ = ER− − ER+ (analyzer.ComputeRun).
+func meanDelta(cs []analyzer.Counts) float64 {
+	if len(cs) == 0 {
+		return 0
+	}
+	var sum float64
+	for _, c := range cs {
+		sum += analyzer.ComputeRun(c, analyzer.DefaultThresholds).Delta
+	}
+	return sum / float64(len(cs))
+}
+
+// Stats are a capability's statistics on one side of the comparison.
+//
+// ER−, ER+, Δ and Cov are TRACE's (analyzer.ComputeRun per labeling run,
+// then the mean over runs, as the selection reports them). Their
+// intervals: Wilson for the proportions ER−, ER+ and Cov, with n the mean
+// number of rollouts in the ratio's denominator per run (labels of one
+// rollout in different runs are not independent trials, so n counts
+// rollouts, not labels); a percentile bootstrap over rollouts for Δ.
+//
+// PassRate is the share of passed rollouts among those that need the
+// capability (labeled PRESENT or LACKING in at least half of the runs), so
+// that routed rollouts — chosen because they need it — are compared with
+// the same kind of rollouts before activation; Wilson interval.
+type Stats struct {
+	Rollouts   int      `json:"rollouts"`
+	Failures   int      `json:"failures"`
+	Needed     int      `json:"needed"`
+	Runs       int      `json:"runs"`
+	Incomplete int      `json:"incomplete,omitempty"`
+	ERFailed   Interval `json:"er_failed"`
+	ERPassed   Interval `json:"er_passed"`
+	Delta      Interval `json:"delta"`
+	Cov        Interval `json:"cov"`
+	PassRate   Interval `json:"pass_rate"`
+}
+
+// point computes everything but Δ's interval.
+func (s Sample) point() Stats {
+	st := Stats{Rollouts: s.Len(), Runs: s.Runs, Incomplete: s.Incomplete}
+	passedNeeded := 0
+	for i, ok := range s.success {
+		if !ok {
+			st.Failures++
+		}
+		need := 0
+		for _, l := range s.labels[i] {
+			if l != labelNA {
+				need++
+			}
+		}
+		if s.Runs > 0 && 2*need >= s.Runs {
+			st.Needed++
+			if ok {
+				passedNeeded++
+			}
+		}
+	}
+	cs := s.counts(nil)
+	var erf, erp, cov, delta, nf, np []float64
+	for _, c := range cs {
+		r := analyzer.ComputeRun(c, analyzer.DefaultThresholds)
+		erf, erp, cov, delta = append(erf, r.ERFailed), append(erp, r.ERPassed), append(cov, r.Cov), append(delta, r.Delta)
+		nf, np = append(nf, float64(c.LackingFailed+c.PresentFailed)), append(np, float64(c.LackingPassed+c.PresentPassed))
+	}
+	mean := func(xs []float64) float64 { m, _ := analyzer.MeanStd(xs); return m }
+	st.ERFailed = Wilson(mean(erf), mean(nf))
+	st.ERPassed = Wilson(mean(erp), mean(np))
+	st.Cov = Wilson(mean(cov), float64(st.Failures))
+	st.Delta = Interval{Value: mean(delta), Lo: -1, Hi: 1}
+	st.PassRate = Wilson(ratio(passedNeeded, st.Needed), float64(st.Needed))
+	return st
+}
+
+func ratio(a, b int) float64 {
+	if b == 0 {
+		return 0
+	}
+	return float64(a) / float64(b)
+}
+
+// resample draws n indices with replacement into idx.
+func resample(rng *rand.Rand, idx []int, n int) []int {
+	idx = idx[:0]
+	for range n {
+		idx = append(idx, rng.IntN(n))
+	}
+	return idx
+}
+
+// percentile is the q-quantile of sorted xs (linear interpolation).
+func percentile(xs []float64, q float64) float64 {
+	if len(xs) == 0 {
+		return 0
+	}
+	pos := q * float64(len(xs)-1)
+	lo := int(math.Floor(pos))
+	hi := min(lo+1, len(xs)-1)
+	return xs[lo] + (pos-float64(lo))*(xs[hi]-xs[lo])
+}
+
+// bootstrapDelta returns the percentile intervals of Δ before, Δ after
+// and their difference after − before, from b resamples of each side's
+// rollouts (independently), drawn from rng.
+func bootstrapDelta(before, after Sample, b int, rng *rand.Rand) (db, da, diff Interval) {
+	pb, pa := meanDelta(before.counts(nil)), meanDelta(after.counts(nil))
+	db, da, diff = Interval{Value: pb, Lo: pb, Hi: pb}, Interval{Value: pa, Lo: pa, Hi: pa}, Interval{Value: pa - pb, Lo: pa - pb, Hi: pa - pb}
+	if b <= 0 || before.Len() == 0 || after.Len() == 0 {
+		if before.Len() == 0 {
+			db.Lo, db.Hi = -1, 1
+		}
+		if after.Len() == 0 {
+			da.Lo, da.Hi = -1, 1
+		}
+		if before.Len() == 0 || after.Len() == 0 {
+			diff.Lo, diff.Hi = -2, 2
+		}
+		return db, da, diff
+	}
+	xb, xa, xd := make([]float64, b), make([]float64, b), make([]float64, b)
+	var ib, ia []int
+	for k := range b {
+		ib, ia = resample(rng, ib, before.Len()), resample(rng, ia, after.Len())
+		xb[k], xa[k] = meanDelta(before.counts(ib)), meanDelta(after.counts(ia))
+		xd[k] = xa[k] - xb[k]
+	}
+	for _, p := range []struct {
+		xs []float64
+		iv *Interval
+	}{{xb, &db}, {xa, &da}, {xd, &diff}} {
+		slices.Sort(p.xs)
+		p.iv.Lo, p.iv.Hi = percentile(p.xs, 0.025), percentile(p.xs, 0.975)
+	}
+	return db, da, diff
+}

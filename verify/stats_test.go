@@ -1,0 +1,193 @@
+package verify
+
+import (
+	"fmt"
+	"math"
+	"strings"
+	"testing"
+
+	"github.com/traceops/trace/analyzer"
+	"github.com/traceops/trace/sink"
+)
+
+// mix is a sample's composition: rollouts per (outcome, label), the same
+// label in every run.
+type mix struct{ LF, PF, NF, LP, PP, NP int }
+
+func (m mix) rollouts(prefix string, runs int) []sink.RolloutLabels {
+	var out []sink.RolloutLabels
+	add := func(n int, ok bool, label string) {
+		for range n {
+			ls := make([]string, runs)
+			for r := range ls {
+				ls[r] = label
+			}
+			out = append(out, sink.RolloutLabels{RolloutID: fmt.Sprintf("%s-%d", prefix, len(out)), Success: ok, Labels: ls})
+		}
+	}
+	add(m.LF, false, "LACKING")
+	add(m.PF, false, "PRESENT")
+	add(m.NF, false, "NA")
+	add(m.LP, true, "LACKING")
+	add(m.PP, true, "PRESENT")
+	add(m.NP, true, "NA")
+	return out
+}
+
+func near(a, b, tol float64) bool { return math.Abs(a-b) <= tol }
+
+func TestWilson(t *testing.T) {
+	for _, tc := range []struct {
+		p, n, lo, hi float64
+	}{
+		{0.5, 100, 0.4038, 0.5962},
+		{0, 10, 0, 0.2775},
+		{1, 10, 0.7225, 1},
+		{0.2, 50, 0.1124, 0.3304},
+		{0.3, 0, 0, 1}, // no trials: nothing known
+	} {
+		got := Wilson(tc.p, tc.n)
+		if !near(got.Lo, tc.lo, 5e-4) || !near(got.Hi, tc.hi, 5e-4) || got.Value != tc.p {
+			t.Errorf("Wilson(%v, %v) = %v, want [%.4f, %.4f]", tc.p, tc.n, got, tc.lo, tc.hi)
+		}
+	}
+}
+
+// Newcombe (1998), table II, example (a): 56/70 − 48/80, method 10 gives
+// 0.0524 to 0.3339.
+func TestNewcombe(t *testing.T) {
+	got := Newcombe(Wilson(48.0/80, 80), Wilson(56.0/70, 70))
+	if !near(got.Value, 0.2, 1e-9) || !near(got.Lo, 0.0524, 5e-4) || !near(got.Hi, 0.3339, 5e-4) {
+		t.Fatalf("Newcombe = %v, want 0.2000 [0.0524, 0.3339]", got)
+	}
+}
+
+func TestNewSampleDropsIncompleteRollouts(t *testing.T) {
+	rs := []sink.RolloutLabels{
+		{RolloutID: "a", Labels: []string{"LACKING", "PRESENT", "LACKING"}},
+		{RolloutID: "b", Labels: []string{"LACKING", "PRESENT"}},            // run 2 still missing
+		{RolloutID: "c", Labels: []string{"LACKING", "", "NA"}},             // run 1 missing
+		{RolloutID: "d", Success: true, Labels: []string{"NA", "NA", "NA"}}, // complete
+	}
+	s := NewSample(rs)
+	if s.Runs != 3 || s.Len() != 2 || s.Incomplete != 2 {
+		t.Fatalf("runs %d, kept %d, incomplete %d; want 3, 2, 2", s.Runs, s.Len(), s.Incomplete)
+	}
+}
+
+// The point statistics are the analyzer's: the mean over runs of
+// ComputeRun, when the runs disagree.
+func TestStatsAreTheAnalyzersMeanOverRuns(t *testing.T) {
+	rs := []sink.RolloutLabels{
+		{RolloutID: "1", Labels: []string{"LACKING", "PRESENT"}},
+		{RolloutID: "2", Labels: []string{"LACKING", "LACKING"}},
+		{RolloutID: "3", Labels: []string{"PRESENT", "NA"}},
+		{RolloutID: "4", Success: true, Labels: []string{"PRESENT", "LACKING"}},
+		{RolloutID: "5", Success: true, Labels: []string{"NA", "PRESENT"}},
+	}
+	st := NewSample(rs).point()
+	r0 := analyzer.ComputeRun(analyzer.Counts{LackingFailed: 2, PresentFailed: 1, PresentPassed: 1, NAPassed: 1}, analyzer.DefaultThresholds)
+	r1 := analyzer.ComputeRun(analyzer.Counts{LackingFailed: 1, PresentFailed: 1, NAFailed: 1, LackingPassed: 1, PresentPassed: 1}, analyzer.DefaultThresholds)
+	for _, c := range []struct {
+		name      string
+		got, want float64
+	}{
+		{"ER−", st.ERFailed.Value, (r0.ERFailed + r1.ERFailed) / 2},
+		{"ER+", st.ERPassed.Value, (r0.ERPassed + r1.ERPassed) / 2},
+		{"Δ", st.Delta.Value, (r0.Delta + r1.Delta) / 2},
+		{"Cov", st.Cov.Value, (r0.Cov + r1.Cov) / 2},
+	} {
+		if !near(c.got, c.want, 1e-12) {
+			t.Errorf("%s = %v, want %v", c.name, c.got, c.want)
+		}
+	}
+	// Needed: non-NA in at least half the runs: 1, 2, 3 (1 of 2), 4, 5 (1 of 2).
+	if st.Rollouts != 5 || st.Failures != 3 || st.Needed != 5 || !near(st.PassRate.Value, 0.4, 1e-12) {
+		t.Fatalf("rollouts %d failures %d needed %d pass rate %v", st.Rollouts, st.Failures, st.Needed, st.PassRate)
+	}
+}
+
+func TestVerdicts(t *testing.T) {
+	cfg := Config{MinFailures: 20}.Defaults()
+	// Before: ER− 0.8, ER+ 0.1, Δ 0.7; pass rate among rollouts that need
+	// the capability 50/100.
+	gap := mix{LF: 40, PF: 10, NF: 10, LP: 5, PP: 45, NP: 10}
+	for _, tc := range []struct {
+		name          string
+		before, after mix
+		runs          int
+		want          Verdict
+		reason        string
+	}{
+		{"the deficit is gone on routed rollouts", gap, mix{LF: 2, PF: 28, NF: 5, LP: 2, PP: 60, NP: 3}, 3, GapClosed, "below δ"},
+		{"Δ lower but not below δ", gap, mix{LF: 25, PF: 25, NF: 5, LP: 5, PP: 45, NP: 5}, 3, Improved, "Δ fell"},
+		{"pass rate higher, Δ unchanged", mix{LF: 30, PF: 30, NF: 10, LP: 2, PP: 38, NP: 10}, mix{LF: 16, PF: 14, NF: 25, LP: 2, PP: 68, NP: 10}, 1, Improved, "pass rate rose"},
+		{"the same as before", gap, gap, 3, NoChange, "no significant change"},
+		{"pass rate collapses", gap, mix{LF: 40, PF: 40, NF: 5, LP: 2, PP: 18, NP: 5}, 3, Worse, "pass rate fell"},
+		{"Δ grows", mix{LF: 20, PF: 30, NF: 10, LP: 5, PP: 45, NP: 10}, mix{LF: 45, PF: 5, NF: 10, LP: 5, PP: 45, NP: 10}, 3, Worse, "Δ rose"},
+		{"too few routed failures", gap, mix{LF: 5, PF: 5, NF: 5, LP: 1, PP: 30}, 3, NotEnoughData, "15 labeled failures among the routed rollouts, 20 needed"},
+		{"too few failures before", mix{LF: 5, PF: 5, LP: 5, PP: 45}, gap, 3, NotEnoughData, "10 labeled failures before activation"},
+		{"nothing routed yet", gap, mix{}, 3, NotEnoughData, "0 labeled failures among the routed rollouts"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := Compare(NewSample(tc.before.rollouts("b", tc.runs)), NewSample(tc.after.rollouts("a", tc.runs)), cfg, "ad-1")
+			if c.Verdict != tc.want || !strings.Contains(c.Reason, tc.reason) {
+				t.Fatalf("verdict %s (%s), want %s (…%s…)\nbefore %+v\nafter %+v\nΔ change %v, pass change %v",
+					c.Verdict, c.Reason, tc.want, tc.reason, c.Before, c.After, c.DeltaChange, c.PassRateChange)
+			}
+			// Every interval contains its estimate.
+			for _, iv := range []Interval{c.Before.Delta, c.After.Delta, c.Before.PassRate, c.After.PassRate, c.Before.ERFailed,
+				c.After.ERPassed, c.After.Cov, c.DeltaChange, c.PassRateChange} {
+				if iv.Lo > iv.Value+1e-12 || iv.Hi < iv.Value-1e-12 {
+					t.Errorf("interval %v does not contain its estimate", iv)
+				}
+			}
+		})
+	}
+}
+
+// The bootstrap is seeded: the same data and key give the same interval;
+// its width shrinks as the sample grows.
+func TestBootstrapIsSeededAndNarrowsWithData(t *testing.T) {
+	cfg := Config{}.Defaults()
+	small := mix{LF: 12, PF: 8, NF: 4, LP: 3, PP: 17, NP: 4}
+	big := mix{LF: 120, PF: 80, NF: 40, LP: 30, PP: 170, NP: 40}
+	b := NewSample(small.rollouts("b", 2))
+	c1 := Compare(b, NewSample(small.rollouts("a", 2)), cfg, "x")
+	c2 := Compare(b, NewSample(small.rollouts("a", 2)), cfg, "x")
+	if c1.DeltaChange != c2.DeltaChange || c1.After.Delta != c2.After.Delta {
+		t.Fatalf("same seed, different intervals: %v vs %v", c1.DeltaChange, c2.DeltaChange)
+	}
+	if c3 := Compare(b, NewSample(small.rollouts("a", 2)), cfg, "y"); c3.DeltaChange == c1.DeltaChange {
+		t.Fatalf("another adapter's resamples should differ: %v", c3.DeltaChange)
+	}
+	cb := Compare(NewSample(big.rollouts("b", 2)), NewSample(big.rollouts("a", 2)), cfg, "x")
+	ws, wb := c1.After.Delta.Hi-c1.After.Delta.Lo, cb.After.Delta.Hi-cb.After.Delta.Lo
+	if !(wb < ws/2) || ws <= 0 {
+		t.Fatalf("Δ interval width %v with 10× the data, %v with the small sample", wb, ws)
+	}
+	// Δ = 0.6 − 0.15 = 0.45 in both; the small sample's interval covers it.
+	if !near(c1.After.Delta.Value, 0.45, 1e-12) || c1.After.Delta.Lo > 0.45 || c1.After.Delta.Hi < 0.45 {
+		t.Fatalf("Δ %v", c1.After.Delta)
+	}
+}
+
+func TestConfigValidateNamesTheField(t *testing.T) {
+	for _, tc := range []struct {
+		cfg  Config
+		want string
+	}{
+		{Config{Delta: 1.5}, "verify.delta"},
+		{Config{MinFailures: -1}, "verify.min_failures"},
+		{Config{Bootstrap: 10}, "verify.bootstrap"},
+		{Config{Interval: -1}, "verify.interval"},
+	} {
+		err := tc.cfg.Defaults().Validate("verify.")
+		if err == nil || !strings.HasPrefix(err.Error(), tc.want+":") {
+			t.Errorf("%+v: %v, want %s", tc.cfg, err, tc.want)
+		}
+	}
+	if err := (Config{}).Defaults().Validate("verify."); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -1,0 +1,149 @@
+package verify
+
+import (
+	"cmp"
+	"fmt"
+	"hash/fnv"
+	"math/rand/v2"
+	"strings"
+	"time"
+
+	"github.com/traceops/trace/analyzer"
+)
+
+// Verdict is what the closed loop concludes about an adapter.
+type Verdict string
+
+// The verdicts, in the order they are decided.
+const (
+	// NotEnoughData: fewer routed failures (or failures before activation)
+	// than Config.MinFailures; nothing else is concluded.
+	NotEnoughData Verdict = "not_enough_data"
+	// Worse: the pass rate is significantly lower after activation, or Δ
+	// significantly higher (the 95 % interval of the change excludes 0).
+	// The guard rolls the adapter back.
+	Worse Verdict = "worse"
+	// GapClosed: Δ on the routed rollouts is below δ, the selection's
+	// threshold: the capability would no longer be selected on them.
+	GapClosed Verdict = "gap_closed"
+	// Improved: Δ significantly lower or the pass rate significantly
+	// higher, but Δ is still at least δ.
+	Improved Verdict = "improved"
+	// NoChange: none of the above.
+	NoChange Verdict = "no_change"
+)
+
+// Config configures the closed loop (koanf prefix verify.).
+type Config struct {
+	// Delta is δ: "gap closed" means Δ after activation below it. Default
+	// the selection's δ, 0.20.
+	Delta float64 `koanf:"delta"`
+	// MinFailures is the fewest labeled failures each side needs before a
+	// verdict other than not_enough_data (default 20).
+	MinFailures int `koanf:"min_failures"`
+	// Bootstrap is the number of resamples of Δ's interval (default 1000).
+	Bootstrap int `koanf:"bootstrap"`
+	// Seed seeds the bootstrap (with a hash of the adapter's name), so the
+	// same data always give the same intervals (default 1).
+	Seed uint64 `koanf:"seed"`
+	// SampleLimit is the most rollouts read per side, the most recent
+	// (default 5000).
+	SampleLimit int `koanf:"sample_limit"`
+	// Guard rolls back an adapter whose verdict is worse. On in trace's
+	// default configuration (verify.guard: true); off, the verdict is still
+	// reported and logged. Defaults leaves it as it is.
+	Guard bool `koanf:"guard"`
+	// Interval is how often the guard checks the active adapters (default
+	// 1m).
+	Interval time.Duration `koanf:"interval"`
+}
+
+// Defaults fills the zero fields.
+func (c Config) Defaults() Config {
+	c.Delta = cmp.Or(c.Delta, analyzer.DefaultThresholds.Delta)
+	c.MinFailures = cmp.Or(c.MinFailures, 20)
+	c.Bootstrap = cmp.Or(c.Bootstrap, 1000)
+	c.Seed = cmp.Or(c.Seed, 1)
+	c.SampleLimit = cmp.Or(c.SampleLimit, 5000)
+	c.Interval = cmp.Or(c.Interval, DefaultInterval)
+	return c
+}
+
+// Validate names the first field out of its domain (after Defaults).
+func (c Config) Validate(prefix string) error {
+	switch {
+	case c.Delta <= 0 || c.Delta > 1:
+		return fmt.Errorf("%sdelta: must be in (0, 1], got %v", prefix, c.Delta)
+	case c.MinFailures < 1:
+		return fmt.Errorf("%smin_failures: must be at least 1, got %d", prefix, c.MinFailures)
+	case c.Bootstrap < 100:
+		return fmt.Errorf("%sbootstrap: must be at least 100 resamples, got %d", prefix, c.Bootstrap)
+	case c.SampleLimit < 1:
+		return fmt.Errorf("%ssample_limit: must be positive, got %d", prefix, c.SampleLimit)
+	case c.Interval <= 0:
+		return fmt.Errorf("%sinterval: must be positive, got %s", prefix, c.Interval)
+	}
+	return nil
+}
+
+// Comparison is a capability's statistics before activation and on the
+// routed rollouts after it, the changes, and the verdict.
+type Comparison struct {
+	Before Stats `json:"before"`
+	After  Stats `json:"after"`
+	// DeltaChange is Δ after − Δ before, bootstrap interval.
+	DeltaChange Interval `json:"delta_change"`
+	// PassRateChange is pass rate after − before, Newcombe's interval.
+	PassRateChange Interval `json:"pass_rate_change"`
+	Verdict        Verdict  `json:"verdict"`
+	Reason         string   `json:"reason"`
+}
+
+// Compare computes both sides' statistics and the verdict. key (the
+// adapter's name) seeds the bootstrap with cfg.Seed, so a comparison is
+// reproducible. cfg must have its defaults.
+func Compare(before, after Sample, cfg Config, key string) Comparison {
+	h := fnv.New64a()
+	h.Write([]byte(key))
+	rng := rand.New(rand.NewPCG(cfg.Seed, h.Sum64()))
+	c := Comparison{Before: before.point(), After: after.point()}
+	c.Before.Delta, c.After.Delta, c.DeltaChange = bootstrapDelta(before, after, cfg.Bootstrap, rng)
+	c.PassRateChange = Newcombe(c.Before.PassRate, c.After.PassRate)
+	c.Verdict, c.Reason = decide(c, cfg)
+	return c
+}
+
+// decide applies the verdict rule, in order: not enough data, worse, gap
+// closed, improved, no change.
+func decide(c Comparison, cfg Config) (Verdict, string) {
+	if c.After.Failures < cfg.MinFailures {
+		return NotEnoughData, fmt.Sprintf("%d labeled failures among the routed rollouts, %d needed", c.After.Failures, cfg.MinFailures)
+	}
+	if c.Before.Failures < cfg.MinFailures {
+		return NotEnoughData, fmt.Sprintf("%d labeled failures before activation, %d needed", c.Before.Failures, cfg.MinFailures)
+	}
+	var worse []string
+	if c.PassRateChange.Hi < 0 {
+		worse = append(worse, fmt.Sprintf("pass rate fell %.3f → %.3f (change %s)", c.Before.PassRate.Value, c.After.PassRate.Value, c.PassRateChange))
+	}
+	if c.DeltaChange.Lo > 0 {
+		worse = append(worse, fmt.Sprintf("Δ rose %.3f → %.3f (change %s)", c.Before.Delta.Value, c.After.Delta.Value, c.DeltaChange))
+	}
+	if len(worse) > 0 {
+		return Worse, "significantly worse: " + strings.Join(worse, "; ")
+	}
+	if c.After.Delta.Value < cfg.Delta {
+		return GapClosed, fmt.Sprintf("Δ %.3f → %.3f, below δ = %.2f", c.Before.Delta.Value, c.After.Delta.Value, cfg.Delta)
+	}
+	var better []string
+	if c.DeltaChange.Hi < 0 {
+		better = append(better, fmt.Sprintf("Δ fell %.3f → %.3f (change %s)", c.Before.Delta.Value, c.After.Delta.Value, c.DeltaChange))
+	}
+	if c.PassRateChange.Lo > 0 {
+		better = append(better, fmt.Sprintf("pass rate rose %.3f → %.3f (change %s)", c.Before.PassRate.Value, c.After.PassRate.Value, c.PassRateChange))
+	}
+	if len(better) > 0 {
+		return Improved, "significantly better, Δ still ≥ δ: " + strings.Join(better, "; ")
+	}
+	return NoChange, fmt.Sprintf("no significant change: Δ %s → %s, pass rate %s → %s", c.Before.Delta, c.After.Delta, c.Before.PassRate, c.After.PassRate)
+}

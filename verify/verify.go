@@ -1,0 +1,288 @@
+// Package verify closes TRACE's loop (TRACE-METHOD.md, step 4): for every
+// adapter it measures the effect on the capability the adapter was trained
+// for, and its guard rolls back an adapter that makes things worse.
+//
+// The comparison, per adapter: the capability's ER−, ER+, Δ and Cov (the
+// analyzer's formulas, analyzer.ComputeRun, averaged over labeling runs) and
+// the pass rate on two samples of the same environment —
+//
+//   - before: the base model's rollouts of the adapter's cohort
+//     (environment, agent version) that ended before the adapter was
+//     activated;
+//   - after: the same cohort's rollouts routed to the adapter
+//     (rollouts.adapter, from rollout v1's routing field).
+//
+// Each statistic has a 95 % interval (Wilson for proportions, a seeded
+// percentile bootstrap over rollouts for Δ), and the verdict is one of
+// not_enough_data, worse, gap_closed, improved, no_change (see Verdict).
+//
+// The guard (Checker.Guard, run periodically by the adapt role of `trace
+// run`) rolls back every active adapter whose verdict is worse: it
+// publishes an adapter_event/v1 rolled_back on trace.adapters.events with
+// the evidence, so routers stop choosing it, then moves the registry entry
+// to rolled_back through RollBacker.
+package verify
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/traceops/trace/schemas"
+	"github.com/traceops/trace/sink"
+)
+
+// DefaultInterval is how often the guard runs by default.
+const DefaultInterval = time.Minute
+
+// Source reads the registry and the labeled samples (*sink.Store).
+type Source interface {
+	Adapters(ctx context.Context, f sink.AdapterFilter) ([]sink.AdapterRow, error)
+	LoopDictionary(ctx context.Context, environment, agentVersion, capability string) (uint32, error)
+	LoopLabels(ctx context.Context, spec sink.LoopSample) ([]sink.RolloutLabels, error)
+}
+
+// RollBacker moves an adapter to rolled_back in the registry and unloads
+// it from serving. reason is the guard's; metadata is the adapter's
+// metadata JSON with the guard's record merged in, for implementations
+// that store it.
+type RollBacker interface {
+	RollBack(ctx context.Context, a sink.AdapterRow, reason, metadata string) error
+}
+
+// Publisher publishes adapter transitions (*bus.Bus).
+type Publisher interface {
+	PublishAdapterEvent(ctx context.Context, e *schemas.AdapterEvent) error
+}
+
+// StoreRollBack is the minimal RollBacker: the registry write only
+// (sink.Store.MarkAdapterRolledBack), no unload from serving. trace run
+// uses the adapter lifecycle's transition (adapter.Registry.RollBack, with
+// the unload); this one serves tests and tools without a registry.
+type StoreRollBack struct{ Store *sink.Store }
+
+// RollBack implements RollBacker with the registry write alone.
+func (s StoreRollBack) RollBack(ctx context.Context, a sink.AdapterRow, _ string, metadata string) error {
+	return s.Store.MarkAdapterRolledBack(ctx, a, metadata, time.Now())
+}
+
+// AdapterCheck is one adapter's closed-loop comparison.
+type AdapterCheck struct {
+	Adapter           string    `json:"adapter"`
+	Capability        string    `json:"capability"`
+	Environment       string    `json:"environment"`
+	AgentVersion      string    `json:"agent_version"`
+	Status            string    `json:"status"`
+	Simulated         bool      `json:"simulated"`
+	ActivatedAt       time.Time `json:"activated_at"`
+	DictionaryVersion uint32    `json:"dictionary_version"`
+	Comparison
+	// Action is what the guard did: "rolled_back", "guard off: would roll
+	// back", or empty.
+	Action string `json:"action,omitempty"`
+	row    sink.AdapterRow
+}
+
+// Checker computes the comparisons and runs the guard.
+type Checker struct {
+	cfg      Config
+	src      Source
+	rollback RollBacker
+	pub      Publisher
+	log      *slog.Logger
+	now      func() time.Time
+}
+
+// New returns a Checker. rollback and pub may be nil for a read-only
+// checker (trace report, the dashboard); Guard needs both.
+func New(cfg Config, src Source, rollback RollBacker, pub Publisher, log *slog.Logger) *Checker {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &Checker{cfg: cfg.Defaults(), src: src, rollback: rollback, pub: pub, log: log, now: time.Now}
+}
+
+// Config is the effective configuration.
+func (c *Checker) Config() Config { return c.cfg }
+
+// activatedAt is when the adapter became active: the metadata's
+// activated_at when set, else the time of the last transition to active
+// the registry recorded (adapter.Registry's metadata "transitions"), else
+// the update time of its version (the activate transition's write).
+func activatedAt(a sink.AdapterRow) time.Time {
+	var m struct {
+		ActivatedAt time.Time `json:"activated_at"`
+		Transitions []struct {
+			To string    `json:"to"`
+			At time.Time `json:"at"`
+		} `json:"transitions"`
+	}
+	if json.Unmarshal([]byte(a.Metadata), &m) != nil {
+		return a.UpdatedAt
+	}
+	if !m.ActivatedAt.IsZero() {
+		return m.ActivatedAt.UTC()
+	}
+	for i := len(m.Transitions) - 1; i >= 0; i-- {
+		if t := m.Transitions[i]; t.To == "active" && !t.At.IsZero() {
+			return t.At.UTC()
+		}
+	}
+	return a.UpdatedAt
+}
+
+// Check computes the comparison of every adapter with one of the given
+// statuses (active when none), in the registry's order.
+func (c *Checker) Check(ctx context.Context, statuses ...string) ([]AdapterCheck, error) {
+	if len(statuses) == 0 {
+		statuses = []string{"active"}
+	}
+	var out []AdapterCheck
+	for _, st := range statuses {
+		rows, err := c.src.Adapters(ctx, sink.AdapterFilter{Status: st})
+		if err != nil {
+			return nil, err
+		}
+		for _, a := range rows {
+			ac, err := c.checkOne(ctx, a)
+			if err != nil {
+				return nil, fmt.Errorf("adapter %s: %w", a.Name, err)
+			}
+			out = append(out, ac)
+		}
+	}
+	return out, nil
+}
+
+func (c *Checker) checkOne(ctx context.Context, a sink.AdapterRow) (AdapterCheck, error) {
+	ac := AdapterCheck{Adapter: a.Name, Capability: a.Capability, Environment: a.Environment, AgentVersion: a.AgentVersion,
+		Status: a.Status, Simulated: a.Simulated, ActivatedAt: activatedAt(a), row: a}
+	dv, err := c.src.LoopDictionary(ctx, a.Environment, a.AgentVersion, a.Capability)
+	if err != nil {
+		return ac, err
+	}
+	ac.DictionaryVersion = dv
+	var before, after []sink.RolloutLabels
+	if dv > 0 {
+		base := sink.LoopSample{Environment: a.Environment, AgentVersion: a.AgentVersion, DictionaryVersion: dv, Capability: a.Capability, Limit: c.cfg.SampleLimit}
+		b := base
+		b.Until = ac.ActivatedAt
+		if before, err = c.src.LoopLabels(ctx, b); err != nil {
+			return ac, err
+		}
+		r := base
+		r.Adapter = a.Name
+		if after, err = c.src.LoopLabels(ctx, r); err != nil {
+			return ac, err
+		}
+	}
+	ac.Comparison = Compare(NewSample(before), NewSample(after), c.cfg, a.Name)
+	if dv == 0 {
+		ac.Reason = "no labels of " + a.Capability + " for " + a.Environment + "/" + a.AgentVersion + " yet"
+	}
+	return ac, nil
+}
+
+// Guard checks every active adapter and rolls back those whose verdict is
+// worse (when the guard is on). It returns every check, with Action set on
+// the adapters it acted on; an error of one rollback does not stop the
+// others and is returned joined.
+func (c *Checker) Guard(ctx context.Context) ([]AdapterCheck, error) {
+	checks, err := c.Check(ctx, "active")
+	if err != nil {
+		return nil, err
+	}
+	var errs []error
+	for i := range checks {
+		ac := &checks[i]
+		if ac.Verdict != Worse {
+			continue
+		}
+		if !c.cfg.Guard {
+			ac.Action = "guard off: would roll back"
+			c.log.Warn("closed loop: adapter is worse than the base model; the guard is off", "adapter", ac.Adapter,
+				"capability", ac.Capability, "reason", ac.Reason)
+			continue
+		}
+		if err := c.rollBack(ctx, ac); err != nil {
+			errs = append(errs, fmt.Errorf("roll back %s: %w", ac.Adapter, err))
+			continue
+		}
+		ac.Action, ac.Status = "rolled_back", "rolled_back"
+	}
+	return checks, errors.Join(errs...)
+}
+
+// rollBack publishes the event first (its id is deterministic per
+// registry version, so a retry after a failed registry write is dropped
+// by the stream's duplicate window) and then writes the registry: a crash
+// between the two leaves the adapter active, and the next run repeats
+// both, never a registry change the routers did not hear about.
+func (c *Checker) rollBack(ctx context.Context, ac *AdapterCheck) error {
+	if c.rollback == nil || c.pub == nil {
+		return errors.New("the guard needs a rollback and a publisher")
+	}
+	now := c.now().UTC()
+	eventID := schemas.AdapterEventID(ac.Adapter, schemas.AdapterRolledBack, ac.row.Version)
+	reason := "closed-loop guard (event " + eventID + "): " + ac.Reason
+	ev := &schemas.AdapterEvent{EventID: eventID,
+		Type: schemas.AdapterRolledBack, Adapter: ac.Adapter, Capability: ac.Capability, Environment: ac.Environment,
+		AgentVersion: ac.AgentVersion, At: now, By: "guard", Reason: reason, Simulated: ac.Simulated, Evidence: ac.Evidence()}
+	if err := c.pub.PublishAdapterEvent(ctx, ev); err != nil {
+		return err
+	}
+	meta := map[string]any{}
+	_ = json.Unmarshal([]byte(ac.row.Metadata), &meta) // a malformed metadata is replaced, not fatal
+	meta["activated_at"] = ac.ActivatedAt
+	meta["rolled_back_at"] = now
+	meta["rolled_back_by"] = "guard"
+	meta["rollback_reason"] = reason
+	meta["rollback_event"] = ev.EventID
+	data, _ := json.Marshal(meta)
+	if err := c.rollback.RollBack(ctx, ac.row, reason, string(data)); err != nil {
+		return err
+	}
+	c.log.Warn("closed loop: adapter rolled back", "adapter", ac.Adapter, "capability", ac.Capability,
+		"environment", ac.Environment, "reason", ac.Reason, "event", ev.EventID)
+	return nil
+}
+
+// Evidence is the comparison in the adapter event's form.
+func (ac AdapterCheck) Evidence() *schemas.Evidence {
+	iv := func(i Interval) schemas.Interval { return schemas.Interval{Value: i.Value, Lo: i.Lo, Hi: i.Hi} }
+	side := func(s Stats) schemas.Side {
+		return schemas.Side{Rollouts: s.Rollouts, Failures: s.Failures, Delta: iv(s.Delta), PassRate: iv(s.PassRate)}
+	}
+	dc, pc := iv(ac.DeltaChange), iv(ac.PassRateChange)
+	return &schemas.Evidence{Verdict: string(ac.Verdict), Before: side(ac.Before), After: side(ac.After), DeltaChange: &dc, PassRateChange: &pc}
+}
+
+// Run runs the guard every cfg.Interval until ctx ends; a failed run is
+// logged and retried at the next tick. It returns nil when ctx ends (the
+// run in flight finishes first: a rollback is never cut between the event
+// and the registry write by shutdown, only by a crash).
+func (c *Checker) Run(ctx context.Context) error {
+	t := time.NewTicker(c.cfg.Interval)
+	defer t.Stop()
+	for {
+		// The run is not cancelled by shutdown: it finishes what it
+		// started, bounded by one interval.
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), max(c.cfg.Interval, 30*time.Second))
+		checks, err := c.Guard(rctx)
+		cancel()
+		if err != nil {
+			c.log.Warn("closed loop: guard run", "err", err)
+		}
+		for _, ac := range checks {
+			c.log.Debug("closed loop", "adapter", ac.Adapter, "verdict", ac.Verdict, "reason", ac.Reason)
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+	}
+}

@@ -1,0 +1,87 @@
+// Package verifytest stores constructed closed-loop data in ClickHouse for
+// tests: an adapter in the registry, its cohort's labeled rollouts before
+// activation and the labeled rollouts routed to it. It is test support,
+// never used by trace itself.
+package verifytest
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/traceops/trace/schemas"
+	"github.com/traceops/trace/sink"
+)
+
+// Mix is a sample's composition: rollouts per (outcome, label), the same
+// label in every run. L/P/N = LACKING/PRESENT/NA, F/P = failed/passed.
+type Mix struct{ LF, PF, NF, LP, PP, NP int }
+
+// Adapter is one adapter with its before and after samples.
+type Adapter struct {
+	Name, Capability, Environment, AgentVersion string
+	ActivatedAt                                 time.Time
+	Before, After                               Mix
+	Runs                                        int // labeling runs (0 = 3)
+	Dictionary                                  uint32
+	Simulated                                   bool
+}
+
+// Seed stores the adapter (status active, updated at ActivatedAt), its
+// before rollouts (base model, ending in the hour before activation) and
+// its after rollouts (routed to it, in the hour after), each with its
+// labels.
+func Seed(ctx context.Context, st *sink.Store, a Adapter) error {
+	runs := a.Runs
+	if runs == 0 {
+		runs = 3
+	}
+	dv := a.Dictionary
+	if dv == 0 {
+		dv = 1
+	}
+	if err := st.SaveAdapter(ctx, sink.AdapterRow{Name: a.Name, JobID: "job-" + a.Name, Capability: a.Capability, Environment: a.Environment,
+		AgentVersion: a.AgentVersion, BaseModel: "base", URI: "file:///adapters/" + a.Name, Status: "active", Simulated: a.Simulated,
+		Metadata: `{"trainer":"verifytest"}`, CreatedAt: a.ActivatedAt.Add(-time.Hour), UpdatedAt: a.ActivatedAt,
+		Version: uint64(a.ActivatedAt.UnixNano())}); err != nil {
+		return err
+	}
+	var rows []sink.RolloutRow
+	var labels []sink.LabelRow
+	add := func(side string, m Mix, start time.Time, adapter string) {
+		i := 0
+		put := func(n int, ok bool, label string) {
+			for range n {
+				id := fmt.Sprintf("%s-%s-%04d", a.Name, side, i)
+				end := start.Add(time.Duration(i) * time.Second)
+				i++
+				r := sink.RolloutRow{RolloutID: id, Environment: a.Environment, AgentName: "bot", AgentVersion: a.AgentVersion, TaskID: id,
+					Success: ok, StartTime: end.Add(-time.Minute), EndTime: end, Messages: "[]", Tools: "[]", Grader: "{}", Metadata: "{}", Adapter: adapter}
+				if ok {
+					r.Reward = 1
+				}
+				if adapter != "" {
+					r.ConversationID, r.RouteDecisionID = "conv-"+id, "dec-"+id
+				}
+				rows = append(rows, r)
+				for run := range runs {
+					labels = append(labels, sink.LabelRow{LabelEvent: schemas.LabelEvent{RolloutID: id, Environment: a.Environment,
+						AgentVersion: a.AgentVersion, DictionaryVersion: dv, Capability: a.Capability, Run: uint16(run), Label: label,
+						Success: ok, Reward: r.Reward, Source: "verifytest", TS: end}})
+				}
+			}
+		}
+		put(m.LF, false, "LACKING")
+		put(m.PF, false, "PRESENT")
+		put(m.NF, false, "NA")
+		put(m.LP, true, "LACKING")
+		put(m.PP, true, "PRESENT")
+		put(m.NP, true, "NA")
+	}
+	add("before", a.Before, a.ActivatedAt.Add(-time.Hour), "")
+	add("after", a.After, a.ActivatedAt.Add(time.Minute), a.Name)
+	if err := st.InsertRollouts(ctx, rows); err != nil {
+		return err
+	}
+	return st.InsertLabels(ctx, labels)
+}
