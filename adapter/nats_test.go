@@ -54,8 +54,15 @@ type role struct {
 
 func startRole(t *testing.T, b *bus.Bus, st *sink.Store) *role {
 	t.Helper()
+	return startRolePlan(t, b, st, fastPlan(), 200*time.Millisecond)
+}
+
+// startRolePlan starts the adapt role with the plan pc, checking deadlines
+// every deadlineEvery.
+func startRolePlan(t *testing.T, b *bus.Bus, st *sink.Store, pc plan.Config, deadlineEvery time.Duration) *role {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	s, err := adapter.NewStage(adapter.Config{Plan: fastPlan(), Store: st, Claims: b, Backend: dispatch.NATS{Pub: b},
+	s, err := adapter.NewStage(adapter.Config{Plan: pc, Store: st, Claims: b, Backend: dispatch.NATS{Pub: b},
 		Log: slog.New(slog.NewTextHandler(testWriter{t}, nil))})
 	if err != nil {
 		t.Fatal(err)
@@ -72,7 +79,7 @@ func startRole(t *testing.T, b *bus.Bus, st *sink.Store) *role {
 	for _, fn := range []func() error{
 		func() error { return s.RunReady(ctx, rc) },
 		func() error { return s.RunEvents(ctx, ec) },
-		func() error { return s.RunDeadlines(ctx, 200*time.Millisecond) },
+		func() error { return s.RunDeadlines(ctx, deadlineEvery) },
 	} {
 		r.wg.Add(1)
 		go func() {

@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
-	"log/slog"
 	"math"
 	"net/http/httptest"
 	"os"
@@ -16,7 +15,6 @@ import (
 	"time"
 
 	"github.com/traceops/trace/adapter"
-	"github.com/traceops/trace/adapter/dispatch"
 	"github.com/traceops/trace/adapter/plan"
 	"github.com/traceops/trace/internal/bus"
 	"github.com/traceops/trace/internal/dev/testenv"
@@ -210,7 +208,7 @@ func TestReferenceTrainerSmoke(t *testing.T) {
 	zero := 0.0
 	pc.Defaults = plan.Settings{BaseModel: model, LoRARank: 4, LoRAAlpha: 8, GroupSize: 4, GroupsPerIteration: 1, Iterations: 2,
 		LearningRate: 1e-4, HintRatio: &zero, EvalSeeds: 2, EvalRollouts: 2}
-	role := startRoleWith(t, b, st, pc)
+	role := startRolePlan(t, b, st, pc, time.Second)
 	defer role.stop()
 
 	// The trainer, as a worker on the nats protocol.
@@ -396,40 +394,6 @@ func mean(xs []float64) float64 {
 func lastLine(s string) string {
 	s = strings.TrimSpace(s)
 	return s[strings.LastIndex(s, "\n")+1:]
-}
-
-// startRoleWith runs the adapt role with plan configuration pc.
-func startRoleWith(t *testing.T, b *bus.Bus, st *sink.Store, pc plan.Config) *role {
-	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	s, err := adapter.NewStage(adapter.Config{Plan: pc, Store: st, Claims: b, Backend: dispatch.NATS{Pub: b},
-		Log: slog.New(slog.NewTextHandler(testWriter{t}, nil))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	rc, err := b.ReadyConsumer(ctx, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ec, err := b.TrainingEventsConsumer(ctx, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	r := &role{stage: s, cancel: cancel}
-	for _, fn := range []func() error{
-		func() error { return s.RunReady(ctx, rc) },
-		func() error { return s.RunEvents(ctx, ec) },
-		func() error { return s.RunDeadlines(ctx, time.Second) },
-	} {
-		r.wg.Add(1)
-		go func() {
-			defer r.wg.Done()
-			if err := fn(); err != nil {
-				t.Errorf("adapt role: %v", err)
-			}
-		}()
-	}
-	return r
 }
 
 // startRefTrainer runs python -m trace_trainer --nats; the returned
