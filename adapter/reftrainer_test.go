@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"log/slog"
 	"math"
 	"net/http/httptest"
 	"os"
@@ -15,6 +16,7 @@ import (
 	"time"
 
 	"github.com/traceops/trace/adapter"
+	"github.com/traceops/trace/adapter/dispatch"
 	"github.com/traceops/trace/adapter/plan"
 	"github.com/traceops/trace/internal/bus"
 	"github.com/traceops/trace/internal/dev/testenv"
@@ -376,8 +378,51 @@ func TestReferenceTrainerSmoke(t *testing.T) {
 		ev["episodes"].(float64) != 4 {
 		t.Errorf("adapter row %+v; succeeded eval %v; held-out rewards on the server %v", a, ev, evalRewards)
 	}
-	t.Logf("smoke test: %d episodes, %d tool calls reached the server, rewards per step %v, held-out %v (base %v), %.1fs in all",
+	t.Logf("smoke test (nats protocol): %d episodes, %d tool calls reached the server, rewards per step %v, held-out %v (base %v), %.1fs in all",
 		len(recs), toolCalls, stepReward, evalRewards, ev["base_mean_reward"], time.Since(t0).Seconds())
+
+	// The same trainer on the command protocol: plan revision 2 of the
+	// environment, run by the command backend as `python -m trace_trainer
+	// --spec {spec}` (events as JSON lines on its stdout, its exit code
+	// mapped), on the model built above.
+	tc := time.Now()
+	cb, err := dispatch.NewCommand(dispatch.CommandConfig{Argv: []string{py, "-m", "trace_trainer", "--spec", "{spec}"}, Dir: trainerDir,
+		SpecDir: t.TempDir(), Timeout: 10 * time.Minute}.WithDefaults(), slog.New(slog.NewTextHandler(testWriter{t}, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cs, err := adapter.NewStage(adapter.Config{Plan: pc, Store: st, Claims: b, Backend: cb, Log: slog.New(slog.NewTextHandler(testWriter{t}, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cb.Reporter = cs
+	runCtx, stopRun := context.WithCancel(ctx)
+	defer stopRun()
+	go func() { _ = cb.Run(runCtx) }()
+	res, _, err := cs.DispatchReady(ctx, ready, 2)
+	if err != nil || !res.Dispatched {
+		t.Fatalf("command dispatch: %+v %v", res, err)
+	}
+	cb.Wait()
+	cj, err := st.TrainingJob(ctx, res.JobID)
+	if err != nil || cj == nil {
+		t.Fatalf("job %s: %v", res.JobID, err)
+	}
+	if cj.Status != adapter.StatusSucceeded || cj.Backend != "command" || cj.Iteration != 2 {
+		t.Fatalf("command job %s: %s backend %s iteration %d (%s)", res.JobID, cj.Status, cj.Backend, cj.Iteration, cj.Reason)
+	}
+	ctypes, _ := historyTypes(t, st, res.JobID)
+	if count(ctypes, "started") != 1 || count(ctypes, "progress") != 2 || count(ctypes, "succeeded") != 1 || count(ctypes, "malformed") != 0 {
+		t.Fatalf("command job history: %v", ctypes)
+	}
+	ca, err := st.Adapter(ctx, cj.AdapterName)
+	if err != nil || ca == nil || ca.JobID != res.JobID || ca.Status != adapter.AdapterCandidate {
+		t.Fatalf("command job's adapter %s: %+v %v", cj.AdapterName, ca, err)
+	}
+	if _, err := os.Stat(filepath.Join(strings.TrimPrefix(ca.URI, "file://"), "adapter_model.safetensors")); err != nil {
+		t.Errorf("command job's adapter files: %v", err)
+	}
+	t.Logf("smoke test (command protocol): job %s %s, adapter %s, %.1fs", res.JobID, cj.Status, ca.Name, time.Since(tc).Seconds())
 }
 
 func mean(xs []float64) float64 {
