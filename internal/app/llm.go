@@ -4,8 +4,6 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"sync"
-	"time"
 
 	"github.com/traceops/trace/analyzer"
 	"github.com/traceops/trace/internal/config"
@@ -87,83 +85,23 @@ func newLLMLabeler(a *App) (analyzer.Labeler, error) {
 }
 
 // AuditRecorder buffers LLM audit rows and writes them to ClickHouse
-// llm_calls in batches (every second, or at 1,000 rows). RecordLLMCall never
-// blocks; when ClickHouse is down the buffer keeps up to 100,000 rows and
-// then drops the oldest, counting them in the log (the audit must never stall
-// labeling).
+// llm_calls in batches (sink.Batcher: every second, or at 1,000 rows).
+// RecordLLMCall never blocks; when ClickHouse is down the buffer keeps up
+// to 100,000 rows and then drops the oldest, counting them in the log (the
+// audit must never stall labeling).
 type AuditRecorder struct {
-	st  *sink.Store
-	log *slog.Logger
-
-	mu      sync.Mutex
-	buf     []sink.LLMCall
-	dropped int
-	kick    chan struct{}
+	b sink.Batcher[sink.LLMCall]
 }
-
-const auditMax = 100000
 
 // NewAuditRecorder returns a recorder; Run writes its rows.
 func NewAuditRecorder(st *sink.Store, log *slog.Logger) *AuditRecorder {
-	return &AuditRecorder{st: st, log: log, kick: make(chan struct{}, 1)}
+	return &AuditRecorder{b: sink.Batcher[sink.LLMCall]{Insert: st.InsertLLMCalls, Name: "llm audit", Log: log}}
 }
 
 // RecordLLMCall implements llm.Recorder.
 func (r *AuditRecorder) RecordLLMCall(_ context.Context, rec llm.AuditRecord) {
-	c := sink.LLMCall(rec)
-	r.mu.Lock()
-	if len(r.buf) >= auditMax {
-		r.buf = r.buf[1:]
-		r.dropped++
-	}
-	r.buf = append(r.buf, c)
-	full := len(r.buf) >= 1000
-	r.mu.Unlock()
-	if full {
-		select {
-		case r.kick <- struct{}{}:
-		default:
-		}
-	}
+	r.b.Add(sink.LLMCall(rec))
 }
 
 // Run flushes until ctx ends, then flushes once more.
-func (r *AuditRecorder) Run(ctx context.Context) error {
-	t := time.NewTicker(time.Second)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			fctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			defer cancel()
-			r.flush(fctx)
-			return nil
-		case <-t.C:
-		case <-r.kick:
-		}
-		r.flush(ctx)
-	}
-}
-
-func (r *AuditRecorder) flush(ctx context.Context) {
-	r.mu.Lock()
-	rows, dropped := r.buf, r.dropped
-	r.buf, r.dropped = nil, 0
-	r.mu.Unlock()
-	if dropped > 0 {
-		r.log.Warn("llm audit: buffer full while ClickHouse was unavailable; oldest rows dropped", "dropped", dropped)
-	}
-	if len(rows) == 0 {
-		return
-	}
-	if err := r.st.InsertLLMCalls(ctx, rows); err != nil {
-		r.log.Warn("llm audit: insert failed; will retry", "rows", len(rows), "err", err)
-		r.mu.Lock()
-		r.buf = append(rows, r.buf...)
-		if over := len(r.buf) - auditMax; over > 0 {
-			r.buf = r.buf[over:]
-			r.dropped += over
-		}
-		r.mu.Unlock()
-	}
-}
+func (r *AuditRecorder) Run(ctx context.Context) error { return r.b.Run(ctx) }

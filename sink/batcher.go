@@ -1,0 +1,118 @@
+package sink
+
+import (
+	"context"
+	"log/slog"
+	"sync"
+	"time"
+)
+
+// Batcher holds rows in memory and writes them in batches with Insert:
+// every Every (default 1s), or as soon as FlushAt rows (default 1,000) are
+// waiting. Add never blocks on I/O. A failed write keeps its rows for the
+// next one; while ClickHouse is down at most Max rows (default 100,000)
+// are held, the oldest dropped beyond that and counted in the log, so a
+// record that must never stall its caller (an audit, a routing decision)
+// never does.
+type Batcher[T any] struct {
+	Insert  func(ctx context.Context, rows []T) error
+	Name    string // in the log lines
+	Log     *slog.Logger
+	Every   time.Duration
+	FlushAt int
+	Max     int
+
+	once    sync.Once
+	mu      sync.Mutex
+	buf     []T
+	dropped int
+	kick    chan struct{}
+}
+
+func (b *Batcher[T]) init() {
+	b.once.Do(func() {
+		b.kick = make(chan struct{}, 1)
+		if b.Every <= 0 {
+			b.Every = time.Second
+		}
+		if b.FlushAt <= 0 {
+			b.FlushAt = 1000
+		}
+		if b.Max <= 0 {
+			b.Max = 100000
+		}
+		if b.Log == nil {
+			b.Log = slog.New(slog.DiscardHandler)
+		}
+	})
+}
+
+// Add queues a row.
+func (b *Batcher[T]) Add(row T) {
+	b.init()
+	b.mu.Lock()
+	if len(b.buf) >= b.Max {
+		b.buf = b.buf[1:]
+		b.dropped++
+	}
+	b.buf = append(b.buf, row)
+	full := len(b.buf) >= b.FlushAt
+	b.mu.Unlock()
+	if full {
+		select {
+		case b.kick <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// Run flushes until ctx ends, then flushes what is left (within 5s).
+func (b *Batcher[T]) Run(ctx context.Context) error {
+	b.init()
+	t := time.NewTicker(b.Every)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			fctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			b.Flush(fctx)
+			return nil
+		case <-t.C:
+		case <-b.kick:
+		}
+		b.Flush(ctx)
+	}
+}
+
+// Flush writes the waiting rows now; on failure they stay waiting.
+func (b *Batcher[T]) Flush(ctx context.Context) {
+	b.init()
+	b.mu.Lock()
+	rows, dropped := b.buf, b.dropped
+	b.buf, b.dropped = nil, 0
+	b.mu.Unlock()
+	if dropped > 0 {
+		b.Log.Warn(b.Name+": buffer full while ClickHouse was unavailable; oldest rows dropped", "dropped", dropped)
+	}
+	if len(rows) == 0 {
+		return
+	}
+	if err := b.Insert(ctx, rows); err != nil {
+		b.Log.Warn(b.Name+": insert failed; will retry", "rows", len(rows), "err", err)
+		b.mu.Lock()
+		b.buf = append(rows, b.buf...)
+		if over := len(b.buf) - b.Max; over > 0 {
+			b.buf = b.buf[over:]
+			b.dropped += over
+		}
+		b.mu.Unlock()
+	}
+}
+
+// Pending is the number of rows not yet written.
+func (b *Batcher[T]) Pending() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return len(b.buf)
+}
