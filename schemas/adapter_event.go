@@ -1,7 +1,6 @@
 package schemas
 
 import (
-	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -71,20 +70,11 @@ func AdapterEventID(adapter, typ string, version uint64) string {
 
 // DecodeAdapterEvent decodes and validates an adapter event strictly.
 func DecodeAdapterEvent(data []byte) (*AdapterEvent, error) {
-	doc, err := decodeDoc(data, DecodeOptions{MaxBytes: 1 << 20})
+	e, err := decodeStrict[AdapterEvent](data, KindAdapterEvent, DecodeOptions{MaxBytes: 1 << 20})
 	if err != nil {
 		return nil, err
 	}
-	if err := Validate(KindAdapterEvent, doc); err != nil {
-		return nil, err
-	}
-	var e AdapterEvent
-	dec := json.NewDecoder(bytes.NewReader(data))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&e); err != nil {
-		return nil, &Error{Reason: ReasonSchema, Msg: err.Error()}
-	}
-	return &e, nil
+	return e, nil
 }
 
 // Encode validates and encodes an event: trace never publishes an invalid

@@ -1,10 +1,8 @@
 package schemas
 
 import (
-	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
-	"encoding/json"
 	"fmt"
 	"time"
 )
@@ -102,18 +100,9 @@ func EnvironmentProgramPath(id string) string { return "/api/environments/" + id
 // strictly: the schema forbids unknown fields at every level, and the
 // ClickHouse reference must name the message's own environment and program.
 func DecodeEnvironmentReady(data []byte) (*EnvironmentReady, error) {
-	doc, err := decodeDoc(data, DecodeOptions{})
+	e, err := decodeStrict[EnvironmentReady](data, KindEnvironmentReady, DecodeOptions{})
 	if err != nil {
 		return nil, err
-	}
-	if err := Validate(KindEnvironmentReady, doc); err != nil {
-		return nil, err
-	}
-	var e EnvironmentReady
-	dec := json.NewDecoder(bytes.NewReader(data))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&e); err != nil {
-		return nil, &Error{Reason: ReasonSchema, Msg: err.Error()}
 	}
 	if e.Fetch.ClickHouse.EnvironmentID != e.EnvironmentID {
 		return nil, &Error{Reason: ReasonSchema, Path: "/fetch/clickhouse/environment_id", Rule: "consistency",
@@ -123,5 +112,5 @@ func DecodeEnvironmentReady(data []byte) (*EnvironmentReady, error) {
 		return nil, &Error{Reason: ReasonSchema, Path: "/fetch/clickhouse/program_hash", Rule: "consistency",
 			Msg: fmt.Sprintf("%q is not the program's hash %q", e.Fetch.ClickHouse.ProgramHash, e.Program.Hash)}
 	}
-	return &e, nil
+	return e, nil
 }

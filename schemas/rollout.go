@@ -178,6 +178,25 @@ func explainRollout(data []byte, why string) error {
 
 // decodeDoc performs the checks shared by every message kind up to a generic
 // JSON value with json.Number numbers.
+// decodeStrict validates data against kind's schema and decodes it into a
+// T, refusing fields the Go type does not know.
+func decodeStrict[T any](data []byte, kind Kind, opt DecodeOptions) (*T, error) {
+	doc, err := decodeDoc(data, opt)
+	if err != nil {
+		return nil, err
+	}
+	if err := Validate(kind, doc); err != nil {
+		return nil, err
+	}
+	var v T
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&v); err != nil {
+		return nil, &Error{Reason: ReasonSchema, Msg: err.Error()}
+	}
+	return &v, nil
+}
+
 func decodeDoc(data []byte, opt DecodeOptions) (any, error) {
 	if err := precheck(data, opt); err != nil {
 		return nil, err

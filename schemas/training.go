@@ -1,7 +1,6 @@
 package schemas
 
 import (
-	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -160,18 +159,9 @@ func TrainingEventsSubject(jobID string) string { return SubjectTrainingEvents +
 // unknown field at any level), and checks that its id, events subject and
 // revision agree.
 func DecodeTrainingJob(data []byte) (*TrainingJob, error) {
-	doc, err := decodeDoc(data, DecodeOptions{})
+	j, err := decodeStrict[TrainingJob](data, KindTrainingJob, DecodeOptions{})
 	if err != nil {
 		return nil, err
-	}
-	if err := Validate(KindTrainingJob, doc); err != nil {
-		return nil, err
-	}
-	var j TrainingJob
-	dec := json.NewDecoder(bytes.NewReader(data))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&j); err != nil {
-		return nil, &Error{Reason: ReasonSchema, Msg: err.Error()}
 	}
 	if want := TrainingJobID(j.EnvironmentID, j.PlanRevision); j.JobID != want {
 		return nil, &Error{Reason: ReasonSchema, Path: "/job_id", Rule: "consistency",
@@ -181,7 +171,7 @@ func DecodeTrainingJob(data []byte) (*TrainingJob, error) {
 		return nil, &Error{Reason: ReasonSchema, Path: "/report/events_subject", Rule: "consistency",
 			Msg: fmt.Sprintf("%q is not the job's subject %q", j.Report.EventsSubject, want)}
 	}
-	return &j, nil
+	return j, nil
 }
 
 // Encode validates and encodes a job: trace never sends an invalid one.
@@ -242,20 +232,11 @@ type EvalMetrics struct {
 
 // DecodeTrainingEvent decodes and validates a training event strictly.
 func DecodeTrainingEvent(data []byte) (*TrainingEvent, error) {
-	doc, err := decodeDoc(data, DecodeOptions{MaxBytes: 1 << 20})
+	e, err := decodeStrict[TrainingEvent](data, KindTrainingEvent, DecodeOptions{MaxBytes: 1 << 20})
 	if err != nil {
 		return nil, err
 	}
-	if err := Validate(KindTrainingEvent, doc); err != nil {
-		return nil, err
-	}
-	var e TrainingEvent
-	dec := json.NewDecoder(bytes.NewReader(data))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&e); err != nil {
-		return nil, &Error{Reason: ReasonSchema, Msg: err.Error()}
-	}
-	return &e, nil
+	return e, nil
 }
 
 // Encode validates and encodes an event.
