@@ -97,8 +97,12 @@ func TestCommandBackend(t *testing.T) {
 	defer b.Close()
 	script, _ := filepath.Abs("testdata/commands/trainer.sh")
 	specDir := t.TempDir()
+	// The scripts wait at a gate (a file) after their started event, so
+	// that all five hold their slots until the sixth dispatch was refused.
+	gate := filepath.Join(t.TempDir(), "open")
 	cmd, err := dispatch.NewCommand(dispatch.CommandConfig{Argv: []string{"sh", script, "{spec}", "{job_id}", "{adapter_name}", "{output_uri}"},
-		SpecDir: specDir, Timeout: 3 * time.Second, KillGrace: time.Second, MaxRunning: 5}, slog.New(slog.NewTextHandler(testWriter{t}, nil)))
+		SpecDir: specDir, Timeout: 3 * time.Second, KillGrace: time.Second, MaxRunning: 5, Env: []string{"GATE=" + gate}},
+		slog.New(slog.NewTextHandler(testWriter{t}, nil)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -125,6 +129,9 @@ func TestCommandBackend(t *testing.T) {
 	late := readyFor("t-cmd-late", "late_succeed")
 	if _, err := s.HandleReady(ctx, late); !errors.Is(err, dispatch.ErrBusy) {
 		t.Fatalf("a sixth command with 5 slots: %v, want ErrBusy", err)
+	}
+	if err := os.WriteFile(gate, nil, 0o644); err != nil {
+		t.Fatal(err)
 	}
 	cmd.Wait()
 

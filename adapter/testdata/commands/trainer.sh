@@ -18,6 +18,11 @@ test "$TRACE_JOB_ID" = "$job" || { echo "TRACE_JOB_ID=$TRACE_JOB_ID is not $job"
 now() { date -u +%Y-%m-%dT%H:%M:%S.%NZ; }
 ev() { printf '{"schema":"training_event/v1","job_id":"%s","at":"%s","worker":"testdata-command",%s}\n' "$job" "$(now)" "$1"; }
 ev '"type":"started","iterations":2'
+# GATE (optional): wait, at most 10 s, until that file exists.
+if [ -n "${GATE:-}" ]; then
+	i=0
+	while [ ! -e "$GATE" ] && [ $i -lt 100 ]; do sleep 0.1; i=$((i + 1)); done
+fi
 case $cap in
 *succeed*)
 	ev '"type":"progress","iteration":1,"mean_reward":0.4,"reward_std":0.2'
