@@ -318,6 +318,12 @@ func literal(v any) (string, error) {
 			parts[i], _ = literal(e)
 		}
 		return "[" + strings.Join(parts, ", ") + "]", nil
+	case []uint64:
+		parts := make([]string, len(v))
+		for i, e := range v {
+			parts[i], _ = literal(e)
+		}
+		return "[" + strings.Join(parts, ", ") + "]", nil
 	case []float64:
 		parts := make([]string, len(v))
 		for i, e := range v {
@@ -1330,14 +1336,9 @@ func chdbRollup(t *testing.T, c *chdbDB) {
 		k := r.uint(0)
 		byKind[k] = append(byKind[k], rollupHour{kind: uint8(k), env: r.str(1), av: r.str(2), hour: r.time(3), version: r.uint(4)})
 	}
-	for kind, hs := range byKind {
-		in, args := hourTuples(hs)
-		stmts := []string{rolloutHourlySQL(in)}
-		if kind == rollupLabels {
-			stmts = []string{labelHourlySQL(false, in), labelHourlySQL(true, in), labeledHourlySQL(in)}
-		}
-		for _, q := range stmts {
-			text, err := inlineArgs(q, append([]any{uint64(now.UnixNano())}, args...))
+	for _, hs := range byKind {
+		for _, q := range rollupStatements(hs) {
+			text, err := inlineArgs(q.sql, q.args)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -1349,6 +1350,11 @@ func chdbRollup(t *testing.T, c *chdbDB) {
 		}
 		c.insert("rollup_hours", "kind, environment, agent_version, hour, version, run_ns, rolled_at", marks...)
 	}
+	wm, err := inlineArgs(watermarkSQL, []any{uint64(now.UnixNano()), unixSec(now), uint64(now.UnixNano())})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.exec(wm)
 	if r := c.query(staleCountSQL); r.rows[0].uint(0) != 0 || r.rows[0].uint(1) != 0 {
 		t.Errorf("after the rollup: %s/%s hours stale", r.rows[0].vals[0], r.rows[0].vals[1])
 	}

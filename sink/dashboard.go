@@ -3,6 +3,7 @@ package sink
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
@@ -219,56 +220,90 @@ FROM rollouts
 WHERE environment = ? AND agent_version = ? AND has(?, rollout_id)
 GROUP BY rollout_id`
 
-// The rollup-backed statements. Each reads the hours the rollup has fresh
-// from label_hourly / labeled_hourly / rollout_hourly and every other hour
-// (the open one, late or relabeled data, hours not rolled up yet, a partial
-// first hour) raw, from labels_by_time or rollout_counts, pruned by their
-// time-sorted keys; staleLabelHours / staleRolloutHours (sink/rollup.go) say
-// which is which. The result is the raw computation's (raw* below, the
+// The rollup-backed statements. Each reads the hours the rollup covers
+// from label_hourly / labeled_hourly / rollout_hourly (the newest version
+// of each row: the computation through the hour's newest change) and every
+// other hour raw, from labels_by_time or rollout_counts, pruned by their
+// time-sorted keys: the hours from the watermark's closed_before on (the
+// open hour), the hours changed after its through (rollupDirty), and a
+// partial first hour. The result is the raw computation's (raw* above, the
 // statements before the rollup, which TestRollupExact and `trace bench
-// query` compare them with). Filters on ts use toStartOfHour(ts), which
-// the daily variant leaves alone; only the buckets become days.
+// query` compare them with). Filters on ts use toStartOfHour(ts), which the
+// daily variant leaves alone; only the buckets become days.
+//
+// They are written with named binds ({env}, {since}, …; see named), which
+// become the `?` of the text and DashboardQuery.Args.
 
-// hourSet is the IN set of stale hours (environment, agent_version, hour)
-// or of fresh hours (…, run_ns to read) of a kind (sink/rollup.go), as a
-// parenthesised subquery. filter narrows both small tables it reads to the
-// statement's environment and range (a superset: it is only there to keep
-// the sets small); its binds come twice.
-func hourSet(fresh bool, kind int, filter string) string {
-	k := fmt.Sprint(kind)
-	if fresh {
-		return `(SELECT environment, agent_version, hour, max(run_ns) FROM rollup_hours
-		WHERE kind = ` + k + filter + ` AND (environment, agent_version, hour, version) IN (
-			SELECT environment, agent_version, hour, maxMerge(last_ingest) FROM rollup_changes WHERE kind = ` + k + filter + `
-			GROUP BY environment, agent_version, hour)
-		GROUP BY environment, agent_version, hour)`
-	}
-	return `(SELECT environment, agent_version, hour FROM (
-			SELECT environment, agent_version, hour, maxMerge(last_ingest) AS v FROM rollup_changes
-			WHERE kind = ` + k + filter + ` GROUP BY environment, agent_version, hour)
-		WHERE (environment, agent_version, hour, v) NOT IN (
-			SELECT environment, agent_version, hour, version FROM rollup_hours WHERE kind = ` + k + filter + `))`
+// The rollup's watermark (sink/rollup.go): the changes its last complete
+// run covered (ns) and the first hour it did not close. With no run yet
+// they are 0 and 1970: every hour is read raw.
+const (
+	wmThrough = `(SELECT argMax(through, at) FROM rollup_watermark)`
+	wmClosed  = `(SELECT argMax(closed_before, at) FROM rollup_watermark)`
+)
+
+// rollupDirty is the set of (environment, agent_version, hour) of a kind
+// changed after the watermark: rollup_log's sorted tail, normally a handful
+// of hours. filter narrows it (to the statement's environment).
+func rollupDirty(kind int, filter string) string {
+	return fmt.Sprintf(`(SELECT environment, agent_version, hour FROM rollup_log WHERE kind = %d AND last_ingest > %s%s)`, kind, wmThrough, filter)
 }
 
-// The filters of hourSet: an environment and the hours from the one that
-// contains since on (binds: environment, since), or from a week's Monday.
-const (
-	sinceFilter = ` AND environment = ? AND hour + 3600 > toDateTime(?)`
-	weekFilter  = ` AND environment = ? AND hour >= toDateTime(toMonday(toDateTime(?)) - 7)`
+var (
+	dirtyLabels      = rollupDirty(rollupLabels, "")
+	dirtyRollouts    = rollupDirty(rollupRollouts, "")
+	dirtyLabelsEnv   = rollupDirty(rollupLabels, " AND environment = {env}")
+	dirtyRolloutsEnv = rollupDirty(rollupRollouts, " AND environment = {env}")
 )
 
-var (
-	staleLabelsIn      = hourSet(false, rollupLabels, "")
-	staleRolloutsIn    = hourSet(false, rollupRollouts, "")
-	freshLabelsIn      = hourSet(true, rollupLabels, "")
-	freshRolloutsIn    = hourSet(true, rollupRollouts, "")
-	staleLabelsSince   = hourSet(false, rollupLabels, sinceFilter)
-	staleRolloutsSince = hourSet(false, rollupRollouts, sinceFilter)
-	freshLabelsSince   = hourSet(true, rollupLabels, sinceFilter)
-	freshRolloutsSince = hourSet(true, rollupRollouts, sinceFilter)
-	staleLabelsWeek    = hourSet(false, rollupLabels, weekFilter)
-	freshLabelsWeek    = hourSet(true, rollupLabels, weekFilter)
-)
+// rolledUp is the condition on a rollup table's rows: the hour is closed by
+// the watermark and unchanged since (dirty: the set of the statement).
+func rolledUp(dirty string) string {
+	return `hour < ` + wmClosed + ` AND (environment, agent_version, hour) NOT IN ` + dirty
+}
+
+// rawHours is the condition on raw rows (time column col, its hour hourCol)
+// of the hours the rollup does not cover: after the watermark's closed hours,
+// changed since, or (partial, when set) the partial first hour before since.
+func rawHours(col, hourCol, dirty, partial string) string {
+	c := `(` + col + ` >= ` + wmClosed + ` OR (environment, agent_version, ` + hourCol + `) IN ` + dirty
+	if partial != "" {
+		c += ` OR ` + hourCol + ` < toDateTime(` + partial + `)`
+	}
+	return c + `)`
+}
+
+// newestLabelCounts are a label_hourly row's counts in its newest version.
+const newestLabelCounts = `argMax(lf, version) AS a_lf, argMax(pf, version) AS a_pf, argMax(nf, version) AS a_nf,
+			argMax(lp, version) AS a_lp, argMax(pp, version) AS a_pp, argMax(np, version) AS a_np`
+
+// named turns a statement written with {name} binds into its `?` text and,
+// for each `?`, the index of the caller's bind it takes (the first of names
+// with that name): DashboardQuery.Args.
+func named(q string, names ...string) (string, []int) {
+	var b strings.Builder
+	var args []int
+	for {
+		i := strings.IndexByte(q, '{')
+		if i < 0 {
+			b.WriteString(q)
+			return b.String(), args
+		}
+		j := strings.IndexByte(q[i:], '}')
+		if j < 0 {
+			panic("sink: unclosed bind in " + q)
+		}
+		name := q[i+1 : i+j]
+		k := slices.Index(names, name)
+		if k < 0 {
+			panic("sink: unknown bind {" + name + "}")
+		}
+		b.WriteString(q[:i])
+		b.WriteByte('?')
+		args = append(args, k)
+		q = q[i+j+1:]
+	}
+}
 
 // QPassRateHourly is the pass rate per agent version of one environment per
 // hour: exact distinct rollout ids, from the rollup's closed hours and the
@@ -277,44 +312,49 @@ var (
 // QueryDashboard).
 //
 // Binds: environment, since (Unix seconds).
-var QPassRateHourly = `SELECT agent_version, time_bucket, sum(r) AS rollouts, sum(s) AS successes
+var QPassRateHourly, passRateHourlyArgs = named(`SELECT agent_version, time_bucket, sum(r) AS rollouts, sum(s) AS successes
 FROM (
-	SELECT agent_version, toStartOfHour(hour) AS time_bucket, rollouts AS r, successes AS s
-	FROM rollout_hourly
-	WHERE environment = ? AND hour >= toDateTime(?) AND (environment, agent_version, hour, version) IN ` + freshRolloutsSince + `
+	SELECT agent_version, toStartOfHour(hour) AS time_bucket, r, s
+	FROM (
+		SELECT agent_version, hour, argMax(rollouts, version) AS r, argMax(successes, version) AS s
+		FROM rollout_hourly
+		WHERE environment = {env} AND hour >= toDateTime({since}) AND `+rolledUp(dirtyRolloutsEnv)+`
+		GROUP BY agent_version, hour)
 	UNION ALL
 	SELECT agent_version, toStartOfHour(bucket) AS time_bucket, uniqExactMerge(rollouts) AS r, uniqExactIfMerge(successes) AS s
 	FROM rollout_counts
-	WHERE environment = ? AND bucket >= toDateTime(?) AND (environment, agent_version, bucket) IN ` + staleRolloutsSince + `
+	WHERE environment = {env} AND bucket >= toDateTime({since}) AND `+rawHours("bucket", "bucket", dirtyRolloutsEnv, "")+`
 	GROUP BY agent_version, time_bucket
 )
 GROUP BY agent_version, time_bucket
-ORDER BY agent_version, time_bucket`
+ORDER BY agent_version, time_bucket`, "env", "since")
 
 // QPassRateWeekly is the pass rate per agent version of one environment per
 // week (weeks start on Monday, in the server's time zone).
 //
 // Binds: environment, since (Unix seconds).
-var QPassRateWeekly = `SELECT week, agent_version, sum(r) AS rollouts, sum(s) AS successes
+var QPassRateWeekly, passRateWeeklyArgs = named(`SELECT week, agent_version, sum(r) AS rollouts, sum(s) AS successes
 FROM (
-	SELECT toMonday(hour) AS week, agent_version, rollouts AS r, successes AS s
-	FROM rollout_hourly
-	WHERE environment = ? AND hour >= toDateTime(?) AND (environment, agent_version, hour, version) IN ` + freshRolloutsSince + `
+	SELECT toMonday(hour) AS week, agent_version, r, s
+	FROM (
+		SELECT agent_version, hour, argMax(rollouts, version) AS r, argMax(successes, version) AS s
+		FROM rollout_hourly
+		WHERE environment = {env} AND hour >= toDateTime({since}) AND `+rolledUp(dirtyRolloutsEnv)+`
+		GROUP BY agent_version, hour)
 	UNION ALL
 	SELECT toMonday(bucket) AS week, agent_version, uniqExactMerge(rollouts) AS r, uniqExactIfMerge(successes) AS s
 	FROM rollout_counts
-	WHERE environment = ? AND bucket >= toDateTime(?) AND (environment, agent_version, bucket) IN ` + staleRolloutsSince + `
+	WHERE environment = {env} AND bucket >= toDateTime({since}) AND `+rawHours("bucket", "bucket", dirtyRolloutsEnv, "")+`
 	GROUP BY week, agent_version
 )
 GROUP BY week, agent_version
-ORDER BY week, agent_version`
+ORDER BY week, agent_version`, "env", "since")
 
-// labelSums is the per-(…, run, bucket) counts of the union of the rollup
-// part and the raw part, with each run's Cov and Δ.
+// labelStats are each run's Cov and Δ from the summed counts.
 const labelStats = `if(failed = 0, 0., lf / failed) AS cov,
 		if(lf + pf = 0, 0., lf / (lf + pf)) - if(lp + pp = 0, 0., lp / (lp + pp)) AS delta`
 
-const labelRollupCols = `lf AS c_lf, pf AS c_pf, lf + pf + nf AS c_failed, lp AS c_lp, pp AS c_pp, lp + pp + np AS c_passed`
+const labelRollupCols = `a_lf AS c_lf, a_pf AS c_pf, a_lf + a_pf + a_nf AS c_failed, a_lp AS c_lp, a_pp AS c_pp, a_lp + a_pp + a_np AS c_passed`
 
 const labelRawCols = `countIf(ok = 0 AND l = 'LACKING') AS c_lf, countIf(ok = 0 AND l = 'PRESENT') AS c_pf, countIf(ok = 0) AS c_failed,
 		countIf(ok = 1 AND l = 'LACKING') AS c_lp, countIf(ok = 1 AND l = 'PRESENT') AS c_pp, countIf(ok = 1) AS c_passed`
@@ -327,7 +367,7 @@ const labelSumCols = `sum(c_lf) AS lf, sum(c_pf) AS pf, sum(c_failed) AS failed,
 // With toStartOfDay in place of toStartOfHour it is per day.
 //
 // Binds: environment, agent_version, dictionary_version, since (Unix seconds).
-var QCapabilityHourly = `SELECT capability, time_bucket,
+var QCapabilityHourly, capabilityHourlyArgs = named(`SELECT capability, time_bucket,
 	avg(cov) AS mean_cov,
 	avg(delta) AS mean_delta,
 	count() AS runs,
@@ -335,24 +375,27 @@ var QCapabilityHourly = `SELECT capability, time_bucket,
 	max(passed) AS passed
 FROM (
 	SELECT capability, run, time_bucket, failed, passed,
-		` + labelStats + `
+		`+labelStats+`
 	FROM (
-		SELECT capability, run, time_bucket, ` + labelSumCols + `
+		SELECT capability, run, time_bucket, `+labelSumCols+`
 		FROM (
-			SELECT capability, run, toStartOfHour(hour) AS time_bucket, ` + labelRollupCols + `
-			FROM label_hourly
-			WHERE environment = ? AND agent_version = ? AND dicts = 0 AND dictionary_version = ? AND hour >= toDateTime(?)
-				AND (environment, agent_version, hour, version) IN ` + freshLabelsSince + `
+			SELECT capability, run, toStartOfHour(hour) AS time_bucket, `+labelRollupCols+`
+			FROM (
+				SELECT capability, run, hour, `+newestLabelCounts+`
+				FROM label_hourly
+				WHERE environment = {env} AND agent_version = {av} AND dicts = 0 AND dictionary_version = {dict} AND hour >= toDateTime({since})
+					AND `+rolledUp(dirtyLabelsEnv)+`
+				GROUP BY capability, run, hour)
 			UNION ALL
-			SELECT capability, run, toStartOfHour(t) AS time_bucket, ` + labelRawCols + `
+			SELECT capability, run, toStartOfHour(t) AS time_bucket, `+labelRawCols+`
 			FROM (
 				SELECT capability, run, rollout_id,
 					argMax(label, ingest_ns) AS l,
 					argMax(success, ingest_ns) AS ok,
 					argMax(ts, ingest_ns) AS t
 				FROM labels_by_time
-				WHERE environment = ? AND agent_version = ? AND dictionary_version = ? AND ts >= toDateTime(?)
-					AND (toStartOfHour(ts) < toDateTime(?) OR (environment, agent_version, toStartOfHour(ts)) IN ` + staleLabelsSince + `)
+				WHERE environment = {env} AND agent_version = {av} AND dictionary_version = {dict} AND ts >= toDateTime({since})
+					AND `+rawHours("ts", "toStartOfHour(ts)", dirtyLabelsEnv, "{since}")+`
 				GROUP BY capability, run, rollout_id
 			)
 			GROUP BY capability, run, time_bucket
@@ -361,7 +404,7 @@ FROM (
 	)
 )
 GROUP BY capability, time_bucket
-ORDER BY capability, time_bucket`
+ORDER BY capability, time_bucket`, "env", "av", "dict", "since")
 
 // QLackingWeekly is, per week, agent version and capability of one
 // environment, the mean over runs of Cov (the share of failed rollouts
@@ -371,31 +414,33 @@ ORDER BY capability, time_bucket`
 // a capability is matched by name.
 //
 // Binds: environment, since (Unix seconds).
-var QLackingWeekly = `SELECT week, agent_version, capability,
+var QLackingWeekly, lackingWeeklyArgs = named(`SELECT week, agent_version, capability,
 	avg(cov) AS mean_cov,
 	avg(delta) AS mean_delta,
 	avg(lf) AS lacking_failed,
 	max(failed) AS failed
 FROM (
 	SELECT week, agent_version, capability, run, lf, failed,
-		` + labelStats + `
+		`+labelStats+`
 	FROM (
-		SELECT week, agent_version, capability, run, ` + labelSumCols + `
+		SELECT week, agent_version, capability, run, `+labelSumCols+`
 		FROM (
-			SELECT toMonday(hour) AS week, agent_version, capability, run, ` + labelRollupCols + `
-			FROM label_hourly
-			WHERE environment = ? AND dicts = 1 AND hour >= toDateTime(?)
-				AND (environment, agent_version, hour, version) IN ` + freshLabelsSince + `
+			SELECT toMonday(hour) AS week, agent_version, capability, run, `+labelRollupCols+`
+			FROM (
+				SELECT agent_version, capability, run, hour, `+newestLabelCounts+`
+				FROM label_hourly
+				WHERE environment = {env} AND dicts = 1 AND hour >= toDateTime({since}) AND `+rolledUp(dirtyLabelsEnv)+`
+				GROUP BY agent_version, capability, run, hour)
 			UNION ALL
-			SELECT toMonday(t) AS week, agent_version, capability, run, ` + labelRawCols + `
+			SELECT toMonday(t) AS week, agent_version, capability, run, `+labelRawCols+`
 			FROM (
 				SELECT agent_version, capability, run, rollout_id,
 					argMax(label, ingest_ns) AS l,
 					argMax(success, ingest_ns) AS ok,
 					argMax(ts, ingest_ns) AS t
 				FROM labels_by_time
-				WHERE environment = ? AND ts >= toDateTime(?)
-					AND (toStartOfHour(ts) < toDateTime(?) OR (environment, agent_version, toStartOfHour(ts)) IN ` + staleLabelsSince + `)
+				WHERE environment = {env} AND ts >= toDateTime({since})
+					AND `+rawHours("ts", "toStartOfHour(ts)", dirtyLabelsEnv, "{since}")+`
 				GROUP BY agent_version, capability, run, rollout_id
 			)
 			GROUP BY week, agent_version, capability, run
@@ -404,7 +449,7 @@ FROM (
 	)
 )
 GROUP BY week, agent_version, capability
-ORDER BY week, agent_version, mean_cov DESC, capability`
+ORDER BY week, agent_version, mean_cov DESC, capability`, "env", "since")
 
 // QLackingWeekOverWeek compares, per capability of one environment and agent
 // version, this week with last week: mean over runs of Cov, Δ and the
@@ -413,7 +458,7 @@ ORDER BY week, agent_version, mean_cov DESC, capability`
 // (runs_* tell the two cases apart).
 //
 // Binds: anchor (Unix seconds), environment, agent_version, anchor, anchor, top-N limit.
-var QLackingWeekOverWeek = `SELECT capability,
+var QLackingWeekOverWeek, lackingWeekOverWeekArgs = named(`SELECT capability,
 	sumIf(cov, w = 1) / greatest(countIf(w = 1), 1) AS cov_this_week,
 	sumIf(cov, w = 0) / greatest(countIf(w = 0), 1) AS cov_last_week,
 	sumIf(delta, w = 1) / greatest(countIf(w = 1), 1) AS delta_this_week,
@@ -424,27 +469,30 @@ var QLackingWeekOverWeek = `SELECT capability,
 	countIf(w = 0) AS runs_last_week
 FROM (
 	SELECT capability, run, w, lf,
-		` + labelStats + `
+		`+labelStats+`
 	FROM (
-		SELECT capability, run, w, ` + labelSumCols + `
+		SELECT capability, run, w, `+labelSumCols+`
 		FROM (
-			SELECT capability, run, toMonday(hour) = toMonday(toDateTime(?)) AS w, ` + labelRollupCols + `
-			FROM label_hourly
-			WHERE environment = ? AND agent_version = ? AND dicts = 1
-				AND hour >= toDateTime(toMonday(toDateTime(?)) - 7) AND hour < toDateTime(toMonday(toDateTime(?)) + 7)
-				AND (environment, agent_version, hour, version) IN ` + freshLabelsWeek + `
+			SELECT capability, run, toMonday(hour) = toMonday(toDateTime({anchor})) AS w, `+labelRollupCols+`
+			FROM (
+				SELECT capability, run, hour, `+newestLabelCounts+`
+				FROM label_hourly
+				WHERE environment = {env} AND agent_version = {av} AND dicts = 1
+					AND hour >= toDateTime(toMonday(toDateTime({anchor})) - 7) AND hour < toDateTime(toMonday(toDateTime({anchor})) + 7)
+					AND `+rolledUp(dirtyLabelsEnv)+`
+				GROUP BY capability, run, hour)
 			UNION ALL
-			SELECT capability, run, toMonday(t) = toMonday(toDateTime(?)) AS w, ` + labelRawCols + `
+			SELECT capability, run, toMonday(t) = toMonday(toDateTime({anchor})) AS w, `+labelRawCols+`
 			FROM (
 				SELECT capability, run, rollout_id,
 					argMax(label, ingest_ns) AS l,
 					argMax(success, ingest_ns) AS ok,
 					argMax(ts, ingest_ns) AS t
 				FROM labels_by_time
-				WHERE environment = ? AND agent_version = ?
-					AND ts >= toDateTime(toMonday(toDateTime(?)) - 7)
-					AND ts < toDateTime(toMonday(toDateTime(?)) + 7)
-					AND (environment, agent_version, toStartOfHour(ts)) IN ` + staleLabelsWeek + `
+				WHERE environment = {env} AND agent_version = {av}
+					AND ts >= toDateTime(toMonday(toDateTime({anchor})) - 7)
+					AND ts < toDateTime(toMonday(toDateTime({anchor})) + 7)
+					AND `+rawHours("ts", "toStartOfHour(ts)", dirtyLabelsEnv, "")+`
 				GROUP BY capability, run, rollout_id
 			)
 			GROUP BY capability, run, w
@@ -454,19 +502,22 @@ FROM (
 )
 GROUP BY capability
 ORDER BY cov_this_week DESC, lacking_this_week DESC, capability
-LIMIT ?`
+LIMIT {top}`, "anchor", "env", "av", "anchor", "anchor", "top")
 
 // QRolloutCohorts lists every (environment, agent version) with rollouts and
-// its totals: the rollup's fresh hours and rollout_counts for the others.
+// its totals: the rollup's hours and rollout_counts for the others.
 var QRolloutCohorts = `SELECT environment, agent_version, sum(r) AS rollouts, sum(s) AS successes, max(b) AS last_bucket
 FROM (
-	SELECT environment, agent_version, rollouts AS r, successes AS s, hour AS b
-	FROM rollout_hourly
-	WHERE (environment, agent_version, hour, version) IN ` + freshRolloutsIn + `
+	SELECT environment, agent_version, r, s, hour AS b
+	FROM (
+		SELECT environment, agent_version, hour, argMax(rollouts, version) AS r, argMax(successes, version) AS s
+		FROM rollout_hourly
+		WHERE ` + rolledUp(dirtyRollouts) + `
+		GROUP BY environment, agent_version, hour)
 	UNION ALL
 	SELECT environment, agent_version, uniqExactMerge(rollouts) AS r, uniqExactIfMerge(successes) AS s, max(bucket) AS b
 	FROM rollout_counts
-	WHERE (environment, agent_version, bucket) IN ` + staleRolloutsIn + `
+	WHERE ` + rawHours("bucket", "bucket", dirtyRollouts, "") + `
 	GROUP BY environment, agent_version
 )
 GROUP BY environment, agent_version
@@ -475,8 +526,8 @@ ORDER BY environment, agent_version`
 // QLabelCohorts lists every labeled cohort (environment, agent version,
 // dictionary version) with its labeled rollouts, capabilities and runs: the
 // capabilities, runs and newest hour from the small label_capabilities
-// table, the labeled rollouts from the rollup's fresh hours and the raw rows
-// of the others.
+// table, the labeled rollouts from the rollup's hours and the raw rows of
+// the others.
 var QLabelCohorts = `SELECT environment, agent_version, dictionary_version,
 	sum(n) AS labeled_rollouts,
 	sum(caps) AS capabilities,
@@ -488,13 +539,16 @@ FROM (
 	FROM label_capabilities
 	GROUP BY environment, agent_version, dictionary_version, capability
 	UNION ALL
-	SELECT environment, agent_version, dictionary_version, rollouts AS n, toUInt64(0) AS caps, toUInt16(0) AS mr, toDateTime(0) AS lb
-	FROM labeled_hourly
-	WHERE (environment, agent_version, hour, version) IN ` + freshLabelsIn + `
+	SELECT environment, agent_version, dictionary_version, n, toUInt64(0) AS caps, toUInt16(0) AS mr, toDateTime(0) AS lb
+	FROM (
+		SELECT environment, agent_version, dictionary_version, hour, argMax(rollouts, version) AS n
+		FROM labeled_hourly
+		WHERE ` + rolledUp(dirtyLabels) + `
+		GROUP BY environment, agent_version, dictionary_version, hour)
 	UNION ALL
 	SELECT environment, agent_version, dictionary_version, uniqExact(rollout_id) AS n, toUInt64(0) AS caps, toUInt16(0) AS mr, toDateTime(0) AS lb
 	FROM labels_by_time
-	WHERE (environment, agent_version, toStartOfHour(ts)) IN ` + staleLabelsIn + `
+	WHERE ` + rawHours("ts", "toStartOfHour(ts)", dirtyLabels, "") + `
 	GROUP BY environment, agent_version, dictionary_version, toStartOfHour(ts)
 )
 GROUP BY environment, agent_version, dictionary_version
@@ -676,32 +730,32 @@ var DashboardQueries = []DashboardQuery{
 	{
 		Name: "QPassRateHourly", Title: "Pass rate over time per agent version (hourly)",
 		Purpose: "The overview's pass-rate chart: rollouts and successes per hour and agent version of one environment.",
-		SQL:     QPassRateHourly, Raw: rawPassRateHourly, Args: []int{0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1},
+		SQL:     QPassRateHourly, Raw: rawPassRateHourly, Args: passRateHourlyArgs,
 		Binds: []DashboardBind{{"environment", "'airline'"}, {"since (Unix seconds)", "toUInt32(now() - INTERVAL 7 DAY)"}},
 	},
 	{
 		Name: "QPassRateWeekly", Title: "Pass rate over time per agent version (weekly)",
 		Purpose: "The trends page's pass-rate chart: rollouts and successes per week and agent version.",
-		SQL:     QPassRateWeekly, Raw: rawPassRateWeekly, Args: []int{0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1},
+		SQL:     QPassRateWeekly, Raw: rawPassRateWeekly, Args: passRateWeeklyArgs,
 		Binds: []DashboardBind{{"environment", "'airline'"}, {"since (Unix seconds)", "toUInt32(toDateTime(toMonday(today()) - 7 * 7))"}},
 	},
 	{
 		Name: "QCapabilityHourly", Title: "Cov and Δ over time per capability (hourly)",
 		Purpose: "The overview's Cov and Δ charts: per hour, each run's Cov = L−/|failed| and Δ = ER− − ER+, averaged over runs.",
-		SQL:     QCapabilityHourly, Raw: rawCapabilityHourly, Args: []int{0, 1, 2, 3, 0, 3, 0, 3, 0, 1, 2, 3, 3, 0, 3, 0, 3},
+		SQL:     QCapabilityHourly, Raw: rawCapabilityHourly, Args: capabilityHourlyArgs,
 		Binds: []DashboardBind{{"environment", "'airline'"}, {"agent_version", "'v2'"}, {"dictionary_version", "1"},
 			{"since (Unix seconds)", "toUInt32(now() - INTERVAL 7 DAY)"}},
 	},
 	{
 		Name: "QLackingWeekly", Title: "LACKING capabilities per week and agent version",
 		Purpose: "The trends page's weekly table: mean Cov, Δ and LACKING failures per week, agent version and capability, highest Cov first.",
-		SQL:     QLackingWeekly, Raw: rawLackingWeekly, Args: []int{0, 1, 0, 1, 0, 1, 0, 1, 1, 0, 1, 0, 1},
+		SQL:     QLackingWeekly, Raw: rawLackingWeekly, Args: lackingWeeklyArgs,
 		Binds: []DashboardBind{{"environment", "'airline'"}, {"since (Unix seconds)", "toUInt32(toDateTime(toMonday(today()) - 7 * 7))"}},
 	},
 	{
 		Name: "QLackingWeekOverWeek", Title: "Top LACKING capabilities this week vs last week",
 		Purpose: "The trends page's comparison: per capability of one agent version, Cov, Δ and LACKING failures this week and last week.",
-		SQL:     QLackingWeekOverWeek, Raw: rawLackingWeekOverWeek, Args: []int{0, 1, 2, 3, 4, 1, 0, 1, 0, 0, 1, 2, 3, 4, 1, 0, 1, 0, 5},
+		SQL:     QLackingWeekOverWeek, Raw: rawLackingWeekOverWeek, Args: lackingWeekOverWeekArgs,
 		Binds: []DashboardBind{{"anchor: a time in \"this week\" (Unix seconds)", "toUInt32(now())"}, {"environment", "'airline'"},
 			{"agent_version", "'v2'"}, {"anchor", "toUInt32(now())"}, {"anchor", "toUInt32(now())"}, {"top N", "10"}},
 	},

@@ -524,6 +524,50 @@ SELECT environment, agent_version, dictionary_version, capability, maxState(run)
 FROM capability_labels GROUP BY environment, agent_version, dictionary_version, capability`,
 		}
 	}},
+	{15, "rollup_watermark", func(d Dialect) []string {
+		// The read side of the rollup without per-statement set
+		// comparisons (docs/ARCHITECTURE.md, "Analytics at scale").
+		// rollup_log: the changes of rollup_changes sorted by ingest_ns, so
+		// the hours changed after the watermark are read from its tail.
+		// rollup_watermark: each rollup run that left no settled hour
+		// behind. The rollup rows are now versioned by the change they were
+		// computed through (they were versioned by the computation's clock):
+		// the old rows and their records are dropped and recomputed by the
+		// rollup job, and until it catches up every hour is read raw.
+		return []string{`CREATE TABLE IF NOT EXISTS rollup_log (
+	kind UInt8,
+	environment ` + d.LC() + `,
+	agent_version ` + d.LC() + `,
+	hour DateTime,
+	last_ingest UInt64
+) ENGINE = MergeTree()
+ORDER BY (kind, last_ingest)`,
+			`CREATE MATERIALIZED VIEW IF NOT EXISTS rollup_log_labels_mv TO rollup_log AS
+SELECT toUInt8(1) AS kind, environment, agent_version, toStartOfHour(ts) AS hour, max(ingest_ns) AS last_ingest
+FROM capability_labels GROUP BY environment, agent_version, hour`,
+			`CREATE MATERIALIZED VIEW IF NOT EXISTS rollup_log_rollouts_mv TO rollup_log AS
+SELECT toUInt8(2) AS kind, environment, agent_version, toStartOfHour(end_time) AS hour, max(ingest_ns) AS last_ingest
+FROM rollouts GROUP BY environment, agent_version, hour`,
+			`INSERT INTO rollup_log (kind, environment, agent_version, hour, last_ingest)
+SELECT kind, environment, agent_version, hour, maxMerge(last_ingest) FROM rollup_changes
+GROUP BY kind, environment, agent_version, hour`,
+			`CREATE TABLE IF NOT EXISTS rollup_watermark (
+	slot UInt8,
+	through UInt64,
+	closed_before DateTime,
+	at UInt64
+) ENGINE = ReplacingMergeTree(at)
+ORDER BY slot`,
+			// The watermark last: a replica migrating at the same time
+			// as another one's rollup run leaves no watermark over
+			// truncated rows.
+			`TRUNCATE TABLE IF EXISTS label_hourly`,
+			`TRUNCATE TABLE IF EXISTS labeled_hourly`,
+			`TRUNCATE TABLE IF EXISTS rollout_hourly`,
+			`TRUNCATE TABLE IF EXISTS rollup_hours`,
+			`TRUNCATE TABLE IF EXISTS rollup_watermark`,
+		}
+	}},
 }
 
 // Migrate applies every migration not yet recorded in schema_migrations, in

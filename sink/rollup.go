@@ -11,19 +11,26 @@ import (
 //
 // Write side: rollup_changes (kept by materialized views at insert time)
 // holds, per kind (1 = labels, 2 = rollouts), environment, agent version and
-// hour, the newest ingest_ns written. Rollup recomputes the closed hours
-// whose newest change is not yet rolled up — from the raw rows, one label per
-// identity, the newest version winning, exactly as the raw queries count —
-// into label_hourly, labeled_hourly and rollout_hourly (ReplacingMergeTree:
-// a recomputation replaces the previous one), then records in rollup_hours
-// the change it computed through. A crash between the two leaves the hour
-// stale, and the next run computes it again: every step is idempotent.
+// hour, the newest ingest_ns written; rollup_log has the same changes sorted
+// by ingest_ns. Rollup recomputes the closed hours whose newest change is not
+// yet rolled up — from the raw rows, one label per identity, the newest
+// version winning, exactly as the raw queries count — into label_hourly,
+// labeled_hourly and rollout_hourly, each row versioned by the change it was
+// computed through (ReplacingMergeTree: a later computation replaces an
+// earlier one), and records in rollup_hours the change it computed through.
+// When a run leaves no settled hour behind, it records the watermark
+// (rollup_watermark): every closed hour (before closed_before) whose changes
+// are all at most through is rolled up through its newest change. A crash at
+// any point leaves the watermark behind, and the hours after it are read raw:
+// every step is idempotent.
 //
-// Read side: an hour is fresh when rollup_hours records exactly its newest
-// change (staleLabelHours / staleRolloutHours). The dashboard's statements
-// read fresh hours from the rollup and every other hour — the open one, one
-// that received late or redelivered data, a conflicting relabel, or one the
-// job has not reached yet — from the raw rows, so their numbers are always
+// Read side: an hour is read from the rollup when it is before the
+// watermark's closed_before and has no change after its through (rollup_log
+// answers that from its sorted tail: normally a handful of hours); its rows
+// are the ones of the highest version (argMax(…, version)), the computation
+// through its newest change. Every other hour — the open one, one that
+// received late or redelivered data, a conflicting relabel, or one the job
+// has not reached yet — is read from the raw rows, so the numbers are always
 // the raw computation's, whatever the job's progress.
 
 // Rollup kinds (rollup_changes.kind, rollup_hours.kind).
@@ -99,7 +106,7 @@ func labelHourlySQL(dicts bool, in string) string {
 SELECT environment, agent_version, toUInt8(` + flag + `), dv, capability, run, h,
 	countIf(ok = 0 AND l = 'LACKING'), countIf(ok = 0 AND l = 'PRESENT'), countIf(ok = 0 AND l = 'NA'),
 	countIf(ok = 1 AND l = 'LACKING'), countIf(ok = 1 AND l = 'PRESENT'), countIf(ok = 1 AND l = 'NA'),
-	toUInt64(?)
+	` + hourVersion("environment, agent_version, h") + `
 FROM (
 	SELECT ` + group + `, ` + dv + ` AS dv, toStartOfHour(ts) AS h,
 		argMax(label, ingest_ns) AS l, argMax(success, ingest_ns) AS ok
@@ -113,7 +120,8 @@ GROUP BY environment, agent_version, dv, capability, run, h`
 // cohort and hour.
 func labeledHourlySQL(in string) string {
 	return `INSERT INTO labeled_hourly (environment, agent_version, dictionary_version, hour, rollouts, version)
-SELECT environment, agent_version, dictionary_version, toStartOfHour(ts) AS h, uniqExact(rollout_id), toUInt64(?)
+SELECT environment, agent_version, dictionary_version, toStartOfHour(ts) AS h, uniqExact(rollout_id),
+	` + hourVersion("environment, agent_version, h") + `
 FROM labels_by_time
 WHERE (environment, agent_version, toStartOfHour(ts)) IN (` + in + `)
 GROUP BY environment, agent_version, dictionary_version, h`
@@ -123,10 +131,19 @@ GROUP BY environment, agent_version, dictionary_version, h`
 // aggregate (distinct rollout ids per hour).
 func rolloutHourlySQL(in string) string {
 	return `INSERT INTO rollout_hourly (environment, agent_version, hour, rollouts, successes, version)
-SELECT environment, agent_version, bucket, uniqExactMerge(rollouts), uniqExactIfMerge(successes), toUInt64(?)
+SELECT environment, agent_version, bucket, uniqExactMerge(rollouts), uniqExactIfMerge(successes),
+	` + hourVersion("environment, agent_version, bucket") + `
 FROM rollout_counts
 WHERE (environment, agent_version, bucket) IN (` + in + `)
 GROUP BY environment, agent_version, bucket`
+}
+
+// hourVersion is the version of a computed row: the change its hour is
+// computed through, looked up by the row's (environment, agent_version,
+// hour) in the batch's arrays (binds: the hours, then their versions; see
+// rollupStatements).
+func hourVersion(key string) string {
+	return "toUInt64(arrayElement(?, indexOf(?, (" + key + "))))"
 }
 
 // hourTuples renders hours as a literal IN list of (environment,
@@ -141,6 +158,52 @@ func hourTuples(hs []rollupHour) (string, []any) {
 	return strings.Join(parts, ", "), args
 }
 
+// rollupStatement is one INSERT … SELECT of a batch, with its binds.
+type rollupStatement struct {
+	sql  string
+	args []any
+}
+
+// rollupStatements are the statements that recompute a batch of hours of
+// one kind, each row versioned by its hour's change.
+func rollupStatements(batch []rollupHour) []rollupStatement {
+	in, inArgs := hourTuples(batch)
+	keys, vers := "[", make([]uint64, len(batch))
+	for i, h := range batch {
+		if i > 0 {
+			keys += ", "
+		}
+		keys += "(?, ?, toDateTime(?))"
+		vers[i] = h.version
+	}
+	keys += "]"
+	_, keyArgs := hourTuples(batch)
+	var qs []string
+	if batch[0].kind == rollupLabels {
+		qs = []string{labelHourlySQL(false, in), labelHourlySQL(true, in), labeledHourlySQL(in)}
+	} else {
+		qs = []string{rolloutHourlySQL(in)}
+	}
+	out := make([]rollupStatement, len(qs))
+	for i, q := range qs {
+		// The version's arrays come first in the text: arrayElement(vers,
+		// indexOf(keys, …)); the keys are literal tuples (a bound array of
+		// tuples is not portable), so they are spliced into the text.
+		q = strings.Replace(q, "indexOf(?,", "indexOf("+keys+",", 1)
+		args := append([]any{vers}, keyArgs...)
+		out[i] = rollupStatement{q, append(args, inArgs...)}
+	}
+	return out
+}
+
+// watermarkSQL records a run that left no settled hour behind: the changes
+// it covered (through, ns) and the first hour it did not close (the hour of
+// now, in the server's time zone, as rollupTodoSQL counts).
+//
+// Binds: through (ns), now (Unix seconds), at (ns).
+const watermarkSQL = `INSERT INTO rollup_watermark (slot, through, closed_before, at)
+SELECT toUInt8(0), toUInt64(?), toStartOfHour(toDateTime(?)), toUInt64(?)`
+
 // Rollup brings the hourly rollup up to date with the data stored by now:
 // every closed hour (before now's hour) whose newest change is older than
 // RollupGrace and not yet rolled up is recomputed from the raw rows. It does
@@ -152,6 +215,10 @@ func (s *Store) Rollup(ctx context.Context, now time.Time, limit int) (RollupSta
 		limit = 2000
 	}
 	cutoff := uint64(max(now.Add(-RollupGrace).UnixNano(), 0))
+	// The watermark this run may record: the cutoff, and never later than
+	// the wall clock at the read (a now in the future, as tests and loads
+	// pass, must not cover rows written after the read).
+	through := min(cutoff, uint64(time.Now().UnixNano()))
 	rows, err := s.conn.Query(ctx, rollupTodoSQL, unixSec(now), cutoff, uint64(limit))
 	if err != nil {
 		return st, fmt.Errorf("rollup: stale hours: %w", err)
@@ -178,15 +245,8 @@ func (s *Store) Rollup(ctx context.Context, now time.Time, limit int) (RollupSta
 		batch := todo[:n]
 		todo = todo[n:]
 		runNs := uint64(time.Now().UnixNano())
-		in, inArgs := hourTuples(batch)
-		var stmts []string
-		if batch[0].kind == rollupLabels {
-			stmts = []string{labelHourlySQL(false, in), labelHourlySQL(true, in), labeledHourlySQL(in)}
-		} else {
-			stmts = []string{rolloutHourlySQL(in)}
-		}
-		for _, q := range stmts {
-			if err := s.conn.Exec(ctx, q, append([]any{runNs}, inArgs...)...); err != nil {
+		for _, q := range rollupStatements(batch) {
+			if err := s.conn.Exec(ctx, q.sql, q.args...); err != nil {
 				return st, fmt.Errorf("rollup of %d hours: %w", len(batch), err)
 			}
 			st.Statements++
@@ -206,6 +266,14 @@ func (s *Store) Rollup(ctx context.Context, now time.Time, limit int) (RollupSta
 			return st, fmt.Errorf("rollup: record: %w", err)
 		}
 		st.Hours += len(batch)
+	}
+	if st.More {
+		return st, nil
+	}
+	// No settled hour is left: every closed hour whose changes are all at
+	// most through is rolled up through its newest change.
+	if err := s.conn.Exec(ctx, watermarkSQL, through, unixSec(now), uint64(time.Now().UnixNano())); err != nil {
+		return st, fmt.Errorf("rollup: watermark: %w", err)
 	}
 	return st, nil
 }

@@ -238,7 +238,7 @@ func TestRollupExact(t *testing.T) {
 		Exec(context.Context, string, ...any) error
 	}) {
 		if err := conn.Exec(ctx, `INSERT INTO label_hourly (environment, agent_version, dicts, dictionary_version, capability, run, hour, lf, pf, nf, lp, pp, np, version)
-			SELECT environment, agent_version, dicts, dictionary_version, capability, run, hour, lf + 1000, pf, nf, lp, pp, np, version
+			SELECT environment, agent_version, dicts, dictionary_version, capability, run, hour, lf + 1000, pf, nf, lp, pp, np, version + 1
 			FROM label_hourly WHERE agent_version = 'v1' AND dicts = 0 AND hour = ?`, rollupBase.Add(5*time.Hour)); err != nil {
 			t.Fatal(err)
 		}

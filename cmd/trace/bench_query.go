@@ -25,7 +25,8 @@ func newBenchQueryCmd() *cobra.Command {
 		Use:   "query [--sizes 100k,1M] [--clickhouse host:port]",
 		Short: "Dashboard, report and evaluator latency at 100k–10M rollouts, against the statements before the rollup",
 		Long: `bench query measures the analytics at production volume. For each size it
-creates a scratch database (--database, dropped before and after), bulk-loads
+creates a scratch database (--database with the size appended, e.g.
+trace_bench_query_1M; dropped before and after), bulk-loads
 that many SIMULATED rollouts with their labels (3 environments, 2 agent
 versions, 5 capabilities, one labeling run, a planted deficit; generated
 inside ClickHouse, not through the labelers) spread over --days of history
@@ -41,11 +42,17 @@ ending now, runs the hourly rollup, and then:
   report      times trace report (every cohort's decision window)
   evaluator   times one evaluator tick's queries over every cohort
 
+--keep keeps each size's database and --reuse times a kept one as it is (its
+history ends when it was loaded), so a 10M load is paid once; the
+TriggerLatency benchmark runs on such a database too (TRACE_BENCH_STORED_DB,
+see the README).
+
 Dashboard queries run under the default limits (clickhouse.query_timeout,
 query_max_memory), so an old-way query past them shows as an error. The
 machine may be shared: read each figure beside its comparison.`,
 		Example: `  trace bench query --sizes 100k,1M
-  trace bench query --sizes 10M --reps 5`,
+  trace bench query --sizes 10M --reps 5 --keep
+  trace bench query --sizes 10M --reps 5 --reuse`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx := cmd.Context()
@@ -78,10 +85,11 @@ machine may be shared: read each figure beside its comparison.`,
 	f := cmd.Flags()
 	f.StringVar(&sizes, "sizes", "100k,1M", "comma-separated rollout counts (k and M suffixes)")
 	f.StringVar(&opt.ClickHouse, "clickhouse", "127.0.0.1:9000", "host:port (native protocol) of the ClickHouse server")
-	f.StringVar(&opt.Database, "database", "trace_bench_query", "scratch database (dropped before and after each size)")
+	f.StringVar(&opt.Database, "database", "trace_bench_query", "scratch database prefix: <prefix>_<size> per size, dropped before and after")
 	f.IntVar(&opt.Reps, "reps", 5, "repetitions per endpoint")
 	f.IntVar(&opt.Days, "days", 90, "days of history the rollouts are spread over")
-	f.BoolVar(&opt.Keep, "keep", false, "keep the last size's database")
+	f.BoolVar(&opt.Keep, "keep", false, "keep each size's database")
+	f.BoolVar(&opt.Reuse, "reuse", false, "time a kept database that already holds the size as it is, without loading")
 	return cmd
 }
 

@@ -5,9 +5,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 	"time"
+
+	"golang.org/x/sync/errgroup"
 
 	"github.com/traceops/trace/analyzer"
 	"github.com/traceops/trace/sink"
@@ -31,49 +34,65 @@ func (s *server) cohorts(ctx context.Context) ([]CohortSummary, error) {
 	}
 	byAV := map[[2]string]rc{}
 	var order [][2]string
-	rows, err := s.d.Store.QueryDashboard(ctx, sink.QRolloutCohorts, false)
-	if err != nil {
-		return nil, fmt.Errorf("rollout cohorts: %w", err)
+	type lc struct {
+		c    CohortSummary
+		last time.Time
 	}
-	for rows.Next() {
-		var env, av string
-		var r rc
-		if err := rows.Scan(&env, &av, &r.rollouts, &r.successes, &r.last); err != nil {
-			rows.Close()
-			return nil, fmt.Errorf("rollout cohorts: %w", err)
+	var lcs []lc
+	// The two lists are independent reads: they run at once.
+	g, gctx := errgroup.WithContext(ctx)
+	g.Go(func() error {
+		rows, err := s.d.Store.QueryDashboard(gctx, sink.QRolloutCohorts, false)
+		if err != nil {
+			return fmt.Errorf("rollout cohorts: %w", err)
 		}
-		k := [2]string{env, av}
-		byAV[k] = r
-		order = append(order, k)
+		defer rows.Close()
+		for rows.Next() {
+			var env, av string
+			var r rc
+			if err := rows.Scan(&env, &av, &r.rollouts, &r.successes, &r.last); err != nil {
+				return fmt.Errorf("rollout cohorts: %w", err)
+			}
+			k := [2]string{env, av}
+			byAV[k] = r
+			order = append(order, k)
+		}
+		if err := rows.Err(); err != nil {
+			return fmt.Errorf("rollout cohorts: %w", err)
+		}
+		return nil
+	})
+	g.Go(func() error {
+		rows, err := s.d.Store.QueryDashboard(gctx, sink.QLabelCohorts, false)
+		if err != nil {
+			return fmt.Errorf("label cohorts: %w", err)
+		}
+		defer rows.Close()
+		for rows.Next() {
+			var x lc
+			if err := rows.Scan(&x.c.Environment, &x.c.AgentVersion, &x.c.DictionaryVersion, &x.c.LabeledRollouts, &x.c.Capabilities, &x.c.Runs, &x.last); err != nil {
+				return fmt.Errorf("label cohorts: %w", err)
+			}
+			lcs = append(lcs, x)
+		}
+		if err := rows.Err(); err != nil {
+			return fmt.Errorf("label cohorts: %w", err)
+		}
+		return nil
+	})
+	if err := g.Wait(); err != nil {
+		return nil, err
 	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("rollout cohorts: %w", err)
-	}
-
 	var out []CohortSummary
 	labeled := map[[2]string]bool{}
-	rows, err = s.d.Store.QueryDashboard(ctx, sink.QLabelCohorts, false)
-	if err != nil {
-		return nil, fmt.Errorf("label cohorts: %w", err)
-	}
-	for rows.Next() {
-		var c CohortSummary
-		var last time.Time
-		if err := rows.Scan(&c.Environment, &c.AgentVersion, &c.DictionaryVersion, &c.LabeledRollouts, &c.Capabilities, &c.Runs, &last); err != nil {
-			rows.Close()
-			return nil, fmt.Errorf("label cohorts: %w", err)
-		}
+	for _, x := range lcs {
+		c := x.c
 		k := [2]string{c.Environment, c.AgentVersion}
 		labeled[k] = true
 		r := byAV[k]
 		c.Rollouts, c.Successes, c.PassRate = r.rollouts, r.successes, ratio(r.successes, r.rollouts)
-		c.LastSeen = maxTime(last, r.last).UTC()
+		c.LastSeen = maxTime(x.last, r.last).UTC()
 		out = append(out, c)
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("label cohorts: %w", err)
 	}
 	for _, k := range order {
 		if labeled[k] {
@@ -101,24 +120,32 @@ func (s *server) cohorts(ctx context.Context) ([]CohortSummary, error) {
 // its decision selects, by the rule of the decision table (decided, and
 // passed in K of N runs): the evaluator's snapshot when preferSnapshot and
 // it has one, else computed from the window. A cohort without labels has
-// none selected.
-func (s *server) countSelected(ctx context.Context, list []CohortSummary, preferSnapshot bool) error {
+// none selected. It returns the decisions (without their triggers), every
+// labeled cohort's computed in one round of window statements.
+func (s *server) countSelected(ctx context.Context, list []CohortSummary, preferSnapshot bool) (map[CohortKey]decided, error) {
+	var keys []CohortKey
 	for i := range list {
 		list[i].Selected = 0
-		if list[i].DictionaryVersion == 0 {
+		if list[i].DictionaryVersion > 0 {
+			keys = append(keys, list[i].CohortKey)
+		}
+	}
+	decs, err := s.decisions(ctx, keys, preferSnapshot)
+	if err != nil {
+		return nil, err
+	}
+	for i := range list {
+		d, ok := decs[list[i].CohortKey]
+		if !ok {
 			continue
 		}
-		dec, _, _, err := s.decision(ctx, list[i].CohortKey, preferSnapshot)
-		if err != nil {
-			return fmt.Errorf("cohort %s/%s dict v%d: %w", list[i].Environment, list[i].AgentVersion, list[i].DictionaryVersion, err)
-		}
-		for _, c := range dec.Capabilities {
+		for _, c := range d.dec.Capabilities {
 			if c.Decision == DecisionSelected {
 				list[i].Selected++
 			}
 		}
 	}
-	return nil
+	return decs, nil
 }
 
 // describeDictionaries names each cohort's dictionary (its scope, and
@@ -236,33 +263,75 @@ func (s *server) dictionary(ctx context.Context, env, av string, version uint32)
 // decision computes (or reads from the evaluator) the window statistics of a
 // cohort. counts are the raw per-run counts when computed.
 func (s *server) decision(ctx context.Context, key CohortKey, preferSnapshot bool) (*Decision, []sink.RunCounts, *analyzer.Dictionary, error) {
-	// The analyzer's window: back from the cohort's watermark (event time).
-	mspec, marks, err := s.d.Store.EventSpec(ctx, []sink.Cohort{key.cohort()}, s.eval.Window, s.eval.WindowRollouts, s.eval.N)
+	decs, err := s.decisions(ctx, []CohortKey{key}, preferSnapshot)
 	if err != nil {
 		return nil, nil, nil, err
+	}
+	d := decs[key]
+	if err := s.addTriggers(ctx, key, d.dec); err != nil {
+		return nil, nil, nil, err
+	}
+	return d.dec, d.counts, d.dict, nil
+}
+
+// decided is one cohort's decision (without its triggers), its window's
+// counts when computed, and its dictionary.
+type decided struct {
+	dec    *Decision
+	counts []sink.RunCounts
+	dict   *analyzer.Dictionary
+}
+
+// decisions computes the decisions of cohorts: the analyzer's windows,
+// back from each cohort's watermark (event time), read for all of them in
+// one round of statements.
+func (s *server) decisions(ctx context.Context, keys []CohortKey, preferSnapshot bool) (map[CohortKey]decided, error) {
+	out := make(map[CohortKey]decided, len(keys))
+	if len(keys) == 0 {
+		return out, nil
+	}
+	cohorts := make([]sink.Cohort, len(keys))
+	for i, k := range keys {
+		cohorts[i] = k.cohort()
+	}
+	mspec, marks, err := s.d.Store.EventSpec(ctx, cohorts, s.eval.Window, s.eval.WindowRollouts, s.eval.N)
+	if err != nil {
+		return nil, err
 	}
 	infos, err := s.d.Store.WindowInfoMulti(ctx, mspec)
 	if err != nil {
-		return nil, nil, nil, err
+		return nil, err
 	}
-	info, win := infos[key.cohort()], mspec.Ranges[key.cohort()]
+	var cm map[sink.Cohort][]sink.RunCounts
+	for _, key := range keys {
+		if _, ok := s.snapshot(key); !ok || !preferSnapshot {
+			if cm, err = s.d.Store.WindowCountsMulti(ctx, mspec); err != nil {
+				return nil, err
+			}
+			break
+		}
+	}
+	for _, key := range keys {
+		dec, counts, dict := s.decide(ctx, key, infos[key.cohort()], mspec.Ranges[key.cohort()], marks[key.cohort()], cm[key.cohort()], preferSnapshot)
+		out[key] = decided{dec, counts, dict}
+	}
+	return out, nil
+}
+
+// decide is one cohort's decision from its window's info and counts (or
+// the evaluator's snapshot).
+func (s *server) decide(ctx context.Context, key CohortKey, info sink.WindowInfo, win sink.Range, asOf time.Time, counts []sink.RunCounts, preferSnapshot bool) (*Decision, []sink.RunCounts, *analyzer.Dictionary) {
 	dict := s.dictionary(ctx, key.Environment, key.AgentVersion, key.DictionaryVersion)
-	dec := &Decision{Source: "computed", AsOf: marks[key.cohort()], Window: WindowJSON{Start: win.From.UTC(), End: win.To.UTC(), Rollouts: info.Rollouts, Failures: info.Failures}}
+	dec := &Decision{Source: "computed", AsOf: asOf, Window: WindowJSON{Start: win.From.UTC(), End: win.To.UTC(), Rollouts: info.Rollouts, Failures: info.Failures}}
 	var results []analyzer.Result
-	var counts []sink.RunCounts
 	runs := 0
 	if snap, ok := s.snapshot(key); ok && preferSnapshot {
 		dec.Source = "evaluator"
-		results = snap
+		results, counts = snap, nil
 		for _, r := range results {
 			runs = max(runs, r.RunsTotal)
 		}
 	} else {
-		cm, err := s.d.Store.WindowCountsMulti(ctx, mspec)
-		if err != nil {
-			return nil, nil, nil, err
-		}
-		counts = cm[key.cohort()]
 		var inputs []analyzer.CapabilityRuns
 		inputs, runs = analyzer.CohortInputs(counts, dict)
 		results = analyzer.Select(inputs, s.th)
@@ -316,16 +385,22 @@ func (s *server) decision(ctx context.Context, key CohortKey, preferSnapshot boo
 	if dec.Capabilities == nil {
 		dec.Capabilities = []CapabilityDecision{}
 	}
+	return dec, counts, dict
+}
+
+// addTriggers sets the newest trigger transition of each of dec's
+// capabilities.
+func (s *server) addTriggers(ctx context.Context, key CohortKey, dec *Decision) error {
 	trig, err := s.latestTriggers(ctx, key)
 	if err != nil {
-		return nil, nil, nil, err
+		return err
 	}
 	for i := range dec.Capabilities {
 		if t, ok := trig[dec.Capabilities[i].Name]; ok {
 			dec.Capabilities[i].Trigger = &t
 		}
 	}
-	return dec, counts, dict, nil
+	return nil
 }
 
 func (s *server) snapshot(key CohortKey) ([]analyzer.Result, bool) {
@@ -418,28 +493,46 @@ func (s *server) overview(ctx context.Context, p overviewParams) (*OverviewRespo
 	if err != nil {
 		return nil, err
 	}
-	if err := s.countSelected(ctx, list, !p.Fresh); err != nil {
-		return nil, err
-	}
 	resp.Cohorts = list
 	if resp.Cohorts == nil {
 		resp.Cohorts = []CohortSummary{}
+	}
+	key := pickCohort(list, p.Env, p.AgentVersion, p.Dict)
+	// The decisions of every cohort, the pass rate and the capability
+	// series are independent reads: they run at once.
+	// (countSelected writes the list's Selected: the rest reads it before.)
+	g, gctx := errgroup.WithContext(ctx)
+	if key != nil {
+		resp.Cohort = key
+		resp.Range = timeRange(anchor(list, key.Environment, now), now, p.Hours, p.Bucket)
+		since := resp.Range.Since
+		g.Go(func() (err error) {
+			resp.PassRate, err = s.passRateHourly(gctx, key.Environment, since, p.Bucket)
+			return err
+		})
+		if key.DictionaryVersion > 0 {
+			g.Go(func() (err error) {
+				resp.Capabilities, err = s.capabilityHourly(gctx, *key, since, p.Bucket)
+				return err
+			})
+		}
+	}
+	var decs map[CohortKey]decided
+	g.Go(func() (err error) {
+		decs, err = s.countSelected(gctx, list, !p.Fresh)
+		return err
+	})
+	if err := g.Wait(); err != nil {
+		return nil, err
 	}
 	if len(list) == 0 {
 		resp.Empty, resp.Message = true, emptyMessage
 		return resp, nil
 	}
-	key := pickCohort(list, p.Env, p.AgentVersion, p.Dict)
 	if key == nil {
 		resp.Empty = true
 		resp.Message = fmt.Sprintf("No rollouts yet for %s.", describeFilter(p.Env, p.AgentVersion, p.Dict))
 		return resp, nil
-	}
-	resp.Cohort = key
-	resp.Range = timeRange(anchor(list, key.Environment, now), now, p.Hours, p.Bucket)
-	since := resp.Range.Since
-	if resp.PassRate, err = s.passRateHourly(ctx, key.Environment, since, p.Bucket); err != nil {
-		return nil, err
 	}
 	if resp.Range.All {
 		for _, ps := range resp.PassRate {
@@ -457,12 +550,15 @@ func (s *server) overview(ctx context.Context, p overviewParams) (*OverviewRespo
 		}
 		return resp, nil
 	}
-	if resp.Capabilities, err = s.capabilityHourly(ctx, *key, since, p.Bucket); err != nil {
+	d, ok := decs[*key]
+	if !ok {
+		if d.dec, _, _, err = s.decision(ctx, *key, !p.Fresh); err != nil {
+			return nil, err
+		}
+	} else if err := s.addTriggers(ctx, *key, d.dec); err != nil {
 		return nil, err
 	}
-	if resp.Decision, _, _, err = s.decision(ctx, *key, !p.Fresh); err != nil {
-		return nil, err
-	}
+	resp.Decision = d.dec
 	return resp, nil
 }
 
@@ -741,76 +837,107 @@ func (s *server) trends(ctx context.Context, p trendsParams) (*TrendsResponse, e
 	for i := p.Weeks - 1; i >= 0; i-- {
 		resp.Weeks = append(resp.Weeks, resp.ThisWeek.AddDate(0, 0, -7*i))
 	}
+	// The pass rate, the weekly table and each agent version's week over
+	// week are independent reads: they run at once. The week over week is
+	// read for every agent version of the environment and kept for those
+	// with rows in the range, as when it was read after the other two.
+	var candidates []string
+	for _, c := range list {
+		if c.Environment == resp.Environment && !slices.Contains(candidates, c.AgentVersion) {
+			candidates = append(candidates, c.AgentVersion)
+		}
+	}
+	wow := make([][]WeekOverWeek, len(candidates))
+	var passAVs, lackAVs []string
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(4)
+	g.Go(func() error {
+		rows, err := s.d.Store.QueryDashboard(gctx, sink.QPassRateWeekly, false, resp.Environment, unix(since))
+		if err != nil {
+			return fmt.Errorf("trends: pass rate: %w", err)
+		}
+		defer rows.Close()
+		for rows.Next() {
+			var w WeeklyPass
+			if err := rows.Scan(&w.Week, &w.AgentVersion, &w.Rollouts, &w.Successes); err != nil {
+				return fmt.Errorf("trends: pass rate: %w", err)
+			}
+			w.Week, w.PassRate = dateUTC(w.Week), ratio(w.Successes, w.Rollouts)
+			passAVs = append(passAVs, w.AgentVersion)
+			resp.PassRate = append(resp.PassRate, w)
+		}
+		if err := rows.Err(); err != nil {
+			return fmt.Errorf("trends: pass rate: %w", err)
+		}
+		return nil
+	})
+	g.Go(func() error {
+		rows, err := s.d.Store.QueryDashboard(gctx, sink.QLackingWeekly, false, resp.Environment, unix(since))
+		if err != nil {
+			return fmt.Errorf("trends: lacking: %w", err)
+		}
+		defer rows.Close()
+		for rows.Next() {
+			var (
+				week time.Time
+				av   string
+				c    CapWeek
+			)
+			if err := rows.Scan(&week, &av, &c.Capability, &c.MeanCov, &c.MeanDelta, &c.LackingFailed, &c.Failed); err != nil {
+				return fmt.Errorf("trends: lacking: %w", err)
+			}
+			week = dateUTC(week)
+			lackAVs = append(lackAVs, av)
+			n := len(resp.Lacking)
+			if n == 0 || !resp.Lacking[n-1].Week.Equal(week) || resp.Lacking[n-1].AgentVersion != av {
+				resp.Lacking = append(resp.Lacking, WeeklyLacking{Week: week, AgentVersion: av, Top: []CapWeek{}})
+				n++
+			}
+			// Rows come highest Cov first; keep the top ones that were LACKING at all.
+			if len(resp.Lacking[n-1].Top) < p.Top && c.LackingFailed > 0 {
+				resp.Lacking[n-1].Top = append(resp.Lacking[n-1].Top, c)
+			}
+		}
+		if err := rows.Err(); err != nil {
+			return fmt.Errorf("trends: lacking: %w", err)
+		}
+		return nil
+	})
+	for i, av := range candidates {
+		g.Go(func() error {
+			rows, err := s.d.Store.QueryDashboard(gctx, sink.QLackingWeekOverWeek, false, unix(at), resp.Environment, av, unix(at), unix(at), uint32(max(p.Top, 1)*2))
+			if err != nil {
+				return fmt.Errorf("trends: week over week: %w", err)
+			}
+			defer rows.Close()
+			for rows.Next() {
+				w := WeekOverWeek{AgentVersion: av}
+				if err := rows.Scan(&w.Capability, &w.CovThisWeek, &w.CovLastWeek, &w.DeltaThisWeek, &w.DeltaLastWeek,
+					&w.LackingThisWeek, &w.LackingLastWeek, &w.RunsThisWeek, &w.RunsLastWeek); err != nil {
+					return fmt.Errorf("trends: week over week: %w", err)
+				}
+				wow[i] = append(wow[i], w)
+			}
+			if err := rows.Err(); err != nil {
+				return fmt.Errorf("trends: week over week: %w", err)
+			}
+			return nil
+		})
+	}
+	if err := g.Wait(); err != nil {
+		return nil, err
+	}
 	avs := map[string]bool{}
-	rows, err := s.d.Store.QueryDashboard(ctx, sink.QPassRateWeekly, false, resp.Environment, unix(since))
-	if err != nil {
-		return nil, fmt.Errorf("trends: pass rate: %w", err)
-	}
-	for rows.Next() {
-		var w WeeklyPass
-		if err := rows.Scan(&w.Week, &w.AgentVersion, &w.Rollouts, &w.Successes); err != nil {
-			rows.Close()
-			return nil, fmt.Errorf("trends: pass rate: %w", err)
-		}
-		w.Week, w.PassRate = dateUTC(w.Week), ratio(w.Successes, w.Rollouts)
-		avs[w.AgentVersion] = true
-		resp.PassRate = append(resp.PassRate, w)
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("trends: pass rate: %w", err)
-	}
-	rows, err = s.d.Store.QueryDashboard(ctx, sink.QLackingWeekly, false, resp.Environment, unix(since))
-	if err != nil {
-		return nil, fmt.Errorf("trends: lacking: %w", err)
-	}
-	for rows.Next() {
-		var (
-			week time.Time
-			av   string
-			c    CapWeek
-		)
-		if err := rows.Scan(&week, &av, &c.Capability, &c.MeanCov, &c.MeanDelta, &c.LackingFailed, &c.Failed); err != nil {
-			rows.Close()
-			return nil, fmt.Errorf("trends: lacking: %w", err)
-		}
-		week = dateUTC(week)
+	for _, av := range append(passAVs, lackAVs...) {
 		avs[av] = true
-		n := len(resp.Lacking)
-		if n == 0 || !resp.Lacking[n-1].Week.Equal(week) || resp.Lacking[n-1].AgentVersion != av {
-			resp.Lacking = append(resp.Lacking, WeeklyLacking{Week: week, AgentVersion: av, Top: []CapWeek{}})
-			n++
-		}
-		// Rows come highest Cov first; keep the top ones that were LACKING at all.
-		if len(resp.Lacking[n-1].Top) < p.Top && c.LackingFailed > 0 {
-			resp.Lacking[n-1].Top = append(resp.Lacking[n-1].Top, c)
-		}
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("trends: lacking: %w", err)
 	}
 	for av := range avs {
 		resp.AgentVersions = append(resp.AgentVersions, av)
 	}
 	sort.Strings(resp.AgentVersions)
 	for _, av := range resp.AgentVersions {
-		rows, err := s.d.Store.QueryDashboard(ctx, sink.QLackingWeekOverWeek, false, unix(at), resp.Environment, av, unix(at), unix(at), uint32(max(p.Top, 1)*2))
-		if err != nil {
-			return nil, fmt.Errorf("trends: week over week: %w", err)
-		}
-		for rows.Next() {
-			w := WeekOverWeek{AgentVersion: av}
-			if err := rows.Scan(&w.Capability, &w.CovThisWeek, &w.CovLastWeek, &w.DeltaThisWeek, &w.DeltaLastWeek,
-				&w.LackingThisWeek, &w.LackingLastWeek, &w.RunsThisWeek, &w.RunsLastWeek); err != nil {
-				rows.Close()
-				return nil, fmt.Errorf("trends: week over week: %w", err)
-			}
-			resp.WeekOverWeek = append(resp.WeekOverWeek, w)
-		}
-		rows.Close()
-		if err := rows.Err(); err != nil {
-			return nil, fmt.Errorf("trends: week over week: %w", err)
+		if i := slices.Index(candidates, av); i >= 0 {
+			resp.WeekOverWeek = append(resp.WeekOverWeek, wow[i]...)
 		}
 	}
 	if len(resp.PassRate) == 0 && len(resp.Lacking) == 0 {

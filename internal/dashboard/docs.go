@@ -52,8 +52,11 @@ toStartOfHour (not in the filters on ` + "`toStartOfHour(ts)`" + `).
   every other hour — the open one, an hour that received late, redelivered or
   relabeled data since, a partial first hour — from the raw rows
   (` + "`labels_by_time`" + `, sorted by time within each cohort, and ` + "`rollout_counts`" + `).
-  The subqueries on ` + "`rollup_changes`/`rollup_hours`" + ` (small tables) say which hours
-  are which, so the numbers are always the raw computation's; ` + "`trace bench query`" + `
+  The rollup's watermark (` + "`rollup_watermark`" + `: the changes its last complete run
+  covered and the first hour it left open) and the tail of ` + "`rollup_log`" + ` (the
+  hours changed since, sorted by ingest time: normally a handful) say which
+  hours are which, and a rollup row counts in its newest version (` + "`argMax(…, version)`" + `),
+  so the numbers are always the raw computation's; ` + "`trace bench query`" + `
   compares them with the statements before the rollup.
 - **Binds.** ` + "`?`" + ` are client-side binds (clickhouse-go replaces them in
   order); times are Unix seconds inside ` + "`toDateTime(?)`" + `. Each query below is

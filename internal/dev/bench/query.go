@@ -22,7 +22,8 @@ import (
 // QueryOptions configure `trace bench query`.
 type QueryOptions struct {
 	ClickHouse string // host:port, native protocol
-	Database   string // scratch database, dropped before and after (unless Keep)
+	Database   string // scratch database prefix: one database per size, <Database>_<size>
+	Reuse      bool   // a size's database that already holds its load is timed as it is
 	Sizes      []int  // rollouts per size, loaded cumulatively
 	Reps       int    // repetitions per endpoint
 	Days       int    // history spread
@@ -112,8 +113,11 @@ func RunQuery(ctx context.Context, opt QueryOptions) ([]QueryResult, error) {
 	span := now.Sub(from)
 	var results []QueryResult
 	for _, size := range opt.Sizes {
-		// Each size is a fresh database with size rollouts over the same span.
-		st, err := freshStore(ctx, opt, log)
+		// Each size is a database of its own with size rollouts over the
+		// same span; with Reuse, one a run before loaded (and kept) is
+		// timed as it is.
+		db := opt.Database + "_" + sizeName(size)
+		st, loaded, err := sizeStore(ctx, opt, db, size, log)
 		if err != nil {
 			return results, err
 		}
@@ -121,7 +125,10 @@ func RunQuery(ctx context.Context, opt QueryOptions) ([]QueryResult, error) {
 		hNew := dashboard.New(dashboard.Deps{Store: st, Log: log})
 		hOld := dashboard.New(dashboard.Deps{Store: rawStore{st}, Log: log})
 		start := time.Now()
-		if err := st.BenchLoad(ctx, size, from, span, 0, func(done int) {
+		if loaded {
+			fmt.Fprintf(out, "size %d: reusing database %s (loaded by an earlier run)\n", size, db)
+			// Its "now" was the earlier run's: the history ends then.
+		} else if err := st.BenchLoad(ctx, size, from, span, 0, func(done int) {
 			fmt.Fprintf(out, "  loaded %d / %d rollouts (%v)\n", done, size, time.Since(start).Round(time.Second))
 		}); err != nil {
 			return results, err
@@ -196,7 +203,7 @@ func RunQuery(ctx context.Context, opt QueryOptions) ([]QueryResult, error) {
 		slices.Sort(r.New)
 		results = append(results, r)
 		if !opt.Keep {
-			if err := st.DropDatabase(ctx, opt.Database); err != nil {
+			if err := st.DropDatabase(ctx, db); err != nil {
 				return results, err
 			}
 		}
@@ -204,26 +211,36 @@ func RunQuery(ctx context.Context, opt QueryOptions) ([]QueryResult, error) {
 	return results, nil
 }
 
-// freshStore drops and creates the scratch database, migrated.
-func freshStore(ctx context.Context, opt QueryOptions, log *slog.Logger) (*sink.Store, error) {
-	cfg := sink.Config{Addr: []string{opt.ClickHouse}, Database: opt.Database}
+// sizeStore opens db migrated: with Reuse, as it is when it already holds
+// size simulated rollouts (loaded true); otherwise dropped and created.
+func sizeStore(ctx context.Context, opt QueryOptions, db string, size int, log *slog.Logger) (*sink.Store, bool, error) {
+	cfg := sink.Config{Addr: []string{opt.ClickHouse}, Database: db}
 	st, err := sink.Open(ctx, cfg, log)
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
-	if err := st.DropDatabase(ctx, opt.Database); err != nil {
+	if opt.Reuse {
+		if err := st.Migrate(ctx); err != nil {
+			st.Close()
+			return nil, false, err
+		}
+		if n, err := st.CountRollouts(ctx); err == nil && n == uint64(size) {
+			return st, true, nil
+		}
+	}
+	if err := st.DropDatabase(ctx, db); err != nil {
 		st.Close()
-		return nil, err
+		return nil, false, err
 	}
 	st.Close()
 	if st, err = sink.Open(ctx, cfg, log); err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	if err := st.Migrate(ctx); err != nil {
 		st.Close()
-		return nil, err
+		return nil, false, err
 	}
-	return st, nil
+	return st, false, nil
 }
 
 // checkSample compares the rollup-backed dashboard statements with the raw
