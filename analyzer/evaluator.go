@@ -334,14 +334,26 @@ func (e *Evaluator) Evaluate(ctx context.Context, cohorts ...sink.Cohort) error 
 	// (deduplicated) and records again.
 	var evs []sink.TriggerEvent
 	var steps []transition
+	stored := make([]sink.StoredEvaluation, 0, len(cohorts))
 	for _, c := range cohorts {
-		ce, cs, err := e.apply(ctx, now, spec.Ranges[c], c, infos[c], counts[c])
+		ce, cs, ev, err := e.apply(ctx, now, spec.Ranges[c], c, infos[c], counts[c])
 		evs, steps = append(evs, ce...), append(steps, cs...)
 		if err != nil {
 			return err
 		}
+		ev.AsOf = marks[c]
+		b, err := json.Marshal(ev)
+		if err != nil {
+			return fmt.Errorf("evaluation of %s: %w", c, err)
+		}
+		stored = append(stored, sink.StoredEvaluation{Cohort: c, EvaluatedNs: uint64(now.UnixNano()), Payload: string(b)})
 	}
 	if err := e.store.InsertTriggerEvents(ctx, evs); err != nil {
+		return err
+	}
+	// What was decided, for the dashboard and the report (a failure is
+	// retried with the rest: the transitions above are idempotent).
+	if err := e.store.SaveEvaluations(ctx, stored); err != nil {
 		return err
 	}
 	e.mu.Lock()
@@ -350,6 +362,24 @@ func (e *Evaluator) Evaluate(ctx context.Context, cohorts ...sink.Cohort) error 
 	}
 	e.mu.Unlock()
 	return nil
+}
+
+// Evaluation is one evaluation of a cohort as the evaluator made it: its
+// window by event time (back from the cohort's watermark, AsOf), the
+// window's labeled rollouts and failures, the complete labeling runs,
+// whether that is enough to decide (min_failures, N), and every
+// capability's statistics and decision. The evaluator stores each one
+// (sink.StoredEvaluation, JSON) for the dashboard and `trace report`.
+type Evaluation struct {
+	EvaluatedAt time.Time `json:"evaluated_at"`
+	AsOf        time.Time `json:"as_of"`
+	WindowStart time.Time `json:"window_start"`
+	WindowEnd   time.Time `json:"window_end"`
+	Rollouts    int       `json:"rollouts"`
+	Failures    int       `json:"failures"`
+	Runs        int       `json:"runs"`
+	Decided     bool      `json:"decided"`
+	Results     []Result  `json:"results"`
 }
 
 // FutureSkew is how far ahead of the wall clock a watermark may be before
@@ -379,7 +409,7 @@ type transition struct {
 }
 
 // apply runs one cohort's triggers on its window statistics.
-func (e *Evaluator) apply(ctx context.Context, now time.Time, win sink.Range, c sink.Cohort, info sink.WindowInfo, counts []sink.RunCounts) (evs []sink.TriggerEvent, steps []transition, err error) {
+func (e *Evaluator) apply(ctx context.Context, now time.Time, win sink.Range, c sink.Cohort, info sink.WindowInfo, counts []sink.RunCounts) (evs []sink.TriggerEvent, steps []transition, eval Evaluation, err error) {
 	dict := e.reg.Version(c.Environment, c.AgentVersion, c.DictionaryVersion)
 	inputs, runs := CohortInputs(counts, dict)
 	results := Select(inputs, Thresholds{Rho: e.cfg.Rho, Delta: e.cfg.Delta, K: e.cfg.K})
@@ -388,6 +418,8 @@ func (e *Evaluator) apply(ctx context.Context, now time.Time, win sink.Range, c 
 	e.mu.Lock()
 	e.last[c] = results
 	e.mu.Unlock()
+	eval = Evaluation{EvaluatedAt: now.UTC(), WindowStart: win.From.UTC(), WindowEnd: win.To.UTC(), Rollouts: info.Rollouts,
+		Failures: info.Failures, Runs: runs, Decided: decided, Results: results}
 
 	var tools []schemas.Tool
 	rank := 0
@@ -412,7 +444,7 @@ func (e *Evaluator) apply(ctx context.Context, now time.Time, win sink.Range, c 
 		if act == ActFire {
 			if tools == nil {
 				if tools, err = e.cohortTools(ctx, c); err != nil {
-					return evs, steps, err
+					return evs, steps, eval, err
 				}
 			}
 			req := &schemas.SynthesisRequest{
@@ -422,7 +454,7 @@ func (e *Evaluator) apply(ctx context.Context, now time.Time, win sink.Range, c 
 			}
 			res, err := e.pub.PublishSynthesis(ctx, req)
 			if err != nil {
-				return evs, steps, err // state unchanged: the next attempt publishes again with the same Msg-Id
+				return evs, steps, eval, err // state unchanged: the next attempt publishes again with the same Msg-Id
 			}
 			b, _ := json.Marshal(req)
 			ev.Payload = string(b)
@@ -434,7 +466,7 @@ func (e *Evaluator) apply(ctx context.Context, now time.Time, win sink.Range, c 
 		evs = append(evs, ev)
 		steps = append(steps, transition{k, next})
 	}
-	return evs, steps, nil
+	return evs, steps, eval, nil
 }
 
 func round4(f float64) float64 { return math.Round(f*1e4) / 1e4 }

@@ -23,6 +23,8 @@ type EvaluatorStore interface {
 	WindowInfoMulti(ctx context.Context, spec sink.MultiSpec) (map[sink.Cohort]sink.WindowInfo, error)
 	TriggerHistory(ctx context.Context) ([]sink.TriggerEvent, error)
 	InsertTriggerEvents(ctx context.Context, evs []sink.TriggerEvent) error
+	// SaveEvaluations records what each evaluation decided.
+	SaveEvaluations(ctx context.Context, evs []sink.StoredEvaluation) error
 }
 
 // LabelStore is where the labeling sinks write labels and labeling runs.

@@ -568,6 +568,19 @@ ORDER BY slot`,
 			`TRUNCATE TABLE IF EXISTS rollup_watermark`,
 		}
 	}},
+	{16, "cohort_evaluations", func(d Dialect) []string {
+		// The evaluator's latest evaluation of each cohort (sink/evaluations.go):
+		// what the dashboard and the report show as its decision. One row per
+		// cohort once merged.
+		return []string{`CREATE TABLE IF NOT EXISTS cohort_evaluations (
+	environment ` + d.LC() + `,
+	agent_version ` + d.LC() + `,
+	dictionary_version UInt32,
+	evaluated_ns UInt64,
+	payload String
+) ENGINE = ReplacingMergeTree(evaluated_ns)
+ORDER BY (environment, agent_version, dictionary_version)`}
+	}},
 }
 
 // Migrate applies every migration not yet recorded in schema_migrations, in

@@ -25,8 +25,8 @@ func newBenchQueryCmd() *cobra.Command {
 		Use:   "query [--sizes 100k,1M] [--clickhouse host:port]",
 		Short: "Dashboard, report and evaluator latency at 100k–10M rollouts, against the statements before the rollup",
 		Long: `bench query measures the analytics at production volume. For each size it
-creates a scratch database (--database with the size appended, e.g.
-trace_bench_query_1M; dropped before and after), bulk-loads
+creates a scratch database (--database; with several sizes, one per size with
+the size appended, e.g. trace_bench_query_1M; dropped before and after), bulk-loads
 that many SIMULATED rollouts with their labels (3 environments, 2 agent
 versions, 5 capabilities, one labeling run, a planted deficit; generated
 inside ClickHouse, not through the labelers) spread over --days of history
@@ -85,7 +85,7 @@ machine may be shared: read each figure beside its comparison.`,
 	f := cmd.Flags()
 	f.StringVar(&sizes, "sizes", "100k,1M", "comma-separated rollout counts (k and M suffixes)")
 	f.StringVar(&opt.ClickHouse, "clickhouse", "127.0.0.1:9000", "host:port (native protocol) of the ClickHouse server")
-	f.StringVar(&opt.Database, "database", "trace_bench_query", "scratch database prefix: <prefix>_<size> per size, dropped before and after")
+	f.StringVar(&opt.Database, "database", "trace_bench_query", "scratch database (with several sizes: <database>_<size> each), dropped before and after")
 	f.IntVar(&opt.Reps, "reps", 5, "repetitions per endpoint")
 	f.IntVar(&opt.Days, "days", 90, "days of history the rollouts are spread over")
 	f.BoolVar(&opt.Keep, "keep", false, "keep each size's database")

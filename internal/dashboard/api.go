@@ -147,10 +147,14 @@ type WindowJSON struct {
 
 // Decision is the capability selection of one cohort.
 type Decision struct {
-	// Source is "evaluator" (the running evaluator's latest snapshot) or
-	// "computed" (computed now from ClickHouse with the same rule).
-	Source string     `json:"source"`
-	Window WindowJSON `json:"window"`
+	// Source is "evaluator" (the evaluator's latest evaluation, stored by
+	// any analyze replica, or the running evaluator's snapshot) or
+	// "computed" (computed now from ClickHouse with the same rule: fresh=1,
+	// or a cohort the evaluator has not evaluated).
+	Source string `json:"source"`
+	// EvaluatedAt is when the evaluator computed a stored evaluation.
+	EvaluatedAt time.Time  `json:"evaluated_at,omitzero"`
+	Window      WindowJSON `json:"window"`
 	// AsOf is the cohort's watermark: its decision window ends there.
 	AsOf time.Time `json:"as_of"`
 	// Decided is false when the window has fewer failures than

@@ -558,6 +558,72 @@ func (p *nopPublisher) PublishSynthesis(context.Context, *schemas.SynthesisReque
 	return analyzer.PublishResult{}, nil
 }
 
+// TestStoredEvaluation: a dashboard in another process than the evaluator
+// (no snapshot) shows the evaluator's stored evaluation, which agrees with
+// its own computation on the same data and is really read from storage:
+// after a new labeled rollout, the stored decision still shows the window
+// the evaluator saw, and fresh=1 the new one.
+func TestStoredEvaluation(t *testing.T) {
+	st := openStore(t)
+	now := time.Now().UTC().Truncate(time.Second)
+	seedDemo(t, st, now)
+	reg := registry()
+	ev := analyzer.NewEvaluator(testEval, st, &nopPublisher{}, reg, nil, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	c := sink.Cohort{Environment: "airline", AgentVersion: "v2", DictionaryVersion: 1}
+	if err := ev.Evaluate(ctx, c); err != nil {
+		t.Fatal(err)
+	}
+	h := newHandler(st, now, nil, reg)
+	var stored, fresh OverviewResponse
+	getJSON(t, h, "/api/overview?env=airline&agent_version=v2", &stored)
+	getJSON(t, h, "/api/overview?env=airline&agent_version=v2&fresh=1", &fresh)
+	if stored.Decision.Source != "evaluator" || stored.Decision.EvaluatedAt.IsZero() || fresh.Decision.Source != "computed" {
+		t.Fatalf("sources: %s (evaluated at %v), %s", stored.Decision.Source, stored.Decision.EvaluatedAt, fresh.Decision.Source)
+	}
+	if stored.Decision.Window != fresh.Decision.Window || stored.Decision.Decided != fresh.Decision.Decided || stored.Decision.Runs != fresh.Decision.Runs {
+		t.Fatalf("stored %+v\ncomputed %+v", stored.Decision, fresh.Decision)
+	}
+	if len(stored.Decision.Capabilities) != len(fresh.Decision.Capabilities) || len(stored.Decision.Capabilities) == 0 {
+		t.Fatalf("%d vs %d capabilities", len(stored.Decision.Capabilities), len(fresh.Decision.Capabilities))
+	}
+	for i, a := range stored.Decision.Capabilities {
+		b := fresh.Decision.Capabilities[i]
+		if a.Name != b.Name || a.RunsPassed != b.RunsPassed || !near(a.MeanCov, b.MeanCov) || !near(a.MeanDelta, b.MeanDelta) || a.Decision != b.Decision {
+			t.Errorf("stored %+v\ncomputed %+v", a, b)
+		}
+	}
+	// One more labeled rollout in the window: only a fresh computation sees it.
+	var rows []sink.LabelRow
+	for run := range uint16(fresh.Decision.Runs) {
+		rows = append(rows, sink.LabelRow{LabelEvent: schemas.LabelEvent{RolloutID: "airline:v2:late", Environment: "airline", AgentVersion: "v2",
+			DictionaryVersion: 1, Capability: capMulti, Run: run, Label: schemas.LabelLacking, Source: schemas.SourceExternal,
+			TS: fresh.Decision.Window.End.Add(-time.Minute)}})
+	}
+	if err := st.InsertLabels(ctx, rows); err != nil {
+		t.Fatal(err)
+	}
+	var stored2, fresh2 OverviewResponse
+	getJSON(t, h, "/api/overview?env=airline&agent_version=v2", &stored2)
+	getJSON(t, h, "/api/overview?env=airline&agent_version=v2&fresh=1", &fresh2)
+	if stored2.Decision.Window != stored.Decision.Window {
+		t.Errorf("the stored decision changed without an evaluation: %+v, was %+v", stored2.Decision.Window, stored.Decision.Window)
+	}
+	if fresh2.Decision.Window.Rollouts != fresh.Decision.Window.Rollouts+1 {
+		t.Errorf("fresh window: %d rollouts, want %d", fresh2.Decision.Window.Rollouts, fresh.Decision.Window.Rollouts+1)
+	}
+	// The next evaluation is what the page shows.
+	if err := ev.Evaluate(ctx, c); err != nil {
+		t.Fatal(err)
+	}
+	var stored3 OverviewResponse
+	getJSON(t, h, "/api/overview?env=airline&agent_version=v2", &stored3)
+	if stored3.Decision.Window != fresh2.Decision.Window || !stored3.Decision.EvaluatedAt.After(stored.Decision.EvaluatedAt) {
+		t.Errorf("after a new evaluation: %+v at %v, want %+v", stored3.Decision.Window, stored3.Decision.EvaluatedAt, fresh2.Decision.Window)
+	}
+}
+
 // TestEvaluatorSnapshot: with a running evaluator the overview shows its
 // snapshot, which agrees with the dashboard's own computation, and its
 // trigger events (with the published request) appear on the timeline.

@@ -58,6 +58,9 @@ type Store interface {
 	WindowInfoMulti(ctx context.Context, spec sink.MultiSpec) (map[sink.Cohort]sink.WindowInfo, error)
 	WindowCountsMulti(ctx context.Context, spec sink.MultiSpec) (map[sink.Cohort][]sink.RunCounts, error)
 	FailedLabelRuns(ctx context.Context) ([]sink.FailedRuns, error)
+	// LatestEvaluations are the evaluator's stored decisions (what the
+	// pages show unless asked for a fresh computation).
+	LatestEvaluations(ctx context.Context, cohorts []sink.Cohort) (map[sink.Cohort]sink.StoredEvaluation, error)
 	QueryDashboard(ctx context.Context, q string, daily bool, args ...any) (driver.Rows, error)
 	QueryDashboardRow(ctx context.Context, q string, args ...any) driver.Row
 }

@@ -287,13 +287,38 @@ type decided struct {
 // one round of statements.
 func (s *server) decisions(ctx context.Context, keys []CohortKey, preferSnapshot bool) (map[CohortKey]decided, error) {
 	out := make(map[CohortKey]decided, len(keys))
+	cohortsOf := func(keys []CohortKey) []sink.Cohort {
+		cs := make([]sink.Cohort, len(keys))
+		for i, k := range keys {
+			cs[i] = k.cohort()
+		}
+		return cs
+	}
+	if preferSnapshot && len(keys) > 0 {
+		// The evaluator's own latest evaluations (any process's), one small
+		// read for every cohort; the others are computed below.
+		stored, err := s.d.Store.LatestEvaluations(ctx, cohortsOf(keys))
+		if err != nil {
+			return nil, err
+		}
+		var rest []CohortKey
+		for _, key := range keys {
+			var ev analyzer.Evaluation
+			if st, ok := stored[key.cohort()]; ok && json.Unmarshal([]byte(st.Payload), &ev) == nil {
+				dec, dict := s.decide(ctx, key, sink.WindowInfo{Rollouts: ev.Rollouts, Failures: ev.Failures},
+					sink.Range{From: ev.WindowStart, To: ev.WindowEnd}, ev.AsOf, ev.Results, ev.Runs, "evaluator")
+				dec.EvaluatedAt = ev.EvaluatedAt
+				out[key] = decided{dec: dec, dict: dict}
+				continue
+			}
+			rest = append(rest, key)
+		}
+		keys = rest
+	}
 	if len(keys) == 0 {
 		return out, nil
 	}
-	cohorts := make([]sink.Cohort, len(keys))
-	for i, k := range keys {
-		cohorts[i] = k.cohort()
-	}
+	cohorts := cohortsOf(keys)
 	mspec, marks, err := s.d.Store.EventSpec(ctx, cohorts, s.eval.Window, s.eval.WindowRollouts, s.eval.N)
 	if err != nil {
 		return nil, err
@@ -312,30 +337,30 @@ func (s *server) decisions(ctx context.Context, keys []CohortKey, preferSnapshot
 		}
 	}
 	for _, key := range keys {
-		dec, counts, dict := s.decide(ctx, key, infos[key.cohort()], mspec.Ranges[key.cohort()], marks[key.cohort()], cm[key.cohort()], preferSnapshot)
+		c := key.cohort()
+		var results []analyzer.Result
+		runs, source, counts := 0, "computed", cm[c]
+		if snap, ok := s.snapshot(key); ok && preferSnapshot {
+			source, results, counts = "evaluator", snap, nil
+			for _, r := range results {
+				runs = max(runs, r.RunsTotal)
+			}
+		} else {
+			var inputs []analyzer.CapabilityRuns
+			inputs, runs = analyzer.CohortInputs(counts, s.dictionary(ctx, key.Environment, key.AgentVersion, key.DictionaryVersion))
+			results = analyzer.Select(inputs, s.th)
+		}
+		dec, dict := s.decide(ctx, key, infos[c], mspec.Ranges[c], marks[c], results, runs, source)
 		out[key] = decided{dec, counts, dict}
 	}
 	return out, nil
 }
 
-// decide is one cohort's decision from its window's info and counts (or
-// the evaluator's snapshot).
-func (s *server) decide(ctx context.Context, key CohortKey, info sink.WindowInfo, win sink.Range, asOf time.Time, counts []sink.RunCounts, preferSnapshot bool) (*Decision, []sink.RunCounts, *analyzer.Dictionary) {
+// decide is one cohort's decision from its window's info and its
+// capabilities' results (source: "computed" here, or "evaluator").
+func (s *server) decide(ctx context.Context, key CohortKey, info sink.WindowInfo, win sink.Range, asOf time.Time, results []analyzer.Result, runs int, source string) (*Decision, *analyzer.Dictionary) {
 	dict := s.dictionary(ctx, key.Environment, key.AgentVersion, key.DictionaryVersion)
-	dec := &Decision{Source: "computed", AsOf: asOf, Window: WindowJSON{Start: win.From.UTC(), End: win.To.UTC(), Rollouts: info.Rollouts, Failures: info.Failures}}
-	var results []analyzer.Result
-	runs := 0
-	if snap, ok := s.snapshot(key); ok && preferSnapshot {
-		dec.Source = "evaluator"
-		results, counts = snap, nil
-		for _, r := range results {
-			runs = max(runs, r.RunsTotal)
-		}
-	} else {
-		var inputs []analyzer.CapabilityRuns
-		inputs, runs = analyzer.CohortInputs(counts, dict)
-		results = analyzer.Select(inputs, s.th)
-	}
+	dec := &Decision{Source: source, AsOf: asOf, Window: WindowJSON{Start: win.From.UTC(), End: win.To.UTC(), Rollouts: info.Rollouts, Failures: info.Failures}}
 	dec.Runs = runs
 	dec.Decided = info.Failures >= s.eval.MinFailures && runs >= s.eval.N
 	switch {
@@ -385,7 +410,7 @@ func (s *server) decide(ctx context.Context, key CohortKey, info sink.WindowInfo
 	if dec.Capabilities == nil {
 		dec.Capabilities = []CapabilityDecision{}
 	}
-	return dec, counts, dict
+	return dec, dict
 }
 
 // addTriggers sets the newest trigger transition of each of dec's

@@ -22,7 +22,7 @@ import (
 // QueryOptions configure `trace bench query`.
 type QueryOptions struct {
 	ClickHouse string // host:port, native protocol
-	Database   string // scratch database prefix: one database per size, <Database>_<size>
+	Database   string // scratch database; with several sizes, one per size: <Database>_<size>
 	Reuse      bool   // a size's database that already holds its load is timed as it is
 	Sizes      []int  // rollouts per size, loaded cumulatively
 	Reps       int    // repetitions per endpoint
@@ -116,7 +116,10 @@ func RunQuery(ctx context.Context, opt QueryOptions) ([]QueryResult, error) {
 		// Each size is a database of its own with size rollouts over the
 		// same span; with Reuse, one a run before loaded (and kept) is
 		// timed as it is.
-		db := opt.Database + "_" + sizeName(size)
+		db := opt.Database
+		if len(opt.Sizes) > 1 {
+			db += "_" + sizeName(size)
+		}
 		st, loaded, err := sizeStore(ctx, opt, db, size, log)
 		if err != nil {
 			return results, err
