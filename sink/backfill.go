@@ -20,7 +20,11 @@ type RolloutScope struct {
 // rollouts: what `trace report` compares with the labeled cohorts to say
 // which got no labels.
 func (s *Store) RolloutScopes(ctx context.Context) ([]RolloutScope, error) {
-	rows, err := s.conn.Query(ctx, rolloutScopesSQL)
+	return s.rolloutScopes(ctx, rolloutScopesSQL)
+}
+
+func (s *Store) rolloutScopes(ctx context.Context, q string, args ...any) ([]RolloutScope, error) {
+	rows, err := s.conn.Query(ctx, q, args...)
 	if err != nil {
 		return nil, fmt.Errorf("rollout scopes: %w", err)
 	}
@@ -39,6 +43,35 @@ func (s *Store) RolloutScopes(ctx context.Context) ([]RolloutScope, error) {
 		out = append(out, r)
 	}
 	return out, rows.Err()
+}
+
+// RolloutKeys lists every (environment, agent version) with stored
+// rollouts, from the small rollout_counts aggregate (no scan of rollouts).
+func (s *Store) RolloutKeys(ctx context.Context) ([][2]string, error) {
+	rows, err := s.conn.Query(ctx, rolloutKeysSQL)
+	if err != nil {
+		return nil, fmt.Errorf("rollout keys: %w", err)
+	}
+	defer rows.Close()
+	var out [][2]string
+	for rows.Next() {
+		var k [2]string
+		if err := rows.Scan(&k[0], &k[1]); err != nil {
+			return nil, fmt.Errorf("rollout keys: %w", err)
+		}
+		out = append(out, k)
+	}
+	return out, rows.Err()
+}
+
+// RolloutScopesOf is RolloutScopes of some (environment, agent version)s
+// only: the rollouts table's sort key prunes the read to them.
+func (s *Store) RolloutScopesOf(ctx context.Context, keys [][2]string) ([]RolloutScope, error) {
+	if len(keys) == 0 {
+		return nil, nil
+	}
+	q, args := rolloutScopesOfSQL(keys)
+	return s.rolloutScopes(ctx, q, args...)
 }
 
 // FailedRuns is the count of failed labeling runs of one cohort and one of

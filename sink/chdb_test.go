@@ -920,6 +920,21 @@ func chdbRollouts(t *testing.T, c *chdbDB, base time.Time) {
 	if len(r.rows) != 1 || r.rows[0].str(0) != "env" || r.rows[0].uint(2) != 100 || r.rows[0].uint(3) != 66 || !r.rows[0].time(4).Equal(base.Add(99*time.Minute)) {
 		t.Errorf("RolloutScopes = %v", r.rows)
 	}
+	q, args = rolloutScopesOfSQL([][2]string{{"env", "v1"}, {"env", "nope"}})
+	if r2 := c.query(q, args...); len(r2.rows) != 1 || r2.rows[0].uint(2) != 100 || r2.rows[0].uint(3) != 66 {
+		t.Errorf("RolloutScopesOf = %v", r2.rows)
+	}
+	if r2 := c.query(rolloutKeysSQL); len(r2.rows) != 1 || r2.rows[0].str(0) != "env" {
+		t.Errorf("RolloutKeys = %v", r2.rows)
+	}
+	// LatestEvaluations: the newest of a cohort's evaluations.
+	c.insert("cohort_evaluations", "environment, agent_version, dictionary_version, evaluated_ns, payload",
+		[]any{"env", "v1", uint32(1), uint64(10), `{"runs":1}`}, []any{"env", "v1", uint32(1), uint64(20), `{"runs":2}`}, []any{"env", "v2", uint32(1), uint64(5), `{}`})
+	if text, err := inlineArgs(latestEvaluationsSQL(1), []any{"env", "v1", uint32(1)}); err != nil {
+		t.Fatal(err)
+	} else if r2 := c.query(text); len(r2.rows) != 1 || r2.rows[0].uint(3) != 20 || r2.rows[0].str(4) != `{"runs":2}` {
+		t.Errorf("LatestEvaluations = %v", r2.rows)
+	}
 	q, args = storedRolloutsSQL("env", "v1", base.Add(90*time.Minute))
 	r = c.query(q, args...)
 	r.wantTypes(t, "StoredRollouts", "String", "DateTime", "String", "Int32", "Int64")

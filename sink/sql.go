@@ -140,6 +140,22 @@ func storedRunsSQL(env, agentVersion, rolloutID string, dictVersion uint32) (str
 const rolloutScopesSQL = `SELECT environment, agent_version, uniqExact(rollout_id), uniqExactIf(rollout_id, success = 0), max(end_time)
 	FROM rollouts GROUP BY environment, agent_version ORDER BY environment, agent_version`
 
+// rolloutKeysSQL is the query of RolloutKeys.
+const rolloutKeysSQL = `SELECT DISTINCT environment, agent_version FROM rollout_counts ORDER BY environment, agent_version`
+
+// rolloutScopesOfSQL is the query of RolloutScopesOf (keys not empty).
+func rolloutScopesOfSQL(keys [][2]string) (string, []any) {
+	tuples := make([]string, len(keys))
+	args := make([]any, 0, 2*len(keys))
+	for i, k := range keys {
+		tuples[i] = "(?, ?)"
+		args = append(args, k[0], k[1])
+	}
+	return `SELECT environment, agent_version, uniqExact(rollout_id), uniqExactIf(rollout_id, success = 0), max(end_time)
+	FROM rollouts WHERE (environment, agent_version) IN (` + strings.Join(tuples, ", ") + `)
+	GROUP BY environment, agent_version ORDER BY environment, agent_version`, args
+}
+
 // failedLabelRunsSQL is the query of FailedLabelRuns.
 const failedLabelRunsSQL = `SELECT environment, agent_version, dictionary_version, any(labeler), uniqExact(rollout_id, run), any(reason)
 	FROM label_runs WHERE status = 'failed'

@@ -67,9 +67,15 @@ machine may be shared: read each figure beside its comparison.`,
 			opt.Out = out
 			opt.Log = slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: slog.LevelWarn}))
 			cfg := config.Default()
-			opt.Report = func(ctx context.Context, st *sink.Store, now time.Time) error {
-				_, _, err := buildReport(ctx, cfg, st, "", cfg.Analyzer.Window, now)
-				return err
+			opt.Report = func(ctx context.Context, st *sink.Store, now time.Time, fresh bool) ([]bench.ReportCap, error) {
+				rows, _, err := buildReport(ctx, cfg, st, "", cfg.Analyzer.Window, !fresh, now)
+				out := make([]bench.ReportCap, len(rows))
+				for i, r := range rows {
+					out[i] = bench.ReportCap{Environment: r.Environment, AgentVersion: r.AgentVersion, DictionaryVersion: r.DictionaryVersion,
+						Capability: r.Capability, Cov: r.Cov, Delta: r.Delta, RunsPassed: r.RunsPassed, Decision: r.Decision,
+						Rollouts: r.Rollouts, Failures: r.Failures}
+				}
+				return out, err
 			}
 			fmt.Fprintf(out, "trace bench query: %d CPUs, %s, load average %s, ClickHouse %s\n",
 				runtime.NumCPU(), runtime.Version(), loadAvg(), opt.ClickHouse)
@@ -89,6 +95,7 @@ machine may be shared: read each figure beside its comparison.`,
 	f.IntVar(&opt.Reps, "reps", 5, "repetitions per endpoint")
 	f.IntVar(&opt.Days, "days", 90, "days of history the rollouts are spread over")
 	f.BoolVar(&opt.Keep, "keep", false, "keep each size's database")
+	f.BoolVar(&opt.NoCheck, "no-check", false, "skip the exactness check (a re-run of a database an earlier run checked)")
 	f.BoolVar(&opt.Reuse, "reuse", false, "time a kept database that already holds the size as it is, without loading")
 	return cmd
 }

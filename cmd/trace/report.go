@@ -24,6 +24,9 @@ import (
 // Decision "no labels" and no capability, a cohort that has stored rollouts
 // but no labels, with the reason.
 type reportRow struct {
+	// Source is "evaluator" (its latest stored evaluation) or "computed"
+	// (from the window now: --fresh, another --window, or not evaluated).
+	Source            string    `json:"source,omitempty"`
 	Environment       string    `json:"environment"`
 	AgentVersion      string    `json:"agent_version"`
 	DictionaryVersion uint32    `json:"dictionary_version"`
@@ -105,6 +108,7 @@ func init() {
 		format string
 		window string
 		loop   bool
+		fresh  bool
 	)
 	cmd := &cobra.Command{
 		Use:   "report",
@@ -119,6 +123,11 @@ the status of the environment the synthesize role made for a selected one
 Windows follow event time, as the analyzer's do: each cohort's window ends
 at its watermark, the end time of its newest labeled rollout ("as of"), so
 replayed history reports as it did live. --window all takes every rollout.
+
+A cohort the analyze role's evaluator has evaluated shows its latest stored
+evaluation (the decision as it made it, at most analyzer.interval old; the
+json field source says "evaluator"); --fresh, or another --window, computes
+every decision from its window now ("computed").
 A watermark in the future (clock skew) is reported with a warning.
 
 A cohort with stored rollouts but no labels is listed with the reason (no
@@ -163,7 +172,7 @@ verify.*), and the routing share per adapter per hour.`,
 				}
 				return writeLoop(cmd.OutOrStdout(), format, rep)
 			}
-			rows, warnings, err := buildReport(ctx, cfg, st, env, win, time.Now())
+			rows, warnings, err := buildReport(ctx, cfg, st, env, win, !fresh, time.Now())
 			if err != nil {
 				return err
 			}
@@ -190,6 +199,7 @@ verify.*), and the routing share per adapter per hour.`,
 	cf.add(cmd)
 	cmd.Flags().StringVar(&env, "env", "", "only this environment")
 	cmd.Flags().StringVar(&format, "format", "table", "table, json or csv")
+	cmd.Flags().BoolVar(&fresh, "fresh", false, "compute every decision from its window now, not the evaluator's latest evaluation")
 	cmd.Flags().BoolVar(&loop, "loop", false, "only the closed loop: each activated adapter's before/after, verdict and routing share")
 	cmd.Flags().StringVar(&window, "window", "", "the window back from each cohort's watermark: a duration, or all (default analyzer.window)")
 	rootCmd.AddCommand(cmd)
@@ -197,7 +207,11 @@ verify.*), and the routing share per adapter per hour.`,
 
 // buildReport evaluates every cohort's event-time window and explains the
 // stored (environment, agent version)s that have no labels.
-func buildReport(ctx context.Context, cfg config.Config, st *sink.Store, env string, window time.Duration, now time.Time) ([]reportRow, []string, error) {
+//
+// With stored, a cohort the evaluator has evaluated over the same window
+// shows that evaluation (its decision as made); the others, and every cohort
+// without stored, are computed from their windows now.
+func buildReport(ctx context.Context, cfg config.Config, st *sink.Store, env string, window time.Duration, stored bool, now time.Time) ([]reportRow, []string, error) {
 	ac := cfg.Analyzer.EvalConfig
 	marks, err := st.Watermarks(ctx, nil)
 	if err != nil {
@@ -223,17 +237,50 @@ func buildReport(ctx context.Context, cfg config.Config, st *sink.Store, env str
 		}
 		return a.DictionaryVersion < b.DictionaryVersion
 	})
-	spec, _, err := st.EventSpec(ctx, cohorts, window, ac.WindowRollouts, ac.N)
-	if err != nil {
-		return nil, nil, err
+	// The evaluator's stored evaluations, when the window is its own and
+	// not asked for fresh: what it decided, without reading the windows
+	// again. The other cohorts are computed from their windows.
+	type decided struct {
+		results []analyzer.Result
+		info    sink.WindowInfo
+		runs    int
+		source  string
 	}
-	infos, err := st.WindowInfoMulti(ctx, spec)
-	if err != nil {
-		return nil, nil, err
+	got := map[sink.Cohort]decided{}
+	need := cohorts
+	if stored && window == ac.Window {
+		evs, err := st.LatestEvaluations(ctx, cohorts)
+		if err != nil {
+			return nil, nil, err
+		}
+		need = nil
+		for _, c := range cohorts {
+			var ev analyzer.Evaluation
+			if s, ok := evs[c]; ok && json.Unmarshal([]byte(s.Payload), &ev) == nil {
+				got[c] = decided{ev.Results, sink.WindowInfo{Rollouts: ev.Rollouts, Failures: ev.Failures}, ev.Runs, "evaluator"}
+				marks[c] = ev.AsOf
+				continue
+			}
+			need = append(need, c)
+		}
 	}
-	counts, err := st.WindowCountsMulti(ctx, spec)
-	if err != nil {
-		return nil, nil, err
+	if len(need) > 0 {
+		spec, _, err := st.EventSpec(ctx, need, window, ac.WindowRollouts, ac.N)
+		if err != nil {
+			return nil, nil, err
+		}
+		infos, err := st.WindowInfoMulti(ctx, spec)
+		if err != nil {
+			return nil, nil, err
+		}
+		counts, err := st.WindowCountsMulti(ctx, spec)
+		if err != nil {
+			return nil, nil, err
+		}
+		for _, c := range need {
+			inputs, runs := analyzer.CohortInputs(counts[c], reg.Version(c.Environment, c.AgentVersion, c.DictionaryVersion))
+			got[c] = decided{analyzer.Select(inputs, analyzer.Thresholds{Rho: ac.Rho, Delta: ac.Delta, K: ac.K}), infos[c], runs, "computed"}
+		}
 	}
 	var (
 		rows     []reportRow
@@ -243,15 +290,15 @@ func buildReport(ctx context.Context, cfg config.Config, st *sink.Store, env str
 	labeledAny := map[[2]string]bool{}
 	for _, c := range cohorts {
 		labeled[c], labeledAny[[2]string{c.Environment, c.AgentVersion}] = true, true
-		info, wm := infos[c], marks[c]
+		d := got[c]
+		info, wm, runs := d.info, marks[c], d.runs
 		if ahead := wm.Sub(now); ahead > analyzer.FutureSkew {
 			warnings = append(warnings, fmt.Sprintf("%s: its newest rollout ends %s in the future (%s; clock skew?); its window ends there", c, ahead.Round(time.Second), wm.Format(time.RFC3339)))
 		}
 		dict := reg.Version(c.Environment, c.AgentVersion, c.DictionaryVersion)
-		inputs, runs := analyzer.CohortInputs(counts[c], dict)
 		undecided := analyzer.WhyUndecided(info.Failures, ac.MinFailures, runs, ac.N)
-		for _, r := range analyzer.Select(inputs, analyzer.Thresholds{Rho: ac.Rho, Delta: ac.Delta, K: ac.K}) {
-			row := reportRow{Environment: c.Environment, AgentVersion: c.AgentVersion, DictionaryVersion: c.DictionaryVersion,
+		for _, r := range d.results {
+			row := reportRow{Source: d.source, Environment: c.Environment, AgentVersion: c.AgentVersion, DictionaryVersion: c.DictionaryVersion,
 				Capability: r.Name, Cov: r.MeanCov, ERFailed: r.MeanERFail, ERPassed: r.MeanERPass, Delta: r.MeanDelta,
 				RunsPassed: r.RunsPassed, RunsTotal: r.RunsTotal, Rollouts: info.Rollouts, Failures: info.Failures, Reasons: r.Rejection, Watermark: wm}
 			if dict != nil {
@@ -269,8 +316,28 @@ func buildReport(ctx context.Context, cfg config.Config, st *sink.Store, env str
 			rows = append(rows, row)
 		}
 	}
-	// Stored rollouts whose current dictionary labeled none of them.
-	scopes, err := st.RolloutScopes(ctx)
+	// Stored rollouts whose current dictionary labeled none of them: the
+	// (environment, agent version)s from the small aggregate, then the
+	// exact counts of the unlabeled ones only.
+	keys, err := st.RolloutKeys(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	var unlabeled [][2]string
+	for _, k := range keys {
+		if env != "" && k[0] != env {
+			continue
+		}
+		d := reg.Resolve(k[0], k[1])
+		c := sink.Cohort{Environment: k[0], AgentVersion: k[1]}
+		if d != nil {
+			c.DictionaryVersion = d.Version
+		}
+		if !((d != nil && labeled[c]) || (d == nil && labeledAny[k])) {
+			unlabeled = append(unlabeled, k)
+		}
+	}
+	scopes, err := st.RolloutScopesOf(ctx, unlabeled)
 	if err != nil {
 		return nil, nil, err
 	}

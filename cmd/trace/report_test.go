@@ -126,7 +126,7 @@ func TestReportSaysWhy(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rows, warnings, err := buildReport(ctx, cfg, st, "", cfg.Analyzer.Window, now)
+	rows, warnings, err := buildReport(ctx, cfg, st, "", cfg.Analyzer.Window, false, now)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -2,12 +2,15 @@ package bench
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"math"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"reflect"
 	"slices"
 	"strings"
@@ -15,7 +18,9 @@ import (
 
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 
+	"github.com/traceops/trace/analyzer"
 	"github.com/traceops/trace/internal/dashboard"
+	"github.com/traceops/trace/schemas"
 	"github.com/traceops/trace/sink"
 )
 
@@ -24,14 +29,27 @@ type QueryOptions struct {
 	ClickHouse string // host:port, native protocol
 	Database   string // scratch database; with several sizes, one per size: <Database>_<size>
 	Reuse      bool   // a size's database that already holds its load is timed as it is
+	NoCheck    bool   // skip the exactness check (a re-run of data an earlier run checked)
 	Sizes      []int  // rollouts per size, loaded cumulatively
 	Reps       int    // repetitions per endpoint
 	Days       int    // history spread
 	Keep       bool
 	Out        io.Writer
 	Log        *slog.Logger
-	// Report runs `trace report` (its buildReport) against st.
-	Report func(ctx context.Context, st *sink.Store, now time.Time) error
+	// Report runs `trace report` (its buildReport) against st: from the
+	// evaluator's stored evaluations, or fresh.
+	Report func(ctx context.Context, st *sink.Store, now time.Time, fresh bool) ([]ReportCap, error)
+}
+
+// ReportCap is one capability row of `trace report`.
+type ReportCap struct {
+	Environment, AgentVersion string
+	DictionaryVersion         uint32
+	Capability                string
+	Cov, Delta                float64
+	RunsPassed                int
+	Decision                  string // selected, rejected, undecided
+	Rollouts, Failures        int
 }
 
 // QueryResult is one endpoint at one size.
@@ -59,6 +77,15 @@ func (r rawStore) QueryDashboard(ctx context.Context, q string, daily bool, args
 	return r.Store.QueryDashboardRaw(ctx, q, daily, args...)
 }
 
+// refusePublisher is the benchmark's publisher: it has no NATS, so a
+// capability that fires fails the run (the simulated load has one labeling
+// run, so with the default N no decision is made).
+type refusePublisher struct{}
+
+func (refusePublisher) PublishSynthesis(context.Context, *schemas.SynthesisRequest) (analyzer.PublishResult, error) {
+	return analyzer.PublishResult{}, errors.New("bench query: a capability fired, and the benchmark has no NATS to publish it")
+}
+
 // endpoint is one timed request.
 type endpoint struct{ name, path string }
 
@@ -67,6 +94,7 @@ func queryEndpoints() []endpoint {
 	c := "env=" + env + "&agent_version=" + av + "&dict=1"
 	return []endpoint{
 		{"overview API, 24 h", "/api/overview?" + c + "&hours=24"},
+		{"overview API, 24 h, fresh decisions", "/api/overview?" + c + "&hours=24&fresh=1"},
 		{"overview API, 30 d", "/api/overview?" + c + "&hours=720"},
 		{"overview API, 30 d daily", "/api/overview?" + c + "&hours=720&bucket=day"},
 		{"overview API, all", "/api/overview?" + c + "&hours=all&bucket=day"},
@@ -148,11 +176,37 @@ func RunQuery(ctx context.Context, opt QueryOptions) ([]QueryResult, error) {
 			size, size, labels, load.Round(time.Second), rs.Hours, roll.Round(time.Millisecond), rs.Statements)
 		// Exactness on a sample: every cohort, ranges 24 h, 30 d, all,
 		// hourly and daily, rollup-backed statements against the raw ones.
-		n, err := checkSample(ctx, st, now)
-		if err != nil {
-			return results, fmt.Errorf("size %d: exactness: %w", size, err)
+		// The check is not timed: the raw statements run without the
+		// dashboard's time limit (at 10M they take longer than 10 s).
+		if opt.NoCheck {
+			fmt.Fprintf(out, "size %d: exactness: not checked (--no-check)\n", size)
+		} else {
+			chk, err := sink.Open(ctx, sink.Config{Addr: []string{opt.ClickHouse}, Database: db, QueryTimeout: time.Hour, QueryMaxMemory: 8 << 30}, log)
+			if err != nil {
+				return results, err
+			}
+			n, err := checkSample(ctx, chk, now)
+			chk.Close()
+			if err != nil {
+				return results, fmt.Errorf("size %d: exactness: %w", size, err)
+			}
+			fmt.Fprintf(out, "size %d: exactness: %d statement results compared with the raw computation, all equal\n", size, n)
 		}
-		fmt.Fprintf(out, "size %d: exactness: %d statement results compared with the raw computation, all equal\n", size, n)
+		// One evaluation of every cohort, as the analyze role's evaluator
+		// makes every 10 s: the pages show its stored decisions.
+		ev := analyzer.NewEvaluator(analyzer.EvalConfig{}, st, refusePublisher{}, analyzer.NewRegistry(), log, nil)
+		if cs, err := st.Cohorts(ctx, time.Time{}); err != nil {
+			return results, err
+		} else if err := ev.Evaluate(ctx, cs...); err != nil {
+			return results, fmt.Errorf("size %d: evaluation: %w", size, err)
+		}
+		if opt.Report != nil {
+			n, err := sameAsReport(ctx, hNew, opt, st)
+			if err != nil {
+				return results, fmt.Errorf("size %d: dashboard vs report: %w", size, err)
+			}
+			fmt.Fprintf(out, "size %d: the overview's decisions equal trace report's: %d capabilities, stored and fresh\n", size, n)
+		}
 		for _, ep := range queryEndpoints() {
 			r := QueryResult{Size: size, Endpoint: ep.name}
 			for range opt.Reps {
@@ -176,7 +230,7 @@ func RunQuery(ctx context.Context, opt QueryOptions) ([]QueryResult, error) {
 			r := QueryResult{Size: size, Endpoint: "trace report", NoOld: true}
 			for range opt.Reps {
 				s := time.Now()
-				if err := opt.Report(ctx, st, time.Now()); err != nil {
+				if _, err := opt.Report(ctx, st, time.Now(), false); err != nil {
 					r.NewErr = err.Error()
 				}
 				r.New = append(r.New, time.Since(s))
@@ -191,14 +245,7 @@ func RunQuery(ctx context.Context, opt QueryOptions) ([]QueryResult, error) {
 		}
 		for range opt.Reps {
 			s := time.Now()
-			spec, _, err := st.EventSpec(ctx, cohorts, 24*time.Hour, 0, 1)
-			if err == nil {
-				_, err = st.WindowCountsMulti(ctx, spec)
-			}
-			if err == nil {
-				_, err = st.WindowInfoMulti(ctx, spec)
-			}
-			if err != nil {
+			if err := ev.Evaluate(ctx, cohorts...); err != nil {
 				r.NewErr = err.Error()
 			}
 			r.New = append(r.New, time.Since(s))
@@ -212,6 +259,73 @@ func RunQuery(ctx context.Context, opt QueryOptions) ([]QueryResult, error) {
 		}
 	}
 	return results, nil
+}
+
+// sameAsReport compares every labeled cohort's decision on the overview
+// API with trace report's rows, from the stored evaluations and fresh.
+func sameAsReport(ctx context.Context, h http.Handler, opt QueryOptions, st *sink.Store) (int, error) {
+	n := 0
+	for _, fresh := range []bool{false, true} {
+		rows, err := opt.Report(ctx, st, time.Now(), fresh)
+		if err != nil {
+			return n, err
+		}
+		byCohort := map[string][]ReportCap{}
+		var keys []string
+		for _, r := range rows {
+			if r.Capability == "" {
+				continue
+			}
+			k := fmt.Sprintf("env=%s&agent_version=%s&dict=%d", url.QueryEscape(r.Environment), url.QueryEscape(r.AgentVersion), r.DictionaryVersion)
+			if byCohort[k] == nil {
+				keys = append(keys, k)
+			}
+			byCohort[k] = append(byCohort[k], r)
+		}
+		if len(keys) == 0 {
+			return n, errors.New("trace report has no capability rows")
+		}
+		for _, k := range keys {
+			path := "/api/overview?" + k + "&hours=24"
+			if fresh {
+				path += "&fresh=1"
+			}
+			var resp dashboard.OverviewResponse
+			if err := getJSON(ctx, h, path, &resp); err != nil {
+				return n, err
+			}
+			if resp.Decision == nil {
+				return n, fmt.Errorf("%s: no decision", path)
+			}
+			want := map[string]ReportCap{}
+			for _, r := range byCohort[k] {
+				want[r.Capability] = r
+			}
+			if len(resp.Decision.Capabilities) != len(want) {
+				return n, fmt.Errorf("%s: %d capabilities, trace report %d", path, len(resp.Decision.Capabilities), len(want))
+			}
+			for _, c := range resp.Decision.Capabilities {
+				r, ok := want[c.Name]
+				dec := map[string]string{dashboard.DecisionSelected: "selected", dashboard.DecisionNotSelected: "rejected", dashboard.DecisionUndecided: "undecided"}[c.Decision]
+				if !ok || math.Abs(r.Cov-c.MeanCov) > 1e-9 || math.Abs(r.Delta-c.MeanDelta) > 1e-9 || r.RunsPassed != c.RunsPassed || r.Decision != dec ||
+					r.Rollouts != resp.Decision.Window.Rollouts || r.Failures != resp.Decision.Window.Failures {
+					return n, fmt.Errorf("%s: %s: overview %+v (window %+v), trace report %+v", path, c.Name, c, resp.Decision.Window, r)
+				}
+				n++
+			}
+		}
+	}
+	return n, nil
+}
+
+func getJSON(ctx context.Context, h http.Handler, path string, v any) error {
+	req := httptest.NewRequest(http.MethodGet, path, nil).WithContext(ctx)
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, req)
+	if rec.Code != http.StatusOK {
+		return fmt.Errorf("GET %s: HTTP %d: %.200s", path, rec.Code, rec.Body.String())
+	}
+	return json.Unmarshal(rec.Body.Bytes(), v)
 }
 
 // sizeStore opens db migrated: with Reuse, as it is when it already holds
