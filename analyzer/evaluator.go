@@ -380,6 +380,9 @@ type Evaluation struct {
 	Runs        int       `json:"runs"`
 	Decided     bool      `json:"decided"`
 	Results     []Result  `json:"results"`
+	// Counts are the window's label counts per capability and run (the
+	// capability page's per-run table).
+	Counts []sink.RunCounts `json:"counts"`
 }
 
 // FutureSkew is how far ahead of the wall clock a watermark may be before
@@ -419,7 +422,7 @@ func (e *Evaluator) apply(ctx context.Context, now time.Time, win sink.Range, c 
 	e.last[c] = results
 	e.mu.Unlock()
 	eval = Evaluation{EvaluatedAt: now.UTC(), WindowStart: win.From.UTC(), WindowEnd: win.To.UTC(), Rollouts: info.Rollouts,
-		Failures: info.Failures, Runs: runs, Decided: decided, Results: results}
+		Failures: info.Failures, Runs: runs, Decided: decided, Results: results, Counts: counts}
 
 	var tools []schemas.Tool
 	rank := 0

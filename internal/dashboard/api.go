@@ -220,21 +220,24 @@ type ExampleRollout struct {
 
 // CapabilityResponse is /api/capability.
 type CapabilityResponse struct {
-	GeneratedAt  time.Time           `json:"generated_at"`
-	Thresholds   ThresholdsJSON      `json:"thresholds"`
-	Cohort       CohortKey           `json:"cohort"`
-	Capability   DictCapability      `json:"capability"`
-	InDictionary bool                `json:"in_dictionary"`
-	Window       WindowJSON          `json:"window"`
-	Decided      bool                `json:"decided"`
-	Reason       string              `json:"reason,omitempty"`
-	Stats        *CapabilityDecision `json:"stats"` // nil: no labels for it in the window
-	PerRun       []RunRow            `json:"per_run"`
-	Series       []CapPoint          `json:"series"`
-	Range        Range               `json:"range"`
-	Triggers     []TriggerEvent      `json:"triggers"`
-	Examples     []ExampleRollout    `json:"examples"`
-	Message      string              `json:"message,omitempty"`
+	GeneratedAt  time.Time      `json:"generated_at"`
+	Thresholds   ThresholdsJSON `json:"thresholds"`
+	Cohort       CohortKey      `json:"cohort"`
+	Capability   DictCapability `json:"capability"`
+	InDictionary bool           `json:"in_dictionary"`
+	// Source is where the decision and per-run counts come from, as in
+	// Decision.Source ("evaluator" or "computed"; fresh=1 computes).
+	Source   string              `json:"source"`
+	Window   WindowJSON          `json:"window"`
+	Decided  bool                `json:"decided"`
+	Reason   string              `json:"reason,omitempty"`
+	Stats    *CapabilityDecision `json:"stats"` // nil: no labels for it in the window
+	PerRun   []RunRow            `json:"per_run"`
+	Series   []CapPoint          `json:"series"`
+	Range    Range               `json:"range"`
+	Triggers []TriggerEvent      `json:"triggers"`
+	Examples []ExampleRollout    `json:"examples"`
+	Message  string              `json:"message,omitempty"`
 }
 
 // TriggerEvent is one trigger transition.

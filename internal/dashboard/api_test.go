@@ -9,6 +9,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"reflect"
 	"sort"
 	"strings"
 	"testing"
@@ -593,6 +594,17 @@ func TestStoredEvaluation(t *testing.T) {
 		if a.Name != b.Name || a.RunsPassed != b.RunsPassed || !near(a.MeanCov, b.MeanCov) || !near(a.MeanDelta, b.MeanDelta) || a.Decision != b.Decision {
 			t.Errorf("stored %+v\ncomputed %+v", a, b)
 		}
+	}
+	// The capability page: the stored per-run counts are the computed ones.
+	var capStored, capFresh CapabilityResponse
+	path := "/api/capability?env=airline&agent_version=v2&dict=1&name=" + capMulti
+	getJSON(t, h, path, &capStored)
+	getJSON(t, h, path+"&fresh=1", &capFresh)
+	if capStored.Source != "evaluator" || capFresh.Source != "computed" || len(capStored.PerRun) == 0 {
+		t.Fatalf("capability page: sources %s, %s; %d runs", capStored.Source, capFresh.Source, len(capStored.PerRun))
+	}
+	if !reflect.DeepEqual(capStored.PerRun, capFresh.PerRun) || capStored.Window != capFresh.Window {
+		t.Errorf("capability page per run: stored %+v\ncomputed %+v", capStored.PerRun, capFresh.PerRun)
 	}
 	// One more labeled rollout in the window: only a fresh computation sees it.
 	var rows []sink.LabelRow

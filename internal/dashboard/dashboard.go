@@ -249,7 +249,7 @@ func parseOverview(r *http.Request) (overviewParams, error) {
 func parseCapability(r *http.Request) (capabilityParams, error) {
 	p := &params{q: r.URL.Query()}
 	c := capabilityParams{Env: p.str("env"), AgentVersion: p.str("agent_version"), Dict: p.dict(), Name: p.str("name"),
-		Examples: p.intIn("examples", 5, 0, 20), Hours: p.hours(), Bucket: p.bucket()}
+		Examples: p.intIn("examples", 5, 0, 20), Hours: p.hours(), Bucket: p.bucket(), Fresh: p.str("fresh") == "1"}
 	if p.err == nil && (c.Env == "" || c.AgentVersion == "" || c.Name == "") {
 		p.err = badRequest{"parameters env, agent_version and name are required (dict defaults to the newest labeled version)"}
 	}

@@ -308,7 +308,7 @@ func (s *server) decisions(ctx context.Context, keys []CohortKey, preferSnapshot
 				dec, dict := s.decide(ctx, key, sink.WindowInfo{Rollouts: ev.Rollouts, Failures: ev.Failures},
 					sink.Range{From: ev.WindowStart, To: ev.WindowEnd}, ev.AsOf, ev.Results, ev.Runs, "evaluator")
 				dec.EvaluatedAt = ev.EvaluatedAt
-				out[key] = decided{dec: dec, dict: dict}
+				out[key] = decided{dec, ev.Counts, dict}
 				continue
 			}
 			rest = append(rest, key)
@@ -611,6 +611,7 @@ type capabilityParams struct {
 	Examples                int
 	Hours                   int
 	Bucket                  string
+	Fresh                   bool
 }
 
 func (s *server) capability(ctx context.Context, p capabilityParams) (*CapabilityResponse, error) {
@@ -632,10 +633,16 @@ func (s *server) capability(ctx context.Context, p capabilityParams) (*Capabilit
 	key := CohortKey{Environment: p.Env, AgentVersion: p.AgentVersion, DictionaryVersion: p.Dict}
 	resp.Cohort = key
 	resp.Capability = DictCapability{Name: p.Name}
-	dec, counts, dict, err := s.decision(ctx, key, false)
+	// The evaluator's stored evaluation (its window's per-run counts
+	// included) unless fresh; computed when there is none.
+	dec, counts, dict, err := s.decision(ctx, key, !p.Fresh)
+	if err == nil && counts == nil && dec.Source == "evaluator" {
+		dec, counts, dict, err = s.decision(ctx, key, false) // a snapshot without counts
+	}
 	if err != nil {
 		return nil, err
 	}
+	resp.Source = dec.Source
 	if dict != nil {
 		if c, ok := dict.Lookup(p.Name); ok {
 			resp.InDictionary = true
