@@ -66,7 +66,13 @@ machine may be shared: read each figure beside its comparison.`,
 			out := cmd.OutOrStdout()
 			opt.Out = out
 			opt.Log = slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: slog.LevelWarn}))
-			cfg := config.Default()
+			// The defaults as trace run resolves them (the rules labeler's
+			// one run: K = N = 1), for the evaluator, dashboard and report.
+			cfg, err := config.Load("", nil)
+			if err != nil {
+				return err
+			}
+			opt.Eval = cfg.Analyzer.EvalConfig
 			opt.Report = func(ctx context.Context, st *sink.Store, now time.Time, fresh bool) ([]bench.ReportCap, error) {
 				rows, _, err := buildReport(ctx, cfg, st, "", cfg.Analyzer.Window, !fresh, now)
 				out := make([]bench.ReportCap, len(rows))
