@@ -109,6 +109,9 @@ type session struct {
 	mu   sync.Mutex
 	play *play   // the current episode, nil before the first reset
 	w    *worker // runs the program's calls; nil until the first
+	// frameBuf holds a WebSocket session's last observation frame, reused
+	// for the next (see observation).
+	frameBuf []byte
 
 	lastActive atomic.Int64 // unix nanoseconds
 	busy       atomic.Int32 // requests in progress (never evicted while > 0)
@@ -134,6 +137,9 @@ type play struct {
 	msgJSON  []byte // the transcript's messages encoded so far, comma-separated
 	encoded  int    // how many
 	msgStart []int  // where each begins in msgJSON
+	// lastContent is where the last message's content is encoded in
+	// msgJSON.
+	lastContent [2]int
 	// tail is the transcript's last messages as of the last encoding, as
 	// many as there are results (see resultsEncoded).
 	tail []envprog.Message
