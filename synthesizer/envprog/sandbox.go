@@ -389,6 +389,12 @@ func (e *sandboxEpisode) Seed() int64         { return e.seed }
 func (e *sandboxEpisode) Start() Start        { return e.start }
 func (e *sandboxEpisode) Messages() []Message { return slices.Clone(e.msgs) }
 
+// MessagesFrom is the transcript from message i on, as a read-only view
+// (no copy); see episode.MessagesFrom.
+func (e *sandboxEpisode) MessagesFrom(i int) []Message {
+	return e.msgs[min(i, len(e.msgs)):len(e.msgs):len(e.msgs)]
+}
+
 func (e *sandboxEpisode) Close() error {
 	if !e.closed {
 		e.closed = true

@@ -138,21 +138,36 @@ func appendMessage(b []byte, m envprog.Message, hint string) ([]byte, [2]int) {
 	return append(b, '}'), content
 }
 
+// messageViewer is an Episode that shows its transcript from message i on
+// without copying it (envprog's episodes do).
+type messageViewer interface {
+	MessagesFrom(i int) []envprog.Message
+}
+
 // encodeMessages brings p's encoded transcript up to date.
 func (p *play) encodeMessages() {
-	msgs := p.ep.Messages()
-	for i := p.encoded; i < len(msgs); i++ {
+	var msgs []envprog.Message // the messages not encoded yet
+	if v, ok := p.ep.(messageViewer); ok {
+		msgs = v.MessagesFrom(p.encoded)
+	} else {
+		all := p.ep.Messages()
+		msgs = all[min(p.encoded, len(all)):]
+	}
+	for j, m := range msgs {
+		i := p.encoded + j
 		hint := ""
-		if i == 0 && p.hinted && msgs[i].Role == "system" {
+		if i == 0 && p.hinted && m.Role == "system" {
 			hint = p.hint
 		}
 		if i > 0 {
 			p.msgJSON = append(p.msgJSON, ',')
 		}
 		p.msgStart = append(p.msgStart, len(p.msgJSON))
-		p.msgJSON, p.lastContent = appendMessage(p.msgJSON, msgs[i], hint)
+		p.msgJSON, p.lastContent = appendMessage(p.msgJSON, m, hint)
 	}
-	p.encoded = len(msgs)
+	p.encoded += len(msgs)
+	// The step's results are among its new messages (resultsEncoded
+	// checks that they are the last ones).
 	p.tail = msgs[max(0, len(msgs)-len(p.results)):]
 }
 

@@ -351,7 +351,13 @@ func within[T any](s *session, ctx context.Context, d time.Duration, f func(cont
 // reset starts a new episode in the session (closing the current one).
 func (s *session) reset(ctx context.Context, r openenv.ResetRequest) (json.RawMessage, *openenv.Error) {
 	srv := s.env.srv
+	// The new episode encodes its transcript into the last one's buffers:
+	// nothing else holds them (observations are copies), and an episode's
+	// transcript encoding grows to ~10 kB.
+	var msgJSON []byte
+	var msgStart []int
 	if s.play != nil {
+		msgJSON, msgStart = s.play.msgJSON[:0], s.play.msgStart[:0]
 		s.play.close()
 		s.play = nil
 	}
@@ -373,7 +379,7 @@ func (s *session) reset(ctx context.Context, r openenv.ResetRequest) (json.RawMe
 	if err != nil {
 		return nil, programError("reset", srv.cfg.StepTimeout, err)
 	}
-	p := &play{id: id, seed: seed, ep: ep, started: time.Now()}
+	p := &play{id: id, seed: seed, ep: ep, started: time.Now(), msgJSON: msgJSON, msgStart: msgStart}
 	if r.Hint && s.env.info.HasHint {
 		p.begin()
 		h, err := within(s, ctx, srv.cfg.StepTimeout, func(ctx context.Context) (string, error) {

@@ -179,6 +179,14 @@ func truncate(s string, n int) string {
 // ≥ 0, episode_id a string of at most 255 characters, other members allowed
 // (hint and session_id are trace's; the rest are ignored).
 func DecodeReset(b []byte) (ResetRequest, *Error) {
+	if r, ok := decodeResetFast(b); ok {
+		return r, nil
+	}
+	return decodeReset(b)
+}
+
+// decodeReset is DecodeReset without its fast path (fast.go).
+func decodeReset(b []byte) (ResetRequest, *Error) {
 	var r ResetRequest
 	if len(bytes.TrimSpace(b)) == 0 {
 		return r, nil

@@ -149,11 +149,50 @@ func stringValue(val []byte) (string, bool) {
 	if s, ok := plainString(val); ok {
 		return s, true
 	}
-	if len(val) == 0 || val[0] != '"' {
+	if len(val) < 2 || val[0] != '"' {
 		return "", false
+	}
+	if s, ok := unescapeSimple(val[1 : len(val)-1]); ok {
+		return s, true
 	}
 	var s string
 	return s, json.Unmarshal(val, &s) == nil
+}
+
+// unescapeSimple decodes a string body whose escapes are all of one
+// character (\" \\ \/ \b \f \n \r \t), in valid UTF-8: the arguments
+// string of a tool call, typically. Anything else (\u escapes) is left to
+// encoding/json.
+func unescapeSimple(body []byte) (string, bool) {
+	if !utf8.Valid(body) {
+		return "", false
+	}
+	out := make([]byte, 0, len(body))
+	for i := 0; i < len(body); i++ {
+		c := body[i]
+		if c != '\\' {
+			out = append(out, c)
+			continue
+		}
+		i++
+		switch body[i] {
+		case '"', '\\', '/':
+			out = append(out, body[i])
+		case 'b':
+			out = append(out, '\b')
+		case 'f':
+			out = append(out, '\f')
+		case 'n':
+			out = append(out, '\n')
+		case 'r':
+			out = append(out, '\r')
+		case 't':
+			out = append(out, '\t')
+		default:
+			return "", false
+		}
+	}
+	return string(out), true
 }
 
 // lowerKey reports a key of lower-case ASCII letters, digits and
@@ -359,4 +398,49 @@ func compactObject(text []byte) ([]byte, bool) {
 		return nil, false
 	}
 	return buf.Bytes(), true
+}
+
+// decodeResetFast decodes reset data of plain members: seed a
+// non-negative integer literal, episode_id a string, hint a boolean.
+func decodeResetFast(b []byte) (ResetRequest, bool) {
+	if !json.Valid(b) {
+		return ResetRequest{}, false
+	}
+	var r ResetRequest
+	w := walker{b: b}
+	ok := w.members(func(key string, val []byte) bool {
+		switch key {
+		case "seed":
+			if len(val) > 18 || r.Seed != nil {
+				return false
+			}
+			var s int64
+			for _, c := range val {
+				if c < '0' || c > '9' {
+					return false // null, a sign, a fraction or an exponent
+				}
+				s = s*10 + int64(c-'0')
+			}
+			r.Seed = &s
+		case "episode_id":
+			id, ok := plainString(val)
+			if !ok || r.EpisodeID != nil || utf8.RuneCountInString(id) > 255 {
+				return false
+			}
+			r.EpisodeID = &id
+		case "hint":
+			switch string(val) {
+			case "true":
+				r.Hint = true
+			case "false":
+				r.Hint = false
+			default:
+				return false
+			}
+		default:
+			return false
+		}
+		return true
+	})
+	return r, ok && w.peek() == 0
 }

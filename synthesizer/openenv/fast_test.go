@@ -8,7 +8,10 @@ import (
 var fastSeeds = []string{
 	`{"type":"step","data":{"role":"assistant","tool_calls":[{"id":"c","type":"function","function":{"name":"get_user_details","arguments":"{\"user_id\": \"mia_kim_123\"}"}}]}}`,
 	`{"type":"step","data":{"role":"assistant","content":"I'm sorry, I cannot do that for reservation ABC123."}}`,
-	`{"type":"reset","data":{"seed":3}}`, `{"type":"reset"}`, `{"type":"state"}`, `{"type":"close"}`,
+	`{"type":"reset","data":{"seed":3}}`, `{"type":"reset"}`, `{"type":"reset","data":{"seed":0,"episode_id":"e1","hint":true}}`,
+	`{"type":"reset","data":{"seed":-1}}`, `{"type":"reset","data":{"seed":3.0}}`, `{"type":"reset","data":{"seed":null,"hint":false}}`,
+	`{"type":"reset","data":{"seed":123456789012345678901}}`, `{"type":"reset","data":{"seed":1,"seed":2}}`,
+	`{"type":"step","data":{"content":"tab\there \"q\" \\ \/ \u00e9 \ud83d\ude00"}}`, `{"type":"state"}`, `{"type":"close"}`,
 	` { "type" : "step" , "data" : { "content" : "a\nb" , "tool_calls" : [ { "function" : { "name" : "f" , "arguments" : { "x" : [1, 2] } } } ] } } `,
 	`{"type":"step","data":{"content":null,"role":null,"tool_calls":null,"reasoning_content":"hm"}}`,
 	`{"type":"step","data":{"tool_calls":[{"id":null,"type":null,"function":{"name":"f","arguments":""}},{"function":{"name":"g","arguments":null}}]}}`,
@@ -55,6 +58,13 @@ func checkFastDecode(t *testing.T, b []byte) bool {
 	slow, perr := decodeFrame(b)
 	if ok && (perr != nil || !reflect.DeepEqual(fast, slow)) {
 		t.Fatalf("frame %q: fast path %+v, general decoder %+v, %v", b, fast, slow, perr)
+	}
+	if perr == nil && slow.Type == FrameReset {
+		fr, rok := decodeResetFast(slow.Data)
+		sr, rerr := decodeReset(slow.Data)
+		if rok && (rerr != nil || !reflect.DeepEqual(fr, sr)) {
+			t.Fatalf("reset %q: fast path %+v, general decoder %+v, %v", slow.Data, fr, sr, rerr)
+		}
 	}
 	if perr != nil || slow.Type != FrameStep {
 		return ok
