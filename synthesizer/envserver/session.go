@@ -422,9 +422,12 @@ func (e *served) validate(a openenv.Action) *openenv.Error {
 		if !ok {
 			return openenv.Validation(append(loc, "name"), "unknown_tool", "tool_calls[%d]: unknown tool %q (tools: %s)", i, c.Name, strings.Join(e.names, ", "))
 		}
-		v, err := jsonschema.UnmarshalJSON(strings.NewReader(string(c.Arguments)))
-		if err != nil {
-			return openenv.Validation(append(loc, "arguments"), "json_invalid", "tool_calls[%d].function.arguments: %v", i, err)
+		v, ok := openenv.SchemaValue(c.Arguments)
+		if !ok {
+			var err error
+			if v, err = jsonschema.UnmarshalJSON(strings.NewReader(string(c.Arguments))); err != nil {
+				return openenv.Validation(append(loc, "arguments"), "json_invalid", "tool_calls[%d].function.arguments: %v", i, err)
+			}
 		}
 		if err := sch.Validate(v); err != nil {
 			return openenv.Validation(append(loc, "arguments"), "arguments_schema", "tool_calls[%d] %s: arguments do not fit the tool's parameters: %s", i, c.Name, schemaMessage(err))

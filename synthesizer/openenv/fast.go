@@ -444,3 +444,80 @@ func decodeResetFast(b []byte) (ResetRequest, bool) {
 	})
 	return r, ok && w.peek() == 0
 }
+
+// SchemaValue decodes b, a valid JSON text, into the values
+// jsonschema.UnmarshalJSON makes of it (map[string]any, []any, string,
+// json.Number, bool, nil), without its decoder's reflection; ok is false
+// when b is not valid JSON (the caller then reports the error the general
+// path gives).
+func SchemaValue(b []byte) (v any, ok bool) {
+	if !json.Valid(b) {
+		return nil, false
+	}
+	w := walker{b: b}
+	return w.schemaValue()
+}
+
+func (w *walker) schemaValue() (any, bool) {
+	switch w.peek() {
+	case '{':
+		m := map[string]any{}
+		ok := true
+		w.i++
+		if w.peek() == '}' {
+			w.i++
+			return m, true
+		}
+		for ok {
+			w.space()
+			start := w.i
+			w.str()
+			key, kok := stringValue(w.b[start:w.i])
+			w.space()
+			w.i++ // the colon
+			var v any
+			v, ok = w.schemaValue()
+			m[key] = v
+			ok = ok && kok
+			if w.peek() == ',' {
+				w.i++
+				continue
+			}
+			w.i++ // the closing brace
+			break
+		}
+		return m, ok
+	case '[':
+		a := []any{}
+		w.i++
+		if w.peek() == ']' {
+			w.i++
+			return a, true
+		}
+		for {
+			v, ok := w.schemaValue()
+			if !ok {
+				return nil, false
+			}
+			a = append(a, v)
+			if w.peek() == ',' {
+				w.i++
+				continue
+			}
+			w.i++ // the closing bracket
+			return a, true
+		}
+	case '"':
+		return stringValue(w.value())
+	}
+	switch lit := w.value(); string(lit) {
+	case "true":
+		return true, true
+	case "false":
+		return false, true
+	case "null":
+		return nil, true
+	default:
+		return json.Number(lit), true
+	}
+}

@@ -1,8 +1,11 @@
 package openenv
 
 import (
+	"bytes"
 	"reflect"
 	"testing"
+
+	"github.com/santhosh-tekuri/jsonschema/v6"
 )
 
 var fastSeeds = []string{
@@ -75,4 +78,18 @@ func checkFastDecode(t *testing.T, b []byte) bool {
 		t.Fatalf("action %q: fast path %+v, general decoder %+v, %v", slow.Data, fa, sa, aerr)
 	}
 	return ok
+}
+
+// SchemaValue decodes as jsonschema.UnmarshalJSON does.
+func FuzzSchemaValue(f *testing.F) {
+	for _, s := range []string{`{"user_id":"mia_kim_1"}`, `{"a":[1,2.5,-3e2,{"b":null}],"c":true,"d":false,"e":"x\ny\u00e9","a":0}`, `[]`, `{}`, `"s"`, `12`, ` { "k" : [ ] } `, `{"\u0061":1}`} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		got, ok := SchemaValue(b)
+		want, err := jsonschema.UnmarshalJSON(bytes.NewReader(b))
+		if ok != (err == nil) || (ok && !reflect.DeepEqual(got, want)) {
+			t.Fatalf("SchemaValue(%q) = %#v, %v; jsonschema.UnmarshalJSON gives %#v, %v", b, got, ok, want, err)
+		}
+	})
 }
