@@ -102,7 +102,7 @@ func (w *walker) value() []byte {
 // members calls f with each member of the object at w.i (the key's raw
 // body, which has no escapes, and the value's text); it stops and returns
 // false when a key has escapes or f returns false.
-func (w *walker) members(f func(key string, val []byte) bool) bool {
+func (w *walker) members(f func(key, val []byte) bool) bool {
 	if w.peek() != '{' {
 		return false
 	}
@@ -119,7 +119,7 @@ func (w *walker) members(f func(key string, val []byte) bool) bool {
 		}
 		w.space()
 		w.i++ // the colon
-		if !f(string(key), w.value()) {
+		if !f(key, w.value()) {
 			return false
 		}
 		if w.peek() == ',' {
@@ -199,7 +199,7 @@ func unescapeSimple(body []byte) (string, bool) {
 // underscores. The general decoder reads tool calls into structs, whose
 // fields encoding/json matches case-insensitively (with Unicode folding):
 // the fast path leaves any other key to it.
-func lowerKey(key string) bool {
+func lowerKey(key []byte) bool {
 	for i := 0; i < len(key); i++ {
 		if c := key[i]; !('a' <= c && c <= 'z' || '0' <= c && c <= '9' || c == '_') {
 			return false
@@ -216,8 +216,8 @@ func decodeFrameFast(b []byte) (Frame, bool) {
 	var typ string
 	var data []byte
 	seen := 0
-	ok := w.members(func(key string, val []byte) bool {
-		switch key {
+	ok := w.members(func(key, val []byte) bool {
+		switch string(key) {
 		case "type":
 			if seen&1 != 0 {
 				return false
@@ -259,8 +259,8 @@ func decodeActionFast(b []byte) (Action, bool) {
 	}
 	w := walker{b: b}
 	var role, content, calls []byte
-	ok := w.members(func(key string, val []byte) bool {
-		switch key {
+	ok := w.members(func(key, val []byte) bool {
+		switch string(key) {
 		case "type":
 			return false // an MCP action, or a type the general decoder checks
 		case "role":
@@ -314,8 +314,8 @@ func toolCallFast(rc []byte) (Call, bool) {
 	var c Call
 	var id, typ, fn []byte
 	w := walker{b: rc}
-	ok := w.members(func(key string, val []byte) bool {
-		switch key {
+	ok := w.members(func(key, val []byte) bool {
+		switch string(key) {
 		case "id":
 			id = val
 		case "type":
@@ -345,8 +345,8 @@ func toolCallFast(rc []byte) (Call, bool) {
 	}
 	var name, args []byte
 	fw := walker{b: fn}
-	ok = fw.members(func(key string, val []byte) bool {
-		switch key {
+	ok = fw.members(func(key, val []byte) bool {
+		switch string(key) {
 		case "name":
 			name = val
 		case "arguments":
@@ -408,8 +408,8 @@ func decodeResetFast(b []byte) (ResetRequest, bool) {
 	}
 	var r ResetRequest
 	w := walker{b: b}
-	ok := w.members(func(key string, val []byte) bool {
-		switch key {
+	ok := w.members(func(key, val []byte) bool {
+		switch string(key) {
 		case "seed":
 			if len(val) > 18 || r.Seed != nil {
 				return false
