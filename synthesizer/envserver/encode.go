@@ -196,7 +196,7 @@ const obsFrame = `{"type":"` + openenv.FrameObservation + `","data":`
 // session's connection handles one frame at a time and has sent each
 // answer before it reads the next frame, so for it the observation is
 // built inside its frame, in a buffer the session reuses (see framed):
-// a step allocates and copies nothing of the ~10 kB it sends.
+// a step allocates and copies nothing of the kilobytes it sends.
 func (s *session) observation() json.RawMessage {
 	p := s.play
 	p.encodeMessages()

@@ -2,6 +2,8 @@ package envserver
 
 import (
 	"encoding/json"
+	"net/http"
+	"net/http/httptest"
 	"testing"
 
 	"github.com/traceops/trace/synthesizer/envprog"
@@ -54,5 +56,25 @@ func TestAppendMessageMatchesChatMessage(t *testing.T) {
 		if c, _ := json.Marshal(m.Content); string(got[span[0]:span[1]]) != string(c) {
 			t.Errorf("content span of %+v is %s, want %s", tc.m, got[span[0]:span[1]], c)
 		}
+	}
+}
+
+// A ResponseWriter that cannot be hijacked is still refused with 501 (the
+// big write buffer wraps only writers that can be).
+func TestAcceptWithoutHijacker(t *testing.T) {
+	req := httptest.NewRequest("GET", "/ws", nil)
+	req.Header.Set("Connection", "Upgrade")
+	req.Header.Set("Upgrade", "websocket")
+	req.Header.Set("Sec-WebSocket-Version", "13")
+	req.Header.Set("Sec-WebSocket-Key", "dGhlIHNhbXBsZSBub25jZQ==")
+	rec := httptest.NewRecorder()
+	if _, err := (&Server{}).accept(rec, req); err == nil || rec.Code != http.StatusNotImplemented {
+		t.Fatalf("accept on a recorder: %v, status %d; want an error and 501", err, rec.Code)
+	}
+	if canHijack(rec) || !canHijack(bigWriter{struct {
+		http.ResponseWriter
+		http.Hijacker
+	}{rec, nil}}) {
+		t.Fatal("canHijack")
 	}
 }

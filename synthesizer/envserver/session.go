@@ -352,8 +352,8 @@ func within[T any](s *session, ctx context.Context, d time.Duration, f func(cont
 func (s *session) reset(ctx context.Context, r openenv.ResetRequest) (json.RawMessage, *openenv.Error) {
 	srv := s.env.srv
 	// The new episode encodes its transcript into the last one's buffers:
-	// nothing else holds them (observations are copies), and an episode's
-	// transcript encoding grows to ~10 kB.
+	// nothing else holds them (observations are copies), and they have
+	// grown to an episode's transcript already.
 	var msgJSON []byte
 	var msgStart []int
 	if s.play != nil {

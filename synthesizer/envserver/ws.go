@@ -51,7 +51,10 @@ func errorFrame(e *openenv.Error) map[string]any {
 // no origin check applies beyond coder/websocket's same-origin default for
 // requests that carry an Origin.
 func (s *Server) accept(w http.ResponseWriter, r *http.Request) (*websocket.Conn, error) {
-	c, err := websocket.Accept(bigWriter{w}, r, &websocket.AcceptOptions{CompressionMode: websocket.CompressionDisabled})
+	if canHijack(w) { // else Accept answers 501 as it would have
+		w = bigWriter{w}
+	}
+	c, err := websocket.Accept(w, r, &websocket.AcceptOptions{CompressionMode: websocket.CompressionDisabled})
 	if err != nil {
 		return nil, err
 	}
@@ -60,9 +63,10 @@ func (s *Server) accept(w http.ResponseWriter, r *http.Request) (*websocket.Conn
 }
 
 // wsWriteBuffer is the size of a WebSocket connection's write buffer. An
-// observation carries the whole transcript (10 kB and more); through
-// net/http's 4 kB buffer each frame took two or three write calls, each a
-// trip through the loopback TCP stack.
+// observation carries the whole transcript and the tools (3–6 kB for the
+// example, growing with the episode); through net/http's 4 kB buffer a
+// frame past 4 kB took two or more write calls, each a trip through the
+// TCP stack.
 const wsWriteBuffer = 64 << 10
 
 // bigWriter hands coder/websocket the hijacked connection with a
@@ -71,6 +75,20 @@ const wsWriteBuffer = 64 << 10
 type bigWriter struct{ http.ResponseWriter }
 
 func (w bigWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+// canHijack reports whether w, or a writer it wraps, can be hijacked.
+func canHijack(w http.ResponseWriter) bool {
+	for {
+		switch t := w.(type) {
+		case http.Hijacker:
+			return true
+		case interface{ Unwrap() http.ResponseWriter }:
+			w = t.Unwrap()
+		default:
+			return false
+		}
+	}
+}
 
 func (w bigWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 	c, brw, err := http.NewResponseController(w.ResponseWriter).Hijack()
