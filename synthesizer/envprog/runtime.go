@@ -465,6 +465,14 @@ func (e *episode) Close() error {
 
 func (e *episode) Messages() []Message { return slices.Clone(e.msgs) }
 
+// MessagesFrom is the transcript from message i on as a read-only view:
+// no copy, and still valid after later steps (the transcript only grows,
+// and a message is never changed once added). A server that sends the
+// transcript on every step takes only what is new this way.
+func (e *episode) MessagesFrom(i int) []Message {
+	return e.msgs[min(i, len(e.msgs)):len(e.msgs):len(e.msgs)]
+}
+
 // Step executes one assistant turn; see Episode.
 func (e *episode) Step(ctx context.Context, a Action) (StepResult, error) {
 	if e.done {

@@ -158,6 +158,16 @@ func startWorker(lim Limits) (*worker, error) {
 	}
 	cmd := exec.Command(exe)
 	cmd.Env = append(os.Environ(), workerEnv+"=1", workerMemEnv+"="+strconv.FormatInt(lim.MaxMemory, 10))
+	// The worker's goroutines run the interpreter deep in their stacks;
+	// the collector would shrink the stacks of those waiting for work and
+	// the next call grow them again, copying at every doubling (2 % of the
+	// worker's CPU in a profile at 16 sessions). Handlers exit after
+	// handlerIdle, which frees their stacks.
+	godebug := "gcshrinkstackoff=1"
+	if v := os.Getenv("GODEBUG"); v != "" {
+		godebug = v + "," + godebug
+	}
+	cmd.Env = append(cmd.Env, "GODEBUG="+godebug)
 	sandboxAttr(cmd)
 	w := &worker{
 		cmd:     cmd,
@@ -388,6 +398,12 @@ type sandboxEpisode struct {
 func (e *sandboxEpisode) Seed() int64         { return e.seed }
 func (e *sandboxEpisode) Start() Start        { return e.start }
 func (e *sandboxEpisode) Messages() []Message { return slices.Clone(e.msgs) }
+
+// MessagesFrom is the transcript from message i on, as a read-only view
+// (no copy); see episode.MessagesFrom.
+func (e *sandboxEpisode) MessagesFrom(i int) []Message {
+	return e.msgs[min(i, len(e.msgs)):len(e.msgs):len(e.msgs)]
+}
 
 func (e *sandboxEpisode) Close() error {
 	if !e.closed {

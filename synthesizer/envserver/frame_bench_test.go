@@ -14,11 +14,21 @@ import (
 // (reset, two lookups, the final answer) without the network: frame
 // decoding, validation, the program's calls and the encoding of the
 // observations. go test -run '^$' -bench Frames ./synthesizer/envserver
+//
+// BenchmarkFrames/sandboxed runs the program in its sandbox worker, as
+// `trace serve` does (the allocations reported are the server process's
+// alone; the time includes the worker's round trips).
 func BenchmarkFrames(b *testing.B) {
-	env, err := envprog.Load(context.Background(), examples.PreconditionAirlineName, examples.PreconditionAirline, envprog.Limits{})
+	b.Run("in-process", func(b *testing.B) { benchFrames(b, envprog.Load) })
+	b.Run("sandboxed", func(b *testing.B) { benchFrames(b, envprog.LoadSandboxed) })
+}
+
+func benchFrames(b *testing.B, load func(context.Context, string, []byte, envprog.Limits) (envprog.Env, error)) {
+	env, err := load(context.Background(), examples.PreconditionAirlineName, examples.PreconditionAirline, envprog.Limits{})
 	if err != nil {
 		b.Fatal(err)
 	}
+	defer env.Close()
 	cat := NewStaticCatalog()
 	cat.Add("ex", env, Entry{})
 	srv, err := New(DefaultConfig(), Options{Catalog: cat})

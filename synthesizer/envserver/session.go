@@ -109,6 +109,9 @@ type session struct {
 	mu   sync.Mutex
 	play *play   // the current episode, nil before the first reset
 	w    *worker // runs the program's calls; nil until the first
+	// frameBuf holds a WebSocket session's last observation frame, reused
+	// for the next (see observation).
+	frameBuf []byte
 
 	lastActive atomic.Int64 // unix nanoseconds
 	busy       atomic.Int32 // requests in progress (never evicted while > 0)
@@ -134,6 +137,9 @@ type play struct {
 	msgJSON  []byte // the transcript's messages encoded so far, comma-separated
 	encoded  int    // how many
 	msgStart []int  // where each begins in msgJSON
+	// lastContent is where the last message's content is encoded in
+	// msgJSON.
+	lastContent [2]int
 	// tail is the transcript's last messages as of the last encoding, as
 	// many as there are results (see resultsEncoded).
 	tail []envprog.Message
@@ -345,7 +351,13 @@ func within[T any](s *session, ctx context.Context, d time.Duration, f func(cont
 // reset starts a new episode in the session (closing the current one).
 func (s *session) reset(ctx context.Context, r openenv.ResetRequest) (json.RawMessage, *openenv.Error) {
 	srv := s.env.srv
+	// The new episode encodes its transcript into the last one's buffers:
+	// nothing else holds them (observations are copies), and they have
+	// grown to an episode's transcript already.
+	var msgJSON []byte
+	var msgStart []int
 	if s.play != nil {
+		msgJSON, msgStart = s.play.msgJSON[:0], s.play.msgStart[:0]
 		s.play.close()
 		s.play = nil
 	}
@@ -367,7 +379,7 @@ func (s *session) reset(ctx context.Context, r openenv.ResetRequest) (json.RawMe
 	if err != nil {
 		return nil, programError("reset", srv.cfg.StepTimeout, err)
 	}
-	p := &play{id: id, seed: seed, ep: ep, started: time.Now()}
+	p := &play{id: id, seed: seed, ep: ep, started: time.Now(), msgJSON: msgJSON, msgStart: msgStart}
 	if r.Hint && s.env.info.HasHint {
 		p.begin()
 		h, err := within(s, ctx, srv.cfg.StepTimeout, func(ctx context.Context) (string, error) {
@@ -410,9 +422,12 @@ func (e *served) validate(a openenv.Action) *openenv.Error {
 		if !ok {
 			return openenv.Validation(append(loc, "name"), "unknown_tool", "tool_calls[%d]: unknown tool %q (tools: %s)", i, c.Name, strings.Join(e.names, ", "))
 		}
-		v, err := jsonschema.UnmarshalJSON(strings.NewReader(string(c.Arguments)))
-		if err != nil {
-			return openenv.Validation(append(loc, "arguments"), "json_invalid", "tool_calls[%d].function.arguments: %v", i, err)
+		v, ok := openenv.SchemaValue(c.Arguments)
+		if !ok {
+			var err error
+			if v, err = jsonschema.UnmarshalJSON(strings.NewReader(string(c.Arguments))); err != nil {
+				return openenv.Validation(append(loc, "arguments"), "json_invalid", "tool_calls[%d].function.arguments: %v", i, err)
+			}
 		}
 		if err := sch.Validate(v); err != nil {
 			return openenv.Validation(append(loc, "arguments"), "arguments_schema", "tool_calls[%d] %s: arguments do not fit the tool's parameters: %s", i, c.Name, schemaMessage(err))

@@ -1,11 +1,13 @@
 package envserver
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"time"
 
@@ -49,12 +51,54 @@ func errorFrame(e *openenv.Error) map[string]any {
 // no origin check applies beyond coder/websocket's same-origin default for
 // requests that carry an Origin.
 func (s *Server) accept(w http.ResponseWriter, r *http.Request) (*websocket.Conn, error) {
+	if canHijack(w) { // else Accept answers 501 as it would have
+		w = bigWriter{w}
+	}
 	c, err := websocket.Accept(w, r, &websocket.AcceptOptions{CompressionMode: websocket.CompressionDisabled})
 	if err != nil {
 		return nil, err
 	}
 	c.SetReadLimit(-1) // frames are limited by readFrame, which survives an oversized one
 	return c, nil
+}
+
+// wsWriteBuffer is the size of a WebSocket connection's write buffer. An
+// observation carries the whole transcript and the tools (3–6 kB for the
+// example, growing with the episode); through net/http's 4 kB buffer a
+// frame past 4 kB took two or more write calls, each a trip through the
+// TCP stack.
+const wsWriteBuffer = 64 << 10
+
+// bigWriter hands coder/websocket the hijacked connection with a
+// wsWriteBuffer-sized writer (net/http's own is 4 kB, empty and unused
+// once the connection is hijacked), so that a frame is one write.
+type bigWriter struct{ http.ResponseWriter }
+
+func (w bigWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+// canHijack reports whether w, or a writer it wraps, can be hijacked.
+func canHijack(w http.ResponseWriter) bool {
+	for {
+		switch t := w.(type) {
+		case http.Hijacker:
+			return true
+		case interface{ Unwrap() http.ResponseWriter }:
+			w = t.Unwrap()
+		default:
+			return false
+		}
+	}
+}
+
+func (w bigWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	c, brw, err := http.NewResponseController(w.ResponseWriter).Hijack()
+	if err != nil {
+		return nil, nil, err
+	}
+	if brw.Writer.Buffered() == 0 {
+		brw.Writer = bufio.NewWriterSize(c, wsWriteBuffer)
+	}
+	return c, brw, nil
 }
 
 // readFrame reads one message into buf; a message over limit is discarded
@@ -170,7 +214,7 @@ func (s *Server) frame(ctx context.Context, e *served, sess *session, b []byte) 
 		if perr != nil {
 			return fail(perr)
 		}
-		return frameJSON(openenv.FrameObservation, obs), false
+		return sess.framed(obs), false
 	case openenv.FrameStep:
 		a, perr := openenv.DecodeAction(f.Data)
 		if perr != nil {
@@ -183,7 +227,7 @@ func (s *Server) frame(ctx context.Context, e *served, sess *session, b []byte) 
 			return fail(perr)
 		}
 		if raw, ok := obs.(json.RawMessage); ok {
-			return frameJSON(openenv.FrameObservation, raw), false
+			return sess.framed(raw), false
 		}
 		return map[string]any{"type": openenv.FrameObservation, "data": obs}, false
 	case openenv.FrameMCP:

@@ -91,7 +91,17 @@ var frameFields = map[string]struct {
 // not fit its type's model (a member it does not have, data that is not an
 // object, step data missing) VALIDATION_ERROR. A reset frame without data has
 // Data {}.
+//
+// The frame's Data may share b's memory.
 func DecodeFrame(b []byte) (Frame, *Error) {
+	if f, ok := decodeFrameFast(b); ok {
+		return f, nil
+	}
+	return decodeFrame(b)
+}
+
+// decodeFrame is DecodeFrame without its fast path (fast.go).
+func decodeFrame(b []byte) (Frame, *Error) {
 	m, ok, err := object(b)
 	if err != nil {
 		return Frame{}, &Error{Code: CodeInvalidJSON, Message: "Invalid JSON: " + err.Error()}
@@ -169,6 +179,14 @@ func truncate(s string, n int) string {
 // ≥ 0, episode_id a string of at most 255 characters, other members allowed
 // (hint and session_id are trace's; the rest are ignored).
 func DecodeReset(b []byte) (ResetRequest, *Error) {
+	if r, ok := decodeResetFast(b); ok {
+		return r, nil
+	}
+	return decodeReset(b)
+}
+
+// decodeReset is DecodeReset without its fast path (fast.go).
+func decodeReset(b []byte) (ResetRequest, *Error) {
 	var r ResetRequest
 	if len(bytes.TrimSpace(b)) == 0 {
 		return r, nil
@@ -293,6 +311,14 @@ func DecodeStep(b []byte) (StepRequest, *Error) {
 // message through unchanged), or one of openenv's MCP actions ({"type":
 // "list_tools"}, {"type": "call_tool", "tool_name", "arguments"}).
 func DecodeAction(b []byte) (Action, *Error) {
+	if a, ok := decodeActionFast(b); ok {
+		return a, nil
+	}
+	return decodeAction(b)
+}
+
+// decodeAction is DecodeAction without its fast path (fast.go).
+func decodeAction(b []byte) (Action, *Error) {
 	m, ok, err := object(b)
 	if err != nil {
 		return Action{}, &Error{Code: CodeInvalidJSON, Message: "Invalid JSON: " + err.Error()}
