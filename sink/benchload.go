@@ -80,6 +80,7 @@ func (s *Store) BenchLoad(ctx context.Context, total int, from time.Time, span t
 		if err := s.conn.Exec(ctx, benchLabelsSQL, args...); err != nil {
 			return fmt.Errorf("bench load: labels %d..%d: %w", first, first+n, err)
 		}
+		s.wm.invalidate()
 		if progress != nil {
 			progress(first + n)
 		}

@@ -1390,6 +1390,24 @@ func chdbRollup(t *testing.T, c *chdbDB) {
 			t.Fatal(err)
 		}
 		got, want := c.query(text), c.query(raw)
+		// And as QueryDashboard runs it, with the rollup state inlined.
+		wm := c.query(watermarkReadSQL)
+		dh, err := inlineArgs(dirtyHoursSQL, []any{wm.rows[0].uint(0), uint64(maxInlineDirty + 1)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d := c.query(dh); len(d.rows) != 0 {
+			t.Errorf("dirty hours after the rollup: %v", d.rows)
+		}
+		st := rollupState{through: wm.rows[0].uint(0), closed: uint32(wm.rows[0].uint(1))}
+		inl := strings.NewReplacer(dirtyLabels, dirtyLiteral(st.labels), dirtyRollouts, dirtyLiteral(st.outs)).Replace(text)
+		inl = strings.NewReplacer(wmThrough, fmt.Sprintf("toUInt64(%d)", st.through), wmClosed, fmt.Sprintf("toDateTime(%d)", st.closed)).Replace(inl)
+		if inl == text {
+			t.Errorf("%s: nothing inlined", q.Name)
+		}
+		if g2 := c.query(inl); len(g2.rows) != len(got.rows) || (len(got.rows) > 0 && string(g2.rows[0].vals[0]) != string(got.rows[0].vals[0])) {
+			t.Errorf("%s: inlined %d rows, as documented %d", q.Name, len(g2.rows), len(got.rows))
+		}
 		if len(got.rows) != len(want.rows) {
 			t.Errorf("%s: %d rows from the rollup, %d raw", q.Name, len(got.rows), len(want.rows))
 			continue

@@ -249,11 +249,14 @@ func rollupDirty(kind int, filter string) string {
 	return fmt.Sprintf(`(SELECT environment, agent_version, hour FROM rollup_log WHERE kind = %d AND last_ingest > %s%s)`, kind, wmThrough, filter)
 }
 
+// The dirty sets of the statements: every environment's (normally a
+// handful of hours), so that QueryDashboard can put the set itself in their
+// place (sink/rollupstate.go) without changing the binds.
 var (
 	dirtyLabels      = rollupDirty(rollupLabels, "")
 	dirtyRollouts    = rollupDirty(rollupRollouts, "")
-	dirtyLabelsEnv   = rollupDirty(rollupLabels, " AND environment = {env}")
-	dirtyRolloutsEnv = rollupDirty(rollupRollouts, " AND environment = {env}")
+	dirtyLabelsEnv   = dirtyLabels
+	dirtyRolloutsEnv = dirtyRollouts
 )
 
 // rolledUp is the condition on a rollup table's rows: the hour is closed by
@@ -654,6 +657,9 @@ func (s *Store) QueryDashboard(ctx context.Context, q string, daily bool, args .
 	}
 	if daily {
 		q = dailySQL(q)
+	}
+	if dq.Raw != "" {
+		q = s.inlineRollupState(ctx, q)
 	}
 	return s.conn.Query(s.dashboardCtx(ctx), q, args...)
 }

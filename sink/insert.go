@@ -61,6 +61,7 @@ func (s *Store) InsertRollouts(ctx context.Context, rows []RolloutRow) error {
 // INSERT is dead (call Abort) and none of its rows may be assumed stored,
 // though some may be (the table deduplicates). Not safe for concurrent use.
 type RolloutInsert struct {
+	s           *Store
 	b           driver.Batch
 	now         time.Time
 	ns          uint64
@@ -77,7 +78,7 @@ func (s *Store) BeginRollouts(ctx context.Context) (*RolloutInsert, error) {
 		return nil, fmt.Errorf("insert rollouts: %w", err)
 	}
 	now := time.Now().UTC()
-	return &RolloutInsert{b: b, now: now, ns: uint64(now.UnixNano())}, nil
+	return &RolloutInsert{s: s, b: b, now: now, ns: uint64(now.UnixNano())}, nil
 }
 
 // Append adds one row; it may send a block to the server.
@@ -108,6 +109,7 @@ func (ins *RolloutInsert) Append(r *RolloutRow) error {
 // Commit ends the INSERT; nil means every appended row is durable.
 func (ins *RolloutInsert) Commit() error {
 	ins.done = true
+	defer ins.s.wm.invalidate() // this process's reads see its own writes at once
 	if err := ins.b.Send(); err != nil {
 		return fmt.Errorf("insert rollouts: %w", err)
 	}
@@ -141,6 +143,7 @@ func (s *Store) InsertLabels(ctx context.Context, rows []LabelRow) error {
 			return fmt.Errorf("insert labels: append %s: %w", r.RolloutID, err)
 		}
 	}
+	defer s.wm.invalidate() // this process's reads see its own writes at once
 	if err := b.Send(); err != nil {
 		return fmt.Errorf("insert labels: %w", err)
 	}

@@ -349,3 +349,67 @@ func TestRollupExact(t *testing.T) {
 		t.Error("late rollouts did not change QRolloutCohorts")
 	}
 }
+
+// TestRollupStateAcrossProcesses: a reader whose rollup state (watermark and
+// dirty hours, kept rollupStateTTL) was read before another process wrote
+// late labels for a rolled-up hour shows that hour as it was, and the raw
+// computation's numbers once the state is read again (within a second).
+func TestRollupStateAcrossProcesses(t *testing.T) {
+	ch := testenv.ClickHouse(t)
+	ctx := context.Background()
+	open := func() *sink.Store {
+		s, err := sink.Open(ctx, sink.Config{Addr: []string{ch.Addr}, Database: ch.Database}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { s.Close() })
+		if err := s.Migrate(ctx); err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	writer, reader := open(), open()
+	rs, ls := rollupData("r", 600, rollupBase.Add(-2*24*time.Hour), 4*24*time.Hour)
+	if err := writer.InsertRollouts(ctx, rs); err != nil {
+		t.Fatal(err)
+	}
+	if err := writer.InsertLabels(ctx, ls); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := writer.RollupAll(ctx, rollupNow()); err != nil {
+		t.Fatal(err)
+	}
+	c := rollupCase{"QCapabilityHourly v1", sink.QCapabilityHourly, false, []any{"env", "v1", uint32(1), uint32(0)}}
+	before := readAll(t, reader, false, c) // the reader's state is read now
+	if err := sameRows(before, readAll(t, reader, true, c)); err != nil {
+		t.Fatalf("rolled up: %v", err)
+	}
+	// Another process relabels a rolled-up hour.
+	var relabel []sink.LabelRow
+	for _, l := range ls {
+		if l.AgentVersion == "v1" && l.TS.Sub(rollupBase) >= 5*time.Hour && l.TS.Sub(rollupBase) < 6*time.Hour {
+			l.Source, l.Label = schemas.SourceExternal, schemas.LabelLacking
+			relabel = append(relabel, l)
+		}
+	}
+	if len(relabel) == 0 {
+		t.Fatal("no labels in the hour")
+	}
+	if err := writer.InsertLabels(ctx, relabel); err != nil {
+		t.Fatal(err)
+	}
+	raw := readAll(t, reader, true, c)
+	if sameRows(before, raw) == nil {
+		t.Fatal("the relabel changed nothing: the test does not exercise it")
+	}
+	// Within the TTL the reader may still show the hour as it was; after
+	// it, exactly the raw computation.
+	time.Sleep(1100 * time.Millisecond)
+	if err := sameRows(readAll(t, reader, false, c), raw); err != nil {
+		t.Errorf("after the state's TTL: %v", err)
+	}
+	// The writer sees its own write at once.
+	if err := sameRows(readAll(t, writer, false, c), raw); err != nil {
+		t.Errorf("the writer: %v", err)
+	}
+}

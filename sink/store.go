@@ -146,6 +146,7 @@ type Store struct {
 	version  Version
 	features Features
 	log      *slog.Logger
+	wm       rollupStateCache // the rollup's watermark for the dashboard's statements (sink/rollupstate.go)
 }
 
 // Open connects, creates the database if needed and detects the server's

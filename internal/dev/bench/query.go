@@ -232,7 +232,12 @@ func RunQuery(ctx context.Context, opt QueryOptions) ([]QueryResult, error) {
 			slices.Sort(r.New)
 			slices.Sort(r.Old)
 			results = append(results, r)
-			fmt.Fprintf(out, "  %-28s new p50 %v, old p50 %v\n", ep.name, pct(r.New, .5).Round(time.Millisecond), pct(r.Old, .5).Round(time.Millisecond))
+			fmt.Fprintf(out, "  %-36s new p50 %v, old p50 %v\n", ep.name, pct(r.New, .5).Round(time.Millisecond), pct(r.Old, .5).Round(time.Millisecond))
+			for _, e := range []string{r.NewErr, r.OldErr} {
+				if e != "" {
+					fmt.Fprintf(out, "    error: %.300s\n", e)
+				}
+			}
 		}
 		if opt.Report != nil {
 			r := QueryResult{Size: size, Endpoint: "trace report", NoOld: true}
@@ -468,13 +473,13 @@ func QueryTable(rs []QueryResult) string {
 	for _, r := range rs {
 		newCol := ms(pct(r.New, .5)) + " | " + ms(pct(r.New, .95))
 		if r.NewErr != "" {
-			newCol = "error | " + strings.ReplaceAll(r.NewErr, "|", "/")
+			newCol = "error | " + shortErr(r.NewErr)
 		}
 		oldCol, ratio := "— | —", "—"
 		if !r.NoOld {
 			oldCol = ms(pct(r.Old, .5)) + " | " + ms(pct(r.Old, .95))
 			if r.OldErr != "" {
-				oldCol = "error | " + strings.ReplaceAll(r.OldErr, "|", "/")
+				oldCol = "error | " + shortErr(r.OldErr)
 			}
 			if n := pct(r.New, .5); n > 0 && r.OldErr == "" && r.NewErr == "" {
 				ratio = fmt.Sprintf("%.1f×", float64(pct(r.Old, .5))/float64(n))
@@ -483,6 +488,19 @@ func QueryTable(rs []QueryResult) string {
 		fmt.Fprintf(&b, "| %s | %s | %s | %s | %s |\n", r.Endpoint, sizeName(r.Size), newCol, oldCol, ratio)
 	}
 	return b.String()
+}
+
+// shortErr is an endpoint's error for the table: its HTTP status and what
+// stopped it (the whole text is logged above the table).
+func shortErr(e string) string {
+	status, _, _ := strings.Cut(e, ":")
+	switch {
+	case strings.Contains(e, "memory"):
+		return status + ", memory limit"
+	case strings.Contains(e, "time"):
+		return status + ", time limit"
+	}
+	return status
 }
 
 func sizeName(n int) string {
