@@ -106,7 +106,7 @@ func labelHourlySQL(dicts bool, in string) string {
 SELECT environment, agent_version, toUInt8(` + flag + `), dv, capability, run, h,
 	countIf(ok = 0 AND l = 'LACKING'), countIf(ok = 0 AND l = 'PRESENT'), countIf(ok = 0 AND l = 'NA'),
 	countIf(ok = 1 AND l = 'LACKING'), countIf(ok = 1 AND l = 'PRESENT'), countIf(ok = 1 AND l = 'NA'),
-	` + hourVersion("environment, agent_version, h") + `
+	` + hourVersion("environment", "agent_version", "h") + `
 FROM (
 	SELECT ` + group + `, ` + dv + ` AS dv, toStartOfHour(ts) AS h,
 		argMax(label, ingest_ns) AS l, argMax(success, ingest_ns) AS ok
@@ -121,7 +121,7 @@ GROUP BY environment, agent_version, dv, capability, run, h`
 func labeledHourlySQL(in string) string {
 	return `INSERT INTO labeled_hourly (environment, agent_version, dictionary_version, hour, rollouts, version)
 SELECT environment, agent_version, dictionary_version, toStartOfHour(ts) AS h, uniqExact(rollout_id),
-	` + hourVersion("environment, agent_version, h") + `
+	` + hourVersion("environment", "agent_version", "h") + `
 FROM labels_by_time
 WHERE (environment, agent_version, toStartOfHour(ts)) IN (` + in + `)
 GROUP BY environment, agent_version, dictionary_version, h`
@@ -132,7 +132,7 @@ GROUP BY environment, agent_version, dictionary_version, h`
 func rolloutHourlySQL(in string) string {
 	return `INSERT INTO rollout_hourly (environment, agent_version, hour, rollouts, successes, version)
 SELECT environment, agent_version, bucket, uniqExactMerge(rollouts), uniqExactIfMerge(successes),
-	` + hourVersion("environment, agent_version, bucket") + `
+	` + hourVersion("environment", "agent_version", "bucket") + `
 FROM rollout_counts
 WHERE (environment, agent_version, bucket) IN (` + in + `)
 GROUP BY environment, agent_version, bucket`
@@ -140,10 +140,21 @@ GROUP BY environment, agent_version, bucket`
 
 // hourVersion is the version of a computed row: the change its hour is
 // computed through, looked up by the row's (environment, agent_version,
-// hour) in the batch's arrays (binds: the hours, then their versions; see
-// rollupStatements).
-func hourVersion(key string) string {
-	return "toUInt64(arrayElement(?, indexOf(?, (" + key + "))))"
+// hour) in the batch's arrays (binds: the versions, then the hours' keys as
+// hourKey strings; see rollupStatements).
+func hourVersion(env, av, hour string) string {
+	return "toUInt64(arrayElement(?, indexOf(?, " + hourKeyExpr(env, av, hour) + ")))"
+}
+
+// hourKeyExpr is the SQL of an hour's key string: environment, agent
+// version and the hour's Unix seconds, NUL-separated (hourKey in Go).
+func hourKeyExpr(env, av, hour string) string {
+	return "concat(" + env + ", '\\0', " + av + ", '\\0', toString(toUInt32(" + hour + ")))"
+}
+
+// hourKey is the key string of an hour (hourKeyExpr in SQL).
+func hourKey(h rollupHour) string {
+	return h.env + "\x00" + h.av + "\x00" + fmt.Sprint(unixSec(h.hour))
 }
 
 // hourTuples renders hours as a literal IN list of (environment,
@@ -168,16 +179,10 @@ type rollupStatement struct {
 // one kind, each row versioned by its hour's change.
 func rollupStatements(batch []rollupHour) []rollupStatement {
 	in, inArgs := hourTuples(batch)
-	keys, vers := "[", make([]uint64, len(batch))
+	keys, vers := make([]string, len(batch)), make([]uint64, len(batch))
 	for i, h := range batch {
-		if i > 0 {
-			keys += ", "
-		}
-		keys += "(?, ?, toDateTime(?))"
-		vers[i] = h.version
+		keys[i], vers[i] = hourKey(h), h.version
 	}
-	keys += "]"
-	_, keyArgs := hourTuples(batch)
 	var qs []string
 	if batch[0].kind == rollupLabels {
 		qs = []string{labelHourlySQL(false, in), labelHourlySQL(true, in), labeledHourlySQL(in)}
@@ -186,12 +191,9 @@ func rollupStatements(batch []rollupHour) []rollupStatement {
 	}
 	out := make([]rollupStatement, len(qs))
 	for i, q := range qs {
-		// The version's arrays come first in the text: arrayElement(vers,
-		// indexOf(keys, …)); the keys are literal tuples (a bound array of
-		// tuples is not portable), so they are spliced into the text.
-		q = strings.Replace(q, "indexOf(?,", "indexOf("+keys+",", 1)
-		args := append([]any{vers}, keyArgs...)
-		out[i] = rollupStatement{q, append(args, inArgs...)}
+		// The version's arrays come first in the text:
+		// arrayElement(versions, indexOf(keys, hourKeyExpr)).
+		out[i] = rollupStatement{q, append([]any{vers, keys}, inArgs...)}
 	}
 	return out
 }

@@ -227,6 +227,23 @@ func TestRollupExact(t *testing.T) {
 			t.Errorf("%s changed with the rollup alone: %v", k, err)
 		}
 	}
+	// Every rollup row is versioned by the change its hour was computed
+	// through, as rollup_hours records it.
+	{
+		var bad uint64
+		if err := testenv.StoreConn(t, s).QueryRow(ctx, `SELECT count() FROM label_hourly
+			WHERE (environment, agent_version, hour, version) NOT IN (SELECT environment, agent_version, hour, version FROM rollup_hours WHERE kind = 1)`).Scan(&bad); err != nil {
+			t.Fatal(err)
+		}
+		var n uint64
+		if err := testenv.StoreConn(t, s).QueryRow(ctx, `SELECT count() FROM rollout_hourly
+			WHERE (environment, agent_version, hour, version) NOT IN (SELECT environment, agent_version, hour, version FROM rollup_hours WHERE kind = 2)`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		if bad != 0 || n != 0 {
+			t.Fatalf("%d label_hourly and %d rollout_hourly rows are not versioned by their hour's change", bad, n)
+		}
+	}
 	// A second run finds nothing to do (idempotent, no double counting).
 	if st, err := s.RollupAll(ctx, rollupNow()); err != nil || st.Hours != 0 {
 		t.Fatalf("second rollup: %+v %v", st, err)
