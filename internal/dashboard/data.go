@@ -673,8 +673,24 @@ func (s *server) capability(ctx context.Context, p capabilityParams) (*Capabilit
 	} else if resp.Stats == nil || resp.Stats.RunsTotal == 0 {
 		resp.Message = "No labels for this capability in the decision window yet."
 	}
-	series, err := s.capabilityHourly(ctx, key, since, p.Bucket)
-	if err != nil {
+	// The series, the trigger timeline and the examples are independent
+	// reads: they run at once.
+	g, gctx := errgroup.WithContext(ctx)
+	var series []CapSeries
+	var evs []TriggerEvent
+	g.Go(func() (err error) {
+		series, err = s.capabilityHourly(gctx, key, since, p.Bucket)
+		return err
+	})
+	g.Go(func() (err error) {
+		evs, _, err = s.triggerEvents(gctx, time.Unix(0, 0), TriggerFilter{Environment: p.Env, AgentVersion: p.AgentVersion, Capability: p.Name}, 200)
+		return err
+	})
+	g.Go(func() (err error) {
+		resp.Examples, err = s.examples(gctx, key, p.Name, dec.Window.Start, p.Examples)
+		return err
+	})
+	if err := g.Wait(); err != nil {
 		return nil, err
 	}
 	for _, cs := range series {
@@ -682,17 +698,10 @@ func (s *server) capability(ctx context.Context, p capabilityParams) (*Capabilit
 			resp.Series = cs.Points
 		}
 	}
-	evs, _, err := s.triggerEvents(ctx, time.Unix(0, 0), TriggerFilter{Environment: p.Env, AgentVersion: p.AgentVersion, Capability: p.Name}, 200)
-	if err != nil {
-		return nil, err
-	}
 	for _, e := range evs {
 		if e.DictionaryVersion == p.Dict {
 			resp.Triggers = append(resp.Triggers, e)
 		}
-	}
-	if resp.Examples, err = s.examples(ctx, key, p.Name, dec.Window.Start, p.Examples); err != nil {
-		return nil, err
 	}
 	return resp, nil
 }
