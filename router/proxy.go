@@ -238,6 +238,7 @@ func (p *Proxy) route(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
+	defer putBody(body)
 	var req RouteRequest
 	if err := json.Unmarshal(body, &req); err != nil {
 		writeError(w, http.StatusBadRequest, "body is not a route request: "+err.Error(), "invalid_request_error")
@@ -287,10 +288,11 @@ func (p *Proxy) record(row sink.RouteDecisionRow) {
 }
 
 func setDecisionHeaders(h http.Header, d Decision) {
-	h.Set(HeaderAdapter, cmpOr(d.Adapter, "none"))
-	h.Set(HeaderDecision, d.ID)
-	h.Set(HeaderModel, d.Model)
-	h.Set(HeaderConversation, d.ConversationID)
+	// The names are canonical already: assigned without Set's canonicalisation.
+	h[HeaderAdapter] = []string{cmpOr(d.Adapter, "none")}
+	h[HeaderDecision] = []string{d.ID}
+	h[HeaderModel] = []string{d.Model}
+	h[HeaderConversation] = []string{d.ConversationID}
 }
 
 // hopHeaders are not forwarded (RFC 9110 §7.6.1), nor are the router's own.
@@ -306,17 +308,17 @@ func (p *Proxy) chat(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	var fields map[string]json.RawMessage
-	if err := json.Unmarshal(body, &fields); err != nil || fields == nil {
-		writeError(w, http.StatusBadRequest, "body is not a JSON object", "invalid_request_error")
+	defer putBody(body)
+	cb, err := scanChat(body)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, err.Error(), "invalid_request_error")
 		return
 	}
 	var md metadata
-	if raw, ok := fields["metadata"]; ok {
-		_ = json.Unmarshal(raw, &md) // metadata of another shape is the upstream's business
+	if cb.metadata != nil {
+		_ = json.Unmarshal(cb.metadata, &md) // metadata of another shape is the upstream's business
 	}
-	var stream bool
-	_ = json.Unmarshal(fields["stream"], &stream)
+	stream := bytes.Equal(cb.stream, []byte("true"))
 	env := firstOf(r.Header.Get(HeaderEnvironment), md.Environment, p.cfg.DefaultEnvironment)
 	in := Input{Environment: env, AgentVersion: firstOf(r.Header.Get(HeaderAgentVersion), md.AgentVersion)}
 	switch {
@@ -333,7 +335,7 @@ func (p *Proxy) chat(w http.ResponseWriter, r *http.Request) {
 	}
 	if !cached {
 		var msgs []wireMessage
-		if err := json.Unmarshal(fields["messages"], &msgs); err != nil || len(msgs) == 0 {
+		if err := json.Unmarshal(cb.messages, &msgs); err != nil || len(msgs) == 0 {
 			writeError(w, http.StatusBadRequest, "messages: must be a non-empty array of chat messages", "invalid_request_error")
 			return
 		}
@@ -349,12 +351,7 @@ func (p *Proxy) chat(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	model, _ := json.Marshal(d.Model)
-	fields["model"] = model
-	out, err := json.Marshal(fields)
-	if err != nil {
-		writeError(w, http.StatusInternalServerError, "re-encoding the request: "+err.Error(), "server_error")
-		return
-	}
+	out := cb.withModel(model)
 	row := Row(d, NewID(), "proxy", cached)
 	row.Stream = stream
 	recorded := false
@@ -459,9 +456,22 @@ func copyFlush(w http.ResponseWriter, body io.Reader, sse bool) (err error, sawE
 	}
 }
 
+// bodyBufs holds request-body buffers between requests: a body is read
+// into one sized by Content-Length, and the buffer comes back when the
+// handler returns (the upstream is sent a new slice, see chatBody.withModel).
+var bodyBufs = sync.Pool{New: func() any { return new(bytes.Buffer) }}
+
+const maxPooledBody = 1 << 20 // larger buffers are left to the GC
+
 func (p *Proxy) readBody(w http.ResponseWriter, r *http.Request) ([]byte, bool) {
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, p.cfg.MaxBodyBytes))
+	buf := bodyBufs.Get().(*bytes.Buffer)
+	buf.Reset()
+	if n := r.ContentLength; n > 0 && n <= p.cfg.MaxBodyBytes {
+		buf.Grow(int(n) + bytes.MinRead) // ReadFrom wants MinRead spare bytes before it sees EOF
+	}
+	_, err := buf.ReadFrom(http.MaxBytesReader(w, r.Body, p.cfg.MaxBodyBytes))
 	if err != nil {
+		putBody(buf.Bytes())
 		var mbe *http.MaxBytesError
 		if errors.As(err, &mbe) {
 			writeError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("body exceeds %d bytes", p.cfg.MaxBodyBytes), "invalid_request_error")
@@ -470,7 +480,15 @@ func (p *Proxy) readBody(w http.ResponseWriter, r *http.Request) ([]byte, bool) 
 		}
 		return nil, false
 	}
-	return body, true
+	return buf.Bytes(), true
+}
+
+// putBody returns a body from readBody to the pool; nothing may use it after.
+func putBody(b []byte) {
+	if cap(b) == 0 || cap(b) > maxPooledBody {
+		return
+	}
+	bodyBufs.Put(bytes.NewBuffer(b[:0]))
 }
 
 // redactURLError drops the URL from a transport error (it may carry user
