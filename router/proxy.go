@@ -17,6 +17,7 @@ import (
 	"net/url"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/traceops/trace/sink"
@@ -106,17 +107,54 @@ func NewProxy(cfg ProxyConfig, r *Router, rec DecisionRecorder) (*Proxy, error) 
 	}
 	tr := cfg.Transport
 	if tr == nil {
-		t := http.DefaultTransport.(*http.Transport).Clone()
-		t.MaxIdleConns, t.MaxIdleConnsPerHost = 1024, 1024
-		t.ResponseHeaderTimeout = 10 * time.Minute
-		t.DisableCompression = true // bodies pass through as the upstream encodes them
-		tr = t
+		tr = newUpstreamTransport()
 	}
 	log := cfg.Logger
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
 	return &Proxy{cfg: cfg, r: r, rec: rec, upstream: u.String(), client: &http.Client{Transport: tr}, log: log}, nil
+}
+
+// upstreamShards is how many connection pools the default transport
+// spreads requests over (round robin).
+const upstreamShards = 8
+
+// newUpstreamTransport is the default way to the upstream: HTTP/1.1 with
+// keep-alive (vLLM's server speaks no h2c), up to 1,024 idle connections
+// kept (Go's default of 2 per host would make concurrent callers open
+// and close a connection per request), no limit on open ones, and no
+// compression (bodies pass through as the upstream encodes them). The
+// pool is split into upstreamShards http.Transports used in turn: one
+// Transport's pool is one mutex, which every request takes twice (to get
+// a connection and to put it back), and many concurrent requests queue on it.
+func newUpstreamTransport() http.RoundTripper {
+	s := &shardedTransport{ts: make([]*http.Transport, upstreamShards)}
+	for i := range s.ts {
+		t := http.DefaultTransport.(*http.Transport).Clone()
+		t.MaxIdleConns, t.MaxIdleConnsPerHost = 1024/upstreamShards, 1024/upstreamShards
+		t.ResponseHeaderTimeout = 10 * time.Minute
+		t.DisableCompression = true
+		t.ForceAttemptHTTP2 = false
+		s.ts[i] = t
+	}
+	return s
+}
+
+type shardedTransport struct {
+	next atomic.Uint32
+	ts   []*http.Transport
+}
+
+func (s *shardedTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	return s.ts[s.next.Add(1)%uint32(len(s.ts))].RoundTrip(r)
+}
+
+// CloseIdleConnections closes every shard's idle connections.
+func (s *shardedTransport) CloseIdleConnections() {
+	for _, t := range s.ts {
+		t.CloseIdleConnections()
+	}
 }
 
 // Handler serves the API. /healthz is open; the rest needs X-Trace-Token
