@@ -121,7 +121,8 @@ func NewProxy(cfg ProxyConfig, r *Router, rec DecisionRecorder) (*Proxy, error) 
 const upstreamShards = 8
 
 // newUpstreamTransport is the default way to the upstream: HTTP/1.1 with
-// keep-alive (vLLM's server speaks no h2c), up to 1,024 idle connections
+// keep-alive to an http:// upstream (vLLM's server speaks no h2c; HTTP/2
+// when an https:// one offers it), up to 1,024 idle connections
 // kept (Go's default of 2 per host would make concurrent callers open
 // and close a connection per request), no limit on open ones, and no
 // compression (bodies pass through as the upstream encodes them). The
@@ -135,7 +136,6 @@ func newUpstreamTransport() http.RoundTripper {
 		t.MaxIdleConns, t.MaxIdleConnsPerHost = 1024/upstreamShards, 1024/upstreamShards
 		t.ResponseHeaderTimeout = 10 * time.Minute
 		t.DisableCompression = true
-		t.ForceAttemptHTTP2 = false
 		s.ts[i] = t
 	}
 	return s
