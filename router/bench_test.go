@@ -172,7 +172,9 @@ func load1() float64 {
 // resolution). sse-ttfb rows time the first byte of a streamed answer;
 // the others the whole response. new-conns counts TCP connections the
 // proxy and the upstream accepted during the measurement (0: every request
-// reused a kept-alive connection).
+// reused a kept-alive connection). noise-p99 is how far the p99 of two
+// interleaved halves of the direct requests lie apart: a p99 difference
+// of that size is chance (the machine's other work, above all).
 //
 //	go test -run '^$' -bench ProxyOverhead -benchtime 4000x ./router/
 func BenchmarkProxyOverhead(b *testing.B) {
@@ -257,6 +259,13 @@ func BenchmarkProxyOverhead(b *testing.B) {
 
 	type result struct {
 		direct, proxied []time.Duration
+		halves          [2][]time.Duration // the direct requests, every other one of each client
+	}
+	keep := func(res *result, d, pr []time.Duration) {
+		res.direct, res.proxied = append(res.direct, d...), append(res.proxied, pr...)
+		for i, x := range d {
+			res.halves[i%2] = append(res.halves[i%2], x)
+		}
 	}
 	// report prints one row; conns0 are the connection counts before the measurement.
 	report := func(b *testing.B, res result, conns0 int64) {
@@ -268,6 +277,10 @@ func BenchmarkProxyOverhead(b *testing.B) {
 		b.ReportMetric(us(pct(res.proxied, 0.99)), "proxy-p99-µs")
 		b.ReportMetric(us(pct(res.proxied, 0.5)-pct(res.direct, 0.5)), "added-p50-µs")
 		b.ReportMetric(us(pct(res.proxied, 0.99)-pct(res.direct, 0.99)), "added-p99-µs")
+		// noise-p99: how far the p99 of two interleaved halves of the
+		// direct requests lie apart, i.e. how much a p99 column moves by
+		// chance in this run (with half the samples).
+		b.ReportMetric(us((pct(res.halves[0], 0.99) - pct(res.halves[1], 0.99)).Abs()), "noise-p99-µs")
 		b.ReportMetric(us(pct(own, 0.5)), "own-p50-µs")
 		b.ReportMetric(us(pct(own, 0.99)), "own-p99-µs")
 		b.ReportMetric(float64(upConns.Load()+pxConns.Load()-conns0), "new-conns")
@@ -301,7 +314,7 @@ func BenchmarkProxyOverhead(b *testing.B) {
 					d, pr = append(d, pick(stream, dt, dtot)), append(pr, pick(stream, pt, ptot))
 				}
 				mu.Lock()
-				res.direct, res.proxied = append(res.direct, d...), append(res.proxied, pr...)
+				keep(&res, d, pr)
 				mu.Unlock()
 			}()
 		}
@@ -399,7 +412,8 @@ func BenchmarkProxyOverhead(b *testing.B) {
 					done.Add(1)
 				}
 				mu.Lock()
-				res.direct, res.proxied, late = append(res.direct, d...), append(res.proxied, pr...), append(late, lt...)
+				keep(&res, d, pr)
+				late = append(late, lt...)
 				mu.Unlock()
 			}()
 		}
