@@ -130,6 +130,26 @@ func cpuTime() time.Duration {
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
+// runqWait is the time this process's threads have spent ready to run
+// but waiting for a CPU (Linux schedstat, summed over the threads; 0
+// where unavailable): on a shared machine, the wait behind other
+// processes.
+func runqWait() time.Duration {
+	dirs, _ := os.ReadDir("/proc/self/task")
+	var t time.Duration
+	for _, d := range dirs {
+		raw, err := os.ReadFile("/proc/self/task/" + d.Name() + "/schedstat")
+		if err != nil {
+			continue
+		}
+		var run, wait int64
+		if _, err := fmt.Sscan(string(raw), &run, &wait); err == nil {
+			t += time.Duration(wait)
+		}
+	}
+	return t
+}
+
 // load1 is the machine's one-minute load average (0 when unknown).
 func load1() float64 {
 	raw, err := os.ReadFile("/proc/loadavg")
@@ -163,7 +183,9 @@ func load1() float64 {
 // sent, so a client that falls behind does not hide the delay
 // (coordinated omission). Reported: offered and achieved rates, the
 // process's CPU use (% of all cores), in-flight requests (Little's law),
-// and how late sends started (late-p99).
+// how late sends started (late-p99), and how long, per request, the
+// process's threads were ready to run but waited for a CPU (runq-µs/req,
+// Linux schedstat: the machine's other work shows here).
 //
 // Every row: direct/proxy p50 and p99 in µs and the added latency
 // (proxy − direct at the same quantile, both from the same run), and the
@@ -364,7 +386,7 @@ func BenchmarkProxyOverhead(b *testing.B) {
 		var late []time.Duration
 		var done, behind atomic.Int64
 		b.ResetTimer()
-		cpu0, load0 := cpuTime(), load1()
+		cpu0, load0, runq0 := cpuTime(), load1(), runqWait()
 		t0 := time.Now().Add(10 * time.Millisecond)
 		var wg sync.WaitGroup
 		for g := range clients {
@@ -419,7 +441,7 @@ func BenchmarkProxyOverhead(b *testing.B) {
 		}
 		wg.Wait()
 		elapsed := time.Since(t0)
-		cpu := cpuTime() - cpu0
+		cpu, runq := cpuTime()-cpu0, runqWait()-runq0
 		b.StopTimer()
 		rec.Flush(ctx)
 		report(b, res, conns0)
@@ -433,6 +455,7 @@ func BenchmarkProxyOverhead(b *testing.B) {
 		b.ReportMetric(achieved*mean(all).Seconds(), "in-flight")
 		b.ReportMetric(100*float64(behind.Load())/float64(max(1, done.Load())), "behind-%")
 		b.ReportMetric(float64(pct(late, 0.99).Nanoseconds())/1e3, "late-p99-µs")
+		b.ReportMetric(float64(runq.Nanoseconds())/1e3/float64(max(1, done.Load())), "runq-µs/req")
 		if b.N == 1 { // the framework's first, trial run
 			return
 		}
