@@ -323,6 +323,7 @@ func BenchmarkProxyOverhead(b *testing.B) {
 		var res result
 		var next atomic.Int64
 		b.ResetTimer()
+		runq0 := runqWait()
 		var wg sync.WaitGroup
 		for g := range clients {
 			wg.Add(1)
@@ -342,6 +343,7 @@ func BenchmarkProxyOverhead(b *testing.B) {
 		}
 		wg.Wait()
 		b.StopTimer()
+		b.ReportMetric(float64((runqWait()-runq0).Nanoseconds())/1e3/float64(2*b.N), "runq-µs/req")
 		rec.Flush(ctx)
 		report(b, res, conns0)
 	}
