@@ -183,7 +183,10 @@ func load1() float64 {
 // sent, so a client that falls behind does not hide the delay
 // (coordinated omission). Reported: offered and achieved rates, the
 // process's CPU use (% of all cores), in-flight requests (Little's law),
-// how late sends started (late-p99), and how long, per request, the
+// how late sends started (late-p99), the CPU time a proxied request costs
+// beyond a direct one (proxy-cpu-µs/req, from the process's CPU time in
+// the two capacity runs: 2 × mix − 2 × direct per request, since half the
+// mix is direct), and how long, per request, the
 // process's threads were ready to run but waited for a CPU (runq-µs/req,
 // Linux schedstat: the machine's other work shows here).
 //
@@ -315,7 +318,36 @@ func BenchmarkProxyOverhead(b *testing.B) {
 		return total
 	}
 
-	closed := func(b *testing.B, clients int, stream bool) {
+	// longBody is an agent's request late in a conversation (~25 KB): a
+	// system prompt, 8 tool definitions and 120 turns with tool calls.
+	longBody := func(conv int) string {
+		var sb strings.Builder
+		fmt.Fprintf(&sb, `{"model":"m","stream":false,"temperature":0.2,"metadata":{"conversation_id":"conv-%d"},"tools":[`, conv)
+		for t := range 8 {
+			if t > 0 {
+				sb.WriteByte(',')
+			}
+			fmt.Fprintf(&sb, `{"type":"function","function":{"name":"tool_%d","description":"Looks up a reservation by its id and returns the flights, passengers and payment methods on it.","parameters":{"type":"object","properties":{"reservation_id":{"type":"string","description":"six characters"},"user_id":{"type":"string"}},"required":["reservation_id"]}}}`, t)
+		}
+		sb.WriteString(`],"messages":[{"role":"system","content":"You are an airline customer service agent. Follow the policy: verify the user, never change a basic economy flight, ask before every booking action, and transfer to a human when the request is outside the policy."}`)
+		for k := range 120 {
+			switch k % 3 {
+			case 0:
+				fmt.Fprintf(&sb, `,{"role":"user","content":"Turn %d: I would like to change my reservation ABC%03d to the morning flight on the same day, and keep the same seat class and payment method please."}`, k, k)
+			case 1:
+				fmt.Fprintf(&sb, `,{"role":"assistant","content":null,"tool_calls":[{"id":"call_%d","type":"function","function":{"name":"tool_%d","arguments":"{\"reservation_id\":\"ABC%03d\",\"user_id\":\"mia_li_3668\"}"}}]}`, k, k%8, k)
+			default:
+				fmt.Fprintf(&sb, `,{"role":"tool","tool_call_id":"call_%d","content":"{\"reservation_id\":\"ABC%03d\",\"flights\":[{\"flight_number\":\"HAT%03d\",\"date\":\"2024-05-%02d\",\"price\":%d}],\"cabin\":\"economy\",\"payment\":\"credit_card_4421\"}"}`, k-1, k, k, 1+k%28, 100+k)
+			}
+		}
+		sb.WriteString(`]}`)
+		return sb.String()
+	}
+	if n := len(longBody(0)); n < 16<<10 {
+		b.Fatalf("the long body is only %d bytes", n)
+	}
+
+	closed := func(b *testing.B, clients int, stream bool, long bool) {
 		rec.Flush(ctx)
 		w.take()
 		conns0 := upConns.Load() + pxConns.Load()
@@ -332,6 +364,9 @@ func BenchmarkProxyOverhead(b *testing.B) {
 				var d, pr []time.Duration
 				for i := next.Add(1); i <= int64(b.N); i = next.Add(1) {
 					payload := body((g+int(i))%conversations, stream)
+					if long {
+						payload = longBody((g + int(i)) % conversations)
+					}
 					dt, dtot := do(g, directURL, payload)
 					pt, ptot := do(g, proxyURL, payload)
 					d, pr = append(d, pick(stream, dt, dtot)), append(pr, pick(stream, pt, ptot))
@@ -352,10 +387,11 @@ func BenchmarkProxyOverhead(b *testing.B) {
 	// clients clients, each alternating direct and proxied requests when
 	// mixed (the open loop's mix), else direct only: the rate at which
 	// this machine saturates now.
-	capacity := func(clients, n int, stream, mixed bool) float64 {
+	// It also returns the process's CPU time per request.
+	capacity := func(clients, n int, stream, mixed bool) (rate float64, cpu time.Duration) {
 		var next atomic.Int64
 		var wg sync.WaitGroup
-		start := time.Now()
+		start, cpu0 := time.Now(), cpuTime()
 		for g := range clients {
 			wg.Add(1)
 			go func() {
@@ -370,13 +406,17 @@ func BenchmarkProxyOverhead(b *testing.B) {
 			}()
 		}
 		wg.Wait()
-		return float64(n) / time.Since(start).Seconds()
+		return float64(n) / time.Since(start).Seconds(), (cpuTime() - cpu0) / time.Duration(n)
 	}
 
 	open := func(b *testing.B, clients int, stream bool, fraction float64) {
 		const calibration = 4000
-		directCap := capacity(clients, calibration, stream, false)
-		mixCap := capacity(clients, calibration, stream, true)
+		directCap, directCPU := capacity(clients, calibration, stream, false)
+		mixCap, mixCPU := capacity(clients, calibration, stream, true)
+		// The CPU a proxied request costs beyond a direct one: the
+		// proxy's server side, handler and upstream client (a direct
+		// request costs the load generator and the upstream only).
+		proxyCPU := 2*mixCPU - 2*directCPU
 		rate := fraction * mixCap // in total, half direct and half proxied
 		period := time.Duration(float64(time.Second) / rate)
 		slots := 2 * b.N // b.N requests on each path
@@ -451,6 +491,7 @@ func BenchmarkProxyOverhead(b *testing.B) {
 		all := append(slices.Clone(res.direct), res.proxied...)
 		cpuPct := 100 * cpu.Seconds() / elapsed.Seconds() / float64(runtime.NumCPU())
 		b.ReportMetric(mixCap, "capacity-req/s")
+		b.ReportMetric(float64(proxyCPU.Nanoseconds())/1e3, "proxy-cpu-µs/req")
 		b.ReportMetric(rate, "offered-req/s")
 		b.ReportMetric(achieved, "achieved-req/s")
 		b.ReportMetric(cpuPct, "cpu-%")
@@ -468,9 +509,10 @@ func BenchmarkProxyOverhead(b *testing.B) {
 			100*float64(behind.Load())/float64(max(1, done.Load())), load0)
 	}
 
-	b.Run("clients=1", func(b *testing.B) { closed(b, 1, false) })
-	b.Run("clients=64", func(b *testing.B) { closed(b, 64, false) })
-	b.Run("sse-ttfb/clients=1", func(b *testing.B) { closed(b, 1, true) })
+	b.Run("clients=1", func(b *testing.B) { closed(b, 1, false, false) })
+	b.Run(fmt.Sprintf("clients=1/body=%dKB", len(longBody(0))>>10), func(b *testing.B) { closed(b, 1, false, true) })
+	b.Run("clients=64", func(b *testing.B) { closed(b, 64, false, false) })
+	b.Run("sse-ttfb/clients=1", func(b *testing.B) { closed(b, 1, true, false) })
 	loads := []float64{0.25, 0.5}
 	if v := os.Getenv("TRACE_BENCH_OPEN_LOADS"); v != "" { // e.g. 0.1,0.25,0.5
 		loads = nil
