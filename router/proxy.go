@@ -504,8 +504,11 @@ const maxPooledBody = 1 << 20 // larger buffers are left to the GC
 func (p *Proxy) readBody(w http.ResponseWriter, r *http.Request) ([]byte, bool) {
 	buf := bodyBufs.Get().(*bytes.Buffer)
 	buf.Reset()
-	if n := r.ContentLength; n > 0 && n <= p.cfg.MaxBodyBytes {
-		buf.Grow(int(n) + bytes.MinRead) // ReadFrom wants MinRead spare bytes before it sees EOF
+	// Sized by Content-Length up to maxPooledBody (a declared length is
+	// not yet a body: beyond that the buffer grows as bytes arrive);
+	// ReadFrom wants MinRead spare bytes before it sees EOF.
+	if n := min(r.ContentLength, p.cfg.MaxBodyBytes, maxPooledBody); n > 0 {
+		buf.Grow(int(n) + bytes.MinRead)
 	}
 	_, err := buf.ReadFrom(http.MaxBytesReader(w, r.Body, p.cfg.MaxBodyBytes))
 	if err != nil {
