@@ -2,14 +2,18 @@ package router_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
-	"net/http/httptest"
+	"os"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -55,10 +59,33 @@ func (d *discard) take() []time.Duration {
 
 const benchAnswer = `{"id":"x","object":"chat.completion","created":1,"model":"m","choices":[{"index":0,"message":{"role":"assistant","content":"ok"},"finish_reason":"stop"}],"usage":{"prompt_tokens":5,"completion_tokens":1,"total_tokens":6}}`
 
+// serve runs h on a loopback listener with a plain http.Server, as `trace
+// route` serves the proxy (httptest.Server would add a mutex of its own
+// to every request's state changes), and counts the connections accepted.
+func serve(b *testing.B, h http.Handler) (url string, conns *atomic.Int64) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	conns = new(atomic.Int64)
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second, ConnState: func(_ net.Conn, s http.ConnState) {
+		if s == http.StateNew {
+			conns.Add(1)
+		}
+	}}
+	go func() {
+		if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+			panic(err)
+		}
+	}()
+	b.Cleanup(func() { _ = srv.Close() })
+	return "http://" + ln.Addr().String(), conns
+}
+
 // instantUpstream answers every chat completion at once: JSON, or with
 // stream: true one SSE event and [DONE].
-func instantUpstream(b *testing.B) *httptest.Server {
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+func instantUpstream(b *testing.B) (string, *atomic.Int64) {
+	return serve(b, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(r.Body)
 		if strings.Contains(string(body), `"stream":true`) {
 			w.Header().Set("Content-Type", "text/event-stream")
@@ -71,8 +98,6 @@ func instantUpstream(b *testing.B) *httptest.Server {
 		w.Header().Set("Content-Type", "application/json")
 		_, _ = io.WriteString(w, benchAnswer)
 	}))
-	b.Cleanup(srv.Close)
-	return srv
 }
 
 func pct(xs []time.Duration, p float64) time.Duration {
@@ -84,21 +109,101 @@ func pct(xs []time.Duration, p float64) time.Duration {
 	return s[min(len(s)-1, int(p*float64(len(s))))]
 }
 
+func mean(xs []time.Duration) time.Duration {
+	if len(xs) == 0 {
+		return 0
+	}
+	var t time.Duration
+	for _, x := range xs {
+		t += x
+	}
+	return t / time.Duration(len(xs))
+}
+
+// cpuTime is the process's user + system CPU time so far (load generator,
+// proxy and upstream all run in this process).
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	if syscall.Getrusage(syscall.RUSAGE_SELF, &ru) != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// runqWait is the time this process's threads have spent ready to run
+// but waiting for a CPU (Linux schedstat, summed over the threads; 0
+// where unavailable): on a shared machine, the wait behind other
+// processes.
+func runqWait() time.Duration {
+	dirs, _ := os.ReadDir("/proc/self/task")
+	var t time.Duration
+	for _, d := range dirs {
+		raw, err := os.ReadFile("/proc/self/task/" + d.Name() + "/schedstat")
+		if err != nil {
+			continue
+		}
+		var run, wait int64
+		if _, err := fmt.Sscan(string(raw), &run, &wait); err == nil {
+			t += time.Duration(wait)
+		}
+	}
+	return t
+}
+
+// load1 is the machine's one-minute load average (0 when unknown).
+func load1() float64 {
+	raw, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return 0
+	}
+	var l float64
+	_, _ = fmt.Sscan(string(raw), &l)
+	return l
+}
+
 // BenchmarkProxyOverhead measures the routing proxy's latency beyond the
 // upstream's own, against a local upstream that answers at once, with the
 // conversation's decision cached (the steady state: one classification per
-// conversation). Every iteration makes one request straight to the
-// upstream and one through the proxy, alternately, so both figures come
-// from the same run under the same load; reported per request:
-// direct/proxy p50 and p99 in µs and the added latency (proxy − direct at
-// the same quantile), and the proxy's own time before forwarding
-// (own-p50/p99: parsing, the cached decision, the rewrite, as recorded in
-// route_decisions.overhead_us; µs resolution). clients=1 and clients=64 are concurrent callers;
-// sse-ttfb is the time to the first byte of a streamed answer.
+// conversation). Load generator, proxy and upstream share this process and
+// the machine's cores. Two ways of loading it:
+//
+// Closed loop (clients=1, clients=64, sse-ttfb/clients=1): every client
+// makes one request straight to the upstream and one through the proxy,
+// alternately, as fast as it can, so both columns come from the same run
+// under the same load. With 64 clients this saturates the CPU, and the
+// latency is then mostly waiting for a core (Little's law: the proxied
+// request, a second loopback HTTP exchange, waits in the same queue).
+//
+// Open loop (open=F/clients=64, open=F/sse-ttfb/clients=64), wrk2-style:
+// the direct path's closed-loop throughput with 64 clients is measured
+// first in the same run (capacity, req/s); then 64 clients send requests on
+// a fixed schedule at F × capacity in total, alternating direct and
+// proxied (half the rate each, interleaved in time), and each latency is
+// counted from the request's scheduled send time, not from when it was
+// sent, so a client that falls behind does not hide the delay
+// (coordinated omission). Reported: offered and achieved rates, the
+// process's CPU use (% of all cores), in-flight requests (Little's law),
+// how late sends started (late-p99), the CPU time a proxied request costs
+// beyond a direct one (proxy-cpu-µs/req, from the process's CPU time in
+// the two capacity runs: 2 × mix − 2 × direct per request, since half the
+// mix is direct), and how long, per request, the
+// process's threads were ready to run but waited for a CPU (runq-µs/req,
+// Linux schedstat: the machine's other work shows here).
+//
+// Every row: direct/proxy p50 and p99 in µs and the added latency
+// (proxy − direct at the same quantile, both from the same run), and the
+// proxy's own time before forwarding (own-p50/p99: parsing, the cached
+// decision, the rewrite, as recorded in route_decisions.overhead_us; µs
+// resolution). sse-ttfb rows time the first byte of a streamed answer;
+// the others the whole response. new-conns counts TCP connections the
+// proxy and the upstream accepted during the measurement (0: every request
+// reused a kept-alive connection). noise-p99 is how far the p99 of two
+// interleaved halves of the direct requests lie apart: a p99 difference
+// of that size is chance (the machine's other work, above all).
 //
 //	go test -run '^$' -bench ProxyOverhead -benchtime 4000x ./router/
 func BenchmarkProxyOverhead(b *testing.B) {
-	up := instantUpstream(b)
+	upURL, upConns := instantUpstream(b)
 	cls := llmtest.New(b)
 	cls.Handle(func(llmtest.Request) llmtest.Reply {
 		return llmtest.Classification(map[string]float64{"A": 0.9, "B": 0.1})
@@ -116,23 +221,30 @@ func BenchmarkProxyOverhead(b *testing.B) {
 	ctx, cancel := context.WithCancel(context.Background())
 	go rec.Run(ctx)
 	b.Cleanup(cancel)
-	p, err := router.NewProxy(router.ProxyConfig{UpstreamURL: up.URL + "/v1", DefaultEnvironment: "bench"}, r, rec)
+	p, err := router.NewProxy(router.ProxyConfig{UpstreamURL: upURL + "/v1", DefaultEnvironment: "bench"}, r, rec)
 	if err != nil {
 		b.Fatal(err)
 	}
-	px := httptest.NewServer(p.Handler())
-	b.Cleanup(px.Close)
-	tr := &http.Transport{MaxIdleConns: 512, MaxIdleConnsPerHost: 512, DisableCompression: true}
-	hc := &http.Client{Transport: tr}
-	b.Cleanup(tr.CloseIdleConnections)
+	pxURL, pxConns := serve(b, p.Handler())
+	// Each client has its own connection pool, as separate agents would
+	// (one shared http.Transport would make the load generator's own
+	// pool lock a point of contention).
+	const maxClients = 64
+	hcs := make([]*http.Client, maxClients)
+	for i := range hcs {
+		tr := &http.Transport{MaxIdleConnsPerHost: 2, DisableCompression: true}
+		hcs[i] = &http.Client{Transport: tr}
+		b.Cleanup(tr.CloseIdleConnections)
+	}
 
 	body := func(conv int, stream bool) string {
 		return fmt.Sprintf(`{"model":"m","stream":%v,"metadata":{"conversation_id":"conv-%d"},"messages":[{"role":"system","content":"You are an airline agent."},{"role":"user","content":"I need to change my flight to Boston tomorrow morning."}]}`, stream, conv)
 	}
+	directURL, proxyURL := upURL+"/v1/chat/completions", pxURL+"/v1/chat/completions"
 	// do returns the time to the response's first body byte (ttfb) and to its end.
-	do := func(url, payload string) (ttfb, total time.Duration) {
+	do := func(g int, url, payload string) (ttfb, total time.Duration) {
 		start := time.Now()
-		resp, err := hc.Post(url, "application/json", strings.NewReader(payload))
+		resp, err := hcs[g].Post(url, "application/json", strings.NewReader(payload))
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -150,20 +262,100 @@ func BenchmarkProxyOverhead(b *testing.B) {
 	}
 	const conversations = 64
 	for c := range conversations { // warm the decision cache: the measured requests are cached decisions
-		do(px.URL+"/v1/chat/completions", body(c, false))
+		do(0, proxyURL, body(c, false))
 	}
 	classified := len(cls.Requests())
 	if classified != conversations {
 		b.Fatalf("%d classifications for %d conversations", classified, conversations)
 	}
+	// Warm every connection pool to 64 kept-alive connections per hop.
+	var warm sync.WaitGroup
+	for g := range maxClients {
+		warm.Add(1)
+		go func() {
+			defer warm.Done()
+			for range 20 {
+				do(g, directURL, body(g, false))
+				do(g, proxyURL, body(g, false))
+			}
+		}()
+	}
+	warm.Wait()
 
-	run := func(b *testing.B, clients int, stream bool) {
+	type result struct {
+		direct, proxied []time.Duration
+		halves          [2][]time.Duration // the direct requests, every other one of each client
+	}
+	keep := func(res *result, d, pr []time.Duration) {
+		res.direct, res.proxied = append(res.direct, d...), append(res.proxied, pr...)
+		for i, x := range d {
+			res.halves[i%2] = append(res.halves[i%2], x)
+		}
+	}
+	// report prints one row; conns0 are the connection counts before the measurement.
+	report := func(b *testing.B, res result, conns0 int64) {
+		own := w.take()
+		us := func(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1e3 }
+		b.ReportMetric(us(pct(res.direct, 0.5)), "direct-p50-µs")
+		b.ReportMetric(us(pct(res.direct, 0.99)), "direct-p99-µs")
+		b.ReportMetric(us(pct(res.proxied, 0.5)), "proxy-p50-µs")
+		b.ReportMetric(us(pct(res.proxied, 0.99)), "proxy-p99-µs")
+		b.ReportMetric(us(pct(res.proxied, 0.5)-pct(res.direct, 0.5)), "added-p50-µs")
+		b.ReportMetric(us(pct(res.proxied, 0.99)-pct(res.direct, 0.99)), "added-p99-µs")
+		// noise-p99: how far the p99 of two interleaved halves of the
+		// direct requests lie apart, i.e. how much a p99 column moves by
+		// chance in this run (with half the samples).
+		b.ReportMetric(us((pct(res.halves[0], 0.99) - pct(res.halves[1], 0.99)).Abs()), "noise-p99-µs")
+		b.ReportMetric(us(pct(own, 0.5)), "own-p50-µs")
+		b.ReportMetric(us(pct(own, 0.99)), "own-p99-µs")
+		b.ReportMetric(float64(upConns.Load()+pxConns.Load()-conns0), "new-conns")
+		b.ReportMetric(0, "ns/op")
+	}
+	pick := func(stream bool, ttfb, total time.Duration) time.Duration {
+		if stream {
+			return ttfb
+		}
+		return total
+	}
+
+	// longBody is an agent's request late in a conversation (~25 KB): a
+	// system prompt, 8 tool definitions and 120 turns with tool calls.
+	longBody := func(conv int) string {
+		var sb strings.Builder
+		fmt.Fprintf(&sb, `{"model":"m","stream":false,"temperature":0.2,"metadata":{"conversation_id":"conv-%d"},"tools":[`, conv)
+		for t := range 8 {
+			if t > 0 {
+				sb.WriteByte(',')
+			}
+			fmt.Fprintf(&sb, `{"type":"function","function":{"name":"tool_%d","description":"Looks up a reservation by its id and returns the flights, passengers and payment methods on it.","parameters":{"type":"object","properties":{"reservation_id":{"type":"string","description":"six characters"},"user_id":{"type":"string"}},"required":["reservation_id"]}}}`, t)
+		}
+		sb.WriteString(`],"messages":[{"role":"system","content":"You are an airline customer service agent. Follow the policy: verify the user, never change a basic economy flight, ask before every booking action, and transfer to a human when the request is outside the policy."}`)
+		for k := range 120 {
+			switch k % 3 {
+			case 0:
+				fmt.Fprintf(&sb, `,{"role":"user","content":"Turn %d: I would like to change my reservation ABC%03d to the morning flight on the same day, and keep the same seat class and payment method please."}`, k, k)
+			case 1:
+				fmt.Fprintf(&sb, `,{"role":"assistant","content":null,"tool_calls":[{"id":"call_%d","type":"function","function":{"name":"tool_%d","arguments":"{\"reservation_id\":\"ABC%03d\",\"user_id\":\"mia_li_3668\"}"}}]}`, k, k%8, k)
+			default:
+				fmt.Fprintf(&sb, `,{"role":"tool","tool_call_id":"call_%d","content":"{\"reservation_id\":\"ABC%03d\",\"flights\":[{\"flight_number\":\"HAT%03d\",\"date\":\"2024-05-%02d\",\"price\":%d}],\"cabin\":\"economy\",\"payment\":\"credit_card_4421\"}"}`, k-1, k, k, 1+k%28, 100+k)
+			}
+		}
+		sb.WriteString(`]}`)
+		return sb.String()
+	}
+	if n := len(longBody(0)); n < 16<<10 {
+		b.Fatalf("the long body is only %d bytes", n)
+	}
+
+	closed := func(b *testing.B, clients int, stream bool, long bool) {
 		rec.Flush(ctx)
 		w.take()
+		conns0 := upConns.Load() + pxConns.Load()
 		var mu sync.Mutex
-		var direct, proxied []time.Duration
+		var res result
 		var next atomic.Int64
 		b.ResetTimer()
+		runq0 := runqWait()
 		var wg sync.WaitGroup
 		for g := range clients {
 			wg.Add(1)
@@ -172,37 +364,170 @@ func BenchmarkProxyOverhead(b *testing.B) {
 				var d, pr []time.Duration
 				for i := next.Add(1); i <= int64(b.N); i = next.Add(1) {
 					payload := body((g+int(i))%conversations, stream)
-					dt, dtot := do(up.URL+"/v1/chat/completions", payload)
-					pt, ptot := do(px.URL+"/v1/chat/completions", payload)
-					if stream {
-						d, pr = append(d, dt), append(pr, pt)
-					} else {
-						d, pr = append(d, dtot), append(pr, ptot)
+					if long {
+						payload = longBody((g + int(i)) % conversations)
 					}
+					dt, dtot := do(g, directURL, payload)
+					pt, ptot := do(g, proxyURL, payload)
+					d, pr = append(d, pick(stream, dt, dtot)), append(pr, pick(stream, pt, ptot))
 				}
 				mu.Lock()
-				direct, proxied = append(direct, d...), append(proxied, pr...)
+				keep(&res, d, pr)
 				mu.Unlock()
 			}()
 		}
 		wg.Wait()
 		b.StopTimer()
+		b.ReportMetric(float64((runqWait()-runq0).Nanoseconds())/1e3/float64(2*b.N), "runq-µs/req")
 		rec.Flush(ctx)
-		own := w.take()
-		us := func(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1e3 }
-		b.ReportMetric(us(pct(direct, 0.5)), "direct-p50-µs")
-		b.ReportMetric(us(pct(direct, 0.99)), "direct-p99-µs")
-		b.ReportMetric(us(pct(proxied, 0.5)), "proxy-p50-µs")
-		b.ReportMetric(us(pct(proxied, 0.99)), "proxy-p99-µs")
-		b.ReportMetric(us(pct(proxied, 0.5)-pct(direct, 0.5)), "added-p50-µs")
-		b.ReportMetric(us(pct(proxied, 0.99)-pct(direct, 0.99)), "added-p99-µs")
-		b.ReportMetric(us(pct(own, 0.5)), "own-p50-µs")
-		b.ReportMetric(us(pct(own, 0.99)), "own-p99-µs")
-		b.ReportMetric(0, "ns/op")
+		report(b, res, conns0)
 	}
-	b.Run("clients=1", func(b *testing.B) { run(b, 1, false) })
-	b.Run("clients=64", func(b *testing.B) { run(b, 64, false) })
-	b.Run("sse-ttfb/clients=1", func(b *testing.B) { run(b, 1, true) })
+
+	// capacity is the closed-loop throughput (req/s) of n requests from
+	// clients clients, each alternating direct and proxied requests when
+	// mixed (the open loop's mix), else direct only: the rate at which
+	// this machine saturates now.
+	// It also returns the process's CPU time per request.
+	capacity := func(clients, n int, stream, mixed bool) (rate float64, cpu time.Duration) {
+		var next atomic.Int64
+		var wg sync.WaitGroup
+		start, cpu0 := time.Now(), cpuTime()
+		for g := range clients {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for i := next.Add(1); i <= int64(n); i = next.Add(1) {
+					url := directURL
+					if mixed && i%2 == 0 {
+						url = proxyURL
+					}
+					do(g, url, body((g+int(i))%conversations, stream))
+				}
+			}()
+		}
+		wg.Wait()
+		return float64(n) / time.Since(start).Seconds(), (cpuTime() - cpu0) / time.Duration(n)
+	}
+
+	open := func(b *testing.B, clients int, stream bool, fraction float64) {
+		const calibration = 4000
+		directCap, directCPU := capacity(clients, calibration, stream, false)
+		mixCap, mixCPU := capacity(clients, calibration, stream, true)
+		// The CPU a proxied request costs beyond a direct one: the
+		// proxy's server side, handler and upstream client (a direct
+		// request costs the load generator and the upstream only).
+		proxyCPU := 2*mixCPU - 2*directCPU
+		rate := fraction * mixCap // in total, half direct and half proxied
+		period := time.Duration(float64(time.Second) / rate)
+		slots := 2 * b.N // b.N requests on each path
+		rec.Flush(ctx)
+		w.take()
+		conns0 := upConns.Load() + pxConns.Load()
+		var mu sync.Mutex
+		var res result
+		var late []time.Duration
+		var done, behind atomic.Int64
+		b.ResetTimer()
+		cpu0, load0, runq0 := cpuTime(), load1(), runqWait()
+		t0 := time.Now().Add(10 * time.Millisecond)
+		var wg sync.WaitGroup
+		for g := range clients {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				var d, pr, lt []time.Duration
+				prevEnd := t0
+				// Client g sends slots g, g+clients, g+2·clients, …;
+				// slot j is due at t0 + j·period, and goes direct or
+				// through the proxy by turns.
+				for k := 0; ; k++ {
+					j := g + k*clients
+					if j >= slots {
+						break
+					}
+					due := t0.Add(time.Duration(j) * period)
+					if wait := time.Until(due); wait > 0 {
+						time.Sleep(wait)
+					}
+					sent := time.Now()
+					lt = append(lt, sent.Sub(due))
+					// A client still waiting for its previous answer when
+					// this one was due counts from the due time (no
+					// coordinated omission); an idle one, woken by its
+					// timer, from the send (Go's timers wake up to ~1 ms
+					// late: the poller sleeps in whole milliseconds).
+					from := sent
+					if prevEnd.After(due) {
+						from = due
+						behind.Add(1)
+					}
+					url := proxyURL
+					if (k+g)%2 == 0 {
+						url = directURL
+					}
+					ttfb, total := do(g, url, body((g+k)%conversations, stream))
+					prevEnd = sent.Add(total)
+					l := sent.Sub(from) + pick(stream, ttfb, total)
+					if url == directURL {
+						d = append(d, l)
+					} else {
+						pr = append(pr, l)
+					}
+					done.Add(1)
+				}
+				mu.Lock()
+				keep(&res, d, pr)
+				late = append(late, lt...)
+				mu.Unlock()
+			}()
+		}
+		wg.Wait()
+		elapsed := time.Since(t0)
+		cpu, runq := cpuTime()-cpu0, runqWait()-runq0
+		b.StopTimer()
+		rec.Flush(ctx)
+		report(b, res, conns0)
+		achieved := float64(done.Load()) / elapsed.Seconds()
+		all := append(slices.Clone(res.direct), res.proxied...)
+		cpuPct := 100 * cpu.Seconds() / elapsed.Seconds() / float64(runtime.NumCPU())
+		b.ReportMetric(mixCap, "capacity-req/s")
+		b.ReportMetric(float64(proxyCPU.Nanoseconds())/1e3, "proxy-cpu-µs/req")
+		b.ReportMetric(rate, "offered-req/s")
+		b.ReportMetric(achieved, "achieved-req/s")
+		b.ReportMetric(cpuPct, "cpu-%")
+		b.ReportMetric(achieved*mean(all).Seconds(), "in-flight")
+		b.ReportMetric(100*float64(behind.Load())/float64(max(1, done.Load())), "behind-%")
+		b.ReportMetric(float64(pct(late, 0.99).Nanoseconds())/1e3, "late-p99-µs")
+		b.ReportMetric(float64(runq.Nanoseconds())/1e3/float64(max(1, done.Load())), "runq-µs/req")
+		if b.N == 1 { // the framework's first, trial run
+			return
+		}
+		b.Logf("open loop, %d clients: capacity %.0f req/s (closed loop, direct and proxied alternating, %d requests; direct only: %.0f req/s); "+
+			"offered %.0f req/s = %.2f × capacity (%d direct + %d proxied, interleaved); achieved %.0f req/s; process CPU %.0f %% of %d cores; "+
+			"%.1f %% of requests due while their client still waited for the previous answer; load average %.1f before",
+			clients, mixCap, calibration, directCap, rate, fraction, b.N, b.N, achieved, cpuPct, runtime.NumCPU(),
+			100*float64(behind.Load())/float64(max(1, done.Load())), load0)
+	}
+
+	b.Run("clients=1", func(b *testing.B) { closed(b, 1, false, false) })
+	b.Run(fmt.Sprintf("clients=1/body=%dKB", len(longBody(0))>>10), func(b *testing.B) { closed(b, 1, false, true) })
+	b.Run("clients=64", func(b *testing.B) { closed(b, 64, false, false) })
+	b.Run("sse-ttfb/clients=1", func(b *testing.B) { closed(b, 1, true, false) })
+	loads := []float64{0.25, 0.5}
+	if v := os.Getenv("TRACE_BENCH_OPEN_LOADS"); v != "" { // e.g. 0.1,0.25,0.5
+		loads = nil
+		for _, f := range strings.Split(v, ",") {
+			var x float64
+			if _, err := fmt.Sscan(f, &x); err != nil || x <= 0 {
+				b.Fatalf("TRACE_BENCH_OPEN_LOADS: %q is not a positive fraction", f)
+			}
+			loads = append(loads, x)
+		}
+	}
+	for _, f := range loads {
+		b.Run(fmt.Sprintf("open=%.2f/clients=64", f), func(b *testing.B) { open(b, 64, false, f) })
+	}
+	b.Run(fmt.Sprintf("open=%.2f/sse-ttfb/clients=64", loads[0]), func(b *testing.B) { open(b, 64, true, loads[0]) })
 	if n := len(cls.Requests()); n != classified {
 		b.Fatalf("%d classifications during the measurement: decisions were not cached", n-classified)
 	}

@@ -2,20 +2,30 @@ package router
 
 import (
 	"container/list"
+	"hash/maphash"
 	"sync"
 	"time"
 )
 
 // Cache holds one decision per conversation for a TTL, bounded in size
-// (least recently used entries go first). Safe for concurrent use.
+// (least recently used entries go first). Safe for concurrent use: a cache
+// of 1,024 entries or more is split into 16 shards by key, each with its
+// own lock, LRU list and a 16th of the bound, so that concurrent requests
+// (every proxied request reads it) rarely wait for one another; the bound
+// and the LRU order then hold per shard.
 type Cache struct {
-	ttl time.Duration
-	max int
-	now func() time.Time
+	ttl    time.Duration
+	now    func() time.Time
+	seed   maphash.Seed
+	shards []cacheShard
+}
 
+type cacheShard struct {
 	mu    sync.Mutex
+	max   int
 	ll    *list.List
 	items map[string]*list.Element
+	_     [64]byte // keeps neighbouring shards' locks off one cache line
 }
 
 type cacheEntry struct {
@@ -23,6 +33,11 @@ type cacheEntry struct {
 	d       Decision
 	expires time.Time
 }
+
+const (
+	cacheShards        = 16
+	cacheShardFromSize = 1024 // smaller caches keep one exact LRU
+)
 
 // NewCache returns a cache; ttl <= 0 disables it (every Get misses), max
 // <= 0 means 100,000 entries.
@@ -33,7 +48,22 @@ func NewCache(ttl time.Duration, max int, now func() time.Time) *Cache {
 	if now == nil {
 		now = time.Now
 	}
-	return &Cache{ttl: ttl, max: max, now: now, ll: list.New(), items: map[string]*list.Element{}}
+	n := 1
+	if max >= cacheShardFromSize {
+		n = cacheShards
+	}
+	c := &Cache{ttl: ttl, now: now, seed: maphash.MakeSeed(), shards: make([]cacheShard, n)}
+	for i := range c.shards {
+		c.shards[i] = cacheShard{max: (max + n - 1) / n, ll: list.New(), items: map[string]*list.Element{}}
+	}
+	return c
+}
+
+func (c *Cache) shard(key string) *cacheShard {
+	if len(c.shards) == 1 {
+		return &c.shards[0]
+	}
+	return &c.shards[maphash.String(c.seed, key)%uint64(len(c.shards))]
 }
 
 // Get returns the conversation's decision while it is fresh.
@@ -41,19 +71,21 @@ func (c *Cache) Get(key string) (Decision, bool) {
 	if c.ttl <= 0 {
 		return Decision{}, false
 	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	e, ok := c.items[key]
+	now := c.now()
+	s := c.shard(key)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e, ok := s.items[key]
 	if !ok {
 		return Decision{}, false
 	}
 	ent := e.Value.(*cacheEntry)
-	if !c.now().Before(ent.expires) {
-		c.ll.Remove(e)
-		delete(c.items, key)
+	if !now.Before(ent.expires) {
+		s.ll.Remove(e)
+		delete(s.items, key)
 		return Decision{}, false
 	}
-	c.ll.MoveToFront(e)
+	s.ll.MoveToFront(e)
 	return ent.d, true
 }
 
@@ -62,26 +94,32 @@ func (c *Cache) Put(key string, d Decision) {
 	if c.ttl <= 0 {
 		return
 	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
 	exp := c.now().Add(c.ttl)
-	if e, ok := c.items[key]; ok {
+	s := c.shard(key)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if e, ok := s.items[key]; ok {
 		ent := e.Value.(*cacheEntry)
 		ent.d, ent.expires = d, exp
-		c.ll.MoveToFront(e)
+		s.ll.MoveToFront(e)
 		return
 	}
-	c.items[key] = c.ll.PushFront(&cacheEntry{key: key, d: d, expires: exp})
-	for c.ll.Len() > c.max {
-		old := c.ll.Back()
-		c.ll.Remove(old)
-		delete(c.items, old.Value.(*cacheEntry).key)
+	s.items[key] = s.ll.PushFront(&cacheEntry{key: key, d: d, expires: exp})
+	for s.ll.Len() > s.max {
+		old := s.ll.Back()
+		s.ll.Remove(old)
+		delete(s.items, old.Value.(*cacheEntry).key)
 	}
 }
 
 // Len is the number of entries held (fresh or not yet evicted).
 func (c *Cache) Len() int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.ll.Len()
+	n := 0
+	for i := range c.shards {
+		s := &c.shards[i]
+		s.mu.Lock()
+		n += s.ll.Len()
+		s.mu.Unlock()
+	}
+	return n
 }

@@ -18,6 +18,7 @@
 //
 // The pure parts (labels, probabilities, rule, context, cache) have no I/O;
 // Router (router.go) adds the classifier call and the registry of active
-// adapters; Proxy (proxy.go) is the HTTP side; Recorder (record.go)
+// adapters; Proxy (proxy.go) is the HTTP side, which forwards the caller's body with
+// only the value of "model" spliced in (rewrite.go); Recorder (record.go)
 // batches decisions into ClickHouse route_decisions off the request path.
 package router

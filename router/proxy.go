@@ -17,6 +17,7 @@ import (
 	"net/url"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/traceops/trace/sink"
@@ -106,17 +107,54 @@ func NewProxy(cfg ProxyConfig, r *Router, rec DecisionRecorder) (*Proxy, error) 
 	}
 	tr := cfg.Transport
 	if tr == nil {
-		t := http.DefaultTransport.(*http.Transport).Clone()
-		t.MaxIdleConns, t.MaxIdleConnsPerHost = 1024, 1024
-		t.ResponseHeaderTimeout = 10 * time.Minute
-		t.DisableCompression = true // bodies pass through as the upstream encodes them
-		tr = t
+		tr = newUpstreamTransport()
 	}
 	log := cfg.Logger
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
 	return &Proxy{cfg: cfg, r: r, rec: rec, upstream: u.String(), client: &http.Client{Transport: tr}, log: log}, nil
+}
+
+// upstreamShards is how many connection pools the default transport
+// spreads requests over (round robin).
+const upstreamShards = 8
+
+// newUpstreamTransport is the default way to the upstream: HTTP/1.1 with
+// keep-alive to an http:// upstream (vLLM's server speaks no h2c; HTTP/2
+// when an https:// one offers it), up to 1,024 idle connections
+// kept (Go's default of 2 per host would make concurrent callers open
+// and close a connection per request), no limit on open ones, and no
+// compression (bodies pass through as the upstream encodes them). The
+// pool is split into upstreamShards http.Transports used in turn: one
+// Transport's pool is one mutex, which every request takes twice (to get
+// a connection and to put it back), and many concurrent requests queue on it.
+func newUpstreamTransport() http.RoundTripper {
+	s := &shardedTransport{ts: make([]*http.Transport, upstreamShards)}
+	for i := range s.ts {
+		t := http.DefaultTransport.(*http.Transport).Clone()
+		t.MaxIdleConns, t.MaxIdleConnsPerHost = 1024/upstreamShards, 1024/upstreamShards
+		t.ResponseHeaderTimeout = 10 * time.Minute
+		t.DisableCompression = true
+		s.ts[i] = t
+	}
+	return s
+}
+
+type shardedTransport struct {
+	next atomic.Uint32
+	ts   []*http.Transport
+}
+
+func (s *shardedTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	return s.ts[s.next.Add(1)%uint32(len(s.ts))].RoundTrip(r)
+}
+
+// CloseIdleConnections closes every shard's idle connections.
+func (s *shardedTransport) CloseIdleConnections() {
+	for _, t := range s.ts {
+		t.CloseIdleConnections()
+	}
 }
 
 // Handler serves the API. /healthz is open; the rest needs X-Trace-Token
@@ -238,6 +276,7 @@ func (p *Proxy) route(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
+	defer putBody(body)
 	var req RouteRequest
 	if err := json.Unmarshal(body, &req); err != nil {
 		writeError(w, http.StatusBadRequest, "body is not a route request: "+err.Error(), "invalid_request_error")
@@ -287,10 +326,11 @@ func (p *Proxy) record(row sink.RouteDecisionRow) {
 }
 
 func setDecisionHeaders(h http.Header, d Decision) {
-	h.Set(HeaderAdapter, cmpOr(d.Adapter, "none"))
-	h.Set(HeaderDecision, d.ID)
-	h.Set(HeaderModel, d.Model)
-	h.Set(HeaderConversation, d.ConversationID)
+	// The names are canonical already: assigned without Set's canonicalisation.
+	h[HeaderAdapter] = []string{cmpOr(d.Adapter, "none")}
+	h[HeaderDecision] = []string{d.ID}
+	h[HeaderModel] = []string{d.Model}
+	h[HeaderConversation] = []string{d.ConversationID}
 }
 
 // hopHeaders are not forwarded (RFC 9110 §7.6.1), nor are the router's own.
@@ -306,17 +346,17 @@ func (p *Proxy) chat(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	var fields map[string]json.RawMessage
-	if err := json.Unmarshal(body, &fields); err != nil || fields == nil {
-		writeError(w, http.StatusBadRequest, "body is not a JSON object", "invalid_request_error")
+	defer putBody(body)
+	cb, err := scanChat(body)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, err.Error(), "invalid_request_error")
 		return
 	}
 	var md metadata
-	if raw, ok := fields["metadata"]; ok {
-		_ = json.Unmarshal(raw, &md) // metadata of another shape is the upstream's business
+	if cb.metadata != nil {
+		_ = json.Unmarshal(cb.metadata, &md) // metadata of another shape is the upstream's business
 	}
-	var stream bool
-	_ = json.Unmarshal(fields["stream"], &stream)
+	stream := bytes.Equal(cb.stream, []byte("true"))
 	env := firstOf(r.Header.Get(HeaderEnvironment), md.Environment, p.cfg.DefaultEnvironment)
 	in := Input{Environment: env, AgentVersion: firstOf(r.Header.Get(HeaderAgentVersion), md.AgentVersion)}
 	switch {
@@ -333,7 +373,7 @@ func (p *Proxy) chat(w http.ResponseWriter, r *http.Request) {
 	}
 	if !cached {
 		var msgs []wireMessage
-		if err := json.Unmarshal(fields["messages"], &msgs); err != nil || len(msgs) == 0 {
+		if err := json.Unmarshal(cb.messages, &msgs); err != nil || len(msgs) == 0 {
 			writeError(w, http.StatusBadRequest, "messages: must be a non-empty array of chat messages", "invalid_request_error")
 			return
 		}
@@ -349,12 +389,7 @@ func (p *Proxy) chat(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	model, _ := json.Marshal(d.Model)
-	fields["model"] = model
-	out, err := json.Marshal(fields)
-	if err != nil {
-		writeError(w, http.StatusInternalServerError, "re-encoding the request: "+err.Error(), "server_error")
-		return
-	}
+	out := cb.withModel(model)
 	row := Row(d, NewID(), "proxy", cached)
 	row.Stream = stream
 	recorded := false
@@ -459,9 +494,25 @@ func copyFlush(w http.ResponseWriter, body io.Reader, sse bool) (err error, sawE
 	}
 }
 
+// bodyBufs holds request-body buffers between requests: a body is read
+// into one sized by Content-Length, and the buffer comes back when the
+// handler returns (the upstream is sent a new slice, see chatBody.withModel).
+var bodyBufs = sync.Pool{New: func() any { return new(bytes.Buffer) }}
+
+const maxPooledBody = 1 << 20 // larger buffers are left to the GC
+
 func (p *Proxy) readBody(w http.ResponseWriter, r *http.Request) ([]byte, bool) {
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, p.cfg.MaxBodyBytes))
+	buf := bodyBufs.Get().(*bytes.Buffer)
+	buf.Reset()
+	// Sized by Content-Length up to maxPooledBody (a declared length is
+	// not yet a body: beyond that the buffer grows as bytes arrive);
+	// ReadFrom wants MinRead spare bytes before it sees EOF.
+	if n := min(r.ContentLength, p.cfg.MaxBodyBytes, maxPooledBody); n > 0 {
+		buf.Grow(int(n) + bytes.MinRead)
+	}
+	_, err := buf.ReadFrom(http.MaxBytesReader(w, r.Body, p.cfg.MaxBodyBytes))
 	if err != nil {
+		putBody(buf.Bytes())
 		var mbe *http.MaxBytesError
 		if errors.As(err, &mbe) {
 			writeError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("body exceeds %d bytes", p.cfg.MaxBodyBytes), "invalid_request_error")
@@ -470,7 +521,15 @@ func (p *Proxy) readBody(w http.ResponseWriter, r *http.Request) ([]byte, bool) 
 		}
 		return nil, false
 	}
-	return body, true
+	return buf.Bytes(), true
+}
+
+// putBody returns a body from readBody to the pool; nothing may use it after.
+func putBody(b []byte) {
+	if cap(b) == 0 || cap(b) > maxPooledBody {
+		return
+	}
+	bodyBufs.Put(bytes.NewBuffer(b[:0]))
 }
 
 // redactURLError drops the URL from a transport error (it may carry user

@@ -171,6 +171,10 @@ func TestProxyNoAdapterWins(t *testing.T) {
 	if a, b := mustJSON(t, sent), mustJSON(t, orig); a != b {
 		t.Fatalf("forwarded body\n%s\nwant (only model changed)\n%s", a, b)
 	}
+	// Byte for byte: the caller's body with only the model's value spliced.
+	if want := strings.Replace(chatBody, `"model":"whatever"`, `"model":"`+baseModel+`"`, 1); string(chats[0].Body) != want {
+		t.Fatalf("forwarded bytes\n%s\nwant\n%s", chats[0].Body, want)
+	}
 	if got := chats[0].Header.Get("Authorization"); got != "Bearer upstream-key" {
 		t.Fatalf("upstream Authorization %q", got)
 	}

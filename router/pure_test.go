@@ -192,6 +192,23 @@ func TestCacheTTLAndBound(t *testing.T) {
 	if _, ok := c.Get("a"); ok {
 		t.Fatal("a is served after its TTL")
 	}
+	// From 1,024 entries the cache is sharded: the bound holds in total,
+	// and the most recent entries survive.
+	big := NewCache(time.Minute, 2048, func() time.Time { return now })
+	for i := range 10000 {
+		big.Put(strconv.Itoa(i), Decision{ID: strconv.Itoa(i)})
+	}
+	if n := big.Len(); n > 2048 || n < 2048-cacheShards {
+		t.Fatalf("sharded cache holds %d entries, want at most 2048 (and all but a shard's rounding)", n)
+	}
+	for i := 10000 - 64; i < 10000; i++ {
+		if d, ok := big.Get(strconv.Itoa(i)); !ok || d.ID != strconv.Itoa(i) {
+			t.Fatalf("recent entry %d: %v %v", i, d, ok)
+		}
+	}
+	if _, ok := big.Get("0"); ok {
+		t.Fatal("the oldest entry survived the bound")
+	}
 	off := NewCache(0, 0, nil)
 	off.Put("a", Decision{ID: "1"})
 	if _, ok := off.Get("a"); ok {

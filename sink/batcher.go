@@ -44,10 +44,14 @@ func (b *Batcher[T]) init() {
 		if b.Log == nil {
 			b.Log = slog.New(slog.DiscardHandler)
 		}
+		b.buf = make([]T, 0, b.FlushAt)
 	})
 }
 
-// Add queues a row.
+// Add queues a row. Its critical section is one copy into a buffer
+// allocated in advance (Flush swaps in the next one before taking the
+// lock), so that concurrent callers on a hot path (every proxied request)
+// never wait behind a growing append.
 func (b *Batcher[T]) Add(row T) {
 	b.init()
 	b.mu.Lock()
@@ -89,8 +93,15 @@ func (b *Batcher[T]) Run(ctx context.Context) error {
 func (b *Batcher[T]) Flush(ctx context.Context) {
 	b.init()
 	b.mu.Lock()
+	empty := len(b.buf) == 0 && b.dropped == 0
+	b.mu.Unlock()
+	if empty {
+		return
+	}
+	next := make([]T, 0, b.FlushAt) // allocated outside the lock
+	b.mu.Lock()
 	rows, dropped := b.buf, b.dropped
-	b.buf, b.dropped = nil, 0
+	b.buf, b.dropped = next, 0
 	b.mu.Unlock()
 	if dropped > 0 {
 		b.Log.Warn(b.Name+": buffer full while ClickHouse was unavailable; oldest rows dropped", "dropped", dropped)
