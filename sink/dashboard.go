@@ -186,7 +186,8 @@ GROUP BY environment, agent_version, dictionary_version
 ORDER BY environment, agent_version, dictionary_version`
 
 // QLackingExamples lists the failed rollouts of one capability labeled
-// LACKING in at least one run, most often LACKING first.
+// LACKING in at least one run, most often LACKING first. It reads
+// labels_by_time, whose key prunes to the range (the decision window).
 //
 // Binds: environment, agent_version, dictionary_version, capability, since (Unix seconds), limit.
 const QLackingExamples = `SELECT rollout_id,
@@ -196,7 +197,7 @@ FROM (
 	SELECT run, rollout_id,
 		argMax(label, ingest_ns) AS l,
 		argMax(success, ingest_ns) AS ok
-	FROM capability_labels
+	FROM labels_by_time
 	WHERE environment = ? AND agent_version = ? AND dictionary_version = ? AND capability = ? AND ts >= toDateTime(?)
 	GROUP BY run, rollout_id
 )
