@@ -54,24 +54,30 @@ GROUP BY environment, agent_version, dictionary_version`
 // has one.
 func (s *Store) LatestEvaluations(ctx context.Context, cohorts []Cohort) (map[Cohort]StoredEvaluation, error) {
 	out := map[Cohort]StoredEvaluation{}
-	if len(cohorts) == 0 {
-		return out, nil
+	for i := 0; i < len(cohorts); i += MaxCohortsPerStatement {
+		if err := s.latestEvaluations(ctx, cohorts[i:min(i+MaxCohortsPerStatement, len(cohorts))], out); err != nil {
+			return nil, err
+		}
 	}
+	return out, nil
+}
+
+func (s *Store) latestEvaluations(ctx context.Context, cohorts []Cohort, out map[Cohort]StoredEvaluation) error {
 	args := make([]any, 0, 3*len(cohorts))
 	for _, c := range cohorts {
 		args = append(args, c.Environment, c.AgentVersion, c.DictionaryVersion)
 	}
 	rows, err := s.conn.Query(s.dashboardCtx(ctx), latestEvaluationsSQL(len(cohorts)), args...)
 	if err != nil {
-		return nil, fmt.Errorf("latest evaluations: %w", err)
+		return fmt.Errorf("latest evaluations: %w", err)
 	}
 	defer rows.Close()
 	for rows.Next() {
 		var e StoredEvaluation
 		if err := rows.Scan(&e.Environment, &e.AgentVersion, &e.DictionaryVersion, &e.EvaluatedNs, &e.Payload); err != nil {
-			return nil, fmt.Errorf("latest evaluations: %w", err)
+			return fmt.Errorf("latest evaluations: %w", err)
 		}
 		out[e.Cohort] = e
 	}
-	return out, rows.Err()
+	return rows.Err()
 }

@@ -428,3 +428,53 @@ func TestRolloutRoutingColumns(t *testing.T) {
 		t.Fatalf("%d rows, want %d", n, len(want))
 	}
 }
+
+// TestManyCohorts: the window statements, watermarks and stored
+// evaluations of more cohorts than one statement may name (each statement
+// is bounded by max_query_size) are read in several statements, all of them.
+func TestManyCohorts(t *testing.T) {
+	s := openStore(t)
+	ctx := context.Background()
+	const n = 2500 // one statement for all would be ~390 KiB: over max_query_size
+	now := time.Now().UTC().Truncate(time.Second)
+	var rows []sink.LabelRow
+	var cohorts []sink.Cohort
+	var evs []sink.StoredEvaluation
+	for i := range n {
+		c := sink.Cohort{Environment: "env", AgentVersion: fmt.Sprintf("v%04d", i), DictionaryVersion: 1}
+		cohorts = append(cohorts, c)
+		rows = append(rows, sink.LabelRow{LabelEvent: schemas.LabelEvent{RolloutID: fmt.Sprintf("r%d", i), Environment: c.Environment,
+			AgentVersion: c.AgentVersion, DictionaryVersion: 1, Capability: "cap", Label: schemas.LabelLacking, Source: schemas.SourceExternal, TS: now}})
+		evs = append(evs, sink.StoredEvaluation{Cohort: c, EvaluatedNs: uint64(i + 1), Payload: fmt.Sprint(i)})
+	}
+	if err := s.InsertLabels(ctx, rows); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.SaveEvaluations(ctx, evs); err != nil {
+		t.Fatal(err)
+	}
+	spec, marks, err := s.EventSpec(ctx, cohorts, 24*time.Hour, 0, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	infos, err := s.WindowInfoMulti(ctx, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	counts, err := s.WindowCountsMulti(ctx, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stored, err := s.LatestEvaluations(ctx, cohorts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(marks) != n || len(infos) != n || len(counts) != n || len(stored) != n {
+		t.Fatalf("%d cohorts: %d watermarks, %d window infos, %d window counts, %d evaluations", n, len(marks), len(infos), len(counts), len(stored))
+	}
+	for _, c := range cohorts {
+		if infos[c].Rollouts != 1 || len(counts[c]) != 1 || counts[c][0].LackingFailed != 1 || !marks[c].Equal(now) {
+			t.Fatalf("%s: info %+v, counts %+v, watermark %v", c, infos[c], counts[c], marks[c])
+		}
+	}
+}

@@ -153,13 +153,19 @@ func (s *Store) WindowCounts(ctx context.Context, spec WindowSpec) ([]RunCounts,
 // WindowCountsMulti is WindowCounts for several cohorts in one query.
 func (s *Store) WindowCountsMulti(ctx context.Context, spec MultiSpec) (map[Cohort][]RunCounts, error) {
 	out := map[Cohort][]RunCounts{}
-	if len(spec.Cohorts) == 0 {
-		return out, nil
+	for _, part := range spec.chunks() {
+		if err := s.windowCounts(ctx, part, out); err != nil {
+			return nil, err
+		}
 	}
+	return out, nil
+}
+
+func (s *Store) windowCounts(ctx context.Context, spec MultiSpec, out map[Cohort][]RunCounts) error {
 	q, args := windowCountsSQL(spec)
 	rows, err := s.conn.Query(ctx, q, args...)
 	if err != nil {
-		return nil, fmt.Errorf("window counts of %d cohorts: %w", len(spec.Cohorts), err)
+		return fmt.Errorf("window counts of %d cohorts: %w", len(spec.Cohorts), err)
 	}
 	defer rows.Close()
 	for rows.Next() {
@@ -170,14 +176,14 @@ func (s *Store) WindowCountsMulti(ctx context.Context, spec MultiSpec) (map[Coho
 			lf, pf, nf, lp, pp, np uint64
 		)
 		if err := rows.Scan(&c.Environment, &c.AgentVersion, &c.DictionaryVersion, &rc.Capability, &run, &lf, &pf, &nf, &lp, &pp, &np, &rc.LackingFailedFirst); err != nil {
-			return nil, fmt.Errorf("window counts: %w", err)
+			return fmt.Errorf("window counts: %w", err)
 		}
 		rc.Run = int(run)
 		rc.LackingFailed, rc.PresentFailed, rc.NAFailed = int(lf), int(pf), int(nf)
 		rc.LackingPassed, rc.PresentPassed, rc.NAPassed = int(lp), int(pp), int(np)
 		out[c] = append(out[c], rc)
 	}
-	return out, rows.Err()
+	return rows.Err()
 }
 
 // WindowInfo counts the distinct rollouts and failures labeled in the window.
@@ -189,13 +195,19 @@ func (s *Store) WindowInfo(ctx context.Context, spec WindowSpec) (WindowInfo, er
 // WindowInfoMulti is WindowInfo for several cohorts in one query.
 func (s *Store) WindowInfoMulti(ctx context.Context, spec MultiSpec) (map[Cohort]WindowInfo, error) {
 	out := map[Cohort]WindowInfo{}
-	if len(spec.Cohorts) == 0 {
-		return out, nil
+	for _, part := range spec.chunks() {
+		if err := s.windowInfo(ctx, part, out); err != nil {
+			return nil, err
+		}
 	}
+	return out, nil
+}
+
+func (s *Store) windowInfo(ctx context.Context, spec MultiSpec, out map[Cohort]WindowInfo) error {
 	q, args := windowInfoSQL(spec)
 	rows, err := s.conn.Query(ctx, q, args...)
 	if err != nil {
-		return nil, fmt.Errorf("window info of %d cohorts: %w", len(spec.Cohorts), err)
+		return fmt.Errorf("window info of %d cohorts: %w", len(spec.Cohorts), err)
 	}
 	defer rows.Close()
 	for rows.Next() {
@@ -205,11 +217,28 @@ func (s *Store) WindowInfoMulti(ctx context.Context, spec MultiSpec) (map[Cohort
 			first, last time.Time
 		)
 		if err := rows.Scan(&c.Environment, &c.AgentVersion, &c.DictionaryVersion, &n, &f, &first, &last); err != nil {
-			return nil, fmt.Errorf("window info: %w", err)
+			return fmt.Errorf("window info: %w", err)
 		}
 		out[c] = WindowInfo{Rollouts: int(n), Failures: int(f), First: first.UTC(), Last: last.UTC()}
 	}
-	return out, rows.Err()
+	return rows.Err()
+}
+
+// MaxCohortsPerStatement is the most cohorts one window statement names:
+// each adds ~200 bytes of conditions, and ClickHouse refuses a statement
+// longer than max_query_size (256 KiB by default). More cohorts are read in
+// several statements.
+const MaxCohortsPerStatement = 200
+
+// chunks splits the spec by MaxCohortsPerStatement cohorts.
+func (spec MultiSpec) chunks() []MultiSpec {
+	var out []MultiSpec
+	for i := 0; i < len(spec.Cohorts); i += MaxCohortsPerStatement {
+		part := spec
+		part.Cohorts = spec.Cohorts[i:min(i+MaxCohortsPerStatement, len(spec.Cohorts))]
+		out = append(out, part)
+	}
+	return out
 }
 
 // unixSec is t as the Unix seconds of a DateTime column (0 before 1970).
@@ -219,24 +248,36 @@ func unixSec(t time.Time) uint32 { return uint32(max(t.Unix(), 0)) }
 // labeled rollout (max ts of its labels). Cohorts without labels are absent.
 // With no cohorts given, it returns every cohort's.
 func (s *Store) Watermarks(ctx context.Context, cohorts []Cohort) (map[Cohort]time.Time, error) {
+	out := map[Cohort]time.Time{}
+	if len(cohorts) == 0 {
+		return out, s.watermarks(ctx, nil, out)
+	}
+	for i := 0; i < len(cohorts); i += MaxCohortsPerStatement {
+		if err := s.watermarks(ctx, cohorts[i:min(i+MaxCohortsPerStatement, len(cohorts))], out); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
+}
+
+func (s *Store) watermarks(ctx context.Context, cohorts []Cohort, out map[Cohort]time.Time) error {
 	q, args := watermarksSQL(cohorts)
 	rows, err := s.conn.Query(ctx, q, args...)
 	if err != nil {
-		return nil, fmt.Errorf("watermarks: %w", err)
+		return fmt.Errorf("watermarks: %w", err)
 	}
 	defer rows.Close()
-	out := map[Cohort]time.Time{}
 	for rows.Next() {
 		var (
 			c  Cohort
 			wm time.Time
 		)
 		if err := rows.Scan(&c.Environment, &c.AgentVersion, &c.DictionaryVersion, &wm); err != nil {
-			return nil, fmt.Errorf("watermarks: %w", err)
+			return fmt.Errorf("watermarks: %w", err)
 		}
 		out[c] = wm.UTC()
 	}
-	return out, rows.Err()
+	return rows.Err()
 }
 
 // EventSpec is the decision window of each cohort by event time: the last
