@@ -120,9 +120,18 @@ type Evaluator struct {
 	wake     chan struct{}
 	triggers map[TriggerKey]Trigger
 	last     map[sink.Cohort][]Result
-	tools    map[[2]string][]schemas.Tool // (env, agent version) -> the target's tool schemas
-	noTools  map[[2]string]time.Time      // cohorts whose rollouts had no tools, when last looked up
-	skewed   map[sink.Cohort]bool         // cohorts warned of a watermark in the future
+	// evalAt is when each cohort was last evaluated, and tickFrom the
+	// ingest time the next periodic tick reads changes from.
+	evalAt   map[sink.Cohort]time.Time
+	tickFrom time.Time
+	// background are the periodic tick's cohorts not evaluated yet: taken
+	// backgroundBatch at a time, only when no touched cohort is due, so a
+	// long tick never holds up the triggers of new labels.
+	background []sink.Cohort
+	queued     map[sink.Cohort]bool
+	tools      map[[2]string][]schemas.Tool // (env, agent version) -> the target's tool schemas
+	noTools    map[[2]string]time.Time      // cohorts whose rollouts had no tools, when last looked up
+	skewed     map[sink.Cohort]bool         // cohorts warned of a watermark in the future
 }
 
 // NewEvaluator builds an evaluator. Call Recover before Run.
@@ -131,7 +140,7 @@ func NewEvaluator(cfg EvalConfig, st EvaluatorStore, pub Publisher, reg *Registr
 		log = slog.Default()
 	}
 	return &Evaluator{cfg: cfg.WithDefaults(), store: st, pub: pub, reg: reg, log: log, now: time.Now, met: m,
-		dirty: map[sink.Cohort]dirtySpan{}, wake: make(chan struct{}, 1), triggers: map[TriggerKey]Trigger{}, last: map[sink.Cohort][]Result{}, tools: map[[2]string][]schemas.Tool{}, noTools: map[[2]string]time.Time{}, skewed: map[sink.Cohort]bool{}}
+		dirty: map[sink.Cohort]dirtySpan{}, wake: make(chan struct{}, 1), triggers: map[TriggerKey]Trigger{}, last: map[sink.Cohort][]Result{}, evalAt: map[sink.Cohort]time.Time{}, queued: map[sink.Cohort]bool{}, tools: map[[2]string][]schemas.Tool{}, noTools: map[[2]string]time.Time{}, skewed: map[sink.Cohort]bool{}}
 }
 
 // Recover rebuilds every trigger from trigger_events.
@@ -190,17 +199,20 @@ func (e *Evaluator) Run(ctx context.Context) error {
 		case <-e.wake:
 		case <-timer.C:
 		case <-tick.C:
-			// Every cohort, whatever its age: windows follow event time, and
-			// labels may have been written by another process (a backfill).
-			cohorts, err := e.store.Cohorts(ctx, time.Time{})
+			cohorts, err := e.tickCohorts(ctx)
 			if err != nil {
 				e.log.Warn("analyzer: list cohorts", "err", err)
 				continue
 			}
-			e.Touch(cohorts...)
-			continue
+			e.queueBackground(cohorts)
 		}
 		due, next := e.due()
+		if len(due) == 0 {
+			due = e.takeBackground()
+		}
+		if e.backgroundLeft() {
+			next = 0 // more of the tick's cohorts after this round
+		}
 		timer.Reset(next)
 		if len(due) == 0 {
 			continue
@@ -223,6 +235,87 @@ func (e *Evaluator) Run(ctx context.Context) error {
 			e.met.observeEval(e.now().Sub(d.first))
 		}
 	}
+}
+
+// sweepPerTick is how many cohorts without new labels a periodic tick
+// evaluates again (the least recently evaluated first), so that every
+// cohort's time-based transitions (rearm_after) still happen.
+const sweepPerTick = sink.MaxCohortsPerStatement
+
+// tickCohorts are the cohorts a periodic tick evaluates: whatever their age
+// (windows follow event time, and labels may have been written by another
+// process, a backfill), those with labels written since the last tick (any
+// process's), those this evaluator never evaluated, and sweepPerTick of the
+// others. Evaluating every cohort at every tick cost one window read per
+// cohort: with thousands of cohorts a tick took longer than the interval and
+// held up the triggers of new labels.
+func (e *Evaluator) tickCohorts(ctx context.Context) ([]sink.Cohort, error) {
+	cohorts, err := e.store.Cohorts(ctx, time.Time{})
+	if err != nil {
+		return nil, err
+	}
+	e.mu.Lock()
+	from := e.tickFrom
+	e.mu.Unlock()
+	start := e.now()
+	var changed map[[2]string]bool
+	if !from.IsZero() {
+		// A margin for writers' clocks and inserts in flight.
+		if changed, err = e.store.ChangedCohorts(ctx, from.Add(-time.Minute)); err != nil {
+			return nil, err
+		}
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.tickFrom = start
+	var out, rest []sink.Cohort
+	for _, c := range cohorts {
+		if _, seen := e.evalAt[c]; from.IsZero() || !seen || changed[[2]string{c.Environment, c.AgentVersion}] {
+			out = append(out, c)
+		} else {
+			rest = append(rest, c)
+		}
+	}
+	sort.Slice(rest, func(i, j int) bool { return e.evalAt[rest[i]].Before(e.evalAt[rest[j]]) })
+	return append(out, rest[:min(len(rest), sweepPerTick)]...), nil
+}
+
+// queueBackground adds the periodic tick's cohorts to the background queue.
+func (e *Evaluator) queueBackground(cohorts []sink.Cohort) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for _, c := range cohorts {
+		if !e.queued[c] {
+			e.queued[c] = true
+			e.background = append(e.background, c)
+		}
+	}
+}
+
+// backgroundBatch is how many of the tick's cohorts one round evaluates:
+// small, so that a touched cohort waits for one short round at most.
+const backgroundBatch = 25
+
+// takeBackground takes up to backgroundBatch cohorts of the background
+// queue, as due now.
+func (e *Evaluator) takeBackground() []dueCohort {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	n := min(len(e.background), backgroundBatch)
+	now := e.now()
+	out := make([]dueCohort, n)
+	for i, c := range e.background[:n] {
+		out[i] = dueCohort{c, now}
+		delete(e.queued, c)
+	}
+	e.background = e.background[n:]
+	return out
+}
+
+func (e *Evaluator) backgroundLeft() bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return len(e.background) > 0
 }
 
 type dirtySpan struct{ first, last time.Time }
@@ -420,6 +513,7 @@ func (e *Evaluator) apply(ctx context.Context, now time.Time, win sink.Range, c 
 	decided := info.Failures >= e.cfg.MinFailures && runs >= e.cfg.N
 	e.mu.Lock()
 	e.last[c] = results
+	e.evalAt[c] = now
 	e.mu.Unlock()
 	eval = Evaluation{EvaluatedAt: now.UTC(), WindowStart: win.From.UTC(), WindowEnd: win.To.UTC(), Rollouts: info.Rollouts,
 		Failures: info.Failures, Runs: runs, Decided: decided, Results: results, Counts: counts}

@@ -16,6 +16,9 @@ import (
 // its state from and appends to.
 type EvaluatorStore interface {
 	Cohorts(ctx context.Context, since time.Time) ([]sink.Cohort, error)
+	// ChangedCohorts are the (environment, agent version)s with labels
+	// written (by any process) since a time.
+	ChangedCohorts(ctx context.Context, since time.Time) (map[[2]string]bool, error)
 	// EventSpec is each cohort's event-time window (back from its watermark).
 	EventSpec(ctx context.Context, cohorts []sink.Cohort, window time.Duration, lastRollouts, runs int) (sink.MultiSpec, map[sink.Cohort]time.Time, error)
 	CohortTools(ctx context.Context, env, agentVersion string) ([]schemas.Tool, error)

@@ -140,6 +140,9 @@ func storedRunsSQL(env, agentVersion, rolloutID string, dictVersion uint32) (str
 const rolloutScopesSQL = `SELECT environment, agent_version, uniqExact(rollout_id), uniqExactIf(rollout_id, success = 0), max(end_time)
 	FROM rollouts GROUP BY environment, agent_version ORDER BY environment, agent_version`
 
+// changedCohortsSQL is the query of ChangedCohorts (bind: since, ns).
+const changedCohortsSQL = `SELECT DISTINCT environment, agent_version FROM rollup_log WHERE kind = 1 AND last_ingest > ?`
+
 // rolloutKeysSQL is the query of RolloutKeys.
 const rolloutKeysSQL = `SELECT DISTINCT environment, agent_version FROM rollout_counts ORDER BY environment, agent_version`
 

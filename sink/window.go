@@ -320,6 +320,26 @@ func (s *Store) Cohorts(ctx context.Context, since time.Time) ([]Cohort, error) 
 	return out, rows.Err()
 }
 
+// ChangedCohorts returns the (environment, agent version)s with labels
+// written since a time (by ingest time, any process's): the sorted tail of
+// rollup_log.
+func (s *Store) ChangedCohorts(ctx context.Context, since time.Time) (map[[2]string]bool, error) {
+	rows, err := s.conn.Query(ctx, changedCohortsSQL, uint64(max(since.UnixNano(), 0)))
+	if err != nil {
+		return nil, fmt.Errorf("changed cohorts: %w", err)
+	}
+	defer rows.Close()
+	out := map[[2]string]bool{}
+	for rows.Next() {
+		var k [2]string
+		if err := rows.Scan(&k[0], &k[1]); err != nil {
+			return nil, fmt.Errorf("changed cohorts: %w", err)
+		}
+		out[k] = true
+	}
+	return out, rows.Err()
+}
+
 // CohortTools returns the tool schemas of the cohort's most recent rollout
 // that declared tools (the synthesizer mirrors the target's interface).
 func (s *Store) CohortTools(ctx context.Context, env, agentVersion string) ([]schemas.Tool, error) {
