@@ -184,8 +184,9 @@ func (e *Evaluator) Touch(cohorts ...sink.Cohort) {
 	}
 }
 
-// Run evaluates touched cohorts as they come and every cohort with labels in
-// the window each Interval, until ctx ends. A failing evaluation (ClickHouse
+// Run evaluates touched cohorts as they come and, each Interval, the
+// cohorts tickCohorts names (in rounds behind the touched ones), until ctx
+// ends. A failing evaluation (ClickHouse
 // or NATS down) is retried with backoff and never drops a pending trigger.
 func (e *Evaluator) Run(ctx context.Context) error {
 	tick := time.NewTicker(e.cfg.Interval)
