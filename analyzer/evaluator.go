@@ -479,6 +479,16 @@ type Evaluation struct {
 	Counts []sink.RunCounts `json:"counts"`
 }
 
+// ParseEvaluation reads a stored evaluation (sink.StoredEvaluation.Payload,
+// as Evaluate writes it).
+func ParseEvaluation(payload string) (Evaluation, error) {
+	var ev Evaluation
+	if err := json.Unmarshal([]byte(payload), &ev); err != nil {
+		return ev, fmt.Errorf("stored evaluation: %w", err)
+	}
+	return ev, nil
+}
+
 // FutureSkew is how far ahead of the wall clock a watermark may be before
 // the evaluator warns of clock skew (the window still follows it).
 const FutureSkew = 5 * time.Minute

@@ -255,11 +255,12 @@ func buildReport(ctx context.Context, cfg config.Config, st *sink.Store, env str
 		}
 		need = nil
 		for _, c := range cohorts {
-			var ev analyzer.Evaluation
-			if s, ok := evs[c]; ok && json.Unmarshal([]byte(s.Payload), &ev) == nil {
-				got[c] = decided{ev.Results, sink.WindowInfo{Rollouts: ev.Rollouts, Failures: ev.Failures}, ev.Runs, "evaluator"}
-				marks[c] = ev.AsOf
-				continue
+			if s, ok := evs[c]; ok {
+				if ev, err := analyzer.ParseEvaluation(s.Payload); err == nil {
+					got[c] = decided{ev.Results, sink.WindowInfo{Rollouts: ev.Rollouts, Failures: ev.Failures}, ev.Runs, "evaluator"}
+					marks[c] = ev.AsOf
+					continue
+				}
 			}
 			need = append(need, c)
 		}

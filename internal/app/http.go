@@ -28,7 +28,7 @@ func (a *App) httpServer() *http.Server {
 	protected := http.NewServeMux()
 	protected.Handle("GET /metrics", promhttp.HandlerFor(a.Registry, promhttp.HandlerOpts{Registry: a.Registry}))
 	if a.Cfg.Has("serve") {
-		deps := dashboard.Deps{Evaluator: a.Evaluator, Dicts: a.Dicts,
+		deps := dashboard.Deps{Dicts: a.Dicts,
 			Rho: a.Cfg.Analyzer.Rho, Delta: a.Cfg.Analyzer.Delta, Eval: a.Cfg.Analyzer.EvalConfig, Log: a.Log,
 			Labeling: analyzer.LabelingSetup{Labeler: a.Cfg.Analyzer.Labeler, LLM: a.Cfg.LLM.BaseURL != ""}}
 		if a.Store != nil { // a nil *sink.Store must stay a nil Store

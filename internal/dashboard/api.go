@@ -148,7 +148,7 @@ type WindowJSON struct {
 // Decision is the capability selection of one cohort.
 type Decision struct {
 	// Source is "evaluator" (the evaluator's latest evaluation, stored by
-	// any analyze replica, or the running evaluator's snapshot) or
+	// any analyze replica) or
 	// "computed" (computed now from ClickHouse with the same rule: fresh=1,
 	// or a cohort the evaluator has not evaluated).
 	Source string `json:"source"`

@@ -29,8 +29,8 @@ func TestMain(m *testing.M) { testenv.Main(m) }
 // covers all the demo data.
 var testEval = analyzer.EvalConfig{Window: 30 * 24 * time.Hour, N: demoRuns, K: 8, MinFailures: 20}
 
-func newHandler(st *sink.Store, now time.Time, ev *analyzer.Evaluator, dicts *analyzer.Registry) http.Handler {
-	return New(Deps{Store: st, Evaluator: ev, Dicts: dicts, Rho: 0.10, Delta: 0.20, Eval: testEval, Now: func() time.Time { return now }})
+func newHandler(st *sink.Store, now time.Time, dicts *analyzer.Registry) http.Handler {
+	return New(Deps{Store: st, Dicts: dicts, Rho: 0.10, Delta: 0.20, Eval: testEval, Now: func() time.Time { return now }})
 }
 
 func registry() *analyzer.Registry {
@@ -66,7 +66,7 @@ func TestAPI(t *testing.T) {
 	st := openStore(t)
 	now := time.Now().UTC().Truncate(time.Second)
 	d := seedDemo(t, st, now)
-	h := newHandler(st, now, nil, registry())
+	h := newHandler(st, now, registry())
 
 	t.Run("overview", func(t *testing.T) {
 		var o OverviewResponse
@@ -560,7 +560,7 @@ func (p *nopPublisher) PublishSynthesis(context.Context, *schemas.SynthesisReque
 }
 
 // TestStoredEvaluation: a dashboard in another process than the evaluator
-// (no snapshot) shows the evaluator's stored evaluation, which agrees with
+// shows the evaluator's stored evaluation, which agrees with
 // its own computation on the same data and is really read from storage:
 // after a new labeled rollout, the stored decision still shows the window
 // the evaluator saw, and fresh=1 the new one.
@@ -576,7 +576,7 @@ func TestStoredEvaluation(t *testing.T) {
 	if err := ev.Evaluate(ctx, c); err != nil {
 		t.Fatal(err)
 	}
-	h := newHandler(st, now, nil, reg)
+	h := newHandler(st, now, reg)
 	var stored, fresh OverviewResponse
 	getJSON(t, h, "/api/overview?env=airline&agent_version=v2", &stored)
 	getJSON(t, h, "/api/overview?env=airline&agent_version=v2&fresh=1", &fresh)
@@ -636,8 +636,8 @@ func TestStoredEvaluation(t *testing.T) {
 	}
 }
 
-// TestEvaluatorSnapshot: with a running evaluator the overview shows its
-// snapshot, which agrees with the dashboard's own computation, and its
+// TestEvaluatorSnapshot: after an evaluation the overview shows the
+// evaluator's decision, which agrees with the dashboard's own computation, and its
 // trigger events (with the published request) appear on the timeline.
 func TestEvaluatorSnapshot(t *testing.T) {
 	st := openStore(t)
@@ -654,7 +654,7 @@ func TestEvaluatorSnapshot(t *testing.T) {
 	if pub.n == 0 {
 		t.Fatal("the evaluator published nothing")
 	}
-	h := newHandler(st, now, ev, reg)
+	h := newHandler(st, now, reg)
 	var snap, fresh OverviewResponse
 	getJSON(t, h, "/api/overview?env=airline&agent_version=v2", &snap)
 	getJSON(t, h, "/api/overview?env=airline&agent_version=v2&fresh=1", &fresh)

@@ -133,7 +133,7 @@ func TestBrowser(t *testing.T) {
 	st := openStore(t)
 	now := time.Now().UTC().Truncate(time.Second)
 	seedDemo(t, st, now)
-	srv := httptest.NewServer(newHandler(st, now, nil, registry()))
+	srv := httptest.NewServer(newHandler(st, now, registry()))
 	defer srv.Close()
 	if !strings.HasPrefix(srv.URL, "http://127.0.0.1:") {
 		t.Fatalf("test server on %s, want 127.0.0.1", srv.URL)
@@ -307,7 +307,7 @@ func TestBrowser(t *testing.T) {
 		},
 	}
 	// Long names (τ²-bench agents), one labeling run.
-	long := httptest.NewServer(newHandler(longStore(t, now), now, nil, registry()))
+	long := httptest.NewServer(newHandler(longStore(t, now), now, registry()))
 	defer long.Close()
 	longChecks := []pageCheck{
 		{

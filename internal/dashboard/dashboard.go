@@ -67,12 +67,11 @@ type Store interface {
 
 // Deps are what the dashboard reads from.
 type Deps struct {
-	Store     Store // nil: every page says there is no store
-	Evaluator *analyzer.Evaluator
-	Dicts     *analyzer.Registry
-	Rho       float64
-	Delta     float64
-	Log       *slog.Logger
+	Store Store // nil: every page says there is no store
+	Dicts *analyzer.Registry
+	Rho   float64
+	Delta float64
+	Log   *slog.Logger
 	// Eval is the analyzer's configuration (K of N, decision window, minimum
 	// failures), so a decision computed here matches the evaluator's. The
 	// zero value means the analyzer's defaults; Rho and Delta above, when

@@ -118,11 +118,11 @@ func (s *server) cohorts(ctx context.Context) ([]CohortSummary, error) {
 
 // countSelected sets every cohort's Selected to the number of capabilities
 // its decision selects, by the rule of the decision table (decided, and
-// passed in K of N runs): the evaluator's snapshot when preferSnapshot and
+// passed in K of N runs): the evaluator's stored evaluation when preferStored and
 // it has one, else computed from the window. A cohort without labels has
 // none selected. It returns the decisions (without their triggers), every
 // labeled cohort's computed in one round of window statements.
-func (s *server) countSelected(ctx context.Context, list []CohortSummary, preferSnapshot bool) (map[CohortKey]decided, error) {
+func (s *server) countSelected(ctx context.Context, list []CohortSummary, preferStored bool) (map[CohortKey]decided, error) {
 	var keys []CohortKey
 	for i := range list {
 		list[i].Selected = 0
@@ -130,7 +130,7 @@ func (s *server) countSelected(ctx context.Context, list []CohortSummary, prefer
 			keys = append(keys, list[i].CohortKey)
 		}
 	}
-	decs, err := s.decisions(ctx, keys, preferSnapshot)
+	decs, err := s.decisions(ctx, keys, preferStored)
 	if err != nil {
 		return nil, err
 	}
@@ -262,8 +262,8 @@ func (s *server) dictionary(ctx context.Context, env, av string, version uint32)
 
 // decision computes (or reads from the evaluator) the window statistics of a
 // cohort. counts are the raw per-run counts when computed.
-func (s *server) decision(ctx context.Context, key CohortKey, preferSnapshot bool) (*Decision, []sink.RunCounts, *analyzer.Dictionary, error) {
-	decs, err := s.decisions(ctx, []CohortKey{key}, preferSnapshot)
+func (s *server) decision(ctx context.Context, key CohortKey, preferStored bool) (*Decision, []sink.RunCounts, *analyzer.Dictionary, error) {
+	decs, err := s.decisions(ctx, []CohortKey{key}, preferStored)
 	if err != nil {
 		return nil, nil, nil, err
 	}
@@ -285,7 +285,7 @@ type decided struct {
 // decisions computes the decisions of cohorts: the analyzer's windows,
 // back from each cohort's watermark (event time), read for all of them in
 // one round of statements.
-func (s *server) decisions(ctx context.Context, keys []CohortKey, preferSnapshot bool) (map[CohortKey]decided, error) {
+func (s *server) decisions(ctx context.Context, keys []CohortKey, preferStored bool) (map[CohortKey]decided, error) {
 	out := make(map[CohortKey]decided, len(keys))
 	cohortsOf := func(keys []CohortKey) []sink.Cohort {
 		cs := make([]sink.Cohort, len(keys))
@@ -294,7 +294,7 @@ func (s *server) decisions(ctx context.Context, keys []CohortKey, preferSnapshot
 		}
 		return cs
 	}
-	if preferSnapshot && len(keys) > 0 {
+	if preferStored && len(keys) > 0 {
 		// The evaluator's own latest evaluations (any process's), one small
 		// read for every cohort; the others are computed below.
 		stored, err := s.d.Store.LatestEvaluations(ctx, cohortsOf(keys))
@@ -303,13 +303,15 @@ func (s *server) decisions(ctx context.Context, keys []CohortKey, preferSnapshot
 		}
 		var rest []CohortKey
 		for _, key := range keys {
-			var ev analyzer.Evaluation
-			if st, ok := stored[key.cohort()]; ok && json.Unmarshal([]byte(st.Payload), &ev) == nil {
-				dec, dict := s.decide(ctx, key, sink.WindowInfo{Rollouts: ev.Rollouts, Failures: ev.Failures},
-					sink.Range{From: ev.WindowStart, To: ev.WindowEnd}, ev.AsOf, ev.Results, ev.Runs, "evaluator")
-				dec.EvaluatedAt = ev.EvaluatedAt
-				out[key] = decided{dec, ev.Counts, dict}
-				continue
+			if st, ok := stored[key.cohort()]; ok {
+				if ev, err := analyzer.ParseEvaluation(st.Payload); err == nil {
+					dict := s.dictionary(ctx, key.Environment, key.AgentVersion, key.DictionaryVersion)
+					dec := s.decide(key, dict, sink.WindowInfo{Rollouts: ev.Rollouts, Failures: ev.Failures},
+						sink.Range{From: ev.WindowStart, To: ev.WindowEnd}, ev.AsOf, ev.Results, ev.Runs, "evaluator")
+					dec.EvaluatedAt = ev.EvaluatedAt
+					out[key] = decided{dec, ev.Counts, dict}
+					continue
+				}
 			}
 			rest = append(rest, key)
 		}
@@ -327,39 +329,23 @@ func (s *server) decisions(ctx context.Context, keys []CohortKey, preferSnapshot
 	if err != nil {
 		return nil, err
 	}
-	var cm map[sink.Cohort][]sink.RunCounts
-	for _, key := range keys {
-		if _, ok := s.snapshot(key); !ok || !preferSnapshot {
-			if cm, err = s.d.Store.WindowCountsMulti(ctx, mspec); err != nil {
-				return nil, err
-			}
-			break
-		}
+	cm, err := s.d.Store.WindowCountsMulti(ctx, mspec)
+	if err != nil {
+		return nil, err
 	}
 	for _, key := range keys {
 		c := key.cohort()
-		var results []analyzer.Result
-		runs, source, counts := 0, "computed", cm[c]
-		if snap, ok := s.snapshot(key); ok && preferSnapshot {
-			source, results, counts = "evaluator", snap, nil
-			for _, r := range results {
-				runs = max(runs, r.RunsTotal)
-			}
-		} else {
-			var inputs []analyzer.CapabilityRuns
-			inputs, runs = analyzer.CohortInputs(counts, s.dictionary(ctx, key.Environment, key.AgentVersion, key.DictionaryVersion))
-			results = analyzer.Select(inputs, s.th)
-		}
-		dec, dict := s.decide(ctx, key, infos[c], mspec.Ranges[c], marks[c], results, runs, source)
-		out[key] = decided{dec, counts, dict}
+		dict := s.dictionary(ctx, key.Environment, key.AgentVersion, key.DictionaryVersion)
+		inputs, runs := analyzer.CohortInputs(cm[c], dict)
+		dec := s.decide(key, dict, infos[c], mspec.Ranges[c], marks[c], analyzer.Select(inputs, s.th), runs, "computed")
+		out[key] = decided{dec, cm[c], dict}
 	}
 	return out, nil
 }
 
 // decide is one cohort's decision from its window's info and its
-// capabilities' results (source: "computed" here, or "evaluator").
-func (s *server) decide(ctx context.Context, key CohortKey, info sink.WindowInfo, win sink.Range, asOf time.Time, results []analyzer.Result, runs int, source string) (*Decision, *analyzer.Dictionary) {
-	dict := s.dictionary(ctx, key.Environment, key.AgentVersion, key.DictionaryVersion)
+// capabilities' results (source: "computed" or "evaluator").
+func (s *server) decide(key CohortKey, dict *analyzer.Dictionary, info sink.WindowInfo, win sink.Range, asOf time.Time, results []analyzer.Result, runs int, source string) *Decision {
 	dec := &Decision{Source: source, AsOf: asOf, Window: WindowJSON{Start: win.From.UTC(), End: win.To.UTC(), Rollouts: info.Rollouts, Failures: info.Failures}}
 	dec.Runs = runs
 	dec.Decided = info.Failures >= s.eval.MinFailures && runs >= s.eval.N
@@ -410,7 +396,7 @@ func (s *server) decide(ctx context.Context, key CohortKey, info sink.WindowInfo
 	if dec.Capabilities == nil {
 		dec.Capabilities = []CapabilityDecision{}
 	}
-	return dec, dict
+	return dec
 }
 
 // addTriggers sets the newest trigger transition of each of dec's
@@ -426,14 +412,6 @@ func (s *server) addTriggers(ctx context.Context, key CohortKey, dec *Decision) 
 		}
 	}
 	return nil
-}
-
-func (s *server) snapshot(key CohortKey) ([]analyzer.Result, bool) {
-	if s.d.Evaluator == nil {
-		return nil, false
-	}
-	r, ok := s.d.Evaluator.Snapshot()[key.cohort()]
-	return r, ok
 }
 
 func (s *server) latestTriggers(ctx context.Context, key CohortKey) (map[string]TriggerStatus, error) {
@@ -508,7 +486,7 @@ type overviewParams struct {
 	Dict              uint32
 	Hours             int
 	Bucket            string // hour | day
-	Fresh             bool   // ignore the evaluator snapshot
+	Fresh             bool   // compute the decisions, not the evaluator's stored ones
 }
 
 func (s *server) overview(ctx context.Context, p overviewParams) (*OverviewResponse, error) {
@@ -636,9 +614,6 @@ func (s *server) capability(ctx context.Context, p capabilityParams) (*Capabilit
 	// The evaluator's stored evaluation (its window's per-run counts
 	// included) unless fresh; computed when there is none.
 	dec, counts, dict, err := s.decision(ctx, key, !p.Fresh)
-	if err == nil && counts == nil && dec.Source == "evaluator" {
-		dec, counts, dict, err = s.decision(ctx, key, false) // a snapshot without counts
-	}
 	if err != nil {
 		return nil, err
 	}
