@@ -241,7 +241,7 @@ func (e *Evaluator) Run(ctx context.Context) error {
 // sweepPerTick is how many cohorts without new labels a periodic tick
 // evaluates again (the least recently evaluated first), so that every
 // cohort's time-based transitions (rearm_after) still happen.
-const sweepPerTick = sink.MaxCohortsPerStatement
+const sweepPerTick = 200
 
 // tickCohorts are the cohorts a periodic tick evaluates: whatever their age
 // (windows follow event time, and labels may have been written by another

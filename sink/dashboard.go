@@ -243,21 +243,14 @@ const (
 	wmClosed  = `(SELECT argMax(closed_before, at) FROM rollup_watermark)`
 )
 
-// rollupDirty is the set of (environment, agent_version, hour) of a kind
-// changed after the watermark: rollup_log's sorted tail, normally a handful
-// of hours. filter narrows it (to the statement's environment).
-func rollupDirty(kind int, filter string) string {
-	return fmt.Sprintf(`(SELECT environment, agent_version, hour FROM rollup_log WHERE kind = %d AND last_ingest > %s%s)`, kind, wmThrough, filter)
-}
-
-// The dirty sets of the statements: every environment's (normally a
-// handful of hours), so that QueryDashboard can put the set itself in their
-// place (sink/rollupstate.go) without changing the binds.
-var (
-	dirtyLabels      = rollupDirty(rollupLabels, "")
-	dirtyRollouts    = rollupDirty(rollupRollouts, "")
-	dirtyLabelsEnv   = dirtyLabels
-	dirtyRolloutsEnv = dirtyRollouts
+// dirtyLabels and dirtyRollouts are the sets of (environment,
+// agent_version, hour) of each kind changed after the watermark: rollup_log's
+// sorted tail, normally a handful of hours. They cover every environment and
+// take no bind, so that QueryDashboard can put the set itself in their place
+// (sink/rollupstate.go) without changing the binds.
+const (
+	dirtyLabels   = `(SELECT environment, agent_version, hour FROM rollup_log WHERE kind = 1 AND last_ingest > ` + wmThrough + `)`
+	dirtyRollouts = `(SELECT environment, agent_version, hour FROM rollup_log WHERE kind = 2 AND last_ingest > ` + wmThrough + `)`
 )
 
 // rolledUp is the condition on a rollup table's rows: the hour is closed by
@@ -322,12 +315,12 @@ FROM (
 	FROM (
 		SELECT agent_version, hour, argMax(rollouts, version) AS r, argMax(successes, version) AS s
 		FROM rollout_hourly
-		WHERE environment = {env} AND hour >= toDateTime({since}) AND `+rolledUp(dirtyRolloutsEnv)+`
+		WHERE environment = {env} AND hour >= toDateTime({since}) AND `+rolledUp(dirtyRollouts)+`
 		GROUP BY agent_version, hour)
 	UNION ALL
 	SELECT agent_version, toStartOfHour(bucket) AS time_bucket, uniqExactMerge(rollouts) AS r, uniqExactIfMerge(successes) AS s
 	FROM rollout_counts
-	WHERE environment = {env} AND bucket >= toDateTime({since}) AND `+rawHours("bucket", "bucket", dirtyRolloutsEnv, "")+`
+	WHERE environment = {env} AND bucket >= toDateTime({since}) AND `+rawHours("bucket", "bucket", dirtyRollouts, "")+`
 	GROUP BY agent_version, time_bucket
 )
 GROUP BY agent_version, time_bucket
@@ -343,12 +336,12 @@ FROM (
 	FROM (
 		SELECT agent_version, hour, argMax(rollouts, version) AS r, argMax(successes, version) AS s
 		FROM rollout_hourly
-		WHERE environment = {env} AND hour >= toDateTime({since}) AND `+rolledUp(dirtyRolloutsEnv)+`
+		WHERE environment = {env} AND hour >= toDateTime({since}) AND `+rolledUp(dirtyRollouts)+`
 		GROUP BY agent_version, hour)
 	UNION ALL
 	SELECT toMonday(bucket) AS week, agent_version, uniqExactMerge(rollouts) AS r, uniqExactIfMerge(successes) AS s
 	FROM rollout_counts
-	WHERE environment = {env} AND bucket >= toDateTime({since}) AND `+rawHours("bucket", "bucket", dirtyRolloutsEnv, "")+`
+	WHERE environment = {env} AND bucket >= toDateTime({since}) AND `+rawHours("bucket", "bucket", dirtyRollouts, "")+`
 	GROUP BY week, agent_version
 )
 GROUP BY week, agent_version
@@ -388,7 +381,7 @@ FROM (
 				SELECT capability, run, hour, `+newestLabelCounts+`
 				FROM label_hourly
 				WHERE environment = {env} AND agent_version = {av} AND dicts = 0 AND dictionary_version = {dict} AND hour >= toDateTime({since})
-					AND `+rolledUp(dirtyLabelsEnv)+`
+					AND `+rolledUp(dirtyLabels)+`
 				GROUP BY capability, run, hour)
 			UNION ALL
 			SELECT capability, run, toStartOfHour(t) AS time_bucket, `+labelRawCols+`
@@ -399,7 +392,7 @@ FROM (
 					argMax(ts, ingest_ns) AS t
 				FROM labels_by_time
 				WHERE environment = {env} AND agent_version = {av} AND dictionary_version = {dict} AND ts >= toDateTime({since})
-					AND `+rawHours("ts", "toStartOfHour(ts)", dirtyLabelsEnv, "{since}")+`
+					AND `+rawHours("ts", "toStartOfHour(ts)", dirtyLabels, "{since}")+`
 				GROUP BY capability, run, rollout_id
 			)
 			GROUP BY capability, run, time_bucket
@@ -433,7 +426,7 @@ FROM (
 			FROM (
 				SELECT agent_version, capability, run, hour, `+newestLabelCounts+`
 				FROM label_hourly
-				WHERE environment = {env} AND dicts = 1 AND hour >= toDateTime({since}) AND `+rolledUp(dirtyLabelsEnv)+`
+				WHERE environment = {env} AND dicts = 1 AND hour >= toDateTime({since}) AND `+rolledUp(dirtyLabels)+`
 				GROUP BY agent_version, capability, run, hour)
 			UNION ALL
 			SELECT toMonday(t) AS week, agent_version, capability, run, `+labelRawCols+`
@@ -444,7 +437,7 @@ FROM (
 					argMax(ts, ingest_ns) AS t
 				FROM labels_by_time
 				WHERE environment = {env} AND ts >= toDateTime({since})
-					AND `+rawHours("ts", "toStartOfHour(ts)", dirtyLabelsEnv, "{since}")+`
+					AND `+rawHours("ts", "toStartOfHour(ts)", dirtyLabels, "{since}")+`
 				GROUP BY agent_version, capability, run, rollout_id
 			)
 			GROUP BY week, agent_version, capability, run
@@ -483,7 +476,7 @@ FROM (
 				FROM label_hourly
 				WHERE environment = {env} AND agent_version = {av} AND dicts = 1
 					AND hour >= toDateTime(toMonday(toDateTime({anchor})) - 7) AND hour < toDateTime(toMonday(toDateTime({anchor})) + 7)
-					AND `+rolledUp(dirtyLabelsEnv)+`
+					AND `+rolledUp(dirtyLabels)+`
 				GROUP BY capability, run, hour)
 			UNION ALL
 			SELECT capability, run, toMonday(t) = toMonday(toDateTime({anchor})) AS w, `+labelRawCols+`
@@ -496,7 +489,7 @@ FROM (
 				WHERE environment = {env} AND agent_version = {av}
 					AND ts >= toDateTime(toMonday(toDateTime({anchor})) - 7)
 					AND ts < toDateTime(toMonday(toDateTime({anchor})) + 7)
-					AND `+rawHours("ts", "toStartOfHour(ts)", dirtyLabelsEnv, "")+`
+					AND `+rawHours("ts", "toStartOfHour(ts)", dirtyLabels, "")+`
 				GROUP BY capability, run, rollout_id
 			)
 			GROUP BY capability, run, w

@@ -374,18 +374,7 @@ func TestRollupExact(t *testing.T) {
 func TestRollupStateAcrossProcesses(t *testing.T) {
 	ch := testenv.ClickHouse(t)
 	ctx := context.Background()
-	open := func() *sink.Store {
-		s, err := sink.Open(ctx, sink.Config{Addr: []string{ch.Addr}, Database: ch.Database}, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { s.Close() })
-		if err := s.Migrate(ctx); err != nil {
-			t.Fatal(err)
-		}
-		return s
-	}
-	writer, reader := open(), open()
+	writer, reader := openStoreOn(t, ch), openStoreOn(t, ch)
 	rs, ls := rollupData("r", 600, rollupBase.Add(-2*24*time.Hour), 4*24*time.Hour)
 	if err := writer.InsertRollouts(ctx, rs); err != nil {
 		t.Fatal(err)

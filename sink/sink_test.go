@@ -21,7 +21,13 @@ func TestMain(m *testing.M) { testenv.Main(m) }
 
 func openStore(t *testing.T) *sink.Store {
 	t.Helper()
-	ch := testenv.ClickHouse(t)
+	return openStoreOn(t, testenv.ClickHouse(t))
+}
+
+// openStoreOn opens a migrated store on ch's database: called twice, two
+// processes' stores on one database.
+func openStoreOn(t *testing.T, ch *testenv.CH) *sink.Store {
+	t.Helper()
 	ctx := context.Background()
 	s, err := sink.Open(ctx, sink.Config{Addr: []string{ch.Addr}, Database: ch.Database, RetentionDays: 365}, nil)
 	if err != nil {
