@@ -38,7 +38,8 @@ ending now, runs the hourly rollup, and then:
               any difference fails the run
   endpoints   times every dashboard API endpoint and page --reps times, the
               new way and the old way (the same handler reading through the
-              raw statements) alternating, and prints p50 and p95 of each
+              raw statements), every endpoint the new way first, then the
+              old way, and prints p50 and p95 of each
   report      times trace report (every cohort's decision window)
   evaluator   times one evaluator tick's queries over every cohort
 

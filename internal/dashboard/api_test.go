@@ -12,6 +12,7 @@ import (
 	"reflect"
 	"sort"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -805,5 +806,57 @@ func TestLimitKind(t *testing.T) {
 		if got := sink.LimitKind(tt.err); got != tt.want {
 			t.Errorf("LimitKind(%v) = %q, want %q", tt.err, got, tt.want)
 		}
+	}
+}
+
+// countingStore is the real store, counting its reads of the dictionaries.
+type countingStore struct {
+	*sink.Store
+	dictReads atomic.Int64
+}
+
+func (c *countingStore) AllDictionaries(ctx context.Context) ([]sink.DictionaryRow, error) {
+	c.dictReads.Add(1)
+	return c.Store.AllDictionaries(ctx)
+}
+
+// TestDictionariesOncePerRequest: without a registry (a dashboard in a
+// process that loaded no dictionaries), every cohort's dictionary comes
+// from the stored ones, read once per request however many cohorts the
+// page decides: at thousands of cohorts a read per cohort took the
+// overview past its time limit.
+func TestDictionariesOncePerRequest(t *testing.T) {
+	st := openStore(t)
+	now := time.Now().UTC().Truncate(time.Second)
+	seedDemo(t, st, now)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := st.SaveDictionary(ctx, analyzer.DictionaryRow(demoDict)); err != nil {
+		t.Fatal(err)
+	}
+	cs := &countingStore{Store: st}
+	h := New(Deps{Store: cs, Rho: 0.10, Delta: 0.20, Eval: testEval, Now: func() time.Time { return now }})
+	for _, path := range []string{"/api/overview?env=airline&agent_version=v2", "/api/overview?env=airline&agent_version=v1&fresh=1", "/api/trends?env=airline"} {
+		cs.dictReads.Store(0)
+		var o map[string]any
+		getJSON(t, h, path, &o)
+		if n := cs.dictReads.Load(); n != 1 {
+			t.Errorf("%s: %d reads of the dictionaries, want 1", path, n)
+		}
+	}
+	var o OverviewResponse
+	getJSON(t, h, "/api/overview?env=airline&agent_version=v2", &o)
+	labeled := 0
+	for _, c := range o.Cohorts {
+		if c.DictionaryVersion == 0 {
+			continue
+		}
+		labeled++
+		if c.Dictionary != demoDict.Scope() {
+			t.Errorf("cohort %+v: dictionary %q, want %q (from the stored dictionaries)", c.CohortKey, c.Dictionary, demoDict.Scope())
+		}
+	}
+	if labeled < 2 || o.Decision == nil || len(o.Decision.Capabilities) != len(demoDict.Capabilities) {
+		t.Fatalf("%d labeled cohorts, decision %+v", labeled, o.Decision)
 	}
 }

@@ -148,7 +148,7 @@ func New(d Deps) http.Handler {
 		w.Header().Set("Cache-Control", "public, max-age=3600")
 		static.ServeHTTP(w, r)
 	}))
-	return mux
+	return withDictMemo(mux)
 }
 
 func (s *server) thresholds() ThresholdsJSON {

@@ -5,9 +5,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/http"
 	"slices"
 	"sort"
 	"strings"
+	"sync"
 	"time"
 
 	"golang.org/x/sync/errgroup"
@@ -232,18 +234,30 @@ func pickCohort(list []CohortSummary, env, av string, dict uint32) *CohortKey {
 }
 
 // dictionary finds a cohort's dictionary version: in the registry, else in
-// ClickHouse's dictionaries table.
+// ClickHouse's dictionaries table, read at most once per request (see
+// withDictMemo): a page resolves every cohort's dictionary, and thousands
+// of cohorts must not mean thousands of reads.
 func (s *server) dictionary(ctx context.Context, env, av string, version uint32) *analyzer.Dictionary {
 	if s.d.Dicts != nil {
 		if d := s.d.Dicts.Version(env, av, version); d != nil {
 			return d
 		}
 	}
-	rows, err := s.d.Store.AllDictionaries(ctx)
+	m, _ := ctx.Value(dictMemoKey{}).(*dictMemo)
+	if m == nil {
+		m = &dictMemo{}
+	}
+	rows, err := m.rows(ctx, s.d.Store)
 	if err != nil {
 		s.log.Warn("dashboard: read dictionaries", "err", err)
 		return nil
 	}
+	return findDictionary(rows, env, av, version)
+}
+
+// findDictionary is the most specific stored dictionary of version version
+// whose scope covers (env, av).
+func findDictionary(rows []sink.DictionaryRow, env, av string, version uint32) *analyzer.Dictionary {
 	var found *analyzer.Dictionary
 	for _, r := range rows {
 		if (r.Environment != env && r.Environment != analyzer.AnyEnvironment) || r.Version != version || (r.AgentVersion != av && r.AgentVersion != analyzer.AnyVersion) {
@@ -258,6 +272,37 @@ func (s *server) dictionary(ctx context.Context, env, av string, version uint32)
 		}
 	}
 	return found
+}
+
+type dictMemoKey struct{}
+
+// dictMemo is one request's read of the stored dictionaries, shared by its
+// concurrent reads; a failed read is not kept.
+type dictMemo struct {
+	mu     sync.Mutex
+	loaded []sink.DictionaryRow
+	ok     bool
+}
+
+func (m *dictMemo) rows(ctx context.Context, st Store) ([]sink.DictionaryRow, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.ok {
+		return m.loaded, nil
+	}
+	rows, err := st.AllDictionaries(ctx)
+	if err != nil {
+		return nil, err
+	}
+	m.loaded, m.ok = rows, true
+	return rows, nil
+}
+
+// withDictMemo gives each request its own dictMemo.
+func withDictMemo(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), dictMemoKey{}, &dictMemo{})))
+	})
 }
 
 // decision computes (or reads from the evaluator) the window statistics of a
