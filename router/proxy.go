@@ -89,8 +89,11 @@ type Proxy struct {
 	r        *Router
 	rec      DecisionRecorder
 	upstream string
-	client   *http.Client
-	log      *slog.Logger
+	// transport sends the request as it is (as httputil.ReverseProxy
+	// does): an http.Client would follow redirects and copy the headers
+	// for them, and a redirect is the caller's to see.
+	transport http.RoundTripper
+	log       *slog.Logger
 }
 
 // NewProxy validates cfg and returns the proxy. rec may be nil (nothing recorded).
@@ -113,7 +116,7 @@ func NewProxy(cfg ProxyConfig, r *Router, rec DecisionRecorder) (*Proxy, error) 
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Proxy{cfg: cfg, r: r, rec: rec, upstream: u.String(), client: &http.Client{Transport: tr}, log: log}, nil
+	return &Proxy{cfg: cfg, r: r, rec: rec, upstream: u.String(), transport: tr, log: log}, nil
 }
 
 // upstreamShards is how many connection pools the default transport
@@ -415,7 +418,7 @@ func (p *Proxy) chat(w http.ResponseWriter, r *http.Request) {
 	}
 	ureq.Header.Set("Content-Type", "application/json")
 	row.OverheadUS = micros(time.Since(start))
-	resp, err := p.client.Do(ureq)
+	resp, err := p.transport.RoundTrip(ureq)
 	if err != nil {
 		if r.Context().Err() != nil {
 			row.Outcome = OutcomeCanceled

@@ -371,3 +371,24 @@ func TestProxyUpstreamErrorPassesThrough(t *testing.T) {
 		t.Fatalf("rows %+v", rows)
 	}
 }
+
+// TestProxyRedirectPassesThrough: an upstream's redirect reaches the caller
+// as it is (the proxy does not follow it: where to go is the caller's call).
+func TestProxyRedirectPassesThrough(t *testing.T) {
+	f := newFixture(t)
+	f.script(nil, llmtest.Reply{Status: http.StatusTemporaryRedirect, Body: `{}`, Header: map[string]string{"Location": "/v1/elsewhere"}})
+	req, _ := http.NewRequest(http.MethodPost, f.srv.URL+"/v1/chat/completions", strings.NewReader(`{"messages":[{"role":"user","content":"hi"}]}`))
+	req.Header.Set(router.HeaderToken, token)
+	noFollow := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	resp, err := noFollow.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusTemporaryRedirect || resp.Header.Get("Location") != "/v1/elsewhere" {
+		t.Fatalf("%s, Location %q", resp.Status, resp.Header.Get("Location"))
+	}
+	if n := len(f.upstreamChats()); n != 1 {
+		t.Fatalf("%d upstream requests, want 1 (the redirect not followed)", n)
+	}
+}

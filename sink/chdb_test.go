@@ -1370,6 +1370,11 @@ func chdbRollup(t *testing.T, c *chdbDB) {
 		t.Fatal(err)
 	}
 	c.exec(wm)
+	prune, err := inlineArgs(pruneRollupLogSQL, []any{uint64(1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.exec(prune) // the hourly prune's mutation (nothing is that old)
 	if r := c.query(staleCountSQL); r.rows[0].uint(0) != 0 || r.rows[0].uint(1) != 0 {
 		t.Errorf("after the rollup: %s/%s hours stale", r.rows[0].vals[0], r.rows[0].vals[1])
 	}

@@ -280,6 +280,31 @@ func (s *Store) Rollup(ctx context.Context, now time.Time, limit int) (RollupSta
 	return st, nil
 }
 
+// pruneRollupLogSQL deletes rollup_log's changes before a bound (ns).
+const pruneRollupLogSQL = `ALTER TABLE rollup_log DELETE WHERE last_ingest < ?`
+
+// PruneRollupLog deletes the rows of rollup_log that no read needs any
+// more: the changes older than keep before the watermark's through. Every
+// such change is covered by the rollup run that recorded the watermark,
+// and reads (and the evaluator's tick) want only the changes after it; keep
+// leaves room for a reader whose cached watermark is a little older. It
+// returns the bound it used (0: no watermark yet, nothing deleted). The
+// delete is a mutation, which the server applies in the background.
+func (s *Store) PruneRollupLog(ctx context.Context, keep time.Duration) (uint64, error) {
+	var through uint64
+	if err := s.conn.QueryRow(ctx, `SELECT `+wmThrough).Scan(&through); err != nil {
+		return 0, fmt.Errorf("rollup log: watermark: %w", err)
+	}
+	if through <= uint64(keep) {
+		return 0, nil
+	}
+	bound := through - uint64(keep)
+	if err := s.conn.Exec(ctx, pruneRollupLogSQL, bound); err != nil {
+		return 0, fmt.Errorf("rollup log: prune: %w", err)
+	}
+	return bound, nil
+}
+
 // RollupAll calls Rollup until no settled stale hour is left (a load, a
 // benchmark, a test) and returns the total.
 func (s *Store) RollupAll(ctx context.Context, now time.Time) (RollupStats, error) {

@@ -530,10 +530,17 @@ func (a *App) addAdapt(ctx context.Context, g *run.Group) error {
 // slower while hours wait).
 const rollupInterval = 30 * time.Second
 
-// runRollup rolls up the closed hours every rollupInterval until ctx ends.
+// rollupLogKeep is how much of rollup_log, before the watermark, the
+// hourly prune keeps (sink.Store.PruneRollupLog): far more than a
+// reader's cached watermark lags.
+const rollupLogKeep = time.Hour
+
+// runRollup rolls up the closed hours every rollupInterval until ctx ends,
+// and once an hour prunes the changes no read needs from rollup_log.
 func (a *App) runRollup(ctx context.Context) error {
 	t := time.NewTicker(rollupInterval)
 	defer t.Stop()
+	var pruned time.Time
 	for {
 		st, err := a.Store.RollupAll(ctx, time.Now())
 		switch {
@@ -543,6 +550,13 @@ func (a *App) runRollup(ctx context.Context) error {
 			a.Log.Warn("rollup of closed hours", "err", err)
 		case st.Hours > 0:
 			a.Log.Debug("rollup of closed hours", "hours", st.Hours, "statements", st.Statements)
+		}
+		if err == nil && time.Since(pruned) >= time.Hour {
+			if _, err := a.Store.PruneRollupLog(ctx, rollupLogKeep); err != nil && ctx.Err() == nil {
+				a.Log.Warn("rollup log prune", "err", err)
+			} else {
+				pruned = time.Now()
+			}
 		}
 		select {
 		case <-ctx.Done():
