@@ -129,9 +129,12 @@ type Evaluator struct {
 	// long tick never holds up the triggers of new labels.
 	background []sink.Cohort
 	queued     map[sink.Cohort]bool
-	tools      map[[2]string][]schemas.Tool // (env, agent version) -> the target's tool schemas
-	noTools    map[[2]string]time.Time      // cohorts whose rollouts had no tools, when last looked up
-	skewed     map[sink.Cohort]bool         // cohorts warned of a watermark in the future
+	// cost is each cohort's estimated window size in labels (the last
+	// tick's RecentLabels): a background round stops at backgroundBudget.
+	cost    map[sink.Cohort]uint64
+	tools   map[[2]string][]schemas.Tool // (env, agent version) -> the target's tool schemas
+	noTools map[[2]string]time.Time      // cohorts whose rollouts had no tools, when last looked up
+	skewed  map[sink.Cohort]bool         // cohorts warned of a watermark in the future
 }
 
 // NewEvaluator builds an evaluator. Call Recover before Run.
@@ -140,7 +143,7 @@ func NewEvaluator(cfg EvalConfig, st EvaluatorStore, pub Publisher, reg *Registr
 		log = slog.Default()
 	}
 	return &Evaluator{cfg: cfg.WithDefaults(), store: st, pub: pub, reg: reg, log: log, now: time.Now, met: m,
-		dirty: map[sink.Cohort]dirtySpan{}, wake: make(chan struct{}, 1), triggers: map[TriggerKey]Trigger{}, last: map[sink.Cohort][]Result{}, evalAt: map[sink.Cohort]time.Time{}, queued: map[sink.Cohort]bool{}, tools: map[[2]string][]schemas.Tool{}, noTools: map[[2]string]time.Time{}, skewed: map[sink.Cohort]bool{}}
+		dirty: map[sink.Cohort]dirtySpan{}, wake: make(chan struct{}, 1), triggers: map[TriggerKey]Trigger{}, last: map[sink.Cohort][]Result{}, evalAt: map[sink.Cohort]time.Time{}, queued: map[sink.Cohort]bool{}, cost: map[sink.Cohort]uint64{}, tools: map[[2]string][]schemas.Tool{}, noTools: map[[2]string]time.Time{}, skewed: map[sink.Cohort]bool{}}
 }
 
 // Recover rebuilds every trigger from trigger_events.
@@ -266,9 +269,19 @@ func (e *Evaluator) tickCohorts(ctx context.Context) ([]sink.Cohort, error) {
 			return nil, err
 		}
 	}
+	// What each cohort's window read costs, so that one large cohort
+	// does not make a background round long. An estimate: without it
+	// the rounds are as long as backgroundBatch makes them.
+	cost, err := e.store.RecentLabels(ctx, start.Add(-e.cfg.Window-time.Hour))
+	if err != nil {
+		e.log.Warn("analyzer: window sizes for the periodic tick", "err", err)
+	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	e.tickFrom = start
+	if err == nil {
+		e.cost = cost
+	}
 	var out, rest []sink.Cohort
 	for _, c := range cohorts {
 		if _, seen := e.evalAt[c]; from.IsZero() || !seen || changed[[2]string{c.Environment, c.AgentVersion}] {
@@ -293,16 +306,37 @@ func (e *Evaluator) queueBackground(cohorts []sink.Cohort) {
 	}
 }
 
-// backgroundBatch is how many of the tick's cohorts one round evaluates:
-// small, so that a touched cohort waits for one short round at most.
-const backgroundBatch = 25
+// backgroundBatch is how many of the tick's cohorts one round evaluates
+// at most, and backgroundBudget how many labels (estimated) their windows
+// hold together at most, unless one cohort alone holds more: small, so that
+// a touched cohort waits for one short round at most. (At 10M rollouts
+// stored, six cohorts with 90k labels each in their windows made a round
+// of 0.7 s.)
+const (
+	backgroundBatch  = 25
+	backgroundBudget = 50_000
+)
 
-// takeBackground takes up to backgroundBatch cohorts of the background
-// queue, as due now.
+// roundSize is how many of the queue's first cohorts one background round
+// takes: at least one, at most backgroundBatch, and no more than fit in
+// backgroundBudget labels by cost.
+func roundSize(queue []sink.Cohort, cost map[sink.Cohort]uint64) int {
+	var sum uint64
+	for n, c := range queue {
+		if n == backgroundBatch || (n > 0 && sum+cost[c] > backgroundBudget) {
+			return n
+		}
+		sum += cost[c]
+	}
+	return len(queue)
+}
+
+// takeBackground takes the next round of the background queue (roundSize),
+// as due now.
 func (e *Evaluator) takeBackground() []dueCohort {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	n := min(len(e.background), backgroundBatch)
+	n := roundSize(e.background, e.cost)
 	now := e.now()
 	out := make([]dueCohort, n)
 	for i, c := range e.background[:n] {
@@ -370,6 +404,43 @@ func (e *Evaluator) ObserveTools(env, agentVersion string, tools []schemas.Tool)
 	}
 }
 
+// prefetchTools looks up, in one read, the tools of the cohorts whose
+// tools are neither known nor recently found missing: one lookup per fired
+// cohort cost a statement each, in turn, and at a thousand new cohorts a
+// minute those statements were seconds of every trigger's wait. A failure
+// is left to cohortTools, which looks up each one again.
+func (e *Evaluator) prefetchTools(ctx context.Context, cohorts []sink.Cohort) {
+	now := e.now()
+	var keys [][2]string
+	seen := map[[2]string]bool{}
+	e.mu.Lock()
+	for _, c := range cohorts {
+		k := [2]string{c.Environment, c.AgentVersion}
+		if seen[k] || len(e.tools[k]) > 0 || now.Sub(e.noTools[k]) < time.Minute {
+			continue
+		}
+		seen[k] = true
+		keys = append(keys, k)
+	}
+	e.mu.Unlock()
+	if len(keys) < 2 {
+		return // cohortTools reads one as cheaply
+	}
+	found, err := e.store.CohortToolsMulti(ctx, keys)
+	if err != nil {
+		return
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for _, k := range keys {
+		if t := found[k]; len(t) > 0 {
+			e.tools[k] = t
+		} else {
+			e.noTools[k] = now
+		}
+	}
+}
+
 func (e *Evaluator) cohortTools(ctx context.Context, c sink.Cohort) ([]schemas.Tool, error) {
 	k := [2]string{c.Environment, c.AgentVersion}
 	e.mu.Lock()
@@ -422,6 +493,7 @@ func (e *Evaluator) Evaluate(ctx context.Context, cohorts ...sink.Cohort) error 
 	if err != nil {
 		return err
 	}
+	e.prefetchTools(ctx, cohorts)
 	// Transitions are recorded in one insert for all cohorts; the state
 	// machines advance only after it succeeded. A failure anywhere leaves
 	// them as they were, and the retry publishes again with the same Msg-Ids

@@ -85,6 +85,10 @@ func BenchmarkTriggerLatency(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
+		// As the analyze role starts: the trigger state of what is stored.
+		if err := ev.Recover(ctx); err != nil {
+			b.Fatal(err)
+		}
 		var wg sync.WaitGroup
 		wg.Add(2)
 		go func() { defer wg.Done(); cons.Run(ctx) }()
@@ -130,9 +134,17 @@ func BenchmarkTriggerLatency(b *testing.B) {
 			if json.Unmarshal(m.Data(), &req) != nil {
 				return
 			}
+			// Only this run's cohorts: on a kept database the cohorts of
+			// earlier runs (other environments, the same agent versions)
+			// are evaluated too, and their requests are not this run's.
+			if req.Environment != env {
+				return
+			}
 			mu.Lock()
-			if t0, ok := produced[req.AgentVersion]; ok {
-				latencies[req.AgentVersion] = now.Sub(t0)
+			if _, done := latencies[req.AgentVersion]; !done {
+				if t0, ok := produced[req.AgentVersion]; ok {
+					latencies[req.AgentVersion] = now.Sub(t0)
+				}
 			}
 			mu.Unlock()
 		})

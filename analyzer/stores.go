@@ -19,9 +19,14 @@ type EvaluatorStore interface {
 	// ChangedCohorts are the (environment, agent version)s with labels
 	// written (by any process) since a time.
 	ChangedCohorts(ctx context.Context, since time.Time) (map[[2]string]bool, error)
+	// RecentLabels estimates each cohort's labels since a time (what a
+	// window read of it costs).
+	RecentLabels(ctx context.Context, since time.Time) (map[sink.Cohort]uint64, error)
 	// EventSpec is each cohort's event-time window (back from its watermark).
 	EventSpec(ctx context.Context, cohorts []sink.Cohort, window time.Duration, lastRollouts, runs int) (sink.MultiSpec, map[sink.Cohort]time.Time, error)
 	CohortTools(ctx context.Context, env, agentVersion string) ([]schemas.Tool, error)
+	// CohortToolsMulti is CohortTools of many in one read.
+	CohortToolsMulti(ctx context.Context, keys [][2]string) (map[[2]string][]schemas.Tool, error)
 	WindowCountsMulti(ctx context.Context, spec sink.MultiSpec) (map[sink.Cohort][]sink.RunCounts, error)
 	WindowInfoMulti(ctx context.Context, spec sink.MultiSpec) (map[sink.Cohort]sink.WindowInfo, error)
 	TriggerHistory(ctx context.Context) ([]sink.TriggerEvent, error)

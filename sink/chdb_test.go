@@ -968,6 +968,12 @@ func chdbRollouts(t *testing.T, c *chdbDB, base time.Time) {
 	if r = c.query(q, args...); len(r.rows) != 1 || r.rows[0].str(0) != "" {
 		t.Errorf("CohortTools of an unknown cohort = %v, want one empty string", r.rows)
 	}
+	q, args = cohortToolsMultiSQL([][2]string{{"env", "v1"}, {"env", "nope"}})
+	r = c.query(q, args...)
+	r.wantTypes(t, "CohortToolsMulti", "String", "String", "String")
+	if len(r.rows) != 1 || r.rows[0].str(1) != "v1" || !strings.Contains(r.rows[0].str(2), "tool_99") {
+		t.Errorf("CohortToolsMulti = %v, want env/v1 with tool_99 only", r.rows)
+	}
 }
 
 func chdbState(t *testing.T, c *chdbDB, base time.Time) {
@@ -1375,6 +1381,15 @@ func chdbRollup(t *testing.T, c *chdbDB) {
 		t.Fatal(err)
 	}
 	c.exec(prune) // the hourly prune's mutation (nothing is that old)
+	recent, err := inlineArgs(recentLabelsSQL, []any{uint32(0)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := c.query(recent); len(r.rows) == 0 {
+		t.Error("recent labels: no cohort in the rollup")
+	} else {
+		r.wantTypes(t, "recent labels", "String", "String", "UInt32", "UInt64")
+	}
 	if r := c.query(staleCountSQL); r.rows[0].uint(0) != 0 || r.rows[0].uint(1) != 0 {
 		t.Errorf("after the rollup: %s/%s hours stale", r.rows[0].vals[0], r.rows[0].vals[1])
 	}

@@ -487,3 +487,44 @@ func TestRollupLogPrune(t *testing.T) {
 		t.Error("the relabel changed nothing: the test does not exercise it")
 	}
 }
+
+// TestRecentLabels: the evaluator's estimate of a cohort's window is its
+// labels in the rolled-up hours since the time, each identity once
+// (a redelivery and a relabel do not add to it).
+func TestRecentLabels(t *testing.T) {
+	s := openStore(t)
+	ctx := context.Background()
+	rs, ls := rollupData("e", 300, rollupBase.Add(-2*24*time.Hour), 4*24*time.Hour)
+	if err := s.InsertRollouts(ctx, rs); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.InsertLabels(ctx, ls); err != nil {
+		t.Fatal(err)
+	}
+	since := rollupBase.Add(-time.Hour)
+	want := map[sink.Cohort]uint64{}
+	var again []sink.LabelRow
+	for _, l := range ls {
+		if !l.TS.Before(since) {
+			want[sink.Cohort{Environment: l.Environment, AgentVersion: l.AgentVersion, DictionaryVersion: l.DictionaryVersion}]++
+			l.Source, l.Label = schemas.SourceExternal, schemas.LabelLacking
+			again = append(again, l)
+		}
+	}
+	if len(want) != 3 {
+		t.Fatalf("%d cohorts in the data since %v, want 3", len(want), since)
+	}
+	if err := s.InsertLabels(ctx, again); err != nil { // relabeled, all of them
+		t.Fatal(err)
+	}
+	if _, err := s.RollupAll(ctx, rollupNow()); err != nil {
+		t.Fatal(err)
+	}
+	got, err := s.RecentLabels(ctx, since)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("recent labels %v, want %v", got, want)
+	}
+}

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"strings"
+	"reflect"
 	"testing"
 	"time"
 
@@ -482,5 +483,38 @@ func TestManyCohorts(t *testing.T) {
 		if infos[c].Rollouts != 1 || len(counts[c]) != 1 || counts[c][0].LackingFailed != 1 || !marks[c].Equal(now) {
 			t.Fatalf("%s: info %+v, counts %+v, watermark %v", c, infos[c], counts[c], marks[c])
 		}
+	}
+	// The tools of every fifth cohort's rollouts, looked up for all of them.
+	var rs []sink.RolloutRow
+	var keys [][2]string
+	for i, c := range cohorts {
+		keys = append(keys, [2]string{c.Environment, c.AgentVersion})
+		if i%5 != 0 {
+			continue
+		}
+		ok := true
+		r := &schemas.Rollout{RolloutID: fmt.Sprintf("r%d", i), Environment: c.Environment, Agent: schemas.Agent{Name: "a", Version: c.AgentVersion},
+			TaskID: "t", StartTime: now.Add(-time.Minute), EndTime: now, Outcome: schemas.Outcome{Success: &ok},
+			Tools: []schemas.Tool{{Type: "function", Function: schemas.FunctionDef{Name: "tool_" + c.AgentVersion}}}}
+		rs = append(rs, sink.RolloutRowFrom(r, sink.Coord{Topic: "t", Offset: int64(i)}))
+	}
+	if err := s.InsertRollouts(ctx, rs); err != nil {
+		t.Fatal(err)
+	}
+	tools, err := s.CohortToolsMulti(ctx, keys)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(tools) != len(rs) {
+		t.Fatalf("tools of %d cohorts, want %d", len(tools), len(rs))
+	}
+	for _, k := range [][2]string{keys[0], keys[5], keys[2495]} {
+		one, err := s.CohortTools(ctx, k[0], k[1])
+		if err != nil || len(one) != 1 || !reflect.DeepEqual(tools[k], one) || one[0].Function.Name != "tool_"+k[1] {
+			t.Errorf("%v: %+v, one by one %+v (%v)", k, tools[k], one, err)
+		}
+	}
+	if _, ok := tools[keys[1]]; ok {
+		t.Errorf("%v has no rollouts, got tools %+v", keys[1], tools[keys[1]])
 	}
 }

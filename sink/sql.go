@@ -79,6 +79,19 @@ func cohortToolsSQL(env, agentVersion string) (string, []any) {
 	WHERE environment = ? AND agent_version = ? AND tools != ''`, []any{env, agentVersion}
 }
 
+// cohortToolsMultiSQL is the query of CohortToolsMulti.
+func cohortToolsMultiSQL(keys [][2]string) (string, []any) {
+	tuples := make([]string, len(keys))
+	args := make([]any, 0, 2*len(keys))
+	for i, k := range keys {
+		tuples[i] = "(?, ?)"
+		args = append(args, k[0], k[1])
+	}
+	return `SELECT environment, agent_version, argMax(tools, end_time) FROM rollouts
+	WHERE (environment, agent_version) IN (` + strings.Join(tuples, ", ") + `) AND tools != ''
+	GROUP BY environment, agent_version`, args
+}
+
 // countDistinctRolloutsSQL is the query of CountDistinctRollouts.
 const countDistinctRolloutsSQL = "SELECT uniqExact(rollout_id), count() FROM rollouts"
 

@@ -320,6 +320,40 @@ func (s *Store) Cohorts(ctx context.Context, since time.Time) ([]Cohort, error) 
 	return out, rows.Err()
 }
 
+// recentLabelsSQL counts each cohort's labels in the rollup's hours since
+// an hour (each row in its newest version; the open hour is not there).
+//
+// Binds: since (Unix seconds).
+const recentLabelsSQL = `SELECT environment, agent_version, dictionary_version, sum(c) FROM (
+	SELECT environment, agent_version, dictionary_version, capability, run, hour,
+		argMax(lf + pf + nf + lp + pp + np, version) AS c
+	FROM label_hourly
+	WHERE dicts = 0 AND hour >= toDateTime(?)
+	GROUP BY environment, agent_version, dictionary_version, capability, run, hour)
+GROUP BY environment, agent_version, dictionary_version`
+
+// RecentLabels estimates each cohort's labels since a time from the hourly
+// rollup (its closed hours): what a window read of the cohort costs, for
+// the evaluator's scheduling. Cohorts without rolled-up labels since then
+// are absent.
+func (s *Store) RecentLabels(ctx context.Context, since time.Time) (map[Cohort]uint64, error) {
+	rows, err := s.conn.Query(ctx, recentLabelsSQL, unixSec(since))
+	if err != nil {
+		return nil, fmt.Errorf("recent labels: %w", err)
+	}
+	defer rows.Close()
+	out := map[Cohort]uint64{}
+	for rows.Next() {
+		var c Cohort
+		var n uint64
+		if err := rows.Scan(&c.Environment, &c.AgentVersion, &c.DictionaryVersion, &n); err != nil {
+			return nil, fmt.Errorf("recent labels: %w", err)
+		}
+		out[c] = n
+	}
+	return out, rows.Err()
+}
+
 // ChangedCohorts returns the (environment, agent version)s with labels
 // written since a time (by ingest time, any process's): the sorted tail of
 // rollup_log.
@@ -357,6 +391,42 @@ func (s *Store) CohortTools(ctx context.Context, env, agentVersion string) ([]sc
 		return nil, fmt.Errorf("cohort tools: %w", err)
 	}
 	return tools, nil
+}
+
+// CohortToolsMulti is CohortTools for many (environment, agent version)s,
+// MaxCohortsPerStatement a statement; those whose rollouts have no tools
+// are absent.
+func (s *Store) CohortToolsMulti(ctx context.Context, keys [][2]string) (map[[2]string][]schemas.Tool, error) {
+	out := map[[2]string][]schemas.Tool{}
+	for i := 0; i < len(keys); i += MaxCohortsPerStatement {
+		q, args := cohortToolsMultiSQL(keys[i:min(i+MaxCohortsPerStatement, len(keys))])
+		rows, err := s.conn.Query(ctx, q, args...)
+		if err != nil {
+			return nil, fmt.Errorf("cohort tools: %w", err)
+		}
+		for rows.Next() {
+			var k [2]string
+			var raw string
+			if err := rows.Scan(&k[0], &k[1], &raw); err != nil {
+				rows.Close()
+				return nil, fmt.Errorf("cohort tools: %w", err)
+			}
+			var tools []schemas.Tool
+			if err := json.Unmarshal([]byte(raw), &tools); err != nil {
+				rows.Close()
+				return nil, fmt.Errorf("cohort tools of %s/%s: %w", k[0], k[1], err)
+			}
+			if len(tools) > 0 {
+				out[k] = tools
+			}
+		}
+		err = rows.Err()
+		rows.Close()
+		if err != nil {
+			return nil, fmt.Errorf("cohort tools: %w", err)
+		}
+	}
+	return out, nil
 }
 
 // CountDistinctRollouts counts distinct rollout ids (FINAL-free, exact).
