@@ -6,8 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"strings"
 	"reflect"
+	"strings"
 	"testing"
 	"time"
 
