@@ -34,12 +34,7 @@ var eventTimeCfg = analyzer.EvalConfig{Rho: 0.10, Delta: 0.20, K: 1, N: 1, Windo
 func runEventTime(t *testing.T, rollouts []*schemas.Rollout, batch int) eventTimeRun {
 	t.Helper()
 	ctx := context.Background()
-	st := testenv.ClickHouse(t).Store()
-	b, err := bus.Connect(ctx, bus.Config{URL: testenv.NATS(t).URL()}, "test")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(b.Close)
+	st, b := storeAndBus(t)
 	reg := analyzer.NewRegistry()
 	ds, err := analyzer.BuiltinDictionaries()
 	if err != nil {
@@ -99,6 +94,19 @@ func runEventTime(t *testing.T, rollouts []*schemas.Rollout, batch int) eventTim
 	}
 	sort.Strings(out.fired)
 	return out
+}
+
+// storeAndBus is a store on a test database and a connection to a
+// test NATS server.
+func storeAndBus(t *testing.T) (*sink.Store, *bus.Bus) {
+	t.Helper()
+	st := testenv.ClickHouse(t).Store()
+	b, err := bus.Connect(context.Background(), bus.Config{URL: testenv.NATS(t).URL()}, "test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(b.Close)
+	return st, b
 }
 
 func simulated(start time.Time, n int) []*schemas.Rollout {

@@ -11,7 +11,6 @@ import (
 	"github.com/traceops/trace/analyzer"
 	"github.com/traceops/trace/internal/app"
 	"github.com/traceops/trace/internal/bus"
-	"github.com/traceops/trace/internal/dev/testenv"
 	"github.com/traceops/trace/schemas"
 	"github.com/traceops/trace/sink"
 )
@@ -23,12 +22,7 @@ import (
 func TestSynthesisRequestsCarryTools(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	st := testenv.ClickHouse(t).Store()
-	b, err := bus.Connect(ctx, bus.Config{URL: testenv.NATS(t).URL()}, "test")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(b.Close)
+	st, b := storeAndBus(t)
 	reg := analyzer.NewRegistry()
 	dict := &analyzer.Dictionary{Environment: "env", AgentVersion: analyzer.AnyVersion, Version: 1, Source: "file",
 		Capabilities: []analyzer.Capability{{Name: "cap", Definition: "does the thing"}}}

@@ -391,19 +391,7 @@ func TestRollupStateAcrossProcesses(t *testing.T) {
 		t.Fatalf("rolled up: %v", err)
 	}
 	// Another process relabels a rolled-up hour.
-	var relabel []sink.LabelRow
-	for _, l := range ls {
-		if l.AgentVersion == "v1" && l.TS.Sub(rollupBase) >= 5*time.Hour && l.TS.Sub(rollupBase) < 6*time.Hour {
-			l.Source, l.Label = schemas.SourceExternal, schemas.LabelLacking
-			relabel = append(relabel, l)
-		}
-	}
-	if len(relabel) == 0 {
-		t.Fatal("no labels in the hour")
-	}
-	if err := writer.InsertLabels(ctx, relabel); err != nil {
-		t.Fatal(err)
-	}
+	relabelHour(t, writer, ls)
 	raw := readAll(t, reader, true, c)
 	if sameRows(before, raw) == nil {
 		t.Fatal("the relabel changed nothing: the test does not exercise it")
@@ -469,19 +457,7 @@ func TestRollupLogPrune(t *testing.T) {
 		t.Error("the prune changed a statement's rows")
 	}
 	// A relabel of a rolled-up hour after the prune is read raw at once.
-	var relabel []sink.LabelRow
-	for _, l := range ls {
-		if l.AgentVersion == "v1" && l.TS.Sub(rollupBase) >= 5*time.Hour && l.TS.Sub(rollupBase) < 6*time.Hour {
-			l.Source, l.Label = schemas.SourceExternal, schemas.LabelLacking
-			relabel = append(relabel, l)
-		}
-	}
-	if len(relabel) == 0 {
-		t.Fatal("no labels in the hour")
-	}
-	if err := s.InsertLabels(ctx, relabel); err != nil {
-		t.Fatal(err)
-	}
+	relabelHour(t, s, ls)
 	relabeled := checkExact(t, s, "relabeled after the prune")
 	if reflect.DeepEqual(before, relabeled) {
 		t.Error("the relabel changed nothing: the test does not exercise it")
@@ -526,5 +502,24 @@ func TestRecentLabels(t *testing.T) {
 	}
 	if !reflect.DeepEqual(got, want) {
 		t.Fatalf("recent labels %v, want %v", got, want)
+	}
+}
+
+// relabelHour relabels, as an external labeler, every v1 label of the
+// rolled-up hour 05:00 after rollupBase as LACKING.
+func relabelHour(t *testing.T, s *sink.Store, ls []sink.LabelRow) {
+	t.Helper()
+	var relabel []sink.LabelRow
+	for _, l := range ls {
+		if l.AgentVersion == "v1" && l.TS.Sub(rollupBase) >= 5*time.Hour && l.TS.Sub(rollupBase) < 6*time.Hour {
+			l.Source, l.Label = schemas.SourceExternal, schemas.LabelLacking
+			relabel = append(relabel, l)
+		}
+	}
+	if len(relabel) == 0 {
+		t.Fatal("no labels in the hour")
+	}
+	if err := s.InsertLabels(context.Background(), relabel); err != nil {
+		t.Fatal(err)
 	}
 }
