@@ -404,12 +404,12 @@ func (e *Evaluator) ObserveTools(env, agentVersion string, tools []schemas.Tool)
 	}
 }
 
-// prefetchTools looks up, in one read, the tools of the cohorts whose
-// tools are neither known nor recently found missing: one lookup per fired
-// cohort cost a statement each, in turn, and at a thousand new cohorts a
-// minute those statements were seconds of every trigger's wait. A failure
-// is left to cohortTools, which looks up each one again.
-func (e *Evaluator) prefetchTools(ctx context.Context, cohorts []sink.Cohort) {
+// lookupTools reads, in one statement per 200, the tools of the cohorts
+// whose tools are neither known nor found missing in the last minute (one
+// statement per fired cohort, in turn, made a thousand new cohorts a minute
+// seconds of every trigger's wait). cohortTools then answers from what it
+// found.
+func (e *Evaluator) lookupTools(ctx context.Context, cohorts []sink.Cohort) error {
 	now := e.now()
 	var keys [][2]string
 	seen := map[[2]string]bool{}
@@ -423,12 +423,12 @@ func (e *Evaluator) prefetchTools(ctx context.Context, cohorts []sink.Cohort) {
 		keys = append(keys, k)
 	}
 	e.mu.Unlock()
-	if len(keys) < 2 {
-		return // cohortTools reads one as cheaply
+	if len(keys) == 0 {
+		return nil
 	}
-	found, err := e.store.CohortToolsMulti(ctx, keys)
+	found, err := e.store.CohortTools(ctx, keys)
 	if err != nil {
-		return
+		return err
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
@@ -439,27 +439,15 @@ func (e *Evaluator) prefetchTools(ctx context.Context, cohorts []sink.Cohort) {
 			e.noTools[k] = now
 		}
 	}
+	return nil
 }
 
-func (e *Evaluator) cohortTools(ctx context.Context, c sink.Cohort) ([]schemas.Tool, error) {
-	k := [2]string{c.Environment, c.AgentVersion}
+// cohortTools are the target's tool schemas of the cohort, as lookupTools
+// or ObserveTools last saw them (nil: its rollouts declared none).
+func (e *Evaluator) cohortTools(c sink.Cohort) []schemas.Tool {
 	e.mu.Lock()
-	t, miss := e.tools[k], e.noTools[k]
-	e.mu.Unlock()
-	if len(t) > 0 || e.now().Sub(miss) < time.Minute {
-		return t, nil
-	}
-	t, err := e.store.CohortTools(ctx, c.Environment, c.AgentVersion)
-	if err == nil {
-		e.mu.Lock()
-		if len(t) > 0 {
-			e.tools[k] = t
-		} else {
-			e.noTools[k] = e.now()
-		}
-		e.mu.Unlock()
-	}
-	return t, err
+	defer e.mu.Unlock()
+	return e.tools[[2]string{c.Environment, c.AgentVersion}]
 }
 
 // Snapshot returns the latest evaluation results per cohort.
@@ -493,7 +481,9 @@ func (e *Evaluator) Evaluate(ctx context.Context, cohorts ...sink.Cohort) error 
 	if err != nil {
 		return err
 	}
-	e.prefetchTools(ctx, cohorts)
+	if err := e.lookupTools(ctx, cohorts); err != nil {
+		return err
+	}
 	// Transitions are recorded in one insert for all cohorts; the state
 	// machines advance only after it succeeded. A failure anywhere leaves
 	// them as they were, and the retry publishes again with the same Msg-Ids
@@ -623,9 +613,7 @@ func (e *Evaluator) apply(ctx context.Context, now time.Time, win sink.Range, c 
 		}
 		if act == ActFire {
 			if tools == nil {
-				if tools, err = e.cohortTools(ctx, c); err != nil {
-					return evs, steps, eval, err
-				}
+				tools = e.cohortTools(c)
 			}
 			req := &schemas.SynthesisRequest{
 				TriggerID: ev.TriggerID, Environment: c.Environment, AgentVersion: c.AgentVersion,

@@ -262,15 +262,7 @@ func TestRollupExact(t *testing.T) {
 	}
 	t.Run("reads the rollup", func(t *testing.T) {
 		s := openStore(t)
-		if err := s.InsertRollouts(ctx, rs); err != nil {
-			t.Fatal(err)
-		}
-		if err := s.InsertLabels(ctx, ls); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := s.RollupAll(ctx, rollupNow()); err != nil {
-			t.Fatal(err)
-		}
+		insertRolledUp(t, s, rs, ls)
 		forge(t, testenv.StoreConn(t, s))
 		c := rollupCase{"QCapabilityHourly", sink.QCapabilityHourly, false, []any{"env", "v1", uint32(1), uint32(0)}}
 		if sameRows(readAll(t, s, false, c), readAll(t, s, true, c)) == nil {
@@ -373,18 +365,9 @@ func TestRollupExact(t *testing.T) {
 // computation's numbers once the state is read again (within a second).
 func TestRollupStateAcrossProcesses(t *testing.T) {
 	ch := testenv.ClickHouse(t)
-	ctx := context.Background()
 	writer, reader := openStoreOn(t, ch), openStoreOn(t, ch)
 	rs, ls := rollupData("r", 600, rollupBase.Add(-2*24*time.Hour), 4*24*time.Hour)
-	if err := writer.InsertRollouts(ctx, rs); err != nil {
-		t.Fatal(err)
-	}
-	if err := writer.InsertLabels(ctx, ls); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := writer.RollupAll(ctx, rollupNow()); err != nil {
-		t.Fatal(err)
-	}
+	insertRolledUp(t, writer, rs, ls)
 	c := rollupCase{"QCapabilityHourly v1", sink.QCapabilityHourly, false, []any{"env", "v1", uint32(1), uint32(0)}}
 	before := readAll(t, reader, false, c) // the reader's state is read now
 	if err := sameRows(before, readAll(t, reader, true, c)); err != nil {
@@ -426,15 +409,7 @@ func TestRollupLogPrune(t *testing.T) {
 		t.Fatalf("before any watermark: bound %d, %v; want 0 (nothing to prune)", bound, err)
 	}
 	rs, ls := rollupData("p", 400, rollupBase.Add(-3*24*time.Hour), 5*24*time.Hour)
-	if err := s.InsertRollouts(ctx, rs); err != nil {
-		t.Fatal(err)
-	}
-	if err := s.InsertLabels(ctx, ls); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := s.RollupAll(ctx, rollupNow()); err != nil {
-		t.Fatal(err)
-	}
+	insertRolledUp(t, s, rs, ls)
 	before := checkExact(t, s, "rolled up")
 	rows := count("1")
 	bound, err := s.PruneRollupLog(ctx, 0)
@@ -520,6 +495,21 @@ func relabelHour(t *testing.T, s *sink.Store, ls []sink.LabelRow) {
 		t.Fatal("no labels in the hour")
 	}
 	if err := s.InsertLabels(context.Background(), relabel); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// insertRolledUp writes rollouts and labels and rolls every settled hour up.
+func insertRolledUp(t *testing.T, s *sink.Store, rs []sink.RolloutRow, ls []sink.LabelRow) {
+	t.Helper()
+	ctx := context.Background()
+	if err := s.InsertRollouts(ctx, rs); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.InsertLabels(ctx, ls); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.RollupAll(ctx, rollupNow()); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -501,7 +501,7 @@ func TestManyCohorts(t *testing.T) {
 	if err := s.InsertRollouts(ctx, rs); err != nil {
 		t.Fatal(err)
 	}
-	tools, err := s.CohortToolsMulti(ctx, keys)
+	tools, err := s.CohortTools(ctx, keys)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -509,9 +509,9 @@ func TestManyCohorts(t *testing.T) {
 		t.Fatalf("tools of %d cohorts, want %d", len(tools), len(rs))
 	}
 	for _, k := range [][2]string{keys[0], keys[5], keys[2495]} {
-		one, err := s.CohortTools(ctx, k[0], k[1])
-		if err != nil || len(one) != 1 || !reflect.DeepEqual(tools[k], one) || one[0].Function.Name != "tool_"+k[1] {
-			t.Errorf("%v: %+v, one by one %+v (%v)", k, tools[k], one, err)
+		one, err := s.CohortTools(ctx, [][2]string{k})
+		if err != nil || len(one[k]) != 1 || !reflect.DeepEqual(tools[k], one[k]) || one[k][0].Function.Name != "tool_"+k[1] {
+			t.Errorf("%v: %+v, alone %+v (%v)", k, tools[k], one[k], err)
 		}
 	}
 	if _, ok := tools[keys[1]]; ok {

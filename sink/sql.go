@@ -74,13 +74,7 @@ func watermarksSQL(cohorts []Cohort) (string, []any) {
 }
 
 // cohortToolsSQL is the query of CohortTools.
-func cohortToolsSQL(env, agentVersion string) (string, []any) {
-	return `SELECT argMax(tools, end_time) FROM rollouts
-	WHERE environment = ? AND agent_version = ? AND tools != ''`, []any{env, agentVersion}
-}
-
-// cohortToolsMultiSQL is the query of CohortToolsMulti.
-func cohortToolsMultiSQL(keys [][2]string) (string, []any) {
+func cohortToolsSQL(keys [][2]string) (string, []any) {
 	tuples := make([]string, len(keys))
 	args := make([]any, 0, 2*len(keys))
 	for i, k := range keys {

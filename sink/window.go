@@ -374,32 +374,14 @@ func (s *Store) ChangedCohorts(ctx context.Context, since time.Time) (map[[2]str
 	return out, rows.Err()
 }
 
-// CohortTools returns the tool schemas of the cohort's most recent rollout
-// that declared tools (the synthesizer mirrors the target's interface).
-func (s *Store) CohortTools(ctx context.Context, env, agentVersion string) ([]schemas.Tool, error) {
-	var raw string
-	q, args := cohortToolsSQL(env, agentVersion)
-	err := s.conn.QueryRow(ctx, q, args...).Scan(&raw)
-	if err != nil {
-		return nil, fmt.Errorf("cohort tools: %w", err)
-	}
-	if raw == "" {
-		return nil, nil
-	}
-	var tools []schemas.Tool
-	if err := json.Unmarshal([]byte(raw), &tools); err != nil {
-		return nil, fmt.Errorf("cohort tools: %w", err)
-	}
-	return tools, nil
-}
-
-// CohortToolsMulti is CohortTools for many (environment, agent version)s,
-// MaxCohortsPerStatement a statement; those whose rollouts have no tools
-// are absent.
-func (s *Store) CohortToolsMulti(ctx context.Context, keys [][2]string) (map[[2]string][]schemas.Tool, error) {
+// CohortTools returns the tool schemas of each (environment, agent
+// version)'s most recent rollout that declared tools (the synthesizer
+// mirrors the target's interface), MaxCohortsPerStatement a statement;
+// those whose rollouts declared none are absent.
+func (s *Store) CohortTools(ctx context.Context, keys [][2]string) (map[[2]string][]schemas.Tool, error) {
 	out := map[[2]string][]schemas.Tool{}
 	for i := 0; i < len(keys); i += MaxCohortsPerStatement {
-		q, args := cohortToolsMultiSQL(keys[i:min(i+MaxCohortsPerStatement, len(keys))])
+		q, args := cohortToolsSQL(keys[i:min(i+MaxCohortsPerStatement, len(keys))])
 		rows, err := s.conn.Query(ctx, q, args...)
 		if err != nil {
 			return nil, fmt.Errorf("cohort tools: %w", err)
