@@ -206,7 +206,18 @@ func TestBrowser(t *testing.T) {
 		{
 			name: "overview-daily", path: "/?env=airline&agent_version=v1&hours=720&bucket=day",
 			js: `(() => ({` + common + `
-				covSeries: [...document.querySelectorAll('#chart-cov path.series')].filter(p => p.getBBox().width > 300).length,
+				// A series counts when it is one unbroken line (a single
+				// moveto) whose drawn width spans its points' x range, and
+				// that range covers more than half the plot (v1: 19–20 of
+				// 30 days, depending on the time of day the test runs).
+				covSeries: [...document.querySelectorAll('#chart-cov g.series-group')].filter(g => {
+					const path = g.querySelector('path.series');
+					const xs = [...g.querySelectorAll('circle.pt')].map(c => +c.getAttribute('cx'));
+					const plot = document.querySelector('#chart-cov .x-axis line.axis-line').getBBox().width;
+					const span = Math.max(...xs) - Math.min(...xs);
+					return (path.getAttribute('d').match(/M/g) || []).length === 1 &&
+						path.getBBox().width >= span - 1 && span > plot / 2;
+				}).length,
 				covPoints: document.querySelectorAll('#chart-cov circle.pt').length,
 				activeBucket: document.querySelector('.ranges a.active:last-child')?.textContent || '',
 				heading: document.querySelector('.card-head h2')?.textContent || '',
