@@ -778,11 +778,16 @@ func chdbLabels(t *testing.T, c *chdbDB, base time.Time) {
 	}
 }
 
-// chdbWindowCounts runs windowCountsSQL and reads it as WindowCountsMulti does.
+// chdbWindowCounts runs WindowCountsMulti's statement (windowCountsSQL, or
+// windowCountsRollupSQL with the rollup state as subqueries) and reads it as
+// WindowCountsMulti does.
 func chdbWindowCounts(t *testing.T, c *chdbDB, spec MultiSpec) map[Cohort][]RunCounts {
 	t.Helper()
 	c = c.on(t)
 	q, args := windowCountsSQL(spec)
+	if !spec.raw() {
+		q, args = windowCountsRollupSQL(spec)
+	}
 	r := c.query(q, args...)
 	r.wantTypes(t, "WindowCountsMulti", "String", "String", "UInt32", "String", "UInt16",
 		"UInt64", "UInt64", "UInt64", "UInt64", "UInt64", "UInt64", "Array(String)")
@@ -797,11 +802,15 @@ func chdbWindowCounts(t *testing.T, c *chdbDB, spec MultiSpec) map[Cohort][]RunC
 	return out
 }
 
-// chdbWindowInfo runs windowInfoSQL and reads it as WindowInfoMulti does.
+// chdbWindowInfo runs WindowInfoMulti's statement (as chdbWindowCounts)
+// and reads it as WindowInfoMulti does.
 func chdbWindowInfo(t *testing.T, c *chdbDB, spec MultiSpec) map[Cohort]WindowInfo {
 	t.Helper()
 	c = c.on(t)
 	q, args := windowInfoSQL(spec)
+	if !spec.raw() {
+		q, args = windowInfoRollupSQL(spec)
+	}
 	r := c.query(q, args...)
 	r.wantTypes(t, "WindowInfoMulti", "String", "String", "UInt32", "UInt64", "UInt64", "DateTime", "DateTime")
 	out := map[Cohort]WindowInfo{}
@@ -1386,6 +1395,7 @@ func chdbRollup(t *testing.T, c *chdbDB) {
 	if r := c.query(staleCountSQL); r.rows[0].uint(0) != 0 || r.rows[0].uint(1) != 0 {
 		t.Errorf("after the rollup: %s/%s hours stale", r.rows[0].vals[0], r.rows[0].vals[1])
 	}
+	chdbWindowRollup(t, c)
 	for _, q := range DashboardQueries {
 		if q.Raw == "" || q.Name == "QRollouts" {
 			continue
@@ -1438,6 +1448,48 @@ func chdbRollup(t *testing.T, c *chdbDB) {
 				}
 				t.Errorf("%s row %d column %s: %s from the rollup, %s raw", q.Name, i, got.names[j], a, b)
 			}
+		}
+	}
+}
+
+// chdbWindowRollup checks, after the rollup, that the decision windows read
+// through window_hourly and window_rollouts_hourly equal their raw
+// computation, for every cohort of the data: all of it, N = 3, wall-clock
+// bounds and event-time ranges with partial hours.
+func chdbWindowRollup(t *testing.T, c *chdbDB) {
+	t.Helper()
+	for _, table := range []string{"window_hourly", "window_rollouts_hourly"} {
+		if r := c.query("SELECT count() FROM " + table); r.rows[0].uint(0) == 0 {
+			t.Fatalf("%s is empty after the rollup", table)
+		}
+	}
+	q, args := watermarksSQL(nil)
+	marks := c.query(q, args...)
+	var cohorts []Cohort
+	ranges := map[Cohort]Range{}
+	var newest time.Time
+	for _, row := range marks.rows {
+		co := Cohort{Environment: row.str(0), AgentVersion: row.str(1), DictionaryVersion: uint32(row.uint(2))}
+		cohorts = append(cohorts, co)
+		ranges[co] = EventRange(row.time(3), 26*time.Hour+7*time.Minute+11*time.Second)
+		if row.time(3).After(newest) {
+			newest = row.time(3)
+		}
+	}
+	for name, spec := range map[string]MultiSpec{
+		"all":         {Cohorts: cohorts},
+		"runs-3":      {Cohorts: cohorts, Runs: 3},
+		"since-until": {Cohorts: cohorts, Since: newest.Add(-400*24*time.Hour - 13*time.Minute), Until: newest.Truncate(time.Hour)},
+		"ranges":      {Cohorts: cohorts, Ranges: ranges, Runs: 2},
+	} {
+		raw := spec
+		raw.Raw = true
+		got, want := chdbWindowCounts(t, c, spec), chdbWindowCounts(t, c, raw)
+		if len(want) == 0 || !reflect.DeepEqual(got, want) {
+			t.Errorf("window %s: counts through the rollup\n %+v\nraw\n %+v", name, got, want)
+		}
+		if gi, wi := chdbWindowInfo(t, c, spec), chdbWindowInfo(t, c, raw); !reflect.DeepEqual(gi, wi) {
+			t.Errorf("window %s: info through the rollup\n %+v\nraw\n %+v", name, gi, wi)
 		}
 	}
 }

@@ -581,6 +581,47 @@ ORDER BY slot`,
 ) ENGINE = ReplacingMergeTree(evaluated_ns)
 ORDER BY (environment, agent_version, dictionary_version)`}
 	}},
+	{17, "window_rollup", func(d Dialect) []string {
+		// The decision windows' rollup (sink/windowrollup.go): per closed
+		// hour, cohort, capability, run and runs (the consecutive runs
+		// 0, 1, … a rollout was labeled in), the counts and the first
+		// LACKING-on-failure ids; per hour, cohort and runs, the labeled
+		// rollouts. Every hour is rolled up again to fill them: the
+		// watermark and the record of rolled-up hours are dropped (last, as
+		// migration 15 does), so reads take every hour raw until the next
+		// rollup run has caught up.
+		return []string{`CREATE TABLE IF NOT EXISTS window_hourly (
+	environment ` + d.LC() + `,
+	agent_version ` + d.LC() + `,
+	dictionary_version UInt32,
+	capability ` + d.LC() + `,
+	run UInt16,
+	hour DateTime,
+	runs UInt16,
+	lf UInt64, pf UInt64, nf UInt64,
+	lp UInt64, pp UInt64, np UInt64,
+	lacking_first Array(String),
+	version UInt64
+) ENGINE = ReplacingMergeTree(version)
+PARTITION BY toYYYYMM(hour)
+ORDER BY (environment, agent_version, dictionary_version, hour, capability, run, runs)`,
+			`CREATE TABLE IF NOT EXISTS window_rollouts_hourly (
+	environment ` + d.LC() + `,
+	agent_version ` + d.LC() + `,
+	dictionary_version UInt32,
+	hour DateTime,
+	runs UInt16,
+	rollouts UInt64,
+	failures UInt64,
+	first_ts DateTime,
+	last_ts DateTime,
+	version UInt64
+) ENGINE = ReplacingMergeTree(version)
+ORDER BY (environment, agent_version, dictionary_version, hour, runs)`,
+			`TRUNCATE TABLE IF EXISTS rollup_hours`,
+			`TRUNCATE TABLE IF EXISTS rollup_watermark`,
+		}
+	}},
 }
 
 // Migrate applies every migration not yet recorded in schema_migrations, in

@@ -15,7 +15,8 @@ import (
 // by ingest_ns. Rollup recomputes the closed hours whose newest change is not
 // yet rolled up — from the raw rows, one label per identity, the newest
 // version winning, exactly as the raw queries count — into label_hourly,
-// labeled_hourly and rollout_hourly, each row versioned by the change it was
+// labeled_hourly, rollout_hourly and the decision windows' window_hourly
+// and window_rollouts_hourly (sink/windowrollup.go), each row versioned by the change it was
 // computed through (ReplacingMergeTree: a later computation replaces an
 // earlier one), and records in rollup_hours the change it computed through.
 // When a run leaves no settled hour behind, it records the watermark
@@ -185,7 +186,8 @@ func rollupStatements(batch []rollupHour) []rollupStatement {
 	}
 	var qs []string
 	if batch[0].kind == rollupLabels {
-		qs = []string{labelHourlySQL(false, in), labelHourlySQL(true, in), labeledHourlySQL(in)}
+		qs = []string{labelHourlySQL(false, in), labelHourlySQL(true, in), labeledHourlySQL(in),
+			windowHourlySQL(in), windowRolloutsHourlySQL(in)}
 	} else {
 		qs = []string{rolloutHourlySQL(in)}
 	}

@@ -43,6 +43,20 @@ type dirtyHour struct {
 type rollupStateCache struct {
 	mu sync.Mutex
 	st rollupState
+	// reading is the fresh read in flight (freshState), if any; gen counts
+	// the invalidations, so that a read that started before one does not
+	// become the cached state.
+	reading *stateRead
+	gen     uint64
+}
+
+// stateRead is one read of the state, shared by the window reads that
+// asked for a state no older than its start.
+type stateRead struct {
+	started time.Time
+	done    chan struct{}
+	st      rollupState
+	err     error
 }
 
 // invalidate drops the values: the next statement reads them again (after
@@ -50,7 +64,46 @@ type rollupStateCache struct {
 func (c *rollupStateCache) invalidate() {
 	c.mu.Lock()
 	c.st.valid = false
+	c.gen++
 	c.mu.Unlock()
+}
+
+// freshState returns a rollup state whose read started at or after asked,
+// which is as good as reading it now: the cached one, the one being read,
+// or a new read (the window reads of one evaluation, side by side, share
+// one). The new state is cached for the dashboard's statements.
+func (s *Store) freshState(ctx context.Context, asked time.Time) (rollupState, error) {
+	c := &s.wm
+	c.mu.Lock()
+	if c.st.valid && !c.st.at.Before(asked) {
+		st := c.st
+		c.mu.Unlock()
+		return st, nil
+	}
+	if r := c.reading; r != nil && !r.started.Before(asked) {
+		c.mu.Unlock()
+		select {
+		case <-r.done:
+			return r.st, r.err
+		case <-ctx.Done():
+			return rollupState{}, ctx.Err()
+		}
+	}
+	r := &stateRead{started: time.Now(), done: make(chan struct{})}
+	c.reading = r
+	gen := c.gen
+	c.mu.Unlock()
+	r.st, r.err = s.readRollupState(ctx)
+	c.mu.Lock()
+	if c.reading == r {
+		c.reading = nil
+	}
+	if r.err == nil && c.gen == gen && (!c.st.valid || !r.st.at.Before(c.st.at)) {
+		c.st = r.st
+	}
+	c.mu.Unlock()
+	close(r.done)
+	return r.st, r.err
 }
 
 // rollupState returns the rollup's read state, read again when older than
@@ -115,6 +168,30 @@ WHERE last_ingest > ? ORDER BY kind, environment, agent_version LIMIT ? BY kind`
 // sets are too large to inline.
 func (s *Store) inlineRollupState(ctx context.Context, q string) string {
 	st, ok := s.rollupState(ctx)
+	return inlineState(q, st, ok)
+}
+
+// freshRollupState returns what puts the rollup state in place of its
+// subqueries in the statements of one window read, with a state read since
+// the call (once for all of the read's statements; see freshState), not up
+// to rollupStateTTL ago: the decision windows (WindowCountsMulti,
+// WindowInfoMulti) count a late label as soon as it is stored, whichever
+// process stored it. A raw spec reads no state.
+func (s *Store) freshRollupState(ctx context.Context, spec MultiSpec) func(string) string {
+	if spec.raw() || len(spec.Cohorts) == 0 {
+		return func(q string) string { return q }
+	}
+	st, err := s.freshState(ctx, time.Now())
+	if err != nil {
+		s.log.Debug("sink: rollup state not read; the statements read it themselves", "err", err)
+		return func(q string) string { return q }
+	}
+	return func(q string) string { return inlineState(q, st, true) }
+}
+
+// inlineState puts st's values in place of the rollup state's subqueries
+// in q (q as it is when !ok or the dirty sets are too large).
+func inlineState(q string, st rollupState, ok bool) string {
 	if !ok || st.tooMany {
 		return q
 	}

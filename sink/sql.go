@@ -17,7 +17,14 @@ import (
 // once with its most recently ingested label. spec.Cohorts must not be empty.
 func windowCountsSQL(spec MultiSpec) (string, []any) {
 	where, args := spec.where()
-	q := fmt.Sprintf(`SELECT %s, capability, run,
+	return rawWindowCounts(where) + `
+ORDER BY ` + cohortCols + `, capability, run`, args
+}
+
+// rawWindowCounts is the raw computation of the window counts of the labels
+// matching where, per (cohort, capability, run).
+func rawWindowCounts(where string) string {
+	return fmt.Sprintf(`SELECT %s, capability, run,
 	countIf(ok = 0 AND l = 'LACKING'), countIf(ok = 0 AND l = 'PRESENT'), countIf(ok = 0 AND l = 'NA'),
 	countIf(ok = 1 AND l = 'LACKING'), countIf(ok = 1 AND l = 'PRESENT'), countIf(ok = 1 AND l = 'NA'),
 	arraySlice(arraySort(groupArrayIf(rollout_id, ok = 0 AND l = 'LACKING')), 1, %d)
@@ -27,9 +34,7 @@ FROM (
 	WHERE %s
 	GROUP BY %s, capability, run, rollout_id
 )
-GROUP BY %s, capability, run
-ORDER BY %s, capability, run`, cohortCols, MaxExampleIDs, cohortCols, where, cohortCols, cohortCols, cohortCols)
-	return q, args
+GROUP BY %s, capability, run`, cohortCols, MaxExampleIDs, cohortCols, where, cohortCols, cohortCols)
 }
 
 // windowInfoSQL is the query of WindowInfoMulti: distinct rollouts, failures
@@ -37,11 +42,16 @@ ORDER BY %s, capability, run`, cohortCols, MaxExampleIDs, cohortCols, where, coh
 // empty.
 func windowInfoSQL(spec MultiSpec) (string, []any) {
 	where, args := spec.where()
-	q := fmt.Sprintf(`SELECT %s, count(), countIf(ok = 0), min(t), max(t) FROM (
+	return rawWindowInfo(where), args
+}
+
+// rawWindowInfo is the raw computation of the window info of the labels
+// matching where, per cohort.
+func rawWindowInfo(where string) string {
+	return fmt.Sprintf(`SELECT %s, count(), countIf(ok = 0), min(t), max(t) FROM (
 	SELECT %s, rollout_id, argMax(success, ingest_ns) AS ok, max(ts) AS t
 	FROM labels_by_time WHERE %s GROUP BY %s, rollout_id)
 GROUP BY %s`, cohortCols, cohortCols, where, cohortCols, cohortCols)
-	return q, args
 }
 
 // cohortsSQL is the query of Cohorts. It reads the small label_capabilities

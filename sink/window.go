@@ -70,6 +70,11 @@ type MultiSpec struct {
 	Ranges       map[Cohort]Range
 	LastRollouts int // per cohort
 	Runs         int
+	// Raw reads every hour from the labels, the rollup of closed hours
+	// ignored (the computation the rollup is checked against: tests and
+	// `trace bench query`'s old way). Windows of LastRollouts are always
+	// read raw.
+	Raw bool
 }
 
 // Range is a closed interval of rollout end times, [From, To], at the
@@ -91,14 +96,24 @@ func (spec WindowSpec) Multi() MultiSpec {
 
 const cohortCols = "environment, agent_version, dictionary_version"
 
-func (spec MultiSpec) where() (string, []any) {
-	tuples := make([]string, len(spec.Cohorts))
-	var args []any
-	for i, c := range spec.Cohorts {
+// cohortIn is the condition that the row is of one of the cohorts.
+func cohortIn(cohorts []Cohort) (string, []any) {
+	tuples := make([]string, len(cohorts))
+	args := make([]any, 0, 3*len(cohorts))
+	for i, c := range cohorts {
 		tuples[i] = "(?, ?, ?)"
 		args = append(args, c.Environment, c.AgentVersion, c.DictionaryVersion)
 	}
-	conds := []string{"(" + cohortCols + ") IN (" + strings.Join(tuples, ", ") + ")"}
+	return "(" + cohortCols + ") IN (" + strings.Join(tuples, ", ") + ")", args
+}
+
+func (spec MultiSpec) where() (string, []any) { return spec.whereAnd("", nil) }
+
+// whereAnd is where with one more condition on the labels (extra, with its
+// binds), which the completeness and LastRollouts subqueries apply too.
+func (spec MultiSpec) whereAnd(extra string, extraArgs []any) (string, []any) {
+	in, args := cohortIn(spec.Cohorts)
+	conds := []string{in}
 	if spec.Ranges != nil {
 		per := make([]string, 0, len(spec.Cohorts))
 		for _, c := range spec.Cohorts {
@@ -125,6 +140,10 @@ func (spec MultiSpec) where() (string, []any) {
 	if spec.Runs > 1 {
 		conds = append(conds, "run < ?")
 		args = append(args, uint16(spec.Runs))
+	}
+	if extra != "" {
+		conds = append(conds, extra)
+		args = append(args, extraArgs...)
 	}
 	where := strings.Join(conds, " AND ")
 	base, baseArgs := where, append([]any(nil), args...)
@@ -153,16 +172,21 @@ func (s *Store) WindowCounts(ctx context.Context, spec WindowSpec) ([]RunCounts,
 // WindowCountsMulti is WindowCounts for several cohorts in one query.
 func (s *Store) WindowCountsMulti(ctx context.Context, spec MultiSpec) (map[Cohort][]RunCounts, error) {
 	out := map[Cohort][]RunCounts{}
+	inline := s.freshRollupState(ctx, spec)
 	for _, part := range spec.chunks() {
-		if err := s.windowCounts(ctx, part, out); err != nil {
+		if err := s.windowCounts(ctx, part, inline, out); err != nil {
 			return nil, err
 		}
 	}
 	return out, nil
 }
 
-func (s *Store) windowCounts(ctx context.Context, spec MultiSpec, out map[Cohort][]RunCounts) error {
+func (s *Store) windowCounts(ctx context.Context, spec MultiSpec, inline func(string) string, out map[Cohort][]RunCounts) error {
 	q, args := windowCountsSQL(spec)
+	if !spec.raw() {
+		q, args = windowCountsRollupSQL(spec)
+		q = inline(q)
+	}
 	rows, err := s.conn.Query(ctx, q, args...)
 	if err != nil {
 		return fmt.Errorf("window counts of %d cohorts: %w", len(spec.Cohorts), err)
@@ -195,16 +219,21 @@ func (s *Store) WindowInfo(ctx context.Context, spec WindowSpec) (WindowInfo, er
 // WindowInfoMulti is WindowInfo for several cohorts in one query.
 func (s *Store) WindowInfoMulti(ctx context.Context, spec MultiSpec) (map[Cohort]WindowInfo, error) {
 	out := map[Cohort]WindowInfo{}
+	inline := s.freshRollupState(ctx, spec)
 	for _, part := range spec.chunks() {
-		if err := s.windowInfo(ctx, part, out); err != nil {
+		if err := s.windowInfo(ctx, part, inline, out); err != nil {
 			return nil, err
 		}
 	}
 	return out, nil
 }
 
-func (s *Store) windowInfo(ctx context.Context, spec MultiSpec, out map[Cohort]WindowInfo) error {
+func (s *Store) windowInfo(ctx context.Context, spec MultiSpec, inline func(string) string, out map[Cohort]WindowInfo) error {
 	q, args := windowInfoSQL(spec)
+	if !spec.raw() {
+		q, args = windowInfoRollupSQL(spec)
+		q = inline(q)
+	}
 	rows, err := s.conn.Query(ctx, q, args...)
 	if err != nil {
 		return fmt.Errorf("window info of %d cohorts: %w", len(spec.Cohorts), err)
@@ -223,6 +252,10 @@ func (s *Store) windowInfo(ctx context.Context, spec MultiSpec, out map[Cohort]W
 	}
 	return rows.Err()
 }
+
+// raw reports a spec read from the labels alone: asked for, or a window of
+// the last rollouts (which the hourly rollup cannot select).
+func (spec MultiSpec) raw() bool { return spec.Raw || spec.LastRollouts > 0 }
 
 // MaxCohortsPerStatement is the most cohorts one window statement names:
 // each adds ~200 bytes of conditions, and ClickHouse refuses a statement
