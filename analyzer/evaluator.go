@@ -468,19 +468,12 @@ func (e *Evaluator) Evaluate(ctx context.Context, cohorts ...sink.Cohort) error 
 	// Each cohort's window follows its own event time: it ends at the
 	// cohort's watermark (its newest labeled rollout's end time), not at the
 	// wall clock, so replayed history decides as it did live.
-	spec, marks, err := e.store.EventSpec(ctx, cohorts, e.cfg.Window, e.cfg.WindowRollouts, e.cfg.N)
+	w, err := ReadWindows(ctx, e.store, cohorts, e.cfg.Window, e.cfg.WindowRollouts, e.cfg.N)
 	if err != nil {
 		return err
 	}
+	spec, marks, infos, counts := w.Spec, w.Marks, w.Infos, w.Counts
 	e.warnFuture(now, marks)
-	infos, err := e.store.WindowInfoMulti(ctx, spec)
-	if err != nil {
-		return err
-	}
-	counts, err := e.store.WindowCountsMulti(ctx, spec)
-	if err != nil {
-		return err
-	}
 	if err := e.lookupTools(ctx, cohorts); err != nil {
 		return err
 	}

@@ -33,7 +33,7 @@ import (
 //	go test -run '^$' -bench TriggerLatency -benchtime 1x ./analyzer/
 //
 // With TRACE_BENCH_STORED_DB=name it runs on that existing database of the
-// test server, as it is (e.g. trace_bench_query_10M, kept by `trace bench
+// test server, as it is (e.g. trace_bench_query, kept by `trace bench
 // query --sizes 10M --keep`: 10M simulated rollouts and 50M labels over 90
 // days), with the evaluator's periodic tick over every stored cohort at the
 // production interval (10 s) in the same run; the benchmark's own cohorts

@@ -22,13 +22,12 @@ type EvaluatorStore interface {
 	// RecentLabels estimates each cohort's labels since a time (what a
 	// window read of it costs).
 	RecentLabels(ctx context.Context, since time.Time) (map[sink.Cohort]uint64, error)
-	// EventSpec is each cohort's event-time window (back from its watermark).
-	EventSpec(ctx context.Context, cohorts []sink.Cohort, window time.Duration, lastRollouts, runs int) (sink.MultiSpec, map[sink.Cohort]time.Time, error)
 	// CohortTools are the target's tool schemas of (environment, agent
 	// version)s: their newest rollout's that declared any.
 	CohortTools(ctx context.Context, keys [][2]string) (map[[2]string][]schemas.Tool, error)
-	WindowCountsMulti(ctx context.Context, spec sink.MultiSpec) (map[sink.Cohort][]sink.RunCounts, error)
-	WindowInfoMulti(ctx context.Context, spec sink.MultiSpec) (map[sink.Cohort]sink.WindowInfo, error)
+	// The cohorts' event-time windows (back from their watermarks) and
+	// their statistics.
+	WindowReader
 	TriggerHistory(ctx context.Context) ([]sink.TriggerEvent, error)
 	InsertTriggerEvents(ctx context.Context, evs []sink.TriggerEvent) error
 	// SaveEvaluations records what each evaluation decided.

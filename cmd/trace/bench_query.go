@@ -34,13 +34,16 @@ ending now, runs the hourly rollup, and then:
 
   exactness   compares every rollup-backed dashboard statement with the raw
               statement it replaces (sink.DashboardQuery.Raw), for every
-              cohort and the ranges 24 h, 30 d and all, hourly and daily:
-              any difference fails the run
+              cohort and the ranges 24 h, 30 d and all, hourly and daily,
+              and every cohort's decision windows (24 h and 7 d) read
+              through the rollup with the raw read: any difference fails
+              the run
   endpoints   times every dashboard API endpoint and page --reps times, the
               new way and the old way (the same handler reading through the
               raw statements), every endpoint the new way first, then the
               old way, and prints p50 and p95 of each
-  report      times trace report (every cohort's decision window)
+  report      times trace report (the stored decisions) and trace report
+              --fresh (every cohort's decision window read now)
   evaluator   times one evaluator tick's queries over every cohort
 
 --keep keeps each size's database and --reuse times a kept one as it is (its

@@ -266,21 +266,13 @@ func buildReport(ctx context.Context, cfg config.Config, st *sink.Store, env str
 		}
 	}
 	if len(need) > 0 {
-		spec, _, err := st.EventSpec(ctx, need, window, ac.WindowRollouts, ac.N)
-		if err != nil {
-			return nil, nil, err
-		}
-		infos, err := st.WindowInfoMulti(ctx, spec)
-		if err != nil {
-			return nil, nil, err
-		}
-		counts, err := st.WindowCountsMulti(ctx, spec)
+		w, err := analyzer.ReadWindows(ctx, st, need, window, ac.WindowRollouts, ac.N)
 		if err != nil {
 			return nil, nil, err
 		}
 		for _, c := range need {
-			inputs, runs := analyzer.CohortInputs(counts[c], reg.Version(c.Environment, c.AgentVersion, c.DictionaryVersion))
-			got[c] = decided{analyzer.Select(inputs, analyzer.Thresholds{Rho: ac.Rho, Delta: ac.Delta, K: ac.K}), infos[c], runs, "computed"}
+			inputs, runs := analyzer.CohortInputs(w.Counts[c], reg.Version(c.Environment, c.AgentVersion, c.DictionaryVersion))
+			got[c] = decided{analyzer.Select(inputs, analyzer.Thresholds{Rho: ac.Rho, Delta: ac.Delta, K: ac.K}), w.Infos[c], runs, "computed"}
 		}
 	}
 	var (

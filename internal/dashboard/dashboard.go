@@ -52,11 +52,8 @@ import (
 // dashboard's own statements, which live in sink/dashboard.go.
 type Store interface {
 	AllDictionaries(ctx context.Context) ([]sink.DictionaryRow, error)
-	// EventSpec, WindowInfoMulti and WindowCountsMulti compute a cohort's
-	// decision window as the analyzer does (event time).
-	EventSpec(ctx context.Context, cohorts []sink.Cohort, window time.Duration, lastRollouts, runs int) (sink.MultiSpec, map[sink.Cohort]time.Time, error)
-	WindowInfoMulti(ctx context.Context, spec sink.MultiSpec) (map[sink.Cohort]sink.WindowInfo, error)
-	WindowCountsMulti(ctx context.Context, spec sink.MultiSpec) (map[sink.Cohort][]sink.RunCounts, error)
+	// The cohorts' decision windows, read as the analyzer does (event time).
+	analyzer.WindowReader
 	FailedLabelRuns(ctx context.Context) ([]sink.FailedRuns, error)
 	// LatestEvaluations are the evaluator's stored decisions (what the
 	// pages show unless asked for a fresh computation).

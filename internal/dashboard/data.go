@@ -366,24 +366,16 @@ func (s *server) decisions(ctx context.Context, keys []CohortKey, preferStored b
 		return out, nil
 	}
 	cohorts := cohortsOf(keys)
-	mspec, marks, err := s.d.Store.EventSpec(ctx, cohorts, s.eval.Window, s.eval.WindowRollouts, s.eval.N)
-	if err != nil {
-		return nil, err
-	}
-	infos, err := s.d.Store.WindowInfoMulti(ctx, mspec)
-	if err != nil {
-		return nil, err
-	}
-	cm, err := s.d.Store.WindowCountsMulti(ctx, mspec)
+	w, err := analyzer.ReadWindows(ctx, s.d.Store, cohorts, s.eval.Window, s.eval.WindowRollouts, s.eval.N)
 	if err != nil {
 		return nil, err
 	}
 	for _, key := range keys {
 		c := key.cohort()
 		dict := s.dictionary(ctx, key.Environment, key.AgentVersion, key.DictionaryVersion)
-		inputs, runs := analyzer.CohortInputs(cm[c], dict)
-		dec := s.decide(key, dict, infos[c], mspec.Ranges[c], marks[c], analyzer.Select(inputs, s.th), runs, "computed")
-		out[key] = decided{dec, cm[c], dict}
+		inputs, runs := analyzer.CohortInputs(w.Counts[c], dict)
+		dec := s.decide(key, dict, w.Infos[c], w.Spec.Ranges[c], w.Marks[c], analyzer.Select(inputs, s.th), runs, "computed")
+		out[key] = decided{dec, w.Counts[c], dict}
 	}
 	return out, nil
 }

@@ -81,6 +81,18 @@ func (r rawStore) QueryDashboard(ctx context.Context, q string, daily bool, args
 	return r.Store.QueryDashboardRaw(ctx, q, daily, args...)
 }
 
+// WindowInfoMulti and WindowCountsMulti read the decision windows (fresh=1)
+// from the labels alone, as before their rollup.
+func (r rawStore) WindowInfoMulti(ctx context.Context, spec sink.MultiSpec) (map[sink.Cohort]sink.WindowInfo, error) {
+	spec.Raw = true
+	return r.Store.WindowInfoMulti(ctx, spec)
+}
+
+func (r rawStore) WindowCountsMulti(ctx context.Context, spec sink.MultiSpec) (map[sink.Cohort][]sink.RunCounts, error) {
+	spec.Raw = true
+	return r.Store.WindowCountsMulti(ctx, spec)
+}
+
 // heldPublisher is the benchmark's publisher: it has no NATS, so the
 // synthesis requests a firing capability makes are counted and not sent
 // (the run prints how many).
@@ -191,6 +203,11 @@ func RunQuery(ctx context.Context, opt QueryOptions) ([]QueryResult, error) {
 				return results, err
 			}
 			n, err := checkSample(ctx, chk, now)
+			if err == nil {
+				var w int
+				w, err = checkWindows(ctx, chk, opt.Eval)
+				n += w
+			}
 			chk.Close()
 			if err != nil {
 				return results, fmt.Errorf("size %d: exactness: %w", size, err)
@@ -253,16 +270,21 @@ func RunQuery(ctx context.Context, opt QueryOptions) ([]QueryResult, error) {
 			}
 		}
 		if opt.Report != nil {
-			r := QueryResult{Size: size, Endpoint: "trace report", NoOld: true}
-			for range opt.Reps {
-				s := time.Now()
-				if _, err := opt.Report(ctx, st, time.Now(), false); err != nil {
-					r.NewErr = err.Error()
+			for _, fresh := range []bool{false, true} {
+				r := QueryResult{Size: size, Endpoint: "trace report", NoOld: true}
+				if fresh {
+					r.Endpoint += " --fresh"
 				}
-				r.New = append(r.New, time.Since(s))
+				for range opt.Reps {
+					s := time.Now()
+					if _, err := opt.Report(ctx, st, time.Now(), fresh); err != nil {
+						r.NewErr = err.Error()
+					}
+					r.New = append(r.New, time.Since(s))
+				}
+				slices.Sort(r.New)
+				results = append(results, r)
 			}
-			slices.Sort(r.New)
-			results = append(results, r)
 		}
 		r := QueryResult{Size: size, Endpoint: "evaluator tick (6 cohorts, 24 h)", NoOld: true}
 		cohorts, err := st.Cohorts(ctx, time.Time{})
@@ -443,6 +465,47 @@ func checkSample(ctx context.Context, st *sink.Store, now time.Time) (int, error
 		}
 	}
 	return len(cs), nil
+}
+
+// checkWindows compares the evaluator's decision windows read through the
+// rollup with their raw computation, for every cohort of the load: the
+// configured window and one of 7 days, both by event time (partial first
+// and last hours).
+func checkWindows(ctx context.Context, st *sink.Store, ev analyzer.EvalConfig) (int, error) {
+	cohorts, err := st.Cohorts(ctx, time.Time{})
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	for _, window := range []time.Duration{ev.Window, 7 * 24 * time.Hour} {
+		spec, _, err := st.EventSpec(ctx, cohorts, window, ev.WindowRollouts, ev.N)
+		if err != nil {
+			return n, err
+		}
+		raw := spec
+		raw.Raw = true
+		info, err := st.WindowInfoMulti(ctx, spec)
+		if err != nil {
+			return n, err
+		}
+		rawInfo, err := st.WindowInfoMulti(ctx, raw)
+		if err != nil {
+			return n, err
+		}
+		counts, err := st.WindowCountsMulti(ctx, spec)
+		if err != nil {
+			return n, err
+		}
+		rawCounts, err := st.WindowCountsMulti(ctx, raw)
+		if err != nil {
+			return n, err
+		}
+		if len(rawInfo) == 0 || !reflect.DeepEqual(info, rawInfo) || !reflect.DeepEqual(counts, rawCounts) {
+			return n, fmt.Errorf("decision windows of %v over %d cohorts differ from the raw computation (or are empty)", window, len(cohorts))
+		}
+		n += 2
+	}
+	return n, nil
 }
 
 type queryFn func(ctx context.Context, q string, daily bool, args ...any) (driver.Rows, error)
