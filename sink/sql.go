@@ -72,12 +72,9 @@ func watermarksSQL(cohorts []Cohort) (string, []any) {
 	where := ""
 	var args []any
 	if len(cohorts) > 0 {
-		tuples := make([]string, len(cohorts))
-		for i, c := range cohorts {
-			tuples[i] = "(?, ?, ?)"
-			args = append(args, c.Environment, c.AgentVersion, c.DictionaryVersion)
-		}
-		where = "\n\tWHERE (" + cohortCols + ") IN (" + strings.Join(tuples, ", ") + ")"
+		var in string
+		in, args = cohortIn(cohorts)
+		where = "\n\tWHERE " + in
 	}
 	return `SELECT ` + cohortCols + `, maxMerge(last_ts) FROM label_capabilities` + where + `
 	GROUP BY ` + cohortCols + ` ORDER BY ` + cohortCols, args

@@ -182,8 +182,13 @@ func (s *Store) WindowCountsMulti(ctx context.Context, spec MultiSpec) (map[Coho
 }
 
 func (s *Store) windowCounts(ctx context.Context, spec MultiSpec, inline func(string) string, out map[Cohort][]RunCounts) error {
-	q, args := windowCountsSQL(spec)
-	if !spec.raw() {
+	var (
+		q    string
+		args []any
+	)
+	if spec.raw() {
+		q, args = windowCountsSQL(spec)
+	} else {
 		q, args = windowCountsRollupSQL(spec)
 		q = inline(q)
 	}
@@ -229,8 +234,13 @@ func (s *Store) WindowInfoMulti(ctx context.Context, spec MultiSpec) (map[Cohort
 }
 
 func (s *Store) windowInfo(ctx context.Context, spec MultiSpec, inline func(string) string, out map[Cohort]WindowInfo) error {
-	q, args := windowInfoSQL(spec)
-	if !spec.raw() {
+	var (
+		q    string
+		args []any
+	)
+	if spec.raw() {
+		q, args = windowInfoSQL(spec)
+	} else {
 		q, args = windowInfoRollupSQL(spec)
 		q = inline(q)
 	}

@@ -85,13 +85,11 @@ func consecutiveRuns(arr string) string {
 	return "toUInt16(arrayCount((x, i) -> x + 1 = i, arraySort(" + arr + "), arrayEnumerate(" + arr + ")))"
 }
 
-// hourBounds are a window's whole hours as SQL binds: the start of the
-// first whole hour (the hour of from + 3599 s) and the end of the last (the
-// hour of to, exclusive), both in the server's time zone as the rollup's
-// hours are.
-func hourBounds(from, toExclusive uint32) (first, end uint32) {
-	return from + 3599, toExclusive
-}
+// firstWholeHour is the bind of the start of the first whole hour at or
+// after from (the hour of from + 3599 s, in the server's time zone as the
+// rollup's hours are); the end of the last whole hour before an exclusive
+// end is the hour of that end.
+func firstWholeHour(from uint32) uint32 { return from + 3599 }
 
 // wholeHours renders, for every cohort with a range, the cohort and clause,
 // whose two binds are the start of the cohort's first whole hour and the
@@ -104,7 +102,7 @@ func (spec MultiSpec) wholeHours(clause string) ([]string, []any) {
 		if !ok {
 			continue
 		}
-		first, end := hourBounds(unixSec(r.From), unixSec(r.To)+1)
+		first, end := firstWholeHour(unixSec(r.From)), unixSec(r.To)+1
 		out = append(out, "(environment = ? AND agent_version = ? AND dictionary_version = ? AND "+clause+")")
 		args = append(args, c.Environment, c.AgentVersion, c.DictionaryVersion, first, end)
 	}
@@ -123,7 +121,7 @@ func (spec MultiSpec) rolledWindow() (string, []any) {
 		args = append(args, perArgs...)
 	}
 	if !spec.Since.IsZero() {
-		first, _ := hourBounds(unixSec(spec.Since), 0)
+		first := firstWholeHour(unixSec(spec.Since))
 		conds = append(conds, "hour >= toStartOfHour(toDateTime(?))")
 		args = append(args, first)
 	}
@@ -146,7 +144,7 @@ func (spec MultiSpec) rawWindow() (string, []any) {
 		edges, args = spec.wholeHours("(ts < toStartOfHour(toDateTime(?)) OR ts >= toStartOfHour(toDateTime(?)))")
 	} else {
 		if !spec.Since.IsZero() {
-			first, _ := hourBounds(unixSec(spec.Since), 0)
+			first := firstWholeHour(unixSec(spec.Since))
 			edges = append(edges, "ts < toStartOfHour(toDateTime(?))")
 			args = append(args, first)
 		}

@@ -482,21 +482,20 @@ func checkWindows(ctx context.Context, st *sink.Store, ev analyzer.EvalConfig) (
 		if err != nil {
 			return n, err
 		}
-		raw := spec
-		raw.Raw = true
-		info, err := st.WindowInfoMulti(ctx, spec)
+		read := func(raw bool) (map[sink.Cohort]sink.WindowInfo, map[sink.Cohort][]sink.RunCounts, error) {
+			spec.Raw = raw
+			info, err := st.WindowInfoMulti(ctx, spec)
+			if err != nil {
+				return nil, nil, err
+			}
+			counts, err := st.WindowCountsMulti(ctx, spec)
+			return info, counts, err
+		}
+		info, counts, err := read(false)
 		if err != nil {
 			return n, err
 		}
-		rawInfo, err := st.WindowInfoMulti(ctx, raw)
-		if err != nil {
-			return n, err
-		}
-		counts, err := st.WindowCountsMulti(ctx, spec)
-		if err != nil {
-			return n, err
-		}
-		rawCounts, err := st.WindowCountsMulti(ctx, raw)
+		rawInfo, rawCounts, err := read(true)
 		if err != nil {
 			return n, err
 		}
