@@ -85,10 +85,10 @@ type DecisionRecorder interface {
 // Proxy is the router's HTTP API: POST /v1/route and the
 // OpenAI-compatible POST /v1/chat/completions.
 type Proxy struct {
-	cfg      ProxyConfig
-	r        *Router
-	rec      DecisionRecorder
-	upstream string
+	cfg     ProxyConfig
+	r       *Router
+	rec     DecisionRecorder
+	chatURL string // the upstream's /chat/completions
 	// transport sends the request as it is (as httputil.ReverseProxy
 	// does): an http.Client would follow redirects and copy the headers
 	// for them, and a redirect is the caller's to see.
@@ -116,7 +116,7 @@ func NewProxy(cfg ProxyConfig, r *Router, rec DecisionRecorder) (*Proxy, error) 
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Proxy{cfg: cfg, r: r, rec: rec, upstream: u.String(), transport: tr, log: log}, nil
+	return &Proxy{cfg: cfg, r: r, rec: rec, chatURL: u.String() + "/chat/completions", transport: tr, log: log}, nil
 }
 
 // upstreamShards is how many connection pools the default transport
@@ -314,6 +314,7 @@ func (p *Proxy) route(w http.ResponseWriter, r *http.Request) {
 	for _, l := range d.Labels {
 		resp.Labels[l.Name] = l.Capability()
 	}
+	d.wire = wireOf(d)
 	setDecisionHeaders(w.Header(), d)
 	row := Row(d, NewID(), "route", cached)
 	row.Outcome, row.UpstreamStatus = OutcomeRouted, 0
@@ -329,11 +330,12 @@ func (p *Proxy) record(row sink.RouteDecisionRow) {
 }
 
 func setDecisionHeaders(h http.Header, d Decision) {
+	w := wireOf(d)
 	// The names are canonical already: assigned without Set's canonicalisation.
-	h[HeaderAdapter] = []string{cmpOr(d.Adapter, "none")}
-	h[HeaderDecision] = []string{d.ID}
-	h[HeaderModel] = []string{d.Model}
-	h[HeaderConversation] = []string{d.ConversationID}
+	h[HeaderAdapter] = w.hAdapter
+	h[HeaderDecision] = w.hDecision
+	h[HeaderModel] = w.hModel
+	h[HeaderConversation] = w.hConv
 }
 
 // hopHeaders are not forwarded (RFC 9110 §7.6.1), nor are the router's own.
@@ -391,8 +393,10 @@ func (p *Proxy) chat(w http.ResponseWriter, r *http.Request) {
 			d, cached = p.r.Route(r.Context(), in)
 		}
 	}
-	model, _ := json.Marshal(d.Model)
-	out := cb.withModel(model)
+	if d.wire == nil { // an uncached decision: its wire form once for this request
+		d.wire = newWire(d)
+	}
+	out := cb.withModel(d.wire.model)
 	row := Row(d, NewID(), "proxy", cached)
 	row.Stream = stream
 	recorded := false
@@ -402,7 +406,7 @@ func (p *Proxy) chat(w http.ResponseWriter, r *http.Request) {
 		}
 	}()
 
-	ureq, err := http.NewRequestWithContext(r.Context(), http.MethodPost, p.upstream+"/chat/completions", bytes.NewReader(out))
+	ureq, err := http.NewRequestWithContext(r.Context(), http.MethodPost, p.chatURL, bytes.NewReader(out))
 	if err != nil {
 		row.Outcome, row.Error = OutcomeUnreachable, err.Error()
 		writeError(w, http.StatusBadGateway, "router: building the upstream request: "+err.Error(), "upstream_error")

@@ -2,6 +2,7 @@ package router
 
 import (
 	"context"
+	"encoding/json"
 	"log/slog"
 	"math"
 	"sync"
@@ -49,25 +50,60 @@ func (r *Recorder) Flush(ctx context.Context) { r.batcher().Flush(ctx) }
 func (r *Recorder) Pending() int { return r.batcher().Pending() }
 
 // Row is the route_decisions row of one request served with decision d.
+// Its slices are the decision's, shared by every row of the decision:
+// they must not be modified.
 func Row(d Decision, requestID, endpoint string, cached bool) sink.RouteDecisionRow {
+	w := wireOf(d)
 	row := sink.RouteDecisionRow{At: time.Now().UTC(), RequestID: requestID, DecisionID: d.ID, ConversationID: d.ConversationID,
 		ConversationSource: d.ConversationSource, Environment: d.Environment, AgentVersion: d.AgentVersion, Endpoint: endpoint,
 		Cached: cached, Adapter: d.Adapter, Capability: d.Capability, Model: d.Model, Label: d.Label, Reason: d.Reason, Error: cutText(d.Error, 500),
-		ClassifierModel: d.ClassifierModel}
+		ClassifierModel: d.ClassifierModel, Labels: w.labels, LabelCapabilities: w.labelCapabilities, LabelAdapters: w.labelAdapters,
+		Probabilities: w.probabilities, WeightAdapters: w.weightAdapters, Weights: w.weights}
 	if !cached {
 		row.ClassifyMS = uint32(min(d.ClassifyLatency.Milliseconds(), math.MaxUint32))
 	}
+	return row
+}
+
+// wire is what every request served with a decision records and sends
+// alike: the route_decisions row's slices, the response headers' values
+// and the model as a JSON string. A cached decision serves every request
+// of its conversation, so the router makes its wire form once, when it
+// caches it, instead of once per request (less garbage on the proxy's hot
+// path, and the collector's cycles are what its tail latency follows).
+// Read-only once made; each header value slice has no spare capacity, so
+// that an append to a response header copies it.
+type wire struct {
+	labels, labelCapabilities, labelAdapters []string
+	probabilities                            []float64
+	weightAdapters                           []string
+	weights                                  []float64
+	model                                    []byte
+	hAdapter, hDecision, hModel, hConv       []string
+}
+
+func newWire(d Decision) *wire {
+	w := &wire{hAdapter: []string{cmpOr(d.Adapter, "none")}, hDecision: []string{d.ID}, hModel: []string{d.Model}, hConv: []string{d.ConversationID}}
+	w.model, _ = json.Marshal(d.Model)
 	for _, l := range d.Labels {
-		row.Labels = append(row.Labels, l.Name)
-		row.LabelCapabilities = append(row.LabelCapabilities, l.Capability())
-		row.LabelAdapters = append(row.LabelAdapters, l.Candidate.Adapter)
+		w.labels = append(w.labels, l.Name)
+		w.labelCapabilities = append(w.labelCapabilities, l.Capability())
+		w.labelAdapters = append(w.labelAdapters, l.Candidate.Adapter)
 		if d.Probabilities != nil {
-			row.Probabilities = append(row.Probabilities, d.Probabilities[l.Name])
+			w.probabilities = append(w.probabilities, d.Probabilities[l.Name])
 		}
 	}
-	for _, w := range d.Weights {
-		row.WeightAdapters = append(row.WeightAdapters, w.Adapter)
-		row.Weights = append(row.Weights, w.Weight)
+	for _, wt := range d.Weights {
+		w.weightAdapters = append(w.weightAdapters, wt.Adapter)
+		w.weights = append(w.weights, wt.Weight)
 	}
-	return row
+	return w
+}
+
+// wireOf is d's wire form: the one made when it was cached, else a new one.
+func wireOf(d Decision) *wire {
+	if d.wire != nil {
+		return d.wire
+	}
+	return newWire(d)
 }

@@ -188,6 +188,8 @@ type Decision struct {
 	// Examples are the retrieved trajectories shown, rollout id by
 	// capability (retrieval only).
 	Examples map[string]string
+
+	wire *wire // made once for a cached decision (see wireOf)
 }
 
 // Router makes and caches decisions. Safe for concurrent use.
@@ -245,6 +247,7 @@ func (r *Router) Route(ctx context.Context, in Input) (d Decision, cached bool) 
 			return d, nil
 		}
 		d := r.classify(context.WithoutCancel(ctx), in)
+		d.wire = newWire(d)
 		classified = true
 		r.cache.Put(key, d)
 		return d, nil

@@ -14,6 +14,9 @@ import (
 // are held, the oldest dropped beyond that and counted in the log, so a
 // record that must never stall its caller (an audit, a routing decision)
 // never does.
+//
+// Insert must not keep rows after it returns: a written batch's buffer
+// is cleared and reused for a later batch.
 type Batcher[T any] struct {
 	Insert  func(ctx context.Context, rows []T) error
 	Name    string // in the log lines
@@ -25,6 +28,7 @@ type Batcher[T any] struct {
 	once    sync.Once
 	mu      sync.Mutex
 	buf     []T
+	spare   []T // a written batch's buffer, cleared, for the next swap
 	dropped int
 	kick    chan struct{}
 }
@@ -98,7 +102,13 @@ func (b *Batcher[T]) Flush(ctx context.Context) {
 	if empty {
 		return
 	}
-	next := make([]T, 0, b.FlushAt) // allocated outside the lock
+	b.mu.Lock()
+	next := b.spare
+	b.spare = nil
+	b.mu.Unlock()
+	if next == nil {
+		next = make([]T, 0, b.FlushAt) // allocated outside the lock
+	}
 	b.mu.Lock()
 	rows, dropped := b.buf, b.dropped
 	b.buf, b.dropped = next, 0
@@ -117,6 +127,15 @@ func (b *Batcher[T]) Flush(ctx context.Context) {
 			b.buf = b.buf[over:]
 			b.dropped += over
 		}
+		b.mu.Unlock()
+		return
+	}
+	// The written buffer is the next swap's, unless it grew past one
+	// batch (a backlog after an outage is left to the collector).
+	if cap(rows) <= 2*b.FlushAt {
+		clear(rows[:cap(rows)]) // drop the rows' references
+		b.mu.Lock()
+		b.spare = rows[:0]
 		b.mu.Unlock()
 	}
 }

@@ -39,3 +39,40 @@ func TestBatcherRetainsAndBounds(t *testing.T) {
 		t.Fatalf("an empty flush wrote %v", written)
 	}
 }
+
+// A written batch's buffer is reused: in the steady state (Add, then a
+// successful Flush) nothing is allocated, every batch is written whole
+// and in order, and a reused buffer holds no row of an earlier batch.
+func TestBatcherReusesWrittenBuffers(t *testing.T) {
+	written := make([]*int, 0, 1024) // preallocated: the test's own record allocates nothing
+	b := &Batcher[*int]{FlushAt: 8, Insert: func(_ context.Context, rows []*int) error {
+		if len(rows) > 0 && cap(rows) > len(rows) && rows[:cap(rows)][len(rows)] != nil {
+			t.Errorf("a reused buffer still holds an earlier batch's row past its %d rows", len(rows))
+		}
+		written = append(written, rows...)
+		return nil
+	}}
+	ctx := context.Background()
+	vals := make([]int, 64)
+	next := 0
+	batch := func(n int) {
+		for range n {
+			b.Add(&vals[next%len(vals)])
+			next++
+		}
+		b.Flush(ctx)
+	}
+	batch(5) // the first batches allocate the two buffers
+	batch(3)
+	if allocs := testing.AllocsPerRun(20, func() { batch(2) }); allocs > 0 {
+		t.Errorf("Add and Flush allocated %.1f times per batch in the steady state; want 0", allocs)
+	}
+	for i, p := range written {
+		if p != &vals[i%len(vals)] {
+			t.Fatalf("row %d is not the %dth added", i, i)
+		}
+	}
+	if len(written) != next {
+		t.Fatalf("%d rows written, %d added", len(written), next)
+	}
+}
