@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"os"
 	"runtime"
+	"runtime/debug"
 	"slices"
 	"strings"
 	"sync"
@@ -16,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/traceops/trace/internal/config"
 	"github.com/traceops/trace/internal/dev/llmtest"
 	"github.com/traceops/trace/internal/llm"
 	"github.com/traceops/trace/router"
@@ -191,11 +193,23 @@ func load1() float64 {
 // of that size is chance (the machine's other work, above all).
 // B/proxied and allocs/proxied are the process's heap allocations per
 // proxied request, gc-cycles the collector's cycles during the
-// measurement: the proxy's tail at 64 clients follows them (GOGC=off,
-// a diagnostic, shows the tail without them).
+// measurement, heap-goal-MB the heap size the collector let the process
+// reach: the proxy's tail at 64 clients follows the cycles. The process
+// runs with the collector target a route-only `trace route` sets
+// (router.gogc, 400; GOGC in the environment wins, GOGC=off is a
+// diagnostic of the tail without the collector); the go-default-gc row
+// repeats the open loop at a quarter of capacity with Go's own 100.
 //
 //	go test -run '^$' -bench ProxyOverhead -benchtime 4000x ./router/
 func BenchmarkProxyOverhead(b *testing.B) {
+	// The collector target of a route-only `trace route` process
+	// (router.gogc, 400, unless GOGC is in the environment); the
+	// go-default-gc row sets Go's 100 for comparison.
+	routeGC := config.Config{Roles: []string{"route"}, Router: config.DefaultRouter()}.RouteGOGC(os.Getenv("GOGC"))
+	if routeGC > 0 {
+		prev := debug.SetGCPercent(routeGC)
+		b.Cleanup(func() { debug.SetGCPercent(prev) })
+	}
 	upURL, upConns := instantUpstream(b)
 	cls := llmtest.New(b)
 	cls.Handle(func(llmtest.Request) llmtest.Reply {
@@ -301,11 +315,12 @@ func BenchmarkProxyOverhead(b *testing.B) {
 		conns          int64
 		gc             uint32
 		bytes, mallocs uint64
+		heapGoal       uint64
 	}
 	count := func() counters {
 		var ms runtime.MemStats
 		runtime.ReadMemStats(&ms)
-		return counters{upConns.Load() + pxConns.Load(), ms.NumGC, ms.TotalAlloc, ms.Mallocs}
+		return counters{upConns.Load() + pxConns.Load(), ms.NumGC, ms.TotalAlloc, ms.Mallocs, ms.NextGC}
 	}
 	// report prints one row; c0 are the counters before the measurement.
 	report := func(b *testing.B, res result, c0 counters) {
@@ -332,6 +347,7 @@ func BenchmarkProxyOverhead(b *testing.B) {
 		b.ReportMetric(float64(c1.bytes-c0.bytes)/n, "B/proxied")
 		b.ReportMetric(float64(c1.mallocs-c0.mallocs)/n, "allocs/proxied")
 		b.ReportMetric(float64(c1.gc-c0.gc), "gc-cycles")
+		b.ReportMetric(float64(c1.heapGoal)/(1<<20), "heap-goal-MB") // the collector target's memory price
 		b.ReportMetric(0, "ns/op")
 	}
 	pick := func(stream bool, ttfb, total time.Duration) time.Duration {
@@ -548,6 +564,12 @@ func BenchmarkProxyOverhead(b *testing.B) {
 		b.Run(fmt.Sprintf("open=%.2f/clients=64", f), func(b *testing.B) { open(b, 64, false, f) })
 	}
 	b.Run(fmt.Sprintf("open=%.2f/sse-ttfb/clients=64", loads[0]), func(b *testing.B) { open(b, 64, true, loads[0]) })
+	// The same load with Go's own collector target, for comparison.
+	b.Run(fmt.Sprintf("open=%.2f/clients=64/go-default-gc", loads[0]), func(b *testing.B) {
+		prev := debug.SetGCPercent(100)
+		defer debug.SetGCPercent(prev)
+		open(b, 64, false, loads[0])
+	})
 	if n := len(cls.Requests()); n != classified {
 		b.Fatalf("%d classifications during the measurement: decisions were not cached", n-classified)
 	}

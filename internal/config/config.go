@@ -492,6 +492,16 @@ func (c Config) Path(elem ...string) string {
 // Has reports whether a role is enabled.
 func (c Config) Has(role string) bool { return slices.Contains(c.Roles, role) }
 
+// RouteGOGC is the collector target (GOGC) a process with this
+// configuration sets, 0 for none: router.gogc when the process runs the
+// route role alone and GOGC is not in its environment (envGOGC).
+func (c Config) RouteGOGC(envGOGC string) int {
+	if envGOGC != "" || len(c.Roles) == 0 || slices.ContainsFunc(c.Roles, func(r string) bool { return r != "route" }) {
+		return 0
+	}
+	return c.Router.GOGC
+}
+
 // defaultPlan is the training plan's defaults with no environment server
 // URL: `trace run` points jobs at its own serve role (Config.EnvServerURL).
 func defaultPlan() plan.Config {

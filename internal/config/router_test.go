@@ -35,3 +35,37 @@ func TestRouterConfig(t *testing.T) {
 		t.Fatalf("redaction: %+v", r)
 	}
 }
+
+// The route role's collector target applies to a route-only process,
+// never over GOGC from the environment, and never beside other roles.
+func TestRouteGOGC(t *testing.T) {
+	for _, tc := range []struct {
+		roles []string
+		gogc  int
+		env   string
+		want  int
+	}{
+		{[]string{"route"}, 400, "", 400},
+		{[]string{"route", "route"}, 400, "", 400},
+		{[]string{"route"}, 0, "", 0},
+		{[]string{"route"}, 400, "100", 0},
+		{[]string{"route"}, 400, "off", 0},
+		{[]string{"route", "serve"}, 400, "", 0},
+		{[]string{"ingest"}, 400, "", 0},
+		{nil, 400, "", 0},
+	} {
+		c := Config{Roles: tc.roles, Router: Router{GOGC: tc.gogc}}
+		if got := c.RouteGOGC(tc.env); got != tc.want {
+			t.Errorf("roles %v, router.gogc %d, GOGC=%q: %d, want %d", tc.roles, tc.gogc, tc.env, got, tc.want)
+		}
+	}
+	if d := DefaultRouter().GOGC; d != 400 {
+		t.Errorf("router.gogc defaults to %d, want 400", d)
+	}
+	for _, v := range []string{"-1", "10001"} {
+		_, err := Load("", []string{"roles=route", "router.upstream_url=http://127.0.0.1:8000/v1", "router.base_model=m", "router.gogc=" + v})
+		if err == nil || !strings.Contains(err.Error(), "router.gogc") {
+			t.Errorf("router.gogc=%s accepted: %v", v, err)
+		}
+	}
+}
