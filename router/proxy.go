@@ -357,10 +357,7 @@ func (p *Proxy) chat(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, err.Error(), "invalid_request_error")
 		return
 	}
-	var md metadata
-	if cb.metadata != nil {
-		_ = json.Unmarshal(cb.metadata, &md) // metadata of another shape is the upstream's business
-	}
+	md := readMetadata(cb.metadata) // metadata of another shape is the upstream's business
 	stream := bytes.Equal(cb.stream, []byte("true"))
 	env := firstOf(r.Header.Get(HeaderEnvironment), md.Environment, p.cfg.DefaultEnvironment)
 	in := Input{Environment: env, AgentVersion: firstOf(r.Header.Get(HeaderAgentVersion), md.AgentVersion)}
@@ -412,6 +409,7 @@ func (p *Proxy) chat(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadGateway, "router: building the upstream request: "+err.Error(), "upstream_error")
 		return
 	}
+	ureq.Header = make(http.Header, len(r.Header)+2) // sized once
 	for k, vs := range r.Header {
 		if !hopHeaders[k] {
 			ureq.Header[k] = vs

@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"errors"
 	"io"
+	"strings"
 	"sync"
+	"unicode/utf8"
 
 	"github.com/go-json-experiment/json/jsontext"
 )
@@ -31,17 +33,39 @@ var errNotObject = errors.New("body is not a JSON object")
 // used before, accepted both too).
 var scanOpts = []jsontext.Options{jsontext.AllowDuplicateNames(true), jsontext.AllowInvalidUTF8(true)}
 
-var decoders = sync.Pool{New: func() any { return jsontext.NewDecoder(bytes.NewBuffer(nil), scanOpts...) }}
+// scanner is a pooled decoder with the buffer it reads: pointing the
+// buffer at a body allocates nothing (jsontext reads a bytes.Buffer in
+// place).
+type scanner struct {
+	dec *jsontext.Decoder
+	buf bytes.Buffer
+}
+
+var scanners = sync.Pool{New: func() any {
+	s := &scanner{}
+	s.dec = jsontext.NewDecoder(&s.buf, scanOpts...)
+	return s
+}}
+
+func getScanner(b []byte) *scanner {
+	s := scanners.Get().(*scanner)
+	s.buf = *bytes.NewBuffer(b)
+	s.dec.Reset(&s.buf, scanOpts...)
+	return s
+}
+
+func (s *scanner) put() {
+	s.buf = bytes.Buffer{} // drop the reference to the body
+	s.dec.Reset(&s.buf, scanOpts...)
+	scanners.Put(s)
+}
 
 // scanChat validates body as one JSON object and finds its members.
 func scanChat(body []byte) (chatBody, error) {
 	c := chatBody{body: body}
-	dec := decoders.Get().(*jsontext.Decoder)
-	defer func() {
-		dec.Reset(bytes.NewBuffer(nil), scanOpts...) // drop the reference to body
-		decoders.Put(dec)
-	}()
-	dec.Reset(bytes.NewBuffer(body), scanOpts...)
+	s := getScanner(body)
+	defer s.put()
+	dec := s.dec
 	tok, err := dec.ReadToken()
 	if err != nil || tok.Kind() != '{' {
 		return c, errNotObject
@@ -124,4 +148,63 @@ func (c chatBody) withModel(model []byte) []byte {
 		prev = m[1]
 	}
 	return append(out, c.body[prev:]...)
+}
+
+// readMetadata reads the routing fields of a request's metadata as
+// encoding/json would decode them into metadata (names matched without
+// regard to case, the last of duplicates wins, only strings count, and
+// anything else, metadata that is no object included, leaves a field
+// empty), in one pass that allocates only the strings it keeps.
+func readMetadata(raw []byte) metadata {
+	var md metadata
+	if len(raw) == 0 {
+		return md
+	}
+	s := getScanner(raw)
+	defer s.put()
+	dec := s.dec
+	if tok, err := dec.ReadToken(); err != nil || tok.Kind() != '{' {
+		return metadata{}
+	}
+	var unq []byte
+	for dec.PeekKind() != '}' {
+		name, err := dec.ReadValue()
+		if err != nil {
+			return metadata{}
+		}
+		key := name[1 : len(name)-1]
+		if bytes.IndexByte(key, '\\') >= 0 {
+			// An escaped name fails to unquote only with invalid UTF-8 (the
+			// body is valid JSON), and then matches none of the names.
+			unq, err = jsontext.AppendUnquote(unq[:0], name)
+			key = unq
+			if err != nil {
+				key = nil
+			}
+		}
+		var dst *string
+		switch {
+		case bytes.EqualFold(key, []byte("conversation_id")):
+			dst = &md.ConversationID
+		case bytes.EqualFold(key, []byte("environment")):
+			dst = &md.Environment
+		case bytes.EqualFold(key, []byte("agent_version")):
+			dst = &md.AgentVersion
+		}
+		if dst == nil || dec.PeekKind() != '"' {
+			if err := dec.SkipValue(); err != nil {
+				return metadata{}
+			}
+			continue
+		}
+		tok, err := dec.ReadToken()
+		if err != nil {
+			return metadata{}
+		}
+		*dst = tok.String()
+		if !utf8.ValidString(*dst) { // as encoding/json: each invalid byte becomes U+FFFD
+			*dst = strings.Map(func(r rune) rune { return r }, *dst)
+		}
+	}
+	return md
 }

@@ -1,6 +1,7 @@
 package router
 
 import (
+	"encoding/json"
 	"strings"
 	"testing"
 )
@@ -52,4 +53,32 @@ func TestScanChatWithModel(t *testing.T) {
 			t.Errorf("%q accepted", bad)
 		}
 	}
+}
+
+// readMetadata reads what encoding/json decodes into metadata, for any
+// JSON value (the proxy validated the body before).
+func FuzzReadMetadata(f *testing.F) {
+	for _, seed := range []string{
+		`{"conversation_id":"c1","environment":"airline","agent_version":"v2","user":"u"}`,
+		`{"CONVERSATION_ID":"a","Conversation_Id":"b"}`,
+		`{"conversation_id":"a","conversation_id":null}`,
+		`{"conversation_id":7,"environment":["x"],"agent_version":{"v":1}}`,
+		`{"conversation_\u0069d":"esc","environment":"caf\u00e9 \ud83d\ude00","nested":{"conversation_id":"no"}}`,
+		`{"conversation_id":"a\"b\\c\n"}`,
+		`{"ﬀ":"x","conversation_ıd":"dotless"}`,
+		"{\"conversation_id\":\"a\xffb\xc3\"}", `{"environment":"\ud800x"}`,
+		`"a string"`, `null`, `[{"conversation_id":"x"}]`, `{}`, `12`,
+	} {
+		f.Add([]byte(seed))
+	}
+	f.Fuzz(func(t *testing.T, raw []byte) {
+		var want metadata
+		if !json.Valid(raw) {
+			t.Skip("the proxy validated the body before")
+		}
+		_ = json.Unmarshal(raw, &want)
+		if got := readMetadata(raw); got != want {
+			t.Fatalf("readMetadata(%s) = %+v, encoding/json %+v", raw, got, want)
+		}
+	})
 }
