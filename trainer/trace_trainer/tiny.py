@@ -32,7 +32,8 @@ def build(out: str, conversations: list, vocab: int = 4096, hidden: int = 64, la
     # 1. The tokenizer: byte-level BPE trained on the rendered transcripts.
     bootstrap = PreTrainedTokenizerFast(tokenizer_object=_bpe(["x"], 300, Tokenizer, models, pre_tokenizers, decoders, trainers))
     bootstrap.chat_template = template
-    texts = [bootstrap.apply_chat_template(c["messages"], tools=c.get("tools"), tokenize=False) for c in conversations]
+    conversations = [dict(c, tools=trainer_tools(c["tools"]) if c.get("tools") else None) for c in conversations]
+    texts = [bootstrap.apply_chat_template(c["messages"], tools=c["tools"], tokenize=False) for c in conversations]
     tok = PreTrainedTokenizerFast(tokenizer_object=_bpe(texts, vocab, Tokenizer, models, pre_tokenizers, decoders, trainers),
                                   eos_token="<|im_end|>", pad_token="<|endoftext|>")
     tok.chat_template = template
@@ -76,6 +77,23 @@ def build(out: str, conversations: list, vocab: int = 4096, hidden: int = 64, la
     return {"parameters": params, "vocab": len(tok), "mean_tokens": sum(b[0].shape[1] for b in batches) // len(batches),
             "examples": len(batches), "warmup_steps": steps, "warmup_seconds": round(time.monotonic() - t0, 1),
             "loss_first": round(sum(losses[:10]) / 10, 3), "loss_last": round(sum(losses[-10:]) / 10, 3)}
+
+
+def trainer_tools(tools: list) -> list:
+    """The tools as the trainer shows them to the model: TRL renders the
+    methods of the environment class (trace_trainer.environment), sorted by
+    name, with schemas from their signatures and docstrings, not the
+    server's JSON. A model this small learns the exact prompt it is warmed
+    up on and nothing near it (on another rendering it wrote a malformed
+    <tool_call> block), so it is warmed up on the trainer's rendering."""
+    import inspect
+
+    from .environment import environment_class
+
+    cls = environment_class("http://127.0.0.1:1", tools, None)
+    inst = cls.__new__(cls)  # the methods' schemas only: nothing is called
+    return [getattr(inst, name) for name, _ in inspect.getmembers(cls, predicate=inspect.isfunction)
+            if name not in ("reset", "get_reward") and not name.startswith("_")]
 
 
 def _bpe(texts, vocab, Tokenizer, models, pre_tokenizers, decoders, trainers):
