@@ -19,14 +19,12 @@ type EvaluatorStore interface {
 	// ChangedCohorts are the (environment, agent version)s with labels
 	// written (by any process) since a time.
 	ChangedCohorts(ctx context.Context, since time.Time) (map[[2]string]bool, error)
-	// RecentLabels estimates each cohort's labels since a time (what a
-	// window read of it costs).
-	RecentLabels(ctx context.Context, since time.Time) (map[sink.Cohort]uint64, error)
 	// CohortTools are the target's tool schemas of (environment, agent
 	// version)s: their newest rollout's that declared any.
 	CohortTools(ctx context.Context, keys [][2]string) (map[[2]string][]schemas.Tool, error)
-	// The cohorts' event-time windows (back from their watermarks) and
-	// their statistics.
+	// The cohorts' event-time windows (back from their watermarks), their
+	// statistics, and RecentLabels, what a window read of each costs (the
+	// periodic tick sizes its rounds by it too).
 	WindowReader
 	TriggerHistory(ctx context.Context) ([]sink.TriggerEvent, error)
 	InsertTriggerEvents(ctx context.Context, evs []sink.TriggerEvent) error

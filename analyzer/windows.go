@@ -2,6 +2,7 @@ package analyzer
 
 import (
 	"context"
+	"maps"
 	"sync"
 	"time"
 
@@ -84,22 +85,21 @@ func ReadWindows(ctx context.Context, st WindowReader, cohorts []sink.Cohort, wi
 		}
 		g.Go(func() error {
 			infos, err := st.WindowInfoMulti(gctx, spec)
-			mu.Lock()
-			defer mu.Unlock()
-			for c, v := range infos {
-				w.Infos[c] = v
-			}
+			merge(&mu, w.Infos, infos)
 			return err
 		})
 		g.Go(func() error {
 			counts, err := st.WindowCountsMulti(gctx, spec)
-			mu.Lock()
-			defer mu.Unlock()
-			for c, v := range counts {
-				w.Counts[c] = v
-			}
+			merge(&mu, w.Counts, counts)
 			return err
 		})
 	}
 	return w, g.Wait()
+}
+
+// merge copies src into dst under mu (the reads of ReadWindows run at once).
+func merge[V any](mu *sync.Mutex, dst, src map[sink.Cohort]V) {
+	mu.Lock()
+	defer mu.Unlock()
+	maps.Copy(dst, src)
 }

@@ -182,16 +182,7 @@ func (s *Store) WindowCountsMulti(ctx context.Context, spec MultiSpec) (map[Coho
 }
 
 func (s *Store) windowCounts(ctx context.Context, spec MultiSpec, inline func(string) string, out map[Cohort][]RunCounts) error {
-	var (
-		q    string
-		args []any
-	)
-	if spec.raw() {
-		q, args = windowCountsSQL(spec)
-	} else {
-		q, args = windowCountsRollupSQL(spec)
-		q = inline(q)
-	}
+	q, args := spec.statement(windowCountsSQL, windowCountsRollupSQL, inline)
 	rows, err := s.conn.Query(ctx, q, args...)
 	if err != nil {
 		return fmt.Errorf("window counts of %d cohorts: %w", len(spec.Cohorts), err)
@@ -215,6 +206,16 @@ func (s *Store) windowCounts(ctx context.Context, spec MultiSpec, inline func(st
 	return rows.Err()
 }
 
+// statement is a window read's statement of spec: raw, or over the rollup
+// with the rollup state put in place by inline (freshRollupState).
+func (spec MultiSpec) statement(raw, rolled func(MultiSpec) (string, []any), inline func(string) string) (string, []any) {
+	if spec.raw() {
+		return raw(spec)
+	}
+	q, args := rolled(spec)
+	return inline(q), args
+}
+
 // WindowInfo counts the distinct rollouts and failures labeled in the window.
 func (s *Store) WindowInfo(ctx context.Context, spec WindowSpec) (WindowInfo, error) {
 	m, err := s.WindowInfoMulti(ctx, spec.Multi())
@@ -234,16 +235,7 @@ func (s *Store) WindowInfoMulti(ctx context.Context, spec MultiSpec) (map[Cohort
 }
 
 func (s *Store) windowInfo(ctx context.Context, spec MultiSpec, inline func(string) string, out map[Cohort]WindowInfo) error {
-	var (
-		q    string
-		args []any
-	)
-	if spec.raw() {
-		q, args = windowInfoSQL(spec)
-	} else {
-		q, args = windowInfoRollupSQL(spec)
-		q = inline(q)
-	}
+	q, args := spec.statement(windowInfoSQL, windowInfoRollupSQL, inline)
 	rows, err := s.conn.Query(ctx, q, args...)
 	if err != nil {
 		return fmt.Errorf("window info of %d cohorts: %w", len(spec.Cohorts), err)

@@ -120,16 +120,9 @@ func (spec MultiSpec) rolledWindow() (string, []any) {
 		conds = append(conds, "("+strings.Join(append([]string{"0"}, per...), " OR ")+")")
 		args = append(args, perArgs...)
 	}
-	if !spec.Since.IsZero() {
-		first := firstWholeHour(unixSec(spec.Since))
-		conds = append(conds, "hour >= toStartOfHour(toDateTime(?))")
-		args = append(args, first)
-	}
-	if !spec.Until.IsZero() {
-		conds = append(conds, "hour < toStartOfHour(toDateTime(?))")
-		args = append(args, unixSec(spec.Until))
-	}
-	conds = append(conds, rolledUp(dirtyLabels))
+	bounds, boundArgs := spec.bounds("hour >= toStartOfHour(toDateTime(?))", "hour < toStartOfHour(toDateTime(?))")
+	conds = append(append(conds, bounds...), rolledUp(dirtyLabels))
+	args = append(args, boundArgs...)
 	return strings.Join(conds, " AND "), args
 }
 
@@ -143,18 +136,39 @@ func (spec MultiSpec) rawWindow() (string, []any) {
 	if spec.Ranges != nil {
 		edges, args = spec.wholeHours("(ts < toStartOfHour(toDateTime(?)) OR ts >= toStartOfHour(toDateTime(?)))")
 	} else {
-		if !spec.Since.IsZero() {
-			first := firstWholeHour(unixSec(spec.Since))
-			edges = append(edges, "ts < toStartOfHour(toDateTime(?))")
-			args = append(args, first)
-		}
-		if !spec.Until.IsZero() {
-			edges = append(edges, "ts >= toStartOfHour(toDateTime(?))")
-			args = append(args, unixSec(spec.Until))
-		}
+		edges, args = spec.bounds("ts < toStartOfHour(toDateTime(?))", "ts >= toStartOfHour(toDateTime(?))")
 	}
 	edges = append(edges, rawHours("ts", "toStartOfHour(ts)", dirtyLabels, ""))
 	return "(" + strings.Join(edges, " OR ") + ")", args
+}
+
+// bounds renders the window's wall-clock bounds as conditions: onSince
+// with the start of the first whole hour at or after Since, onUntil with
+// the hour of Until (each only when set).
+func (spec MultiSpec) bounds(onSince, onUntil string) ([]string, []any) {
+	var conds []string
+	var args []any
+	if !spec.Since.IsZero() {
+		conds = append(conds, onSince)
+		args = append(args, firstWholeHour(unixSec(spec.Since)))
+	}
+	if !spec.Until.IsZero() {
+		conds = append(conds, onUntil)
+		args = append(args, unixSec(spec.Until))
+	}
+	return conds, args
+}
+
+// rollupParts are what a window statement over the rollup is made of: the
+// condition on a rollup table's rows (rolledWindow), which the statement
+// applies twice (to the rows and to their hours' newest version), and the
+// condition on the labels it reads raw (where with rawWindow); args are
+// their binds in that order.
+func (spec MultiSpec) rollupParts() (rolled, where string, args []any) {
+	rolled, rolledArgs := spec.rolledWindow()
+	rawCond, rawCondArgs := spec.rawWindow()
+	where, whereArgs := spec.whereAnd(rawCond, rawCondArgs)
+	return rolled, where, append(append(append([]any{}, rolledArgs...), rolledArgs...), whereArgs...)
 }
 
 // windowRuns is the condition on window_hourly rows of a window of N runs.
@@ -180,9 +194,7 @@ func newestHours(table, rolled string) string {
 // the rollup state as subqueries (wmClosed, dirtyLabels), which the store
 // replaces by their values.
 func windowCountsRollupSQL(spec MultiSpec) (string, []any) {
-	rolled, rolledArgs := spec.rolledWindow()
-	rawCond, rawCondArgs := spec.rawWindow()
-	where, whereArgs := spec.whereAnd(rawCond, rawCondArgs)
+	rolled, where, args := spec.rollupParts()
 	q := fmt.Sprintf(`SELECT %[1]s, capability, run, sum(lf), sum(pf), sum(nf), sum(lp), sum(pp), sum(np),
 	arraySlice(arraySort(groupArrayArray(ids)), 1, %[2]d)
 FROM (
@@ -201,16 +213,13 @@ FROM (
 GROUP BY %[1]s, capability, run
 ORDER BY %[1]s, capability, run`, cohortCols, MaxExampleIDs, rolled, spec.windowRuns(true),
 		newestHours("window_hourly", rolled), rawWindowCounts(where))
-	args := append(append(append([]any{}, rolledArgs...), rolledArgs...), whereArgs...)
 	return q, args
 }
 
 // windowInfoRollupSQL is WindowInfoMulti's statement over the rollup (see
 // windowCountsRollupSQL).
 func windowInfoRollupSQL(spec MultiSpec) (string, []any) {
-	rolled, rolledArgs := spec.rolledWindow()
-	rawCond, rawCondArgs := spec.rawWindow()
-	where, whereArgs := spec.whereAnd(rawCond, rawCondArgs)
+	rolled, where, args := spec.rollupParts()
 	q := fmt.Sprintf(`SELECT %[1]s, sum(n), sum(f), min(t0), max(t1)
 FROM (
 	SELECT %[1]s, a_n AS n, a_f AS f, a_first AS t0, a_last AS t1
@@ -226,6 +235,5 @@ FROM (
 )
 GROUP BY %[1]s`, cohortCols, rolled, spec.windowRuns(false),
 		newestHours("window_rollouts_hourly", rolled), rawWindowInfo(where))
-	args := append(append(append([]any{}, rolledArgs...), rolledArgs...), whereArgs...)
 	return q, args
 }
