@@ -105,23 +105,39 @@ func (s *Stage) RunDeadlines(ctx context.Context, every time.Duration) error {
 // consume runs handle on each message of cons until ctx ends. handle's
 // error naks the message with a delay growing with its deliveries; the
 // message in hand when ctx ends is finished with a context of its own.
+// Messages already buffered when ctx ends are handed back (Nak'd) after
+// the subscription is drained, so another replica gets them at once
+// instead of after the consumer's AckWait.
 func consume(ctx context.Context, cons jetstream.Consumer, s *Stage, handle func(context.Context, jetstream.Msg) error) error {
 	it, err := cons.Messages(jetstream.PullMaxMessages(16))
 	if err != nil {
 		return err
 	}
+	stopped := make(chan struct{})
+	defer close(stopped)
 	go func() {
-		<-ctx.Done()
-		it.Stop()
+		select {
+		case <-ctx.Done():
+			it.Drain()
+		case <-stopped:
+			it.Stop()
+		}
 	}()
 	for {
 		m, err := it.Next()
 		if err != nil {
-			if ctx.Err() != nil || errors.Is(err, jetstream.ErrMsgIteratorClosed) {
+			if errors.Is(err, jetstream.ErrMsgIteratorClosed) {
 				return nil
+			}
+			if ctx.Err() != nil {
+				continue // draining: Next ends with ErrMsgIteratorClosed
 			}
 			s.cfg.Log.Warn("adapter: consumer", "err", err)
 			time.Sleep(100 * time.Millisecond)
+			continue
+		}
+		if ctx.Err() != nil {
+			_ = m.Nak()
 			continue
 		}
 		hctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)

@@ -93,7 +93,8 @@ func (c WorkerConfig) withDefaults() WorkerConfig {
 // request (logged with the reason; nothing can be built from it). Every held
 // request gets an in-progress ack every AckWait/3, including those queued
 // behind another capability of the same environment. On shutdown the
-// requests not finished are Nak'd at once, so another replica resumes them.
+// requests not finished are Nak'd once the worker's last pull request has
+// ended, so another replica resumes them at once.
 type Worker struct {
 	stage *Stage
 	src   Consumer
@@ -119,7 +120,8 @@ type result struct {
 	err error
 }
 
-// Run consumes until ctx ends, then Naks what it holds and returns nil.
+// Run consumes until ctx ends, then waits for its last fetch to expire (at
+// most a second), Naks what it holds and returns nil.
 func (w *Worker) Run(ctx context.Context) error {
 	var (
 		q       queue[job]
@@ -132,7 +134,11 @@ func (w *Worker) Run(ctx context.Context) error {
 	)
 	workCtx, cancel = context.WithCancel(context.WithoutCancel(ctx))
 	defer cancel()
-	go w.fetchLoop(ctx, want, fetched)
+	fetchDone := make(chan struct{})
+	go func() {
+		defer close(fetchDone)
+		w.fetchLoop(ctx, want, fetched)
+	}()
 	if w.cfg.Waiting != nil {
 		if es, err := w.cfg.Waiting.WaitingEnvironments(ctx); err != nil {
 			w.cfg.Log.Warn("synthesizer: list waiting environments", "err", err)
@@ -168,6 +174,12 @@ func (w *Worker) Run(ctx context.Context) error {
 		select {
 		case <-ctx.Done():
 			cancel() // running jobs stop at their next I/O
+			// Let the last pull request end (≤ FetchMaxWait) before handing
+			// anything back: a request Nak'd while it is still open on the
+			// server is redelivered into it, and once this process has
+			// closed its connection that delivery sits unacknowledged for
+			// a whole AckWait before another replica gets it.
+			<-fetchDone
 			for _, j := range q.drain() {
 				nak(j, 0)
 			}
@@ -201,6 +213,9 @@ func (w *Worker) Run(ctx context.Context) error {
 }
 
 // fetchLoop fetches up to n messages each time it is asked, until ctx ends.
+// A fetch in flight when ctx ends runs to its expiry rather than being
+// abandoned, so that nothing the server delivers into it is left behind;
+// what it brings is Nak'd.
 func (w *Worker) fetchLoop(ctx context.Context, want <-chan int, out chan<- []jetstream.Msg) {
 	for {
 		var n int

@@ -364,3 +364,65 @@ func (cc *capCalibrator) Calibrate(ctx context.Context, _ Draft) (*Calibration, 
 	c.mu.Unlock()
 	return &Calibration{Accepted: true, Verdict: "accepted", Policy: "scripted", Seeds: 1, RolloutsPerSeed: 1, PassAtK: map[string]float64{"1": 0.5}}, nil
 }
+
+// TestWorkerShutdownHandsEverythingBack: a worker stopped with one request
+// running and one queued behind it (same environment) hands both back, and
+// once its connection is closed, as `trace run` closes it, neither waits
+// for the consumer's AckWait: both are deliverable to another replica at
+// once. A request Nak'd into the worker's own open pull request would be
+// redelivered to it and left unacknowledged for the whole AckWait.
+func TestWorkerShutdownHandsEverythingBack(t *testing.T) {
+	k := newNATSKit(t, time.Minute)
+	cal := &slowCalibrator{d: time.Minute}
+	stage, _ := workerStage(t, newMemStore(), cal, nil)
+	first, second := testRequest("t-running"), testRequest("t-queued")
+	second.Capability.Skill = "user_confirmation"
+	k.publish(t, first, "running")
+	k.publish(t, second, "queued")
+	nc, err := nats.Connect(k.srv.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cons, err := js.Consumer(context.Background(), testStream, testDurable)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := startWorker(t, NewWorker(stage, cons, WorkerConfig{Concurrency: 4}))
+	waitFor(t, "one calibration running", 20*time.Second, func() bool { return cal.calls.Load() == 1 })
+	time.Sleep(100 * time.Millisecond) // the worker asks for more while both are held
+	stop()
+	closed := make(chan struct{})
+	nc.SetClosedHandler(func(*nats.Conn) { close(closed) })
+	if err := nc.Drain(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-closed:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the worker's connection did not close")
+	}
+	if calls := cal.calls.Load(); calls != 1 {
+		t.Fatalf("%d calibrations; the queued request ran", calls)
+	}
+	// Another replica fetches both at once.
+	batch, err := k.consumer(t).Fetch(2, jetstream.FetchMaxWait(5*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for m := range batch.Messages() {
+		req, err := schemas.DecodeSynthesisRequest(m.Data())
+		if err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, req.TriggerID)
+		_ = m.Ack()
+	}
+	if len(got) != 2 {
+		t.Fatalf("another replica got %v within 5 s; the rest wait for the AckWait (1 m)", got)
+	}
+}
