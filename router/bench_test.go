@@ -205,7 +205,7 @@ func BenchmarkProxyOverhead(b *testing.B) {
 	// The collector target of a route-only `trace route` process
 	// (router.gogc, 400, unless GOGC is in the environment); the
 	// go-default-gc row sets Go's 100 for comparison.
-	routeGC := config.Config{Roles: []string{"route"}, Router: config.DefaultRouter()}.RouteGOGC(os.Getenv("GOGC"))
+	routeGC, _ := config.Config{Roles: []string{"route"}, Router: config.DefaultRouter()}.GCPercent(os.Getenv("GOGC"))
 	if routeGC > 0 {
 		prev := debug.SetGCPercent(routeGC)
 		b.Cleanup(func() { debug.SetGCPercent(prev) })

@@ -7,7 +7,9 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
 	"path/filepath"
+	"runtime/debug"
 	"strings"
 	"time"
 
@@ -82,6 +84,9 @@ SESSION_ERROR, queued episodes are written, then it exits 0.`,
 			if cfg.Addr == "" {
 				return errors.New("--addr: a host:port to listen on is required")
 			}
+			if cfg.GOGC > 0 && os.Getenv("GOGC") == "" {
+				debug.SetGCPercent(cfg.GOGC)
+			}
 			cat := envserver.NewStaticCatalog()
 			defer cat.Close() // the programs no session opened
 			var ids []string
@@ -154,6 +159,7 @@ SESSION_ERROR, queued episodes are written, then it exits 0.`,
 	f.IntVar(&cfg.MaxMessageBytes, "max-message-bytes", cfg.MaxMessageBytes, "largest frame or body accepted (VALIDATION_ERROR above)")
 	f.BoolVar(&record, "record", false, "record finished episodes in ClickHouse env_episodes")
 	f.Float64Var(&cfg.RecordSample, "record-sample", cfg.RecordSample, "share of episodes recorded with --record (0 to 1)")
+	f.IntVar(&cfg.GOGC, "gogc", cfg.GOGC, "the garbage collector's target, as env.gogc (0: Go's 100; GOGC in the environment wins)")
 	cf.add(cmd)
 	ef.add(cmd)
 	envCmd.AddCommand(cmd)

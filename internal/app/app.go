@@ -17,6 +17,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"runtime/debug"
 	"sync"
 	"time"
 
@@ -102,6 +103,10 @@ func Start(ctx context.Context, cfg config.Config, log *slog.Logger) (*App, erro
 			a.Close()
 		}
 	}()
+	if p, setting := cfg.GCPercent(os.Getenv("GOGC")); p > 0 {
+		debug.SetGCPercent(p)
+		log.Info("one role alone: garbage collector target set", "gogc", p, "from", setting+" (GOGC in the environment overrides)")
+	}
 	var err error
 	a.Brokers = cfg.Kafka.Brokers
 	if len(a.Brokers) == 0 {

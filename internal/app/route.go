@@ -7,8 +7,6 @@ import (
 	"fmt"
 	"net"
 	"net/http"
-	"os"
-	"runtime/debug"
 	"time"
 
 	"github.com/oklog/run"
@@ -28,10 +26,6 @@ func (a *App) RouterAddr() string { return a.routerAddr }
 // route_decisions after them.
 func (a *App) addRoute(ctx context.Context, g *run.Group) error {
 	rc := a.Cfg.Router
-	if p := a.Cfg.RouteGOGC(os.Getenv("GOGC")); p > 0 {
-		debug.SetGCPercent(p)
-		a.Log.Info("route role alone: garbage collector target set", "gogc", p, "from", "router.gogc (GOGC in the environment overrides)")
-	}
 	if a.Bus == nil { // no role loaded the dictionaries: the descriptions come from them
 		if err := a.Dicts.Load(ctx, a.Store); err != nil {
 			return fmt.Errorf("router: dictionaries: %w", err)

@@ -492,14 +492,23 @@ func (c Config) Path(elem ...string) string {
 // Has reports whether a role is enabled.
 func (c Config) Has(role string) bool { return slices.Contains(c.Roles, role) }
 
-// RouteGOGC is the collector target (GOGC) a process with this
-// configuration sets, 0 for none: router.gogc when the process runs the
-// route role alone and GOGC is not in its environment (envGOGC).
-func (c Config) RouteGOGC(envGOGC string) int {
-	if envGOGC != "" || len(c.Roles) == 0 || slices.ContainsFunc(c.Roles, func(r string) bool { return r != "route" }) {
-		return 0
+// GCPercent is the collector target (GOGC) a process with this
+// configuration sets, and the setting it comes from; 0 for none. A process
+// that runs one role alone whose live heap is small and whose garbage is
+// plentiful sets that role's target: the route role router.gogc, the serve
+// role env.gogc. GOGC in the environment (envGOGC) always wins, and a
+// process with several roles keeps Go's setting.
+func (c Config) GCPercent(envGOGC string) (percent int, setting string) {
+	if envGOGC != "" || len(c.Roles) == 0 || slices.ContainsFunc(c.Roles, func(r string) bool { return r != c.Roles[0] }) {
+		return 0, ""
 	}
-	return c.Router.GOGC
+	switch c.Roles[0] {
+	case "route":
+		return c.Router.GOGC, "router.gogc"
+	case "serve":
+		return c.Env.GOGC, "env.gogc"
+	}
+	return 0, ""
 }
 
 // defaultPlan is the training plan's defaults with no environment server

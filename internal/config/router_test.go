@@ -3,6 +3,8 @@ package config
 import (
 	"strings"
 	"testing"
+
+	"github.com/traceops/trace/synthesizer/envserver"
 )
 
 // TestRouterConfig: the route role is not a default role; with it, a
@@ -36,27 +38,44 @@ func TestRouterConfig(t *testing.T) {
 	}
 }
 
-// The route role's collector target applies to a route-only process,
-// never over GOGC from the environment, and never beside other roles.
-func TestRouteGOGC(t *testing.T) {
+// A single role's collector target applies to a process that runs that
+// role alone, never over GOGC from the environment, and never beside other
+// roles.
+func TestGCPercent(t *testing.T) {
 	for _, tc := range []struct {
-		roles []string
-		gogc  int
-		env   string
-		want  int
+		roles   []string
+		route   int
+		env     int
+		goenv   string
+		want    int
+		setting string
 	}{
-		{[]string{"route"}, 400, "", 400},
-		{[]string{"route", "route"}, 400, "", 400},
-		{[]string{"route"}, 0, "", 0},
-		{[]string{"route"}, 400, "100", 0},
-		{[]string{"route"}, 400, "off", 0},
-		{[]string{"route", "serve"}, 400, "", 0},
-		{[]string{"ingest"}, 400, "", 0},
-		{nil, 400, "", 0},
+		{[]string{"route"}, 400, 300, "", 400, "router.gogc"},
+		{[]string{"route", "route"}, 400, 300, "", 400, "router.gogc"},
+		{[]string{"route"}, 0, 300, "", 0, "router.gogc"},
+		{[]string{"route"}, 400, 300, "100", 0, ""},
+		{[]string{"route"}, 400, 300, "off", 0, ""},
+		{[]string{"serve"}, 400, 300, "", 300, "env.gogc"},
+		{[]string{"serve"}, 400, 0, "", 0, "env.gogc"},
+		{[]string{"serve"}, 400, 300, "200", 0, ""},
+		{[]string{"route", "serve"}, 400, 300, "", 0, ""},
+		{[]string{"serve", "ingest"}, 400, 300, "", 0, ""},
+		{[]string{"ingest"}, 400, 300, "", 0, ""},
+		{[]string{"synthesize"}, 400, 300, "", 0, ""},
+		{nil, 400, 300, "", 0, ""},
 	} {
-		c := Config{Roles: tc.roles, Router: Router{GOGC: tc.gogc}}
-		if got := c.RouteGOGC(tc.env); got != tc.want {
-			t.Errorf("roles %v, router.gogc %d, GOGC=%q: %d, want %d", tc.roles, tc.gogc, tc.env, got, tc.want)
+		c := Config{Roles: tc.roles, Router: Router{GOGC: tc.route}, Env: envserver.Config{GOGC: tc.env}}
+		if got, setting := c.GCPercent(tc.goenv); got != tc.want || setting != tc.setting {
+			t.Errorf("roles %v, router.gogc %d, env.gogc %d, GOGC=%q: %d from %q, want %d from %q", tc.roles, tc.route, tc.env, tc.goenv, got, setting, tc.want, tc.setting)
+		}
+	}
+	if d := envserver.DefaultConfig().GOGC; d != 400 {
+		t.Errorf("env.gogc defaults to %d, want 400", d)
+	}
+	for _, v := range []string{"-1", "10001"} {
+		_, err := Load("", []string{"roles=serve", "env.gogc=" + v})
+		if err == nil || !strings.Contains(err.Error(), "env.gogc") {
+			t.Errorf("env.gogc=%s accepted: %v", v, err)
 		}
 	}
 	if d := DefaultRouter().GOGC; d != 400 {

@@ -42,6 +42,7 @@ type loadResult struct {
 	ownCPU  time.Duration // the load generator's (this process's)
 	lat     []time.Duration
 	errs    int
+	peakKB  int // the server's peak resident set so far (VmHWM, worker included)
 }
 
 func (r loadResult) rate() float64 { return float64(r.steps) / r.elapsed.Seconds() }
@@ -164,6 +165,7 @@ func load(b *testing.B, base string, n int, d time.Duration) loadResult {
 	wg.Wait()
 	res.elapsed = time.Since(start)
 	res.cpu, res.ownCPU = cpuOf(pid)-cpu0, selfCPU()-own0
+	res.peakKB = peakRSS(pid)
 	res.steps = len(res.lat)
 	sort.Slice(res.lat, func(i, j int) bool { return res.lat[i] < res.lat[j] })
 	return res
@@ -182,22 +184,7 @@ func freePort(b *testing.B) int {
 // children so far, and of its live children (a sandbox worker), from /proc.
 func cpuOf(pid int) time.Duration {
 	total := time.Duration(0)
-	pids := []int{pid}
-	// A child is listed under the thread that started it, which for a Go
-	// process is any of its threads: read them all.
-	tasks, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/children", pid))
-	for _, t := range tasks {
-		b, err := os.ReadFile(t)
-		if err != nil {
-			continue
-		}
-		for _, f := range strings.Fields(string(b)) {
-			if c, err := strconv.Atoi(f); err == nil {
-				pids = append(pids, c)
-			}
-		}
-	}
-	for _, p := range pids {
+	for _, p := range append([]int{pid}, children(pid)...) {
 		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", p))
 		if err != nil {
 			continue
@@ -212,6 +199,26 @@ func cpuOf(pid int) time.Duration {
 		}
 	}
 	return total
+}
+
+// children are the live child processes of pid. A child is listed under
+// the thread that started it, which for a Go process is any of its
+// threads: read them all.
+func children(pid int) []int {
+	var out []int
+	tasks, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/children", pid))
+	for _, t := range tasks {
+		b, err := os.ReadFile(t)
+		if err != nil {
+			continue
+		}
+		for _, f := range strings.Fields(string(b)) {
+			if c, err := strconv.Atoi(f); err == nil {
+				out = append(out, c)
+			}
+		}
+	}
+	return out
 }
 
 // serverProcess starts cmd, a server on port, and waits for its /health.
@@ -266,12 +273,17 @@ func pythonServer(b *testing.B) string {
 
 // goServer starts trace's server with the example, in a process of its own
 // (this test binary again, see serveForBench).
-func goServer(b *testing.B, sandboxed bool) string {
+// gogc, when set, is the server's GOGC (else it sets env.gogc as
+// `trace run --roles serve` does).
+func goServer(b *testing.B, sandboxed bool, gogc string) string {
 	port := freePort(b)
 	cmd := exec.Command(os.Args[0])
 	cmd.Env = append(os.Environ(), fmt.Sprintf("TRACE_BENCH_SERVE=127.0.0.1:%d", port))
 	if sandboxed {
 		cmd.Env = append(cmd.Env, "TRACE_BENCH_SANDBOXED=1")
+	}
+	if gogc != "" {
+		cmd.Env = append(cmd.Env, "GOGC="+gogc)
 	}
 	return serverProcess(b, cmd, port) + "/v1/environments/" + exampleID
 }
@@ -350,7 +362,11 @@ func pythonLogicCost(b *testing.B) (withModels, logic time.Duration) {
 // sandbox worker as `trace env serve` runs it by default) and, in the same
 // run, openenv-core's own Python server with the same environment logic,
 // each server a process of its own and the load from this one;
-// it prints both, the ratio and the step latency percentiles. Run it once:
+// it prints both, the ratio and the step latency percentiles. The Go
+// servers set env.gogc as a serve-only process does; at 16 sessions the
+// sandboxed server is measured again at Go's own GOGC, and the servers'
+// peak resident memory is printed, so that the setting's price and gain
+// are in the same run. Run it once:
 //
 //	go test -run '^$' -bench EnvServer -benchtime 1x ./synthesizer/envserver
 //
@@ -363,7 +379,13 @@ func BenchmarkEnvServer(b *testing.B) {
 	if s, err := strconv.Atoi(os.Getenv("TRACE_BENCH_SECONDS")); err == nil && s > 0 {
 		d = time.Duration(s) * time.Second
 	}
-	goBase, sbBase := goServer(b, false), goServer(b, true)
+	goBase, sbBase := goServer(b, false, os.Getenv("GOGC")), goServer(b, true, os.Getenv("GOGC"))
+	// The same servers at Go's own GOGC (100) instead of env.gogc, at 16
+	// sessions, to show what the setting buys.
+	goDefaultGC, sbDefaultGC := "", ""
+	if os.Getenv("GOGC") == "" {
+		goDefaultGC, sbDefaultGC = goServer(b, false, "100"), goServer(b, true, "100")
+	}
 	pyBase := ""
 	if os.Getenv("TRACE_BENCH_GO_ONLY") == "" {
 		pyBase = pythonServer(b)
@@ -383,6 +405,10 @@ func BenchmarkEnvServer(b *testing.B) {
 	}
 	for _, n := range sessions {
 		servers := []struct{ name, base string }{{"trace (Go, in-process program)", goBase}, {"trace (Go, sandboxed program)", sbBase}, {"openenv-core 0.3.0 (Python)", pyBase}}
+		if n == 16 && sbDefaultGC != "" {
+			servers = append(servers, struct{ name, base string }{"trace in-process, Go's GOGC 100", goDefaultGC},
+				struct{ name, base string }{"trace sandboxed, Go's GOGC 100", sbDefaultGC})
+		}
 		best := make([]loadResult, len(servers))
 		for round := range 2 {
 			for i, srv := range servers {
@@ -400,29 +426,56 @@ func BenchmarkEnvServer(b *testing.B) {
 		}
 	}
 	fmt.Printf("\nsteps through the WebSocket protocol on loopback, example environment (precondition_airline), better of two %s rounds per point\n", d)
-	fmt.Printf("%-32s %8s %8s %10s %9s %9s %15s %15s %6s\n", "server", "sessions", "steps", "steps/s", "p50", "p99", "server cpu/step", "client cpu/step", "errors")
+	fmt.Printf("%-32s %8s %8s %10s %9s %9s %15s %15s %6s %9s\n", "server", "sessions", "steps", "steps/s", "p50", "p99", "server cpu/step", "client cpu/step", "errors", "peak RSS")
 	for _, r := range rows {
 		perStep, own := time.Duration(0), time.Duration(0)
 		if r.r.steps > 0 {
 			perStep, own = r.r.cpu/time.Duration(r.r.steps), r.r.ownCPU/time.Duration(r.r.steps)
 		}
-		fmt.Printf("%-32s %8d %8d %10.0f %9s %9s %15s %15s %6d\n", r.server, r.n, r.r.steps, r.r.rate(),
-			r.r.pct(0.50).Round(time.Microsecond), r.r.pct(0.99).Round(time.Microsecond), perStep.Round(time.Microsecond), own.Round(time.Microsecond), r.r.errs)
+		fmt.Printf("%-32s %8d %8d %10.0f %9s %9s %15s %15s %6d %6.0f MB\n", r.server, r.n, r.r.steps, r.r.rate(),
+			r.r.pct(0.50).Round(time.Microsecond), r.r.pct(0.99).Round(time.Microsecond), perStep.Round(time.Microsecond), own.Round(time.Microsecond), r.r.errs,
+			float64(r.r.peakKB)/1024)
 	}
 	fmt.Println("(server cpu/step: the server process's CPU time, its sandbox worker's included, over the steps; resets are played too but not counted as steps;")
-	fmt.Println(" client cpu/step: the load generator's, on the same two cores)")
+	fmt.Println(" client cpu/step: the load generator's, on the same two cores; peak RSS: the server's peak resident set so far (VmHWM), its sandbox worker's added)")
 	prog := programCost(b)
 	pyEnv, pyLogic := pythonLogicCost(b)
 	fmt.Printf("environment logic alone, CPU per step: Starlark program (envprog, in-process) %s; CPython class %s (%s with openenv's pydantic observation)\n",
 		prog.Round(time.Microsecond), pyLogic.Round(time.Microsecond), pyEnv.Round(time.Microsecond))
 	fmt.Println()
-	for i := 0; i < len(rows); i += 3 {
+	for i := 0; i < len(rows); {
 		goR, sbR, pyR := rows[i].r, rows[i+1].r, rows[i+2].r
-		fmt.Printf("%2d sessions: trace in-process %.0f steps/s = %.1f × openenv-core (%.0f steps/s); sandboxed %.0f steps/s = %.1f ×\n",
+		fmt.Printf("%2d sessions: trace in-process %.0f steps/s = %.1f × openenv-core (%.0f steps/s); sandboxed %.0f steps/s = %.1f ×",
 			rows[i].n, goR.rate(), goR.rate()/pyR.rate(), pyR.rate(), sbR.rate(), sbR.rate()/pyR.rate())
 		if rows[i].n == 16 {
-			b.ReportMetric(goR.rate(), "steps/s@16")
-			b.ReportMetric(goR.rate()/pyR.rate(), "ratio@16")
+			b.ReportMetric(sbR.rate(), "sandboxed-steps/s@16")
+			b.ReportMetric(sbR.rate()/pyR.rate(), "sandboxed-ratio@16")
+			b.ReportMetric(goR.rate()/pyR.rate(), "inprocess-ratio@16")
+		}
+		next := i + 3
+		for ; next < len(rows) && rows[next].n == rows[i].n; next++ { // the Go's GOGC rows
+			fmt.Printf("; %s %.0f steps/s = %.1f ×", strings.TrimPrefix(rows[next].server, "trace "), rows[next].r.rate(), rows[next].r.rate()/pyR.rate())
+		}
+		fmt.Println()
+		i = next
+	}
+}
+
+// peakRSS is the peak resident set (VmHWM) of process pid plus that of
+// each of its live children (the sandbox worker), in kB.
+func peakRSS(pid int) int {
+	kb := 0
+	for _, p := range append([]int{pid}, children(pid)...) {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", p))
+		if err != nil {
+			continue
+		}
+		for _, line := range strings.Split(string(b), "\n") {
+			if v, ok := strings.CutPrefix(line, "VmHWM:"); ok {
+				n, _ := strconv.Atoi(strings.TrimSuffix(strings.TrimSpace(v), " kB"))
+				kb += n
+			}
 		}
 	}
+	return kb
 }

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"runtime/debug"
 	"runtime/pprof"
 	"syscall"
 	"testing"
@@ -15,6 +16,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/traceops/trace/internal/config"
 	"github.com/traceops/trace/internal/dev/testenv"
 	"github.com/traceops/trace/synthesizer/envclient"
 	"github.com/traceops/trace/synthesizer/envprog"
@@ -36,6 +38,13 @@ func TestMain(m *testing.M) {
 // benchmark runs trace's server as a process of its own, as it runs
 // openenv-core's, so that both get the machine on the same terms.
 func serveForBench(addr string, sandboxed bool) int {
+	// The collector target of `trace run --roles serve` (env.gogc, 400,
+	// unless GOGC is in the environment, as for the benchmark's Go's-GOGC
+	// row).
+	cfg := envserver.DefaultConfig()
+	if p, _ := (config.Config{Roles: []string{"serve"}, Env: cfg}).GCPercent(os.Getenv("GOGC")); p > 0 {
+		debug.SetGCPercent(p)
+	}
 	var env envprog.Env
 	if dir := os.Getenv("TRACE_BENCH_PROFILE_DIR"); dir != "" {
 		// CPU profiles of the server process (server-inproc.prof,
@@ -73,7 +82,6 @@ func serveForBench(addr string, sandboxed bool) int {
 	}
 	cat := envserver.NewStaticCatalog()
 	cat.Add(exampleID, env, envserver.Entry{})
-	cfg := envserver.DefaultConfig()
 	cfg.MaxSessions = 128
 	srv, err := envserver.New(cfg, envserver.Options{Catalog: cat})
 	if err != nil {
