@@ -20,20 +20,8 @@ import (
 // than after the consumer's AckWait (a minute here).
 func TestConsumeHandsBackBufferedMessagesOnShutdown(t *testing.T) {
 	srv := testenv.NATS(t)
-	connect := func() (*nats.Conn, jetstream.JetStream) {
-		nc, err := nats.Connect(srv.URL())
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(nc.Close)
-		js, err := jetstream.New(nc)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return nc, js
-	}
 	ctx := context.Background()
-	_, admin := connect()
+	_, admin := srv.Connect(t)
 	if _, err := admin.CreateStream(ctx, jetstream.StreamConfig{Name: "EVENTS", Subjects: []string{"events.>"}}); err != nil {
 		t.Fatal(err)
 	}
@@ -47,7 +35,7 @@ func TestConsumeHandsBackBufferedMessagesOnShutdown(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	nc, js := connect()
+	nc, js := srv.Connect(t)
 	cons, err := js.Consumer(ctx, "EVENTS", "d")
 	if err != nil {
 		t.Fatal(err)

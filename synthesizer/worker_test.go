@@ -38,15 +38,7 @@ func newNATSKit(t *testing.T, ackWait time.Duration) *natsKit {
 
 func (k *natsKit) connect(t *testing.T, ackWait time.Duration) {
 	t.Helper()
-	nc, err := nats.Connect(k.srv.URL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	nc, js := k.srv.Connect(t)
 	ctx := context.Background()
 	if _, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{Name: testStream, Subjects: []string{testSubject + ".>"}, Storage: jetstream.FileStorage}); err != nil {
 		t.Fatal(err)
@@ -379,14 +371,7 @@ func TestWorkerShutdownHandsEverythingBack(t *testing.T) {
 	second.Capability.Skill = "user_confirmation"
 	k.publish(t, first, "running")
 	k.publish(t, second, "queued")
-	nc, err := nats.Connect(k.srv.URL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	nc, js := k.srv.Connect(t)
 	cons, err := js.Consumer(context.Background(), testStream, testDurable)
 	if err != nil {
 		t.Fatal(err)

@@ -10,9 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
-
 	"github.com/traceops/trace/adapter"
 	"github.com/traceops/trace/adapter/dispatch"
 	"github.com/traceops/trace/adapter/plan"
@@ -122,15 +119,7 @@ func TestTrainerEndToEnd(t *testing.T) {
 	go stage.RunReady(rctx, rc)
 	go stage.RunEvents(rctx, ec)
 
-	nc, err := nats.Connect(srv.URL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, js := srv.Connect(t)
 	var (
 		mu    sync.Mutex
 		bases []string

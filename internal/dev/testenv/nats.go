@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 // NATSServer is an embedded nats-server with JetStream, owned by one test.
@@ -48,6 +50,22 @@ func (s *NATSServer) URL() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return "nats://" + net.JoinHostPort(s.opts.Host, strconv.Itoa(s.opts.Port))
+}
+
+// Connect opens a client connection (closed when t ends) and its
+// JetStream context.
+func (s *NATSServer) Connect(t testing.TB, opts ...nats.Option) (*nats.Conn, jetstream.JetStream) {
+	t.Helper()
+	nc, err := nats.Connect(s.URL(), opts...)
+	if err != nil {
+		t.Fatalf("testenv: connect to NATS: %v", err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatalf("testenv: JetStream: %v", err)
+	}
+	return nc, js
 }
 
 // StoreDir is where JetStream keeps its state.
