@@ -48,14 +48,19 @@ func serveForBench(addr string, sandboxed bool) int {
 	var env envprog.Env
 	if dir := os.Getenv("TRACE_BENCH_PROFILE_DIR"); dir != "" {
 		// CPU profiles of the server process (server-inproc.prof,
-		// server-sandboxed.prof), written when the benchmark ends it
+		// server-sandboxed.prof, and -gogc100 before .prof for the
+		// servers at Go's GOGC), written when the benchmark ends it
 		// (SIGTERM), and of the sandbox worker (worker.prof, written when
 		// its parent goes).
-		name := "server-inproc.prof"
-		if sandboxed {
-			name = "server-sandboxed.prof"
-			os.Setenv("TRACE_ENVPROG_WORKER_CPUPROFILE", filepath.Join(dir, "worker.prof"))
+		name, suffix := "server-inproc", ".prof"
+		if g := os.Getenv("GOGC"); g != "" { // the benchmark's Go's-GOGC servers
+			suffix = "-gogc" + g + suffix
 		}
+		if sandboxed {
+			name = "server-sandboxed"
+			os.Setenv("TRACE_ENVPROG_WORKER_CPUPROFILE", filepath.Join(dir, "worker"+suffix))
+		}
+		name += suffix
 		if f, err := os.Create(filepath.Join(dir, name)); err == nil && pprof.StartCPUProfile(f) == nil {
 			sig := make(chan os.Signal, 1)
 			signal.Notify(sig, syscall.SIGTERM)
