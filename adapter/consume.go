@@ -102,6 +102,10 @@ func (s *Stage) RunDeadlines(ctx context.Context, every time.Duration) error {
 	}
 }
 
+// drainBound bounds the drain of a consumer's buffered messages on
+// shutdown.
+const drainBound = 10 * time.Second
+
 // consume runs handle on each message of cons until ctx ends. handle's
 // error naks the message with a delay growing with its deliveries; the
 // message in hand when ctx ends is finished with a context of its own.
@@ -119,6 +123,11 @@ func consume(ctx context.Context, cons jetstream.Consumer, s *Stage, handle func
 		select {
 		case <-ctx.Done():
 			it.Drain()
+			select { // a drain that cannot finish (the connection gone) is cut short
+			case <-stopped:
+			case <-time.After(drainBound):
+				it.Stop()
+			}
 		case <-stopped:
 			it.Stop()
 		}
