@@ -390,9 +390,7 @@ func (p *Proxy) chat(w http.ResponseWriter, r *http.Request) {
 			d, cached = p.r.Route(r.Context(), in)
 		}
 	}
-	if d.wire == nil { // an uncached decision: its wire form once for this request
-		d.wire = newWire(d)
-	}
+	d.wire = wireOf(d) // an uncached decision's is made once for this request
 	out := cb.withModel(d.wire.model)
 	row := Row(d, NewID(), "proxy", cached)
 	row.Stream = stream

@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/spf13/cobra"
 
+	"github.com/traceops/trace/internal/config"
 	"github.com/traceops/trace/synthesizer/envserver"
 )
 
@@ -84,8 +85,9 @@ SESSION_ERROR, queued episodes are written, then it exits 0.`,
 			if cfg.Addr == "" {
 				return errors.New("--addr: a host:port to listen on is required")
 			}
-			if cfg.GOGC > 0 && os.Getenv("GOGC") == "" {
-				debug.SetGCPercent(cfg.GOGC)
+			// A serve-only process's collector target (env.gogc's rule).
+			if p, _ := (config.Config{Roles: []string{"serve"}, Env: cfg}).GCPercent(os.Getenv("GOGC")); p > 0 {
+				debug.SetGCPercent(p)
 			}
 			cat := envserver.NewStaticCatalog()
 			defer cat.Close() // the programs no session opened

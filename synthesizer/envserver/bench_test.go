@@ -363,10 +363,10 @@ func pythonLogicCost(b *testing.B) (withModels, logic time.Duration) {
 // run, openenv-core's own Python server with the same environment logic,
 // each server a process of its own and the load from this one;
 // it prints both, the ratio and the step latency percentiles. The Go
-// servers set env.gogc as a serve-only process does; at 16 sessions the
-// sandboxed server is measured again at Go's own GOGC, and the servers'
-// peak resident memory is printed, so that the setting's price and gain
-// are in the same run. Run it once:
+// servers set env.gogc as a serve-only process does; at 16 sessions both
+// are measured again at Go's own GOGC, and each row shows the server's
+// peak resident memory, so that the setting's price and gain are in the
+// same run. Run it once:
 //
 //	go test -run '^$' -bench EnvServer -benchtime 1x ./synthesizer/envserver
 //
@@ -404,10 +404,10 @@ func BenchmarkEnvServer(b *testing.B) {
 		sessions = []int{v}
 	}
 	for _, n := range sessions {
-		servers := []struct{ name, base string }{{"trace (Go, in-process program)", goBase}, {"trace (Go, sandboxed program)", sbBase}, {"openenv-core 0.3.0 (Python)", pyBase}}
+		type server struct{ name, base string }
+		servers := []server{{"trace (Go, in-process program)", goBase}, {"trace (Go, sandboxed program)", sbBase}, {"openenv-core 0.3.0 (Python)", pyBase}}
 		if n == 16 && sbDefaultGC != "" {
-			servers = append(servers, struct{ name, base string }{"trace in-process, Go's GOGC 100", goDefaultGC},
-				struct{ name, base string }{"trace sandboxed, Go's GOGC 100", sbDefaultGC})
+			servers = append(servers, server{"trace in-process, Go's GOGC 100", goDefaultGC}, server{"trace sandboxed, Go's GOGC 100", sbDefaultGC})
 		}
 		best := make([]loadResult, len(servers))
 		for round := range 2 {

@@ -17,15 +17,7 @@ import (
 // still there.
 func TestNATSJetStream(t *testing.T) {
 	ns := testenv.NATS(t)
-	nc, err := nats.Connect(ns.URL(), nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, js := ns.Connect(t, nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 
