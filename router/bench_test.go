@@ -199,6 +199,8 @@ func load1() float64 {
 // (router.gogc, 400; GOGC in the environment wins, GOGC=off is a
 // diagnostic of the tail without the collector); the go-default-gc row
 // repeats the open loop at a quarter of capacity with Go's own 100.
+// TRACE_BENCH_TRANSPORT=caller, another diagnostic, has the proxy reach
+// the upstream through callerTransport instead of its own transport.
 //
 //	go test -run '^$' -bench ProxyOverhead -benchtime 4000x ./router/
 func BenchmarkProxyOverhead(b *testing.B) {
@@ -228,7 +230,15 @@ func BenchmarkProxyOverhead(b *testing.B) {
 	ctx, cancel := context.WithCancel(context.Background())
 	go rec.Run(ctx)
 	b.Cleanup(cancel)
-	p, err := router.NewProxy(router.ProxyConfig{UpstreamURL: upURL + "/v1", DefaultEnvironment: "bench"}, r, rec)
+	pcfg := router.ProxyConfig{UpstreamURL: upURL + "/v1", DefaultEnvironment: "bench"}
+	switch tr := os.Getenv("TRACE_BENCH_TRANSPORT"); tr {
+	case "": // the proxy's own
+	case "caller": // a diagnostic, see callerTransport
+		pcfg.Transport = &callerTransport{}
+	default:
+		b.Fatalf("TRACE_BENCH_TRANSPORT=%q: the choices are caller, or unset for the proxy's own transport", tr)
+	}
+	p, err := router.NewProxy(pcfg, r, rec)
 	if err != nil {
 		b.Fatal(err)
 	}
