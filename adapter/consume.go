@@ -138,10 +138,9 @@ func consume(ctx context.Context, cons jetstream.Consumer, s *Stage, handle func
 			if errors.Is(err, jetstream.ErrMsgIteratorClosed) {
 				return nil
 			}
-			if ctx.Err() != nil {
-				continue // draining: Next ends with ErrMsgIteratorClosed
+			if ctx.Err() == nil { // else draining: Next ends with ErrMsgIteratorClosed
+				s.cfg.Log.Warn("adapter: consumer", "err", err)
 			}
-			s.cfg.Log.Warn("adapter: consumer", "err", err)
 			time.Sleep(100 * time.Millisecond)
 			continue
 		}

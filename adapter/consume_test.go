@@ -7,7 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/traceops/trace/internal/dev/testenv"
@@ -66,12 +65,7 @@ func TestConsumeHandsBackBufferedMessagesOnShutdown(t *testing.T) {
 	if len(inHand) != 0 {
 		t.Fatalf("%d more messages handled after the stop", len(inHand))
 	}
-	closed := make(chan struct{})
-	nc.SetClosedHandler(func(*nats.Conn) { close(closed) })
-	if err := nc.Drain(); err != nil {
-		t.Fatal(err)
-	}
-	<-closed
+	testenv.CloseConn(t, nc)
 	other, err := admin.Consumer(ctx, "EVENTS", "d")
 	if err != nil {
 		t.Fatal(err)

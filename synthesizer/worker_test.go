@@ -380,16 +380,7 @@ func TestWorkerShutdownHandsEverythingBack(t *testing.T) {
 	waitFor(t, "one calibration running", 20*time.Second, func() bool { return cal.calls.Load() == 1 })
 	time.Sleep(100 * time.Millisecond) // the worker asks for more while both are held
 	stop()
-	closed := make(chan struct{})
-	nc.SetClosedHandler(func(*nats.Conn) { close(closed) })
-	if err := nc.Drain(); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case <-closed:
-	case <-time.After(10 * time.Second):
-		t.Fatal("the worker's connection did not close")
-	}
+	testenv.CloseConn(t, nc)
 	if calls := cal.calls.Load(); calls != 1 {
 		t.Fatalf("%d calibrations; the queued request ran", calls)
 	}

@@ -68,6 +68,23 @@ func (s *NATSServer) Connect(t testing.TB, opts ...nats.Option) (*nats.Conn, jet
 	return nc, js
 }
 
+// CloseConn drains nc and waits until it is closed, as a process's
+// shutdown closes its connection: what the server delivered to nc's
+// subscriptions is then no longer held by it.
+func CloseConn(t testing.TB, nc *nats.Conn) {
+	t.Helper()
+	closed := make(chan struct{})
+	nc.SetClosedHandler(func(*nats.Conn) { close(closed) })
+	if err := nc.Drain(); err != nil {
+		t.Fatalf("testenv: drain the NATS connection: %v", err)
+	}
+	select {
+	case <-closed:
+	case <-time.After(10 * time.Second):
+		t.Fatal("testenv: the NATS connection did not close within 10 s")
+	}
+}
+
 // StoreDir is where JetStream keeps its state.
 func (s *NATSServer) StoreDir() string { return s.opts.StoreDir }
 
