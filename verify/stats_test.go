@@ -178,6 +178,10 @@ func TestConfigValidateNamesTheField(t *testing.T) {
 		want string
 	}{
 		{Config{Delta: 1.5}, "verify.delta"},
+		{Config{Delta: math.NaN()}, "verify.delta"},
+		{Config{Delta: math.Inf(1)}, "verify.delta"},
+		{Config{Delta: math.Inf(-1)}, "verify.delta"},
+		{Config{Delta: -0.1}, "verify.delta"},
 		{Config{MinFailures: -1}, "verify.min_failures"},
 		{Config{Bootstrap: 10}, "verify.bootstrap"},
 		{Config{Interval: -1}, "verify.interval"},

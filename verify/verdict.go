@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"fmt"
 	"hash/fnv"
+	"math"
 	"math/rand/v2"
 	"strings"
 	"time"
@@ -69,10 +70,11 @@ func (c Config) Defaults() Config {
 	return c
 }
 
-// Validate names the first field out of its domain (after Defaults).
+// Validate names the first field out of its domain (after Defaults). A
+// NaN fails every comparison, so each float is checked for it explicitly.
 func (c Config) Validate(prefix string) error {
 	switch {
-	case c.Delta <= 0 || c.Delta > 1:
+	case math.IsNaN(c.Delta) || c.Delta <= 0 || c.Delta > 1:
 		return fmt.Errorf("%sdelta: must be in (0, 1], got %v", prefix, c.Delta)
 	case c.MinFailures < 1:
 		return fmt.Errorf("%smin_failures: must be at least 1, got %d", prefix, c.MinFailures)
