@@ -2,7 +2,9 @@ package verify_test
 
 import (
 	"context"
+	"errors"
 	"log/slog"
+	"strings"
 	"testing"
 	"time"
 
@@ -187,5 +189,61 @@ func TestGuardRunLoop(t *testing.T) {
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("Run did not return after its context ended")
+	}
+}
+
+// failingLabels is the real store whose LoopLabels fails for the routed
+// side of one adapter: one adapter's query failing, as when its sample
+// times out, while every other query reaches ClickHouse.
+type failingLabels struct {
+	*sink.Store
+	adapter string
+}
+
+func (f failingLabels) LoopLabels(ctx context.Context, spec sink.LoopSample) ([]sink.RolloutLabels, error) {
+	if spec.Adapter == f.adapter {
+		return nil, errors.New("code: 159, message: Timeout exceeded")
+	}
+	return f.Store.LoopLabels(ctx, spec)
+}
+
+// TestGuardRollsBackDespiteAFailedCheck: real ClickHouse and embedded NATS.
+// Two active adapters, a worse one and one whose query fails: the guard
+// still rolls back the worse one, leaves the other active, and returns
+// the failed check's error.
+func TestGuardRollsBackDespiteAFailedCheck(t *testing.T) {
+	ctx := context.Background()
+	st := testenv.ClickHouse(t).Store()
+	ns := testenv.NATS(t)
+	b, err := bus.Connect(ctx, bus.Config{URL: ns.URL()}, "verify-test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.NC.Close()
+	act := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
+	for _, a := range []verifytest.Adapter{
+		{Name: "bad", Capability: "multi_step_completion", Environment: "sim-airline", AgentVersion: "1.4.0", ActivatedAt: act,
+			Before: gap, After: verifytest.Mix{LF: 45, PF: 40, NF: 5, LP: 2, PP: 13, NP: 5}},
+		{Name: "unreadable", Capability: "precondition_verification", Environment: "sim-airline", AgentVersion: "1.4.0", ActivatedAt: act,
+			Before: gap, After: verifytest.Mix{LF: 45, PF: 40, NF: 5, LP: 2, PP: 13, NP: 5}},
+	} {
+		if err := verifytest.Seed(ctx, st, a); err != nil {
+			t.Fatal(err)
+		}
+	}
+	g := verify.New(verify.Config{Guard: true}, failingLabels{Store: st, adapter: "unreadable"}, verify.StoreRollBack{Store: st}, b,
+		slog.New(slog.NewTextHandler(testWriter{t}, nil)))
+	checks, err := g.Guard(ctx)
+	if err == nil || !strings.Contains(err.Error(), "adapter unreadable") {
+		t.Fatalf("guard error %v, want the unreadable adapter's", err)
+	}
+	if len(checks) != 1 || checks[0].Adapter != "bad" || checks[0].Verdict != verify.Worse || checks[0].Action != "rolled_back" {
+		t.Fatalf("checks %+v", checks)
+	}
+	if a, err := st.Adapter(ctx, "bad"); err != nil || a.Status != "rolled_back" {
+		t.Fatalf("bad after the guard: %+v %v", a, err)
+	}
+	if a, err := st.Adapter(ctx, "unreadable"); err != nil || a.Status != "active" {
+		t.Fatalf("unreadable after the guard: %+v %v", a, err)
 	}
 }

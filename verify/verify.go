@@ -135,26 +135,34 @@ func activatedAt(a sink.AdapterRow) time.Time {
 }
 
 // Check computes the comparison of every adapter with one of the given
-// statuses (active when none), in the registry's order.
+// statuses (active when none), in the registry's order. Each adapter is
+// checked on its own: one whose queries fail is left out, its error
+// joined to the returned error, and the others are still returned (so
+// that the guard still acts on them).
 func (c *Checker) Check(ctx context.Context, statuses ...string) ([]AdapterCheck, error) {
 	if len(statuses) == 0 {
 		statuses = []string{"active"}
 	}
-	var out []AdapterCheck
+	var (
+		out  []AdapterCheck
+		errs []error
+	)
 	for _, st := range statuses {
 		rows, err := c.src.Adapters(ctx, sink.AdapterFilter{Status: st})
 		if err != nil {
-			return nil, err
+			errs = append(errs, fmt.Errorf("adapters with status %s: %w", st, err))
+			continue
 		}
 		for _, a := range rows {
 			ac, err := c.checkOne(ctx, a)
 			if err != nil {
-				return nil, fmt.Errorf("adapter %s: %w", a.Name, err)
+				errs = append(errs, fmt.Errorf("adapter %s: %w", a.Name, err))
+				continue
 			}
 			out = append(out, ac)
 		}
 	}
-	return out, nil
+	return out, errors.Join(errs...)
 }
 
 func (c *Checker) checkOne(ctx context.Context, a sink.AdapterRow) (AdapterCheck, error) {
@@ -187,15 +195,13 @@ func (c *Checker) checkOne(ctx context.Context, a sink.AdapterRow) (AdapterCheck
 }
 
 // Guard checks every active adapter and rolls back those whose verdict is
-// worse (when the guard is on). It returns every check, with Action set on
-// the adapters it acted on; an error of one rollback does not stop the
-// others and is returned joined.
+// worse (when the guard is on). It returns every check it could compute,
+// with Action set on the adapters it acted on; an adapter whose check
+// failed, or whose rollback failed, does not stop the others, and the
+// errors are returned joined.
 func (c *Checker) Guard(ctx context.Context) ([]AdapterCheck, error) {
 	checks, err := c.Check(ctx, "active")
-	if err != nil {
-		return nil, err
-	}
-	var errs []error
+	errs := []error{err}
 	for i := range checks {
 		ac := &checks[i]
 		if ac.Verdict != Worse {
