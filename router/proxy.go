@@ -105,6 +105,11 @@ func NewProxy(cfg ProxyConfig, r *Router, rec DecisionRecorder) (*Proxy, error) 
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 		return nil, fmt.Errorf("router.upstream_url: %q is not an http(s) URL", cfg.UpstreamURL)
 	}
+	if u.RawQuery != "" || u.ForceQuery || u.Fragment != "" {
+		// /chat/completions is appended to the root, after the query.
+		u.User = nil
+		return nil, fmt.Errorf("router.upstream_url: %q has a query or fragment; it must be the API root without one", u.String())
+	}
 	if cfg.MaxBodyBytes <= 0 {
 		cfg.MaxBodyBytes = 32 << 20
 	}

@@ -260,3 +260,18 @@ type staticSource []Candidate
 func (s staticSource) ActiveAdapters(context.Context, string, string) ([]Candidate, error) {
 	return s, nil
 }
+
+// TestNewProxyRejectsQuery: /chat/completions is appended to the upstream
+// URL, so one with a query or fragment is refused, naming the field and
+// without its user information.
+func TestNewProxyRejectsQuery(t *testing.T) {
+	for _, u := range []string{"https://u:secret@h.example/openai/v1?api-version=1", "http://127.0.0.1:8000/v1#f"} {
+		_, err := NewProxy(ProxyConfig{UpstreamURL: u}, nil, nil)
+		if err == nil || !strings.HasPrefix(err.Error(), "router.upstream_url: ") || strings.Contains(err.Error(), "secret") {
+			t.Errorf("%s: %v", u, err)
+		}
+	}
+	if _, err := NewProxy(ProxyConfig{UpstreamURL: "http://127.0.0.1:8000/v1/"}, nil, nil); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/url"
 	"time"
 
 	"github.com/oklog/run"
@@ -90,9 +91,20 @@ func (a *App) addRoute(ctx context.Context, g *run.Group) error {
 		stopRec()
 		<-recDone
 	})
-	a.Log.Info("route role: routing proxy", "url", "http://"+a.routerAddr+"/v1/chat/completions", "upstream", rc.UpstreamURL,
+	a.Log.Info("route role: routing proxy", "url", "http://"+a.routerAddr+"/v1/chat/completions", "upstream", logURL(rc.UpstreamURL),
 		"base_model", rc.BaseModel, "auth", rc.BearerToken != "")
 	return nil
+}
+
+// logURL is raw without its user information (user:password@), for the
+// log.
+func logURL(raw string) string {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return "(invalid url)"
+	}
+	u.User = nil
+	return u.String()
 }
 
 // describeCapability is a capability's definition in the dictionary of the

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/traceops/trace/internal/app"
 	"github.com/traceops/trace/internal/dev/llmtest"
 	"github.com/traceops/trace/internal/dev/testenv"
 	"github.com/traceops/trace/router"
@@ -65,5 +66,18 @@ func TestRouteRoleDrainsAndRecords(t *testing.T) {
 	}
 	if len(rows) != 1 || rows[0].Adapter != "lora-1" || rows[0].Outcome != router.OutcomeOK || !rows[0].Stream {
 		t.Fatalf("rows %+v", rows)
+	}
+}
+
+// TestRouteLogURL: the upstream URL is logged without its user information.
+func TestRouteLogURL(t *testing.T) {
+	for in, want := range map[string]string{
+		"http://user:secret@vllm:8000/v1": "http://vllm:8000/v1",
+		"https://token@vllm/v1":           "https://vllm/v1",
+		"http://127.0.0.1:8000/v1":        "http://127.0.0.1:8000/v1",
+	} {
+		if got := app.LogURL(in); got != want {
+			t.Errorf("%s logged as %s, want %s", in, got, want)
+		}
 	}
 }

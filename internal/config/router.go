@@ -89,6 +89,13 @@ func DefaultRouter() Router {
 		Retrieval: RouterRetrieval{Pool: 50, TTL: 10 * time.Minute}}
 }
 
+// redactUserinfo is u without its user information, for messages.
+func redactUserinfo(u *url.URL) string {
+	c := *u
+	c.User = nil
+	return c.String()
+}
+
 // validate checks the route role's settings (only when the role runs).
 func (r Router) validate() error {
 	var errs []error
@@ -107,6 +114,10 @@ func (r Router) validate() error {
 		}
 		if u, err := url.Parse(v); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 			bad(field, "%q is not an http(s) URL", v)
+		} else if u.RawQuery != "" || u.ForceQuery || u.Fragment != "" {
+			// /chat/completions is appended to the root: a query or a
+			// fragment would end up before it (".../v1?api-version=x/chat/completions").
+			bad(field, "%q has a query or fragment; it must be the API root without one (e.g. http://127.0.0.1:8000/v1)", redactUserinfo(u))
 		}
 	}
 	if r.BaseModel == "" {

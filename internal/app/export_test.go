@@ -1,0 +1,4 @@
+package app
+
+// Exported for the tests of package app_test.
+var LogURL = logURL
