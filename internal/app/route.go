@@ -16,6 +16,12 @@ import (
 	"github.com/traceops/trace/router"
 )
 
+// RouterIdleTimeout closes a caller's keep-alive connection that has been
+// idle this long (an agent that went away without closing it). The router
+// sets no ReadTimeout or WriteTimeout: they bound a whole request or
+// response, and would cut long SSE streams.
+const RouterIdleTimeout = 5 * time.Minute
+
 // RouterAddr is where the route role listens (after Ready), "" without it.
 func (a *App) RouterAddr() string { return a.routerAddr }
 
@@ -69,7 +75,7 @@ func (a *App) addRoute(ctx context.Context, g *run.Group) error {
 		return fmt.Errorf("router.addr %s: %w", rc.Addr, err)
 	}
 	a.routerAddr = ln.Addr().String()
-	srv := &http.Server{Handler: p.Handler(), ReadHeaderTimeout: 10 * time.Second}
+	srv := &http.Server{Handler: p.Handler(), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: RouterIdleTimeout}
 	recCtx, stopRec := context.WithCancel(context.WithoutCancel(ctx))
 	recDone := make(chan struct{})
 	go func() { _ = rec.Run(recCtx); close(recDone) }()
