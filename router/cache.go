@@ -7,7 +7,8 @@ import (
 	"time"
 )
 
-// Cache holds one decision per conversation for a TTL, bounded in size
+// Cache holds one decision per conversation for a TTL (or a shorter one
+// of its own, PutTTL), bounded in size
 // (least recently used entries go first). Safe for concurrent use: a cache
 // of 1,024 entries or more is split into 16 shards by key, each with its
 // own lock, LRU list and a 16th of the bound, so that concurrent requests
@@ -90,11 +91,16 @@ func (c *Cache) Get(key string) (Decision, bool) {
 }
 
 // Put stores a decision for the TTL from now.
-func (c *Cache) Put(key string, d Decision) {
-	if c.ttl <= 0 {
+func (c *Cache) Put(key string, d Decision) { c.PutTTL(key, d, c.ttl) }
+
+// PutTTL stores a decision for ttl from now (at most the cache's TTL;
+// ttl <= 0 stores nothing).
+func (c *Cache) PutTTL(key string, d Decision, ttl time.Duration) {
+	ttl = min(ttl, c.ttl)
+	if ttl <= 0 {
 		return
 	}
-	exp := c.now().Add(c.ttl)
+	exp := c.now().Add(ttl)
 	s := c.shard(key)
 	s.mu.Lock()
 	defer s.mu.Unlock()

@@ -2,6 +2,7 @@ package router
 
 import (
 	"context"
+	"errors"
 	"math"
 	"strconv"
 	"strings"
@@ -209,6 +210,20 @@ func TestCacheTTLAndBound(t *testing.T) {
 	if _, ok := big.Get("0"); ok {
 		t.Fatal("the oldest entry survived the bound")
 	}
+	// A TTL of an entry's own: shorter applies, longer is the cache's.
+	c.PutTTL("short", Decision{ID: "s"}, time.Second)
+	c.PutTTL("long", Decision{ID: "l"}, time.Hour)
+	now = now.Add(2 * time.Second)
+	if _, ok := c.Get("short"); ok {
+		t.Fatal("an entry served past its own TTL")
+	}
+	if _, ok := c.Get("long"); !ok {
+		t.Fatal("an entry with a long TTL expired early")
+	}
+	now = now.Add(time.Minute)
+	if _, ok := c.Get("long"); ok {
+		t.Fatal("an entry served past the cache's TTL")
+	}
 	off := NewCache(0, 0, nil)
 	off.Put("a", Decision{ID: "1"})
 	if _, ok := off.Get("a"); ok {
@@ -253,6 +268,64 @@ func TestRouteConcurrentFirstRequests(t *testing.T) {
 	if nFresh != 1 || len(srv.Requests()) != 1 {
 		t.Fatalf("%d fresh decisions, %d classifications; want 1 and 1", nFresh, len(srv.Requests()))
 	}
+}
+
+// TestErrorDecisionsCachedBriefly: a decision that records an error
+// (classifier or registry) is kept for AdaptersRefresh, the others for
+// CacheTTL, so that a passing failure does not pin a conversation to the
+// base model for an hour. Real scripted classifier; the registry's failure
+// is a source that fails.
+func TestErrorDecisionsCachedBriefly(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		src    AdapterSource
+		reply  llmtest.Reply
+		reason string
+		short  bool
+	}{
+		{"classified", staticSource{{Adapter: "a", Capability: "c"}}, llmtest.Classification(map[string]float64{"A": 0.9, "B": 0.1}), ReasonClassified, false},
+		{"no adapters", staticSource{}, llmtest.Reply{}, ReasonNoAdapters, false},
+		{"no logprobs", staticSource{{Adapter: "a", Capability: "c"}}, llmtest.Text("A"), ReasonNoLogprobs, false},
+		{"classifier error", staticSource{{Adapter: "a", Capability: "c"}}, llmtest.Status(400, "bad request"), ReasonClassifierError, true},
+		{"registry error", failingSource{}, llmtest.Reply{}, ReasonRegistryError, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			srv := llmtest.New(t)
+			srv.Handle(func(llmtest.Request) llmtest.Reply { return tc.reply })
+			cls, err := llm.New(llm.Config{BaseURL: srv.URL, Model: "base"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			now := time.Unix(1000, 0)
+			r, err := New(Config{BaseModel: "base", CacheTTL: time.Hour, AdaptersRefresh: 10 * time.Second, Now: func() time.Time { return now }}, cls, tc.src)
+			if err != nil {
+				t.Fatal(err)
+			}
+			in := Input{ConversationID: "c1", Environment: "e", Turns: []Turn{{Role: "user", Text: "hi"}}}
+			d, cached := r.Route(context.Background(), in)
+			if cached || d.Reason != tc.reason {
+				t.Fatalf("decision %q (cached %v), want %q", d.Reason, cached, tc.reason)
+			}
+			now = now.Add(9 * time.Second)
+			if _, ok := r.Lookup("e", "c1"); !ok {
+				t.Fatal("not cached for AdaptersRefresh")
+			}
+			now = now.Add(2 * time.Second)
+			if _, ok := r.Lookup("e", "c1"); ok == tc.short {
+				t.Fatalf("cached after AdaptersRefresh: %v, want %v", ok, !tc.short)
+			}
+			now = now.Add(time.Hour)
+			if _, ok := r.Lookup("e", "c1"); ok {
+				t.Fatal("cached after CacheTTL")
+			}
+		})
+	}
+}
+
+type failingSource struct{}
+
+func (failingSource) ActiveAdapters(context.Context, string, string) ([]Candidate, error) {
+	return nil, errors.New("adapter registry: connection refused")
 }
 
 type staticSource []Candidate

@@ -59,6 +59,11 @@ type Config struct {
 	// bounds the conversations held (default 100,000).
 	CacheTTL time.Duration
 	CacheMax int
+	// AdaptersRefresh (default 10s) is how long a decision that records an
+	// error (ReasonClassifierError, ReasonRegistryError) is cached, at
+	// most CacheTTL: a passing failure does not pin a conversation to the
+	// base model for CacheTTL.
+	AdaptersRefresh time.Duration
 	// LabelConstraint is ConstraintNone (default) or ConstraintStructuredOutputs.
 	LabelConstraint string
 	// ClassifierAttempts bounds the classifier's HTTP attempts per
@@ -93,6 +98,9 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.CacheTTL == 0 {
 		c.CacheTTL = time.Hour
+	}
+	if c.AdaptersRefresh == 0 {
+		c.AdaptersRefresh = 10 * time.Second
 	}
 	if c.LabelConstraint == "" {
 		c.LabelConstraint = ConstraintNone
@@ -137,6 +145,9 @@ func (c Config) Validate() error {
 	}
 	if c.CacheTTL < 0 {
 		bad("cache_ttl", "must not be negative, got %s", c.CacheTTL)
+	}
+	if c.AdaptersRefresh < 0 {
+		bad("adapters_refresh", "must be positive, got %s", c.AdaptersRefresh)
 	}
 	switch c.LabelConstraint {
 	case ConstraintNone, ConstraintStructuredOutputs:
@@ -249,10 +260,21 @@ func (r *Router) Route(ctx context.Context, in Input) (d Decision, cached bool) 
 		d := r.classify(context.WithoutCancel(ctx), in)
 		d.wire = newWire(d)
 		classified = true
-		r.cache.Put(key, d)
+		r.cache.PutTTL(key, d, r.cacheTTL(d))
 		return d, nil
 	})
 	return v.(Decision), !classified
+}
+
+// cacheTTL is how long d is cached: AdaptersRefresh for a decision that
+// records an error (the next request after it tries again), CacheTTL for
+// the others.
+func (r *Router) cacheTTL(d Decision) time.Duration {
+	switch d.Reason {
+	case ReasonClassifierError, ReasonRegistryError:
+		return min(r.cfg.AdaptersRefresh, r.cfg.CacheTTL)
+	}
+	return r.cfg.CacheTTL
 }
 
 // Lookup returns a conversation's cached decision while it is fresh.
