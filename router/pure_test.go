@@ -322,6 +322,57 @@ func TestErrorDecisionsCachedBriefly(t *testing.T) {
 	}
 }
 
+// TestDecisionTimeout: a new decision is bounded as a whole. A classifier
+// whose only slot is taken (Concurrency 1, a slow call in flight) makes a
+// decision wait in the queue; past DecisionTimeout it is the base model
+// with classifier_error and the deadline in its error, without reaching
+// the classifier. A slow answer is cut the same way, although the
+// per-attempt timeout is longer.
+func TestDecisionTimeout(t *testing.T) {
+	srv := llmtest.New(t)
+	srv.Handle(func(req llmtest.Request) llmtest.Reply {
+		if strings.Contains(req.Chat.Prompt(), "hold the slot") {
+			return llmtest.Slow(time.Minute, llmtest.Text("held")) // until the caller goes away
+		}
+		return llmtest.Slow(5*time.Second, llmtest.Classification(map[string]float64{"A": 0.9, "B": 0.1}))
+	})
+	cls, err := llm.New(llm.Config{BaseURL: srv.URL, Model: "base", Timeout: 30 * time.Second, Concurrency: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := New(Config{BaseModel: "base", DecisionTimeout: 200 * time.Millisecond}, cls, staticSource{{Adapter: "a", Capability: "c"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	check := func(d Decision, wantRequests int) {
+		t.Helper()
+		if d.Reason != ReasonClassifierError || d.Adapter != "" || d.Model != "base" || !strings.Contains(d.Error, "decision timeout (200ms)") {
+			t.Fatalf("decision %+v, want the base model for the deadline", d)
+		}
+		if n := len(srv.Requests()); n != wantRequests {
+			t.Fatalf("%d classifier requests, want %d", n, wantRequests)
+		}
+	}
+
+	// A slow classifier: the attempt is cut at the decision's deadline.
+	d, _ := r.Route(context.Background(), Input{ConversationID: "slow", Environment: "e", Turns: []Turn{{Role: "user", Text: "hi"}}})
+	check(d, 1)
+
+	// An overloaded classifier: the only slot is held by another call.
+	hold, stop := context.WithCancel(context.Background())
+	held := make(chan struct{})
+	go func() {
+		_, _ = cls.Chat(hold, llm.Request{Purpose: "hold", Messages: []llm.Message{{Role: "user", Content: "hold the slot"}}, MaxAttempts: 1})
+		close(held)
+	}()
+	t.Cleanup(func() { stop(); <-held })
+	for len(srv.Requests()) < 2 { // the holding call is in the server: the slot is taken
+		time.Sleep(5 * time.Millisecond)
+	}
+	d, _ = r.Route(context.Background(), Input{ConversationID: "queued", Environment: "e", Turns: []Turn{{Role: "user", Text: "hi"}}})
+	check(d, 2) // never sent: it timed out in the queue
+}
+
 type failingSource struct{}
 
 func (failingSource) ActiveAdapters(context.Context, string, string) ([]Candidate, error) {

@@ -69,6 +69,12 @@ type Config struct {
 	// ClassifierAttempts bounds the classifier's HTTP attempts per
 	// decision (default 2: routing waits on it).
 	ClassifierAttempts int
+	// DecisionTimeout bounds a whole new decision (default 30s): the
+	// registry read, the retrieval, the wait for a classifier slot, every
+	// attempt and the waits between them. Past it the decision is the
+	// base model with ReasonClassifierError, so an overloaded classifier
+	// does not hold new conversations for longer.
+	DecisionTimeout time.Duration
 	// Retriever, when set, shows each candidate with its most similar
 	// successful trajectory (TRACE's retrieval variant); nil: off.
 	Retriever *Retriever
@@ -78,6 +84,9 @@ type Config struct {
 	// Now is the clock (tests); nil means time.Now.
 	Now func() time.Time
 }
+
+// DefaultDecisionTimeout is Config.DecisionTimeout's default.
+const DefaultDecisionTimeout = 30 * time.Second
 
 // WithDefaults fills the zero fields.
 func (c Config) WithDefaults() Config {
@@ -107,6 +116,9 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.ClassifierAttempts == 0 {
 		c.ClassifierAttempts = 2
+	}
+	if c.DecisionTimeout == 0 {
+		c.DecisionTimeout = DefaultDecisionTimeout
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
@@ -153,6 +165,9 @@ func (c Config) Validate() error {
 	case ConstraintNone, ConstraintStructuredOutputs:
 	default:
 		bad("label_constraint", "must be none or structured_outputs, got %q", c.LabelConstraint)
+	}
+	if c.DecisionTimeout < 0 {
+		bad("decision_timeout", "must be positive, got %s", c.DecisionTimeout)
 	}
 	if c.ClassifierAttempts < 1 || c.ClassifierAttempts > llm.MaxAttemptsLimit {
 		bad("classifier_attempts", "must be in [1, %d], got %d", llm.MaxAttemptsLimit, c.ClassifierAttempts)
@@ -257,7 +272,11 @@ func (r *Router) Route(ctx context.Context, in Input) (d Decision, cached bool) 
 		if d, ok := r.cache.Get(key); ok {
 			return d, nil
 		}
-		d := r.classify(context.WithoutCancel(ctx), in)
+		// Not cancelled with the request that runs it (the conversation's
+		// other requests share it), but bounded as a whole.
+		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.DecisionTimeout)
+		d := r.classify(dctx, in)
+		cancel()
 		d.wire = newWire(d)
 		classified = true
 		r.cache.PutTTL(key, d, r.cacheTTL(d))
@@ -343,6 +362,9 @@ func (r *Router) classify(ctx context.Context, in Input) Decision {
 	d.ClassifyLatency = time.Since(start)
 	if err != nil {
 		d.Reason, d.Error = ReasonClassifierError, err.Error()
+		if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+			d.Error = fmt.Sprintf("no classification within the decision timeout (%s): %v", r.cfg.DecisionTimeout, err)
+		}
 		r.log.Warn("router: classifier failed; routing to the base model", "environment", in.Environment, "err", err)
 		return d
 	}

@@ -1,4 +1,7 @@
 package app
 
 // Exported for the tests of package app_test.
-var LogURL = logURL
+var (
+	LogURL          = logURL
+	DecisionTimeout = decisionTimeout
+)

@@ -12,6 +12,7 @@ import (
 
 	"github.com/oklog/run"
 
+	"github.com/traceops/trace/internal/config"
 	"github.com/traceops/trace/internal/llm"
 	"github.com/traceops/trace/router"
 )
@@ -41,7 +42,7 @@ func (a *App) addRoute(ctx context.Context, g *run.Group) error {
 	cls, err := llm.New(llm.Config{
 		BaseURL: cmp.Or(rc.ClassifierURL, rc.UpstreamURL), Model: cmp.Or(rc.ClassifierModel, rc.BaseModel),
 		APIKey: llm.Secret(cmp.Or(rc.ClassifierAPIKey, rc.UpstreamAPIKey)), Timeout: rc.ClassifierTimeout, MaxAttempts: rc.ClassifierAttempts,
-		BackoffInitial: 100 * time.Millisecond, BackoffMax: time.Second, Concurrency: 16,
+		BackoffInitial: classifierBackoffInitial, BackoffMax: classifierBackoffMax, MaxRetryAfter: classifierBackoffMax, Concurrency: 16,
 		Recorder: a.auditRecorder(), Logger: a.Log,
 	})
 	if err != nil {
@@ -50,8 +51,8 @@ func (a *App) addRoute(ctx context.Context, g *run.Group) error {
 	var ret *router.Retriever
 	if rv := rc.Retrieval; rv.EmbeddingsURL != "" {
 		emb, err := llm.New(llm.Config{BaseURL: rv.EmbeddingsURL, Model: rv.EmbeddingsModel, APIKey: llm.Secret(rv.APIKey),
-			Timeout: rc.ClassifierTimeout, MaxAttempts: 2, BackoffInitial: 100 * time.Millisecond, BackoffMax: time.Second,
-			Concurrency: 8, Recorder: a.auditRecorder(), Logger: a.Log})
+			Timeout: rc.ClassifierTimeout, MaxAttempts: embedderAttempts, BackoffInitial: classifierBackoffInitial, BackoffMax: classifierBackoffMax,
+			MaxRetryAfter: classifierBackoffMax, Concurrency: 8, Recorder: a.auditRecorder(), Logger: a.Log})
 		if err != nil {
 			return fmt.Errorf("router retrieval (router.retrieval.embeddings_url, embeddings_model): %w", err)
 		}
@@ -60,7 +61,7 @@ func (a *App) addRoute(ctx context.Context, g *run.Group) error {
 	reg := &router.Registry{Rows: a.Store, TTL: rc.AdaptersRefresh, Describe: a.describeCapability}
 	r, err := router.New(router.Config{BaseModel: rc.BaseModel, TopP: topP(rc.TopP), Temperature: rc.Temperature, TopLogprobs: rc.TopLogprobs,
 		Context: rc.Context, LastN: rc.LastN, CacheTTL: cacheTTL(rc.CacheTTL), CacheMax: rc.CacheMax, AdaptersRefresh: rc.AdaptersRefresh, LabelConstraint: rc.LabelConstraint,
-		ClassifierAttempts: rc.ClassifierAttempts, Retriever: ret, Logger: a.Log.With("role", "route")}, cls, reg)
+		ClassifierAttempts: rc.ClassifierAttempts, DecisionTimeout: decisionTimeout(rc), Retriever: ret, Logger: a.Log.With("role", "route")}, cls, reg)
 	if err != nil {
 		return err
 	}
@@ -111,6 +112,34 @@ func logURL(raw string) string {
 	}
 	u.User = nil
 	return u.String()
+}
+
+// The classifier's and the retrieval embedder's retries: backoff from
+// classifierBackoffInitial up to classifierBackoffMax (a server's
+// Retry-After capped at it too); the embedder makes embedderAttempts.
+const (
+	classifierBackoffInitial = 100 * time.Millisecond
+	classifierBackoffMax     = time.Second
+	embedderAttempts         = 2
+)
+
+// decisionTimeout bounds a whole routing decision (router.Config's
+// DecisionTimeout), derived from the classifier settings: every attempt
+// (router.classifier_timeout each, router.classifier_attempts of them) and
+// the waits between them (at most 1.5 × classifierBackoffMax each: the
+// backoff's randomisation), plus, with retrieval on, the embedder's
+// attempts. The wait for a classifier slot counts against it: an
+// overloaded classifier routes new conversations to the base model
+// (classifier_error) instead of queueing them without bound.
+func decisionTimeout(rc config.Router) time.Duration {
+	call := func(attempts int) time.Duration {
+		return time.Duration(attempts)*rc.ClassifierTimeout + time.Duration(max(attempts-1, 0))*classifierBackoffMax*3/2
+	}
+	d := call(rc.ClassifierAttempts)
+	if rc.Retrieval.EmbeddingsURL != "" {
+		d += call(embedderAttempts)
+	}
+	return d
 }
 
 // describeCapability is a capability's definition in the dictionary of the

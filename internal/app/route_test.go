@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/traceops/trace/internal/app"
+	"github.com/traceops/trace/internal/config"
 	"github.com/traceops/trace/internal/dev/llmtest"
 	"github.com/traceops/trace/internal/dev/testenv"
 	"github.com/traceops/trace/router"
@@ -78,6 +79,32 @@ func TestRouteLogURL(t *testing.T) {
 	} {
 		if got := app.LogURL(in); got != want {
 			t.Errorf("%s logged as %s, want %s", in, got, want)
+		}
+	}
+}
+
+// TestRouteDecisionTimeout: the whole decision is bounded by the
+// classifier's attempts, the waits between them (at most 1.5 s each) and,
+// with retrieval, the embedder's two attempts.
+func TestRouteDecisionTimeout(t *testing.T) {
+	for _, tc := range []struct {
+		timeout   time.Duration
+		attempts  int
+		retrieval bool
+		want      time.Duration
+	}{
+		{10 * time.Second, 2, false, 21500 * time.Millisecond}, // the defaults
+		{10 * time.Second, 1, false, 10 * time.Second},
+		{2 * time.Second, 3, false, 9 * time.Second},
+		{10 * time.Second, 2, true, 43 * time.Second},
+	} {
+		rc := config.DefaultRouter()
+		rc.ClassifierTimeout, rc.ClassifierAttempts = tc.timeout, tc.attempts
+		if tc.retrieval {
+			rc.Retrieval.EmbeddingsURL, rc.Retrieval.EmbeddingsModel = "http://127.0.0.1:1/v1", "e"
+		}
+		if got := app.DecisionTimeout(rc); got != tc.want {
+			t.Errorf("classifier_timeout %s × %d, retrieval %v: %s, want %s", tc.timeout, tc.attempts, tc.retrieval, got, tc.want)
 		}
 	}
 }
