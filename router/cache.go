@@ -118,6 +118,18 @@ func (c *Cache) PutTTL(key string, d Decision, ttl time.Duration) {
 	}
 }
 
+// Remove drops key's entry if it holds the decision id (and not a newer
+// one, cached since).
+func (c *Cache) Remove(key, id string) {
+	s := c.shard(key)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if e, ok := s.items[key]; ok && e.Value.(*cacheEntry).d.ID == id {
+		s.ll.Remove(e)
+		delete(s.items, key)
+	}
+}
+
 // Len is the number of entries held (fresh or not yet evicted).
 func (c *Cache) Len() int {
 	n := 0

@@ -6,6 +6,7 @@ import (
 	"math"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -371,6 +372,92 @@ func TestDecisionTimeout(t *testing.T) {
 	}
 	d, _ = r.Route(context.Background(), Input{ConversationID: "queued", Environment: "e", Turns: []Turn{{Role: "user", Text: "hi"}}})
 	check(d, 2) // never sent: it timed out in the queue
+}
+
+// switchingSource is an adapter source whose list or failure the test sets,
+// counting the reads.
+type switchingSource struct {
+	mu    sync.Mutex
+	list  []Candidate
+	err   error
+	reads int
+}
+
+func (s *switchingSource) ActiveAdapters(context.Context, string, string) ([]Candidate, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.reads++
+	return s.list, s.err
+}
+
+func (s *switchingSource) set(list []Candidate, err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.list, s.err = list, err
+}
+
+func (s *switchingSource) count() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.reads
+}
+
+// TestCachedDecisionAdapterCheck: a cached decision's adapter is checked
+// against the source's list, read again at most once per AdaptersRefresh
+// however many requests come; a failed read keeps the decision; once the
+// adapter is gone from the list the decision is dropped and the
+// conversation classified again, to an adapter still active.
+func TestCachedDecisionAdapterCheck(t *testing.T) {
+	srv := llmtest.New(t)
+	srv.Handle(func(llmtest.Request) llmtest.Reply {
+		return llmtest.Classification(map[string]float64{"A": 0.9, "B": 0.1})
+	})
+	cls, err := llm.New(llm.Config{BaseURL: srv.URL, Model: "base"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Unix(1000, 0)
+	src := &switchingSource{list: []Candidate{{Adapter: "lora-a", Capability: "a"}}}
+	r, err := New(Config{BaseModel: "base", AdaptersRefresh: 10 * time.Second, Now: func() time.Time { return now }}, cls, src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	in := Input{ConversationID: "c1", Environment: "e", Turns: []Turn{{Role: "user", Text: "hi"}}}
+	first, _ := r.Route(context.Background(), in)
+	if first.Adapter != "lora-a" {
+		t.Fatalf("first decision %+v", first)
+	}
+	lookup := func(times int) (Decision, bool) {
+		var d Decision
+		var ok bool
+		for range times {
+			d, ok = r.Lookup("e", "c1")
+		}
+		return d, ok
+	}
+	if d, ok := lookup(5); !ok || d.ID != first.ID || src.count() != 1 {
+		t.Fatalf("within the interval: %v %v, %d reads", d.ID, ok, src.count())
+	}
+	now = now.Add(10 * time.Second)
+	src.set(nil, errors.New("registry down"))
+	if d, ok := lookup(5); !ok || d.ID != first.ID {
+		t.Fatalf("a failed read dropped the decision: %v %v", d.ID, ok)
+	}
+	if n := src.count(); n != 2 {
+		t.Fatalf("%d reads, want 2: one per interval, not per request", n)
+	}
+	now = now.Add(10 * time.Second)
+	src.set([]Candidate{{Adapter: "lora-b", Capability: "b"}}, nil)
+	if d, ok := lookup(1); ok {
+		t.Fatalf("a decision naming a retired adapter served: %+v", d)
+	}
+	d, cached := r.Route(context.Background(), in)
+	if cached || d.ID == first.ID || d.Adapter != "lora-b" {
+		t.Fatalf("after the adapter left: %+v (cached %v)", d, cached)
+	}
+	if n := len(srv.Requests()); n != 2 {
+		t.Fatalf("%d classifications, want 2", n)
+	}
 }
 
 type failingSource struct{}

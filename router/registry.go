@@ -59,9 +59,16 @@ func (g *Registry) ttl() time.Duration {
 
 // ActiveAdapters implements AdapterSource.
 func (g *Registry) ActiveAdapters(ctx context.Context, environment, agentVersion string) ([]Candidate, error) {
-	rows, _, err := g.list(ctx, environment)
+	c, _, err := g.ActiveAdaptersAt(ctx, environment, agentVersion)
+	return c, err
+}
+
+// ActiveAdaptersAt implements ListedAdapterSource: the list and when it
+// was read from the registry.
+func (g *Registry) ActiveAdaptersAt(ctx context.Context, environment, agentVersion string) ([]Candidate, time.Time, error) {
+	rows, at, err := g.list(ctx, environment)
 	if err != nil {
-		return nil, err
+		return nil, time.Time{}, err
 	}
 	out := make([]Candidate, 0, len(rows))
 	for _, r := range rows {
@@ -71,7 +78,7 @@ func (g *Registry) ActiveAdapters(ctx context.Context, environment, agentVersion
 		}
 		out = append(out, c)
 	}
-	return out, nil
+	return out, at, nil
 }
 
 // list returns the environment's active rows and when they were read,

@@ -9,6 +9,8 @@ import (
 	"log/slog"
 	"math"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"text/template"
 	"time"
 
@@ -30,6 +32,16 @@ type Classifier interface {
 // registry scopes them by it). Safe for concurrent use.
 type AdapterSource interface {
 	ActiveAdapters(ctx context.Context, environment, agentVersion string) ([]Candidate, error)
+}
+
+// ListedAdapterSource is an AdapterSource that keeps its lists for a while
+// (Registry) and says when the list it returns was read. The router then
+// checks its cached decisions against lists at most
+// Config.AdaptersRefresh old; with a plain AdapterSource, the time it
+// asked counts as the time of the list.
+type ListedAdapterSource interface {
+	AdapterSource
+	ActiveAdaptersAt(ctx context.Context, environment, agentVersion string) ([]Candidate, time.Time, error)
 }
 
 // Label constraints (router.label_constraint): how the classifier's
@@ -59,10 +71,13 @@ type Config struct {
 	// bounds the conversations held (default 100,000).
 	CacheTTL time.Duration
 	CacheMax int
-	// AdaptersRefresh (default 10s) is how long a decision that records an
-	// error (ReasonClassifierError, ReasonRegistryError) is cached, at
-	// most CacheTTL: a passing failure does not pin a conversation to the
-	// base model for CacheTTL.
+	// AdaptersRefresh (default 10s) is how often a cached decision's
+	// adapter is checked against its environment's active adapters (a
+	// cached decision whose adapter left the list is dropped and the
+	// conversation classified again), and how long a decision that
+	// records an error (ReasonClassifierError, ReasonRegistryError) is
+	// cached, at most CacheTTL: a passing failure does not pin a
+	// conversation to the base model for CacheTTL.
 	AdaptersRefresh time.Duration
 	// LabelConstraint is ConstraintNone (default) or ConstraintStructuredOutputs.
 	LabelConstraint string
@@ -216,7 +231,28 @@ type Decision struct {
 	Examples map[string]string
 
 	wire *wire // made once for a cached decision (see wireOf)
+	// active is the list of the environment's active adapters Adapter was
+	// chosen from, checked when the decision is served from the cache
+	// (see Router.stillActive).
+	active *activeList
 }
+
+// activeList is an (environment, agent version)'s active adapters as the
+// router last read them, shared by its cached decisions. Read with one
+// atomic load; replaced whole, at most once per Config.AdaptersRefresh.
+type activeList struct {
+	snap       atomic.Pointer[activeSnap]
+	refreshing atomic.Bool // one request re-reads it; the others use the last
+}
+
+type activeSnap struct {
+	adapters map[string]struct{}
+	next     time.Time // when the list is to be read again
+}
+
+// activeCheckTimeout bounds the read of a list of active adapters made
+// for a cached decision's check.
+const activeCheckTimeout = 5 * time.Second
 
 // Router makes and caches decisions. Safe for concurrent use.
 type Router struct {
@@ -227,6 +263,9 @@ type Router struct {
 	cache    *Cache
 	group    singleflight.Group
 	log      *slog.Logger
+
+	activeMu sync.Mutex
+	active   map[string]*activeList // by environment "\x00" agent version
 }
 
 // New returns a router. cls may be nil only when no environment ever has
@@ -264,12 +303,12 @@ func (r *Router) Config() Config { return r.cfg }
 // share one classification.
 func (r *Router) Route(ctx context.Context, in Input) (d Decision, cached bool) {
 	key := in.Environment + "\x00" + in.ConversationID
-	if d, ok := r.cache.Get(key); ok {
+	if d, ok := r.cached(key); ok {
 		return d, true
 	}
 	classified := false // set only in the one call that runs the classification
 	v, _, _ := r.group.Do(key, func() (any, error) {
-		if d, ok := r.cache.Get(key); ok {
+		if d, ok := r.cached(key); ok {
 			return d, nil
 		}
 		// Not cancelled with the request that runs it (the conversation's
@@ -296,21 +335,115 @@ func (r *Router) cacheTTL(d Decision) time.Duration {
 	return r.cfg.CacheTTL
 }
 
-// Lookup returns a conversation's cached decision while it is fresh.
+// Lookup returns a conversation's cached decision while it is fresh and
+// its adapter, if any, is still active (see Route).
 func (r *Router) Lookup(environment, conversationID string) (Decision, bool) {
-	return r.cache.Get(environment + "\x00" + conversationID)
+	return r.cached(environment + "\x00" + conversationID)
+}
+
+// cached is the cache's decision for key while its adapter is still
+// active; a decision whose adapter is not is dropped.
+func (r *Router) cached(key string) (Decision, bool) {
+	d, ok := r.cache.Get(key)
+	if !ok {
+		return d, false
+	}
+	if !r.stillActive(&d) {
+		r.cache.Remove(key, d.ID)
+		r.log.Info("router: the cached decision's adapter is no longer active; classifying the conversation again",
+			"environment", d.Environment, "conversation_id", d.ConversationID, "adapter", d.Adapter)
+		return Decision{}, false
+	}
+	return d, true
+}
+
+// stillActive reports whether d names no adapter or one in the list of
+// its environment's active adapters. On the path of every cached request:
+// an atomic load and a map lookup, and, once per AdaptersRefresh, the
+// re-read of the list by the one request that finds it due (the others
+// meanwhile use the last). A failed re-read keeps the last list.
+func (r *Router) stillActive(d *Decision) bool {
+	if d.Adapter == "" || d.active == nil {
+		return true
+	}
+	s := d.active.snap.Load()
+	if now := r.cfg.Now(); !now.Before(s.next) && d.active.refreshing.CompareAndSwap(false, true) {
+		s = r.refreshActive(d.active, d.Environment, d.AgentVersion, now)
+		d.active.refreshing.Store(false)
+	}
+	_, ok := s.adapters[d.Adapter]
+	return ok
+}
+
+// refreshActive re-reads l; on failure the last list is kept until the
+// next interval.
+func (r *Router) refreshActive(l *activeList, environment, agentVersion string, now time.Time) *activeSnap {
+	ctx, cancel := context.WithTimeout(context.Background(), activeCheckTimeout)
+	defer cancel()
+	cands, at, err := r.activeAdapters(ctx, environment, agentVersion)
+	if err != nil {
+		r.log.Warn("router: adapter registry unavailable; cached decisions keep their adapters", "environment", environment, "err", err)
+		s := &activeSnap{adapters: l.snap.Load().adapters, next: now.Add(r.cfg.AdaptersRefresh)}
+		l.snap.Store(s)
+		return s
+	}
+	return r.observe(l, cands, at, now)
+}
+
+// activeAdapters reads the source's list and when it was read.
+func (r *Router) activeAdapters(ctx context.Context, environment, agentVersion string) ([]Candidate, time.Time, error) {
+	if ls, ok := r.adapters.(ListedAdapterSource); ok {
+		return ls.ActiveAdaptersAt(ctx, environment, agentVersion)
+	}
+	cands, err := r.adapters.ActiveAdapters(ctx, environment, agentVersion)
+	return cands, r.cfg.Now(), err
+}
+
+// activeListOf is the (environment, agent version)'s list, made on first use.
+func (r *Router) activeListOf(environment, agentVersion string) *activeList {
+	key := environment + "\x00" + agentVersion
+	r.activeMu.Lock()
+	defer r.activeMu.Unlock()
+	l, ok := r.active[key]
+	if !ok {
+		if r.active == nil {
+			r.active = map[string]*activeList{}
+		}
+		l = &activeList{}
+		l.snap.Store(&activeSnap{})
+		r.active[key] = l
+	}
+	return l
+}
+
+// observe makes cands, read at `at`, l's list: due again AdaptersRefresh
+// after it was read, or after now when that is past already (a source
+// serving an old list because its reads fail: it is asked again an
+// interval later, not per request).
+func (r *Router) observe(l *activeList, cands []Candidate, at, now time.Time) *activeSnap {
+	s := &activeSnap{adapters: make(map[string]struct{}, len(cands)), next: at.Add(r.cfg.AdaptersRefresh)}
+	if !s.next.After(now) {
+		s.next = now.Add(r.cfg.AdaptersRefresh)
+	}
+	for _, c := range cands {
+		s.adapters[c.Adapter] = struct{}{}
+	}
+	l.snap.Store(s)
+	return s
 }
 
 // classify makes a new decision.
 func (r *Router) classify(ctx context.Context, in Input) Decision {
 	d := Decision{ID: NewID(), At: r.cfg.Now().UTC(), ConversationID: in.ConversationID, ConversationSource: in.ConversationSource,
 		Environment: in.Environment, AgentVersion: in.AgentVersion, Model: r.cfg.BaseModel}
-	cands, err := r.adapters.ActiveAdapters(ctx, in.Environment, in.AgentVersion)
+	cands, at, err := r.activeAdapters(ctx, in.Environment, in.AgentVersion)
 	if err != nil {
 		d.Reason, d.Error = ReasonRegistryError, err.Error()
 		r.log.Warn("router: adapter registry unavailable; routing to the base model", "environment", in.Environment, "err", err)
 		return d
 	}
+	d.active = r.activeListOf(in.Environment, in.AgentVersion)
+	r.observe(d.active, cands, at, r.cfg.Now())
 	if len(cands) == 0 {
 		d.Reason = ReasonNoAdapters
 		return d

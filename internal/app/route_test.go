@@ -5,6 +5,7 @@ import (
 	"io"
 	"net/http"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -106,5 +107,87 @@ func TestRouteDecisionTimeout(t *testing.T) {
 		if got := app.DecisionTimeout(rc); got != tc.want {
 			t.Errorf("classifier_timeout %s × %d, retrieval %v: %s, want %s", tc.timeout, tc.attempts, tc.retrieval, got, tc.want)
 		}
+	}
+}
+
+// TestRouteRoleDropsRolledBackAdapter: a conversation cached on an adapter
+// that is then rolled back in the registry (and unloaded: the upstream
+// answers 404 for it) is not sent to it again once router.adapters_refresh
+// has passed: its next request gets a new decision, recorded as such.
+func TestRouteRoleDropsRolledBackAdapter(t *testing.T) {
+	ch := testenv.ClickHouse(t)
+	w := newWorld(t, ch.Addr, 1)
+	up := llmtest.New(t)
+	var unloaded atomic.Bool
+	up.Handle(func(req llmtest.Request) llmtest.Reply {
+		if req.Chat.Logprobs {
+			return llmtest.Classification(map[string]float64{"A": 0.8, "B": 0.15, "C": 0.05})
+		}
+		if unloaded.Load() && req.Chat.Model == "lora-1" {
+			return llmtest.Status(http.StatusNotFound, "The model `lora-1` does not exist.")
+		}
+		return llmtest.Text("ok")
+	})
+	const refresh = 300 * time.Millisecond
+	cfg := withRoles(w.cfg, "route")
+	cfg.Router.Addr, cfg.Router.UpstreamURL, cfg.Router.BaseModel, cfg.Router.DefaultEnvironment = "127.0.0.1:0", up.URL, "base", "sim-airline"
+	cfg.Router.AdaptersRefresh = refresh
+	a, stop := w.start(t, cfg)
+	<-a.Ready()
+	ctx := context.Background()
+	// Labels by capability: A = lora-1, B = lora-2, C = no adapter.
+	for _, r := range []sink.AdapterRow{
+		{Name: "lora-1", Capability: "argument_grounding", Environment: "sim-airline", Status: "active", Version: 1},
+		{Name: "lora-2", Capability: "precondition_verification", Environment: "sim-airline", Status: "active", Version: 1},
+	} {
+		if err := a.Store.SaveAdapter(ctx, r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	post := func() (status int, adapter, decision string) {
+		t.Helper()
+		req, _ := http.NewRequest(http.MethodPost, "http://"+a.RouterAddr()+"/v1/chat/completions",
+			strings.NewReader(`{"messages":[{"role":"user","content":"book the cheapest fare"}]}`))
+		req.Header.Set(router.HeaderConversation, "conv-r")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		_, _ = io.Copy(io.Discard, resp.Body)
+		return resp.StatusCode, resp.Header.Get(router.HeaderAdapter), resp.Header.Get(router.HeaderDecision)
+	}
+	status, adapter, first := post()
+	if status != http.StatusOK || adapter != "lora-1" {
+		t.Fatalf("first request: %d, adapter %q", status, adapter)
+	}
+	row, err := a.Store.Adapter(ctx, "lora-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Store.MarkAdapterRolledBack(ctx, *row, "{}", time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	unloaded.Store(true)
+	time.Sleep(refresh) // the registry's list and the router's check of it are due
+	status, adapter, second := post()
+	if status != http.StatusOK || adapter != "lora-2" || second == first {
+		t.Fatalf("after the rollback: %d, adapter %q, decision %s (first %s)", status, adapter, second, first)
+	}
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	st, err := sink.Open(ctx, cfg.ClickHouse, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	rows, err := st.RouteDecisions(ctx, sink.RouteDecisionFilter{Environment: "sim-airline"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rows) != 2 || rows[1].DecisionID != second || rows[1].Cached || rows[1].Adapter != "lora-2" || rows[1].Outcome != router.OutcomeOK ||
+		rows[1].ConversationID != "conv-r" || strings.Join(rows[1].LabelAdapters, ",") != "lora-2," {
+		t.Fatalf("rows %+v", rows)
 	}
 }
