@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"sync/atomic"
 	"time"
 
 	"github.com/oklog/run"
@@ -30,8 +31,9 @@ func (a *App) RouterAddr() string { return a.routerAddr }
 // registry's active adapters with the base model as classifier, and its
 // proxy on router.addr. One actor serves the proxy and runs the decision
 // recorder, so that on shutdown the requests in flight (streams) drain
-// first, within router.drain_timeout, and their decisions are flushed to
-// route_decisions after them.
+// first, within router.drain_timeout (those still running then are
+// closed, and their handlers waited for, within handlersWait), and their
+// decisions are flushed to route_decisions after them.
 func (a *App) addRoute(ctx context.Context, g *run.Group) error {
 	rc := a.Cfg.Router
 	if a.Bus == nil { // no role loaded the dictionaries: the descriptions come from them
@@ -76,7 +78,8 @@ func (a *App) addRoute(ctx context.Context, g *run.Group) error {
 		return fmt.Errorf("router.addr %s: %w", rc.Addr, err)
 	}
 	a.routerAddr = ln.Addr().String()
-	srv := &http.Server{Handler: p.Handler(), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: RouterIdleTimeout}
+	hs := newHandlers()
+	srv := &http.Server{Handler: hs.wrap(p.Handler()), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: RouterIdleTimeout}
 	recCtx, stopRec := context.WithCancel(context.WithoutCancel(ctx))
 	recDone := make(chan struct{})
 	go func() { _ = rec.Run(recCtx); close(recDone) }()
@@ -95,12 +98,62 @@ func (a *App) addRoute(ctx context.Context, g *run.Group) error {
 			a.Log.Warn("router: requests still in flight at router.drain_timeout; closing them", "err", err)
 			_ = srv.Close()
 		}
+		// Closed connections cancel their handlers' contexts, and each
+		// handler records its row as it returns: the recorder's final
+		// flush comes after them.
+		if !hs.wait(handlersWait) {
+			a.Log.Warn("router: handlers still running after the connections closed; their decisions are not recorded", "wait", handlersWait)
+		}
 		stopRec()
 		<-recDone
 	})
 	a.Log.Info("route role: routing proxy", "url", "http://"+a.routerAddr+"/v1/chat/completions", "upstream", logURL(rc.UpstreamURL),
 		"base_model", rc.BaseModel, "auth", rc.BearerToken != "")
 	return nil
+}
+
+// handlersWait bounds the wait, on shutdown, for the proxy's handlers of
+// closed connections to return (their contexts are cancelled: they return
+// at once unless stuck).
+const handlersWait = 5 * time.Second
+
+// handlers counts the proxy's running handlers.
+type handlers struct {
+	n       atomic.Int64
+	closing atomic.Bool
+	idle    chan struct{} // signalled when the count falls to 0 while closing
+}
+
+func newHandlers() *handlers { return &handlers{idle: make(chan struct{}, 1)} }
+
+func (h *handlers) wrap(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h.n.Add(1)
+		defer func() { // also when the handler aborts (http.ErrAbortHandler)
+			if h.n.Add(-1) == 0 && h.closing.Load() {
+				select {
+				case h.idle <- struct{}{}:
+				default:
+				}
+			}
+		}()
+		next.ServeHTTP(w, r)
+	})
+}
+
+// wait waits up to d for no handler to be running; false if some still are.
+func (h *handlers) wait(d time.Duration) bool {
+	h.closing.Store(true)
+	t := time.NewTimer(d)
+	defer t.Stop()
+	for h.n.Load() > 0 {
+		select {
+		case <-h.idle:
+		case <-t.C:
+			return h.n.Load() == 0
+		}
+	}
+	return true
 }
 
 // logURL is raw without its user information (user:password@), for the

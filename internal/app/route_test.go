@@ -191,3 +191,60 @@ func TestRouteRoleDropsRolledBackAdapter(t *testing.T) {
 		t.Fatalf("rows %+v", rows)
 	}
 }
+
+// TestRouteRoleRecordsRequestsCutAtShutdown: a stream still in flight when
+// router.drain_timeout runs out is closed, and its decision row, which its
+// handler records as it returns, is still written before Run returns.
+func TestRouteRoleRecordsRequestsCutAtShutdown(t *testing.T) {
+	ch := testenv.ClickHouse(t)
+	w := newWorld(t, ch.Addr, 1)
+	up := llmtest.New(t)
+	chunks := make([]string, 100)
+	for i := range chunks {
+		chunks[i] = "tick"
+	}
+	up.Handle(func(req llmtest.Request) llmtest.Reply {
+		if req.Chat.Logprobs {
+			return llmtest.Classification(map[string]float64{"A": 0.8, "B": 0.2})
+		}
+		return llmtest.Reply{Stream: &llmtest.Stream{Chunks: chunks, Interval: 200 * time.Millisecond}} // 20 s
+	})
+	cfg := withRoles(w.cfg, "route")
+	cfg.Router.Addr, cfg.Router.UpstreamURL, cfg.Router.BaseModel, cfg.Router.DefaultEnvironment = "127.0.0.1:0", up.URL, "base", "sim-airline"
+	cfg.Router.DrainTimeout = 100 * time.Millisecond
+	a, stop := w.start(t, cfg)
+	<-a.Ready()
+	if err := a.Store.SaveAdapter(context.Background(), sink.AdapterRow{Name: "lora-1", Capability: "precondition_verification",
+		Environment: "sim-airline", Status: "active", Version: 1}); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.Post("http://"+a.RouterAddr()+"/v1/chat/completions", "application/json",
+		strings.NewReader(`{"stream":true,"messages":[{"role":"user","content":"check the fare rules first"}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	buf := make([]byte, 256)
+	if n, err := resp.Body.Read(buf); err != nil || !strings.Contains(string(buf[:n]), "tick") { // the stream is under way
+		t.Fatalf("first read %q %v", buf[:n], err)
+	}
+	if err := stop(); err != nil { // SIGTERM; the stream outlasts router.drain_timeout
+		t.Fatalf("run: %v", err)
+	}
+	if _, err := io.ReadAll(resp.Body); err == nil {
+		t.Fatal("the stream was not cut at router.drain_timeout")
+	}
+	st, err := sink.Open(context.Background(), cfg.ClickHouse, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	rows, err := st.RouteDecisions(context.Background(), sink.RouteDecisionFilter{Environment: "sim-airline"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rows) != 1 || rows[0].Adapter != "lora-1" || !rows[0].Stream ||
+		(rows[0].Outcome != router.OutcomeCanceled && rows[0].Outcome != router.OutcomeStreamError) {
+		t.Fatalf("rows %+v", rows)
+	}
+}
