@@ -77,7 +77,8 @@ type ProxyConfig struct {
 	Logger    *slog.Logger
 }
 
-// Recorder receives one row per request; Record must not block.
+// DecisionRecorder receives one row per routed request (requests refused
+// before routing, 4xx, have none); Record must not block.
 type DecisionRecorder interface {
 	Record(row sink.RouteDecisionRow)
 }
