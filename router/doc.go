@@ -13,8 +13,9 @@
 // top means the base model; otherwise the top adapter is served, and with
 // top_p the smallest set of adapters reaching p is recorded with
 // renormalised weights. A decision is made once per conversation and cached
-// (cache.go). A model without logprobs, or none of the labels among them,
-// routes to the base model with the reason recorded, never an error.
+// (cache.go) while its adapter stays in the environment's active list. A
+// model without logprobs, or none of the labels among them, routes to the
+// base model with the reason recorded, never an error.
 //
 // The pure parts (labels, probabilities, rule, context, cache) have no I/O;
 // Router (router.go) adds the classifier call and the registry of active
