@@ -102,7 +102,7 @@ func (a *App) addRoute(ctx context.Context, g *run.Group) error {
 		// handler records its row as it returns: the recorder's final
 		// flush comes after them.
 		if !hs.wait(handlersWait) {
-			a.Log.Warn("router: handlers still running after the connections closed; their decisions are not recorded", "wait", handlersWait)
+			a.Log.Warn("router: handlers still running after their connections closed; their decisions may not be recorded", "wait", handlersWait)
 		}
 		stopRec()
 		<-recDone
