@@ -132,6 +132,23 @@ func (s *sandbox) Reset(ctx context.Context, seed int64) (Episode, error) {
 	return e, nil
 }
 
+// stats asks the current worker for its counts (tests' introspection; see
+// protocol.go).
+func (s *sandbox) stats(ctx context.Context) (workerStats, int, error) {
+	w, err := s.worker(ctx)
+	if err != nil {
+		return workerStats{}, 0, err
+	}
+	resp, err := w.call(ctx, &request{Op: "stats"}, "", 0)
+	if err == nil && resp.Stats == nil {
+		err = errors.New("envprog: the worker answered stats without them")
+	}
+	if err != nil {
+		return workerStats{}, 0, err
+	}
+	return *resp.Stats, w.cmd.Process.Pid, nil
+}
+
 // worker is one worker process and the calls in flight to it.
 type worker struct {
 	cmd     *exec.Cmd

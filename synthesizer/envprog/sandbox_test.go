@@ -1,0 +1,92 @@
+package envprog_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/traceops/trace/synthesizer/envprog"
+)
+
+// slowReset is a valid program whose reset loops n times; step answers
+// "ok" to "ping", spins on "spin" and allocates 500 MB on "bomb".
+func slowReset(n int) []byte {
+	return []byte(fmt.Sprintf(`"""A test program."""
+def tools():
+    return [{"type": "function", "function": {"name": t, "parameters": {"type": "object", "properties": {}}}} for t in ["ping", "spin", "bomb"]]
+def reset(seed):
+    x = 0
+    for i in range(%d):
+        x += i
+    return {"system": "s", "user": "u", "state": {"x": x}}
+def step(state, call):
+    if call["type"] == "tool" and call["name"] == "spin":
+        for i in range(1000000000000):
+            pass
+    if call["type"] == "tool" and call["name"] == "bomb":
+        s = "a" * 500000000
+        state["x"] = len(s)
+    return {"result": "ok", "state": state}
+def reward(state, transcript):
+    return {"reward": 0.0}
+`, n))
+}
+
+func stats(t *testing.T, env envprog.Env) envprog.WorkerStats {
+	t.Helper()
+	st, _, err := envprog.SandboxStats(context.Background(), env)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st
+}
+
+// waitStats polls the worker's counts until ok holds (10 s at most).
+func waitStats(t *testing.T, env envprog.Env, ok func(envprog.WorkerStats) bool) envprog.WorkerStats {
+	t.Helper()
+	var st envprog.WorkerStats
+	for end := time.Now().Add(10 * time.Second); time.Now().Before(end); time.Sleep(time.Millisecond) {
+		if st = stats(t, env); ok(st) {
+			return st
+		}
+	}
+	t.Fatalf("the worker's counts stayed at %+v", st)
+	return st
+}
+
+// TestSandboxSlowResetsKeepGoroutinesBounded plays one reset after another,
+// each running past the 2 ms after which another goroutine takes over the
+// worker's reading: the goroutine that handled it must not stay behind
+// for good (it did, one per reset, with its grown stack).
+func TestSandboxSlowResetsKeepGoroutinesBounded(t *testing.T) {
+	ctx := context.Background()
+	env, err := envprog.LoadSandboxed(ctx, "slow.star", slowReset(100_000), envprog.Limits{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer env.Close()
+	const resets = 150
+	var slowest, fastest time.Duration
+	for i := range resets {
+		start := time.Now()
+		ep, err := env.Reset(ctx, int64(i))
+		took := time.Since(start)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ep.Close()
+		slowest = max(slowest, took)
+		if i == 0 || took < fastest {
+			fastest = took
+		}
+	}
+	st := stats(t, env)
+	t.Logf("after %d resets of %v to %v: %+v", resets, fastest, slowest, st)
+	if st.Goroutines > 20 {
+		t.Errorf("the worker has %d goroutines after %d sequential resets", st.Goroutines, resets)
+	}
+	if st.Episodes != 0 {
+		t.Errorf("the worker keeps %d episodes, all closed", st.Episodes)
+	}
+}
