@@ -18,7 +18,9 @@ import (
 // on the worker's stdin, responses on its stdout. Requests carry an id the
 // response repeats; the worker answers requests concurrently (one at a time
 // per episode, as the parent never has two calls of one episode in flight).
-// "close" and "cancel" have no response.
+// "close" and "cancel" have no response. A "close" of an episode whose
+// reset is still running drops the episode that reset makes (the parent
+// sends one when it gives up waiting for a reset).
 //
 // "stats" is introspection for tests (export_test.go): the worker answers
 // with counts of its goroutines, episodes and calls in flight (Stats),
@@ -62,6 +64,7 @@ type workerStats struct {
 	Goroutines int `json:"goroutines"` // runtime.NumGoroutine()
 	Episodes   int `json:"episodes"`   // episodes stored
 	Calls      int `json:"calls"`      // requests being handled
+	Resets     int `json:"resets"`     // of which resets
 }
 
 // wireError carries an error across the pipe: a ProgramError field for

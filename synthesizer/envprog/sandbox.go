@@ -122,6 +122,12 @@ func (s *sandbox) Reset(ctx context.Context, seed int64) (Episode, error) {
 	id := s.nextEp.Add(1)
 	resp, err := w.call(ctx, &request{Op: "reset", Episode: id, Seed: seed}, "reset", seed)
 	if err != nil {
+		if ctx.Err() != nil {
+			// The reset may complete in the worker all the same (the
+			// cancel came too late, or the answer was on its way): the
+			// close makes the worker drop the episode it would keep.
+			w.notify(&request{Op: "close", Episode: id})
+		}
 		return nil, err
 	}
 	if err := resp.Err.err(); err != nil {

@@ -2,6 +2,7 @@ package envprog_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"testing"
 	"time"
@@ -88,5 +89,50 @@ func TestSandboxSlowResetsKeepGoroutinesBounded(t *testing.T) {
 	}
 	if st.Episodes != 0 {
 		t.Errorf("the worker keeps %d episodes, all closed", st.Episodes)
+	}
+}
+
+// TestSandboxCanceledResetsLeaveNoEpisodes gives up on resets at various
+// points (before sending, while the worker runs them, as they answer):
+// the worker must not keep the episodes of the resets it completed anyway
+// for a parent that no longer waits for them.
+func TestSandboxCanceledResetsLeaveNoEpisodes(t *testing.T) {
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name  string
+		loops int // reset's
+	}{{"fast reset", 0}, {"slow reset", 30_000}} {
+		t.Run(tc.name, func(t *testing.T) {
+			env, err := envprog.LoadSandboxed(ctx, "slow.star", slowReset(tc.loops), envprog.Limits{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer env.Close()
+			waits := []time.Duration{0, time.Microsecond, 10 * time.Microsecond, 30 * time.Microsecond, 60 * time.Microsecond,
+				100 * time.Microsecond, 200 * time.Microsecond, 500 * time.Microsecond, time.Millisecond, 3 * time.Millisecond}
+			canceled, played := 0, 0
+			for i := range 400 {
+				cctx, cancel := context.WithTimeout(ctx, waits[i%len(waits)])
+				ep, err := env.Reset(cctx, int64(i))
+				cancel()
+				switch {
+				case err == nil:
+					played++
+					ep.Close()
+				case errors.Is(err, context.DeadlineExceeded):
+					canceled++
+				default:
+					t.Fatal(err)
+				}
+			}
+			st := waitStats(t, env, func(st envprog.WorkerStats) bool { return st.Calls == 0 })
+			t.Logf("%d resets given up, %d played and closed: %+v", canceled, played, st)
+			if canceled == 0 {
+				t.Fatal("no reset was given up")
+			}
+			if st.Episodes != 0 || st.Resets != 0 {
+				t.Errorf("the worker keeps %d episodes (%d resets) with all closed or given up", st.Episodes, st.Resets)
+			}
+		})
 	}
 }

@@ -81,6 +81,7 @@ func serveWorker(in io.Reader, out io.Writer) int {
 		exit:     make(chan int, 1),
 		episodes: map[uint64]*episode{},
 		cancels:  map[uint64]context.CancelFunc{},
+		resets:   map[uint64]bool{},
 	}
 	go w.run(readerTurn)
 	return <-w.exit
@@ -88,7 +89,10 @@ func serveWorker(in io.Reader, out io.Writer) int {
 
 // call is a request as the worker handles it.
 type call struct {
-	req request
+	req    request
+	ctx    context.Context
+	cancel context.CancelFunc
+	ep     *episode // the request's episode; nil for a reset
 }
 
 // readerTurn, received by a goroutine in run, makes it the one that reads
@@ -146,12 +150,13 @@ func (w *workerState) serve() (int, bool) {
 		case "cancel":
 			w.cancel(c.req.Target)
 		case "close":
-			w.mu.Lock()
-			delete(w.episodes, c.req.Episode)
-			w.mu.Unlock()
+			w.close(c.req.Episode)
 		case "stats":
 			w.stats(&c.req)
 		default:
+			// Registered here, in the order the parent sent them, so that
+			// a cancel or a close read later finds the call.
+			w.register(c)
 			// A lone request is handled right here: handing it to
 			// another goroutine costs a wake-up, which is most of a
 			// round trip. When more requests are already waiting
@@ -205,7 +210,12 @@ type workerState struct {
 
 	mu       sync.Mutex
 	episodes map[uint64]*episode
-	cancels  map[uint64]context.CancelFunc
+	cancels  map[uint64]context.CancelFunc // by request id, while it runs
+	// resets are the episodes whose reset is running, true once the
+	// parent closed the episode (it gave up waiting): the reset's episode
+	// is dropped when it completes. An entry lives as long as its call,
+	// so this stays as small as the calls in flight.
+	resets map[uint64]bool
 }
 
 // handlerIdle is how long a handler goroutine waits for another request
@@ -256,33 +266,60 @@ func (w *workerState) cancel(id uint64) {
 	}
 }
 
+// close drops an episode, or, if its reset is still running, the episode
+// that reset makes.
+func (w *workerState) close(id uint64) {
+	w.mu.Lock()
+	delete(w.episodes, id)
+	if _, ok := w.resets[id]; ok {
+		w.resets[id] = true
+	}
+	w.mu.Unlock()
+}
+
 // stats answers the parent's "stats" request (tests' introspection).
 func (w *workerState) stats(req *request) {
 	w.mu.Lock()
-	st := workerStats{Goroutines: runtime.NumGoroutine(), Episodes: len(w.episodes), Calls: len(w.cancels)}
+	st := workerStats{Goroutines: runtime.NumGoroutine(), Episodes: len(w.episodes), Calls: len(w.cancels), Resets: len(w.resets)}
 	w.mu.Unlock()
 	w.reply(&response{ID: req.ID, Stats: &st})
 }
 
+// register makes c cancelable and looks up its episode; a reset is
+// recorded as running.
+func (w *workerState) register(c *call) {
+	c.ctx, c.cancel = context.WithCancel(context.Background())
+	w.mu.Lock()
+	w.cancels[c.req.ID] = c.cancel
+	if c.req.Op == "reset" {
+		w.resets[c.req.Episode] = false
+	} else {
+		c.ep = w.episodes[c.req.Episode]
+	}
+	w.mu.Unlock()
+}
+
 func (w *workerState) handle(c *call) {
-	req := &c.req
+	req, ctx, ep := &c.req, c.ctx, c.ep
 	resp := &response{ID: req.ID}
 	defer w.reply(resp)
+	var made *episode // by a reset
+	defer func() {
+		w.mu.Lock()
+		delete(w.cancels, req.ID)
+		if req.Op == "reset" {
+			if made != nil && !w.resets[req.Episode] {
+				w.episodes[req.Episode] = made
+			}
+			delete(w.resets, req.Episode)
+		}
+		w.mu.Unlock()
+		c.cancel()
+	}()
 	if w.prog == nil {
 		resp.Err = toWire(errors.New("no program loaded"))
 		return
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	w.mu.Lock()
-	w.cancels[req.ID] = cancel
-	ep := w.episodes[req.Episode]
-	w.mu.Unlock()
-	defer func() {
-		w.mu.Lock()
-		delete(w.cancels, req.ID)
-		w.mu.Unlock()
-		cancel()
-	}()
 	if req.Op != "reset" && ep == nil {
 		resp.Err = toWire(fmt.Errorf("no episode %d", req.Episode))
 		return
@@ -290,12 +327,8 @@ func (w *workerState) handle(c *call) {
 	var err error
 	switch req.Op {
 	case "reset":
-		var e *episode
-		if e, err = w.prog.reset(ctx, req.Seed); err == nil {
-			w.mu.Lock()
-			w.episodes[req.Episode] = e
-			w.mu.Unlock()
-			start := e.Start()
+		if made, err = w.prog.reset(ctx, req.Seed); err == nil {
+			start := made.Start()
 			resp.Start = &start
 		}
 	case "step":
