@@ -25,10 +25,14 @@ import (
 // stuck inside one long built-in operation).
 //
 // When the worker dies (out of memory, a crash, killed for time) the call
-// in flight returns a *ProgramError with Limit "memory" or "timeout" (or ""
-// and the exit status for other deaths), every other episode of that worker
-// fails with a *ProgramError saying so, and the next Reset starts a new
-// worker. Nothing a program does stops, kills or slows the caller.
+// that caused it returns a *ProgramError with Limit "memory" or "timeout"
+// (or "" and the exit status for other deaths): the call the parent killed
+// the worker for, or the one call in flight when it died (with several in
+// flight, which one ran out of memory is not known). Every other call and
+// episode of that worker fails with a *ProgramError (Limit "") saying that
+// the episode is lost with the shared worker, and why; the next Reset
+// starts a new worker. Nothing a program does stops, kills or slows the
+// caller.
 //
 // Episodes of one Env share its worker; calls of different episodes run
 // concurrently in it.
@@ -164,14 +168,27 @@ type worker struct {
 	info    Info
 	stderr  tailBuffer
 
-	mu      sync.Mutex
-	pending map[uint64]chan *response
-	nextID  uint64
-	killed  string // the limit the parent killed the worker for
+	mu       sync.Mutex
+	pending  map[uint64]pendingCall
+	nextID   uint64
+	killed   string      // the limit the parent killed the worker for
+	killedBy pendingCall // the call it killed the worker for
 
-	dead  chan struct{} // closed once the process is gone
-	death string        // why, for the error messages (set before dead closes)
-	limit string        // "memory", "timeout" or ""
+	dead chan struct{} // closed once the process is gone
+	// Set before dead closes: why the worker died, as the message of the
+	// call that caused it (culprit), which also gets the limit.
+	death   string
+	limit   string      // "memory", "timeout" or ""
+	culprit pendingCall // zero when not known
+}
+
+// pendingCall is a call in flight: where its response goes, and what the
+// death messages need of it.
+type pendingCall struct {
+	ch      chan *response
+	id, ep  uint64 // the request and its episode
+	fn      string
+	timeout bool // it ran past the parent's bound (see kill)
 }
 
 func startWorker(lim Limits) (*worker, error) {
@@ -195,7 +212,7 @@ func startWorker(lim Limits) (*worker, error) {
 	w := &worker{
 		cmd:     cmd,
 		timeout: 2*lim.CallTimeout + time.Second,
-		pending: map[uint64]chan *response{},
+		pending: map[uint64]pendingCall{},
 		dead:    make(chan struct{}),
 	}
 	cmd.Stderr = &w.stderr
@@ -225,24 +242,36 @@ func (w *worker) read(r *bufio.Reader) {
 			break
 		}
 		w.mu.Lock()
-		ch := w.pending[resp.ID]
+		pc := w.pending[resp.ID]
 		delete(w.pending, resp.ID)
 		w.mu.Unlock()
-		if ch != nil {
-			ch <- resp
+		if pc.ch != nil {
+			pc.ch <- resp
 		}
 	}
+	// The calls in flight as the worker died: when there is one, it is
+	// the one that was running then.
+	w.mu.Lock()
+	var only pendingCall
+	if len(w.pending) == 1 {
+		for _, pc := range w.pending {
+			only = pc
+		}
+	}
+	w.mu.Unlock()
 	if !errors.Is(readErr, io.EOF) && !errors.Is(readErr, io.ErrUnexpectedEOF) {
 		// A protocol error: the worker is unusable.
 		_ = w.cmd.Process.Kill()
 	}
 	waitErr := w.cmd.Wait()
 	w.mu.Lock()
-	killed := w.killed
+	killed, killedBy := w.killed, w.killedBy
 	w.mu.Unlock()
 	tail := strings.TrimSpace(w.stderr.String())
+	w.culprit = only
 	switch {
 	case killed != "":
+		w.culprit = killedBy
 		w.limit = killed
 		w.death = "the worker process was killed: a call ran past " + w.timeout.String()
 	case isOOM(tail):
@@ -289,19 +318,35 @@ func (w *worker) isDead() bool {
 	}
 }
 
-// deathError is what a call of fn on seed gets once the worker is gone.
-func (w *worker) deathError(fn string, seed int64, inFlight bool) error {
-	msg := w.death
-	if !inFlight {
-		msg = "this episode is lost: " + msg
+// deathError is what a call of fn on seed gets once the worker is gone:
+// pc is the call (zero for one made after the death). The call the death
+// is attributed to gets the limit and the cause; every other call is told
+// that its episode is lost with the worker it shared, and why.
+func (w *worker) deathError(fn string, seed int64, pc pendingCall) error {
+	if pc.id != 0 && (pc.id == w.culprit.id || pc.timeout && w.limit == "timeout") {
+		return &ProgramError{Func: fn, Seed: seed, Limit: w.limit, Msg: w.death}
 	}
-	return &ProgramError{Func: fn, Seed: seed, Limit: w.limit, Msg: msg}
+	return &ProgramError{Func: fn, Seed: seed, Msg: w.lostMessage(pc.ep)}
 }
 
-func (w *worker) kill(limit string) {
+// lostMessage is the message of an episode (ep) lost with the worker.
+func (w *worker) lostMessage(ep uint64) string {
+	msg := "this episode is lost with the worker process the program's episodes share"
+	switch {
+	case w.culprit.id == 0:
+	case w.culprit.ep == ep && ep != 0:
+		msg += ", which this episode's " + w.culprit.fn + "() call ended"
+	default:
+		msg += ", which another episode's call ended"
+	}
+	return msg + ": " + w.death
+}
+
+// kill kills the worker because of the call pc, for limit.
+func (w *worker) kill(limit string, pc pendingCall) {
 	w.mu.Lock()
 	if w.killed == "" {
-		w.killed = limit
+		w.killed, w.killedBy = limit, pc
 	}
 	w.mu.Unlock()
 	_ = w.cmd.Process.Kill()
@@ -324,13 +369,14 @@ func (w *worker) stop() {
 // call in the worker and returns ctx's error.
 func (w *worker) call(ctx context.Context, req *request, fn string, seed int64) (*response, error) {
 	if w.isDead() {
-		return nil, w.deathError(fn, seed, false)
+		return nil, w.deathError(fn, seed, pendingCall{ep: req.Episode})
 	}
 	ch := make(chan *response, 1)
 	w.mu.Lock()
 	w.nextID++
 	req.ID = w.nextID
-	w.pending[req.ID] = ch
+	pc := pendingCall{ch: ch, id: req.ID, ep: req.Episode, fn: fn}
+	w.pending[req.ID] = pc
 	w.mu.Unlock()
 	f, err := appendFrame(nil, req)
 	if err != nil {
@@ -339,7 +385,7 @@ func (w *worker) call(ctx context.Context, req *request, fn string, seed int64) 
 	}
 	if !w.fw.send(f) {
 		<-w.dead // the pipe broke: the worker is gone or going
-		return nil, w.deathError(fn, seed, true)
+		return nil, w.deathError(fn, seed, pc)
 	}
 	timer := time.NewTimer(w.timeout)
 	defer timer.Stop()
@@ -352,7 +398,7 @@ func (w *worker) call(ctx context.Context, req *request, fn string, seed int64) 
 			return resp, nil
 		default:
 		}
-		return nil, w.deathError(fn, seed, true)
+		return nil, w.deathError(fn, seed, pc)
 	case <-ctx.Done():
 		w.forget(req.ID)
 		if f, err := appendFrame(nil, &request{Op: "cancel", Target: req.ID}); err == nil {
@@ -360,9 +406,10 @@ func (w *worker) call(ctx context.Context, req *request, fn string, seed int64) 
 		}
 		return nil, ctx.Err()
 	case <-timer.C:
-		w.kill("timeout")
+		pc.timeout = true
+		w.kill("timeout", pc)
 		<-w.dead
-		return nil, w.deathError(fn, seed, true)
+		return nil, w.deathError(fn, seed, pc)
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -134,5 +135,47 @@ func TestSandboxCanceledResetsLeaveNoEpisodes(t *testing.T) {
 				t.Errorf("the worker keeps %d episodes (%d resets) with all closed or given up", st.Episodes, st.Resets)
 			}
 		})
+	}
+}
+
+// TestSandboxBystanderOfAWorkerDeath runs a memory bomb in one episode
+// while another episode's call is in flight in the same worker: the
+// bystander is told its episode is lost with the shared worker, and is not
+// charged with the memory limit.
+func TestSandboxBystanderOfAWorkerDeath(t *testing.T) {
+	ctx := context.Background()
+	env, err := envprog.LoadSandboxed(ctx, "slow.star", slowReset(0), envprog.Limits{MaxSteps: 1 << 40, CallTimeout: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer env.Close()
+	bystander, err := env.Reset(ctx, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bomber, err := env.Reset(ctx, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	spun := make(chan error, 1)
+	go func() {
+		_, err := bystander.Step(ctx, envprog.Action{ToolCalls: []envprog.ToolCall{{Name: "spin", Arguments: []byte(`{}`)}}})
+		spun <- err
+	}()
+	waitStats(t, env, func(st envprog.WorkerStats) bool { return st.Calls == 1 }) // the spin runs
+	_, err = bomber.Step(ctx, envprog.Action{ToolCalls: []envprog.ToolCall{{Name: "bomb", Arguments: []byte(`{}`)}}})
+	var pe *envprog.ProgramError
+	if !errors.As(err, &pe) || !strings.Contains(pe.Msg, "ran out of memory") {
+		t.Fatalf("the bomb: %v", err)
+	}
+	t.Logf("the bomb, with another call in flight: %v", firstLine(err.Error()))
+	err = <-spun
+	if !errors.As(err, &pe) {
+		t.Fatalf("the bystander's call: %v, want a *ProgramError", err)
+	}
+	t.Logf("the bystander: %v", firstLine(err.Error()))
+	if pe.Func != "step" || pe.Seed != 1 || pe.Limit != "" || !strings.Contains(pe.Msg, "this episode is lost with the worker process the program's episodes share: ") ||
+		!strings.Contains(pe.Msg, "ran out of memory") {
+		t.Errorf("the bystander's call got Func %q Seed %d Limit %q Msg %q", pe.Func, pe.Seed, pe.Limit, firstLine(pe.Msg))
 	}
 }
