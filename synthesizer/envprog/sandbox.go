@@ -34,6 +34,9 @@ import (
 // starts a new worker. Nothing a program does stops, kills or slows the
 // caller.
 //
+// The worker gets a minimal environment (workerEnviron), not the
+// caller's, which may hold credentials.
+//
 // Episodes of one Env share its worker; calls of different episodes run
 // concurrently in it.
 func LoadSandboxed(ctx context.Context, name string, src []byte, lim Limits) (Env, error) {
@@ -191,23 +194,44 @@ type pendingCall struct {
 	timeout bool // it ran past the parent's bound (see kill)
 }
 
-func startWorker(lim Limits) (*worker, error) {
-	exe, err := os.Executable()
-	if err != nil {
-		return nil, fmt.Errorf("envprog: the sandbox re-executes this binary: %w", err)
-	}
-	cmd := exec.Command(exe)
-	cmd.Env = append(os.Environ(), workerEnv+"=1", workerMemEnv+"="+strconv.FormatInt(lim.MaxMemory, 10))
+// workerPassEnv are the parent's environment variables a worker gets: the
+// Go runtime's and the race detector's settings, where coverage data goes
+// (GOCOVERDIR, for binaries built with -cover) and the dynamic loader's
+// path (the same binary has to start again). Nothing else: the worker runs
+// untrusted programs, and the parent's environment holds tokens and
+// database credentials.
+var workerPassEnv = []string{"GOMAXPROCS", "GOTRACEBACK", "GORACE", "GOCOVERDIR", "LD_LIBRARY_PATH", workerProfileEnv}
+
+// workerEnviron is a worker's environment, given the parent's.
+func workerEnviron(parent []string, maxMemory int64) []string {
+	env := []string{workerEnv + "=1", workerMemEnv + "=" + strconv.FormatInt(maxMemory, 10)}
 	// The worker's goroutines run the interpreter deep in their stacks;
 	// the collector would shrink the stacks of those waiting for work and
 	// the next call grow them again, copying at every doubling (2 % of the
 	// worker's CPU in a profile at 16 sessions). Handlers exit after
 	// handlerIdle, which frees their stacks.
 	godebug := "gcshrinkstackoff=1"
-	if v := os.Getenv("GODEBUG"); v != "" {
-		godebug = v + "," + godebug
+	for _, kv := range parent {
+		k, v, _ := strings.Cut(kv, "=")
+		switch {
+		case k == "GODEBUG":
+			if v != "" {
+				godebug = v + "," + godebug
+			}
+		case slices.Contains(workerPassEnv, k):
+			env = append(env, kv)
+		}
 	}
-	cmd.Env = append(cmd.Env, "GODEBUG="+godebug)
+	return append(env, "GODEBUG="+godebug)
+}
+
+func startWorker(lim Limits) (*worker, error) {
+	exe, err := os.Executable()
+	if err != nil {
+		return nil, fmt.Errorf("envprog: the sandbox re-executes this binary: %w", err)
+	}
+	cmd := exec.Command(exe)
+	cmd.Env = workerEnviron(os.Environ(), lim.MaxMemory)
 	sandboxAttr(cmd)
 	w := &worker{
 		cmd:     cmd,

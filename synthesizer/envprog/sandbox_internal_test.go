@@ -2,6 +2,7 @@ package envprog
 
 import (
 	"errors"
+	"slices"
 	"testing"
 )
 
@@ -40,6 +41,36 @@ func TestDeathErrors(t *testing.T) {
 			}
 			if pe.Func != "step" || pe.Seed != 42 || pe.Limit != tc.limit || pe.Msg != tc.msg {
 				t.Errorf("got Func %q Seed %d Limit %q Msg %q\nwant step 42 %q %q", pe.Func, pe.Seed, pe.Limit, pe.Msg, tc.limit, tc.msg)
+			}
+		})
+	}
+}
+
+// TestWorkerEnviron: a worker gets its own variables, the Go runtime's
+// settings and GOCOVERDIR from the parent, and nothing else.
+func TestWorkerEnviron(t *testing.T) {
+	base := []string{"TRACE_ENVPROG_WORKER=1", "TRACE_ENVPROG_MAX_MEMORY=1024"}
+	for _, tc := range []struct {
+		name   string
+		parent []string
+		want   []string // after base
+	}{
+		{"empty", nil, []string{"GODEBUG=gcshrinkstackoff=1"}},
+		{"secrets and the rest dropped", []string{"TRACE_TOKEN=s3cret", "CLICKHOUSE_PASSWORD=pw", "HOME=/root", "PATH=/bin", "TRACE_ENVPROG_WORKER=0"},
+			[]string{"GODEBUG=gcshrinkstackoff=1"}},
+		{"the parent's GODEBUG kept", []string{"GODEBUG=madvdontneed=1"}, []string{"GODEBUG=madvdontneed=1,gcshrinkstackoff=1"}},
+		{"an empty GODEBUG", []string{"GODEBUG="}, []string{"GODEBUG=gcshrinkstackoff=1"}},
+		{"runtime, coverage and profile passed", []string{"GOMAXPROCS=2", "GOTRACEBACK=all", "GORACE=halt_on_error=1", "GOCOVERDIR=/tmp/cov",
+			"LD_LIBRARY_PATH=/opt/lib", "TRACE_ENVPROG_WORKER_CPUPROFILE=/tmp/w.prof", "GOGC=50", "GOFLAGS=-x"},
+			[]string{"GOMAXPROCS=2", "GOTRACEBACK=all", "GORACE=halt_on_error=1", "GOCOVERDIR=/tmp/cov",
+				"LD_LIBRARY_PATH=/opt/lib", "TRACE_ENVPROG_WORKER_CPUPROFILE=/tmp/w.prof", "GODEBUG=gcshrinkstackoff=1"}},
+		{"a variable without =", []string{"GOMAXPROCS", "JUNK"}, []string{"GOMAXPROCS", "GODEBUG=gcshrinkstackoff=1"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := workerEnviron(tc.parent, 1024)
+			want := append(slices.Clone(base), tc.want...)
+			if !slices.Equal(got, want) {
+				t.Errorf("got %q\nwant %q", got, want)
 			}
 		})
 	}

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -177,5 +179,35 @@ func TestSandboxBystanderOfAWorkerDeath(t *testing.T) {
 	if pe.Func != "step" || pe.Seed != 1 || pe.Limit != "" || !strings.Contains(pe.Msg, "this episode is lost with the worker process the program's episodes share: ") ||
 		!strings.Contains(pe.Msg, "ran out of memory") {
 		t.Errorf("the bystander's call got Func %q Seed %d Limit %q Msg %q", pe.Func, pe.Seed, pe.Limit, firstLine(pe.Msg))
+	}
+}
+
+// TestSandboxWorkerEnvironment: the worker, which runs untrusted programs,
+// does not see the parent's environment (tokens, database credentials).
+func TestSandboxWorkerEnvironment(t *testing.T) {
+	t.Setenv("TRACE_SECRET_X", "s3cret")
+	ctx := context.Background()
+	env, err := envprog.LoadSandboxed(ctx, "slow.star", slowReset(0), envprog.Limits{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer env.Close()
+	_, pid, err := envprog.SandboxStats(ctx, env)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	vars := strings.Split(strings.TrimRight(string(b), "\x00"), "\x00")
+	t.Logf("the worker's environment: %q", vars)
+	if !slices.Contains(vars, "TRACE_ENVPROG_WORKER=1") {
+		t.Fatalf("not the worker's environment: %q", vars)
+	}
+	for _, v := range vars {
+		if strings.HasPrefix(v, "TRACE_SECRET_X=") {
+			t.Errorf("the worker sees %s", v)
+		}
 	}
 }
