@@ -18,9 +18,10 @@ import (
 // A message is a sequence of fields in a fixed order; integers are
 // varints, strings and byte strings a uvarint length and the bytes, an
 // optional part a presence byte (0 or 1) then the part, a list its uvarint
-// length then the elements. The rarely used Info and Reference travel as
-// JSON byte strings. Decoding checks every length against what is left,
-// so a damaged frame is an error, never a panic or a huge allocation.
+// length then the elements. The rarely used Info, Reference and Stats
+// travel as JSON byte strings. Decoding checks every length against what
+// is left, so a damaged frame is an error, never a panic or a huge
+// allocation.
 
 var errShort = errors.New("truncated frame")
 
@@ -212,9 +213,11 @@ func (e *enc) jsonPart(present bool, v any) error {
 }
 
 func (d *dec) jsonPart(v any) bool {
-	if !d.bool() {
-		return false
-	}
+	return d.bool() && d.jsonBody(v)
+}
+
+// jsonBody decodes the JSON of a part known to be present into v.
+func (d *dec) jsonBody(v any) bool {
 	if b := d.raw(); d.err == nil {
 		if err := json.Unmarshal(b, v); err != nil {
 			d.fail(err)
@@ -302,6 +305,9 @@ func (r *response) encode(b []byte) ([]byte, error) {
 		e.reward(r.Final)
 	}
 	e.wireErr(r.FinalErr)
+	if err := e.jsonPart(r.Stats != nil, r.Stats); err != nil {
+		return b, fmt.Errorf("stats: %w", err)
+	}
 	return e.b, nil
 }
 
@@ -343,6 +349,12 @@ func (r *response) decode(b []byte) error {
 		r.Final = d.reward()
 	}
 	r.FinalErr = d.wireErr()
+	if d.bool() { // a stats answer: only then a value to decode into (it escapes)
+		st := new(workerStats)
+		if d.jsonBody(st) {
+			r.Stats = st
+		}
+	}
 	return d.end()
 }
 

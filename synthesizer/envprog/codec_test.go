@@ -40,6 +40,7 @@ func TestCodecRequests(t *testing.T) {
 			{ID: "", Name: "x", Arguments: nil}}}},
 		{ID: 4, Op: "step", Episode: 9, Action: &Action{}},
 		{ID: 5, Op: "cancel", Target: 3},
+		{ID: 6, Op: "stats"},
 	} {
 		if got := roundTrip(t, req); !reflect.DeepEqual(got, req) {
 			t.Errorf("request changed on the way:\n got %+v\nwant %+v", got, req)
@@ -60,6 +61,7 @@ func TestCodecResponses(t *testing.T) {
 		{ID: 5, Reward: &Reward{Value: 0.25}, Err: &wireError{Code: "done", Msg: "envprog: episode is done"}},
 		{ID: 6, Hint: "read the records first"},
 		{ID: 7, Reference: []Action{{ToolCalls: []ToolCall{{ID: "ref_0_0", Name: "f", Arguments: json.RawMessage(`{"x":1}`)}}}, {Content: "done"}}},
+		{ID: 8, Stats: &workerStats{Goroutines: 4, Episodes: 2, Calls: 1, Resets: 1}},
 	} {
 		if got := roundTrip(t, resp); !reflect.DeepEqual(got, resp) {
 			t.Errorf("response changed on the way:\n got %+v\nwant %+v", got, resp)

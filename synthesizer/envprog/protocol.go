@@ -18,13 +18,20 @@ import (
 // on the worker's stdin, responses on its stdout. Requests carry an id the
 // response repeats; the worker answers requests concurrently (one at a time
 // per episode, as the parent never has two calls of one episode in flight).
-// "close" and "cancel" have no response.
+// "close" and "cancel" have no response. A "close" of an episode whose
+// reset is still running drops the episode that reset makes (the parent
+// sends one when it gives up waiting for a reset).
+//
+// "stats" is introspection for tests (export_test.go): the worker answers
+// with counts of its goroutines, episodes and calls in flight (Stats),
+// from the reading goroutine, at the cost of one lock. Only the parent
+// writes requests; a program has no way to send one.
 
 const maxFrame = 64 << 20
 
 type request struct {
 	ID      uint64  `json:"id"`
-	Op      string  `json:"op"` // load, reset, step, reward, hint, reference, close, cancel
+	Op      string  `json:"op"` // load, reset, step, reward, hint, reference, close, cancel, stats
 	Episode uint64  `json:"ep,omitempty"`
 	Seed    int64   `json:"seed,omitempty"`
 	Name    string  `json:"name,omitempty"`
@@ -47,8 +54,17 @@ type response struct {
 	// On the step that ends an episode the worker scores it at once
 	// (reward is a pure function of state and transcript), saving the
 	// round trip of the Reward call that almost always follows.
-	Final    *Reward    `json:"final,omitempty"`
-	FinalErr *wireError `json:"final_err,omitempty"`
+	Final    *Reward      `json:"final,omitempty"`
+	FinalErr *wireError   `json:"final_err,omitempty"`
+	Stats    *workerStats `json:"stats,omitempty"`
+}
+
+// workerStats is the answer to "stats".
+type workerStats struct {
+	Goroutines int `json:"goroutines"` // runtime.NumGoroutine()
+	Episodes   int `json:"episodes"`   // episodes stored
+	Calls      int `json:"calls"`      // requests being handled
+	Resets     int `json:"resets"`     // of which resets
 }
 
 // wireError carries an error across the pipe: a ProgramError field for

@@ -25,10 +25,17 @@ import (
 // stuck inside one long built-in operation).
 //
 // When the worker dies (out of memory, a crash, killed for time) the call
-// in flight returns a *ProgramError with Limit "memory" or "timeout" (or ""
-// and the exit status for other deaths), every other episode of that worker
-// fails with a *ProgramError saying so, and the next Reset starts a new
-// worker. Nothing a program does stops, kills or slows the caller.
+// that caused it returns a *ProgramError with Limit "memory" or "timeout"
+// (or "" and the exit status for other deaths): the call the parent killed
+// the worker for, or the one call in flight when it died (with several in
+// flight, which one ran out of memory is not known). Every other call and
+// episode of that worker fails with a *ProgramError (Limit "") saying that
+// the episode is lost with the shared worker, and why; the next Reset
+// starts a new worker. Nothing a program does stops, kills or slows the
+// caller.
+//
+// The worker gets a minimal environment (workerEnviron), not the
+// caller's, which may hold credentials.
 //
 // Episodes of one Env share its worker; calls of different episodes run
 // concurrently in it.
@@ -122,6 +129,12 @@ func (s *sandbox) Reset(ctx context.Context, seed int64) (Episode, error) {
 	id := s.nextEp.Add(1)
 	resp, err := w.call(ctx, &request{Op: "reset", Episode: id, Seed: seed}, "reset", seed)
 	if err != nil {
+		if ctx.Err() != nil {
+			// The reset may complete in the worker all the same (the
+			// cancel came too late, or the answer was on its way): the
+			// close makes the worker drop the episode it would keep.
+			w.notify(&request{Op: "close", Episode: id})
+		}
 		return nil, err
 	}
 	if err := resp.Err.err(); err != nil {
@@ -130,6 +143,23 @@ func (s *sandbox) Reset(ctx context.Context, seed int64) (Episode, error) {
 	e := &sandboxEpisode{w: w, id: id, seed: seed, start: *resp.Start}
 	e.msgs = []Message{{Role: "system", Content: e.start.System}, {Role: "user", Content: e.start.User}}
 	return e, nil
+}
+
+// stats asks the current worker for its counts (tests' introspection; see
+// protocol.go).
+func (s *sandbox) stats(ctx context.Context) (workerStats, int, error) {
+	w, err := s.worker(ctx)
+	if err != nil {
+		return workerStats{}, 0, err
+	}
+	resp, err := w.call(ctx, &request{Op: "stats"}, "", 0)
+	if err == nil && resp.Stats == nil {
+		err = errors.New("envprog: the worker answered stats without them")
+	}
+	if err != nil {
+		return workerStats{}, 0, err
+	}
+	return *resp.Stats, w.cmd.Process.Pid, nil
 }
 
 // worker is one worker process and the calls in flight to it.
@@ -141,14 +171,58 @@ type worker struct {
 	info    Info
 	stderr  tailBuffer
 
-	mu      sync.Mutex
-	pending map[uint64]chan *response
-	nextID  uint64
-	killed  string // the limit the parent killed the worker for
+	mu       sync.Mutex
+	pending  map[uint64]pendingCall
+	nextID   uint64
+	killed   string      // the limit the parent killed the worker for
+	killedBy pendingCall // the call it killed the worker for
 
-	dead  chan struct{} // closed once the process is gone
-	death string        // why, for the error messages (set before dead closes)
-	limit string        // "memory", "timeout" or ""
+	dead chan struct{} // closed once the process is gone
+	// Set before dead closes: why the worker died, as the message of the
+	// call that caused it (culprit), which also gets the limit.
+	death   string
+	limit   string      // "memory", "timeout" or ""
+	culprit pendingCall // zero when not known
+}
+
+// pendingCall is a call in flight: where its response goes, and what the
+// death messages need of it.
+type pendingCall struct {
+	ch      chan *response
+	id, ep  uint64 // the request and its episode
+	fn      string
+	timeout bool // it ran past the parent's bound (see kill)
+}
+
+// workerPassEnv are the parent's environment variables a worker gets: the
+// Go runtime's and the race detector's settings, where coverage data goes
+// (GOCOVERDIR, for binaries built with -cover) and the dynamic loader's
+// path (the same binary has to start again). Nothing else: the worker runs
+// untrusted programs, and the parent's environment holds tokens and
+// database credentials.
+var workerPassEnv = []string{"GOMAXPROCS", "GOTRACEBACK", "GORACE", "GOCOVERDIR", "LD_LIBRARY_PATH", workerProfileEnv}
+
+// workerEnviron is a worker's environment, given the parent's.
+func workerEnviron(parent []string, maxMemory int64) []string {
+	env := []string{workerEnv + "=1", workerMemEnv + "=" + strconv.FormatInt(maxMemory, 10)}
+	// The worker's goroutines run the interpreter deep in their stacks;
+	// the collector would shrink the stacks of those waiting for work and
+	// the next call grow them again, copying at every doubling (2 % of the
+	// worker's CPU in a profile at 16 sessions). Handlers exit after
+	// handlerIdle, which frees their stacks.
+	godebug := "gcshrinkstackoff=1"
+	for _, kv := range parent {
+		k, v, _ := strings.Cut(kv, "=")
+		switch {
+		case k == "GODEBUG":
+			if v != "" {
+				godebug = v + "," + godebug
+			}
+		case slices.Contains(workerPassEnv, k):
+			env = append(env, kv)
+		}
+	}
+	return append(env, "GODEBUG="+godebug)
 }
 
 func startWorker(lim Limits) (*worker, error) {
@@ -157,22 +231,12 @@ func startWorker(lim Limits) (*worker, error) {
 		return nil, fmt.Errorf("envprog: the sandbox re-executes this binary: %w", err)
 	}
 	cmd := exec.Command(exe)
-	cmd.Env = append(os.Environ(), workerEnv+"=1", workerMemEnv+"="+strconv.FormatInt(lim.MaxMemory, 10))
-	// The worker's goroutines run the interpreter deep in their stacks;
-	// the collector would shrink the stacks of those waiting for work and
-	// the next call grow them again, copying at every doubling (2 % of the
-	// worker's CPU in a profile at 16 sessions). Handlers exit after
-	// handlerIdle, which frees their stacks.
-	godebug := "gcshrinkstackoff=1"
-	if v := os.Getenv("GODEBUG"); v != "" {
-		godebug = v + "," + godebug
-	}
-	cmd.Env = append(cmd.Env, "GODEBUG="+godebug)
+	cmd.Env = workerEnviron(os.Environ(), lim.MaxMemory)
 	sandboxAttr(cmd)
 	w := &worker{
 		cmd:     cmd,
 		timeout: 2*lim.CallTimeout + time.Second,
-		pending: map[uint64]chan *response{},
+		pending: map[uint64]pendingCall{},
 		dead:    make(chan struct{}),
 	}
 	cmd.Stderr = &w.stderr
@@ -202,24 +266,36 @@ func (w *worker) read(r *bufio.Reader) {
 			break
 		}
 		w.mu.Lock()
-		ch := w.pending[resp.ID]
+		pc := w.pending[resp.ID]
 		delete(w.pending, resp.ID)
 		w.mu.Unlock()
-		if ch != nil {
-			ch <- resp
+		if pc.ch != nil {
+			pc.ch <- resp
 		}
 	}
+	// The calls in flight as the worker died: when there is one, it is
+	// the one that was running then.
+	w.mu.Lock()
+	var only pendingCall
+	if len(w.pending) == 1 {
+		for _, pc := range w.pending {
+			only = pc
+		}
+	}
+	w.mu.Unlock()
 	if !errors.Is(readErr, io.EOF) && !errors.Is(readErr, io.ErrUnexpectedEOF) {
 		// A protocol error: the worker is unusable.
 		_ = w.cmd.Process.Kill()
 	}
 	waitErr := w.cmd.Wait()
 	w.mu.Lock()
-	killed := w.killed
+	killed, killedBy := w.killed, w.killedBy
 	w.mu.Unlock()
 	tail := strings.TrimSpace(w.stderr.String())
+	w.culprit = only
 	switch {
 	case killed != "":
+		w.culprit = killedBy
 		w.limit = killed
 		w.death = "the worker process was killed: a call ran past " + w.timeout.String()
 	case isOOM(tail):
@@ -266,19 +342,35 @@ func (w *worker) isDead() bool {
 	}
 }
 
-// deathError is what a call of fn on seed gets once the worker is gone.
-func (w *worker) deathError(fn string, seed int64, inFlight bool) error {
-	msg := w.death
-	if !inFlight {
-		msg = "this episode is lost: " + msg
+// deathError is what a call of fn on seed gets once the worker is gone:
+// pc is the call (zero for one made after the death). The call the death
+// is attributed to gets the limit and the cause; every other call is told
+// that its episode is lost with the worker it shared, and why.
+func (w *worker) deathError(fn string, seed int64, pc pendingCall) error {
+	if pc.id != 0 && (pc.id == w.culprit.id || pc.timeout && w.limit == "timeout") {
+		return &ProgramError{Func: fn, Seed: seed, Limit: w.limit, Msg: w.death}
 	}
-	return &ProgramError{Func: fn, Seed: seed, Limit: w.limit, Msg: msg}
+	return &ProgramError{Func: fn, Seed: seed, Msg: w.lostMessage(pc.ep)}
 }
 
-func (w *worker) kill(limit string) {
+// lostMessage is the message of an episode (ep) lost with the worker.
+func (w *worker) lostMessage(ep uint64) string {
+	msg := "this episode is lost with the worker process the program's episodes share"
+	switch {
+	case w.culprit.id == 0:
+	case w.culprit.ep == ep && ep != 0:
+		msg += ", which this episode's " + w.culprit.fn + "() call ended"
+	default:
+		msg += ", which another episode's call ended"
+	}
+	return msg + ": " + w.death
+}
+
+// kill kills the worker because of the call pc, for limit.
+func (w *worker) kill(limit string, pc pendingCall) {
 	w.mu.Lock()
 	if w.killed == "" {
-		w.killed = limit
+		w.killed, w.killedBy = limit, pc
 	}
 	w.mu.Unlock()
 	_ = w.cmd.Process.Kill()
@@ -301,13 +393,14 @@ func (w *worker) stop() {
 // call in the worker and returns ctx's error.
 func (w *worker) call(ctx context.Context, req *request, fn string, seed int64) (*response, error) {
 	if w.isDead() {
-		return nil, w.deathError(fn, seed, false)
+		return nil, w.deathError(fn, seed, pendingCall{ep: req.Episode})
 	}
 	ch := make(chan *response, 1)
 	w.mu.Lock()
 	w.nextID++
 	req.ID = w.nextID
-	w.pending[req.ID] = ch
+	pc := pendingCall{ch: ch, id: req.ID, ep: req.Episode, fn: fn}
+	w.pending[req.ID] = pc
 	w.mu.Unlock()
 	f, err := appendFrame(nil, req)
 	if err != nil {
@@ -316,7 +409,7 @@ func (w *worker) call(ctx context.Context, req *request, fn string, seed int64) 
 	}
 	if !w.fw.send(f) {
 		<-w.dead // the pipe broke: the worker is gone or going
-		return nil, w.deathError(fn, seed, true)
+		return nil, w.deathError(fn, seed, pc)
 	}
 	timer := time.NewTimer(w.timeout)
 	defer timer.Stop()
@@ -329,7 +422,7 @@ func (w *worker) call(ctx context.Context, req *request, fn string, seed int64) 
 			return resp, nil
 		default:
 		}
-		return nil, w.deathError(fn, seed, true)
+		return nil, w.deathError(fn, seed, pc)
 	case <-ctx.Done():
 		w.forget(req.ID)
 		if f, err := appendFrame(nil, &request{Op: "cancel", Target: req.ID}); err == nil {
@@ -337,9 +430,10 @@ func (w *worker) call(ctx context.Context, req *request, fn string, seed int64) 
 		}
 		return nil, ctx.Err()
 	case <-timer.C:
-		w.kill("timeout")
+		pc.timeout = true
+		w.kill("timeout", pc)
 		<-w.dead
-		return nil, w.deathError(fn, seed, true)
+		return nil, w.deathError(fn, seed, pc)
 	}
 }
 

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"runtime"
 	"runtime/debug"
 	"runtime/pprof"
 	"strconv"
@@ -73,53 +74,98 @@ func serveWorker(in io.Reader, out io.Writer) int {
 			}
 		}
 	}
-	r := bufio.NewReaderSize(in, 64<<10)
 	w := &workerState{
+		r:        bufio.NewReaderSize(in, 64<<10),
 		fw:       newFrameWriter(out),
-		idle:     make(chan *request),
+		idle:     make(chan *call),
+		exit:     make(chan int, 1),
 		episodes: map[uint64]*episode{},
 		cancels:  map[uint64]context.CancelFunc{},
+		resets:   map[uint64]bool{},
 	}
-	return w.serve(r)
+	go w.run(readerTurn)
+	return <-w.exit
 }
 
-// serve reads requests and dispatches them until the parent closes the
-// pipe, and returns the worker's exit status.
-func (w *workerState) serve(r *bufio.Reader) int {
+// call is a request as the worker handles it.
+type call struct {
+	req    request
+	ctx    context.Context
+	cancel context.CancelFunc
+	ep     *episode // the request's episode; nil for a reset
+}
+
+// readerTurn, received by a goroutine in run, makes it the one that reads
+// the requests (see inline).
+var readerTurn = new(call)
+
+// run is the body of the worker's goroutines. It handles c (or, for
+// readerTurn, reads and dispatches requests until another goroutine takes
+// over the reading), then waits for the next call handed to it (see hand
+// and inline) and exits after handlerIdle without one.
+func (w *workerState) run(c *call) {
+	var t *time.Timer
+	for {
+		if c == readerTurn {
+			if status, done := w.serve(); done {
+				w.exit <- status
+				return
+			}
+		} else {
+			w.handle(c)
+		}
+		if t == nil {
+			t = time.NewTimer(handlerIdle)
+			defer t.Stop()
+		} else {
+			t.Reset(handlerIdle)
+		}
+		select {
+		case c = <-w.idle:
+		case <-t.C:
+			return
+		}
+	}
+}
+
+// serve reads requests and dispatches them. It returns the worker's exit
+// status and true when the reading ends (the parent closed the pipe, or
+// a frame was bad), and false when, a request it handled having run past
+// readerTakeover, another goroutine has taken over the reading.
+func (w *workerState) serve() (int, bool) {
 	var scratch []byte
 	for {
-		var req request
-		if err := readFrame(r, &req, &scratch); err != nil {
+		c := new(call)
+		if err := readFrame(w.r, &c.req, &scratch); err != nil {
 			if errors.Is(err, io.EOF) {
 				pprof.StopCPUProfile()
-				return 0 // the parent closed the program
+				return 0, true // the parent closed the program
 			}
 			fmt.Fprintf(os.Stderr, "envprog worker: reading a request: %v\n", err)
-			return 4
+			return 4, true
 		}
-		switch req.Op {
+		switch c.req.Op {
 		case "load":
-			w.load(&req)
+			w.load(&c.req)
 		case "cancel":
-			w.cancel(req.Target)
+			w.cancel(c.req.Target)
 		case "close":
-			w.mu.Lock()
-			delete(w.episodes, req.Episode)
-			w.mu.Unlock()
+			w.close(c.req.Episode)
+		case "stats":
+			w.stats(&c.req)
 		default:
+			// Registered here, in the order the parent sent them, so that
+			// a cancel or a close read later finds the call.
+			w.register(c)
 			// A lone request is handled right here: handing it to
 			// another goroutine costs a wake-up, which is most of a
 			// round trip. When more requests are already waiting
 			// (concurrent episodes), this one goes to a handler
 			// goroutine so that they run in parallel.
-			if r.Buffered() > 0 {
-				w.hand(&req)
-			} else if !w.inline(&req, r) {
-				// Another goroutine reads the requests now: this one
-				// stays on as a handler.
-				for req := range w.idle {
-					w.handle(req)
-				}
+			if w.r.Buffered() > 0 {
+				w.hand(c)
+			} else if !w.inline(c) {
+				return 0, false // this goroutine stays on as a handler
 			}
 		}
 	}
@@ -131,58 +177,61 @@ func (w *workerState) serve(r *bufio.Reader) int {
 // requests) is read and acted on.
 const readerTakeover = 2 * time.Millisecond
 
-// inline handles req on the reading goroutine; it returns false when, req
-// having run past readerTakeover, a new goroutine took over the reading.
-func (w *workerState) inline(req *request, r *bufio.Reader) bool {
+// inline handles c on the reading goroutine; it returns false when, c
+// having run past readerTakeover, another goroutine took over the reading.
+// That is a goroutine waiting for work if there is one, else a new one:
+// so a series of slow lone requests alternates between two goroutines
+// (the one demoted waits in run like any handler) instead of starting a
+// goroutine each.
+func (w *workerState) inline(c *call) bool {
 	var state atomic.Int32 // 0 running, 1 finished on time, 2 taken over
 	t := time.AfterFunc(readerTakeover, func() {
 		if state.CompareAndSwap(0, 2) {
-			go func() { os.Exit(w.serve(r)) }()
+			select {
+			case w.idle <- readerTurn:
+			default:
+				go w.run(readerTurn)
+			}
 		}
 	})
-	w.handle(req)
+	w.handle(c)
 	t.Stop()
 	return state.CompareAndSwap(0, 1)
 }
 
 type workerState struct {
+	r    *bufio.Reader // read by one goroutine at a time (see serve)
 	fw   *frameWriter
 	prog *program
-	// idle hands requests to handler goroutines waiting for one (see hand).
-	idle chan *request
+	// idle hands calls to goroutines waiting for one in run (see hand
+	// and inline).
+	idle chan *call
+	exit chan int // the exit status, once the reading ended
 
 	mu       sync.Mutex
 	episodes map[uint64]*episode
-	cancels  map[uint64]context.CancelFunc
+	cancels  map[uint64]context.CancelFunc // by request id, while it runs
+	// resets are the episodes whose reset is running, true once the
+	// parent closed the episode (it gave up waiting): the reset's episode
+	// is dropped when it completes. An entry lives as long as its call,
+	// so this stays as small as the calls in flight.
+	resets map[uint64]bool
 }
 
 // handlerIdle is how long a handler goroutine waits for another request
 // before it exits.
 const handlerIdle = 10 * time.Second
 
-// hand runs req on a handler goroutine: one waiting for work if there is
+// hand runs c on a handler goroutine: one waiting for work if there is
 // one, else a new one, which then stays for handlerIdle. A goroutine per
 // request would grow a fresh stack to the interpreter's depth each time
 // (copying it at every doubling); a waiting handler has grown it already.
-func (w *workerState) hand(req *request) {
+func (w *workerState) hand(c *call) {
 	select {
-	case w.idle <- req:
-		return
+	case w.idle <- c:
 	default:
+		go w.run(c)
 	}
-	go func() {
-		t := time.NewTimer(handlerIdle)
-		defer t.Stop()
-		for {
-			w.handle(req)
-			t.Reset(handlerIdle)
-			select {
-			case req = <-w.idle:
-			case <-t.C:
-				return
-			}
-		}
-	}()
 }
 
 func (w *workerState) reply(resp *response) {
@@ -217,24 +266,60 @@ func (w *workerState) cancel(id uint64) {
 	}
 }
 
-func (w *workerState) handle(req *request) {
+// close drops an episode, or, if its reset is still running, the episode
+// that reset makes.
+func (w *workerState) close(id uint64) {
+	w.mu.Lock()
+	delete(w.episodes, id)
+	if _, ok := w.resets[id]; ok {
+		w.resets[id] = true
+	}
+	w.mu.Unlock()
+}
+
+// stats answers the parent's "stats" request (tests' introspection).
+func (w *workerState) stats(req *request) {
+	w.mu.Lock()
+	st := workerStats{Goroutines: runtime.NumGoroutine(), Episodes: len(w.episodes), Calls: len(w.cancels), Resets: len(w.resets)}
+	w.mu.Unlock()
+	w.reply(&response{ID: req.ID, Stats: &st})
+}
+
+// register makes c cancelable and looks up its episode; a reset is
+// recorded as running.
+func (w *workerState) register(c *call) {
+	c.ctx, c.cancel = context.WithCancel(context.Background())
+	w.mu.Lock()
+	w.cancels[c.req.ID] = c.cancel
+	if c.req.Op == "reset" {
+		w.resets[c.req.Episode] = false
+	} else {
+		c.ep = w.episodes[c.req.Episode]
+	}
+	w.mu.Unlock()
+}
+
+func (w *workerState) handle(c *call) {
+	req, ctx, ep := &c.req, c.ctx, c.ep
 	resp := &response{ID: req.ID}
 	defer w.reply(resp)
+	var made *episode // by a reset
+	defer func() {
+		w.mu.Lock()
+		delete(w.cancels, req.ID)
+		if req.Op == "reset" {
+			if made != nil && !w.resets[req.Episode] {
+				w.episodes[req.Episode] = made
+			}
+			delete(w.resets, req.Episode)
+		}
+		w.mu.Unlock()
+		c.cancel()
+	}()
 	if w.prog == nil {
 		resp.Err = toWire(errors.New("no program loaded"))
 		return
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	w.mu.Lock()
-	w.cancels[req.ID] = cancel
-	ep := w.episodes[req.Episode]
-	w.mu.Unlock()
-	defer func() {
-		w.mu.Lock()
-		delete(w.cancels, req.ID)
-		w.mu.Unlock()
-		cancel()
-	}()
 	if req.Op != "reset" && ep == nil {
 		resp.Err = toWire(fmt.Errorf("no episode %d", req.Episode))
 		return
@@ -242,12 +327,8 @@ func (w *workerState) handle(req *request) {
 	var err error
 	switch req.Op {
 	case "reset":
-		var e *episode
-		if e, err = w.prog.reset(ctx, req.Seed); err == nil {
-			w.mu.Lock()
-			w.episodes[req.Episode] = e
-			w.mu.Unlock()
-			start := e.Start()
+		if made, err = w.prog.reset(ctx, req.Seed); err == nil {
+			start := made.Start()
 			resp.Start = &start
 		}
 	case "step":

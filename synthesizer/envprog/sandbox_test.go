@@ -1,0 +1,213 @@
+package envprog_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/traceops/trace/synthesizer/envprog"
+)
+
+// slowReset is a valid program whose reset loops n times; step answers
+// "ok" to "ping", spins on "spin" and allocates 500 MB on "bomb".
+func slowReset(n int) []byte {
+	return []byte(fmt.Sprintf(`"""A test program."""
+def tools():
+    return [{"type": "function", "function": {"name": t, "parameters": {"type": "object", "properties": {}}}} for t in ["ping", "spin", "bomb"]]
+def reset(seed):
+    x = 0
+    for i in range(%d):
+        x += i
+    return {"system": "s", "user": "u", "state": {"x": x}}
+def step(state, call):
+    if call["type"] == "tool" and call["name"] == "spin":
+        for i in range(1000000000000):
+            pass
+    if call["type"] == "tool" and call["name"] == "bomb":
+        s = "a" * 500000000
+        state["x"] = len(s)
+    return {"result": "ok", "state": state}
+def reward(state, transcript):
+    return {"reward": 0.0}
+`, n))
+}
+
+func stats(t *testing.T, env envprog.Env) envprog.WorkerStats {
+	t.Helper()
+	st, _, err := envprog.SandboxStats(context.Background(), env)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st
+}
+
+// waitStats polls the worker's counts until ok holds (10 s at most).
+func waitStats(t *testing.T, env envprog.Env, ok func(envprog.WorkerStats) bool) envprog.WorkerStats {
+	t.Helper()
+	var st envprog.WorkerStats
+	for end := time.Now().Add(10 * time.Second); time.Now().Before(end); time.Sleep(time.Millisecond) {
+		if st = stats(t, env); ok(st) {
+			return st
+		}
+	}
+	t.Fatalf("the worker's counts stayed at %+v", st)
+	return st
+}
+
+// TestSandboxSlowResetsKeepGoroutinesBounded plays one reset after another,
+// each running past the 2 ms after which another goroutine takes over the
+// worker's reading: the goroutine that handled it must not stay behind
+// for good (it did, one per reset, with its grown stack).
+func TestSandboxSlowResetsKeepGoroutinesBounded(t *testing.T) {
+	ctx := context.Background()
+	env, err := envprog.LoadSandboxed(ctx, "slow.star", slowReset(100_000), envprog.Limits{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer env.Close()
+	const resets = 150
+	var slowest, fastest time.Duration
+	for i := range resets {
+		start := time.Now()
+		ep, err := env.Reset(ctx, int64(i))
+		took := time.Since(start)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ep.Close()
+		slowest = max(slowest, took)
+		if i == 0 || took < fastest {
+			fastest = took
+		}
+	}
+	st := stats(t, env)
+	t.Logf("after %d resets of %v to %v: %+v", resets, fastest, slowest, st)
+	if st.Goroutines > 20 {
+		t.Errorf("the worker has %d goroutines after %d sequential resets", st.Goroutines, resets)
+	}
+	if st.Episodes != 0 {
+		t.Errorf("the worker keeps %d episodes, all closed", st.Episodes)
+	}
+}
+
+// TestSandboxCanceledResetsLeaveNoEpisodes gives up on resets at various
+// points (before sending, while the worker runs them, as they answer):
+// the worker must not keep the episodes of the resets it completed anyway
+// for a parent that no longer waits for them.
+func TestSandboxCanceledResetsLeaveNoEpisodes(t *testing.T) {
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name  string
+		loops int // reset's
+	}{{"fast reset", 0}, {"slow reset", 30_000}} {
+		t.Run(tc.name, func(t *testing.T) {
+			env, err := envprog.LoadSandboxed(ctx, "slow.star", slowReset(tc.loops), envprog.Limits{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer env.Close()
+			waits := []time.Duration{0, time.Microsecond, 10 * time.Microsecond, 30 * time.Microsecond, 60 * time.Microsecond,
+				100 * time.Microsecond, 200 * time.Microsecond, 500 * time.Microsecond, time.Millisecond, 3 * time.Millisecond}
+			canceled, played := 0, 0
+			for i := range 400 {
+				cctx, cancel := context.WithTimeout(ctx, waits[i%len(waits)])
+				ep, err := env.Reset(cctx, int64(i))
+				cancel()
+				switch {
+				case err == nil:
+					played++
+					ep.Close()
+				case errors.Is(err, context.DeadlineExceeded):
+					canceled++
+				default:
+					t.Fatal(err)
+				}
+			}
+			st := waitStats(t, env, func(st envprog.WorkerStats) bool { return st.Calls == 0 })
+			t.Logf("%d resets given up, %d played and closed: %+v", canceled, played, st)
+			if canceled == 0 {
+				t.Fatal("no reset was given up")
+			}
+			if st.Episodes != 0 || st.Resets != 0 {
+				t.Errorf("the worker keeps %d episodes (%d resets) with all closed or given up", st.Episodes, st.Resets)
+			}
+		})
+	}
+}
+
+// TestSandboxBystanderOfAWorkerDeath runs a memory bomb in one episode
+// while another episode's call is in flight in the same worker: the
+// bystander is told its episode is lost with the shared worker, and is not
+// charged with the memory limit.
+func TestSandboxBystanderOfAWorkerDeath(t *testing.T) {
+	ctx := context.Background()
+	env, err := envprog.LoadSandboxed(ctx, "slow.star", slowReset(0), envprog.Limits{MaxSteps: 1 << 40, CallTimeout: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer env.Close()
+	bystander, err := env.Reset(ctx, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bomber, err := env.Reset(ctx, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	spun := make(chan error, 1)
+	go func() {
+		_, err := bystander.Step(ctx, envprog.Action{ToolCalls: []envprog.ToolCall{{Name: "spin", Arguments: []byte(`{}`)}}})
+		spun <- err
+	}()
+	waitStats(t, env, func(st envprog.WorkerStats) bool { return st.Calls == 1 }) // the spin runs
+	_, err = bomber.Step(ctx, envprog.Action{ToolCalls: []envprog.ToolCall{{Name: "bomb", Arguments: []byte(`{}`)}}})
+	var pe *envprog.ProgramError
+	if !errors.As(err, &pe) || !strings.Contains(pe.Msg, "ran out of memory") {
+		t.Fatalf("the bomb: %v", err)
+	}
+	t.Logf("the bomb, with another call in flight: %v", firstLine(err.Error()))
+	err = <-spun
+	if !errors.As(err, &pe) {
+		t.Fatalf("the bystander's call: %v, want a *ProgramError", err)
+	}
+	t.Logf("the bystander: %v", firstLine(err.Error()))
+	if pe.Func != "step" || pe.Seed != 1 || pe.Limit != "" || !strings.Contains(pe.Msg, "this episode is lost with the worker process the program's episodes share: ") ||
+		!strings.Contains(pe.Msg, "ran out of memory") {
+		t.Errorf("the bystander's call got Func %q Seed %d Limit %q Msg %q", pe.Func, pe.Seed, pe.Limit, firstLine(pe.Msg))
+	}
+}
+
+// TestSandboxWorkerEnvironment: the worker, which runs untrusted programs,
+// does not see the parent's environment (tokens, database credentials).
+func TestSandboxWorkerEnvironment(t *testing.T) {
+	t.Setenv("TRACE_SECRET_X", "s3cret")
+	ctx := context.Background()
+	env, err := envprog.LoadSandboxed(ctx, "slow.star", slowReset(0), envprog.Limits{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer env.Close()
+	_, pid, err := envprog.SandboxStats(ctx, env)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	vars := strings.Split(strings.TrimRight(string(b), "\x00"), "\x00")
+	t.Logf("the worker's environment: %q", vars)
+	if !slices.Contains(vars, "TRACE_ENVPROG_WORKER=1") {
+		t.Fatalf("not the worker's environment: %q", vars)
+	}
+	for _, v := range vars {
+		if strings.HasPrefix(v, "TRACE_SECRET_X=") {
+			t.Errorf("the worker sees %s", v)
+		}
+	}
+}
