@@ -111,6 +111,22 @@ func use[T any](sess *session, f func() (T, *openenv.Error)) (T, *openenv.Error)
 	return f()
 }
 
+// stepTimeout is a step's deadline: the server's step timeout, lowered by
+// the request's timeout_s. The comparison is made in seconds, before
+// converting: a huge timeout_s (1e10) would overflow a Duration. A value
+// that is not a positive number (the decoder refuses those) leaves the
+// server's.
+func stepTimeout(server time.Duration, timeoutS *float64) time.Duration {
+	if timeoutS == nil {
+		return server
+	}
+	t := *timeoutS
+	if !(t > 0) || t >= server.Seconds() { // NaN fails t > 0
+		return server
+	}
+	return time.Duration(t * float64(time.Second))
+}
+
 // httpReset is POST /reset: a fresh episode, or the named session's.
 func (s *Server) httpReset(w http.ResponseWriter, r *http.Request, e *served) {
 	b, ok := s.body(w, r, e)
@@ -159,10 +175,7 @@ func (s *Server) httpStep(w http.ResponseWriter, r *http.Request, e *served) {
 		s.httpError(w, e, perr)
 		return
 	}
-	timeout := s.cfg.StepTimeout
-	if req.TimeoutS != nil {
-		timeout = min(timeout, time.Duration(*req.TimeoutS*float64(time.Second)))
-	}
+	timeout := stepTimeout(s.cfg.StepTimeout, req.TimeoutS)
 	sess, ok := s.stateful(w, r, e, req.SessionID)
 	if !ok {
 		return
