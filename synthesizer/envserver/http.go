@@ -75,8 +75,9 @@ func (s *Server) body(w http.ResponseWriter, r *http.Request, e *served) ([]byte
 	return b, true
 }
 
-// stateful returns the HTTP session a request names, or nil for a
-// stateless request; a name that matches no session is answered.
+// stateful returns the HTTP session a request names, held busy (the
+// caller calls leave), or nil for a stateless request; a name that matches
+// no session is answered.
 func (s *Server) stateful(w http.ResponseWriter, r *http.Request, e *served, bodyID string) (*session, bool) {
 	id := r.Header.Get(SessionHeader)
 	if id == "" {
@@ -98,16 +99,10 @@ func (s *Server) stateful(w http.ResponseWriter, r *http.Request, e *served, bod
 	return sess, true
 }
 
-// use runs f on a session, holding it busy (never evicted meanwhile).
+// use runs f on a session, holding its lock.
 func use[T any](sess *session, f func() (T, *openenv.Error)) (T, *openenv.Error) {
-	sess.busy.Add(1)
-	sess.touch()
 	sess.mu.Lock()
-	defer func() {
-		sess.mu.Unlock()
-		sess.touch()
-		sess.busy.Add(-1)
-	}()
+	defer sess.mu.Unlock()
 	return f()
 }
 
@@ -145,6 +140,8 @@ func (s *Server) httpReset(w http.ResponseWriter, r *http.Request, e *served) {
 	if sess == nil {
 		sess = e.ephemeral()
 		defer sess.discard()
+	} else {
+		defer sess.leave()
 	}
 	resp, perr := use(sess, func() (json.RawMessage, *openenv.Error) { return sess.reset(r.Context(), req) })
 	if perr != nil {
@@ -184,6 +181,8 @@ func (s *Server) httpStep(w http.ResponseWriter, r *http.Request, e *served) {
 	if fresh {
 		sess = e.ephemeral()
 		defer sess.discard()
+	} else {
+		defer sess.leave()
 	}
 	resp, perr := use(sess, func() (any, *openenv.Error) {
 		if fresh {
@@ -210,6 +209,7 @@ func (s *Server) httpState(w http.ResponseWriter, r *http.Request, e *served) {
 		writeJSON(w, http.StatusOK, openenv.State{Environment: e.id})
 		return
 	}
+	defer sess.leave()
 	st, _ := use(sess, func() (openenv.State, *openenv.Error) { return sess.state(), nil })
 	writeJSON(w, http.StatusOK, st)
 }

@@ -114,7 +114,7 @@ type session struct {
 	frameBuf []byte
 
 	lastActive atomic.Int64 // unix nanoseconds
-	busy       atomic.Int32 // requests in progress (never evicted while > 0)
+	busy       atomic.Int32 // requests in progress (never evicted while > 0); below 0 once the reaper evicted it (see gone)
 	evictOnce  sync.Once
 	evicted    chan struct{}       // closed when evicted or closed
 	onEvict    func(reason string) // WebSocket: send SESSION_ERROR with reason and close
@@ -207,15 +207,40 @@ func (e *served) acquire(transport string, onEvict func(reason string)) (*sessio
 	return s, nil
 }
 
-// lookup returns the HTTP session id, or nil.
+// lookup returns the HTTP session id held busy (the caller calls leave
+// when done), or nil. It enters the session under e.mu, where the reaper
+// decides: a session is either found and busy, and so not evicted until
+// the caller leaves, or already gone.
 func (e *served) lookup(id string) *session {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	s := e.sessions[id]
-	if s == nil || s.transport != "http" {
+	if s == nil || s.transport != "http" || !s.enter() {
 		return nil
 	}
 	return s
+}
+
+// gone is busy's value when the reaper evicts an idle session: a request
+// that enters afterwards sees a count below 1 and finds the session gone
+// (far below 0, and subtracting it back still fits an int32).
+const gone = -1 << 30
+
+// enter marks a request in progress on the session (never evicted while
+// one is); false when the reaper evicted it first.
+func (s *session) enter() bool {
+	if s.busy.Add(1) < 1 {
+		s.busy.Add(-1)
+		return false
+	}
+	s.touch()
+	return true
+}
+
+// leave ends a request that entered.
+func (s *session) leave() {
+	s.touch()
+	s.busy.Add(-1)
 }
 
 // release ends a session: its episode is closed (an unfinished one is not
@@ -238,15 +263,30 @@ func (e *served) release(s *session) {
 	s.mu.Unlock()
 }
 
-// reap evicts the sessions idle for longer than the idle timeout.
+// reap evicts the sessions idle for longer than the idle timeout. The
+// decision is one step on the session's busy count, under e.mu: an idle
+// session without a request in progress has gone added to its count (a
+// request that enters later finds it gone) and leaves the map at once (a
+// lookup later finds nothing); one with a request in progress stays.
 func (e *served) reap(now time.Time) {
 	limit := now.Add(-e.srv.cfg.IdleTimeout).UnixNano()
 	e.mu.Lock()
 	var stale []*session
-	for _, s := range e.sessions {
-		if s.busy.Load() == 0 && s.lastActive.Load() < limit {
-			stale = append(stale, s)
+	for id, s := range e.sessions {
+		if s.lastActive.Load() >= limit || !s.busy.CompareAndSwap(0, gone) {
+			continue
 		}
+		// A request that ended between the two loads has touched the
+		// session before its count fell to 0: it was not idle after all.
+		if s.lastActive.Load() >= limit {
+			s.busy.Add(-gone)
+			continue
+		}
+		delete(e.sessions, id)
+		stale = append(stale, s)
+	}
+	if len(stale) > 0 {
+		e.srv.m.sessions.WithLabelValues(e.id).Set(float64(len(e.sessions)))
 	}
 	e.mu.Unlock()
 	for _, s := range stale {

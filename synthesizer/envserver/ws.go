@@ -153,12 +153,17 @@ func (s *Server) serveWS(w http.ResponseWriter, r *http.Request, e *served) {
 		if err != nil {
 			return
 		}
-		sess.busy.Add(1)
+		live := sess.busy.Add(1) > 0 // not when the reaper evicted it (see gone)
 		sess.touch()
 		var resp any
 		stop := false
 		select {
 		case <-sess.evicted:
+			live = false
+		default:
+		}
+		switch {
+		case !live:
 			resp, stop = errorFrame(&openenv.Error{Code: openenv.CodeSession, Message: "session evicted: idle for longer than " + s.cfg.IdleTimeout.String()}), true
 		default:
 			if tooBig > 0 {
@@ -268,7 +273,10 @@ func (s *Server) serveMCPWS(w http.ResponseWriter, r *http.Request, e *served) {
 		if err != nil {
 			return
 		}
-		sess.busy.Add(1)
+		if sess.busy.Add(1) < 1 { // the reaper evicted it (see gone); its onEvict closes the connection
+			sess.busy.Add(-1)
+			return
+		}
 		sess.touch()
 		var out openenv.RPCResponse
 		if tooBig > 0 {
