@@ -28,6 +28,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/sync/singleflight"
 )
 
 // Options are what New needs beyond the configuration.
@@ -53,10 +54,28 @@ type Server struct {
 
 	recCancel context.CancelFunc
 
-	mu     sync.Mutex
-	envs   map[string]*served
-	closed bool
+	// loads opens an environment once however many requests ask for it
+	// meanwhile, outside mu.
+	loads singleflight.Group
+	// catalogTimeout bounds one catalog call (listing, opening).
+	catalogTimeout time.Duration
+
+	mu   sync.Mutex
+	envs map[string]*served
+	// missing holds ids the catalog did not know, until when that answer
+	// is kept (notFoundTTL).
+	missing map[string]time.Time
+	closed  bool
 }
+
+// catalogTimeout bounds one catalog call: a registry query, or loading a
+// program into a fresh sandbox worker.
+const catalogTimeout = 30 * time.Second
+
+// notFoundTTL is how long an id the catalog did not know is answered 404
+// without asking it again (an environment accepted meanwhile is served
+// after at most that long).
+const notFoundTTL = 5 * time.Second
 
 // New returns a server; it starts the idle reaper and the episode recorder.
 func New(cfg Config, o Options) (*Server, error) {
@@ -69,7 +88,8 @@ func New(cfg Config, o Options) (*Server, error) {
 	if o.Log == nil {
 		o.Log = slog.Default()
 	}
-	s := &Server{cfg: cfg, cat: o.Catalog, log: o.Log, stop: make(chan struct{}), envs: map[string]*served{}}
+	s := &Server{cfg: cfg, cat: o.Catalog, log: o.Log, stop: make(chan struct{}), catalogTimeout: catalogTimeout,
+		envs: map[string]*served{}, missing: map[string]time.Time{}}
 	queued := func() float64 { return 0 }
 	s.m = newMetrics(o.Registerer, func() float64 { return queued() })
 	if o.Writer != nil {
@@ -150,15 +170,53 @@ func (s *Server) Close(ctx context.Context) error {
 }
 
 // environment returns the served environment id, opening it on first use.
+// The server's lock covers only the lookup: the catalog is asked outside
+// it (one load per id at a time, bounded by catalogTimeout), so a slow
+// registry or sandbox start holds up only the requests for that id.
 func (s *Server) environment(ctx context.Context, id string) (*served, error) {
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	if s.closed {
-		return nil, errors.New("envserver: shutting down")
+		s.mu.Unlock()
+		return nil, errShuttingDown
 	}
 	if e := s.envs[id]; e != nil {
+		s.mu.Unlock()
 		return e, nil
 	}
+	if until, ok := s.missing[id]; ok {
+		if time.Now().Before(until) {
+			s.mu.Unlock()
+			return nil, ErrNotFound
+		}
+		delete(s.missing, id)
+	}
+	s.mu.Unlock()
+	// The load is not the first caller's: it goes on (within its own
+	// bound) when that caller goes away, for the others waiting on it.
+	ch := s.loads.DoChan(id, func() (any, error) { return s.load(id) })
+	select {
+	case r := <-ch:
+		if r.Err != nil {
+			return nil, r.Err
+		}
+		return r.Val.(*served), nil
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+var errShuttingDown = errors.New("envserver: shutting down")
+
+// load asks the catalog for environment id and keeps what it opened.
+func (s *Server) load(id string) (*served, error) {
+	s.mu.Lock()
+	e := s.envs[id] // opened by a load that ended since the caller looked
+	s.mu.Unlock()
+	if e != nil {
+		return e, nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), s.catalogTimeout)
+	defer cancel()
 	entries, err := s.cat.List(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("envserver: catalog: %w", err)
@@ -170,19 +228,48 @@ func (s *Server) environment(ctx context.Context, id string) (*served, error) {
 		}
 	}
 	if entry == nil {
+		s.notFound(id)
 		return nil, ErrNotFound
 	}
 	env, err := s.cat.Open(ctx, id)
-	if err != nil {
-		return nil, err
+	if errors.Is(err, ErrNotFound) {
+		s.notFound(id)
+		return nil, ErrNotFound
 	}
-	e, err := newServed(s, *entry, env)
+	if err != nil {
+		return nil, fmt.Errorf("envserver: open %s: %w", id, err)
+	}
+	e, err = newServed(s, *entry, env)
 	if err != nil {
 		env.Close()
 		return nil, err
 	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		env.Close()
+		return nil, errShuttingDown
+	}
 	s.envs[id] = e
 	return e, nil
+}
+
+// notFound keeps the catalog's answer that id is unknown for notFoundTTL.
+func (s *Server) notFound(id string) {
+	now := time.Now()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.missing) >= 1024 { // ids asked for at random: keep the map small
+		for k, until := range s.missing {
+			if now.After(until) {
+				delete(s.missing, k)
+			}
+		}
+		if len(s.missing) >= 1024 {
+			return
+		}
+	}
+	s.missing[id] = now.Add(notFoundTTL)
 }
 
 // Handler serves the API: GET /health and the environments' health are
@@ -227,7 +314,9 @@ func (s *Server) withEnv(h func(http.ResponseWriter, *http.Request, *served)) ht
 }
 
 func (s *Server) listEnvironments(w http.ResponseWriter, r *http.Request) {
-	entries, err := s.cat.List(r.Context())
+	ctx, cancel := context.WithTimeout(r.Context(), s.catalogTimeout)
+	defer cancel()
+	entries, err := s.cat.List(ctx)
 	if err != nil {
 		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"detail": err.Error()})
 		return
