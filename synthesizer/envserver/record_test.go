@@ -4,10 +4,15 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net/http/httptest"
 	"reflect"
 	"sort"
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/coder/websocket"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/traceops/trace/internal/dev/testenv"
 	"github.com/traceops/trace/sink"
@@ -164,5 +169,78 @@ func TestRecordSampling(t *testing.T) {
 	time.Sleep(200 * time.Millisecond)
 	if rows = readEpisodes(t, st, len(sampled)); len(rows) != len(sampled) || fmt.Sprint(got) != fmt.Sprint(sampled) {
 		t.Fatalf("recorded %v, want %v", got, sampled)
+	}
+}
+
+// TestRecordQueuedAtShutdown: episodes still queued when the server shuts
+// down reach ClickHouse before Close returns (the serve role closes the
+// store right after), even with a WebSocket peer that never answers the
+// close handshake and a shutdown context shorter than coder/websocket's
+// wait for it: sessions end all at once within that context, and the
+// recorder's drain has a budget of its own.
+func TestRecordQueuedAtShutdown(t *testing.T) {
+	ch := testenv.ClickHouse(t)
+	read := ch.Store()
+	w := ch.Store() // the server's, closed as the serve role closes it
+	cfg := testConfig()
+	cfg.RecordFlush = time.Hour // nothing is written before the shutdown
+	cat := envserver.NewStaticCatalog()
+	if err := cat.Add(exampleID, loadExample(t), envserver.Entry{}); err != nil {
+		t.Fatal(err)
+	}
+	reg := prometheus.NewRegistry()
+	srv, err := envserver.New(cfg, envserver.Options{Catalog: cat, Writer: w, Registerer: reg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs := httptest.NewServer(srv.Handler())
+	defer hs.Close()
+	f := &fixture{srv: srv, http: hs, reg: reg, base: hs.URL + "/v1/environments/" + exampleID}
+	ctx := ctxT(t)
+	c := f.client("")
+	var episodes []string
+	for _, seed := range []int64{21, 22} {
+		obs, err := c.Step(ctx, "", &seed, openenv.ChatMessage{Role: "assistant", Content: "I cannot help with that."})
+		if err != nil || !obs.Done {
+			t.Fatalf("%+v, %v", obs, err)
+		}
+		episodes = append(episodes, obs.Observation.EpisodeID)
+	}
+	if got := counter(t, f, "trace_env_episodes_recorded_total", nil); got != 0 {
+		t.Fatalf("%v episodes written before the shutdown, want them all waiting", got)
+	}
+	// A peer that never reads, so never answers the close handshake.
+	deaf, _, err := websocket.Dial(ctx, "ws"+strings.TrimPrefix(f.base, "http")+"/ws", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer deaf.CloseNow()
+	waitFor(t, "the WebSocket session", func() bool { return counter(t, f, "trace_env_sessions_open", nil) == 1 })
+
+	closed := make(chan error, 1)
+	go func() {
+		sctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+		defer cancel()
+		closed <- srv.Close(sctx)
+	}()
+	select {
+	case err := <-closed:
+		t.Logf("Close: %v", err)
+	case <-time.After(60 * time.Second):
+		t.Fatal("Close did not return")
+	}
+	w.Close()
+	rows := readEpisodes(t, read, 2)
+	var got []string
+	for _, r := range rows {
+		got = append(got, r.Episode)
+	}
+	sort.Strings(got)
+	sort.Strings(episodes)
+	if fmt.Sprint(got) != fmt.Sprint(episodes) {
+		t.Fatalf("recorded %v, want %v", got, episodes)
+	}
+	if n := counter(t, f, "trace_env_episodes_dropped_total", nil); n != 0 {
+		t.Fatalf("%v episodes dropped", n)
 	}
 }

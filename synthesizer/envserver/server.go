@@ -16,6 +16,7 @@
 package envserver
 
 import (
+	"cmp"
 	"context"
 	"crypto/subtle"
 	"encoding/base64"
@@ -39,7 +40,13 @@ type Options struct {
 	// Registerer takes the metrics; nil registers none.
 	Registerer prometheus.Registerer
 	Log        *slog.Logger
+	// RecordDrain is how long Close lets the recorder write the episodes
+	// still queued, on top of the sessions' shutdown; 0: 10 s.
+	RecordDrain time.Duration
 }
+
+// defaultRecordDrain is Options.RecordDrain's default.
+const defaultRecordDrain = 10 * time.Second
 
 // Server is the OpenEnv environment server. Its handler is safe for
 // concurrent use; Close ends every session.
@@ -52,7 +59,7 @@ type Server struct {
 	stop chan struct{}
 	wg   sync.WaitGroup
 
-	recCancel context.CancelFunc
+	recDrain time.Duration
 
 	// loads opens an environment once however many requests ask for it
 	// meanwhile, outside mu.
@@ -95,9 +102,8 @@ func New(cfg Config, o Options) (*Server, error) {
 	if o.Writer != nil {
 		s.rec = newRecorder(o.Writer, cfg, s.m, o.Log)
 		queued = func() float64 { return float64(len(s.rec.q)) }
-		ctx, cancel := context.WithCancel(context.Background())
-		s.recCancel = cancel
-		go s.rec.run(ctx)
+		s.recDrain = cmp.Or(o.RecordDrain, defaultRecordDrain)
+		go s.rec.run()
 	}
 	s.wg.Add(1)
 	go s.reaper()
@@ -127,8 +133,12 @@ func (s *Server) reaper() {
 	}
 }
 
-// Close ends every session, closes the environments it opened and writes
-// the episodes still queued (bounded by ctx).
+// Close ends every session, all at once and within ctx (a WebSocket peer
+// that does not answer the close handshake is not waited for past it),
+// closes the environments it opened, and then, within a budget of its own
+// (Options.RecordDrain) whatever is left of ctx, writes the episodes still
+// queued: those it cannot write are counted in
+// trace_env_episodes_dropped_total{reason="shutdown"} and logged.
 func (s *Server) Close(ctx context.Context) error {
 	s.mu.Lock()
 	if s.closed {
@@ -141,6 +151,27 @@ func (s *Server) Close(ctx context.Context) error {
 	close(s.stop)
 	s.wg.Wait()
 	var errs []error
+	if err := endSessions(ctx, envs); err != nil {
+		errs = append(errs, err)
+	}
+	for _, e := range envs {
+		if err := e.env.Close(); err != nil {
+			errs = append(errs, fmt.Errorf("environment %s: %w", e.id, err))
+		}
+	}
+	if s.rec != nil {
+		if n := s.rec.stop(s.recDrain); n > 0 {
+			errs = append(errs, fmt.Errorf("envserver: %d episodes not written at shutdown", n))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// endSessions tells every session's client the server is going (a
+// WebSocket's SESSION_ERROR and close) and releases the session, all at
+// once; it returns when all are done or ctx ends, whichever is first.
+func endSessions(ctx context.Context, envs map[string]*served) error {
+	var wg sync.WaitGroup
 	for _, e := range envs {
 		e.mu.Lock()
 		sessions := make([]*session, 0, len(e.sessions))
@@ -150,23 +181,22 @@ func (s *Server) Close(ctx context.Context) error {
 		e.mu.Unlock()
 		for _, ss := range sessions {
 			if ss.onEvict != nil {
-				ss.onEvict("the server is shutting down")
+				wg.Go(func() { ss.onEvict(ctx, "the server is shutting down") })
 			}
-			e.release(ss)
-		}
-		if err := e.env.Close(); err != nil {
-			errs = append(errs, fmt.Errorf("environment %s: %w", e.id, err))
+			wg.Go(func() { e.release(ss) })
 		}
 	}
-	if s.rec != nil {
-		s.recCancel()
-		select {
-		case <-s.rec.done:
-		case <-ctx.Done():
-			errs = append(errs, fmt.Errorf("envserver: episodes still queued at shutdown: %w", ctx.Err()))
-		}
+	done := make(chan struct{})
+	go func() {
+		wg.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("envserver: sessions still ending at shutdown: %w", ctx.Err())
 	}
-	return errors.Join(errs...)
 }
 
 // environment returns the served environment id, opening it on first use.

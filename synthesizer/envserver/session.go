@@ -116,8 +116,8 @@ type session struct {
 	lastActive atomic.Int64 // unix nanoseconds
 	busy       atomic.Int32 // requests in progress (never evicted while > 0); below 0 once the reaper evicted it (see gone)
 	evictOnce  sync.Once
-	evicted    chan struct{}       // closed when evicted or closed
-	onEvict    func(reason string) // WebSocket: send SESSION_ERROR with reason and close
+	evicted    chan struct{}                            // closed when evicted or closed
+	onEvict    func(ctx context.Context, reason string) // WebSocket: send SESSION_ERROR with reason and close, within ctx
 }
 
 // play is one episode in a session.
@@ -193,7 +193,7 @@ func newID() string {
 func (s *session) touch() { s.lastActive.Store(time.Now().UnixNano()) }
 
 // acquire creates a session, or answers CAPACITY_REACHED.
-func (e *served) acquire(transport string, onEvict func(reason string)) (*session, *openenv.Error) {
+func (e *served) acquire(transport string, onEvict func(ctx context.Context, reason string)) (*session, *openenv.Error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if n := len(e.sessions); n >= e.srv.cfg.MaxSessions {
@@ -294,7 +294,7 @@ func (e *served) reap(now time.Time) {
 		e.srv.log.Info("env session evicted after idle timeout", "environment", e.id, "session", s.id,
 			"transport", s.transport, "idle_timeout", e.srv.cfg.IdleTimeout)
 		if s.onEvict != nil {
-			go s.onEvict(fmt.Sprintf("session evicted: idle for longer than %s (env.idle_timeout)", e.srv.cfg.IdleTimeout)) // it writes to the client: never hold the reaper up
+			go s.onEvict(context.Background(), fmt.Sprintf("session evicted: idle for longer than %s (env.idle_timeout)", e.srv.cfg.IdleTimeout)) // it writes to the client: never hold the reaper up
 		}
 		e.release(s)
 	}

@@ -43,6 +43,22 @@ func (w wsConn) send(ctx context.Context, v any) error {
 	return w.c.Write(ctx, websocket.MessageText, b)
 }
 
+// closeWithin closes c with the close handshake, returning when ctx ends
+// if the peer has not answered by then: the handshake goes on in the
+// background, within coder/websocket's own bounds (5 s to write the close
+// frame, 5 s for the peer's).
+func closeWithin(ctx context.Context, c *websocket.Conn, code websocket.StatusCode, reason string) {
+	done := make(chan struct{})
+	go func() {
+		c.Close(code, reason)
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-ctx.Done():
+	}
+}
+
 func errorFrame(e *openenv.Error) map[string]any {
 	return map[string]any{"type": openenv.FrameError, "data": e.Data()}
 }
@@ -136,9 +152,9 @@ func (s *Server) serveWS(w http.ResponseWriter, r *http.Request, e *served) {
 	defer c.CloseNow()
 	conn := wsConn{c}
 	ctx := r.Context()
-	sess, perr := e.acquire("ws", func(reason string) {
-		conn.send(context.Background(), errorFrame(&openenv.Error{Code: openenv.CodeSession, Message: reason}))
-		c.Close(websocket.StatusPolicyViolation, "session ended")
+	sess, perr := e.acquire("ws", func(ctx context.Context, reason string) {
+		conn.send(ctx, errorFrame(&openenv.Error{Code: openenv.CodeSession, Message: reason}))
+		closeWithin(ctx, c, websocket.StatusPolicyViolation, "session ended")
 	})
 	if perr != nil {
 		s.m.errors.WithLabelValues(e.id, perr.Code).Inc()
@@ -258,7 +274,9 @@ func (s *Server) serveMCPWS(w http.ResponseWriter, r *http.Request, e *served) {
 	defer c.CloseNow()
 	conn := wsConn{c}
 	ctx := r.Context()
-	sess, perr := e.acquire("ws", func(string) { c.Close(websocket.StatusPolicyViolation, "session ended") })
+	sess, perr := e.acquire("ws", func(ctx context.Context, _ string) {
+		closeWithin(ctx, c, websocket.StatusPolicyViolation, "session ended")
+	})
 	if perr != nil {
 		s.m.errors.WithLabelValues(e.id, perr.Code).Inc()
 		conn.send(ctx, openenv.RPCResponse{Error: openenv.NewRPCError(openenv.RPCServerError, perr.Message,
