@@ -102,7 +102,7 @@ SESSION_ERROR, queued episodes are written, then it exits 0.`,
 					return fmt.Errorf("%s: %w", f, err)
 				}
 				id := envID(name)
-				if err := cat.Add(id, env, envserver.Entry{}); err != nil {
+				if err := cat.Add(id, env, envserver.Entry{MaxTurns: ef.lim.MaxTurns}); err != nil {
 					env.Close()
 					return fmt.Errorf("%s: %w", f, err)
 				}

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http/httptest"
+	"os"
 	"reflect"
 	"sort"
 	"strings"
@@ -16,6 +17,8 @@ import (
 
 	"github.com/traceops/trace/internal/dev/testenv"
 	"github.com/traceops/trace/sink"
+	"github.com/traceops/trace/synthesizer/envclient"
+	"github.com/traceops/trace/synthesizer/envprog"
 	"github.com/traceops/trace/synthesizer/envserver"
 	"github.com/traceops/trace/synthesizer/openenv"
 )
@@ -242,5 +245,113 @@ func TestRecordQueuedAtShutdown(t *testing.T) {
 	}
 	if n := counter(t, f, "trace_env_episodes_dropped_total", nil); n != 0 {
 		t.Fatalf("%v episodes dropped", n)
+	}
+}
+
+// TestRecordDoneReasons: every finished episode is recorded with why it
+// ended: the server's step timeout and the program's own call timeout
+// ("timeout"), a program error ("error"), the turn limit ("max_turns"),
+// and the final answer ("final"); those that ended without a reward
+// have reward 0 and no components. The observation says the same.
+func TestRecordDoneReasons(t *testing.T) {
+	st := testenv.ClickHouse(t).Store()
+	cfg := testConfig()
+	cfg.StepTimeout = 300 * time.Millisecond
+	src, err := os.ReadFile("testdata/spin.star")
+	if err != nil {
+		t.Fatal(err)
+	}
+	load := func(lim envprog.Limits) envprog.Env {
+		env, err := envprog.Load(context.Background(), "spin.star", src, lim)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { env.Close() })
+		return env
+	}
+	cat := envserver.NewStaticCatalog()
+	for id, c := range map[string]struct {
+		lim envprog.Limits
+		e   envserver.Entry
+	}{
+		// The server's step timeout stops it (the program's are an hour away).
+		"spin": {envprog.Limits{MaxSteps: 1 << 62, CallTimeout: time.Hour}, envserver.Entry{}},
+		// Its own call timeout, below the server's.
+		"spin-calltimeout": {envprog.Limits{MaxSteps: 1 << 62, CallTimeout: 50 * time.Millisecond}, envserver.Entry{}},
+		// Its step budget: a program error.
+		"spin-steps": {envprog.Limits{MaxSteps: 10000}, envserver.Entry{}},
+		// One turn at most.
+		"spin-1turn": {envprog.Limits{MaxTurns: 1}, envserver.Entry{MaxTurns: 1}},
+	} {
+		if err := cat.Add(id, load(c.lim), c.e); err != nil {
+			t.Fatal(err)
+		}
+	}
+	srv, err := envserver.New(cfg, envserver.Options{Catalog: cat, Writer: st})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs := httptest.NewServer(srv.Handler())
+	t.Cleanup(func() {
+		hs.Close()
+		srv.Close(context.Background())
+	})
+	ctx := ctxT(t)
+	spin := func(n int64) openenv.ChatMessage {
+		return openenv.ChatMessage{Role: "assistant", ToolCalls: []openenv.ChatToolCall{{ID: "s", Type: "function",
+			Function: openenv.ChatFunction{Name: "spin", Arguments: `{"n": ` + jsonInt(n) + `}`}}}}
+	}
+	type want struct {
+		reason string
+		steps  uint32
+		reward float64
+	}
+	wants := map[int64]want{}
+	play := func(id string, seed int64, actions []openenv.ChatMessage, w want) {
+		t.Helper()
+		c := envclient.New(hs.URL+"/v1/environments/"+id, "")
+		s, err := c.Dial(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer s.Close()
+		if _, err := s.Reset(ctx, openenv.ResetRequest{Seed: &seed}); err != nil {
+			t.Fatal(err)
+		}
+		var obs openenv.StepResponse
+		for _, a := range actions {
+			if obs, err = s.Step(ctx, a); err != nil {
+				break
+			}
+		}
+		switch w.reason {
+		case "timeout", "error":
+			if !isCode(err, openenv.CodeExecution) {
+				t.Fatalf("%s: %v, want EXECUTION_ERROR", id, err)
+			}
+		default:
+			if err != nil || !obs.Done || obs.Observation.DoneReason != w.reason {
+				t.Fatalf("%s: %+v, %v, want done_reason %s", id, obs, err, w.reason)
+			}
+		}
+		wants[seed] = w
+	}
+	play("spin", 1, []openenv.ChatMessage{spin(1 << 50)}, want{"timeout", 0, 0})
+	play("spin-calltimeout", 2, []openenv.ChatMessage{spin(1 << 50)}, want{"timeout", 0, 0})
+	play("spin-steps", 3, []openenv.ChatMessage{spin(1 << 40)}, want{"error", 0, 0})
+	play("spin-1turn", 4, []openenv.ChatMessage{spin(4)}, want{"max_turns", 1, 1})
+	play("spin-1turn", 5, []openenv.ChatMessage{{Role: "assistant", Content: "none"}}, want{"final", 1, 0})
+	rows := readEpisodes(t, st, len(wants))
+	if len(rows) != len(wants) {
+		t.Fatalf("%d rows, want %d: %+v", len(rows), len(wants), rows)
+	}
+	for _, r := range rows {
+		w := wants[r.Seed]
+		if r.Reason != w.reason || r.Steps != w.steps || r.Reward != w.reward {
+			t.Errorf("seed %d: recorded %s, %d steps, reward %v; want %s, %d, %v", r.Seed, r.Reason, r.Steps, r.Reward, w.reason, w.steps, w.reward)
+		}
+		if (w.reason == "timeout" || w.reason == "error") && r.Components != "{}" {
+			t.Errorf("seed %d: components %s of an episode without a reward", r.Seed, r.Components)
+		}
 	}
 }

@@ -1,6 +1,7 @@
 package envserver
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -38,6 +39,8 @@ type served struct {
 	srv     *Server
 	// toolsJSON is the tools' encoding, sent in every observation.
 	toolsJSON []byte
+	// maxTurns is the turn limit the program was loaded with (Entry's).
+	maxTurns int
 	// bounded: env's calls return by their context's deadline whatever
 	// the program does (see deadlineBound), so sessions call it directly.
 	bounded bool
@@ -59,7 +62,8 @@ type deadlineBound interface {
 func newServed(srv *Server, e Entry, env envprog.Env) (*served, error) {
 	info := env.Info()
 	s := &served{id: e.ID, entry: e, env: env, info: info, tools: info.Tools, srv: srv,
-		params: map[string]*jsonschema.Schema{}, sessions: map[string]*session{}}
+		maxTurns: cmp.Or(e.MaxTurns, envprog.DefaultLimits.MaxTurns),
+		params:   map[string]*jsonschema.Schema{}, sessions: map[string]*session{}}
 	if b, ok := env.(deadlineBound); ok && b.ReturnsByDeadline() {
 		s.bounded = true
 	}
@@ -531,21 +535,23 @@ func (s *session) step(ctx context.Context, a openenv.Action, timeout time.Durat
 	srv.m.stepTime.WithLabelValues(s.env.id).Observe(time.Since(t0).Seconds())
 	srv.m.steps.WithLabelValues(s.env.id).Inc()
 	if err != nil {
-		p.done, p.err = true, err.Error()
-		p.reason = "error"
-		if errors.Is(err, errTimeout) {
-			p.reason = "timeout"
-		}
-		return nil, programError("step", timeout, err)
+		return nil, s.failed(p, "step", timeout, err)
 	}
 	p.steps++
 	p.results = chatMessages(res.ToolResults)
 	if !res.Done {
 		return s.observation(), nil
 	}
-	p.done, p.reason = true, "environment"
-	if len(a.ToolCalls) == 0 {
+	p.done = true
+	switch {
+	case len(a.ToolCalls) == 0:
 		p.reason = "final"
+	case p.steps >= s.env.maxTurns:
+		// The runtime ends an episode at its turn limit; a program that
+		// ended it itself on that very turn cannot be told apart.
+		p.reason = "max_turns"
+	default:
+		p.reason = "environment"
 	}
 	p.begin()
 	rw, err := within(s, ctx, timeout, func(ctx context.Context) (envprog.Reward, error) {
@@ -553,17 +559,33 @@ func (s *session) step(ctx context.Context, a openenv.Action, timeout time.Durat
 		return p.ep.Reward(ctx)
 	}, nil)
 	if err != nil {
-		p.reason, p.err = "error", err.Error()
-		if errors.Is(err, errTimeout) {
-			p.reason = "timeout"
-		}
-		return nil, programError("reward", timeout, err)
+		return nil, s.failed(p, "reward", timeout, err)
 	}
 	p.reward = &rw
 	srv.m.reward.WithLabelValues(s.env.id).Observe(rw.Value)
 	srv.m.episodes.WithLabelValues(s.env.id, p.reason).Inc()
 	srv.record(s, p)
 	return s.observation(), nil
+}
+
+// failed ends the episode on the error of a program call (fn): "timeout"
+// for the step timeout or the program's own call timeout, else "error".
+// The episode is finished, counted and recorded as any other (without a
+// reward); a call cut off because its request went away (a cancelled
+// context) leaves it abandoned, and unrecorded, instead.
+func (s *session) failed(p *play, fn string, timeout time.Duration, err error) *openenv.Error {
+	p.done, p.err = true, err.Error()
+	p.reason = "error"
+	var pe *envprog.ProgramError
+	if errors.Is(err, errTimeout) || (errors.As(err, &pe) && pe.Limit == "timeout") {
+		p.reason = "timeout"
+	}
+	if !errors.Is(err, context.Canceled) {
+		srv := s.env.srv
+		srv.m.episodes.WithLabelValues(s.env.id, p.reason).Inc()
+		srv.record(s, p)
+	}
+	return programError(fn, timeout, err)
 }
 
 // state is the session's state frame / GET /state body.
@@ -610,11 +632,16 @@ func (s *Server) record(sess *session, p *play) {
 	if s.rec == nil || !Sampled(p.id, s.cfg.RecordSample) {
 		return
 	}
-	comps, _ := json.Marshal(p.reward.Components)
-	if p.reward.Components == nil {
-		comps = []byte("{}")
+	// An episode that ended on a timeout or an error has no reward: 0
+	// and no components.
+	reward, comps := 0.0, []byte("{}")
+	if p.reward != nil {
+		reward = p.reward.Value
+		if p.reward.Components != nil {
+			comps, _ = json.Marshal(p.reward.Components)
+		}
 	}
 	s.rec.offer(sink.EnvEpisodeRow{EnvironmentID: sess.env.id, ProgramHash: sess.env.info.Hash, SessionID: sess.id,
 		EpisodeID: p.id, Transport: sess.transport, Seed: p.seed, Hinted: p.hinted, Steps: uint32(p.steps),
-		DoneReason: p.reason, Reward: p.reward.Value, Components: string(comps), StartedAt: p.started, EndedAt: time.Now()})
+		DoneReason: p.reason, Reward: reward, Components: string(comps), StartedAt: p.started, EndedAt: time.Now()})
 }
