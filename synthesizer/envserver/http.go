@@ -50,7 +50,7 @@ func (s *Server) httpError(w http.ResponseWriter, e *served, perr *openenv.Error
 			}
 			detail = fs
 		}
-	case openenv.CodeCapacityReached:
+	case openenv.CodeCapacityReached: // no HTTP path takes a slot but session/create, which answers JSON-RPC
 		status = http.StatusServiceUnavailable
 	case openenv.CodeSession:
 		status = http.StatusNotFound

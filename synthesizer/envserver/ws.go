@@ -264,6 +264,13 @@ func (s *Server) frame(ctx context.Context, e *served, sess *session, b []byte) 
 	return fail(&openenv.Error{Code: openenv.CodeUnknownType, Message: "Unknown message type: " + f.Type})
 }
 
+// sessionEnded is what the WebSocket /mcp sends before it closes a session
+// the server ended (idle eviction, shutdown): a JSON-RPC error without an
+// id, as /ws sends its SESSION_ERROR frame, whose code is in data.
+func sessionEnded(reason string) openenv.RPCResponse {
+	return openenv.RPCResponse{Error: openenv.NewRPCError(openenv.RPCServerError, reason, map[string]string{"code": openenv.CodeSession})}
+}
+
 // serveMCPWS is the WebSocket /mcp: JSON-RPC requests on a session of
 // their own (openenv's mcp_websocket_endpoint).
 func (s *Server) serveMCPWS(w http.ResponseWriter, r *http.Request, e *served) {
@@ -274,7 +281,8 @@ func (s *Server) serveMCPWS(w http.ResponseWriter, r *http.Request, e *served) {
 	defer c.CloseNow()
 	conn := wsConn{c}
 	ctx := r.Context()
-	sess, perr := e.acquire("ws", func(ctx context.Context, _ string) {
+	sess, perr := e.acquire("ws", func(ctx context.Context, reason string) {
+		conn.send(ctx, sessionEnded(reason))
 		closeWithin(ctx, c, websocket.StatusPolicyViolation, "session ended")
 	})
 	if perr != nil {
@@ -293,6 +301,7 @@ func (s *Server) serveMCPWS(w http.ResponseWriter, r *http.Request, e *served) {
 		}
 		if sess.busy.Add(1) < 1 { // the reaper evicted it (see gone); its onEvict closes the connection
 			sess.busy.Add(-1)
+			conn.send(ctx, sessionEnded("session evicted: idle for longer than "+s.cfg.IdleTimeout.String()))
 			return
 		}
 		sess.touch()
