@@ -16,7 +16,7 @@ type EnvEpisodeRow struct {
 	Seed                       int64
 	Hinted                     bool
 	Steps                      uint32
-	DoneReason                 string // final | environment
+	DoneReason                 string // final | environment | max_turns | timeout | error
 	Reward                     float64
 	Components                 string // {"name": value, ...}
 	StartedAt, EndedAt         time.Time

@@ -42,7 +42,9 @@ func (c Catalog) List(ctx context.Context) ([]envserver.Entry, error) {
 	}
 	out := make([]envserver.Entry, 0, len(list))
 	for _, e := range list {
-		out = append(out, entry(e))
+		en := entry(e)
+		en.MaxTurns = c.Limits.MaxTurns // what Open loads it with
+		out = append(out, en)
 	}
 	return out, nil
 }

@@ -102,7 +102,7 @@ SESSION_ERROR, queued episodes are written, then it exits 0.`,
 					return fmt.Errorf("%s: %w", f, err)
 				}
 				id := envID(name)
-				if err := cat.Add(id, env, envserver.Entry{}); err != nil {
+				if err := cat.Add(id, env, envserver.Entry{MaxTurns: ef.lim.MaxTurns}); err != nil {
 					env.Close()
 					return fmt.Errorf("%s: %w", f, err)
 				}
@@ -149,7 +149,11 @@ SESSION_ERROR, queued episodes are written, then it exits 0.`,
 			sctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()
 			hs.Shutdown(sctx)
-			return srv.Close(sctx)
+			// The sessions get a budget of their own (and the queued
+			// episodes the recorder's, on top of it).
+			cctx, ccancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer ccancel()
+			return srv.Close(cctx)
 		},
 	}
 	f := cmd.Flags()

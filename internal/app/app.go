@@ -69,7 +69,8 @@ type App struct {
 	httpAddr   string
 	envSrv     *envserver.Server // the serve role's environment server
 	envAddr    string
-	routerAddr string // the route role's listener
+	envHTTP    *http.Server // env.addr's server, when set
+	routerAddr string       // the route role's listener
 
 	// Simulated, when set before Run, provides the simulated policy for
 	// synthesizer.policy: simulated (trace demo).
@@ -87,6 +88,10 @@ func (a *App) ClickHouseAddr() string {
 
 // HTTPAddr is the address the serve role listens on (after Ready).
 func (a *App) HTTPAddr() string { return a.httpAddr }
+
+// EnvAddr is the address of the dedicated env.addr listener (after Ready),
+// "" without one.
+func (a *App) EnvAddr() string { return a.envAddr }
 
 // EmbeddedClickHouse is the local ClickHouse server trace started (nil when
 // clickhouse.addr is configured). Run supervises it.
@@ -376,11 +381,24 @@ func (a *App) addHTTP(g *run.Group) error {
 		}
 		return nil
 	}, func(error) {
+		// Both listeners first (env.addr's too: no session starts while
+		// the sessions end), at once; then the environment server, on a
+		// budget of its own for its sessions (the episodes still queued
+		// get the recorder's drain budget on top of it).
 		sctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 		defer cancel()
-		_ = srv.Shutdown(sctx)
+		var wg sync.WaitGroup
+		wg.Go(func() { _ = srv.Shutdown(sctx) })
+		if a.envHTTP != nil {
+			wg.Go(func() { _ = a.envHTTP.Shutdown(sctx) })
+		}
+		wg.Wait()
 		if a.envSrv != nil {
-			_ = a.envSrv.Close(sctx)
+			cctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			if err := a.envSrv.Close(cctx); err != nil {
+				a.Log.Warn("env server: shutdown", "err", err)
+			}
 		}
 	})
 	if a.envSrv != nil && a.Cfg.Env.Addr != "" {
@@ -404,12 +422,16 @@ func (a *App) addEnvHTTP(g *run.Group) error {
 	}
 	a.envAddr = ln.Addr().String()
 	srv := &http.Server{Handler: a.envSrv.Handler(), ReadHeaderTimeout: 10 * time.Second}
+	a.envHTTP = srv
 	g.Add(func() error {
 		if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
 			return fmt.Errorf("env %s: %w", a.envAddr, err)
 		}
 		return nil
 	}, func(error) {
+		// addHTTP's interrupt, which runs first, shut it down before
+		// closing the environment server; this one is for a Serve that
+		// fails first.
 		sctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 		defer cancel()
 		_ = srv.Shutdown(sctx)

@@ -4,10 +4,13 @@ import (
 	"context"
 	"encoding/json"
 	"io"
+	"net"
 	"net/http"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/coder/websocket"
 
 	"github.com/traceops/trace/internal/dev/testenv"
 	"github.com/traceops/trace/schemas"
@@ -112,5 +115,82 @@ func TestServeRoleServesEnvironments(t *testing.T) {
 			t.Fatalf("episode not recorded: %d rows (%v)", n, err)
 		}
 		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// TestServeRoleShutdownKeepsEpisodes: at shutdown the serve role stops the
+// dedicated env.addr listener before it ends the environment sessions, and
+// an episode still queued (env.record_flush far away) reaches env_episodes
+// before the store is closed, although a WebSocket peer on env.addr never
+// answers the close handshake.
+func TestServeRoleShutdownKeepsEpisodes(t *testing.T) {
+	ch := testenv.ClickHouse(t)
+	w := newWorld(t, ch.Addr, 1)
+	cfg := withRoles(w.cfg, "serve")
+	cfg.Env.Addr = "127.0.0.1:0"
+	cfg.Env.RecordFlush = time.Hour
+	a, stop := w.start(t, cfg)
+	defer stop()
+	<-a.Ready()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	prog := string(examples.PreconditionAirline)
+	now := time.Now().UTC().Truncate(time.Second)
+	env := &synthesizer.Environment{ID: "env-shutdown", TriggerID: "t-shutdown", Environment: "sim-airline", AgentVersion: "1.4.0",
+		DictionaryVersion: 1, Capability: "precondition_verification", Status: synthesizer.StatusDone, Program: prog,
+		ProgramHash: synthesizer.ProgramHash(prog), Tools: []string{"get_reservation_details"},
+		Request: &schemas.SynthesisRequest{TriggerID: "t-shutdown"}, CreatedAt: now, UpdatedAt: now, Version: 1}
+	if err := (synthesizer.SinkStore{Rows: a.Store}).SaveEnvironment(ctx, env); err != nil {
+		t.Fatal(err)
+	}
+	conn := testenv.StoreConn(t, a.Store) // outlives the app's store
+	base := "http://" + a.EnvAddr() + "/v1/environments/env-shutdown"
+	res, err := http.Post(base+"/step", "application/json",
+		strings.NewReader(`{"seed": 5, "action": {"role": "assistant", "content": "I cannot help with that."}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(res.Body)
+	res.Body.Close()
+	if res.StatusCode != 200 || !strings.Contains(string(body), `"done":true`) {
+		t.Fatalf("final answer = %d %s", res.StatusCode, body)
+	}
+	// A WebSocket session (a state frame answered: it exists), then a peer
+	// that reads once more, at shutdown, and never answers.
+	deaf, _, err := websocket.Dial(ctx, "ws://"+a.EnvAddr()+"/v1/environments/env-shutdown/ws", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer deaf.CloseNow()
+	if err := deaf.Write(ctx, websocket.MessageText, []byte(`{"type": "state"}`)); err != nil {
+		t.Fatal(err)
+	}
+	if _, b, err := deaf.Read(ctx); err != nil || !strings.Contains(string(b), `"state"`) {
+		t.Fatalf("state frame: %s %v", b, err)
+	}
+
+	stopped := make(chan error, 1)
+	go func() { stopped <- stop() }()
+	// The server's SESSION_ERROR says the sessions are ending: env.addr
+	// must take no connection by then.
+	_, b, err := deaf.Read(ctx)
+	if err != nil || !strings.Contains(string(b), "SESSION_ERROR") || !strings.Contains(string(b), "shutting down") {
+		t.Fatalf("at shutdown the WebSocket got %s %v, want SESSION_ERROR", b, err)
+	}
+	if c, err := net.DialTimeout("tcp", a.EnvAddr(), 5*time.Second); err == nil {
+		c.Close()
+		t.Fatal("env.addr still accepted a connection while the sessions were ending")
+	}
+	select {
+	case err := <-stopped:
+		if err != nil {
+			t.Fatalf("stop: %v", err)
+		}
+	case <-ctx.Done():
+		t.Fatal("the app did not stop")
+	}
+	var n uint64
+	if err := conn.QueryRow(ctx, "SELECT count() FROM env_episodes WHERE environment_id = 'env-shutdown' AND seed = 5").Scan(&n); err != nil || n != 1 {
+		t.Fatalf("env_episodes rows of the queued episode: %d (%v), want 1", n, err)
 	}
 }

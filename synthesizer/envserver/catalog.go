@@ -36,6 +36,10 @@ type Entry struct {
 	// (environment_ready.v1's calibration object); null for a file, which
 	// is served as it is, uncalibrated.
 	Calibration json.RawMessage `json:"calibration"`
+	// MaxTurns is the turn limit the catalog loads the program with
+	// (envprog.Limits.MaxTurns; 0: envprog's default), so that an episode
+	// its limit ends is recorded as max_turns. Not listed.
+	MaxTurns int `json:"-"`
 }
 
 // Catalog is where the server finds environments: the synthesizer's

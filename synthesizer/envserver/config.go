@@ -30,7 +30,8 @@ type Config struct {
 	// caller gets EXECUTION_ERROR at once and the episode is over.
 	StepTimeout time.Duration `koanf:"step_timeout"`
 	// MaxMessageBytes bounds one WebSocket frame or HTTP body; a larger one
-	// is answered VALIDATION_ERROR (the WebSocket session survives).
+	// is answered VALIDATION_ERROR (the WebSocket session survives a frame
+	// up to 64 times the limit; a larger one closes it, 1009).
 	MaxMessageBytes int `koanf:"max_message_bytes"`
 	// RecordSample is the share of finished episodes recorded in ClickHouse
 	// env_episodes (0 to 1; the choice is a hash of the episode id).

@@ -114,6 +114,7 @@ func (s *Server) mcp(ctx context.Context, e *served, ws *session, req openenv.RP
 			return fail(openenv.RPCInvalidParams, "Unknown session_id: "+sid, nil)
 		}
 		e.release(sess)
+		sess.leave()
 		resp.Result = map[string]any{"session_id": sid, "closed": true}
 		return resp
 	case openenv.MethodToolsList:
@@ -148,21 +149,18 @@ func (s *Server) mcp(ctx context.Context, e *served, ws *session, req openenv.RP
 		seed = &v
 	}
 
-	sess := ws
+	sess := ws // its frame holds it busy
 	switch {
 	case sess != nil:
 	case sid != "":
 		if sess = e.lookup(sid); sess == nil {
 			return fail(openenv.RPCInvalidParams, "Unknown session_id: "+sid, nil)
 		}
+		defer sess.leave()
 	default:
 		sess = e.ephemeral()
 		defer sess.discard()
 	}
-	sess.busy.Add(1)
-	defer sess.busy.Add(-1)
-	sess.touch()
-	defer sess.touch()
 	sess.mu.Lock()
 	defer sess.mu.Unlock()
 	if sess.play == nil {

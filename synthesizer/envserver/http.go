@@ -50,7 +50,7 @@ func (s *Server) httpError(w http.ResponseWriter, e *served, perr *openenv.Error
 			}
 			detail = fs
 		}
-	case openenv.CodeCapacityReached:
+	case openenv.CodeCapacityReached: // no HTTP path takes a slot but session/create, which answers JSON-RPC
 		status = http.StatusServiceUnavailable
 	case openenv.CodeSession:
 		status = http.StatusNotFound
@@ -75,8 +75,9 @@ func (s *Server) body(w http.ResponseWriter, r *http.Request, e *served) ([]byte
 	return b, true
 }
 
-// stateful returns the HTTP session a request names, or nil for a
-// stateless request; a name that matches no session is answered.
+// stateful returns the HTTP session a request names, held busy (the
+// caller calls leave), or nil for a stateless request; a name that matches
+// no session is answered.
 func (s *Server) stateful(w http.ResponseWriter, r *http.Request, e *served, bodyID string) (*session, bool) {
 	id := r.Header.Get(SessionHeader)
 	if id == "" {
@@ -98,17 +99,27 @@ func (s *Server) stateful(w http.ResponseWriter, r *http.Request, e *served, bod
 	return sess, true
 }
 
-// use runs f on a session, holding it busy (never evicted meanwhile).
+// use runs f on a session, holding its lock.
 func use[T any](sess *session, f func() (T, *openenv.Error)) (T, *openenv.Error) {
-	sess.busy.Add(1)
-	sess.touch()
 	sess.mu.Lock()
-	defer func() {
-		sess.mu.Unlock()
-		sess.touch()
-		sess.busy.Add(-1)
-	}()
+	defer sess.mu.Unlock()
 	return f()
+}
+
+// stepTimeout is a step's deadline: the server's step timeout, lowered by
+// the request's timeout_s. The comparison is made in seconds, before
+// converting: a huge timeout_s (1e10) would overflow a Duration. A value
+// that is not a positive number (the decoder refuses those) leaves the
+// server's.
+func stepTimeout(server time.Duration, timeoutS *float64) time.Duration {
+	if timeoutS == nil {
+		return server
+	}
+	t := *timeoutS
+	if !(t > 0) || t >= server.Seconds() { // NaN fails t > 0
+		return server
+	}
+	return time.Duration(t * float64(time.Second))
 }
 
 // httpReset is POST /reset: a fresh episode, or the named session's.
@@ -129,6 +140,8 @@ func (s *Server) httpReset(w http.ResponseWriter, r *http.Request, e *served) {
 	if sess == nil {
 		sess = e.ephemeral()
 		defer sess.discard()
+	} else {
+		defer sess.leave()
 	}
 	resp, perr := use(sess, func() (json.RawMessage, *openenv.Error) { return sess.reset(r.Context(), req) })
 	if perr != nil {
@@ -159,10 +172,7 @@ func (s *Server) httpStep(w http.ResponseWriter, r *http.Request, e *served) {
 		s.httpError(w, e, perr)
 		return
 	}
-	timeout := s.cfg.StepTimeout
-	if req.TimeoutS != nil {
-		timeout = min(timeout, time.Duration(*req.TimeoutS*float64(time.Second)))
-	}
+	timeout := stepTimeout(s.cfg.StepTimeout, req.TimeoutS)
 	sess, ok := s.stateful(w, r, e, req.SessionID)
 	if !ok {
 		return
@@ -171,6 +181,8 @@ func (s *Server) httpStep(w http.ResponseWriter, r *http.Request, e *served) {
 	if fresh {
 		sess = e.ephemeral()
 		defer sess.discard()
+	} else {
+		defer sess.leave()
 	}
 	resp, perr := use(sess, func() (any, *openenv.Error) {
 		if fresh {
@@ -197,6 +209,7 @@ func (s *Server) httpState(w http.ResponseWriter, r *http.Request, e *served) {
 		writeJSON(w, http.StatusOK, openenv.State{Environment: e.id})
 		return
 	}
+	defer sess.leave()
 	st, _ := use(sess, func() (openenv.State, *openenv.Error) { return sess.state(), nil })
 	writeJSON(w, http.StatusOK, st)
 }

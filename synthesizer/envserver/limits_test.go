@@ -109,8 +109,9 @@ func TestCapacity(t *testing.T) {
 }
 
 // TestIdleEviction: a session without frames for longer than the idle
-// timeout gets SESSION_ERROR and its connection closes; an idle HTTP
-// session is gone; both slots are freed.
+// timeout gets SESSION_ERROR (on the WebSocket /mcp, a JSON-RPC error with
+// that code) and its connection closes; an idle HTTP session is gone;
+// every slot is freed.
 func TestIdleEviction(t *testing.T) {
 	cfg := testConfig()
 	cfg.IdleTimeout = 300 * time.Millisecond
@@ -129,6 +130,11 @@ func TestIdleEviction(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	mcp, _, err := websocket.Dial(ctx, "ws"+strings.TrimPrefix(f.base, "http")+"/mcp", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mcp.CloseNow()
 	// Nothing is sent: the eviction frame arrives by itself.
 	_, b, err := s.Conn().Read(ctx)
 	if err != nil {
@@ -144,13 +150,30 @@ func TestIdleEviction(t *testing.T) {
 	if _, _, err := s.Conn().Read(ctx); websocket.CloseStatus(err) != websocket.StatusPolicyViolation {
 		t.Fatalf("after eviction: %v, want close 1008", err)
 	}
+	// The WebSocket /mcp says so too, as a JSON-RPC error, then closes.
+	_, b, err = mcp.Read(ctx)
+	var rpc struct {
+		ID    json.RawMessage `json:"id"`
+		Error struct {
+			Code    int               `json:"code"`
+			Message string            `json:"message"`
+			Data    map[string]string `json:"data"`
+		} `json:"error"`
+	}
+	if err != nil || json.Unmarshal(b, &rpc) != nil || string(rpc.ID) != "null" || rpc.Error.Code != openenv.RPCServerError ||
+		!strings.Contains(rpc.Error.Message, "idle") || rpc.Error.Data["code"] != openenv.CodeSession {
+		t.Fatalf("/mcp eviction message %s, %v", b, err)
+	}
+	if _, _, err := mcp.Read(ctx); websocket.CloseStatus(err) != websocket.StatusPolicyViolation {
+		t.Fatalf("/mcp after eviction: %v, want close 1008", err)
+	}
 	waitFor(t, "the HTTP session's eviction", func() bool {
 		_, err := c.State(ctx, sid)
 		return err != nil && strings.Contains(err.Error(), "404")
 	})
 	waitFor(t, "no session open", func() bool { return counter(t, f, "trace_env_sessions_open", nil) == 0 })
-	if got := counter(t, f, "trace_env_sessions_evicted_total", nil); got != 2 {
-		t.Fatalf("evicted %v, want 2", got)
+	if got := counter(t, f, "trace_env_sessions_evicted_total", nil); got != 3 {
+		t.Fatalf("evicted %v, want 3", got)
 	}
 	// A session in use is not evicted: steps every 100 ms for 1 s.
 	s2, err := c.Dial(ctx)
@@ -234,4 +257,32 @@ func testStepTimeout(t *testing.T, env envprog.Env) {
 func jsonInt(n int64) string {
 	b, _ := json.Marshal(n)
 	return string(b)
+}
+
+// TestHugeFrameCloses: a frame over the size limit is answered
+// VALIDATION_ERROR and the session goes on (TestProtocolErrors) up to 64
+// times the limit; a larger one closes the connection with 1009.
+func TestHugeFrameCloses(t *testing.T) {
+	cfg := testConfig()
+	cfg.MaxMessageBytes = 4096
+	f := start(t, cfg, nil, nil)
+	ctx := ctxT(t)
+	s, err := f.client("").Dial(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	big := func(n int) []byte {
+		return []byte(`{"type":"step","data":{"content":"` + strings.Repeat("x", n) + `"}}`)
+	}
+	fr, err := s.Send(ctx, big(60*4096))
+	if err != nil || fr.Type != "error" || !strings.Contains(string(fr.Data), openenv.CodeValidation) {
+		t.Fatalf("a frame under 64 × the limit: %+v, %v, want VALIDATION_ERROR", fr, err)
+	}
+	if err := s.Conn().Write(ctx, websocket.MessageText, big(65*4096)); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := s.Conn().Read(ctx); websocket.CloseStatus(err) != websocket.StatusMessageTooBig {
+		t.Fatalf("after a frame over 64 × the limit: %v, want close 1009", err)
+	}
 }

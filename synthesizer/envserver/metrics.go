@@ -37,7 +37,7 @@ func newMetrics(reg prometheus.Registerer, queueLen func() float64) *metrics {
 		recorded: prometheus.NewCounter(prometheus.CounterOpts{Name: "trace_env_episodes_recorded_total",
 			Help: "Episodes written to ClickHouse env_episodes."}),
 		dropped: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "trace_env_episodes_dropped_total",
-			Help: "Sampled episodes not recorded: queue_full (the writer fell behind) or write_failed (ClickHouse refused them after retries)."}, []string{"reason"}),
+			Help: "Sampled episodes not recorded: queue_full (the writer fell behind), write_failed (ClickHouse refused them after retries) or shutdown (not written within the shutdown's drain budget)."}, []string{"reason"}),
 	}
 	m.queueSize = prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "trace_env_episodes_queued",
 		Help: "Episodes waiting to be written to ClickHouse."}, queueLen)

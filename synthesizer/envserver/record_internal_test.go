@@ -46,8 +46,7 @@ func TestRecorderNeverBlocks(t *testing.T) {
 	m := newMetrics(prometheus.NewRegistry(), func() float64 { return 0 })
 	w := &stallWriter{release: make(chan struct{})}
 	r := newRecorder(w, cfg, m, slog.New(slog.NewTextHandler(io.Discard, nil)))
-	ctx, cancel := context.WithCancel(context.Background())
-	go r.run(ctx)
+	go r.run()
 	accepted := 0
 	t0 := time.Now()
 	for i := range 100 {
@@ -66,8 +65,9 @@ func TestRecorderNeverBlocks(t *testing.T) {
 		t.Fatalf("queue_full drops %v, want %d", got, 100-accepted)
 	}
 	close(w.release)
-	cancel()
-	<-r.done
+	if n := r.stop(time.Minute); n != 0 {
+		t.Fatalf("%d episodes abandoned at stop", n)
+	}
 	if got := w.rows.Load(); got != int64(accepted) {
 		t.Fatalf("written %d, want the %d accepted", got, accepted)
 	}
@@ -81,8 +81,7 @@ func TestRecorderWriteFailed(t *testing.T) {
 	m := newMetrics(prometheus.NewRegistry(), func() float64 { return 0 })
 	r := newRecorder(&stallWriter{fail: true}, cfg, m, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	r.maxWait = 300 * time.Millisecond
-	ctx, cancel := context.WithCancel(context.Background())
-	go r.run(ctx)
+	go r.run()
 	r.offer(sink.EnvEpisodeRow{EpisodeID: "x"})
 	r.offer(sink.EnvEpisodeRow{EpisodeID: "y"})
 	deadline := time.Now().Add(10 * time.Second)
@@ -92,8 +91,37 @@ func TestRecorderWriteFailed(t *testing.T) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	cancel()
-	<-r.done
+	r.stop(time.Minute)
+}
+
+// TestRecorderShutdown: with ClickHouse not answering, stop returns once
+// its drain budget is spent (the writer's call is cut off, not awaited);
+// the episodes it could not write, and one offered after it, are counted
+// as dropped for reason "shutdown".
+func TestRecorderShutdown(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.RecordFlush = time.Hour // nothing is written before the shutdown
+	m := newMetrics(prometheus.NewRegistry(), func() float64 { return 0 })
+	w := &stallWriter{release: make(chan struct{})} // never released
+	r := newRecorder(w, cfg, m, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	go r.run()
+	for _, id := range []string{"a", "b", "c"} {
+		if !r.offer(sink.EnvEpisodeRow{EpisodeID: id}) {
+			t.Fatal("offer refused before the shutdown")
+		}
+	}
+	if n := r.stop(100 * time.Millisecond); n != 3 {
+		t.Fatalf("stop abandoned %d episodes, want 3", n)
+	}
+	if r.offer(sink.EnvEpisodeRow{EpisodeID: "late"}) {
+		t.Fatal("an episode was queued after the recorder stopped")
+	}
+	if got := testutil.ToFloat64(m.dropped.WithLabelValues("shutdown")); got != 4 {
+		t.Fatalf("shutdown drops %v, want 4", got)
+	}
+	if w.rows.Load() != 0 {
+		t.Fatal("the stalled writer wrote")
+	}
 }
 
 func TestSampled(t *testing.T) {

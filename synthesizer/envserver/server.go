@@ -16,6 +16,7 @@
 package envserver
 
 import (
+	"cmp"
 	"context"
 	"crypto/subtle"
 	"encoding/base64"
@@ -28,6 +29,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/sync/singleflight"
 )
 
 // Options are what New needs beyond the configuration.
@@ -38,7 +40,13 @@ type Options struct {
 	// Registerer takes the metrics; nil registers none.
 	Registerer prometheus.Registerer
 	Log        *slog.Logger
+	// RecordDrain is how long Close lets the recorder write the episodes
+	// still queued, on top of the sessions' shutdown; 0: 10 s.
+	RecordDrain time.Duration
 }
+
+// defaultRecordDrain is Options.RecordDrain's default.
+const defaultRecordDrain = 10 * time.Second
 
 // Server is the OpenEnv environment server. Its handler is safe for
 // concurrent use; Close ends every session.
@@ -51,12 +59,30 @@ type Server struct {
 	stop chan struct{}
 	wg   sync.WaitGroup
 
-	recCancel context.CancelFunc
+	recDrain time.Duration
 
-	mu     sync.Mutex
-	envs   map[string]*served
-	closed bool
+	// loads opens an environment once however many requests ask for it
+	// meanwhile, outside mu.
+	loads singleflight.Group
+	// catalogTimeout bounds one catalog call (listing, opening).
+	catalogTimeout time.Duration
+
+	mu   sync.Mutex
+	envs map[string]*served
+	// missing holds ids the catalog did not know, until when that answer
+	// is kept (notFoundTTL).
+	missing map[string]time.Time
+	closed  bool
 }
+
+// catalogTimeout bounds one catalog call: a registry query, or loading a
+// program into a fresh sandbox worker.
+const catalogTimeout = 30 * time.Second
+
+// notFoundTTL is how long an id the catalog did not know is answered 404
+// without asking it again (an environment accepted meanwhile is served
+// after at most that long).
+const notFoundTTL = 5 * time.Second
 
 // New returns a server; it starts the idle reaper and the episode recorder.
 func New(cfg Config, o Options) (*Server, error) {
@@ -69,15 +95,15 @@ func New(cfg Config, o Options) (*Server, error) {
 	if o.Log == nil {
 		o.Log = slog.Default()
 	}
-	s := &Server{cfg: cfg, cat: o.Catalog, log: o.Log, stop: make(chan struct{}), envs: map[string]*served{}}
+	s := &Server{cfg: cfg, cat: o.Catalog, log: o.Log, stop: make(chan struct{}), catalogTimeout: catalogTimeout,
+		envs: map[string]*served{}, missing: map[string]time.Time{}}
 	queued := func() float64 { return 0 }
 	s.m = newMetrics(o.Registerer, func() float64 { return queued() })
 	if o.Writer != nil {
 		s.rec = newRecorder(o.Writer, cfg, s.m, o.Log)
 		queued = func() float64 { return float64(len(s.rec.q)) }
-		ctx, cancel := context.WithCancel(context.Background())
-		s.recCancel = cancel
-		go s.rec.run(ctx)
+		s.recDrain = cmp.Or(o.RecordDrain, defaultRecordDrain)
+		go s.rec.run()
 	}
 	s.wg.Add(1)
 	go s.reaper()
@@ -107,8 +133,12 @@ func (s *Server) reaper() {
 	}
 }
 
-// Close ends every session, closes the environments it opened and writes
-// the episodes still queued (bounded by ctx).
+// Close ends every session, all at once and within ctx (a WebSocket peer
+// that does not answer the close handshake is not waited for past it),
+// closes the environments it opened, and then, within a budget of its own
+// (Options.RecordDrain) whatever is left of ctx, writes the episodes still
+// queued: those it cannot write are counted in
+// trace_env_episodes_dropped_total{reason="shutdown"} and logged.
 func (s *Server) Close(ctx context.Context) error {
 	s.mu.Lock()
 	if s.closed {
@@ -121,6 +151,27 @@ func (s *Server) Close(ctx context.Context) error {
 	close(s.stop)
 	s.wg.Wait()
 	var errs []error
+	if err := endSessions(ctx, envs); err != nil {
+		errs = append(errs, err)
+	}
+	for _, e := range envs {
+		if err := e.env.Close(); err != nil {
+			errs = append(errs, fmt.Errorf("environment %s: %w", e.id, err))
+		}
+	}
+	if s.rec != nil {
+		if n := s.rec.stop(s.recDrain); n > 0 {
+			errs = append(errs, fmt.Errorf("envserver: %d episodes not written at shutdown", n))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// endSessions tells every session's client the server is going (a
+// WebSocket's SESSION_ERROR and close) and releases the session, all at
+// once; it returns when all are done or ctx ends, whichever is first.
+func endSessions(ctx context.Context, envs map[string]*served) error {
+	var wg sync.WaitGroup
 	for _, e := range envs {
 		e.mu.Lock()
 		sessions := make([]*session, 0, len(e.sessions))
@@ -130,35 +181,72 @@ func (s *Server) Close(ctx context.Context) error {
 		e.mu.Unlock()
 		for _, ss := range sessions {
 			if ss.onEvict != nil {
-				ss.onEvict("the server is shutting down")
+				wg.Go(func() { ss.onEvict(ctx, "the server is shutting down") })
 			}
-			e.release(ss)
-		}
-		if err := e.env.Close(); err != nil {
-			errs = append(errs, fmt.Errorf("environment %s: %w", e.id, err))
+			wg.Go(func() { e.release(ss) })
 		}
 	}
-	if s.rec != nil {
-		s.recCancel()
-		select {
-		case <-s.rec.done:
-		case <-ctx.Done():
-			errs = append(errs, fmt.Errorf("envserver: episodes still queued at shutdown: %w", ctx.Err()))
-		}
+	done := make(chan struct{})
+	go func() {
+		wg.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("envserver: sessions still ending at shutdown: %w", ctx.Err())
 	}
-	return errors.Join(errs...)
 }
 
 // environment returns the served environment id, opening it on first use.
+// The server's lock covers only the lookup: the catalog is asked outside
+// it (one load per id at a time, bounded by catalogTimeout), so a slow
+// registry or sandbox start holds up only the requests for that id.
 func (s *Server) environment(ctx context.Context, id string) (*served, error) {
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	if s.closed {
-		return nil, errors.New("envserver: shutting down")
+		s.mu.Unlock()
+		return nil, errShuttingDown
 	}
 	if e := s.envs[id]; e != nil {
+		s.mu.Unlock()
 		return e, nil
 	}
+	if until, ok := s.missing[id]; ok {
+		if time.Now().Before(until) {
+			s.mu.Unlock()
+			return nil, ErrNotFound
+		}
+		delete(s.missing, id)
+	}
+	s.mu.Unlock()
+	// The load is not the first caller's: it goes on (within its own
+	// bound) when that caller goes away, for the others waiting on it.
+	ch := s.loads.DoChan(id, func() (any, error) { return s.load(id) })
+	select {
+	case r := <-ch:
+		if r.Err != nil {
+			return nil, r.Err
+		}
+		return r.Val.(*served), nil
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+var errShuttingDown = errors.New("envserver: shutting down")
+
+// load asks the catalog for environment id and keeps what it opened.
+func (s *Server) load(id string) (*served, error) {
+	s.mu.Lock()
+	e := s.envs[id] // opened by a load that ended since the caller looked
+	s.mu.Unlock()
+	if e != nil {
+		return e, nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), s.catalogTimeout)
+	defer cancel()
 	entries, err := s.cat.List(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("envserver: catalog: %w", err)
@@ -170,19 +258,48 @@ func (s *Server) environment(ctx context.Context, id string) (*served, error) {
 		}
 	}
 	if entry == nil {
+		s.notFound(id)
 		return nil, ErrNotFound
 	}
 	env, err := s.cat.Open(ctx, id)
-	if err != nil {
-		return nil, err
+	if errors.Is(err, ErrNotFound) {
+		s.notFound(id)
+		return nil, ErrNotFound
 	}
-	e, err := newServed(s, *entry, env)
+	if err != nil {
+		return nil, fmt.Errorf("envserver: open %s: %w", id, err)
+	}
+	e, err = newServed(s, *entry, env)
 	if err != nil {
 		env.Close()
 		return nil, err
 	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		env.Close()
+		return nil, errShuttingDown
+	}
 	s.envs[id] = e
 	return e, nil
+}
+
+// notFound keeps the catalog's answer that id is unknown for notFoundTTL.
+func (s *Server) notFound(id string) {
+	now := time.Now()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.missing) >= 1024 { // ids asked for at random: keep the map small
+		for k, until := range s.missing {
+			if now.After(until) {
+				delete(s.missing, k)
+			}
+		}
+		if len(s.missing) >= 1024 {
+			return
+		}
+	}
+	s.missing[id] = now.Add(notFoundTTL)
 }
 
 // Handler serves the API: GET /health and the environments' health are
@@ -227,7 +344,9 @@ func (s *Server) withEnv(h func(http.ResponseWriter, *http.Request, *served)) ht
 }
 
 func (s *Server) listEnvironments(w http.ResponseWriter, r *http.Request) {
-	entries, err := s.cat.List(r.Context())
+	ctx, cancel := context.WithTimeout(r.Context(), s.catalogTimeout)
+	defer cancel()
+	entries, err := s.cat.List(ctx)
 	if err != nil {
 		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"detail": err.Error()})
 		return

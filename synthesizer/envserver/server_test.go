@@ -513,3 +513,25 @@ func TestObservationShape(t *testing.T) {
 		}
 	}
 }
+
+// TestHugeStepTimeout: a stateless step with a timeout_s far beyond what a
+// Duration holds plays normally under the server's step timeout (it used
+// to overflow into a negative deadline and time out at once).
+func TestHugeStepTimeout(t *testing.T) {
+	f := start(t, testConfig(), nil, nil)
+	lp := playLocal(t, 3)
+	action, _ := json.Marshal(lp.actions[0])
+	for _, ts := range []string{"1e10", "1e300"} {
+		resp, err := http.Post(f.base+"/step", "application/json",
+			strings.NewReader(`{"seed": 3, "timeout_s": `+ts+`, "action": `+string(action)+`}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		var obs openenv.StepResponse
+		if resp.StatusCode != 200 || json.Unmarshal(b, &obs) != nil || obs.Observation.StepCount != 1 {
+			t.Errorf("timeout_s %s: %d %.300s", ts, resp.StatusCode, b)
+		}
+	}
+}

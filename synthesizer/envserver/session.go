@@ -1,6 +1,7 @@
 package envserver
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -38,6 +39,8 @@ type served struct {
 	srv     *Server
 	// toolsJSON is the tools' encoding, sent in every observation.
 	toolsJSON []byte
+	// maxTurns is the turn limit the program was loaded with (Entry's).
+	maxTurns int
 	// bounded: env's calls return by their context's deadline whatever
 	// the program does (see deadlineBound), so sessions call it directly.
 	bounded bool
@@ -59,7 +62,8 @@ type deadlineBound interface {
 func newServed(srv *Server, e Entry, env envprog.Env) (*served, error) {
 	info := env.Info()
 	s := &served{id: e.ID, entry: e, env: env, info: info, tools: info.Tools, srv: srv,
-		params: map[string]*jsonschema.Schema{}, sessions: map[string]*session{}}
+		maxTurns: cmp.Or(e.MaxTurns, envprog.DefaultLimits.MaxTurns),
+		params:   map[string]*jsonschema.Schema{}, sessions: map[string]*session{}}
 	if b, ok := env.(deadlineBound); ok && b.ReturnsByDeadline() {
 		s.bounded = true
 	}
@@ -114,10 +118,10 @@ type session struct {
 	frameBuf []byte
 
 	lastActive atomic.Int64 // unix nanoseconds
-	busy       atomic.Int32 // requests in progress (never evicted while > 0)
+	busy       atomic.Int32 // requests in progress (never evicted while > 0); below 0 once the reaper evicted it (see gone)
 	evictOnce  sync.Once
-	evicted    chan struct{}       // closed when evicted or closed
-	onEvict    func(reason string) // WebSocket: send SESSION_ERROR with reason and close
+	evicted    chan struct{}                            // closed when evicted or closed
+	onEvict    func(ctx context.Context, reason string) // WebSocket: send SESSION_ERROR with reason and close, within ctx
 }
 
 // play is one episode in a session.
@@ -193,7 +197,7 @@ func newID() string {
 func (s *session) touch() { s.lastActive.Store(time.Now().UnixNano()) }
 
 // acquire creates a session, or answers CAPACITY_REACHED.
-func (e *served) acquire(transport string, onEvict func(reason string)) (*session, *openenv.Error) {
+func (e *served) acquire(transport string, onEvict func(ctx context.Context, reason string)) (*session, *openenv.Error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if n := len(e.sessions); n >= e.srv.cfg.MaxSessions {
@@ -207,15 +211,40 @@ func (e *served) acquire(transport string, onEvict func(reason string)) (*sessio
 	return s, nil
 }
 
-// lookup returns the HTTP session id, or nil.
+// lookup returns the HTTP session id held busy (the caller calls leave
+// when done), or nil. It enters the session under e.mu, where the reaper
+// decides: a session is either found and busy, and so not evicted until
+// the caller leaves, or already gone.
 func (e *served) lookup(id string) *session {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	s := e.sessions[id]
-	if s == nil || s.transport != "http" {
+	if s == nil || s.transport != "http" || !s.enter() {
 		return nil
 	}
 	return s
+}
+
+// gone is busy's value when the reaper evicts an idle session: a request
+// that enters afterwards sees a count below 1 and finds the session gone
+// (far below 0, and subtracting it back still fits an int32).
+const gone = -1 << 30
+
+// enter marks a request in progress on the session (never evicted while
+// one is); false when the reaper evicted it first.
+func (s *session) enter() bool {
+	if s.busy.Add(1) < 1 {
+		s.busy.Add(-1)
+		return false
+	}
+	s.touch()
+	return true
+}
+
+// leave ends a request that entered.
+func (s *session) leave() {
+	s.touch()
+	s.busy.Add(-1)
 }
 
 // release ends a session: its episode is closed (an unfinished one is not
@@ -238,15 +267,30 @@ func (e *served) release(s *session) {
 	s.mu.Unlock()
 }
 
-// reap evicts the sessions idle for longer than the idle timeout.
+// reap evicts the sessions idle for longer than the idle timeout. The
+// decision is one step on the session's busy count, under e.mu: an idle
+// session without a request in progress has gone added to its count (a
+// request that enters later finds it gone) and leaves the map at once (a
+// lookup later finds nothing); one with a request in progress stays.
 func (e *served) reap(now time.Time) {
 	limit := now.Add(-e.srv.cfg.IdleTimeout).UnixNano()
 	e.mu.Lock()
 	var stale []*session
-	for _, s := range e.sessions {
-		if s.busy.Load() == 0 && s.lastActive.Load() < limit {
-			stale = append(stale, s)
+	for id, s := range e.sessions {
+		if s.lastActive.Load() >= limit || !s.busy.CompareAndSwap(0, gone) {
+			continue
 		}
+		// A request that ended between the two loads has touched the
+		// session before its count fell to 0: it was not idle after all.
+		if s.lastActive.Load() >= limit {
+			s.busy.Add(-gone)
+			continue
+		}
+		delete(e.sessions, id)
+		stale = append(stale, s)
+	}
+	if len(stale) > 0 {
+		e.srv.m.sessions.WithLabelValues(e.id).Set(float64(len(e.sessions)))
 	}
 	e.mu.Unlock()
 	for _, s := range stale {
@@ -254,7 +298,7 @@ func (e *served) reap(now time.Time) {
 		e.srv.log.Info("env session evicted after idle timeout", "environment", e.id, "session", s.id,
 			"transport", s.transport, "idle_timeout", e.srv.cfg.IdleTimeout)
 		if s.onEvict != nil {
-			go s.onEvict(fmt.Sprintf("session evicted: idle for longer than %s (env.idle_timeout)", e.srv.cfg.IdleTimeout)) // it writes to the client: never hold the reaper up
+			go s.onEvict(context.Background(), fmt.Sprintf("session evicted: idle for longer than %s (env.idle_timeout)", e.srv.cfg.IdleTimeout)) // it writes to the client: never hold the reaper up
 		}
 		e.release(s)
 	}
@@ -491,21 +535,23 @@ func (s *session) step(ctx context.Context, a openenv.Action, timeout time.Durat
 	srv.m.stepTime.WithLabelValues(s.env.id).Observe(time.Since(t0).Seconds())
 	srv.m.steps.WithLabelValues(s.env.id).Inc()
 	if err != nil {
-		p.done, p.err = true, err.Error()
-		p.reason = "error"
-		if errors.Is(err, errTimeout) {
-			p.reason = "timeout"
-		}
-		return nil, programError("step", timeout, err)
+		return nil, s.failed(p, "step", timeout, err)
 	}
 	p.steps++
 	p.results = chatMessages(res.ToolResults)
 	if !res.Done {
 		return s.observation(), nil
 	}
-	p.done, p.reason = true, "environment"
-	if len(a.ToolCalls) == 0 {
+	p.done = true
+	switch {
+	case len(a.ToolCalls) == 0:
 		p.reason = "final"
+	case p.steps >= s.env.maxTurns:
+		// The runtime ends an episode at its turn limit; a program that
+		// ended it itself on that very turn cannot be told apart.
+		p.reason = "max_turns"
+	default:
+		p.reason = "environment"
 	}
 	p.begin()
 	rw, err := within(s, ctx, timeout, func(ctx context.Context) (envprog.Reward, error) {
@@ -513,17 +559,33 @@ func (s *session) step(ctx context.Context, a openenv.Action, timeout time.Durat
 		return p.ep.Reward(ctx)
 	}, nil)
 	if err != nil {
-		p.reason, p.err = "error", err.Error()
-		if errors.Is(err, errTimeout) {
-			p.reason = "timeout"
-		}
-		return nil, programError("reward", timeout, err)
+		return nil, s.failed(p, "reward", timeout, err)
 	}
 	p.reward = &rw
 	srv.m.reward.WithLabelValues(s.env.id).Observe(rw.Value)
 	srv.m.episodes.WithLabelValues(s.env.id, p.reason).Inc()
 	srv.record(s, p)
 	return s.observation(), nil
+}
+
+// failed ends the episode on the error of a program call (fn): "timeout"
+// for the step timeout or the program's own call timeout, else "error".
+// The episode is finished, counted and recorded as any other (without a
+// reward); a call cut off because its request went away (a cancelled
+// context) leaves it abandoned, and unrecorded, instead.
+func (s *session) failed(p *play, fn string, timeout time.Duration, err error) *openenv.Error {
+	p.done, p.err = true, err.Error()
+	p.reason = "error"
+	var pe *envprog.ProgramError
+	if errors.Is(err, errTimeout) || (errors.As(err, &pe) && pe.Limit == "timeout") {
+		p.reason = "timeout"
+	}
+	if !errors.Is(err, context.Canceled) {
+		srv := s.env.srv
+		srv.m.episodes.WithLabelValues(s.env.id, p.reason).Inc()
+		srv.record(s, p)
+	}
+	return programError(fn, timeout, err)
 }
 
 // state is the session's state frame / GET /state body.
@@ -570,11 +632,16 @@ func (s *Server) record(sess *session, p *play) {
 	if s.rec == nil || !Sampled(p.id, s.cfg.RecordSample) {
 		return
 	}
-	comps, _ := json.Marshal(p.reward.Components)
-	if p.reward.Components == nil {
-		comps = []byte("{}")
+	// An episode that ended on a timeout or an error has no reward: 0
+	// and no components.
+	reward, comps := 0.0, []byte("{}")
+	if p.reward != nil {
+		reward = p.reward.Value
+		if p.reward.Components != nil {
+			comps, _ = json.Marshal(p.reward.Components)
+		}
 	}
 	s.rec.offer(sink.EnvEpisodeRow{EnvironmentID: sess.env.id, ProgramHash: sess.env.info.Hash, SessionID: sess.id,
 		EpisodeID: p.id, Transport: sess.transport, Seed: p.seed, Hinted: p.hinted, Steps: uint32(p.steps),
-		DoneReason: p.reason, Reward: p.reward.Value, Components: string(comps), StartedAt: p.started, EndedAt: time.Now()})
+		DoneReason: p.reason, Reward: reward, Components: string(comps), StartedAt: p.started, EndedAt: time.Now()})
 }

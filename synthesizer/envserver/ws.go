@@ -43,6 +43,22 @@ func (w wsConn) send(ctx context.Context, v any) error {
 	return w.c.Write(ctx, websocket.MessageText, b)
 }
 
+// closeWithin closes c with the close handshake, returning when ctx ends
+// if the peer has not answered by then: the handshake goes on in the
+// background, within coder/websocket's own bounds (5 s to write the close
+// frame, 5 s for the peer's).
+func closeWithin(ctx context.Context, c *websocket.Conn, code websocket.StatusCode, reason string) {
+	done := make(chan struct{})
+	go func() {
+		c.Close(code, reason)
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-ctx.Done():
+	}
+}
+
 func errorFrame(e *openenv.Error) map[string]any {
 	return map[string]any{"type": openenv.FrameError, "data": e.Data()}
 }
@@ -136,9 +152,9 @@ func (s *Server) serveWS(w http.ResponseWriter, r *http.Request, e *served) {
 	defer c.CloseNow()
 	conn := wsConn{c}
 	ctx := r.Context()
-	sess, perr := e.acquire("ws", func(reason string) {
-		conn.send(context.Background(), errorFrame(&openenv.Error{Code: openenv.CodeSession, Message: reason}))
-		c.Close(websocket.StatusPolicyViolation, "session ended")
+	sess, perr := e.acquire("ws", func(ctx context.Context, reason string) {
+		conn.send(ctx, errorFrame(&openenv.Error{Code: openenv.CodeSession, Message: reason}))
+		closeWithin(ctx, c, websocket.StatusPolicyViolation, "session ended")
 	})
 	if perr != nil {
 		s.m.errors.WithLabelValues(e.id, perr.Code).Inc()
@@ -153,12 +169,17 @@ func (s *Server) serveWS(w http.ResponseWriter, r *http.Request, e *served) {
 		if err != nil {
 			return
 		}
-		sess.busy.Add(1)
+		live := sess.busy.Add(1) > 0 // not when the reaper evicted it (see gone)
 		sess.touch()
 		var resp any
 		stop := false
 		select {
 		case <-sess.evicted:
+			live = false
+		default:
+		}
+		switch {
+		case !live:
 			resp, stop = errorFrame(&openenv.Error{Code: openenv.CodeSession, Message: "session evicted: idle for longer than " + s.cfg.IdleTimeout.String()}), true
 		default:
 			if tooBig > 0 {
@@ -243,6 +264,13 @@ func (s *Server) frame(ctx context.Context, e *served, sess *session, b []byte) 
 	return fail(&openenv.Error{Code: openenv.CodeUnknownType, Message: "Unknown message type: " + f.Type})
 }
 
+// sessionEnded is what the WebSocket /mcp sends before it closes a session
+// the server ended (idle eviction, shutdown): a JSON-RPC error without an
+// id, as /ws sends its SESSION_ERROR frame, whose code is in data.
+func sessionEnded(reason string) openenv.RPCResponse {
+	return openenv.RPCResponse{Error: openenv.NewRPCError(openenv.RPCServerError, reason, map[string]string{"code": openenv.CodeSession})}
+}
+
 // serveMCPWS is the WebSocket /mcp: JSON-RPC requests on a session of
 // their own (openenv's mcp_websocket_endpoint).
 func (s *Server) serveMCPWS(w http.ResponseWriter, r *http.Request, e *served) {
@@ -253,7 +281,10 @@ func (s *Server) serveMCPWS(w http.ResponseWriter, r *http.Request, e *served) {
 	defer c.CloseNow()
 	conn := wsConn{c}
 	ctx := r.Context()
-	sess, perr := e.acquire("ws", func(string) { c.Close(websocket.StatusPolicyViolation, "session ended") })
+	sess, perr := e.acquire("ws", func(ctx context.Context, reason string) {
+		conn.send(ctx, sessionEnded(reason))
+		closeWithin(ctx, c, websocket.StatusPolicyViolation, "session ended")
+	})
 	if perr != nil {
 		s.m.errors.WithLabelValues(e.id, perr.Code).Inc()
 		conn.send(ctx, openenv.RPCResponse{Error: openenv.NewRPCError(openenv.RPCServerError, perr.Message,
@@ -268,7 +299,11 @@ func (s *Server) serveMCPWS(w http.ResponseWriter, r *http.Request, e *served) {
 		if err != nil {
 			return
 		}
-		sess.busy.Add(1)
+		if sess.busy.Add(1) < 1 { // the reaper evicted it (see gone); its onEvict closes the connection
+			sess.busy.Add(-1)
+			conn.send(ctx, sessionEnded("session evicted: idle for longer than "+s.cfg.IdleTimeout.String()))
+			return
+		}
 		sess.touch()
 		var out openenv.RPCResponse
 		if tooBig > 0 {
