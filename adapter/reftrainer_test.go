@@ -168,7 +168,7 @@ func TestReferenceTrainerSmoke(t *testing.T) {
 		es.Close(c)
 	})
 
-	// The tiny base model, warmed up on 24 reference transcripts (training
+	// The tiny base model, warmed up on 200 reference transcripts (training
 	// seeds lie below the held-out ones, from 1000).
 	work := t.TempDir()
 	if d := os.Getenv("TRACE_TRAINER_SMOKE_DIR"); d != "" { // keep the model, adapter and logs to look at
@@ -176,7 +176,7 @@ func TestReferenceTrainerSmoke(t *testing.T) {
 		os.RemoveAll(filepath.Join(work, "adapters"))
 	}
 	var seeds []int64
-	for s := int64(0); s < 24; s++ {
+	for s := int64(0); s < 200; s++ {
 		seeds = append(seeds, 500+s)
 	}
 	wb, _ := json.Marshal(warmupConversations(t, env, seeds))

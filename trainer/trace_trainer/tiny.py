@@ -21,7 +21,7 @@ SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<tool_call>", "</too
 
 
 def build(out: str, conversations: list, vocab: int = 4096, hidden: int = 64, layers: int = 2,
-          steps: int = 500, lr: float = 1e-2, seed: int = 0) -> dict:
+          steps: int = 500, lr: float = 3e-3, seed: int = 0) -> dict:
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
@@ -136,13 +136,14 @@ def main(argv=None) -> int:
     p.add_argument("--out", required=True, help="model directory to write")
     p.add_argument("--warmup", required=True, help="JSON file: a list of {messages, tools} conversations")
     p.add_argument("--steps", type=int, default=500, help="warm-up optimizer steps (default 500)")
+    p.add_argument("--lr", type=float, default=3e-3, help="AdamW learning rate of the warm-up (default 3e-3)")
     p.add_argument("--vocab", type=int, default=4096)
     p.add_argument("--hidden", type=int, default=64)
     p.add_argument("--layers", type=int, default=2)
     a = p.parse_args(argv)
     with open(a.warmup) as f:
         convs = json.load(f)
-    info = build(a.out, convs, vocab=a.vocab, hidden=a.hidden, layers=a.layers, steps=a.steps)
+    info = build(a.out, convs, vocab=a.vocab, hidden=a.hidden, layers=a.layers, steps=a.steps, lr=a.lr)
     print(json.dumps(info))
     return 0
 
