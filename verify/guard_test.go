@@ -31,13 +31,7 @@ var gap = verifytest.Mix{LF: 40, PF: 10, NF: 10, LP: 5, PP: 45, NP: 10}
 // trace.adapters.events; a second run does nothing more.
 func TestGuardEndToEnd(t *testing.T) {
 	ctx := context.Background()
-	st := testenv.ClickHouse(t).Store()
-	ns := testenv.NATS(t)
-	b, err := bus.Connect(ctx, bus.Config{URL: ns.URL()}, "verify-test")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.NC.Close()
+	st, b := guardWorld(t)
 	act := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
 	for _, a := range []verifytest.Adapter{
 		{Name: "good", Capability: "precondition_verification", Environment: "sim-airline", AgentVersion: "1.4.0", ActivatedAt: act,
@@ -152,13 +146,7 @@ func (w testWriter) Write(p []byte) (int, error) { w.t.Log(string(p)); return le
 // and returns nil when its context ends.
 func TestGuardRunLoop(t *testing.T) {
 	ctx := context.Background()
-	st := testenv.ClickHouse(t).Store()
-	ns := testenv.NATS(t)
-	b, err := bus.Connect(ctx, bus.Config{URL: ns.URL()}, "verify-test")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.NC.Close()
+	st, b := guardWorld(t)
 	c := verify.New(verify.Config{Guard: true, Interval: 200 * time.Millisecond}, st, verify.StoreRollBack{Store: st}, b, nil)
 	runCtx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
@@ -213,13 +201,7 @@ func (f failingLabels) LoopLabels(ctx context.Context, spec sink.LoopSample) ([]
 // the failed check's error.
 func TestGuardRollsBackDespiteAFailedCheck(t *testing.T) {
 	ctx := context.Background()
-	st := testenv.ClickHouse(t).Store()
-	ns := testenv.NATS(t)
-	b, err := bus.Connect(ctx, bus.Config{URL: ns.URL()}, "verify-test")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.NC.Close()
+	st, b := guardWorld(t)
 	act := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
 	for _, a := range []verifytest.Adapter{
 		{Name: "bad", Capability: "multi_step_completion", Environment: "sim-airline", AgentVersion: "1.4.0", ActivatedAt: act,
@@ -246,4 +228,17 @@ func TestGuardRollsBackDespiteAFailedCheck(t *testing.T) {
 	if a, err := st.Adapter(ctx, "unreadable"); err != nil || a.Status != "active" {
 		t.Fatalf("unreadable after the guard: %+v %v", a, err)
 	}
+}
+
+// guardWorld is a ClickHouse store and a bus on an embedded NATS server,
+// closed when the test ends.
+func guardWorld(t *testing.T) (*sink.Store, *bus.Bus) {
+	t.Helper()
+	st := testenv.ClickHouse(t).Store()
+	b, err := bus.Connect(context.Background(), bus.Config{URL: testenv.NATS(t).URL()}, "verify-test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(b.NC.Close)
+	return st, b
 }

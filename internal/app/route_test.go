@@ -21,6 +21,28 @@ import (
 // on router.addr; a stream in flight at shutdown completes (drained), and
 // its decision reaches route_decisions after it, before Run returns.
 func TestRouteRoleDrainsAndRecords(t *testing.T) {
+	_, stop, cfg, resp := startStreamingRoute(t, []string{"one", "two", "three"}, 300*time.Millisecond, 0)
+	stopped := make(chan error, 1)
+	go func() { stopped <- stop() }() // SIGTERM while the stream is in flight
+	body, err := io.ReadAll(resp.Body)
+	if err != nil || !strings.Contains(string(body), `"three"`) || !strings.Contains(string(body), "[DONE]") {
+		t.Fatalf("stream cut by shutdown: %q, %v", body, err)
+	}
+	if err := <-stopped; err != nil {
+		t.Fatalf("run: %v", err)
+	}
+	rows := routeDecisions(t, cfg)
+	if len(rows) != 1 || rows[0].Adapter != "lora-1" || rows[0].Outcome != router.OutcomeOK || !rows[0].Stream {
+		t.Fatalf("rows %+v", rows)
+	}
+}
+
+// startStreamingRoute starts the route role in front of an upstream that
+// classifies A (lora-1) and streams chunks at interval, with lora-1 active
+// for sim-airline; it returns the app, its stop, the configuration and
+// the response of one streaming request, whose adapter header it checks.
+func startStreamingRoute(t *testing.T, chunks []string, interval, drain time.Duration) (*app.App, func() error, config.Config, *http.Response) {
+	t.Helper()
 	ch := testenv.ClickHouse(t)
 	w := newWorld(t, ch.Addr, 1)
 	up := llmtest.New(t)
@@ -28,10 +50,13 @@ func TestRouteRoleDrainsAndRecords(t *testing.T) {
 		if req.Chat.Logprobs {
 			return llmtest.Classification(map[string]float64{"A": 0.8, "B": 0.2})
 		}
-		return llmtest.Reply{Stream: &llmtest.Stream{Chunks: []string{"one", "two", "three"}, Interval: 300 * time.Millisecond}}
+		return llmtest.Reply{Stream: &llmtest.Stream{Chunks: chunks, Interval: interval}}
 	})
 	cfg := withRoles(w.cfg, "route")
 	cfg.Router.Addr, cfg.Router.UpstreamURL, cfg.Router.BaseModel, cfg.Router.DefaultEnvironment = "127.0.0.1:0", up.URL, "base", "sim-airline"
+	if drain > 0 {
+		cfg.Router.DrainTimeout = drain
+	}
 	a, stop := w.start(t, cfg)
 	<-a.Ready()
 	if err := a.Store.SaveAdapter(context.Background(), sink.AdapterRow{Name: "lora-1", Capability: "precondition_verification",
@@ -43,20 +68,17 @@ func TestRouteRoleDrainsAndRecords(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer resp.Body.Close()
+	t.Cleanup(func() { resp.Body.Close() })
 	if resp.Header.Get(router.HeaderAdapter) != "lora-1" {
 		t.Fatalf("adapter header %q", resp.Header.Get(router.HeaderAdapter))
 	}
-	stopped := make(chan error, 1)
-	go func() { stopped <- stop() }() // SIGTERM while the stream is in flight
-	body, err := io.ReadAll(resp.Body)
-	if err != nil || !strings.Contains(string(body), `"three"`) || !strings.Contains(string(body), "[DONE]") {
-		t.Fatalf("stream cut by shutdown: %q, %v", body, err)
-	}
-	if err := <-stopped; err != nil {
-		t.Fatalf("run: %v", err)
-	}
-	// Run has returned and the app is closed: read through a new store.
+	return a, stop, cfg, resp
+}
+
+// routeDecisions reads sim-airline's route_decisions through a new store
+// (the app's is closed once Run has returned).
+func routeDecisions(t *testing.T, cfg config.Config) []sink.RouteDecisionRow {
+	t.Helper()
 	st, err := sink.Open(context.Background(), cfg.ClickHouse, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -66,9 +88,7 @@ func TestRouteRoleDrainsAndRecords(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(rows) != 1 || rows[0].Adapter != "lora-1" || rows[0].Outcome != router.OutcomeOK || !rows[0].Stream {
-		t.Fatalf("rows %+v", rows)
-	}
+	return rows
 }
 
 // TestRouteLogURL: the upstream URL is logged without its user information.
@@ -177,15 +197,7 @@ func TestRouteRoleDropsRolledBackAdapter(t *testing.T) {
 	if err := stop(); err != nil {
 		t.Fatal(err)
 	}
-	st, err := sink.Open(ctx, cfg.ClickHouse, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
-	rows, err := st.RouteDecisions(ctx, sink.RouteDecisionFilter{Environment: "sim-airline"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	rows := routeDecisions(t, cfg)
 	if len(rows) != 2 || rows[1].DecisionID != second || rows[1].Cached || rows[1].Adapter != "lora-2" || rows[1].Outcome != router.OutcomeOK ||
 		rows[1].ConversationID != "conv-r" || strings.Join(rows[1].LabelAdapters, ",") != "lora-2," {
 		t.Fatalf("rows %+v", rows)
@@ -196,34 +208,11 @@ func TestRouteRoleDropsRolledBackAdapter(t *testing.T) {
 // router.drain_timeout runs out is closed, and its decision row, which its
 // handler records as it returns, is still written before Run returns.
 func TestRouteRoleRecordsRequestsCutAtShutdown(t *testing.T) {
-	ch := testenv.ClickHouse(t)
-	w := newWorld(t, ch.Addr, 1)
-	up := llmtest.New(t)
 	chunks := make([]string, 100)
 	for i := range chunks {
 		chunks[i] = "tick"
 	}
-	up.Handle(func(req llmtest.Request) llmtest.Reply {
-		if req.Chat.Logprobs {
-			return llmtest.Classification(map[string]float64{"A": 0.8, "B": 0.2})
-		}
-		return llmtest.Reply{Stream: &llmtest.Stream{Chunks: chunks, Interval: 200 * time.Millisecond}} // 20 s
-	})
-	cfg := withRoles(w.cfg, "route")
-	cfg.Router.Addr, cfg.Router.UpstreamURL, cfg.Router.BaseModel, cfg.Router.DefaultEnvironment = "127.0.0.1:0", up.URL, "base", "sim-airline"
-	cfg.Router.DrainTimeout = 100 * time.Millisecond
-	a, stop := w.start(t, cfg)
-	<-a.Ready()
-	if err := a.Store.SaveAdapter(context.Background(), sink.AdapterRow{Name: "lora-1", Capability: "precondition_verification",
-		Environment: "sim-airline", Status: "active", Version: 1}); err != nil {
-		t.Fatal(err)
-	}
-	resp, err := http.Post("http://"+a.RouterAddr()+"/v1/chat/completions", "application/json",
-		strings.NewReader(`{"stream":true,"messages":[{"role":"user","content":"check the fare rules first"}]}`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
+	_, stop, cfg, resp := startStreamingRoute(t, chunks, 200*time.Millisecond, 100*time.Millisecond) // a 20 s stream
 	buf := make([]byte, 256)
 	if n, err := resp.Body.Read(buf); err != nil || !strings.Contains(string(buf[:n]), "tick") { // the stream is under way
 		t.Fatalf("first read %q %v", buf[:n], err)
@@ -234,15 +223,7 @@ func TestRouteRoleRecordsRequestsCutAtShutdown(t *testing.T) {
 	if _, err := io.ReadAll(resp.Body); err == nil {
 		t.Fatal("the stream was not cut at router.drain_timeout")
 	}
-	st, err := sink.Open(context.Background(), cfg.ClickHouse, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
-	rows, err := st.RouteDecisions(context.Background(), sink.RouteDecisionFilter{Environment: "sim-airline"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	rows := routeDecisions(t, cfg)
 	if len(rows) != 1 || rows[0].Adapter != "lora-1" || !rows[0].Stream ||
 		(rows[0].Outcome != router.OutcomeCanceled && rows[0].Outcome != router.OutcomeStreamError) {
 		t.Fatalf("rows %+v", rows)
