@@ -189,7 +189,7 @@ type failingLabels struct {
 }
 
 func (f failingLabels) LoopLabels(ctx context.Context, spec sink.LoopSample) ([]sink.RolloutLabels, error) {
-	if spec.Adapter == f.adapter {
+	if spec.Adapter == f.adapter || f.adapter == "*" {
 		return nil, errors.New("code: 159, message: Timeout exceeded")
 	}
 	return f.Store.LoopLabels(ctx, spec)
@@ -228,6 +228,29 @@ func TestGuardRollsBackDespiteAFailedCheck(t *testing.T) {
 	if a, err := st.Adapter(ctx, "unreadable"); err != nil || a.Status != "active" {
 		t.Fatalf("unreadable after the guard: %+v %v", a, err)
 	}
+	// The report shows what it could read and names what it could not:
+	// the unreadable adapter, and a routing share that fails.
+	rep, err := g.Report(ctx, 0, time.Hour, failingShares{})
+	if err != nil {
+		t.Fatalf("report: %v", err)
+	}
+	if len(rep.Capabilities) != 1 || rep.Capabilities[0].Adapters[0].Adapter != "bad" {
+		t.Fatalf("report capabilities %+v", rep.Capabilities)
+	}
+	if len(rep.Errors) != 2 || !strings.Contains(rep.Errors[0], "adapter unreadable") || !strings.Contains(rep.Errors[1], "routing share of sim-airline: no share") {
+		t.Fatalf("report errors %q", rep.Errors)
+	}
+	// Nothing readable at all: the report is an error.
+	if _, err := verify.New(verify.Config{}, failingLabels{Store: st, adapter: "*"}, nil, nil, nil).Report(ctx, 0, time.Hour); err == nil {
+		t.Fatal("a report of no readable adapter is no error")
+	}
+}
+
+// failingShares is a share source that always fails.
+type failingShares struct{}
+
+func (failingShares) RoutingShare(context.Context, string, time.Duration, time.Duration) ([]sink.ShareRow, error) {
+	return nil, errors.New("no share")
 }
 
 // guardWorld is a ClickHouse store and a bus on an embedded NATS server,

@@ -2,6 +2,7 @@ package verify
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"sort"
 	"time"
@@ -63,6 +64,9 @@ type Report struct {
 	Config       Config           `json:"config"`
 	Capabilities []CapabilityLoop `json:"capabilities"`
 	Share        []EnvShare       `json:"routing_share"`
+	// Errors are the parts that could not be read (an adapter's check, an
+	// environment's routing share); the rest of the report stands.
+	Errors []string `json:"errors,omitempty"`
 }
 
 // ReportStatuses are the adapter statuses a report covers: the ones in
@@ -73,13 +77,16 @@ var ReportStatuses = []string{"active", "rolled_back", "retired"}
 // Report checks every adapter with one of ReportStatuses and reads the
 // routing share of their environments over the window back from each
 // one's newest rollout (0: all), from the first of the share sources that
-// has rows for the environment (none: no share).
+// has rows for the environment (none: no share). An adapter whose check
+// fails, or an environment whose share cannot be read, is left out with
+// its error in Report.Errors; the error is returned only when nothing
+// could be checked.
 func (c *Checker) Report(ctx context.Context, window, bucket time.Duration, shares ...ShareSource) (*Report, error) {
 	checks, err := c.Check(ctx, ReportStatuses...)
-	if err != nil {
+	if err != nil && len(checks) == 0 {
 		return nil, err
 	}
-	rep := &Report{Config: c.cfg}
+	rep := &Report{Config: c.cfg, Errors: errorLines(err)}
 	idx := map[[2]string]int{}
 	var envs []string
 	for _, ac := range checks {
@@ -107,7 +114,8 @@ func (c *Checker) Report(ctx context.Context, window, bucket time.Duration, shar
 		for _, src := range shares {
 			rows, err := src.RoutingShare(ctx, env, window, bucket)
 			if err != nil {
-				return nil, err
+				rep.Errors = append(rep.Errors, fmt.Sprintf("routing share of %s: %v", env, err))
+				break
 			}
 			if len(rows) == 0 {
 				continue
@@ -121,6 +129,22 @@ func (c *Checker) Report(ctx context.Context, window, bucket time.Duration, shar
 		}
 	}
 	return rep, nil
+}
+
+// errorLines is err's parts (errors.Join's), one line each; nil for nil.
+func errorLines(err error) []string {
+	if err == nil {
+		return nil
+	}
+	errs := []error{err}
+	if j, ok := err.(interface{ Unwrap() []error }); ok {
+		errs = j.Unwrap()
+	}
+	out := make([]string, 0, len(errs))
+	for _, e := range errs {
+		out = append(out, e.Error())
+	}
+	return out
 }
 
 // shareSeries turns bucket counts into shares per adapter.

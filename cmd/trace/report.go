@@ -170,6 +170,11 @@ verify.*), and the routing share per adapter per hour.`,
 				if err != nil {
 					return err
 				}
+				if format == "csv" { // the table and JSON carry them; CSV has no place for them
+					for _, e := range rep.Errors {
+						fmt.Fprintln(cmd.ErrOrStderr(), "warning: closed loop: left out, could not be read:", e)
+					}
+				}
 				return writeLoop(cmd.OutOrStdout(), format, rep)
 			}
 			rows, warnings, err := buildReport(ctx, cfg, st, env, win, !fresh, time.Now())

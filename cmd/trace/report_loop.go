@@ -75,6 +75,9 @@ func writeLoop(w io.Writer, format string, rep *verify.Report) error {
 		cw.Flush()
 		return cw.Error()
 	}
+	for _, e := range rep.Errors {
+		fmt.Fprintln(w, "closed loop: left out, could not be read:", e)
+	}
 	if len(rep.Capabilities) == 0 {
 		fmt.Fprintln(w, "closed loop: no adapter activated yet")
 		return nil

@@ -163,6 +163,9 @@ func (r Router) validate() error {
 	if rv := r.Retrieval; rv.EmbeddingsURL != "" {
 		if u, err := url.Parse(rv.EmbeddingsURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 			bad("retrieval.embeddings_url", "%q is not an http(s) URL", rv.EmbeddingsURL)
+		} else if u.RawQuery != "" || u.ForceQuery || u.Fragment != "" {
+			// /embeddings is appended to the root, as /chat/completions is above.
+			bad("retrieval.embeddings_url", "%q has a query or fragment; it must be the API root without one (e.g. http://127.0.0.1:8000/v1)", redactUserinfo(u))
 		}
 		if rv.EmbeddingsModel == "" {
 			bad("retrieval.embeddings_model", "is required with router.retrieval.embeddings_url")

@@ -28,9 +28,9 @@ func TestRouterConfig(t *testing.T) {
 			t.Errorf("bad %s accepted: %v", field, err)
 		}
 	}
-	// The router appends /chat/completions to these URLs: a query or a
+	// The router appends /chat/completions (/embeddings) to these URLs: a query or a
 	// fragment is refused, naming the field, without the user information.
-	for _, field := range []string{"upstream_url", "classifier_url"} {
+	for _, field := range []string{"upstream_url", "classifier_url", "retrieval.embeddings_url"} {
 		for _, u := range []string{"https://user:pw@example.openai.azure.com/openai/v1?api-version=2024-10-21", "http://127.0.0.1:8000/v1#x", "http://127.0.0.1:8000/v1?"} {
 			_, err := Load("", []string{"roles=route", "router.upstream_url=http://127.0.0.1:8000/v1", "router.base_model=m", "router." + field + "=" + u})
 			if err == nil || !strings.Contains(err.Error(), "router."+field+": ") || !strings.Contains(err.Error(), "query or fragment") || strings.Contains(err.Error(), "pw") {

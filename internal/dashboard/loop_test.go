@@ -3,6 +3,7 @@ package dashboard
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -93,6 +94,23 @@ func TestLoopAPI(t *testing.T) {
 			t.Fatalf("bucket %s: shares sum to %v", sh.Buckets[i], sum)
 		}
 	}
+	// A routing share that cannot be read leaves the rest of the report,
+	// and the page and the API name what is missing.
+	partial := httptest.NewServer(New(Deps{Store: st, Loop: verify.Reporter{Checker: verify.New(verify.Config{Guard: true}, st, nil, nil, nil),
+		Shares: []verify.ShareSource{brokenShares{}}}}))
+	defer partial.Close()
+	for _, path := range []string{"/api/loop?hours=all", "/loop?hours=all"} {
+		resp, err := http.Get(partial.URL + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 || !strings.Contains(string(body), "routing share of sim-airline: share table unreachable") ||
+			!strings.Contains(string(body), "pv-good") {
+			t.Fatalf("%s with a broken share: HTTP %d %.2000s", path, resp.StatusCode, body)
+		}
+	}
 	// Without a loop source the page says so.
 	noLoop := httptest.NewServer(New(Deps{Store: st}))
 	defer noLoop.Close()
@@ -161,4 +179,11 @@ func TestLoopPageInBrowser(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("screenshot: %s", p)
+}
+
+// brokenShares is a routing-share source that always fails.
+type brokenShares struct{}
+
+func (brokenShares) RoutingShare(context.Context, string, time.Duration, time.Duration) ([]sink.ShareRow, error) {
+	return nil, errors.New("share table unreachable")
 }
