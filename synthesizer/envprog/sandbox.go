@@ -412,11 +412,12 @@ func (w *worker) call(ctx context.Context, req *request, fn string, seed int64) 
 		return nil, w.deathError(fn, seed, pc)
 	}
 	timer := time.NewTimer(w.timeout)
-	defer timer.Stop()
 	select {
 	case resp := <-ch:
+		timer.Stop()
 		return resp, nil
 	case <-w.dead:
+		timer.Stop()
 		select {
 		case resp := <-ch: // answered just before it died
 			return resp, nil
@@ -424,10 +425,14 @@ func (w *worker) call(ctx context.Context, req *request, fn string, seed int64) 
 		}
 		return nil, w.deathError(fn, seed, pc)
 	case <-ctx.Done():
-		w.forget(req.ID)
 		if f, err := appendFrame(nil, &request{Op: "cancel", Target: req.ID}); err == nil {
 			w.fw.send(f)
 		}
+		// The caller goes, the call's bound stays: a cancelled call
+		// answers at once unless it is stuck inside one long built-in,
+		// which does not see the cancel; then the worker is killed at
+		// the bound, as if the caller had waited.
+		go w.watch(pc, timer)
 		return nil, ctx.Err()
 	case <-timer.C:
 		pc.timeout = true
@@ -435,6 +440,26 @@ func (w *worker) call(ctx context.Context, req *request, fn string, seed int64) 
 		<-w.dead
 		return nil, w.deathError(fn, seed, pc)
 	}
+}
+
+// watch waits, for a call its caller gave up on, for the worker's answer
+// (which read discards with the call) until the call's bound (timer), and
+// kills the worker for the call when it has not answered by then.
+func (w *worker) watch(pc pendingCall, timer *time.Timer) {
+	defer timer.Stop()
+	select {
+	case <-pc.ch:
+	case <-w.dead:
+	case <-timer.C:
+		w.mu.Lock()
+		_, running := w.pending[pc.id]
+		w.mu.Unlock()
+		if running {
+			pc.timeout = true
+			w.kill("timeout", pc)
+		}
+	}
+	w.forget(pc.id)
 }
 
 func (w *worker) forget(id uint64) {

@@ -7,6 +7,7 @@ import (
 	"os"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -210,4 +211,75 @@ func TestSandboxWorkerEnvironment(t *testing.T) {
 			t.Errorf("the worker sees %s", v)
 		}
 	}
+}
+
+// stuckProgram's tool "stuck" parses a decimal number of 4 million
+// digits: one built-in call (int()) that takes seconds (math/big's
+// decimal parsing is quadratic) and does not see a cancel (the
+// interpreter checks between instructions).
+var stuckProgram = []byte(`"""A program with a long built-in call."""
+def tools():
+    return [{"type": "function", "function": {"name": n, "parameters": {"type": "object", "properties": {}}}} for n in ("stuck", "ping")]
+def reset(seed):
+    return {"system": "s", "user": "u", "state": {"n": 0}}
+def step(state, call):
+    if call["type"] == "tool" and call["name"] == "stuck":
+        state["n"] = int("9" * 4000000) % 7
+    return {"result": "ok", "state": state}
+def reward(state, transcript):
+    return {"reward": 0.0}
+`)
+
+// TestSandboxAbandonedStuckCallKillsWorker: a call whose caller gives up
+// (its context ends) while the call is stuck inside one long built-in is
+// still bounded: the worker is killed at the call's bound (2 × CallTimeout
+// + 1 s), as if the caller had waited, instead of running the built-in to
+// its end; the other episodes are told they were lost with it.
+func TestSandboxAbandonedStuckCallKillsWorker(t *testing.T) {
+	if testing.Short() {
+		t.Skip("plays a built-in call of several seconds")
+	}
+	ctx := context.Background()
+	lim := envprog.Limits{MaxSteps: 1 << 40, CallTimeout: 2 * time.Second, MaxMemory: 512 << 20}
+	env, err := envprog.LoadSandboxed(ctx, "stuck.star", stuckProgram, lim)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer env.Close()
+	tool := func(name string) envprog.Action {
+		return envprog.Action{ToolCalls: []envprog.ToolCall{{Name: name, Arguments: []byte(`{}`)}}}
+	}
+	ep, err := env.Reset(ctx, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bystander, err := env.Reset(ctx, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, pid, err := envprog.SandboxStats(ctx, env)
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	gone, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+	defer cancel()
+	if _, err := ep.Step(gone, tool("stuck")); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("the abandoned call: %v", err)
+	}
+	// The worker is killed at the stuck call's bound (without the bound it
+	// would live on); the bystander's next call says its episode went with it.
+	for end := start.Add(60 * time.Second); !errors.Is(syscall.Kill(pid, 0), syscall.ESRCH); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(end) {
+			t.Fatalf("the worker (pid %d) still runs a minute after a call stuck past its bound was abandoned", pid)
+		}
+	}
+	t.Logf("worker gone %.1fs after the stuck call began", time.Since(start).Seconds())
+	_, err = bystander.Step(ctx, tool("ping"))
+	var pe *envprog.ProgramError
+	if !errors.As(err, &pe) || pe.Limit != "" || !strings.Contains(pe.Msg, "this episode is lost with the worker process") ||
+		!strings.Contains(pe.Msg, "a call ran past 5s") {
+		t.Fatalf("the bystander's call: %v", err)
+	}
+	t.Logf("the bystander: %s", firstLine(pe.Msg))
 }
