@@ -243,35 +243,42 @@ func percentile(xs []float64, q float64) float64 {
 
 // bootstrapDelta returns the percentile intervals of Δ before, Δ after
 // and their difference after − before, from b resamples of each side's
-// rollouts (independently), drawn from rng.
+// rollouts (independently), drawn from rng. A side without rollouts has
+// Δ's whole range [-1, 1] and the difference [-2, 2]; the other side is
+// still bootstrapped.
 func bootstrapDelta(before, after Sample, b int, rng *rand.Rand) (db, da, diff Interval) {
 	pb, pa := meanDelta(before.counts(nil)), meanDelta(after.counts(nil))
 	db, da, diff = Interval{Value: pb, Lo: pb, Hi: pb}, Interval{Value: pa, Lo: pa, Hi: pa}, Interval{Value: pa - pb, Lo: pa - pb, Hi: pa - pb}
-	if b <= 0 || before.Len() == 0 || after.Len() == 0 {
-		if before.Len() == 0 {
-			db.Lo, db.Hi = -1, 1
+	if b > 0 {
+		xb, xa, xd := make([]float64, b), make([]float64, b), make([]float64, b)
+		var ib, ia []int
+		for k := range b {
+			if before.Len() > 0 {
+				ib = resample(rng, ib, before.Len())
+				xb[k] = meanDelta(before.counts(ib))
+			}
+			if after.Len() > 0 {
+				ia = resample(rng, ia, after.Len())
+				xa[k] = meanDelta(after.counts(ia))
+			}
+			xd[k] = xa[k] - xb[k]
 		}
-		if after.Len() == 0 {
-			da.Lo, da.Hi = -1, 1
+		for _, p := range []struct {
+			xs []float64
+			iv *Interval
+		}{{xb, &db}, {xa, &da}, {xd, &diff}} {
+			slices.Sort(p.xs)
+			p.iv.Lo, p.iv.Hi = percentile(p.xs, 0.025), percentile(p.xs, 0.975)
 		}
-		if before.Len() == 0 || after.Len() == 0 {
-			diff.Lo, diff.Hi = -2, 2
-		}
-		return db, da, diff
 	}
-	xb, xa, xd := make([]float64, b), make([]float64, b), make([]float64, b)
-	var ib, ia []int
-	for k := range b {
-		ib, ia = resample(rng, ib, before.Len()), resample(rng, ia, after.Len())
-		xb[k], xa[k] = meanDelta(before.counts(ib)), meanDelta(after.counts(ia))
-		xd[k] = xa[k] - xb[k]
+	if before.Len() == 0 {
+		db.Lo, db.Hi = -1, 1
 	}
-	for _, p := range []struct {
-		xs []float64
-		iv *Interval
-	}{{xb, &db}, {xa, &da}, {xd, &diff}} {
-		slices.Sort(p.xs)
-		p.iv.Lo, p.iv.Hi = percentile(p.xs, 0.025), percentile(p.xs, 0.975)
+	if after.Len() == 0 {
+		da.Lo, da.Hi = -1, 1
+	}
+	if before.Len() == 0 || after.Len() == 0 {
+		diff.Lo, diff.Hi = -2, 2
 	}
 	return db, da, diff
 }

@@ -195,3 +195,42 @@ func TestConfigValidateNamesTheField(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// A side with rollouts has a bootstrap interval of its Δ even when the
+// other side has none (freshly activated: nothing routed yet; or no base
+// rollouts before activation); only the empty side's Δ and the change are
+// unknown.
+func TestBootstrapIntervalWithOneSideEmpty(t *testing.T) {
+	cfg := Config{}.Defaults()
+	data := NewSample(mix{LF: 12, PF: 8, NF: 4, LP: 3, PP: 17, NP: 4}.rollouts("s", 2))
+	for _, tc := range []struct {
+		name          string
+		before, after Sample
+	}{
+		{"nothing routed yet", data, NewSample(nil)},
+		{"no rollouts before activation", NewSample(nil), data},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := Compare(tc.before, tc.after, cfg, "x")
+			for _, side := range []struct {
+				name string
+				s    Sample
+				iv   Interval
+			}{{"before", tc.before, c.Before.Delta}, {"after", tc.after, c.After.Delta}} {
+				if side.s.Len() == 0 {
+					if side.iv.Lo != -1 || side.iv.Hi != 1 {
+						t.Errorf("%s (empty): Δ %v, want [-1, 1]", side.name, side.iv)
+					}
+					continue
+				}
+				// Δ = 0.6 − 0.15 = 0.45 on 48 rollouts: an interval of some width around it.
+				if !near(side.iv.Value, 0.45, 1e-12) || side.iv.Hi-side.iv.Lo < 0.1 || side.iv.Lo > 0.45 || side.iv.Hi < 0.45 {
+					t.Errorf("%s: Δ %v, want a bootstrap interval around 0.45", side.name, side.iv)
+				}
+			}
+			if c.DeltaChange.Lo != -2 || c.DeltaChange.Hi != 2 {
+				t.Errorf("Δ change %v, want [-2, 2]", c.DeltaChange)
+			}
+		})
+	}
+}
