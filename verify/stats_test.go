@@ -5,6 +5,7 @@ import (
 	"math"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/traceops/trace/analyzer"
 	"github.com/traceops/trace/sink"
@@ -230,6 +231,34 @@ func TestBootstrapIntervalWithOneSideEmpty(t *testing.T) {
 			}
 			if c.DeltaChange.Lo != -2 || c.DeltaChange.Hi != 2 {
 				t.Errorf("Δ change %v, want [-2, 2]", c.DeltaChange)
+			}
+		})
+	}
+}
+
+func TestActivation(t *testing.T) {
+	upd := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
+	act := upd.Add(-time.Hour)
+	cases := []struct {
+		name, status, meta string
+		want               time.Time
+		ever               bool
+	}{
+		{"activated_at set", "active", `{"activated_at":"2026-12-01T11:00:00Z"}`, act, true},
+		{"last transition to active", "rolled_back",
+			`{"transitions":[{"from":"candidate","to":"active","at":"2026-12-01T11:00:00Z"},{"from":"active","to":"rolled_back","at":"2026-12-01T12:00:00Z"}]}`, act, true},
+		{"retired after service", "retired",
+			`{"transitions":[{"from":"candidate","to":"active","at":"2026-12-01T11:00:00Z"},{"from":"active","to":"retired","at":"2026-12-01T12:00:00Z"}]}`, act, true},
+		{"retired as a candidate", "retired", `{"transitions":[{"from":"candidate","to":"retired","at":"2026-12-01T12:00:00Z"}]}`, upd, false},
+		{"retired, no history", "retired", `{"trainer":"x"}`, upd, true},
+		{"active, no history", "active", `{}`, upd, true},
+		{"malformed metadata", "retired", `{`, upd, true},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			got, ever := activation(sink.AdapterRow{Status: c.status, Metadata: c.meta, UpdatedAt: upd})
+			if !got.Equal(c.want) || ever != c.ever {
+				t.Fatalf("activation = %v, %v; want %v, %v", got, ever, c.want, c.ever)
 			}
 		})
 	}

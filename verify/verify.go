@@ -113,6 +113,15 @@ func (c *Checker) Config() Config { return c.cfg }
 // the registry recorded (adapter.Registry's metadata "transitions"), else
 // the update time of its version (the activate transition's write).
 func activatedAt(a sink.AdapterRow) time.Time {
+	t, _ := activation(a)
+	return t
+}
+
+// activation returns activatedAt and whether the adapter was ever in
+// service: only a retired adapter whose registry history names
+// transitions but none to active (a candidate retired before it was
+// activated) was not; without a history, trace cannot tell, and counts it.
+func activation(a sink.AdapterRow) (time.Time, bool) {
 	var m struct {
 		ActivatedAt time.Time `json:"activated_at"`
 		Transitions []struct {
@@ -121,24 +130,25 @@ func activatedAt(a sink.AdapterRow) time.Time {
 		} `json:"transitions"`
 	}
 	if json.Unmarshal([]byte(a.Metadata), &m) != nil {
-		return a.UpdatedAt
+		return a.UpdatedAt, true
 	}
 	if !m.ActivatedAt.IsZero() {
-		return m.ActivatedAt.UTC()
+		return m.ActivatedAt.UTC(), true
 	}
 	for i := len(m.Transitions) - 1; i >= 0; i-- {
 		if t := m.Transitions[i]; t.To == "active" && !t.At.IsZero() {
-			return t.At.UTC()
+			return t.At.UTC(), true
 		}
 	}
-	return a.UpdatedAt
+	return a.UpdatedAt, a.Status != "retired" || len(m.Transitions) == 0
 }
 
 // Check computes the comparison of every adapter with one of the given
 // statuses (active when none), in the registry's order. Each adapter is
 // checked on its own: one whose queries fail is left out, its error
 // joined to the returned error, and the others are still returned (so
-// that the guard still acts on them).
+// that the guard still acts on them). A retired adapter that was never
+// active (see activation) is left out: nothing was routed to it.
 func (c *Checker) Check(ctx context.Context, statuses ...string) ([]AdapterCheck, error) {
 	if len(statuses) == 0 {
 		statuses = []string{"active"}
@@ -154,6 +164,9 @@ func (c *Checker) Check(ctx context.Context, statuses ...string) ([]AdapterCheck
 			continue
 		}
 		for _, a := range rows {
+			if _, ever := activation(a); !ever {
+				continue // retired as a candidate: it never had routed traffic to check
+			}
 			ac, err := c.checkOne(ctx, a)
 			if err != nil {
 				errs = append(errs, fmt.Errorf("adapter %s: %w", a.Name, err))
