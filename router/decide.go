@@ -31,12 +31,13 @@ type Choice struct {
 // descending probability, whose cumulative probability reaches topP is
 // recorded as weights renormalised over the set (the "no adapter" label
 // is not part of the set: it is the base model, not an adapter to blend).
-// topP <= 0 records the top adapter alone. Ties break by label order, so
-// the rule is deterministic.
+// topP <= 0 records the top adapter alone. A tie with "no adapter" at the
+// top is the base model ("no adapter" has the highest probability, shared);
+// ties among adapters break by label order, so the rule is deterministic.
 func Decide(labels []Label, probs map[string]float64, topP float64) Choice {
 	order := slices.Clone(labels)
 	slices.SortStableFunc(order, func(a, b Label) int {
-		return cmp.Or(cmp.Compare(probs[b.Name], probs[a.Name]), strings.Compare(a.Name, b.Name))
+		return cmp.Or(cmp.Compare(probs[b.Name], probs[a.Name]), boolFirst(a.NoAdapter, b.NoAdapter), strings.Compare(a.Name, b.Name))
 	})
 	if len(order) == 0 || order[0].NoAdapter {
 		return Choice{Label: firstName(order)}
@@ -71,6 +72,17 @@ func Decide(labels []Label, probs map[string]float64, topP float64) Choice {
 		c.Weights = append(c.Weights, Weight{Adapter: l.Candidate.Adapter, Label: l.Name, Weight: w})
 	}
 	return c
+}
+
+// boolFirst orders true before false.
+func boolFirst(a, b bool) int {
+	switch {
+	case a == b:
+		return 0
+	case a:
+		return -1
+	}
+	return 1
 }
 
 func firstName(ls []Label) string {

@@ -115,7 +115,8 @@ func TestDecide(t *testing.T) {
 		{"top_p off records the top adapter", map[string]float64{"B": 0.5, "A": 0.4, "D": 0.1}, -1, "lb", "lb=1.000"},
 		{"adapters with 0 left out", map[string]float64{"C": 0.9, "D": 0.02}, 0.95, "lc", "lc=1.000"},
 		{"tie breaks by label order", map[string]float64{"A": 0.4, "B": 0.4, "D": 0.2}, 0.5, "la", "la=0.500 lb=0.500"},
-		{"all zero is the first label", map[string]float64{}, 0.95, "la", "la=1.000"},
+		{"a tie with no adapter is the base model", map[string]float64{"B": 0.45, "D": 0.45, "A": 0.1}, 0.95, "", ""},
+		{"all zero is the base model", map[string]float64{}, 0.95, "", ""},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
