@@ -43,19 +43,29 @@ func (w wsConn) send(ctx context.Context, v any) error {
 	return w.c.Write(ctx, websocket.MessageText, b)
 }
 
-// closeWithin closes c with the close handshake, returning when ctx ends
-// if the peer has not answered by then: the handshake goes on in the
-// background, within coder/websocket's own bounds (5 s to write the close
-// frame, 5 s for the peer's).
+// closeWait bounds how long a session's end waits for the peer's answer
+// to the close handshake: a client that is not reading (a trainer busy
+// between steps) never answers, and must not hold up the server's
+// shutdown or the idle reaper.
+const closeWait = time.Second
+
+// closeWithin closes c with the close handshake, returning when the peer
+// has answered, ctx has ended or closeWait has passed, whichever is first:
+// the handshake goes on in the background, within coder/websocket's own
+// bounds (5 s to write the close frame, 5 s for the peer's), and a process
+// that exits meanwhile closes the socket.
 func closeWithin(ctx context.Context, c *websocket.Conn, code websocket.StatusCode, reason string) {
 	done := make(chan struct{})
 	go func() {
 		c.Close(code, reason)
 		close(done)
 	}()
+	t := time.NewTimer(closeWait)
+	defer t.Stop()
 	select {
 	case <-done:
 	case <-ctx.Done():
+	case <-t.C:
 	}
 }
 
