@@ -440,6 +440,18 @@ func (d *demo) weekCov(env, av, capName, monday string) (cov float64, runs int) 
 	return cov, len(per)
 }
 
+// lackingCaps: how many capabilities were LACKING on a failure, in any
+// run, in the week of monday (the ones the week's top can list).
+func (d *demo) lackingCaps(env, av, monday string) int {
+	caps := map[string]bool{}
+	for k, f := range d.labels {
+		if k.env == env && k.av == av && !f.success && f.label == schemas.LabelLacking && d.monday(f.ts) == monday {
+			caps[k.cap] = true
+		}
+	}
+	return len(caps)
+}
+
 func sortedKeys[K comparable, V any](m map[K]V, less func(a, b K) bool) []K {
 	out := make([]K, 0, len(m))
 	for k := range m {
