@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/traceops/trace/internal/dev/testenv"
+	"github.com/traceops/trace/synthesizer/openenv"
 )
 
 // openenvPython is the python of a venv with openenv-core 0.3.0
@@ -211,6 +212,43 @@ func TestOpenEnvInterop(t *testing.T) {
 	}
 	if h.SessionID != "" && rows[1].Session != h.SessionID && rows[0].Session != h.SessionID {
 		t.Errorf("the HTTP episode's session %s is not recorded: %+v", h.SessionID, rows)
+	}
+}
+
+// TestOpenEnvCapacityInterop: openenv-core's GenericEnvClient, connecting
+// to an environment at capacity, gets CAPACITY_REACHED (a RuntimeError
+// naming the code and the counts), whether it sends its reset at once or a
+// while after connecting. Its client sends before it reads: closed at once
+// after the error frame, the connection made that send fail
+// (ConnectionClosedError, 1013) and the code never reached the client.
+func TestOpenEnvCapacityInterop(t *testing.T) {
+	py := openenvPython(t)
+	cfg := testConfig()
+	cfg.MaxSessions = 1
+	f := start(t, cfg, nil, nil)
+	ctx := ctxT(t)
+	held, err := f.client("").Dial(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Close()
+	seed := int64(1)
+	if _, err := held.Reset(ctx, openenv.ResetRequest{Seed: &seed}); err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.CommandContext(ctx, py, "testdata/openenv_capacity.py", f.base).CombinedOutput()
+	if err != nil {
+		t.Fatalf("openenv_capacity.py: %v\n%s", err, out)
+	}
+	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+	var got map[string]string
+	if err := json.Unmarshal([]byte(lines[len(lines)-1]), &got); err != nil {
+		t.Fatalf("output %q: %v", out, err)
+	}
+	for _, delay := range []string{"0", "0.3"} {
+		if r := got[delay]; !strings.HasPrefix(r, "RuntimeError") || !strings.Contains(r, "CAPACITY_REACHED") || !strings.Contains(r, "1/1") {
+			t.Errorf("reset %ss after connecting at capacity raised %q, want a RuntimeError with CAPACITY_REACHED 1/1", delay, r)
+		}
 	}
 }
 

@@ -153,6 +153,34 @@ func readFrame(ctx context.Context, c *websocket.Conn, buf *bytes.Buffer, limit 
 	return n + m, nil
 }
 
+// refusedLinger bounds how long a connection refused at capacity waits
+// for the client's first frame before it is closed.
+const refusedLinger = 5 * time.Second
+
+// refuse closes a connection refused at capacity, whose error the caller
+// has sent, with 1013 once the client has sent its first frame (which is
+// not answered), gone, or not sent one within refusedLinger. openenv's
+// clients send their first frame (the reset) before they read: on a
+// connection closed at once that send fails (Python websockets raises
+// ConnectionClosedError) and the client never reads the error waiting
+// for it.
+func (s *Server) refuse(ctx context.Context, c *websocket.Conn) {
+	read := make(chan struct{})
+	go func() {
+		defer close(read)
+		var buf bytes.Buffer
+		readFrame(ctx, c, &buf, s.cfg.MaxMessageBytes)
+	}()
+	t := time.NewTimer(refusedLinger)
+	defer t.Stop()
+	select {
+	case <-read:
+	case <-t.C:
+	case <-ctx.Done():
+	}
+	c.Close(websocket.StatusTryAgainLater, "capacity reached")
+}
+
 // serveWS is /ws: one session per connection, frames until close.
 func (s *Server) serveWS(w http.ResponseWriter, r *http.Request, e *served) {
 	c, err := s.accept(w, r)
@@ -169,7 +197,7 @@ func (s *Server) serveWS(w http.ResponseWriter, r *http.Request, e *served) {
 	if perr != nil {
 		s.m.errors.WithLabelValues(e.id, perr.Code).Inc()
 		conn.send(ctx, errorFrame(perr))
-		c.Close(websocket.StatusTryAgainLater, "capacity reached")
+		s.refuse(ctx, c)
 		return
 	}
 	defer e.release(sess)
@@ -299,7 +327,7 @@ func (s *Server) serveMCPWS(w http.ResponseWriter, r *http.Request, e *served) {
 		s.m.errors.WithLabelValues(e.id, perr.Code).Inc()
 		conn.send(ctx, openenv.RPCResponse{Error: openenv.NewRPCError(openenv.RPCServerError, perr.Message,
 			map[string]int{"active_sessions": perr.Active, "max_sessions": perr.Max})})
-		c.Close(websocket.StatusTryAgainLater, "capacity reached")
+		s.refuse(ctx, c)
 		return
 	}
 	defer e.release(sess)
