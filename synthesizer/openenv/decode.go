@@ -3,8 +3,10 @@ package openenv
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math"
+	"strconv"
 	"strings"
 	"unicode/utf8"
 )
@@ -232,14 +234,20 @@ func decodeReset(b []byte) (ResetRequest, *Error) {
 }
 
 // integer reads a JSON integer (an integral float such as 3.0 too, as
-// pydantic's lax mode does).
+// pydantic's lax mode does) that fits an int64. pydantic takes integers of
+// any size: one past int64 (an unsigned 64-bit seed) is refused as such,
+// not as "not a valid integer".
 func integer(raw json.RawMessage, loc []any) (int64, *Error) {
 	var f json.Number
 	if err := json.Unmarshal(raw, &f); err != nil {
 		return 0, Validation(loc, "int_type", "%s: Input should be a valid integer", locString(loc))
 	}
-	if i, err := f.Int64(); err == nil {
+	i, err := f.Int64()
+	if err == nil {
 		return i, nil
+	}
+	if errors.Is(err, strconv.ErrRange) && !strings.HasPrefix(string(f), "-") {
+		return 0, Validation(loc, "less_than_equal", "%s: Input should be less than or equal to %d", locString(loc), int64(math.MaxInt64))
 	}
 	x, err := f.Float64()
 	if err != nil || x != math.Trunc(x) || math.Abs(x) > 1<<53 {

@@ -126,11 +126,18 @@ func TestDecodeResetAndStep(t *testing.T) {
 	if r, err := DecodeReset([]byte(`{"seed": 4.0}`)); err != nil || *r.Seed != 4 {
 		t.Fatalf("DecodeReset(4.0) = %+v, %v", r, err)
 	}
+	if r, err := DecodeReset([]byte(`{"seed": 9223372036854775807}`)); err != nil || *r.Seed != 1<<63-1 {
+		t.Fatalf("DecodeReset(max int64) = %+v, %v", r, err)
+	}
 	for in, contains := range map[string]string{
-		`{"seed": -1}`:      "greater than or equal to 0",
-		`{"seed": 1.5}`:     "valid integer",
-		`{"seed": "x"}`:     "valid integer",
-		`{"episode_id": 3}`: "valid string",
+		// pydantic takes an integer of any size; trace's seeds are int64,
+		// and an integer past that is not "not a valid integer".
+		`{"seed": 9223372036854775808}`:  "seed: Input should be less than or equal to 9223372036854775807",
+		`{"seed": 18446744073709551615}`: "seed: Input should be less than or equal to 9223372036854775807",
+		`{"seed": -1}`:                   "greater than or equal to 0",
+		`{"seed": 1.5}`:                  "valid integer",
+		`{"seed": "x"}`:                  "valid integer",
+		`{"episode_id": 3}`:              "valid string",
 		`{"episode_id": "` + strings.Repeat("e", 256) + `"}`: "at most 255",
 		`[]`: "must be an object",
 	} {
@@ -143,11 +150,12 @@ func TestDecodeResetAndStep(t *testing.T) {
 		t.Fatalf("DecodeStep = %+v, %v", s, err)
 	}
 	for in, contains := range map[string]string{
-		`{}`:                                 "action: Field required",
-		`{"action": "x"}`:                    "valid dictionary",
-		`{"action": {}, "timeout_s": 0}`:     "greater than 0",
-		`{"action": {}, "request_id": 5}`:    "request_id",
-		`{"action": {}, "session_id": true}`: "session_id",
+		`{}`:                                           "action: Field required",
+		`{"action": "x"}`:                              "valid dictionary",
+		`{"action": {}, "timeout_s": 0}`:               "greater than 0",
+		`{"action": {}, "request_id": 5}`:              "request_id",
+		`{"action": {}, "session_id": true}`:           "session_id",
+		`{"action": {}, "seed": 18446744073709551616}`: "seed: Input should be less than or equal to 9223372036854775807",
 	} {
 		if _, err := DecodeStep([]byte(in)); err == nil || err.Code != CodeValidation || !strings.Contains(err.Message, contains) {
 			t.Errorf("DecodeStep(%s) error %v, want VALIDATION_ERROR containing %q", in, err, contains)
