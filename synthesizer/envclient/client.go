@@ -142,12 +142,31 @@ func (c *Client) Reset(ctx context.Context, r openenv.ResetRequest) (openenv.Ste
 // fresh episode of seed (OpenEnv's stateless HTTP).
 func (c *Client) Step(ctx context.Context, sessionID string, seed *int64, action openenv.ChatMessage) (openenv.StepResponse, error) {
 	var out openenv.StepResponse
-	body := map[string]any{"action": action}
+	body := map[string]any{"action": assistant(action)}
 	if seed != nil {
 		body["seed"] = *seed
 	}
 	_, err := c.do(ctx, http.MethodPost, "/step", sessionHeader(sessionID), body, &out)
 	return out, err
+}
+
+// assistant is m as an action: an unset role is "assistant" and an unset
+// tool-call type "function", as the server reads a message without them
+// (the struct would send "", which it refuses).
+func assistant(m openenv.ChatMessage) openenv.ChatMessage {
+	if m.Role == "" {
+		m.Role = "assistant"
+	}
+	copied := false
+	for i, tc := range m.ToolCalls {
+		if tc.Type == "" {
+			if !copied { // the caller's slice stays as it was
+				m.ToolCalls, copied = append([]openenv.ChatToolCall(nil), m.ToolCalls...), true
+			}
+			m.ToolCalls[i].Type = "function"
+		}
+	}
+	return m
 }
 
 // State is GET /state (of a session when sessionID is set).

@@ -92,7 +92,7 @@ func (s *Session) Reset(ctx context.Context, r openenv.ResetRequest) (openenv.St
 // Step plays one assistant message (its tool calls, or the final answer).
 func (s *Session) Step(ctx context.Context, action openenv.ChatMessage) (openenv.StepResponse, error) {
 	var out openenv.StepResponse
-	err := s.roundTrip(ctx, openenv.FrameStep, action, openenv.FrameObservation, &out)
+	err := s.roundTrip(ctx, openenv.FrameStep, assistant(action), openenv.FrameObservation, &out)
 	return out, err
 }
 

@@ -535,3 +535,46 @@ func TestHugeStepTimeout(t *testing.T) {
 		}
 	}
 }
+
+// TestClientStepUnsetRoleAndType: the Go client's Step (HTTP and
+// WebSocket) with a ChatMessage whose role and tool-call types are unset
+// plays it as the server plays a message without them: an assistant
+// message with function calls. The client sent them as "" (the struct's
+// zero values), which the server refuses (role must be "assistant").
+func TestClientStepUnsetRoleAndType(t *testing.T) {
+	f := start(t, testConfig(), nil, nil)
+	ctx := ctxT(t)
+	lp := playLocal(t, 4)
+	first := lp.actions[0]
+	if len(first.ToolCalls) == 0 {
+		t.Fatal("the reference's first turn has no tool calls")
+	}
+	bare := openenv.ChatMessage{Content: first.Content}
+	for _, tc := range first.ToolCalls {
+		bare.ToolCalls = append(bare.ToolCalls, openenv.ChatToolCall{Function: tc.Function})
+	}
+	want := lp.results[0][len(lp.results[0])-1].Content
+	seed := int64(4)
+	c := f.client("")
+	obs, err := c.Step(ctx, "", &seed, bare)
+	if err != nil || obs.Observation.StepCount != 1 || obs.Observation.LastToolResult == nil || *obs.Observation.LastToolResult != want {
+		t.Fatalf("HTTP step without role and types: %+v, %v", obs.Observation.LastToolResult, err)
+	}
+	s, err := c.Dial(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if _, err := s.Reset(ctx, openenv.ResetRequest{Seed: &seed}); err != nil {
+		t.Fatal(err)
+	}
+	if obs, err = s.Step(ctx, bare); err != nil || obs.Observation.LastToolResult == nil || *obs.Observation.LastToolResult != want {
+		t.Fatalf("WebSocket step without role and types: %+v, %v", obs.Observation.LastToolResult, err)
+	}
+	if obs, err = s.Step(ctx, openenv.ChatMessage{Content: "done"}); err != nil || !obs.Done || obs.Observation.DoneReason != "final" {
+		t.Fatalf("final answer without role: %+v, %v", obs, err)
+	}
+	if bare.Role != "" || bare.ToolCalls[0].Type != "" {
+		t.Fatalf("the caller's message was changed: %+v", bare)
+	}
+}
