@@ -173,7 +173,7 @@ type ToolsListResult struct {
 
 // ToolsCallParams are the params of tools/call; SessionID selects a
 // session, Seed the seed of the episode a session without one starts (or of
-// the fresh episode of a sessionless call), default 0.
+// the fresh episode of a sessionless call), random when absent.
 type ToolsCallParams struct {
 	Name      string          `json:"name"`
 	Arguments json.RawMessage `json:"arguments"`

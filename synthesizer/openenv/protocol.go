@@ -112,7 +112,7 @@ type ResetRequest struct {
 
 // StepRequest is the body of POST /step (openenv's StepRequest). Seed is the
 // seed of the fresh episode a stateless step plays (trace's extension,
-// default 0); SessionID selects a stateful HTTP session.
+// random when absent); SessionID selects a stateful HTTP session.
 type StepRequest struct {
 	Action    json.RawMessage `json:"action"`
 	TimeoutS  *float64        `json:"timeout_s,omitempty"`
