@@ -340,6 +340,18 @@ func (d *demo) monday(t time.Time) string {
 	return day.Format("2006-01-02")
 }
 
+// newest is the end of an environment's newest rollout (its labels carry
+// the same time): the trends page's "this week" is its week.
+func (d *demo) newest(env string) time.Time {
+	var t time.Time
+	for _, r := range d.rollouts {
+		if r.Environment == env && r.EndTime.After(t) {
+			t = r.EndTime
+		}
+	}
+	return t
+}
+
 // pass rate of a cohort per bucket: bucket start (Unix) → [rollouts,
 // successes], over the rollouts whose hour starts at or after since (the
 // rollout_counts aggregate is hourly).
