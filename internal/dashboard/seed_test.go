@@ -321,9 +321,14 @@ func (d *demo) expectCap(env, av, capName string, since time.Time, rho, delta fl
 	return e
 }
 
+// hour is the start of t's hour in the server's time zone, as
+// toStartOfHour: t less its local minutes and seconds. (Rebuilding it from
+// the wall clock with time.Date is ambiguous in the hour that repeats when
+// daylight saving time ends: Go picks one of the two, and ClickHouse has
+// both, 01:00 EDT and 01:00 EST.)
 func (d *demo) hour(t time.Time) int64 {
 	l := t.In(d.loc)
-	return time.Date(l.Year(), l.Month(), l.Day(), l.Hour(), 0, 0, 0, d.loc).Unix()
+	return l.Add(-time.Duration(l.Minute())*time.Minute - time.Duration(l.Second())*time.Second - time.Duration(l.Nanosecond())).Unix()
 }
 
 func (d *demo) day(t time.Time) int64 {
