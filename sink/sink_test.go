@@ -339,8 +339,14 @@ func TestQueryDashboardRunsOnlyItsStatements(t *testing.T) {
 	if err := s.QueryDashboardRow(ctx, sink.QWeekBounds, uint32(1.7e9), uint32(1.7e9), uint32(14)).Scan(&monday, &since); err != nil {
 		t.Fatal(err)
 	}
-	if monday.Weekday() != time.Monday || monday.Sub(since) != 14*24*time.Hour {
-		t.Errorf("week bounds %v, %v: want a Monday and the day 14 days before it", monday, since)
+	// Calendar days, not 14×24 hours: both are midnights of the server's
+	// time zone, and in one with daylight saving time (America/New_York)
+	// the two weeks before Monday 2023-11-13 hold the end of DST (Nov 5),
+	// one more hour.
+	const day = "2006-01-02"
+	if monday.Weekday() != time.Monday || monday.Format(day) != "2023-11-13" || since.AddDate(0, 0, 14).Format(day) != monday.Format(day) ||
+		since.Hour() != 0 || since.Minute() != 0 {
+		t.Errorf("week bounds %v, %v: want Monday 2023-11-13 and midnight 14 days before it", monday, since)
 	}
 	if _, err := s.QueryDashboard(ctx, "DROP TABLE rollouts", false); err == nil {
 		t.Error("QueryDashboard ran a statement that is not the dashboard's")
