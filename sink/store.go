@@ -145,6 +145,7 @@ type Store struct {
 	cfg      Config
 	version  Version
 	features Features
+	loc      *time.Location // the server's time zone (handshake), UTC when it sent none
 	log      *slog.Logger
 	wm       rollupStateCache // the rollup's watermark for the dashboard's statements (sink/rollupstate.go)
 }
@@ -179,7 +180,11 @@ func Open(ctx context.Context, cfg Config, log *slog.Logger) (*Store, error) {
 		return nil, err
 	}
 	v := Version{int(sv.Version.Major), int(sv.Version.Minor), int(sv.Version.Patch)}
-	s := &Store{conn: conn, cfg: cfg, version: v, features: FeaturesFor(v), log: log}
+	loc := sv.Timezone
+	if loc == nil {
+		loc = time.UTC
+	}
+	s := &Store{conn: conn, cfg: cfg, version: v, features: FeaturesFor(v), loc: loc, log: log}
 	return s, nil
 }
 
@@ -216,6 +221,11 @@ func (s *Store) Config() Config { return s.cfg }
 
 // Version is the server's version.
 func (s *Store) Version() Version { return s.version }
+
+// Location is the server's time zone, in which the DateTime columns'
+// hour, day and week buckets (toStartOfHour, toStartOfDay, toMonday)
+// start.
+func (s *Store) Location() *time.Location { return s.loc }
 
 // Features are the optional features in use.
 func (s *Store) Features() Features { return s.features }

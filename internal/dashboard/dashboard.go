@@ -60,6 +60,9 @@ type Store interface {
 	LatestEvaluations(ctx context.Context, cohorts []sink.Cohort) (map[sink.Cohort]sink.StoredEvaluation, error)
 	QueryDashboard(ctx context.Context, q string, daily bool, args ...any) (driver.Rows, error)
 	QueryDashboardRow(ctx context.Context, q string, args ...any) driver.Row
+	// Location is the server's time zone, in which its hour and day
+	// buckets start.
+	Location() *time.Location
 }
 
 // Deps are what the dashboard reads from.
@@ -99,6 +102,14 @@ type server struct {
 	log   *slog.Logger
 	now   func() time.Time
 	pages map[string]*pageTemplate
+}
+
+// location is the store's time zone (UTC without a store).
+func (s *server) location() *time.Location {
+	if s.d.Store == nil {
+		return time.UTC
+	}
+	return s.d.Store.Location()
 }
 
 // New returns the dashboard handler.

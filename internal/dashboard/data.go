@@ -528,7 +528,7 @@ type overviewParams struct {
 
 func (s *server) overview(ctx context.Context, p overviewParams) (*OverviewResponse, error) {
 	now := s.now()
-	resp := &OverviewResponse{GeneratedAt: now.UTC(), Thresholds: s.thresholds(), Range: timeRange(now, now, p.Hours, p.Bucket), PassRate: []PassSeries{}, Capabilities: []CapSeries{}}
+	resp := &OverviewResponse{GeneratedAt: now.UTC(), Thresholds: s.thresholds(), Range: timeRange(now, now, p.Hours, p.Bucket, s.location()), PassRate: []PassSeries{}, Capabilities: []CapSeries{}}
 	list, err := s.cohorts(ctx)
 	if err != nil {
 		return nil, err
@@ -544,7 +544,7 @@ func (s *server) overview(ctx context.Context, p overviewParams) (*OverviewRespo
 	g, gctx := errgroup.WithContext(ctx)
 	if key != nil {
 		resp.Cohort = key
-		resp.Range = timeRange(anchor(list, key.Environment, now), now, p.Hours, p.Bucket)
+		resp.Range = timeRange(anchor(list, key.Environment, now), now, p.Hours, p.Bucket, s.location())
 		since := resp.Range.Since
 		g.Go(func() (err error) {
 			resp.PassRate, err = s.passRateHourly(gctx, key.Environment, since, p.Bucket)
@@ -635,7 +635,7 @@ func (s *server) capability(ctx context.Context, p capabilityParams) (*Capabilit
 	if err != nil {
 		return nil, err
 	}
-	rg := timeRange(anchor(list, p.Env, now), now, p.Hours, p.Bucket)
+	rg := timeRange(anchor(list, p.Env, now), now, p.Hours, p.Bucket, s.location())
 	since := rg.Since
 	resp := &CapabilityResponse{GeneratedAt: now.UTC(), Thresholds: s.thresholds(), Range: rg,
 		PerRun: []RunRow{}, Series: []CapPoint{}, Triggers: []TriggerEvent{}, Examples: []ExampleRollout{}}
@@ -1001,23 +1001,35 @@ func (s *server) trends(ctx context.Context, p trendsParams) (*TrendsResponse, e
 
 // timeRange is the range of a time-series chart: the last hours up to asOf
 // (the watermark of what is shown), from the start of the bucket they begin
-// in; hours 0 is every rollout (Since is then set from the data). A
-// watermark ahead of now by more than analyzer.FutureSkew gets a warning.
-func timeRange(asOf, now time.Time, hours int, bucket string) Range {
-	step := time.Hour
-	if bucket == bucketDay {
-		step = 24 * time.Hour
-	}
+// in, in loc (the server's time zone, where ClickHouse's buckets start);
+// hours 0 is every rollout (Since is then set from the data). A watermark
+// ahead of now by more than analyzer.FutureSkew gets a warning.
+func timeRange(asOf, now time.Time, hours int, bucket string, loc *time.Location) Range {
 	rg := Range{Until: asOf.UTC(), AsOf: asOf.UTC(), Hours: hours, Bucket: bucket}
 	if hours == 0 {
 		rg.All = true
 	} else {
-		rg.Since = asOf.Add(-time.Duration(hours) * time.Hour).UTC().Truncate(step)
+		rg.Since = bucketStart(asOf.Add(-time.Duration(hours)*time.Hour), bucket, loc).UTC()
 	}
 	if ahead := asOf.Sub(now); ahead > analyzer.FutureSkew {
 		rg.Warning = fmt.Sprintf("the newest rollout ends %s after this server's clock (clock skew?); it is shown as is", fmtDuration(ahead.Round(time.Minute)))
 	}
 	return rg
+}
+
+// bucketStart is the start of the hour or day of t in loc, as
+// toStartOfHour and toStartOfDay compute it on a server in loc (an hour
+// starts at t less its local minutes and seconds, so a zone at a half-hour
+// offset and the hour repeated at the end of DST are right too).
+func bucketStart(t time.Time, bucket string, loc *time.Location) time.Time {
+	if loc == nil {
+		loc = time.UTC
+	}
+	l := t.In(loc)
+	if bucket == bucketDay {
+		return time.Date(l.Year(), l.Month(), l.Day(), 0, 0, 0, 0, loc)
+	}
+	return l.Add(-time.Duration(l.Minute())*time.Minute - time.Duration(l.Second())*time.Second - time.Duration(l.Nanosecond()))
 }
 
 func ratio(num, den uint64) float64 {

@@ -32,7 +32,10 @@ toStartOfInterval, no server-side ` + "`{name:Type}`" + ` parameters. Buckets us
 toStartOfHour, toStartOfDay and toMonday (weeks start on Monday in the
 server's time zone). The hourly queries become daily ones (the dashboard's
 ` + "`bucket=day`" + `) by writing toStartOfDay where they bucket with
-toStartOfHour (not in the filters on ` + "`toStartOfHour(ts)`" + `).
+toStartOfHour (not in the filters on ` + "`toStartOfHour(ts)`" + `). The dashboard
+starts a chart's range at the start of such a bucket in the server's time
+zone (the one ClickHouse sends in its handshake), so on a server that is
+not on UTC the first day is a whole day too.
 
 ## Conventions
 

@@ -4,6 +4,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	_ "time/tzdata" // America/New_York on a machine without the zone files
 )
 
 // TestTimeRange: a chart's range ends at the watermark of what it shows,
@@ -27,13 +28,51 @@ func TestTimeRange(t *testing.T) {
 		{"a little ahead", now.Add(time.Minute), 24, bucketHour, now.Add(time.Minute - 24*time.Hour).Truncate(time.Hour), false, false},
 		{"clock skew", now.Add(3 * time.Hour), 24, bucketHour, now.Add(3*time.Hour - 24*time.Hour).Truncate(time.Hour), false, true},
 	} {
-		rg := timeRange(c.asOf, now, c.hours, c.bucket)
+		rg := timeRange(c.asOf, now, c.hours, c.bucket, time.UTC)
 		if !rg.Until.Equal(c.asOf) || !rg.AsOf.Equal(c.asOf) || !rg.Since.Equal(c.since) || rg.All != c.all || (rg.Warning != "") != c.warned {
 			t.Errorf("%s: %+v; want since %v, until %v, all %v, warning %v", c.name, rg, c.since, c.asOf, c.all, c.warned)
 		}
 		if c.warned && !strings.Contains(rg.Warning, "3 hours") {
 			t.Errorf("%s: warning %q", c.name, rg.Warning)
 		}
+	}
+}
+
+// TestBucketStart: a chart's first bucket starts where the server's
+// toStartOfHour / toStartOfDay start it, in the server's time zone.
+func TestBucketStart(t *testing.T) {
+	ist := time.FixedZone("IST", 5*3600+1800)
+	est := time.FixedZone("EST", -5*3600)
+	ny, err := time.LoadLocation("America/New_York")
+	if err != nil {
+		t.Fatalf("tzdata: %v", err)
+	}
+	at := time.Date(2026, 12, 1, 3, 47, 12, 5, time.UTC)
+	// DST ends in New York at 2026-11-01 06:00 UTC: 06:30 UTC is 01:30 EST,
+	// the second 01:00–02:00 of that day.
+	repeated := time.Date(2026, 11, 1, 6, 30, 0, 0, time.UTC)
+	for _, c := range []struct {
+		name   string
+		t      time.Time
+		bucket string
+		loc    *time.Location
+		want   time.Time
+	}{
+		{"hour, UTC", at, bucketHour, time.UTC, time.Date(2026, 12, 1, 3, 0, 0, 0, time.UTC)},
+		{"day, UTC", at, bucketDay, time.UTC, time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC)},
+		{"nil is UTC", at, bucketDay, nil, time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC)},
+		{"hour, +05:30", at, bucketHour, ist, time.Date(2026, 12, 1, 3, 30, 0, 0, time.UTC)},
+		{"day, +05:30", at, bucketDay, ist, time.Date(2026, 11, 30, 18, 30, 0, 0, time.UTC)},
+		{"day, -05:00 (the previous local day)", at, bucketDay, est, time.Date(2026, 11, 30, 5, 0, 0, 0, time.UTC)},
+		{"hour repeated at the end of DST", repeated, bucketHour, ny, time.Date(2026, 11, 1, 6, 0, 0, 0, time.UTC)},
+	} {
+		if got := bucketStart(c.t, c.bucket, c.loc); !got.Equal(c.want) {
+			t.Errorf("%s: %v, want %v", c.name, got.UTC(), c.want)
+		}
+	}
+	// The range's start is the bucket's, whatever the zone.
+	if rg := timeRange(at, at, 24, bucketDay, est); !rg.Since.Equal(time.Date(2026, 11, 29, 5, 0, 0, 0, time.UTC)) {
+		t.Errorf("24 hours by day in EST start %v, want the local day before's midnight", rg.Since)
 	}
 }
 
