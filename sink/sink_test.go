@@ -524,3 +524,27 @@ func TestManyCohorts(t *testing.T) {
 		t.Errorf("%v has no rollouts, got tools %+v", keys[1], tools[keys[1]])
 	}
 }
+
+// TestLocationIsTheServers: Store.Location is the zone the server buckets
+// in: its name is timezone()'s, and a day computed in it in Go starts
+// where toStartOfDay starts it (run with TZ=America/New_York to check a
+// zone other than UTC: the local server takes the machine's).
+func TestLocationIsTheServers(t *testing.T) {
+	s := openStore(t)
+	ctx := context.Background()
+	var tz string
+	var day time.Time
+	at := time.Date(2026, 12, 1, 3, 47, 12, 0, time.UTC)
+	if err := testenv.StoreConn(t, s).QueryRow(ctx, "SELECT timezone(), toStartOfDay(toDateTime(?))", uint32(at.Unix())).Scan(&tz, &day); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("server time zone %s", tz)
+	loc := s.Location()
+	if loc.String() != tz {
+		t.Fatalf("Location %q, server timezone() %q", loc, tz)
+	}
+	l := at.In(loc)
+	if want := time.Date(l.Year(), l.Month(), l.Day(), 0, 0, 0, 0, loc); !day.Equal(want) {
+		t.Fatalf("toStartOfDay = %v, the day in Location starts %v", day, want)
+	}
+}
