@@ -228,10 +228,10 @@ func (r *Registry) Activate(ctx context.Context, name string) ([]Change, error) 
 	}
 	prev, err := r.Store.Adapters(ctx, sink.AdapterFilter{Status: AdapterActive, Capability: a.Capability, Environment: a.Environment})
 	if err != nil {
-		return nil, r.undoLoad(ctx, name, sv, err)
+		return nil, r.undoLoad(ctx, name, from, sv, err)
 	}
 	if err := r.save(ctx, a, AdapterActive, "activated", sv); err != nil {
-		return nil, r.undoLoad(ctx, name, sv, err)
+		return nil, r.undoLoad(ctx, name, from, sv, err)
 	}
 	changes := []Change{{Name: name, From: from, To: AdapterActive, Loaded: sv != nil}}
 	r.log().Info("adapter activated", "adapter", name, "from", from, "capability", a.Capability, "environment", a.Environment, "loaded", sv != nil)
@@ -252,10 +252,14 @@ func (r *Registry) Activate(ctx context.Context, name string) ([]Change, error) 
 }
 
 // undoLoad unloads an adapter whose activation could not be recorded, so
-// the engine does not serve what the registry does not claim.
-func (r *Registry) undoLoad(ctx context.Context, name string, sv *Serving, cause error) error {
+// the engine does not serve what the registry does not claim. An adapter
+// that was active already (a reload) stays loaded: the registry claims it.
+func (r *Registry) undoLoad(ctx context.Context, name, from string, sv *Serving, cause error) error {
 	if sv == nil || r.Engine == nil {
 		return cause
+	}
+	if from == AdapterActive {
+		return fmt.Errorf("activate %s: %w (it is still active, and loaded)", name, cause)
 	}
 	if err := r.Engine.Unload(context.WithoutCancel(ctx), name); err != nil {
 		return fmt.Errorf("activate %s: %w; and unloading it again failed: %v", name, cause, err)

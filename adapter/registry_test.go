@@ -200,3 +200,88 @@ func TestAutoActivation(t *testing.T) {
 		t.Errorf("history %+v", evs)
 	}
 }
+
+// fakeRegistryStore holds adapters in memory; adaptersErr fails Adapters
+// and saveErr SaveAdapter.
+type fakeRegistryStore struct {
+	rows                 map[string]sink.AdapterRow
+	adaptersErr, saveErr error
+}
+
+func (f *fakeRegistryStore) Adapter(_ context.Context, name string) (*sink.AdapterRow, error) {
+	if a, ok := f.rows[name]; ok {
+		return &a, nil
+	}
+	return nil, nil
+}
+
+func (f *fakeRegistryStore) Adapters(_ context.Context, fl sink.AdapterFilter) ([]sink.AdapterRow, error) {
+	if f.adaptersErr != nil {
+		return nil, f.adaptersErr
+	}
+	var out []sink.AdapterRow
+	for _, a := range f.rows {
+		if (fl.Status == "" || a.Status == fl.Status) && (fl.Capability == "" || a.Capability == fl.Capability) &&
+			(fl.Environment == "" || a.Environment == fl.Environment) {
+			out = append(out, a)
+		}
+	}
+	return out, nil
+}
+
+func (f *fakeRegistryStore) SaveAdapter(_ context.Context, r sink.AdapterRow) error {
+	if f.saveErr != nil {
+		return f.saveErr
+	}
+	f.rows[r.Name] = r
+	return nil
+}
+
+// fakeEngine keeps the loaded adapters (name → path).
+type fakeEngine struct{ loaded map[string]string }
+
+func (e *fakeEngine) Name() string     { return "fake" }
+func (e *fakeEngine) Endpoint() string { return "http://fake/v1" }
+func (e *fakeEngine) Load(_ context.Context, name, path string) error {
+	e.loaded[name] = path
+	return nil
+}
+func (e *fakeEngine) Unload(_ context.Context, name string) error {
+	delete(e.loaded, name)
+	return nil
+}
+
+// TestActivateStoreFailure: when the registry cannot record an
+// activation, the engine is left as the registry says: a candidate loaded
+// for it is unloaded again, but the active adapter being reloaded (after
+// an engine restart) stays loaded — the registry says it is active.
+func TestActivateStoreFailure(t *testing.T) {
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name, status         string
+		adaptersErr, saveErr error
+		wantLoaded           bool
+	}{
+		{"candidate, read fails", adapter.AdapterCandidate, errors.New("clickhouse away"), nil, false},
+		{"candidate, save fails", adapter.AdapterCandidate, nil, errors.New("clickhouse away"), false},
+		{"active, read fails", adapter.AdapterActive, errors.New("clickhouse away"), nil, true},
+		{"active, save fails", adapter.AdapterActive, nil, errors.New("clickhouse away"), true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			st := &fakeRegistryStore{rows: map[string]sink.AdapterRow{"pv-1": {Name: "pv-1", Capability: "precondition_verification",
+				Environment: "sim-airline", URI: "file:///adapters/pv-1", Status: tc.status, Version: 1}}}
+			eng := &fakeEngine{loaded: map[string]string{}}
+			reg := &adapter.Registry{Store: st, Engine: eng}
+			st.adaptersErr, st.saveErr = tc.adaptersErr, tc.saveErr
+			if _, err := reg.Activate(ctx, "pv-1"); err == nil {
+				t.Fatal("activation with a failing store succeeded")
+			}
+			if st.rows["pv-1"].Status != tc.status {
+				t.Fatalf("status %s, want %s", st.rows["pv-1"].Status, tc.status)
+			}
+			if _, loaded := eng.loaded["pv-1"]; loaded != tc.wantLoaded {
+				t.Errorf("%s adapter loaded in the engine: %v, want %v", tc.status, loaded, tc.wantLoaded)
+			}
+		})
+	}
+}
