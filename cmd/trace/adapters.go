@@ -26,7 +26,8 @@ one is active; the one active before is retired — and, with
 adapter.serving enabled, loads it into the serving engine first (vLLM's
 runtime LoRA API), so that requests with model: <adapter name> use it.
 Retiring unloads it. The closed loop rolls back an active adapter whose
-effect in production is bad (status rolled_back, unloaded).
+effect in production is bad (status rolled_back, unloaded; never activated
+again); rollback does the same by hand.
 
 An activation whose load fails changes nothing; a retirement whose unload
 fails is retired in the registry (no longer routed to) and says that the
@@ -34,7 +35,7 @@ engine still serves it: retiring again retries the unload.`,
 }
 
 func init() {
-	adaptersCmd.AddCommand(newAdaptersListCmd(), newAdaptersActivateCmd(), newAdaptersRetireCmd())
+	adaptersCmd.AddCommand(newAdaptersListCmd(), newAdaptersActivateCmd(), newAdaptersRetireCmd(), newAdaptersRollbackCmd())
 	rootCmd.AddCommand(adaptersCmd)
 }
 
@@ -260,6 +261,40 @@ status is 1, and retiring it again retries the unload.`,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return registryCommand(cmd, &cf, asJSON, func(r *adapter.Registry) ([]adapter.Change, error) {
 				c, err := r.Retire(cmd.Context(), args[0], reason)
+				if c == nil {
+					return nil, err
+				}
+				return []adapter.Change{*c}, err
+			})
+		},
+	}
+	cf.add(cmd)
+	cmd.Flags().StringVar(&reason, "reason", "", "why (recorded in the adapter's metadata)")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print the change as JSON")
+	return cmd
+}
+
+func newAdaptersRollbackCmd() *cobra.Command {
+	var (
+		cf     configFlags
+		reason string
+		asJSON bool
+	)
+	cmd := &cobra.Command{
+		Use:   "rollback NAME",
+		Short: "Roll back an active adapter (rolled_back, unloaded; never activated again)",
+		Long: `rollback is the closed loop guard's transition by hand: it moves an active
+adapter to rolled_back, recording the reason in its metadata, and then
+unloads it from the serving engine. A rolled-back adapter is never
+activated again (a new training run registers a new one). If the unload
+fails the adapter is still rolled back (no longer routed to), the exit
+status is 1, and rolling it back again retries the unload (also after the
+guard's rollback).`,
+		Example: "  trace adapters rollback precondition-verification-3f1c2a9e --reason 'pass rate fell'",
+		Args:    cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return registryCommand(cmd, &cf, asJSON, func(r *adapter.Registry) ([]adapter.Change, error) {
+				c, err := r.RollBack(cmd.Context(), args[0], reason)
 				if c == nil {
 					return nil, err
 				}

@@ -21,7 +21,7 @@ import (
 )
 
 // TestTrainAndAdaptersCommands drives trace train plan/dispatch/list/show
-// and trace adapters list/activate/retire against ClickHouse, NATS and
+// and trace adapters list/activate/retire/rollback against ClickHouse, NATS and
 // the scriptable OpenAI-protocol server (the planning agent, and vLLM's
 // runtime LoRA routes for serving).
 func TestTrainAndAdaptersCommands(t *testing.T) {
@@ -198,6 +198,21 @@ func TestTrainAndAdaptersCommands(t *testing.T) {
 	if err != nil || json.Unmarshal([]byte(out), &v) != nil || len(v.Changes) != 1 || v.Changes[0].From != adapter.AdapterActive ||
 		v.Changes[0].To != adapter.AdapterRetired || v.Serving {
 		t.Errorf("retire --json (%v):\n%s", err, out)
+	}
+	// rollback (README: as the guard does): active → rolled_back,
+	// unloaded, and never activated again.
+	if out, err = run(append([]string{"adapters", "activate", name}, serve...)...); err != nil || chat() != 200 {
+		t.Fatalf("activate again (%v):\n%s", err, out)
+	}
+	out, err = run(append([]string{"adapters", "rollback", name, "--reason", "hurts production"}, serve...)...)
+	if err != nil || !strings.Contains(out, name+": active → rolled_back, unloaded from "+srv.URL) || chat() != 404 {
+		t.Fatalf("rollback (%v):\n%s", err, out)
+	}
+	if a, _ := st.Adapter(ctx, name); a == nil || a.Status != adapter.AdapterRolledBack || !strings.Contains(a.Metadata, "hurts production") {
+		t.Errorf("after rollback: %+v", a)
+	}
+	if _, err := run("adapters", "activate", name); !errors.As(err, &ee) || ee.code != 1 || !strings.Contains(err.Error(), "transition not allowed") {
+		t.Errorf("activating a rolled-back adapter: %v", err)
 	}
 }
 
