@@ -116,6 +116,7 @@ func CallbackPath(jobID string) string { return "/v1/training/jobs/" + jobID + "
 // job is recorded FAILED with the status and the answer.
 type Webhook struct {
 	cfg      WebhookConfig
+	endpoint string   // cfg.URL without its password, for records and errors
 	Reporter Reporter // set before the first Dispatch (the adapt stage)
 	Client   *http.Client
 	log      *slog.Logger
@@ -131,7 +132,8 @@ func NewWebhook(cfg WebhookConfig, log *slog.Logger) (*Webhook, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Webhook{cfg: cfg, Client: &http.Client{}, log: log, now: time.Now}, nil
+	u, _ := url.Parse(cfg.URL) // Validate parsed it
+	return &Webhook{cfg: cfg, endpoint: u.Redacted(), Client: &http.Client{}, log: log, now: time.Now}, nil
 }
 
 // Name is "webhook".
@@ -189,14 +191,14 @@ func (w *Webhook) Dispatch(ctx context.Context, job *schemas.TrainingJob, spec [
 	b := backoff.NewExponentialBackOff(backoff.WithInitialInterval(w.cfg.InitialInterval), backoff.WithMaxElapsedTime(w.cfg.RetryFor))
 	err := backoff.Retry(op, backoff.WithContext(b, ctx))
 	if err == nil {
-		note, _ := json.Marshal(map[string]any{"url": w.cfg.URL, "status": accepted.StatusCode, "attempts": attempts, "answer": acceptedBody,
+		note, _ := json.Marshal(map[string]any{"url": w.endpoint, "status": accepted.StatusCode, "attempts": attempts, "answer": acceptedBody,
 			"events": w.cfg.Events})
 		w.log.Info("webhook accepted the training job", "job", job.JobID, "status", accepted.StatusCode, "attempts", attempts)
 		return w.Reporter.RecordNote(ctx, job.JobID, "webhook:accepted", "webhook_accepted", note)
 	}
 	var se *statusError
 	if errors.As(err, &se) && !Retryable(se.code) {
-		reason := fmt.Sprintf("webhook: POST %s %s (attempt %d); not retried", w.cfg.URL, se.Error(), attempts)
+		reason := fmt.Sprintf("webhook: POST %s %s (attempt %d); not retried", w.endpoint, se.Error(), attempts)
 		e := &schemas.TrainingEvent{JobID: job.JobID, Type: schemas.EventFailed, At: w.now().UTC(), Worker: "trace webhook backend", Reason: reason}
 		data, eerr := e.Encode()
 		if eerr != nil {
@@ -205,7 +207,7 @@ func (w *Webhook) Dispatch(ctx context.Context, job *schemas.TrainingJob, spec [
 		w.log.Warn("webhook rejected the training job", "job", job.JobID, "status", se.code, "answer", se.body)
 		return w.Reporter.HandleEvent(ctx, e, "webhook:rejected", data)
 	}
-	return fmt.Errorf("webhook: POST %s: %d attempts in %s: %w", w.cfg.URL, attempts, w.cfg.RetryFor, err)
+	return fmt.Errorf("webhook: POST %s: %d attempts in %s: %w", w.endpoint, attempts, w.cfg.RetryFor, err)
 }
 
 // post makes one signed attempt; the answer's body is read (at most 1 KiB
