@@ -18,7 +18,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/url"
 	"regexp"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -77,7 +79,7 @@ func Connect(ctx context.Context, cfg Config, name string) (*Bus, error) {
 	}
 	nc, err := nats.Connect(cfg.URL, opts...)
 	if err != nil {
-		return nil, fmt.Errorf("nats %s: %w", cfg.URL, err)
+		return nil, fmt.Errorf("nats %s: %w", RedactURLs(cfg.URL), err)
 	}
 	js, err := jetstream.New(nc)
 	if err != nil {
@@ -232,4 +234,22 @@ func (b *Bus) WatchDictionaries(ctx context.Context, fn func(key string)) error 
 			}
 		}
 	}
+}
+
+// RedactURLs masks the password of each URL in a comma-separated list (a
+// NATS server list; any other URL too), as url.URL.Redacted does; what
+// does not parse as a URL with a password is kept.
+func RedactURLs(s string) string {
+	if !strings.Contains(s, "@") {
+		return s
+	}
+	parts := strings.Split(s, ",")
+	for i, p := range parts {
+		if u, err := url.Parse(strings.TrimSpace(p)); err == nil && u.User != nil {
+			if _, ok := u.User.Password(); ok {
+				parts[i] = u.Redacted()
+			}
+		}
+	}
+	return strings.Join(parts, ",")
 }

@@ -480,6 +480,13 @@ func (c Config) Redacted() Config {
 	r.Synthesizer.Policies = slices.Clone(c.Synthesizer.Policies)
 	for i := range r.Synthesizer.Policies {
 		red(&r.Synthesizer.Policies[i].APIKey)
+		r.Synthesizer.Policies[i].BaseURL = bus.RedactURLs(r.Synthesizer.Policies[i].BaseURL)
+	}
+	// A password can also sit in a URL (https://user:pass@host/).
+	for _, u := range []*string{&r.NATS.URL, &r.LLM.BaseURL, &r.Adapter.Serving.BaseURL, &r.Adapter.Webhook.URL,
+		&r.Adapter.Webhook.CallbackURL, &r.Adapter.Plan.EnvServerURL, &r.Router.UpstreamURL, &r.Router.ClassifierURL,
+		&r.Router.Retrieval.EmbeddingsURL} {
+		*u = bus.RedactURLs(*u)
 	}
 	return r
 }

@@ -1,11 +1,14 @@
 package config
 
 import (
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/traceops/trace/synthesizer"
 )
 
 func TestLoadLayers(t *testing.T) {
@@ -40,6 +43,31 @@ analyzer:
 	r := c.Redacted()
 	if r.ClickHouse.Password != "[REDACTED]" || r.HTTP.BearerToken != "[REDACTED]" || c.ClickHouse.Password != "s3cret" {
 		t.Fatalf("redaction: %+v", r.ClickHouse)
+	}
+}
+
+// TestRedactedMasksURLPasswords: `trace config print` shows no password
+// a URL carries (user:pass@host), and the configuration itself keeps it.
+func TestRedactedMasksURLPasswords(t *testing.T) {
+	c := Default()
+	pw := "https://u:pw@h/v1"
+	c.NATS.URL = "nats://u:pw@a:4222,nats://b:4222"
+	c.LLM.BaseURL, c.Adapter.Serving.BaseURL, c.Adapter.Webhook.URL, c.Adapter.Webhook.CallbackURL = pw, pw, pw, pw
+	c.Adapter.Plan.EnvServerURL, c.Router.UpstreamURL, c.Router.ClassifierURL, c.Router.Retrieval.EmbeddingsURL = pw, pw, pw, pw
+	c.Synthesizer.Policies = []synthesizer.PolicySettings{{BaseURL: pw}}
+	m, err := c.Redacted().Map()
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := json.Marshal(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(string(b), ":pw@") || strings.Count(string(b), "u:xxxxx@") != 10 {
+		t.Fatalf("redacted configuration: %s", b)
+	}
+	if c.LLM.BaseURL != pw || c.Synthesizer.Policies[0].BaseURL != pw {
+		t.Fatal("Redacted changed the configuration it copied")
 	}
 }
 
