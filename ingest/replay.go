@@ -181,8 +181,8 @@ func Replay(ctx context.Context, w ReplayWriter, files []string, format string, 
 	return r.Replay(ctx, files)
 }
 
-// Replay reads every file, validates each rollout with schemas.DecodeRollout
-// and publishes the valid ones keyed by rollout.Key(), in input order, in
+// Replay reads every file, validates each rollout as the ingest stage does
+// (DecodeRollout) and publishes the valid ones keyed by rollout.Key(), in input order, in
 // chunks of ChunkSize. Invalid records are counted in the summary by reason
 // and not published; they are not an error. Blank JSONL lines are skipped.
 //
@@ -513,7 +513,7 @@ func (r *replayRun) jsonl(path string) error {
 	base := filepath.Base(path)
 	br := bufio.NewReaderSize(f, 1<<20)
 	limit := r.maxBytes()
-	opt := schemas.DecodeOptions{MaxBytes: limit}
+	decode := DecodeRollout(limit) // the ingest stage's checks
 	batch := make([]replayItem, 0, replayBatch)
 	var batchBytes int
 	validate := func() error {
@@ -522,7 +522,7 @@ func (r *replayRun) jsonl(path string) error {
 			if it.rej != nil || it.value == nil {
 				return
 			}
-			ro, err := schemas.DecodeRollout(it.value, opt)
+			ro, err := decode(it.value)
 			if err != nil {
 				reason, msg := replayReason(err)
 				it.rej = &Rejection{File: base, Line: it.line, Reason: reason, Msg: msg}
@@ -618,7 +618,7 @@ func (r *replayRun) tau2(path string) error {
 	if statErr == nil {
 		size = fi.Size()
 	}
-	opt := schemas.DecodeOptions{MaxBytes: r.maxBytes()}
+	decode := DecodeRollout(r.maxBytes()) // the ingest stage's checks
 	for lo := 0; lo < n; lo += replayBatch {
 		if err := r.ctx.Err(); err != nil {
 			return err
@@ -640,7 +640,7 @@ func (r *replayRun) tau2(path string) error {
 				it.rej = &Rejection{File: base, Line: i + 1, Simulation: true, RolloutID: ro.RolloutID, Reason: schemas.ReasonSchema, Msg: err.Error()}
 				return
 			}
-			valid, err := schemas.DecodeRollout(b, opt)
+			valid, err := decode(b)
 			if err != nil {
 				reason, msg := replayReason(err)
 				it.rej = &Rejection{File: base, Line: i + 1, Simulation: true, RolloutID: ro.RolloutID, Reason: reason, Msg: msg}

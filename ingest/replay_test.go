@@ -349,6 +349,9 @@ func TestReplayInputs(t *testing.T) {
 		{name: "too long line is consumed and rejected", content: ok + "\n" + big + "\n" + ok, maxBytes: 290, wantSent: 2, wantReason: map[string]int{"too_large": 1}},
 		{name: "invalid utf8", content: ok + "\n" + "{\"rollout_id\": \"\xff\"}", wantSent: 1, wantReason: map[string]int{"invalid_utf8": 1}},
 		{name: "empty file", content: "", wantSent: 0, wantReason: map[string]int{}},
+		{name: "an end time the store cannot hold is rejected as ingest would dead-letter it",
+			content:  ok + "\n" + strings.Replace(ok, `"outcome"`, `"end_time": "2110-01-01T00:00:00Z", "outcome"`, 1),
+			wantSent: 1, wantReason: map[string]int{"schema": 1}},
 		{name: "tau2 simulation that cannot be decoded", content: `{"info": {"environment_info": {"domain_name": "mock"}}, "simulations": [
 			{"id": "s1", "task_id": "1", "reward_info": {"reward": 1.0}, "messages": [{"role": "user", "content": "x"}]},
 			{"id": "s2", "task_id": "2", "messages": "not a list"},

@@ -2,6 +2,8 @@ package ingest
 
 import (
 	"context"
+	"fmt"
+	"time"
 
 	"github.com/traceops/trace/internal/stream"
 	"github.com/traceops/trace/schemas"
@@ -11,12 +13,50 @@ import (
 // DecodeRollout is the rollout Decoder with a size limit.
 func DecodeRollout(maxBytes int) stream.Decoder[*schemas.Rollout] {
 	opt := schemas.DecodeOptions{MaxBytes: maxBytes}
-	return func(b []byte) (*schemas.Rollout, error) { return schemas.DecodeRollout(b, opt) }
+	return func(b []byte) (*schemas.Rollout, error) {
+		r, err := schemas.DecodeRollout(b, opt)
+		if err != nil {
+			return nil, err
+		}
+		if err := storableTimes(r); err != nil {
+			return nil, err
+		}
+		return r, nil
+	}
 }
 
 // DecodeLabel is the label-event Decoder.
 func DecodeLabel(b []byte) (*schemas.LabelEvent, error) {
-	return schemas.DecodeLabel(b, schemas.DecodeOptions{})
+	l, err := schemas.DecodeLabel(b, schemas.DecodeOptions{})
+	if err != nil {
+		return nil, err
+	}
+	if err := storableTime("/ts", l.TS); err != nil {
+		return nil, err
+	}
+	return l, nil
+}
+
+// storableTimes refuses a rollout whose start or end time the rollouts
+// table cannot hold (see storableTime).
+func storableTimes(r *schemas.Rollout) error {
+	if err := storableTime("/start_time", r.StartTime); err != nil {
+		return err
+	}
+	return storableTime("/end_time", r.EndTime)
+}
+
+// storableTime refuses a time that the store's DateTime columns cannot hold
+// (before 1970 or after 2106-02-07T06:28:15Z: it would be stored wrapped
+// around, 2110 as 1973, where the TTL deletes it). The message is
+// dead-lettered, reason schema, instead of being stored with another time.
+// A zero time is an absent one (the insert time is stored).
+func storableTime(path string, t time.Time) error {
+	if t.IsZero() || sink.InDateTimeRange(t) {
+		return nil
+	}
+	return &schemas.Error{Reason: schemas.ReasonSchema, Path: path, Msg: fmt.Sprintf("%s %s is outside %s..%s, the times the store holds",
+		path[1:], t.Format(time.RFC3339Nano), sink.MinDateTime.Format(time.RFC3339), sink.MaxDateTime.Format(time.RFC3339))}
 }
 
 // DecodeRolloutRow decodes, validates and compacts a rollout into its
@@ -34,6 +74,9 @@ func DecodeRolloutRow(maxBytes int) stream.Decoder[*sink.RolloutRow] {
 	return func(b []byte) (*sink.RolloutRow, error) {
 		r, err := schemas.DecodeRawRollout(b, opt)
 		if err != nil {
+			return nil, err
+		}
+		if err := storableTimes(&r.Head); err != nil {
 			return nil, err
 		}
 		row := sink.RawRolloutRow(r, sink.Coord{})

@@ -237,3 +237,98 @@ func TestRowSinkWrite(t *testing.T) {
 		t.Fatalf("%d rows with offsets summing to %d, want 5 and 510", n, offsets)
 	}
 }
+
+// The rollouts' start_time and end_time and the labels' ts are ClickHouse
+// DateTime columns: whole seconds since 1970 in a UInt32. The driver sends a
+// time outside that range wrapped around (an end_time in 2110 was stored as
+// 1973, where the TTL deletes it; one in 1960 as 2096), so the decoders
+// refuse it: the message is dead-lettered (reason schema, at the time's
+// path) instead of being stored with a wrong time. The boundaries, in any
+// zone, are accepted.
+func TestDecodersRefuseTimesTheStoreCannotHold(t *testing.T) {
+	rollout := func(field, v string) []byte {
+		return []byte(`{"rollout_id":"r","environment":"e","agent":{"name":"a","version":"v"},"task_id":"t",` +
+			`"` + field + `":"` + v + `","outcome":{"reward":1},"messages":[{"role":"user","content":"x"}]}`)
+	}
+	label := func(v string) []byte {
+		return []byte(`{"rollout_id":"r","environment":"e","agent_version":"v","dictionary_version":1,"capability":"c",` +
+			`"run":0,"label":"PRESENT","success":true,"source":"rules","ts":"` + v + `"}`)
+	}
+	for _, tc := range []struct {
+		v  string
+		ok bool
+	}{
+		{"1970-01-01T00:00:00Z", true},
+		{"1970-01-01T01:00:00+01:00", true},
+		{"2106-02-07T06:28:15Z", true},
+		{"2106-02-07T06:28:15.999999999Z", true},
+		{"2106-02-07T07:28:15+01:00", true},
+		{"2026-01-01T00:00:00-07:30", true},
+		{"1969-12-31T23:59:59Z", false},
+		{"1969-12-31T23:59:59.999Z", false},
+		{"1970-01-01T00:59:59+01:00", false},
+		{"2106-02-07T06:28:16Z", false},
+		{"2106-02-07T05:28:16-01:00", false},
+		{"2110-01-01T00:00:00Z", false},
+		{"1960-01-01T00:00:00Z", false},
+		{"9999-12-31T23:59:59Z", false},
+		{"0002-01-01T00:00:00Z", false},
+	} {
+		check := func(what, path string, err error) {
+			t.Helper()
+			if tc.ok {
+				if err != nil {
+					t.Errorf("%s %s: %v, want accepted", what, tc.v, err)
+				}
+				return
+			}
+			var e *schemas.Error
+			if !errors.As(err, &e) || e.Reason != schemas.ReasonSchema || e.Path != path {
+				t.Errorf("%s %s: err %v, want reason %s at %s", what, tc.v, err, schemas.ReasonSchema, path)
+			}
+		}
+		for _, field := range []string{"start_time", "end_time"} {
+			_, err := ingest.DecodeRolloutRow(0)(rollout(field, tc.v))
+			check("DecodeRolloutRow "+field, "/"+field, err)
+			_, err = ingest.DecodeRollout(0)(rollout(field, tc.v))
+			check("DecodeRollout "+field, "/"+field, err)
+		}
+		_, err := ingest.DecodeLabel(label(tc.v))
+		check("DecodeLabel ts", "/ts", err)
+	}
+}
+
+// The boundaries of what the decoders accept are stored as themselves.
+func TestRowSinkStoresBoundaryTimes(t *testing.T) {
+	s := testenv.ClickHouse(t).Store()
+	ctx := context.Background()
+	var batch []stream.Record[*sink.RolloutRow]
+	for i, v := range []string{"1970-01-01T00:00:00Z", "2106-02-07T06:28:15Z"} {
+		doc := `{"rollout_id":"r` + string(rune('0'+i)) + `","environment":"e","agent":{"name":"a","version":"v"},"task_id":"t",` +
+			`"start_time":"` + v + `","end_time":"` + v + `","outcome":{"reward":1},"messages":[{"role":"user","content":"x"}]}`
+		row, err := ingest.DecodeRolloutRow(0)([]byte(doc))
+		if err != nil {
+			t.Fatal(err)
+		}
+		batch = append(batch, stream.Record[*sink.RolloutRow]{Value: row, Topic: "t", Offset: int64(i)})
+	}
+	if err := (&ingest.RowSink{Store: s}).Write(ctx, batch); err != nil {
+		t.Fatal(err)
+	}
+	rows, err := testenv.StoreConn(t, s).Query(ctx, "SELECT toUnixTimestamp(start_time), toUnixTimestamp(end_time) FROM rollouts ORDER BY rollout_id")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	var got []uint32
+	for rows.Next() {
+		var a, b uint32
+		if err := rows.Scan(&a, &b); err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, a, b)
+	}
+	if want := []uint32{0, 0, 1<<32 - 1, 1<<32 - 1}; !reflect.DeepEqual(got, want) {
+		t.Fatalf("stored %v, want %v", got, want)
+	}
+}

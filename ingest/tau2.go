@@ -77,7 +77,7 @@ type Tau2Options struct {
 //     user-side tools called), when present in the file.
 //
 // The rollouts are not validated here; marshal them and pass them to
-// schemas.DecodeRollout (Replay does) to reject malformed simulations.
+// DecodeRollout (Replay does) to reject malformed simulations.
 func ConvertTau2(r io.Reader) ([]*schemas.Rollout, error) {
 	return ConvertTau2With(r, Tau2Options{})
 }

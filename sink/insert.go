@@ -3,6 +3,7 @@ package sink
 import (
 	"context"
 	"fmt"
+	"math"
 	"time"
 
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
@@ -15,6 +16,22 @@ func ts(t, now time.Time) time.Time {
 		return now
 	}
 	return t.UTC()
+}
+
+// The time columns (DateTime) hold whole seconds since 1970 in a UInt32:
+// from MinDateTime to MaxDateTime. The driver sends a time outside that
+// range wrapped around (2110 as 1973, 1960 as 2096) without an error, so the
+// decoders refuse such times (ingest.DecodeRolloutRow, ingest.DecodeLabel).
+var (
+	MinDateTime = time.Unix(0, 0).UTC()
+	MaxDateTime = time.Unix(math.MaxUint32, 0).UTC()
+)
+
+// InDateTimeRange reports whether a DateTime column stores t as itself (its
+// second).
+func InDateTimeRange(t time.Time) bool {
+	s := t.Unix()
+	return s >= 0 && s <= math.MaxUint32
 }
 
 func b2u(b bool) uint8 {
