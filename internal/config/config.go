@@ -368,6 +368,20 @@ func (c Config) Validate() error {
 			errs = append(errs, fmt.Errorf("%s: must not be empty", name))
 		}
 	}
+	// Each consumer needs a topic and a group of its own: the ingest and
+	// analyze stages both read rollouts_topic, so one group would split its
+	// partitions between them (the rollouts the analyzer read would never
+	// be stored), and dead letters or labels written to a topic a consumer
+	// reads would come back to it.
+	if k.RolloutsTopic != "" && k.LabelsTopic == k.RolloutsTopic {
+		errs = append(errs, fmt.Errorf("kafka.labels_topic: %q is also kafka.rollouts_topic", k.LabelsTopic))
+	}
+	if k.DLQTopic != "" && (k.DLQTopic == k.RolloutsTopic || k.DLQTopic == k.LabelsTopic) {
+		errs = append(errs, fmt.Errorf("kafka.dlq_topic: %q is also the topic of rollouts or labels", k.DLQTopic))
+	}
+	if k.IngestGroup != "" && k.AnalyzeGroup == k.IngestGroup {
+		errs = append(errs, fmt.Errorf("kafka.analyze_group: %q is also kafka.ingest_group; both read kafka.rollouts_topic and one group would split its partitions between them", k.AnalyzeGroup))
+	}
 	if k.BatchRows < 1 {
 		errs = append(errs, fmt.Errorf("kafka.batch_rows: must be >= 1, got %d", k.BatchRows))
 	}

@@ -89,6 +89,12 @@ func TestValidateNamesTheField(t *testing.T) {
 		{[]string{"http.addr=8080"}, "http.addr"},
 		{[]string{"http.ready_timeout=0s"}, "http.ready_timeout"},
 		{[]string{"kafka.max_message_bytes=100"}, "kafka.max_message_bytes"},
+		// Two consumer groups of one topic would split its partitions: the
+		// rollouts the analyzer's member read would never be stored.
+		{[]string{"kafka.analyze_group=trace-ingest"}, "kafka.analyze_group"},
+		{[]string{"kafka.dlq_topic=trace.rollouts"}, "kafka.dlq_topic"},
+		{[]string{"kafka.labels_topic=trace.rollouts"}, "kafka.labels_topic"},
+		{[]string{"kafka.dlq_topic=trace.labels"}, "kafka.dlq_topic"},
 		{[]string{"nokey"}, "--set"},
 		{[]string{"synthesizer.max_attempts=9"}, "synthesizer.max_attempts"},
 		{[]string{"synthesizer.policy=oracle"}, "synthesizer.policy"},
