@@ -39,3 +39,32 @@ func TestPrefixEnd(t *testing.T) {
 		}
 	}
 }
+
+// A server from 20.1 on refuses an INSERT block spanning more than
+// max_partitions_per_insert_block (100) partitions with TOO_MANY_PARTS (252),
+// which IsRetryable retries: rollouts or labels whose times span more than
+// 100 months (tables are partitioned by month) made the ingest batch fail
+// the same way forever. The store's connections lift the limit on those
+// servers, and send no such setting to 18.16, which does not know it.
+func TestSessionSettings(t *testing.T) {
+	for _, tc := range []struct {
+		v    Version
+		want map[string]any
+	}{
+		{Version{18, 16, 1}, nil},
+		{Version{19, 17, 4}, nil},
+		{Version{20, 1, 2}, map[string]any{"max_partitions_per_insert_block": 0}},
+		{Version{26, 7, 3}, map[string]any{"max_partitions_per_insert_block": 0}},
+	} {
+		got := sessionSettings(FeaturesFor(tc.v))
+		if len(got) != len(tc.want) {
+			t.Errorf("%v: settings %v, want %v", tc.v, got, tc.want)
+			continue
+		}
+		for k, v := range tc.want {
+			if got[k] != v {
+				t.Errorf("%v: settings %v, want %v", tc.v, got, tc.want)
+			}
+		}
+	}
+}

@@ -160,7 +160,7 @@ func Open(ctx context.Context, cfg Config, log *slog.Logger) (*Store, error) {
 	if log == nil {
 		log = slog.Default()
 	}
-	boot, err := open(cfg, "default")
+	boot, err := open(cfg, "default", nil)
 	if err != nil {
 		return nil, err
 	}
@@ -175,26 +175,44 @@ func Open(ctx context.Context, cfg Config, log *slog.Logger) (*Store, error) {
 	if err := boot.Exec(ctx, "CREATE DATABASE IF NOT EXISTS "+cfg.Database); err != nil {
 		return nil, fmt.Errorf("clickhouse: create database %s: %w", cfg.Database, err)
 	}
-	conn, err := open(cfg, cfg.Database)
+	v := Version{int(sv.Version.Major), int(sv.Version.Minor), int(sv.Version.Patch)}
+	features := FeaturesFor(v)
+	conn, err := open(cfg, cfg.Database, sessionSettings(features))
 	if err != nil {
 		return nil, err
 	}
-	v := Version{int(sv.Version.Major), int(sv.Version.Minor), int(sv.Version.Patch)}
 	loc := sv.Timezone
 	if loc == nil {
 		loc = time.UTC
 	}
-	s := &Store{conn: conn, cfg: cfg, version: v, features: FeaturesFor(v), loc: loc, log: log}
+	s := &Store{conn: conn, cfg: cfg, version: v, features: features, loc: loc, log: log}
 	return s, nil
 }
 
-func open(cfg Config, db string) (driver.Conn, error) {
+// sessionSettings are the settings of every statement of the store.
+//
+// max_partitions_per_insert_block = 0: the tables are partitioned by month
+// of a producer's time (a rollout's end time, a label's ts), and a server
+// that limits the partitions of one INSERT block (100 by default) refuses a
+// batch spanning more months with TOO_MANY_PARTS, which is retryable for
+// its other cause (merges behind): the same batch was retried forever and
+// ingest stopped. 18.16 has neither the limit nor the setting (it would
+// refuse every statement naming it).
+func sessionSettings(f Features) clickhouse.Settings {
+	if !f.PartitionLimit {
+		return nil
+	}
+	return clickhouse.Settings{"max_partitions_per_insert_block": 0}
+}
+
+func open(cfg Config, db string, settings clickhouse.Settings) (driver.Conn, error) {
 	opt := &clickhouse.Options{
 		Addr:         cfg.Addr,
 		Auth:         clickhouse.Auth{Database: db, Username: cfg.User, Password: cfg.Password},
 		DialTimeout:  cfg.DialTimeout,
 		MaxOpenConns: cfg.MaxOpenConns,
 		MaxIdleConns: cfg.MaxOpenConns,
+		Settings:     settings,
 	}
 	method, err := compression(cfg.Compression, cfg.Addr)
 	if err != nil {
@@ -249,16 +267,17 @@ func (v Version) AtLeast(major, minor int) bool {
 	return v.Major > major || (v.Major == major && v.Minor >= minor)
 }
 
-// Features are the optional DDL features a server supports. 18.16 has none of
+// Features are the optional features a server supports. 18.16 has none of
 // them; every ClickHouse from 20.1 on has all of them.
 type Features struct {
 	LowCardinality bool // LowCardinality(String) without an experimental setting
 	Codecs         bool // CODEC(ZSTD(n)) on large text columns
 	TTL            bool // table TTL for retention
+	PartitionLimit bool // max_partitions_per_insert_block, lifted by the store (sessionSettings)
 }
 
 // FeaturesFor returns what a version supports.
 func FeaturesFor(v Version) Features {
 	modern := v.AtLeast(20, 1)
-	return Features{LowCardinality: modern, Codecs: modern, TTL: modern}
+	return Features{LowCardinality: modern, Codecs: modern, TTL: modern, PartitionLimit: modern}
 }
