@@ -14,6 +14,7 @@ import (
 	"github.com/traceops/trace/internal/bus"
 	"github.com/traceops/trace/internal/dev/simulate"
 	"github.com/traceops/trace/internal/dev/testenv"
+	"github.com/traceops/trace/internal/stream"
 	"github.com/traceops/trace/schemas"
 	"github.com/traceops/trace/sink"
 )
@@ -186,5 +187,36 @@ func TestWindowsFollowEventTime(t *testing.T) {
 		if d := b.marks[sink.Cohort(coh)].Sub(wm); d != shift {
 			t.Errorf("%s: watermark moved by %s, want %s", coh, d, shift)
 		}
+	}
+}
+
+// TestLabelingSinkTimeFromTheMessage: a rollout without end_time is
+// labeled at its Kafka message's timestamp, the time the ingest stage
+// stores it at, so its labels and its row share an hour.
+func TestLabelingSinkTimeFromTheMessage(t *testing.T) {
+	ctx := context.Background()
+	st, _ := storeAndBus(t)
+	reg := analyzer.NewRegistry()
+	ds, err := analyzer.BuiltinDictionaries()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range ds {
+		reg.Put(d)
+	}
+	r := simulated(time.Date(2026, 10, 1, 0, 0, 0, 0, time.UTC), 1)[0]
+	r.EndTime = time.Time{}
+	msgTime := time.Date(2026, 11, 3, 4, 5, 6, 0, time.UTC)
+	s := &analyzer.LabelingSink{Labeler: analyzer.NewRulesLabeler(analyzer.RulesOptions{}), Registry: reg, Store: st}
+	if err := s.Write(ctx, []stream.Record[*schemas.Rollout]{{Value: r, Topic: "t", Time: msgTime}}); err != nil {
+		t.Fatal(err)
+	}
+	var n uint64
+	var at uint32
+	if err := testenv.StoreConn(t, st).QueryRow(ctx, "SELECT count(), max(toUnixTimestamp(ts)) FROM capability_labels WHERE rollout_id = ?", r.RolloutID).Scan(&n, &at); err != nil {
+		t.Fatal(err)
+	}
+	if n == 0 || int64(at) != msgTime.Unix() {
+		t.Fatalf("%d labels at %d, want labels at the message's timestamp %d", n, at, msgTime.Unix())
 	}
 }

@@ -332,3 +332,41 @@ func TestRowSinkStoresBoundaryTimes(t *testing.T) {
 		t.Fatalf("stored %v, want %v", got, want)
 	}
 }
+
+// TestRowSinkEndTimeFromTheMessage: a rollout without end_time is stored
+// at its Kafka message's timestamp, which a redelivery keeps; one with its
+// own end_time keeps it.
+func TestRowSinkEndTimeFromTheMessage(t *testing.T) {
+	s := testenv.ClickHouse(t).Store()
+	ctx := context.Background()
+	msgTime := time.Date(2026, 11, 3, 4, 5, 6, 0, time.UTC)
+	var batch []stream.Record[*sink.RolloutRow]
+	for i, end := range []string{"", `"end_time":"2026-10-01T00:00:00Z",`} {
+		doc := `{"rollout_id":"m` + string(rune('0'+i)) + `","environment":"e","agent":{"name":"a","version":"v"},"task_id":"t",` +
+			end + `"outcome":{"reward":1},"messages":[{"role":"user","content":"x"}]}`
+		row, err := ingest.DecodeRolloutRow(0)([]byte(doc))
+		if err != nil {
+			t.Fatal(err)
+		}
+		batch = append(batch, stream.Record[*sink.RolloutRow]{Value: row, Topic: "t", Offset: int64(i), Time: msgTime})
+	}
+	if err := (&ingest.RowSink{Store: s}).Write(ctx, batch); err != nil {
+		t.Fatal(err)
+	}
+	rows, err := testenv.StoreConn(t, s).Query(ctx, "SELECT toUnixTimestamp(end_time) FROM rollouts ORDER BY rollout_id")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	var got []int64
+	for rows.Next() {
+		var u uint32
+		if err := rows.Scan(&u); err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, int64(u))
+	}
+	if want := []int64{msgTime.Unix(), time.Date(2026, 10, 1, 0, 0, 0, 0, time.UTC).Unix()}; !reflect.DeepEqual(got, want) {
+		t.Fatalf("end_time %v, want %v (the message's timestamp, then the rollout's own)", got, want)
+	}
+}

@@ -18,6 +18,18 @@ func ts(t, now time.Time) time.Time {
 	return t.UTC()
 }
 
+// EventTime is a rollout's end time as stored: its own, else its Kafka
+// message's timestamp (the producer's or the broker's, kept in the log, so
+// a redelivered message gets the same one, and the ingest and analyze
+// stages, which read the message apart, agree on it); zero when neither is
+// usable, and the insert then takes the insert time (ts).
+func EventTime(end, msg time.Time) time.Time {
+	if end.IsZero() && !msg.IsZero() && InDateTimeRange(msg) {
+		return msg.UTC()
+	}
+	return end
+}
+
 // The time columns (DateTime) hold whole seconds since 1970 in a UInt32:
 // from MinDateTime to MaxDateTime. The driver sends a time outside that
 // range wrapped around (2110 as 1973, 1960 as 2096) without an error, so the
