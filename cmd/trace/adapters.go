@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -244,12 +245,7 @@ restart) without changing any status.`,
 }
 
 func newAdaptersRetireCmd() *cobra.Command {
-	var (
-		cf     configFlags
-		reason string
-		asJSON bool
-	)
-	cmd := &cobra.Command{
+	return newAdapterTransitionCmd(&cobra.Command{
 		Use:   "retire NAME",
 		Short: "Take an adapter out of use (retired, unloaded from the serving engine)",
 		Long: `retire moves an active or candidate adapter to retired, recording the
@@ -257,30 +253,11 @@ reason in its metadata, and then unloads it from the serving engine. If the
 unload fails the adapter is still retired (no longer routed to), the exit
 status is 1, and retiring it again retries the unload.`,
 		Example: "  trace adapters retire precondition-verification-3f1c2a9e --reason 'superseded by r2'",
-		Args:    cobra.ExactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			return registryCommand(cmd, &cf, asJSON, func(r *adapter.Registry) ([]adapter.Change, error) {
-				c, err := r.Retire(cmd.Context(), args[0], reason)
-				if c == nil {
-					return nil, err
-				}
-				return []adapter.Change{*c}, err
-			})
-		},
-	}
-	cf.add(cmd)
-	cmd.Flags().StringVar(&reason, "reason", "", "why (recorded in the adapter's metadata)")
-	cmd.Flags().BoolVar(&asJSON, "json", false, "print the change as JSON")
-	return cmd
+	}, (*adapter.Registry).Retire)
 }
 
 func newAdaptersRollbackCmd() *cobra.Command {
-	var (
-		cf     configFlags
-		reason string
-		asJSON bool
-	)
-	cmd := &cobra.Command{
+	return newAdapterTransitionCmd(&cobra.Command{
 		Use:   "rollback NAME",
 		Short: "Roll back an active adapter (rolled_back, unloaded; never activated again)",
 		Long: `rollback is the closed loop guard's transition by hand: it moves an active
@@ -291,16 +268,26 @@ fails the adapter is still rolled back (no longer routed to), the exit
 status is 1, and rolling it back again retries the unload (also after the
 guard's rollback).`,
 		Example: "  trace adapters rollback precondition-verification-3f1c2a9e --reason 'pass rate fell'",
-		Args:    cobra.ExactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			return registryCommand(cmd, &cf, asJSON, func(r *adapter.Registry) ([]adapter.Change, error) {
-				c, err := r.RollBack(cmd.Context(), args[0], reason)
-				if c == nil {
-					return nil, err
-				}
-				return []adapter.Change{*c}, err
-			})
-		},
+	}, (*adapter.Registry).RollBack)
+}
+
+// newAdapterTransitionCmd completes cmd (Use, Short, Long, Example set) as
+// a command that moves the adapter NAME with a --reason through do.
+func newAdapterTransitionCmd(cmd *cobra.Command, do func(*adapter.Registry, context.Context, string, string) (*adapter.Change, error)) *cobra.Command {
+	var (
+		cf     configFlags
+		reason string
+		asJSON bool
+	)
+	cmd.Args = cobra.ExactArgs(1)
+	cmd.RunE = func(cmd *cobra.Command, args []string) error {
+		return registryCommand(cmd, &cf, asJSON, func(r *adapter.Registry) ([]adapter.Change, error) {
+			c, err := do(r, cmd.Context(), args[0], reason)
+			if c == nil {
+				return nil, err
+			}
+			return []adapter.Change{*c}, err
+		})
 	}
 	cf.add(cmd)
 	cmd.Flags().StringVar(&reason, "reason", "", "why (recorded in the adapter's metadata)")
