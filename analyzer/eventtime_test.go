@@ -36,14 +36,7 @@ func runEventTime(t *testing.T, rollouts []*schemas.Rollout, batch int) eventTim
 	t.Helper()
 	ctx := context.Background()
 	st, b := storeAndBus(t)
-	reg := analyzer.NewRegistry()
-	ds, err := analyzer.BuiltinDictionaries()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, d := range ds {
-		reg.Put(d)
-	}
+	reg := builtinRegistry(t)
 	lab := analyzer.NewRulesLabeler(analyzer.RulesOptions{})
 	ev := analyzer.NewEvaluator(eventTimeCfg, st, app.BusPublisher{Bus: b}, reg, nil, nil)
 	for i := 0; i < len(rollouts); i += batch {
@@ -99,6 +92,20 @@ func runEventTime(t *testing.T, rollouts []*schemas.Rollout, batch int) eventTim
 
 // storeAndBus is a store on a test database and a connection to a
 // test NATS server.
+// builtinRegistry is a registry of the built-in dictionaries.
+func builtinRegistry(t *testing.T) *analyzer.Registry {
+	t.Helper()
+	reg := analyzer.NewRegistry()
+	ds, err := analyzer.BuiltinDictionaries()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range ds {
+		reg.Put(d)
+	}
+	return reg
+}
+
 func storeAndBus(t *testing.T) (*sink.Store, *bus.Bus) {
 	t.Helper()
 	st := testenv.ClickHouse(t).Store()
@@ -196,14 +203,7 @@ func TestWindowsFollowEventTime(t *testing.T) {
 func TestLabelingSinkTimeFromTheMessage(t *testing.T) {
 	ctx := context.Background()
 	st, _ := storeAndBus(t)
-	reg := analyzer.NewRegistry()
-	ds, err := analyzer.BuiltinDictionaries()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, d := range ds {
-		reg.Put(d)
-	}
+	reg := builtinRegistry(t)
 	r := simulated(time.Date(2026, 10, 1, 0, 0, 0, 0, time.UTC), 1)[0]
 	r.EndTime = time.Time{}
 	msgTime := time.Date(2026, 11, 3, 4, 5, 6, 0, time.UTC)
