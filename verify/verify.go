@@ -108,19 +108,15 @@ func New(cfg Config, src Source, rollback RollBacker, pub Publisher, log *slog.L
 // Config is the effective configuration.
 func (c *Checker) Config() Config { return c.cfg }
 
-// activatedAt is when the adapter became active: the metadata's
+// activation returns when the adapter became active: the metadata's
 // activated_at when set, else the time of the last transition to active
 // the registry recorded (adapter.Registry's metadata "transitions"), else
 // the update time of its version (the activate transition's write).
-func activatedAt(a sink.AdapterRow) time.Time {
-	t, _ := activation(a)
-	return t
-}
-
-// activation returns activatedAt and whether the adapter was ever in
-// service: only a retired adapter whose registry history names
-// transitions but none to active (a candidate retired before it was
-// activated) was not; without a history, trace cannot tell, and counts it.
+//
+// It also says whether the adapter was ever in service: only a retired
+// adapter whose registry history names transitions but none to active (a
+// candidate retired before it was activated) was not; without a history,
+// trace cannot tell, and counts it.
 func activation(a sink.AdapterRow) (time.Time, bool) {
 	var m struct {
 		ActivatedAt time.Time `json:"activated_at"`
@@ -164,10 +160,11 @@ func (c *Checker) Check(ctx context.Context, statuses ...string) ([]AdapterCheck
 			continue
 		}
 		for _, a := range rows {
-			if _, ever := activation(a); !ever {
+			at, ever := activation(a)
+			if !ever {
 				continue // retired as a candidate: it never had routed traffic to check
 			}
-			ac, err := c.checkOne(ctx, a)
+			ac, err := c.checkOne(ctx, a, at)
 			if err != nil {
 				errs = append(errs, fmt.Errorf("adapter %s: %w", a.Name, err))
 				continue
@@ -178,9 +175,9 @@ func (c *Checker) Check(ctx context.Context, statuses ...string) ([]AdapterCheck
 	return out, errors.Join(errs...)
 }
 
-func (c *Checker) checkOne(ctx context.Context, a sink.AdapterRow) (AdapterCheck, error) {
+func (c *Checker) checkOne(ctx context.Context, a sink.AdapterRow, activatedAt time.Time) (AdapterCheck, error) {
 	ac := AdapterCheck{Adapter: a.Name, Capability: a.Capability, Environment: a.Environment, AgentVersion: a.AgentVersion,
-		Status: a.Status, Simulated: a.Simulated, ActivatedAt: activatedAt(a), row: a}
+		Status: a.Status, Simulated: a.Simulated, ActivatedAt: activatedAt, row: a}
 	dv, err := c.src.LoopDictionary(ctx, a.Environment, a.AgentVersion, a.Capability)
 	if err != nil {
 		return ac, err
