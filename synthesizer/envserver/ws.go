@@ -60,12 +60,16 @@ func closeWithin(ctx context.Context, c *websocket.Conn, code websocket.StatusCo
 		c.Close(code, reason)
 		close(done)
 	}()
-	t := time.NewTimer(closeWait)
-	defer t.Stop()
+	waitAtMost(ctx, done, closeWait)
+}
+
+// waitAtMost returns when done is closed, ctx ends or d has passed.
+func waitAtMost(ctx context.Context, done <-chan struct{}, d time.Duration) {
+	ctx, cancel := context.WithTimeout(ctx, d)
+	defer cancel()
 	select {
 	case <-done:
 	case <-ctx.Done():
-	case <-t.C:
 	}
 }
 
@@ -171,13 +175,7 @@ func (s *Server) refuse(ctx context.Context, c *websocket.Conn) {
 		var buf bytes.Buffer
 		readFrame(ctx, c, &buf, s.cfg.MaxMessageBytes)
 	}()
-	t := time.NewTimer(refusedLinger)
-	defer t.Stop()
-	select {
-	case <-read:
-	case <-t.C:
-	case <-ctx.Done():
-	}
+	waitAtMost(ctx, read, refusedLinger)
 	c.Close(websocket.StatusTryAgainLater, "capacity reached")
 }
 
