@@ -50,7 +50,8 @@ func storableTimes(r *schemas.Rollout) error {
 // (before 1970 or after 2106-02-07T06:28:15Z: it would be stored wrapped
 // around, 2110 as 1973, where the TTL deletes it). The message is
 // dead-lettered, reason schema, instead of being stored with another time.
-// A zero time is an absent one (the insert time is stored).
+// A zero time is an absent one (sink.EventTime then stores the Kafka
+// message's timestamp for an end time, the end time for a start time).
 func storableTime(path string, t time.Time) error {
 	if t.IsZero() || sink.InDateTimeRange(t) {
 		return nil

@@ -298,19 +298,23 @@ func TestDecodersRefuseTimesTheStoreCannotHold(t *testing.T) {
 	}
 }
 
-// The boundaries of what the decoders accept are stored as themselves.
-func TestRowSinkStoresBoundaryTimes(t *testing.T) {
+// storedTimes writes through RowSink one minimal rollout per fragment
+// (JSON members, each ending in a comma; "" for none), each as a Kafka
+// message of timestamp msg, and returns their stored start and end times
+// (unix seconds), rollout by rollout.
+func storedTimes(t *testing.T, msg time.Time, fragments ...string) []uint32 {
+	t.Helper()
 	s := testenv.ClickHouse(t).Store()
 	ctx := context.Background()
 	var batch []stream.Record[*sink.RolloutRow]
-	for i, v := range []string{"1970-01-01T00:00:00Z", "2106-02-07T06:28:15Z"} {
+	for i, f := range fragments {
 		doc := `{"rollout_id":"r` + string(rune('0'+i)) + `","environment":"e","agent":{"name":"a","version":"v"},"task_id":"t",` +
-			`"start_time":"` + v + `","end_time":"` + v + `","outcome":{"reward":1},"messages":[{"role":"user","content":"x"}]}`
+			f + `"outcome":{"reward":1},"messages":[{"role":"user","content":"x"}]}`
 		row, err := ingest.DecodeRolloutRow(0)([]byte(doc))
 		if err != nil {
 			t.Fatal(err)
 		}
-		batch = append(batch, stream.Record[*sink.RolloutRow]{Value: row, Topic: "t", Offset: int64(i)})
+		batch = append(batch, stream.Record[*sink.RolloutRow]{Value: row, Topic: "t", Offset: int64(i), Time: msg})
 	}
 	if err := (&ingest.RowSink{Store: s}).Write(ctx, batch); err != nil {
 		t.Fatal(err)
@@ -328,45 +332,29 @@ func TestRowSinkStoresBoundaryTimes(t *testing.T) {
 		}
 		got = append(got, a, b)
 	}
-	if want := []uint32{0, 0, 1<<32 - 1, 1<<32 - 1}; !reflect.DeepEqual(got, want) {
+	return got
+}
+
+// The boundaries of what the decoders accept are stored as themselves.
+func TestRowSinkStoresBoundaryTimes(t *testing.T) {
+	var fragments []string
+	for _, v := range []string{"1970-01-01T00:00:00Z", "2106-02-07T06:28:15Z"} {
+		fragments = append(fragments, `"start_time":"`+v+`","end_time":"`+v+`",`)
+	}
+	if got, want := storedTimes(t, time.Time{}, fragments...), []uint32{0, 0, 1<<32 - 1, 1<<32 - 1}; !reflect.DeepEqual(got, want) {
 		t.Fatalf("stored %v, want %v", got, want)
 	}
 }
 
 // TestRowSinkEndTimeFromTheMessage: a rollout without end_time is stored
-// at its Kafka message's timestamp, which a redelivery keeps; one with its
-// own end_time keeps it.
+// at its Kafka message's timestamp, which a redelivery keeps (its start
+// too, as an absent start takes the end); one with its own end_time keeps
+// it.
 func TestRowSinkEndTimeFromTheMessage(t *testing.T) {
-	s := testenv.ClickHouse(t).Store()
-	ctx := context.Background()
-	msgTime := time.Date(2026, 11, 3, 4, 5, 6, 0, time.UTC)
-	var batch []stream.Record[*sink.RolloutRow]
-	for i, end := range []string{"", `"end_time":"2026-10-01T00:00:00Z",`} {
-		doc := `{"rollout_id":"m` + string(rune('0'+i)) + `","environment":"e","agent":{"name":"a","version":"v"},"task_id":"t",` +
-			end + `"outcome":{"reward":1},"messages":[{"role":"user","content":"x"}]}`
-		row, err := ingest.DecodeRolloutRow(0)([]byte(doc))
-		if err != nil {
-			t.Fatal(err)
-		}
-		batch = append(batch, stream.Record[*sink.RolloutRow]{Value: row, Topic: "t", Offset: int64(i), Time: msgTime})
-	}
-	if err := (&ingest.RowSink{Store: s}).Write(ctx, batch); err != nil {
-		t.Fatal(err)
-	}
-	rows, err := testenv.StoreConn(t, s).Query(ctx, "SELECT toUnixTimestamp(end_time) FROM rollouts ORDER BY rollout_id")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rows.Close()
-	var got []int64
-	for rows.Next() {
-		var u uint32
-		if err := rows.Scan(&u); err != nil {
-			t.Fatal(err)
-		}
-		got = append(got, int64(u))
-	}
-	if want := []int64{msgTime.Unix(), time.Date(2026, 10, 1, 0, 0, 0, 0, time.UTC).Unix()}; !reflect.DeepEqual(got, want) {
-		t.Fatalf("end_time %v, want %v (the message's timestamp, then the rollout's own)", got, want)
+	msg := time.Date(2026, 11, 3, 4, 5, 6, 0, time.UTC)
+	own := uint32(time.Date(2026, 10, 1, 0, 0, 0, 0, time.UTC).Unix())
+	got := storedTimes(t, msg, "", `"end_time":"2026-10-01T00:00:00Z",`)
+	if want := []uint32{uint32(msg.Unix()), uint32(msg.Unix()), own, own}; !reflect.DeepEqual(got, want) {
+		t.Fatalf("start and end times %v, want %v (the message's timestamp, then the rollout's own)", got, want)
 	}
 }
