@@ -53,7 +53,8 @@ func init() {
 serves it over OpenEnv, the protocol of openenv-core's reference server that
 TRL, verifiers and AgileRL consume unchanged. FILE's base name is the
 environment's id; it is served under /v1/environments/ID/ (ws, reset, step,
-state, schema, metadata, health, mcp), and GET /v1/environments lists them.
+state, schema, metadata, health, mcp, openapi.json), and GET /v1/environments
+lists them.
 
 FILE is a path, or example:NAME for a program shipped with trace.
 

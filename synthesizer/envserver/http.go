@@ -218,6 +218,12 @@ func (s *Server) httpSchema(w http.ResponseWriter, _ *http.Request, e *served) {
 	writeJSON(w, http.StatusOK, e.schemas)
 }
 
+// httpOpenAPI is GET /openapi.json: the environment's OpenAPI document,
+// where `openenv validate --url` looks for the API's version and endpoints.
+func (s *Server) httpOpenAPI(w http.ResponseWriter, _ *http.Request, e *served) {
+	writeJSON(w, http.StatusOK, json.RawMessage(e.openapi))
+}
+
 func (s *Server) httpMetadata(w http.ResponseWriter, _ *http.Request, e *served) {
 	name := e.info.Name
 	if name == "" {

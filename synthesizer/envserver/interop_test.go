@@ -252,6 +252,48 @@ func TestOpenEnvCapacityInterop(t *testing.T) {
 	}
 }
 
+// TestOpenEnvValidate runs openenv-core's own conformance check of a
+// running server, `openenv validate --url` (its CLI, from the same venv),
+// against an environment behind a token (the URL's password, which the
+// check's requests send as Basic authentication): every criterion passes,
+// and it finds the OpenEnv 1.x profile and the simulation mode (reset,
+// step and state served).
+func TestOpenEnvValidate(t *testing.T) {
+	py := openenvPython(t)
+	cli := filepath.Join(filepath.Dir(py), "openenv")
+	if _, err := os.Stat(cli); err != nil {
+		t.Fatalf("openenv-core's CLI is not beside its python: %v", err)
+	}
+	cfg := testConfig()
+	cfg.BearerToken = "validate-token"
+	f := start(t, cfg, nil, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	url := strings.Replace(f.base, "http://", "http://trace:"+cfg.BearerToken+"@", 1)
+	out, err := exec.CommandContext(ctx, cli, "validate", "--url", url).Output()
+	var report struct {
+		Passed   bool   `json:"passed"`
+		Profile  string `json:"standard_profile"`
+		Version  string `json:"standard_version"`
+		Mode     string `json:"mode"`
+		Criteria []struct {
+			ID     string `json:"id"`
+			Passed bool   `json:"passed"`
+		} `json:"criteria"`
+	}
+	if jerr := json.Unmarshal(out, &report); jerr != nil {
+		t.Fatalf("openenv validate --url: %v, %v\n%s", err, jerr, out)
+	}
+	if !report.Passed || err != nil || report.Profile != "openenv-http/1.x" || report.Version != openenv.APIVersion || report.Mode != "simulation" || len(report.Criteria) < 6 {
+		t.Errorf("openenv validate --url (exit %v):\n%s", err, out)
+	}
+	for _, c := range report.Criteria {
+		if !c.Passed {
+			t.Errorf("criterion %s failed", c.ID)
+		}
+	}
+}
+
 // TestVerifiersInterop plays the example through verifiers 0.4.0's OpenEnv
 // integration (OpenEnvTaskset, OpenEnvEnv.run) with a scripted player
 // (testdata/verifiers_interop.py; no model): its schema fetch, reset with

@@ -320,6 +320,7 @@ func (s *Server) Handler() http.Handler {
 	p.HandleFunc("GET /v1/environments/{id}/state", s.withEnv(s.httpState))
 	p.HandleFunc("GET /v1/environments/{id}/schema", s.withEnv(s.httpSchema))
 	p.HandleFunc("GET /v1/environments/{id}/metadata", s.withEnv(s.httpMetadata))
+	p.HandleFunc("GET /v1/environments/{id}/openapi.json", s.withEnv(s.httpOpenAPI))
 	p.HandleFunc("POST /v1/environments/{id}/mcp", s.withEnv(s.httpMCP))
 	p.HandleFunc("GET /v1/environments/{id}/mcp", s.withEnv(s.serveMCPWS))
 	open.Handle("/", Auth(s.cfg.BearerToken, p))

@@ -4,9 +4,11 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"reflect"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -297,6 +299,85 @@ func TestStatelessHTTP(t *testing.T) {
 	}
 }
 
+// TestOpenAPI: GET openapi.json describes the environment's HTTP API as
+// openenv's servers do (OpenAPI 3.1, info.version the OpenEnv API version,
+// the endpoints `openenv validate --url` looks for), with the schemas GET
+// /schema serves, and declares the bearer token only when one is set.
+func TestOpenAPI(t *testing.T) {
+	for _, token := range []string{"", "s3cret"} {
+		cfg := testConfig()
+		cfg.BearerToken = token
+		f := start(t, cfg, nil, nil)
+		get := func(path string, v any) {
+			t.Helper()
+			resp, err := http.Get(f.base + path + "?token=" + token)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer resp.Body.Close()
+			b, _ := io.ReadAll(resp.Body)
+			if resp.StatusCode != 200 || resp.Header.Get("Content-Type") != "application/json" {
+				t.Fatalf("GET %s: %d %s %.200s", path, resp.StatusCode, resp.Header.Get("Content-Type"), b)
+			}
+			if err := json.Unmarshal(b, v); err != nil {
+				t.Fatalf("GET %s: %v", path, err)
+			}
+		}
+		var doc struct {
+			OpenAPI string `json:"openapi"`
+			Info    struct {
+				Title, Description, Version string
+			} `json:"info"`
+			Paths      map[string]map[string]json.RawMessage `json:"paths"`
+			Components struct {
+				Schemas         map[string]any `json:"schemas"`
+				SecuritySchemes map[string]any `json:"securitySchemes"`
+			} `json:"components"`
+			Security []map[string]any `json:"security"`
+		}
+		get("/openapi.json", &doc)
+		var sch map[string]any
+		get("/schema", &sch)
+		if doc.OpenAPI != "3.1.0" || doc.Info.Version != openenv.APIVersion || !strings.Contains(doc.Info.Title, "precondition_airline") ||
+			!strings.Contains(doc.Info.Description, "Precondition verification") {
+			t.Errorf("token %q: header %s %+v", token, doc.OpenAPI, doc.Info)
+		}
+		methods := map[string]string{}
+		for p, ops := range doc.Paths {
+			for m := range ops {
+				methods[p] += m
+			}
+		}
+		want := map[string]string{"/reset": "post", "/step": "post", "/state": "get", "/metadata": "get", "/health": "get", "/schema": "get", "/mcp": "post"}
+		if !reflect.DeepEqual(methods, want) {
+			t.Errorf("token %q: paths %v, want %v", token, methods, want)
+		}
+		for name, key := range map[string]string{"Action": "action", "Observation": "observation", "State": "state"} {
+			if !reflect.DeepEqual(doc.Components.Schemas[name], sch[key]) {
+				t.Errorf("token %q: components %s differs from GET /schema's %s", token, name, key)
+			}
+		}
+		// Every $ref names a component.
+		for _, ref := range regexp.MustCompile(`"#/components/schemas/([A-Za-z]+)"`).FindAllStringSubmatch(fmt.Sprint(mustJSON(t, doc.Paths), mustJSON(t, doc.Components.Schemas)), -1) {
+			if doc.Components.Schemas[ref[1]] == nil {
+				t.Errorf("token %q: $ref to a missing component %s", token, ref[1])
+			}
+		}
+		if secured := doc.Security != nil && doc.Components.SecuritySchemes["bearer"] != nil; secured != (token != "") {
+			t.Errorf("token %q: security %v %v", token, doc.Security, doc.Components.SecuritySchemes)
+		}
+	}
+}
+
+func mustJSON(t *testing.T, v any) string {
+	t.Helper()
+	b, err := json.Marshal(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
 // TestSessionHTTPAndMCP: a stateful HTTP session from openenv/session/create,
 // played with /reset, tools/call and /step, read with /state, closed.
 func TestSessionHTTPAndMCP(t *testing.T) {
@@ -443,6 +524,8 @@ func TestAuth(t *testing.T) {
 		{f.http.URL + "/health", nil, 200},
 		{f.base + "/health", nil, 200},
 		{f.base + "/schema", nil, 401},
+		{f.base + "/openapi.json", nil, 401},
+		{f.base + "/openapi.json?token=s3cret", nil, 200},
 		{f.http.URL + "/v1/environments", nil, 401},
 		{f.base + "/schema", http.Header{"Authorization": {"Bearer wrong"}}, 401},
 		{f.base + "/schema", http.Header{"Authorization": {"Bearer s3cret"}}, 200},

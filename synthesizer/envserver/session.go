@@ -36,6 +36,7 @@ type served struct {
 	names   []string
 	params  map[string]*jsonschema.Schema // tool name → compiled parameters schema
 	schemas openenv.SchemaResponse
+	openapi []byte // GET openapi.json
 	srv     *Server
 	// toolsJSON is the tools' encoding, sent in every observation.
 	toolsJSON []byte
@@ -91,6 +92,7 @@ func newServed(srv *Server, e Entry, env envprog.Env) (*served, error) {
 		s.params[name] = sch
 	}
 	s.schemas = openenv.Schemas(s.names)
+	s.openapi = openenv.OpenAPI(cmp.Or(info.Name, e.ID), info.Doc, SessionHeader, s.schemas, srv.cfg.BearerToken != "")
 	if s.tools == nil {
 		s.tools = []openenv.Tool{}
 	}

@@ -1,0 +1,150 @@
+package openenv
+
+import "encoding/json"
+
+// APIVersion is the version of OpenEnv's HTTP API that trace's server
+// implements, as openenv-core's own servers (0.3.0) declare it in their
+// OpenAPI document's info.version; `openenv validate --url` reads it there
+// and checks a runtime against the profile of its major version
+// (openenv-http/1.x).
+const APIVersion = "1.0.0"
+
+// OpenAPI is the OpenAPI 3.1 document of one environment's HTTP API (GET
+// …/openapi.json), relative to the environment's base URL, as openenv's
+// FastAPI servers publish theirs: the endpoints /reset, /step, /state,
+// /metadata, /health, /schema and /mcp, with the environment's action,
+// observation and state schemas (s, as GET /schema serves them) as
+// components. sessionHeader is the header naming a stateful HTTP session;
+// auth says that the server wants a bearer token (everywhere but /health).
+// The WebSocket endpoints (/ws, and /mcp upgraded) are named in the
+// description, which OpenAPI has no operation for.
+func OpenAPI(name, doc, sessionHeader string, s SchemaResponse, auth bool) []byte {
+	ref := func(name string) map[string]any { return map[string]any{"$ref": "#/components/schemas/" + name} }
+	jsonBody := func(schema map[string]any) map[string]any {
+		return map[string]any{"application/json": map[string]any{"schema": schema}}
+	}
+	answer := func(desc, schema string) map[string]any {
+		return map[string]any{"description": desc, "content": jsonBody(ref(schema))}
+	}
+	errors := map[string]any{
+		"400": answer("A malformed request (code VALIDATION_ERROR)", "HTTPError"),
+		"413": answer("A body over env.max_message_bytes", "HTTPError"),
+		"422": answer("A request that breaks its schema (detail lists the fields)", "HTTPError"),
+	}
+	with := func(ok map[string]any, more map[string]any) map[string]any {
+		out := map[string]any{"200": ok}
+		for k, v := range more {
+			out[k] = v
+		}
+		return out
+	}
+	session := []any{map[string]any{
+		"name": sessionHeader, "in": "header", "required": false,
+		"description": "A stateful HTTP session (create one with openenv/session/create on /mcp); without it a request plays a fresh environment, as OpenEnv's HTTP endpoints do",
+		"schema":      map[string]any{"type": "string"},
+	}}
+	paths := map[string]any{
+		"/reset": map[string]any{"post": map[string]any{
+			"summary": "Reset the environment", "operationId": "reset",
+			"parameters":  session,
+			"requestBody": map[string]any{"required": false, "content": jsonBody(ref("ResetRequest"))},
+			"responses":   with(answer("The first observation", "StepResponse"), errors),
+		}},
+		"/step": map[string]any{"post": map[string]any{
+			"summary": "Execute an action in the environment", "operationId": "step",
+			"parameters":  session,
+			"requestBody": map[string]any{"required": true, "content": jsonBody(ref("StepRequest"))},
+			"responses":   with(answer("The observation, reward and done after the action", "StepResponse"), errors),
+		}},
+		"/state": map[string]any{"get": map[string]any{
+			"summary": "Get current environment state", "operationId": "state",
+			"parameters": session,
+			"responses":  with(answer("The episode's state", "State"), nil),
+		}},
+		"/metadata": map[string]any{"get": map[string]any{
+			"summary": "Get environment metadata", "operationId": "metadata",
+			"responses": with(answer("Name, description and version of the environment", "EnvironmentMetadata"), nil),
+		}},
+		"/health": map[string]any{"get": map[string]any{
+			"summary": "Health check", "operationId": "health", "security": []any{}, // open
+			"responses": with(answer("Healthy", "HealthResponse"), nil),
+		}},
+		"/schema": map[string]any{"get": map[string]any{
+			"summary": "Get all JSON schemas", "operationId": "schema",
+			"responses": with(answer("JSON Schemas of the action, the observation and the state", "SchemaResponse"), nil),
+		}},
+		"/mcp": map[string]any{"post": map[string]any{
+			"summary": "MCP (JSON-RPC 2.0): tools/list, tools/call, openenv/session/create and close", "operationId": "mcp",
+			"requestBody": map[string]any{"required": true, "content": jsonBody(map[string]any{"type": "object"})},
+			"responses":   with(map[string]any{"description": "A JSON-RPC response (errors too: HTTP 200 with a JSON-RPC error)", "content": jsonBody(map[string]any{"type": "object"})}, nil),
+		}},
+	}
+	seed := map[string]any{"type": "integer", "minimum": -(1 << 63), "maximum": 1<<63 - 1}
+	components := map[string]any{
+		"Action":      s.Action,
+		"Observation": s.Observation,
+		"State":       s.State,
+		"ResetRequest": map[string]any{"type": "object", "additionalProperties": true, "properties": map[string]any{
+			"seed":       seed,
+			"episode_id": map[string]any{"type": "string"},
+			"hint":       map[string]any{"type": "boolean", "description": "the program's expert guidance in the system prompt (trace's extension)"},
+			"session_id": map[string]any{"type": "string", "description": "a stateful HTTP session, as the " + sessionHeader + " header"},
+		}},
+		"StepRequest": map[string]any{"type": "object", "required": []string{"action"}, "additionalProperties": true, "properties": map[string]any{
+			"action":     ref("Action"),
+			"timeout_s":  map[string]any{"type": "number", "exclusiveMinimum": 0},
+			"request_id": map[string]any{"type": "string"},
+			"seed":       seed,
+			"session_id": map[string]any{"type": "string", "description": "a stateful HTTP session, as the " + sessionHeader + " header"},
+		}},
+		"StepResponse": map[string]any{"type": "object", "required": []string{"observation", "reward", "done"}, "properties": map[string]any{
+			"observation": ref("Observation"),
+			"reward":      map[string]any{"anyOf": []any{map[string]any{"type": "number"}, map[string]any{"type": "null"}}},
+			"done":        map[string]any{"type": "boolean"},
+		}},
+		"EnvironmentMetadata": map[string]any{"type": "object", "required": []string{"name", "description"}, "properties": map[string]any{
+			"name": map[string]any{"type": "string"}, "description": map[string]any{"type": "string"},
+			"readme_content": nullable("string"), "version": nullable("string"), "author": nullable("string"), "documentation_url": nullable("string"),
+		}},
+		"HealthResponse": map[string]any{"type": "object", "required": []string{"status"}, "properties": map[string]any{
+			"status": map[string]any{"type": "string", "enum": []string{"healthy"}},
+		}},
+		"SchemaResponse": map[string]any{"type": "object", "required": []string{"action", "observation", "state"}, "properties": map[string]any{
+			"action": map[string]any{"type": "object"}, "observation": map[string]any{"type": "object"}, "state": map[string]any{"type": "object"},
+		}},
+		"HTTPError": map[string]any{"type": "object", "required": []string{"detail"}, "properties": map[string]any{
+			"detail": map[string]any{"description": "a message, or for 422 a list of validation errors"},
+			"code":   map[string]any{"type": "string", "description": "the OpenEnv error code, e.g. VALIDATION_ERROR, SESSION_ERROR, CAPACITY_REACHED"},
+		}},
+	}
+	description := doc
+	if description != "" {
+		description += "\n\n"
+	}
+	description += "Served by trace over OpenEnv's protocol. Stateful episodes: the WebSocket at ./ws " +
+		"(frames {\"type\": \"reset\" | \"step\" | \"state\" | \"close\", \"data\": …}), and MCP over a WebSocket at ./mcp. " +
+		"Every endpoint but /health needs the server's bearer token when one is configured."
+	document := map[string]any{
+		"openapi": "3.1.0",
+		"info": map[string]any{
+			"title":       "OpenEnv environment " + name,
+			"description": description,
+			"version":     APIVersion,
+		},
+		"paths":      paths,
+		"components": map[string]any{"schemas": components},
+	}
+	if auth {
+		document["components"].(map[string]any)["securitySchemes"] = map[string]any{"bearer": map[string]any{"type": "http", "scheme": "bearer"}}
+		document["security"] = []any{map[string]any{"bearer": []any{}}}
+	}
+	out, err := json.Marshal(document)
+	if err != nil { // only maps, strings and the schemas' own JSON: cannot fail
+		panic("openenv: OpenAPI document: " + err.Error())
+	}
+	return out
+}
+
+func nullable(typ string) map[string]any {
+	return map[string]any{"anyOf": []any{map[string]any{"type": typ}, map[string]any{"type": "null"}}}
+}
