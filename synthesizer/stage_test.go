@@ -520,3 +520,37 @@ func TestAbortRecordsFailed(t *testing.T) {
 		t.Fatalf("stored %+v", stored)
 	}
 }
+
+// TestModelRemovedMidAttemptWaits: an environment left mid-attempt on the
+// generation model's path (the model was unreachable) is delivered again to
+// a stage without a model (llm.base_url removed, or a replica configured
+// without it). It waits for a model, keeping its attempt and diagnoses, and
+// resumes that attempt once one is configured. (It panicked on the nil
+// author, and the process crashed on every redelivery.)
+func TestModelRemovedMidAttemptWaits(t *testing.T) {
+	store := newMemStore()
+	srv := llmtest.New(t)
+	srv.Enqueue(llmtest.Text("no program here"), llmtest.ServerError(), llmtest.ServerError())
+	gen, _ := newTestGenerator(t, srv)
+	req := testRequest("trig-model-removed")
+	k := newKit(t, func(c *Config) { c.Store = store; c.LLM = gen })
+	if e, err := k.stage.Synthesize(context.Background(), req); !errors.Is(err, ErrTransient) || e.Status != StatusGenerating || e.Attempt != 2 {
+		t.Fatalf("with an unreachable model: %v %s attempt %d", err, e.Status, e.Attempt)
+	}
+	noModel := newKit(t, func(c *Config) { c.Store = store })
+	e, err := noModel.stage.Synthesize(context.Background(), req)
+	if err != nil || e.Status != StatusWaitingForLLM || !strings.Contains(e.Reason, "no generation model") {
+		t.Fatalf("without a model: %v %s %q", err, e.Status, e.Reason)
+	}
+	if stored, _ := store.LoadEnvironment(context.Background(), e.ID); stored.Status != StatusWaitingForLLM || stored.Attempt != 2 || len(stored.Diagnoses) != 1 {
+		t.Fatalf("stored %s attempt %d diagnoses %q", stored.Status, stored.Attempt, stored.Diagnoses)
+	}
+	srv.Handle(func(llmtest.Request) llmtest.Reply { return llmtest.Text(fenced(goodProgram)) })
+	e, err = k.stage.Synthesize(context.Background(), req)
+	if err != nil || e.Status != StatusDone || e.Attempt != 2 || len(e.Attempts) != 2 {
+		t.Fatalf("resumed with a model: %v %s attempt %d (%d recorded)", err, e.Status, e.Attempt, len(e.Attempts))
+	}
+	if p := srv.Requests()[len(srv.Requests())-1].Chat.Messages[0].Content; !strings.Contains(p, "This is attempt 2 of 5") {
+		t.Error("the resumed attempt's prompt lost the earlier diagnosis")
+	}
+}

@@ -162,29 +162,11 @@ func Step(m Machine, ev Event) (Machine, Action, error) {
 		if ev.Kind != EvStart {
 			return bad()
 		}
-		switch {
-		case ev.HaveLLM:
-			// A model writes better programs than a fixed template, and it is
-			// what resumes a WAITING_FOR_LLM environment.
-			m.Path = PathLLM
-		case ev.HaveTemplate && (m.Status == StatusPending || !ev.TemplateTried):
-			m.Path = PathTemplate
-		default:
-			m.Status, m.Path = StatusWaitingForLLM, PathNone
-			switch {
-			case ev.Reason != "":
-				m.Reason = ev.Reason
-			case m.Reason == "":
-				m.Reason = "no generation model is configured and no template family matches the capability"
-			}
-			return m, ActWait, nil
-		}
-		m.Status, m.Reason, m.Attempt, m.Diagnoses = StatusGenerating, "", 1, nil
-		return m, ActWrite, nil
+		return m.start(ev)
 	case StatusGenerating:
 		switch ev.Kind {
 		case EvStart: // resumed mid-attempt: write it again
-			return m, ActWrite, nil
+			return m.resume(ev)
 		case EvWritten:
 			m.Status = StatusValidating
 			return m, ActValidate, nil
@@ -194,8 +176,7 @@ func Step(m Machine, ev Event) (Machine, Action, error) {
 	case StatusValidating:
 		switch ev.Kind {
 		case EvStart:
-			m.Status = StatusGenerating
-			return m, ActWrite, nil
+			return m.resume(ev)
 		case EvValid:
 			m.Status = StatusCalibrating
 			return m, ActCalibrate, nil
@@ -205,8 +186,7 @@ func Step(m Machine, ev Event) (Machine, Action, error) {
 	case StatusCalibrating:
 		switch ev.Kind {
 		case EvStart:
-			m.Status = StatusGenerating
-			return m, ActWrite, nil
+			return m.resume(ev)
 		case EvAccepted:
 			m.Status, m.Reason = StatusDone, ""
 			return m, ActPublish, nil
@@ -219,6 +199,54 @@ func Step(m Machine, ev Event) (Machine, Action, error) {
 		}
 	}
 	return bad()
+}
+
+// start chooses the path of a PENDING or WAITING_FOR_LLM machine, or of
+// one interrupted mid-attempt whose path cannot go on (resume), and writes:
+// a machine interrupted on the chosen path goes on with its attempt and
+// diagnoses; a new path starts at attempt 1. Without a path it waits,
+// keeping the interrupted attempt.
+func (m Machine) start(ev Event) (Machine, Action, error) {
+	var path Path
+	switch {
+	case ev.HaveLLM:
+		// A model writes better programs than a fixed template, and it is
+		// what resumes a WAITING_FOR_LLM environment.
+		path = PathLLM
+	case ev.HaveTemplate && (m.Status == StatusPending || !ev.TemplateTried):
+		path = PathTemplate
+	default:
+		if m.Attempt == 0 {
+			m.Path = PathNone
+		}
+		m.Status = StatusWaitingForLLM
+		switch {
+		case ev.Reason != "":
+			m.Reason = ev.Reason
+		case m.Reason == "":
+			m.Reason = "no generation model is configured and no template family matches the capability"
+		}
+		return m, ActWait, nil
+	}
+	if path == m.Path && m.Attempt > 0 && m.Status != StatusPending {
+		m.Status, m.Reason = StatusGenerating, ""
+		return m, ActWrite, nil
+	}
+	m.Status, m.Path, m.Reason, m.Attempt, m.Diagnoses = StatusGenerating, path, "", 1, nil
+	return m, ActWrite, nil
+}
+
+// resume restarts a machine interrupted mid-attempt: its attempt is
+// written again when its path's author is still there (and a policy can
+// calibrate it: ev.Reason empty), else it starts over as a waiting one
+// would (the model or the templates were unconfigured since).
+func (m Machine) resume(ev Event) (Machine, Action, error) {
+	if ev.Reason == "" && ((m.Path == PathLLM && ev.HaveLLM) || (m.Path == PathTemplate && ev.HaveTemplate)) {
+		m.Status = StatusGenerating
+		return m, ActWrite, nil
+	}
+	m.Reason = ""
+	return m.start(ev)
 }
 
 // failAttempt ends the current attempt with diagnosis d: the next attempt
