@@ -25,8 +25,10 @@ var (
 
 // ExtractProgram finds the Starlark program in a model's answer. It accepts
 // the program in a fenced block (```python, ```starlark, ```py, a bare ```,
-// or ~~~), several blocks (the one defining most contract functions wins,
-// the last on a tie — a model that corrects itself puts the fix last), an
+// or ~~~; indented in a list item, or in a longer fence around code that
+// holds ``` lines), several blocks (the one defining most contract
+// functions wins, the last on a tie — a model that corrects itself puts the
+// fix last), an
 // unterminated fence (an answer cut at max_tokens), or no fence at all (the
 // code from its first line that can start a module). An answer whose code
 // defines none of tools, reset, step and reward has no program: the error
@@ -59,7 +61,10 @@ func ExtractProgram(answer string) (string, error) {
 }
 
 // fencedBlocks returns the contents of every fenced block, and whether the
-// answer had any fence.
+// answer had any fence. As in CommonMark, a block is closed only by a fence
+// of its own character at least as long as its opening one (a ```` block
+// may hold ``` lines), and the opening fence's indentation (a block in a
+// list item) is removed from its lines.
 func fencedBlocks(s string) (blocks []string, fenced bool) {
 	lines := strings.Split(s, "\n")
 	for i := 0; i < len(lines); i++ {
@@ -69,18 +74,25 @@ func fencedBlocks(s string) (blocks []string, fenced bool) {
 		}
 		fenced = true
 		marker := m[1]
+		indent := len(lines[i]) - len(strings.TrimLeft(lines[i], " \t"))
 		var body []string
 		j := i + 1
 		for ; j < len(lines); j++ {
-			if t := strings.TrimSpace(lines[j]); strings.HasPrefix(t, marker[:3]) && strings.Trim(t, marker[:1]) == "" {
+			if t := strings.TrimSpace(lines[j]); strings.HasPrefix(t, marker) && strings.Trim(t, marker[:1]) == "" {
 				break
 			}
-			body = append(body, lines[j])
+			body = append(body, dedent(lines[j], indent))
 		}
 		blocks = append(blocks, strings.Join(body, "\n")) // an unterminated fence runs to the end
 		i = j
 	}
 	return blocks, fenced
+}
+
+// dedent removes up to n leading spaces and tabs from l.
+func dedent(l string, n int) string {
+	p := l[:min(n, len(l))]
+	return l[len(p)-len(strings.TrimLeft(p, " \t")):]
 }
 
 // unfenced cuts leading prose off an answer without fences: the program

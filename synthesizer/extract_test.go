@@ -37,6 +37,10 @@ func TestExtractProgram(t *testing.T) {
 		{"unfenced starting with def", tinyProgram[strings.Index(tinyProgram, "def tools"):], "def tools", ""},
 		{"the block with the program among others", "Tools:\n```json\n[{\"type\": \"function\"}]\n```\nProgram:\n```python\n" + tinyProgram + "```", "def reset", "\"type\""},
 		{"last complete block wins a tie", "```python\n" + strings.Replace(tinyProgram, "0.0", "0.1", 1) + "```\nFixed:\n```python\n" + tinyProgram + "```", `"reward": 0.0`, `"reward": 0.1`},
+		{"fence indented in a list item", "1. The program:\n\n   ```python\n" + indent(tinyProgram, "   ") + "   ```\n2. Run it.", "\ndef reward(state, transcript):\n    return", "Run it"},
+		{"tab-indented fence", "\t```python\n" + indent(tinyProgram, "\t") + "\t```", "\ndef step(state, call):\n    return", ""},
+		{"a longer fence holds a shorter one", "````python\n" + strings.Replace(tinyProgram, `"""Rationale."""`, "\"\"\"Rationale.\n\nReply like:\n```\nok\n```\n\"\"\"", 1) + "````\nDone.",
+			"Reply like:\n```\nok\n```\n\"\"\"\n\ndef tools", "Done."},
 		{"a fuller block beats a partial one", "```python\n" + tinyProgram + "```\nand the helper:\n```python\ndef reward(state, transcript):\n    return 1\n```", "def tools", ""},
 	}
 	for _, tt := range tests {
@@ -53,6 +57,17 @@ func TestExtractProgram(t *testing.T) {
 			}
 		})
 	}
+}
+
+// indent prefixes every non-empty line of s with p.
+func indent(s, p string) string {
+	ls := strings.Split(s, "\n")
+	for i, l := range ls {
+		if l != "" {
+			ls[i] = p + l
+		}
+	}
+	return strings.Join(ls, "\n")
 }
 
 func TestExtractProgramNone(t *testing.T) {
