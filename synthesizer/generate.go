@@ -158,9 +158,11 @@ func (g *Generator) Prompt(job *Job, n, maxAttempts int, prior []Attempt) ([]llm
 }
 
 // Write asks the model for attempt n's program. An answer without a program
-// and a request the server refuses (a 4xx) are failed attempts (*WriteError);
-// a server that stays unreachable through the client's retries is a
-// transient error, returned as is, and the request is retried later.
+// and a request the server refuses (a 4xx) are failed attempts (*WriteError),
+// except a server that refuses trace itself (401, 403, 404: the error wraps
+// ErrModelRefusesTrace); a server that stays unreachable through the
+// client's retries is a transient error, returned as is, and the request is
+// retried later.
 func (g *Generator) Write(ctx context.Context, job *Job, n, maxAttempts int, prior []Attempt) (Draft, error) {
 	msgs, err := g.Prompt(job, n, maxAttempts, prior)
 	if err != nil {
@@ -173,6 +175,9 @@ func (g *Generator) Write(ctx context.Context, job *Job, n, maxAttempts int, pri
 	if err != nil {
 		if ctx.Err() != nil {
 			return d, ctx.Err()
+		}
+		if RefusesTrace(err) {
+			return d, fmt.Errorf("%w: %w", ErrModelRefusesTrace, err)
 		}
 		var le *llm.Error
 		if errors.As(err, &le) && !le.Retryable {
@@ -237,6 +242,28 @@ type WriteError struct {
 }
 
 func (e *WriteError) Error() string { return e.Reason }
+
+// ErrModelRefusesTrace marks a model server that refuses trace itself
+// rather than one request: HTTP 401, 403 or 404 (a wrong API key, a key
+// without access, a wrong model name or base URL). No attempt can succeed
+// until the configuration is fixed, so the environment waits
+// (WAITING_FOR_LLM, resumed at the next start) instead of spending its
+// attempts, or its deliveries, on it.
+var ErrModelRefusesTrace = errors.New("the model server refuses trace (check its API key, model name and base URL)")
+
+// RefusesTrace reports whether err is a model server's refusal of trace
+// itself (an *llm.Error, not retried, with HTTP status 401, 403 or 404).
+func RefusesTrace(err error) bool {
+	var le *llm.Error
+	if !errors.As(err, &le) || le.Retryable {
+		return false
+	}
+	switch le.Status {
+	case 401, 403, 404:
+		return true
+	}
+	return false
+}
 
 // ErrTransient marks a failure outside the program (an unreachable model,
 // ClickHouse or NATS): the request is retried later, the attempt not counted.

@@ -195,6 +195,13 @@ func (s *Stage) Synthesize(ctx context.Context, req *schemas.SynthesisRequest) (
 			var ev Event
 			draft, ev, err = s.write(ctx, job, e, m)
 			attempt.Origin, attempt.Family, attempt.Model, attempt.Knobs, attempt.LLM = draft.Origin, draft.Family, draft.Model, draft.Knobs, draft.LLM
+			if errors.Is(err, ErrModelRefusesTrace) {
+				// As if no model were configured: a template, or wait with
+				// the attempt kept.
+				m, act, err = Step(m, Event{Kind: EvStart, Reason: "generation model: " + err.Error(),
+					HaveTemplate: start.HaveTemplate, TemplateTried: start.TemplateTried})
+				break
+			}
 			if err != nil {
 				return e, err
 			}
@@ -232,6 +239,11 @@ func (s *Stage) Synthesize(ctx context.Context, req *schemas.SynthesisRequest) (
 				return e, fmt.Errorf("%w: calibrator for %s/%s: %w", ErrTransient, req.Environment, req.AgentVersion, err)
 			}
 			c, err := cal.Calibrate(ctx, draft)
+			if RefusesTrace(err) {
+				// No policy can play it until the configuration is fixed.
+				m, act, err = Step(m, Event{Kind: EvStart, Reason: "calibration policy: " + ErrModelRefusesTrace.Error() + ": " + err.Error()})
+				break
+			}
 			if err != nil {
 				return e, fmt.Errorf("%w: calibrate: %w", ErrTransient, err)
 			}
@@ -274,6 +286,8 @@ func (s *Stage) write(ctx context.Context, job *Job, e *Environment, m Machine) 
 		return d, Event{Kind: EvWritten}, nil
 	case errors.As(err, &we):
 		return d, Event{Kind: EvWriteFailed, Reason: we.Reason, Final: we.Final}, nil
+	case errors.Is(err, ErrModelRefusesTrace):
+		return d, Event{}, err
 	case ctx.Err() != nil:
 		return d, Event{}, ctx.Err()
 	default:

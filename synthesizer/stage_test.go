@@ -554,3 +554,38 @@ func TestModelRemovedMidAttemptWaits(t *testing.T) {
 		t.Error("the resumed attempt's prompt lost the earlier diagnosis")
 	}
 }
+
+// TestModelThatRefusesTraceWaits: a generation model or a calibration
+// policy that refuses trace itself (HTTP 401, 403, 404: a wrong API key or
+// model name) makes the environment wait for a working model instead of
+// spending its attempts on it (it ended FAILED after five refused
+// attempts, and a FAILED environment never comes back); it resumes once the
+// model answers.
+func TestModelThatRefusesTraceWaits(t *testing.T) {
+	for _, status := range []int{401, 403, 404} {
+		t.Run(fmt.Sprint(status), func(t *testing.T) {
+			store := newMemStore()
+			srv := llmtest.New(t)
+			srv.Handle(func(llmtest.Request) llmtest.Reply { return llmtest.Status(status, "no such key or model") })
+			gen, _ := newTestGenerator(t, srv)
+			req := testRequest(fmt.Sprint("trig-refuses-", status))
+			k := newKit(t, func(c *Config) { c.Store = store; c.LLM = gen })
+			e, err := k.stage.Synthesize(context.Background(), req)
+			if err != nil || e.Status != StatusWaitingForLLM || !strings.Contains(e.Reason, fmt.Sprint(status)) || len(e.Attempts) != 0 || len(srv.Requests()) != 1 {
+				t.Fatalf("generation refused: %v %s %q, %d attempts, %d requests", err, e.Status, e.Reason, len(e.Attempts), len(srv.Requests()))
+			}
+			srv.Handle(func(llmtest.Request) llmtest.Reply { return llmtest.Text(fenced(goodProgram)) })
+			refused := &llm.Error{Purpose: "calibrate", Attempts: 1, Outcomes: []string{"http_4xx"}, Status: status, Err: errors.New("no such key or model")}
+			k.cal.err = fmt.Errorf("calibration: seed 0 rollout 3: policy, turn 0: %w", refused)
+			e, err = k.stage.Synthesize(context.Background(), req)
+			if err != nil || e.Status != StatusWaitingForLLM || !strings.Contains(e.Reason, "calibrat") || e.Attempt != 1 || len(e.Attempts) != 0 {
+				t.Fatalf("policy refused: %v %s %q attempt %d, %d recorded", err, e.Status, e.Reason, e.Attempt, len(e.Attempts))
+			}
+			k.cal.err = nil
+			e, err = k.stage.Synthesize(context.Background(), req)
+			if err != nil || e.Status != StatusDone || e.Attempt != 1 || len(e.Attempts) != 1 {
+				t.Fatalf("resumed: %v %s attempt %d (%d recorded)", err, e.Status, e.Attempt, len(e.Attempts))
+			}
+		})
+	}
+}
