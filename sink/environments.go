@@ -49,10 +49,11 @@ const environmentColumns = `environment_id, trigger_id, environment, agent_versi
 	request, attempts_json, calibration, details, created_at, updated_at, version`
 
 // environmentListColumns are the columns of a list: every column but the
-// program and the JSON of one environment's page (empty strings instead).
+// program and the attempts (empty strings instead). The accepted
+// calibration is listed (the environment server's catalog shows it whole).
 const environmentListColumns = `environment_id, trigger_id, environment, agent_version, dictionary_version, capability, family,
 	status, reason, attempts, '' AS program, program_hash, tools, mean_reward, success_rate, simulated, pass_at_k,
-	request, '' AS attempts_json, '' AS calibration, details, created_at, updated_at, version`
+	request, '' AS attempts_json, calibration, details, created_at, updated_at, version`
 
 // environmentSQL is the query of Environment: the newest version of one.
 const environmentSQL = `SELECT ` + environmentColumns + `
