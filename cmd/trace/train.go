@@ -61,10 +61,14 @@ func readyEnvironment(ctx context.Context, st *sink.Store, id string) (*schemas.
 }
 
 // planConfig is adapter.plan as trace run uses it (its own environment
-// server unless env_server_url is set).
+// server unless env_server_url is set; the webhook's callback endpoint in
+// every job when its trainers report by callback).
 func planConfig(cfg config.Config) plan.Config {
 	pc := cfg.Adapter.Plan
 	pc.EnvServerURL = cfg.EnvServerURL()
+	if cfg.TrainingCallback() {
+		pc.CallbackURL = cfg.WebhookConfig().CallbackURL
+	}
 	return pc
 }
 
@@ -259,6 +263,11 @@ PLANNED. The adapt role of a running trace run tracks the job's events.`,
 				Simulated: cfg.Adapter.Simulated, Log: slog.Default()})
 			if err != nil {
 				return err
+			}
+			if tb.Webhook != nil {
+				// A rejection (a 4xx) and the acceptance are recorded in the
+				// job's history through the stage, as in the adapt role.
+				tb.Webhook.Reporter = stage
 			}
 			res, job, err := stage.DispatchReady(ctx, r, revision)
 			if err != nil {

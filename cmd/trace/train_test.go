@@ -4,14 +4,17 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"io"
 	"log/slog"
 	"net/http"
+	"net/http/httptest"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/traceops/trace/adapter"
+	"github.com/traceops/trace/adapter/dispatch"
 	"github.com/traceops/trace/adapter/plan"
 	"github.com/traceops/trace/internal/bus"
 	"github.com/traceops/trace/internal/dev/llmtest"
@@ -217,3 +220,70 @@ func TestTrainAndAdaptersCommands(t *testing.T) {
 }
 
 func ptr[T any](v T) *T { return &v }
+
+// TestTrainDispatchWebhook: `trace train dispatch` with the webhook
+// backend (which its help says it works with) POSTs the signed spec, with
+// the callback URL in it when trainers report by callback, and records the
+// receiver's acceptance in the job's history.
+func TestTrainDispatchWebhook(t *testing.T) {
+	ctx := context.Background()
+	ch := testenv.ClickHouse(t)
+	ns := testenv.NATS(t)
+	st := ch.Store()
+	at := time.Now().UTC().Add(-time.Hour).Truncate(time.Second)
+	env := &synthesizer.Environment{ID: schemas.EnvironmentID("t-train-webhook"), TriggerID: "t-train-webhook", Environment: "sim-airline", AgentVersion: "1.4.0",
+		DictionaryVersion: 1, Capability: "precondition_verification", Definition: "Look before you write.", Family: "precondition_verification",
+		Status: synthesizer.StatusDone, Path: synthesizer.PathTemplate, Attempt: 1, Program: "def reset(seed):\n    pass\n", ProgramHash: strings.Repeat("ab", 32),
+		Tools:    []string{"get_reservation_details"},
+		Attempts: []synthesizer.Attempt{{N: 1, Origin: "template", Family: "precondition_verification", Stage: synthesizer.StageCalibrate, Accepted: true, StartedAt: at, EndedAt: at}},
+		Calibration: &synthesizer.Calibration{Accepted: true, Verdict: "accepted", Policy: "simulated", Simulated: true, Seeds: 100, RolloutsPerSeed: 16,
+			MeanReward: 0.44, StdReward: 0.3, SuccessRate: 0.31, PassAtK: map[string]float64{"1": 0.31}},
+		CreatedAt: at, UpdatedAt: at, Version: 2}
+	if err := (synthesizer.SinkStore{Rows: st}).SaveEnvironment(ctx, env); err != nil {
+		t.Fatal(err)
+	}
+	const secret = "0123456789abcdef-webhook"
+	specs := make(chan []byte, 4)
+	hook := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		if err := dispatch.Verify([]byte(secret), r.Header.Get(dispatch.SignatureHeader), body, time.Now(), time.Minute); err != nil {
+			http.Error(w, err.Error(), http.StatusUnauthorized)
+			return
+		}
+		specs <- body
+		w.WriteHeader(http.StatusAccepted)
+		_, _ = w.Write([]byte(`{"queued": true}`))
+	}))
+	defer hook.Close()
+	out, err := runCLI(t, ctx, "train", "dispatch", env.ID, "--set", "clickhouse.addr="+ch.Addr, "--set", "clickhouse.database="+ch.Database,
+		"--set", "nats.url="+ns.URL(), "--set", "adapter.plan.env_server_url=http://trace-env:8090", "--set", "adapter.backend=webhook",
+		"--set", "adapter.webhook.url="+hook.URL, "--set", "adapter.webhook.secret="+secret, "--set", "adapter.webhook.events=callback",
+		"--set", "adapter.webhook.callback_url=https://trace.example.internal")
+	jobID := schemas.TrainingJobID(env.ID, 1)
+	if err != nil || !strings.Contains(out, "dispatched job "+jobID+" to webhook") {
+		t.Fatalf("dispatch (%v):\n%s", err, out)
+	}
+	var job schemas.TrainingJob
+	select {
+	case body := <-specs:
+		if err := json.Unmarshal(body, &job); err != nil {
+			t.Fatal(err)
+		}
+	default:
+		t.Fatal("the webhook received no spec")
+	}
+	if want := "https://trace.example.internal/v1/training/jobs/" + jobID + "/events"; job.Report.CallbackURL != want {
+		t.Errorf("the spec's report.callback_url is %q, want %q (trainers report by callback)", job.Report.CallbackURL, want)
+	}
+	evs, err := st.TrainingEvents(ctx, jobID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var types []string
+	for _, e := range evs {
+		types = append(types, e.Type)
+	}
+	if strings.Join(types, ",") != "dispatched,webhook_accepted" {
+		t.Errorf("history of %s: %v", jobID, types)
+	}
+}
