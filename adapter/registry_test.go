@@ -201,6 +201,61 @@ func TestAutoActivation(t *testing.T) {
 	}
 }
 
+// TestSuccessNamingAnotherJobsAdapter: a trainer that reports, for a
+// second job, the adapter name the first job's adapter is registered under
+// (one that ignores output.adapter_name) does not leave the second job
+// SUCCEEDED with nothing registered for it: the job fails naming the other
+// job, and the first job's adapter (active) is left as it was, not
+// reloaded by auto-activation.
+func TestSuccessNamingAnotherJobsAdapter(t *testing.T) {
+	ctx := context.Background()
+	st, b := plannerFixture(t)
+	eng := &fakeEngine{loaded: map[string]string{}}
+	reg := &adapter.Registry{Store: st, Engine: eng}
+	s, err := adapter.NewStage(adapter.Config{Plan: fastPlan(), Store: st, Claims: b, AutoActivate: true, Registry: reg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	succeed := func(jobID, name, dir string) {
+		t.Helper()
+		e := &schemas.TrainingEvent{Schema: schemas.TrainingEventSchema, JobID: jobID, Type: schemas.EventSucceeded, At: time.Now().UTC(),
+			Adapter: &schemas.EventAdapter{Name: name, URI: "file://" + dir}, Eval: &schemas.EvalMetrics{MeanReward: 0.7, SuccessRate: 0.6, Episodes: 200}}
+		data, _ := e.Encode()
+		if err := s.HandleEvent(ctx, e, "seq:1", data); err != nil {
+			t.Fatal(err)
+		}
+	}
+	first, err := s.HandleReady(ctx, readyFor("t-name-1", "precondition_verification"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	second, err := s.HandleReady(ctx, readyFor("t-name-2", "precondition_verification"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	firstDir := t.TempDir()
+	succeed(first.JobID, "my-adapter", firstDir)
+	if a := statusOf(t, st, "my-adapter"); a.Status != adapter.AdapterActive || a.JobID != first.JobID {
+		t.Fatalf("the first job's adapter: %+v", a)
+	}
+	delete(eng.loaded, "my-adapter") // to see whether it is loaded again
+	succeed(second.JobID, "my-adapter", t.TempDir())
+
+	j, err := st.TrainingJob(ctx, second.JobID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if j.Status != adapter.StatusFailed || !strings.Contains(j.Reason, `"my-adapter"`) || !strings.Contains(j.Reason, first.JobID) {
+		t.Errorf("the second job is %s (%q), want FAILED naming the adapter and the job it belongs to", j.Status, j.Reason)
+	}
+	if a := statusOf(t, st, "my-adapter"); a.JobID != first.JobID || a.URI != "file://"+firstDir || a.Status != adapter.AdapterActive {
+		t.Errorf("the first job's adapter changed: %+v", a)
+	}
+	if _, loaded := eng.loaded["my-adapter"]; loaded {
+		t.Error("the second job's success activated (loaded) the first job's adapter")
+	}
+}
+
 // fakeRegistryStore holds adapters in memory; adaptersErr fails Adapters
 // and saveErr SaveAdapter.
 type fakeRegistryStore struct {

@@ -283,8 +283,9 @@ var ErrUnknownJob = errors.New("unknown training job")
 // HandleEvent records a trainer's event and applies it to its job: status,
 // last event, deadline, progress; a success registers the adapter (as
 // candidate) before the job is saved SUCCEEDED, so a crash in between is
-// repaired by the redelivery. key identifies the event within its job (a
-// redelivery has the same key). An event of an unknown job returns
+// repaired by the redelivery; a success naming an adapter another job
+// registered fails the job instead. key identifies the event within its
+// job (a redelivery has the same key). An event of an unknown job returns
 // ErrUnknownJob after recording it.
 //
 // With AutoActivate, the adapter of a job that succeeded now is activated
@@ -345,10 +346,16 @@ func (s *Stage) handleEvent(ctx context.Context, e *schemas.TrainingEvent, key s
 	}
 	registered := ""
 	if tr.Register {
-		if err := s.register(ctx, job, e, now); err != nil {
+		conflict, err := s.register(ctx, job, e, now)
+		if err != nil {
 			return "", err
 		}
-		registered = registeredName(job, e)
+		if conflict != "" {
+			s.cfg.Log.Warn("adapter: a success names another job's adapter; the job fails", "job", e.JobID, "reason", conflict)
+			tr = Transition{Status: StatusFailed, Reason: conflict}
+		} else {
+			registered = registeredName(job, e)
+		}
 	}
 	next := *job
 	next.Status, next.Reason = tr.Status, tr.Reason
@@ -403,13 +410,17 @@ func eventRow(e *schemas.TrainingEvent, key string, payload []byte, now time.Tim
 
 // register saves a succeeded job's adapter as a candidate, unless it is
 // registered already (a redelivered success must not reset an adapter an
-// operator activated since).
-func (s *Stage) register(ctx context.Context, job *sink.TrainingJobRow, e *schemas.TrainingEvent, now time.Time) error {
+// operator activated since). A name registered by another job is not
+// taken over: conflict says so, and the job fails with it.
+func (s *Stage) register(ctx context.Context, job *sink.TrainingJobRow, e *schemas.TrainingEvent, now time.Time) (conflict string, err error) {
 	name := registeredName(job, e)
 	if prev, err := s.cfg.Store.Adapter(ctx, name); err != nil {
-		return err
+		return "", err
+	} else if prev != nil && prev.JobID != job.JobID {
+		return fmt.Sprintf("the trainer reported adapter %q, which is registered to job %s: not registered (write each job's adapter under its output.adapter_name, %s)",
+			name, prev.JobID, job.AdapterName), nil
 	} else if prev != nil {
-		return nil
+		return "", nil
 	}
 	eval, _ := json.Marshal(e.Eval)
 	trainer := "external"
@@ -426,10 +437,10 @@ func (s *Stage) register(ctx context.Context, job *sink.TrainingJobRow, e *schem
 		r.EvalMeanReward, r.EvalSuccessRate = e.Eval.MeanReward, e.Eval.SuccessRate
 	}
 	if err := s.cfg.Store.SaveAdapter(ctx, r); err != nil {
-		return err
+		return "", err
 	}
 	s.cfg.Log.Info("adapter registered", "adapter", name, "job", job.JobID, "uri", r.URI, "eval_mean_reward", r.EvalMeanReward, "simulated", r.Simulated)
-	return nil
+	return "", nil
 }
 
 // Adapter statuses in the registry.
