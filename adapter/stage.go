@@ -363,10 +363,14 @@ func (s *Stage) handleEvent(ctx context.Context, e *schemas.TrainingEvent, key s
 	var spec schemas.TrainingJob
 	_ = json.Unmarshal([]byte(job.Spec), &spec)
 	next.DeadlineAt = now.Add(time.Duration(max(spec.Report.DeadlineSeconds, 1)) * time.Second)
-	if e.Iteration != nil {
+	// Progress of an earlier iteration than the job's (a redelivery that
+	// comes back behind the events after it) is history only: the job
+	// keeps its newest iteration and mean reward.
+	late := e.Iteration != nil && uint32(max(*e.Iteration, 0)) < job.Iteration
+	if e.Iteration != nil && !late {
 		next.Iteration = uint32(max(*e.Iteration, 0))
 	}
-	if e.MeanReward != nil {
+	if e.MeanReward != nil && !late {
 		next.MeanReward = *e.MeanReward
 	}
 	if e.Simulated {
