@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"math"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -458,12 +459,9 @@ registered. --json prints the job, the events and the adapter.`,
 			if err != nil {
 				return err
 			}
-			a, err := st.Adapter(ctx, j.AdapterName)
+			a, err := jobAdapter(ctx, st, j, evs)
 			if err != nil {
 				return err
-			}
-			if a != nil && a.JobID != j.JobID {
-				a = nil
 			}
 			out := cmd.OutOrStdout()
 			if asJSON {
@@ -513,6 +511,31 @@ registered. --json prints the job, the events and the adapter.`,
 	cf.add(cmd)
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the job, its events and its adapter as JSON")
 	return cmd
+}
+
+// jobAdapter is the adapter a job registered (nil for none): under the
+// planned name, or under the name its trainer reported in a succeeded
+// event (the demo's simulated trainer reports sim-<planned name>).
+func jobAdapter(ctx context.Context, st *sink.Store, j *sink.TrainingJobRow, evs []sink.TrainingEventRow) (*sink.AdapterRow, error) {
+	names := []string{j.AdapterName}
+	for _, e := range evs {
+		var p struct {
+			Adapter *schemas.EventAdapter `json:"adapter"`
+		}
+		if e.Type == schemas.EventSucceeded && json.Unmarshal([]byte(e.Payload), &p) == nil && p.Adapter != nil && !slices.Contains(names, p.Adapter.Name) {
+			names = append(names, p.Adapter.Name)
+		}
+	}
+	for _, name := range names {
+		a, err := st.Adapter(ctx, name)
+		if err != nil {
+			return nil, err
+		}
+		if a != nil && a.JobID == j.JobID {
+			return a, nil
+		}
+	}
+	return nil, nil
 }
 
 func printJob(w io.Writer, j *sink.TrainingJobRow, evs []sink.TrainingEventRow, a *sink.AdapterRow) {

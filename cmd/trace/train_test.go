@@ -287,3 +287,57 @@ func TestTrainDispatchWebhook(t *testing.T) {
 		t.Errorf("history of %s: %v", jobID, types)
 	}
 }
+
+// TestTrainShowAdapterUnderTheTrainersName: a trainer may register the
+// adapter under another name than the planned one (the demo's simulated
+// trainer reports sim-<planned name>); trace train show still shows the
+// adapter the job registered.
+func TestTrainShowAdapterUnderTheTrainersName(t *testing.T) {
+	ctx := context.Background()
+	ch := testenv.ClickHouse(t)
+	ns := testenv.NATS(t)
+	st := ch.Store()
+	b, err := bus.Connect(ctx, bus.Config{URL: ns.URL()}, "test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	stage, err := adapter.NewStage(adapter.Config{Plan: plan.DefaultConfig(), Store: st, Claims: b, Log: slog.Default()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := schemas.EnvironmentID("t-show-name")
+	hash := strings.Repeat("ab", 32)
+	r := &schemas.EnvironmentReady{Schema: schemas.EnvironmentReadySchema, EnvironmentID: id, TriggerID: "t-show-name", Environment: "sim-airline",
+		AgentVersion: "1.4.0", DictionaryVersion: 1, Capability: schemas.ReadyCapability{Name: "precondition_verification", Definition: "d"},
+		Program:     schemas.ReadyProgram{Hash: hash, Origin: schemas.OriginTemplate, Tools: []string{"get_reservation_details"}, Attempts: 1},
+		Calibration: schemas.ReadyCalib{Policy: "simulated", Simulated: true, Seeds: 100, RolloutsPerSeed: 16, Temperature: 0.7, MeanReward: 0.45, StdReward: 0.4, SuccessRate: 0.38},
+		Fetch:       schemas.ReadyFetch{Path: schemas.EnvironmentProgramPath(id), ClickHouse: schemas.ClickHouseRef{Table: "environments", EnvironmentID: id, ProgramHash: hash}},
+		ReadyAt:     time.Now().UTC().Truncate(time.Second)}
+	res, err := stage.HandleReady(ctx, r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	name := "sim-" + plan.AdapterName("precondition_verification", id, 1)
+	e := schemas.TrainingEvent{JobID: res.JobID, Type: schemas.EventSucceeded, At: time.Now().UTC(), Simulated: true,
+		Adapter: &schemas.EventAdapter{Name: name, URI: "sim://simtrainer/" + name}, Eval: &schemas.EvalMetrics{MeanReward: 0.62, SuccessRate: 0.5, Episodes: 200}}
+	data, err := e.Encode()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := stage.HandleEvent(ctx, &e, "seq:0", data); err != nil {
+		t.Fatal(err)
+	}
+	sets := []string{"--set", "clickhouse.addr=" + ch.Addr, "--set", "clickhouse.database=" + ch.Database, "--set", "nats.url=" + ns.URL()}
+	out, err := runCLI(t, ctx, append([]string{"train", "show", res.JobID}, sets...)...)
+	if err != nil || !strings.Contains(out, "adapter "+name+": candidate") {
+		t.Errorf("show lacks the adapter %s (%v):\n%s", name, err, out)
+	}
+	out, err = runCLI(t, ctx, append([]string{"train", "show", res.JobID, "--json"}, sets...)...)
+	var v struct {
+		Adapter *adapterEntry `json:"adapter"`
+	}
+	if err != nil || json.Unmarshal([]byte(out), &v) != nil || v.Adapter == nil || v.Adapter.Name != name {
+		t.Errorf("show --json lacks the adapter %s (%v):\n%s", name, err, out)
+	}
+}
