@@ -218,7 +218,8 @@ func newTrainDispatchCmd() *cobra.Command {
 		Long: `dispatch plans the job of a DONE environment (see trace train plan) and
 hands it to adapter.backend once, as the adapt role would: a job that is
 already recorded or claimed is not dispatched again (the exit status is 0
-and the output says so). With adapter.backend: none the job is recorded as
+and the output says so). A job the backend refuses for good (a webhook's
+4xx answer) is recorded FAILED, and the exit status is 1. With adapter.backend: none the job is recorded as
 PLANNED. The adapt role of a running trace run tracks the job's events.`,
 		Example: "  trace train dispatch env-3f1c2a9e0b7d4c15\n  trace train dispatch env-3f1c2a9e0b7d4c15 --revision 2",
 		Args:    cobra.ExactArgs(1),
@@ -294,6 +295,11 @@ PLANNED. The adapt role of a running trace run tracks the job's events.`,
 			case res.Planned:
 				fmt.Fprintf(out, "job %s recorded as PLANNED (adapter.backend: none): nothing dispatched\n", res.JobID)
 			default:
+				// A backend that refused the job for good (a webhook's 4xx)
+				// recorded it FAILED.
+				if j, err := st.TrainingJob(ctx, res.JobID); err == nil && j != nil && j.Status == adapter.StatusFailed {
+					return &exitError{code: 1, err: fmt.Errorf("job %s: %s refused it, the job is FAILED: %s", res.JobID, backend.Name(), j.Reason)}
+				}
 				fmt.Fprintf(out, "dispatched job %s to %s: capability %s, adapter %s\n", res.JobID, backend.Name(), job.Capability.Name, job.Output.AdapterName)
 				printPlanner(out, job.Planner)
 			}

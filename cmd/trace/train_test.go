@@ -341,3 +341,41 @@ func TestTrainShowAdapterUnderTheTrainersName(t *testing.T) {
 		t.Errorf("show --json lacks the adapter %s (%v):\n%s", name, err, out)
 	}
 }
+
+// TestTrainDispatchWebhookRejected: a webhook that refuses the job (a 4xx,
+// final) fails it; trace train dispatch says so and exits 1 instead of
+// reporting the job dispatched.
+func TestTrainDispatchWebhookRejected(t *testing.T) {
+	ctx := context.Background()
+	ch := testenv.ClickHouse(t)
+	ns := testenv.NATS(t)
+	st := ch.Store()
+	at := time.Now().UTC().Add(-time.Hour).Truncate(time.Second)
+	env := &synthesizer.Environment{ID: schemas.EnvironmentID("t-train-webhook-422"), TriggerID: "t-train-webhook-422", Environment: "sim-airline", AgentVersion: "1.4.0",
+		DictionaryVersion: 1, Capability: "precondition_verification", Definition: "Look before you write.", Family: "precondition_verification",
+		Status: synthesizer.StatusDone, Path: synthesizer.PathTemplate, Attempt: 1, Program: "def reset(seed):\n    pass\n", ProgramHash: strings.Repeat("ab", 32),
+		Tools:    []string{"get_reservation_details"},
+		Attempts: []synthesizer.Attempt{{N: 1, Origin: "template", Family: "precondition_verification", Stage: synthesizer.StageCalibrate, Accepted: true, StartedAt: at, EndedAt: at}},
+		Calibration: &synthesizer.Calibration{Accepted: true, Verdict: "accepted", Policy: "simulated", Simulated: true, Seeds: 100, RolloutsPerSeed: 16,
+			MeanReward: 0.44, StdReward: 0.3, SuccessRate: 0.31, PassAtK: map[string]float64{"1": 0.31}},
+		CreatedAt: at, UpdatedAt: at, Version: 2}
+	if err := (synthesizer.SinkStore{Rows: st}).SaveEnvironment(ctx, env); err != nil {
+		t.Fatal(err)
+	}
+	hook := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		http.Error(w, "no GPU quota for this team", http.StatusUnprocessableEntity)
+	}))
+	defer hook.Close()
+	out, err := runCLI(t, ctx, "train", "dispatch", env.ID, "--set", "clickhouse.addr="+ch.Addr, "--set", "clickhouse.database="+ch.Database,
+		"--set", "nats.url="+ns.URL(), "--set", "adapter.plan.env_server_url=http://trace-env:8090", "--set", "adapter.backend=webhook",
+		"--set", "adapter.webhook.url="+hook.URL, "--set", "adapter.webhook.secret=0123456789abcdef-webhook")
+	jobID := schemas.TrainingJobID(env.ID, 1)
+	var ee *exitError
+	if !errors.As(err, &ee) || ee.code != 1 || !strings.Contains(err.Error(), jobID) || !strings.Contains(err.Error(), "no GPU quota for this team") ||
+		strings.Contains(out, "dispatched job") {
+		t.Errorf("a rejected dispatch: %v\n%s", err, out)
+	}
+	if j, err := st.TrainingJob(ctx, jobID); err != nil || j == nil || j.Status != adapter.StatusFailed {
+		t.Errorf("the rejected job: %+v %v", j, err)
+	}
+}
