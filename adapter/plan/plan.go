@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"net/url"
 	"slices"
 	"strings"
 	"time"
@@ -308,6 +309,13 @@ func (c Config) Validate(prefix string) error {
 		}
 		if !strings.Contains(u, "://") {
 			errs = append(errs, fmt.Errorf("%s%s: %q is not a URL", prefix, name, u))
+			continue
+		}
+		// Trainers reach the environment server over OpenEnv (HTTP or
+		// WebSocket): the job's schema takes nothing else, so another
+		// scheme would fail every job's planning, not the start.
+		if pu, err := url.Parse(u); name == "env_server_url" && (err != nil || !slices.Contains([]string{"http", "https", "ws", "wss"}, pu.Scheme) || pu.Host == "") {
+			errs = append(errs, fmt.Errorf("%s%s: %q is not an http, https, ws or wss URL with a host", prefix, name, u))
 		}
 	}
 	if c.Heartbeat <= 0 {

@@ -132,6 +132,8 @@ func TestValidateNamesTheField(t *testing.T) {
 		{"group size", func(c *Config) { c.Defaults.GroupSize = 1 }, "adapter.plan.defaults.group_size: must be in [2, 64], got 1"},
 		{"deadline", func(c *Config) { c.Deadline = time.Second }, "adapter.plan.deadline: must be at least heartbeat"},
 		{"env server", func(c *Config) { c.EnvServerURL = "localhost:8090" }, "adapter.plan.env_server_url"},
+		{"env server scheme", func(c *Config) { c.EnvServerURL = "tcp://10.0.0.5:8090" }, `adapter.plan.env_server_url: "tcp://10.0.0.5:8090" is not an http, https, ws or wss URL`},
+		{"env server host", func(c *Config) { c.EnvServerURL = "http:///v1" }, "adapter.plan.env_server_url"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			c := DefaultConfig()
