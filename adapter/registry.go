@@ -123,11 +123,14 @@ func (r *Registry) get(ctx context.Context, name string) (*sink.AdapterRow, erro
 // LoRAPath is the engine's lora_path of an adapter URI: after the longest
 // PathMap prefix is rewritten, a file:// URI is its path, an absolute path
 // itself; other schemes (s3://, …) cannot be loaded by vLLM and are an
-// error asking for a PathMap entry.
+// error asking for a PathMap entry. A prefix matches whole path segments:
+// file:///a/adapters maps file:///a/adapters/x, not file:///a/adapters2/x.
 func LoRAPath(uri string, pathMap map[string]string) (string, error) {
 	best := ""
 	for from := range pathMap {
-		if strings.HasPrefix(uri, from) && len(from) > len(best) {
+		rest, ok := strings.CutPrefix(uri, from)
+		whole := rest == "" || strings.HasSuffix(from, "/") || strings.HasPrefix(rest, "/")
+		if ok && whole && len(from) > len(best) {
 			best = from
 		}
 	}

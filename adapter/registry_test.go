@@ -340,3 +340,35 @@ func TestActivateStoreFailure(t *testing.T) {
 		})
 	}
 }
+
+// TestLoRAPath: the engine's path of an adapter URI, with the longest
+// path_map prefix that matches whole path segments rewritten.
+func TestLoRAPath(t *testing.T) {
+	pm := map[string]string{
+		"s3://bucket/adapters":  "/mnt/adapters",
+		"s3://bucket/adapters/": "/mnt/slash/",
+		"file:///a/adapters":    "/srv/a",
+		"file:///a":             "/srv/root",
+	}
+	for _, tt := range []struct{ uri, want, err string }{
+		{"s3://bucket/adapters/pv-1", "/mnt/slash/pv-1", ""}, // the longer prefix
+		{"s3://bucket/adapters", "/mnt/adapters", ""},
+		{"s3://bucket/adapters2/pv-1", "", "path_map"}, // not a segment of s3://bucket/adapters
+		{"file:///a/adapters/pv-1", "/srv/a/pv-1", ""},
+		{"file:///a/adapters2/pv-1", "/srv/root/adapters2/pv-1", ""}, // file:///a is the segment that matches
+		{"file:///b/pv-1", "/b/pv-1", ""},
+		{"/abs/pv-1", "/abs/pv-1", ""},
+		{"gs://other/pv-1", "", "path_map"},
+	} {
+		got, err := adapter.LoRAPath(tt.uri, pm)
+		if tt.err != "" {
+			if err == nil || !strings.Contains(err.Error(), tt.err) {
+				t.Errorf("%s: %q, %v; want an error naming %s", tt.uri, got, err, tt.err)
+			}
+			continue
+		}
+		if err != nil || got != tt.want {
+			t.Errorf("%s: %q, %v; want %q", tt.uri, got, err, tt.want)
+		}
+	}
+}
