@@ -130,8 +130,8 @@ func (s Settings) Validate() error {
 		return bad("ack_wait", "must be at least 1s, got %s", s.AckWait)
 	case s.MaxDeliver < 1:
 		return bad("max_deliver", "must be at least 1, got %d", s.MaxDeliver)
-	case s.NakDelay <= 0:
-		return bad("nak_delay", "must be positive, got %s", s.NakDelay)
+	case s.NakDelay <= 0 || s.NakDelay > DefaultMaxNakDelay:
+		return bad("nak_delay", "must be positive and at most %s (the retry delay's cap), got %s", DefaultMaxNakDelay, s.NakDelay)
 	case s.MaxTokens < 256:
 		return bad("max_tokens", "must be at least 256 (a program is thousands of tokens), got %d", s.MaxTokens)
 	case s.Policy != PolicyModel && s.Policy != PolicySimulated:
@@ -238,7 +238,7 @@ func Build(s Settings, d Deps) (*Stage, error) {
 		}
 		var (
 			mu      sync.Mutex
-			clients = map[[2]string]*llm.Client{}
+			clients = map[PolicySettings]*llm.Client{} // by URL, model and key
 		)
 		cfg.Calibrators = func(j *Job) (Calibrator, error) {
 			r := j.Request
@@ -248,7 +248,7 @@ func Build(s Settings, d Deps) (*Stage, error) {
 			}
 			mu.Lock()
 			defer mu.Unlock()
-			key := [2]string{p.BaseURL, p.Model}
+			key := PolicySettings{BaseURL: p.BaseURL, Model: p.Model, APIKey: p.APIKey}
 			c := clients[key]
 			if c == nil {
 				var err error

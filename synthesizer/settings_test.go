@@ -2,10 +2,13 @@ package synthesizer
 
 import (
 	"context"
+	"reflect"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/traceops/trace/internal/llm"
+	"github.com/traceops/trace/schemas"
 	"github.com/traceops/trace/synthesizer/calibrate"
 )
 
@@ -27,6 +30,7 @@ func TestSettingsValidateNamesTheField(t *testing.T) {
 		{func(s *Settings) { s.NakDelay = -1 }, "synthesizer.nak_delay"},
 		{func(s *Settings) { s.MaxTokens = 10 }, "synthesizer.max_tokens"},
 		{func(s *Settings) { s.Policy = "oracle" }, `synthesizer.policy: must be "model" or "simulated"`},
+		{func(s *Settings) { s.NakDelay = 10 * time.Minute }, "synthesizer.nak_delay: must be positive and at most 5m0s"},
 		{func(s *Settings) { s.Calibration.Seeds = 0 }, "synthesizer.calibration.seeds = 0"},
 		{func(s *Settings) { s.Calibration.Temperature = 3 }, "synthesizer.calibration.temperature = 3"},
 		{func(s *Settings) { s.Calibration.Bands.MeanMin = 0.7 }, "synthesizer.calibration.bands.mean_min = 0.7 is above mean_max"},
@@ -100,5 +104,32 @@ func TestNoPolicyWaits(t *testing.T) {
 	s.Policy = PolicyModel
 	if _, err := Build(s, Deps{Store: store}); err == nil {
 		t.Fatal("model policy without a client maker")
+	}
+}
+
+// TestPolicyClientsByKey: cohorts whose agent models share a URL and a
+// model name but not an API key get a client each (they shared the first
+// one made, and its key); the same policy reuses its client.
+func TestPolicyClientsByKey(t *testing.T) {
+	s := DefaultSettings()
+	s.Policies = []PolicySettings{
+		{Environment: "air", AgentVersion: "*", BaseURL: "http://gw/v1", Model: "agent", APIKey: "key-air"},
+		{Environment: "retail", AgentVersion: "*", BaseURL: "http://gw/v1", Model: "agent", APIKey: "key-retail"},
+	}
+	var made []string
+	stage, err := Build(s, Deps{Store: newMemStore(), PolicyClient: func(p PolicySettings) (*llm.Client, error) {
+		made = append(made, p.APIKey)
+		return llm.New(llm.Config{BaseURL: p.BaseURL, Model: p.Model, APIKey: llm.Secret(p.APIKey)})
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, env := range []string{"air", "retail", "air"} {
+		if _, err := stage.cfg.Calibrators(&Job{ID: "env-1", Request: &schemas.SynthesisRequest{Environment: env, AgentVersion: "1.0"}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if !reflect.DeepEqual(made, []string{"key-air", "key-retail"}) {
+		t.Fatalf("clients made with keys %v, want one per key, reused", made)
 	}
 }
