@@ -2,6 +2,7 @@ package adapter_test
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"log/slog"
@@ -479,4 +480,40 @@ func startRefTrainer(t *testing.T, py, dir, natsURL string) func() string {
 		}
 	})
 	return func() string { mu.Lock(); defer mu.Unlock(); return buf.String() }
+}
+
+// TestTrainerEnvURL: the reference trainer puts the job's token into the
+// environment URL as its password, keeping the host and port as written
+// (an IPv6 address in brackets came out as trace:tok@::1:8090, no URL).
+func TestTrainerEnvURL(t *testing.T) {
+	py := trainerPython(t)
+	script := `import json, sys
+sys.path.insert(0, "../trainer")
+from trace_trainer.environment import env_url
+for u in json.load(sys.stdin):
+    print(env_url({"env_server": {"base_url": u, "token_env": "TRACE_TEST_ENV_TOKEN"}}))`
+	cases := []struct{ in, want string }{
+		{"http://127.0.0.1:8090/v1/environments/e", "http://trace:t%2Fk@127.0.0.1:8090/v1/environments/e"},
+		{"http://[::1]:8090/v1/environments/e", "http://trace:t%2Fk@[::1]:8090/v1/environments/e"},
+		{"https://envs.example.com/v1/environments/e", "https://trace:t%2Fk@envs.example.com/v1/environments/e"},
+		{"ws://old:secret@10.0.0.5:8090/v1/environments/e", "ws://trace:t%2Fk@10.0.0.5:8090/v1/environments/e"},
+	}
+	var ins []string
+	for _, c := range cases {
+		ins = append(ins, c.in)
+	}
+	in, _ := json.Marshal(ins)
+	cmd := exec.Command(py, "-c", script)
+	cmd.Stdin = bytes.NewReader(in)
+	cmd.Env = append(os.Environ(), "TRACE_TEST_ENV_TOKEN=t/k")
+	out, err := cmd.CombinedOutput()
+	got := strings.Split(strings.TrimSpace(string(out)), "\n")
+	if err != nil || len(got) != len(cases) {
+		t.Fatalf("env_url: %v\n%s", err, out)
+	}
+	for i, c := range cases {
+		if got[i] != c.want {
+			t.Errorf("env_url(%s) = %s, want %s", c.in, got[i], c.want)
+		}
+	}
 }

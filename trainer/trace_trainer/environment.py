@@ -28,7 +28,9 @@ def env_url(job: dict) -> str:
         if not token:
             raise ValueError(f"env_server.token_env: the environment variable {name} is not set")
         u = urllib.parse.urlsplit(url)
-        netloc = "trace:" + urllib.parse.quote(token, safe="") + "@" + u.hostname + (f":{u.port}" if u.port else "")
+        # The host and port as written (an IPv6 host keeps its brackets),
+        # any user info in the URL replaced.
+        netloc = "trace:" + urllib.parse.quote(token, safe="") + "@" + u.netloc.rpartition("@")[2]
         url = urllib.parse.urlunsplit((u.scheme, netloc, u.path, u.query, u.fragment))
     return url
 
