@@ -276,13 +276,27 @@ PLANNED. The adapt role of a running trace run tracks the job's events.`,
 				return err
 			}
 			out := cmd.OutOrStdout()
+			// A backend that refused the job for good (a webhook's 4xx)
+			// recorded it FAILED: exit 1 naming the answer.
+			var refused error
+			if !res.Duplicate && !res.Planned {
+				if j, err := st.TrainingJob(ctx, res.JobID); err == nil && j != nil && j.Status == adapter.StatusFailed {
+					refused = &exitError{code: 1, err: fmt.Errorf("job %s: %s refused it, the job is FAILED: %s", res.JobID, backend.Name(), j.Reason)}
+				}
+			}
 			if asJSON {
-				v := map[string]any{"job_id": res.JobID, "dispatched": res.Dispatched, "duplicate": res.Duplicate,
+				v := map[string]any{"job_id": res.JobID, "dispatched": res.Dispatched && refused == nil, "duplicate": res.Duplicate,
 					"planned": res.Planned, "backend": cfg.Adapter.Backend}
 				if job != nil {
 					v["adapter"], v["planner"] = job.Output.AdapterName, job.Planner
 				}
-				return writeJSON(out, v)
+				if refused != nil {
+					v["refused"], v["error"] = true, refused.Error()
+				}
+				if err := writeJSON(out, v); err != nil {
+					return err
+				}
+				return refused
 			}
 			switch {
 			case res.Duplicate:
@@ -294,12 +308,9 @@ PLANNED. The adapt role of a running trace run tracks the job's events.`,
 				fmt.Fprintf(out, "job %s exists already (%s): nothing dispatched\n", res.JobID, status)
 			case res.Planned:
 				fmt.Fprintf(out, "job %s recorded as PLANNED (adapter.backend: none): nothing dispatched\n", res.JobID)
+			case refused != nil:
+				return refused
 			default:
-				// A backend that refused the job for good (a webhook's 4xx)
-				// recorded it FAILED.
-				if j, err := st.TrainingJob(ctx, res.JobID); err == nil && j != nil && j.Status == adapter.StatusFailed {
-					return &exitError{code: 1, err: fmt.Errorf("job %s: %s refused it, the job is FAILED: %s", res.JobID, backend.Name(), j.Reason)}
-				}
 				fmt.Fprintf(out, "dispatched job %s to %s: capability %s, adapter %s\n", res.JobID, backend.Name(), job.Capability.Name, job.Output.AdapterName)
 				printPlanner(out, job.Planner)
 			}

@@ -378,4 +378,18 @@ func TestTrainDispatchWebhookRejected(t *testing.T) {
 	if j, err := st.TrainingJob(ctx, jobID); err != nil || j == nil || j.Status != adapter.StatusFailed {
 		t.Errorf("the rejected job: %+v %v", j, err)
 	}
+	// --json says so too, and exits 1.
+	out, err = runCLI(t, ctx, "train", "dispatch", env.ID, "--revision", "2", "--json", "--set", "clickhouse.addr="+ch.Addr, "--set", "clickhouse.database="+ch.Database,
+		"--set", "nats.url="+ns.URL(), "--set", "adapter.plan.env_server_url=http://trace-env:8090", "--set", "adapter.backend=webhook",
+		"--set", "adapter.webhook.url="+hook.URL, "--set", "adapter.webhook.secret=0123456789abcdef-webhook")
+	var v struct {
+		JobID      string `json:"job_id"`
+		Dispatched bool   `json:"dispatched"`
+		Refused    bool   `json:"refused"`
+		Error      string `json:"error"`
+	}
+	if jerr := json.Unmarshal([]byte(out), &v); jerr != nil || !errors.As(err, &ee) || ee.code != 1 || v.JobID != schemas.TrainingJobID(env.ID, 2) ||
+		v.Dispatched || !v.Refused || !strings.Contains(v.Error, "no GPU quota for this team") {
+		t.Errorf("a rejected dispatch, --json: %v %v\n%s", err, jerr, out)
+	}
 }
