@@ -517,3 +517,44 @@ for u in json.load(sys.stdin):
 		}
 	}
 }
+
+// TestTrainerReportsABadJob: a job the NATS worker cannot run (here, no
+// lora.rank) is reported failed on its events subject with the reason, so
+// that trace fails it at once; it used to be dropped with a log line, and
+// the job waited out its deadline (30 minutes by default).
+func TestTrainerReportsABadJob(t *testing.T) {
+	py := trainerPython(t)
+	srv := testenv.NATS(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	trainerDir, err := filepath.Abs("../trainer")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := bus.Connect(ctx, bus.Config{URL: srv.URL()}, "test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	jobID := "job-0123456789abcdef"
+	events, err := b.NC.SubscribeSync("trace.training.events." + jobID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	logs := startRefTrainer(t, py, trainerDir, srv.URL())
+	spec, _ := json.Marshal(map[string]any{"schema": "training_job/v1", "job_id": jobID, "base_model": "m",
+		"env_server": map[string]any{"base_url": "http://127.0.0.1:1"},
+		"report":     map[string]any{"events_subject": "trace.training.events." + jobID}})
+	if err := b.PublishTrainingJob(ctx, jobID, spec); err != nil {
+		t.Fatal(err)
+	}
+	msg, err := events.NextMsg(2 * time.Minute) // the worker imports torch first
+	if err != nil {
+		t.Fatalf("no event for the bad job: %v\n%s", err, logs())
+	}
+	// Decoded as the adapt role decodes events (training_event/v1).
+	ev, err := schemas.DecodeTrainingEvent(msg.Data)
+	if err != nil || ev.JobID != jobID || ev.Type != schemas.EventFailed || !strings.Contains(ev.Reason, "lora.rank: missing") || ev.Worker != "smoke-test" {
+		t.Fatalf("event %s (%v), want failed naming lora.rank", msg.Data, err)
+	}
+}

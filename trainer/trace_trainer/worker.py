@@ -42,6 +42,7 @@ async def _serve(url: str, opts: train.Options, worker: str | None) -> int:
             except (asyncio.TimeoutError, nats.errors.TimeoutError):
                 continue
             for m in msgs:
+                job = None
                 try:
                     job = json.loads(m.data)
                     from .__main__ import check_job
@@ -50,6 +51,7 @@ async def _serve(url: str, opts: train.Options, worker: str | None) -> int:
                 except ValueError as e:
                     print(f"trace-trainer: bad job, terminated: {e}", file=sys.stderr)
                     await m.term()
+                    await _report_bad_job(js, job, worker, e)
                     continue
                 await m.ack()
                 print(f"trace-trainer: job {job['job_id']}", file=sys.stderr)
@@ -64,6 +66,24 @@ async def _serve(url: str, opts: train.Options, worker: str | None) -> int:
     finally:
         await nc.drain()
     return 0
+
+
+async def _report_bad_job(js, job, worker: str | None, err: Exception):
+    """Reports a job this worker cannot run as failed, when it names its job
+    and events subject, so that trace fails it now rather than at its
+    deadline; a job that names neither can only be logged."""
+    if not isinstance(job, dict) or not isinstance(job.get("job_id"), str) or not isinstance(job.get("report"), dict):
+        return
+    if job["report"].get("events_subject") != "trace.training.events." + job["job_id"]:
+        return
+    sent = []
+    try:
+        Emitter(job, lambda subject, data: sent.append((subject, data)), worker).emit(
+            "failed", reason=f"the trainer cannot run this job: {err}"[:2000])
+        for subject, data in sent:
+            await js.publish(subject, data)
+    except Exception as e:  # the deadline still fails the job
+        print(f"trace-trainer: reporting the bad job {job['job_id']}: {e}", file=sys.stderr)
 
 
 def serve(url: str, opts: train.Options, worker: str | None) -> int:
