@@ -575,11 +575,18 @@ func (s *server) overview(ctx context.Context, p overviewParams) (*OverviewRespo
 		return resp, nil
 	}
 	if resp.Range.All {
+		var firsts []time.Time
 		for _, ps := range resp.PassRate {
-			if len(ps.Points) > 0 && (resp.Range.Since.IsZero() || ps.Points[0].Bucket.Before(resp.Range.Since)) {
-				resp.Range.Since = ps.Points[0].Bucket
+			if len(ps.Points) > 0 {
+				firsts = append(firsts, ps.Points[0].Bucket)
 			}
 		}
+		for _, cs := range resp.Capabilities {
+			if len(cs.Points) > 0 {
+				firsts = append(firsts, cs.Points[0].Bucket)
+			}
+		}
+		resp.Range.startAtData(firsts, s.location())
 	}
 	if key.DictionaryVersion == 0 {
 		resp.Message = "These rollouts are not labeled yet: no capability statistics."
@@ -709,6 +716,13 @@ func (s *server) capability(ctx context.Context, p capabilityParams) (*Capabilit
 		if cs.Capability == p.Name {
 			resp.Series = cs.Points
 		}
+	}
+	if resp.Range.All {
+		var firsts []time.Time
+		if len(resp.Series) > 0 {
+			firsts = append(firsts, resp.Series[0].Bucket)
+		}
+		resp.Range.startAtData(firsts, s.location())
 	}
 	for _, e := range evs {
 		if e.DictionaryVersion == p.Dict {
@@ -1015,6 +1029,22 @@ func timeRange(asOf, now time.Time, hours int, bucket string, loc *time.Location
 		rg.Warning = fmt.Sprintf("the newest rollout ends %s after this server's clock (clock skew?); it is shown as is", fmtDuration(ahead.Round(time.Minute)))
 	}
 	return rg
+}
+
+// startAtData sets an "all" range's start, which timeRange leaves to the
+// data: the earliest of the series' first buckets, else (nothing to show)
+// the bucket of the watermark, so that a chart never spans from the zero
+// time.
+func (rg *Range) startAtData(firsts []time.Time, loc *time.Location) {
+	rg.Since = time.Time{}
+	for _, f := range firsts {
+		if rg.Since.IsZero() || f.Before(rg.Since) {
+			rg.Since = f.UTC()
+		}
+	}
+	if rg.Since.IsZero() {
+		rg.Since = bucketStart(rg.Until, rg.Bucket, loc).UTC()
+	}
 }
 
 // bucketStart is the start of the hour or day of t in loc, as

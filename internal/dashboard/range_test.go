@@ -92,3 +92,50 @@ func TestAnchor(t *testing.T) {
 		t.Errorf("anchor(nowhere) = %v, want now", got)
 	}
 }
+
+// TestAllRangeStart: with hours=all a chart starts at its first bucket (on
+// the capability page as on the overview), not at the zero time: the
+// capability page drew its x axis from year 1, every point squeezed at the
+// right edge under some 16,000 grid lines.
+func TestAllRangeStart(t *testing.T) {
+	st := openStore(t)
+	now := time.Now().UTC().Truncate(time.Second)
+	seedDemo(t, st, now)
+	h := newHandler(st, now, registry())
+	var c CapabilityResponse
+	getJSON(t, h, "/api/capability?env=airline&agent_version=v2&dict=1&hours=all&name="+capMulti, &c)
+	if !c.Range.All || len(c.Series) == 0 {
+		t.Fatalf("range %+v, %d points", c.Range, len(c.Series))
+	}
+	if first := c.Series[0].Bucket; !c.Range.Since.Equal(first) {
+		t.Errorf("capability, all: since %v, want its first bucket %v", c.Range.Since, first)
+	}
+	var o OverviewResponse
+	getJSON(t, h, "/api/overview?env=airline&agent_version=v2&hours=all", &o)
+	first := o.Range.Until
+	for _, ps := range o.PassRate {
+		if len(ps.Points) > 0 && ps.Points[0].Bucket.Before(first) {
+			first = ps.Points[0].Bucket
+		}
+	}
+	for _, cs := range o.Capabilities {
+		if len(cs.Points) > 0 && cs.Points[0].Bucket.Before(first) {
+			first = cs.Points[0].Bucket
+		}
+	}
+	if !o.Range.All || !o.Range.Since.Equal(first) {
+		t.Errorf("overview, all: %+v, want since %v", o.Range, first)
+	}
+	// A capability without labels: the range is the bucket of the
+	// watermark, not the zero time.
+	var none CapabilityResponse
+	getJSON(t, h, "/api/capability?env=airline&agent_version=v2&dict=1&hours=all&name=no_such_thing", &none)
+	if none.Range.Since.IsZero() || none.Range.Since.After(none.Range.Until) {
+		t.Errorf("no labels, all: %+v", none.Range)
+	}
+	// The page's charts have a handful of x ticks each.
+	code, body := getStatus(h, "/capability?env=airline&agent_version=v2&dict=1&hours=all&name="+capMulti)
+	if n := strings.Count(body, `class="grid vgrid"`); code != 200 || n > 40 {
+		t.Errorf("capability page, all: %d, %d x grid lines", code, n)
+	}
+}
