@@ -36,6 +36,7 @@ import (
 	"fmt"
 	"io/fs"
 	"log/slog"
+	"math"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -229,17 +230,29 @@ func (p *params) bucket() string {
 	}
 }
 
+// time is a time parameter: Unix seconds or RFC 3339, within ClickHouse's
+// DateTime (1970 to 2106), which it is bound as: a time outside would wrap
+// around to another (milliseconds, as JavaScript gives them, to some other
+// year).
 func (p *params) time(name string) time.Time {
 	v := p.str(name)
 	if v == "" {
 		return time.Time{}
 	}
+	var t time.Time
 	if n, err := strconv.ParseInt(v, 10, 64); err == nil {
-		return time.Unix(n, 0)
+		t = time.Unix(n, 0)
+	} else if t, err = time.Parse(time.RFC3339, v); err != nil {
+		if p.err == nil {
+			p.err = badRequest{fmt.Sprintf("parameter %s: want Unix seconds or RFC 3339, got %q", name, v)}
+		}
+		return time.Time{}
 	}
-	t, err := time.Parse(time.RFC3339, v)
-	if err != nil && p.err == nil {
-		p.err = badRequest{fmt.Sprintf("parameter %s: want Unix seconds or RFC 3339, got %q", name, v)}
+	if t.Unix() < 0 || t.Unix() > math.MaxUint32 {
+		if p.err == nil {
+			p.err = badRequest{fmt.Sprintf("parameter %s: want a time from 1970 to 2106 (Unix seconds, not milliseconds, or RFC 3339), got %q", name, v)}
+		}
+		return time.Time{}
 	}
 	return t
 }
