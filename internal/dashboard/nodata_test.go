@@ -1,0 +1,46 @@
+package dashboard
+
+import (
+	"context"
+	"fmt"
+	"regexp"
+	"testing"
+	"time"
+
+	"github.com/traceops/trace/schemas"
+	"github.com/traceops/trace/sink"
+)
+
+// TestPassRateWithoutRollouts: a cohort whose labels arrived without its
+// rollouts (trace labels import publishes labels only) has no pass rate:
+// the overview says so ("—") instead of a pass rate of 0.0 %.
+func TestPassRateWithoutRollouts(t *testing.T) {
+	st := openStore(t)
+	ctx := context.Background()
+	now := time.Now().UTC().Truncate(time.Second)
+	var labels []sink.LabelRow
+	for i := range 30 {
+		for _, capName := range demoDict.Names() {
+			labels = append(labels, sink.LabelRow{LabelEvent: schemas.LabelEvent{RolloutID: fmt.Sprintf("imp-%02d", i), Environment: "imported", AgentVersion: "v1",
+				DictionaryVersion: 1, Capability: capName, Label: schemas.LabelLacking, Success: i%3 == 0, Source: schemas.SourceExternal, TS: now.Add(-time.Duration(i) * time.Minute)}})
+		}
+	}
+	if err := st.InsertLabels(ctx, labels); err != nil {
+		t.Fatal(err)
+	}
+	h := newHandler(st, now, registry())
+	var o OverviewResponse
+	getJSON(t, h, "/api/overview?env=imported", &o)
+	if o.Cohort == nil || len(o.Cohorts) != 1 || o.Cohorts[0].Rollouts != 0 || o.Cohorts[0].LabeledRollouts != 30 {
+		t.Fatalf("cohorts = %+v", o.Cohorts)
+	}
+	code, body := getStatus(h, "/?env=imported")
+	if code != 200 {
+		t.Fatalf("overview: %d", code)
+	}
+	stat := regexp.MustCompile(`id="stat-pass-rate">([^<]*)<`).FindStringSubmatch(body)
+	cell := regexp.MustCompile(`<td class="num pass-rate">([^<]*)<`).FindStringSubmatch(body)
+	if stat == nil || stat[1] != "—" || cell == nil || cell[1] != "—" {
+		t.Errorf("pass rate of a cohort without stored rollouts: card %q, cohort table %q; want —", stat, cell)
+	}
+}
