@@ -501,6 +501,10 @@ func TestAPI(t *testing.T) {
 				t.Errorf("GET %s: %d %s", p, code, body)
 			}
 		}
+		// hours takes "all" too: the error says so.
+		if _, body := getStatus(h, "/api/loop?hours=0"); !strings.Contains(body, "parameter hours") || !strings.Contains(body, "or all") {
+			t.Errorf("hours=0: %s", body)
+		}
 		if code, _ := getStatus(h, "/capability?env=airline"); code != http.StatusBadRequest {
 			t.Errorf("page with bad parameters: %d", code)
 		}

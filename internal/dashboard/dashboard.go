@@ -183,7 +183,12 @@ func (p *params) hours() int {
 	if p.str("hours") == "all" {
 		return 0
 	}
-	return p.intIn("hours", 168, 1, maxHours)
+	had := p.err
+	h := p.intIn("hours", 168, 1, maxHours)
+	if had == nil && p.err != nil {
+		p.err = badRequest{fmt.Sprintf("parameter hours: want an integer in [1, %d] or all, got %q", maxHours, p.str("hours"))}
+	}
+	return h
 }
 
 func (p *params) intIn(name string, def, lo, hi int) int {
