@@ -294,6 +294,17 @@ func buildReport(ctx context.Context, cfg config.Config, st *sink.Store, env str
 			warnings = append(warnings, fmt.Sprintf("%s: its newest rollout ends %s in the future (%s; clock skew?); its window ends there", c, ahead.Round(time.Second), wm.Format(time.RFC3339)))
 		}
 		dict := reg.Version(c.Environment, c.AgentVersion, c.DictionaryVersion)
+		if len(d.results) == 0 {
+			// Labeled, but no statistics: with N > 1 no rollout of the
+			// window is labeled in every run. Listed, not left out.
+			row := reportRow{Source: d.source, Environment: c.Environment, AgentVersion: c.AgentVersion, DictionaryVersion: c.DictionaryVersion,
+				Decision: "undecided", Rollouts: info.Rollouts, Failures: info.Failures, Watermark: wm, Reasons: []string{whyEmptyWindow(ac.N)}}
+			if dict != nil {
+				row.Dictionary, row.DefaultDictionary = dict.Scope(), dict.IsDefault()
+			}
+			rows = append(rows, row)
+			continue
+		}
 		undecided := analyzer.WhyUndecided(info.Failures, ac.MinFailures, runs, ac.N)
 		for _, r := range d.results {
 			row := reportRow{Source: d.source, Environment: c.Environment, AgentVersion: c.AgentVersion, DictionaryVersion: c.DictionaryVersion,
@@ -373,6 +384,20 @@ func buildReport(ctx context.Context, cfg config.Config, st *sink.Store, env str
 	return rows, warnings, nil
 }
 
+// whyEmptyWindow is why a labeled cohort's window has no statistics: its
+// window counts only the rollouts labeled in every one of the n runs.
+func whyEmptyWindow(n int) string {
+	if n > 1 {
+		return fmt.Sprintf("no rollout in the window is labeled in all %d runs (analyzer.n, llm.runs): a decision counts only rollouts labeled in every run", n)
+	}
+	return "no labels in the window"
+}
+
+// cohortOnly is a row that stands for its cohort, without a capability
+// (no labels, or labels without statistics): the table prints its reason
+// under the cohort's line.
+func cohortOnly(r reportRow) bool { return r.Capability == "" }
+
 func writeReport(w io.Writer, format string, rows []reportRow) error {
 	switch format {
 	case "json":
@@ -418,8 +443,8 @@ func writeReport(w io.Writer, format string, rows []reportRow) error {
 		}
 		fmt.Fprintf(w, "%s/%s: %s, as of %s: %d rollouts, %d failures in the window\n", r.Environment, r.AgentVersion, dict,
 			r.Watermark.UTC().Format("2006-01-02 15:04:05 UTC"), r.Rollouts, r.Failures)
-		if r.Decision == "no labels" {
-			fmt.Fprintf(w, "  no labels: %s\n", strings.Join(r.Reasons, "; "))
+		if cohortOnly(r) {
+			fmt.Fprintf(w, "  %s: %s\n", r.Decision, strings.Join(r.Reasons, "; "))
 		}
 	}
 	fmt.Fprintln(w)
@@ -428,7 +453,7 @@ func writeReport(w io.Writer, format string, rows []reportRow) error {
 	n := 0
 	var synth []reportRow
 	for _, r := range rows {
-		if r.Decision == "no labels" {
+		if cohortOnly(r) {
 			continue
 		}
 		n++
@@ -441,7 +466,7 @@ func writeReport(w io.Writer, format string, rows []reportRow) error {
 			f4(r.Cov), f4(r.ERFailed), f4(r.ERPassed), f4(r.Delta), r.RunsPassed, r.RunsTotal, r.Decision, st, strings.Join(r.Reasons, "; "))
 	}
 	if n == 0 {
-		fmt.Fprintln(w, "no labeled rollouts yet (reasons above)")
+		fmt.Fprintln(w, "no capability statistics yet (reasons above)")
 		return nil
 	}
 	if err := tw.Flush(); err != nil {

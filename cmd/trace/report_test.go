@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -233,5 +234,58 @@ func TestReportLoop(t *testing.T) {
 	if len(rep.Share) != 1 || rep.Share[0].Source != "route_decisions" || len(rep.Share[0].Totals) != 1 || rep.Share[0].Totals[0] != 2 ||
 		rep.Share[0].Share["pv-good"][0] != 0.5 {
 		t.Fatalf("decision share: %+v", rep.Share)
+	}
+}
+
+// TestReportIncompleteRuns: a cohort whose rollouts are labeled in fewer
+// runs than analyzer.n (labels imported from 3 runs, or one LLM run that
+// keeps failing) has no complete rollout in its window and so no
+// statistics; the report lists it, undecided, naming analyzer.n, instead of
+// leaving it out (the table said "no rollouts stored yet").
+func TestReportIncompleteRuns(t *testing.T) {
+	ch := testenv.ClickHouse(t)
+	st := ch.Store()
+	ctx := context.Background()
+	now := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
+	var rows []sink.LabelRow
+	for i := range 40 {
+		for run := range 3 {
+			ev := schemas.LabelEvent{RolloutID: fmt.Sprintf("r%d", i), Environment: "partial", AgentVersion: "v1", DictionaryVersion: 1, Capability: "some_cap",
+				Run: uint16(run), Label: "LACKING", Source: schemas.SourceExternal, TS: now.Add(-time.Duration(i) * time.Minute)}
+			rows = append(rows, sink.LabelRowFrom(&ev))
+		}
+	}
+	if err := st.InsertLabels(ctx, rows); err != nil {
+		t.Fatal(err)
+	}
+	sets := []string{"clickhouse.addr=" + ch.Addr, "clickhouse.database=" + ch.Database, "analyzer.labeler=none"}
+	cfg, err := config.Load("", sets)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Analyzer.N != 10 {
+		t.Fatalf("analyzer.n = %d, want the default 10", cfg.Analyzer.N)
+	}
+	for _, stored := range []bool{false, true} {
+		got, _, err := buildReport(ctx, cfg, st, "", cfg.Analyzer.Window, stored, now)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(got) != 1 || got[0].Environment != "partial" || got[0].Decision != "undecided" || got[0].Capability != "" ||
+			len(got[0].Reasons) != 1 || !strings.Contains(got[0].Reasons[0], "all 10 runs") || !strings.Contains(got[0].Reasons[0], "analyzer.n") {
+			t.Errorf("stored %v: rows %+v", stored, got)
+		}
+	}
+	var args []string
+	for _, s := range sets {
+		args = append(args, "--set", s)
+	}
+	out, err := runCLI(t, ctx, append([]string{"report"}, args...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(out, "no rollouts stored yet") || !strings.Contains(out, "partial/v1: no dictionary, as of 2026-12-01 12:00:00 UTC") ||
+		!strings.Contains(out, "  undecided: no rollout in the window is labeled in all 10 runs") {
+		t.Errorf("table:\n%s", out)
 	}
 }

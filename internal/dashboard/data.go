@@ -387,6 +387,11 @@ func (s *server) decide(key CohortKey, dict *analyzer.Dictionary, info sink.Wind
 	dec.Runs = runs
 	dec.Decided = info.Failures >= s.eval.MinFailures && runs >= s.eval.N
 	switch {
+	case info.Rollouts == 0 && s.eval.N > 1:
+		// The window ends at the newest label: its labeled rollouts are
+		// there, but none is labeled in every run, which the window counts.
+		dec.Reason = fmt.Sprintf("no rollout in the %s up to the cohort's newest one is labeled in all %d runs (analyzer.n, llm.runs): a decision counts only rollouts labeled in every run",
+			fmtDuration(s.eval.Window), s.eval.N)
 	case info.Rollouts == 0:
 		dec.Reason = fmt.Sprintf("no labeled rollouts in the %s up to the cohort's newest one", fmtDuration(s.eval.Window))
 	case info.Failures < s.eval.MinFailures:

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"regexp"
+	"strings"
 	"testing"
 	"time"
 
@@ -42,5 +43,30 @@ func TestPassRateWithoutRollouts(t *testing.T) {
 	cell := regexp.MustCompile(`<td class="num pass-rate">([^<]*)<`).FindStringSubmatch(body)
 	if stat == nil || stat[1] != "—" || cell == nil || cell[1] != "—" {
 		t.Errorf("pass rate of a cohort without stored rollouts: card %q, cohort table %q; want —", stat, cell)
+	}
+}
+
+// TestIncompleteRunsReason: a cohort labeled in fewer runs than N has no
+// complete rollout in its window; the decision says so, naming analyzer.n,
+// not that there are no labeled rollouts (there are).
+func TestIncompleteRunsReason(t *testing.T) {
+	st := openStore(t)
+	ctx := context.Background()
+	now := time.Now().UTC().Truncate(time.Second)
+	var labels []sink.LabelRow
+	for i := range 30 {
+		for run := range uint16(3) {
+			labels = append(labels, sink.LabelRow{LabelEvent: schemas.LabelEvent{RolloutID: fmt.Sprintf("p-%02d", i), Environment: "partial", AgentVersion: "v1",
+				DictionaryVersion: 1, Capability: capMulti, Run: run, Label: schemas.LabelLacking, Source: schemas.SourceExternal, TS: now.Add(-time.Duration(i) * time.Minute)}})
+		}
+	}
+	if err := st.InsertLabels(ctx, labels); err != nil {
+		t.Fatal(err)
+	}
+	h := newHandler(st, now, registry())
+	var o OverviewResponse
+	getJSON(t, h, "/api/overview?env=partial", &o)
+	if o.Decision == nil || o.Decision.Decided || !strings.Contains(o.Decision.Reason, fmt.Sprintf("all %d runs", testEval.N)) || !strings.Contains(o.Decision.Reason, "analyzer.n") {
+		t.Errorf("decision of a cohort labeled in 3 of %d runs: %+v", testEval.N, o.Decision)
 	}
 }
