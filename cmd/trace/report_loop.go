@@ -44,6 +44,9 @@ func loopReport(ctx context.Context, cfg config.Config, st *sink.Store, env stri
 	if rep.Capabilities == nil {
 		rep.Capabilities = []verify.CapabilityLoop{}
 	}
+	if rep.Share == nil {
+		rep.Share = []verify.EnvShare{}
+	}
 	return rep, nil
 }
 

@@ -289,3 +289,20 @@ func TestReportIncompleteRuns(t *testing.T) {
 		t.Errorf("table:\n%s", out)
 	}
 }
+
+// TestReportLoopEmpty: before any adapter, trace report --loop --format
+// json has empty lists, as /api/loop does, not null.
+func TestReportLoopEmpty(t *testing.T) {
+	ch := testenv.ClickHouse(t)
+	out, err := runCLI(t, context.Background(), "report", "--loop", "--format", "json", "--set", "clickhouse.addr="+ch.Addr, "--set", "clickhouse.database="+ch.Database)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var raw map[string]json.RawMessage
+	if err := json.Unmarshal([]byte(out), &raw); err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	if string(raw["capabilities"]) != "[]" || string(raw["routing_share"]) != "[]" {
+		t.Errorf("capabilities %s, routing_share %s; want []", raw["capabilities"], raw["routing_share"])
+	}
+}

@@ -187,3 +187,20 @@ type brokenShares struct{}
 func (brokenShares) RoutingShare(context.Context, string, time.Duration, time.Duration) ([]sink.ShareRow, error) {
 	return nil, errors.New("share table unreachable")
 }
+
+// TestLoopAPIEmpty: before any adapter, /api/loop's lists are empty lists,
+// as every other endpoint's are (and trace report --loop's), not null.
+func TestLoopAPIEmpty(t *testing.T) {
+	st := openStore(t)
+	code, body := getStatus(loopHandler(st), "/api/loop")
+	if code != 200 {
+		t.Fatalf("HTTP %d: %s", code, body)
+	}
+	var raw map[string]json.RawMessage
+	if err := json.Unmarshal([]byte(body), &raw); err != nil {
+		t.Fatal(err)
+	}
+	if string(raw["capabilities"]) != "[]" || string(raw["routing_share"]) != "[]" {
+		t.Errorf("capabilities %s, routing_share %s; want []", raw["capabilities"], raw["routing_share"])
+	}
+}
