@@ -86,7 +86,8 @@ func (c *Checker) Report(ctx context.Context, window, bucket time.Duration, shar
 	if err != nil && len(checks) == 0 {
 		return nil, err
 	}
-	rep := &Report{Config: c.cfg, Errors: errorLines(err)}
+	// Empty lists, not null, in JSON: every endpoint's and command's way.
+	rep := &Report{Config: c.cfg, Errors: errorLines(err), Capabilities: []CapabilityLoop{}, Share: []EnvShare{}}
 	idx := map[[2]string]int{}
 	var envs []string
 	for _, ac := range checks {

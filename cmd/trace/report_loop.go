@@ -41,12 +41,6 @@ func loopReport(ctx context.Context, cfg config.Config, st *sink.Store, env stri
 		}
 		rep.Share = shares
 	}
-	if rep.Capabilities == nil {
-		rep.Capabilities = []verify.CapabilityLoop{}
-	}
-	if rep.Share == nil {
-		rep.Share = []verify.EnvShare{}
-	}
 	return rep, nil
 }
 

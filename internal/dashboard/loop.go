@@ -41,18 +41,7 @@ func (s *server) loop(ctx context.Context, p loopParams) (*verify.Report, error)
 		return nil, errNoLoop
 	}
 	step, _ := bucketStep(p.Bucket)
-	rep, err := s.d.Loop.LoopReport(ctx, time.Duration(p.Hours)*time.Hour, step)
-	if err != nil {
-		return nil, err
-	}
-	// Empty lists, not null, as every endpoint's (and trace report --loop's).
-	if rep.Capabilities == nil {
-		rep.Capabilities = []verify.CapabilityLoop{}
-	}
-	if rep.Share == nil {
-		rep.Share = []verify.EnvShare{}
-	}
-	return rep, nil
+	return s.d.Loop.LoopReport(ctx, time.Duration(p.Hours)*time.Hour, step)
 }
 
 func (s *server) apiLoop(w http.ResponseWriter, r *http.Request) {
