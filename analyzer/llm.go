@@ -114,8 +114,9 @@ func sampleUnit(id string) float64 {
 
 // AlreadyLabeledFunc returns the labeling runs already stored for (rollout,
 // dictionary version) — for ClickHouse, the distinct run numbers of
-// capability_labels for the rollout's environment, agent version, rollout id
-// and dictionary version. An error aborts Label (nothing is labeled, the
+// capability_labels and label_runs for the rollout's environment, agent
+// version, rollout id and dictionary version (sink.StoredRuns; a backfill
+// leaves out the runs recorded as failed, sink.DoneRuns). An error aborts Label (nothing is labeled, the
 // caller retries the batch): calling the model without knowing would risk a
 // second, different label for a run.
 type AlreadyLabeledFunc func(ctx context.Context, r *schemas.Rollout, dictVersion uint32) (map[int]bool, error)

@@ -84,7 +84,7 @@ type FailedRuns struct {
 }
 
 // FailedLabelRuns lists, per cohort, the labeling runs recorded as failed
-// in label_runs.
+// in label_runs and not labeled since.
 func (s *Store) FailedLabelRuns(ctx context.Context) ([]FailedRuns, error) {
 	rows, err := s.conn.Query(ctx, failedLabelRunsSQL)
 	if err != nil {
@@ -140,10 +140,11 @@ func (s *Store) StoredRollouts(ctx context.Context, env, agentVersion string, si
 }
 
 // LabeledRuns returns, per rollout of a cohort, how many of its labeling
-// runs are done: with labels in capability_labels, or recorded (ok or
-// failed) in label_runs. A backfill labels only the runs not done, so a
-// (rollout, dictionary version, run) is never labeled twice and an
-// interrupted backfill resumes where it stopped.
+// runs are done: with labels in capability_labels, or recorded ok in
+// label_runs. A backfill labels only the runs not done, so a (rollout,
+// dictionary version, run) is never labeled twice, an interrupted backfill
+// resumes where it stopped, and a run recorded as failed (no label: an
+// endpoint that was down, a wrong llm.model) is tried again.
 func (s *Store) LabeledRuns(ctx context.Context, c Cohort) (map[string]int, error) {
 	q, args := labeledRunsSQL(c)
 	rows, err := s.conn.Query(ctx, q, args...)

@@ -1072,6 +1072,9 @@ func chdbState(t *testing.T, c *chdbDB, base time.Time) {
 		lr("v2", 2, "b6", 4, "failed", "other dictionary", 10),
 		lr("v1", 1, "b6", 7, "ok", "other agent version", 10))
 	c.insert("label_runs", runCols, lr("v2", 1, "b6", 1, "failed", "timeout: no answer in 30s", 20)) // redelivered
+	// Run 2 failed, then a relabel labeled it: done, and no longer failed.
+	c.insert("label_runs", runCols, lr("v2", 1, "b6", 2, "failed", "HTTP 400: no such model", 10))
+	c.insert("label_runs", runCols, lr("v2", 1, "b6", 2, "ok", "", 30))
 	storedRuns := func(av, id string, dv uint32) []int {
 		q, args := storedRunsSQL("env", av, id, dv)
 		r := c.query(q, args...)
@@ -1090,7 +1093,7 @@ func chdbState(t *testing.T, c *chdbDB, base time.Time) {
 		dv     uint32
 		want   []int
 	}{
-		{"v2", "b6", 1, []int{0, 1}},
+		{"v2", "b6", 1, []int{0, 1, 2}},
 		{"v2", "b6", 2, []int{4}},
 		{"v2", "b3", 1, []int{0, 1, 2}}, // cap_x runs 0-1, cap_y runs 0-2
 		{"v2", "b4", 1, []int{0, 1, 2, 3}},
@@ -1101,7 +1104,37 @@ func chdbState(t *testing.T, c *chdbDB, base time.Time) {
 		}
 	}
 
-	// FailedLabelRuns: per cohort, distinct failed (rollout, run)s.
+	// DoneRuns: as StoredRuns, less the runs whose newest record is failed.
+	doneRuns := func(av, id string, dv uint32) []int {
+		q, args := doneRunsSQL("env", av, id, dv)
+		r := c.query(q, args...)
+		r.wantTypes(t, "DoneRuns", "UInt16")
+		var out []int
+		for _, row := range r.rows {
+			if n := int(row.uint(0)); !slices.Contains(out, n) {
+				out = append(out, n)
+			}
+		}
+		slices.Sort(out)
+		return out
+	}
+	for _, tc := range []struct {
+		av, id string
+		dv     uint32
+		want   []int
+	}{
+		{"v2", "b6", 1, []int{0, 2}},
+		{"v2", "b6", 2, nil},
+		{"v1", "b6", 1, []int{7}},
+		{"v2", "b4", 1, []int{0, 1, 2, 3}},
+	} {
+		if got := doneRuns(tc.av, tc.id, tc.dv); !slices.Equal(got, tc.want) {
+			t.Errorf("DoneRuns(%s, %s, dict %d) = %v, want %v", tc.av, tc.id, tc.dv, got, tc.want)
+		}
+	}
+
+	// FailedLabelRuns: per cohort, distinct (rollout, run)s whose newest
+	// record is failed.
 	r = c.query(failedLabelRunsSQL)
 	r.wantTypes(t, "FailedLabelRuns", "String", "String", "UInt32", "String", "UInt64", "String")
 	var failed []string
@@ -1111,15 +1144,16 @@ func chdbState(t *testing.T, c *chdbDB, base time.Time) {
 	if want := []string{"env/v2/1 llm 1 timeout: no answer in 30s", "env/v2/2 llm 1 other dictionary"}; !slices.Equal(failed, want) {
 		t.Errorf("FailedLabelRuns = %v, want %v", failed, want)
 	}
-	// LabeledRuns counts label_runs too: b6 has labels in run 0, run 0 ok
-	// and run 1 failed in label_runs.
+	// LabeledRuns counts label_runs too, but not a failed run: b6 has
+	// labels in run 0, run 0 ok, run 1 failed and run 2 failed then ok in
+	// label_runs.
 	q, args := labeledRunsSQL(cohortB)
 	runsOf := map[string]uint64{}
 	for _, row := range c.query(q, args...).rows {
 		runsOf[row.str(0)] = row.uint(1)
 	}
 	if runsOf["b6"] != 2 {
-		t.Errorf("LabeledRuns(B)[b6] = %d, want 2", runsOf["b6"])
+		t.Errorf("LabeledRuns(B)[b6] = %d, want 2 (runs 0 and 2)", runsOf["b6"])
 	}
 }
 

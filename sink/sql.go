@@ -150,6 +150,19 @@ func storedRunsSQL(env, agentVersion, rolloutID string, dictVersion uint32) (str
 		[]any{env, agentVersion, dictVersion, rolloutID, env, agentVersion, dictVersion, rolloutID}
 }
 
+// doneRunsSQL is the query of DoneRuns: the runs of a rollout with labels,
+// or whose newest label_runs record is ok (a run recorded as failed and
+// not labeled since is not done).
+func doneRunsSQL(env, agentVersion, rolloutID string, dictVersion uint32) (string, []any) {
+	return `SELECT DISTINCT run FROM capability_labels
+	WHERE environment = ? AND agent_version = ? AND dictionary_version = ? AND rollout_id = ?
+	UNION ALL
+	SELECT run FROM label_runs
+	WHERE environment = ? AND agent_version = ? AND dictionary_version = ? AND rollout_id = ?
+	GROUP BY run HAVING argMax(status, ingest_ns) = 'ok'`,
+		[]any{env, agentVersion, dictVersion, rolloutID, env, agentVersion, dictVersion, rolloutID}
+}
+
 // rolloutScopesSQL is the query of RolloutScopes.
 const rolloutScopesSQL = `SELECT environment, agent_version, uniqExact(rollout_id), uniqExactIf(rollout_id, success = 0), max(end_time)
 	FROM rollouts GROUP BY environment, agent_version ORDER BY environment, agent_version`
@@ -173,9 +186,17 @@ func rolloutScopesOfSQL(keys [][2]string) (string, []any) {
 	GROUP BY environment, agent_version ORDER BY environment, agent_version`, args
 }
 
-// failedLabelRunsSQL is the query of FailedLabelRuns.
-const failedLabelRunsSQL = `SELECT environment, agent_version, dictionary_version, any(labeler), uniqExact(rollout_id, run), any(reason)
-	FROM label_runs WHERE status = 'failed'
+// failedLabelRunsSQL is the query of FailedLabelRuns: the (rollout, run)s
+// whose newest label_runs record is failed (one labeled since, by a
+// relabel, is not), read only for the keys that ever failed.
+const failedLabelRunsSQL = `SELECT environment, agent_version, dictionary_version, any(lb), count(), any(rs) FROM (
+	SELECT environment, agent_version, dictionary_version, rollout_id, run,
+		argMax(labeler, ingest_ns) AS lb, argMax(status, ingest_ns) AS st, argMax(reason, ingest_ns) AS rs
+	FROM label_runs
+	WHERE (environment, agent_version, dictionary_version, rollout_id, run) IN
+		(SELECT environment, agent_version, dictionary_version, rollout_id, run FROM label_runs WHERE status = 'failed')
+	GROUP BY environment, agent_version, dictionary_version, rollout_id, run)
+	WHERE st = 'failed'
 	GROUP BY environment, agent_version, dictionary_version ORDER BY environment, agent_version, dictionary_version`
 
 // storedRolloutsSQL is the query of StoredRollouts.
@@ -187,12 +208,13 @@ func storedRolloutsSQL(env, agentVersion string, since time.Time) (string, []any
 }
 
 // labeledRunsSQL is the query of LabeledRuns: the runs of each rollout of a
-// cohort that have labels or a label_runs record.
+// cohort that have labels or whose newest label_runs record is ok.
 func labeledRunsSQL(c Cohort) (string, []any) {
 	return `SELECT rollout_id, uniqExact(run) FROM (
 	SELECT rollout_id, run FROM capability_labels WHERE environment = ? AND agent_version = ? AND dictionary_version = ?
 	UNION ALL
-	SELECT rollout_id, run FROM label_runs WHERE environment = ? AND agent_version = ? AND dictionary_version = ?)
+	SELECT rollout_id, run FROM label_runs WHERE environment = ? AND agent_version = ? AND dictionary_version = ?
+	GROUP BY rollout_id, run HAVING argMax(status, ingest_ns) = 'ok')
 GROUP BY rollout_id`, []any{c.Environment, c.AgentVersion, c.DictionaryVersion, c.Environment, c.AgentVersion, c.DictionaryVersion}
 }
 

@@ -121,11 +121,25 @@ func (s *Store) InsertLabelRuns(ctx context.Context, runs []LabelRun) error {
 // dictionary version — those with labels and those recorded as failed — so
 // that a non-deterministic labeler never labels a (rollout, dictionary
 // version, run) twice and a redelivered rollout changes no statistic.
+// The stream's labeler uses it: a redelivery never asks the model again,
+// not even for a run that failed.
 func (s *Store) StoredRuns(ctx context.Context, env, agentVersion, rolloutID string, dictVersion uint32) (map[int]bool, error) {
 	q, args := storedRunsSQL(env, agentVersion, rolloutID, dictVersion)
+	return s.runSet(ctx, "stored runs", q, args)
+}
+
+// DoneRuns is StoredRuns without the runs recorded as failed and not
+// labeled since: what a backfill (trace relabel) skips, so that it labels
+// the runs that failed (they have no label, so none is labeled twice).
+func (s *Store) DoneRuns(ctx context.Context, env, agentVersion, rolloutID string, dictVersion uint32) (map[int]bool, error) {
+	q, args := doneRunsSQL(env, agentVersion, rolloutID, dictVersion)
+	return s.runSet(ctx, "done runs", q, args)
+}
+
+func (s *Store) runSet(ctx context.Context, what, q string, args []any) (map[int]bool, error) {
 	rows, err := s.conn.Query(ctx, q, args...)
 	if err != nil {
-		return nil, fmt.Errorf("stored runs: %w", err)
+		return nil, fmt.Errorf("%s: %w", what, err)
 	}
 	defer rows.Close()
 	out := map[int]bool{}

@@ -421,3 +421,76 @@ func llmtestServer(t *testing.T) *llmtest.Server {
 	}))
 	return srv
 }
+
+// TestRelabelRetriesFailedRuns: runs that failed (here the endpoint refuses
+// the model, HTTP 400, as with a wrong llm.model) are recorded and give no
+// label; once the endpoint answers, relabel — what trace report tells the
+// user to run — labels exactly those runs, and the report no longer counts
+// them as failed.
+func TestRelabelRetriesFailedRuns(t *testing.T) {
+	const n = 12
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	brokers := testenv.Kafka(t)
+	ch := testenv.ClickHouse(t)
+	sets, topic := appSets(t, brokers, ch.Addr, testenv.NATS(t).URL(), "relabel-failed", "roles=ingest", "clickhouse.database="+ch.Database)
+	a := startTestApp(t, sets)
+	if out, err := runCLI(t, ctx, "replay", "--brokers", brokers[0], "--topic", topic, writeFleet(t, n, time.Date(2025, 6, 2, 9, 0, 0, 0, time.UTC))); err != nil {
+		t.Fatalf("replay: %v\n%s", err, out)
+	}
+	st := ch.Store()
+	waitFor(t, "ingest", time.Minute, func() (bool, string) { got := storedRollouts(t, st); return got == n, fmt.Sprint(got) })
+	if out, err := runCLI(t, ctx, append([]string{"dict", "apply", simDictionary(t)}, a.cli...)...); err != nil {
+		t.Fatalf("dict apply: %v\n%s", err, out)
+	}
+	srv := llmtest.New(t)
+	srv.Handle(func(llmtest.Request) llmtest.Reply {
+		return llmtest.Status(400, "The model `wrong-model` does not exist")
+	})
+	llm := append([]string{"--set", "analyzer.labeler=llm", "--set", "llm.base_url=" + srv.URL, "--set", "llm.model=test-model", "--set", "llm.runs=2"}, a.cli...)
+	out, err := runCLI(t, ctx, append([]string{"relabel", "--env", "sim-retail", "--yes"}, llm...)...)
+	if err != nil {
+		t.Fatalf("relabel against a refusing endpoint: %v\n%s", err, out)
+	}
+	failedCalls := len(srv.Requests())
+	failed := func() int {
+		t.Helper()
+		frs, err := st.FailedLabelRuns(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		k := 0
+		for _, fr := range frs {
+			k += fr.Runs
+		}
+		return k
+	}
+	if failedCalls == 0 || failed() != failedCalls {
+		t.Fatalf("%d model calls, %d failed runs recorded, want as many (and some)\n%s", failedCalls, failed(), out)
+	}
+
+	// The endpoint answers now: relabel tries exactly the failed runs again.
+	srv.Handle(llmtest.AutoLabels(func(llmtest.Request, string) string { return "PRESENT" }))
+	out, err = runCLI(t, ctx, append([]string{"relabel", "--env", "sim-retail", "--yes"}, llm...)...)
+	if err != nil {
+		t.Fatalf("relabel after the fix: %v\n%s", err, out)
+	}
+	if got := len(srv.Requests()) - failedCalls; got != failedCalls {
+		t.Fatalf("relabel after the fix made %d model calls, want the %d failed runs again\n%s", got, failedCalls, out)
+	}
+	var labeled uint64
+	if err := ch.Conn().QueryRow(ctx, "SELECT uniqExact(rollout_id, run) FROM capability_labels WHERE environment = 'sim-retail' AND source = 'llm'").Scan(&labeled); err != nil {
+		t.Fatal(err)
+	}
+	if int(labeled) != failedCalls {
+		t.Fatalf("%d (rollout, run) labeled, want %d", labeled, failedCalls)
+	}
+	if k := failed(); k != 0 {
+		t.Errorf("%d runs still reported as failed after they were labeled", k)
+	}
+	calls := len(srv.Requests())
+	out, err = runCLI(t, ctx, append([]string{"relabel", "--env", "sim-retail", "--yes"}, llm...)...)
+	if err != nil || len(srv.Requests()) != calls || !strings.Contains(out, "nothing to label") {
+		t.Fatalf("third relabel: err %v, %d new model calls\n%s", err, len(srv.Requests())-calls, out)
+	}
+}

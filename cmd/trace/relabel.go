@@ -60,7 +60,9 @@ ClickHouse with the dictionary that labels their cohort now (the newest of
 its own, else the default), through the configured labeler (analyzer.labeler)
 and the stream's own rules: a (rollout, dictionary version, run) that is
 already labeled is never labeled again. Use it after applying a dictionary
-to rollouts that arrived before it (or see trace dict apply --backfill).
+to rollouts that arrived before it (or see trace dict apply --backfill), and
+after fixing a labeler that failed: runs recorded as failed (no label: an
+LLM endpoint that was down, a wrong llm.model) are labeled again.
 
 Each rollout is labeled from its original message, read again from Kafka by
 the coordinates stored with it; a rollout Kafka no longer holds is labeled
@@ -245,8 +247,10 @@ func backfillLabeler(ctx context.Context, cfg config.Config, w *dictWriter) (ana
 		l, err := analyzer.NewLLMLabeler(client, analyzer.LLMLabelerConfig{
 			Runs:       cfg.LLM.Runs,
 			SampleRate: analyzer.SampleRate{Failed: cfg.Analyzer.SampleFailed, Passed: cfg.Analyzer.SamplePassed},
+			// Runs that failed are labeled again (the plan counts them as to
+			// do); runs with labels never are.
 			AlreadyLabeled: func(ctx context.Context, r *schemas.Rollout, v uint32) (map[int]bool, error) {
-				return st.StoredRuns(ctx, r.Environment, r.Agent.Version, r.RolloutID, v)
+				return st.DoneRuns(ctx, r.Environment, r.Agent.Version, r.RolloutID, v)
 			},
 		})
 		if err != nil {
