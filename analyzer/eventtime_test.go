@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"reflect"
 	"sort"
+	"strings"
 	"testing"
 	"time"
 
@@ -218,5 +219,48 @@ func TestLabelingSinkTimeFromTheMessage(t *testing.T) {
 	}
 	if n == 0 || int64(at) != msgTime.Unix() {
 		t.Fatalf("%d labels at %d, want labels at the message's timestamp %d", n, at, msgTime.Unix())
+	}
+}
+
+// TestRulesSinkDictionaryWithoutDetectors: with the rules labeler, a
+// cohort whose dictionary has no detectors (a discovered or imported one)
+// gets a failed run naming the capability, and the rest of the batch is
+// labeled; the batch is not an error the stream retries forever.
+func TestRulesSinkDictionaryWithoutDetectors(t *testing.T) {
+	ctx := context.Background()
+	st, _ := storeAndBus(t)
+	reg := builtinRegistry(t)
+	rs := simulated(time.Date(2026, 10, 1, 0, 0, 0, 0, time.UTC), 40)
+	own := rs[0]
+	var other *schemas.Rollout
+	for _, r := range rs {
+		if r.Environment != own.Environment {
+			other = r
+			break
+		}
+	}
+	if other == nil {
+		t.Fatal("the simulated fleet has one environment")
+	}
+	reg.Put(&analyzer.Dictionary{Environment: own.Environment, AgentVersion: analyzer.AnyVersion, Version: 2, Source: "discovery",
+		Capabilities: []analyzer.Capability{{Name: "policy_constraint_enforcement", Definition: "Refuses actions the policy forbids. Explains why."}}})
+	s := &analyzer.LabelingSink{Labeler: analyzer.NewRulesLabeler(analyzer.RulesOptions{}), Registry: reg, Store: st}
+	if err := s.Write(ctx, []stream.Record[*schemas.Rollout]{{Value: own}, {Value: other}}); err != nil {
+		t.Fatalf("a dictionary without detectors failed the batch: %v", err)
+	}
+	var labeled uint64
+	if err := testenv.StoreConn(t, st).QueryRow(ctx, "SELECT uniqExact(rollout_id) FROM capability_labels").Scan(&labeled); err != nil {
+		t.Fatal(err)
+	}
+	if labeled != 1 {
+		t.Errorf("%d rollouts labeled, want 1 (the one whose dictionary has detectors)", labeled)
+	}
+	failed, err := st.FailedLabelRuns(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(failed) != 1 || failed[0].Environment != own.Environment || failed[0].DictionaryVersion != 2 || failed[0].Runs != 1 ||
+		!strings.Contains(failed[0].Reason, "policy_constraint_enforcement") || !strings.Contains(failed[0].Reason, "no detector") {
+		t.Errorf("failed runs %+v, want one for %s v2 naming the capability without a detector", failed, own.Environment)
 	}
 }

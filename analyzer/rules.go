@@ -58,10 +58,13 @@ type RulesOptions struct {
 
 // RulesLabeler labels rollouts with the CEL detectors of a dictionary. It
 // makes one run (run 0) with exactly one label per capability. A detector
-// that does not compile, or does not return a string, is a dictionary
-// error (Label and Compile return it, naming the capability); a detector
-// that fails at evaluation or returns a value other than NA, PRESENT or
-// LACKING fails the run (RunLabels.Failed) — no label is ever invented.
+// that is missing, does not compile or does not return a string is a
+// dictionary error: Compile returns it, naming the capability, and Label
+// fails the run with it (RunLabels.Failed), as it does for a detector that
+// fails at evaluation or returns a value other than NA, PRESENT or LACKING
+// — no label is ever invented, and the analyze stage records the failed run
+// and goes on instead of retrying the batch: the dictionary does not change
+// until a new version is applied.
 //
 // Compiled detectors are cached per dictionary fingerprint (which covers
 // the detectors). A RulesLabeler is safe for concurrent use.
@@ -184,12 +187,12 @@ func (l *RulesLabeler) compile(d *Dictionary) *compiledRules {
 
 // Label implements Labeler.
 func (l *RulesLabeler) Label(ctx context.Context, d *Dictionary, r *schemas.Rollout) ([]RunLabels, error) {
-	cr, err := l.compiled(d)
-	if err != nil {
-		return nil, err
-	}
 	if err := ctx.Err(); err != nil {
 		return nil, err
+	}
+	cr, err := l.compiled(d)
+	if err != nil {
+		return []RunLabels{{Run: 0, Failed: err.Error()}}, nil
 	}
 	vars := RuleVariables(r, l.prefixes)
 	labels := make(map[string]string, len(d.Capabilities))

@@ -440,6 +440,20 @@ func TestRelabelRetriesFailedRuns(t *testing.T) {
 	}
 	st := ch.Store()
 	waitFor(t, "ingest", time.Minute, func() (bool, string) { got := storedRollouts(t, st); return got == n, fmt.Sprint(got) })
+	// A dictionary without detectors: the rules labeler would fail every
+	// run, and relabel says so before recording any.
+	bare := filepath.Join(t.TempDir(), "bare.yaml")
+	if err := os.WriteFile(bare, []byte("environment: sim-retail\nagent_version: \"*\"\nversion: 1\ncapabilities:\n"+
+		"  - name: policy_constraint_enforcement\n    definition: Refuses the actions the policy forbids, and says why.\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := runCLI(t, ctx, append([]string{"dict", "apply", bare}, a.cli...)...); err != nil {
+		t.Fatalf("dict apply: %v\n%s", err, out)
+	}
+	out, err := runCLI(t, ctx, append([]string{"relabel", "--env", "sim-retail"}, a.cli...)...)
+	if err == nil || !strings.Contains(err.Error(), "no detector") || !strings.Contains(err.Error(), "analyzer.labeler: llm") {
+		t.Fatalf("relabel with the rules labeler and no detectors: %v\n%s", err, out)
+	}
 	if out, err := runCLI(t, ctx, append([]string{"dict", "apply", simDictionary(t)}, a.cli...)...); err != nil {
 		t.Fatalf("dict apply: %v\n%s", err, out)
 	}
@@ -448,7 +462,7 @@ func TestRelabelRetriesFailedRuns(t *testing.T) {
 		return llmtest.Status(400, "The model `wrong-model` does not exist")
 	})
 	llm := append([]string{"--set", "analyzer.labeler=llm", "--set", "llm.base_url=" + srv.URL, "--set", "llm.model=test-model", "--set", "llm.runs=2"}, a.cli...)
-	out, err := runCLI(t, ctx, append([]string{"relabel", "--env", "sim-retail", "--yes"}, llm...)...)
+	out, err = runCLI(t, ctx, append([]string{"relabel", "--env", "sim-retail", "--yes"}, llm...)...)
 	if err != nil {
 		t.Fatalf("relabel against a refusing endpoint: %v\n%s", err, out)
 	}

@@ -143,6 +143,15 @@ func backfill(ctx context.Context, out, errw io.Writer, cfg config.Config, w *di
 		fmt.Fprintln(out, "backfill: no stored rollouts match (is the environment spelled as stored? trace report lists them)")
 		return nil
 	}
+	if rl, ok := lab.(*analyzer.RulesLabeler); ok {
+		// The labeler would fail every run of such a dictionary: say so
+		// before recording them.
+		for _, t := range targets {
+			if err := rl.Compile(t.Dictionary); len(t.Todo) > 0 && err != nil {
+				return fmt.Errorf("%w (add detectors and apply the dictionary again, or set analyzer.labeler: llm)", err)
+			}
+		}
+	}
 	if total == 0 {
 		fmt.Fprintln(out, "backfill: nothing to label, every run is already stored")
 	}
