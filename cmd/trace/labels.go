@@ -30,7 +30,10 @@ into label events (one per trajectory, capability and run; run index = file
 order) and publishes them to the labels topic, so that offline or human
 labeling feeds the same streaming statistics and triggers as the built-in
 labelers. With --candidates, the candidate capabilities are also stored as the
-dictionary version the events name.`,
+dictionary version the events name; every capability the run files label must
+be a candidate, and a version already stored for the environment and agent
+version with other capabilities or definitions is refused (nothing is
+published): pick another --dictionary-version.`,
 		Example: `  trace labels import --runs '../shared/data/trace-release/pipeline/run_*.json' \
     --candidates ../shared/data/trace-release/pipeline/candidate_capabilities.json \
     --environment tau2-bench --agent-version qwen3-30b-a3b`,
@@ -58,17 +61,37 @@ dictionary version the events name.`,
 				if err != nil {
 					return err
 				}
+				d := analyzer.DictionaryFromCandidates(scope, cands)
+				for _, rf := range runs {
+					for capName := range rf.Labels {
+						if _, ok := d.Lookup(capName); !ok {
+							return fmt.Errorf("%s: capability %q is labeled but is not a candidate of %s", rf.Name, capName, candidates)
+						}
+					}
+				}
 				w, err := openDictWriter(ctx, cfg)
 				if err != nil {
 					return err
 				}
 				defer w.Close()
 				// The events name their dictionary version: it is stored as
-				// that version of exactly their scope.
-				if w.reg.Exact(scope.Environment, scope.AgentVersion, scope.DictionaryVersion) == nil {
-					if err := w.applyAt(ctx, analyzer.DictionaryFromCandidates(scope, cands)); err != nil {
+				// that version of exactly their scope. A version already
+				// stored with other capabilities is not theirs: their labels
+				// would join its cohort under its definitions.
+				cur := w.reg.Exact(scope.Environment, scope.AgentVersion, scope.DictionaryVersion)
+				switch {
+				case cur == nil:
+					if err := w.applyAt(ctx, d); err != nil {
 						return err
 					}
+				case cur.Fingerprint() != d.Fingerprint():
+					probe := *d // PrepareApply numbers it above every version of the scope, unless the newest has this content
+					free := &probe
+					if same := w.reg.PrepareApply(&probe); same != nil {
+						free = same
+					}
+					return fmt.Errorf("%s/%s dictionary version %d is already stored (source %s) with other capabilities or definitions than %s: import under another version, e.g. --dictionary-version %d (trace dict show --all lists them)",
+						scope.Environment, scope.AgentVersion, scope.DictionaryVersion, cur.Source, candidates, free.Version)
 				}
 			}
 			events := analyzer.RunFileEvents(scope, runs)
