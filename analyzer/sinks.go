@@ -54,7 +54,7 @@ func (s *LabelingSink) logChoice(env, agentVersion string, d *Dictionary) {
 	why := "its own dictionary"
 	switch {
 	case d.IsDefault():
-		why = "the default dictionary: no dictionary of its own (write one and `trace dict apply FILE --backfill`, or configure llm.base_url for discovery)"
+		why = "the default dictionary: no dictionary of its own (write one and `trace dict apply FILE --backfill`, or configure analyzer.labeler: llm and llm.base_url for discovery)"
 	case d.AgentVersion == AnyVersion && agentVersion != AnyVersion:
 		why = "its environment's dictionary for every agent version"
 	}

@@ -11,7 +11,7 @@ import (
 // cohort gets labels.
 type LabelingSetup struct {
 	Labeler string // analyzer.labeler: rules | llm | none
-	LLM     bool   // llm.base_url is set (discovery can propose dictionaries)
+	LLM     bool   // discovery runs: llm.base_url is set and Labeler is llm
 }
 
 // WhyNoLabels explains why an (environment, agent version) that has stored
@@ -23,7 +23,7 @@ func WhyNoLabels(s LabelingSetup, env, agentVersion string, d *Dictionary, faile
 	case s.Labeler == "none":
 		return "analyzer.labeler is none: only external label events (the Kafka labels topic) label rollouts; set analyzer.labeler: rules or llm"
 	case d == nil && !s.LLM:
-		return fmt.Sprintf("no dictionary for %s/%s and no LLM for discovery: apply one (trace dict apply FILE --backfill), keep analyzer.default_dictionary: true, or set llm.base_url", env, agentVersion)
+		return fmt.Sprintf("no dictionary for %s/%s and no LLM for discovery: apply one (trace dict apply FILE --backfill), keep analyzer.default_dictionary: true, or set analyzer.labeler: llm and llm.base_url", env, agentVersion)
 	case d == nil:
 		return fmt.Sprintf("no dictionary for %s/%s yet: discovery (llm.base_url) has not proposed one; the log says why (discovery failed ...)", env, agentVersion)
 	case failed.Runs > 0:

@@ -358,7 +358,7 @@ func buildReport(ctx context.Context, cfg config.Config, st *sink.Store, env str
 	for _, f := range failed {
 		failedBy[f.Cohort] = f
 	}
-	setup := analyzer.LabelingSetup{Labeler: cfg.Analyzer.Labeler, LLM: cfg.LLM.BaseURL != ""}
+	setup := analyzer.LabelingSetup{Labeler: cfg.Analyzer.Labeler, LLM: cfg.LLM.BaseURL != "" && cfg.Analyzer.Labeler == "llm"}
 	for _, sc := range scopes {
 		if env != "" && sc.Environment != env {
 			continue

@@ -46,9 +46,11 @@ func (a *App) auditRecorder() *AuditRecorder {
 }
 
 // discoveryRunner returns the discovery agent's runner, or nil when no LLM
-// endpoint is configured.
+// endpoint is configured or the labeler is not the llm labeler: a
+// discovered dictionary has no detectors, and taking over from the default
+// (rules) dictionary it would leave the cohort without labels.
 func (a *App) discoveryRunner() (*analyzer.DiscoveryRunner, error) {
-	if a.Cfg.LLM.BaseURL == "" {
+	if a.Cfg.LLM.BaseURL == "" || a.Cfg.Analyzer.Labeler != "llm" {
 		return nil, nil
 	}
 	client, err := a.llmClient()
