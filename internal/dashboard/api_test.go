@@ -495,7 +495,10 @@ func TestAPI(t *testing.T) {
 			// Out of ClickHouse's DateTime range: milliseconds (as JavaScript's
 			// Date.now() gives them) wrapped around to another year, a time
 			// before 1970 gave weeks in 2149.
-			"/api/trends?at=1764900000000", "/api/trends?at=-5", "/api/trends?at=2200-01-01T00:00:00Z"} {
+			"/api/trends?at=1764900000000", "/api/trends?at=-5", "/api/trends?at=2200-01-01T00:00:00Z",
+			// weeks before 1970 (its Date wraps around to 2149 too); a dict
+			// of "v" alone (it meant the newest).
+			"/api/trends?at=0", "/api/trends?at=1970-02-01T00:00:00Z&weeks=8", "/api/overview?dict=v"} {
 			code, body := getStatus(h, p)
 			if code != http.StatusBadRequest || !strings.Contains(body, `"error"`) {
 				t.Errorf("GET %s: %d %s", p, code, body)

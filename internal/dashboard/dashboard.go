@@ -207,10 +207,10 @@ func (p *params) intIn(name string, def, lo, hi int) int {
 }
 
 func (p *params) dict() uint32 {
-	v := strings.TrimPrefix(strings.ToLower(p.str("dict")), "v")
-	if v == "" {
+	if p.str("dict") == "" {
 		return 0
 	}
+	v := strings.TrimPrefix(strings.ToLower(p.str("dict")), "v")
 	n, err := strconv.ParseUint(v, 10, 32)
 	if err != nil {
 		if p.err == nil {
@@ -291,6 +291,11 @@ func parseTriggers(r *http.Request) (triggersParams, error) {
 func parseTrends(r *http.Request) (trendsParams, error) {
 	p := &params{q: r.URL.Query()}
 	t := trendsParams{Env: p.str("env"), Weeks: p.intIn("weeks", 8, 2, 104), Top: p.intIn("top", 5, 1, 10), At: p.time("at")}
+	// The first week starts on the Monday weeks-1 weeks before at's: it
+	// must not fall before 1970, where ClickHouse's Date wraps around.
+	if earliest := time.Unix(0, 0).AddDate(0, 0, 7*t.Weeks+7); p.err == nil && !t.At.IsZero() && t.At.Before(earliest) {
+		p.err = badRequest{fmt.Sprintf("parameter at: with weeks=%d, want a time from %s on, got %q", t.Weeks, earliest.UTC().Format(time.DateOnly), p.str("at"))}
+	}
 	return t, p.err
 }
 
@@ -354,7 +359,7 @@ func (s *server) apiIndex(w http.ResponseWriter, _ *http.Request) {
 	s.writeJSON(w, map[string]any{
 		"endpoints": map[string]string{
 			"/api/overview":                  "?env=&agent_version=&dict=&hours=168|all&bucket=hour|day&fresh=0",
-			"/api/capability":                "?env=&agent_version=&dict=&name=&examples=5&hours=168|all&bucket=hour|day",
+			"/api/capability":                "?env=&agent_version=&dict=&name=&examples=5&hours=168|all&bucket=hour|day&fresh=0",
 			"/api/triggers":                  "?env=&agent_version=&capability=&days=30&limit=500",
 			"/api/trends":                    "?env=&weeks=8&top=5&at=",
 			"/api/environments":              "?status=&env=&agent_version=&limit=200",
