@@ -441,8 +441,14 @@ func writeReport(w io.Writer, format string, rows []reportRow) error {
 				dict += " (the default)"
 			}
 		}
-		fmt.Fprintf(w, "%s/%s: %s, as of %s: %d rollouts, %d failures in the window\n", r.Environment, r.AgentVersion, dict,
-			r.Watermark.UTC().Format("2006-01-02 15:04:05 UTC"), r.Rollouts, r.Failures)
+		// A cohort without labels has no window: its counts are of every
+		// rollout stored.
+		where := "in the window"
+		if r.Decision == "no labels" {
+			where = "stored"
+		}
+		fmt.Fprintf(w, "%s/%s: %s, as of %s: %d rollouts, %d failures %s\n", r.Environment, r.AgentVersion, dict,
+			r.Watermark.UTC().Format("2006-01-02 15:04:05 UTC"), r.Rollouts, r.Failures, where)
 		if cohortOnly(r) {
 			fmt.Fprintf(w, "  %s: %s\n", r.Decision, strings.Join(r.Reasons, "; "))
 		}
