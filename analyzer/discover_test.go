@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"sort"
 	"strings"
 	"testing"
@@ -350,4 +351,24 @@ func TestDiscoverRealModel(t *testing.T) {
 	pct := func(p float64) float64 { return lat[min(len(lat)-1, int(math.Ceil(p*float64(len(lat))))-1)] }
 	t.Logf("model %s: %d attempts %v in %v; attempt latency p50 %.0f ms, p99 %.0f ms",
 		model, len(calls), auditOutcomes(calls), elapsed.Round(time.Millisecond), pct(0.5), pct(0.99))
+}
+
+// TestNoFailureWait: a scope asked to be discovered with no failure stored
+// is looked at again after 2 s, then after twice as long each time, up to
+// the check interval (it was every 2 s for as long as the agent version
+// did not fail: a SampleRollouts query every 2 s per healthy scope).
+func TestNoFailureWait(t *testing.T) {
+	var got []time.Duration
+	w := time.Duration(0)
+	for range 8 {
+		w = noFailureWait(w, time.Minute)
+		got = append(got, w)
+	}
+	want := []time.Duration{2 * time.Second, 4 * time.Second, 8 * time.Second, 16 * time.Second, 32 * time.Second, time.Minute, time.Minute, time.Minute}
+	if !slices.Equal(got, want) {
+		t.Errorf("waits %v, want %v", got, want)
+	}
+	if w := noFailureWait(0, 500*time.Millisecond); w != 500*time.Millisecond {
+		t.Errorf("an interval under 2 s bounds the first wait: %v", w)
+	}
 }

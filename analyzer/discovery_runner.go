@@ -36,7 +36,23 @@ type DiscoveryRunner struct {
 	mu      sync.Mutex
 	pending map[[2]string]bool
 	last    map[[2]string]time.Time
+	// waits and retryAt: a pending scope with no failure stored yet is
+	// asked again after waits[k] (noFailureWait), not before retryAt[k].
+	waits   map[[2]string]time.Duration
+	retryAt map[[2]string]time.Time
 	kick    chan struct{}
+}
+
+// noFailureWait is how long a scope with no failure stored waits before
+// it is looked at again, after waiting prev: 2 s at first (its rollouts
+// may be on their way to ClickHouse), doubling up to max (the check
+// interval), so that an agent version that does not fail is not queried
+// every 2 s for as long as it runs.
+func noFailureWait(prev, max time.Duration) time.Duration {
+	if prev <= 0 {
+		return min(2*time.Second, max)
+	}
+	return min(2*prev, max)
 }
 
 func (d *DiscoveryRunner) init() {
@@ -44,6 +60,7 @@ func (d *DiscoveryRunner) init() {
 	defer d.mu.Unlock()
 	if d.pending == nil {
 		d.pending, d.last, d.kick = map[[2]string]bool{}, map[[2]string]time.Time{}, make(chan struct{}, 1)
+		d.waits, d.retryAt = map[[2]string]time.Duration{}, map[[2]string]time.Time{}
 	}
 	d.Threshold = cmp.Or(d.Threshold, DefaultUnexplainedThreshold)
 	d.MinFailures = cmp.Or(d.MinFailures, 20)
@@ -89,11 +106,14 @@ func (d *DiscoveryRunner) Run(ctx context.Context) error {
 			todo = append(todo, k)
 		}
 		d.mu.Unlock()
-		retry := false
 		for _, k := range todo {
 			d.mu.Lock()
 			recent := time.Since(d.last[k]) < d.Cooldown
+			wait, notYet := d.waits[k], time.Now().Before(d.retryAt[k])
 			d.mu.Unlock()
+			if notYet {
+				continue // still pending; its retry is scheduled
+			}
 			if recent {
 				// Asked again within the cooldown (every rollout labeled by the
 				// default dictionary asks): the cooldown is not extended.
@@ -104,7 +124,12 @@ func (d *DiscoveryRunner) Run(ctx context.Context) error {
 			}
 			err := d.discover(ctx, k[0], k[1])
 			if errors.Is(err, errNoFailures) {
-				retry = true // its rollouts are not in ClickHouse yet: try again shortly
+				// Its failures are not in ClickHouse yet, or it has none:
+				// try again shortly, then less and less often.
+				wait = noFailureWait(wait, d.Interval)
+				d.mu.Lock()
+				d.waits[k], d.retryAt[k] = wait, time.Now().Add(wait)
+				d.mu.Unlock()
 				continue
 			}
 			if err != nil && ctx.Err() == nil {
@@ -112,11 +137,22 @@ func (d *DiscoveryRunner) Run(ctx context.Context) error {
 			}
 			d.mu.Lock()
 			delete(d.pending, k)
+			delete(d.waits, k)
+			delete(d.retryAt, k)
 			d.last[k] = time.Now() // success or an agent failure: not again before Cooldown
 			d.mu.Unlock()
 		}
-		if retry {
-			time.AfterFunc(2*time.Second, func() {
+		// The soonest retry of a pending scope without failures.
+		retry := time.Duration(0)
+		d.mu.Lock()
+		for k, at := range d.retryAt {
+			if w := time.Until(at); d.pending[k] && (retry == 0 || w < retry) {
+				retry = max(w, time.Millisecond)
+			}
+		}
+		d.mu.Unlock()
+		if retry > 0 {
+			time.AfterFunc(retry, func() {
 				select {
 				case d.kick <- struct{}{}:
 				default:
