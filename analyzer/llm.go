@@ -15,6 +15,7 @@ import (
 	"strings"
 	"sync"
 	"text/template"
+	"unicode/utf8"
 
 	"github.com/traceops/trace/internal/llm"
 	"github.com/traceops/trace/prompts"
@@ -365,6 +366,11 @@ func transcript(msgs []sink.CompactMessage, maxChars int) string {
 	total := 0
 	for i, m := range msgs {
 		lines[i] = messageLine(i, m)
+		if maxChars > 0 {
+			// One message takes at most half the budget (its contents are
+			// cut at compaction, but not the number of its tool calls).
+			lines[i] = cutLine(lines[i], maxChars/2)
+		}
 		total += len(lines[i]) + 1
 	}
 	if maxChars <= 0 || total <= maxChars || len(lines) < 3 {
@@ -388,6 +394,19 @@ func transcript(msgs []sink.CompactMessage, maxChars int) string {
 		out = append(out, fmt.Sprintf("[… %d messages left out …]", n))
 	}
 	return strings.Join(append(out, lines[tail:]...), "\n")
+}
+
+// cutLine cuts l to at most n bytes (at a character boundary), saying how
+// much it left out.
+func cutLine(l string, n int) string {
+	if len(l) <= n {
+		return l
+	}
+	keep := max(n-48, 0)
+	for keep > 0 && !utf8.RuneStart(l[keep]) {
+		keep--
+	}
+	return l[:keep] + fmt.Sprintf(" [… %d characters left out …]", len(l)-keep)
 }
 
 func messageLine(i int, m sink.CompactMessage) string {

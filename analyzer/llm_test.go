@@ -16,6 +16,7 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/traceops/trace/internal/dev/llmtest"
 	"github.com/traceops/trace/internal/llm"
@@ -763,6 +764,16 @@ func TestTranscriptLeavesOutTheMiddle(t *testing.T) {
 	}
 	if short := transcript(msgs[:3], 3000); strings.Contains(short, "left out") {
 		t.Fatal("a short transcript was cut")
+	}
+	// A message with a great many tool calls, in a conversation too short
+	// to leave out messages: the message is cut, and says so.
+	big := sink.CompactMessage{Role: "assistant", Content: "é"}
+	for i := range 400 {
+		big.ToolCalls = append(big.ToolCalls, sink.CompactToolCall{Name: "lookup", Arguments: fmt.Sprintf(`{"id": %d}`, i)})
+	}
+	got = transcript([]sink.CompactMessage{{Role: "user", Content: "hi"}, big}, 3000)
+	if len(got) > 3000 || !strings.Contains(got, "characters left out …]") || !strings.HasPrefix(got, "[0] user: hi\n[1] assistant: é") || !utf8.ValidString(got) {
+		t.Fatalf("%d chars: %.300s … %s", len(got), got, got[max(0, len(got)-100):])
 	}
 }
 
