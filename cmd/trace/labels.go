@@ -10,6 +10,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/traceops/trace/analyzer"
+	"github.com/traceops/trace/sink"
 )
 
 func init() {
@@ -33,7 +34,9 @@ labelers. With --candidates, the candidate capabilities are also stored as the
 dictionary version the events name; every capability the run files label must
 be a candidate, and a version already stored for the environment and agent
 version with other capabilities or definitions is refused (nothing is
-published): pick another --dictionary-version.`,
+published), as is the version of a broader dictionary (the default, */*)
+that has already labeled rollouts of theirs: pick another
+--dictionary-version.`,
 		Example: `  trace labels import --runs '../shared/data/trace-release/pipeline/run_*.json' \
     --candidates ../shared/data/trace-release/pipeline/candidate_capabilities.json \
     --environment tau2-bench --agent-version qwen3-30b-a3b`,
@@ -78,7 +81,19 @@ published): pick another --dictionary-version.`,
 				// that version of exactly their scope. A version already
 				// stored with other capabilities is not theirs: their labels
 				// would join its cohort under its definitions.
+				// Likewise a broader dictionary (the default, */*) of that
+				// version whose labels of this scope are stored: the cohort
+				// is theirs.
 				cur := w.reg.Exact(scope.Environment, scope.AgentVersion, scope.DictionaryVersion)
+				if broader := w.reg.Version(scope.Environment, scope.AgentVersion, scope.DictionaryVersion); cur == nil && broader != nil && broader.Fingerprint() != d.Fingerprint() {
+					labeled, err := w.st.LabeledRuns(ctx, sink.Cohort{Environment: scope.Environment, AgentVersion: scope.AgentVersion, DictionaryVersion: scope.DictionaryVersion})
+					if err != nil {
+						return err
+					}
+					if len(labeled) > 0 {
+						cur = broader
+					}
+				}
 				switch {
 				case cur == nil:
 					if err := w.applyAt(ctx, d); err != nil {
@@ -90,8 +105,8 @@ published): pick another --dictionary-version.`,
 					if same := w.reg.PrepareApply(&probe); same != nil {
 						free = same
 					}
-					return fmt.Errorf("%s/%s dictionary version %d is already stored (source %s) with other capabilities or definitions than %s: import under another version, e.g. --dictionary-version %d (trace dict show --all lists them)",
-						scope.Environment, scope.AgentVersion, scope.DictionaryVersion, cur.Source, candidates, free.Version)
+					return fmt.Errorf("%s/%s dictionary version %d is already stored (%s/%s, source %s) with other capabilities or definitions than %s: its labels and these would share one cohort; import under another version, e.g. --dictionary-version %d (trace dict show --all lists them)",
+						scope.Environment, scope.AgentVersion, scope.DictionaryVersion, cur.Environment, cur.AgentVersion, cur.Source, candidates, free.Version)
 				}
 			}
 			events := analyzer.RunFileEvents(scope, runs)
