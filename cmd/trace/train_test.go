@@ -20,6 +20,7 @@ import (
 	"github.com/traceops/trace/internal/dev/llmtest"
 	"github.com/traceops/trace/internal/dev/testenv"
 	"github.com/traceops/trace/schemas"
+	"github.com/traceops/trace/sink"
 	"github.com/traceops/trace/synthesizer"
 )
 
@@ -32,22 +33,13 @@ func TestTrainAndAdaptersCommands(t *testing.T) {
 	ch := testenv.ClickHouse(t)
 	ns := testenv.NATS(t)
 	st := ch.Store()
-	at := time.Now().UTC().Add(-time.Hour).Truncate(time.Second)
-	done := &synthesizer.Environment{ID: schemas.EnvironmentID("t-train"), TriggerID: "t-train", Environment: "sim-airline", AgentVersion: "1.4.0",
-		DictionaryVersion: 1, Capability: "precondition_verification", Definition: "Look before you write.", Family: "precondition_verification",
-		Status: synthesizer.StatusDone, Path: synthesizer.PathTemplate, Attempt: 1, Program: "def reset(seed):\n    pass\n", ProgramHash: strings.Repeat("ab", 32),
-		Tools:    []string{"get_reservation_details", "cancel_reservation"},
-		Attempts: []synthesizer.Attempt{{N: 1, Origin: "template", Family: "precondition_verification", Stage: synthesizer.StageCalibrate, Accepted: true, StartedAt: at, EndedAt: at}},
-		Calibration: &synthesizer.Calibration{Accepted: true, Verdict: "accepted", Policy: "simulated", Simulated: true, Seeds: 100, RolloutsPerSeed: 16,
-			MeanReward: 0.44, StdReward: 0.3, SuccessRate: 0.31, PassAtK: map[string]float64{"1": 0.31, "16": 0.97}, Histogram: []int{800, 0, 0, 0, 0, 300, 0, 0, 0, 500}},
-		CreatedAt: at, UpdatedAt: at, Version: 2}
+	done := doneEnvironment(t, st, "t-train", "get_reservation_details", "cancel_reservation")
+	at := done.CreatedAt
 	failed := &synthesizer.Environment{ID: schemas.EnvironmentID("t-train-failed"), TriggerID: "t-train-failed", Environment: "sim-retail", AgentVersion: "1.5.0",
 		DictionaryVersion: 1, Capability: "argument_grounding", Status: synthesizer.StatusFailed, Reason: "5 attempts, none accepted", Attempt: 5,
 		CreatedAt: at, UpdatedAt: at, Version: 9}
-	for _, e := range []*synthesizer.Environment{done, failed} {
-		if err := (synthesizer.SinkStore{Rows: st}).SaveEnvironment(ctx, e); err != nil {
-			t.Fatal(err)
-		}
+	if err := (synthesizer.SinkStore{Rows: st}).SaveEnvironment(ctx, failed); err != nil {
+		t.Fatal(err)
 	}
 	srv := llmtest.New(t)
 	srv.ServeLoRA(llmtest.LoRAOptions{APIKey: "vllm-key"})
@@ -221,6 +213,34 @@ func TestTrainAndAdaptersCommands(t *testing.T) {
 
 func ptr[T any](v T) *T { return &v }
 
+// doneEnvironment stores a DONE environment of trigger (template path,
+// accepted simulated calibration) with these tools, and returns it.
+func doneEnvironment(t *testing.T, st *sink.Store, trigger string, tools ...string) *synthesizer.Environment {
+	t.Helper()
+	at := time.Now().UTC().Add(-time.Hour).Truncate(time.Second)
+	env := &synthesizer.Environment{ID: schemas.EnvironmentID(trigger), TriggerID: trigger, Environment: "sim-airline", AgentVersion: "1.4.0",
+		DictionaryVersion: 1, Capability: "precondition_verification", Definition: "Look before you write.", Family: "precondition_verification",
+		Status: synthesizer.StatusDone, Path: synthesizer.PathTemplate, Attempt: 1, Program: "def reset(seed):\n    pass\n", ProgramHash: strings.Repeat("ab", 32),
+		Tools:    tools,
+		Attempts: []synthesizer.Attempt{{N: 1, Origin: "template", Family: "precondition_verification", Stage: synthesizer.StageCalibrate, Accepted: true, StartedAt: at, EndedAt: at}},
+		Calibration: &synthesizer.Calibration{Accepted: true, Verdict: "accepted", Policy: "simulated", Simulated: true, Seeds: 100, RolloutsPerSeed: 16,
+			MeanReward: 0.44, StdReward: 0.3, SuccessRate: 0.31, PassAtK: map[string]float64{"1": 0.31, "16": 0.97}, Histogram: []int{800, 0, 0, 0, 0, 300, 0, 0, 0, 500}},
+		CreatedAt: at, UpdatedAt: at, Version: 2}
+	if err := (synthesizer.SinkStore{Rows: st}).SaveEnvironment(context.Background(), env); err != nil {
+		t.Fatal(err)
+	}
+	return env
+}
+
+// dispatchWebhook runs trace train dispatch ID with the webhook backend at
+// url, and the extra arguments.
+func dispatchWebhook(t *testing.T, ch *testenv.CH, ns *testenv.NATSServer, id, url string, extra ...string) (string, error) {
+	t.Helper()
+	return runCLI(t, context.Background(), append([]string{"train", "dispatch", id, "--set", "clickhouse.addr=" + ch.Addr, "--set", "clickhouse.database=" + ch.Database,
+		"--set", "nats.url=" + ns.URL(), "--set", "adapter.plan.env_server_url=http://trace-env:8090", "--set", "adapter.backend=webhook",
+		"--set", "adapter.webhook.url=" + url, "--set", "adapter.webhook.secret=0123456789abcdef-webhook"}, extra...)...)
+}
+
 // TestTrainDispatchWebhook: `trace train dispatch` with the webhook
 // backend (which its help says it works with) POSTs the signed spec, with
 // the callback URL in it when trainers report by callback, and records the
@@ -230,18 +250,7 @@ func TestTrainDispatchWebhook(t *testing.T) {
 	ch := testenv.ClickHouse(t)
 	ns := testenv.NATS(t)
 	st := ch.Store()
-	at := time.Now().UTC().Add(-time.Hour).Truncate(time.Second)
-	env := &synthesizer.Environment{ID: schemas.EnvironmentID("t-train-webhook"), TriggerID: "t-train-webhook", Environment: "sim-airline", AgentVersion: "1.4.0",
-		DictionaryVersion: 1, Capability: "precondition_verification", Definition: "Look before you write.", Family: "precondition_verification",
-		Status: synthesizer.StatusDone, Path: synthesizer.PathTemplate, Attempt: 1, Program: "def reset(seed):\n    pass\n", ProgramHash: strings.Repeat("ab", 32),
-		Tools:    []string{"get_reservation_details"},
-		Attempts: []synthesizer.Attempt{{N: 1, Origin: "template", Family: "precondition_verification", Stage: synthesizer.StageCalibrate, Accepted: true, StartedAt: at, EndedAt: at}},
-		Calibration: &synthesizer.Calibration{Accepted: true, Verdict: "accepted", Policy: "simulated", Simulated: true, Seeds: 100, RolloutsPerSeed: 16,
-			MeanReward: 0.44, StdReward: 0.3, SuccessRate: 0.31, PassAtK: map[string]float64{"1": 0.31}},
-		CreatedAt: at, UpdatedAt: at, Version: 2}
-	if err := (synthesizer.SinkStore{Rows: st}).SaveEnvironment(ctx, env); err != nil {
-		t.Fatal(err)
-	}
+	env := doneEnvironment(t, st, "t-train-webhook", "get_reservation_details")
 	const secret = "0123456789abcdef-webhook"
 	specs := make(chan []byte, 4)
 	hook := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -255,9 +264,7 @@ func TestTrainDispatchWebhook(t *testing.T) {
 		_, _ = w.Write([]byte(`{"queued": true}`))
 	}))
 	defer hook.Close()
-	out, err := runCLI(t, ctx, "train", "dispatch", env.ID, "--set", "clickhouse.addr="+ch.Addr, "--set", "clickhouse.database="+ch.Database,
-		"--set", "nats.url="+ns.URL(), "--set", "adapter.plan.env_server_url=http://trace-env:8090", "--set", "adapter.backend=webhook",
-		"--set", "adapter.webhook.url="+hook.URL, "--set", "adapter.webhook.secret="+secret, "--set", "adapter.webhook.events=callback",
+	out, err := dispatchWebhook(t, ch, ns, env.ID, hook.URL, "--set", "adapter.webhook.events=callback",
 		"--set", "adapter.webhook.callback_url=https://trace.example.internal")
 	jobID := schemas.TrainingJobID(env.ID, 1)
 	if err != nil || !strings.Contains(out, "dispatched job "+jobID+" to webhook") {
@@ -350,25 +357,12 @@ func TestTrainDispatchWebhookRejected(t *testing.T) {
 	ch := testenv.ClickHouse(t)
 	ns := testenv.NATS(t)
 	st := ch.Store()
-	at := time.Now().UTC().Add(-time.Hour).Truncate(time.Second)
-	env := &synthesizer.Environment{ID: schemas.EnvironmentID("t-train-webhook-422"), TriggerID: "t-train-webhook-422", Environment: "sim-airline", AgentVersion: "1.4.0",
-		DictionaryVersion: 1, Capability: "precondition_verification", Definition: "Look before you write.", Family: "precondition_verification",
-		Status: synthesizer.StatusDone, Path: synthesizer.PathTemplate, Attempt: 1, Program: "def reset(seed):\n    pass\n", ProgramHash: strings.Repeat("ab", 32),
-		Tools:    []string{"get_reservation_details"},
-		Attempts: []synthesizer.Attempt{{N: 1, Origin: "template", Family: "precondition_verification", Stage: synthesizer.StageCalibrate, Accepted: true, StartedAt: at, EndedAt: at}},
-		Calibration: &synthesizer.Calibration{Accepted: true, Verdict: "accepted", Policy: "simulated", Simulated: true, Seeds: 100, RolloutsPerSeed: 16,
-			MeanReward: 0.44, StdReward: 0.3, SuccessRate: 0.31, PassAtK: map[string]float64{"1": 0.31}},
-		CreatedAt: at, UpdatedAt: at, Version: 2}
-	if err := (synthesizer.SinkStore{Rows: st}).SaveEnvironment(ctx, env); err != nil {
-		t.Fatal(err)
-	}
+	env := doneEnvironment(t, st, "t-train-webhook-422", "get_reservation_details")
 	hook := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "no GPU quota for this team", http.StatusUnprocessableEntity)
 	}))
 	defer hook.Close()
-	out, err := runCLI(t, ctx, "train", "dispatch", env.ID, "--set", "clickhouse.addr="+ch.Addr, "--set", "clickhouse.database="+ch.Database,
-		"--set", "nats.url="+ns.URL(), "--set", "adapter.plan.env_server_url=http://trace-env:8090", "--set", "adapter.backend=webhook",
-		"--set", "adapter.webhook.url="+hook.URL, "--set", "adapter.webhook.secret=0123456789abcdef-webhook")
+	out, err := dispatchWebhook(t, ch, ns, env.ID, hook.URL)
 	jobID := schemas.TrainingJobID(env.ID, 1)
 	var ee *exitError
 	if !errors.As(err, &ee) || ee.code != 1 || !strings.Contains(err.Error(), jobID) || !strings.Contains(err.Error(), "no GPU quota for this team") ||
@@ -379,9 +373,7 @@ func TestTrainDispatchWebhookRejected(t *testing.T) {
 		t.Errorf("the rejected job: %+v %v", j, err)
 	}
 	// --json says so too, and exits 1.
-	out, err = runCLI(t, ctx, "train", "dispatch", env.ID, "--revision", "2", "--json", "--set", "clickhouse.addr="+ch.Addr, "--set", "clickhouse.database="+ch.Database,
-		"--set", "nats.url="+ns.URL(), "--set", "adapter.plan.env_server_url=http://trace-env:8090", "--set", "adapter.backend=webhook",
-		"--set", "adapter.webhook.url="+hook.URL, "--set", "adapter.webhook.secret=0123456789abcdef-webhook")
+	out, err = dispatchWebhook(t, ch, ns, env.ID, hook.URL, "--revision", "2", "--json")
 	var v struct {
 		JobID      string `json:"job_id"`
 		Dispatched bool   `json:"dispatched"`
