@@ -1075,19 +1075,23 @@ func chdbState(t *testing.T, c *chdbDB, base time.Time) {
 	// Run 2 failed, then a relabel labeled it: done, and no longer failed.
 	c.insert("label_runs", runCols, lr("v2", 1, "b6", 2, "failed", "HTTP 400: no such model", 10))
 	c.insert("label_runs", runCols, lr("v2", 1, "b6", 2, "ok", "", 30))
-	storedRuns := func(av, id string, dv uint32) []int {
-		q, args := storedRunsSQL("env", av, id, dv)
-		r := c.query(q, args...)
-		r.wantTypes(t, "StoredRuns", "UInt16")
-		var out []int
-		for _, row := range r.rows {
-			if n := int(row.uint(0)); !slices.Contains(out, n) {
-				out = append(out, n)
+	// runSet runs a query of distinct run numbers (StoredRuns, DoneRuns).
+	runSet := func(name string, query func(env, av, id string, dv uint32) (string, []any)) func(av, id string, dv uint32) []int {
+		return func(av, id string, dv uint32) []int {
+			q, args := query("env", av, id, dv)
+			r := c.query(q, args...)
+			r.wantTypes(t, name, "UInt16")
+			var out []int
+			for _, row := range r.rows {
+				if n := int(row.uint(0)); !slices.Contains(out, n) {
+					out = append(out, n)
+				}
 			}
+			slices.Sort(out)
+			return out
 		}
-		slices.Sort(out)
-		return out
 	}
+	storedRuns := runSet("StoredRuns", storedRunsSQL)
 	for _, tc := range []struct {
 		av, id string
 		dv     uint32
@@ -1105,19 +1109,7 @@ func chdbState(t *testing.T, c *chdbDB, base time.Time) {
 	}
 
 	// DoneRuns: as StoredRuns, less the runs whose newest record is failed.
-	doneRuns := func(av, id string, dv uint32) []int {
-		q, args := doneRunsSQL("env", av, id, dv)
-		r := c.query(q, args...)
-		r.wantTypes(t, "DoneRuns", "UInt16")
-		var out []int
-		for _, row := range r.rows {
-			if n := int(row.uint(0)); !slices.Contains(out, n) {
-				out = append(out, n)
-			}
-		}
-		slices.Sort(out)
-		return out
-	}
+	doneRuns := runSet("DoneRuns", doneRunsSQL)
 	for _, tc := range []struct {
 		av, id string
 		dv     uint32
