@@ -12,6 +12,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strings"
 	"time"
@@ -282,12 +283,19 @@ func Load(path string, overrides []string) (Config, error) {
 			return Config{}, fmt.Errorf("config file %s: %w", path, err)
 		}
 	}
-	if err := k.Load(env.Provider(".", env.Opt{Prefix: "TRACE_", TransformFunc: func(key, v string) (string, any) {
-		key = strings.ToLower(strings.TrimPrefix(key, "TRACE_"))
-		if strings.HasPrefix(key, "test_") || strings.HasPrefix(key, "require_") || strings.HasPrefix(key, "shared_") {
-			return "", nil // test-suite variables, not configuration
+	// Where each key of the environment and of --set came from, for the
+	// message about an unknown one.
+	origin := map[string]string{}
+	if err := k.Load(env.Provider(".", env.Opt{Prefix: "TRACE_", TransformFunc: func(name, v string) (string, any) {
+		key := strings.ReplaceAll(strings.ToLower(strings.TrimPrefix(name, "TRACE_")), "__", ".")
+		if top, _, _ := strings.Cut(key, "."); !slices.ContainsFunc(keyFields(reflect.TypeFor[Config]()), func(f keyField) bool {
+			return strings.EqualFold(f.name, top)
+		}) {
+			// Not a setting: TRACE_CONFIG, the scripts' and test suite's
+			// variables (TRACE_LLM_PORT, TRACE_TEST_…, TRACE_ENV_TOKEN).
+			return "", nil
 		}
-		key = strings.ReplaceAll(key, "__", ".")
+		origin[key] = name
 		if strings.Contains(v, ",") && (strings.HasSuffix(key, "brokers") || strings.HasSuffix(key, "addr") || key == "roles") {
 			return key, strings.Split(v, ",")
 		}
@@ -302,6 +310,7 @@ func Load(path string, overrides []string) (Config, error) {
 			if !ok || key == "" {
 				return Config{}, fmt.Errorf("--set %q: want key=value", o)
 			}
+			origin[key] = "--set " + key // not its value: it may be a secret
 			if strings.Contains(val, ",") {
 				m[key] = strings.Split(val, ",")
 			} else {
@@ -311,6 +320,19 @@ func Load(path string, overrides []string) (Config, error) {
 		if err := k.Load(confmap.Provider(m, "."), nil); err != nil {
 			return Config{}, err
 		}
+	}
+	// A misspelled or misplaced key would be ignored by the decoder and
+	// its setting would silently keep its default.
+	if bad := unknownKeys(k.Raw(), reflect.TypeFor[Config](), ""); len(bad) > 0 {
+		errs := make([]error, len(bad))
+		for i, b := range bad {
+			key, _, _ := strings.Cut(b, ":")
+			if o, ok := origin[key]; ok {
+				b += " (from " + o + ")"
+			}
+			errs[i] = errors.New(b)
+		}
+		return Config{}, errors.Join(errs...)
 	}
 	var c Config
 	if err := k.UnmarshalWithConf("", &c, koanf.UnmarshalConf{Tag: "koanf", FlatPaths: false}); err != nil {

@@ -192,3 +192,63 @@ func TestEnvServerURL(t *testing.T) {
 		})
 	}
 }
+
+// TestUnknownKeysFail: a misspelled or misplaced key, in the file, the
+// environment or --set, fails Load naming it (the decoder ignored it, and
+// the setting silently kept its default); variables of TRACE_ that name no
+// section are not settings and stay ignored.
+func TestUnknownKeysFail(t *testing.T) {
+	tests := []struct {
+		name string
+		yaml string
+		env  map[string]string
+		set  []string
+		want []string
+	}{
+		{name: "file", yaml: "kafka:\n  brokerz: [k1:9092]\nhttpp:\n  addr: 127.0.0.1:1\n",
+			want: []string{"kafka.brokerz: unknown key (kafka has: ", "httpp: unknown key (the top level has: "}},
+		{name: "file, squashed analyzer section", yaml: "analyzer:\n  min_failure: 50\n", want: []string{"analyzer.min_failure: unknown key"}},
+		{name: "file, list of sections", yaml: "synthesizer:\n  policies:\n    - {environment: e, agent_version: \"*\", base_url: http://h/v1, modle: m}\n",
+			want: []string{"synthesizer.policies[0].modle: unknown key"}},
+		{name: "file, map of sections", yaml: "adapter:\n  plan:\n    environments:\n      tau2-retail: {lora_rnak: 8}\n",
+			want: []string{"adapter.plan.environments.tau2-retail.lora_rnak: unknown key"}},
+		{name: "environment", env: map[string]string{"TRACE_CLICKHOUSE__PASSWROD": "pw"},
+			want: []string{"clickhouse.passwrod: unknown key", "(from TRACE_CLICKHOUSE__PASSWROD)"}},
+		{name: "set", set: []string{"router.upstream=http://h/v1"}, want: []string{"router.upstream: unknown key", "(from --set router.upstream)"}},
+		{name: "set, a secret's value not shown", set: []string{"clickhouse.pasword=hunter2"}, want: []string{"clickhouse.pasword: unknown key", "(from --set clickhouse.pasword)"}},
+		{name: "not settings", env: map[string]string{"TRACE_LLM_PORT": "8081", "TRACE_ENV_TOKEN": "t", "TRACE_CONFIG": "", "TRACE_TEST_X": "1"}},
+		{name: "known keys in any case", yaml: "Kafka:\n  Batch_Rows: 5\nanalyzer:\n  min_failures: 50\n"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			f := ""
+			if tt.yaml != "" {
+				f = filepath.Join(t.TempDir(), "trace.yaml")
+				if err := os.WriteFile(f, []byte(tt.yaml), 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+			for k, v := range tt.env {
+				t.Setenv(k, v)
+			}
+			_, err := Load(f, tt.set)
+			if len(tt.want) == 0 {
+				if err != nil {
+					t.Fatalf("Load: %v", err)
+				}
+				return
+			}
+			if err == nil {
+				t.Fatalf("Load accepted an unknown key, want an error naming %q", tt.want)
+			}
+			for _, w := range tt.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("Load: %v\nwant it to name %q", err, w)
+				}
+			}
+			if strings.Contains(err.Error(), "hunter2") {
+				t.Errorf("Load: %v\nshows a value", err)
+			}
+		})
+	}
+}
