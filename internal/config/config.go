@@ -296,7 +296,7 @@ func Load(path string, overrides []string) (Config, error) {
 			return "", nil
 		}
 		origin[key] = name
-		if strings.Contains(v, ",") && (strings.HasSuffix(key, "brokers") || strings.HasSuffix(key, "addr") || key == "roles") {
+		if strings.Contains(v, ",") && isList(key) {
 			return key, strings.Split(v, ",")
 		}
 		return key, v
@@ -311,7 +311,7 @@ func Load(path string, overrides []string) (Config, error) {
 				return Config{}, fmt.Errorf("--set %q: want key=value", o)
 			}
 			origin[key] = "--set " + key // not its value: it may be a secret
-			if strings.Contains(val, ",") {
+			if strings.Contains(val, ",") && isList(key) {
 				m[key] = strings.Split(val, ",")
 			} else {
 				m[key] = val

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -250,5 +251,44 @@ func TestUnknownKeysFail(t *testing.T) {
 				t.Errorf("Load: %v\nshows a value", err)
 			}
 		})
+	}
+}
+
+// TestCommaSplitsOnlyLists: a value with commas is a list for a list
+// setting, from the environment as from --set, and stays one string for
+// any other (a NATS server list in nats.url, a password).
+func TestCommaSplitsOnlyLists(t *testing.T) {
+	dir := t.TempDir()
+	d1, d2 := filepath.Join(dir, "a.yaml"), filepath.Join(dir, "b.yaml")
+	for _, f := range []string{d1, d2} {
+		if err := os.WriteFile(f, nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Setenv("TRACE_ADAPTER__PLAN__DEFAULTS__TARGET_MODULES", "q_proj,v_proj")
+	t.Setenv("TRACE_DICTIONARIES", d1+","+d2)
+	t.Setenv("TRACE_KAFKA__BROKERS", "k1:9092,k2:9092")
+	t.Setenv("TRACE_CLICKHOUSE__PASSWORD", "p,w")
+	c, err := Load("", []string{"nats.url=nats://a:4222,nats://b:4222", "http.bearer_token=t,o,k", "roles=ingest,serve",
+		"adapter.command.argv=python,-m,trainer"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tt := range []struct {
+		name      string
+		got, want any
+	}{
+		{"adapter.plan.defaults.target_modules", c.Adapter.Plan.Defaults.TargetModules, []string{"q_proj", "v_proj"}},
+		{"dictionaries", c.Dictionary, []string{d1, d2}},
+		{"kafka.brokers", c.Kafka.Brokers, []string{"k1:9092", "k2:9092"}},
+		{"clickhouse.password", c.ClickHouse.Password, "p,w"},
+		{"nats.url", c.NATS.URL, "nats://a:4222,nats://b:4222"},
+		{"http.bearer_token", c.HTTP.BearerToken, "t,o,k"},
+		{"roles", c.Roles, []string{"ingest", "serve"}},
+		{"adapter.command.argv", c.Adapter.Command.Argv, []string{"python", "-m", "trainer"}},
+	} {
+		if !reflect.DeepEqual(tt.got, tt.want) {
+			t.Errorf("%s = %#v, want %#v", tt.name, tt.got, tt.want)
+		}
 	}
 }

@@ -90,3 +90,29 @@ func keyFields(t reflect.Type) []keyField {
 	}
 	return fs
 }
+
+// isList reports whether the dotted key names a list of strings, whose
+// value in an environment variable or --set is comma-separated.
+func isList(key string) bool {
+	t := reflect.TypeFor[Config]()
+	parts := strings.Split(key, ".")
+	for _, p := range parts {
+		for t.Kind() == reflect.Pointer {
+			t = t.Elem()
+		}
+		if t.Kind() == reflect.Map { // a map's key (adapter.plan.environments.<env>)
+			t = t.Elem()
+			continue
+		}
+		if t.Kind() != reflect.Struct {
+			return false
+		}
+		fs := keyFields(t)
+		j := slices.IndexFunc(fs, func(f keyField) bool { return strings.EqualFold(f.name, p) })
+		if j < 0 {
+			return false
+		}
+		t = fs[j].typ
+	}
+	return t.Kind() == reflect.Slice && t.Elem().Kind() == reflect.String
+}
