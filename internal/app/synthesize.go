@@ -25,6 +25,10 @@ type SimulatedPolicies func(environment, agentVersion, capability string) (calib
 func (a *App) addSynthesize(ctx context.Context, g *run.Group) error {
 	s := a.Cfg.Synthesizer
 	store := synthesizer.SinkStore{Rows: a.Store}
+	// The audit writer is made now, while Run can still start it: a policy
+	// model's client is made at the first calibration, and an audit writer
+	// made then would never run (its rows never reach llm_calls).
+	rec := a.auditRecorder()
 	deps := synthesizer.Deps{
 		Store: store, Examples: store, Dicts: synthesizer.RegistryDictionaries{Registry: a.Dicts}, Publisher: a.Bus, Log: a.Log,
 		DefaultPolicy: synthesizer.PolicySettings{BaseURL: a.Cfg.LLM.BaseURL, Model: a.Cfg.LLM.Model, APIKey: a.Cfg.LLM.APIKey},
@@ -34,7 +38,7 @@ func (a *App) addSynthesize(ctx context.Context, g *run.Group) error {
 			}
 			c := a.Cfg.LLM
 			c.BaseURL, c.Model, c.APIKey = p.BaseURL, p.Model, p.APIKey
-			return LLMClient(c, a.auditRecorder(), a.Log)
+			return LLMClient(c, rec, a.Log)
 		},
 	}
 	if a.Simulated != nil {

@@ -3,7 +3,10 @@ package app_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"log/slog"
+	"os"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -12,6 +15,7 @@ import (
 	"github.com/traceops/trace/internal/app"
 	"github.com/traceops/trace/internal/bus"
 	"github.com/traceops/trace/internal/config"
+	"github.com/traceops/trace/internal/dev/llmtest"
 	"github.com/traceops/trace/internal/dev/simpolicy"
 	"github.com/traceops/trace/internal/dev/simulate"
 	"github.com/traceops/trace/internal/dev/testenv"
@@ -144,5 +148,72 @@ func TestSynthesizeRole(t *testing.T) {
 	info, err := c.Info(ctx)
 	if err != nil || info.NumAckPending != 0 || info.NumPending != 0 {
 		t.Fatalf("requests left unacknowledged: %+v %v", info, err)
+	}
+}
+
+// TestSynthesizeRolePolicyCallsAudited: with a cohort's policy model
+// (synthesizer.policies) and no other LLM in the process (rules labeler,
+// no llm.base_url: the templates write the environments), every call of
+// the calibration is audited in llm_calls.
+func TestSynthesizeRolePolicyCallsAudited(t *testing.T) {
+	ch := testenv.ClickHouse(t)
+	ns := testenv.NATS(t)
+	policy := llmtest.New(t)
+	policy.Handle(func(llmtest.Request) llmtest.Reply { return llmtest.Text("I cannot help with that.") })
+	f := filepath.Join(t.TempDir(), "trace.yaml")
+	if err := os.WriteFile(f, []byte(fmt.Sprintf("synthesizer:\n  policies:\n    - {environment: %q, agent_version: \"*\", base_url: %q, model: %q}\n",
+		simulate.Airline, policy.URL, policy.Model)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := config.Load(f, []string{"data_dir=" + t.TempDir(), "roles=synthesize", "http.addr=127.0.0.1:0",
+		"clickhouse.addr=" + ch.Addr, "clickhouse.database=" + ch.Database, "nats.url=" + ns.URL(),
+		"synthesizer.calibration.seeds=2", "synthesizer.calibration.rollouts=2", "synthesizer.max_attempts=1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	a, err := app.Start(ctx, cfg, slog.New(slog.NewTextHandler(testLog{t}, &slog.HandlerOptions{Level: slog.LevelWarn})))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	done := make(chan error, 1)
+	go func() { done <- a.Run(ctx) }()
+	b, err := bus.Connect(ctx, bus.Config{URL: ns.URL()}, "test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	if _, err := b.PublishSynthesis(ctx, &schemas.SynthesisRequest{TriggerID: "sim-airline/1.4.0/v1/precondition_verification/1",
+		Environment: simulate.Airline, AgentVersion: "1.4.0", DictionaryVersion: 1, Epoch: 1, Rank: 1, Tools: simulate.Tools(simulate.Airline),
+		FiredAt: time.Now().UTC(), Capability: schemas.SelectedCapability{Skill: "precondition_verification", Description: "Look before a write.",
+			MeanDelta: 0.4, NRunsPassed: 1, NRunsTotal: 1, PassesConsistency: true, ExampleFailedCases: []string{}, Status: "selected"}}); err != nil {
+		t.Fatal(err)
+	}
+	// Wait for the environment to end (DONE or FAILED, after its
+	// calibration), then stop: every call is in llm_calls.
+	store := synthesizer.SinkStore{Rows: ch.Store()}
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		es, err := store.List(ctx, sink.EnvironmentFilter{Full: true})
+		if err == nil && len(es) == 1 && (es[0].Status == synthesizer.StatusDone || es[0].Status == synthesizer.StatusFailed) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no calibration within 60 s: %v %+v", err, es)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("run: %v", err)
+	}
+	var n uint64
+	if err := testenv.StoreConn(t, ch.Store()).QueryRow(context.Background(), "SELECT count() FROM llm_calls WHERE model = ?", policy.Model).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	if calls := len(policy.Requests()); calls == 0 || n != uint64(calls) {
+		t.Fatalf("llm_calls has %d rows for the policy's %d calls", n, calls)
 	}
 }
