@@ -4,8 +4,9 @@
 // function, as Prometheus does with oklog/run), so one failing role stops the
 // others. Shutdown interrupts every actor at once (oklog/run gives no order):
 // each consumer drains and commits its batch in flight within its drain
-// timeout while the evaluator and the HTTP server stop; Run returns when all
-// have returned, and only then does Close stop the store, the bus and the
+// timeout while the evaluator and the HTTP server stop; the LLM audit writer
+// stops, with its last flush, after all of them; Run returns when all have
+// returned, and only then does Close stop the store, the bus and the
 // embedded servers, in reverse start order.
 package app
 
@@ -304,8 +305,23 @@ func (a *App) Run(ctx context.Context, extra ...Actor) error {
 	if err := a.addHTTP(&g); err != nil {
 		return err
 	}
-	for _, x := range append(a.background, extra...) {
+	for _, x := range extra {
 		addActor(&g, ctx, x.Name, x.Run)
+	}
+	// The background actors (the LLM audit writer) serve the others, which
+	// still use them while they drain (the LLM calls of the batch in
+	// flight): they stop, with their last flush, once every other actor has
+	// returned. One that fails stops the group.
+	bgCtx, stopBG := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopBG()
+	var bg sync.WaitGroup
+	bgFailed := make(chan error, len(a.background))
+	for _, x := range a.background {
+		bg.Go(func() {
+			if err := x.Run(bgCtx); err != nil && !errors.Is(err, context.Canceled) {
+				bgFailed <- fmt.Errorf("%s: %w", x.Name, err)
+			}
+		})
 	}
 	// The group ends when ctx ends (SIGTERM) or any actor returns.
 	stop := make(chan struct{})
@@ -313,11 +329,16 @@ func (a *App) Run(ctx context.Context, extra ...Actor) error {
 		select {
 		case <-ctx.Done():
 		case <-stop:
+		case err := <-bgFailed:
+			return err
 		}
 		return nil
 	}, func(error) { close(stop) })
 	a.ready.Do(func() { close(a.readyCh) })
-	return g.Run()
+	err := g.Run()
+	stopBG()
+	bg.Wait()
+	return err
 }
 
 // Actor is an extra role (the demo adds its simulator and watcher).

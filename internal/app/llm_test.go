@@ -14,6 +14,7 @@ import (
 	"github.com/traceops/trace/internal/dev/simulate"
 	"github.com/traceops/trace/internal/dev/testenv"
 	"github.com/traceops/trace/schemas"
+	"github.com/traceops/trace/sink"
 )
 
 var rolloutIDRe = regexp.MustCompile(`rollout_id: (\S+)`)
@@ -219,5 +220,50 @@ func TestLLMLabelingPipeline(t *testing.T) {
 	}
 	if after := observed(t, a2.Store); after != before {
 		t.Fatalf("redelivery changed the statistics:\n%s\n%s", before, after)
+	}
+}
+
+// TestLabelingCallsInFlightAtShutdownAudited: the LLM labeler's calls of
+// the batch the analyze stage drains at shutdown are audited in llm_calls:
+// the audit writer's last flush comes after the roles that call the LLM
+// have stopped.
+func TestLabelingCallsInFlightAtShutdownAudited(t *testing.T) {
+	ch := testenv.ClickHouse(t)
+	w := newWorld(t, ch.Addr, 1)
+	srv := llmtest.New(t)
+	asked := make(chan struct{}, 1)
+	auto := llmtest.AutoLabels(func(llmtest.Request, string) string { return "NA" })
+	srv.Handle(func(req llmtest.Request) llmtest.Reply {
+		select {
+		case asked <- struct{}{}:
+		default:
+		}
+		return llmtest.Slow(time.Second, auto(req))
+	})
+	cfg := withRoles(w.cfg, "analyze")
+	cfg.Analyzer.Labeler = "llm"
+	cfg.Analyzer.N, cfg.Analyzer.K = 1, 1
+	cfg.LLM = config.LLM{BaseURL: srv.URL, Model: "scripted", Timeout: 5 * time.Second, Concurrency: 4, Runs: 1, Structured: "json_schema"}
+	a, stop := w.start(t, cfg)
+	<-a.Ready()
+	w.publish(t, 0, 1)
+	<-asked // SIGTERM while the rollout is being labeled
+	if err := stop(); err != nil {
+		t.Fatalf("run: %v", err)
+	}
+	if got := committed(t, cfg, cfg.Kafka.AnalyzeGroup); got != 1 {
+		t.Fatalf("the batch in flight was not drained: %d committed", got)
+	}
+	st, err := sink.Open(context.Background(), cfg.ClickHouse, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	var n uint64
+	if err := testenv.StoreConn(t, st).QueryRow(context.Background(), "SELECT count() FROM llm_calls").Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	if calls := len(srv.Requests()); n != uint64(calls) {
+		t.Fatalf("llm_calls has %d rows for the labeler's %d calls, the last in flight at shutdown", n, calls)
 	}
 }

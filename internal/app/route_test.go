@@ -229,3 +229,61 @@ func TestRouteRoleRecordsRequestsCutAtShutdown(t *testing.T) {
 		t.Fatalf("rows %+v", rows)
 	}
 }
+
+// TestRouteRoleAuditsCallsInFlightAtShutdown: a classifier call still in
+// flight when trace is stopped (its request drains) is audited in
+// llm_calls: the audit writer's last flush comes after the roles that
+// call the LLM have stopped.
+func TestRouteRoleAuditsCallsInFlightAtShutdown(t *testing.T) {
+	ch := testenv.ClickHouse(t)
+	w := newWorld(t, ch.Addr, 1)
+	up := llmtest.New(t)
+	classifying := make(chan struct{}, 1)
+	up.Handle(func(req llmtest.Request) llmtest.Reply {
+		if req.Chat.Logprobs {
+			select {
+			case classifying <- struct{}{}:
+			default:
+			}
+			return llmtest.Slow(time.Second, llmtest.Classification(map[string]float64{"A": 0.8, "B": 0.2}))
+		}
+		return llmtest.Text("ok")
+	})
+	cfg := withRoles(w.cfg, "route")
+	cfg.Router.Addr, cfg.Router.UpstreamURL, cfg.Router.BaseModel, cfg.Router.DefaultEnvironment = "127.0.0.1:0", up.URL, "base", "sim-airline"
+	a, stop := w.start(t, cfg)
+	<-a.Ready()
+	if err := a.Store.SaveAdapter(context.Background(), sink.AdapterRow{Name: "lora-1", Capability: "precondition_verification",
+		Environment: "sim-airline", Status: "active", Version: 1}); err != nil {
+		t.Fatal(err)
+	}
+	answered := make(chan error, 1)
+	go func() {
+		resp, err := http.Post("http://"+a.RouterAddr()+"/v1/chat/completions", "application/json",
+			strings.NewReader(`{"messages":[{"role":"user","content":"check the fare rules first"}]}`))
+		if err == nil {
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+		}
+		answered <- err
+	}()
+	<-classifying // SIGTERM while the classifier is being asked
+	if err := stop(); err != nil {
+		t.Fatalf("run: %v", err)
+	}
+	if err := <-answered; err != nil {
+		t.Fatalf("request in flight at shutdown: %v", err)
+	}
+	st, err := sink.Open(context.Background(), cfg.ClickHouse, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	var n uint64
+	if err := testenv.StoreConn(t, st).QueryRow(context.Background(), "SELECT count() FROM llm_calls").Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	if n != 1 {
+		t.Fatalf("llm_calls has %d rows for the classifier call in flight at shutdown, want 1", n)
+	}
+}
