@@ -74,11 +74,17 @@ func (b *Batcher[T]) Add(row T) {
 	}
 }
 
-// Run flushes until ctx ends, then flushes what is left (within 5s).
+// Run flushes until ctx ends, then flushes what is left (within 5s). A
+// write in flight when ctx ends is not cancelled at once but given 5s too:
+// a cancelled INSERT may have been stored all the same, and its rows, kept
+// for the retry, would be written twice.
 func (b *Batcher[T]) Run(ctx context.Context) error {
 	b.init()
 	t := time.NewTicker(b.Every)
 	defer t.Stop()
+	work, cancelWork := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancelWork()
+	defer context.AfterFunc(ctx, func() { time.AfterFunc(5*time.Second, cancelWork) })()
 	for {
 		select {
 		case <-ctx.Done():
@@ -89,7 +95,7 @@ func (b *Batcher[T]) Run(ctx context.Context) error {
 		case <-t.C:
 		case <-b.kick:
 		}
-		b.Flush(ctx)
+		b.Flush(work)
 	}
 }
 

@@ -76,3 +76,32 @@ func TestBatcherReusesWrittenBuffers(t *testing.T) {
 		t.Fatalf("%d rows written, %d added", len(written), next)
 	}
 }
+
+// An insert in flight when Run's context ends is not cancelled (a
+// cancelled insert may have been stored all the same: its rows, kept for
+// the retry, would be written again by the last flush).
+func TestBatcherRunDoesNotCancelTheInsertInFlight(t *testing.T) {
+	started, release := make(chan struct{}), make(chan struct{})
+	var written []int
+	b := &Batcher[int]{FlushAt: 1, Insert: func(ctx context.Context, rows []int) error {
+		if len(written) == 0 {
+			close(started)
+			<-release
+		}
+		written = append(written, rows...) // stored, whatever the client then hears
+		return ctx.Err()
+	}}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- b.Run(ctx) }()
+	b.Add(1) // FlushAt: written at once
+	<-started
+	cancel() // shutdown while the insert is in flight
+	close(release)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(written, []int{1}) || b.Pending() != 0 {
+		t.Fatalf("written %v, pending %d; want [1] once", written, b.Pending())
+	}
+}
