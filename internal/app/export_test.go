@@ -5,3 +5,6 @@ var (
 	LogURL          = logURL
 	DecisionTimeout = decisionTimeout
 )
+
+// Bearer is the serve role's token check.
+var Bearer = bearer

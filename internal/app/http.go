@@ -57,23 +57,39 @@ func (a *App) httpServer() *http.Server {
 	return &http.Server{Addr: a.Cfg.HTTP.Addr, Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 }
 
-// bearer protects h with a static bearer token when one is configured. The
-// dashboard's pages accept it as ?token= too, since a browser cannot set the
-// header on navigation.
+// bearer protects h with a static bearer token when one is configured:
+// "Authorization: Bearer T" (the scheme in any case, RFC 7235) or a bare
+// T. The dashboard's pages accept it as ?token= too, since a browser cannot
+// set the header on navigation; an Authorization of another scheme (a
+// reverse proxy's Basic credentials, passed on) does not hide it.
 func bearer(token string, h http.Handler) http.Handler {
 	if token == "" {
 		return h
 	}
+	want := []byte(token)
+	match := func(got string) bool { return got != "" && subtle.ConstantTimeCompare([]byte(got), want) == 1 }
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		got := strings.TrimPrefix(r.Header.Get("Authorization"), "Bearer ")
-		got = cmp.Or(got, r.URL.Query().Get("token"))
-		if subtle.ConstantTimeCompare([]byte(got), []byte(token)) != 1 {
+		if !match(bearerCredential(r.Header.Get("Authorization"))) && !match(r.URL.Query().Get("token")) {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="trace"`)
 			http.Error(w, "unauthorized", http.StatusUnauthorized)
 			return
 		}
 		h.ServeHTTP(w, r)
 	})
+}
+
+// bearerCredential is the token an Authorization header carries: the
+// credentials of the Bearer scheme (in any case), or the whole value when it
+// has no scheme; "" for another scheme.
+func bearerCredential(authz string) string {
+	scheme, cred, ok := strings.Cut(strings.TrimSpace(authz), " ")
+	switch {
+	case !ok:
+		return scheme
+	case strings.EqualFold(scheme, "Bearer"):
+		return strings.TrimSpace(cred)
+	}
+	return ""
 }
 
 // newEnvServer is the serve role's OpenEnv environment server over the

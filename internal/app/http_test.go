@@ -3,9 +3,11 @@ package app_test
 import (
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 
+	"github.com/traceops/trace/internal/app"
 	"github.com/traceops/trace/internal/dev/testenv"
 )
 
@@ -85,6 +87,40 @@ func TestIngestReplicaServesMetricsAndHealth(t *testing.T) {
 		res.Body.Close()
 		if res.StatusCode != tt.code || !strings.Contains(string(b), tt.contains) {
 			t.Errorf("GET %s: %d %.120q, want %d containing %q", tt.path, res.StatusCode, b, tt.code, tt.contains)
+		}
+	}
+}
+
+// TestBearer: the token is taken from "Authorization: Bearer", the scheme
+// in any case (RFC 7235), or a bare token, and from ?token=; an
+// Authorization of another scheme (a reverse proxy's Basic credentials,
+// passed on) does not hide ?token=.
+func TestBearer(t *testing.T) {
+	h := app.Bearer("s3cret", http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.Write([]byte("in")) }))
+	for _, tt := range []struct {
+		authz, query string
+		code         int
+	}{
+		{"Bearer s3cret", "", 200},
+		{"bearer s3cret", "", 200},
+		{"BEARER s3cret", "", 200},
+		{"s3cret", "", 200},
+		{"", "s3cret", 200},
+		{"Basic dXNlcjpwcm94eS1wYXNzd29yZA==", "s3cret", 200},
+		{"Bearer wrong", "", 401},
+		{"Bearer", "", 401},
+		{"Basic dXNlcjpzM2NyZXQ=", "", 401}, // user:s3cret is not the bearer token
+		{"", "", 401},
+		{"", "wrong", 401},
+	} {
+		req := httptest.NewRequest("GET", "/api/overview?token="+tt.query, nil)
+		if tt.authz != "" {
+			req.Header.Set("Authorization", tt.authz)
+		}
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, req)
+		if rec.Code != tt.code {
+			t.Errorf("Authorization %q, ?token=%q: %d, want %d", tt.authz, tt.query, rec.Code, tt.code)
 		}
 	}
 }

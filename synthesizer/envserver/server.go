@@ -369,29 +369,30 @@ func (s *Server) listEnvironments(w http.ResponseWriter, r *http.Request) {
 // Auth protects h with a static token when one is configured (trace's HTTP
 // token model, internal/app): "Authorization: Bearer T", the password of
 // HTTP Basic authentication (any user name; a WebSocket client that cannot
-// set headers sends it from the URL, ws://trace:T@host/…), or ?token=T.
+// set headers sends it from the URL, ws://trace:T@host/…), or ?token=T. The
+// scheme is matched in any case (RFC 7235), and ?token= counts whatever
+// Authorization says (a reverse proxy's own Basic credentials, passed on).
 func Auth(token string, h http.Handler) http.Handler {
 	if token == "" {
 		return h
 	}
 	want := []byte(token)
+	match := func(got string) bool { return got != "" && subtle.ConstantTimeCompare([]byte(got), want) == 1 }
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		got := ""
-		authz := r.Header.Get("Authorization")
+		scheme, cred, _ := strings.Cut(strings.TrimSpace(r.Header.Get("Authorization")), " ")
+		cred = strings.TrimSpace(cred)
 		switch {
-		case strings.HasPrefix(authz, "Bearer "):
-			got = strings.TrimPrefix(authz, "Bearer ")
-		case strings.HasPrefix(authz, "Basic "):
-			if b, err := base64.StdEncoding.DecodeString(strings.TrimPrefix(authz, "Basic ")); err == nil {
+		case strings.EqualFold(scheme, "Bearer"):
+			got = cred
+		case strings.EqualFold(scheme, "Basic"):
+			if b, err := base64.StdEncoding.DecodeString(cred); err == nil {
 				if _, pass, ok := strings.Cut(string(b), ":"); ok {
 					got = pass
 				}
 			}
 		}
-		if got == "" {
-			got = r.URL.Query().Get("token")
-		}
-		if subtle.ConstantTimeCompare([]byte(got), want) != 1 {
+		if !match(got) && !match(r.URL.Query().Get("token")) {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="trace"`)
 			writeJSON(w, http.StatusUnauthorized, map[string]string{"detail": "unauthorized: send the token as Authorization: Bearer, as the Basic password, or as ?token="})
 			return

@@ -529,6 +529,11 @@ func TestAuth(t *testing.T) {
 		{f.http.URL + "/v1/environments", nil, 401},
 		{f.base + "/schema", http.Header{"Authorization": {"Bearer wrong"}}, 401},
 		{f.base + "/schema", http.Header{"Authorization": {"Bearer s3cret"}}, 200},
+		{f.base + "/schema", http.Header{"Authorization": {"bearer s3cret"}}, 200}, // RFC 7235: the scheme in any case
+		{f.base + "/schema", http.Header{"Authorization": {"basic dHJhY2U6czNjcmV0"}}, 200},
+		// A reverse proxy's own Basic credentials, passed on, do not hide ?token=.
+		{f.base + "/schema?token=s3cret", http.Header{"Authorization": {"Basic cHJveHk6cGFzcw=="}}, 200},
+		{f.base + "/schema", http.Header{"Authorization": {"Basic cHJveHk6cGFzcw=="}}, 401},
 		{f.base + "/schema?token=s3cret", nil, 200},
 		{strings.Replace(f.base, "http://", "http://trace:s3cret@", 1) + "/schema", nil, 200},
 		{strings.Replace(f.base, "http://", "http://trace:nope@", 1) + "/schema", nil, 401},
