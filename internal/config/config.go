@@ -27,6 +27,7 @@ import (
 	"github.com/traceops/trace/adapter/plan"
 	"github.com/traceops/trace/analyzer"
 	"github.com/traceops/trace/internal/bus"
+	"github.com/traceops/trace/internal/llm"
 	"github.com/traceops/trace/sink"
 	"github.com/traceops/trace/synthesizer"
 	"github.com/traceops/trace/synthesizer/envserver"
@@ -446,6 +447,28 @@ func (c Config) Validate() error {
 		}
 	default:
 		errs = append(errs, fmt.Errorf("analyzer.labeler: %q is not rules, llm or none", c.Analyzer.Labeler))
+	}
+	// The LLM client checks these too, when a role first makes it, under
+	// its Go names; here they fail at start under their keys.
+	if c.LLM.Timeout < 0 {
+		errs = append(errs, fmt.Errorf("llm.timeout: must be positive, got %s", c.LLM.Timeout))
+	}
+	if c.LLM.Concurrency < 0 {
+		errs = append(errs, fmt.Errorf("llm.concurrency: must be at least 1, got %d", c.LLM.Concurrency))
+	}
+	if !(c.LLM.RatePerSecond >= 0) { // NaN too
+		errs = append(errs, fmt.Errorf("llm.rate_per_second: must be >= 0 (0: unlimited), got %v", c.LLM.RatePerSecond))
+	}
+	if c.LLM.Runs < 0 || c.LLM.Runs > 100 {
+		errs = append(errs, fmt.Errorf("llm.runs: must be in [1, 100], got %d", c.LLM.Runs))
+	}
+	switch llm.StructuredOutput(c.LLM.Structured) {
+	case "", llm.StructuredJSONSchema, llm.StructuredJSONObject, llm.StructuredJSONObjectSchema, llm.StructuredNone:
+	default:
+		errs = append(errs, fmt.Errorf("llm.structured_output: %q is not json_schema, json_object, json_object_schema or none", c.LLM.Structured))
+	}
+	if c.Analyzer.Concurrency < 0 {
+		errs = append(errs, fmt.Errorf("analyzer.concurrency: must be at least 1, got %d", c.Analyzer.Concurrency))
 	}
 	for name, v := range map[string]float64{"analyzer.sample_failed": c.Analyzer.SampleFailed, "analyzer.sample_passed": c.Analyzer.SamplePassed,
 		"analyzer.unexplained_threshold": c.Analyzer.UnexplainedThreshold} {
