@@ -431,7 +431,11 @@ func (c Config) Validate() error {
 		}
 	}
 	if c.NATS.URL != "" && !strings.Contains(c.NATS.URL, "://") {
-		errs = append(errs, fmt.Errorf("nats.url: %q is not a URL like nats://host:4222", c.NATS.URL))
+		shown := c.NATS.URL
+		if _, host, ok := strings.Cut(shown, "@"); ok { // user:password@host without a scheme
+			shown = "[REDACTED]@" + host
+		}
+		errs = append(errs, fmt.Errorf("nats.url: %q is not a URL like nats://host:4222", shown))
 	}
 	if err := c.Analyzer.EvalConfig.WithDefaults().Validate(); err != nil {
 		errs = append(errs, err)
@@ -540,6 +544,14 @@ func (c Config) Redacted() Config {
 	for i := range r.Synthesizer.Policies {
 		red(&r.Synthesizer.Policies[i].APIKey)
 		r.Synthesizer.Policies[i].BaseURL = bus.RedactURLs(r.Synthesizer.Policies[i].BaseURL)
+	}
+	// The command backend's environment often carries a token
+	// (HF_TOKEN=…): its names are shown, not its values.
+	r.Adapter.Command.Env = slices.Clone(c.Adapter.Command.Env)
+	for i, kv := range r.Adapter.Command.Env {
+		if k, v, ok := strings.Cut(kv, "="); ok && v != "" {
+			r.Adapter.Command.Env[i] = k + "=[REDACTED]"
+		}
 	}
 	// A password can also sit in a URL (https://user:pass@host/).
 	for _, u := range []*string{&r.NATS.URL, &r.LLM.BaseURL, &r.Adapter.Serving.BaseURL, &r.Adapter.Webhook.URL,

@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -69,6 +70,17 @@ func TestRedactedMasksURLPasswords(t *testing.T) {
 	}
 	if c.LLM.BaseURL != pw || c.Synthesizer.Policies[0].BaseURL != pw {
 		t.Fatal("Redacted changed the configuration it copied")
+	}
+	// The command backend's environment: names shown, values not.
+	c.Adapter.Command.Env = []string{"HF_TOKEN=hf_secret", "CUDA_VISIBLE_DEVICES=0", "EMPTY="}
+	r := c.Redacted()
+	if !slices.Equal(r.Adapter.Command.Env, []string{"HF_TOKEN=[REDACTED]", "CUDA_VISIBLE_DEVICES=[REDACTED]", "EMPTY="}) || c.Adapter.Command.Env[0] != "HF_TOKEN=hf_secret" {
+		t.Fatalf("command env %v (copied from %v)", r.Adapter.Command.Env, c.Adapter.Command.Env)
+	}
+	// A NATS address with a password but no scheme: refused without
+	// showing the password.
+	if _, err := Load("", []string{"nats.url=tok:s3cret@nats.internal:4222"}); err == nil || strings.Contains(err.Error(), "s3cret") || !strings.Contains(err.Error(), "nats.url") {
+		t.Fatalf("nats.url without a scheme: %v", err)
 	}
 }
 
