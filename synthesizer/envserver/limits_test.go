@@ -286,3 +286,72 @@ func TestHugeFrameCloses(t *testing.T) {
 		t.Fatalf("after a frame over 64 × the limit: %v, want close 1009", err)
 	}
 }
+
+// nonFiniteProg ends its episode on the first turn with a reward whose
+// component is infinite (float("inf"), or an overflow such as 1e308 * 10,
+// or math's log(0)): JSON has no such number.
+const nonFiniteProg = `
+def tools():
+    return [{"type": "function", "function": {"name": "noop", "description": "Does nothing.", "parameters": {"type": "object", "properties": {}}}}]
+
+def reset(seed):
+    return {"system": "s", "user": "u", "state": {}}
+
+def step(state, call):
+    return {"result": "ok", "state": state, "done": True}
+
+def reward(state, transcript):
+    return {"reward": 0.5, "components": {"ratio": float("inf")}}
+`
+
+// TestNonFiniteRewardComponent: a reward component that is not a finite
+// number is the program's error (EXECUTION_ERROR naming it, the episode
+// over), on every transport: the observation cannot encode it, and the
+// step must be answered, not left hanging.
+func TestNonFiniteRewardComponent(t *testing.T) {
+	env, err := envprog.Load(context.Background(), "nonfinite.star", []byte(nonFiniteProg), envprog.Limits{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { env.Close() })
+	f := start(t, testConfig(), nil, map[string]envprog.Env{"nonfinite": env})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c := f.client("")
+	c.BaseURL = f.http.URL + "/v1/environments/nonfinite"
+	want := func(how string, err error) {
+		t.Helper()
+		if !isCode(err, openenv.CodeExecution) || !strings.Contains(err.Error(), "ratio") {
+			t.Fatalf("%s: %v, want EXECUTION_ERROR naming the component", how, err)
+		}
+	}
+	s, err := c.Dial(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	for _, call := range []openenv.ChatMessage{
+		{Content: "done"},
+		{ToolCalls: []openenv.ChatToolCall{{ID: "c1", Function: openenv.ChatFunction{Name: "noop", Arguments: "{}"}}}},
+	} {
+		if _, err := s.Reset(ctx, openenv.ResetRequest{}); err != nil {
+			t.Fatal(err)
+		}
+		_, err = s.Step(ctx, call)
+		want("WebSocket step", err)
+		st, err := s.State(ctx)
+		if err != nil || !st.Done {
+			t.Fatalf("state after the failed reward: %+v %v, want done", st, err)
+		}
+	}
+	_, err = c.Step(ctx, "", nil, openenv.ChatMessage{Content: "done"})
+	want("HTTP step", err)
+	_, err = c.CallTool(ctx, "", "noop", nil)
+	var rpcErr *openenv.RPCError
+	if !errors.As(err, &rpcErr) || rpcErr.Code != openenv.RPCInternalError || !strings.Contains(rpcErr.Message, "ratio") {
+		t.Fatalf("tools/call: %v, want an internal error naming the component", err)
+	}
+	if got := counter(t, f, "trace_env_episodes_total", map[string]string{"environment": "nonfinite", "done_reason": "error"}); got != 4 {
+		t.Fatalf("episodes ended on the error: %v, want 4", got)
+	}
+}

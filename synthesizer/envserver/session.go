@@ -8,7 +8,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
+	"math"
 	mrand "math/rand/v2"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -560,6 +563,9 @@ func (s *session) step(ctx context.Context, a openenv.Action, timeout time.Durat
 		defer p.returned()
 		return p.ep.Reward(ctx)
 	}, nil)
+	if err == nil {
+		err = finiteReward(rw, p.seed)
+	}
 	if err != nil {
 		return nil, s.failed(p, "reward", timeout, err)
 	}
@@ -568,6 +574,19 @@ func (s *session) step(ctx context.Context, a openenv.Action, timeout time.Durat
 	srv.m.episodes.WithLabelValues(s.env.id, p.reason).Inc()
 	srv.record(s, p)
 	return s.observation(), nil
+}
+
+// finiteReward refuses a reward component that is not a finite number
+// (float("inf"), an overflow, log(0)): JSON has no such number, and the
+// observation, the tools/call result and the recorded row could not carry
+// it. The value itself is checked by the runtime (within [0, 1]).
+func finiteReward(rw envprog.Reward, seed int64) error {
+	for _, k := range slices.Sorted(maps.Keys(rw.Components)) {
+		if x := rw.Components[k]; math.IsNaN(x) || math.IsInf(x, 0) {
+			return &envprog.ProgramError{Func: "reward", Seed: seed, Msg: fmt.Sprintf("component %q is %v, want a finite number", k, x)}
+		}
+	}
+	return nil
 }
 
 // failed ends the episode on the error of a program call (fn): "timeout"
