@@ -724,6 +724,9 @@ func rewardOf(v starlark.Value, seed int64) (Reward, error) {
 			if !ok1 || !ok2 {
 				return fail("component %s: %s, want a number under a string name", key, val.Type())
 			}
+			if math.IsNaN(x) || math.IsInf(x, 0) { // JSON has no such number: no observation or row could carry it
+				return fail("component %s is %v, want a finite number", key, x)
+			}
 			out.Components[string(k)] = roundReward(x)
 		}
 	}

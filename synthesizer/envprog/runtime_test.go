@@ -266,6 +266,7 @@ func TestProgramErrors(t *testing.T) {
 		{"reward above 1", map[string]string{"reward": "def reward(state, transcript):\n    return {\"reward\": 1.5}\n"}, "reward", "reward", "", "reward 1.5 is outside [0, 1]"},
 		{"reset mutating a global", map[string]string{"extra": "G = {}\n", "reset": "def reset(seed):\n    G[\"x\"] = seed\n    return {}\n"}, "reset", "reset", "", "module-level values are frozen"},
 		{"reward not a number", map[string]string{"reward": "def reward(state, transcript):\n    return {\"reward\": \"high\"}\n"}, "reward", "reward", "", "reward is a string"},
+		{"reward component infinite", map[string]string{"reward": "def reward(state, transcript):\n    return {\"reward\": 1, \"components\": {\"cost\": 1e308 * 10}}\n"}, "reward", "reward", "", "component \"cost\" is +Inf, want a finite number"},
 	}
 	for _, ld := range loaders {
 		for _, tc := range cases {
