@@ -57,6 +57,22 @@ func (f *envFlags) add(cmd *cobra.Command) {
 	cmd.Flags().IntVar(&f.lim.MaxTurns, "max-turns", d.MaxTurns, "assistant turns per episode")
 }
 
+// check refuses negative limits: they are the user's typo, and a program run
+// under them fails (does not load, misses its reference, calibrates too
+// hard) as if the program were at fault. Zero takes the default.
+func (f *envFlags) check() error {
+	d := envprog.DefaultLimits
+	switch {
+	case f.lim.MaxMemory < 0:
+		return fmt.Errorf("--max-memory %d: want a positive byte count (0: the default, %d)", f.lim.MaxMemory, d.MaxMemory)
+	case f.lim.CallTimeout < 0:
+		return fmt.Errorf("--call-timeout %s: want a positive duration (0: the default, %s)", f.lim.CallTimeout, d.CallTimeout)
+	case f.lim.MaxTurns < 0:
+		return fmt.Errorf("--max-turns %d: want at least 1 (0: the default, %d)", f.lim.MaxTurns, d.MaxTurns)
+	}
+	return nil
+}
+
 // readProgram reads FILE, or a shipped example for example:NAME.
 func readProgram(file string) (name string, src []byte, err error) {
 	if ex, ok := strings.CutPrefix(file, "example:"); ok {
@@ -127,6 +143,12 @@ literal calls. Every check is printed with its verdict; the exit status is
   trace env validate my_env.star --tools synthesis_request.json --seeds 200 --json`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := ef.check(); err != nil {
+				return err
+			}
+			if seeds < 1 {
+				return fmt.Errorf("--seeds %d: want at least 1", seeds)
+			}
 			name, src, err := readProgram(args[0])
 			if err != nil {
 				return err
@@ -255,6 +277,9 @@ components. Input may be piped (one turn per line).`,
   printf '%s\n' '{"name":"get_user_details","arguments":{"user_id":"mia_kim_123"}}' 'Done.' | trace env play my_env.star --seed 0`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := ef.check(); err != nil {
+				return err
+			}
 			name, src, err := readProgram(args[0])
 			if err != nil {
 				return err

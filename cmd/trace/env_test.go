@@ -125,3 +125,37 @@ func TestEnvPlayScoresWhatWasDone(t *testing.T) {
 		t.Errorf("output:\n%s", out)
 	}
 }
+
+// TestEnvCommandsRefuseBadLimits: a negative limit or seed count is a typo
+// of the user's, refused naming the flag before any program runs; it was
+// accepted and blamed on the program ("does not load", "the reference
+// solution scored below 1.0", a calibration verdict of too_hard).
+func TestEnvCommandsRefuseBadLimits(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel() // nothing may get as far as running a program or serving
+	cmds := map[string][]string{
+		"validate":  {"env", "validate", "example:precondition_airline"},
+		"play":      {"env", "play", "example:precondition_airline"},
+		"serve":     {"env", "serve", "example:precondition_airline", "--addr", "127.0.0.1:0"},
+		"calibrate": {"env", "calibrate", "example:precondition_airline", "--policy", "simulated:sim-airline/1.4.0/precondition_verification"},
+	}
+	bad := []struct{ flag, value string }{
+		{"--max-memory", "-1"},
+		{"--call-timeout", "-1s"},
+		{"--max-turns", "-1"},
+	}
+	for name, args := range cmds {
+		for _, b := range bad {
+			out, err := runCLI(t, ctx, append(append([]string{}, args...), b.flag, b.value)...)
+			if err == nil || !strings.Contains(err.Error(), b.flag) {
+				t.Errorf("%s %s %s: got %v, want an error naming %s\n%s", name, b.flag, b.value, err, b.flag, out)
+			}
+		}
+	}
+	for _, v := range []string{"0", "-5"} {
+		out, err := runCLI(t, ctx, "env", "validate", "example:precondition_airline", "--seeds", v)
+		if err == nil || !strings.Contains(err.Error(), "--seeds") {
+			t.Errorf("validate --seeds %s: got %v, want an error naming --seeds\n%s", v, err, out)
+		}
+	}
+}

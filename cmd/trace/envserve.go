@@ -73,6 +73,9 @@ SESSION_ERROR, queued episodes are written, then it exits 0.`,
 		Args: cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, files []string) error {
 			ctx := cmd.Context()
+			if err := ef.check(); err != nil {
+				return err
+			}
 			tc, err := cf.load()
 			if err != nil {
 				return err

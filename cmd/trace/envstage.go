@@ -155,6 +155,9 @@ SIMULATED.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			cfg := flagCfg // this run's copy (Progress is set per run)
+			if err := ef.check(); err != nil {
+				return err
+			}
 			if policyURL == "" {
 				return fmt.Errorf("--policy is required (an OpenAI-compatible API root, or simulated:ENV/VERSION/CAPABILITY)")
 			}
