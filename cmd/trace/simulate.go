@@ -157,6 +157,10 @@ standard error.`,
 			if cerr := sink.Close(); err == nil && cerr != nil {
 				err = cerr
 			}
+			sum.delivered = sum.written
+			if ks, ok := sink.(*kafkaSink); ok {
+				sum.delivered = ks.sent // acknowledged by Kafka, not just generated
+			}
 			sum.print(cmd.ErrOrStderr(), dest)
 			if err != nil && !errors.Is(err, context.Canceled) {
 				return &exitError{code: 1, err: fmt.Errorf("simulate: %w", err)}
@@ -237,10 +241,12 @@ func (nopCloser) Close() error { return nil }
 
 // kafkaSink batches messages: a batch is written when it holds 500
 // messages or when Flush is called (the rate limiter flushes before it
-// waits, so a slow stream is not held back).
+// waits, so a slow stream is not held back). sent counts the messages
+// Kafka acknowledged.
 type kafkaSink struct {
 	w     *kafka.Writer
 	batch []kafka.Message
+	sent  int
 }
 
 func (s *kafkaSink) Write(ctx context.Context, r *schemas.Rollout, b []byte) error {
@@ -257,6 +263,13 @@ func (s *kafkaSink) Flush(ctx context.Context) error {
 		return nil
 	}
 	err := s.w.WriteMessages(ctx, s.batch...)
+	var werrs kafka.WriteErrors
+	switch {
+	case err == nil:
+		s.sent += len(s.batch)
+	case errors.As(err, &werrs) && len(werrs) == len(s.batch):
+		s.sent += len(werrs) - werrs.Count()
+	}
 	s.batch = s.batch[:0]
 	if err != nil {
 		return fmt.Errorf("kafka: %w", err)
@@ -278,9 +291,10 @@ type simCohort struct {
 }
 
 type simSummary struct {
-	written int
-	cohorts map[string]*simCohort
-	elapsed time.Duration
+	written   int // generated and handed to the sink
+	delivered int // of them, written out (to Kafka: acknowledged)
+	cohorts   map[string]*simCohort
+	elapsed   time.Duration
 }
 
 func runSimulation(ctx context.Context, g *simulate.Generator, sink rolloutSink, perSec float64) (*simSummary, error) {
@@ -308,9 +322,7 @@ func runSimulation(ctx context.Context, g *simulate.Generator, sink rolloutSink,
 		if err != nil {
 			return sum, err
 		}
-		if err := sink.Write(ctx, r, b); err != nil {
-			return sum, err
-		}
+		werr := sink.Write(ctx, r, b)
 		sum.written++
 		c := sum.cohorts[r.Key()]
 		if c == nil {
@@ -326,12 +338,19 @@ func runSimulation(ctx context.Context, g *simulate.Generator, sink rolloutSink,
 				c.planted[p]++
 			}
 		}
+		if werr != nil {
+			return sum, werr
+		}
 	}
 	return sum, sink.Flush(ctx)
 }
 
 func (s *simSummary) print(w io.Writer, dest string) {
-	fmt.Fprintf(w, "simulate: %d rollouts to %s in %s\n", s.written, dest, s.elapsed.Round(time.Millisecond))
+	if s.delivered == s.written {
+		fmt.Fprintf(w, "simulate: %d rollouts to %s in %s\n", s.written, dest, s.elapsed.Round(time.Millisecond))
+	} else {
+		fmt.Fprintf(w, "simulate: %d of %d rollouts to %s in %s\n", s.delivered, s.written, dest, s.elapsed.Round(time.Millisecond))
+	}
 	keys := make([]string, 0, len(s.cohorts))
 	for k := range s.cohorts {
 		keys = append(keys, k)

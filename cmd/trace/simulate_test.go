@@ -1,0 +1,101 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"net"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+
+	"github.com/segmentio/kafka-go"
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/traceops/trace/internal/dev/testenv"
+)
+
+// TestSimulateToKafkaCountsWhatWasDelivered: the summary of trace simulate
+// --brokers counts the rollouts Kafka acknowledged. It counted the rollouts
+// generated, so a dead broker printed "simulate: 3 rollouts to Kafka …"
+// above the error, and a stream that failed midway claimed the rollouts of
+// the batch that was refused.
+func TestSimulateToKafkaCountsWhatWasDelivered(t *testing.T) {
+	ctx := context.Background()
+	t.Run("no broker", func(t *testing.T) {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		addr := ln.Addr().String()
+		ln.Close() // a port nothing listens on
+		out, err := runCLI(t, ctx, "simulate", "--rollouts", "3", "--brokers", addr)
+		var ee *exitError
+		if !errors.As(err, &ee) || ee.code != 1 {
+			t.Fatalf("got %v, want exit status 1\n%s", err, out)
+		}
+		if !strings.Contains(out, "simulate: 0 of 3 rollouts to Kafka trace.rollouts on "+addr) {
+			t.Errorf("the summary claims rollouts that were not sent:\n%s", out)
+		}
+	})
+	t.Run("all sent", func(t *testing.T) {
+		brokers := testenv.Kafka(t)
+		topic := testenv.UniqueTopic(t, "sim")
+		testenv.CreateTopic(t, brokers, topic, 1)
+		out, err := runCLI(t, ctx, "simulate", "--rollouts", "20", "--brokers", brokers[0], "--topic", topic)
+		if err != nil || !strings.Contains(out, "simulate: 20 rollouts to Kafka "+topic) {
+			t.Fatalf("%v\n%s", err, out)
+		}
+	})
+	t.Run("refused midway", func(t *testing.T) {
+		c := testenv.KFake(t)
+		brokers := c.ListenAddrs()
+		topic := testenv.UniqueTopic(t, "sim")
+		testenv.CreateTopic(t, brokers, topic, 1)
+		// The first produce request is stored, every later one refused for good.
+		var produces atomic.Int64
+		c.ControlKey(int16(kmsg.Produce), func(req kmsg.Request) (kmsg.Response, error, bool) {
+			if produces.Add(1) == 1 {
+				return nil, nil, false
+			}
+			c.KeepControl()
+			preq := req.(*kmsg.ProduceRequest)
+			resp := preq.ResponseKind().(*kmsg.ProduceResponse)
+			for _, rt := range preq.Topics {
+				st := kmsg.NewProduceResponseTopic()
+				st.Topic, st.TopicID = rt.Topic, rt.TopicID
+				for _, rp := range rt.Partitions {
+					sp := kmsg.NewProduceResponseTopicPartition()
+					sp.Partition, sp.ErrorCode = rp.Partition, 87 // INVALID_RECORD: not retried
+					st.Partitions = append(st.Partitions, sp)
+				}
+				resp.Topics = append(resp.Topics, st)
+			}
+			return resp, nil, true
+		})
+		out, err := runCLI(t, ctx, "simulate", "--rollouts", "1200", "--brokers", brokers[0], "--topic", topic)
+		var ee *exitError
+		if !errors.As(err, &ee) || ee.code != 1 {
+			t.Fatalf("got %v, want exit status 1\n%s", err, out)
+		}
+		conn, err := kafka.DialLeader(ctx, "tcp", brokers[0], topic, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		stored, err := conn.ReadLastOffset()
+		conn.Close()
+		if err != nil || stored == 0 || stored >= 1200 {
+			t.Fatalf("topic holds %d rollouts (%v), want some but not all", stored, err)
+		}
+		m := regexp.MustCompile(`simulate: (\d+) of (\d+) rollouts to Kafka ` + regexp.QuoteMeta(topic)).FindStringSubmatch(out)
+		if m == nil || m[1] != strconv.FormatInt(stored, 10) || atoi(m[2]) <= int(stored) {
+			t.Errorf("the summary does not say %d of the rollouts generated were sent:\n%s", stored, out)
+		}
+	})
+}
+
+func atoi(s string) int {
+	n, _ := strconv.Atoi(s)
+	return n
+}
