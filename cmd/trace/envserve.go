@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -62,9 +63,10 @@ FILE is a path, or example:NAME for a program shipped with trace.
   # python: GenericEnvClient(base_url="http://127.0.0.1:8090/v1/environments/precondition_airline")
 
 Programs run in a sandbox worker (memory, steps and time bounded) unless
---in-process. The token is --token, else http.bearer_token from the
-configuration (TRACE_HTTP__BEARER_TOKEN); clients send it as a bearer
-header, as the password in the URL (http://trace:TOKEN@host:port/...), which
+--in-process. The token is --token, else env.bearer_token, else
+http.bearer_token from the configuration (TRACE_ENV__BEARER_TOKEN,
+TRACE_HTTP__BEARER_TOKEN), as for trace run's serve role; clients send it
+as a bearer header, as the password in the URL (http://trace:TOKEN@host:port/...), which
 openenv's WebSocket client passes on, or as ?token=. /health is open.
 With --record, finished episodes are written to ClickHouse env_episodes
 (the configured clickhouse.addr, or the embedded one of a running trace run).
@@ -81,7 +83,8 @@ SESSION_ERROR, queued episodes are written, then it exits 0.`,
 				return err
 			}
 			if !cmd.Flags().Changed("token") {
-				cfg.BearerToken = tc.HTTP.BearerToken
+				// The serve role's rule (internal/app).
+				cfg.BearerToken = cmp.Or(tc.Env.BearerToken, tc.HTTP.BearerToken)
 			}
 			if err := cfg.Validate(); err != nil {
 				return err
@@ -162,7 +165,7 @@ SESSION_ERROR, queued episodes are written, then it exits 0.`,
 	}
 	f := cmd.Flags()
 	f.StringVar(&cfg.Addr, "addr", "127.0.0.1:8090", "listen address (port 0 picks a free port)")
-	f.StringVar(&cfg.BearerToken, "token", "", "token clients must send (default: http.bearer_token of the configuration)")
+	f.StringVar(&cfg.BearerToken, "token", "", "token clients must send (default: env.bearer_token, else http.bearer_token of the configuration)")
 	f.IntVar(&cfg.MaxSessions, "max-sessions", cfg.MaxSessions, "concurrent sessions per environment; one more is answered CAPACITY_REACHED")
 	f.DurationVar(&cfg.IdleTimeout, "idle-timeout", cfg.IdleTimeout, "evict a session idle for this long (SESSION_ERROR)")
 	f.DurationVar(&cfg.StepTimeout, "step-timeout", cfg.StepTimeout, "bound of one reset or step (EXECUTION_ERROR past it)")

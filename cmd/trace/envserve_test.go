@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"context"
+	"net/http"
 	"os"
 	"os/exec"
 	"regexp"
@@ -124,5 +125,81 @@ func TestEnvServeProcess(t *testing.T) {
 	}
 	if n != 1 || reward != 1 {
 		t.Fatalf("env_episodes after the drain: %d rows, reward %v; want the one episode with reward 1", n, reward)
+	}
+}
+
+// TestEnvServeTakesTheConfiguredEnvToken: without --token, trace env serve
+// protects the environments with env.bearer_token, else http.bearer_token,
+// as the serve role does. It took http.bearer_token alone, so a
+// configuration that set the environment server's own token served the
+// environments with the dashboard's token, or with none at all.
+func TestEnvServeTakesTheConfiguredEnvToken(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		sets       []string
+		want, deny []string // tokens answered 200 / 401; "" is no token
+	}{
+		{"env token", []string{"env.bearer_token=envtok"}, []string{"envtok"}, []string{""}},
+		{"both", []string{"env.bearer_token=envtok", "http.bearer_token=httptok"}, []string{"envtok"}, []string{"", "httptok"}},
+		{"http token", []string{"http.bearer_token=httptok"}, []string{"httptok"}, []string{""}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			args := []string{"env", "serve", "example:precondition_airline", "--in-process", "--addr", "127.0.0.1:0"}
+			for _, s := range tc.sets {
+				args = append(args, "--set", s)
+			}
+			cmd := exec.Command(os.Args[0])
+			cmd.Env = append(os.Environ(), "TRACE_TEST_MAIN=1", "TRACE_TEST_ARGS="+strings.Join(args, " "))
+			cmd.Stderr = os.Stderr
+			out, err := cmd.StdoutPipe()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			defer func() {
+				cmd.Process.Kill()
+				cmd.Wait()
+			}()
+			sc := bufio.NewScanner(out)
+			var base string
+			re := regexp.MustCompile(`serving precondition_airline at (\S+)`)
+			for sc.Scan() {
+				if m := re.FindStringSubmatch(sc.Text()); m != nil {
+					base = m[1]
+					break
+				}
+			}
+			if base == "" {
+				t.Fatal("no serving line")
+			}
+			go func() {
+				for sc.Scan() {
+				}
+			}()
+			status := func(token string) int {
+				req, _ := http.NewRequest("GET", base+"/schema", nil)
+				if token != "" {
+					req.Header.Set("Authorization", "Bearer "+token)
+				}
+				resp, err := http.DefaultClient.Do(req)
+				if err != nil {
+					t.Fatal(err)
+				}
+				resp.Body.Close()
+				return resp.StatusCode
+			}
+			for _, tok := range tc.want {
+				if got := status(tok); got != http.StatusOK {
+					t.Errorf("token %q: status %d, want 200", tok, got)
+				}
+			}
+			for _, tok := range tc.deny {
+				if got := status(tok); got != http.StatusUnauthorized {
+					t.Errorf("token %q: status %d, want 401", tok, got)
+				}
+			}
+		})
 	}
 }
