@@ -147,6 +147,14 @@ Data lives under ./data/demo and is reset at every start (--keep keeps it).`,
   trace demo --linger 10m     # keep the dashboard up afterwards`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			// The simulator reads 0 as "until interrupted": the demo would
+			// publish until its timeout and fail.
+			if rollouts < 1 {
+				return fmt.Errorf("--rollouts: %d, want at least 1 (the demo needs a fleet's worth, e.g. 3000)", rollouts)
+			}
+			if !(rate >= 0) {
+				return fmt.Errorf("--rate: %v, want a non-negative number of rollouts per second (0: as fast as possible)", rate)
+			}
 			sets := []string{"data_dir=./data/demo", "kafka.batch_timeout=200ms", "analyzer.interval=1s",
 				"analyzer.min_failures=20", "analyzer.window=720h", "synthesizer.policy=simulated", "synthesizer.concurrency=3"}
 			// The closed loop: the route role in front of the SIMULATED

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"sort"
 	"strconv"
@@ -191,7 +192,7 @@ func parseRate(s string) (float64, error) {
 	}
 	num, unit, _ := strings.Cut(s, "/")
 	n, err := strconv.ParseFloat(strings.TrimSpace(num), 64)
-	if err != nil || n < 0 {
+	if err != nil || !(n >= 0) || math.IsInf(n, 0) { // NaN fails n >= 0
 		return 0, fmt.Errorf("%q: want a non-negative number of rollouts per second, e.g. 20 or 20/s", s)
 	}
 	switch strings.TrimSpace(unit) {

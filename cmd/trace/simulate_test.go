@@ -99,3 +99,24 @@ func atoi(s string) int {
 	n, _ := strconv.Atoi(s)
 	return n
 }
+
+// TestBadRatesAndCountsRefused: a rate that is not a number (NaN read as
+// "unlimited"), and a demo of 0 rollouts (the simulator's "until
+// interrupted": it published until the timeout and failed), are refused at
+// once, naming the flag.
+func TestBadRatesAndCountsRefused(t *testing.T) {
+	ctx := context.Background()
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"simulate", "--rollouts", "3", "--rate", "NaN"}, `"NaN": want a non-negative number`},
+		{[]string{"simulate", "--rollouts", "3", "--rate", "-2/s"}, `"-2/s": want a non-negative number`},
+		{[]string{"demo", "--rollouts", "0"}, "--rollouts: 0, want at least 1"},
+		{[]string{"demo", "--rate", "NaN"}, "--rate: NaN"},
+	} {
+		if out, err := runCLI(t, ctx, tc.args...); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("trace %v: %v, want an error with %q\n%s", tc.args, err, tc.want, out)
+		}
+	}
+}
