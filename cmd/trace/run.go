@@ -69,6 +69,13 @@ SIGTERM drains every role (the batch in flight is committed) and exits 0.`,
 			ctx := cmd.Context()
 			a, err := app.Start(ctx, cfg, slog.Default())
 			if err != nil {
+				if ctx.Err() != nil {
+					// SIGTERM or Ctrl-C during start-up (waiting for a
+					// server): nothing ran, nothing to drain; exit 0 as
+					// after a drain, saying what it was waiting for.
+					slog.Default().Warn("stopped during start-up", "err", err)
+					return nil
+				}
 				return err
 			}
 			defer a.Close()

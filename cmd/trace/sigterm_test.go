@@ -4,9 +4,11 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"net"
 	"os"
 	"os/exec"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -128,4 +130,68 @@ func TestSIGTERMDrainsAndExitsZero(t *testing.T) {
 	if committed == 0 || int64(stored) != committed {
 		t.Fatalf("stored %d rollouts but committed %d offsets: the drain must commit exactly what it wrote\n%s", stored, committed, logs.String())
 	}
+}
+
+// TestSIGTERMDuringStartUp: SIGTERM while trace run still waits for an
+// unreachable ClickHouse exits 0 at once, saying what it was waiting for
+// (it printed "trace: context canceled" and exited 1).
+func TestSIGTERMDuringStartUp(t *testing.T) {
+	if testing.Short() {
+		t.Skip("process test")
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close() // nothing listens there now: connection refused, retried
+	args := []string{"run", "--roles", "ingest", "--set", "clickhouse.addr=" + addr, "--set", "kafka.brokers=127.0.0.1:1",
+		"--set", "nats.url=nats://127.0.0.1:1", "--set", "data_dir=" + t.TempDir(), "--set", "http.addr=127.0.0.1:0"}
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), "TRACE_TEST_MAIN=1", "TRACE_TEST_ARGS="+strings.Join(args, " "))
+	var logs syncBuffer
+	cmd.Stdout, cmd.Stderr = &logs, &logs
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for !strings.Contains(logs.String(), "clickhouse not reachable yet") {
+		if time.Now().After(deadline) {
+			cmd.Process.Kill()
+			t.Fatalf("trace run is not waiting for ClickHouse:\n%s", logs.String())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err := <-done:
+		if err != nil || !strings.Contains(logs.String(), "stopped while waiting for ClickHouse at "+addr) {
+			t.Fatalf("exit after SIGTERM during start-up: %v\n%s", err, logs.String())
+		}
+	case <-time.After(15 * time.Second):
+		cmd.Process.Kill()
+		t.Fatalf("no exit 15s after SIGTERM:\n%s", logs.String())
+	}
+}
+
+// syncBuffer is a bytes.Buffer safe to read while a process writes it.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }

@@ -19,6 +19,7 @@ import (
 	"net/http"
 	"os"
 	"runtime/debug"
+	"strings"
 	"sync"
 	"time"
 
@@ -174,7 +175,7 @@ func openStore(ctx context.Context, cfg sink.Config, log *slog.Logger) (*sink.St
 		log.Warn("clickhouse not reachable yet, retrying", "addr", cfg.Addr, "err", err)
 		select {
 		case <-ctx.Done():
-			return nil, ctx.Err()
+			return nil, fmt.Errorf("stopped while waiting for ClickHouse at %s (%w): %w", strings.Join(cfg.Addr, ","), ctx.Err(), err)
 		case <-time.After(time.Second):
 		}
 	}
