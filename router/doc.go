@@ -7,9 +7,9 @@
 // labels A, B, C, … (each with its capability and description) and one more
 // label means "no adapter" (labels.go). The model is asked for one token
 // with its top_logprobs (prompts/route.md); the label probabilities are the
-// sampled token merged with its alternatives, whitespace stripped, unknown
-// tokens dropped, renormalised over the labels with a classifier
-// temperature (probs.go). The decision rule (decide.go): "no adapter" on
+// sampled token merged with its alternatives, whitespace (or a tokenizer's
+// mark for it, "Ġ", "▁") stripped, unknown tokens dropped, renormalised
+// over the labels with a classifier temperature (probs.go). The decision rule (decide.go): "no adapter" on
 // top means the base model; otherwise the top adapter is served, and with
 // top_p the smallest set of adapters reaching p is recorded with
 // renormalised weights. A decision is made once per conversation and cached

@@ -3,6 +3,7 @@ package router
 import (
 	"math"
 	"strings"
+	"unicode"
 
 	"github.com/traceops/trace/internal/llm"
 )
@@ -19,12 +20,26 @@ const (
 	ReasonRegistryError   = "registry_error"   // the adapter registry could not be read
 )
 
+// isSpaceOrMarker is whitespace, or a tokenizer's vocabulary mark for it:
+// byte-level BPE (GPT-2, Llama 3, Qwen) writes a space "Ġ", a newline "Ċ",
+// a tab "ĉ" and a carriage return "č"; SentencePiece (Llama 2, Gemma,
+// Mistral) a space "▁". Some servers name logprob tokens by these
+// vocabulary strings instead of their text (vLLM's V1 engine in its 2025
+// releases, vllm-project/vllm#16838 and #19177: " A" comes as "ĠA").
+func isSpaceOrMarker(r rune) bool {
+	switch r {
+	case 'Ġ', 'Ċ', 'ĉ', 'č', '▁':
+		return true
+	}
+	return unicode.IsSpace(r)
+}
+
 // Probabilities turns the first answer token's logprobs into a distribution
 // over the labels: the sampled token and its top_logprobs are merged (the
 // sampled token usually repeats among them; each distinct token counts
-// once), whitespace is stripped, tokens that are not a label are dropped,
-// tokens that become the same label (" A" and "A") add their
-// probabilities, and the result is renormalised over the labels with
+// once), whitespace (and a tokenizer's mark for it, isSpaceOrMarker) is
+// stripped, tokens that are not a label are dropped, tokens that become
+// the same label (" A", "ĠA" and "A") add their probabilities, and the result is renormalised over the labels with
 // temperature t: p_i ∝ exp(log q_i / t), t > 0 (t = 1 keeps the model's
 // ratios; larger flattens, smaller sharpens).
 //
@@ -49,7 +64,7 @@ func Probabilities(lps []llm.TokenLogprob, labels []string, t float64) (map[stri
 			return
 		}
 		seen[tok] = true
-		l := strings.TrimSpace(tok)
+		l := strings.TrimFunc(tok, isSpaceOrMarker)
 		if !known[l] {
 			return
 		}

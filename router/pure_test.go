@@ -71,6 +71,17 @@ func TestProbabilities(t *testing.T) {
 		{"temperature 0.5 sharpens", lp("A", ln(0.5), llm.TopLogprob{Token: "B", Logprob: ln(0.25)}), 0.5,
 			map[string]float64{"A": 0.8, "B": 0.2, "C": 0}, ReasonClassified},
 		{"lowercase is not a label", lp("a", ln(0.9)), 1, nil, ReasonNoLabel},
+		// vLLM's V1 engine (its 2025 releases) names chat logprob tokens by
+		// their vocabulary strings: byte-level BPE marks a leading space
+		// "Ġ" (a newline "Ċ"), SentencePiece "▁".
+		{"byte-level BPE space marker stripped", lp("ĠA", ln(0.5), llm.TopLogprob{Token: "ĠA", Logprob: ln(0.5)}, llm.TopLogprob{Token: "ĠB", Logprob: ln(0.3)},
+			llm.TopLogprob{Token: "B", Logprob: ln(0.1)}, llm.TopLogprob{Token: "ĊC", Logprob: ln(0.1)}), 1,
+			map[string]float64{"A": 0.5, "B": 0.4, "C": 0.1}, ReasonClassified},
+		{"SentencePiece space marker stripped", lp("▁B", ln(0.6), llm.TopLogprob{Token: "▁A", Logprob: ln(0.2)}, llm.TopLogprob{Token: "▁", Logprob: ln(0.2)}), 1,
+			map[string]float64{"A": 0.25, "B": 0.75, "C": 0}, ReasonClassified},
+		{"trailing markers stripped too, as whitespace is", lp("AĊ", ln(0.5), llm.TopLogprob{Token: "Bĉ", Logprob: ln(0.5)}), 1,
+			map[string]float64{"A": 0.5, "B": 0.5, "C": 0}, ReasonClassified},
+		{"a marker inside a token is kept", lp("AĠB", ln(0.5), llm.TopLogprob{Token: "ÄA", Logprob: ln(0.5)}), 1, nil, ReasonNoLabel},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
