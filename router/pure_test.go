@@ -244,6 +244,33 @@ func TestCacheTTLAndBound(t *testing.T) {
 	}
 }
 
+// TestCacheOff: a negative CacheTTL turns the cache off (router.cache_ttl
+// 0, "classify every request", which the route role passes as -1): the
+// router starts, and each request of a conversation is classified anew.
+func TestCacheOff(t *testing.T) {
+	srv := llmtest.New(t)
+	srv.Handle(func(llmtest.Request) llmtest.Reply {
+		return llmtest.Classification(map[string]float64{"A": 0.9, "B": 0.1})
+	})
+	cls, err := llm.New(llm.Config{BaseURL: srv.URL, Model: "base"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := New(Config{BaseModel: "base", CacheTTL: -1}, cls, staticSource{{Adapter: "a", Capability: "c"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	in := Input{ConversationID: "c1", Environment: "e", Turns: []Turn{{Role: "user", Text: "hi"}}}
+	for i := range 2 {
+		if d, cached := r.Route(context.Background(), in); cached || d.Adapter != "a" {
+			t.Fatalf("request %d: adapter %q, cached %v; want a, not cached", i, d.Adapter, cached)
+		}
+	}
+	if n := len(srv.Requests()); n != 2 {
+		t.Fatalf("%d classifications for 2 requests with the cache off", n)
+	}
+}
+
 // TestRouteConcurrentFirstRequests: concurrent first requests of one
 // conversation share one classification; exactly one of them reports it
 // as new (cached false).

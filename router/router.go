@@ -67,7 +67,8 @@ type Config struct {
 	// Context is ContextFirstUser (default) or ContextLastN with LastN turns (default 4).
 	Context string
 	LastN   int
-	// CacheTTL keeps a conversation's decision (default 1h); CacheMax
+	// CacheTTL keeps a conversation's decision (default 1h; negative: no
+	// cache, every request is classified, router.cache_ttl 0); CacheMax
 	// bounds the conversations held (default 100,000).
 	CacheTTL time.Duration
 	CacheMax int
@@ -169,9 +170,6 @@ func (c Config) Validate() error {
 	}
 	if c.LastN < 1 {
 		bad("last_n", "must be at least 1, got %d", c.LastN)
-	}
-	if c.CacheTTL < 0 {
-		bad("cache_ttl", "must not be negative, got %s", c.CacheTTL)
 	}
 	if c.AdaptersRefresh < 0 {
 		bad("adapters_refresh", "must be positive, got %s", c.AdaptersRefresh)
