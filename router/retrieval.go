@@ -43,6 +43,13 @@ type Retriever struct {
 	Pool    int           // trajectories considered per capability (default 50)
 	TTL     time.Duration // default 10m
 	MaxText int           // characters of an example shown (default 600)
+	// Timeout bounds one classification's retrieval as a whole (0: the
+	// caller's deadline only). Each capability whose trajectories are not
+	// embedded yet makes a call of its own, so without it an embeddings
+	// endpoint that does not answer takes one call's time per capability
+	// out of the decision's deadline, the classifier's share included.
+	// The route role sets it to the embeddings call's share of the deadline.
+	Timeout time.Duration
 	Log     *slog.Logger
 
 	mu    sync.Mutex
@@ -67,10 +74,15 @@ type Example struct {
 }
 
 // Examples returns the best example per capability (absent when none).
-func (r *Retriever) Examples(ctx context.Context, environment string, capabilities []string, context []Turn) map[string]Example {
+func (r *Retriever) Examples(ctx context.Context, environment string, capabilities []string, turns []Turn) map[string]Example {
 	out := map[string]Example{}
+	if r.Timeout > 0 {
+		var cancel func()
+		ctx, cancel = context.WithTimeout(ctx, r.Timeout)
+		defer cancel()
+	}
 	var q strings.Builder
-	for _, t := range context {
+	for _, t := range turns {
 		q.WriteString(t.Text)
 		q.WriteByte('\n')
 	}

@@ -2,6 +2,9 @@ package router_test
 
 import (
 	"context"
+	"io"
+	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -58,7 +61,8 @@ func TestRetrievalShowsMostSimilarSuccess(t *testing.T) {
 	}
 	ret := &router.Retriever{Embedder: client, Model: "embed-model", Source: st}
 	r, err := router.New(router.Config{BaseModel: baseModel, Retriever: ret}, client,
-		staticAdapters{{Adapter: "lora-bag", Capability: "baggage_policy"}, {Adapter: "lora-id", Capability: "id_verification"}})
+		staticAdapters{{Adapter: "lora-bag", Capability: "baggage_policy"}, {Adapter: "lora-id", Capability: "id_verification"},
+			{Adapter: "lora-refund", Capability: "refund_policy"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -82,5 +86,70 @@ func TestRetrievalShowsMostSimilarSuccess(t *testing.T) {
 	}
 	if p := up.Requests()[1].Chat.Prompt(); !strings.Contains(p, "done: r-pet") {
 		t.Fatalf("second prompt lacks the most similar trajectory r-pet:\n%s", p)
+	}
+}
+
+// TestRetrievalHangingEmbedderLeavesTheClassifierItsTime: an embeddings
+// endpoint that does not answer leaves the candidates without examples,
+// and the decision is still classified. The route role's decision deadline
+// adds one embeddings call (its attempts) to the classifier's, so the
+// retrieval as a whole must keep within that: each candidate whose
+// trajectories are not embedded yet made a call of its own, and three of
+// them outlasted the deadline (classifier_error, after twice the
+// deadline's embeddings share).
+func TestRetrievalHangingEmbedderLeavesTheClassifierItsTime(t *testing.T) {
+	st := testenv.ClickHouse(t).Store()
+	ctx := context.Background()
+	end := time.Now().UTC().Add(-time.Hour).Truncate(time.Second)
+	var rows []sink.RolloutRow
+	var labels []sink.LabelRow
+	for i, capability := range []string{"baggage_policy", "id_verification", "refund_policy"} {
+		id := "r-" + capability
+		r := &schemas.Rollout{RolloutID: id, Environment: env, Agent: schemas.Agent{Name: "a", Version: "1.0"}, TaskID: "t",
+			StartTime: end.Add(-time.Minute), EndTime: end, Outcome: schemas.Outcome{Reward: 1},
+			Messages: []schemas.Message{{Role: "user", Content: "question about " + capability}, {Role: "assistant", Content: "done"}}}
+		rows = append(rows, sink.RolloutRowFrom(r, sink.Coord{Topic: "t", Offset: int64(i)}))
+		labels = append(labels, sink.LabelRow{LabelEvent: schemas.LabelEvent{RolloutID: id, Environment: env, AgentVersion: "1.0",
+			DictionaryVersion: 1, Capability: capability, Label: "PRESENT", Success: true, Reward: 1, Source: "rules", TS: end}})
+	}
+	if err := st.InsertRollouts(ctx, rows); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.InsertLabels(ctx, labels); err != nil {
+		t.Fatal(err)
+	}
+
+	hang := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body) // then a client that gives up is seen
+		<-r.Context().Done()
+	}))
+	t.Cleanup(hang.Close)
+	const attempt = 300 * time.Millisecond
+	emb, err := llm.New(llm.Config{BaseURL: hang.URL + "/v1", Model: "embed-model", Timeout: attempt, MaxAttempts: 2,
+		BackoffInitial: time.Millisecond, BackoffMax: time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	up := llmtest.New(t)
+	up.Handle(func(llmtest.Request) llmtest.Reply {
+		return llmtest.Classification(map[string]float64{"A": 0.9, "D": 0.1})
+	})
+	cls, err := llm.New(llm.Config{BaseURL: up.URL, Model: baseModel, Timeout: attempt, MaxAttempts: 2,
+		BackoffInitial: time.Millisecond, BackoffMax: time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// As the route role derives them: one call is its attempts and the waits between them.
+	call := 2*attempt + 10*time.Millisecond
+	ret := &router.Retriever{Embedder: emb, Source: st, Timeout: call}
+	r, err := router.New(router.Config{BaseModel: baseModel, Retriever: ret, ClassifierAttempts: 2, DecisionTimeout: 2 * call}, cls,
+		staticAdapters{{Adapter: "lora-bag", Capability: "baggage_policy"}, {Adapter: "lora-id", Capability: "id_verification"},
+			{Adapter: "lora-refund", Capability: "refund_policy"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, _ := r.Route(ctx, router.Input{ConversationID: "c1", Environment: env, Turns: []router.Turn{{Role: "user", Text: "my bags"}}})
+	if d.Reason != router.ReasonClassified || d.Adapter != "lora-bag" || len(d.Examples) != 0 {
+		t.Fatalf("decision %s (%s), adapter %q, examples %v; want classified, lora-bag, no examples", d.Reason, d.Error, d.Adapter, d.Examples)
 	}
 }

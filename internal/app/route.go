@@ -58,7 +58,8 @@ func (a *App) addRoute(ctx context.Context, g *run.Group) error {
 		if err != nil {
 			return fmt.Errorf("router retrieval (router.retrieval.embeddings_url, embeddings_model): %w", err)
 		}
-		ret = &router.Retriever{Embedder: emb, Source: a.Store, Pool: rv.Pool, TTL: rv.TTL, Log: a.Log.With("role", "route")}
+		ret = &router.Retriever{Embedder: emb, Source: a.Store, Pool: rv.Pool, TTL: rv.TTL, Timeout: classifierCall(rc, embedderAttempts),
+			Log: a.Log.With("role", "route")}
 	}
 	reg := &router.Registry{Rows: a.Store, TTL: rc.AdaptersRefresh, Describe: a.describeCapability}
 	r, err := router.New(router.Config{BaseModel: rc.BaseModel, TopP: topP(rc.TopP), Temperature: rc.Temperature, TopLogprobs: rc.TopLogprobs,
@@ -181,18 +182,23 @@ const (
 // (router.classifier_timeout each, router.classifier_attempts of them) and
 // the waits between them (at most 1.5 × classifierBackoffMax each: the
 // backoff's randomisation), plus, with retrieval on, the embedder's
-// attempts. The wait for a classifier slot counts against it: an
-// overloaded classifier routes new conversations to the base model
-// (classifier_error) instead of queueing them without bound.
+// attempts (the retrieval's own bound, router.Retriever.Timeout). The wait
+// for a classifier slot counts against it: an overloaded classifier routes
+// new conversations to the base model (classifier_error) instead of
+// queueing them without bound.
 func decisionTimeout(rc config.Router) time.Duration {
-	call := func(attempts int) time.Duration {
-		return time.Duration(attempts)*rc.ClassifierTimeout + time.Duration(max(attempts-1, 0))*classifierBackoffMax*3/2
-	}
-	d := call(rc.ClassifierAttempts)
+	d := classifierCall(rc, rc.ClassifierAttempts)
 	if rc.Retrieval.EmbeddingsURL != "" {
-		d += call(embedderAttempts)
+		d += classifierCall(rc, embedderAttempts)
 	}
 	return d
+}
+
+// classifierCall is the longest a call of the classifier's (or the
+// embedder's) settings takes with attempts attempts and the waits between
+// them.
+func classifierCall(rc config.Router, attempts int) time.Duration {
+	return time.Duration(attempts)*rc.ClassifierTimeout + time.Duration(max(attempts-1, 0))*classifierBackoffMax*3/2
 }
 
 // describeCapability is a capability's definition in the dictionary of the
