@@ -24,8 +24,8 @@ const (
 // byte-level BPE (GPT-2, Llama 3, Qwen) writes a space "Ġ", a newline "Ċ",
 // a tab "ĉ" and a carriage return "č"; SentencePiece (Llama 2, Gemma,
 // Mistral) a space "▁". Some servers name logprob tokens by these
-// vocabulary strings instead of their text (vLLM's V1 engine in its 2025
-// releases, vllm-project/vllm#16838 and #19177: " A" comes as "ĠA").
+// vocabulary strings instead of their text (vLLM has: the chat logprobs
+// shown in vllm-project/vllm#2918 read "▁Hello"), so " A" can come as "ĠA".
 func isSpaceOrMarker(r rune) bool {
 	switch r {
 	case 'Ġ', 'Ċ', 'ĉ', 'č', '▁':
