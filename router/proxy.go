@@ -185,7 +185,10 @@ func (p *Proxy) auth(h http.Handler) http.Handler {
 	}
 	tok := []byte(p.cfg.BearerToken)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		got := strings.TrimPrefix(r.Header.Get(HeaderToken), "Bearer ")
+		got := r.Header.Get(HeaderToken)
+		if len(got) > 7 && strings.EqualFold(got[:7], "bearer ") { // the scheme in any case (RFC 7235), as the dashboard's and env server's
+			got = got[7:]
+		}
 		if subtle.ConstantTimeCompare([]byte(got), tok) != 1 {
 			writeError(w, http.StatusUnauthorized, "missing or wrong "+HeaderToken+" (the router's own token; Authorization is passed to the upstream)", "authentication_error")
 			return

@@ -273,6 +273,14 @@ func TestRouteTopPKeepsTwoAdapters(t *testing.T) {
 	if r401.StatusCode != http.StatusUnauthorized || len(f.upstreamChats()) != 1 {
 		t.Fatalf("without %s: %s", router.HeaderToken, r401.Status)
 	}
+	// The token with its scheme, in any case (RFC 7235): accepted.
+	for _, v := range []string{"Bearer " + token, "bearer " + token} {
+		resp := f.post("/v1/chat/completions", chatBody, map[string]string{router.HeaderToken: v})
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Errorf("%s: %q: %s", router.HeaderToken, v, resp.Status)
+		}
+	}
 }
 
 // TestProxyNoLogprobs: a classifier that returns no logprobs routes to the
