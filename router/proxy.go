@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"crypto/sha256"
-	"crypto/subtle"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -20,6 +19,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/traceops/trace/internal/httpauth"
 	"github.com/traceops/trace/sink"
 )
 
@@ -183,13 +183,8 @@ func (p *Proxy) auth(h http.Handler) http.Handler {
 	if p.cfg.BearerToken == "" {
 		return h
 	}
-	tok := []byte(p.cfg.BearerToken)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		got := r.Header.Get(HeaderToken)
-		if len(got) > 7 && strings.EqualFold(got[:7], "bearer ") { // the scheme in any case (RFC 7235), as the dashboard's and env server's
-			got = got[7:]
-		}
-		if subtle.ConstantTimeCompare([]byte(got), tok) != 1 {
+		if !httpauth.Match(p.cfg.BearerToken, httpauth.Bearer(r.Header.Get(HeaderToken))) {
 			writeError(w, http.StatusUnauthorized, "missing or wrong "+HeaderToken+" (the router's own token; Authorization is passed to the upstream)", "authentication_error")
 			return
 		}

@@ -3,9 +3,7 @@ package app
 import (
 	"cmp"
 	"context"
-	"crypto/subtle"
 	"net/http"
-	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -13,6 +11,7 @@ import (
 	"github.com/traceops/trace/adapter/dispatch"
 	"github.com/traceops/trace/analyzer"
 	"github.com/traceops/trace/internal/dashboard"
+	"github.com/traceops/trace/internal/httpauth"
 	"github.com/traceops/trace/synthesizer"
 	"github.com/traceops/trace/synthesizer/envserver"
 	"github.com/traceops/trace/verify"
@@ -57,39 +56,23 @@ func (a *App) httpServer() *http.Server {
 	return &http.Server{Addr: a.Cfg.HTTP.Addr, Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 }
 
-// bearer protects h with a static bearer token when one is configured:
-// "Authorization: Bearer T" (the scheme in any case, RFC 7235) or a bare
-// T. The dashboard's pages accept it as ?token= too, since a browser cannot
-// set the header on navigation; an Authorization of another scheme (a
-// reverse proxy's Basic credentials, passed on) does not hide it.
+// bearer protects h with a static token when one is configured: a bearer
+// header or a bare token (httpauth.Bearer). The dashboard's pages accept it as ?token= too, since
+// a browser cannot set the header on navigation; an Authorization that
+// carries something else (a reverse proxy's own credentials, passed on)
+// does not hide it.
 func bearer(token string, h http.Handler) http.Handler {
 	if token == "" {
 		return h
 	}
-	want := []byte(token)
-	match := func(got string) bool { return got != "" && subtle.ConstantTimeCompare([]byte(got), want) == 1 }
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if !match(bearerCredential(r.Header.Get("Authorization"))) && !match(r.URL.Query().Get("token")) {
+		if !httpauth.Match(token, httpauth.Bearer(r.Header.Get("Authorization")), r.URL.Query().Get("token")) {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="trace"`)
 			http.Error(w, "unauthorized", http.StatusUnauthorized)
 			return
 		}
 		h.ServeHTTP(w, r)
 	})
-}
-
-// bearerCredential is the token an Authorization header carries: the
-// credentials of the Bearer scheme (in any case), or the whole value when it
-// has no scheme; "" for another scheme.
-func bearerCredential(authz string) string {
-	scheme, cred, ok := strings.Cut(strings.TrimSpace(authz), " ")
-	switch {
-	case !ok:
-		return scheme
-	case strings.EqualFold(scheme, "Bearer"):
-		return strings.TrimSpace(cred)
-	}
-	return ""
 }
 
 // newEnvServer is the serve role's OpenEnv environment server over the

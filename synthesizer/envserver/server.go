@@ -18,18 +18,17 @@ package envserver
 import (
 	"cmp"
 	"context"
-	"crypto/subtle"
-	"encoding/base64"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
-	"strings"
 	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sync/singleflight"
+
+	"github.com/traceops/trace/internal/httpauth"
 )
 
 // Options are what New needs beyond the configuration.
@@ -366,33 +365,17 @@ func (s *Server) listEnvironments(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, map[string]any{"environments": out})
 }
 
-// Auth protects h with a static token when one is configured (trace's HTTP
-// token model, internal/app): "Authorization: Bearer T", the password of
-// HTTP Basic authentication (any user name; a WebSocket client that cannot
-// set headers sends it from the URL, ws://trace:T@host/…), or ?token=T. The
-// scheme is matched in any case (RFC 7235), and ?token= counts whatever
-// Authorization says (a reverse proxy's own Basic credentials, passed on).
+// Auth protects h with a static token when one is configured: a bearer
+// header or a bare token, the Basic password that openenv's WebSocket
+// client sends from the URL (ws://trace:T@host/…), or ?token=T, which counts whatever Authorization says (a reverse
+// proxy's own credentials, passed on).
 func Auth(token string, h http.Handler) http.Handler {
 	if token == "" {
 		return h
 	}
-	want := []byte(token)
-	match := func(got string) bool { return got != "" && subtle.ConstantTimeCompare([]byte(got), want) == 1 }
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		got := ""
-		scheme, cred, _ := strings.Cut(strings.TrimSpace(r.Header.Get("Authorization")), " ")
-		cred = strings.TrimSpace(cred)
-		switch {
-		case strings.EqualFold(scheme, "Bearer"):
-			got = cred
-		case strings.EqualFold(scheme, "Basic"):
-			if b, err := base64.StdEncoding.DecodeString(cred); err == nil {
-				if _, pass, ok := strings.Cut(string(b), ":"); ok {
-					got = pass
-				}
-			}
-		}
-		if !match(got) && !match(r.URL.Query().Get("token")) {
+		authz := r.Header.Get("Authorization")
+		if !httpauth.Match(token, httpauth.Bearer(authz), httpauth.BasicPassword(authz), r.URL.Query().Get("token")) {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="trace"`)
 			writeJSON(w, http.StatusUnauthorized, map[string]string{"detail": "unauthorized: send the token as Authorization: Bearer, as the Basic password, or as ?token="})
 			return
