@@ -8,7 +8,6 @@ import (
 	"os/exec"
 	"regexp"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -45,33 +44,7 @@ func TestEnvServeProcess(t *testing.T) {
 	ch := testenv.ClickHouse(t)
 	args := []string{"env", "serve", "example:precondition_airline", "--addr", "127.0.0.1:0", "--token", "tok", "--record",
 		"--set", "clickhouse.addr=" + ch.Addr, "--set", "clickhouse.database=" + ch.Database}
-	cmd := exec.Command(os.Args[0])
-	cmd.Env = append(os.Environ(), "TRACE_TEST_MAIN=1", "TRACE_TEST_ARGS="+strings.Join(args, " "))
-	cmd.Stderr = os.Stderr
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer cmd.Process.Kill()
-	sc := bufio.NewScanner(out)
-	var base string
-	re := regexp.MustCompile(`serving precondition_airline at (\S+)`)
-	for sc.Scan() {
-		if m := re.FindStringSubmatch(sc.Text()); m != nil {
-			base = m[1]
-			break
-		}
-	}
-	if base == "" {
-		t.Fatal("no serving line")
-	}
-	go func() {
-		for sc.Scan() {
-		}
-	}()
+	cmd, base := serveProcess(t, args...)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 
@@ -105,18 +78,8 @@ func TestEnvServeProcess(t *testing.T) {
 	if !obs.Done || obs.Reward == nil || *obs.Reward != 1 {
 		t.Fatalf("the reference through trace env serve: %+v", obs)
 	}
-	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- cmd.Wait() }()
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatalf("exit after SIGTERM: %v", err)
-		}
-	case <-time.After(30 * time.Second):
-		t.Fatal("trace env serve did not exit within 30 s of SIGTERM")
+	if err := terminate(t, cmd, 30*time.Second, new(strings.Builder)); err != nil { // its log went to stderr
+		t.Fatalf("exit after SIGTERM: %v", err)
 	}
 	var n uint64
 	var reward float64
@@ -148,36 +111,7 @@ func TestEnvServeTakesTheConfiguredEnvToken(t *testing.T) {
 			for _, s := range tc.sets {
 				args = append(args, "--set", s)
 			}
-			cmd := exec.Command(os.Args[0])
-			cmd.Env = append(os.Environ(), "TRACE_TEST_MAIN=1", "TRACE_TEST_ARGS="+strings.Join(args, " "))
-			cmd.Stderr = os.Stderr
-			out, err := cmd.StdoutPipe()
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := cmd.Start(); err != nil {
-				t.Fatal(err)
-			}
-			defer func() {
-				cmd.Process.Kill()
-				cmd.Wait()
-			}()
-			sc := bufio.NewScanner(out)
-			var base string
-			re := regexp.MustCompile(`serving precondition_airline at (\S+)`)
-			for sc.Scan() {
-				if m := re.FindStringSubmatch(sc.Text()); m != nil {
-					base = m[1]
-					break
-				}
-			}
-			if base == "" {
-				t.Fatal("no serving line")
-			}
-			go func() {
-				for sc.Scan() {
-				}
-			}()
+			_, base := serveProcess(t, args...)
 			status := func(token string) int {
 				req, _ := http.NewRequest("GET", base+"/schema", nil)
 				if token != "" {
@@ -202,4 +136,37 @@ func TestEnvServeTakesTheConfiguredEnvToken(t *testing.T) {
 			}
 		})
 	}
+}
+
+// serveProcess starts `trace env serve` with args as a process (its log on
+// stderr), killed at the test's end, and returns it and the base URL its
+// serving line names (the example environment's).
+func serveProcess(t *testing.T, args ...string) (*exec.Cmd, string) {
+	t.Helper()
+	cmd := traceProcess(args...)
+	cmd.Stderr = os.Stderr
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		cmd.Process.Kill()
+		cmd.Wait()
+	})
+	sc := bufio.NewScanner(out)
+	re := regexp.MustCompile(`serving precondition_airline at (\S+)`)
+	for sc.Scan() {
+		if m := re.FindStringSubmatch(sc.Text()); m != nil {
+			go func() {
+				for sc.Scan() {
+				}
+			}()
+			return cmd, m[1]
+		}
+	}
+	t.Fatal("no serving line")
+	return nil, ""
 }

@@ -3,10 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
-	"os"
-	"os/exec"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -47,8 +44,7 @@ func TestAdaptRoleGuard(t *testing.T) {
 	args := []string{"run", "--roles", "adapt", "--set", "clickhouse.addr=" + ch.Addr, "--set", "clickhouse.database=" + ch.Database,
 		"--set", "nats.url=" + ns.URL(), "--set", "data_dir=" + t.TempDir(), "--set", "http.addr=127.0.0.1:0", "--set", "verify.interval=300ms",
 		"--set", "adapter.backend=none"}
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), "TRACE_TEST_MAIN=1", "TRACE_TEST_ARGS="+strings.Join(args, " "))
+	cmd := traceProcess(args...)
 	var logs bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &logs, &logs
 	if err := cmd.Start(); err != nil {
@@ -73,18 +69,8 @@ func TestAdaptRoleGuard(t *testing.T) {
 	if a, _ := st.Adapter(context.Background(), "pv-good"); a == nil || a.Status != "active" {
 		t.Fatalf("the good adapter: %+v", a)
 	}
-	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- cmd.Wait() }()
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatalf("exit after SIGTERM: %v\n%s", err, logs.String())
-		}
-	case <-time.After(15 * time.Second):
-		t.Fatalf("no exit 15s after SIGTERM:\n%s", logs.String())
+	if err := terminate(t, cmd, 15*time.Second, &logs); err != nil {
+		t.Fatalf("exit after SIGTERM: %v\n%s", err, logs.String())
 	}
 	if !strings.Contains(logs.String(), "closed loop: adapter rolled back") {
 		t.Fatalf("the rollback was not logged:\n%s", logs.String())

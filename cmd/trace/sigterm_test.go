@@ -4,11 +4,11 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"net"
 	"os"
 	"os/exec"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -67,8 +67,7 @@ func TestSIGTERMDrainsAndExitsZero(t *testing.T) {
 	}
 	w.Close()
 
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), "TRACE_TEST_MAIN=1", "TRACE_TEST_ARGS="+strings.Join(args, " "))
+	cmd := traceProcess(args...)
 	var logs bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &logs, &logs
 	if err := cmd.Start(); err != nil {
@@ -93,19 +92,8 @@ func TestSIGTERMDrainsAndExitsZero(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 	sent := time.Now()
-	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- cmd.Wait() }()
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatalf("exit after SIGTERM: %v\n%s", err, logs.String())
-		}
-	case <-time.After(15 * time.Second):
-		cmd.Process.Kill()
-		t.Fatalf("no exit 15s after SIGTERM:\n%s", logs.String())
+	if err := terminate(t, cmd, 15*time.Second, &logs); err != nil {
+		t.Fatalf("exit after SIGTERM: %v\n%s", err, logs.String())
 	}
 	took := time.Since(sent)
 	if took > 10*time.Second {
@@ -147,9 +135,8 @@ func TestSIGTERMDuringStartUp(t *testing.T) {
 	ln.Close() // nothing listens there now: connection refused, retried
 	args := []string{"run", "--roles", "ingest", "--set", "clickhouse.addr=" + addr, "--set", "kafka.brokers=127.0.0.1:1",
 		"--set", "nats.url=nats://127.0.0.1:1", "--set", "data_dir=" + t.TempDir(), "--set", "http.addr=127.0.0.1:0"}
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), "TRACE_TEST_MAIN=1", "TRACE_TEST_ARGS="+strings.Join(args, " "))
-	var logs syncBuffer
+	cmd := traceProcess(args...)
+	var logs testenv.SyncBuffer
 	cmd.Stdout, cmd.Stderr = &logs, &logs
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -162,6 +149,23 @@ func TestSIGTERMDuringStartUp(t *testing.T) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+	if err := terminate(t, cmd, 15*time.Second, &logs); err != nil || !strings.Contains(logs.String(), "stopped while waiting for ClickHouse at "+addr) {
+		t.Fatalf("exit after SIGTERM during start-up: %v\n%s", err, logs.String())
+	}
+}
+
+// traceProcess is this test binary run as the trace binary with args (see
+// TestMain).
+func traceProcess(args ...string) *exec.Cmd {
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), "TRACE_TEST_MAIN=1", "TRACE_TEST_ARGS="+strings.Join(args, " "))
+	return cmd
+}
+
+// terminate sends cmd SIGTERM and returns how it exited; a process still
+// running after within is killed and fails the test, with logs.
+func terminate(t *testing.T, cmd *exec.Cmd, within time.Duration, logs fmt.Stringer) error {
+	t.Helper()
 	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
@@ -169,29 +173,10 @@ func TestSIGTERMDuringStartUp(t *testing.T) {
 	go func() { done <- cmd.Wait() }()
 	select {
 	case err := <-done:
-		if err != nil || !strings.Contains(logs.String(), "stopped while waiting for ClickHouse at "+addr) {
-			t.Fatalf("exit after SIGTERM during start-up: %v\n%s", err, logs.String())
-		}
-	case <-time.After(15 * time.Second):
+		return err
+	case <-time.After(within):
 		cmd.Process.Kill()
-		t.Fatalf("no exit 15s after SIGTERM:\n%s", logs.String())
+		t.Fatalf("no exit %s after SIGTERM:\n%s", within, logs)
+		return nil
 	}
-}
-
-// syncBuffer is a bytes.Buffer safe to read while a process writes it.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }

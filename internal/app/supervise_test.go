@@ -1,13 +1,11 @@
 package app_test
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"io"
 	"net/http"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -16,24 +14,6 @@ import (
 	"github.com/traceops/trace/internal/chserver"
 	"github.com/traceops/trace/internal/dev/testenv"
 )
-
-// syncBuffer collects log lines from several goroutines.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.String()
-}
 
 // readyz GETs /readyz (a hang fails the test after 10 s) and decodes it.
 func readyz(t *testing.T, a *app.App) (int, app.ReadyReport) {
@@ -81,7 +61,7 @@ func TestEmbeddedClickHouseKilledMidStream(t *testing.T) {
 	cfg := w.cfg
 	cfg.ClickHouse.Addr = nil // the embedded server, supervised by Run
 	cfg.Embedded.ClickHousePort, cfg.Embedded.ClickHouseHTTPPort = 0, 0
-	var logs syncBuffer
+	var logs testenv.SyncBuffer
 	a, stop := w.startLogged(t, cfg, &logs)
 	<-a.Ready()
 	ch := a.EmbeddedClickHouse()
