@@ -248,14 +248,7 @@ func TestCacheTTLAndBound(t *testing.T) {
 // 0, "classify every request", which the route role passes as -1): the
 // router starts, and each request of a conversation is classified anew.
 func TestCacheOff(t *testing.T) {
-	srv := llmtest.New(t)
-	srv.Handle(func(llmtest.Request) llmtest.Reply {
-		return llmtest.Classification(map[string]float64{"A": 0.9, "B": 0.1})
-	})
-	cls, err := llm.New(llm.Config{BaseURL: srv.URL, Model: "base"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	srv, cls := classifierA(t, 0)
 	r, err := New(Config{BaseModel: "base", CacheTTL: -1}, cls, staticSource{{Adapter: "a", Capability: "c"}})
 	if err != nil {
 		t.Fatal(err)
@@ -275,14 +268,7 @@ func TestCacheOff(t *testing.T) {
 // conversation share one classification; exactly one of them reports it
 // as new (cached false).
 func TestRouteConcurrentFirstRequests(t *testing.T) {
-	srv := llmtest.New(t)
-	srv.Handle(func(llmtest.Request) llmtest.Reply {
-		return llmtest.Slow(300*time.Millisecond, llmtest.Classification(map[string]float64{"A": 0.9, "B": 0.1}))
-	})
-	cls, err := llm.New(llm.Config{BaseURL: srv.URL, Model: "base"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	srv, cls := classifierA(t, 300*time.Millisecond)
 	r, err := New(Config{BaseModel: "base"}, cls, staticSource{{Adapter: "a", Capability: "c"}})
 	if err != nil {
 		t.Fatal(err)
@@ -447,14 +433,7 @@ func (s *switchingSource) count() int {
 // adapter is gone from the list the decision is dropped and the
 // conversation classified again, to an adapter still active.
 func TestCachedDecisionAdapterCheck(t *testing.T) {
-	srv := llmtest.New(t)
-	srv.Handle(func(llmtest.Request) llmtest.Reply {
-		return llmtest.Classification(map[string]float64{"A": 0.9, "B": 0.1})
-	})
-	cls, err := llm.New(llm.Config{BaseURL: srv.URL, Model: "base"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	srv, cls := classifierA(t, 0)
 	now := time.Unix(1000, 0)
 	src := &switchingSource{list: []Candidate{{Adapter: "lora-a", Capability: "a"}}}
 	r, err := New(Config{BaseModel: "base", AdaptersRefresh: 10 * time.Second, Now: func() time.Time { return now }}, cls, src)
@@ -524,4 +503,19 @@ func TestNewProxyRejectsQuery(t *testing.T) {
 	if _, err := NewProxy(ProxyConfig{UpstreamURL: "http://127.0.0.1:8000/v1/"}, nil, nil); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// classifierA is a scripted classifier that answers "A" (0.9, "B" 0.1)
+// after delay, and a client of it.
+func classifierA(t *testing.T, delay time.Duration) (*llmtest.Server, *llm.Client) {
+	t.Helper()
+	srv := llmtest.New(t)
+	srv.Handle(func(llmtest.Request) llmtest.Reply {
+		return llmtest.Slow(delay, llmtest.Classification(map[string]float64{"A": 0.9, "B": 0.1}))
+	})
+	cls, err := llm.New(llm.Config{BaseURL: srv.URL, Model: "base"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return srv, cls
 }

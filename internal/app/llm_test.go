@@ -254,6 +254,14 @@ func TestLabelingCallsInFlightAtShutdownAudited(t *testing.T) {
 	if got := committed(t, cfg, cfg.Kafka.AnalyzeGroup); got != 1 {
 		t.Fatalf("the batch in flight was not drained: %d committed", got)
 	}
+	if n, calls := llmCalls(t, cfg), len(srv.Requests()); n != uint64(calls) {
+		t.Fatalf("llm_calls has %d rows for the labeler's %d calls, the last in flight at shutdown", n, calls)
+	}
+}
+
+// llmCalls counts the rows of llm_calls in cfg's ClickHouse database.
+func llmCalls(t *testing.T, cfg config.Config) uint64 {
+	t.Helper()
 	st, err := sink.Open(context.Background(), cfg.ClickHouse, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -263,7 +271,5 @@ func TestLabelingCallsInFlightAtShutdownAudited(t *testing.T) {
 	if err := testenv.StoreConn(t, st).QueryRow(context.Background(), "SELECT count() FROM llm_calls").Scan(&n); err != nil {
 		t.Fatal(err)
 	}
-	if calls := len(srv.Requests()); n != uint64(calls) {
-		t.Fatalf("llm_calls has %d rows for the labeler's %d calls, the last in flight at shutdown", n, calls)
-	}
+	return n
 }

@@ -274,16 +274,7 @@ func TestRouteRoleAuditsCallsInFlightAtShutdown(t *testing.T) {
 	if err := <-answered; err != nil {
 		t.Fatalf("request in flight at shutdown: %v", err)
 	}
-	st, err := sink.Open(context.Background(), cfg.ClickHouse, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
-	var n uint64
-	if err := testenv.StoreConn(t, st).QueryRow(context.Background(), "SELECT count() FROM llm_calls").Scan(&n); err != nil {
-		t.Fatal(err)
-	}
-	if n != 1 {
+	if n := llmCalls(t, cfg); n != 1 {
 		t.Fatalf("llm_calls has %d rows for the classifier call in flight at shutdown, want 1", n)
 	}
 }
