@@ -519,3 +519,40 @@ func classifierA(t *testing.T, delay time.Duration) (*llmtest.Server, *llm.Clien
 	}
 	return srv, cls
 }
+
+// TestOldLogprobLayoutsClassify: a classifier server that sends its chat
+// logprobs in an older layout (vLLM's and llama-cpp-python's Completions
+// layout, llama.cpp's completion_probabilities; see internal/llm's
+// readLogprobs) gets a classification, not no_logprobs for every
+// conversation.
+func TestOldLogprobLayoutsClassify(t *testing.T) {
+	choice := func(logprobs, extra string) string {
+		return `{"id":"x","object":"chat.completion","model":"base","choices":[{"index":0,"message":{"role":"assistant","content":"A"},` +
+			`"logprobs":` + logprobs + `,"finish_reason":"length"}]` + extra + `}`
+	}
+	for _, tc := range []struct {
+		name, body string
+		pA         float64
+	}{
+		{"completions layout", choice(`{"text_offset":[0],"token_logprobs":[-0.2231435513],"tokens":["A"],"top_logprobs":[{"A":-0.2231435513,"B":-1.6094379124}]}`, ""), 0.8},
+		{"llama.cpp completion_probabilities", choice(`null`, `,"completion_probabilities":[{"content":"A","probs":[{"tok_str":"A","prob":1},{"tok_str":"B","prob":0}]}]`), 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			srv := llmtest.New(t)
+			srv.Handle(func(llmtest.Request) llmtest.Reply { return llmtest.Reply{Body: tc.body} })
+			cls, err := llm.New(llm.Config{BaseURL: srv.URL, Model: "base"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			r, err := New(Config{BaseModel: "base"}, cls, staticSource{{Adapter: "a", Capability: "c"}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			d, _ := r.Route(context.Background(), Input{ConversationID: "c1", Environment: "e", Turns: []Turn{{Role: "user", Text: "hi"}}})
+			if d.Reason != ReasonClassified || d.Label != "A" || d.Model != "a" || math.Abs(d.Probabilities["A"]-tc.pA) > 1e-6 {
+				t.Fatalf("decision %s (label %q, model %q, probabilities %v, error %q), want classified, A (adapter a) at %v",
+					d.Reason, d.Label, d.Model, d.Probabilities, d.Error, tc.pA)
+			}
+		})
+	}
+}

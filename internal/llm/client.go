@@ -360,15 +360,15 @@ type wireResponse struct {
 			Content *string `json:"content"`
 			Refusal *string `json:"refusal"`
 		} `json:"message"`
-		FinishReason string `json:"finish_reason"`
-		Logprobs     *struct {
-			Content []TokenLogprob `json:"content"`
-		} `json:"logprobs"`
+		FinishReason string          `json:"finish_reason"`
+		Logprobs     json.RawMessage `json:"logprobs"` // read by readLogprobs
 	} `json:"choices"`
 	Usage *struct {
 		PromptTokens     int `json:"prompt_tokens"`
 		CompletionTokens int `json:"completion_tokens"`
 	} `json:"usage"`
+	// CompletionProbs is llama.cpp's own layout of logprobs (readLogprobs).
+	CompletionProbs json.RawMessage `json:"completion_probabilities"`
 }
 
 // attempt makes one HTTP attempt and records it.
@@ -460,9 +460,7 @@ func (c *Client) attempt(ctx context.Context, req Request, body []byte, hash str
 		Content: content, Raw: raw, Model: wr.Model, FinishReason: ch.FinishReason,
 		PromptTokens: res.promptTokens, CompletionTokens: res.completionTokens, Latency: latency,
 	}
-	if ch.Logprobs != nil {
-		res.resp.Logprobs = ch.Logprobs.Content
-	}
+	res.resp.Logprobs = readLogprobs(ch.Logprobs, wr.CompletionProbs)
 	return res
 }
 
