@@ -2,6 +2,7 @@ package router
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"math"
 	"strconv"
@@ -554,5 +555,75 @@ func TestOldLogprobLayoutsClassify(t *testing.T) {
 					d.Reason, d.Label, d.Model, d.Probabilities, d.Error, tc.pA)
 			}
 		})
+	}
+}
+
+// TestClassifierExtraBody: a reasoning classifier (Qwen3 in thinking mode,
+// scripted: it answers "<think>" unless the request's
+// chat_template_kwargs.enable_thinking is false, as Qwen3's chat template
+// does on vLLM and llama.cpp) gives no_label for every conversation; with
+// Config.ClassifierExtraBody the server receives the fields (beside
+// structured_outputs when the label constraint adds it) and the
+// conversation is classified. A field the router sets itself is refused at
+// New, naming it.
+func TestClassifierExtraBody(t *testing.T) {
+	noThinking := map[string]any{"chat_template_kwargs": map[string]any{"enable_thinking": false}}
+	for _, tc := range []struct {
+		name       string
+		extra      map[string]any
+		constraint string
+		reason     string
+	}{
+		{"thinking on", nil, "", ReasonNoLabel},
+		{"enable_thinking false", noThinking, "", ReasonClassified},
+		{"enable_thinking false and structured_outputs", noThinking, ConstraintStructuredOutputs, ReasonClassified},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			srv := llmtest.New(t)
+			srv.Handle(func(req llmtest.Request) llmtest.Reply {
+				var body struct {
+					Kwargs struct {
+						EnableThinking *bool `json:"enable_thinking"`
+					} `json:"chat_template_kwargs"`
+				}
+				_ = json.Unmarshal(req.Body, &body)
+				if body.Kwargs.EnableThinking == nil || *body.Kwargs.EnableThinking {
+					return llmtest.Reply{Content: "<think>", FinishReason: "length", Logprobs: []llmtest.Logprob{{Token: "<think>", Logprob: -0.001,
+						TopLogprobs: []llmtest.Logprob{{Token: "<think>", Logprob: -0.001}, {Token: "Okay", Logprob: -9}}}}}
+				}
+				return llmtest.Classification(map[string]float64{"A": 0.9, "B": 0.1})
+			})
+			cls, err := llm.New(llm.Config{BaseURL: srv.URL, Model: "qwen3"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			r, err := New(Config{BaseModel: "base", ClassifierExtraBody: tc.extra, LabelConstraint: tc.constraint}, cls, staticSource{{Adapter: "a", Capability: "c"}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			d, _ := r.Route(context.Background(), Input{ConversationID: "c1", Environment: "e", Turns: []Turn{{Role: "user", Text: "hi"}}})
+			if d.Reason != tc.reason {
+				t.Fatalf("decision %s (%s), want %s", d.Reason, d.Error, tc.reason)
+			}
+			var sent map[string]any
+			if err := json.Unmarshal(srv.Requests()[0].Body, &sent); err != nil {
+				t.Fatal(err)
+			}
+			if got, _ := json.Marshal(sent["chat_template_kwargs"]); tc.extra != nil && string(got) != `{"enable_thinking":false}` {
+				t.Fatalf("chat_template_kwargs sent %s", got)
+			}
+			if so, _ := json.Marshal(sent["structured_outputs"]); (tc.constraint != "") != (string(so) == `{"choice":["A","B"]}`) {
+				t.Fatalf("structured_outputs sent %s with label_constraint %q", so, tc.constraint)
+			}
+			if sent["max_tokens"] != 1.0 || sent["logprobs"] != true || sent["model"] != "qwen3" {
+				t.Fatalf("the router's own fields changed: %s", srv.Requests()[0].Body)
+			}
+		})
+	}
+	for _, key := range []string{"max_tokens", "logprobs", "top_logprobs", "model", "messages", "structured_outputs"} {
+		_, err := New(Config{BaseModel: "base", ClassifierExtraBody: map[string]any{"top_k": 1, key: 5}}, nil, staticSource{})
+		if err == nil || !strings.Contains(err.Error(), "router.classifier_extra_body."+key+":") {
+			t.Errorf("extra body setting %s: %v", key, err)
+		}
 	}
 }

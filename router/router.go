@@ -7,7 +7,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"math"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -85,6 +87,12 @@ type Config struct {
 	// ClassifierAttempts bounds the classifier's HTTP attempts per
 	// decision (default 2: routing waits on it).
 	ClassifierAttempts int
+	// ClassifierExtraBody are further top-level fields of every classifier
+	// request (router.classifier_extra_body; the OpenAI SDK's extra_body),
+	// e.g. {"chat_template_kwargs": {"enable_thinking": false}} so that a
+	// reasoning model (Qwen3 on vLLM or llama.cpp) answers the label
+	// rather than "<think>". None of ClassifierOwnFields. Read only.
+	ClassifierExtraBody map[string]any
 	// DecisionTimeout bounds a whole new decision (default 30s): the
 	// registry read, the retrieval, the wait for a classifier slot, every
 	// attempt and the waits between them. Past it the decision is the
@@ -99,6 +107,26 @@ type Config struct {
 	Logger  *slog.Logger
 	// Now is the clock (tests); nil means time.Now.
 	Now func() time.Time
+}
+
+// ClassifierOwnFields are the classifier request's fields that the router
+// and its client set themselves (the one-token question, its logprobs,
+// structured_outputs with router.label_constraint), or that would change
+// the answer's form (stream, response_format, OpenAI's newer name for
+// max_tokens): Config.ClassifierExtraBody must not set them.
+var ClassifierOwnFields = []string{"model", "messages", "temperature", "max_tokens", "max_completion_tokens",
+	"logprobs", "top_logprobs", "stream", "response_format", "structured_outputs"}
+
+// CheckClassifierExtraBody names the first field of extra that the router
+// sets itself (ClassifierOwnFields), as router.classifier_extra_body.<key>.
+func CheckClassifierExtraBody(extra map[string]any) error {
+	keys := slices.Sorted(maps.Keys(extra))
+	for _, k := range keys {
+		if slices.Contains(ClassifierOwnFields, k) {
+			return fmt.Errorf("router.classifier_extra_body.%s: the router sets %s itself (it may not be set here: %s)", k, k, strings.Join(ClassifierOwnFields, ", "))
+		}
+	}
+	return nil
 }
 
 // DefaultDecisionTimeout is Config.DecisionTimeout's default.
@@ -184,6 +212,9 @@ func (c Config) Validate() error {
 	}
 	if c.ClassifierAttempts < 1 || c.ClassifierAttempts > llm.MaxAttemptsLimit {
 		bad("classifier_attempts", "must be in [1, %d], got %d", llm.MaxAttemptsLimit, c.ClassifierAttempts)
+	}
+	if err := CheckClassifierExtraBody(c.ClassifierExtraBody); err != nil {
+		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
 }
@@ -484,8 +515,13 @@ func (r *Router) classify(ctx context.Context, in Input) Decision {
 	names := LabelNames(labels)
 	req := llm.Request{Purpose: "route", RolloutID: in.ConversationID, Messages: msgs,
 		Temperature: llm.Float(0), MaxTokens: 1, Logprobs: true, TopLogprobs: r.cfg.TopLogprobs, MaxAttempts: r.cfg.ClassifierAttempts}
+	req.Extra = r.cfg.ClassifierExtraBody
 	if r.cfg.LabelConstraint == ConstraintStructuredOutputs {
-		req.Extra = map[string]any{"structured_outputs": map[string]any{"choice": names}}
+		req.Extra = maps.Clone(r.cfg.ClassifierExtraBody)
+		if req.Extra == nil {
+			req.Extra = map[string]any{}
+		}
+		req.Extra["structured_outputs"] = map[string]any{"choice": names}
 	}
 	d.ClassifierModel = r.cls.Model()
 	start := time.Now()

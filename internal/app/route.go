@@ -61,10 +61,15 @@ func (a *App) addRoute(ctx context.Context, g *run.Group) error {
 		ret = &router.Retriever{Embedder: emb, Source: a.Store, Pool: rv.Pool, TTL: rv.TTL, Timeout: classifierCall(rc, embedderAttempts),
 			Log: a.Log.With("role", "route")}
 	}
+	extra, err := rc.ClassifierBody()
+	if err != nil {
+		return err
+	}
 	reg := &router.Registry{Rows: a.Store, TTL: rc.AdaptersRefresh, Describe: a.describeCapability}
 	r, err := router.New(router.Config{BaseModel: rc.BaseModel, TopP: topP(rc.TopP), Temperature: rc.Temperature, TopLogprobs: rc.TopLogprobs,
 		Context: rc.Context, LastN: rc.LastN, CacheTTL: cacheTTL(rc.CacheTTL), CacheMax: rc.CacheMax, AdaptersRefresh: rc.AdaptersRefresh, LabelConstraint: rc.LabelConstraint,
-		ClassifierAttempts: rc.ClassifierAttempts, DecisionTimeout: decisionTimeout(rc), Retriever: ret, Logger: a.Log.With("role", "route")}, cls, reg)
+		ClassifierAttempts: rc.ClassifierAttempts, ClassifierExtraBody: extra, DecisionTimeout: decisionTimeout(rc), Retriever: ret,
+		Logger: a.Log.With("role", "route")}, cls, reg)
 	if err != nil {
 		return err
 	}

@@ -278,3 +278,49 @@ func TestRouteRoleAuditsCallsInFlightAtShutdown(t *testing.T) {
 		t.Fatalf("llm_calls has %d rows for the classifier call in flight at shutdown, want 1", n)
 	}
 }
+
+// TestRouteRoleClassifierExtraBody: router.classifier_extra_body reaches
+// every classifier request of the route role, so a reasoning classifier
+// (scripted Qwen3: "<think>" first unless chat_template_kwargs disables
+// thinking) classifies and the conversation goes to its adapter; the
+// answer's own request gets none of it.
+func TestRouteRoleClassifierExtraBody(t *testing.T) {
+	ch := testenv.ClickHouse(t)
+	w := newWorld(t, ch.Addr, 1)
+	up := llmtest.New(t)
+	up.Handle(func(req llmtest.Request) llmtest.Reply {
+		if !req.Chat.Logprobs {
+			return llmtest.Text("ok")
+		}
+		if !strings.Contains(string(req.Body), `"chat_template_kwargs":{"enable_thinking":false}`) {
+			return llmtest.Reply{Content: "<think>", FinishReason: "length", Logprobs: []llmtest.Logprob{{Token: "<think>", Logprob: -0.001}}}
+		}
+		return llmtest.Classification(map[string]float64{"A": 0.8, "B": 0.2})
+	})
+	cfg := withRoles(w.cfg, "route")
+	cfg.Router.Addr, cfg.Router.UpstreamURL, cfg.Router.BaseModel, cfg.Router.DefaultEnvironment = "127.0.0.1:0", up.URL, "base", "sim-airline"
+	cfg.Router.ClassifierExtraBody = `{"chat_template_kwargs": {"enable_thinking": false}}` // as from --set or the environment
+	a, stop := w.start(t, cfg)
+	<-a.Ready()
+	if err := a.Store.SaveAdapter(context.Background(), sink.AdapterRow{Name: "lora-1", Capability: "precondition_verification",
+		Environment: "sim-airline", Status: "active", Version: 1}); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.Post("http://"+a.RouterAddr()+"/v1/chat/completions", "application/json",
+		strings.NewReader(`{"messages":[{"role":"user","content":"check the fare rules first"}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || resp.Header.Get(router.HeaderAdapter) != "lora-1" {
+		t.Fatalf("%d, adapter %q", resp.StatusCode, resp.Header.Get(router.HeaderAdapter))
+	}
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	reqs := up.Requests()
+	if len(reqs) != 2 || !reqs[0].Chat.Logprobs || reqs[1].Chat.Model != "lora-1" || strings.Contains(string(reqs[1].Body), "chat_template_kwargs") {
+		t.Fatalf("upstream requests: %d; the answer's %s", len(reqs), reqs[len(reqs)-1].Body)
+	}
+}

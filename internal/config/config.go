@@ -9,6 +9,7 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"os"
 	"path/filepath"
@@ -320,6 +321,14 @@ func Load(path string, overrides []string) (Config, error) {
 		}
 		if err := k.Load(confmap.Provider(m, "."), nil); err != nil {
 			return Config{}, err
+		}
+	}
+	// router.classifier_extra_body's fields set one by one from the
+	// environment or --set would all be strings ("false" is not false):
+	// it is set whole, as JSON text, there.
+	for _, key := range slices.Sorted(maps.Keys(origin)) {
+		if strings.HasPrefix(strings.ToLower(key), "router.classifier_extra_body.") {
+			return Config{}, fmt.Errorf("router.classifier_extra_body: set it whole, as JSON text (from %s): e.g. router.classifier_extra_body={\"chat_template_kwargs\": {\"enable_thinking\": false}}; a field set alone would be a string", origin[key])
 		}
 	}
 	// A misspelled or misplaced key would be ignored by the decoder and

@@ -1,11 +1,15 @@
 package config
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
 	"net/url"
+	"strings"
 	"time"
+
+	"github.com/traceops/trace/router"
 )
 
 // Router is the route role (TRACE step 4): the router and its
@@ -35,6 +39,12 @@ type Router struct {
 	ClassifierAPIKey   string        `koanf:"classifier_api_key"` // secret
 	ClassifierTimeout  time.Duration `koanf:"classifier_timeout"`
 	ClassifierAttempts int           `koanf:"classifier_attempts"`
+	// ClassifierExtraBody are further top-level fields of every classifier
+	// request (the OpenAI SDK's extra_body), e.g. chat_template_kwargs:
+	// {enable_thinking: false} for a reasoning model: an object, in YAML a
+	// mapping, in TRACE_ROUTER__CLASSIFIER_EXTRA_BODY or --set JSON text.
+	// Read through ClassifierBody. Default none.
+	ClassifierExtraBody any `koanf:"classifier_extra_body"`
 	// TopP is the decision rule's p (0.95); Temperature the classifier
 	// temperature of the renormalisation (1.0); TopLogprobs the
 	// alternatives asked for (20).
@@ -87,6 +97,45 @@ func DefaultRouter() Router {
 		TopLogprobs: 20, Context: "first_user", LastN: 4, CacheTTL: time.Hour, CacheMax: 100000, LabelConstraint: "none",
 		AdaptersRefresh: 10 * time.Second, DrainTimeout: 30 * time.Second, GOGC: 400,
 		Retrieval: RouterRetrieval{Pool: 50, TTL: 10 * time.Minute}}
+}
+
+// ClassifierBody is router.classifier_extra_body as an object (nil when
+// unset): a YAML mapping as it is, JSON text (the environment, --set)
+// decoded. It is an error naming the key when the value is no object or
+// sets a field the router sets itself (router.ClassifierOwnFields).
+func (r Router) ClassifierBody() (map[string]any, error) {
+	var m map[string]any
+	switch v := r.ClassifierExtraBody.(type) {
+	case nil:
+		return nil, nil
+	case map[string]any:
+		m = v
+	case string:
+		if strings.TrimSpace(v) == "" {
+			return nil, nil
+		}
+		var x any
+		if err := json.Unmarshal([]byte(v), &x); err != nil {
+			return nil, fmt.Errorf("router.classifier_extra_body: must be an object, as JSON text here (e.g. {\"chat_template_kwargs\": {\"enable_thinking\": false}}): %v", err)
+		}
+		var ok bool
+		if m, ok = x.(map[string]any); !ok {
+			return nil, fmt.Errorf("router.classifier_extra_body: must be an object, got %s", cutValue(v))
+		}
+	default:
+		return nil, fmt.Errorf("router.classifier_extra_body: must be an object (a YAML mapping, or JSON text in the environment or --set), got %s", cutValue(fmt.Sprint(v)))
+	}
+	if err := router.CheckClassifierExtraBody(m); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+func cutValue(s string) string {
+	if r := []rune(s); len(r) > 60 {
+		return string(r[:60]) + "…"
+	}
+	return s
 }
 
 // redactUserinfo is u without its user information, for messages.
@@ -179,6 +228,9 @@ func (r Router) validate() error {
 	}
 	if r.DrainTimeout <= 0 {
 		bad("drain_timeout", "must be positive, got %s", r.DrainTimeout)
+	}
+	if _, err := r.ClassifierBody(); err != nil {
+		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
 }

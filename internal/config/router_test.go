@@ -1,6 +1,9 @@
 package config
 
 import (
+	"encoding/json"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -96,5 +99,65 @@ func TestGCPercent(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), "router.gogc") {
 			t.Errorf("router.gogc=%s accepted: %v", v, err)
 		}
+	}
+}
+
+// TestRouterClassifierExtraBody: router.classifier_extra_body is an object
+// from a YAML mapping or from JSON text (environment, --set), unset by
+// default; a value that is no object, a field the router sets itself, or a
+// field set alone from --set or the environment (a string then) fails at
+// start naming the key.
+func TestRouterClassifierExtraBody(t *testing.T) {
+	route := []string{"roles=route", "router.upstream_url=http://127.0.0.1:8000/v1", "router.base_model=m"}
+	c, err := Load("", route)
+	if b, berr := c.Router.ClassifierBody(); err != nil || berr != nil || b != nil {
+		t.Fatalf("default: %v %v %v", b, err, berr)
+	}
+	yml := filepath.Join(t.TempDir(), "trace.yaml")
+	if err := os.WriteFile(yml, []byte("router:\n  classifier_extra_body:\n    chat_template_kwargs: {enable_thinking: false}\n    top_k: 20\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name string
+		load func() (Config, error)
+	}{
+		{"yaml", func() (Config, error) { return Load(yml, route) }},
+		{"--set", func() (Config, error) {
+			return Load("", append(route, `router.classifier_extra_body={"chat_template_kwargs": {"enable_thinking": false}, "top_k": 20}`))
+		}},
+		{"environment", func() (Config, error) {
+			t.Setenv("TRACE_ROUTER__CLASSIFIER_EXTRA_BODY", `{"chat_template_kwargs": {"enable_thinking": false}, "top_k": 20}`)
+			defer os.Unsetenv("TRACE_ROUTER__CLASSIFIER_EXTRA_BODY") // restored (unset) at the end of the test too
+			return Load("", route)
+		}},
+	} {
+		c, err := tc.load()
+		if err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		b, err := c.Router.ClassifierBody()
+		got, _ := json.Marshal(b)
+		if err != nil || string(got) != `{"chat_template_kwargs":{"enable_thinking":false},"top_k":20}` {
+			t.Fatalf("%s: %s %v", tc.name, got, err)
+		}
+	}
+	for _, tc := range []struct{ set, want string }{
+		{`router.classifier_extra_body=[1, 2]`, "router.classifier_extra_body: must be an object"},
+		{`router.classifier_extra_body=enable_thinking: false`, "router.classifier_extra_body: must be an object"},
+		{`router.classifier_extra_body={"max_tokens": 4096}`, "router.classifier_extra_body.max_tokens: the router sets max_tokens itself"},
+		{`router.classifier_extra_body={"top_k": 1, "logprobs": false}`, "router.classifier_extra_body.logprobs: "},
+		{`router.classifier_extra_body={"model": "other"}`, "router.classifier_extra_body.model: "},
+		{`router.classifier_extra_body.chat_template_kwargs.enable_thinking=false`, "router.classifier_extra_body: set it whole, as JSON text (from --set router.classifier_extra_body.chat_template_kwargs.enable_thinking)"},
+	} {
+		if _, err := Load("", append(route, tc.set)); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: %v, want %q", tc.set, err, tc.want)
+		}
+	}
+	bad := filepath.Join(t.TempDir(), "bad.yaml")
+	if err := os.WriteFile(bad, []byte("router:\n  classifier_extra_body: 5\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Load(bad, route); err == nil || !strings.Contains(err.Error(), "router.classifier_extra_body: must be an object (a YAML mapping") {
+		t.Errorf("a number in YAML: %v", err)
 	}
 }
