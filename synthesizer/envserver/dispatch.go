@@ -161,14 +161,14 @@ func (s *Server) mcp(ctx context.Context, e *served, ws *session, req openenv.RP
 		sess = e.ephemeral()
 		defer sess.discard()
 	}
-	sess.mu.Lock()
-	defer sess.mu.Unlock()
-	if sess.play == nil {
-		if _, perr := sess.reset(ctx, openenv.ResetRequest{Seed: seed}); perr != nil {
-			return s.rpcFail(e, &resp, perr)
+	res, perr := use(sess, func() (openenv.ToolsCallResult, *openenv.Error) {
+		if sess.play == nil {
+			if _, perr := sess.reset(ctx, openenv.ResetRequest{Seed: seed}); perr != nil {
+				return openenv.ToolsCallResult{}, perr
+			}
 		}
-	}
-	res, perr := sess.callTool(ctx, action, s.cfg.StepTimeout)
+		return sess.callTool(ctx, action, s.cfg.StepTimeout)
+	})
 	if perr != nil {
 		return s.rpcFail(e, &resp, perr)
 	}

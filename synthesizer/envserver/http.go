@@ -99,10 +99,12 @@ func (s *Server) stateful(w http.ResponseWriter, r *http.Request, e *served, bod
 	return sess, true
 }
 
-// use runs f on a session, holding its lock.
-func use[T any](sess *session, f func() (T, *openenv.Error)) (T, *openenv.Error) {
+// use runs f on a session, holding its lock; the lock is released and a
+// panic in f answered EXECUTION_ERROR whatever f does (see guard).
+func use[T any](sess *session, f func() (T, *openenv.Error)) (v T, perr *openenv.Error) {
 	sess.mu.Lock()
 	defer sess.mu.Unlock()
+	defer sess.guard(&perr)
 	return f()
 }
 

@@ -11,6 +11,7 @@ import (
 	"maps"
 	"math"
 	mrand "math/rand/v2"
+	"runtime/debug"
 	"slices"
 	"sort"
 	"strings"
@@ -153,6 +154,7 @@ type play struct {
 	// many as there are results (see resultsEncoded).
 	tail []envprog.Message
 
+	sess      *session // whose server logs a panic in the episode's Close
 	mu        sync.Mutex
 	inFlight  bool // a timed-out call still runs in the background
 	abandoned bool // the session let go of the episode
@@ -170,7 +172,7 @@ func (p *play) close() {
 	busy := p.inFlight
 	p.mu.Unlock()
 	if !busy {
-		p.closeOnce.Do(func() { p.ep.Close() })
+		p.closeOnce.Do(func() { p.sess.closeEpisode(p.ep) })
 	}
 }
 
@@ -189,8 +191,20 @@ func (p *play) returned() {
 	abandoned := p.abandoned
 	p.mu.Unlock()
 	if abandoned {
-		p.closeOnce.Do(func() { p.ep.Close() })
+		p.closeOnce.Do(func() { p.sess.closeEpisode(p.ep) })
 	}
+}
+
+// closeEpisode closes ep. A panic in its Close (a Go bug in an in-process
+// Env) is logged: it would otherwise end the process (on the reaper or a
+// timed-out call's goroutine) or leave the session's lock held (release).
+func (s *session) closeEpisode(ep envprog.Episode) {
+	defer func() {
+		if r := recover(); r != nil {
+			s.env.srv.logPanic(s, r)
+		}
+	}()
+	ep.Close()
 }
 
 func newID() string {
@@ -342,14 +356,14 @@ func (w *worker) stop() { close(w.calls) }
 // within runs f on the session's worker with a deadline and returns at the
 // deadline even when f does not: f then goes on in the background (its
 // worker is let go, and the session takes a new one) and late receives its
-// result. The caller holds s.mu.
+// result. A panic in f is its error (see call). The caller holds s.mu.
 func within[T any](s *session, ctx context.Context, d time.Duration, f func(context.Context) (T, error), late func(T, error)) (T, error) {
 	ctx, cancel := context.WithTimeout(ctx, d)
 	if s.env.bounded {
 		// The Env returns by the deadline itself: call it right here,
 		// sparing the two goroutine hand-offs of the worker.
 		defer cancel()
-		v, err := f(ctx)
+		v, err := call(s, ctx, f)
 		if err != nil && ctx.Err() != nil {
 			if late != nil {
 				late(v, err)
@@ -372,7 +386,7 @@ func within[T any](s *session, ctx context.Context, d time.Duration, f func(cont
 	}
 	w := s.w
 	w.calls <- func() {
-		v, err := f(ctx)
+		v, err := call(s, ctx, f)
 		ch <- res{v, err}
 	}
 	select {
@@ -395,6 +409,49 @@ func within[T any](s *session, ctx context.Context, d time.Duration, f func(cont
 		}
 		return zero, ctx.Err()
 	}
+}
+
+// panicError is a program call's panic, recovered (a Go bug in an
+// in-process Env).
+type panicError struct{ v any }
+
+func (e panicError) Error() string { return fmt.Sprintf("panic: %v", e.v) }
+
+// call runs a program call f, a panic turned into its panicError, logged
+// with the stack: it would otherwise end the whole process (on the
+// session's worker) or leave the session's lock held (on the request's
+// goroutine).
+func call[T any](s *session, ctx context.Context, f func(context.Context) (T, error)) (v T, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			s.env.srv.logPanic(s, r)
+			err = panicError{r}
+		}
+	}()
+	return f(ctx)
+}
+
+// logPanic logs a recovered panic with its stack.
+func (srv *Server) logPanic(s *session, r any) {
+	srv.log.Error("env server: panic recovered", "environment", s.env.id, "session", s.id, "transport", s.transport,
+		"panic", fmt.Sprint(r), "stack", string(debug.Stack()))
+}
+
+// guard recovers a panic in a session's request outside a program call
+// (encoding the observation, a server bug) while the caller holds s.mu:
+// it is logged with its stack, the episode ends as an error, and *perr
+// becomes the EXECUTION_ERROR the client is answered. Deferred first
+// thing after taking s.mu, before the deferred unlock runs.
+func (s *session) guard(perr **openenv.Error) {
+	r := recover()
+	if r == nil {
+		return
+	}
+	s.env.srv.logPanic(s, r)
+	if p := s.play; p != nil && !p.done {
+		s.failed(p, "step", 0, panicError{r})
+	}
+	*perr = openenv.Execution("internal error: panic: %v (logged); the episode is over, send reset", r)
 }
 
 // reset starts a new episode in the session (closing the current one).
@@ -422,13 +479,13 @@ func (s *session) reset(ctx context.Context, r openenv.ResetRequest) (json.RawMe
 		return s.env.env.Reset(ctx, seed)
 	}, func(ep envprog.Episode, err error) {
 		if err == nil {
-			ep.Close()
+			s.closeEpisode(ep)
 		}
 	})
 	if err != nil {
 		return nil, programError("reset", srv.cfg.StepTimeout, err)
 	}
-	p := &play{id: id, seed: seed, ep: ep, started: time.Now(), msgJSON: msgJSON, msgStart: msgStart}
+	p := &play{sess: s, id: id, seed: seed, ep: ep, started: time.Now(), msgJSON: msgJSON, msgStart: msgStart}
 	if r.Hint && s.env.info.HasHint {
 		p.begin()
 		h, err := within(s, ctx, srv.cfg.StepTimeout, func(ctx context.Context) (string, error) {

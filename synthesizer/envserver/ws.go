@@ -243,6 +243,8 @@ func (s *Server) serveWS(w http.ResponseWriter, r *http.Request, e *served) {
 }
 
 // frame answers one client frame; stop ends the session (a close frame).
+// The session's lock is taken through use, which releases it and answers
+// a panic under it (see guard).
 func (s *Server) frame(ctx context.Context, e *served, sess *session, b []byte) (resp any, stop bool) {
 	fail := func(perr *openenv.Error) (any, bool) {
 		s.m.errors.WithLabelValues(e.id, perr.Code).Inc()
@@ -256,18 +258,17 @@ func (s *Server) frame(ctx context.Context, e *served, sess *session, b []byte) 
 	case openenv.FrameClose:
 		return nil, true
 	case openenv.FrameState:
-		sess.mu.Lock()
-		st := sess.state()
-		sess.mu.Unlock()
+		st, perr := use(sess, func() (openenv.State, *openenv.Error) { return sess.state(), nil })
+		if perr != nil {
+			return fail(perr)
+		}
 		return map[string]any{"type": openenv.FrameState, "data": st}, false
 	case openenv.FrameReset:
 		r, perr := openenv.DecodeReset(f.Data)
 		if perr != nil {
 			return fail(perr)
 		}
-		sess.mu.Lock()
-		obs, perr := sess.reset(ctx, r)
-		sess.mu.Unlock()
+		obs, perr := use(sess, func() (json.RawMessage, *openenv.Error) { return sess.reset(ctx, r) })
 		if perr != nil {
 			return fail(perr)
 		}
@@ -277,9 +278,7 @@ func (s *Server) frame(ctx context.Context, e *served, sess *session, b []byte) 
 		if perr != nil {
 			return fail(perr)
 		}
-		sess.mu.Lock()
-		obs, perr := sess.act(ctx, a, s.cfg.StepTimeout)
-		sess.mu.Unlock()
+		obs, perr := use(sess, func() (any, *openenv.Error) { return sess.act(ctx, a, s.cfg.StepTimeout) })
 		if perr != nil {
 			return fail(perr)
 		}
