@@ -200,7 +200,7 @@ func mustJSON(v any) []byte {
 // ephemeral is a session for one stateless request (OpenEnv's HTTP reset
 // and step play a fresh environment each time); it takes no slot.
 func (e *served) ephemeral() *session {
-	return &session{id: newID(), env: e, transport: "http", evicted: make(chan struct{})}
+	return &session{id: newID(), env: e, transport: "http", stateless: true, evicted: make(chan struct{})}
 }
 
 // discard ends an ephemeral session.

@@ -115,6 +115,9 @@ type session struct {
 	id        string
 	env       *served
 	transport string // ws | http
+	// mcpOnly: the WebSocket /mcp's session, which has no reset (see
+	// newEpisode); stateless: an ephemeral session (see ephemeral).
+	mcpOnly, stateless bool
 
 	mu   sync.Mutex
 	play *play   // the current episode, nil before the first reset
@@ -451,7 +454,7 @@ func (s *session) guard(perr **openenv.Error) {
 	if p := s.play; p != nil && !p.done {
 		s.failed(p, "step", 0, panicError{r})
 	}
-	*perr = openenv.Execution("internal error: panic: %v (logged); the episode is over, send reset", r)
+	*perr = openenv.Execution("internal error: panic: %v (logged); the episode is over, %s", r, s.newEpisode(s.play != nil))
 }
 
 // reset starts a new episode in the session (closing the current one).
@@ -483,7 +486,7 @@ func (s *session) reset(ctx context.Context, r openenv.ResetRequest) (json.RawMe
 		}
 	})
 	if err != nil {
-		return nil, programError("reset", srv.cfg.StepTimeout, err)
+		return nil, s.programError("reset", srv.cfg.StepTimeout, err)
 	}
 	p := &play{sess: s, id: id, seed: seed, ep: ep, started: time.Now(), msgJSON: msgJSON, msgStart: msgStart}
 	if r.Hint && s.env.info.HasHint {
@@ -494,7 +497,7 @@ func (s *session) reset(ctx context.Context, r openenv.ResetRequest) (json.RawMe
 		}, nil)
 		if err != nil {
 			p.close()
-			return nil, programError("hint", srv.cfg.StepTimeout, err)
+			return nil, s.programError("hint", srv.cfg.StepTimeout, err)
 		}
 		p.hint, p.hinted = h, h != ""
 	}
@@ -503,9 +506,9 @@ func (s *session) reset(ctx context.Context, r openenv.ResetRequest) (json.RawMe
 }
 
 // programError turns an error of a program call into EXECUTION_ERROR.
-func programError(fn string, timeout time.Duration, err error) *openenv.Error {
+func (s *session) programError(fn string, timeout time.Duration, err error) *openenv.Error {
 	if errors.Is(err, errTimeout) {
-		return openenv.Execution("%s timed out after %s (env.step_timeout); the episode is over, send reset", fn, timeout)
+		return openenv.Execution("%s timed out after %s (env.step_timeout); the episode is over, %s", fn, timeout, s.newEpisode(fn != "reset" && fn != "hint"))
 	}
 	var pe *envprog.ProgramError
 	if errors.As(err, &pe) {
@@ -575,7 +578,7 @@ func (s *session) step(ctx context.Context, a openenv.Action, timeout time.Durat
 		return nil, openenv.Execution("no episode: send reset first")
 	}
 	if p.done {
-		return nil, openenv.Execution("the episode is done (%s): send reset", p.reason)
+		return nil, openenv.Execution("the episode is done (%s): %s", p.reason, s.newEpisode(true))
 	}
 	if e := s.env.validate(a); e != nil {
 		return nil, e
@@ -663,7 +666,26 @@ func (s *session) failed(p *play, fn string, timeout time.Duration, err error) *
 		srv.m.episodes.WithLabelValues(s.env.id, p.reason).Inc()
 		srv.record(s, p)
 	}
-	return programError(fn, timeout, err)
+	return s.programError(fn, timeout, err)
+}
+
+// newEpisode tells the client how to play a new episode on the endpoint
+// it uses, once its episode is over (started) or a reset failed (not
+// started, the session has no episode).
+func (s *session) newEpisode(started bool) string {
+	switch {
+	case s.stateless:
+		return "each stateless request plays a fresh episode"
+	case s.mcpOnly && started:
+		// Its tools/call starts an episode only in a session without
+		// one, and it cannot reset or close its own session.
+		return "reconnect for a new episode (WS …/mcp has no reset: a new connection is a new session, whose first tools/call starts one)"
+	case s.mcpOnly:
+		return "the next tools/call starts a new episode"
+	case s.transport == "http":
+		return "send reset (POST …/reset with this session id)"
+	}
+	return "send reset"
 }
 
 // state is the session's state frame / GET /state body.

@@ -327,6 +327,7 @@ func (s *Server) serveMCPWS(w http.ResponseWriter, r *http.Request, e *served) {
 		s.refuse(ctx, c)
 		return
 	}
+	sess.mcpOnly = true // read only by this connection's requests
 	defer e.release(sess)
 	var buf bytes.Buffer
 	for {
