@@ -4,13 +4,19 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/traceops/trace/internal/dev/testenv"
+	"github.com/traceops/trace/sink"
 	"github.com/traceops/trace/synthesizer/envserver"
 )
 
@@ -82,5 +88,93 @@ func TestCatalogServesDoneEnvironments(t *testing.T) {
 	}
 	if code, _ := get("POST", "/v1/environments/"+failed.ID+"/reset", `{"seed": 3}`); code != http.StatusNotFound {
 		t.Errorf("reset of a FAILED environment = %d, want 404", code)
+	}
+}
+
+// saveCorrupt stores e with a column that does not decode, as a row
+// written by an older or newer version (or damaged) would have it.
+func saveCorrupt(t *testing.T, st SinkStore, e *Environment, corrupt func(r *sink.EnvironmentRow)) {
+	t.Helper()
+	r, err := Row(e)
+	if err != nil {
+		t.Fatal(err)
+	}
+	corrupt(&r)
+	if err := st.Rows.SaveEnvironment(context.Background(), r); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestCatalogSkipsUnreadableRows: a row of environments that does not
+// decode is left out of the listing, with a warning naming it logged once,
+// and the others are listed and served; one whose list columns decode but
+// whose full record does not is listed, and only it is unavailable.
+func TestCatalogSkipsUnreadableRows(t *testing.T) {
+	var logs testenv.SyncBuffer
+	st := chStore(t)
+	st.Log = slog.New(slog.NewTextHandler(&logs, nil))
+	ctx := context.Background()
+	done := sampleEnvironment()
+	if err := st.SaveEnvironment(ctx, done); err != nil {
+		t.Fatal(err)
+	}
+	badList := sampleEnvironment()
+	// A fresh id each run: the warning is once per row and process.
+	badList.ID, badList.TriggerID = fmt.Sprintf("env-badlist-%d", time.Now().UnixNano()), "trig-badlist"
+	saveCorrupt(t, st, badList, func(r *sink.EnvironmentRow) { r.Tools = `{"names": ["get_reservation_details"]}` })
+	badFull := sampleEnvironment()
+	badFull.ID, badFull.TriggerID = "env-badfull", "trig-badfull"
+	saveCorrupt(t, st, badFull, func(r *sink.EnvironmentRow) { r.AttemptsJSON = `[{"n": "one"` })
+
+	cat := Catalog{Store: st}
+	for range 2 {
+		list, err := cat.List(ctx)
+		if err != nil {
+			t.Fatalf("list with an unreadable row: %v", err)
+		}
+		var ids []string
+		for _, e := range list {
+			ids = append(ids, e.ID)
+		}
+		if len(ids) != 2 || !slices.Contains(ids, done.ID) || !slices.Contains(ids, badFull.ID) {
+			t.Fatalf("listed %v, want %s and %s", ids, done.ID, badFull.ID)
+		}
+	}
+	if n := strings.Count(logs.String(), "environment_id="+badList.ID); n != 1 || !strings.Contains(logs.String(), "level=WARN") || !strings.Contains(logs.String(), "stored tools") {
+		t.Fatalf("logged %q, want one warning naming %s and its column", logs.String(), badList.ID)
+	}
+
+	srv, err := envserver.New(envserver.DefaultConfig(), envserver.Options{Catalog: cat, Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close(ctx)
+	hs := httptest.NewServer(srv.Handler())
+	defer hs.Close()
+	do := func(method, path, body string) (int, string) {
+		req, _ := http.NewRequestWithContext(ctx, method, hs.URL+path, strings.NewReader(body))
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	if code, body := do("GET", "/v1/environments", ""); code != 200 || !strings.Contains(body, done.ID) || strings.Contains(body, badList.ID) {
+		t.Errorf("GET /v1/environments = %d %s, want %s listed and not %s", code, body, done.ID, badList.ID)
+	}
+	if code, body := do("POST", "/v1/environments/"+done.ID+"/reset", `{"seed": 3}`); code != 200 || !strings.Contains(body, `"observation"`) {
+		t.Errorf("reset of the readable environment = %d %s", code, body)
+	}
+	if code, body := do("POST", "/v1/environments/"+badFull.ID+"/reset", `{"seed": 3}`); code != http.StatusServiceUnavailable || !strings.Contains(body, "attempts_json") {
+		t.Errorf("reset of the environment whose record does not decode = %d %s, want 503 naming the column", code, body)
+	}
+	if code, _ := do("POST", "/v1/environments/"+badList.ID+"/reset", `{"seed": 3}`); code != http.StatusNotFound {
+		t.Errorf("reset of the unlisted environment = %d, want 404", code)
+	}
+	if code, _ := do("POST", "/v1/environments/"+done.ID+"/reset", `{"seed": 4}`); code != 200 {
+		t.Errorf("reset of the readable environment afterwards = %d", code)
 	}
 }

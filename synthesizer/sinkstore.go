@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"log/slog"
+	"sync"
 
 	"github.com/traceops/trace/analyzer"
 	"github.com/traceops/trace/schemas"
@@ -22,7 +24,12 @@ var _ EnvironmentRows = (*sink.Store)(nil)
 
 // SinkStore keeps environment records in the environments table. It is the
 // Store, ExampleSource and WaitingLister of a production stage.
-type SinkStore struct{ Rows EnvironmentRows }
+type SinkStore struct {
+	Rows EnvironmentRows
+	// Log takes the warning about a row that does not decode (see List);
+	// nil: slog.Default().
+	Log *slog.Logger
+}
 
 // details are the record's fields that have no column of their own.
 type details struct {
@@ -139,21 +146,76 @@ func (s SinkStore) LoadEnvironment(ctx context.Context, id string) (*Environment
 }
 
 // List returns the records matching f (without programs and attempts
-// unless f.Full).
+// unless f.Full). A row that does not decode is left out (see
+// ListReadable).
 func (s SinkStore) List(ctx context.Context, f sink.EnvironmentFilter) ([]*Environment, error) {
+	out, _, err := s.ListReadable(ctx, f)
+	return out, err
+}
+
+// UnreadableRow is a row of environments whose JSON columns do not decode:
+// written by an older or newer version, or damaged.
+type UnreadableRow struct {
+	ID      string `json:"id"`
+	Status  string `json:"status"`
+	Version uint64 `json:"version"`
+	Error   string `json:"error"`
+}
+
+// ListReadable returns the records matching f and, apart, the rows that
+// do not decode, each logged as a warning once (per row version and
+// process): one such row must not take the listing down, nor the
+// environments it lists (the environment server's catalog, the dashboard,
+// the resumption of waiting requests).
+func (s SinkStore) ListReadable(ctx context.Context, f sink.EnvironmentFilter) ([]*Environment, []UnreadableRow, error) {
 	rs, err := s.Rows.Environments(ctx, f)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	out := make([]*Environment, 0, len(rs))
+	var bad []UnreadableRow
 	for i := range rs {
 		e, err := FromRow(&rs[i])
 		if err != nil {
-			return nil, err
+			u := UnreadableRow{ID: rs[i].EnvironmentID, Status: rs[i].Status, Version: rs[i].Version, Error: err.Error()}
+			s.warnUnreadable(u)
+			bad = append(bad, u)
+			continue
 		}
 		out = append(out, e)
 	}
-	return out, nil
+	return out, bad, nil
+}
+
+// unreadableWarned holds the rows (id and version) warned about, so that
+// a listing read again and again warns once; it is emptied when it holds
+// maxUnreadableWarned.
+var unreadableWarned struct {
+	sync.Mutex
+	seen map[string]bool
+}
+
+const maxUnreadableWarned = 1024
+
+func (s SinkStore) warnUnreadable(u UnreadableRow) {
+	key := fmt.Sprintf("%s@%d", u.ID, u.Version)
+	w := &unreadableWarned
+	w.Lock()
+	if w.seen[key] {
+		w.Unlock()
+		return
+	}
+	if w.seen == nil || len(w.seen) >= maxUnreadableWarned {
+		w.seen = map[string]bool{}
+	}
+	w.seen[key] = true
+	w.Unlock()
+	log := s.Log
+	if log == nil {
+		log = slog.Default()
+	}
+	log.Warn("synthesizer: an environments row does not decode; left out of the listings", "environment_id", u.ID,
+		"status", u.Status, "version", u.Version, "err", u.Error)
 }
 
 // WaitingEnvironments implements WaitingLister.

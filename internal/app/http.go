@@ -32,7 +32,7 @@ func (a *App) httpServer() *http.Server {
 			Labeling: analyzer.LabelingSetup{Labeler: a.Cfg.Analyzer.Labeler, LLM: a.Cfg.LLM.BaseURL != "" && a.Cfg.Analyzer.Labeler == "llm"}}
 		if a.Store != nil { // a nil *sink.Store must stay a nil Store
 			deps.Store = a.Store
-			deps.Environments = synthesizer.SinkStore{Rows: a.Store}
+			deps.Environments = synthesizer.SinkStore{Rows: a.Store, Log: a.Log}
 			deps.Training = a.Store
 			// Read-only: the dashboard reports; the adapt role's guard acts.
 			deps.Loop = verify.Reporter{Checker: verify.New(a.Cfg.Verify, a.Store, nil, nil, a.Log),
@@ -85,7 +85,7 @@ func (a *App) newEnvServer() (*envserver.Server, error) {
 	cfg := a.Cfg.Env
 	cfg.BearerToken = cmp.Or(cfg.BearerToken, a.Cfg.HTTP.BearerToken)
 	return envserver.New(cfg, envserver.Options{
-		Catalog:    synthesizer.Catalog{Store: synthesizer.SinkStore{Rows: a.Store}},
+		Catalog:    synthesizer.Catalog{Store: synthesizer.SinkStore{Rows: a.Store, Log: a.Log.With("component", "envserver")}},
 		Writer:     a.Store,
 		Registerer: a.Registry,
 		Log:        a.Log.With("component", "envserver"),

@@ -24,7 +24,7 @@ type SimulatedPolicies func(environment, agentVersion, capability string) (calib
 // (synthesizer.policies), else the labeling model, or the simulated policy.
 func (a *App) addSynthesize(ctx context.Context, g *run.Group) error {
 	s := a.Cfg.Synthesizer
-	store := synthesizer.SinkStore{Rows: a.Store}
+	store := synthesizer.SinkStore{Rows: a.Store, Log: a.Log.With("role", "synthesize")}
 	// The audit writer is made now, while Run can still start it: a policy
 	// model's client is made at the first calibration, and an audit writer
 	// made then would never run (its rows never reach llm_calls).

@@ -25,9 +25,10 @@ import (
 //	/api/environments/{id}/program  the program text (the fetch path of environment_ready.v1)
 
 // EnvironmentStore is what the Environments pages read
-// (synthesizer.SinkStore implements it over sink.Store).
+// (synthesizer.SinkStore implements it over sink.Store). A row that does
+// not decode is listed apart, and shown as unreadable.
 type EnvironmentStore interface {
-	List(ctx context.Context, f sink.EnvironmentFilter) ([]*synthesizer.Environment, error)
+	ListReadable(ctx context.Context, f sink.EnvironmentFilter) ([]*synthesizer.Environment, []synthesizer.UnreadableRow, error)
 	LoadEnvironment(ctx context.Context, id string) (*synthesizer.Environment, error)
 }
 
@@ -57,6 +58,9 @@ func parseEnvironments(r *http.Request) (environmentsParams, error) {
 type EnvironmentsResponse struct {
 	Environments []EnvironmentRow `json:"environments"`
 	Counts       map[string]int   `json:"counts"` // by status
+	// Unreadable are the rows that do not decode (written by another
+	// version, or damaged), left out of environments and counts.
+	Unreadable []synthesizer.UnreadableRow `json:"unreadable"`
 }
 
 // EnvironmentRow is one environment of the list.
@@ -82,11 +86,14 @@ func (s *server) environments(ctx context.Context, p environmentsParams) (Enviro
 	if s.d.Environments == nil {
 		return EnvironmentsResponse{}, errNoEnvironments
 	}
-	es, err := s.d.Environments.List(ctx, p.Filter)
+	es, bad, err := s.d.Environments.ListReadable(ctx, p.Filter)
 	if err != nil {
 		return EnvironmentsResponse{}, err
 	}
-	out := EnvironmentsResponse{Environments: []EnvironmentRow{}, Counts: map[string]int{}}
+	out := EnvironmentsResponse{Environments: []EnvironmentRow{}, Counts: map[string]int{}, Unreadable: bad}
+	if out.Unreadable == nil {
+		out.Unreadable = []synthesizer.UnreadableRow{}
+	}
 	for _, e := range es {
 		row := EnvironmentRow{ID: e.ID, Environment: e.Environment, AgentVersion: e.AgentVersion, Capability: e.Capability,
 			Status: string(e.Status), Reason: e.Reason, Attempts: e.Attempt, Family: e.Family, Tools: e.Tools,

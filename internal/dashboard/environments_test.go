@@ -3,6 +3,9 @@ package dashboard
 import (
 	"context"
 	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -128,6 +131,45 @@ func TestEnvironmentsPagesAndAPI(t *testing.T) {
 	}
 	if code, _ := getStatus(New(Deps{}), "/api/environments"); code != http.StatusServiceUnavailable {
 		t.Errorf("without a store: %d", code)
+	}
+}
+
+// TestEnvironmentsUnreadableRow: a row of environments that does not
+// decode (written by another version, or damaged) is shown as unreadable
+// on the list page and in /api/environments, the others as always; only
+// its own page fails.
+func TestEnvironmentsUnreadableRow(t *testing.T) {
+	st := synthesizer.SinkStore{Rows: openStore(t), Log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	done, failed := seedEnvironments(t, st)
+	bad := *done
+	bad.ID, bad.TriggerID = fmt.Sprintf("env-bad-%d", time.Now().UnixNano()), "t-bad"
+	r, err := synthesizer.Row(&bad)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.Calibration = `{"mean_reward": "high"}`
+	if err := st.Rows.SaveEnvironment(context.Background(), r); err != nil {
+		t.Fatal(err)
+	}
+	h := New(Deps{Environments: st})
+
+	var list EnvironmentsResponse
+	getJSON(t, h, "/api/environments", &list)
+	if len(list.Environments) != 2 || list.Environments[0].ID != failed.ID || list.Environments[1].ID != done.ID ||
+		len(list.Unreadable) != 1 || list.Unreadable[0].ID != bad.ID || list.Unreadable[0].Status != "DONE" ||
+		!strings.Contains(list.Unreadable[0].Error, "stored calibration") {
+		t.Fatalf("/api/environments with an unreadable row: %+v", list)
+	}
+	code, body := getStatus(h, "/environments")
+	if code != 200 || !strings.Contains(body, `href="/environment?id=`+done.ID+`"`) || !strings.Contains(body, `data-status="FAILED"`) ||
+		!strings.Contains(body, `class="warn card env-unreadable" data-id="`+bad.ID+`"`) || !strings.Contains(body, "stored calibration") {
+		t.Fatalf("list page with an unreadable row: %d %s", code, body)
+	}
+	if code, body := getStatus(h, "/api/environments/"+bad.ID); code != http.StatusInternalServerError || !strings.Contains(body, "stored calibration") {
+		t.Errorf("the unreadable environment's record: %d %s, want 500 naming the column", code, body)
+	}
+	if code, _ := getStatus(h, "/environment?id="+done.ID); code != 200 {
+		t.Errorf("a readable environment's page: %d", code)
 	}
 }
 
