@@ -28,7 +28,10 @@
 //     and the FamilyMatcher.
 //   - worker.go, queue.go: the JetStream worker (one capability at a time
 //     per target environment, highest mean Δ first; in-progress acks; Nak
-//     with a growing delay; FAILED after MaxDeliver).
+//     with a growing delay; FAILED after MaxDeliver). At start it requeues
+//     the WAITING_FOR_LLM environments its stage can now take further on
+//     the same consumer (Msg-Id = environment id and record version), so
+//     that replicas started together resume each one once.
 //   - sinkstore.go: the records in ClickHouse (sink's environments table),
 //     example rollouts, the dictionary's definitions and families.
 //   - settings.go: the configuration section and Build.

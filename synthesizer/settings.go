@@ -264,6 +264,7 @@ func Build(s Settings, d Deps) (*Stage, error) {
 }
 
 // WorkerConfig is the worker the settings describe.
-func (s Settings) WorkerConfig(waiting WaitingLister, log *slog.Logger) WorkerConfig {
-	return WorkerConfig{Concurrency: s.Concurrency, AckWait: s.AckWait, MaxDeliver: s.MaxDeliver, NakDelay: s.NakDelay, Waiting: waiting, Log: log}
+func (s Settings) WorkerConfig(waiting WaitingLister, requeue Requeuer, log *slog.Logger) WorkerConfig {
+	return WorkerConfig{Concurrency: s.Concurrency, AckWait: s.AckWait, MaxDeliver: s.MaxDeliver, NakDelay: s.NakDelay, Waiting: waiting,
+		Requeue: requeue, Log: log}
 }

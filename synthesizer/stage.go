@@ -147,24 +147,11 @@ func (s *Stage) Synthesize(ctx context.Context, req *schemas.SynthesisRequest) (
 	if e.Status == StatusFailed {
 		return e, nil
 	}
-	job, err := s.job(ctx, e)
+	job, start, m, act, err := s.begin(ctx, e)
 	if err != nil {
 		return e, err
 	}
-	start := Event{Kind: EvStart, HaveLLM: s.cfg.LLM != nil, HaveTemplate: s.cfg.Templates != nil && job.Family != ""}
-	for _, a := range e.Attempts {
-		start.TemplateTried = start.TemplateTried || a.Origin == schemas.OriginTemplate
-	}
-	if _, err := s.cfg.Calibrators(job); errors.Is(err, ErrNoPolicy) {
-		// Nothing can calibrate it: it waits, like a request without a
-		// generation model, until a policy is configured.
-		start = Event{Kind: EvStart, Reason: err.Error()}
-	}
-	m, act, err := Step(e.Machine(s.cfg.MaxAttempts), start)
-	if err != nil {
-		return e, err
-	}
-	if e.Status == StatusWaitingForLLM && m.Status == StatusWaitingForLLM && m.Reason == e.Reason {
+	if stillWaiting(e, m) {
 		return e, nil // still nothing to write or calibrate it with; the record stands
 	}
 	var (
@@ -259,6 +246,46 @@ func (s *Stage) Synthesize(ctx context.Context, req *schemas.SynthesisRequest) (
 			return e, err
 		}
 	}
+}
+
+// begin resolves e's job and takes the machine's first step.
+func (s *Stage) begin(ctx context.Context, e *Environment) (*Job, Event, Machine, Action, error) {
+	job, err := s.job(ctx, e)
+	if err != nil {
+		return nil, Event{}, Machine{}, ActNone, err
+	}
+	start := Event{Kind: EvStart, HaveLLM: s.cfg.LLM != nil, HaveTemplate: s.cfg.Templates != nil && job.Family != ""}
+	for _, a := range e.Attempts {
+		start.TemplateTried = start.TemplateTried || a.Origin == schemas.OriginTemplate
+	}
+	if _, err := s.cfg.Calibrators(job); errors.Is(err, ErrNoPolicy) {
+		// Nothing can calibrate it: it waits, like a request without a
+		// generation model, until a policy is configured.
+		start = Event{Kind: EvStart, Reason: err.Error()}
+	}
+	m, act, err := Step(e.Machine(s.cfg.MaxAttempts), start)
+	return job, start, m, act, err
+}
+
+// stillWaiting: e waits and this stage has nothing more to go on with it
+// than its record says (the same reason).
+func stillWaiting(e *Environment, m Machine) bool {
+	return e.Status == StatusWaitingForLLM && m.Status == StatusWaitingForLLM && m.Reason == e.Reason
+}
+
+// Resumable reports whether this stage takes a WAITING_FOR_LLM environment
+// further than its record (a generation model, a template or a policy it
+// waited for is configured now); it records nothing.
+func (s *Stage) Resumable(ctx context.Context, e *Environment) (bool, error) {
+	if e.Status != StatusWaitingForLLM || e.Request == nil {
+		return false, nil
+	}
+	c := *e
+	_, _, m, _, err := s.begin(ctx, &c)
+	if err != nil {
+		return false, err
+	}
+	return !stillWaiting(e, m), nil
 }
 
 // write runs the attempt's author and turns its outcome into an event.

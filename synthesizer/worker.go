@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -22,6 +24,38 @@ type Consumer interface {
 // resume them when one is configured.
 type WaitingLister interface {
 	WaitingEnvironments(ctx context.Context) ([]*Environment, error)
+}
+
+// Requeuer puts a synthesis request back on its subject with a Msg-Id
+// (internal/bus.Bus on TRACE_SYNTHESIS): JetStream drops a second publish
+// of that Msg-Id within the stream's duplicate window, and the durable
+// consumer hands the one message to one replica.
+type Requeuer interface {
+	RequeueSynthesis(ctx context.Context, req *schemas.SynthesisRequest, msgID string) error
+}
+
+// ResumeMsgID is the Msg-Id that requeues e to resume it: the same for
+// every replica that sees this version of its record, so replicas started
+// together requeue it once.
+func ResumeMsgID(e *Environment) string {
+	return resumePrefix + e.ID + ":" + strconv.FormatUint(e.Version, 10)
+}
+
+const resumePrefix = "resume:"
+
+// resumeOf is the environment id and record version a resume message was
+// requeued for; ok false for any other message.
+func resumeOf(m jetstream.Msg) (id string, version uint64, ok bool) {
+	rest, ok := strings.CutPrefix(m.Headers().Get(jetstream.MsgIDHeader), resumePrefix)
+	if !ok {
+		return "", 0, false
+	}
+	id, v, ok := strings.Cut(rest, ":")
+	if !ok {
+		return "", 0, false
+	}
+	version, err := strconv.ParseUint(v, 10, 64)
+	return id, version, err == nil
 }
 
 // Defaults of WorkerConfig.
@@ -52,9 +86,13 @@ type WorkerConfig struct {
 	NakDelay, MaxNakDelay time.Duration
 	// MaxHeld bounds the requests fetched and not yet finished. Default 64.
 	MaxHeld int
-	// Waiting, when set, lists the WAITING_FOR_LLM environments to resume
-	// at start (one that still cannot go on stays waiting, unchanged).
+	// Waiting and Requeue, when both are set, resume the WAITING_FOR_LLM
+	// environments at start: each one this worker's stage can take further
+	// is requeued (ResumeMsgID) on the consumer's stream, so that one
+	// replica, whichever JetStream delivers it to, resumes it. One that
+	// still cannot go on stays waiting, unchanged, and is not requeued.
 	Waiting WaitingLister
+	Requeue Requeuer
 	Log     *slog.Logger
 }
 
@@ -90,7 +128,9 @@ func (c WorkerConfig) withDefaults() WorkerConfig {
 // growing delay after a transient failure (its record keeps where it stood
 // and the redelivery resumes it); acked after being recorded FAILED at its
 // MaxDeliver-th delivery; terminated when it is not a valid synthesis
-// request (logged with the reason; nothing can be built from it). Every held
+// request (logged with the reason; nothing can be built from it); acked
+// without work at its first delivery when it is a requeued resume
+// (ResumeMsgID) whose environment has moved on since. Every held
 // request gets an in-progress ack every AckWait/3, including those queued
 // behind another capability of the same environment. On shutdown the
 // requests not finished are Nak'd once the worker's last pull request has
@@ -106,8 +146,7 @@ func NewWorker(stage *Stage, src Consumer, cfg WorkerConfig) *Worker {
 	return &Worker{stage: stage, src: src, cfg: cfg.withDefaults()}
 }
 
-// job is one request the worker holds: from a delivery, or resumed from
-// the store (msg nil).
+// job is one request the worker holds, with its delivery.
 type job struct {
 	req *schemas.SynthesisRequest
 	msg jetstream.Msg
@@ -139,18 +178,7 @@ func (w *Worker) Run(ctx context.Context) error {
 		defer close(fetchDone)
 		w.fetchLoop(ctx, want, fetched)
 	}()
-	if w.cfg.Waiting != nil {
-		if es, err := w.cfg.Waiting.WaitingEnvironments(ctx); err != nil {
-			w.cfg.Log.Warn("synthesizer: list waiting environments", "err", err)
-		} else {
-			for _, e := range es {
-				if e.Request != nil {
-					w.cfg.Log.Info("synthesizer: resuming an environment that waited for a model", "id", e.ID, "capability", e.Capability)
-					q.add(e.Request.Environment, e.Request.Rank, e.Request.Capability.MeanDelta, e.Request.FiredAt, job{req: e.Request})
-				}
-			}
-		}
-	}
+	w.requeueWaiting(ctx)
 	heartbeat := time.NewTicker(w.cfg.AckWait / 3)
 	defer heartbeat.Stop()
 	fetching := false
@@ -163,6 +191,10 @@ func (w *Worker) Run(ctx context.Context) error {
 			}
 			running[env] = j
 			go func() {
+				if e := w.superseded(workCtx, j); e != nil {
+					results <- result{j: j, env: env, e: e}
+					return
+				}
 				e, err := w.stage.Synthesize(workCtx, j.req)
 				results <- result{j: j, env: env, e: e, err: err}
 			}()
@@ -210,6 +242,54 @@ func (w *Worker) Run(ctx context.Context) error {
 			}
 		}
 	}
+}
+
+// requeueWaiting requeues the waiting environments this worker's stage can
+// take further (see WorkerConfig.Waiting). A failure is logged: the next
+// start tries again.
+func (w *Worker) requeueWaiting(ctx context.Context) {
+	if w.cfg.Waiting == nil || w.cfg.Requeue == nil {
+		return
+	}
+	es, err := w.cfg.Waiting.WaitingEnvironments(ctx)
+	if err != nil {
+		w.cfg.Log.Warn("synthesizer: list waiting environments", "err", err)
+		return
+	}
+	for _, e := range es {
+		ok, err := w.stage.Resumable(ctx, e)
+		if err != nil {
+			w.cfg.Log.Warn("synthesizer: waiting environment", "id", e.ID, "err", err)
+			continue
+		}
+		if !ok {
+			continue
+		}
+		if err := w.cfg.Requeue.RequeueSynthesis(ctx, e.Request, ResumeMsgID(e)); err != nil {
+			w.cfg.Log.Warn("synthesizer: requeue a waiting environment", "id", e.ID, "err", err)
+			continue
+		}
+		w.cfg.Log.Info("synthesizer: requeued an environment that waited, to resume it", "id", e.ID, "capability", e.Capability)
+	}
+}
+
+// superseded returns the record of a resume message's environment when it
+// moved on from the version the message was requeued for, before this
+// first delivery (another resume message took it further, as when a
+// replica requeued it again after the duplicate window): nothing is to be
+// done. A redelivery is never superseded: the record moved on in the
+// delivery before, which did not finish.
+func (w *Worker) superseded(ctx context.Context, j job) *Environment {
+	id, version, ok := resumeOf(j.msg)
+	if !ok || delivered(j) > 1 {
+		return nil
+	}
+	e, err := w.stage.cfg.Store.LoadEnvironment(ctx, id)
+	if err != nil || e == nil || e.Version == version && e.Status == StatusWaitingForLLM {
+		return nil
+	}
+	w.cfg.Log.Info("synthesizer: a resume request found its environment moved on; acknowledged", "id", id, "status", e.Status)
+	return e
 }
 
 // fetchLoop fetches up to n messages each time it is asked, until ctx ends.
@@ -278,9 +358,6 @@ func (w *Worker) finish(ctx context.Context, r result, shuttingDown bool) {
 		delay := w.cfg.NakDelay << min(max(n, 1)-1, 16)
 		delay = min(delay, w.cfg.MaxNakDelay)
 		w.cfg.Log.Warn("synthesizer: transient failure, retrying", "trigger_id", j.req.TriggerID, "delivery", n, "delay", delay, "err", r.err)
-		if j.msg == nil { // resumed from the store: the next start tries again
-			return
-		}
 		nak(j, delay)
 	}
 }

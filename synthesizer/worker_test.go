@@ -66,6 +66,17 @@ func (k *natsKit) publish(t *testing.T, req *schemas.SynthesisRequest, msgID str
 	}
 }
 
+// RequeueSynthesis implements Requeuer as internal/bus does, on the test
+// stream.
+func (k *natsKit) RequeueSynthesis(ctx context.Context, req *schemas.SynthesisRequest, msgID string) error {
+	data, err := json.Marshal(req)
+	if err != nil {
+		return err
+	}
+	_, err = k.js.Publish(ctx, testSubject+"."+req.Environment+"."+req.Capability.Skill, data, jetstream.WithMsgID(msgID))
+	return err
+}
+
 // pending is the consumer's unacknowledged + undelivered count.
 func (k *natsKit) pending(t *testing.T) (ackPending int, undelivered uint64, redelivered int) {
 	info, err := k.consumer(t).Info(context.Background())
@@ -400,5 +411,143 @@ func TestWorkerShutdownHandsEverythingBack(t *testing.T) {
 	}
 	if len(got) != 2 {
 		t.Fatalf("another replica got %v within 5 s; the rest wait for the AckWait (1 m)", got)
+	}
+}
+
+// startedTogether lists the waiting environments like the store, and
+// returns only once every replica has listed them: replicas started at the
+// same moment, each seeing the records before any of them moved on.
+type startedTogether struct {
+	store WaitingLister
+	all   *sync.WaitGroup
+}
+
+func (s startedTogether) WaitingEnvironments(ctx context.Context) ([]*Environment, error) {
+	es, err := s.store.WaitingEnvironments(ctx)
+	s.all.Done()
+	s.all.Wait()
+	return es, err
+}
+
+// TestTwoReplicasResumeAWaitingEnvironmentOnce: an environment waits for
+// a model (recorded in ClickHouse); two replicas of the synthesize role,
+// now with a model, start together on the same durable consumer. One of
+// them writes, validates and calibrates it: one generation call, one
+// calibration, one accepted attempt, announced once.
+func TestTwoReplicasResumeAWaitingEnvironmentOnce(t *testing.T) {
+	k := newNATSKit(t, 5*time.Second)
+	store := chStore(t)
+	req := testRequest("trig-two-replicas")
+	ctx := context.Background()
+	noModel, err := NewStage(Config{Validator: &markerValidator{}, Calibrators: func(*Job) (Calibrator, error) { return &slowCalibrator{}, nil }, Store: store})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e, err := noModel.Synthesize(ctx, req); err != nil || e.Status != StatusWaitingForLLM {
+		t.Fatalf("%v %+v", err, e)
+	}
+	srv := llmtest.New(t)
+	srv.Handle(func(llmtest.Request) llmtest.Reply { return llmtest.Text(fenced(goodProgram)) })
+	cal, pub := &slowCalibrator{d: 300 * time.Millisecond}, &memPublisher{}
+	var (
+		all   sync.WaitGroup
+		stops []func()
+	)
+	all.Add(2)
+	for range 2 {
+		gen, _ := newTestGenerator(t, srv)
+		stage, err := NewStage(Config{LLM: gen, Validator: &markerValidator{}, Calibrators: func(*Job) (Calibrator, error) { return cal, nil },
+			Store: store, Publisher: pub})
+		if err != nil {
+			t.Fatal(err)
+		}
+		w := NewWorker(stage, k.consumer(t), WorkerConfig{AckWait: 5 * time.Second, Waiting: startedTogether{store: store, all: &all}, Requeue: k})
+		stops = append(stops, startWorker(t, w))
+	}
+	id := schemas.EnvironmentID(req.TriggerID)
+	waitFor(t, "DONE", 20*time.Second, func() bool {
+		e, _ := store.LoadEnvironment(ctx, id)
+		return e != nil && e.Status == StatusDone
+	})
+	waitFor(t, "every delivery acked", 10*time.Second, func() bool { ap, np, _ := k.pending(t); return ap == 0 && np == 0 })
+	for _, stop := range stops { // each replica finishes what it runs
+		stop()
+	}
+	e, _ := store.LoadEnvironment(ctx, id)
+	pub.mu.Lock()
+	announced := len(pub.msgs)
+	pub.mu.Unlock()
+	if n := len(srv.Requests()); n != 1 || cal.calls.Load() != 1 || len(e.Attempts) != 1 || announced != 1 {
+		t.Fatalf("generation calls %d, calibrations %d, attempts %d, announcements %d: want one each", n, cal.calls.Load(), len(e.Attempts), announced)
+	}
+}
+
+// TestWaitingEnvironmentRequeuedByAReplicaThatCanResumeIt: a replica that
+// still has no model requeues nothing (the environment stays waiting, so a
+// replica configured with a model later is not deduplicated away); one with
+// a model requeues and resumes it; a resume message for a version the
+// record has moved on from is acknowledged without a generation call.
+func TestWaitingEnvironmentRequeuedByAReplicaThatCanResumeIt(t *testing.T) {
+	k := newNATSKit(t, 5*time.Second)
+	store := chStore(t)
+	req := testRequest("trig-requeue")
+	ctx := context.Background()
+	noModel, err := NewStage(Config{Validator: &markerValidator{}, Calibrators: func(*Job) (Calibrator, error) { return &slowCalibrator{}, nil }, Store: store})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waiting, err := noModel.Synthesize(ctx, req)
+	if err != nil || waiting.Status != StatusWaitingForLLM {
+		t.Fatalf("%v %+v", err, waiting)
+	}
+	stream := func() uint64 {
+		s, err := k.js.Stream(ctx, testStream)
+		if err != nil {
+			t.Fatal(err)
+		}
+		info, err := s.Info(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return info.State.Msgs
+	}
+	stop := startWorker(t, NewWorker(noModel, k.consumer(t), WorkerConfig{Waiting: store, Requeue: k}))
+	stop() // Run lists and requeues before it fetches
+	if n := stream(); n != 0 {
+		t.Fatalf("a replica without a model requeued %d messages", n)
+	}
+	stage, srv := workerStage(t, store, &slowCalibrator{}, &memPublisher{})
+	stop = startWorker(t, NewWorker(stage, k.consumer(t), WorkerConfig{Waiting: store, Requeue: k}))
+	defer stop()
+	id := schemas.EnvironmentID(req.TriggerID)
+	waitFor(t, "DONE", 20*time.Second, func() bool {
+		e, _ := store.LoadEnvironment(ctx, id)
+		return e != nil && e.Status == StatusDone
+	})
+	waitFor(t, "the ack", 10*time.Second, func() bool { ap, np, _ := k.pending(t); return ap == 0 && np == 0 })
+	if n, calls := stream(), len(srv.Requests()); n != 1 || calls != 1 {
+		t.Fatalf("%d messages, %d generation calls", n, calls)
+	}
+
+	// Another environment waited, was requeued, and a replica is writing
+	// it (GENERATING) when a second resume message of its waiting version
+	// arrives (requeued again after the duplicate window).
+	req2 := testRequest("trig-requeue-2")
+	w2, err := noModel.Synthesize(ctx, req2)
+	if err != nil || w2.Status != StatusWaitingForLLM {
+		t.Fatalf("%v %+v", err, w2)
+	}
+	writing := *w2
+	writing.Status, writing.Reason, writing.Path, writing.Attempt, writing.Version = StatusGenerating, "", PathLLM, 1, w2.Version+1
+	if err := store.SaveEnvironment(ctx, &writing); err != nil {
+		t.Fatal(err)
+	}
+	if err := k.RequeueSynthesis(ctx, req2, ResumeMsgID(w2)); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the superseded resume acked", 10*time.Second, func() bool { ap, np, _ := k.pending(t); return ap == 0 && np == 0 })
+	e2, _ := store.LoadEnvironment(ctx, w2.ID)
+	if calls := len(srv.Requests()); calls != 1 || e2.Status != StatusGenerating || e2.Version != writing.Version {
+		t.Fatalf("%d generation calls; record %s version %d", calls, e2.Status, e2.Version)
 	}
 }

@@ -19,7 +19,9 @@ import (
 type SimulatedPolicies func(environment, agentVersion, capability string) (calibrate.Policy, error)
 
 // addSynthesize adds the synthesize role: the synthesizer's worker on the
-// durable consumer of TRACE_SYNTHESIS. The generation model is llm.* when
+// durable consumer of TRACE_SYNTHESIS, which every replica shares; the
+// environments waiting for a model are requeued there at start, so that
+// one replica resumes each. The generation model is llm.* when
 // configured; calibration's policy is the cohort's agent model
 // (synthesizer.policies), else the labeling model, or the simulated policy.
 func (a *App) addSynthesize(ctx context.Context, g *run.Group) error {
@@ -59,7 +61,7 @@ func (a *App) addSynthesize(ctx context.Context, g *run.Group) error {
 	if err != nil {
 		return err
 	}
-	w := synthesizer.NewWorker(stage, consumer, s.WorkerConfig(store, a.Log))
+	w := synthesizer.NewWorker(stage, consumer, s.WorkerConfig(store, a.Bus, a.Log))
 	a.Log.Info("synthesizer: consuming synthesis requests", "generation_model", generationModel(a.Cfg.LLM), "templates", s.Templates,
 		"policy", s.Policy, "max_attempts", s.MaxAttempts)
 	addActor(g, ctx, "synthesize", w.Run)

@@ -44,6 +44,25 @@ func (b *Bus) SynthesisConsumer(ctx context.Context, ackWait time.Duration) (jet
 	return c, nil
 }
 
+// RequeueSynthesis puts a synthesis request back on its subject, for the
+// synthesize role to resume its environment, with msgID as Msg-Id: every
+// replica that requeues the same msgID within the duplicate window adds
+// one message, which the durable consumer hands to one replica. (The
+// trigger claim of PublishSynthesis is not consulted: the request was
+// published and handled once already.)
+func (b *Bus) RequeueSynthesis(ctx context.Context, req *schemas.SynthesisRequest, msgID string) error {
+	r := *req
+	r.Schema = "synthesis_request/v1"
+	data, err := json.Marshal(&r)
+	if err != nil {
+		return err
+	}
+	if _, err := b.JS.Publish(ctx, SynthesisSubject(r.Environment, r.Capability.Skill), data, jetstream.WithMsgID(msgID)); err != nil {
+		return fmt.Errorf("nats: requeue synthesis request: %w", err)
+	}
+	return nil
+}
+
 // PublishEnvironmentReady announces a DONE environment on
 // trace.environments.ready (stream TRACE_ENVIRONMENTS) with the
 // environment id as Msg-Id: announcing it again within the duplicate window

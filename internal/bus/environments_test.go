@@ -89,3 +89,56 @@ func TestSynthesisConsumerGetsRequests(t *testing.T) {
 		t.Fatalf("%d messages; consumer %+v", n, info.Config)
 	}
 }
+
+// TestRequeueSynthesisOncePerMsgID: a request published and handled once is
+// requeued (its trigger claim does not stop it); two replicas requeueing
+// it with the same Msg-Id add one message, which carries that Msg-Id.
+func TestRequeueSynthesisOncePerMsgID(t *testing.T) {
+	srv := testenv.NATS(t)
+	ctx := context.Background()
+	b, err := bus.Connect(ctx, bus.Config{URL: srv.URL()}, "test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	req := &schemas.SynthesisRequest{TriggerID: "trig-r", Environment: "sim-airline", AgentVersion: "1.4.0", DictionaryVersion: 1, Epoch: 1,
+		Capability: schemas.SelectedCapability{Skill: "precondition_verification", ExampleFailedCases: []string{}}, FiredAt: time.Now().UTC()}
+	if _, err := b.PublishSynthesis(ctx, req); err != nil {
+		t.Fatal(err)
+	}
+	c, err := b.SynthesisConsumer(ctx, time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fetch := func() []jetstream.Msg {
+		batch, err := c.Fetch(5, jetstream.FetchMaxWait(time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out []jetstream.Msg
+		for m := range batch.Messages() {
+			out = append(out, m)
+			_ = m.Ack()
+		}
+		return out
+	}
+	if got := fetch(); len(got) != 1 {
+		t.Fatalf("%d requests", len(got))
+	}
+	stored := *req
+	stored.Schema = "" // as a record's request may hold it
+	for range 2 {
+		if err := b.RequeueSynthesis(ctx, &stored, "resume:env-1:7"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got := fetch()
+	if len(got) != 1 {
+		t.Fatalf("%d requeued messages, want 1", len(got))
+	}
+	r, err := schemas.DecodeSynthesisRequest(got[0].Data())
+	if err != nil || r.TriggerID != "trig-r" || got[0].Subject() != "trace.synthesis.sim-airline.precondition_verification" ||
+		got[0].Headers().Get(jetstream.MsgIDHeader) != "resume:env-1:7" {
+		t.Fatalf("%v %+v %s %v", err, r, got[0].Subject(), got[0].Headers())
+	}
+}
