@@ -53,11 +53,16 @@ func (b *Bus) ReadyConsumer(ctx context.Context, ackWait time.Duration) (jetstre
 }
 
 // TrainingEventsConsumer is the adapt role's durable consumer of every
-// job's events.
+// job's events. Every replica shares it, and it has one event out at a
+// time (MaxAckPending 1): applying an event reads the job's row and writes
+// a new version of it, so two replicas applying two events of one job at
+// once would write one over the other (a success lost under a heartbeat
+// read before it). One at a time, the replicas apply the events as one
+// replica does, in stream order.
 func (b *Bus) TrainingEventsConsumer(ctx context.Context, ackWait time.Duration) (jetstream.Consumer, error) {
 	c, err := b.JS.CreateOrUpdateConsumer(ctx, StreamTrainingEvents, jetstream.ConsumerConfig{
 		Durable: DurableAdapterEvents, Description: "trace adapt role: training events → status, history, registry",
-		AckPolicy: jetstream.AckExplicitPolicy, AckWait: cmpDur(ackWait, DefaultAdapterAckWait), MaxDeliver: -1,
+		AckPolicy: jetstream.AckExplicitPolicy, AckWait: cmpDur(ackWait, DefaultAdapterAckWait), MaxDeliver: -1, MaxAckPending: 1,
 		FilterSubject: schemas.SubjectTrainingEvents + ".>",
 	})
 	if err != nil {
