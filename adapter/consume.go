@@ -19,7 +19,7 @@ import (
 // failure to record or dispatch is retried with a growing delay. On
 // cancellation the message in hand is finished first.
 func (s *Stage) RunReady(ctx context.Context, cons jetstream.Consumer) error {
-	return consume(ctx, cons, s, func(hctx context.Context, m jetstream.Msg) error {
+	return consume(ctx, cons, s, handlerBound, func(hctx context.Context, m jetstream.Msg) error {
 		r, err := schemas.DecodeEnvironmentReady(m.Data())
 		if err != nil {
 			s.cfg.Log.Error("adapter: invalid environment ready message, dropped", "subject", m.Subject(), "err", err)
@@ -40,7 +40,7 @@ func (s *Stage) RunReady(ctx context.Context, cons jetstream.Consumer) error {
 // event is recorded in the job's history (type "malformed", the payload
 // as received) and acked: never lost, never fatal.
 func (s *Stage) RunEvents(ctx context.Context, cons jetstream.Consumer) error {
-	return consume(ctx, cons, s, func(hctx context.Context, m jetstream.Msg) error {
+	return consume(ctx, cons, s, handlerBound, func(hctx context.Context, m jetstream.Msg) error {
 		key := "js:0"
 		if md, err := m.Metadata(); err == nil {
 			key = "js:" + strconv.FormatUint(md.Sequence.Stream, 10)
@@ -102,17 +102,20 @@ func (s *Stage) RunDeadlines(ctx context.Context, every time.Duration) error {
 	}
 }
 
+// handlerBound bounds the handling of a ready environment or an event.
+const handlerBound = time.Minute
+
 // drainBound bounds the drain of a consumer's buffered messages on
 // shutdown.
 const drainBound = 10 * time.Second
 
-// consume runs handle on each message of cons until ctx ends. handle's
-// error naks the message with a delay growing with its deliveries; the
+// consume runs handle on each message of cons until ctx ends, each within
+// bound. handle's error naks the message with a delay growing with its deliveries; the
 // message in hand when ctx ends is finished with a context of its own.
 // Messages already buffered when ctx ends are handed back (Nak'd) after
 // the subscription is drained, so another replica gets them at once
 // instead of after the consumer's AckWait.
-func consume(ctx context.Context, cons jetstream.Consumer, s *Stage, handle func(context.Context, jetstream.Msg) error) error {
+func consume(ctx context.Context, cons jetstream.Consumer, s *Stage, bound time.Duration, handle func(context.Context, jetstream.Msg) error) error {
 	it, err := cons.Messages(jetstream.PullMaxMessages(16))
 	if err != nil {
 		return err
@@ -148,7 +151,7 @@ func consume(ctx context.Context, cons jetstream.Consumer, s *Stage, handle func
 			_ = m.Nak()
 			continue
 		}
-		hctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+		hctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), bound)
 		if err := handle(hctx, m); err != nil {
 			delay := time.Second
 			if md, merr := m.Metadata(); merr == nil {

@@ -44,7 +44,7 @@ func TestConsumeHandsBackBufferedMessagesOnShutdown(t *testing.T) {
 	runCtx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() {
-		done <- consume(runCtx, cons, s, func(hctx context.Context, m jetstream.Msg) error {
+		done <- consume(runCtx, cons, s, handlerBound, func(hctx context.Context, m jetstream.Msg) error {
 			inHand <- string(m.Data())
 			<-release
 			return m.DoubleAck(hctx)

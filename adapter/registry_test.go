@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -164,8 +165,9 @@ func TestRegistryTransitionsAndServing(t *testing.T) {
 }
 
 // TestAutoActivation: with AutoActivate, a job's success registers its
-// adapter and activates it (loaded into the engine), recorded in the
-// job's history; without a registry the stage refuses the setting.
+// adapter and requests its activation, which the activations consumer
+// does (loaded into the engine), recorded in the job's history; without a
+// registry or a queue the stage refuses the setting.
 func TestAutoActivation(t *testing.T) {
 	ctx := context.Background()
 	st, b := plannerFixture(t)
@@ -173,13 +175,17 @@ func TestAutoActivation(t *testing.T) {
 	srv.ServeLoRA(llmtest.LoRAOptions{})
 	srv.Handle(func(llmtest.Request) llmtest.Reply { return llmtest.Text("hello") })
 	reg := &adapter.Registry{Store: st, Engine: &serving.VLLM{BaseURL: srv.URL, InitialBackoff: time.Millisecond, MaxElapsed: time.Second}}
-	if _, err := adapter.NewStage(adapter.Config{Plan: fastPlan(), Store: st, Claims: b, AutoActivate: true}); err == nil {
+	if _, err := adapter.NewStage(adapter.Config{Plan: fastPlan(), Store: st, Claims: b, AutoActivate: true, Queue: b}); err == nil {
 		t.Fatal("AutoActivate without a registry accepted")
 	}
-	s, err := adapter.NewStage(adapter.Config{Plan: fastPlan(), Store: st, Claims: b, AutoActivate: true, Registry: reg})
+	if _, err := adapter.NewStage(adapter.Config{Plan: fastPlan(), Store: st, Claims: b, AutoActivate: true, Registry: reg}); err == nil {
+		t.Fatal("AutoActivate without a queue accepted")
+	}
+	s, err := adapter.NewStage(adapter.Config{Plan: fastPlan(), Store: st, Claims: b, AutoActivate: true, Registry: reg, Queue: b})
 	if err != nil {
 		t.Fatal(err)
 	}
+	defer runActivations(t, b, s)()
 	res, err := s.HandleReady(ctx, readyFor("t-auto", "precondition_verification"))
 	if err != nil {
 		t.Fatal(err)
@@ -192,6 +198,7 @@ func TestAutoActivation(t *testing.T) {
 	if err := s.HandleEvent(ctx, e, "seq:1", data); err != nil {
 		t.Fatal(err)
 	}
+	waitFor(t, "the activation", 20*time.Second, func() bool { return historyCount(t, st, res.JobID, "activated") == 1 })
 	if a := statusOf(t, st, job.AdapterName); a.Status != adapter.AdapterActive || chatStatus(t, srv, job.AdapterName) != 200 {
 		t.Fatalf("auto-activated adapter %+v", a)
 	}
@@ -212,10 +219,11 @@ func TestSuccessNamingAnotherJobsAdapter(t *testing.T) {
 	st, b := plannerFixture(t)
 	eng := &fakeEngine{loaded: map[string]string{}}
 	reg := &adapter.Registry{Store: st, Engine: eng}
-	s, err := adapter.NewStage(adapter.Config{Plan: fastPlan(), Store: st, Claims: b, AutoActivate: true, Registry: reg})
+	s, err := adapter.NewStage(adapter.Config{Plan: fastPlan(), Store: st, Claims: b, AutoActivate: true, Registry: reg, Queue: b})
 	if err != nil {
 		t.Fatal(err)
 	}
+	defer runActivations(t, b, s)()
 	succeed := func(jobID, name, dir string) {
 		t.Helper()
 		e := &schemas.TrainingEvent{Schema: schemas.TrainingEventSchema, JobID: jobID, Type: schemas.EventSucceeded, At: time.Now().UTC(),
@@ -235,10 +243,11 @@ func TestSuccessNamingAnotherJobsAdapter(t *testing.T) {
 	}
 	firstDir := t.TempDir()
 	succeed(first.JobID, "my-adapter", firstDir)
+	waitFor(t, "the first job's activation", 20*time.Second, func() bool { return historyCount(t, st, first.JobID, "activated") == 1 })
 	if a := statusOf(t, st, "my-adapter"); a.Status != adapter.AdapterActive || a.JobID != first.JobID {
 		t.Fatalf("the first job's adapter: %+v", a)
 	}
-	delete(eng.loaded, "my-adapter") // to see whether it is loaded again
+	_ = eng.Unload(ctx, "my-adapter") // to see whether it is loaded again
 	succeed(second.JobID, "my-adapter", t.TempDir())
 
 	j, err := st.TrainingJob(ctx, second.JobID)
@@ -251,8 +260,8 @@ func TestSuccessNamingAnotherJobsAdapter(t *testing.T) {
 	if a := statusOf(t, st, "my-adapter"); a.JobID != first.JobID || a.URI != "file://"+firstDir || a.Status != adapter.AdapterActive {
 		t.Errorf("the first job's adapter changed: %+v", a)
 	}
-	if _, loaded := eng.loaded["my-adapter"]; loaded {
-		t.Error("the second job's success activated (loaded) the first job's adapter")
+	if n := activationRequests(t, b); n != 1 || eng.has("my-adapter") {
+		t.Errorf("the second job's success activated (loaded) the first job's adapter: %d activation requests, loaded %v", n, eng.has("my-adapter"))
 	}
 }
 
@@ -293,17 +302,31 @@ func (f *fakeRegistryStore) SaveAdapter(_ context.Context, r sink.AdapterRow) er
 }
 
 // fakeEngine keeps the loaded adapters (name → path).
-type fakeEngine struct{ loaded map[string]string }
+type fakeEngine struct {
+	mu     sync.Mutex
+	loaded map[string]string
+}
 
 func (e *fakeEngine) Name() string     { return "fake" }
 func (e *fakeEngine) Endpoint() string { return "http://fake/v1" }
 func (e *fakeEngine) Load(_ context.Context, name, path string) error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
 	e.loaded[name] = path
 	return nil
 }
 func (e *fakeEngine) Unload(_ context.Context, name string) error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
 	delete(e.loaded, name)
 	return nil
+}
+
+func (e *fakeEngine) has(name string) bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	_, ok := e.loaded[name]
+	return ok
 }
 
 // TestActivateStoreFailure: when the registry cannot record an

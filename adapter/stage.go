@@ -72,12 +72,25 @@ type Config struct {
 	Simulated bool    // jobs go to the simulated trainer (trace demo)
 	// AutoActivate makes a succeeded job's adapter active through
 	// Registry (loaded into the serving engine, the previous active one of
-	// its environment and capability retired). Off: adapters stay
-	// candidates until `trace adapters activate`.
+	// its environment and capability retired), as a request on Queue that
+	// RunActivations takes. Off: adapters stay candidates until `trace
+	// adapters activate`.
 	AutoActivate bool
 	Registry     *Registry
-	Now          func() time.Time
-	Log          *slog.Logger
+	// Queue puts the stage's own work on JetStream (internal/bus);
+	// required with AutoActivate.
+	Queue Queue
+	Now   func() time.Time
+	Log   *slog.Logger
+}
+
+// Queue is where the stage puts work it must not do inside an event's
+// handling (internal/bus.Bus): JetStream keeps one message per Msg-Id
+// within the duplicate window.
+type Queue interface {
+	// PublishActivation requests an adapter's activation
+	// (trace.adapters.activate, consumed by RunActivations).
+	PublishActivation(ctx context.Context, payload []byte, msgID string) error
 }
 
 // Stage is the adapt role's logic. Safe for concurrent use: event handling
@@ -95,8 +108,8 @@ func NewStage(cfg Config) (*Stage, error) {
 	if err := cfg.Plan.Validate("adapter.plan."); err != nil {
 		return nil, err
 	}
-	if cfg.AutoActivate && cfg.Registry == nil {
-		return nil, errors.New("adapter: AutoActivate needs a Registry")
+	if cfg.AutoActivate && (cfg.Registry == nil || cfg.Queue == nil) {
+		return nil, errors.New("adapter: AutoActivate needs a Registry and a Queue")
 	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now
@@ -288,40 +301,25 @@ var ErrUnknownJob = errors.New("unknown training job")
 // job (a redelivery has the same key). An event of an unknown job returns
 // ErrUnknownJob after recording it.
 //
-// With AutoActivate, the adapter of a job that succeeded now is activated
-// after the job is saved (outside the lock: a load may take a while); the
-// outcome is recorded in the job's history ("activated" or
-// "activation_failed", which leaves the adapter a candidate) and is not
-// the event's error.
+// With AutoActivate, the activation of the adapter of a job that succeeded
+// now is requested on the Queue (Msg-Id activate:<job_id>) before
+// HandleEvent returns, and done by RunActivations, outside the ordered
+// events: a load that takes minutes holds up no other event. A success
+// delivered again to a job already SUCCEEDED with its adapter requests it
+// again (the request may not have been published before a crash; the
+// duplicate window, and an adapter no longer a candidate, make it a no-op
+// otherwise). A failure to publish is the event's error: it is redelivered.
 func (s *Stage) HandleEvent(ctx context.Context, e *schemas.TrainingEvent, key string, payload []byte) error {
 	name, err := s.handleEvent(ctx, e, key, payload)
-	if err != nil || name == "" || !s.cfg.AutoActivate || s.cfg.Registry == nil {
+	if err != nil || name == "" || !s.cfg.AutoActivate {
 		return err
 	}
-	s.autoActivate(ctx, e.JobID, name)
-	return nil
-}
-
-func (s *Stage) autoActivate(ctx context.Context, jobID, name string) {
-	changes, err := s.cfg.Registry.Activate(ctx, name)
-	now := s.cfg.Now().UTC()
-	typ, body := "activated", map[string]any{"adapter": name, "changes": changes}
-	if err != nil {
-		s.cfg.Log.Warn("adapter: auto-activation failed", "adapter", name, "job", jobID, "err", err)
-		body["error"] = err.Error()
-		if len(changes) == 0 {
-			typ = "activation_failed"
-		}
-	}
-	payload, _ := json.Marshal(body)
-	if ierr := s.cfg.Store.InsertTrainingEvents(context.WithoutCancel(ctx), []sink.TrainingEventRow{{JobID: jobID, Key: "trace:activate", Type: typ,
-		At: now, Iteration: -1, Payload: string(payload), ReceivedAt: now}}); ierr != nil {
-		s.cfg.Log.Warn("adapter: recording the auto-activation", "job", jobID, "err", ierr)
-	}
+	return s.requestActivation(ctx, e.JobID, name)
 }
 
 // handleEvent is HandleEvent under the lock; it returns the name of the
-// adapter registered now ("" for none).
+// adapter registered now, or registered by this job before when e is its
+// success delivered again ("" for none).
 func (s *Stage) handleEvent(ctx context.Context, e *schemas.TrainingEvent, key string, payload []byte) (string, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -341,6 +339,14 @@ func (s *Stage) handleEvent(ctx context.Context, e *schemas.TrainingEvent, key s
 	if tr.Ignored {
 		if Terminal(job.Status) {
 			s.cfg.Log.Info("adapter: event after the job ended (recorded, status unchanged)", "job", e.JobID, "status", job.Status, "event", e.Type)
+		}
+		if s.cfg.AutoActivate && job.Status == StatusSucceeded && e.Type == schemas.EventSucceeded {
+			name := registeredName(job, e)
+			if a, err := s.cfg.Store.Adapter(ctx, name); err != nil {
+				return "", err
+			} else if a != nil && a.JobID == job.JobID {
+				return name, nil
+			}
 		}
 		return "", nil
 	}

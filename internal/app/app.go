@@ -516,7 +516,8 @@ func (a *App) Close() {
 
 // addAdapt adds the adapt role (TRACE step 3): the durable consumer of
 // trace.environments.ready (plan → dispatch), the consumer of the
-// trainers' events (status, history, registry) and the deadline check.
+// trainers' events (status, history, registry), the deadline check and,
+// with adapter.auto_activate, the consumer of activation requests.
 func (a *App) addAdapt(ctx context.Context, g *run.Group) error {
 	log := a.Log.With("role", "adapt")
 	tb, err := TrainingBackend(a.Cfg, a.Bus, log)
@@ -540,7 +541,7 @@ func (a *App) addAdapt(ctx context.Context, g *run.Group) error {
 		return err
 	}
 	st, err := adapter.NewStage(adapter.Config{Plan: pc, Store: a.Store, Claims: a.Bus, Backend: backend, Planner: planner,
-		Registry: reg, AutoActivate: a.Cfg.Adapter.AutoActivate, Simulated: a.Cfg.Adapter.Simulated, Log: log})
+		Registry: reg, AutoActivate: a.Cfg.Adapter.AutoActivate, Queue: a.Bus, Simulated: a.Cfg.Adapter.Simulated, Log: log})
 	if err != nil {
 		return err
 	}
@@ -566,6 +567,15 @@ func (a *App) addAdapt(ctx context.Context, g *run.Group) error {
 	a.Adapt = st
 	addActor(g, ctx, "adapt", func(ctx context.Context) error { return st.RunReady(ctx, rc) })
 	addActor(g, ctx, "adapt-events", func(ctx context.Context) error { return st.RunEvents(ctx, ec) })
+	if a.Cfg.Adapter.AutoActivate {
+		// Activations (loads into the serving engine) are their own work,
+		// off the ordered events consumer.
+		ac, err := a.Bus.ActivationsConsumer(ctx, 0)
+		if err != nil {
+			return err
+		}
+		addActor(g, ctx, "adapt-activations", func(ctx context.Context) error { return st.RunActivations(ctx, ac) })
+	}
 	every := a.Cfg.Adapter.DeadlineCheck
 	addActor(g, ctx, "adapt-deadlines", func(ctx context.Context) error { return st.RunDeadlines(ctx, every) })
 	a.addGuard(ctx, g, reg)

@@ -31,6 +31,10 @@ type LoRAOptions struct {
 	APIKey string
 	// AnyPath skips the check that lora_path exists on disk.
 	AnyPath bool
+	// BeforeLoad, when set, is called with a load's lora_name before the
+	// load is answered, outside the server's lock: a test that blocks in
+	// it makes a slow load (a large adapter's weights being read).
+	BeforeLoad func(name string)
 }
 
 // LoRACall is one request to a LoRA route.
@@ -149,6 +153,15 @@ func (s *Server) loraRoute(w http.ResponseWriter, r *http.Request) {
 		Name string `json:"lora_name"`
 		Path string `json:"lora_path"`
 	}
+	jerr := json.Unmarshal(body, &req)
+	if op == "load" && jerr == nil {
+		s.mu.Lock()
+		hook := s.lora.opts.BeforeLoad
+		s.mu.Unlock()
+		if hook != nil {
+			hook(req.Name)
+		}
+	}
 	call := LoRACall{Op: op, Header: r.Header.Clone(), Time: time.Now()}
 	s.mu.Lock()
 	st := s.lora
@@ -164,8 +177,8 @@ func (s *Server) loraRoute(w http.ResponseWriter, r *http.Request) {
 		}
 		writeJSON(w, status, v)
 	}
-	if err := json.Unmarshal(body, &req); err != nil {
-		answer(http.StatusBadRequest, vllmError(400, "BadRequestError", "body is not JSON: "+err.Error()))
+	if jerr != nil {
+		answer(http.StatusBadRequest, vllmError(400, "BadRequestError", "body is not JSON: "+jerr.Error()))
 		return
 	}
 	call.Name, call.Path = req.Name, req.Path
