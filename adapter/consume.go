@@ -38,7 +38,9 @@ func (s *Stage) RunReady(ctx context.Context, cons jetstream.Consumer) error {
 
 // RunEvents consumes trace.training.events.> until ctx ends. A malformed
 // event is recorded in the job's history (type "malformed", the payload
-// as received) and acked: never lost, never fatal.
+// as received) and acked: never lost, never fatal. A deadline's failure
+// (Msg-Id DeadlineMsgID, published by CheckDeadlines) is applied only if
+// the job is still open with that deadline.
 func (s *Stage) RunEvents(ctx context.Context, cons jetstream.Consumer) error {
 	return consume(ctx, cons, s, handlerBound, func(hctx context.Context, m jetstream.Msg) error {
 		key := "js:0"
@@ -58,6 +60,12 @@ func (s *Stage) RunEvents(ctx context.Context, cons jetstream.Consumer) error {
 		}
 		if e.Seq != nil {
 			key = "seq:" + strconv.FormatInt(*e.Seq, 10)
+		}
+		if job, deadline, ok := deadlineOf(m.Headers().Get(jetstream.MsgIDHeader)); ok && job == e.JobID && e.Type == schemas.EventFailed {
+			if _, err := s.handleEvent(hctx, e, "trace:deadline", m.Data(), &deadline); err != nil {
+				return err
+			}
+			return m.Ack()
 		}
 		if err := s.HandleEvent(hctx, e, key, m.Data()); err != nil {
 			if errors.Is(err, ErrUnknownJob) {
@@ -86,7 +94,8 @@ func truncate(s string, n int) string {
 	return s
 }
 
-// RunDeadlines fails silent jobs every interval until ctx ends.
+// RunDeadlines publishes the failure of silent jobs every interval until
+// ctx ends (CheckDeadlines); RunEvents applies it.
 func (s *Stage) RunDeadlines(ctx context.Context, every time.Duration) error {
 	t := time.NewTicker(every)
 	defer t.Stop()

@@ -62,7 +62,7 @@ func startRole(t *testing.T, b *bus.Bus, st *sink.Store) *role {
 func startRolePlan(t *testing.T, b *bus.Bus, st *sink.Store, pc plan.Config, deadlineEvery time.Duration) *role {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	s, err := adapter.NewStage(adapter.Config{Plan: pc, Store: st, Claims: b, Backend: dispatch.NATS{Pub: b},
+	s, err := adapter.NewStage(adapter.Config{Plan: pc, Store: st, Claims: b, Backend: dispatch.NATS{Pub: b}, Queue: b,
 		Log: slog.New(slog.NewTextHandler(testWriter{t}, nil))})
 	if err != nil {
 		t.Fatal(err)

@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -78,23 +80,28 @@ type Config struct {
 	AutoActivate bool
 	Registry     *Registry
 	// Queue puts the stage's own work on JetStream (internal/bus);
-	// required with AutoActivate.
+	// required with AutoActivate, and by CheckDeadlines.
 	Queue Queue
 	Now   func() time.Time
 	Log   *slog.Logger
 }
 
-// Queue is where the stage puts work it must not do inside an event's
-// handling (internal/bus.Bus): JetStream keeps one message per Msg-Id
+// Queue is where the stage puts work it must not do beside the ordered
+// events (internal/bus.Bus): JetStream keeps one message per Msg-Id
 // within the duplicate window.
 type Queue interface {
 	// PublishActivation requests an adapter's activation
 	// (trace.adapters.activate, consumed by RunActivations).
 	PublishActivation(ctx context.Context, payload []byte, msgID string) error
+	// PublishTrainingEventID publishes an event trace makes on its job's
+	// events subject (consumed by RunEvents, in order with the trainer's).
+	PublishTrainingEventID(ctx context.Context, e *schemas.TrainingEvent, msgID string) error
 }
 
 // Stage is the adapt role's logic. Safe for concurrent use: event handling
-// and the deadline check are serialised (they both write job versions).
+// is serialised within the stage (it reads a job and writes its next
+// version); across replicas, the events consumer hands out one event at a
+// time, and the deadline check writes nothing itself.
 type Stage struct {
 	cfg Config
 	mu  sync.Mutex
@@ -310,7 +317,7 @@ var ErrUnknownJob = errors.New("unknown training job")
 // duplicate window, and an adapter no longer a candidate, make it a no-op
 // otherwise). A failure to publish is the event's error: it is redelivered.
 func (s *Stage) HandleEvent(ctx context.Context, e *schemas.TrainingEvent, key string, payload []byte) error {
-	name, err := s.handleEvent(ctx, e, key, payload)
+	name, err := s.handleEvent(ctx, e, key, payload, nil)
 	if err != nil || name == "" || !s.cfg.AutoActivate {
 		return err
 	}
@@ -319,17 +326,26 @@ func (s *Stage) HandleEvent(ctx context.Context, e *schemas.TrainingEvent, key s
 
 // handleEvent is HandleEvent under the lock; it returns the name of the
 // adapter registered now, or registered by this job before when e is its
-// success delivered again ("" for none).
-func (s *Stage) handleEvent(ctx context.Context, e *schemas.TrainingEvent, key string, payload []byte) (string, error) {
+// success delivered again ("" for none). deadline, when not nil, makes e
+// the failure of a job silent past that deadline (CheckDeadlines): it is
+// applied, and recorded, only while the job is open with that deadline
+// still (no event moved it since the check), and it leaves the job's last
+// event as it was.
+func (s *Stage) handleEvent(ctx context.Context, e *schemas.TrainingEvent, key string, payload []byte, deadline *time.Time) (string, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := s.cfg.Now().UTC()
-	row := eventRow(e, key, payload, now)
-	if err := s.cfg.Store.InsertTrainingEvents(ctx, []sink.TrainingEventRow{row}); err != nil {
-		return "", err
-	}
 	job, err := s.cfg.Store.TrainingJob(ctx, e.JobID)
 	if err != nil {
+		return "", err
+	}
+	if deadline != nil && (job == nil || Terminal(job.Status) || job.DeadlineAt.Unix() != deadline.Unix()) {
+		s.cfg.Log.Info("adapter: deadline no longer applies (the job ended, or reported, since it was checked)", "job", e.JobID,
+			"deadline", deadline.UTC())
+		return "", nil
+	}
+	row := eventRow(e, key, payload, now)
+	if err := s.cfg.Store.InsertTrainingEvents(ctx, []sink.TrainingEventRow{row}); err != nil {
 		return "", err
 	}
 	if job == nil {
@@ -364,11 +380,13 @@ func (s *Stage) handleEvent(ctx context.Context, e *schemas.TrainingEvent, key s
 		}
 	}
 	next := *job
-	next.Status, next.Reason = tr.Status, tr.Reason
-	next.LastEventAt, next.UpdatedAt = now, now
-	var spec schemas.TrainingJob
-	_ = json.Unmarshal([]byte(job.Spec), &spec)
-	next.DeadlineAt = now.Add(time.Duration(max(spec.Report.DeadlineSeconds, 1)) * time.Second)
+	next.Status, next.Reason, next.UpdatedAt = tr.Status, tr.Reason, now
+	if deadline == nil {
+		next.LastEventAt = now
+		var spec schemas.TrainingJob
+		_ = json.Unmarshal([]byte(job.Spec), &spec)
+		next.DeadlineAt = now.Add(time.Duration(max(spec.Report.DeadlineSeconds, 1)) * time.Second)
+	}
 	// Progress of an earlier iteration than the job's (a redelivery that
 	// comes back behind the events after it) is history only: the job
 	// keeps its newest iteration and mean reward.
@@ -386,7 +404,10 @@ func (s *Stage) handleEvent(ctx context.Context, e *schemas.TrainingEvent, key s
 	if err := s.cfg.Store.SaveTrainingJob(ctx, next); err != nil {
 		return "", err
 	}
-	if tr.Status != job.Status {
+	switch {
+	case deadline != nil:
+		s.cfg.Log.Warn("training job failed: silent past its deadline", "job", e.JobID, "last_event", job.LastEventAt, "deadline", job.DeadlineAt)
+	case tr.Status != job.Status:
 		s.cfg.Log.Info("training job status", "job", e.JobID, "from", job.Status, "to", tr.Status, "reason", tr.Reason)
 	}
 	return registered, nil
@@ -461,11 +482,20 @@ const (
 	AdapterRolledBack = "rolled_back"
 )
 
-// CheckDeadlines fails every open job with no event within its deadline,
-// and returns how many it failed.
+// CheckDeadlines finds every open job with no event within its deadline
+// and publishes its failure as a `failed` event (worker "trace deadline")
+// on the job's events subject, with Msg-Id DeadlineMsgID: the events
+// consumer applies it in order with the trainer's events, only if the job
+// is still open with that deadline (a success or a heartbeat received
+// before it wins), and every replica that checks at once publishes one
+// message. It returns how many jobs it found overdue. (It wrote the failure
+// to the job's row itself at first, on every replica, beside the events
+// consumer: a success applied on another replica meanwhile could be
+// written over with FAILED.)
 func (s *Stage) CheckDeadlines(ctx context.Context) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
+	if s.cfg.Queue == nil {
+		return 0, errors.New("adapter: the deadline check needs a Queue")
+	}
 	now := s.cfg.Now().UTC()
 	over, err := s.cfg.Store.OverdueTrainingJobs(ctx, now)
 	if err != nil {
@@ -474,19 +504,42 @@ func (s *Stage) CheckDeadlines(ctx context.Context) (int, error) {
 	n := 0
 	for _, j := range over {
 		reason := fmt.Sprintf("deadline: no event from the trainer since %s (deadline %s)", j.LastEventAt.Format(time.RFC3339), j.DeadlineAt.Format(time.RFC3339))
-		payload, _ := json.Marshal(map[string]string{"reason": reason})
-		if err := s.cfg.Store.InsertTrainingEvents(ctx, []sink.TrainingEventRow{{JobID: j.JobID, Key: "trace:deadline", Type: "failed",
-			At: now, Iteration: -1, Payload: string(payload), ReceivedAt: now}}); err != nil {
+		e := &schemas.TrainingEvent{JobID: j.JobID, Type: schemas.EventFailed, At: now, Worker: DeadlineWorker, Reason: reason}
+		if err := s.cfg.Queue.PublishTrainingEventID(ctx, e, DeadlineMsgID(j.JobID, j.DeadlineAt)); err != nil {
 			return n, err
 		}
-		next := j
-		next.Status, next.Reason, next.UpdatedAt = StatusFailed, reason, now
-		next.Version = max(j.Version+1, uint64(now.UnixNano()))
-		if err := s.cfg.Store.SaveTrainingJob(ctx, next); err != nil {
-			return n, err
-		}
-		s.cfg.Log.Warn("training job failed: silent past its deadline", "job", j.JobID, "last_event", j.LastEventAt, "deadline", j.DeadlineAt)
+		s.cfg.Log.Debug("adapter: deadline passed, failure published", "job", j.JobID, "deadline", j.DeadlineAt)
 		n++
 	}
 	return n, nil
+}
+
+// DeadlineWorker is the worker of the failed events CheckDeadlines makes.
+const DeadlineWorker = "trace deadline"
+
+// DeadlineMsgID is the Msg-Id of the failure of a job silent past a
+// deadline: deadline:<job_id>:<deadline, Unix seconds>, the same for every
+// replica that finds it (deadlines are stored to the second).
+func DeadlineMsgID(jobID string, deadline time.Time) string {
+	return deadlinePrefix + jobID + ":" + strconv.FormatInt(deadline.Unix(), 10)
+}
+
+const deadlinePrefix = "deadline:"
+
+// deadlineOf is the job and deadline a deadline event's Msg-Id names; ok
+// false for any other Msg-Id.
+func deadlineOf(msgID string) (jobID string, deadline time.Time, ok bool) {
+	rest, ok := strings.CutPrefix(msgID, deadlinePrefix)
+	if !ok {
+		return "", time.Time{}, false
+	}
+	i := strings.LastIndexByte(rest, ':')
+	if i <= 0 {
+		return "", time.Time{}, false
+	}
+	sec, err := strconv.ParseInt(rest[i+1:], 10, 64)
+	if err != nil {
+		return "", time.Time{}, false
+	}
+	return rest[:i], time.Unix(sec, 0).UTC(), true
 }

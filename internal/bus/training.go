@@ -103,11 +103,23 @@ func (b *Bus) PublishTrainingJob(ctx context.Context, jobID string, spec []byte)
 // PublishTrainingEvent reports an event on trace.training.events.<job_id>
 // (the simulated trainer, tests); it is validated before it goes out.
 func (b *Bus) PublishTrainingEvent(ctx context.Context, e *schemas.TrainingEvent) error {
+	return b.PublishTrainingEventID(ctx, e, "")
+}
+
+// PublishTrainingEventID is PublishTrainingEvent with msgID as Msg-Id
+// (none when empty): publishing it again within the duplicate window, from
+// any replica, adds nothing. The adapt role's deadline check publishes a
+// job's failure so.
+func (b *Bus) PublishTrainingEventID(ctx context.Context, e *schemas.TrainingEvent, msgID string) error {
 	data, err := e.Encode()
 	if err != nil {
 		return err
 	}
-	if _, err := b.JS.Publish(ctx, schemas.TrainingEventsSubject(e.JobID), data); err != nil {
+	var opts []jetstream.PublishOpt
+	if msgID != "" {
+		opts = append(opts, jetstream.WithMsgID(msgID))
+	}
+	if _, err := b.JS.Publish(ctx, schemas.TrainingEventsSubject(e.JobID), data, opts...); err != nil {
 		return fmt.Errorf("nats: publish training event: %w", err)
 	}
 	return nil
