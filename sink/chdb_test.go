@@ -27,6 +27,7 @@ import (
 	"database/sql"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"math"
 	"os"
 	"reflect"
@@ -1221,6 +1222,25 @@ func chdbEnvironments(t *testing.T, c *chdbDB, base time.Time) {
 			t.Errorf("Environments(%+v) = %v, want %v", tt.f, ids, tt.want)
 		}
 	}
+	for _, tt := range []struct {
+		f    EnvironmentFilter
+		want map[string]uint64
+	}{
+		{EnvironmentFilter{Limit: 1}, map[string]uint64{"DONE": 1, "GENERATING": 1, "FAILED": 1}},
+		{EnvironmentFilter{Status: "CALIBRATING"}, map[string]uint64{}},
+		{EnvironmentFilter{Environment: "sim-airline", AgentVersion: "1.4.0", Status: "DONE"}, map[string]uint64{"DONE": 1}},
+	} {
+		q, args := environmentCountsSQL(tt.f)
+		r := c.query(q, args...)
+		r.wantTypes(t, "EnvironmentStatusCounts", "String", "UInt64")
+		got := map[string]uint64{}
+		for _, row := range r.rows {
+			got[row.str(0)] = row.uint(1)
+		}
+		if !maps.Equal(got, tt.want) {
+			t.Errorf("EnvironmentStatusCounts(%+v) = %v, want %v", tt.f, got, tt.want)
+		}
+	}
 }
 
 // chdbDashboard runs the dashboard's statements (sink/dashboard.go) with
@@ -1282,6 +1302,16 @@ func chdbTraining(t *testing.T, c *chdbDB, base time.Time) {
 	q, args := trainingJobsSQL(TrainingJobFilter{Status: "DISPATCHED", Capability: "precondition_verification", EnvironmentID: "env-j333", Limit: 5})
 	if r := c.query(q, args...); len(r.rows) != 1 || r.rows[0].str(0) != "j333" {
 		t.Fatalf("TrainingJobs: %v", r.rows)
+	}
+	q, args = trainingJobCountsSQL(TrainingJobFilter{Limit: 1})
+	r = c.query(q, args...)
+	r.wantTypes(t, "TrainingJobStatusCounts", "String", "UInt64")
+	counts := map[string]uint64{}
+	for _, row := range r.rows {
+		counts[row.str(0)] = row.uint(1)
+	}
+	if want := map[string]uint64{"SUCCEEDED": 1, "RUNNING": 1, "DISPATCHED": 1}; !maps.Equal(counts, want) {
+		t.Errorf("TrainingJobStatusCounts = %v, want %v", counts, want)
 	}
 	ev := []any{"j1", "s1", "progress", base, base.UnixNano(), int32(1), 0.4, 0.1, 0.0, uint8(0), `{}`, base}
 	c.insert("training_job_events", trainingEventColumns, ev, ev)

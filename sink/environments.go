@@ -63,33 +63,41 @@ const environmentSQL = `SELECT ` + environmentColumns + `
 // environment (FINAL, then the filters, so a filter never sees an old
 // version), newest first.
 func environmentsSQL(f EnvironmentFilter) (string, []any) {
-	var where []string
-	var args []any
-	if f.Status != "" {
-		where = append(where, "status = ?")
-		args = append(args, f.Status)
-	}
-	if f.Environment != "" {
-		where = append(where, "environment = ?")
-		args = append(args, f.Environment)
-	}
-	if f.AgentVersion != "" {
-		where = append(where, "agent_version = ?")
-		args = append(args, f.AgentVersion)
-	}
 	cols := environmentListColumns
 	if f.Full {
 		cols = environmentColumns
 	}
-	q := `SELECT ` + cols + ` FROM (SELECT * FROM environments FINAL)`
-	if len(where) > 0 {
-		q += "\n\tWHERE " + strings.Join(where, " AND ")
-	}
+	where, args := environmentsWhere(f)
+	q := `SELECT ` + cols + ` FROM (SELECT * FROM environments FINAL)` + where
 	q += "\n\tORDER BY created_at DESC, environment_id"
 	if f.Limit > 0 {
 		q += fmt.Sprintf(" LIMIT %d", f.Limit)
 	}
 	return q, args
+}
+
+// environmentCountsSQL is the query of EnvironmentStatusCounts: the
+// environments environmentsSQL lists without its limit (the newest version
+// of each, the same filters), counted by status.
+func environmentCountsSQL(f EnvironmentFilter) (string, []any) {
+	where, args := environmentsWhere(f)
+	return `SELECT status, count() FROM (SELECT * FROM environments FINAL)` + where + "\n\tGROUP BY status", args
+}
+
+// environmentsWhere is the WHERE clause of f's filters ("" for none).
+func environmentsWhere(f EnvironmentFilter) (string, []any) {
+	var where []string
+	var args []any
+	for _, c := range []struct{ col, v string }{{"status", f.Status}, {"environment", f.Environment}, {"agent_version", f.AgentVersion}} {
+		if c.v != "" {
+			where = append(where, c.col+" = ?")
+			args = append(args, c.v)
+		}
+	}
+	if len(where) == 0 {
+		return "", nil
+	}
+	return "\n\tWHERE " + strings.Join(where, " AND "), args
 }
 
 // EnvironmentFilter selects environments; zero fields select all.
@@ -134,6 +142,39 @@ func (s *Store) Environment(ctx context.Context, id string) (*EnvironmentRow, er
 func (s *Store) Environments(ctx context.Context, f EnvironmentFilter) ([]EnvironmentRow, error) {
 	q, args := environmentsSQL(f)
 	return s.queryEnvironments(ctx, q, args...)
+}
+
+// EnvironmentStatusCounts counts the environments matching f (their newest
+// versions; f.Limit and f.Full do not apply) by status: what a listing
+// limited to f.Limit rows cannot count.
+func (s *Store) EnvironmentStatusCounts(ctx context.Context, f EnvironmentFilter) (map[string]int, error) {
+	q, args := environmentCountsSQL(f)
+	out, err := s.statusCounts(ctx, q, args...)
+	if err != nil {
+		return nil, fmt.Errorf("environment counts: %w", err)
+	}
+	return out, nil
+}
+
+// statusCounts runs a SELECT status, count() … GROUP BY status.
+func (s *Store) statusCounts(ctx context.Context, q string, args ...any) (map[string]int, error) {
+	rows, err := s.conn.Query(ctx, q, args...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	out := map[string]int{}
+	for rows.Next() {
+		var (
+			status string
+			n      uint64
+		)
+		if err := rows.Scan(&status, &n); err != nil {
+			return nil, err
+		}
+		out[status] = int(n)
+	}
+	return out, rows.Err()
 }
 
 func (s *Store) queryEnvironments(ctx context.Context, q string, args ...any) ([]EnvironmentRow, error) {

@@ -58,6 +58,25 @@ type TrainingJobFilter struct {
 }
 
 func trainingJobsSQL(f TrainingJobFilter) (string, []any) {
+	where, args := trainingJobsWhere(f)
+	q := `SELECT ` + trainingJobColumns + ` FROM (SELECT * FROM training_jobs FINAL)` + where
+	q += "\n\tORDER BY created_at DESC, job_id"
+	if f.Limit > 0 {
+		q += fmt.Sprintf(" LIMIT %d", f.Limit)
+	}
+	return q, args
+}
+
+// trainingJobCountsSQL is the query of TrainingJobStatusCounts: the jobs
+// trainingJobsSQL lists without its limit (the newest version of each, the
+// same filters), counted by status.
+func trainingJobCountsSQL(f TrainingJobFilter) (string, []any) {
+	where, args := trainingJobsWhere(f)
+	return `SELECT status, count() FROM (SELECT * FROM training_jobs FINAL)` + where + "\n\tGROUP BY status", args
+}
+
+// trainingJobsWhere is the WHERE clause of f's filters ("" for none).
+func trainingJobsWhere(f TrainingJobFilter) (string, []any) {
 	var where []string
 	var args []any
 	for _, c := range []struct{ col, v string }{{"status", f.Status}, {"environment_id", f.EnvironmentID}, {"capability", f.Capability}} {
@@ -66,15 +85,10 @@ func trainingJobsSQL(f TrainingJobFilter) (string, []any) {
 			args = append(args, c.v)
 		}
 	}
-	q := `SELECT ` + trainingJobColumns + ` FROM (SELECT * FROM training_jobs FINAL)`
-	if len(where) > 0 {
-		q += "\n\tWHERE " + strings.Join(where, " AND ")
+	if len(where) == 0 {
+		return "", nil
 	}
-	q += "\n\tORDER BY created_at DESC, job_id"
-	if f.Limit > 0 {
-		q += fmt.Sprintf(" LIMIT %d", f.Limit)
-	}
-	return q, args
+	return "\n\tWHERE " + strings.Join(where, " AND "), args
 }
 
 // SaveTrainingJob stores a version of a job's status.
@@ -109,6 +123,17 @@ func (s *Store) TrainingJob(ctx context.Context, id string) (*TrainingJobRow, er
 func (s *Store) TrainingJobs(ctx context.Context, f TrainingJobFilter) ([]TrainingJobRow, error) {
 	q, args := trainingJobsSQL(f)
 	return s.queryTrainingJobs(ctx, q, args...)
+}
+
+// TrainingJobStatusCounts counts the jobs matching f (their newest
+// versions; f.Limit does not apply) by status.
+func (s *Store) TrainingJobStatusCounts(ctx context.Context, f TrainingJobFilter) (map[string]int, error) {
+	q, args := trainingJobCountsSQL(f)
+	out, err := s.statusCounts(ctx, q, args...)
+	if err != nil {
+		return nil, fmt.Errorf("training job counts: %w", err)
+	}
+	return out, nil
 }
 
 // OverdueTrainingJobs lists the open jobs whose deadline is before now.

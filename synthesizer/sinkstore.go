@@ -17,6 +17,7 @@ type EnvironmentRows interface {
 	SaveEnvironment(ctx context.Context, r sink.EnvironmentRow) error
 	Environment(ctx context.Context, id string) (*sink.EnvironmentRow, error)
 	Environments(ctx context.Context, f sink.EnvironmentFilter) ([]sink.EnvironmentRow, error)
+	EnvironmentStatusCounts(ctx context.Context, f sink.EnvironmentFilter) (map[string]int, error)
 	RolloutsByID(ctx context.Context, env, agentVersion string, ids []string) ([]*schemas.Rollout, error)
 }
 
@@ -216,6 +217,12 @@ func (s SinkStore) warnUnreadable(u UnreadableRow) {
 	}
 	log.Warn("synthesizer: an environments row does not decode; left out of the listings", "environment_id", u.ID,
 		"status", u.Status, "version", u.Version, "err", u.Error)
+}
+
+// StatusCounts counts the records matching f by status, all of them
+// (f.Limit does not apply).
+func (s SinkStore) StatusCounts(ctx context.Context, f sink.EnvironmentFilter) (map[string]int, error) {
+	return s.Rows.EnvironmentStatusCounts(ctx, f)
 }
 
 // WaitingEnvironments implements WaitingLister.

@@ -29,6 +29,9 @@ import (
 // not decode is listed apart, and shown as unreadable.
 type EnvironmentStore interface {
 	ListReadable(ctx context.Context, f sink.EnvironmentFilter) ([]*synthesizer.Environment, []synthesizer.UnreadableRow, error)
+	// StatusCounts counts every environment matching f by status (f.Limit
+	// does not apply), each in its newest version as List has it.
+	StatusCounts(ctx context.Context, f sink.EnvironmentFilter) (map[string]int, error)
 	LoadEnvironment(ctx context.Context, id string) (*synthesizer.Environment, error)
 }
 
@@ -57,9 +60,13 @@ func parseEnvironments(r *http.Request) (environmentsParams, error) {
 // EnvironmentsResponse is /api/environments.
 type EnvironmentsResponse struct {
 	Environments []EnvironmentRow `json:"environments"`
-	Counts       map[string]int   `json:"counts"` // by status
+	// Counts and Total are of every environment matching the filters, not
+	// only the ones listed (at most limit).
+	Counts map[string]int `json:"counts"` // by status
+	Total  int            `json:"total"`
 	// Unreadable are the rows that do not decode (written by another
-	// version, or damaged), left out of environments and counts.
+	// version, or damaged), left out of environments (counts has them
+	// under their status).
 	Unreadable []synthesizer.UnreadableRow `json:"unreadable"`
 }
 
@@ -90,9 +97,16 @@ func (s *server) environments(ctx context.Context, p environmentsParams) (Enviro
 	if err != nil {
 		return EnvironmentsResponse{}, err
 	}
-	out := EnvironmentsResponse{Environments: []EnvironmentRow{}, Counts: map[string]int{}, Unreadable: bad}
+	counts, err := s.d.Environments.StatusCounts(ctx, p.Filter)
+	if err != nil {
+		return EnvironmentsResponse{}, err
+	}
+	out := EnvironmentsResponse{Environments: []EnvironmentRow{}, Counts: counts, Unreadable: bad}
 	if out.Unreadable == nil {
 		out.Unreadable = []synthesizer.UnreadableRow{}
+	}
+	for _, n := range counts {
+		out.Total += n
 	}
 	for _, e := range es {
 		row := EnvironmentRow{ID: e.ID, Environment: e.Environment, AgentVersion: e.AgentVersion, Capability: e.Capability,
@@ -105,7 +119,6 @@ func (s *server) environments(ctx context.Context, p environmentsParams) (Enviro
 			row.MeanReward, row.SuccessRate, row.PassAtK, row.Simulated = &c.MeanReward, &c.SuccessRate, c.PassAtK, c.Simulated
 		}
 		out.Environments = append(out.Environments, row)
-		out.Counts[row.Status]++
 	}
 	return out, nil
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -183,5 +184,73 @@ func TestHistogramChart(t *testing.T) {
 	}
 	if svg := string(histogramChart{Counts: make([]int, 10)}.render()); !strings.Contains(svg, "reward (0 rollouts)") || strings.Contains(svg, "NaN") {
 		t.Errorf("empty histogram: %s", svg)
+	}
+}
+
+// TestEnvironmentCountsCoverTheWholeTable: with more environments than the
+// listing's limit (200), the counts by status are those of every
+// environment matching the filters, each counted once in its newest
+// version (an environment re-saved as DONE is not also PENDING), and the
+// page says that the listing is cut ("showing 200 of 213").
+func TestEnvironmentCountsCoverTheWholeTable(t *testing.T) {
+	st := synthesizer.SinkStore{Rows: openStore(t)}
+	ctx := context.Background()
+	at := time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC)
+	save := func(i int, env string, status synthesizer.Status, version uint64) {
+		t.Helper()
+		id := schemas.EnvironmentID(fmt.Sprintf("t-many-%03d", i))
+		e := &synthesizer.Environment{ID: id, TriggerID: id, Environment: env, AgentVersion: "1.4.0", DictionaryVersion: 1,
+			Capability: "precondition_verification", Status: status, CreatedAt: at.Add(time.Duration(i) * time.Second),
+			UpdatedAt: at.Add(time.Duration(i) * time.Second), Version: version}
+		if err := st.SaveEnvironment(ctx, e); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// 150 DONE and 40 FAILED in sim-airline, 23 DONE in sim-retail; the
+	// first 30 were PENDING before (an older version).
+	for i := range 213 {
+		env, status := "sim-airline", synthesizer.StatusDone
+		switch {
+		case i >= 190:
+			env = "sim-retail"
+		case i >= 150:
+			status = synthesizer.StatusFailed
+		}
+		if i < 30 {
+			save(i, env, synthesizer.StatusPending, 1)
+		}
+		save(i, env, status, 2)
+	}
+	h := New(Deps{Environments: st})
+	for _, tt := range []struct {
+		query  string
+		shown  int
+		counts map[string]int
+	}{
+		{"", 200, map[string]int{"DONE": 173, "FAILED": 40}},
+		{"?env=sim-airline", 190, map[string]int{"DONE": 150, "FAILED": 40}},
+		{"?status=done", 173, map[string]int{"DONE": 173}},
+		{"?env=sim-airline&limit=10", 10, map[string]int{"DONE": 150, "FAILED": 40}},
+	} {
+		var list EnvironmentsResponse
+		getJSON(t, h, "/api/environments"+tt.query, &list)
+		total := 0
+		for _, n := range tt.counts {
+			total += n
+		}
+		if len(list.Environments) != tt.shown || !maps.Equal(list.Counts, tt.counts) || list.Total != total {
+			t.Errorf("%s: %d listed, counts %v, total %d; want %d listed, counts %v, total %d",
+				tt.query, len(list.Environments), list.Counts, list.Total, tt.shown, tt.counts, total)
+		}
+		_, body := getStatus(h, "/environments"+tt.query)
+		for k, n := range tt.counts {
+			if want := fmt.Sprintf(`<span class="key status-%s">%s %d</span>`, k, k, n); !strings.Contains(body, want) {
+				t.Errorf("/environments%s lacks %s", tt.query, want)
+			}
+		}
+		note := fmt.Sprintf("showing %d of %d", tt.shown, total)
+		if got := strings.Contains(body, note); got != (tt.shown < total) {
+			t.Errorf("/environments%s: %q shown: %v", tt.query, note, got)
+		}
 	}
 }

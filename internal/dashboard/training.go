@@ -17,12 +17,14 @@ import (
 // reward curve each trainer reported, and the adapter registry.
 //
 //	/training       jobs with status, a reward curve per job, adapters with status
-//	/api/training   the same as JSON (?limit=100 jobs, newest first)
+//	/api/training   the same as JSON (?limit=100 jobs, newest first; the
+//	                counts by status and the total are of every job)
 
 // TrainingStore is what the Training page reads (sink.Store implements
 // it; the SQL is in sink/training.go and sink/training_curves.go).
 type TrainingStore interface {
 	TrainingJobs(ctx context.Context, f sink.TrainingJobFilter) ([]sink.TrainingJobRow, error)
+	TrainingJobStatusCounts(ctx context.Context, f sink.TrainingJobFilter) (map[string]int, error)
 	TrainingCurves(ctx context.Context, limit int) (map[string][]sink.CurvePoint, error)
 	Adapters(ctx context.Context, f sink.AdapterFilter) ([]sink.AdapterRow, error)
 }
@@ -40,7 +42,10 @@ func parseTraining(r *http.Request) (trainingParams, error) {
 type TrainingResponse struct {
 	Jobs     []TrainingJob     `json:"jobs"`
 	Adapters []TrainingAdapter `json:"adapters"`
-	Counts   map[string]int    `json:"counts"` // jobs by status
+	// Counts and Total are of every job, not only the ones listed (at most
+	// limit).
+	Counts map[string]int `json:"counts"` // jobs by status
+	Total  int            `json:"total"`
 }
 
 // TrainingJob is one job with its reward curve.
@@ -99,7 +104,14 @@ func (s *server) training(ctx context.Context, p trainingParams) (TrainingRespon
 	if err != nil {
 		return TrainingResponse{}, err
 	}
-	out := TrainingResponse{Jobs: []TrainingJob{}, Adapters: []TrainingAdapter{}, Counts: map[string]int{}}
+	counts, err := s.d.Training.TrainingJobStatusCounts(ctx, sink.TrainingJobFilter{})
+	if err != nil {
+		return TrainingResponse{}, err
+	}
+	out := TrainingResponse{Jobs: []TrainingJob{}, Adapters: []TrainingAdapter{}, Counts: counts}
+	for _, n := range counts {
+		out.Total += n
+	}
 	for _, j := range jobs {
 		var planner struct {
 			Source string `json:"source"`
@@ -114,7 +126,6 @@ func (s *server) training(ctx context.Context, p trainingParams) (TrainingRespon
 			row.Curve = []sink.CurvePoint{}
 		}
 		out.Jobs = append(out.Jobs, row)
-		out.Counts[row.Status]++
 	}
 	for _, a := range ads {
 		var meta struct {

@@ -2,6 +2,8 @@ package dashboard
 
 import (
 	"context"
+	"fmt"
+	"maps"
 	"net/http"
 	"strings"
 	"testing"
@@ -95,5 +97,62 @@ func TestTrainingPageAndAPI(t *testing.T) {
 	empty := New(Deps{Training: openStore(t)})
 	if code, body := getStatus(empty, "/training"); code != http.StatusOK || !strings.Contains(body, "No training jobs yet") || !strings.Contains(body, "No adapters registered yet") {
 		t.Errorf("empty /training: %d %s", code, body)
+	}
+}
+
+// TestTrainingCountsCoverEveryJob: with more jobs than the listing's limit
+// (100), the counts by status are those of every job, each counted once in
+// its newest version (a job that went from RUNNING to SUCCEEDED is not
+// also RUNNING), and the page says that the listing is cut ("showing 100
+// of 107").
+func TestTrainingCountsCoverEveryJob(t *testing.T) {
+	st := openStore(t)
+	ctx := context.Background()
+	at := time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC)
+	save := func(i int, status string, version uint64) {
+		t.Helper()
+		created := at.Add(time.Duration(i) * time.Second)
+		if err := st.SaveTrainingJob(ctx, sink.TrainingJobRow{JobID: fmt.Sprintf("job-many-%03d", i), EnvironmentID: "env-many", PlanRevision: 1,
+			Environment: "sim-airline", AgentVersion: "1.4.0", Capability: "precondition_verification", BaseModel: "m", Backend: "nats",
+			Status: status, Iterations: 5, Planner: `{}`, Spec: `{}`, DispatchedAt: created, LastEventAt: created, DeadlineAt: created.Add(time.Hour),
+			CreatedAt: created, UpdatedAt: created, Version: version}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// 80 SUCCEEDED (the first 20 were RUNNING before), 20 FAILED, 7 RUNNING.
+	for i := range 107 {
+		status := "SUCCEEDED"
+		switch {
+		case i >= 100:
+			status = "RUNNING"
+		case i >= 80:
+			status = "FAILED"
+		}
+		if i < 20 {
+			save(i, "RUNNING", 1)
+		}
+		save(i, status, 2)
+	}
+	h := New(Deps{Training: st})
+	want := map[string]int{"SUCCEEDED": 80, "FAILED": 20, "RUNNING": 7}
+	for _, tt := range []struct {
+		query string
+		shown int
+	}{{"", 100}, {"?limit=5", 5}, {"?limit=500", 107}} {
+		var resp TrainingResponse
+		getJSON(t, h, "/api/training"+tt.query, &resp)
+		if len(resp.Jobs) != tt.shown || !maps.Equal(resp.Counts, want) || resp.Total != 107 {
+			t.Errorf("%s: %d listed, counts %v, total %d; want %d listed, counts %v, total 107", tt.query, len(resp.Jobs), resp.Counts, resp.Total, tt.shown, want)
+		}
+		_, body := getStatus(h, "/training"+tt.query)
+		for k, n := range want {
+			if s := fmt.Sprintf(`<span class="key status-%s">%s %d</span>`, k, k, n); !strings.Contains(body, s) {
+				t.Errorf("/training%s lacks %s", tt.query, s)
+			}
+		}
+		note := fmt.Sprintf("showing %d of 107", tt.shown)
+		if got := strings.Contains(body, note); got != (tt.shown < 107) {
+			t.Errorf("/training%s: %q shown: %v", tt.query, note, got)
+		}
 	}
 }
