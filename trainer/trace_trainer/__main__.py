@@ -6,7 +6,9 @@
   --nats URL       the nats protocol: take jobs from the JetStream work queue
                    trace.training.jobs (durable consumer trace-trainers), one
                    at a time, and publish events on each job's events subject,
-                   until SIGTERM.
+                   until SIGTERM. A NATS outage does not stop a job; its
+                   terminal event is retried until delivered, and kept in
+                   --spool-dir for the next start if the worker stops first.
 """
 
 import argparse
@@ -44,14 +46,17 @@ def check_job(job) -> None:
 def run_job(job: dict, emitter: Emitter, opts: train.Options) -> bool:
     emitter.start_heartbeat()
     try:
-        result = train.run(job, emitter.emit, opts)
+        try:
+            result = train.run(job, emitter.emit, opts)
+        except Exception as e:
+            traceback.print_exc(file=sys.stderr)
+            reason = str(e) if isinstance(e, train.JobError) else f"{type(e).__name__}: {e}"
+            emitter.emit("failed", reason=reason[:2000])
+            return False
+        # Outside the try: a trained adapter is never reported failed
+        # because its succeeded event could not be written.
         emitter.emit("succeeded", **result)
         return True
-    except Exception as e:
-        traceback.print_exc(file=sys.stderr)
-        reason = str(e) if isinstance(e, train.JobError) else f"{type(e).__name__}: {e}"
-        emitter.emit("failed", reason=reason[:2000])
-        return False
     finally:
         emitter.stop_heartbeat()
 
@@ -71,13 +76,21 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     p.add_argument("--cpu", action="store_true", help="train on the CPU even when CUDA is available")
     p.add_argument("--worker", default=None, help="the worker name in events (default trace-trainer@<host>)")
+    p.add_argument("--spool-dir", default=None,
+                   help="--nats: where a terminal event NATS has not taken yet is kept, and sent from at the next start "
+                        "(default $XDG_STATE_HOME/trace-trainer/undelivered, else ~/.local/state/trace-trainer/undelivered)")
     a = p.parse_args(argv)
     opts = _options(a)
 
     if a.nats:
-        from .worker import serve
+        from .worker import check_spool_dir, default_spool_dir, serve
 
-        return serve(a.nats, opts, a.worker)
+        try:
+            spool = check_spool_dir(a.spool_dir or default_spool_dir())
+        except ValueError as e:
+            print(f"trace-trainer: {e}", file=sys.stderr)
+            return 2
+        return serve(a.nats, opts, a.worker, spool)
 
     try:
         with open(a.spec) as f:

@@ -30,16 +30,23 @@ class Emitter:
         self._seq = 0
         self._lock = threading.Lock()
         self._last = 0.0
+        self._done = False  # the terminal event was sent
         self._stop = threading.Event()
         self._hb = None
         self.events = []  # every event sent, for the caller's own report
 
-    def emit(self, type_: str, **fields) -> dict:
+    def emit(self, type_: str, **fields) -> dict | None:
+        """Sends one event; after the terminal one (succeeded, failed) none
+        is sent (returns None): a heartbeat that waited for the lock while
+        the terminal event was being delivered is dropped."""
         with self._lock:
+            if self._done:
+                return None
             ev = {"schema": SCHEMA, "job_id": self.job_id, "type": type_, "at": now_rfc3339(),
                   "seq": self._seq, "worker": self.worker}
             ev.update({k: v for k, v in fields.items() if v is not None})
             self._seq += 1
+            self._done = type_ in ("succeeded", "failed")
             self._sink(self.subject, json.dumps(ev, separators=(",", ":")).encode())
             self.events.append(ev)
             self._last = _monotonic()
