@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -124,9 +125,10 @@ func waitEvent(t *testing.T, srv *testenv.NATSServer, job, typ string) []string 
 // than the worker's publish deadline, while the job reports progress and
 // then finishes. The job is not aborted: when NATS is back its succeeded
 // event is in the events stream, last (no failed event, no heartbeat after
-// it), the spool is empty, and the worker is still there to take the next
-// job. (It used to give each event 30 s: the job was aborted, its failed
-// event could not be sent either, and the worker exited.)
+// it), the spool is empty, the worker is still there to take the next
+// job, and it stops at SIGTERM without waiting out the drain timeout. (It
+// used to give each event 30 s: the job was aborted, its failed event
+// could not be sent either, and the worker exited.)
 func TestReferenceTrainerSurvivesNATSOutage(t *testing.T) {
 	py := trainerPython(t)
 	srv := testenv.NATS(t)
@@ -179,6 +181,14 @@ func TestReferenceTrainerSurvivesNATSOutage(t *testing.T) {
 	waitEvent(t, srv, next, "succeeded")
 	if left := spooled(t, spool); len(left) != 0 {
 		t.Errorf("delivered terminal events left in the spool: %v", left)
+	}
+	// SIGTERM: exit 0, without waiting out nats-py's drain timeout (30 s;
+	// the pull subscription's queue is never done, so draining it did).
+	if err := w.stop(); err != nil {
+		t.Errorf("SIGTERM: %v, want exit 0", err)
+	}
+	if strings.Contains(w.out.String(), "DrainTimeoutError") {
+		t.Error("the worker's stop waited out the connection's drain timeout")
 	}
 }
 
@@ -251,6 +261,7 @@ func spooled(t *testing.T, dir string) []string {
 type outageWorker struct {
 	cmd    *exec.Cmd
 	exited chan error
+	out    *testenv.SyncBuffer // stdout and stderr
 }
 
 // stop sends SIGTERM and returns how the worker exited (at most 60 s).
@@ -277,12 +288,12 @@ func startOutageWorker(t *testing.T, py, dir, natsURL, release, spool string) *o
 		t.Fatal(err)
 	}
 	cmd := exec.Command(py, harness, trainerDir, natsURL, release, spool)
-	var out testenv.SyncBuffer
-	cmd.Stdout, cmd.Stderr = &out, &out
+	out := &testenv.SyncBuffer{}
+	cmd.Stdout, cmd.Stderr = out, out
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	w := &outageWorker{cmd: cmd, exited: make(chan error, 1)}
+	w := &outageWorker{cmd: cmd, exited: make(chan error, 1), out: out}
 	go func() { w.exited <- cmd.Wait() }()
 	t.Cleanup(func() {
 		if cmd.ProcessState == nil {

@@ -235,6 +235,7 @@ async def _serve(url: str, opts: train.Options, worker: str | None, spool_dir: s
     js = nc.jetstream()
     stopping = asyncio.Event()
     pub = Publisher(nc, js, loop, spool_dir, train.stop_requested)
+    sub = None
     for s in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(s, lambda: (stopping.set(), train.stop_requested.set(), pub.wake()))
     try:
@@ -281,6 +282,10 @@ async def _serve(url: str, opts: train.Options, worker: str | None, spool_dir: s
                 _log(f"job {job['job_id']} {'succeeded' if ok else 'failed'}")
     finally:
         try:
+            if sub is not None:
+                # Draining a pull subscription waits out drain_timeout (30 s):
+                # its queue is never marked done.
+                await sub.unsubscribe()
             await nc.drain()
         except Exception:
             await nc.close()
