@@ -45,7 +45,13 @@ const defaultActivationAckWait = time.Minute
 // request is kept in progress, so JetStream redelivers it to another
 // replica only if this one dies (AckWait after its last progress). An
 // adapter that is no longer a candidate (activated by an earlier delivery,
-// or retired by an operator since) is left as it is.
+// or retired by an operator since) is left as it is. A request whose
+// handling fails before the registry is asked (the adapter's row cannot be
+// read) is retried with a growing delay (RetryDelay) while the error may
+// pass; a permanent error (Permanent), or any at the MaxDeliveries-th
+// delivery, is recorded as activation_failed in the job's history and the
+// request terminated: with one request out at a time, a request retried
+// without end held up every later activation.
 func (s *Stage) RunActivations(ctx context.Context, cons jetstream.Consumer) error {
 	ackWait := defaultActivationAckWait
 	if info := cons.CachedInfo(); info != nil && info.Config.AckWait > 0 {
@@ -63,7 +69,27 @@ func (s *Stage) RunActivations(ctx context.Context, cons jetstream.Consumer) err
 			return err
 		}
 		return m.Ack()
+	}, func(hctx context.Context, m jetstream.Msg, cause error, deliveries uint64) error {
+		var a activation
+		_ = json.Unmarshal(m.Data(), &a)
+		return s.recordActivationFailed(hctx, a.JobID, a.Adapter, cause, deliveries)
 	})
+}
+
+// recordActivationFailed records, in the job's history, an activation
+// request given up on before the registry was asked (an
+// "activation_failed" event: the adapter, the error, the deliveries); the
+// adapter is left as it is (a candidate: `trace adapters activate`).
+func (s *Stage) recordActivationFailed(ctx context.Context, jobID, name string, cause error, deliveries uint64) error {
+	s.cfg.Log.Error("adapter: activation request given up on (recorded as activation_failed)", "job", jobID, "adapter", truncate(name, 256),
+		"deliveries", deliveries, "err", truncate(cause.Error(), 2048))
+	now := s.cfg.Now().UTC()
+	payload, err := json.Marshal(map[string]any{"adapter": truncate(name, 1024), "error": truncate(cause.Error(), 2048), "deliveries": deliveries})
+	if err != nil {
+		return err
+	}
+	return s.cfg.Store.InsertTrainingEvents(ctx, []sink.TrainingEventRow{{JobID: jobID, Key: "trace:activate", Type: "activation_failed",
+		At: now, Iteration: -1, Payload: string(payload), ReceivedAt: now}})
 }
 
 // inProgress tells JetStream every interval that m is still being worked

@@ -2,7 +2,10 @@ package adapter
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
+	"fmt"
+	"runtime/debug"
 	"strconv"
 	"strings"
 	"time"
@@ -33,36 +36,34 @@ func (s *Stage) RunReady(ctx context.Context, cons jetstream.Consumer) error {
 			s.cfg.Log.Info("adapter: ready environment already has its job", "environment_id", r.EnvironmentID, "job", res.JobID)
 		}
 		return m.Ack()
-	})
+	}, nil)
 }
 
 // RunEvents consumes trace.training.events.> until ctx ends. A malformed
 // event is recorded in the job's history (type "malformed", the payload
 // as received) and acked: never lost, never fatal. A deadline's failure
 // (Msg-Id DeadlineMsgID, published by CheckDeadlines) is applied only if
-// the job is still open with that deadline.
+// the job is still open with that deadline. An event that cannot be
+// applied — a permanent error (Permanent), or any error at its
+// MaxDeliveries-th delivery — is recorded in its job's history in its
+// place (type "rejected": the error, the deliveries, the event) and
+// terminated: the consumer hands out one event at a time, so an event
+// retried without end held up every job's events. (A success that was
+// applied but whose adapter's activation could not be requested is
+// recorded as activation_failed instead.) Other errors are
+// retried with a growing delay (RetryDelay); a rejection that cannot be
+// recorded (ClickHouse away) is retried too, never dropped.
 func (s *Stage) RunEvents(ctx context.Context, cons jetstream.Consumer) error {
 	return consume(ctx, cons, s, handlerBound, func(hctx context.Context, m jetstream.Msg) error {
-		key := "js:0"
-		if md, err := m.Metadata(); err == nil {
-			key = "js:" + strconv.FormatUint(md.Sequence.Stream, 10)
-		}
-		e, err := schemas.DecodeTrainingEvent(m.Data())
-		if err == nil && schemas.TrainingEventsSubject(e.JobID) != m.Subject() {
-			err = errors.New("job_id " + e.JobID + " is not the subject's")
-		}
+		e, jobID, key, err := eventOf(m)
 		if err != nil {
-			jobID := strings.TrimPrefix(m.Subject(), schemas.SubjectTrainingEvents+".")
 			if rerr := s.RecordMalformed(hctx, jobID, key, m.Data(), err); rerr != nil {
 				return rerr
 			}
 			return m.Ack()
 		}
-		if e.Seq != nil {
-			key = "seq:" + strconv.FormatInt(*e.Seq, 10)
-		}
 		if job, deadline, ok := deadlineOf(m.Headers().Get(jetstream.MsgIDHeader)); ok && job == e.JobID && e.Type == schemas.EventFailed {
-			if _, err := s.handleEvent(hctx, e, "trace:deadline", m.Data(), &deadline); err != nil {
+			if _, err := s.handleEvent(hctx, e, key, m.Data(), &deadline); err != nil {
 				return err
 			}
 			return m.Ack()
@@ -75,7 +76,60 @@ func (s *Stage) RunEvents(ctx context.Context, cons jetstream.Consumer) error {
 			return err
 		}
 		return m.Ack()
+	}, func(hctx context.Context, m jetstream.Msg, cause error, deliveries uint64) error {
+		_, jobID, key, _ := eventOf(m)
+		var ar *activationRequestError
+		if errors.As(cause, &ar) { // the event was applied: only the activation is given up on
+			return s.recordActivationFailed(hctx, jobID, ar.adapter, cause, deliveries)
+		}
+		return s.recordRejected(hctx, jobID, key, m.Data(), cause, deliveries)
 	})
+}
+
+// eventOf decodes an event message: the event, its job (the subject's when
+// the event does not decode) and its key in the job's history (seq:<seq>,
+// else js:<stream sequence>; trace:deadline for a deadline's failure). err
+// says why a message is malformed.
+func eventOf(m jetstream.Msg) (e *schemas.TrainingEvent, jobID, key string, err error) {
+	jobID = strings.TrimPrefix(m.Subject(), schemas.SubjectTrainingEvents+".")
+	key = "js:0"
+	if md, err := m.Metadata(); err == nil {
+		key = "js:" + strconv.FormatUint(md.Sequence.Stream, 10)
+	}
+	e, err = schemas.DecodeTrainingEvent(m.Data())
+	if err == nil && schemas.TrainingEventsSubject(e.JobID) != m.Subject() {
+		err = errors.New("job_id " + e.JobID + " is not the subject's")
+	}
+	if err != nil {
+		return nil, jobID, key, err
+	}
+	if e.Seq != nil {
+		key = "seq:" + strconv.FormatInt(*e.Seq, 10)
+	}
+	if job, _, ok := deadlineOf(m.Headers().Get(jetstream.MsgIDHeader)); ok && job == e.JobID && e.Type == schemas.EventFailed {
+		key = "trace:deadline"
+	}
+	return e, e.JobID, key, nil
+}
+
+// recordRejected records, in its job's history and in its place (the same
+// key), an event that could not be applied: type "rejected", with the
+// error, the deliveries it took and the event as received. The job's
+// status is unchanged.
+func (s *Stage) recordRejected(ctx context.Context, jobID, key string, payload []byte, cause error, deliveries uint64) error {
+	now := s.cfg.Now().UTC()
+	var event any = json.RawMessage(payload)
+	if len(payload) > 64<<10 || !json.Valid(payload) {
+		event = truncate(string(payload), 64<<10)
+	}
+	body, err := json.Marshal(map[string]any{"error": truncate(cause.Error(), 2048), "deliveries": deliveries, "event": event})
+	if err != nil {
+		return err
+	}
+	s.cfg.Log.Error("adapter: training event rejected: it cannot be applied (recorded in its job's history)", "job", jobID, "key", key,
+		"deliveries", deliveries, "err", truncate(cause.Error(), 2048))
+	return s.cfg.Store.InsertTrainingEvents(ctx, []sink.TrainingEventRow{{JobID: jobID, Key: key, Type: "rejected", At: now, Iteration: -1,
+		Payload: string(body), ReceivedAt: now}})
 }
 
 // RecordMalformed records an event that could not be decoded in its job's
@@ -118,13 +172,64 @@ const handlerBound = time.Minute
 // shutdown.
 const drainBound = 10 * time.Second
 
+// rejectBound bounds the recording of a rejected message.
+const rejectBound = 30 * time.Second
+
+// MaxDeliveries bounds the deliveries of an event or an activation request
+// whose handling keeps failing with an error that might pass (ClickHouse
+// unavailable, a timeout): at the last one it is rejected (recorded, then
+// terminated). With RetryDelay's delays the last comes about 2.5 minutes
+// after the first. JetStream's own MaxDeliver is not set: it stops the
+// deliveries without a record, and leaves a work queue's message in the
+// stream; the bound here records why.
+const MaxDeliveries = 10
+
+// RetryDelay is how long a message whose handling failed at its
+// deliveries-th delivery waits before the next (NakWithDelay): 1 s,
+// doubling, at most 30 s.
+func RetryDelay(deliveries uint64) time.Duration {
+	d := time.Second
+	for i := uint64(1); i < deliveries && d < 30*time.Second; i++ {
+		d *= 2
+	}
+	return min(d, 30*time.Second)
+}
+
+// Permanent says whether retrying cannot mend err: a ClickHouse exception
+// whose code is not one of the retryable ones (sink.IsRetryable: a query
+// the server refuses, a value it cannot take), or a panic in the handler.
+// Everything else — network, timeouts, NATS, an unknown error — may pass
+// and is retried, up to MaxDeliveries.
+func Permanent(err error) bool {
+	var p *permanentError
+	if errors.As(err, &p) {
+		return true
+	}
+	return sink.ErrorCode(err) != 0 && !sink.IsRetryable(err)
+}
+
+// permanentError marks an error no retry can mend.
+type permanentError struct{ err error }
+
+func (e *permanentError) Error() string { return e.err.Error() }
+func (e *permanentError) Unwrap() error { return e.err }
+
+// rejectFunc records a message consume gives up on (why, after how many
+// deliveries); nil: every failure is retried.
+type rejectFunc func(ctx context.Context, m jetstream.Msg, cause error, deliveries uint64) error
+
 // consume runs handle on each message of cons until ctx ends, each within
-// bound. handle's error naks the message with a delay growing with its deliveries; the
-// message in hand when ctx ends is finished with a context of its own.
-// Messages already buffered when ctx ends are handed back (Nak'd) after
-// the subscription is drained, so another replica gets them at once
-// instead of after the consumer's AckWait.
-func consume(ctx context.Context, cons jetstream.Consumer, s *Stage, bound time.Duration, handle func(context.Context, jetstream.Msg) error) error {
+// bound. handle's error naks the message with RetryDelay; with reject, a
+// Permanent error, or any at the MaxDeliveries-th delivery, is recorded by
+// reject and the message terminated (if reject fails, the message is
+// retried: what is given up on is never dropped unrecorded). A panic in
+// handle is a permanent error. The message in hand when ctx ends is
+// finished with a context of its own. Messages already buffered when ctx
+// ends are handed back (Nak'd) after the subscription is drained, so
+// another replica gets them at once instead of after the consumer's
+// AckWait.
+func consume(ctx context.Context, cons jetstream.Consumer, s *Stage, bound time.Duration, handle func(context.Context, jetstream.Msg) error,
+	reject rejectFunc) error {
 	it, err := cons.Messages(jetstream.PullMaxMessages(16))
 	if err != nil {
 		return err
@@ -161,14 +266,48 @@ func consume(ctx context.Context, cons jetstream.Consumer, s *Stage, bound time.
 			continue
 		}
 		hctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), bound)
-		if err := handle(hctx, m); err != nil {
-			delay := time.Second
-			if md, merr := m.Metadata(); merr == nil {
-				delay = min(time.Duration(md.NumDelivered)*time.Second, 30*time.Second)
-			}
-			s.cfg.Log.Warn("adapter: will retry", "subject", m.Subject(), "err", err, "delay", delay)
-			_ = m.NakWithDelay(delay)
-		}
+		err = s.handleSafely(hctx, m, handle)
 		cancel()
+		if err != nil {
+			// A context of its own: the handler may have used up its bound.
+			fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), rejectBound)
+			s.failed(fctx, m, err, reject)
+			cancel()
+		}
 	}
+}
+
+// handleSafely runs handle; a panic is logged with its stack and returned
+// as a permanent error.
+func (s *Stage) handleSafely(ctx context.Context, m jetstream.Msg, handle func(context.Context, jetstream.Msg) error) (err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			s.cfg.Log.Error("adapter: panic handling a message", "subject", m.Subject(), "panic", p, "stack", string(debug.Stack()))
+			err = &permanentError{fmt.Errorf("panic: %v", p)}
+		}
+	}()
+	return handle(ctx, m)
+}
+
+// failed settles a message whose handling failed with err: rejected and
+// terminated (see consume), or Nak'd with RetryDelay.
+func (s *Stage) failed(ctx context.Context, m jetstream.Msg, err error, reject rejectFunc) {
+	n := uint64(1)
+	if md, merr := m.Metadata(); merr == nil {
+		n = md.NumDelivered
+	}
+	if reject != nil && (Permanent(err) || n >= MaxDeliveries) {
+		rerr := reject(ctx, m, err, n)
+		if rerr == nil {
+			_ = m.TermWithReason("rejected by trace: " + truncate(err.Error(), 200))
+			return
+		}
+		s.cfg.Log.Warn("adapter: recording a rejected message failed; it will be retried", "subject", m.Subject(), "err", rerr)
+	}
+	delay := RetryDelay(n)
+	if s.retryDelay != nil {
+		delay = s.retryDelay(n)
+	}
+	s.cfg.Log.Warn("adapter: will retry", "subject", m.Subject(), "deliveries", n, "err", truncate(err.Error(), 2048), "delay", delay)
+	_ = m.NakWithDelay(delay)
 }

@@ -48,7 +48,7 @@ func TestConsumeHandsBackBufferedMessagesOnShutdown(t *testing.T) {
 			inHand <- string(m.Data())
 			<-release
 			return m.DoubleAck(hctx)
-		})
+		}, nil)
 	}()
 	first := <-inHand
 	time.Sleep(200 * time.Millisecond) // the rest are buffered behind it

@@ -105,6 +105,8 @@ type Queue interface {
 type Stage struct {
 	cfg Config
 	mu  sync.Mutex
+	// retryDelay replaces RetryDelay (tests).
+	retryDelay func(deliveries uint64) time.Duration
 }
 
 // NewStage checks cfg.
@@ -321,8 +323,23 @@ func (s *Stage) HandleEvent(ctx context.Context, e *schemas.TrainingEvent, key s
 	if err != nil || name == "" || !s.cfg.AutoActivate {
 		return err
 	}
-	return s.requestActivation(ctx, e.JobID, name)
+	if err := s.requestActivation(ctx, e.JobID, name); err != nil {
+		return &activationRequestError{adapter: name, err: err}
+	}
+	return nil
 }
+
+// activationRequestError: the event was applied, but the activation of
+// the adapter it registered could not be requested.
+type activationRequestError struct {
+	adapter string
+	err     error
+}
+
+func (e *activationRequestError) Error() string {
+	return "requesting the activation of adapter " + e.adapter + ": " + e.err.Error()
+}
+func (e *activationRequestError) Unwrap() error { return e.err }
 
 // handleEvent is HandleEvent under the lock; it returns the name of the
 // adapter registered now, or registered by this job before when e is its
