@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/traceops/trace/adapter"
 	"github.com/traceops/trace/adapter/dispatch"
 	"github.com/traceops/trace/adapter/plan"
@@ -79,8 +81,9 @@ func count(ss []string, s string) int {
 }
 
 // TestCommandBackend runs testdata/commands/trainer.sh per job, in run
-// mode: a script that succeeds (events from its stdout: status, history,
-// registry), one that fails (FAILED with the exit code and stderr's tail),
+// mode: a script that succeeds (events from its stdout, relayed to the
+// job's events subject and applied by the events consumer — of another
+// replica here, as any trainer's: status, history, registry), one that fails (FAILED with the exit code and stderr's tail),
 // one that hangs (the timeout kills its whole process group: its child is
 // gone), one that prints malformed event lines (recorded as malformed, not
 // fatal: the job still succeeds), one that exits 0 without a terminal
@@ -107,7 +110,11 @@ func TestCommandBackend(t *testing.T) {
 		t.Fatal(err)
 	}
 	s := newStage(t, b, st, cmd, nil)
-	cmd.Reporter = s
+	cmd.Reporter, cmd.Relay = s, b
+	// The events are applied by another replica's events consumer: the
+	// replica that runs the command applies none itself.
+	r := startRoleWith(t, b, newStage(t, b, st, nil, nil))
+	defer r.stop()
 	runCtx, stop := context.WithCancel(ctx)
 	defer stop()
 	go func() { _ = cmd.Run(runCtx) }()
@@ -134,6 +141,7 @@ func TestCommandBackend(t *testing.T) {
 		t.Fatal(err)
 	}
 	cmd.Wait()
+	eventsApplied(t, b)
 
 	job := func(id string) *sink.TrainingJobRow {
 		j, err := st.TrainingJob(ctx, id)
@@ -150,6 +158,9 @@ func TestCommandBackend(t *testing.T) {
 	types, evs := historyTypes(t, st, j.JobID)
 	if strings.Join(types, ",") != "dispatched,started,progress,progress,succeeded,command_exited" {
 		t.Errorf("history of the succeeding command: %v", types)
+	}
+	if n := subjectMessages(t, b, j.JobID); n != 4 {
+		t.Errorf("%d messages on the succeeding command's events subject, want its 4 events", n)
 	}
 	if evs[3].KL != 0.002 || !evs[3].HasKL || evs[3].RewardStd != 0.15 {
 		t.Errorf("progress event from stdout: %+v", evs[3])
@@ -218,6 +229,7 @@ func TestCommandBackend(t *testing.T) {
 		t.Fatalf("retry of the refused dispatch: %+v %v", res, err)
 	}
 	cmd.Wait()
+	eventsApplied(t, b)
 	if j := job(res.JobID); j.Status != adapter.StatusSucceeded {
 		t.Errorf("the retried job: %s %q", j.Status, j.Reason)
 	}
@@ -252,7 +264,7 @@ func TestCommandBackendSubmitMode(t *testing.T) {
 		t.Errorf("submit defaults: %+v", c)
 	}
 	s := newStage(t, b, st, cmd, nil)
-	cmd.Reporter = s
+	cmd.Reporter, cmd.Relay = s, b
 	r := startRoleWith(t, b, s)
 	defer r.stop()
 
@@ -265,6 +277,7 @@ func TestCommandBackendSubmitMode(t *testing.T) {
 		t.Fatal(badRes, err)
 	}
 	cmd.Wait()
+	eventsApplied(t, b)
 	j, _ := st.TrainingJob(ctx, okRes.JobID)
 	if j.Status != adapter.StatusDispatched {
 		t.Errorf("an accepted submission waits for the trainer: %s %q", j.Status, j.Reason)
@@ -312,4 +325,79 @@ func startRoleWith(t *testing.T, b *bus.Bus, s *adapter.Stage) *role {
 		}
 	}()
 	return r
+}
+
+// eventsApplied waits until the events consumer has applied every event
+// published so far.
+func eventsApplied(t *testing.T, b *bus.Bus) {
+	t.Helper()
+	ec, err := b.TrainingEventsConsumer(context.Background(), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the events consumer to apply every event", 30*time.Second, func() bool {
+		info, err := ec.Info(context.Background())
+		return err == nil && info.NumPending == 0 && info.NumAckPending == 0
+	})
+}
+
+// subjectMessages is how many messages a job's events subject holds.
+func subjectMessages(t *testing.T, b *bus.Bus, jobID string) uint64 {
+	t.Helper()
+	stream, err := b.JS.Stream(context.Background(), bus.StreamTrainingEvents)
+	if err != nil {
+		t.Fatal(err)
+	}
+	subj := schemas.TrainingEventsSubject(jobID)
+	info, err := stream.Info(context.Background(), jetstream.WithSubjectFilter(subj))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return info.State.Subjects[subj]
+}
+
+// TestCommandBackendRelayFails: the command's events cannot be relayed
+// (NATS away: the backend's connection is closed); after RelayFor the job
+// fails with the reason, through the stage, and no adapter is registered
+// from events nobody applied.
+func TestCommandBackendRelayFails(t *testing.T) {
+	srv := testenv.NATS(t)
+	st := testenv.ClickHouse(t).Store()
+	ctx := context.Background()
+	b, err := bus.Connect(ctx, bus.Config{URL: srv.URL()}, "test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	gone, err := bus.Connect(ctx, bus.Config{URL: srv.URL()}, "test-gone")
+	if err != nil {
+		t.Fatal(err)
+	}
+	gone.Close()
+	script, _ := filepath.Abs("testdata/commands/trainer.sh")
+	cmd, err := dispatch.NewCommand(dispatch.CommandConfig{Argv: []string{"sh", script, "{spec}", "{job_id}", "{adapter_name}", "{output_uri}"},
+		SpecDir: t.TempDir(), RelayFor: time.Second}, slog.New(slog.NewTextHandler(testWriter{t}, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := newStage(t, b, st, cmd, nil)
+	cmd.Reporter, cmd.Relay = s, gone
+	runCtx, stop := context.WithCancel(ctx)
+	defer stop()
+	go func() { _ = cmd.Run(runCtx) }()
+	res, err := s.HandleReady(ctx, readyFor("t-cmd-relay-fails", "must_succeed"))
+	if err != nil || !res.Dispatched {
+		t.Fatalf("%+v %v", res, err)
+	}
+	cmd.Wait()
+	j, err := st.TrainingJob(ctx, res.JobID)
+	if err != nil || j == nil {
+		t.Fatal(j, err)
+	}
+	if j.Status != adapter.StatusFailed || !strings.Contains(j.Reason, "could not be relayed to NATS (trace.training.events."+res.JobID+") within 1s") {
+		t.Errorf("job %s %q", j.Status, j.Reason)
+	}
+	if a, err := st.Adapter(ctx, j.AdapterName); err != nil || a != nil {
+		t.Errorf("adapter registered from events nobody applied: %+v %v", a, err)
+	}
 }

@@ -396,7 +396,7 @@ func TestReferenceTrainerSmoke(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cb.Reporter = cs
+	cb.Reporter, cb.Relay = cs, b // its events are applied by the role's events consumer
 	runCtx, stopRun := context.WithCancel(ctx)
 	defer stopRun()
 	go func() { _ = cb.Run(runCtx) }()
@@ -405,6 +405,7 @@ func TestReferenceTrainerSmoke(t *testing.T) {
 		t.Fatalf("command dispatch: %+v %v", res, err)
 	}
 	cb.Wait()
+	eventsApplied(t, b)
 	cj, err := st.TrainingJob(ctx, res.JobID)
 	if err != nil || cj == nil {
 		t.Fatalf("job %s: %v", res.JobID, err)

@@ -38,7 +38,8 @@ type Claims interface {
 // durably handed over (nats: in the stream; command: started; webhook:
 // accepted); an error means it was not, and the dispatch is retried.
 // Backends whose trainers report through another channel than the events
-// subject feed the reports to Stage.HandleEvent themselves.
+// subject relay the reports to it (the events consumer applies them in
+// order); Stage.HandleEvent is for what they decide themselves.
 type Backend interface {
 	Name() string
 	Dispatch(ctx context.Context, job *schemas.TrainingJob, spec []byte) error

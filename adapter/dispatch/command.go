@@ -50,6 +50,8 @@ const (
 	// recordGrace is how long, after the kill grace, a stopping backend
 	// keeps trying to record what its commands reported.
 	recordGrace = 30 * time.Second
+	// DefaultRelayFor bounds the retries of one event's relay to NATS.
+	DefaultRelayFor = 2 * time.Minute
 )
 
 // Placeholders of a command template. Each is replaced wherever it occurs
@@ -85,6 +87,9 @@ type CommandConfig struct {
 	// one trainer per machine; 4 in submit mode). A dispatch beyond it is
 	// refused and retried by the adapt role.
 	MaxRunning int
+	// RelayFor bounds the retries (with backoff) of the relay of one event
+	// to NATS (0: DefaultRelayFor); past it the job fails (Command).
+	RelayFor time.Duration
 }
 
 // WithDefaults fills the zero values.
@@ -100,6 +105,9 @@ func (c CommandConfig) WithDefaults() CommandConfig {
 	}
 	if c.KillGrace == 0 {
 		c.KillGrace = DefaultKillGrace
+	}
+	if c.RelayFor == 0 {
+		c.RelayFor = DefaultRelayFor
 	}
 	if c.MaxRunning == 0 {
 		c.MaxRunning = 1
@@ -187,13 +195,21 @@ var ErrBusy = errors.New("command backend: every command slot is busy")
 
 // Command runs a configured command per job. Dispatch writes the spec,
 // starts the command and returns; the command's output is streamed to the
-// log, its events (run mode) and its end are reported to Reporter. Run
+// log. Its events (run mode), and the failure trace makes of its end, are
+// relayed through Relay to the job's events subject, where the adapt
+// role's ordered events consumer applies them as any trainer's (applying
+// them here, beside that consumer, raced a deadline's failure or another
+// replica applying the same job's events); the history entries that change
+// no status (a malformed line, the end) go to Reporter. A relay that fails
+// past RelayFor (NATS away) fails the job through Reporter with the reason
+// (then nothing else applies events: the consumer needs NATS too). Run
 // must run for the backend's lifetime: when its context ends, running
 // commands are stopped (their process groups get SIGTERM, then SIGKILL)
 // and their jobs recorded FAILED.
 type Command struct {
 	cfg      CommandConfig
-	Reporter Reporter // set before the first Dispatch (the adapt stage)
+	Reporter Reporter   // set before the first Dispatch (the adapt stage)
+	Relay    EventRelay // set before the first Dispatch (internal/bus)
 	log      *slog.Logger
 	slots    chan struct{}
 	life     context.Context
@@ -253,8 +269,8 @@ func (c *Command) Wait() { c.wg.Wait() }
 // command. It returns ErrBusy when MaxRunning commands run; a command that
 // cannot be started is an error too (the dispatch is retried).
 func (c *Command) Dispatch(ctx context.Context, job *schemas.TrainingJob, spec []byte) error {
-	if c.Reporter == nil {
-		return errors.New("command backend: no reporter")
+	if c.Reporter == nil || c.Relay == nil {
+		return errors.New("command backend: no reporter or relay")
 	}
 	if c.life.Err() != nil {
 		return errors.New("command backend: stopping")
@@ -317,6 +333,7 @@ type run struct {
 	mu             sync.Mutex
 	lines          int
 	terminal       bool   // a succeeded or failed event was reported
+	relayFailed    bool   // an event could not be relayed: the job was failed (record's goroutine, then wait's)
 	stdoutTail     []byte // submit mode: what the scheduler answered
 	stderrTail     []byte
 }
@@ -400,8 +417,47 @@ func (r *run) wait(cmd *exec.Cmd, started time.Time, recorded <-chan struct{}) {
 		r.log.Error("command backend: encode the failure", "err", err)
 		return
 	}
-	r.retry(ctx, "record the command's failure", func(ctx context.Context) error {
-		return r.c.Reporter.HandleEvent(ctx, e, r.prefix+"failed", data)
+	r.relay(ctx, e, data, r.prefix+"failed")
+}
+
+// relay publishes an event on the job's events subject (msgID as Msg-Id,
+// so a publish retried within the duplicate window is stored once),
+// retrying with backoff for RelayFor. Past it, the job is failed through
+// the Reporter with a reason naming the event that was not applied; the
+// events after it are not relayed (the job has ended).
+func (r *run) relay(ctx context.Context, e *schemas.TrainingEvent, data []byte, msgID string) {
+	if r.relayFailed {
+		r.log.Warn("command backend: event not relayed: the job failed when an earlier one could not be", "type", e.Type)
+		return
+	}
+	b := backoff.NewExponentialBackOff(backoff.WithInitialInterval(200*time.Millisecond), backoff.WithMaxInterval(10*time.Second),
+		backoff.WithMaxElapsedTime(r.c.cfg.RelayFor))
+	err := backoff.RetryNotify(func() error {
+		return r.c.Relay.RelayTrainingEvent(ctx, r.job.JobID, data, msgID)
+	}, backoff.WithContext(b, ctx), func(err error, d time.Duration) {
+		r.log.Warn("command backend: will retry", "what", "relay an event to NATS", "type", e.Type, "err", err, "in", d)
+	})
+	if err == nil {
+		return
+	}
+	r.relayFailed = true
+	what := "its " + e.Type + " event"
+	if e.Type == schemas.EventSucceeded && e.Adapter != nil {
+		what += fmt.Sprintf(" (adapter %s at %s, not registered)", e.Adapter.Name, e.Adapter.URI)
+	} else if e.Type == schemas.EventFailed {
+		what += " (" + e.Reason + ")"
+	}
+	reason := fmt.Sprintf("command backend: %s could not be relayed to NATS (%s) within %s: %v; the job's events after it are not applied",
+		what, schemas.TrainingEventsSubject(r.job.JobID), r.c.cfg.RelayFor, err)
+	r.log.Error("command backend: relay failed; the job fails", "type", e.Type, "err", err)
+	f := &schemas.TrainingEvent{JobID: r.job.JobID, Type: schemas.EventFailed, At: r.c.now().UTC(), Worker: "trace command backend", Reason: reason}
+	fdata, eerr := f.Encode()
+	if eerr != nil {
+		r.log.Error("command backend: encode the failure", "err", eerr)
+		return
+	}
+	r.retry(ctx, "fail the job whose event could not be relayed", func(ctx context.Context) error {
+		return r.c.Reporter.HandleEvent(ctx, f, r.prefix+"relay-failed", fdata)
 	})
 }
 
@@ -450,9 +506,10 @@ func (r *run) stdoutLine(line []byte) {
 		return
 	}
 	q := queued{n: n, key: r.prefix + strconv.Itoa(n), e: e, err: err, line: bytes.Clone(line)}
+	q.msgID = q.key
 	if err == nil {
-		if e.Seq != nil {
-			q.key = "seq:" + strconv.FormatInt(*e.Seq, 10)
+		if e.Seq != nil { // as the callback's: a resent (job_id, seq) is stored once
+			q.msgID = r.job.JobID + ":" + strconv.FormatInt(*e.Seq, 10)
 		}
 		if e.Type == schemas.EventSucceeded || e.Type == schemas.EventFailed {
 			r.mu.Lock()
@@ -463,17 +520,19 @@ func (r *run) stdoutLine(line []byte) {
 	r.q.push(q)
 }
 
-// queued is an event line waiting for the store.
+// queued is an event line waiting to be relayed (or recorded, malformed).
 type queued struct {
-	n    int
-	key  string
-	e    *schemas.TrainingEvent
-	err  error // malformed
-	line []byte
+	n     int
+	key   string // a malformed line's key in the history
+	msgID string // an event's Msg-Id
+	e     *schemas.TrainingEvent
+	err   error // malformed
+	line  []byte
 }
 
-// record stores the queued event lines in order until the queue is closed
-// and empty; a store that is away is retried (the lines wait in memory).
+// record relays the queued events in order (and records the malformed
+// lines) until the queue is closed and empty; NATS or a store that is away
+// is retried (the lines wait in memory).
 func (r *run) record() {
 	for {
 		q, ok := r.q.pop()
@@ -489,9 +548,7 @@ func (r *run) record() {
 			continue
 		}
 		r.log.Info("training event", "type", q.e.Type, "iteration", q.e.Iteration)
-		r.retry(ctx, "record an event", func(ctx context.Context) error {
-			return r.c.Reporter.HandleEvent(ctx, q.e, q.key, q.line)
-		})
+		r.relay(ctx, q.e, q.line, q.msgID)
 	}
 }
 

@@ -545,10 +545,12 @@ func (a *App) addAdapt(ctx context.Context, g *run.Group) error {
 	if err != nil {
 		return err
 	}
-	// The command and webhook backends report what they learn (events on a
-	// command's stdout, its exit, an HTTP rejection) to the stage.
+	// The command and webhook backends report what they learn (a command's
+	// exit, an HTTP rejection) to the stage; a command's events (on its
+	// stdout) are relayed to the job's events subject, applied in order by
+	// the events consumer.
 	if command != nil {
-		command.Reporter = st
+		command.Reporter, command.Relay = st, a.Bus
 		// Stopping interrupts the running commands (SIGTERM to their
 		// process groups, SIGKILL after kill_grace) and records them FAILED.
 		addActor(g, ctx, "adapt-command", command.Run)
