@@ -130,23 +130,10 @@ func waitEvent(t *testing.T, srv *testenv.NATSServer, job, typ string) []string 
 // used to give each event 30 s: the job was aborted, its failed event
 // could not be sent either, and the worker exited.)
 func TestReferenceTrainerSurvivesNATSOutage(t *testing.T) {
-	py := trainerPython(t)
-	srv := testenv.NATS(t)
-	ctx := context.Background()
-	b, err := bus.Connect(ctx, bus.Config{URL: srv.URL()}, "test")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.NC.Close()
-	dir := t.TempDir()
-	release, spool := filepath.Join(dir, "release"), filepath.Join(dir, "spool")
-	w := startOutageWorker(t, py, dir, srv.URL(), release, spool)
-
 	const job = "job-outage00000000001"
-	if err := b.PublishTrainingJob(ctx, job, outageJob(t, job)); err != nil {
-		t.Fatal(err)
-	}
-	waitEvent(t, srv, job, "progress")
+	py, srv, b, dir, release, spool := outageSetup(t)
+	w := startOutageWorker(t, py, dir, srv.URL(), release, spool)
+	startOutageJob(t, srv, b, job)
 
 	// Down for 4 × the deadline while the job reports progress, then the
 	// job ends while NATS is still down.
@@ -175,7 +162,7 @@ func TestReferenceTrainerSurvivesNATSOutage(t *testing.T) {
 
 	// The worker takes the next job.
 	const next = "job-outage00000000002"
-	if err := b.PublishTrainingJob(ctx, next, outageJob(t, next)); err != nil {
+	if err := b.PublishTrainingJob(context.Background(), next, outageJob(t, next)); err != nil {
 		t.Fatal(err)
 	}
 	waitEvent(t, srv, next, "succeeded")
@@ -198,23 +185,10 @@ func TestReferenceTrainerSurvivesNATSOutage(t *testing.T) {
 // started on that directory, once NATS is back, sends it before taking
 // jobs, and empties the spool.
 func TestReferenceTrainerKeepsAnUndeliveredTerminalEvent(t *testing.T) {
-	py := trainerPython(t)
-	srv := testenv.NATS(t)
-	ctx := context.Background()
-	b, err := bus.Connect(ctx, bus.Config{URL: srv.URL()}, "test")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.NC.Close()
-	dir := t.TempDir()
-	release, spool := filepath.Join(dir, "release"), filepath.Join(dir, "spool")
-	first := startOutageWorker(t, py, dir, srv.URL(), release, spool)
-
 	const job = "job-outage00000000003"
-	if err := b.PublishTrainingJob(ctx, job, outageJob(t, job)); err != nil {
-		t.Fatal(err)
-	}
-	waitEvent(t, srv, job, "progress")
+	py, srv, b, dir, release, spool := outageSetup(t)
+	first := startOutageWorker(t, py, dir, srv.URL(), release, spool)
+	startOutageJob(t, srv, b, job)
 	srv.Shutdown()
 	if err := os.WriteFile(release, nil, 0o644); err != nil {
 		t.Fatal(err)
@@ -242,6 +216,31 @@ func TestReferenceTrainerKeepsAnUndeliveredTerminalEvent(t *testing.T) {
 			t.Fatalf("the spool still holds %v after the event was sent", spooled(t, spool))
 		}
 	}
+}
+
+// outageSetup starts the embedded NATS and a bus on it (closed when t
+// ends), and names the harness's release file and the spool directory in
+// dir.
+func outageSetup(t *testing.T) (py string, srv *testenv.NATSServer, b *bus.Bus, dir, release, spool string) {
+	t.Helper()
+	py = trainerPython(t)
+	srv = testenv.NATS(t)
+	b, err := bus.Connect(context.Background(), bus.Config{URL: srv.URL()}, "test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(b.NC.Close)
+	dir = t.TempDir()
+	return py, srv, b, dir, filepath.Join(dir, "release"), filepath.Join(dir, "spool")
+}
+
+// startOutageJob publishes job and waits for its first progress event.
+func startOutageJob(t *testing.T, srv *testenv.NATSServer, b *bus.Bus, job string) {
+	t.Helper()
+	if err := b.PublishTrainingJob(context.Background(), job, outageJob(t, job)); err != nil {
+		t.Fatal(err)
+	}
+	waitEvent(t, srv, job, "progress")
 }
 
 // spooled lists the worker's spool directory.

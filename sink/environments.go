@@ -86,12 +86,18 @@ func environmentCountsSQL(f EnvironmentFilter) (string, []any) {
 
 // environmentsWhere is the WHERE clause of f's filters ("" for none).
 func environmentsWhere(f EnvironmentFilter) (string, []any) {
+	return equalsWhere([][2]string{{"status", f.Status}, {"environment", f.Environment}, {"agent_version", f.AgentVersion}})
+}
+
+// equalsWhere is a WHERE clause requiring each column (pair[0]) to equal
+// its value (pair[1]), leaving out the empty values ("" when all are).
+func equalsWhere(pairs [][2]string) (string, []any) {
 	var where []string
 	var args []any
-	for _, c := range []struct{ col, v string }{{"status", f.Status}, {"environment", f.Environment}, {"agent_version", f.AgentVersion}} {
-		if c.v != "" {
-			where = append(where, c.col+" = ?")
-			args = append(args, c.v)
+	for _, c := range pairs {
+		if c[1] != "" {
+			where = append(where, c[0]+" = ?")
+			args = append(args, c[1])
 		}
 	}
 	if len(where) == 0 {

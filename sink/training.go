@@ -77,18 +77,7 @@ func trainingJobCountsSQL(f TrainingJobFilter) (string, []any) {
 
 // trainingJobsWhere is the WHERE clause of f's filters ("" for none).
 func trainingJobsWhere(f TrainingJobFilter) (string, []any) {
-	var where []string
-	var args []any
-	for _, c := range []struct{ col, v string }{{"status", f.Status}, {"environment_id", f.EnvironmentID}, {"capability", f.Capability}} {
-		if c.v != "" {
-			where = append(where, c.col+" = ?")
-			args = append(args, c.v)
-		}
-	}
-	if len(where) == 0 {
-		return "", nil
-	}
-	return "\n\tWHERE " + strings.Join(where, " AND "), args
+	return equalsWhere([][2]string{{"status", f.Status}, {"environment_id", f.EnvironmentID}, {"capability", f.Capability}})
 }
 
 // SaveTrainingJob stores a version of a job's status.
