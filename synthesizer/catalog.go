@@ -68,7 +68,7 @@ func (c Catalog) Open(ctx context.Context, id string) (envprog.Env, error) {
 func entry(e *Environment) envserver.Entry {
 	en := envserver.Entry{ID: e.ID, Name: e.Capability, Doc: e.Rationale, Capability: e.Capability,
 		TargetEnvironment: e.Environment, AgentVersion: e.AgentVersion, ProgramHash: e.ProgramHash,
-		Status: string(e.Status), Source: "registry", Tools: []schemas.Tool{}}
+		Status: string(e.Status), Source: "registry", Tools: []schemas.Tool{}, Version: e.Version}
 	if e.Request != nil {
 		for _, t := range e.Request.Tools {
 			if slices.Contains(e.Tools, t.Function.Name) {

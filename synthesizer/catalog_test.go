@@ -12,6 +12,7 @@ import (
 	"reflect"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -176,5 +177,79 @@ func TestCatalogSkipsUnreadableRows(t *testing.T) {
 	}
 	if code, _ := do("POST", "/v1/environments/"+done.ID+"/reset", `{"seed": 4}`); code != 200 {
 		t.Errorf("reset of the readable environment afterwards = %d", code)
+	}
+}
+
+// loadCounter is the catalog's store (trace's CatalogStore over the real
+// ClickHouse) counting the records it loads.
+type loadCounter struct {
+	CatalogStore
+	loads atomic.Int32
+}
+
+func (c *loadCounter) LoadEnvironment(ctx context.Context, id string) (*Environment, error) {
+	c.loads.Add(1)
+	return c.CatalogStore.LoadEnvironment(ctx, id)
+}
+
+// TestCatalogFailedOpenIsCached: requests for a DONE environment whose
+// record does not decode are answered 503 FACTORY_ERROR from one load of
+// it, logged as an error once; once its record is fixed (a new version,
+// seen in a listing) it opens.
+func TestCatalogFailedOpenIsCached(t *testing.T) {
+	var logs testenv.SyncBuffer
+	st := chStore(t)
+	st.Log = slog.New(slog.NewTextHandler(io.Discard, nil))
+	ctx := context.Background()
+	bad := sampleEnvironment()
+	bad.ID, bad.TriggerID = fmt.Sprintf("env-badopen-%d", time.Now().UnixNano()), "trig-badopen"
+	saveCorrupt(t, st, bad, func(r *sink.EnvironmentRow) { r.AttemptsJSON = `[{"n": "one"` })
+	store := &loadCounter{CatalogStore: st}
+	srv, err := envserver.New(envserver.DefaultConfig(), envserver.Options{Catalog: Catalog{Store: store},
+		Log: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close(ctx)
+	hs := httptest.NewServer(srv.Handler())
+	defer hs.Close()
+	do := func(method, path, body string) (int, string) {
+		req, _ := http.NewRequestWithContext(ctx, method, hs.URL+path, strings.NewReader(body))
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	for i := range 10 {
+		if code, body := do("POST", "/v1/environments/"+bad.ID+"/reset", `{"seed": 3}`); code != http.StatusServiceUnavailable || !strings.Contains(body, "FACTORY_ERROR") || !strings.Contains(body, "attempts_json") {
+			t.Fatalf("reset %d of the environment whose record does not decode = %d %s, want 503 FACTORY_ERROR naming the column", i, code, body)
+		}
+	}
+	if n := store.loads.Load(); n != 1 {
+		t.Errorf("10 requests loaded the record %d times, want 1", n)
+	}
+	var loud int
+	for line := range strings.Lines(logs.String()) {
+		if strings.Contains(line, bad.ID) && (strings.Contains(line, "level=ERROR") || strings.Contains(line, "level=WARN")) {
+			loud++
+		}
+	}
+	if loud != 1 {
+		t.Errorf("logged %d errors or warnings for it, want 1:\n%s", loud, logs.String())
+	}
+
+	bad.Version++ // fixed: a new version of its record
+	if err := st.SaveEnvironment(ctx, bad); err != nil {
+		t.Fatal(err)
+	}
+	if code, body := do("GET", "/v1/environments", ""); code != 200 || !strings.Contains(body, bad.ID) {
+		t.Fatalf("GET /v1/environments = %d %s", code, body)
+	}
+	if code, body := do("POST", "/v1/environments/"+bad.ID+"/reset", `{"seed": 3}`); code != 200 || !strings.Contains(body, `"observation"`) {
+		t.Errorf("reset of the fixed environment = %d %s, want 200", code, body)
 	}
 }

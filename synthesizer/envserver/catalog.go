@@ -40,6 +40,10 @@ type Entry struct {
 	// (envprog.Limits.MaxTurns; 0: envprog's default), so that an episode
 	// its limit ends is recorded as max_turns. Not listed.
 	MaxTurns int `json:"-"`
+	// Version is the registry record's (0 for a file): an environment that
+	// failed to open is tried again when a listing shows another. Not
+	// listed.
+	Version uint64 `json:"-"`
 }
 
 // Catalog is where the server finds environments: the synthesizer's

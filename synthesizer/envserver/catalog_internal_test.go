@@ -3,6 +3,7 @@ package envserver
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -11,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/traceops/trace/internal/dev/testenv"
 	"github.com/traceops/trace/synthesizer/envprog"
 	"github.com/traceops/trace/synthesizer/examples"
 )
@@ -189,5 +191,69 @@ func TestNotFoundExpires(t *testing.T) {
 	srv.mu.Unlock()
 	if _, err := srv.environment(ctx, "b"); err != nil {
 		t.Fatalf("b after the entry expired: %v", err)
+	}
+}
+
+// failCatalog lists "a", whose Open fails until ok is set.
+type failCatalog struct {
+	gateCatalog
+	ok atomic.Bool
+}
+
+func (c *failCatalog) Open(ctx context.Context, id string) (envprog.Env, error) {
+	if !c.ok.Load() {
+		c.gateCatalog.opens.LoadOrStore(id, new(atomic.Int32))
+		n, _ := c.gateCatalog.opens.Load(id)
+		n.(*atomic.Int32).Add(1)
+		return nil, errors.New("the program does not load")
+	}
+	return c.gateCatalog.Open(ctx, id)
+}
+
+// TestFailedOpenExpires: an environment that failed to open is answered
+// with its failure, without asking the catalog, until the entry expires;
+// found failing the same way again it is logged at debug level only, and
+// once it opens it is served.
+func TestFailedOpenExpires(t *testing.T) {
+	env, err := envprog.Load(context.Background(), examples.PreconditionAirlineName, examples.PreconditionAirline, envprog.Limits{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer env.Close()
+	var logs testenv.SyncBuffer
+	cat := &failCatalog{gateCatalog: gateCatalog{env: env, ids: []string{"a"}}}
+	srv, err := New(DefaultConfig(), Options{Catalog: cat, Log: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close(context.Background())
+	ctx := context.Background()
+	expire := func() {
+		srv.mu.Lock()
+		srv.failed["a"].until = time.Now().Add(-time.Second)
+		srv.mu.Unlock()
+	}
+	for range 3 {
+		if _, err := srv.environment(ctx, "a"); err == nil || errors.Is(err, ErrNotFound) {
+			t.Fatalf("a: %v, want its open's failure", err)
+		}
+	}
+	if n := cat.openCount("a"); n != 1 {
+		t.Fatalf("three asks opened it %d times, want 1", n)
+	}
+	expire()
+	if _, err := srv.environment(ctx, "a"); err == nil {
+		t.Fatal("a failing again: no error")
+	}
+	if n := cat.openCount("a"); n != 2 {
+		t.Fatalf("opened %d times after the entry expired, want 2", n)
+	}
+	if n := strings.Count(logs.String(), "level=ERROR"); n != 1 {
+		t.Errorf("logged %d errors for one failure found twice, want 1:\n%s", n, logs.String())
+	}
+	cat.ok.Store(true)
+	expire()
+	if _, err := srv.environment(ctx, "a"); err != nil {
+		t.Fatalf("a once it opens: %v", err)
 	}
 }

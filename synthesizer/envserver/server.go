@@ -71,8 +71,23 @@ type Server struct {
 	// missing holds ids the catalog did not know, until when that answer
 	// is kept (notFoundTTL).
 	missing map[string]time.Time
-	closed  bool
+	// failed holds the environments whose last open failed (failedTTL).
+	failed map[string]*openFailure
+	closed bool
 }
+
+// openFailure is an environment's failed open: answered as it is, without
+// asking the catalog again, until until, or until a listing shows another
+// version of its record. It is kept after until, so that the same failure
+// found again is not logged as an error again.
+type openFailure struct {
+	err     error
+	version uint64
+	until   time.Time
+}
+
+func (f *openFailure) Error() string { return f.err.Error() }
+func (f *openFailure) Unwrap() error { return f.err }
 
 // catalogTimeout bounds one catalog call: a registry query, or loading a
 // program into a fresh sandbox worker.
@@ -82,6 +97,11 @@ const catalogTimeout = 30 * time.Second
 // without asking it again (an environment accepted meanwhile is served
 // after at most that long).
 const notFoundTTL = 5 * time.Second
+
+// failedTTL is how long an environment that failed to open (its record
+// does not decode, its program does not load) is answered 503 without
+// asking the catalog again.
+const failedTTL = notFoundTTL
 
 // New returns a server; it starts the idle reaper and the episode recorder.
 func New(cfg Config, o Options) (*Server, error) {
@@ -95,7 +115,7 @@ func New(cfg Config, o Options) (*Server, error) {
 		o.Log = slog.Default()
 	}
 	s := &Server{cfg: cfg, cat: o.Catalog, log: o.Log, stop: make(chan struct{}), catalogTimeout: catalogTimeout,
-		envs: map[string]*served{}, missing: map[string]time.Time{}}
+		envs: map[string]*served{}, missing: map[string]time.Time{}, failed: map[string]*openFailure{}}
 	queued := func() float64 { return 0 }
 	s.m = newMetrics(o.Registerer, func() float64 { return queued() })
 	if o.Writer != nil {
@@ -219,6 +239,11 @@ func (s *Server) environment(ctx context.Context, id string) (*served, error) {
 		}
 		delete(s.missing, id)
 	}
+	if f := s.failed[id]; f != nil && time.Now().Before(f.until) {
+		s.mu.Unlock()
+		s.log.Debug("env server: open environment (failed before, retried after a while)", "environment", id, "err", f.err)
+		return nil, f
+	}
 	s.mu.Unlock()
 	// The load is not the first caller's: it goes on (within its own
 	// bound) when that caller goes away, for the others waiting on it.
@@ -266,15 +291,16 @@ func (s *Server) load(id string) (*served, error) {
 		return nil, ErrNotFound
 	}
 	if err != nil {
-		return nil, fmt.Errorf("envserver: open %s: %w", id, err)
+		return nil, s.openFailed(id, entry.Version, fmt.Errorf("envserver: open %s: %w", id, err))
 	}
 	e, err = newServed(s, *entry, env)
 	if err != nil {
 		env.Close()
-		return nil, err
+		return nil, s.openFailed(id, entry.Version, err)
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	delete(s.failed, id)
 	if s.closed {
 		env.Close()
 		return nil, errShuttingDown
@@ -299,6 +325,49 @@ func (s *Server) notFound(id string) {
 		}
 	}
 	s.missing[id] = now.Add(notFoundTTL)
+}
+
+// openFailed keeps err, opening version of environment id, for failedTTL
+// and logs it: as an error the first time, at debug level when the same
+// failure of the same version is found again.
+func (s *Server) openFailed(id string, version uint64, err error) error {
+	now := time.Now()
+	f := &openFailure{err: err, version: version, until: now.Add(failedTTL)}
+	s.mu.Lock()
+	prev := s.failed[id]
+	if prev == nil && len(s.failed) >= 1024 { // keep the map small
+		for k, old := range s.failed {
+			if now.After(old.until) {
+				delete(s.failed, k)
+			}
+		}
+	}
+	if prev != nil || len(s.failed) < 1024 {
+		s.failed[id] = f
+	}
+	s.mu.Unlock()
+	if prev != nil && prev.version == version && prev.err.Error() == err.Error() {
+		s.log.Debug("env server: open environment failed again", "environment", id, "version", version, "err", err)
+	} else {
+		s.log.Error("env server: open environment", "environment", id, "version", version, "err", err,
+			"retry_after", failedTTL)
+	}
+	return f
+}
+
+// newVersions lets the environments of entries whose record has another
+// version than the one that failed to open be opened again at once.
+func (s *Server) newVersions(entries []Entry) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.failed) == 0 {
+		return
+	}
+	for _, e := range entries {
+		if f := s.failed[e.ID]; f != nil && f.version != e.Version {
+			f.until = time.Time{}
+		}
+	}
 }
 
 // Handler serves the API: GET /health and the environments' health are
@@ -335,7 +404,9 @@ func (s *Server) withEnv(h func(http.ResponseWriter, *http.Request, *served)) ht
 			writeJSON(w, http.StatusNotFound, map[string]string{"detail": fmt.Sprintf("no environment %q (GET /v1/environments lists them)", id)})
 			return
 		case err != nil:
-			s.log.Error("env server: open environment", "environment", id, "err", err)
+			if f := (*openFailure)(nil); !errors.As(err, &f) { // openFailed logged it
+				s.log.Error("env server: open environment", "environment", id, "err", err)
+			}
 			writeJSON(w, http.StatusServiceUnavailable, map[string]string{"detail": err.Error(), "code": "FACTORY_ERROR"})
 			return
 		}
@@ -351,6 +422,7 @@ func (s *Server) listEnvironments(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"detail": err.Error()})
 		return
 	}
+	s.newVersions(entries)
 	type item struct {
 		Entry
 		URL string `json:"url"`
