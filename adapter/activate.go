@@ -3,6 +3,7 @@ package adapter
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -46,8 +47,8 @@ const defaultActivationAckWait = time.Minute
 // replica only if this one dies (AckWait after its last progress). An
 // adapter that is no longer a candidate (activated by an earlier delivery,
 // or retired by an operator since) is left as it is. A request whose
-// handling fails before the registry is asked (the adapter's row cannot be
-// read) is retried with a growing delay (RetryDelay) while the error may
+// handling fails to read or write the registry (the adapter's row, its
+// new status: ClickHouse away) is retried with a growing delay (RetryDelay) while the error may
 // pass; a permanent error (Permanent), or any at the MaxDeliveries-th
 // delivery, is recorded as activation_failed in the job's history and the
 // request terminated: with one request out at a time, a request retried
@@ -115,8 +116,10 @@ func inProgress(m jetstream.Msg, every time.Duration) func() {
 
 // activateJobAdapter activates a succeeded job's adapter if it is still a
 // candidate registered to that job, and records the outcome in the job's
-// history; an error is a failure to read the registry (to be retried), not
-// the activation's.
+// history; an error is a failure to read or write the registry (to be
+// retried: the registry undid the engine's load, and a load again from the
+// same path is the engine's no-op anyway), not the activation's, which is
+// the engine's refusal or a transition not allowed.
 func (s *Stage) activateJobAdapter(ctx context.Context, jobID, name string) error {
 	a, err := s.cfg.Store.Adapter(ctx, name)
 	if err != nil {
@@ -132,6 +135,9 @@ func (s *Stage) activateJobAdapter(ctx context.Context, jobID, name string) erro
 		return nil
 	}
 	changes, err := s.cfg.Registry.Activate(ctx, name)
+	if se := (*storeError)(nil); err != nil && len(changes) == 0 && errors.As(err, &se) {
+		return err
+	}
 	now := s.cfg.Now().UTC()
 	typ, body := "activated", map[string]any{"adapter": name, "changes": changes}
 	if err != nil {

@@ -281,3 +281,84 @@ func TestActivationSurvivesACrash(t *testing.T) {
 		t.Errorf("adapter %s, loaded %d times", a.Status, loads(srv, e.Adapter.Name))
 	}
 }
+
+// saveFailsOnce is the registry's store (trace's RegistryStore over the
+// real ClickHouse) whose first save of an adapter fails, as a write to a
+// ClickHouse that is briefly away does.
+type saveFailsOnce struct {
+	adapter.RegistryStore
+	mu     sync.Mutex
+	failed bool
+}
+
+func (s *saveFailsOnce) SaveAdapter(ctx context.Context, r sink.AdapterRow) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.failed {
+		s.failed = true
+		return errors.New("clickhouse: write: connection reset by peer (test)")
+	}
+	return s.RegistryStore.SaveAdapter(ctx, r)
+}
+
+// TestActivationStoreErrorIsRetried: a write of the registry that fails
+// (ClickHouse briefly away) after the engine loaded the adapter is not
+// the activation's failure: the request is retried, and the adapter ends
+// active and served, activated once in its job's history and never
+// activation_failed. The engine's refusal is still the job's
+// activation_failed, at once.
+func TestActivationStoreErrorIsRetried(t *testing.T) {
+	ctx := context.Background()
+	st, b := plannerFixture(t)
+	srv := llmtest.New(t)
+	srv.ServeLoRA(llmtest.LoRAOptions{})
+	srv.Handle(func(llmtest.Request) llmtest.Reply { return llmtest.Text("hello") })
+	reg := &adapter.Registry{Store: &saveFailsOnce{RegistryStore: st},
+		Engine: &serving.VLLM{BaseURL: srv.URL, InitialBackoff: time.Millisecond, MaxElapsed: time.Second}}
+	s, err := adapter.NewStage(adapter.Config{Plan: fastPlan(), Store: st, Claims: b, AutoActivate: true, Registry: reg, Queue: b,
+		Log: slog.New(slog.NewTextHandler(testWriter{t}, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := s.HandleReady(ctx, readyFor("t-activation-store-error", "precondition_verification"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := succeeded(t, st, res.JobID, t.TempDir(), 1)
+	data, _ := e.Encode()
+	if err := s.HandleEvent(ctx, e, "seq:1", data); err != nil {
+		t.Fatal(err)
+	}
+	defer runActivations(t, b, s)()
+	waitFor(t, "the activation", 30*time.Second, func() bool {
+		return historyCount(t, st, res.JobID, "activated")+historyCount(t, st, res.JobID, "activation_failed") > 0
+	})
+	if n, f := historyCount(t, st, res.JobID, "activated"), historyCount(t, st, res.JobID, "activation_failed"); n != 1 || f != 0 {
+		t.Fatalf("history: %d activated, %d activation_failed; want 1 and 0", n, f)
+	}
+	if a := statusOf(t, st, e.Adapter.Name); a.Status != adapter.AdapterActive {
+		t.Errorf("adapter %s, want active", a.Status)
+	}
+	if chatStatus(t, srv, e.Adapter.Name) != 200 {
+		t.Error("the active adapter is not served")
+	}
+
+	// The engine's refusal (no adapter at that path) is the activation's
+	// failure: recorded at once, not retried.
+	res2, err := s.HandleReady(ctx, readyFor("t-activation-refused", "tool_fails_often"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	e2 := succeeded(t, st, res2.JobID, t.TempDir()+"/missing", 1)
+	data2, _ := e2.Encode()
+	if err := s.HandleEvent(ctx, e2, "seq:1", data2); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the refused activation", 30*time.Second, func() bool { return historyCount(t, st, res2.JobID, "activation_failed") == 1 })
+	if n := loads(srv, e2.Adapter.Name); n != 1 {
+		t.Errorf("the refused adapter's load was asked %d times, want 1", n)
+	}
+	if a := statusOf(t, st, e2.Adapter.Name); a.Status != adapter.AdapterCandidate {
+		t.Errorf("refused adapter %s, want candidate", a.Status)
+	}
+}

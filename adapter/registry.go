@@ -42,6 +42,15 @@ var (
 	ErrTransition = errors.New("transition not allowed")
 )
 
+// storeError is a failure to read or write the registry's rows in the
+// middle of a transition (ClickHouse away, a timeout): unlike the serving
+// engine's refusal, the transition may succeed when tried again. Activate
+// returns it with the engine's load undone (the registry is unchanged).
+type storeError struct{ Err error }
+
+func (e *storeError) Error() string { return e.Err.Error() }
+func (e *storeError) Unwrap() error { return e.Err }
+
 // Registry moves adapters between their statuses (candidate, active,
 // retired, rolled_back) and keeps the serving engine in step:
 //
@@ -200,12 +209,16 @@ func ServingOf(a *sink.AdapterRow) *Serving {
 // first (a failed load changes nothing and is returned); the adapter
 // active before is retired and unloaded. Activating the active adapter
 // loads it again (an engine restarted since forgot it) and changes no
-// status.
+// status. A failure to read or write the registry's rows is a storeError,
+// returned with the engine's load undone.
 func (r *Registry) Activate(ctx context.Context, name string) ([]Change, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	a, err := r.get(ctx, name)
 	if err != nil {
+		if !errors.Is(err, ErrUnknownAdapter) {
+			err = &storeError{err}
+		}
 		return nil, err
 	}
 	switch a.Status {
@@ -231,10 +244,10 @@ func (r *Registry) Activate(ctx context.Context, name string) ([]Change, error) 
 	}
 	prev, err := r.Store.Adapters(ctx, sink.AdapterFilter{Status: AdapterActive, Capability: a.Capability, Environment: a.Environment})
 	if err != nil {
-		return nil, r.undoLoad(ctx, name, from, sv, err)
+		return nil, r.undoLoad(ctx, name, from, sv, &storeError{err})
 	}
 	if err := r.save(ctx, a, AdapterActive, "activated", sv); err != nil {
-		return nil, r.undoLoad(ctx, name, from, sv, err)
+		return nil, r.undoLoad(ctx, name, from, sv, &storeError{err})
 	}
 	changes := []Change{{Name: name, From: from, To: AdapterActive, Loaded: sv != nil}}
 	r.log().Info("adapter activated", "adapter", name, "from", from, "capability", a.Capability, "environment", a.Environment, "loaded", sv != nil)
