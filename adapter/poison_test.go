@@ -17,8 +17,26 @@ import (
 
 // poisonName is an adapter name ClickHouse refuses to look up: the query
 // that reads the registry by name is longer than the server's
-// max_query_size (256 KiB), an error that no retry can mend.
+// max_query_size (256 KiB), an error that no retry can mend. A training
+// event cannot name it (training_event/v1 bounds adapter.name: such an
+// event is malformed), an activation request can.
 func poisonName() string { return "huge-" + strings.Repeat("x", 300<<10) }
+
+// refusingStore is the stage's store (trace's Store over the real
+// ClickHouse) whose lookup of the adapter name refused is the lookup of
+// poisonName: ClickHouse's own refusal, for good, of a valid event's
+// handling.
+type refusingStore struct {
+	adapter.Store
+	refused string
+}
+
+func (s refusingStore) Adapter(ctx context.Context, name string) (*sink.AdapterRow, error) {
+	if name == s.refused {
+		name = poisonName()
+	}
+	return s.Store.Adapter(ctx, name)
+}
 
 // historyEntry is a job's newest history entry of type typ (nil: none).
 func historyEntry(t *testing.T, st *sink.Store, jobID, typ string) *sink.TrainingEventRow {
@@ -37,15 +55,16 @@ func historyEntry(t *testing.T, st *sink.Store, jobID, typ string) *sink.Trainin
 }
 
 // TestPoisonEventDoesNotHoldUpEveryJob: the events consumer hands out one
-// event at a time, so an event that can never be applied (a success naming
-// an adapter ClickHouse refuses to look up) was redelivered without end
-// and every job's events waited behind it. It is recorded in its job's
+// event at a time, so an event that can never be applied (a success whose
+// adapter ClickHouse refuses to look up) was redelivered without end and
+// every job's events waited behind it. It is recorded in its job's
 // history as rejected, with the error, and terminated; the next job's
 // event is applied.
 func TestPoisonEventDoesNotHoldUpEveryJob(t *testing.T) {
 	ctx := context.Background()
 	st, b := plannerFixture(t)
-	s, err := adapter.NewStage(adapter.Config{Plan: fastPlan(), Store: st, Claims: b, Queue: b,
+	const refused = "refused-adapter"
+	s, err := adapter.NewStage(adapter.Config{Plan: fastPlan(), Store: refusingStore{Store: st, refused: refused}, Claims: b, Queue: b,
 		Log: slog.New(slog.NewTextHandler(testWriter{t}, nil))})
 	if err != nil {
 		t.Fatal(err)
@@ -62,7 +81,7 @@ func TestPoisonEventDoesNotHoldUpEveryJob(t *testing.T) {
 	defer r.stop()
 
 	poison := succeeded(t, st, bad.JobID, t.TempDir(), 1)
-	poison.Adapter.Name = poisonName()
+	poison.Adapter.Name = refused
 	if err := b.PublishTrainingEvent(ctx, poison); err != nil {
 		t.Fatal(err)
 	}
@@ -230,4 +249,63 @@ func TestSuccessWhoseActivationCannotBeRequested(t *testing.T) {
 		historyCount(t, st, res.JobID, schemas.EventSucceeded) != 1 || historyCount(t, st, res.JobID, "rejected") != 0 {
 		t.Errorf("the applied success: job %s, history %v", j.Status, func() []string { ts, _ := historyTypes(t, st, res.JobID); return ts }())
 	}
+}
+
+// TestHugeAdapterNameIsMalformed: a success naming an adapter of 300 KiB
+// (which ClickHouse would refuse to look up) is malformed at decode
+// (training_event/v1 bounds adapter.name): recorded in its job's history
+// as malformed, the job unchanged, and the next job's event applied.
+func TestHugeAdapterNameIsMalformed(t *testing.T) {
+	ctx := context.Background()
+	st, b := plannerFixture(t)
+	s, err := adapter.NewStage(adapter.Config{Plan: fastPlan(), Store: st, Claims: b, Queue: b,
+		Log: slog.New(slog.NewTextHandler(testWriter{t}, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	bad, err := s.HandleReady(ctx, readyFor("t-huge-name", "precondition_verification"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	good, err := s.HandleReady(ctx, readyFor("t-after-huge-name", "tool_fails_often"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := startRoleWith(t, b, s)
+	defer r.stop()
+
+	huge := succeeded(t, st, bad.JobID, t.TempDir(), 1)
+	huge.Schema, huge.Adapter.Name = schemas.TrainingEventSchema, poisonName()
+	data, err := json.Marshal(huge) // as a trainer sends it: Encode would refuse it
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.JS.Publish(ctx, schemas.TrainingEventsSubject(bad.JobID), data); err != nil {
+		t.Fatal(err)
+	}
+	seq := int64(1)
+	if err := b.PublishTrainingEvent(ctx, &schemas.TrainingEvent{Schema: schemas.TrainingEventSchema, JobID: good.JobID, Type: schemas.EventStarted,
+		At: time.Now().UTC(), Seq: &seq}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the next job's event", 30*time.Second, func() bool {
+		j, err := st.TrainingJob(ctx, good.JobID)
+		return err == nil && j != nil && j.Status == adapter.StatusRunning
+	})
+	waitFor(t, "the event recorded", 30*time.Second, func() bool {
+		return historyEntry(t, st, bad.JobID, "malformed") != nil || historyEntry(t, st, bad.JobID, "rejected") != nil
+	})
+	e := historyEntry(t, st, bad.JobID, "malformed")
+	if e == nil || !strings.Contains(e.Payload, "/adapter/name") {
+		t.Fatalf("the event with a huge adapter name is not malformed (naming /adapter/name): %v", historyTypesOf(t, st, bad.JobID))
+	}
+	if j, _ := st.TrainingJob(ctx, bad.JobID); j.Status != adapter.StatusPlanned {
+		t.Errorf("the job of the malformed event is %s, want it unchanged (PLANNED)", j.Status)
+	}
+}
+
+func historyTypesOf(t *testing.T, st *sink.Store, jobID string) []string {
+	t.Helper()
+	ts, _ := historyTypes(t, st, jobID)
+	return ts
 }

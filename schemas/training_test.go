@@ -72,6 +72,11 @@ func TestTrainingEventRules(t *testing.T) {
 		{JobID: id, Type: EventProgress, At: time.Now(), Iteration: &it, MeanReward: &r, RewardStd: &s},
 		{JobID: id, Type: EventSucceeded, At: time.Now(), Adapter: &EventAdapter{Name: "a", URI: "file:///a"}, Eval: &EvalMetrics{MeanReward: 0.7, SuccessRate: 0.5, Episodes: 200}},
 		{JobID: id, Type: EventFailed, At: time.Now(), Reason: "CUDA out of memory"},
+		// The longest identifiers taken: a name as long as a job's
+		// output.adapter_name may be, a URI of PATH_MAX, a worker naming a
+		// host of DNS's longest name.
+		{JobID: id, Type: EventSucceeded, At: time.Now(), Worker: "trace-trainer@" + strings.Repeat("h", 498),
+			Adapter: &EventAdapter{Name: strings.Repeat("n", 128), URI: "file:///" + strings.Repeat("u", 4096-8)}, Eval: &EvalMetrics{MeanReward: 0.7, SuccessRate: 0.5, Episodes: 200}},
 	}
 	for _, e := range ok {
 		data, err := e.Encode()
@@ -89,6 +94,10 @@ func TestTrainingEventRules(t *testing.T) {
 		{"unknown type", `{"schema":"training_event/v1","job_id":"` + id + `","type":"paused","at":"2026-12-01T10:00:00Z"}`, "/type"},
 		{"unknown field", `{"schema":"training_event/v1","job_id":"` + id + `","type":"started","at":"2026-12-01T10:00:00Z","gpu":1}`, ""},
 		{"bad job id", `{"schema":"training_event/v1","job_id":"j1","type":"started","at":"2026-12-01T10:00:00Z"}`, "/job_id"},
+		{"adapter name too long", succeededWith(id, strings.Repeat("n", 129), "file:///a", "w"), "/adapter/name"},
+		{"adapter name of 300 KiB", succeededWith(id, strings.Repeat("n", 300<<10), "file:///a", "w"), "/adapter/name"},
+		{"adapter uri too long", succeededWith(id, "a", "file:///"+strings.Repeat("u", 4096-7), "w"), "/adapter/uri"},
+		{"worker too long", succeededWith(id, "a", "file:///a", strings.Repeat("w", 513)), "/worker"},
 	}
 	for _, tt := range bad {
 		_, err := DecodeTrainingEvent([]byte(tt.json))
@@ -97,4 +106,10 @@ func TestTrainingEventRules(t *testing.T) {
 			t.Errorf("%s: got %v", tt.name, err)
 		}
 	}
+}
+
+// succeededWith is a succeeded event's JSON with these identifiers.
+func succeededWith(jobID, name, uri, worker string) string {
+	return `{"schema":"training_event/v1","job_id":"` + jobID + `","type":"succeeded","at":"2026-12-01T10:00:00Z","worker":"` + worker +
+		`","adapter":{"name":"` + name + `","uri":"` + uri + `"},"eval":{"mean_reward":0.7,"success_rate":0.5,"episodes":200}}`
 }
