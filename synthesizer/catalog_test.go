@@ -62,24 +62,7 @@ func TestCatalogServesDoneEnvironments(t *testing.T) {
 		t.Errorf("Open(unknown) = %v, want ErrNotFound", err)
 	}
 
-	srv, err := envserver.New(envserver.DefaultConfig(), envserver.Options{Catalog: cat})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Close(ctx)
-	hs := httptest.NewServer(srv.Handler())
-	defer hs.Close()
-	get := func(method, path, body string) (int, string) {
-		req, _ := http.NewRequestWithContext(ctx, method, hs.URL+path, strings.NewReader(body))
-		req.Header.Set("Content-Type", "application/json")
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		return resp.StatusCode, string(b)
-	}
+	get := serveCatalog(t, envserver.Options{Catalog: cat})
 	if code, body := get("GET", "/v1/environments", ""); code != 200 || !strings.Contains(body, done.ID) || strings.Contains(body, failed.ID) {
 		t.Errorf("GET /v1/environments = %d %s", code, body)
 	}
@@ -145,24 +128,7 @@ func TestCatalogSkipsUnreadableRows(t *testing.T) {
 		t.Fatalf("logged %q, want one warning naming %s and its column", logs.String(), badList.ID)
 	}
 
-	srv, err := envserver.New(envserver.DefaultConfig(), envserver.Options{Catalog: cat, Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Close(ctx)
-	hs := httptest.NewServer(srv.Handler())
-	defer hs.Close()
-	do := func(method, path, body string) (int, string) {
-		req, _ := http.NewRequestWithContext(ctx, method, hs.URL+path, strings.NewReader(body))
-		req.Header.Set("Content-Type", "application/json")
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		return resp.StatusCode, string(b)
-	}
+	do := serveCatalog(t, envserver.Options{Catalog: cat, Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if code, body := do("GET", "/v1/environments", ""); code != 200 || !strings.Contains(body, done.ID) || strings.Contains(body, badList.ID) {
 		t.Errorf("GET /v1/environments = %d %s, want %s listed and not %s", code, body, done.ID, badList.ID)
 	}
@@ -205,25 +171,8 @@ func TestCatalogFailedOpenIsCached(t *testing.T) {
 	bad.ID, bad.TriggerID = fmt.Sprintf("env-badopen-%d", time.Now().UnixNano()), "trig-badopen"
 	saveCorrupt(t, st, bad, func(r *sink.EnvironmentRow) { r.AttemptsJSON = `[{"n": "one"` })
 	store := &loadCounter{CatalogStore: st}
-	srv, err := envserver.New(envserver.DefaultConfig(), envserver.Options{Catalog: Catalog{Store: store},
+	do := serveCatalog(t, envserver.Options{Catalog: Catalog{Store: store},
 		Log: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Close(ctx)
-	hs := httptest.NewServer(srv.Handler())
-	defer hs.Close()
-	do := func(method, path, body string) (int, string) {
-		req, _ := http.NewRequestWithContext(ctx, method, hs.URL+path, strings.NewReader(body))
-		req.Header.Set("Content-Type", "application/json")
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		return resp.StatusCode, string(b)
-	}
 	for i := range 10 {
 		if code, body := do("POST", "/v1/environments/"+bad.ID+"/reset", `{"seed": 3}`); code != http.StatusServiceUnavailable || !strings.Contains(body, "FACTORY_ERROR") || !strings.Contains(body, "attempts_json") {
 			t.Fatalf("reset %d of the environment whose record does not decode = %d %s, want 503 FACTORY_ERROR naming the column", i, code, body)
@@ -251,5 +200,31 @@ func TestCatalogFailedOpenIsCached(t *testing.T) {
 	}
 	if code, body := do("POST", "/v1/environments/"+bad.ID+"/reset", `{"seed": 3}`); code != 200 || !strings.Contains(body, `"observation"`) {
 		t.Errorf("reset of the fixed environment = %d %s, want 200", code, body)
+	}
+}
+
+// serveCatalog serves an environment server with opts (closed when t
+// ends) and returns a function doing one JSON request on it: its status
+// and body.
+func serveCatalog(t *testing.T, opts envserver.Options) func(method, path, body string) (int, string) {
+	t.Helper()
+	srv, err := envserver.New(envserver.DefaultConfig(), opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { srv.Close(context.Background()) })
+	hs := httptest.NewServer(srv.Handler())
+	t.Cleanup(hs.Close)
+	return func(method, path, body string) (int, string) {
+		t.Helper()
+		req, _ := http.NewRequest(method, hs.URL+path, strings.NewReader(body))
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
 	}
 }
