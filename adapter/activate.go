@@ -84,13 +84,11 @@ func (s *Stage) RunActivations(ctx context.Context, cons jetstream.Consumer) err
 func (s *Stage) recordActivationFailed(ctx context.Context, jobID, name string, cause error, deliveries uint64) error {
 	s.cfg.Log.Error("adapter: activation request given up on (recorded as activation_failed)", "job", jobID, "adapter", truncate(name, 256),
 		"deliveries", deliveries, "err", truncate(cause.Error(), 2048))
-	now := s.cfg.Now().UTC()
 	payload, err := json.Marshal(map[string]any{"adapter": truncate(name, 1024), "error": truncate(cause.Error(), 2048), "deliveries": deliveries})
 	if err != nil {
 		return err
 	}
-	return s.cfg.Store.InsertTrainingEvents(ctx, []sink.TrainingEventRow{{JobID: jobID, Key: "trace:activate", Type: "activation_failed",
-		At: now, Iteration: -1, Payload: string(payload), ReceivedAt: now}})
+	return s.RecordNote(ctx, jobID, "trace:activate", "activation_failed", payload)
 }
 
 // inProgress tells JetStream every interval that m is still being worked
