@@ -55,15 +55,15 @@ func (s *Stage) RunReady(ctx context.Context, cons jetstream.Consumer) error {
 // recorded (ClickHouse away) is retried too, never dropped.
 func (s *Stage) RunEvents(ctx context.Context, cons jetstream.Consumer) error {
 	return consume(ctx, cons, s, handlerBound, func(hctx context.Context, m jetstream.Msg) error {
-		e, jobID, key, err := eventOf(m)
+		e, jobID, key, deadline, err := eventOf(m)
 		if err != nil {
 			if rerr := s.RecordMalformed(hctx, jobID, key, m.Data(), err); rerr != nil {
 				return rerr
 			}
 			return m.Ack()
 		}
-		if job, deadline, ok := deadlineOf(m.Headers().Get(jetstream.MsgIDHeader)); ok && job == e.JobID && e.Type == schemas.EventFailed {
-			if _, err := s.handleEvent(hctx, e, key, m.Data(), &deadline); err != nil {
+		if deadline != nil {
+			if _, err := s.handleEvent(hctx, e, key, m.Data(), deadline); err != nil {
 				return err
 			}
 			return m.Ack()
@@ -77,7 +77,7 @@ func (s *Stage) RunEvents(ctx context.Context, cons jetstream.Consumer) error {
 		}
 		return m.Ack()
 	}, func(hctx context.Context, m jetstream.Msg, cause error, deliveries uint64) error {
-		_, jobID, key, _ := eventOf(m)
+		_, jobID, key, _, _ := eventOf(m)
 		var ar *activationRequestError
 		if errors.As(cause, &ar) { // the event was applied: only the activation is given up on
 			return s.recordActivationFailed(hctx, jobID, ar.adapter, cause, deliveries)
@@ -88,9 +88,10 @@ func (s *Stage) RunEvents(ctx context.Context, cons jetstream.Consumer) error {
 
 // eventOf decodes an event message: the event, its job (the subject's when
 // the event does not decode) and its key in the job's history (seq:<seq>,
-// else js:<stream sequence>; trace:deadline for a deadline's failure). err
-// says why a message is malformed.
-func eventOf(m jetstream.Msg) (e *schemas.TrainingEvent, jobID, key string, err error) {
+// else js:<stream sequence>; trace:deadline for a deadline's failure) and,
+// for a deadline's failure (Msg-Id DeadlineMsgID), that deadline. err says
+// why a message is malformed.
+func eventOf(m jetstream.Msg) (e *schemas.TrainingEvent, jobID, key string, deadline *time.Time, err error) {
 	jobID = strings.TrimPrefix(m.Subject(), schemas.SubjectTrainingEvents+".")
 	key = "js:0"
 	if md, err := m.Metadata(); err == nil {
@@ -101,15 +102,15 @@ func eventOf(m jetstream.Msg) (e *schemas.TrainingEvent, jobID, key string, err 
 		err = errors.New("job_id " + e.JobID + " is not the subject's")
 	}
 	if err != nil {
-		return nil, jobID, key, err
+		return nil, jobID, key, nil, err
 	}
 	if e.Seq != nil {
 		key = "seq:" + strconv.FormatInt(*e.Seq, 10)
 	}
-	if job, _, ok := deadlineOf(m.Headers().Get(jetstream.MsgIDHeader)); ok && job == e.JobID && e.Type == schemas.EventFailed {
-		key = "trace:deadline"
+	if job, at, ok := deadlineOf(m.Headers().Get(jetstream.MsgIDHeader)); ok && job == e.JobID && e.Type == schemas.EventFailed {
+		key, deadline = "trace:deadline", &at
 	}
-	return e, e.JobID, key, nil
+	return e, e.JobID, key, deadline, nil
 }
 
 // recordRejected records, in its job's history and in its place (the same
