@@ -43,17 +43,8 @@ func loads(srv *llmtest.Server, name string) int {
 // historyCount counts a job's history entries of type typ.
 func historyCount(t *testing.T, st *sink.Store, jobID, typ string) int {
 	t.Helper()
-	evs, err := st.TrainingEvents(context.Background(), jobID)
-	if err != nil {
-		t.Fatal(err)
-	}
-	n := 0
-	for _, e := range evs {
-		if e.Type == typ {
-			n++
-		}
-	}
-	return n
+	types, _ := historyTypes(t, st, jobID)
+	return count(types, typ)
 }
 
 // TestSlowActivationDoesNotHoldUpEvents: two replicas of the adapt role
