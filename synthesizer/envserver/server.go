@@ -314,17 +314,28 @@ func (s *Server) notFound(id string) {
 	now := time.Now()
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if len(s.missing) >= 1024 { // ids asked for at random: keep the map small
-		for k, until := range s.missing {
-			if now.After(until) {
-				delete(s.missing, k)
-			}
-		}
-		if len(s.missing) >= 1024 {
-			return
+	// ids asked for at random: keep the map small
+	if roomFor(s.missing, id, now, func(until time.Time) time.Time { return until }) {
+		s.missing[id] = now.Add(notFoundTTL)
+	}
+}
+
+// maxKept bounds the ids the server keeps an answer for (Server.missing,
+// Server.failed).
+const maxKept = 1024
+
+// roomFor reports whether m may hold key: it does already, or it holds
+// fewer than maxKept once the entries whose until has passed are dropped.
+func roomFor[V any](m map[string]V, key string, now time.Time, until func(V) time.Time) bool {
+	if _, ok := m[key]; ok || len(m) < maxKept {
+		return true
+	}
+	for k, v := range m {
+		if now.After(until(v)) {
+			delete(m, k)
 		}
 	}
-	s.missing[id] = now.Add(notFoundTTL)
+	return len(m) < maxKept
 }
 
 // openFailed keeps err, opening version of environment id, for failedTTL
@@ -335,14 +346,7 @@ func (s *Server) openFailed(id string, version uint64, err error) error {
 	f := &openFailure{err: err, version: version, until: now.Add(failedTTL)}
 	s.mu.Lock()
 	prev := s.failed[id]
-	if prev == nil && len(s.failed) >= 1024 { // keep the map small
-		for k, old := range s.failed {
-			if now.After(old.until) {
-				delete(s.failed, k)
-			}
-		}
-	}
-	if prev != nil || len(s.failed) < 1024 {
+	if roomFor(s.failed, id, now, func(f *openFailure) time.Time { return f.until }) {
 		s.failed[id] = f
 	}
 	s.mu.Unlock()
