@@ -43,26 +43,16 @@ func TestRouteRoleDrainsAndRecords(t *testing.T) {
 // the response of one streaming request, whose adapter header it checks.
 func startStreamingRoute(t *testing.T, chunks []string, interval, drain time.Duration) (*app.App, func() error, config.Config, *http.Response) {
 	t.Helper()
-	ch := testenv.ClickHouse(t)
-	w := newWorld(t, ch.Addr, 1)
-	up := llmtest.New(t)
-	up.Handle(func(req llmtest.Request) llmtest.Reply {
+	a, stop, cfg, _ := startRoute(t, func(req llmtest.Request) llmtest.Reply {
 		if req.Chat.Logprobs {
 			return llmtest.Classification(map[string]float64{"A": 0.8, "B": 0.2})
 		}
 		return llmtest.Reply{Stream: &llmtest.Stream{Chunks: chunks, Interval: interval}}
+	}, func(cfg *config.Config) {
+		if drain > 0 {
+			cfg.Router.DrainTimeout = drain
+		}
 	})
-	cfg := withRoles(w.cfg, "route")
-	cfg.Router.Addr, cfg.Router.UpstreamURL, cfg.Router.BaseModel, cfg.Router.DefaultEnvironment = "127.0.0.1:0", up.URL, "base", "sim-airline"
-	if drain > 0 {
-		cfg.Router.DrainTimeout = drain
-	}
-	a, stop := w.start(t, cfg)
-	<-a.Ready()
-	if err := a.Store.SaveAdapter(context.Background(), sink.AdapterRow{Name: "lora-1", Capability: "precondition_verification",
-		Environment: "sim-airline", Status: "active", Version: 1}); err != nil {
-		t.Fatal(err)
-	}
 	resp, err := http.Post("http://"+a.RouterAddr()+"/v1/chat/completions", "application/json",
 		strings.NewReader(`{"stream":true,"messages":[{"role":"user","content":"check the fare rules first"}]}`))
 	if err != nil {
@@ -73,6 +63,30 @@ func startStreamingRoute(t *testing.T, chunks []string, interval, drain time.Dur
 		t.Fatalf("adapter header %q", resp.Header.Get(router.HeaderAdapter))
 	}
 	return a, stop, cfg, resp
+}
+
+// startRoute starts the route role in front of an upstream answering
+// handle (edit, when set, adjusts the configuration), with lora-1 active
+// for sim-airline's precondition_verification (label A); it returns the
+// app, its stop, the configuration and the upstream.
+func startRoute(t *testing.T, handle llmtest.Handler, edit func(*config.Config)) (*app.App, func() error, config.Config, *llmtest.Server) {
+	t.Helper()
+	ch := testenv.ClickHouse(t)
+	w := newWorld(t, ch.Addr, 1)
+	up := llmtest.New(t)
+	up.Handle(handle)
+	cfg := withRoles(w.cfg, "route")
+	cfg.Router.Addr, cfg.Router.UpstreamURL, cfg.Router.BaseModel, cfg.Router.DefaultEnvironment = "127.0.0.1:0", up.URL, "base", "sim-airline"
+	if edit != nil {
+		edit(&cfg)
+	}
+	a, stop := w.start(t, cfg)
+	<-a.Ready()
+	if err := a.Store.SaveAdapter(context.Background(), sink.AdapterRow{Name: "lora-1", Capability: "precondition_verification",
+		Environment: "sim-airline", Status: "active", Version: 1}); err != nil {
+		t.Fatal(err)
+	}
+	return a, stop, cfg, up
 }
 
 // routeDecisions reads sim-airline's route_decisions through a new store
@@ -235,11 +249,8 @@ func TestRouteRoleRecordsRequestsCutAtShutdown(t *testing.T) {
 // llm_calls: the audit writer's last flush comes after the roles that
 // call the LLM have stopped.
 func TestRouteRoleAuditsCallsInFlightAtShutdown(t *testing.T) {
-	ch := testenv.ClickHouse(t)
-	w := newWorld(t, ch.Addr, 1)
-	up := llmtest.New(t)
 	classifying := make(chan struct{}, 1)
-	up.Handle(func(req llmtest.Request) llmtest.Reply {
+	a, stop, cfg, _ := startRoute(t, func(req llmtest.Request) llmtest.Reply {
 		if req.Chat.Logprobs {
 			select {
 			case classifying <- struct{}{}:
@@ -248,15 +259,7 @@ func TestRouteRoleAuditsCallsInFlightAtShutdown(t *testing.T) {
 			return llmtest.Slow(time.Second, llmtest.Classification(map[string]float64{"A": 0.8, "B": 0.2}))
 		}
 		return llmtest.Text("ok")
-	})
-	cfg := withRoles(w.cfg, "route")
-	cfg.Router.Addr, cfg.Router.UpstreamURL, cfg.Router.BaseModel, cfg.Router.DefaultEnvironment = "127.0.0.1:0", up.URL, "base", "sim-airline"
-	a, stop := w.start(t, cfg)
-	<-a.Ready()
-	if err := a.Store.SaveAdapter(context.Background(), sink.AdapterRow{Name: "lora-1", Capability: "precondition_verification",
-		Environment: "sim-airline", Status: "active", Version: 1}); err != nil {
-		t.Fatal(err)
-	}
+	}, nil)
 	answered := make(chan error, 1)
 	go func() {
 		resp, err := http.Post("http://"+a.RouterAddr()+"/v1/chat/completions", "application/json",
@@ -285,10 +288,7 @@ func TestRouteRoleAuditsCallsInFlightAtShutdown(t *testing.T) {
 // thinking) classifies and the conversation goes to its adapter; the
 // answer's own request gets none of it.
 func TestRouteRoleClassifierExtraBody(t *testing.T) {
-	ch := testenv.ClickHouse(t)
-	w := newWorld(t, ch.Addr, 1)
-	up := llmtest.New(t)
-	up.Handle(func(req llmtest.Request) llmtest.Reply {
+	a, stop, _, up := startRoute(t, func(req llmtest.Request) llmtest.Reply {
 		if !req.Chat.Logprobs {
 			return llmtest.Text("ok")
 		}
@@ -296,16 +296,9 @@ func TestRouteRoleClassifierExtraBody(t *testing.T) {
 			return llmtest.Reply{Content: "<think>", FinishReason: "length", Logprobs: []llmtest.Logprob{{Token: "<think>", Logprob: -0.001}}}
 		}
 		return llmtest.Classification(map[string]float64{"A": 0.8, "B": 0.2})
+	}, func(cfg *config.Config) {
+		cfg.Router.ClassifierExtraBody = `{"chat_template_kwargs": {"enable_thinking": false}}` // as from --set or the environment
 	})
-	cfg := withRoles(w.cfg, "route")
-	cfg.Router.Addr, cfg.Router.UpstreamURL, cfg.Router.BaseModel, cfg.Router.DefaultEnvironment = "127.0.0.1:0", up.URL, "base", "sim-airline"
-	cfg.Router.ClassifierExtraBody = `{"chat_template_kwargs": {"enable_thinking": false}}` // as from --set or the environment
-	a, stop := w.start(t, cfg)
-	<-a.Ready()
-	if err := a.Store.SaveAdapter(context.Background(), sink.AdapterRow{Name: "lora-1", Capability: "precondition_verification",
-		Environment: "sim-airline", Status: "active", Version: 1}); err != nil {
-		t.Fatal(err)
-	}
 	resp, err := http.Post("http://"+a.RouterAddr()+"/v1/chat/completions", "application/json",
 		strings.NewReader(`{"messages":[{"role":"user","content":"check the fare rules first"}]}`))
 	if err != nil {
