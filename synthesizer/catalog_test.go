@@ -203,6 +203,63 @@ func TestCatalogFailedOpenIsCached(t *testing.T) {
 	}
 }
 
+// listCounter is the catalog's store (trace's CatalogStore over the real
+// ClickHouse) counting its listings.
+type listCounter struct {
+	CatalogStore
+	lists atomic.Int32
+}
+
+func (c *listCounter) List(ctx context.Context, f sink.EnvironmentFilter) ([]*Environment, error) {
+	c.lists.Add(1)
+	return c.CatalogStore.List(ctx, f)
+}
+
+// TestCatalogFailedListingIsCached: with ClickHouse away, GET
+// /v1/environments and the requests for an environment not open yet are
+// answered 503 with the reason from one listing, logged as an error once.
+func TestCatalogFailedListingIsCached(t *testing.T) {
+	ch := testenv.OwnClickHouse(t)
+	ctx := context.Background()
+	rows, err := sink.Open(ctx, sink.Config{Addr: []string{ch.Addr()}, Database: "trace_catalog"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { rows.Close() })
+	if err := rows.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	st := SinkStore{Rows: rows, Log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	done := sampleEnvironment()
+	if err := st.SaveEnvironment(ctx, done); err != nil {
+		t.Fatal(err)
+	}
+	store := &listCounter{CatalogStore: st}
+	var logs testenv.SyncBuffer
+	do := serveCatalog(t, envserver.Options{Catalog: Catalog{Store: store},
+		Log: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))})
+	if code, body := do("GET", "/v1/environments", ""); code != 200 || !strings.Contains(body, done.ID) {
+		t.Fatalf("GET /v1/environments = %d %s", code, body)
+	}
+	if err := ch.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 5 {
+		if code, body := do("GET", "/v1/environments", ""); code != http.StatusServiceUnavailable || !strings.Contains(body, "synthesizer catalog: list") {
+			t.Fatalf("GET /v1/environments %d with ClickHouse away = %d %s, want 503 with the reason", i, code, body)
+		}
+		if code, body := do("POST", "/v1/environments/"+done.ID+"/reset", `{"seed": 3}`); code != http.StatusServiceUnavailable || !strings.Contains(body, "FACTORY_ERROR") || !strings.Contains(body, "synthesizer catalog: list") {
+			t.Fatalf("reset %d with ClickHouse away = %d %s, want 503 FACTORY_ERROR with the reason", i, code, body)
+		}
+	}
+	if n := store.lists.Load(); n != 2 {
+		t.Errorf("one listing, then 10 requests with ClickHouse away: listed %d times, want 2", n)
+	}
+	if n := strings.Count(logs.String(), "level=ERROR"); n != 1 {
+		t.Errorf("logged %d errors for one failed listing, want 1:\n%s", n, logs.String())
+	}
+}
+
 // serveCatalog serves an environment server with opts (closed when t
 // ends) and returns a function doing one JSON request on it: its status
 // and body.

@@ -257,3 +257,71 @@ func TestFailedOpenExpires(t *testing.T) {
 		t.Fatalf("a once it opens: %v", err)
 	}
 }
+
+// listFailCatalog is gateCatalog whose List fails until ok is set.
+type listFailCatalog struct {
+	gateCatalog
+	ok atomic.Bool
+}
+
+func (c *listFailCatalog) List(ctx context.Context) ([]Entry, error) {
+	if !c.ok.Load() {
+		c.lists.Add(1)
+		return nil, errors.New("dial tcp: connection refused")
+	}
+	return c.gateCatalog.List(ctx)
+}
+
+// TestFailedListingExpires: a failed listing is answered, to the listing
+// and to the requests for an environment not open yet, without asking the
+// catalog until the entry expires, logged as an error once each time the
+// catalog was asked; once the catalog lists, the environment is served.
+func TestFailedListingExpires(t *testing.T) {
+	env, err := envprog.Load(context.Background(), examples.PreconditionAirlineName, examples.PreconditionAirline, envprog.Limits{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer env.Close()
+	var logs testenv.SyncBuffer
+	cat := &listFailCatalog{gateCatalog: gateCatalog{env: env, ids: []string{"a"}}}
+	srv, err := New(DefaultConfig(), Options{Catalog: cat, Log: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close(context.Background())
+	ctx := context.Background()
+	for range 3 {
+		if _, err := srv.environment(ctx, "a"); err == nil || errors.Is(err, ErrNotFound) || !strings.Contains(err.Error(), "connection refused") {
+			t.Fatalf("a: %v, want the listing's failure", err)
+		}
+		if _, err := srv.list(ctx); err == nil || !strings.Contains(err.Error(), "connection refused") {
+			t.Fatalf("list: %v, want its failure", err)
+		}
+	}
+	if n := cat.lists.Load(); n != 1 {
+		t.Fatalf("six asks listed the catalog %d times, want 1", n)
+	}
+	expire := func() {
+		srv.mu.Lock()
+		srv.listFailed.until = time.Now().Add(-time.Second)
+		srv.mu.Unlock()
+	}
+	expire()
+	if _, err := srv.environment(ctx, "a"); err == nil {
+		t.Fatal("a, the listing failing again: no error")
+	}
+	if n := cat.lists.Load(); n != 2 {
+		t.Fatalf("listed %d times after the entry expired, want 2", n)
+	}
+	if n := strings.Count(logs.String(), "level=ERROR"); n != 2 {
+		t.Errorf("logged %d errors for two listings that failed, want 2:\n%s", n, logs.String())
+	}
+	cat.ok.Store(true)
+	expire()
+	if _, err := srv.environment(ctx, "a"); err != nil {
+		t.Fatalf("a once the catalog lists: %v", err)
+	}
+	if srv.listFailed != nil {
+		t.Error("a listing that succeeded left the failure kept")
+	}
+}

@@ -73,8 +73,22 @@ type Server struct {
 	missing map[string]time.Time
 	// failed holds the environments whose last open failed (failedTTL).
 	failed map[string]*openFailure
-	closed bool
+	// listFailed is the catalog's last listing when it failed, answered
+	// without asking the catalog again until its until (failedTTL).
+	listFailed *listFailure
+	closed     bool
 }
+
+// listFailure is a failed listing of the catalog (the registry's
+// ClickHouse away): GET /v1/environments, and the requests for an
+// environment not open yet, are answered with it until until.
+type listFailure struct {
+	err   error
+	until time.Time
+}
+
+func (f *listFailure) Error() string { return f.err.Error() }
+func (f *listFailure) Unwrap() error { return f.err }
 
 // openFailure is an environment's failed open: answered as it is, without
 // asking the catalog again, until until, or until a listing shows another
@@ -99,8 +113,8 @@ const catalogTimeout = 30 * time.Second
 const notFoundTTL = 5 * time.Second
 
 // failedTTL is how long an environment that failed to open (its record
-// does not decode, its program does not load) is answered 503 without
-// asking the catalog again.
+// does not decode, its program does not load), or a failed listing of the
+// catalog, is answered 503 without asking the catalog again.
 const failedTTL = notFoundTTL
 
 // New returns a server; it starts the idle reaper and the episode recorder.
@@ -271,9 +285,9 @@ func (s *Server) load(id string) (*served, error) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), s.catalogTimeout)
 	defer cancel()
-	entries, err := s.cat.List(ctx)
+	entries, err := s.list(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("envserver: catalog: %w", err)
+		return nil, err
 	}
 	var entry *Entry
 	for i := range entries {
@@ -307,6 +321,37 @@ func (s *Server) load(id string) (*served, error) {
 	}
 	s.envs[id] = e
 	return e, nil
+}
+
+// list lists the catalog. A failed listing is kept for failedTTL and
+// answered meanwhile without asking the catalog (a trainer fleet polling
+// GET /v1/environments while ClickHouse is away): logged as an error when
+// the catalog was asked, at debug level when answered from it. A listing
+// given up by its caller (gone away) is not kept.
+func (s *Server) list(ctx context.Context) ([]Entry, error) {
+	s.mu.Lock()
+	f := s.listFailed
+	s.mu.Unlock()
+	if f != nil && time.Now().Before(f.until) {
+		s.log.Debug("env server: list environments (failed before, retried after a while)", "err", f.err)
+		return nil, f
+	}
+	entries, err := s.cat.List(ctx)
+	if err != nil && errors.Is(ctx.Err(), context.Canceled) {
+		return nil, fmt.Errorf("envserver: catalog: %w", err)
+	}
+	if err != nil {
+		f := &listFailure{err: fmt.Errorf("envserver: catalog: %w", err), until: time.Now().Add(failedTTL)}
+		s.mu.Lock()
+		s.listFailed = f
+		s.mu.Unlock()
+		s.log.Error("env server: list environments", "err", f.err, "retry_after", failedTTL)
+		return nil, f
+	}
+	s.mu.Lock()
+	s.listFailed = nil
+	s.mu.Unlock()
+	return entries, nil
 }
 
 // notFound keeps the catalog's answer that id is unknown for notFoundTTL.
@@ -408,7 +453,7 @@ func (s *Server) withEnv(h func(http.ResponseWriter, *http.Request, *served)) ht
 			writeJSON(w, http.StatusNotFound, map[string]string{"detail": fmt.Sprintf("no environment %q (GET /v1/environments lists them)", id)})
 			return
 		case err != nil:
-			if f := (*openFailure)(nil); !errors.As(err, &f) { // openFailed logged it
+			if f, lf := (*openFailure)(nil), (*listFailure)(nil); !errors.As(err, &f) && !errors.As(err, &lf) { // openFailed, list logged it
 				s.log.Error("env server: open environment", "environment", id, "err", err)
 			}
 			writeJSON(w, http.StatusServiceUnavailable, map[string]string{"detail": err.Error(), "code": "FACTORY_ERROR"})
@@ -421,7 +466,7 @@ func (s *Server) withEnv(h func(http.ResponseWriter, *http.Request, *served)) ht
 func (s *Server) listEnvironments(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := context.WithTimeout(r.Context(), s.catalogTimeout)
 	defer cancel()
-	entries, err := s.cat.List(ctx)
+	entries, err := s.list(ctx)
 	if err != nil {
 		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"detail": err.Error()})
 		return
