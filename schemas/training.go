@@ -216,6 +216,12 @@ type TrainingEvent struct {
 	Reason     string        `json:"reason,omitempty"`
 }
 
+// MaxAdapterURI bounds an adapter's URI, in characters (PATH_MAX for a
+// local path): a job's output.uri (training_job/v1) and a succeeded
+// event's adapter.uri (training_event/v1) carry it as their maxLength, so
+// that a trainer can always report where it wrote what it was asked to.
+const MaxAdapterURI = 4096
+
 // EventAdapter is the adapter a succeeded job wrote.
 type EventAdapter struct {
 	Name string `json:"name"`

@@ -41,6 +41,9 @@ func TestTrainingJobRejects(t *testing.T) {
 		{"events subject of another job", "/report/events_subject", func(m map[string]any) {
 			m["report"].(map[string]any)["events_subject"] = "trace.training.events.job-0000000000000000"
 		}},
+		{"output uri longer than a success may report", "/output/uri", func(m map[string]any) {
+			m["output"].(map[string]any)["uri"] = "file:///" + strings.Repeat("u", MaxAdapterURI-7)
+		}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -112,4 +115,47 @@ func TestTrainingEventRules(t *testing.T) {
 func succeededWith(jobID, name, uri, worker string) string {
 	return `{"schema":"training_event/v1","job_id":"` + jobID + `","type":"succeeded","at":"2026-12-01T10:00:00Z","worker":"` + worker +
 		`","adapter":{"name":"` + name + `","uri":"` + uri + `"},"eval":{"mean_reward":0.7,"success_rate":0.5,"episodes":200}}`
+}
+
+// TestJobOutputFitsItsSuccess: the longest output.uri a job may carry is
+// one its trainer's succeeded event may report back (both schemas bound
+// it by MaxAdapterURI): a job whose success could never be applied is
+// not sent.
+func TestJobOutputFitsItsSuccess(t *testing.T) {
+	for _, k := range []struct {
+		kind Kind
+		path []string
+	}{
+		{KindTrainingJob, []string{"properties", "output", "properties", "uri", "maxLength"}},
+		{KindTrainingEvent, []string{"properties", "adapter", "properties", "uri", "maxLength"}},
+	} {
+		src, err := Source(k.kind)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var v any
+		if err := json.Unmarshal(src, &v); err != nil {
+			t.Fatal(err)
+		}
+		for _, p := range k.path {
+			v, _ = v.(map[string]any)[p]
+		}
+		if v != float64(MaxAdapterURI) {
+			t.Errorf("%s: %s = %v, want MaxAdapterURI (%d)", k.kind, strings.Join(k.path, "/"), v, MaxAdapterURI)
+		}
+	}
+	j := sampleJob()
+	j.Output.URI = "file:///" + strings.Repeat("u", MaxAdapterURI-8)
+	if _, err := j.Encode(); err != nil {
+		t.Fatalf("a job whose output.uri is %d characters: %v", MaxAdapterURI, err)
+	}
+	ev := &TrainingEvent{JobID: j.JobID, Type: EventSucceeded, At: time.Now(), Adapter: &EventAdapter{Name: j.Output.AdapterName, URI: j.Output.URI},
+		Eval: &EvalMetrics{MeanReward: 0.7, SuccessRate: 0.5, Episodes: 200}}
+	if _, err := ev.Encode(); err != nil {
+		t.Fatalf("its success: %v", err)
+	}
+	j.Output.URI += "u"
+	if _, err := j.Encode(); err == nil {
+		t.Fatalf("a job whose output.uri is %d characters, more than its success may report, was encoded", MaxAdapterURI+1)
+	}
 }
