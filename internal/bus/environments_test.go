@@ -23,14 +23,21 @@ func ready(id string) *schemas.EnvironmentReady {
 		ReadyAt:     time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC)}
 }
 
-func TestEnvironmentReadyOncePerEnvironment(t *testing.T) {
-	srv := testenv.NATS(t)
-	ctx := context.Background()
-	b, err := bus.Connect(ctx, bus.Config{URL: srv.URL()}, "test")
+// connect connects a bus to a fresh embedded NATS server (closed when t
+// ends), its streams ensured.
+func connect(t *testing.T) *bus.Bus {
+	t.Helper()
+	b, err := bus.Connect(context.Background(), bus.Config{URL: testenv.NATS(t).URL()}, "test")
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer b.Close()
+	t.Cleanup(func() { b.Close() })
+	return b
+}
+
+func TestEnvironmentReadyOncePerEnvironment(t *testing.T) {
+	ctx := context.Background()
+	b := connect(t)
 	a, c := schemas.EnvironmentID("a"), schemas.EnvironmentID("c")
 	for _, id := range []string{a, a, c, a} {
 		if err := b.PublishEnvironmentReady(ctx, ready(id)); err != nil {
@@ -52,13 +59,8 @@ func TestEnvironmentReadyOncePerEnvironment(t *testing.T) {
 }
 
 func TestSynthesisConsumerGetsRequests(t *testing.T) {
-	srv := testenv.NATS(t)
 	ctx := context.Background()
-	b, err := bus.Connect(ctx, bus.Config{URL: srv.URL()}, "test")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close()
+	b := connect(t)
 	req := &schemas.SynthesisRequest{TriggerID: "trig-1", Environment: "sim-airline", AgentVersion: "1.4.0", DictionaryVersion: 1, Epoch: 1,
 		Capability: schemas.SelectedCapability{Skill: "precondition_verification", ExampleFailedCases: []string{}}, FiredAt: time.Now().UTC()}
 	if _, err := b.PublishSynthesis(ctx, req); err != nil {
@@ -94,13 +96,8 @@ func TestSynthesisConsumerGetsRequests(t *testing.T) {
 // requeued (its trigger claim does not stop it); two replicas requeueing
 // it with the same Msg-Id add one message, which carries that Msg-Id.
 func TestRequeueSynthesisOncePerMsgID(t *testing.T) {
-	srv := testenv.NATS(t)
 	ctx := context.Background()
-	b, err := bus.Connect(ctx, bus.Config{URL: srv.URL()}, "test")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close()
+	b := connect(t)
 	req := &schemas.SynthesisRequest{TriggerID: "trig-r", Environment: "sim-airline", AgentVersion: "1.4.0", DictionaryVersion: 1, Epoch: 1,
 		Capability: schemas.SelectedCapability{Skill: "precondition_verification", ExampleFailedCases: []string{}}, FiredAt: time.Now().UTC()}
 	if _, err := b.PublishSynthesis(ctx, req); err != nil {

@@ -115,11 +115,21 @@ func (b *Bus) PublishTrainingEventID(ctx context.Context, e *schemas.TrainingEve
 	if err != nil {
 		return err
 	}
+	return b.RelayTrainingEvent(ctx, e.JobID, data, msgID)
+}
+
+// RelayTrainingEvent publishes an event as it is (an event received over
+// the webhook backend's callback endpoint or a command's output, which may
+// be malformed) on the job's subject trace.training.events.<job_id> (no
+// new subject: the adapt role consumes it as any trainer's event, and
+// records a malformed one as such). msgID, when set, is the JetStream
+// Msg-Id, so a POST retried within the duplicate window is stored once.
+func (b *Bus) RelayTrainingEvent(ctx context.Context, jobID string, data []byte, msgID string) error {
 	var opts []jetstream.PublishOpt
 	if msgID != "" {
 		opts = append(opts, jetstream.WithMsgID(msgID))
 	}
-	if _, err := b.JS.Publish(ctx, schemas.TrainingEventsSubject(e.JobID), data, opts...); err != nil {
+	if _, err := b.JS.Publish(ctx, schemas.TrainingEventsSubject(jobID), data, opts...); err != nil {
 		return fmt.Errorf("nats: publish training event: %w", err)
 	}
 	return nil
