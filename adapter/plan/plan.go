@@ -311,6 +311,13 @@ func (c Config) Validate(prefix string) error {
 			errs = append(errs, fmt.Errorf("%s%s: %q is not a URL", prefix, name, u))
 			continue
 		}
+		// A job's output.uri is <output_uri>/<adapter name>, the name up
+		// to MaxAdapterName characters, and it is bounded as its
+		// success's adapter.uri is: a longer root failed every job.
+		if n := len(strings.TrimRight(u, "/")) + 1 + MaxAdapterName; name == "output_uri" && n > schemas.MaxAdapterURI {
+			errs = append(errs, fmt.Errorf("%s%s: %d characters; at most %d, so that with an adapter's name (up to %d) a job's output.uri fits in %d",
+				prefix, name, len(u), schemas.MaxAdapterURI-1-MaxAdapterName, MaxAdapterName, schemas.MaxAdapterURI))
+		}
 		// Trainers reach the environment server over OpenEnv (HTTP or
 		// WebSocket): the job's schema takes nothing else, so another
 		// scheme would fail every job's planning, not the start.
@@ -359,6 +366,10 @@ type Input struct {
 	Now       time.Time
 }
 
+// MaxAdapterName bounds an adapter's served name, as training_job/v1's
+// output.adapter_name and training_event/v1's adapter.name do.
+const MaxAdapterName = 128
+
 // AdapterName is the served name of an environment's adapter: the
 // capability and the environment id's hash part, revision-suffixed after
 // the first, lowercase (vLLM's model field).
@@ -367,8 +378,8 @@ func AdapterName(capability, environmentID string, revision int) string {
 	if revision > 1 {
 		name += fmt.Sprintf("-r%d", revision)
 	}
-	if len(name) > 128 {
-		name = name[:128]
+	if len(name) > MaxAdapterName {
+		name = name[:MaxAdapterName]
 	}
 	return name
 }

@@ -3,6 +3,7 @@ package plan
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -134,6 +135,8 @@ func TestValidateNamesTheField(t *testing.T) {
 		{"env server", func(c *Config) { c.EnvServerURL = "localhost:8090" }, "adapter.plan.env_server_url"},
 		{"env server scheme", func(c *Config) { c.EnvServerURL = "tcp://10.0.0.5:8090" }, `adapter.plan.env_server_url: "tcp://10.0.0.5:8090" is not an http, https, ws or wss URL`},
 		{"env server host", func(c *Config) { c.EnvServerURL = "http:///v1" }, "adapter.plan.env_server_url"},
+		{"output uri length", func(c *Config) { c.OutputURI = "s3://" + strings.Repeat("b", schemas.MaxAdapterURI-MaxAdapterName-5) },
+			fmt.Sprintf("adapter.plan.output_uri: %d characters; at most %d", schemas.MaxAdapterURI-MaxAdapterName, schemas.MaxAdapterURI-1-MaxAdapterName)},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			c := DefaultConfig()
@@ -146,6 +149,29 @@ func TestValidateNamesTheField(t *testing.T) {
 	}
 	if err := DefaultConfig().Validate("adapter.plan."); err != nil {
 		t.Fatalf("defaults: %v", err)
+	}
+}
+
+// TestLongestOutputURIFitsAJob: at the longest output_uri Validate admits,
+// a job whose adapter name is as long as names go still encodes (its
+// output.uri is as long as a success may report).
+func TestLongestOutputURIFitsAJob(t *testing.T) {
+	c := DefaultConfig()
+	c.OutputURI = "s3://" + strings.Repeat("b", schemas.MaxAdapterURI-MaxAdapterName-1-5) + "/"
+	if err := c.Validate("adapter.plan."); err != nil {
+		t.Fatalf("output_uri at the bound: %v", err)
+	}
+	r := ready()
+	r.Capability.Name = strings.Repeat("c", 200)
+	j, err := c.Build(Input{Ready: r, Now: now, Simulated: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(j.Output.AdapterName) != MaxAdapterName || len(j.Output.URI) != schemas.MaxAdapterURI {
+		t.Fatalf("adapter name %d, uri %d characters; want %d and %d", len(j.Output.AdapterName), len(j.Output.URI), MaxAdapterName, schemas.MaxAdapterURI)
+	}
+	if _, err := j.Encode(); err != nil {
+		t.Fatalf("the longest job: %v", err)
 	}
 }
 
