@@ -434,10 +434,12 @@ func (c Config) Validate() error {
 	if k.SASL.Mechanism != "" && k.SASL.Username == "" {
 		errs = append(errs, errors.New("kafka.sasl.username: required with a SASL mechanism"))
 	}
-	if len(c.ClickHouse.Addr) > 0 {
-		if err := c.ClickHouse.Validate(); err != nil {
-			errs = append(errs, err)
-		}
+	// The embedded server (no clickhouse.addr) takes the same settings,
+	// checked here against its address rather than after it has started.
+	ch := c.ClickHouse
+	ch.Addr = c.ClickHouseAddr()
+	if err := ch.Validate(); err != nil {
+		errs = append(errs, err)
 	}
 	if c.NATS.URL != "" && !strings.Contains(c.NATS.URL, "://") {
 		shown := c.NATS.URL

@@ -94,6 +94,12 @@ func TestValidateNamesTheField(t *testing.T) {
 		{[]string{"kafka.batch_rows=0"}, "kafka.batch_rows"},
 		{[]string{"kafka.sasl.mechanism=kerberos"}, "kafka.sasl.mechanism"},
 		{[]string{"clickhouse.addr=ch"}, "clickhouse.addr"},
+		// The embedded ClickHouse (no clickhouse.addr) takes the same
+		// settings: they fail here, not after the servers have started.
+		{[]string{"clickhouse.compression=gzip"}, "clickhouse.compression"},
+		{[]string{"clickhouse.query_timeout=-2s"}, "clickhouse.query_timeout"},
+		{[]string{"clickhouse.retention_days=-1"}, "clickhouse.retention_days"},
+		{[]string{"clickhouse.database=a-b"}, "clickhouse.database"},
 		{[]string{"nats.url=localhost"}, "nats.url"},
 		{[]string{"analyzer.rho=2"}, "rho"},
 		{[]string{"analyzer.k=11"}, "analyzer.n"},
