@@ -62,7 +62,7 @@ func (c EvalConfig) WithDefaults() EvalConfig {
 // Validate names the first bad field.
 func (c EvalConfig) Validate() error {
 	if err := (Thresholds{c.Rho, c.Delta, c.K}).Validate(); err != nil {
-		return fmt.Errorf("analyzer: %w", err)
+		return fmt.Errorf("analyzer.%w", err) // "analyzer.rho must be …"
 	}
 	switch {
 	case c.N < c.K:
