@@ -192,6 +192,10 @@ func (r Router) validate() error {
 	if r.CacheTTL < 0 {
 		bad("cache_ttl", "must not be negative, got %s", r.CacheTTL)
 	}
+	if r.CacheMax < 1 {
+		// The router would take it as its default bound, 100,000.
+		bad("cache_max", "must be at least 1, got %d (router.cache_ttl: 0 keeps no decisions)", r.CacheMax)
+	}
 	switch r.LabelConstraint {
 	case "none", "structured_outputs":
 	default:
