@@ -96,7 +96,9 @@ their cohorts.`,
 	show := &cobra.Command{
 		Use:   "show",
 		Short: "Print the stored dictionaries",
-		Args:  cobra.NoArgs,
+		Example: `  trace dict show
+  trace dict show --all --set clickhouse.addr=clickhouse:9000`,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			cfg, err := scf.load()
 			if err != nil {

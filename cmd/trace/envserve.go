@@ -72,6 +72,8 @@ With --record, finished episodes are written to ClickHouse env_episodes
 (the configured clickhouse.addr, or the embedded one of a running trace run).
 /metrics serves the Prometheus metrics. SIGTERM drains: sessions get
 SESSION_ERROR, queued episodes are written, then it exits 0.`,
+		Example: `  trace env serve example:precondition_airline
+  trace env serve --addr 0.0.0.0:8090 --token secret --record envs/*.star`,
 		Args: cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, files []string) error {
 			ctx := cmd.Context()

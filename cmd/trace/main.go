@@ -34,7 +34,7 @@ request is published on NATS JetStream.
 Start here:
   trace demo               run the whole loop on embedded servers with simulated agents
   trace select --runs ...  offline capability selection from TRACE run files
-  trace run                run the streaming roles (ingest, analyze, serve)`,
+  trace run                run the streaming roles (ingest, analyze, synthesize, adapt, serve)`,
 	SilenceUsage:  true,
 	SilenceErrors: true,
 }

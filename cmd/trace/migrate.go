@@ -18,6 +18,8 @@ func init() {
 ClickHouse database has not recorded yet. Migrations are idempotent and safe to
 run from several processes at once. Optional features (LowCardinality, ZSTD
 codecs, TTL retention) are used when the server's version has them.`,
+		Example: `  trace migrate --set clickhouse.addr=clickhouse:9000
+  trace migrate --config trace.yaml`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			cfg, err := cf.load()

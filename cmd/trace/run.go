@@ -30,7 +30,7 @@ func init() {
 	var roles []string
 	cmd := &cobra.Command{
 		Use:   "run",
-		Short: "Run the streaming roles: ingest, analyze, synthesize, serve",
+		Short: "Run the streaming roles: ingest, analyze, synthesize, adapt, serve, route",
 		Long: `run starts trace's long-running roles in one process:
 
   ingest   consume trace.rollouts, validate (invalid → trace.rollouts.dlq), store in ClickHouse
@@ -40,6 +40,10 @@ func init() {
            generation agent (llm.*) or a built-in template writes a Starlark program,
            it is validated and calibrated (synthesizer.*), recorded in ClickHouse
            environments, and announced on trace.environments.ready when DONE
+  adapt    turn each ready environment into a training job (adapter.*: nats,
+           command or webhook backend), track its trainer's events, register
+           the adapter it produces, activate adapters (adapter.auto_activate)
+           and roll back the ones the closed loop finds worse (verify.*)
   serve    the dashboard, JSON API, /metrics, /healthz and /readyz
   route    (not a default role) the router and its OpenAI-compatible proxy on
            router.addr: POST /v1/route and POST /v1/chat/completions, forwarded
@@ -91,7 +95,14 @@ SIGTERM drains every role (the batch in flight is committed) and exits 0.`,
 	printCmd := &cobra.Command{
 		Use:   "print",
 		Short: "Print the effective configuration with secrets redacted",
-		Args:  cobra.NoArgs,
+		Long: `print loads the configuration as trace run does (the YAML file, then TRACE_*
+variables, then --set flags), checks it, and prints it with secrets redacted.
+A bad value or an unknown key fails with a message naming the field, so it
+also checks a configuration before a deployment.`,
+		Example: `  trace config print
+  trace config print --config trace.yaml
+  TRACE_CLICKHOUSE__PASSWORD=secret trace config print --set kafka.brokers=k1:9092,k2:9092`,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			cfg, err := pcf.load()
 			if err != nil {
