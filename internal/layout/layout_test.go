@@ -1,8 +1,10 @@
 package layout
 
 import (
+	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -156,6 +158,52 @@ func TestPathFindsTransitiveImports(t *testing.T) {
 	}{{"...", "x", true}, {"internal/...", "internal/bus", true}, {"internal/...", "internalx", false}, {"sink", "sink", true}, {"sink", "sinks", false}} {
 		if got := matches(tt.pattern, tt.rel); got != tt.want {
 			t.Errorf("matches(%q, %q) = %v", tt.pattern, tt.rel, got)
+		}
+	}
+}
+
+var pkgName = regexp.MustCompile(`^[a-z][a-z0-9]*(/[a-z][a-z0-9]*)*$`)
+
+// TestArchitectureDocListsEveryPackage: docs/ARCHITECTURE.md's package map
+// describes every package of the module in a row of its table, and lists
+// no package that no longer exists.
+func TestArchitectureDocListsEveryPackage(t *testing.T) {
+	doc, err := os.ReadFile("../../docs/ARCHITECTURE.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	section, _, _ := strings.Cut(string(doc[strings.Index(string(doc), "## Package map"):]), "\n## ")
+	var rows []string // the first cell of each row of the table
+	for _, line := range strings.Split(section, "\n") {
+		if cells := strings.Split(line, "|"); len(cells) > 2 && strings.HasPrefix(line, "| `") {
+			rows = append(rows, cells[1])
+		}
+	}
+	described := map[string]bool{}
+	for _, row := range rows {
+		for _, name := range strings.Split(row, "`") {
+			if name = strings.TrimSuffix(strings.TrimSpace(name), "/"); pkgName.MatchString(name) {
+				described[name] = true
+			}
+		}
+	}
+	g := graph(t)
+	for pkg := range g {
+		rel, ok := strings.CutPrefix(pkg, module+"/")
+		if !ok {
+			continue
+		}
+		// A package may be described in its parent's row (verify/verifytest).
+		if !described[rel] && !strings.Contains(section, "`"+rel+"`") {
+			t.Errorf("docs/ARCHITECTURE.md's package map does not describe %s", rel)
+		}
+	}
+	for name := range described {
+		if name == "trainer" { // the Python reference trainer
+			continue
+		}
+		if _, ok := g[module+"/"+name]; !ok {
+			t.Errorf("docs/ARCHITECTURE.md's package map describes %s, which is not a package of the module", name)
 		}
 	}
 }
