@@ -441,12 +441,16 @@ func (c Config) Validate() error {
 	if err := ch.Validate(); err != nil {
 		errs = append(errs, err)
 	}
-	if c.NATS.URL != "" && !strings.Contains(c.NATS.URL, "://") {
-		shown := c.NATS.URL
-		if _, host, ok := strings.Cut(shown, "@"); ok { // user:password@host without a scheme
-			shown = "[REDACTED]@" + host
+	if err := checkNATSURL(c.NATS.URL); err != nil {
+		errs = append(errs, err)
+	}
+	for _, p := range []struct {
+		key  string
+		port int
+	}{{"embedded.clickhouse_port", c.Embedded.ClickHousePort}, {"embedded.clickhouse_http_port", c.Embedded.ClickHouseHTTPPort}, {"embedded.nats_port", c.Embedded.NATSPort}} {
+		if p.port < 1 || p.port > 65535 {
+			errs = append(errs, fmt.Errorf("%s: %d is not a TCP port (1–65535)", p.key, p.port))
 		}
-		errs = append(errs, fmt.Errorf("nats.url: %q is not a URL like nats://host:4222", shown))
 	}
 	if err := c.Analyzer.EvalConfig.WithDefaults().Validate(); err != nil {
 		errs = append(errs, err)
@@ -612,4 +616,30 @@ func defaultPlan() plan.Config {
 // role serves environments: http://<env.addr>, else http://<http.addr>.
 func (c Config) EnvServerURL() string {
 	return cmp.Or(c.Adapter.Plan.EnvServerURL, "http://"+cmp.Or(c.Env.Addr, c.HTTP.Addr))
+}
+
+// natsSchemes are the URL schemes nats.go connects with.
+var natsSchemes = []string{"nats", "tls", "ws", "wss"}
+
+// checkNATSURL checks nats.url: empty (the embedded server), or a
+// comma-separated list of server URLs (nats.go's form for a cluster), each
+// with a scheme nats.go speaks. Credentials in a URL are not shown.
+func checkNATSURL(v string) error {
+	if v == "" {
+		return nil
+	}
+	for _, u := range strings.Split(v, ",") {
+		u = strings.TrimSpace(u)
+		scheme, rest, ok := strings.Cut(u, "://")
+		shown := u
+		if _, host, ok := strings.Cut(rest, "@"); ok {
+			shown = scheme + "://[REDACTED]@" + host
+		} else if _, host, ok := strings.Cut(u, "@"); ok && !strings.Contains(u, "://") { // user:password@host without a scheme
+			shown = "[REDACTED]@" + host
+		}
+		if !ok || !slices.Contains(natsSchemes, strings.ToLower(scheme)) || rest == "" {
+			return fmt.Errorf("nats.url: %q is not a URL like nats://host:4222 (schemes: %s; several servers separated by commas)", shown, strings.Join(natsSchemes, ", "))
+		}
+	}
+	return nil
 }

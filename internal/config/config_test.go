@@ -101,6 +101,12 @@ func TestValidateNamesTheField(t *testing.T) {
 		{[]string{"clickhouse.retention_days=-1"}, "clickhouse.retention_days"},
 		{[]string{"clickhouse.database=a-b"}, "clickhouse.database"},
 		{[]string{"nats.url=localhost"}, "nats.url"},
+		{[]string{"nats.url=http://nats:4222"}, `nats.url: "http://nats:4222" is not a URL`},
+		{[]string{"nats.url=nats://a:4222,b:4222"}, `nats.url: "b:4222"`},
+		{[]string{"nats.url=nats://user:secret@a:4222,http://user:secret@b:4222"}, `nats.url: "http://[REDACTED]@b:4222"`},
+		{[]string{"embedded.nats_port=99999"}, "embedded.nats_port: 99999 is not a TCP port"},
+		{[]string{"embedded.clickhouse_port=0"}, "embedded.clickhouse_port"},
+		{[]string{"embedded.clickhouse_http_port=-1"}, "embedded.clickhouse_http_port"},
 		{[]string{"analyzer.rho=2"}, "analyzer.rho"},
 		{[]string{"analyzer.delta=1.5"}, "analyzer.delta"},
 		{[]string{"analyzer.k=-1"}, "analyzer.k"},
@@ -136,6 +142,14 @@ func TestValidateNamesTheField(t *testing.T) {
 	}
 	if _, err := Load("", nil); err != nil {
 		t.Fatalf("defaults must be valid: %v", err)
+	}
+	for _, u := range []string{"nats://a:4222", "tls://user:pw@a:4222", "nats://a:4222, nats://b:4222", "wss://nats.example:443", "NATS://a"} {
+		c, err := Load("", []string{"nats.url=" + u})
+		if err != nil {
+			t.Errorf("nats.url %q: %v", u, err)
+		} else if c.NATSURL() != u {
+			t.Errorf("nats.url %q read as %q", u, c.NATSURL())
+		}
 	}
 	if _, err := Load(filepath.Join(t.TempDir(), "missing.yaml"), nil); err == nil || !strings.Contains(err.Error(), "config file") {
 		t.Fatalf("missing file: %v", err)
