@@ -45,8 +45,9 @@ const defaultActivationAckWait = time.Minute
 // candidate), then the request is acked. While the engine loads, the
 // request is kept in progress, so JetStream redelivers it to another
 // replica only if this one dies (AckWait after its last progress). An
-// adapter that is no longer a candidate (activated by an earlier delivery,
-// or retired by an operator since) is left as it is. A request whose
+// adapter already active is loaded again (an earlier delivery saved its
+// status, but the write was answered with an error and the load undone);
+// one retired or rolled back since is left as it is. A request whose
 // handling fails to read or write the registry (the adapter's row, its
 // new status: ClickHouse away) is retried with a growing delay (RetryDelay) while the error may
 // pass; a permanent error (Permanent), or any at the MaxDeliveries-th
@@ -113,8 +114,12 @@ func inProgress(m jetstream.Msg, every time.Duration) func() {
 }
 
 // activateJobAdapter activates a succeeded job's adapter if it is still a
-// candidate registered to that job, and records the outcome in the job's
-// history; an error is a failure to read or write the registry (to be
+// candidate registered to that job, or loads it again if it is active (a
+// write of its active status can fail ambiguously: ClickHouse stored the
+// row, the answer was lost, and the registry undid the engine's load, so
+// the registry said active while the engine did not serve it; Activate of
+// an active adapter is a reload, the engine's no-op when it is loaded),
+// and records the outcome in the job's history; an error is a failure to read or write the registry (to be
 // retried: the registry undid the engine's load, and a load again from the
 // same path is the engine's no-op anyway), not the activation's, which is
 // the engine's refusal or a transition not allowed.
@@ -127,7 +132,7 @@ func (s *Stage) activateJobAdapter(ctx context.Context, jobID, name string) erro
 	case a == nil || a.JobID != jobID:
 		s.cfg.Log.Warn("adapter: activation request for an adapter not registered to its job, dropped", "adapter", name, "job", jobID)
 		return nil
-	case a.Status != AdapterCandidate:
+	case a.Status != AdapterCandidate && a.Status != AdapterActive:
 		s.cfg.Log.Info("adapter: activation request for an adapter that is no longer a candidate, nothing to do", "adapter", name, "job", jobID,
 			"status", a.Status)
 		return nil

@@ -353,3 +353,77 @@ func TestActivationStoreErrorIsRetried(t *testing.T) {
 		t.Errorf("refused adapter %s, want candidate", a.Status)
 	}
 }
+
+// saveLostOnce is the registry's store over the real ClickHouse whose
+// first save of an adapter is written but answered with an error, as an
+// insert whose answer is lost (the connection reset after ClickHouse
+// stored the row).
+type saveLostOnce struct {
+	adapter.RegistryStore
+	mu   sync.Mutex
+	lost bool
+}
+
+func (s *saveLostOnce) SaveAdapter(ctx context.Context, r sink.AdapterRow) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := s.RegistryStore.SaveAdapter(ctx, r); err != nil {
+		return err
+	}
+	if !s.lost {
+		s.lost = true
+		return errors.New("clickhouse: read: connection reset by peer (test)")
+	}
+	return nil
+}
+
+// TestAmbiguousActivationWriteIsLoaded: the save of an adapter's active
+// status is written but answered with an error, so the registry undoes the
+// engine's load and the request is retried. The retry finds the adapter
+// active already: it was left as it was ("no longer a candidate"), active
+// in the registry while the engine did not serve it, and the router sent
+// conversations to a model the upstream answered 404. The retry loads it
+// again: it ends active and served, activated once in its job's history.
+func TestAmbiguousActivationWriteIsLoaded(t *testing.T) {
+	ctx := context.Background()
+	st, b := plannerFixture(t)
+	srv := llmtest.New(t)
+	srv.ServeLoRA(llmtest.LoRAOptions{})
+	srv.Handle(func(llmtest.Request) llmtest.Reply { return llmtest.Text("hello") })
+	reg := &adapter.Registry{Store: &saveLostOnce{RegistryStore: st},
+		Engine: &serving.VLLM{BaseURL: srv.URL, InitialBackoff: time.Millisecond, MaxElapsed: time.Second}}
+	s, err := adapter.NewStage(adapter.Config{Plan: fastPlan(), Store: st, Claims: b, AutoActivate: true, Registry: reg, Queue: b,
+		Log: slog.New(slog.NewTextHandler(testWriter{t}, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	adapter.SetRetryDelay(s, 10*time.Millisecond)
+	res, err := s.HandleReady(ctx, readyFor("t-activation-ambiguous-write", "precondition_verification"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := succeeded(t, st, res.JobID, t.TempDir(), 1)
+	data, _ := e.Encode()
+	if err := s.HandleEvent(ctx, e, "seq:1", data); err != nil {
+		t.Fatal(err)
+	}
+	ac, err := b.ActivationsConsumer(ctx, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := runActivations(t, b, s)
+	waitFor(t, "the activation request to be settled", 30*time.Second, func() bool {
+		info, err := ac.Info(ctx)
+		return err == nil && info.Delivered.Consumer >= 2 && info.NumAckPending == 0 && info.NumPending == 0
+	})
+	stop()
+	if a := statusOf(t, st, e.Adapter.Name); a.Status != adapter.AdapterActive {
+		t.Fatalf("adapter %s, want active", a.Status)
+	}
+	if _, ok := srv.LoadedAdapters()[e.Adapter.Name]; !ok || chatStatus(t, srv, e.Adapter.Name) != 200 {
+		t.Errorf("the adapter is active in the registry but the engine does not serve it (loads: %d)", loads(srv, e.Adapter.Name))
+	}
+	if n, f := historyCount(t, st, res.JobID, "activated"), historyCount(t, st, res.JobID, "activation_failed"); n != 1 || f != 0 {
+		t.Errorf("history: %d activated, %d activation_failed; want 1 and 0", n, f)
+	}
+}

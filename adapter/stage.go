@@ -317,8 +317,8 @@ var ErrUnknownJob = errors.New("unknown training job")
 // events: a load that takes minutes holds up no other event. A success
 // delivered again to a job already SUCCEEDED with its adapter requests it
 // again (the request may not have been published before a crash; the
-// duplicate window, and an adapter no longer a candidate, make it a no-op
-// otherwise). A failure to publish is the event's error: it is redelivered.
+// duplicate window makes it a no-op otherwise, and an adapter active
+// already is only loaded again, the engine's no-op). A failure to publish is the event's error: it is redelivered.
 func (s *Stage) HandleEvent(ctx context.Context, e *schemas.TrainingEvent, key string, payload []byte) error {
 	name, err := s.handleEvent(ctx, e, key, payload, nil)
 	if err != nil || name == "" || !s.cfg.AutoActivate {
