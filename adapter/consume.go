@@ -48,22 +48,26 @@ func (s *Stage) RunReady(ctx context.Context, cons jetstream.Consumer) error {
 // MaxDeliveries-th delivery — is recorded in its job's history in its
 // place (type "rejected": the error, the deliveries, the event) and
 // terminated: the consumer hands out one event at a time, so an event
-// retried without end held up every job's events. (A success that was
+// retried without end held up every job's events. A rejected terminal
+// event (succeeded, failed) fails its job now, with the rejection as the
+// reason (it stayed open until its deadline): trace publishes that failure
+// on the job's subject (worker RejectedWorker, Msg-Id RejectedMsgID), so
+// it is applied in order, once, and only if the job is still open. (A success that was
 // applied but whose adapter's activation could not be requested is
 // recorded as activation_failed instead.) Other errors are
 // retried with a growing delay (RetryDelay); a rejection that cannot be
 // recorded (ClickHouse away) is retried too, never dropped.
 func (s *Stage) RunEvents(ctx context.Context, cons jetstream.Consumer) error {
 	return consume(ctx, cons, s, handlerBound, func(hctx context.Context, m jetstream.Msg) error {
-		e, jobID, key, deadline, err := eventOf(m)
+		e, jobID, key, own, err := eventOf(m)
 		if err != nil {
 			if rerr := s.RecordMalformed(hctx, jobID, key, m.Data(), err); rerr != nil {
 				return rerr
 			}
 			return m.Ack()
 		}
-		if deadline != nil {
-			if _, err := s.handleEvent(hctx, e, key, m.Data(), deadline); err != nil {
+		if own != nil {
+			if _, err := s.handleEvent(hctx, e, key, m.Data(), own); err != nil {
 				return err
 			}
 			return m.Ack()
@@ -77,21 +81,54 @@ func (s *Stage) RunEvents(ctx context.Context, cons jetstream.Consumer) error {
 		}
 		return m.Ack()
 	}, func(hctx context.Context, m jetstream.Msg, cause error, deliveries uint64) error {
-		_, jobID, key, _, _ := eventOf(m)
+		e, jobID, key, own, _ := eventOf(m)
 		var ar *activationRequestError
 		if errors.As(cause, &ar) { // the event was applied: only the activation is given up on
 			return s.recordActivationFailed(hctx, jobID, ar.adapter, cause, deliveries)
 		}
-		return s.recordRejected(hctx, jobID, key, m.Data(), cause, deliveries)
+		if err := s.recordRejected(hctx, jobID, key, m.Data(), cause, deliveries); err != nil {
+			return err
+		}
+		if e == nil || own != nil || (e.Type != schemas.EventSucceeded && e.Type != schemas.EventFailed) {
+			return nil
+		}
+		return s.failRejected(hctx, e, key, cause)
 	})
+}
+
+// RejectedWorker is the worker of the failed events trace makes of a
+// job whose terminal event was rejected.
+const RejectedWorker = "trace rejection"
+
+// RejectedMsgID is the Msg-Id of the failure of a job whose terminal
+// event, key in its history, was rejected: rejected:<job_id>:<key>, the
+// same for every replica and delivery that rejects it.
+func RejectedMsgID(jobID, key string) string { return rejectedPrefix + jobID + ":" + key }
+
+const rejectedPrefix = "rejected:"
+
+// failRejected publishes the failure of e's job, whose terminal event e
+// (key) was rejected for cause, on the job's events subject (RunEvents
+// applies it if the job is still open). An error is the rejection's: the
+// event is delivered again, rejected again and the failure published
+// again (one message per Msg-Id).
+func (s *Stage) failRejected(ctx context.Context, e *schemas.TrainingEvent, key string, cause error) error {
+	if s.cfg.Queue == nil {
+		s.cfg.Log.Warn("adapter: no queue to fail the job of a rejected terminal event; it ends at its deadline", "job", e.JobID)
+		return nil
+	}
+	f := &schemas.TrainingEvent{JobID: e.JobID, Type: schemas.EventFailed, At: s.cfg.Now().UTC(), Worker: RejectedWorker,
+		Reason: fmt.Sprintf("rejected: the trainer's %s event (%s) could not be applied: %s", e.Type, key, truncate(cause.Error(), 2048))}
+	return s.cfg.Queue.PublishTrainingEventID(ctx, f, RejectedMsgID(e.JobID, key))
 }
 
 // eventOf decodes an event message: the event, its job (the subject's when
 // the event does not decode) and its key in the job's history (seq:<seq>,
-// else js:<stream sequence>; trace:deadline for a deadline's failure) and,
-// for a deadline's failure (Msg-Id DeadlineMsgID), that deadline. err says
+// else js:<stream sequence>; trace:deadline for a deadline's failure,
+// trace:rejected for a rejected terminal event's) and, for a failure of
+// trace's (Msg-Id DeadlineMsgID or RejectedMsgID), what it is. err says
 // why a message is malformed.
-func eventOf(m jetstream.Msg) (e *schemas.TrainingEvent, jobID, key string, deadline *time.Time, err error) {
+func eventOf(m jetstream.Msg) (e *schemas.TrainingEvent, jobID, key string, own *ownFailure, err error) {
 	jobID = strings.TrimPrefix(m.Subject(), schemas.SubjectTrainingEvents+".")
 	key = "js:0"
 	if md, err := m.Metadata(); err == nil {
@@ -107,16 +144,20 @@ func eventOf(m jetstream.Msg) (e *schemas.TrainingEvent, jobID, key string, dead
 	if e.Seq != nil {
 		key = "seq:" + strconv.FormatInt(*e.Seq, 10)
 	}
-	if job, at, ok := deadlineOf(m.Headers().Get(jetstream.MsgIDHeader)); ok && job == e.JobID && e.Type == schemas.EventFailed {
-		key, deadline = "trace:deadline", &at
+	msgID := m.Headers().Get(jetstream.MsgIDHeader)
+	if job, at, ok := deadlineOf(msgID); ok && job == e.JobID && e.Type == schemas.EventFailed {
+		key, own = "trace:deadline", &ownFailure{deadline: &at}
+	} else if strings.HasPrefix(msgID, rejectedPrefix+e.JobID+":") && e.Type == schemas.EventFailed && e.Worker == RejectedWorker {
+		key, own = "trace:rejected", &ownFailure{}
 	}
-	return e, e.JobID, key, deadline, nil
+	return e, e.JobID, key, own, nil
 }
 
 // recordRejected records, in its job's history and in its place (the same
 // key), an event that could not be applied: type "rejected", with the
 // error, the deliveries it took and the event as received. The job's
-// status is unchanged.
+// status is unchanged (RunEvents fails it after, through failRejected,
+// when the event was its terminal one).
 func (s *Stage) recordRejected(ctx context.Context, jobID, key string, payload []byte, cause error, deliveries uint64) error {
 	now := s.cfg.Now().UTC()
 	var event any = json.RawMessage(payload)

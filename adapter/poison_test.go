@@ -59,7 +59,10 @@ func historyEntry(t *testing.T, st *sink.Store, jobID, typ string) *sink.Trainin
 // adapter ClickHouse refuses to look up) was redelivered without end and
 // every job's events waited behind it. It is recorded in its job's
 // history as rejected, with the error, and terminated; the next job's
-// event is applied.
+// event is applied. The rejected event was the job's terminal event: the
+// job is FAILED now with the rejection's reason (it stayed open until its
+// deadline, shown running for hours), through a failed event of trace's
+// on the job's subject.
 func TestPoisonEventDoesNotHoldUpEveryJob(t *testing.T) {
 	ctx := context.Background()
 	st, b := plannerFixture(t)
@@ -109,8 +112,13 @@ func TestPoisonEventDoesNotHoldUpEveryJob(t *testing.T) {
 	if !strings.Contains(p.Error, "adapters: ") || p.Deliveries != 1 {
 		t.Errorf("the rejection says why, at the first delivery: %q after %d deliveries", p.Error, p.Deliveries)
 	}
-	if j, _ := st.TrainingJob(ctx, bad.JobID); j.Status != adapter.StatusPlanned {
-		t.Errorf("the job of the rejected event is %s, want it unchanged (PLANNED)", j.Status)
+	waitFor(t, "the job of the rejected success to fail", 20*time.Second, func() bool {
+		j, err := st.TrainingJob(ctx, bad.JobID)
+		return err == nil && j != nil && j.Status != adapter.StatusPlanned
+	})
+	if j, _ := st.TrainingJob(ctx, bad.JobID); j.Status != adapter.StatusFailed || !strings.Contains(j.Reason, "rejected") ||
+		!strings.Contains(j.Reason, "adapters: ") {
+		t.Errorf("the job of the rejected success is %s (%q), want FAILED with the rejection's reason", j.Status, j.Reason)
 	}
 	if n := historyCount(t, st, bad.JobID, schemas.EventSucceeded); n != 0 {
 		t.Errorf("the rejected success is in the history as applied (%d)", n)
@@ -308,4 +316,41 @@ func historyTypesOf(t *testing.T, st *sink.Store, jobID string) []string {
 	t.Helper()
 	ts, _ := historyTypes(t, st, jobID)
 	return ts
+}
+
+// TestRejectedFailureLeavesAnEndedJob: the failure trace publishes for a
+// job whose terminal event was rejected is applied only while the job is
+// open: a job that ended since (its success applied) keeps its status,
+// and the failure is not in its history.
+func TestRejectedFailureLeavesAnEndedJob(t *testing.T) {
+	ctx := context.Background()
+	st, b := plannerFixture(t)
+	s, err := adapter.NewStage(adapter.Config{Plan: fastPlan(), Store: st, Claims: b, Queue: b,
+		Log: slog.New(slog.NewTextHandler(testWriter{t}, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := s.HandleReady(ctx, readyFor("t-rejected-after-end", "precondition_verification"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := succeeded(t, st, res.JobID, t.TempDir(), 2)
+	data, _ := done.Encode()
+	if err := s.HandleEvent(ctx, done, "seq:2", data); err != nil {
+		t.Fatal(err)
+	}
+	f := &schemas.TrainingEvent{JobID: res.JobID, Type: schemas.EventFailed, At: time.Now().UTC(), Worker: adapter.RejectedWorker,
+		Reason: "rejected: the trainer's succeeded event (seq:1) could not be applied: test"}
+	if err := b.PublishTrainingEventID(ctx, f, adapter.RejectedMsgID(res.JobID, "seq:1")); err != nil {
+		t.Fatal(err)
+	}
+	r := startRoleWith(t, b, s)
+	defer r.stop()
+	eventsApplied(t, b)
+	if j, _ := st.TrainingJob(ctx, res.JobID); j.Status != adapter.StatusSucceeded {
+		t.Errorf("the ended job is %s (%q), want SUCCEEDED", j.Status, j.Reason)
+	}
+	if n := historyCount(t, st, res.JobID, schemas.EventFailed); n != 0 {
+		t.Errorf("the failure that no longer applies is in the history (%d)", n)
+	}
 }

@@ -342,14 +342,22 @@ func (e *activationRequestError) Error() string {
 }
 func (e *activationRequestError) Unwrap() error { return e.err }
 
+// ownFailure marks a failed event trace published on a job's subject
+// itself (eventOf: by its Msg-Id): the failure of a job silent past a
+// deadline (CheckDeadlines), or of a job whose terminal event was rejected
+// (deadline nil; RunEvents).
+type ownFailure struct {
+	deadline *time.Time
+}
+
 // handleEvent is HandleEvent under the lock; it returns the name of the
 // adapter registered now, or registered by this job before when e is its
-// success delivered again ("" for none). deadline, when not nil, makes e
-// the failure of a job silent past that deadline (CheckDeadlines): it is
-// applied, and recorded, only while the job is open with that deadline
-// still (no event moved it since the check), and it leaves the job's last
-// event as it was.
-func (s *Stage) handleEvent(ctx context.Context, e *schemas.TrainingEvent, key string, payload []byte, deadline *time.Time) (string, error) {
+// success delivered again ("" for none). own, when not nil, makes e a
+// failure of trace's (ownFailure): it is applied, and recorded, only while
+// the job is open (and, for a deadline's, with that deadline still: no
+// event moved it since the check), and it leaves the job's last event as
+// it was.
+func (s *Stage) handleEvent(ctx context.Context, e *schemas.TrainingEvent, key string, payload []byte, own *ownFailure) (string, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := s.cfg.Now().UTC()
@@ -357,9 +365,13 @@ func (s *Stage) handleEvent(ctx context.Context, e *schemas.TrainingEvent, key s
 	if err != nil {
 		return "", err
 	}
-	if deadline != nil && (job == nil || Terminal(job.Status) || job.DeadlineAt.Unix() != deadline.Unix()) {
+	if own != nil && own.deadline != nil && (job == nil || Terminal(job.Status) || job.DeadlineAt.Unix() != own.deadline.Unix()) {
 		s.cfg.Log.Info("adapter: deadline no longer applies (the job ended, or reported, since it was checked)", "job", e.JobID,
-			"deadline", deadline.UTC())
+			"deadline", own.deadline.UTC())
+		return "", nil
+	}
+	if own != nil && (job == nil || Terminal(job.Status)) {
+		s.cfg.Log.Info("adapter: the failure of a rejected terminal event no longer applies (the job ended)", "job", e.JobID)
 		return "", nil
 	}
 	row := eventRow(e, key, payload, now)
@@ -399,7 +411,7 @@ func (s *Stage) handleEvent(ctx context.Context, e *schemas.TrainingEvent, key s
 	}
 	next := *job
 	next.Status, next.Reason, next.UpdatedAt = tr.Status, tr.Reason, now
-	if deadline == nil {
+	if own == nil {
 		next.LastEventAt = now
 		var spec schemas.TrainingJob
 		_ = json.Unmarshal([]byte(job.Spec), &spec)
@@ -423,8 +435,10 @@ func (s *Stage) handleEvent(ctx context.Context, e *schemas.TrainingEvent, key s
 		return "", err
 	}
 	switch {
-	case deadline != nil:
+	case own != nil && own.deadline != nil:
 		s.cfg.Log.Warn("training job failed: silent past its deadline", "job", e.JobID, "last_event", job.LastEventAt, "deadline", job.DeadlineAt)
+	case own != nil:
+		s.cfg.Log.Warn("training job failed: its terminal event was rejected", "job", e.JobID, "reason", truncate(tr.Reason, 2048))
 	case tr.Status != job.Status:
 		s.cfg.Log.Info("training job status", "job", e.JobID, "from", job.Status, "to", tr.Status, "reason", tr.Reason)
 	}
