@@ -24,8 +24,10 @@ import (
 	"log/slog"
 	"math"
 	"math/rand/v2"
+	"strconv"
 	"time"
 
+	"github.com/cenkalti/backoff/v4"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/traceops/trace/internal/bus"
@@ -162,7 +164,10 @@ func (t *Trainer) Run(ctx context.Context) error {
 }
 
 // Train reports one job's simulated run: started, one progress per
-// iteration, succeeded.
+// iteration, succeeded. Each event is published with Msg-Id
+// <job_id>:<seq> and retried (publishRetry) until JetStream stores it or
+// ctx ends: a NATS outage delays the run, it does not abandon the job to
+// its deadline.
 func (t *Trainer) Train(ctx context.Context, job *schemas.TrainingJob) error {
 	base := DefaultBase
 	if t.cfg.Base != nil {
@@ -184,7 +189,7 @@ func (t *Trainer) Train(ctx context.Context, job *schemas.TrainingJob) error {
 		if err != nil {
 			return err
 		}
-		if _, err := t.cfg.JS.Publish(ctx, job.Report.EventsSubject, data); err != nil {
+		if err := t.publish(ctx, job.Report.EventsSubject, data, job.JobID+":"+strconv.FormatInt(s, 10)); err != nil {
 			return fmt.Errorf("simtrainer: publish %s: %w", e.Type, err)
 		}
 		return nil
@@ -217,4 +222,25 @@ func (t *Trainer) Train(ctx context.Context, job *schemas.TrainingJob) error {
 		t.cfg.OnDone(job, res)
 	}
 	return nil
+}
+
+// publishTimeout bounds one attempt to publish an event (JetStream's ack
+// included).
+const publishTimeout = 5 * time.Second
+
+// publish publishes data on subject with Msg-Id msgID (a retry whose first
+// attempt was stored is stored once), retrying with exponential backoff
+// (100 ms, at most 5 s apart) until JetStream acks it; it gives up only
+// when ctx ends, with ctx's error.
+func (t *Trainer) publish(ctx context.Context, subject string, data []byte, msgID string) error {
+	b := backoff.NewExponentialBackOff(backoff.WithInitialInterval(100*time.Millisecond), backoff.WithMaxInterval(5*time.Second),
+		backoff.WithMaxElapsedTime(0))
+	return backoff.RetryNotify(func() error {
+		pctx, cancel := context.WithTimeout(ctx, publishTimeout)
+		defer cancel()
+		_, err := t.cfg.JS.Publish(pctx, subject, data, jetstream.WithMsgID(msgID))
+		return err
+	}, backoff.WithContext(b, ctx), func(err error, d time.Duration) {
+		t.cfg.Log.Warn("simtrainer: publish failed, will retry", "msg_id", msgID, "in", d, "err", err)
+	})
 }

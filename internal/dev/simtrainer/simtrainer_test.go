@@ -3,12 +3,16 @@ package simtrainer_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"log/slog"
 	"math"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/traceops/trace/adapter"
 	"github.com/traceops/trace/adapter/dispatch"
@@ -197,5 +201,102 @@ func TestTrainerEndToEnd(t *testing.T) {
 		meta["simulated"] != true || !strings.Contains(meta["trainer"].(string), "simulated") || meta["worker"] != simtrainer.Worker ||
 		ad.EvalMeanReward != want.Eval.MeanReward {
 		t.Fatalf("adapter %+v", ad)
+	}
+}
+
+// signalHandler is a slog handler that sends each record's message whose
+// text contains match on ch (without blocking).
+type signalHandler struct {
+	match string
+	ch    chan string
+}
+
+func (h signalHandler) Enabled(context.Context, slog.Level) bool { return true }
+func (h signalHandler) Handle(_ context.Context, r slog.Record) error {
+	if strings.Contains(r.Message, h.match) {
+		select {
+		case h.ch <- r.Message:
+		default:
+		}
+	}
+	return nil
+}
+func (h signalHandler) WithAttrs([]slog.Attr) slog.Handler { return h }
+func (h signalHandler) WithGroup(string) slog.Handler      { return h }
+
+// TestTrainerSurvivesNATSOutage: NATS is down when the simulated trainer
+// reports a job's first event. It abandoned the job at that first publish
+// error (a demo job then hung RUNNING until its deadline); it retries
+// until NATS is back and reports the whole run, each event stored once.
+// With NATS down and the trainer's context ended, Train returns.
+func TestTrainerSurvivesNATSOutage(t *testing.T) {
+	srv := testenv.NATS(t)
+	ctx, cancel := context.WithCancel(context.Background()) // no deadline: as the demo's
+	defer cancel()
+	b, err := bus.Connect(ctx, bus.Config{URL: srv.URL()}, "test") // the streams
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.Close()
+	_, js := srv.Connect(t, nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
+	retrying := make(chan string, 1)
+	tr, err := simtrainer.New(simtrainer.Config{JS: js, Seed: 3, Log: slog.New(signalHandler{match: "retry", ch: retrying})})
+	if err != nil {
+		t.Fatal(err)
+	}
+	j := job("job-0123456789abcdef", 5)
+	j.Report.EventsSubject = schemas.TrainingEventsSubject(j.JobID)
+
+	srv.Shutdown()
+	done := make(chan error, 1)
+	go func() { done <- tr.Train(ctx, j) }()
+	select {
+	case <-retrying:
+	case err := <-done:
+		t.Fatalf("the job was abandoned while NATS was down: %v", err)
+	case <-time.After(30 * time.Second):
+		t.Fatal("no publish was retried")
+	}
+	srv.Restart()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("after the outage: %v", err)
+		}
+	case <-time.After(60 * time.Second):
+		t.Fatal("the job's run did not end after NATS came back")
+	}
+	_, rjs := srv.Connect(t)
+	stream, err := rjs.Stream(ctx, bus.StreamTrainingEvents)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := stream.Info(ctx, jetstream.WithSubjectFilter(j.Report.EventsSubject))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := info.State.Subjects[j.Report.EventsSubject]; n != 7 { // started, 5 progress, succeeded
+		t.Errorf("%d events stored, want 7", n)
+	}
+
+	// NATS down again: ending the context ends the retries.
+	srv.Shutdown()
+	cctx, ccancel := context.WithCancel(ctx)
+	j2 := job("job-fedcba9876543210", 5)
+	j2.Report.EventsSubject = schemas.TrainingEventsSubject(j2.JobID)
+	go func() { done <- tr.Train(cctx, j2) }()
+	select {
+	case <-retrying:
+	case <-time.After(30 * time.Second):
+		t.Fatal("no publish was retried")
+	}
+	ccancel()
+	select {
+	case err := <-done:
+		if !errors.Is(err, context.Canceled) {
+			t.Errorf("Train at the context's end: %v, want context.Canceled", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("Train did not return at the context's end")
 	}
 }
