@@ -81,7 +81,9 @@ type Config struct {
 	AutoActivate bool
 	Registry     *Registry
 	// Queue puts the stage's own work on JetStream (internal/bus);
-	// required with AutoActivate, and by CheckDeadlines.
+	// required with AutoActivate, and by CheckDeadlines; RunEvents fails
+	// the job of a rejected terminal event through it (without one, that
+	// job ends at its deadline).
 	Queue Queue
 	Now   func() time.Time
 	Log   *slog.Logger
