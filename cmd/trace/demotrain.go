@@ -65,7 +65,7 @@ type demoAdapter struct {
 func (d *demo) simTrainerActor(a *app.App) app.Actor {
 	store := synthesizer.SinkStore{Rows: a.Store}
 	return app.Actor{Name: "simulated-trainer", Run: func(ctx context.Context) error {
-		nc, err := nats.Connect(a.NATSURL, nats.Name("trace-simtrainer (SIMULATED)"))
+		nc, err := nats.Connect(a.NATSURL, nats.Name("trace-simtrainer (SIMULATED)"), nats.MaxReconnects(-1))
 		if err != nil {
 			return fmt.Errorf("simulated trainer: %w", err)
 		}
