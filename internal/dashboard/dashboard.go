@@ -41,6 +41,7 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
@@ -103,6 +104,32 @@ type server struct {
 	log   *slog.Logger
 	now   func() time.Time
 	pages map[string]*pageTemplate
+	// warned are the rows whose unreadable JSON was logged (decodeColumn).
+	warned onceSet
+}
+
+// onceSet remembers keys so that something is done once per key; it is
+// emptied when it holds maxOnceSet (bounded memory for a long-running
+// server; a key seen again after that is done once more).
+type onceSet struct {
+	mu   sync.Mutex
+	seen map[string]bool
+}
+
+const maxOnceSet = 1024
+
+// first reports whether key is new, and remembers it.
+func (o *onceSet) first(key string) bool {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.seen[key] {
+		return false
+	}
+	if o.seen == nil || len(o.seen) >= maxOnceSet {
+		o.seen = map[string]bool{}
+	}
+	o.seen[key] = true
+	return true
 }
 
 // location is the store's time zone (UTC without a store).

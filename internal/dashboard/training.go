@@ -68,6 +68,10 @@ type TrainingJob struct {
 	Curve         []sink.CurvePoint `json:"curve"`
 	DispatchedAt  string            `json:"dispatched_at"`
 	UpdatedAt     string            `json:"updated_at"`
+	// Unreadable names the JSON columns that do not decode (written by
+	// another version, or damaged) with the decoder's error; what they
+	// hold (PlanSource) is left empty.
+	Unreadable map[string]string `json:"unreadable,omitempty"`
 }
 
 // TrainingAdapter is one adapter of the registry.
@@ -86,6 +90,8 @@ type TrainingAdapter struct {
 	Trainer         string  `json:"trainer,omitempty"` // from the registry's metadata
 	CreatedAt       string  `json:"created_at"`
 	UpdatedAt       string  `json:"updated_at"`
+	// Unreadable is as TrainingJob's (metadata: Trainer left empty).
+	Unreadable map[string]string `json:"unreadable,omitempty"`
 }
 
 func (s *server) training(ctx context.Context, p trainingParams) (TrainingResponse, error) {
@@ -116,12 +122,12 @@ func (s *server) training(ctx context.Context, p trainingParams) (TrainingRespon
 		var planner struct {
 			Source string `json:"source"`
 		}
-		_ = json.Unmarshal([]byte(j.Planner), &planner)
+		bad := s.decodeColumn(j.Planner, &planner, "planner", "job_id", j.JobID, j.Version)
 		row := TrainingJob{JobID: j.JobID, EnvironmentID: j.EnvironmentID, Environment: j.Environment, AgentVersion: j.AgentVersion,
 			Capability: j.Capability, BaseModel: j.BaseModel, Backend: j.Backend, Status: j.Status, Reason: j.Reason,
 			Iteration: int(j.Iteration), Iterations: int(j.Iterations), MeanReward: j.MeanReward, AdapterName: j.AdapterName,
 			Simulated: j.Simulated, PlanSource: planner.Source, Curve: curves[j.JobID],
-			DispatchedAt: fmtTS(j.DispatchedAt), UpdatedAt: fmtTS(j.UpdatedAt)}
+			DispatchedAt: fmtTS(j.DispatchedAt), UpdatedAt: fmtTS(j.UpdatedAt), Unreadable: bad}
 		if row.Curve == nil {
 			row.Curve = []sink.CurvePoint{}
 		}
@@ -131,12 +137,32 @@ func (s *server) training(ctx context.Context, p trainingParams) (TrainingRespon
 		var meta struct {
 			Trainer string `json:"trainer"`
 		}
-		_ = json.Unmarshal([]byte(a.Metadata), &meta)
+		bad := s.decodeColumn(a.Metadata, &meta, "metadata", "adapter", a.Name, a.Version)
 		out.Adapters = append(out.Adapters, TrainingAdapter{Name: a.Name, JobID: a.JobID, Capability: a.Capability, Environment: a.Environment,
 			AgentVersion: a.AgentVersion, BaseModel: a.BaseModel, URI: a.URI, Status: a.Status, EvalMeanReward: a.EvalMeanReward,
-			EvalSuccessRate: a.EvalSuccessRate, Simulated: a.Simulated, Trainer: meta.Trainer, CreatedAt: fmtTS(a.CreatedAt), UpdatedAt: fmtTS(a.UpdatedAt)})
+			EvalSuccessRate: a.EvalSuccessRate, Simulated: a.Simulated, Trainer: meta.Trainer, CreatedAt: fmtTS(a.CreatedAt), UpdatedAt: fmtTS(a.UpdatedAt),
+			Unreadable: bad})
 	}
 	return out, nil
+}
+
+// decodeColumn decodes a row's JSON column into v. One that does not
+// decode (written by another version, or damaged) leaves v as it was and
+// is returned as {column: error}, to be shown as unreadable, and logged as
+// a warning naming the row once per row version (the page is read again
+// and again); an empty column is no column.
+func (s *server) decodeColumn(raw string, v any, column, kind, id string, version uint64) map[string]string {
+	if raw == "" {
+		return nil
+	}
+	err := json.Unmarshal([]byte(raw), v)
+	if err == nil {
+		return nil
+	}
+	if s.warned.first(fmt.Sprintf("%s %s@%d %s", kind, id, version, column)) {
+		s.log.Warn("dashboard: a JSON column does not decode; shown as unreadable", kind, id, "version", version, "column", column, "err", err)
+	}
+	return map[string]string{column: err.Error()}
 }
 
 // --- the page -----------------------------------------------------------------

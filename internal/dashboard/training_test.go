@@ -3,6 +3,7 @@ package dashboard
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"maps"
 	"net/http"
 	"strings"
@@ -154,5 +155,68 @@ func TestTrainingCountsCoverEveryJob(t *testing.T) {
 		if got := strings.Contains(body, note); got != (tt.shown < 107) {
 			t.Errorf("/training%s: %q shown: %v", tt.query, note, got)
 		}
+	}
+}
+
+// TestTrainingUnreadableJSON: a job whose planner does not decode, or an
+// adapter whose metadata does not (written by another version, or
+// damaged), is listed with a marker naming the field that could not be
+// read, in the page and in /api/training, and logged once as a warning
+// naming it; the other rows are as always and the page is not a 500.
+func TestTrainingUnreadableJSON(t *testing.T) {
+	st := openStore(t)
+	ok, failed := seedTraining(t, st)
+	ctx := context.Background()
+	at := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
+	bad := "job-00000000000000cc"
+	if err := st.SaveTrainingJob(ctx, sink.TrainingJobRow{JobID: bad, EnvironmentID: "env-cc", PlanRevision: 1, Environment: "sim-airline",
+		AgentVersion: "1.4.0", Capability: "precondition_verification", BaseModel: "m", Backend: "nats", Status: "SUCCEEDED",
+		AdapterName: "adapter-cc", Iterations: 5, Planner: `{"source":`, Spec: `{}`, DispatchedAt: at, LastEventAt: at,
+		DeadlineAt: at.Add(time.Hour), CreatedAt: at, UpdatedAt: at, Version: 3}); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.SaveAdapter(ctx, sink.AdapterRow{Name: "adapter-cc", JobID: bad, EnvironmentID: "env-cc", Capability: "precondition_verification",
+		Environment: "sim-airline", AgentVersion: "1.4.0", BaseModel: "m", URI: "file:///a/adapter-cc", Eval: `{}`, Status: "candidate",
+		Metadata: `not json`, CreatedAt: at, UpdatedAt: at, Version: 1}); err != nil {
+		t.Fatal(err)
+	}
+	var logs strings.Builder
+	h := New(Deps{Training: st, Log: slog.New(slog.NewTextHandler(&logs, nil))})
+
+	var resp TrainingResponse
+	getJSON(t, h, "/api/training", &resp)
+	byID := map[string]TrainingJob{}
+	for _, j := range resp.Jobs {
+		byID[j.JobID] = j
+	}
+	if j := byID[bad]; len(j.Unreadable) != 1 || j.Unreadable["planner"] == "" || j.PlanSource != "" {
+		t.Errorf("job with a bad planner: %+v", j)
+	}
+	for _, id := range []string{ok, failed} {
+		if j := byID[id]; len(j.Unreadable) != 0 || j.PlanSource != "defaults" {
+			t.Errorf("job %s: %+v", id, j)
+		}
+	}
+	for _, a := range resp.Adapters {
+		if want := a.Name == "adapter-cc"; (a.Unreadable["metadata"] != "") != want || (len(a.Unreadable) == 0) == want {
+			t.Errorf("adapter %s: unreadable %v", a.Name, a.Unreadable)
+		}
+	}
+	code, body := getStatus(h, "/training")
+	if code != http.StatusOK {
+		t.Fatalf("/training: %d %s", code, body)
+	}
+	for _, want := range []string{`class="unreadable" data-field="planner" data-job="` + bad + `"`, "planner unreadable",
+		`class="unreadable" data-field="metadata" data-adapter="adapter-cc"`, "metadata unreadable", "plan defaults"} {
+		if !strings.Contains(body, want) {
+			t.Errorf("/training lacks %q", want)
+		}
+	}
+	// Two requests above: one warning per row.
+	if n := strings.Count(logs.String(), "job_id="+bad); n != 1 {
+		t.Errorf("%d warnings naming %s, want 1:\n%s", n, bad, logs.String())
+	}
+	if n := strings.Count(logs.String(), "adapter=adapter-cc"); n != 1 {
+		t.Errorf("%d warnings naming adapter-cc, want 1:\n%s", n, logs.String())
 	}
 }
