@@ -1334,6 +1334,26 @@ func chdbTraining(t *testing.T, c *chdbDB, base time.Time) {
 	if r := c.query(q, args...); len(r.rows) != 1 || r.rows[0].str(0) != "a2" {
 		t.Fatalf("Adapters(candidate) = %v", r.rows)
 	}
+	// The Training page's: the adapters but the active ones, bounded; the
+	// listed jobs' adapters; the counts of every adapter by status.
+	q, args = adaptersSQL(AdapterFilter{NotStatus: "active", Limit: 5})
+	if r := c.query(q, args...); len(r.rows) != 1 || r.rows[0].str(0) != "a2" {
+		t.Fatalf("Adapters(not active) = %v", r.rows)
+	}
+	q, args = adaptersSQL(AdapterFilter{JobIDs: []string{"j1", "j-none"}})
+	if r := c.query(q, args...); len(r.rows) != 2 {
+		t.Fatalf("Adapters(jobs j1) = %v", r.rows)
+	}
+	q, args = adapterCountsSQL(AdapterFilter{Limit: 1})
+	r = c.query(q, args...)
+	r.wantTypes(t, "AdapterStatusCounts", "String", "UInt64")
+	adCounts := map[string]uint64{}
+	for _, row := range r.rows {
+		adCounts[row.str(0)] = row.uint(1)
+	}
+	if want := map[string]uint64{"active": 1, "candidate": 1}; !maps.Equal(adCounts, want) {
+		t.Errorf("AdapterStatusCounts = %v, want %v", adCounts, want)
+	}
 	// Reward curves (the dashboard's Training page): progress events of the
 	// newest jobs, in iteration order; j1 is the oldest job.
 	pe := func(job, key string, it int32, r float64) []any {

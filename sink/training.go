@@ -259,22 +259,50 @@ const adapterSQL = `SELECT ` + adapterColumns + ` FROM adapters WHERE adapter_na
 // AdapterFilter selects adapters; zero fields select all.
 type AdapterFilter struct {
 	Status, Capability, Environment string
+	// NotStatus leaves out the adapters with that status.
+	NotStatus string
+	// JobIDs selects the adapters of these jobs (nil or empty: all).
+	JobIDs []string
+	// Limit bounds the list (the newest first); 0: no bound.
+	Limit int
 }
 
 func adaptersSQL(f AdapterFilter) (string, []any) {
-	var where []string
-	var args []any
-	for _, c := range []struct{ col, v string }{{"status", f.Status}, {"capability", f.Capability}, {"environment", f.Environment}} {
-		if c.v != "" {
-			where = append(where, c.col+" = ?")
-			args = append(args, c.v)
-		}
+	where, args := adaptersWhere(f)
+	q := `SELECT ` + adapterColumns + ` FROM (SELECT * FROM adapters FINAL)` + where + "\n\tORDER BY created_at DESC, adapter_name"
+	if f.Limit > 0 {
+		q += fmt.Sprintf(" LIMIT %d", f.Limit)
 	}
-	q := `SELECT ` + adapterColumns + ` FROM (SELECT * FROM adapters FINAL)`
-	if len(where) > 0 {
-		q += "\n\tWHERE " + strings.Join(where, " AND ")
+	return q, args
+}
+
+// adapterCountsSQL is the query of AdapterStatusCounts: the adapters
+// adaptersSQL lists without its limit (the newest version of each, the
+// same filters), counted by status.
+func adapterCountsSQL(f AdapterFilter) (string, []any) {
+	where, args := adaptersWhere(f)
+	return `SELECT status, count() FROM (SELECT * FROM adapters FINAL)` + where + "\n\tGROUP BY status", args
+}
+
+// adaptersWhere is the WHERE clause of f's filters ("" for none).
+func adaptersWhere(f AdapterFilter) (string, []any) {
+	where, args := equalsWhere([][2]string{{"status", f.Status}, {"capability", f.Capability}, {"environment", f.Environment}})
+	var more []string
+	if f.NotStatus != "" {
+		more = append(more, "status != ?")
+		args = append(args, f.NotStatus)
 	}
-	return q + "\n\tORDER BY created_at DESC, adapter_name", args
+	if len(f.JobIDs) > 0 {
+		more = append(more, "has(?, job_id)")
+		args = append(args, f.JobIDs)
+	}
+	if len(more) == 0 {
+		return where, args
+	}
+	if where == "" {
+		return "\n\tWHERE " + strings.Join(more, " AND "), args
+	}
+	return where + " AND " + strings.Join(more, " AND "), args
 }
 
 // SaveAdapter stores a version of an adapter's record.
@@ -308,6 +336,17 @@ func (s *Store) Adapter(ctx context.Context, name string) (*AdapterRow, error) {
 func (s *Store) Adapters(ctx context.Context, f AdapterFilter) ([]AdapterRow, error) {
 	q, args := adaptersSQL(f)
 	return s.queryAdapters(ctx, q, args...)
+}
+
+// AdapterStatusCounts counts the adapters matching f (their newest
+// versions; f.Limit does not apply) by status.
+func (s *Store) AdapterStatusCounts(ctx context.Context, f AdapterFilter) (map[string]int, error) {
+	q, args := adapterCountsSQL(f)
+	out, err := s.statusCounts(ctx, q, args...)
+	if err != nil {
+		return nil, fmt.Errorf("adapter counts: %w", err)
+	}
+	return out, nil
 }
 
 func (s *Store) queryAdapters(ctx context.Context, q string, args ...any) ([]AdapterRow, error) {

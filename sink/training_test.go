@@ -2,6 +2,7 @@ package sink_test
 
 import (
 	"context"
+	"maps"
 	"testing"
 	"time"
 
@@ -82,6 +83,25 @@ func TestTrainingJobsEventsAdapters(t *testing.T) {
 	cands, _ := s.Adapters(ctx, sink.AdapterFilter{Status: "candidate"})
 	if len(cands) != 1 || cands[0].Name != "a2" {
 		t.Fatalf("candidates: %+v", cands)
+	}
+	// The Training page's bounds: the adapters but the active ones, at
+	// most Limit; those of some jobs; the counts of all by status.
+	other := ad("a3", "retired", 1)
+	other.JobID, other.CreatedAt = "j22", at.Add(time.Minute)
+	if err := s.SaveAdapter(ctx, other); err != nil {
+		t.Fatal(err)
+	}
+	if rs, err := s.Adapters(ctx, sink.AdapterFilter{NotStatus: "active", Limit: 1}); err != nil || len(rs) != 1 || rs[0].Name != "a3" {
+		t.Fatalf("newest adapter not active: %+v %v", rs, err)
+	}
+	if rs, err := s.Adapters(ctx, sink.AdapterFilter{JobIDs: []string{"j22", "j-none"}}); err != nil || len(rs) != 1 || rs[0].Name != "a3" {
+		t.Fatalf("adapters of j22: %+v %v", rs, err)
+	}
+	if rs, err := s.Adapters(ctx, sink.AdapterFilter{JobIDs: []string{"j1"}, NotStatus: "active"}); err != nil || len(rs) != 1 || rs[0].Name != "a2" {
+		t.Fatalf("adapters of j1 not active: %+v %v", rs, err)
+	}
+	if n, err := s.AdapterStatusCounts(ctx, sink.AdapterFilter{Limit: 1}); err != nil || !maps.Equal(n, map[string]int{"active": 1, "candidate": 1, "retired": 1}) {
+		t.Fatalf("adapter counts: %v %v", n, err)
 	}
 
 	// Reward curves: progress events only, in iteration order, one point

@@ -392,7 +392,7 @@ func (s *server) apiIndex(w http.ResponseWriter, _ *http.Request) {
 			"/api/environments":              "?status=&env=&agent_version=&limit=200",
 			"/api/environments/{id}":         "the whole record of one environment",
 			"/api/environments/{id}/program": "its program (text/x-starlark)",
-			"/api/training":                  "?limit=100: training jobs with their reward curves, and the adapter registry",
+			"/api/training":                  "?limit=100&adapters=100: training jobs with their reward curves, and the adapter registry (every active adapter and the newest others)",
 			"/api/loop":                      "?hours=168|all&bucket=hour|day: the closed loop per capability and the routing share",
 		},
 	})

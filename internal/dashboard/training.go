@@ -17,8 +17,10 @@ import (
 // reward curve each trainer reported, and the adapter registry.
 //
 //	/training       jobs with status, a reward curve per job, adapters with status
-//	/api/training   the same as JSON (?limit=100 jobs, newest first; the
-//	                counts by status and the total are of every job)
+//	/api/training   the same as JSON (?limit=100 jobs, newest first;
+//	                ?adapters=100: every active adapter and the newest others;
+//	                the counts by status and the totals are of every job and
+//	                adapter)
 
 // TrainingStore is what the Training page reads (sink.Store implements
 // it; the SQL is in sink/training.go and sink/training_curves.go).
@@ -27,16 +29,23 @@ type TrainingStore interface {
 	TrainingJobStatusCounts(ctx context.Context, f sink.TrainingJobFilter) (map[string]int, error)
 	TrainingCurves(ctx context.Context, limit int) (map[string][]sink.CurvePoint, error)
 	Adapters(ctx context.Context, f sink.AdapterFilter) ([]sink.AdapterRow, error)
+	AdapterStatusCounts(ctx context.Context, f sink.AdapterFilter) (map[string]int, error)
 }
 
 var errNoTraining = errors.New("dashboard: no training store configured")
 
-type trainingParams struct{ Limit int }
+// trainingParams: Limit jobs (the newest), and every active adapter with
+// the Adapters newest others (an adapter is active for one capability of
+// a cohort at a time: few; the others grow with every job).
+type trainingParams struct{ Limit, Adapters int }
 
 func parseTraining(r *http.Request) (trainingParams, error) {
 	p := &params{q: r.URL.Query()}
-	return trainingParams{Limit: p.intIn("limit", 100, 1, 1000)}, p.err
+	return trainingParams{Limit: p.intIn("limit", 100, 1, 1000), Adapters: p.intIn("adapters", 100, 1, 1000)}, p.err
 }
+
+// adapterActive is the status of an adapter the router serves.
+const adapterActive = "active"
 
 // TrainingResponse is /api/training.
 type TrainingResponse struct {
@@ -46,6 +55,10 @@ type TrainingResponse struct {
 	// limit).
 	Counts map[string]int `json:"counts"` // jobs by status
 	Total  int            `json:"total"`
+	// AdapterCounts and AdapterTotal are of every adapter, not only the
+	// ones listed.
+	AdapterCounts map[string]int `json:"adapter_counts"` // adapters by status
+	AdapterTotal  int            `json:"adapter_total"`
 }
 
 // TrainingJob is one job with its reward curve.
@@ -68,6 +81,8 @@ type TrainingJob struct {
 	Curve         []sink.CurvePoint `json:"curve"`
 	DispatchedAt  string            `json:"dispatched_at"`
 	UpdatedAt     string            `json:"updated_at"`
+	// Adapter is the job's registered adapter (nil: none).
+	Adapter *TrainingAdapter `json:"adapter,omitempty"`
 	// Unreadable names the JSON columns that do not decode (written by
 	// another version, or damaged) with the decoder's error; what they
 	// hold (PlanSource) is left empty.
@@ -106,17 +121,50 @@ func (s *server) training(ctx context.Context, p trainingParams) (TrainingRespon
 	if err != nil {
 		return TrainingResponse{}, err
 	}
-	ads, err := s.d.Training.Adapters(ctx, sink.AdapterFilter{})
+	ads, err := s.d.Training.Adapters(ctx, sink.AdapterFilter{Status: adapterActive})
 	if err != nil {
 		return TrainingResponse{}, err
+	}
+	others, err := s.d.Training.Adapters(ctx, sink.AdapterFilter{NotStatus: adapterActive, Limit: p.Adapters})
+	if err != nil {
+		return TrainingResponse{}, err
+	}
+	ads = append(ads, others...)
+	// The listed jobs' adapters, listed or not.
+	var jobAds []sink.AdapterRow
+	named := make(map[string]string, len(jobs)) // job id → the adapter it names
+	if len(jobs) > 0 {
+		ids := make([]string, len(jobs))
+		for i, j := range jobs {
+			ids[i], named[j.JobID] = j.JobID, j.AdapterName
+		}
+		if jobAds, err = s.d.Training.Adapters(ctx, sink.AdapterFilter{JobIDs: ids}); err != nil {
+			return TrainingResponse{}, err
+		}
 	}
 	counts, err := s.d.Training.TrainingJobStatusCounts(ctx, sink.TrainingJobFilter{})
 	if err != nil {
 		return TrainingResponse{}, err
 	}
-	out := TrainingResponse{Jobs: []TrainingJob{}, Adapters: []TrainingAdapter{}, Counts: counts}
+	adCounts, err := s.d.Training.AdapterStatusCounts(ctx, sink.AdapterFilter{})
+	if err != nil {
+		return TrainingResponse{}, err
+	}
+	out := TrainingResponse{Jobs: []TrainingJob{}, Adapters: []TrainingAdapter{}, Counts: counts, AdapterCounts: adCounts}
 	for _, n := range counts {
 		out.Total += n
+	}
+	for _, n := range adCounts {
+		out.AdapterTotal += n
+	}
+	byJob := map[string]*TrainingAdapter{}
+	for _, a := range jobAds {
+		ta := s.trainingAdapter(a)
+		// A job's adapter is the one it names (another naming the job is
+		// kept only when none does).
+		if prev := byJob[a.JobID]; prev == nil || a.Name == named[a.JobID] {
+			byJob[a.JobID] = &ta
+		}
 	}
 	for _, j := range jobs {
 		var planner struct {
@@ -127,23 +175,27 @@ func (s *server) training(ctx context.Context, p trainingParams) (TrainingRespon
 			Capability: j.Capability, BaseModel: j.BaseModel, Backend: j.Backend, Status: j.Status, Reason: j.Reason,
 			Iteration: int(j.Iteration), Iterations: int(j.Iterations), MeanReward: j.MeanReward, AdapterName: j.AdapterName,
 			Simulated: j.Simulated, PlanSource: planner.Source, Curve: curves[j.JobID],
-			DispatchedAt: fmtTS(j.DispatchedAt), UpdatedAt: fmtTS(j.UpdatedAt), Unreadable: bad}
+			DispatchedAt: fmtTS(j.DispatchedAt), UpdatedAt: fmtTS(j.UpdatedAt), Adapter: byJob[j.JobID], Unreadable: bad}
 		if row.Curve == nil {
 			row.Curve = []sink.CurvePoint{}
 		}
 		out.Jobs = append(out.Jobs, row)
 	}
 	for _, a := range ads {
-		var meta struct {
-			Trainer string `json:"trainer"`
-		}
-		bad := s.decodeColumn(a.Metadata, &meta, "metadata", "adapter", a.Name, a.Version)
-		out.Adapters = append(out.Adapters, TrainingAdapter{Name: a.Name, JobID: a.JobID, Capability: a.Capability, Environment: a.Environment,
-			AgentVersion: a.AgentVersion, BaseModel: a.BaseModel, URI: a.URI, Status: a.Status, EvalMeanReward: a.EvalMeanReward,
-			EvalSuccessRate: a.EvalSuccessRate, Simulated: a.Simulated, Trainer: meta.Trainer, CreatedAt: fmtTS(a.CreatedAt), UpdatedAt: fmtTS(a.UpdatedAt),
-			Unreadable: bad})
+		out.Adapters = append(out.Adapters, s.trainingAdapter(a))
 	}
 	return out, nil
+}
+
+func (s *server) trainingAdapter(a sink.AdapterRow) TrainingAdapter {
+	var meta struct {
+		Trainer string `json:"trainer"`
+	}
+	bad := s.decodeColumn(a.Metadata, &meta, "metadata", "adapter", a.Name, a.Version)
+	return TrainingAdapter{Name: a.Name, JobID: a.JobID, Capability: a.Capability, Environment: a.Environment,
+		AgentVersion: a.AgentVersion, BaseModel: a.BaseModel, URI: a.URI, Status: a.Status, EvalMeanReward: a.EvalMeanReward,
+		EvalSuccessRate: a.EvalSuccessRate, Simulated: a.Simulated, Trainer: meta.Trainer, CreatedAt: fmtTS(a.CreatedAt), UpdatedAt: fmtTS(a.UpdatedAt),
+		Unreadable: bad}
 }
 
 // decodeColumn decodes a row's JSON column into v. One that does not
@@ -175,8 +227,7 @@ type trainingPage struct {
 
 type trainingRow struct {
 	TrainingJob
-	Chart   template.HTML
-	Adapter *TrainingAdapter // the job's registered adapter
+	Chart template.HTML
 }
 
 func (s *server) pageTraining(w http.ResponseWriter, r *http.Request) {
@@ -185,12 +236,8 @@ func (s *server) pageTraining(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	pg := trainingPage{base: s.base(r, "Training", "training"), TrainingResponse: resp}
-	byJob := map[string]*TrainingAdapter{}
-	for i := range resp.Adapters {
-		byJob[resp.Adapters[i].JobID] = &resp.Adapters[i]
-	}
 	for i, j := range resp.Jobs {
-		pg.Rows = append(pg.Rows, trainingRow{TrainingJob: j, Adapter: byJob[j.JobID],
+		pg.Rows = append(pg.Rows, trainingRow{TrainingJob: j,
 			Chart: curveChart{ID: fmt.Sprintf("chart-curve-%d", i), JobID: j.JobID, Title: "Reward curve of " + j.JobID,
 				Iterations: j.Iterations, Points: j.Curve, Simulated: j.Simulated}.render()})
 	}

@@ -220,3 +220,70 @@ func TestTrainingUnreadableJSON(t *testing.T) {
 		t.Errorf("%d warnings naming adapter-cc, want 1:\n%s", n, logs.String())
 	}
 }
+
+// TestTrainingAdaptersAreBounded: with thousands of adapters, the
+// Training page lists every active adapter and the newest others (100,
+// ?adapters= up to 1000), counts all of them by status and says the list
+// is cut ("showing 102 of 1202"); a listed job's adapter is shown with its
+// status though it is not among the adapters listed.
+func TestTrainingAdaptersAreBounded(t *testing.T) {
+	st := openStore(t)
+	ctx := context.Background()
+	at := time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC)
+	save := func(name, job, status string, created time.Time) {
+		t.Helper()
+		if err := st.SaveAdapter(ctx, sink.AdapterRow{Name: name, JobID: job, EnvironmentID: "env-" + job, Capability: "precondition_verification",
+			Environment: "sim-airline", AgentVersion: "1.4.0", BaseModel: "m", URI: "file:///a/" + name, Eval: `{}`, Status: status,
+			Metadata: `{}`, CreatedAt: created, UpdatedAt: created, Version: 1}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The two active adapters and the listed job's are the oldest.
+	save("active-1", "job-a1", "active", at)
+	save("active-2", "job-a2", "active", at.Add(time.Second))
+	save("old-of-listed-job", "job-listed", "rolled_back", at.Add(2*time.Second))
+	if err := st.SaveTrainingJob(ctx, sink.TrainingJobRow{JobID: "job-listed", EnvironmentID: "env-job-listed", PlanRevision: 1,
+		Environment: "sim-airline", AgentVersion: "1.4.0", Capability: "precondition_verification", BaseModel: "m", Backend: "nats",
+		Status: "SUCCEEDED", AdapterName: "old-of-listed-job", Iterations: 5, Planner: `{}`, Spec: `{}`, DispatchedAt: at, LastEventAt: at,
+		DeadlineAt: at.Add(time.Hour), CreatedAt: at, UpdatedAt: at, Version: 2}); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 1199 {
+		status := "candidate"
+		if i%2 == 0 {
+			status = "retired"
+		}
+		save(fmt.Sprintf("other-%04d", i), fmt.Sprintf("job-other-%04d", i), status, at.Add(time.Hour+time.Duration(i)*time.Second))
+	}
+	h := New(Deps{Training: st})
+	want := map[string]int{"active": 2, "rolled_back": 1, "candidate": 599, "retired": 600}
+	for _, tt := range []struct {
+		query string
+		shown int
+	}{{"", 102}, {"?adapters=5", 7}, {"?adapters=1000&limit=3", 1002}} {
+		var resp TrainingResponse
+		getJSON(t, h, "/api/training"+tt.query, &resp)
+		names := map[string]bool{}
+		for _, a := range resp.Adapters {
+			names[a.Name] = true
+		}
+		if len(resp.Adapters) != tt.shown || !names["active-1"] || !names["active-2"] || !names["other-1198"] || names["old-of-listed-job"] ||
+			!maps.Equal(resp.AdapterCounts, want) || resp.AdapterTotal != 1202 {
+			t.Errorf("%s: %d adapters listed (actives %v %v), counts %v, total %d; want %d, counts %v, total 1202", tt.query,
+				len(resp.Adapters), names["active-1"], names["active-2"], resp.AdapterCounts, resp.AdapterTotal, tt.shown, want)
+		}
+		if len(resp.Jobs) != 1 || resp.Jobs[0].Adapter == nil || resp.Jobs[0].Adapter.Name != "old-of-listed-job" || resp.Jobs[0].Adapter.Status != "rolled_back" {
+			t.Errorf("%s: the listed job's adapter: %+v", tt.query, resp.Jobs)
+		}
+		_, body := getStatus(h, "/training"+tt.query)
+		for _, s := range []string{fmt.Sprintf("showing %d of 1202 adapters", tt.shown), `<span class="adapter-name">old-of-listed-job</span> <span class="status status-rolled_back">`,
+			`<span class="key status-retired">retired 600</span>`} {
+			if !strings.Contains(body, s) {
+				t.Errorf("/training%s lacks %q", tt.query, s)
+			}
+		}
+	}
+	if code, _ := getStatus(h, "/api/training?adapters=1001"); code != http.StatusBadRequest {
+		t.Errorf("adapters=1001: %d, want 400", code)
+	}
+}
