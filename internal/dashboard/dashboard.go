@@ -24,7 +24,10 @@
 // documented in docs/queries.md.
 //
 // A page URL that carries ?token= (the HTTP server's bearer token, see
-// internal/app) keeps it on every link it renders.
+// internal/app) keeps it on every link it renders. A page's selectors (a
+// status, a range, a number of weeks) and filter forms change their own
+// parameter and keep the others it was asked with (limit, the filters,
+// examples, top, at).
 package dashboard
 
 import (

@@ -151,6 +151,7 @@ type environmentsPage struct {
 	EnvironmentsResponse
 	Filter      sink.EnvironmentFilter
 	StatusLinks []rangeLink
+	Limit       string // as asked ("": the default), kept by the filter form
 }
 
 func (s *server) pageEnvironments(w http.ResponseWriter, r *http.Request) {
@@ -159,11 +160,13 @@ func (s *server) pageEnvironments(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	pg := environmentsPage{base: s.base(r, "Environments", "environments"), EnvironmentsResponse: resp, Filter: p.Filter}
+	pg.Limit = strings.TrimSpace(r.URL.Query().Get("limit"))
+	others := []string{"env", "agent_version", "limit"} // what a status link keeps
 	pg.StatusLinks = append(pg.StatusLinks, rangeLink{Label: "all", Active: p.Filter.Status == "",
-		Href: href(pg.Tok, "/environments", "env", p.Filter.Environment, "agent_version", p.Filter.AgentVersion)})
+		Href: href(pg.Tok, "/environments", keep(r, others)...)})
 	for _, st := range synthesizer.Statuses {
 		pg.StatusLinks = append(pg.StatusLinks, rangeLink{Label: string(st), Active: p.Filter.Status == string(st),
-			Href: href(pg.Tok, "/environments", "status", string(st), "env", p.Filter.Environment, "agent_version", p.Filter.AgentVersion)})
+			Href: href(pg.Tok, "/environments", keep(r, others, "status", string(st))...)})
 	}
 	s.render(w, r, "environments", pg)
 }

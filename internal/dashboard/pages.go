@@ -195,6 +195,18 @@ func bucketStep(bucket string) (time.Duration, string) {
 	return time.Hour, "hour"
 }
 
+// keep are the request's parameters names as href's name/value pairs,
+// followed by kv (which win): a link that changes some of a page's
+// parameters keeps the others it was asked with (limit, the filters).
+func keep(r *http.Request, names []string, kv ...any) []any {
+	q := r.URL.Query()
+	out := make([]any, 0, 2*len(names)+len(kv))
+	for _, n := range names {
+		out = append(out, n, strings.TrimSpace(q.Get(n)))
+	}
+	return append(out, kv...)
+}
+
 // rangeLinks are the time-range and bucket selectors of a page.
 func rangeLinks(tok, path string, kv []any, rg Range) (ranges, buckets []rangeLink) {
 	link := func(hours int, bucket string) string {
@@ -373,7 +385,8 @@ func (s *server) pageCapability(w http.ResponseWriter, r *http.Request) {
 	pg := capabilityPage{base: s.base(r, p.Name, "overview"), CapabilityResponse: resp}
 	k := resp.Cohort
 	pg.Back = href(pg.Tok, "/", "env", k.Environment, "agent_version", k.AgentVersion, "dict", k.DictionaryVersion, "hours", resp.Range.Hours, "bucket", resp.Range.Bucket)
-	pg.Ranges, pg.Buckets = rangeLinks(pg.Tok, "/capability", []any{"env", k.Environment, "agent_version", k.AgentVersion, "dict", k.DictionaryVersion, "name", p.Name}, resp.Range)
+	pg.Ranges, pg.Buckets = rangeLinks(pg.Tok, "/capability",
+		keep(r, []string{"examples"}, "env", k.Environment, "agent_version", k.AgentVersion, "dict", k.DictionaryVersion, "name", p.Name), resp.Range)
 	_, pg.Per = bucketStep(resp.Range.Bucket)
 	series := []CapSeries{{Capability: p.Name, Points: resp.Series}}
 	if len(resp.Series) == 0 {
@@ -389,6 +402,7 @@ type triggersPage struct {
 	base
 	*TriggersResponse
 	Days     int
+	Limit    string // as asked ("": the default), kept by the filter form
 	DayLinks []rangeLink
 	Timeline template.HTML
 	Kinds    []legendItem
@@ -418,9 +432,10 @@ func (s *server) pageTriggers(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	pg := triggersPage{base: s.base(r, "Triggers", "triggers"), TriggersResponse: resp, Days: p.Days}
+	pg.Limit = strings.TrimSpace(r.URL.Query().Get("limit"))
 	for _, n := range []int{1, 7, 30, 90, 365} {
 		pg.DayLinks = append(pg.DayLinks, rangeLink{Label: fmt.Sprintf("%d days", n), Active: n == p.Days,
-			Href: href(pg.Tok, "/triggers", "env", p.Filter.Environment, "agent_version", p.Filter.AgentVersion, "capability", p.Filter.Capability, "days", n)})
+			Href: href(pg.Tok, "/triggers", keep(r, []string{"env", "agent_version", "capability", "limit"}, "days", n)...)})
 	}
 	pg.DayLinks[0].Label = "24 h"
 	for _, k := range []string{"fired", "deselected", "reselected", "rearmed"} {
@@ -509,10 +524,12 @@ func (s *server) pageTrends(w http.ResponseWriter, r *http.Request) {
 	}
 	pg := trendsPage{base: s.base(r, "Failure trends", "trends"), TrendsResponse: resp}
 	for _, e := range resp.Environments {
-		pg.EnvLinks = append(pg.EnvLinks, rangeLink{Label: e, Href: href(pg.Tok, "/trends", "env", e, "weeks", p.Weeks), Active: e == resp.Environment})
+		pg.EnvLinks = append(pg.EnvLinks, rangeLink{Label: e, Href: href(pg.Tok, "/trends", keep(r, []string{"top", "at"}, "env", e, "weeks", p.Weeks)...),
+			Active: e == resp.Environment})
 	}
 	for _, n := range []int{4, 8, 12, 26} {
-		pg.WeekLinks = append(pg.WeekLinks, rangeLink{Label: fmt.Sprintf("%d weeks", n), Href: href(pg.Tok, "/trends", "env", resp.Environment, "weeks", n), Active: n == p.Weeks})
+		pg.WeekLinks = append(pg.WeekLinks, rangeLink{Label: fmt.Sprintf("%d weeks", n),
+			Href: href(pg.Tok, "/trends", keep(r, []string{"top", "at"}, "env", resp.Environment, "weeks", n)...), Active: n == p.Weeks})
 	}
 	if !resp.Empty {
 		week := 7 * 24 * time.Hour
