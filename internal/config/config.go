@@ -448,8 +448,8 @@ func (c Config) Validate() error {
 		key  string
 		port int
 	}{{"embedded.clickhouse_port", c.Embedded.ClickHousePort}, {"embedded.clickhouse_http_port", c.Embedded.ClickHouseHTTPPort}, {"embedded.nats_port", c.Embedded.NATSPort}} {
-		if p.port < 1 || p.port > 65535 {
-			errs = append(errs, fmt.Errorf("%s: %d is not a TCP port (1–65535)", p.key, p.port))
+		if p.port < 0 || p.port > 65535 {
+			errs = append(errs, fmt.Errorf("%s: %d is not a TCP port (0–65535; 0 picks a free one)", p.key, p.port))
 		}
 	}
 	if err := c.Analyzer.EvalConfig.WithDefaults().Validate(); err != nil {

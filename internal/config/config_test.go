@@ -105,7 +105,7 @@ func TestValidateNamesTheField(t *testing.T) {
 		{[]string{"nats.url=nats://a:4222,b:4222"}, `nats.url: "b:4222"`},
 		{[]string{"nats.url=nats://user:secret@a:4222,http://user:secret@b:4222"}, `nats.url: "http://[REDACTED]@b:4222"`},
 		{[]string{"embedded.nats_port=99999"}, "embedded.nats_port: 99999 is not a TCP port"},
-		{[]string{"embedded.clickhouse_port=0"}, "embedded.clickhouse_port"},
+		{[]string{"embedded.clickhouse_port=65536"}, "embedded.clickhouse_port"},
 		{[]string{"embedded.clickhouse_http_port=-1"}, "embedded.clickhouse_http_port"},
 		{[]string{"analyzer.rho=2"}, "analyzer.rho"},
 		{[]string{"analyzer.delta=1.5"}, "analyzer.delta"},
