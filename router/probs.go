@@ -18,6 +18,11 @@ const (
 	ReasonClassifierError = "classifier_error" // the classifier call failed (after its retries)
 	ReasonNoMessages      = "no_user_message"  // nothing to classify in the request
 	ReasonRegistryError   = "registry_error"   // the adapter registry could not be read
+	// ReasonAdapterUnavailable is a request's, not a decision's: the
+	// upstream answered 404 for the decision's adapter (it does not serve
+	// it: vLLM restarted and forgot its runtime-loaded adapters, a failed
+	// load) and the base model served the request (ProxyConfig.NoAdapterFallback).
+	ReasonAdapterUnavailable = "adapter_unavailable"
 )
 
 // isSpaceOrMarker is whitespace, or a tokenizer's vocabulary mark for it:

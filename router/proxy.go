@@ -19,6 +19,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/traceops/trace/internal/httpauth"
 	"github.com/traceops/trace/sink"
 )
@@ -72,6 +74,17 @@ type ProxyConfig struct {
 	DefaultEnvironment string
 	// MaxBodyBytes bounds a request body (default 32 MiB).
 	MaxBodyBytes int64
+	// NoAdapterFallback passes the upstream's 404 for an adapter to the
+	// caller (router.fallback_on_missing_adapter: false). By default a
+	// request forwarded to an adapter that the upstream answers 404 (it
+	// does not serve the adapter: vLLM restarted and forgot its
+	// runtime-loaded adapters, a failed load) is sent once more with the
+	// base model, whose answer the caller gets: the adapter is an
+	// optimisation, the base model answers too.
+	NoAdapterFallback bool
+	// Registerer, when set, registers the proxy's metrics
+	// (trace_router_adapter_fallbacks_total).
+	Registerer prometheus.Registerer
 	// Transport reaches the upstream (nil: a pooled transport of its own).
 	Transport http.RoundTripper
 	Logger    *slog.Logger
@@ -95,7 +108,14 @@ type Proxy struct {
 	// for them, and a redirect is the caller's to see.
 	transport http.RoundTripper
 	log       *slog.Logger
+
+	fallbacks *prometheus.CounterVec // by the missing adapter
+	warnMu    sync.Mutex
+	warned    map[string]time.Time // when a missing adapter was last logged
 }
+
+// fallbackWarnEvery is how often a missing adapter is logged at most.
+const fallbackWarnEvery = time.Minute
 
 // NewProxy validates cfg and returns the proxy. rec may be nil (nothing recorded).
 func NewProxy(cfg ProxyConfig, r *Router, rec DecisionRecorder) (*Proxy, error) {
@@ -122,7 +142,20 @@ func NewProxy(cfg ProxyConfig, r *Router, rec DecisionRecorder) (*Proxy, error) 
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Proxy{cfg: cfg, r: r, rec: rec, chatURL: u.String() + "/chat/completions", transport: tr, log: log}, nil
+	fallbacks := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "trace_router_adapter_fallbacks_total",
+		Help: "Requests routed to an adapter that the upstream answered 404 (it does not serve it) and the base model served (router.fallback_on_missing_adapter)."},
+		[]string{"adapter"})
+	if cfg.Registerer != nil {
+		if err := cfg.Registerer.Register(fallbacks); err != nil {
+			var are prometheus.AlreadyRegisteredError
+			if !errors.As(err, &are) {
+				return nil, fmt.Errorf("router: metrics: %w", err)
+			}
+			fallbacks = are.ExistingCollector.(*prometheus.CounterVec) // a second proxy in the process
+		}
+	}
+	return &Proxy{cfg: cfg, r: r, rec: rec, chatURL: u.String() + "/chat/completions", transport: tr, log: log,
+		fallbacks: fallbacks, warned: map[string]time.Time{}}, nil
 }
 
 // upstreamShards is how many connection pools the default transport
@@ -423,6 +456,11 @@ func (p *Proxy) chat(w http.ResponseWriter, r *http.Request) {
 	ureq.Header.Set("Content-Type", "application/json")
 	row.OverheadUS = micros(time.Since(start))
 	resp, err := p.transport.RoundTrip(ureq)
+	if err == nil && resp.StatusCode == http.StatusNotFound && d.Adapter != "" && d.Model != p.r.cfg.BaseModel && !p.cfg.NoAdapterFallback {
+		// The upstream does not serve the adapter; nothing has been sent
+		// to the caller yet: the base model answers instead.
+		d, resp, err = p.fallback(r.Context(), d, resp, cb, ureq.Header, &row)
+	}
 	if err != nil {
 		if r.Context().Err() != nil {
 			row.Outcome = OutcomeCanceled
@@ -463,6 +501,54 @@ func (p *Proxy) chat(w http.ResponseWriter, r *http.Request) {
 		p.record(row)
 		recorded = true
 		panic(http.ErrAbortHandler)
+	}
+}
+
+// fallback sends the request again with the base model after the
+// upstream answered resp, a 404, for d's adapter, and returns the decision
+// as served (the base model) with the upstream's new answer. row becomes
+// the base model's, with ReasonAdapterUnavailable and the missing adapter
+// in its error. Only here, off the path of every other request.
+func (p *Proxy) fallback(ctx context.Context, d Decision, resp *http.Response, cb chatBody, hdr http.Header, row *sink.RouteDecisionRow) (Decision, *http.Response, error) {
+	missing := d.Adapter
+	// Read (some of) the 404 so that its connection is reused.
+	msg, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+	resp.Body.Close()
+	p.fallbacks.WithLabelValues(missing).Inc()
+	p.warnMissing(d, missing, msg)
+	d.Adapter, d.Capability, d.Model = "", "", p.r.cfg.BaseModel
+	d.wire = newWire(d) // the base model's headers and JSON model
+	row.Adapter, row.Capability, row.Model = "", "", d.Model
+	row.Reason = ReasonAdapterUnavailable
+	row.Error = "the upstream answered 404 for the adapter " + missing + " (it does not serve it); the base model served the request"
+	ureq, err := http.NewRequestWithContext(ctx, http.MethodPost, p.chatURL, bytes.NewReader(cb.withModel(d.wire.model)))
+	if err != nil {
+		return d, nil, err
+	}
+	ureq.Header = hdr // read only, as by the first request
+	resp, err = p.transport.RoundTrip(ureq)
+	return d, resp, err
+}
+
+// warnMissing logs a missing adapter at most once per fallbackWarnEvery
+// (the upstream's message, never the request's headers).
+func (p *Proxy) warnMissing(d Decision, missing string, msg []byte) {
+	now := time.Now()
+	p.warnMu.Lock()
+	last, seen := p.warned[missing]
+	due := !seen || now.Sub(last) >= fallbackWarnEvery
+	if due {
+		for a, t := range p.warned { // forget the adapters that were not missing for a while
+			if now.Sub(t) >= fallbackWarnEvery {
+				delete(p.warned, a)
+			}
+		}
+		p.warned[missing] = now
+	}
+	p.warnMu.Unlock()
+	if due {
+		p.log.Warn("router: the upstream does not serve the adapter (404); its conversations are served by the base model until it does (logged once a minute per adapter)",
+			"adapter", missing, "base_model", p.r.cfg.BaseModel, "environment", d.Environment, "upstream_says", cutText(strings.TrimSpace(string(msg)), 300))
 	}
 }
 

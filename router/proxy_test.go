@@ -43,6 +43,13 @@ type fixture struct {
 
 func newFixture(t *testing.T, adapters ...sink.AdapterRow) *fixture {
 	t.Helper()
+	return newFixtureWith(t, nil, adapters...)
+}
+
+// newFixtureWith is newFixture with the proxy's configuration changed by
+// set (nil: as newFixture).
+func newFixtureWith(t *testing.T, set func(*router.ProxyConfig), adapters ...sink.AdapterRow) *fixture {
+	t.Helper()
 	st := testenv.ClickHouse(t).Store()
 	ctx := context.Background()
 	for _, a := range adapters {
@@ -61,7 +68,11 @@ func newFixture(t *testing.T, adapters ...sink.AdapterRow) *fixture {
 		t.Fatal(err)
 	}
 	rec := &router.Recorder{W: st, FlushEvery: 20 * time.Millisecond}
-	p, err := router.NewProxy(router.ProxyConfig{UpstreamURL: up.URL, BearerToken: token, DefaultEnvironment: env}, r, rec)
+	pc := router.ProxyConfig{UpstreamURL: up.URL, BearerToken: token, DefaultEnvironment: env}
+	if set != nil {
+		set(&pc)
+	}
+	p, err := router.NewProxy(pc, r, rec)
 	if err != nil {
 		t.Fatal(err)
 	}

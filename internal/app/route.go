@@ -75,7 +75,8 @@ func (a *App) addRoute(ctx context.Context, g *run.Group) error {
 	}
 	rec := &router.Recorder{W: a.Store, Log: a.Log.With("role", "route")}
 	p, err := router.NewProxy(router.ProxyConfig{UpstreamURL: rc.UpstreamURL, UpstreamAPIKey: rc.UpstreamAPIKey, BearerToken: rc.BearerToken,
-		DefaultEnvironment: rc.DefaultEnvironment, Logger: a.Log.With("role", "route")}, r, rec)
+		DefaultEnvironment: rc.DefaultEnvironment, NoAdapterFallback: !rc.FallbackOnMissingAdapter, Registerer: a.Registry,
+		Logger: a.Log.With("role", "route")}, r, rec)
 	if err != nil {
 		return err
 	}

@@ -64,6 +64,12 @@ type Router struct {
 	LabelConstraint string `koanf:"label_constraint"`
 	// AdaptersRefresh is how long the list of active adapters is kept.
 	AdaptersRefresh time.Duration `koanf:"adapters_refresh"`
+	// FallbackOnMissingAdapter (default true): a request forwarded to an
+	// adapter that the upstream answers 404 (it does not serve it: vLLM
+	// restarted and forgot its runtime-loaded adapters, a failed load) is
+	// sent once more with BaseModel, whose answer the caller gets; false
+	// passes the 404 to the caller.
+	FallbackOnMissingAdapter bool `koanf:"fallback_on_missing_adapter"`
 	// DrainTimeout bounds the wait for requests in flight (streams) on SIGTERM.
 	DrainTimeout time.Duration `koanf:"drain_timeout"`
 	// GOGC is the garbage collector's target (Go's GOGC, a percentage)
@@ -95,7 +101,7 @@ type RouterRetrieval struct {
 func DefaultRouter() Router {
 	return Router{Addr: "127.0.0.1:8088", ClassifierTimeout: 10 * time.Second, ClassifierAttempts: 2, TopP: 0.95, Temperature: 1,
 		TopLogprobs: 20, Context: "first_user", LastN: 4, CacheTTL: time.Hour, CacheMax: 100000, LabelConstraint: "none",
-		AdaptersRefresh: 10 * time.Second, DrainTimeout: 30 * time.Second, GOGC: 400,
+		AdaptersRefresh: 10 * time.Second, FallbackOnMissingAdapter: true, DrainTimeout: 30 * time.Second, GOGC: 400,
 		Retrieval: RouterRetrieval{Pool: 50, TTL: 10 * time.Minute}}
 }
 

@@ -15,7 +15,7 @@ import (
 // secrets are redacted.
 func TestRouterConfig(t *testing.T) {
 	d, err := Load("", nil)
-	if err != nil || d.Has("route") || d.Router.TopP != 0.95 || d.Router.Context != "first_user" {
+	if err != nil || d.Has("route") || d.Router.TopP != 0.95 || d.Router.Context != "first_user" || !d.Router.FallbackOnMissingAdapter {
 		t.Fatalf("defaults: %v %+v", err, d.Router)
 	}
 	_, err = Load("", []string{"roles=route"})
@@ -42,6 +42,16 @@ func TestRouterConfig(t *testing.T) {
 				t.Errorf("router.%s=%s: %v", field, u, err)
 			}
 		}
+	}
+	// router.fallback_on_missing_adapter is a boolean: off passes the upstream's 404 for an adapter through.
+	if c, err := Load("", []string{"roles=route", "router.upstream_url=http://127.0.0.1:8000/v1", "router.base_model=m",
+		"router.fallback_on_missing_adapter=false"}); err != nil || c.Router.FallbackOnMissingAdapter {
+		t.Errorf("router.fallback_on_missing_adapter=false: %v %v", err, c.Router.FallbackOnMissingAdapter)
+	}
+	_, err = Load("", []string{"roles=route", "router.upstream_url=http://127.0.0.1:8000/v1", "router.base_model=m",
+		"router.fallback_on_missing_adapter=maybe"})
+	if err == nil || !strings.Contains(err.Error(), "fallback_on_missing_adapter") {
+		t.Errorf("router.fallback_on_missing_adapter=maybe accepted: %v", err)
 	}
 	c, err := Load("", []string{"roles=route,serve", "router.upstream_url=http://127.0.0.1:8000/v1", "router.base_model=m",
 		"router.bearer_token=tok", "router.upstream_api_key=key"})
