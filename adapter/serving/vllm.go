@@ -13,7 +13,8 @@
 //	  500 {"error": {...}} when the engine fails to load it
 //	POST {base}/unload_lora_adapter {"lora_name": N}
 //	  200, plain text; 404 {"error": {"message": "The lora adapter 'N' cannot be found.", ...}}
-//	GET  {base}/models lists the base model and every loaded adapter (id = name, root = path)
+//	GET  {base}/models lists the base model and every loaded adapter (id = name, root = path,
+//	  parent = the base model; the base model has no parent)
 //
 // Without VLLM_ALLOW_RUNTIME_LORA_UPDATING the routes do not exist, and
 // the answer is FastAPI's 404 {"detail": "Not Found"}; older vLLM versions
@@ -250,37 +251,71 @@ func isRouteMissing(raw []byte) bool {
 	return json.Unmarshal(raw, &e) == nil && e.Detail == "Not Found"
 }
 
-func (v *VLLM) loaded(ctx context.Context, name string) (string, bool, error) {
+// model is one entry of GET /models: the base model (no parent) or an
+// adapter (id = its name, root = its path, parent = the base model).
+type model struct {
+	ID     string `json:"id"`
+	Root   string `json:"root"`
+	Parent string `json:"parent"`
+}
+
+func (v *VLLM) models(ctx context.Context) ([]model, error) {
 	actx, cancel := context.WithTimeout(ctx, cmp.Or(v.Timeout, DefaultTimeout))
 	defer cancel()
 	req, err := http.NewRequestWithContext(actx, http.MethodGet, v.url("models"), nil)
 	if err != nil {
-		return "", false, err
+		return nil, err
 	}
 	if v.Token != "" {
 		req.Header.Set("Authorization", "Bearer "+v.Token)
 	}
 	resp, err := v.client().Do(req)
 	if err != nil {
-		return "", false, err
+		var ue *url.Error
+		if errors.As(err, &ue) {
+			return nil, fmt.Errorf("GET %s/models: %w", v.Endpoint(), ue.Err)
+		}
+		return nil, err
 	}
 	defer resp.Body.Close()
 	var list struct {
-		Data []struct {
-			ID   string `json:"id"`
-			Root string `json:"root"`
-		} `json:"data"`
+		Data []model `json:"data"`
 	}
 	if resp.StatusCode != http.StatusOK {
-		return "", false, fmt.Errorf("GET %s/models: HTTP %d", v.Endpoint(), resp.StatusCode)
+		return nil, fmt.Errorf("GET %s/models: HTTP %d", v.Endpoint(), resp.StatusCode)
 	}
 	if err := json.NewDecoder(io.LimitReader(resp.Body, 16<<20)).Decode(&list); err != nil {
-		return "", false, fmt.Errorf("GET %s/models: %w", v.Endpoint(), err)
+		return nil, fmt.Errorf("GET %s/models: %w", v.Endpoint(), err)
 	}
-	for _, m := range list.Data {
+	return list.Data, nil
+}
+
+func (v *VLLM) loaded(ctx context.Context, name string) (string, bool, error) {
+	ms, err := v.models(ctx)
+	if err != nil {
+		return "", false, err
+	}
+	for _, m := range ms {
 		if m.ID == name {
 			return m.Root, true, nil
 		}
 	}
 	return "", false, nil
+}
+
+// Served lists the adapters the server serves now: name → path (GET
+// /models, the entries with a parent; the base model has none). One
+// attempt: the caller (the adapt role's reconciliation) tries again later.
+func (v *VLLM) Served(ctx context.Context) (map[string]string, error) {
+	ms, err := v.models(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]string{}
+	for _, m := range ms {
+		if m.Parent != "" && m.ID != "" {
+			out[m.ID] = m.Root
+		}
+	}
+	return out, nil
 }

@@ -96,3 +96,30 @@ func TestErrorBodies(t *testing.T) {
 		t.Error("isRouteMissing")
 	}
 }
+
+// TestVLLMServed: Served lists the loaded adapters with their paths, not
+// the base model; a server that is down is an error naming its endpoint.
+func TestVLLMServed(t *testing.T) {
+	ctx := context.Background()
+	srv := llmtest.New(t)
+	srv.ServeLoRA(llmtest.LoRAOptions{APIKey: "secret"})
+	v := fast(srv, "secret")
+	a, b := t.TempDir(), t.TempDir()
+	for name, dir := range map[string]string{"cap-a": a, "cap-b": b} {
+		if err := v.Load(ctx, name, dir); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got, err := v.Served(ctx)
+	if err != nil || len(got) != 2 || got["cap-a"] != a || got["cap-b"] != b {
+		t.Fatalf("Served: %v %v", got, err)
+	}
+	srv.RestartLoRA()
+	if got, err := v.Served(ctx); err != nil || len(got) != 0 {
+		t.Fatalf("Served after a restart: %v %v", got, err)
+	}
+	srv.SetDown(true)
+	if _, err := v.Served(ctx); err == nil || !strings.Contains(err.Error(), "GET "+srv.URL+"/models") {
+		t.Fatalf("Served of a server that is down: %v", err)
+	}
+}

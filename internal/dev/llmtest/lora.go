@@ -85,6 +85,18 @@ func (s *Server) DropLoRAFaults() int {
 	return n
 }
 
+// RestartLoRA simulates a restart of the engine: every loaded adapter is
+// forgotten (vLLM's runtime-loaded adapters live only in the process's
+// memory), the queued faults too; the calls stay recorded.
+func (s *Server) RestartLoRA() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.lora != nil {
+		s.lora.loaded = map[string]string{}
+		s.lora.faults = nil
+	}
+}
+
 // LoadedAdapters returns the loaded adapters: name → path.
 func (s *Server) LoadedAdapters() map[string]string {
 	s.mu.Lock()

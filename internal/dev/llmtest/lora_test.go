@@ -87,3 +87,27 @@ func TestServeLoRA(t *testing.T) {
 		t.Fatalf("calls %v", got)
 	}
 }
+
+// TestRestartAndDown: RestartLoRA forgets every loaded adapter (a vLLM
+// restart), SetDown closes every connection unanswered until it is back.
+func TestRestartAndDown(t *testing.T) {
+	s := New(t)
+	s.ServeLoRA(LoRAOptions{})
+	dir := t.TempDir()
+	if st, _ := postJSON(t, s.URL+"/load_lora_adapter", `{"lora_name":"cap-a","lora_path":"`+dir+`"}`, ""); st != 200 {
+		t.Fatalf("load: %d", st)
+	}
+	s.RestartLoRA()
+	if n := len(s.LoadedAdapters()); n != 0 {
+		t.Fatalf("%d adapters loaded after a restart", n)
+	}
+	s.SetDown(true)
+	if resp, err := http.Get(s.URL + "/models"); err == nil {
+		resp.Body.Close()
+		t.Fatalf("a server that is down answered %s", resp.Status)
+	}
+	s.SetDown(false)
+	if st, _ := postJSON(t, s.URL+"/load_lora_adapter", `{"lora_name":"cap-a","lora_path":"`+dir+`"}`, ""); st != 200 {
+		t.Fatalf("load after the restart: %d", st)
+	}
+}

@@ -139,6 +139,7 @@ type Server struct {
 	inflight    int
 	maxInflight int
 	lora        *loraState   // ServeLoRA (lora.go)
+	down        bool         // SetDown: every connection closed unanswered
 	embeds      atomic.Int64 // POST /v1/embeddings served (embeddings.go)
 }
 
@@ -194,7 +195,29 @@ func (s *Server) MaxInFlight() int {
 	return s.maxInflight
 }
 
+// SetDown makes the server act as a process that is gone (down) or back
+// (!down): while down, every request's connection is closed without an
+// answer, so clients see a network error; the server's state is kept.
+func (s *Server) SetDown(down bool) {
+	s.mu.Lock()
+	s.down = down
+	s.mu.Unlock()
+}
+
 func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
+	s.mu.Lock()
+	down := s.down
+	s.mu.Unlock()
+	if down {
+		if hj, ok := w.(http.Hijacker); ok {
+			if c, _, err := hj.Hijack(); err == nil {
+				_ = c.Close()
+				return
+			}
+		}
+		w.WriteHeader(http.StatusServiceUnavailable)
+		return
+	}
 	if s.serveLoRA(w, r) {
 		return
 	}
