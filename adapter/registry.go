@@ -19,12 +19,14 @@ import (
 // makes `model: name` select the adapter at path; Unload undoes it. Both
 // retry what can be retried and return an error only when the engine did
 // not do it; loading a name already loaded from the same path and
-// unloading one that is not loaded succeed.
+// unloading one that is not loaded succeed. Served lists the adapters the
+// engine serves now (name → path), for the reconciliation (Reconciler).
 type Engine interface {
 	Name() string
 	Endpoint() string
 	Load(ctx context.Context, name, path string) error
 	Unload(ctx context.Context, name string) error
+	Served(ctx context.Context) (map[string]string, error)
 }
 
 // RegistryStore is what the registry needs of ClickHouse (sink.Store).

@@ -3,6 +3,7 @@ package adapter_test
 import (
 	"context"
 	"errors"
+	"maps"
 	"net/http"
 	"strings"
 	"sync"
@@ -320,6 +321,12 @@ func (e *fakeEngine) Unload(_ context.Context, name string) error {
 	defer e.mu.Unlock()
 	delete(e.loaded, name)
 	return nil
+}
+
+func (e *fakeEngine) Served(context.Context) (map[string]string, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return maps.Clone(e.loaded), nil
 }
 
 func (e *fakeEngine) has(name string) bool {

@@ -516,8 +516,9 @@ func (a *App) Close() {
 
 // addAdapt adds the adapt role (TRACE step 3): the durable consumer of
 // trace.environments.ready (plan → dispatch), the consumer of the
-// trainers' events (status, history, registry), the deadline check and,
-// with adapter.auto_activate, the consumer of activation requests.
+// trainers' events (status, history, registry), the deadline check,
+// with adapter.auto_activate the consumer of activation requests, and
+// with adapter.serving the serving reconciliation.
 func (a *App) addAdapt(ctx context.Context, g *run.Group) error {
 	log := a.Log.With("role", "adapt")
 	tb, err := TrainingBackend(a.Cfg, a.Bus, log)
@@ -581,8 +582,21 @@ func (a *App) addAdapt(ctx context.Context, g *run.Group) error {
 	every := a.Cfg.Adapter.DeadlineCheck
 	addActor(g, ctx, "adapt-deadlines", func(ctx context.Context) error { return st.RunDeadlines(ctx, every) })
 	a.addGuard(ctx, g, reg)
+	// The serving engine forgets its runtime-loaded adapters when it
+	// restarts: every reconcile_every the active ones it does not serve
+	// are loaded again (and the retired ones it still serves unloaded),
+	// on the same Registry, so its transitions stay serialised.
+	reconcile := a.Cfg.Adapter.Serving.ReconcileEvery
+	if reg.Engine == nil {
+		reconcile = 0
+	}
+	if reconcile > 0 {
+		sr := &adapter.Reconciler{Registry: reg, Metrics: adapter.NewReconcileMetrics(a.Registry), Log: log.With("component", "serving-reconcile")}
+		addActor(g, ctx, "adapt-serving-reconcile", func(ctx context.Context) error { return sr.Run(ctx, reconcile) })
+	}
 	a.Log.Info("adapt role: training jobs from ready environments", "backend", a.Cfg.Adapter.Backend, "preset", a.Cfg.Adapter.Plan.Preset,
-		"env_server", pc.EnvServerURL, "planner", planner != nil, "serving", a.Cfg.Adapter.Serving.Enabled, "auto_activate", a.Cfg.Adapter.AutoActivate)
+		"env_server", pc.EnvServerURL, "planner", planner != nil, "serving", a.Cfg.Adapter.Serving.Enabled, "reconcile_every", reconcile,
+		"auto_activate", a.Cfg.Adapter.AutoActivate)
 	return nil
 }
 

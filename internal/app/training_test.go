@@ -17,8 +17,10 @@ import (
 	"github.com/traceops/trace/adapter"
 	"github.com/traceops/trace/adapter/dispatch"
 	"github.com/traceops/trace/internal/app"
+	"github.com/traceops/trace/internal/dev/llmtest"
 	"github.com/traceops/trace/internal/dev/testenv"
 	"github.com/traceops/trace/schemas"
+	"github.com/traceops/trace/sink"
 )
 
 func readyEnv(trigger, capability string) *schemas.EnvironmentReady {
@@ -222,4 +224,74 @@ func TestAdaptRoleWebhookWithCallback(t *testing.T) {
 	if res.StatusCode != http.StatusUnauthorized {
 		t.Errorf("unsigned callback: %d, want 401", res.StatusCode)
 	}
+}
+
+// TestAdaptRoleReconcilesServing: with adapter.serving on, the adapt role
+// loads again an active adapter the engine does not serve — registered
+// active while the engine did not serve it, then forgotten by the
+// engine's restart — every adapter.serving.reconcile_every, counted in
+// trace_adapter_reloads_total; stopping trace stops the loop cleanly.
+func TestAdaptRoleReconcilesServing(t *testing.T) {
+	ctx := context.Background()
+	ch := testenv.ClickHouse(t)
+	w := newWorld(t, ch.Addr, 1)
+	srv := llmtest.New(t)
+	srv.ServeLoRA(llmtest.LoRAOptions{})
+	cfg := withRoles(w.cfg, "adapt")
+	cfg.Adapter.Serving.Enabled = true
+	cfg.Adapter.Serving.BaseURL = srv.URL
+	cfg.Adapter.Serving.ReconcileEvery = time.Second
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	a, stop := w.start(t, cfg)
+	<-a.Ready()
+	dir := t.TempDir()
+	now := time.Now().UTC()
+	if err := a.Store.SaveAdapter(ctx, sink.AdapterRow{Name: "pv-1", JobID: "job-pv-1", Capability: "precondition_verification", Environment: "sim-airline",
+		URI: "file://" + dir, Status: adapter.AdapterActive, CreatedAt: now, UpdatedAt: now, Version: uint64(now.UnixNano())}); err != nil {
+		t.Fatal(err)
+	}
+	// Loaded, and the reload counted (after the load, when the registry
+	// recorded it).
+	waitReloaded := func(what string, n float64) {
+		t.Helper()
+		deadline := time.Now().Add(30 * time.Second)
+		for srv.LoadedAdapters()["pv-1"] != dir || counterValue(t, a, "trace_adapter_reloads_total", "ok") < n {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: pv-1 not loaded (%v) or not counted (trace_adapter_reloads_total{result=ok} = %v, want %v)",
+					what, srv.LoadedAdapters(), counterValue(t, a, "trace_adapter_reloads_total", "ok"), n)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+	waitReloaded("active in the registry, not served", 1)
+	srv.RestartLoRA()
+	waitReloaded("after the engine's restart", 2)
+	if ad, err := a.Store.Adapter(ctx, "pv-1"); err != nil || ad.Status != adapter.AdapterActive {
+		t.Errorf("pv-1 after the reloads: %+v %v", ad, err)
+	}
+	if err := stop(); err != nil {
+		t.Errorf("stop: %v", err)
+	}
+}
+
+// counterValue is the value of the metric name{result} the app exposes (0 if
+// absent).
+func counterValue(t *testing.T, a *app.App, name, result string) float64 {
+	t.Helper()
+	mfs, err := a.Registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if mf.GetName() == name && l.GetName() == "result" && l.GetValue() == result {
+					return m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	return 0
 }

@@ -33,6 +33,11 @@ type Serving struct {
 	// unload.
 	Timeout  time.Duration `koanf:"timeout"`
 	RetryFor time.Duration `koanf:"retry_for"`
+	// ReconcileEvery is how often the adapt role compares what the engine
+	// serves with the registry: an active adapter it does not serve (the
+	// engine restarted) is loaded again, a retired or rolled-back one it
+	// still serves is unloaded. 0 turns it off.
+	ReconcileEvery time.Duration `koanf:"reconcile_every"`
 	// PathMap rewrites adapter URIs into paths the engine's host sees:
 	// "FROM=TO" entries, the longest matching FROM prefix wins (e.g.
 	// file:///var/lib/trace/adapters=/models/adapters).
@@ -44,7 +49,7 @@ func DefaultPlanner() Planner { return Planner{MaxTokens: 512} }
 
 // DefaultServing is adapter.serving's defaults.
 func DefaultServing() Serving {
-	return Serving{Engine: "vllm", Timeout: 30 * time.Second, RetryFor: 2 * time.Minute}
+	return Serving{Engine: "vllm", Timeout: 30 * time.Second, RetryFor: 2 * time.Minute, ReconcileEvery: time.Minute}
 }
 
 // PathMapOf parses path_map entries.
@@ -93,6 +98,9 @@ func (c Config) validateTraining() []error {
 	}
 	if s.RetryFor < 0 {
 		errs = append(errs, fmt.Errorf("adapter.serving.retry_for: must not be negative, got %s", s.RetryFor))
+	}
+	if s.ReconcileEvery < 0 || (s.ReconcileEvery > 0 && s.ReconcileEvery < time.Second) {
+		errs = append(errs, fmt.Errorf("adapter.serving.reconcile_every: must be 0 (off) or at least 1s, got %s", s.ReconcileEvery))
 	}
 	if _, err := PathMapOf(s.PathMap); err != nil {
 		errs = append(errs, err)

@@ -3,6 +3,7 @@ package config
 import (
 	"strings"
 	"testing"
+	"time"
 )
 
 func TestPlannerAndServingConfig(t *testing.T) {
@@ -12,6 +13,12 @@ func TestPlannerAndServingConfig(t *testing.T) {
 	}
 	if c.Adapter.Planner.Enabled || c.Adapter.Serving.Enabled || c.Adapter.AutoActivate {
 		t.Fatalf("planner, serving and auto-activation must be off by default: %+v", c.Adapter)
+	}
+	if c.Adapter.Serving.ReconcileEvery != time.Minute {
+		t.Errorf("adapter.serving.reconcile_every: %s by default, want 1m", c.Adapter.Serving.ReconcileEvery)
+	}
+	if off, err := Load("", []string{"adapter.serving.reconcile_every=0"}); err != nil || off.Adapter.Serving.ReconcileEvery != 0 {
+		t.Errorf("adapter.serving.reconcile_every=0 (off): %v", err)
 	}
 	for _, tc := range []struct {
 		sets []string
@@ -24,6 +31,8 @@ func TestPlannerAndServingConfig(t *testing.T) {
 		{[]string{"adapter.serving.enabled=true", "adapter.serving.base_url=vllm:8000"}, "adapter.serving.base_url"},
 		{[]string{"adapter.serving.engine=tgi"}, `adapter.serving.engine: "tgi" is not vllm`},
 		{[]string{"adapter.serving.path_map=nothing"}, `adapter.serving.path_map: "nothing" is not FROM=TO`},
+		{[]string{"adapter.serving.reconcile_every=-1m"}, "adapter.serving.reconcile_every: must be 0 (off) or at least 1s, got -1m0s"},
+		{[]string{"adapter.serving.reconcile_every=10ms"}, "adapter.serving.reconcile_every: must be 0 (off) or at least 1s, got 10ms"},
 	} {
 		_, err := Load("", tc.sets)
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
