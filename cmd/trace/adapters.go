@@ -230,7 +230,8 @@ adapter.serving enabled it is loaded into the serving engine first; when
 the load fails, nothing changes and the exit status is 1. The adapter that
 was active for the same target environment and capability is retired and
 unloaded. Activating the active adapter loads it again (after an engine
-restart) without changing any status.`,
+restart) without changing any status; the adapt role also does that by
+itself every adapter.serving.reconcile_every (default 1m).`,
 		Example: "  trace adapters activate precondition-verification-3f1c2a9e",
 		Args:    cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
