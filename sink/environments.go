@@ -68,12 +68,7 @@ func environmentsSQL(f EnvironmentFilter) (string, []any) {
 		cols = environmentColumns
 	}
 	where, args := environmentsWhere(f)
-	q := `SELECT ` + cols + ` FROM (SELECT * FROM environments FINAL)` + where
-	q += "\n\tORDER BY created_at DESC, environment_id"
-	if f.Limit > 0 {
-		q += fmt.Sprintf(" LIMIT %d", f.Limit)
-	}
-	return q, args
+	return latestSQL(cols, "environments", where, "created_at DESC, environment_id", f.Limit), args
 }
 
 // environmentCountsSQL is the query of EnvironmentStatusCounts: the
@@ -81,12 +76,29 @@ func environmentsSQL(f EnvironmentFilter) (string, []any) {
 // of each, the same filters), counted by status.
 func environmentCountsSQL(f EnvironmentFilter) (string, []any) {
 	where, args := environmentsWhere(f)
-	return `SELECT status, count() FROM (SELECT * FROM environments FINAL)` + where + "\n\tGROUP BY status", args
+	return statusCountsSQL("environments", where), args
 }
 
 // environmentsWhere is the WHERE clause of f's filters ("" for none).
 func environmentsWhere(f EnvironmentFilter) (string, []any) {
 	return equalsWhere([][2]string{{"status", f.Status}, {"environment", f.Environment}, {"agent_version", f.AgentVersion}})
+}
+
+// latestSQL selects cols of the newest version of each row of table
+// (FINAL, then the WHERE clause where, so a filter never sees an old
+// version), in order, at most limit rows (0: all).
+func latestSQL(cols, table, where, order string, limit int) string {
+	q := `SELECT ` + cols + ` FROM (SELECT * FROM ` + table + ` FINAL)` + where + "\n\tORDER BY " + order
+	if limit > 0 {
+		q += fmt.Sprintf(" LIMIT %d", limit)
+	}
+	return q
+}
+
+// statusCountsSQL counts the rows latestSQL lists (without a limit) by
+// status.
+func statusCountsSQL(table, where string) string {
+	return `SELECT status, count() FROM (SELECT * FROM ` + table + ` FINAL)` + where + "\n\tGROUP BY status"
 }
 
 // equalsWhere is a WHERE clause requiring each column (pair[0]) to equal

@@ -59,12 +59,7 @@ type TrainingJobFilter struct {
 
 func trainingJobsSQL(f TrainingJobFilter) (string, []any) {
 	where, args := trainingJobsWhere(f)
-	q := `SELECT ` + trainingJobColumns + ` FROM (SELECT * FROM training_jobs FINAL)` + where
-	q += "\n\tORDER BY created_at DESC, job_id"
-	if f.Limit > 0 {
-		q += fmt.Sprintf(" LIMIT %d", f.Limit)
-	}
-	return q, args
+	return latestSQL(trainingJobColumns, "training_jobs", where, "created_at DESC, job_id", f.Limit), args
 }
 
 // trainingJobCountsSQL is the query of TrainingJobStatusCounts: the jobs
@@ -72,7 +67,7 @@ func trainingJobsSQL(f TrainingJobFilter) (string, []any) {
 // same filters), counted by status.
 func trainingJobCountsSQL(f TrainingJobFilter) (string, []any) {
 	where, args := trainingJobsWhere(f)
-	return `SELECT status, count() FROM (SELECT * FROM training_jobs FINAL)` + where + "\n\tGROUP BY status", args
+	return statusCountsSQL("training_jobs", where), args
 }
 
 // trainingJobsWhere is the WHERE clause of f's filters ("" for none).
@@ -269,11 +264,7 @@ type AdapterFilter struct {
 
 func adaptersSQL(f AdapterFilter) (string, []any) {
 	where, args := adaptersWhere(f)
-	q := `SELECT ` + adapterColumns + ` FROM (SELECT * FROM adapters FINAL)` + where + "\n\tORDER BY created_at DESC, adapter_name"
-	if f.Limit > 0 {
-		q += fmt.Sprintf(" LIMIT %d", f.Limit)
-	}
-	return q, args
+	return latestSQL(adapterColumns, "adapters", where, "created_at DESC, adapter_name", f.Limit), args
 }
 
 // adapterCountsSQL is the query of AdapterStatusCounts: the adapters
@@ -281,7 +272,7 @@ func adaptersSQL(f AdapterFilter) (string, []any) {
 // same filters), counted by status.
 func adapterCountsSQL(f AdapterFilter) (string, []any) {
 	where, args := adaptersWhere(f)
-	return `SELECT status, count() FROM (SELECT * FROM adapters FINAL)` + where + "\n\tGROUP BY status", args
+	return statusCountsSQL("adapters", where), args
 }
 
 // adaptersWhere is the WHERE clause of f's filters ("" for none).
