@@ -226,11 +226,10 @@ func (s *Store) DecisionShare(ctx context.Context, environment string, window, b
 // MarkAdapterRolledBack saves a new version of the adapter with status
 // rolled_back and the reason in its metadata.
 //
-// This is the minimal registry write of the closed loop's guard, a
-// stand-in until the adapter lifecycle (activate / retire / rollback with
-// the vLLM unload) lands: it does not unload anything from serving. The
-// guard calls it through its own interface (verify.RollBacker), so the
-// lifecycle's transition replaces it without touching the guard.
+// It is the registry write alone: nothing is unloaded from serving.
+// trace run's guard rolls back through the adapter lifecycle
+// (adapter.Registry.RollBack, which unloads); this write serves
+// verify.StoreRollBack, for tests and tools without a registry.
 func (s *Store) MarkAdapterRolledBack(ctx context.Context, a AdapterRow, metadata string, now time.Time) error {
 	next := a
 	next.Status, next.Metadata, next.UpdatedAt = "rolled_back", metadata, now.UTC()
