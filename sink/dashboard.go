@@ -226,11 +226,12 @@ GROUP BY rollout_id`
 // of each row: the computation through the hour's newest change) and every
 // other hour raw, from labels_by_time or rollout_counts, pruned by their
 // time-sorted keys: the hours from the watermark's closed_before on (the
-// open hour), the hours changed after its through (rollupDirty), and a
-// partial first hour. The result is the raw computation's (raw* above, the
-// statements before the rollup, which TestRollupExact and `trace bench
-// query` compare them with). Filters on ts use toStartOfHour(ts), which the
-// daily variant leaves alone; only the buckets become days.
+// open hour), the hours changed after its through (dirtyLabels,
+// dirtyRollouts), and a partial first hour. The result is the raw
+// computation's (raw* above, the statements before the rollup, which
+// TestRollupExact and `trace bench query` compare them with). Filters on
+// ts use toStartOfHour(ts), which the daily variant leaves alone; only the
+// buckets become days.
 //
 // They are written with named binds ({env}, {since}, …; see named), which
 // become the `?` of the text and DashboardQuery.Args.
@@ -638,8 +639,8 @@ func (q *DashboardQuery) args(caller []any) ([]any, error) {
 // Q* constants), with its binds; daily turns its toStartOfHour buckets
 // into toStartOfDay ones. Any other SQL is refused: the dashboard reads
 // through this method, and every statement trace runs lives in package sink.
-// The query runs under the dashboard's limits (DashboardLimits). The caller
-// closes the rows.
+// The query runs under the dashboard's limits (clickhouse.query_timeout and
+// query_max_memory, see dashboardCtx). The caller closes the rows.
 func (s *Store) QueryDashboard(ctx context.Context, q string, daily bool, args ...any) (driver.Rows, error) {
 	dq := dashboardSQL[q]
 	if dq == nil {

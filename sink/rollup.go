@@ -51,10 +51,10 @@ const rollupBatch = 200
 
 // staleLabelHours and staleRolloutHours list the (environment,
 // agent_version, hour) of labels and of rollouts whose newest change is not
-// one the rollup was computed through: the hours reads take raw (the
-// dashboard's statements use hourSet, the same sets narrowed to their
-// range, and the fresh hours with the run_ns to read). They read only the
-// small tables rollup_changes and rollup_hours.
+// one the rollup was computed through (StaleHours counts them). Reads do
+// not use them: they take the watermark and rollup_log's tail (dirtyLabels,
+// dirtyRollouts in dashboard.go). They read only the small tables
+// rollup_changes and rollup_hours.
 const (
 	staleLabelHours = `SELECT environment, agent_version, hour FROM (
 		SELECT environment, agent_version, hour, maxMerge(last_ingest) AS v FROM rollup_changes
@@ -321,8 +321,9 @@ func (s *Store) RollupAll(ctx context.Context, now time.Time) (RollupStats, erro
 	}
 }
 
-// StaleHours counts the hours of each kind that reads take raw (not rolled
-// up, or changed since): for /metrics and the benchmark's report.
+// StaleHours counts the hours of each kind not rolled up through their
+// newest change (not rolled up, or changed since): the tests check with it
+// that a rollup left none.
 func (s *Store) StaleHours(ctx context.Context) (labels, rollouts uint64, err error) {
 	err = s.conn.QueryRow(ctx, staleCountSQL).Scan(&labels, &rollouts)
 	return labels, rollouts, err
