@@ -1,6 +1,7 @@
 // Package stream is trace's at-least-once Kafka runtime, shared by every
 // stage that consumes a topic (ingest's rollout stage, the analyzer's
-// rollout and label consumers, and the stages to come).
+// rollout and label consumers; the synthesize and adapt stages consume
+// NATS JetStream, through internal/bus).
 //
 // A Consumer reads one topic in a consumer group, decodes each message with a
 // Decoder, hands the valid records to a Sink (or streams them into a
