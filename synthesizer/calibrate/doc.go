@@ -11,8 +11,9 @@
 // with tool calling (OpenAI, vLLM, Ollama, llama.cpp). The others are not
 // models and their summaries say so (Summary.Simulated): OraclePolicy,
 // RandomPolicy and SkillPolicy are scripted policies of known skill for
-// tests; SimulatedPolicy plays like an agent version of the simulated fleet
-// (internal/simulate), planted deficits included, for `trace demo`.
+// tests; internal/dev/simpolicy's SimulatedPolicy plays like an agent
+// version of the simulated fleet (internal/dev/simulate), planted deficits
+// included, for `trace demo`.
 //
 // Summarize and the bands are pure; Run does no I/O of its own beyond the
 // Env and the Policy it is given.

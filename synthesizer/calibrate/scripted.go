@@ -19,7 +19,7 @@ import (
 // recomputes the rollout's plan from the seed, the rollout index and the
 // reference, and plays its Index-th entry.
 
-// rolloutRNG is the deterministic generator of one (seed, rollout, purpose).
+// RolloutRNG is the deterministic generator of one (seed, rollout, purpose).
 func RolloutRNG(seed int64, rollout int, salt uint64) *rand.Rand {
 	return rand.New(rand.NewPCG(uint64(seed), uint64(rollout)<<20^salt))
 }
