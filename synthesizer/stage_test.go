@@ -70,7 +70,7 @@ func (m *memStore) ids() []string {
 // markerValidator stands in for envprog's checks in the stage's own tests:
 // a program fails to load when it contains "!!syntax", and fails the reward
 // check when it contains "BAD_REWARD". The generation path against the real
-// runtime is tested in generate_real_test.go.
+// runtime is tested in pipeline_test.go (TestGenerationPathOnTheRuntime).
 type markerValidator struct{ calls atomic.Int32 }
 
 func (v *markerValidator) Validate(_ context.Context, d Draft, target []schemas.Tool) (*Validation, error) {

@@ -14,7 +14,7 @@ import (
 )
 
 // EpisodeWriter stores finished episodes; *sink.Store implements it
-// (ClickHouse env_episodes). WriteEpisodes is called from one goroutine; a
+// (ClickHouse env_episodes). InsertEnvEpisodes is called from one goroutine; a
 // nil error means the rows are durable.
 type EpisodeWriter interface {
 	InsertEnvEpisodes(ctx context.Context, rows []sink.EnvEpisodeRow) error
