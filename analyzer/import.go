@@ -57,7 +57,7 @@ func RunFileEvents(sc ImportScope, runs []*RunFile) []schemas.LabelEvent {
 	return out
 }
 
-// ValidateScope checks an import scope; errors name the flag.
+// Validate checks an import scope; errors name the flag.
 func (sc ImportScope) Validate() error {
 	switch {
 	case sc.Environment == "" || strings.IndexFunc(sc.Environment, unicode.IsSpace) >= 0:
