@@ -165,7 +165,7 @@ func (t *Trainer) Run(ctx context.Context) error {
 
 // Train reports one job's simulated run: started, one progress per
 // iteration, succeeded. Each event is published with Msg-Id
-// <job_id>:<seq> and retried (publishRetry) until JetStream stores it or
+// <job_id>:<seq> and retried (publish) until JetStream stores it or
 // ctx ends: a NATS outage delays the run, it does not abandon the job to
 // its deadline.
 func (t *Trainer) Train(ctx context.Context, job *schemas.TrainingJob) error {
