@@ -102,7 +102,7 @@ func appSets(t *testing.T, brokers []string, chAddr, natsURL, name string, more 
 	}, more...), topic
 }
 
-// writeJSONL writes rollouts as rollout JSONL for trace replay.
+// writeFleet writes rollouts as rollout JSONL for trace replay.
 func writeFleet(t *testing.T, n int, start time.Time) string {
 	t.Helper()
 	g := simulate.New(simulate.Config{Seed: 11, Rollouts: n, Start: start, Interval: 30 * time.Second})
