@@ -10,12 +10,14 @@
 //	/environment      one environment: request, attempts, calibration histogram, program
 //	/training         training jobs (training.go): status, reward curve per job, adapters
 //	/loop             the closed loop (loop.go): each adapter's effect on its capability, the guard, the routing share
+//	/api/             the API's endpoints and their parameters
 //	/api/overview     the JSON of each page (same structs, same queries)
 //	/api/capability
 //	/api/triggers
 //	/api/trends
 //	/api/environments, /api/environments/{id}, /api/environments/{id}/program
 //	/api/training
+//	/api/loop
 //	/assets/...       embedded CSS
 //
 // Pages are rendered on the server with html/template; charts are inline SVG
