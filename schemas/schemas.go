@@ -1,6 +1,7 @@
 // Package schemas holds the JSON Schemas of every message trace puts on the
-// wire (rollout, label event, synthesis request, environment ready) and the
-// Go types and validation for each of them.
+// wire (rollout, label event, synthesis request, environment ready, training
+// job, training event, adapter event) and the Go types and validation for
+// each of them.
 //
 // The schema files in this directory are the contract: producers outside trace
 // validate against them, and every decoder here validates with them (through
