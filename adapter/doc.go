@@ -3,7 +3,13 @@
 // (adapter/plan), dispatches it once per (environment, plan revision) to a
 // trainer backend (adapter/dispatch), tracks the job through the events
 // its trainer reports (status, event history, a deadline on silence), and
-// registers the adapter of a succeeded job in the registry.
+// registers the adapter of a succeeded job in the registry. The registry
+// (Registry) moves adapters between candidate, active, retired and
+// rolled_back, loading them into and unloading them from the serving
+// engine (adapter/serving: vLLM's runtime LoRA API); auto-activation runs
+// as its own work queue (RunActivations), and a reconciliation
+// (Reconciler) reloads active adapters an engine forgot and unloads
+// retired ones it still serves.
 //
 // Exactly once: a job id is derived from the environment id and the plan
 // revision; the stage claims it in a NATS KV bucket (atomic across

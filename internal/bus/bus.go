@@ -1,5 +1,8 @@
-// Package bus is trace's NATS JetStream layer: the streams and KV buckets
-// trace uses, and exactly-once publication of synthesis requests.
+// Package bus is trace's NATS JetStream layer: the streams, consumers and
+// KV buckets trace uses — synthesis requests and dictionaries (this file),
+// the environments' ready announcements (environments.go), training jobs
+// and their events (training.go), adapter activations and transitions
+// (adapters.go) — and exactly-once publication of synthesis requests.
 //
 // Exactly once across analyzer replicas rests on two mechanisms:
 //   - the request's Msg-Id is the deterministic trigger id, so JetStream
