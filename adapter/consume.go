@@ -29,8 +29,8 @@ func (s *Stage) RunReady(ctx context.Context, cons jetstream.Consumer) error {
 			return m.Term()
 		}
 		res, err := s.HandleReady(hctx, r)
-		if err != nil {
-			return err
+		if err != nil { // named, for the retry's warning
+			return fmt.Errorf("environment %s (%s): %w", r.EnvironmentID, r.Capability.Name, err)
 		}
 		if res.Duplicate {
 			s.cfg.Log.Info("adapter: ready environment already has its job", "environment_id", r.EnvironmentID, "job", res.JobID)
