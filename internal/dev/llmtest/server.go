@@ -41,6 +41,14 @@ type ChatRequest struct {
 	Logprobs       bool            `json:"logprobs"`
 	TopLogprobs    int             `json:"top_logprobs"`
 	ResponseFormat json.RawMessage `json:"response_format"`
+	StreamOptions  *struct {
+		IncludeUsage bool `json:"include_usage"`
+	} `json:"stream_options"`
+}
+
+// IncludeUsage is stream_options.include_usage.
+func (c ChatRequest) IncludeUsage() bool {
+	return c.StreamOptions != nil && c.StreamOptions.IncludeUsage
 }
 
 // ResponseFormatType is response_format.type ("" when none was sent).
@@ -288,7 +296,7 @@ func (s *Server) chat(w http.ResponseWriter, r *http.Request) {
 	status := rep.Status
 	status = cmp.Or(status, http.StatusOK)
 	if rep.Stream != nil && status == http.StatusOK {
-		s.stream(w, r, rep)
+		s.stream(w, r, cr, rep)
 		return
 	}
 	if rep.Body != "" {
@@ -324,12 +332,18 @@ func (s *Server) envelope(cr ChatRequest, rep Reply) map[string]any {
 		"model": s.Model, "choices": []any{choice},
 	}
 	if !rep.NoUsage {
-		pt, ct := rep.PromptTokens, rep.CompletionTokens
-		pt = cmp.Or(pt, len(cr.Prompt())/4+1)
-		ct = cmp.Or(ct, len(rep.Content)/4+1)
-		out["usage"] = map[string]any{"prompt_tokens": pt, "completion_tokens": ct, "total_tokens": pt + ct}
+		out["usage"] = usage(cr, rep, rep.Content)
 	}
 	return out
+}
+
+// usage is the usage object of rep's answer, content being its text:
+// the scripted token counts, or estimates (about 4 characters per token).
+func usage(cr ChatRequest, rep Reply, content string) map[string]any {
+	pt, ct := rep.PromptTokens, rep.CompletionTokens
+	pt = cmp.Or(pt, len(cr.Prompt())/4+1)
+	ct = cmp.Or(ct, len(content)/4+1)
+	return map[string]any{"prompt_tokens": pt, "completion_tokens": ct, "total_tokens": pt + ct}
 }
 
 func errorBody(msg, typ string) map[string]any {

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -85,5 +86,105 @@ func TestLabelsJSONAndAutoLabels(t *testing.T) {
 	}
 	if rep := AutoLabels(func(Request, string) string { return "NA" })(Request{}); rep.Status != 400 {
 		t.Fatal("AutoLabels answered a request without schema")
+	}
+}
+
+// sseEvents reads a streamed answer: the data of each event, [DONE] included.
+func sseEvents(t *testing.T, url, body string) []string {
+	t.Helper()
+	resp, err := http.Post(url+"/chat/completions", "application/json", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	var data []string
+	for _, ev := range strings.Split(strings.TrimSpace(string(b)), "\n\n") {
+		d, ok := strings.CutPrefix(ev, "data: ")
+		if !ok {
+			t.Fatalf("event %q is not a data line", ev)
+		}
+		data = append(data, d)
+	}
+	return data
+}
+
+// TestStreamIncludeUsage: with stream_options.include_usage the stream
+// ends, after the finish_reason chunk and before [DONE], in a chunk with
+// empty choices and the usage (vLLM's and OpenAI's shape); without it, or
+// with NoUsage (an upstream that ignores the option), there is none; a
+// stream that fails has none either.
+func TestStreamIncludeUsage(t *testing.T) {
+	const (
+		withUsage = `{"model":"m","stream":true,"stream_options":{"include_usage":true},"messages":[{"role":"user","content":"hi"}]}`
+		falseOpt  = `{"model":"m","stream":true,"stream_options":{"include_usage":false},"messages":[{"role":"user","content":"hi"}]}`
+		noOpt     = `{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}`
+	)
+	s := New(t)
+	for _, tc := range []struct {
+		name, body string
+		rep        Reply
+		usage      map[string]any // the last chunk's usage; nil: no usage chunk
+		events     int            // data events, [DONE] included
+	}{
+		{"scripted tokens", withUsage, Reply{Stream: &Stream{Chunks: []string{"Hel", "lo"}}, PromptTokens: 12, CompletionTokens: 2},
+			map[string]any{"prompt_tokens": 12.0, "completion_tokens": 2.0, "total_tokens": 14.0}, 5},
+		{"estimated tokens", withUsage, StreamText("Hello there, ", "traveller."),
+			map[string]any{"prompt_tokens": 1.0, "completion_tokens": 6.0, "total_tokens": 7.0}, 5},
+		{"include_usage false", falseOpt, StreamText("Hel", "lo"), nil, 4},
+		{"no stream_options", noOpt, StreamText("Hel", "lo"), nil, 4},
+		{"NoUsage", withUsage, Reply{Stream: &Stream{Chunks: []string{"Hel", "lo"}}, NoUsage: true}, nil, 4},
+		{"error event", withUsage, Reply{Stream: &Stream{Chunks: []string{"Hel", "lo"}, FailAfter: 1, ErrorMessage: "boom"}}, nil, 2},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s.Enqueue(tc.rep)
+			evs := sseEvents(t, s.URL, tc.body)
+			if len(evs) != tc.events {
+				t.Fatalf("%d events, want %d: %q", len(evs), tc.events, evs)
+			}
+			if tc.rep.Stream.FailAfter > 0 {
+				if evs[len(evs)-1] == "[DONE]" || strings.Contains(strings.Join(evs, "\n"), `"usage":{`) {
+					t.Fatalf("a failed stream: %q", evs)
+				}
+				return
+			}
+			if evs[len(evs)-1] != "[DONE]" {
+				t.Fatalf("last event %q, want [DONE]", evs[len(evs)-1])
+			}
+			var chunks []map[string]any
+			for _, e := range evs[:len(evs)-1] {
+				var c map[string]any
+				if err := json.Unmarshal([]byte(e), &c); err != nil {
+					t.Fatalf("event %q: %v", e, err)
+				}
+				if c["object"] != "chat.completion.chunk" || c["id"] != "chatcmpl-llmtest" || c["model"] != DefaultModel {
+					t.Fatalf("chunk %v", c)
+				}
+				chunks = append(chunks, c)
+			}
+			last := chunks[len(chunks)-1]
+			if tc.usage == nil {
+				for _, c := range chunks {
+					if _, ok := c["usage"]; ok {
+						t.Fatalf("a usage field without include_usage: %v", c)
+					}
+				}
+				if ch := last["choices"].([]any); len(ch) != 1 || ch[0].(map[string]any)["finish_reason"] != "stop" {
+					t.Fatalf("last chunk %v, want the finish_reason", last)
+				}
+				return
+			}
+			if ch, ok := last["choices"].([]any); !ok || len(ch) != 0 || !reflect.DeepEqual(last["usage"], tc.usage) {
+				t.Fatalf("last chunk %v, want choices [] and usage %v", last, tc.usage)
+			}
+			if ch := chunks[len(chunks)-2]["choices"].([]any); len(ch) != 1 || ch[0].(map[string]any)["finish_reason"] != "stop" {
+				t.Fatalf("the chunk before the usage %v, want the finish_reason", chunks[len(chunks)-2])
+			}
+			for _, c := range chunks[:len(chunks)-1] {
+				if u, ok := c["usage"]; !ok || u != nil {
+					t.Fatalf("chunk %v: want usage null before the usage chunk (OpenAI's shape)", c)
+				}
+			}
+		})
 	}
 }

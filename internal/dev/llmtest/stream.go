@@ -6,12 +6,20 @@ import (
 	"math"
 	"net/http"
 	"sort"
+	"strings"
 	"time"
 )
 
 // Stream scripts a streaming answer (stream: true): one SSE event per
 // chunk, in the chat.completion.chunk shape, then a final event with the
-// finish_reason and "data: [DONE]".
+// finish_reason and "data: [DONE]". When the request has
+// stream_options.include_usage true (and the Reply not NoUsage), a chunk
+// with "choices": [] and the usage (Reply's token counts, or estimates)
+// comes after the finish_reason and before [DONE], and the chunks before
+// it carry "usage": null, as OpenAI documents it (vLLM leaves the field
+// out of those); a stream that fails sends no usage. NoUsage scripts an
+// upstream that ignores the option (llama-cpp-python's server, see
+// test/infra/llm/NOTES.md).
 type Stream struct {
 	// Chunks are the content deltas, one event each.
 	Chunks []string
@@ -28,8 +36,9 @@ type Stream struct {
 // StreamText is a streaming reply of the given chunks.
 func StreamText(chunks ...string) Reply { return Reply{Stream: &Stream{Chunks: chunks}} }
 
-func (s *Server) stream(w http.ResponseWriter, r *http.Request, rep Reply) {
+func (s *Server) stream(w http.ResponseWriter, r *http.Request, cr ChatRequest, rep Reply) {
 	st := rep.Stream
+	withUsage := cr.IncludeUsage() && !rep.NoUsage
 	w.Header().Set("Content-Type", "text/event-stream")
 	w.Header().Set("Cache-Control", "no-cache")
 	w.WriteHeader(http.StatusOK)
@@ -39,9 +48,16 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, rep Reply) {
 		fmt.Fprintf(w, "data: %s\n\n", b)
 		_ = rc.Flush()
 	}
+	created := time.Now().Unix()
+	envelope := func(choices []any) map[string]any {
+		c := map[string]any{"id": "chatcmpl-llmtest", "object": "chat.completion.chunk", "created": created, "model": s.Model, "choices": choices}
+		if withUsage {
+			c["usage"] = nil
+		}
+		return c
+	}
 	chunk := func(delta map[string]any, finish any) map[string]any {
-		return map[string]any{"id": "chatcmpl-llmtest", "object": "chat.completion.chunk", "created": time.Now().Unix(), "model": s.Model,
-			"choices": []any{map[string]any{"index": 0, "delta": delta, "finish_reason": finish}}}
+		return envelope([]any{map[string]any{"index": 0, "delta": delta, "finish_reason": finish}})
 	}
 	for i, c := range st.Chunks {
 		if st.FailAfter > 0 && i == st.FailAfter {
@@ -71,6 +87,11 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, rep Reply) {
 		finish = "stop"
 	}
 	send(chunk(map[string]any{}, finish))
+	if withUsage {
+		last := envelope([]any{})
+		last["usage"] = usage(cr, rep, strings.Join(st.Chunks, ""))
+		send(last)
+	}
 	fmt.Fprint(w, "data: [DONE]\n\n")
 	_ = rc.Flush()
 }
