@@ -53,6 +53,9 @@ type sdkStep struct {
 	FinishReason string   `json:"finish_reason"`
 	Usage        struct{ Prompt, Completion, Total int }
 	Deltas       []string `json:"deltas"`
+	Chunks       int      `json:"chunks"`
+	LastChoices  int      `json:"last_choices"`
+	UsageChunks  int      `json:"usage_chunks"`
 	ToolCalls    []struct {
 		ID, Type, Name string
 		Arguments      map[string]any
@@ -75,7 +78,9 @@ type sdkStep struct {
 // OpenAI Python SDK (openai 3.63.0) as agents drive it: api_key is the
 // upstream's key, the router's token and the environment come in
 // default_headers. The SDK parses a completion with its usage, a stream
-// chunk by chunk, a tool call, the proxy's headers through
+// chunk by chunk, a stream with stream_options include_usage (its last
+// chunk without choices, with the usage; recorded as an ordinary ok
+// stream), a tool call, the proxy's headers through
 // with_raw_response, and the upstream's 429 and 400 as RateLimitError and
 // BadRequestError with the upstream's message; the proxy's own 401 is an
 // AuthenticationError; a conversation named by extra_headers beats
@@ -120,6 +125,8 @@ func TestRouteRoleOpenAIPythonSDK(t *testing.T) {
 			return llmtest.Status(http.StatusBadRequest, badMsg)
 		case "fallback please":
 			return llmtest.Text("the base model answers")
+		case "stream with usage":
+			return llmtest.Reply{Stream: &llmtest.Stream{Chunks: []string{"Your ", "seat ", "is ", "12A."}}, PromptTokens: 30, CompletionTokens: 4}
 		}
 		return llmtest.Text("ok: " + last)
 	}, func(cfg *config.Config) {
@@ -168,7 +175,7 @@ func TestRouteRoleOpenAIPythonSDK(t *testing.T) {
 		steps[s.Name] = s
 		order = append(order, s.Name)
 	}
-	if want := "plain stream tool raw header_and_metadata metadata rate_limited bad_request no_token fallback"; strings.Join(order, " ") != want {
+	if want := "plain stream tool raw header_and_metadata metadata rate_limited bad_request no_token fallback stream_usage"; strings.Join(order, " ") != want {
 		t.Fatalf("steps %v, want %s", order, want)
 	}
 	text := func(p *string) string {
@@ -186,6 +193,13 @@ func TestRouteRoleOpenAIPythonSDK(t *testing.T) {
 	if s := steps["stream"]; s.Error != nil || !reflect.DeepEqual(s.Deltas, []string{"Your ", "flight ", "is ", "changed."}) ||
 		text(s.Content) != "Your flight is changed." || s.FinishReason != "stop" {
 		t.Errorf("stream: %+v", s)
+	}
+	// With stream_options include_usage: the upstream's usage chunk (no
+	// choices, after the finish_reason) reaches the SDK as the last chunk.
+	if s := steps["stream_usage"]; s.Error != nil || !reflect.DeepEqual(s.Deltas, []string{"Your ", "seat ", "is ", "12A."}) ||
+		text(s.Content) != "Your seat is 12A." || s.FinishReason != "stop" || s.Chunks != 6 || s.LastChoices != 0 || s.UsageChunks != 1 ||
+		s.Usage.Prompt != 30 || s.Usage.Completion != 4 || s.Usage.Total != 34 {
+		t.Errorf("stream_usage: %+v", s)
 	}
 	if s := steps["tool"]; s.Error != nil || s.Content != nil || s.FinishReason != "tool_calls" || len(s.ToolCalls) != 1 ||
 		s.ToolCalls[0].ID != "call_1" || s.ToolCalls[0].Type != "function" || s.ToolCalls[0].Name != "lookup_booking" ||
@@ -272,13 +286,22 @@ func TestRouteRoleOpenAIPythonSDK(t *testing.T) {
 	if err := json.Unmarshal([]byte(steps["stream"].Sent[0]), &sentStream); err != nil || sentStream["stream"] != true {
 		t.Errorf("the SDK's streamed body %s", steps["stream"].Sent[0])
 	}
+	var sentUsage struct {
+		Stream        bool
+		StreamOptions struct {
+			IncludeUsage bool `json:"include_usage"`
+		} `json:"stream_options"`
+	}
+	if err := json.Unmarshal([]byte(steps["stream_usage"].Sent[0]), &sentUsage); err != nil || !sentUsage.Stream || !sentUsage.StreamOptions.IncludeUsage {
+		t.Errorf("the SDK's streamed body with include_usage %s", steps["stream_usage"].Sent[0])
+	}
 
 	if err := stop(); err != nil {
 		t.Fatal(err)
 	}
 	rows := routeDecisions(t, cfg)
-	if len(rows) != 9 {
-		t.Fatalf("%d route_decisions rows, want 9 (every request but the one without the token): %+v", len(rows), rows)
+	if len(rows) != 10 {
+		t.Fatalf("%d route_decisions rows, want 10 (every request but the one without the token): %+v", len(rows), rows)
 	}
 	first := rows[0]
 	if first.Cached || first.ConversationID != "sdk-1" || first.ConversationSource != router.SourceHeader || first.Adapter != "lora-1" ||
@@ -310,5 +333,10 @@ func TestRouteRoleOpenAIPythonSDK(t *testing.T) {
 	if r := rows[8]; r.Cached || r.ConversationID != "sdk-fb" || r.Adapter != "" || r.Model != "base" || r.Label != "B" ||
 		r.Reason != router.ReasonAdapterUnavailable || !strings.Contains(r.Error, "lora-gone") || r.Outcome != router.OutcomeOK || r.UpstreamStatus != 200 {
 		t.Errorf("row 8 (fallback) %+v", r)
+	}
+	// The stream with the usage chunk is an ordinary streamed success.
+	if r := rows[9]; !r.Cached || r.DecisionID != first.DecisionID || r.ConversationID != "sdk-1" || r.Adapter != "lora-1" || !r.Stream ||
+		r.UpstreamStatus != 200 || r.Outcome != router.OutcomeOK || r.Error != "" {
+		t.Errorf("row 9 (stream_usage) %+v", r)
 	}
 }

@@ -145,6 +145,26 @@ def main():
 
     step("fallback", fallback)
 
+    # 11. Streamed with stream_options include_usage, as agents stream to
+    # count tokens: the last chunk has no choices and the usage.
+    def streamed_usage():
+        s = client.chat.completions.create(model=MODEL, messages=user("stream with usage"), stream=True,
+                                           stream_options={"include_usage": True}, extra_headers=conv)
+        deltas, finish, chunks = [], None, []
+        for chunk in s:
+            chunks.append(chunk)
+            if chunk.choices:
+                if chunk.choices[0].delta.content is not None:
+                    deltas.append(chunk.choices[0].delta.content)
+                finish = chunk.choices[0].finish_reason or finish
+        last = chunks[-1]
+        u = last.usage
+        return {"deltas": deltas, "content": "".join(deltas), "finish_reason": finish, "chunks": len(chunks),
+                "last_choices": len(last.choices), "usage_chunks": sum(1 for c in chunks if c.usage is not None),
+                "usage": {"prompt": u.prompt_tokens, "completion": u.completion_tokens, "total": u.total_tokens} if u else None}
+
+    step("stream_usage", streamed_usage)
+
     print(json.dumps(out))
 
 
