@@ -2,6 +2,7 @@ package router_test
 
 import (
 	"bytes"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -95,6 +96,28 @@ func TestProxyFallsBackWhenTheAdapterIsMissing(t *testing.T) {
 	if out := logs.String(); strings.Count(out, "does not serve the adapter") != 1 || !strings.Contains(out, "adapter=lora-ids") ||
 		!strings.Contains(out, "does not exist") || strings.Contains(out, "upstream-key") {
 		t.Fatalf("log:\n%s", out)
+	}
+}
+
+// TestFallbackThatFailsKeepsTheMissingAdapter: when the base model's
+// answer to a fallback fails too (its stream cut, or an error event), the
+// row keeps the missing adapter in its error, followed by the failure.
+func TestFallbackThatFailsKeepsTheMissingAdapter(t *testing.T) {
+	f := newFixture(t, adapterRow("lora-ids", "id_verification"))
+	for i, st := range []llmtest.Stream{
+		{Chunks: []string{"a", "b", "c"}, FailAfter: 1},
+		{Chunks: []string{"a", "b", "c"}, FailAfter: 1, ErrorMessage: "engine overloaded"},
+	} {
+		f.scriptMissing(toAdapter, llmtest.Reply{Status: http.StatusNotFound, Body: vllmNotFound}, llmtest.Reply{Stream: &st})
+		resp := f.post("/v1/chat/completions", `{"stream":true,"messages":[{"role":"user","content":"verify me"}]}`,
+			map[string]string{router.HeaderConversation: fmt.Sprintf("fbf-%d", i)})
+		_, _ = io.ReadAll(resp.Body)
+		resp.Body.Close()
+		r := f.decisions(i + 1)[i]
+		if r.Reason != router.ReasonAdapterUnavailable || r.Outcome != router.OutcomeStreamError ||
+			!strings.Contains(r.Error, "lora-ids") || !strings.Contains(r.Error, "; then: ") {
+			t.Fatalf("case %d: row %+v; want the missing adapter and then the stream's failure in its error", i, r)
+		}
 	}
 }
 

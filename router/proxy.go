@@ -466,7 +466,7 @@ func (p *Proxy) chat(w http.ResponseWriter, r *http.Request) {
 			row.Outcome = OutcomeCanceled
 			return
 		}
-		row.Outcome, row.Error = OutcomeUnreachable, redactURLError(err)
+		row.Outcome, row.Error = OutcomeUnreachable, thenErr(row.Error, redactURLError(err))
 		setDecisionHeaders(w.Header(), d)
 		writeError(w, http.StatusBadGateway, "router: upstream unreachable: "+row.Error, "upstream_error")
 		return
@@ -487,11 +487,11 @@ func (p *Proxy) chat(w http.ResponseWriter, r *http.Request) {
 	case resp.StatusCode >= 400:
 		row.Outcome = OutcomeUpstreamError
 	case sawError:
-		row.Outcome, row.Error = OutcomeStreamError, "the upstream sent an error event"
+		row.Outcome, row.Error = OutcomeStreamError, thenErr(row.Error, "the upstream sent an error event")
 	case copyErr != nil && r.Context().Err() != nil:
 		row.Outcome = OutcomeCanceled
 	case copyErr != nil:
-		row.Outcome, row.Error = OutcomeStreamError, copyErr.Error()
+		row.Outcome, row.Error = OutcomeStreamError, thenErr(row.Error, copyErr.Error())
 	default:
 		row.Outcome = OutcomeOK
 	}
@@ -528,6 +528,15 @@ func (p *Proxy) fallback(ctx context.Context, d Decision, resp *http.Response, c
 	ureq.Header = hdr // read only, as by the first request
 	resp, err = p.transport.RoundTrip(ureq)
 	return d, resp, err
+}
+
+// thenErr is the row's error after err: err, after what the row said
+// already (a fallback's missing adapter) when it said something.
+func thenErr(prev, err string) string {
+	if prev == "" {
+		return err
+	}
+	return prev + "; then: " + err
 }
 
 // warnMissing logs a missing adapter at most once per fallbackWarnEvery
