@@ -72,36 +72,28 @@ type Server struct {
 	// is kept (notFoundTTL).
 	missing map[string]time.Time
 	// failed holds the environments whose last open failed (failedTTL).
-	failed map[string]*openFailure
+	failed map[string]*failure
 	// listFailed is the catalog's last listing when it failed, answered
 	// without asking the catalog again until its until (failedTTL).
-	listFailed *listFailure
+	listFailed *failure
 	closed     bool
 }
 
-// listFailure is a failed listing of the catalog (the registry's
-// ClickHouse away): GET /v1/environments, and the requests for an
-// environment not open yet, are answered with it until until.
-type listFailure struct {
-	err   error
-	until time.Time
-}
-
-func (f *listFailure) Error() string { return f.err.Error() }
-func (f *listFailure) Unwrap() error { return f.err }
-
-// openFailure is an environment's failed open: answered as it is, without
-// asking the catalog again, until until, or until a listing shows another
-// version of its record. It is kept after until, so that the same failure
-// found again is not logged as an error again.
-type openFailure struct {
+// failure is a failed call to the catalog, answered as it is without
+// asking the catalog again until until: a listing (the registry's
+// ClickHouse away; GET /v1/environments, and the requests for an
+// environment not open yet), or an environment's open (version: its
+// record's), which is also answered until a listing shows another version
+// of its record, and kept after until, so that the same failure found
+// again is not logged as an error again. It has been logged once made.
+type failure struct {
 	err     error
 	version uint64
 	until   time.Time
 }
 
-func (f *openFailure) Error() string { return f.err.Error() }
-func (f *openFailure) Unwrap() error { return f.err }
+func (f *failure) Error() string { return f.err.Error() }
+func (f *failure) Unwrap() error { return f.err }
 
 // catalogTimeout bounds one catalog call: a registry query, or loading a
 // program into a fresh sandbox worker.
@@ -129,7 +121,7 @@ func New(cfg Config, o Options) (*Server, error) {
 		o.Log = slog.Default()
 	}
 	s := &Server{cfg: cfg, cat: o.Catalog, log: o.Log, stop: make(chan struct{}), catalogTimeout: catalogTimeout,
-		envs: map[string]*served{}, missing: map[string]time.Time{}, failed: map[string]*openFailure{}}
+		envs: map[string]*served{}, missing: map[string]time.Time{}, failed: map[string]*failure{}}
 	queued := func() float64 { return 0 }
 	s.m = newMetrics(o.Registerer, func() float64 { return queued() })
 	if o.Writer != nil {
@@ -341,7 +333,7 @@ func (s *Server) list(ctx context.Context) ([]Entry, error) {
 		return nil, fmt.Errorf("envserver: catalog: %w", err)
 	}
 	if err != nil {
-		f := &listFailure{err: fmt.Errorf("envserver: catalog: %w", err), until: time.Now().Add(failedTTL)}
+		f := &failure{err: fmt.Errorf("envserver: catalog: %w", err), until: time.Now().Add(failedTTL)}
 		s.mu.Lock()
 		s.listFailed = f
 		s.mu.Unlock()
@@ -388,10 +380,10 @@ func roomFor[V any](m map[string]V, key string, now time.Time, until func(V) tim
 // failure of the same version is found again.
 func (s *Server) openFailed(id string, version uint64, err error) error {
 	now := time.Now()
-	f := &openFailure{err: err, version: version, until: now.Add(failedTTL)}
+	f := &failure{err: err, version: version, until: now.Add(failedTTL)}
 	s.mu.Lock()
 	prev := s.failed[id]
-	if roomFor(s.failed, id, now, func(f *openFailure) time.Time { return f.until }) {
+	if roomFor(s.failed, id, now, func(f *failure) time.Time { return f.until }) {
 		s.failed[id] = f
 	}
 	s.mu.Unlock()
@@ -453,7 +445,7 @@ func (s *Server) withEnv(h func(http.ResponseWriter, *http.Request, *served)) ht
 			writeJSON(w, http.StatusNotFound, map[string]string{"detail": fmt.Sprintf("no environment %q (GET /v1/environments lists them)", id)})
 			return
 		case err != nil:
-			if f, lf := (*openFailure)(nil), (*listFailure)(nil); !errors.As(err, &f) && !errors.As(err, &lf) { // openFailed, list logged it
+			if f := (*failure)(nil); !errors.As(err, &f) { // openFailed, list logged it
 				s.log.Error("env server: open environment", "environment", id, "err", err)
 			}
 			writeJSON(w, http.StatusServiceUnavailable, map[string]string{"detail": err.Error(), "code": "FACTORY_ERROR"})
