@@ -1,12 +1,10 @@
 package adapter_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -24,25 +22,6 @@ func (downBackend) Dispatch(context.Context, *schemas.TrainingJob, []byte) error
 	return errors.New("trainer cluster unreachable")
 }
 
-// lockedBuffer is a log destination the consumer goroutine writes while
-// the test reads it.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 // TestReadyRetryNamesTheEnvironment: a ready environment whose job cannot
 // be dispatched is retried, and the retry's warning names the environment
 // and its capability (the message's subject, trace.environments.ready, is
@@ -57,7 +36,7 @@ func TestReadyRetryNamesTheEnvironment(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer b.Close()
-	var logs lockedBuffer
+	var logs testenv.SyncBuffer
 	s, err := adapter.NewStage(adapter.Config{Plan: fastPlan(), Store: st, Claims: b, Backend: downBackend{}, Queue: b,
 		Log: slog.New(slog.NewTextHandler(&logs, nil))})
 	if err != nil {

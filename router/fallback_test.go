@@ -7,12 +7,12 @@ import (
 	"log/slog"
 	"net/http"
 	"strings"
-	"sync"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/traceops/trace/internal/dev/llmtest"
+	"github.com/traceops/trace/internal/dev/testenv"
 	"github.com/traceops/trace/router"
 )
 
@@ -45,7 +45,7 @@ var toAdapter = map[string]float64{"A": 0.9, "B": 0.1} // A = lora-ids, B = no a
 // adapter_unavailable and the missing adapter named in its error.
 func TestProxyFallsBackWhenTheAdapterIsMissing(t *testing.T) {
 	reg := prometheus.NewRegistry()
-	var logs lockedBuffer
+	var logs testenv.SyncBuffer
 	f := newFixtureWith(t, func(pc *router.ProxyConfig) {
 		pc.Registerer, pc.Logger = reg, slog.New(slog.NewTextHandler(&logs, nil))
 	}, adapterRow("lora-ids", "id_verification"))
@@ -136,23 +136,6 @@ func fallbacks(t *testing.T, reg *prometheus.Registry, adapter string) float64 {
 		}
 	}
 	return 0
-}
-
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }
 
 // TestProxyFallbackOff: with router.fallback_on_missing_adapter false
