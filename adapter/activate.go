@@ -116,13 +116,12 @@ func inProgress(m jetstream.Msg, every time.Duration) func() {
 // activateJobAdapter activates a succeeded job's adapter if it is still a
 // candidate registered to that job, or loads it again if it is active (a
 // write of its active status can fail ambiguously: ClickHouse stored the
-// row, the answer was lost, and the registry undid the engine's load, so
-// the registry said active while the engine did not serve it; Activate of
-// an active adapter is a reload, the engine's no-op when it is loaded),
-// and records the outcome in the job's history; an error is a failure to read or write the registry (to be
-// retried: the registry undid the engine's load, and a load again from the
-// same path is the engine's no-op anyway), not the activation's, which is
-// the engine's refusal or a transition not allowed.
+// row, the answer was lost, and the registry undid the engine's load;
+// Activate of an active adapter is a reload, the engine's no-op when it is
+// loaded), and records the outcome in the job's history. An error is a
+// failure to read or write the registry, to be retried; the activation's
+// own failures (the engine's refusal, a transition not allowed) are
+// recorded, not returned.
 func (s *Stage) activateJobAdapter(ctx context.Context, jobID, name string) error {
 	a, err := s.cfg.Store.Adapter(ctx, name)
 	if err != nil {

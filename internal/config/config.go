@@ -632,10 +632,11 @@ func checkNATSURL(v string) error {
 		u = strings.TrimSpace(u)
 		scheme, rest, ok := strings.Cut(u, "://")
 		shown := u
-		if _, host, ok := strings.Cut(rest, "@"); ok {
-			shown = scheme + "://[REDACTED]@" + host
-		} else if _, host, ok := strings.Cut(u, "@"); ok && !strings.Contains(u, "://") { // user:password@host without a scheme
-			shown = "[REDACTED]@" + host
+		if i := strings.LastIndex(u, "@"); i >= 0 { // credentials, with a scheme or without
+			shown = "[REDACTED]@" + u[i+1:]
+			if ok {
+				shown = scheme + "://" + shown
+			}
 		}
 		if !ok || !slices.Contains(natsSchemes, strings.ToLower(scheme)) || rest == "" {
 			return fmt.Errorf("nats.url: %q is not a URL like nats://host:4222 (schemes: %s; several servers separated by commas)", shown, strings.Join(natsSchemes, ", "))
