@@ -239,7 +239,7 @@ func printTrainingSummary(w io.Writer, s *demoSummary) {
 	}
 	tw.Flush()
 	if len(s.Adapters) > 0 {
-		fmt.Fprintf(w, "\nadapters (the registry; SIMULATED — sim:// URIs, nothing was written):\n")
+		fmt.Fprintf(w, "\nadapters (the registry when training ended: candidates, until the closed loop below activates them; SIMULATED — sim:// URIs, nothing was written):\n")
 		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 		fmt.Fprintln(tw, "  adapter\tstatus\tURI\teval mean\teval success\ttrainer")
 		for _, a := range s.Adapters {
