@@ -19,6 +19,7 @@ import (
 
 	"github.com/traceops/trace/internal/config"
 	"github.com/traceops/trace/internal/dev/llmtest"
+	"github.com/traceops/trace/internal/gcpace"
 	"github.com/traceops/trace/internal/llm"
 	"github.com/traceops/trace/router"
 	"github.com/traceops/trace/sink"
@@ -195,23 +196,36 @@ func load1() float64 {
 // proxied request, gc-cycles the collector's cycles during the
 // measurement, heap-goal-MB the heap size the collector let the process
 // reach: the proxy's tail at 64 clients follows the cycles. The process
-// runs with the collector target a route-only `trace route` sets
-// (router.gogc, 400; GOGC in the environment wins, GOGC=off is a
-// diagnostic of the tail without the collector); the go-default-gc row
-// repeats the open loop at a quarter of capacity with Go's own 100.
+// paces its collector as a route-only `trace route` does (router.gogc
+// 100 with router.gc_headroom_mb 128, internal/gcpace; GOGC in the
+// environment wins, GOGC=off is a diagnostic of the tail without the
+// collector); the go-default-gc and gogc-400 rows repeat the open loop at
+// a quarter of capacity with Go's own 100 and with the ratio 400 alone.
 // TRACE_BENCH_TRANSPORT=caller, another diagnostic, has the proxy reach
 // the upstream through callerTransport instead of its own transport.
 //
 //	go test -run '^$' -bench ProxyOverhead -benchtime 4000x ./router/
 func BenchmarkProxyOverhead(b *testing.B) {
-	// The collector target of a route-only `trace route` process
-	// (router.gogc, 400, unless GOGC is in the environment); the
-	// go-default-gc row sets Go's 100 for comparison.
-	routeGC, _ := config.Config{Roles: []string{"route"}, Router: config.DefaultRouter()}.GCPercent(os.Getenv("GOGC"))
-	if routeGC > 0 {
-		prev := debug.SetGCPercent(routeGC)
-		b.Cleanup(func() { debug.SetGCPercent(prev) })
+	// The collector pacing of a route-only `trace route` process
+	// (router.gogc and router.gc_headroom_mb, unless GOGC is in the
+	// environment); the go-default-gc and gogc-400 rows set Go's 100 and
+	// the ratio 400 alone (the route role's default before the headroom)
+	// for comparison.
+	routeGC, _ := config.Config{Roles: []string{"route"}, Router: config.DefaultRouter()}.GCPolicy(os.Getenv("GOGC"))
+	prevGC := debug.SetGCPercent(-1)
+	debug.SetGCPercent(prevGC)
+	stopPacing := func() {}
+	pace := func(p gcpace.Policy) {
+		stopPacing()
+		stopPacing = func() {}
+		if p == (gcpace.Policy{}) {
+			debug.SetGCPercent(prevGC)
+			return
+		}
+		stopPacing = gcpace.Start(p)
 	}
+	pace(routeGC)
+	b.Cleanup(func() { stopPacing(); debug.SetGCPercent(prevGC) })
 	upURL, upConns := instantUpstream(b)
 	cls := llmtest.New(b)
 	cls.Handle(func(llmtest.Request) llmtest.Reply {
@@ -574,13 +588,78 @@ func BenchmarkProxyOverhead(b *testing.B) {
 		b.Run(fmt.Sprintf("open=%.2f/clients=64", f), func(b *testing.B) { open(b, 64, false, f) })
 	}
 	b.Run(fmt.Sprintf("open=%.2f/sse-ttfb/clients=64", loads[0]), func(b *testing.B) { open(b, 64, true, loads[0]) })
-	// The same load with Go's own collector target, for comparison.
-	b.Run(fmt.Sprintf("open=%.2f/clients=64/go-default-gc", loads[0]), func(b *testing.B) {
-		prev := debug.SetGCPercent(100)
-		defer debug.SetGCPercent(prev)
-		open(b, 64, false, loads[0])
-	})
+	// The same load with Go's own collector target, and with the ratio
+	// 400 alone, for comparison.
+	for _, row := range []struct {
+		name string
+		p    gcpace.Policy
+	}{{"go-default-gc", gcpace.Policy{Percent: 100}}, {"gogc-400", gcpace.Policy{Percent: 400}}} {
+		b.Run(fmt.Sprintf("open=%.2f/clients=64/%s", loads[0], row.name), func(b *testing.B) {
+			pace(row.p)
+			defer pace(routeGC)
+			open(b, 64, false, loads[0])
+		})
+	}
 	if n := len(cls.Requests()); n != classified {
 		b.Fatalf("%d classifications during the measurement: decisions were not cached", n-classified)
 	}
+}
+
+// BenchmarkCachedDecisionMemory measures the heap one cached decision
+// holds (the Decision, its labels and probabilities, its wire form, the
+// cache entry), classified by a local OpenAI-protocol server with two
+// active adapters, and what router.cache_max's default of conversations
+// then costs: the live heap, and the heap goal a route-only process lets
+// it reach (the route role's pacing beside the ratio 400 alone). The heap
+// is read with the router alive and after it is dropped, so the
+// classifier server's records cancel out.
+//
+//	go test -run '^$' -bench CachedDecisionMemory -benchtime 1x ./router/
+func BenchmarkCachedDecisionMemory(b *testing.B) {
+	cls := llmtest.New(b)
+	cls.Handle(func(llmtest.Request) llmtest.Reply {
+		return llmtest.Classification(map[string]float64{"A": 0.7, "B": 0.2, "C": 0.1})
+	})
+	client, err := llm.New(llm.Config{BaseURL: cls.URL, Model: "base"})
+	if err != nil {
+		b.Fatal(err)
+	}
+	heap := func() uint64 {
+		runtime.GC()
+		var m runtime.MemStats
+		runtime.ReadMemStats(&m)
+		return m.HeapAlloc
+	}
+	const conversations = 20000
+	var perDecision float64
+	for range b.N {
+		r, err := router.New(router.Config{BaseModel: "base"}, client, staticAdapters{
+			{Adapter: "lora-airline-refunds-v3", Capability: "refund-policy-lookup"},
+			{Adapter: "lora-airline-baggage-v2", Capability: "baggage-allowance-rules"}})
+		if err != nil {
+			b.Fatal(err)
+		}
+		for i := range conversations {
+			d, cached := r.Route(context.Background(), router.Input{ConversationID: fmt.Sprintf("conv-%08d-4f1c9a2e", i), ConversationSource: "header",
+				Environment: "airline", AgentVersion: "v1", Turns: []router.Turn{{Role: "user", Text: "I need to change my flight to Boston tomorrow morning."}}})
+			if cached || d.Adapter == "" {
+				b.Fatalf("conversation %d: adapter %q, cached %v", i, d.Adapter, cached)
+			}
+		}
+		alive := heap()
+		if _, cached := r.Route(context.Background(), router.Input{ConversationID: "conv-00000000-4f1c9a2e", Environment: "airline", AgentVersion: "v1"}); !cached {
+			b.Fatal("the first conversation's decision was not cached")
+		}
+		r = nil
+		perDecision = (float64(alive) - float64(heap())) / conversations
+	}
+	full := config.DefaultRouter().CacheMax
+	live := uint64(perDecision*float64(full)) + 8<<20 // plus the few MB of a router with an empty cache
+	route, _ := config.Config{Roles: []string{"route"}, Router: config.DefaultRouter()}.GCPolicy("")
+	b.ReportMetric(perDecision, "B/cached-decision")
+	b.ReportMetric(float64(live)/(1<<20), "full-cache-live-MB")
+	b.ReportMetric(float64(route.Goal(live))/(1<<20), "full-cache-goal-MB")
+	b.ReportMetric(float64(gcpace.Policy{Percent: 400}.Goal(live))/(1<<20), "full-cache-goal-gogc400-MB")
+	b.Logf("%.0f bytes per cached decision; router.cache_max's %d conversations: ~%d MB live, a heap goal of %d MB with the route role's pacing (%d MB at GOGC 400 alone)",
+		perDecision, full, live>>20, route.Goal(live)>>20, gcpace.Policy{Percent: 400}.Goal(live)>>20)
 }

@@ -10,7 +10,6 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
-	"runtime/debug"
 	"strings"
 	"time"
 
@@ -19,6 +18,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/traceops/trace/internal/config"
+	"github.com/traceops/trace/internal/gcpace"
 	"github.com/traceops/trace/synthesizer/envserver"
 )
 
@@ -95,8 +95,8 @@ SESSION_ERROR, queued episodes are written, then it exits 0.`,
 				return errors.New("--addr: a host:port to listen on is required")
 			}
 			// A serve-only process's collector target (env.gogc's rule).
-			if p, _ := (config.Config{Roles: []string{"serve"}, Env: cfg}).GCPercent(os.Getenv("GOGC")); p > 0 {
-				debug.SetGCPercent(p)
+			if p, _ := (config.Config{Roles: []string{"serve"}, Env: cfg}).GCPolicy(os.Getenv("GOGC")); p != (gcpace.Policy{}) {
+				defer gcpace.Start(p)()
 			}
 			cat := envserver.NewStaticCatalog()
 			defer cat.Close() // the programs no session opened

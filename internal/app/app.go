@@ -11,6 +11,7 @@
 package app
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -18,7 +19,6 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"runtime/debug"
 	"strings"
 	"sync"
 	"time"
@@ -37,6 +37,7 @@ import (
 	"github.com/traceops/trace/internal/chserver"
 	"github.com/traceops/trace/internal/config"
 	"github.com/traceops/trace/internal/embedded"
+	"github.com/traceops/trace/internal/gcpace"
 	"github.com/traceops/trace/internal/llm"
 	"github.com/traceops/trace/internal/stream"
 	"github.com/traceops/trace/sink"
@@ -60,8 +61,10 @@ type App struct {
 	Dialer    *kafka.Dialer
 
 	kfake *kfake.Cluster
-	nats  *server.Server
-	ch    *chserver.Server
+	// stopGC ends the collector's pacing (gcpace) Start began.
+	stopGC func()
+	nats   *server.Server
+	ch     *chserver.Server
 
 	ready      sync.Once
 	readyCh    chan struct{}
@@ -110,9 +113,10 @@ func Start(ctx context.Context, cfg config.Config, log *slog.Logger) (*App, erro
 			a.Close()
 		}
 	}()
-	if p, setting := cfg.GCPercent(os.Getenv("GOGC")); p > 0 {
-		debug.SetGCPercent(p)
-		log.Info("one role alone: garbage collector target set", "gogc", p, "from", setting+" (GOGC in the environment overrides)")
+	if p, setting := cfg.GCPolicy(os.Getenv("GOGC")); p != (gcpace.Policy{}) {
+		a.stopGC = gcpace.Start(p)
+		log.Info("one role alone: garbage collector paced", "gogc", cmp.Or(p.Percent, 100), "headroom_mib", p.Headroom>>20,
+			"from", setting+" (GOGC in the environment overrides)")
 	}
 	var err error
 	a.Brokers = cfg.Kafka.Brokers
@@ -492,6 +496,9 @@ func (a *App) labeler() (analyzer.Labeler, error) {
 
 // Close stops everything Start started, in reverse order.
 func (a *App) Close() {
+	if a.stopGC != nil {
+		a.stopGC()
+	}
 	if a.Bus != nil {
 		a.Bus.Close()
 	}

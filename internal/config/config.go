@@ -28,6 +28,7 @@ import (
 	"github.com/traceops/trace/adapter/plan"
 	"github.com/traceops/trace/analyzer"
 	"github.com/traceops/trace/internal/bus"
+	"github.com/traceops/trace/internal/gcpace"
 	"github.com/traceops/trace/internal/llm"
 	"github.com/traceops/trace/sink"
 	"github.com/traceops/trace/synthesizer"
@@ -585,23 +586,24 @@ func (c Config) Path(elem ...string) string {
 // Has reports whether a role is enabled.
 func (c Config) Has(role string) bool { return slices.Contains(c.Roles, role) }
 
-// GCPercent is the collector target (GOGC) a process with this
-// configuration sets, and the setting it comes from; 0 for none. A process
-// that runs one role alone whose live heap is small and whose garbage is
-// plentiful sets that role's target: the route role router.gogc, the serve
-// role env.gogc. GOGC in the environment (envGOGC) always wins, and a
-// process with several roles keeps Go's setting.
-func (c Config) GCPercent(envGOGC string) (percent int, setting string) {
+// GCPolicy is how a process with this configuration paces its garbage
+// collector, and the settings it comes from; the zero Policy (Go's own)
+// for none. A process that runs one role alone whose live heap is small
+// and whose garbage is plentiful sets that role's: the route role
+// router.gogc with router.gc_headroom_mb, the serve role env.gogc. GOGC
+// in the environment (envGOGC) always wins, and a process with several
+// roles keeps Go's setting.
+func (c Config) GCPolicy(envGOGC string) (p gcpace.Policy, setting string) {
 	if envGOGC != "" || len(c.Roles) == 0 || slices.ContainsFunc(c.Roles, func(r string) bool { return r != c.Roles[0] }) {
-		return 0, ""
+		return gcpace.Policy{}, ""
 	}
 	switch c.Roles[0] {
 	case "route":
-		return c.Router.GOGC, "router.gogc"
+		return gcpace.Policy{Percent: c.Router.GOGC, Headroom: uint64(c.Router.GCHeadroomMB) << 20}, "router.gogc, router.gc_headroom_mb"
 	case "serve":
-		return c.Env.GOGC, "env.gogc"
+		return gcpace.Policy{Percent: c.Env.GOGC}, "env.gogc"
 	}
-	return 0, ""
+	return gcpace.Policy{}, ""
 }
 
 // defaultPlan is the training plan's defaults with no environment server

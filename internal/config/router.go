@@ -72,15 +72,21 @@ type Router struct {
 	FallbackOnMissingAdapter bool `koanf:"fallback_on_missing_adapter"`
 	// DrainTimeout bounds the wait for requests in flight (streams) on SIGTERM.
 	DrainTimeout time.Duration `koanf:"drain_timeout"`
-	// GOGC is the garbage collector's target (Go's GOGC, a percentage)
-	// of a process that runs the route role alone: 400 by default, 0
-	// leaves Go's own (100). A router's live heap is a few MB, so at
-	// Go's 100 it collects every few MB of garbage, about every 900
-	// requests, and each cycle delays the requests in flight; 400
-	// collects a quarter as often for a heap goal of five times the live
-	// heap instead of two (tens of MB). GOGC in the environment wins; a
-	// process with other roles keeps Go's setting (their heaps are large).
-	GOGC int `koanf:"gogc"`
+	// GOGC and GCHeadroomMB pace the garbage collector of a process that
+	// runs the route role alone (internal/gcpace): the next collection
+	// comes when the heap has grown past the live heap by the larger of
+	// GOGC percent of it (Go's GOGC; 100 by default, 0 also means 100) and
+	// GCHeadroomMB MiB (128 by default; 0: the ratio alone). A router's
+	// live heap is a few MB plus ~2 KB per cached decision, and it makes
+	// ~7.6 KB of garbage per request: at Go's ratio alone a small router
+	// collects every ~1,000 requests, and each cycle holds up the requests in
+	// flight; with the headroom it collects once per 128 MiB of garbage
+	// (~17,000 requests) while its heap is small, and at Go's ratio once
+	// the cache has made it large. GOGC in the environment wins (then
+	// neither applies); GOMEMLIMIT still caps the heap; a process with
+	// other roles keeps Go's setting (their heaps are large).
+	GOGC         int `koanf:"gogc"`
+	GCHeadroomMB int `koanf:"gc_headroom_mb"`
 	// Retrieval shows each candidate with its most similar successful
 	// trajectory; on when retrieval.embeddings_url is set.
 	Retrieval RouterRetrieval `koanf:"retrieval"`
@@ -101,7 +107,7 @@ type RouterRetrieval struct {
 func DefaultRouter() Router {
 	return Router{Addr: "127.0.0.1:8088", ClassifierTimeout: 10 * time.Second, ClassifierAttempts: 2, TopP: 0.95, Temperature: 1,
 		TopLogprobs: 20, Context: "first_user", LastN: 4, CacheTTL: time.Hour, CacheMax: 100000, LabelConstraint: "none",
-		AdaptersRefresh: 10 * time.Second, FallbackOnMissingAdapter: true, DrainTimeout: 30 * time.Second, GOGC: 400,
+		AdaptersRefresh: 10 * time.Second, FallbackOnMissingAdapter: true, DrainTimeout: 30 * time.Second, GOGC: 100, GCHeadroomMB: 128,
 		Retrieval: RouterRetrieval{Pool: 50, TTL: 10 * time.Minute}}
 }
 
@@ -218,6 +224,9 @@ func (r Router) validate() error {
 	}
 	if r.GOGC < 0 || r.GOGC > 10000 {
 		bad("gogc", "must be 0 (Go's own) or a percentage up to 10000, got %d", r.GOGC)
+	}
+	if r.GCHeadroomMB < 0 || r.GCHeadroomMB > 1<<20 {
+		bad("gc_headroom_mb", "must be 0 (the ratio alone) or MiB up to 1048576, got %d", r.GCHeadroomMB)
 	}
 	if rv := r.Retrieval; rv.EmbeddingsURL != "" {
 		if u, err := url.Parse(rv.EmbeddingsURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/traceops/trace/internal/gcpace"
 	"github.com/traceops/trace/synthesizer/envserver"
 )
 
@@ -63,35 +64,41 @@ func TestRouterConfig(t *testing.T) {
 	}
 }
 
-// A single role's collector target applies to a process that runs that
+// A single role's collector pacing applies to a process that runs that
 // role alone, never over GOGC from the environment, and never beside other
 // roles.
-func TestGCPercent(t *testing.T) {
+func TestGCPolicy(t *testing.T) {
+	const mib = 1 << 20
+	route := func(pct int, headroom uint64) gcpace.Policy { return gcpace.Policy{Percent: pct, Headroom: headroom} }
+	const routeSetting = "router.gogc, router.gc_headroom_mb"
 	for _, tc := range []struct {
-		roles   []string
-		route   int
-		env     int
-		goenv   string
-		want    int
-		setting string
+		roles    []string
+		route    int
+		headroom int
+		env      int
+		goenv    string
+		want     gcpace.Policy
+		setting  string
 	}{
-		{[]string{"route"}, 400, 300, "", 400, "router.gogc"},
-		{[]string{"route", "route"}, 400, 300, "", 400, "router.gogc"},
-		{[]string{"route"}, 0, 300, "", 0, "router.gogc"},
-		{[]string{"route"}, 400, 300, "100", 0, ""},
-		{[]string{"route"}, 400, 300, "off", 0, ""},
-		{[]string{"serve"}, 400, 300, "", 300, "env.gogc"},
-		{[]string{"serve"}, 400, 0, "", 0, "env.gogc"},
-		{[]string{"serve"}, 400, 300, "200", 0, ""},
-		{[]string{"route", "serve"}, 400, 300, "", 0, ""},
-		{[]string{"serve", "ingest"}, 400, 300, "", 0, ""},
-		{[]string{"ingest"}, 400, 300, "", 0, ""},
-		{[]string{"synthesize"}, 400, 300, "", 0, ""},
-		{nil, 400, 300, "", 0, ""},
+		{[]string{"route"}, 100, 128, 300, "", route(100, 128*mib), routeSetting},
+		{[]string{"route", "route"}, 400, 0, 300, "", route(400, 0), routeSetting},
+		{[]string{"route"}, 0, 64, 300, "", route(0, 64*mib), routeSetting},
+		{[]string{"route"}, 0, 0, 300, "", gcpace.Policy{}, routeSetting},
+		{[]string{"route"}, 100, 128, 300, "100", gcpace.Policy{}, ""},
+		{[]string{"route"}, 100, 128, 300, "off", gcpace.Policy{}, ""},
+		{[]string{"serve"}, 100, 128, 300, "", gcpace.Policy{Percent: 300}, "env.gogc"},
+		{[]string{"serve"}, 100, 128, 0, "", gcpace.Policy{}, "env.gogc"},
+		{[]string{"serve"}, 100, 128, 300, "200", gcpace.Policy{}, ""},
+		{[]string{"route", "serve"}, 100, 128, 300, "", gcpace.Policy{}, ""},
+		{[]string{"serve", "ingest"}, 100, 128, 300, "", gcpace.Policy{}, ""},
+		{[]string{"ingest"}, 100, 128, 300, "", gcpace.Policy{}, ""},
+		{[]string{"synthesize"}, 100, 128, 300, "", gcpace.Policy{}, ""},
+		{nil, 100, 128, 300, "", gcpace.Policy{}, ""},
 	} {
-		c := Config{Roles: tc.roles, Router: Router{GOGC: tc.route}, Env: envserver.Config{GOGC: tc.env}}
-		if got, setting := c.GCPercent(tc.goenv); got != tc.want || setting != tc.setting {
-			t.Errorf("roles %v, router.gogc %d, env.gogc %d, GOGC=%q: %d from %q, want %d from %q", tc.roles, tc.route, tc.env, tc.goenv, got, setting, tc.want, tc.setting)
+		c := Config{Roles: tc.roles, Router: Router{GOGC: tc.route, GCHeadroomMB: tc.headroom}, Env: envserver.Config{GOGC: tc.env}}
+		if got, setting := c.GCPolicy(tc.goenv); got != tc.want || setting != tc.setting {
+			t.Errorf("roles %v, router.gogc %d, router.gc_headroom_mb %d, env.gogc %d, GOGC=%q: %+v from %q, want %+v from %q",
+				tc.roles, tc.route, tc.headroom, tc.env, tc.goenv, got, setting, tc.want, tc.setting)
 		}
 	}
 	if d := envserver.DefaultConfig().GOGC; d != 400 {
@@ -103,13 +110,13 @@ func TestGCPercent(t *testing.T) {
 			t.Errorf("env.gogc=%s accepted: %v", v, err)
 		}
 	}
-	if d := DefaultRouter().GOGC; d != 400 {
-		t.Errorf("router.gogc defaults to %d, want 400", d)
+	if d := DefaultRouter(); d.GOGC != 100 || d.GCHeadroomMB != 128 {
+		t.Errorf("router.gogc, router.gc_headroom_mb default to %d, %d; want 100, 128", d.GOGC, d.GCHeadroomMB)
 	}
-	for _, v := range []string{"-1", "10001"} {
-		_, err := Load("", []string{"roles=route", "router.upstream_url=http://127.0.0.1:8000/v1", "router.base_model=m", "router.gogc=" + v})
-		if err == nil || !strings.Contains(err.Error(), "router.gogc") {
-			t.Errorf("router.gogc=%s accepted: %v", v, err)
+	for _, kv := range []string{"router.gogc=-1", "router.gogc=10001", "router.gc_headroom_mb=-1", "router.gc_headroom_mb=1048577"} {
+		_, err := Load("", []string{"roles=route", "router.upstream_url=http://127.0.0.1:8000/v1", "router.base_model=m", kv})
+		if key, _, _ := strings.Cut(kv, "="); err == nil || !strings.Contains(err.Error(), key) {
+			t.Errorf("%s accepted: %v", kv, err)
 		}
 	}
 }

@@ -8,7 +8,6 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
-	"runtime/debug"
 	"runtime/pprof"
 	"syscall"
 	"testing"
@@ -18,6 +17,7 @@ import (
 
 	"github.com/traceops/trace/internal/config"
 	"github.com/traceops/trace/internal/dev/testenv"
+	"github.com/traceops/trace/internal/gcpace"
 	"github.com/traceops/trace/synthesizer/envclient"
 	"github.com/traceops/trace/synthesizer/envprog"
 	"github.com/traceops/trace/synthesizer/envserver"
@@ -42,8 +42,8 @@ func serveForBench(addr string, sandboxed bool) int {
 	// unless GOGC is in the environment, as for the benchmark's Go's-GOGC
 	// row).
 	cfg := envserver.DefaultConfig()
-	if p, _ := (config.Config{Roles: []string{"serve"}, Env: cfg}).GCPercent(os.Getenv("GOGC")); p > 0 {
-		debug.SetGCPercent(p)
+	if p, _ := (config.Config{Roles: []string{"serve"}, Env: cfg}).GCPolicy(os.Getenv("GOGC")); p != (gcpace.Policy{}) {
+		gcpace.Start(p) // the process ends when the benchmark kills it
 	}
 	var env envprog.Env
 	if dir := os.Getenv("TRACE_BENCH_PROFILE_DIR"); dir != "" {
