@@ -185,18 +185,25 @@ func (s *Store) RoutingShare(ctx context.Context, environment string, window, bu
 	return out, rows.Err()
 }
 
-// decisionShareSQL is DecisionShare's query: the router's decisions (one
-// per decision id: cached repeats count once) per (bucket, adapter) over
-// the window back from the environment's newest decision.
+// decisionShareSQL is DecisionShare's query: the router's decisions per
+// (bucket, adapter) over the window back from the environment's newest
+// decision. A decision counts once per bucket it served requests in
+// (cached repeats count once), under the adapter that served its last
+// request there: a conversation whose adapter the upstream stopped
+// serving (the proxy's fallback rows, adapter "") moves to the base
+// model rather than counting under both, so a bucket's counts sum to its
+// decisions.
 func decisionShareSQL(environment string, window, bucket time.Duration) (string, []any) {
 	sec := max(int64(bucket/time.Second), 1)
 	w := int64(window / time.Second)
 	if window <= 0 {
 		w = 1 << 32
 	}
-	q := fmt.Sprintf(`SELECT toDateTime(intDiv(toUInt32(ts), %d) * %d) AS b, adapter, uniqExact(decision_id)
-	FROM route_decisions WHERE environment = ?
-		AND toInt64(toUInt32(ts)) >= (SELECT toInt64(toUInt32(max(ts))) FROM route_decisions WHERE environment = ?) - %d
+	q := fmt.Sprintf(`SELECT b, adapter, count() FROM (
+		SELECT toDateTime(intDiv(toUInt32(ts), %d) * %d) AS b, decision_id, argMax(adapter, at_ns) AS adapter
+		FROM route_decisions WHERE environment = ?
+			AND toInt64(toUInt32(ts)) >= (SELECT toInt64(toUInt32(max(ts))) FROM route_decisions WHERE environment = ?) - %d
+		GROUP BY b, decision_id)
 	GROUP BY b, adapter ORDER BY b, adapter`, sec, sec, w)
 	return q, []any{environment, environment}
 }

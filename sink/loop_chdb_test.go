@@ -25,7 +25,8 @@ func chdbLoop(t *testing.T, c *chdbDB, base time.Time) {
 		return []any{at, at.UnixNano(), "q-" + conv, "d-" + conv, conv, "header", "loop-env", "1.4.0", "proxy", uint8(0), adapter, "cap", adapter, "A",
 			[]string{"A"}, []string{"cap"}, []string{adapter}, []float64{1}, []string{}, []float64{}, "classified", "", "base", uint32(1), uint32(1), uint16(200), "ok", uint8(0)}
 	}
-	c.insert("route_decisions", routeDecisionColumns, dec("c-other", "other", act.Add(-2*time.Minute)), dec("c-ad", "", act), dec("c-ad", "ad", act.Add(time.Second)))
+	c.insert("route_decisions", routeDecisionColumns, dec("c-other", "other", act.Add(-2*time.Minute)), dec("c-ad", "", act), dec("c-ad", "ad", act.Add(time.Second)),
+		dec("c-fb", "ad", act.Add(2*time.Second)), dec("c-fb", "", act.Add(3*time.Second))) // c-fb: ad, then the base model (the upstream stopped serving ad)
 	c.insert("rollouts", cols, ro("b1", "1.4.0", "", act.Add(-time.Hour), 0), ro("b2", "1.4.0", "", act.Add(-time.Minute), 1),
 		ro("x1", "1.5.0", "", act.Add(-time.Hour), 0), ro("late", "1.4.0", "", act.Add(time.Hour), 0),
 		ro("r1", "1.4.0", "ad", act.Add(10*time.Minute), 1), ro("r2", "1.4.0", "ad", act.Add(70*time.Minute), 0), ro("r3", "1.5.0", "ad", act.Add(20*time.Minute), 0),

@@ -61,7 +61,7 @@ func TestLoopSamplesAndRoutingShare(t *testing.T) {
 	// The router's decisions of the conversations without a routing field
 	// (c-ad decided twice: the latest, for ad, wins).
 	var decisions []sink.RouteDecisionRow
-	for i, d := range []struct{ conv, adapter string }{{"c-other", "other"}, {"c-base", ""}, {"c-ad", ""}, {"c-ad", "ad"}} {
+	for i, d := range []struct{ conv, adapter string }{{"c-other", "other"}, {"c-base", ""}, {"c-ad", ""}, {"c-ad", "ad"}, {"c-fb", "ad"}, {"c-fb", ""}} {
 		decisions = append(decisions, sink.RouteDecisionRow{At: act.Add(time.Duration(i) * time.Second), RequestID: "q" + d.conv, DecisionID: "d-" + d.conv,
 			ConversationID: d.conv, Environment: "env", AgentVersion: "1.4.0", Endpoint: "proxy", Adapter: d.adapter, Outcome: "ok"})
 	}
@@ -131,8 +131,10 @@ func TestLoopSamplesAndRoutingShare(t *testing.T) {
 		t.Fatalf("share = %+v\nwant %+v", share, wantShare)
 	}
 
-	// The router's decisions: one per decision id (c-ad's two rows share
-	// theirs, one for the base model, one for ad).
+	// The router's decisions: one per decision id and bucket, under the
+	// adapter of its last request there (c-ad's two rows share theirs: the
+	// base model's, then ad's; c-fb was served by ad, then by the base
+	// model after the upstream stopped serving ad).
 	dshare, err := s.DecisionShare(ctx, "env", 0, time.Hour)
 	if err != nil {
 		t.Fatal(err)
