@@ -325,3 +325,80 @@ func TestFailedListingExpires(t *testing.T) {
 		t.Error("a listing that succeeded left the failure kept")
 	}
 }
+
+// blockListCatalog is gateCatalog whose List blocks until release is
+// closed, as a slow registry query does.
+type blockListCatalog struct {
+	gateCatalog
+	started chan struct{} // receives when a List has begun
+	release chan struct{}
+}
+
+func (c *blockListCatalog) List(ctx context.Context) ([]Entry, error) {
+	c.started <- struct{}{}
+	select {
+	case <-c.release:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	return c.gateCatalog.List(ctx)
+}
+
+// TestConcurrentListingsShareOneCall: listings asked for while one is
+// running (a trainer fleet discovering environments at once) share its
+// catalog call, and a caller that goes away does not fail the others.
+func TestConcurrentListingsShareOneCall(t *testing.T) {
+	cat := &blockListCatalog{gateCatalog: gateCatalog{ids: []string{"a", "b"}}, started: make(chan struct{}, 16), release: make(chan struct{})}
+	srv, err := New(DefaultConfig(), Options{Catalog: cat})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close(context.Background())
+	const callers = 8
+	type result struct {
+		entries []Entry
+		err     error
+	}
+	results := make(chan result, callers)
+	gone, leave := context.WithCancel(context.Background())
+	go func() { // the first caller, who goes away while the call runs
+		_, err := srv.list(gone)
+		results <- result{err: err}
+	}()
+	<-cat.started
+	var asking sync.WaitGroup
+	for range callers - 1 {
+		asking.Add(1)
+		go func() {
+			asking.Done()
+			e, err := srv.list(context.Background())
+			results <- result{e, err}
+		}()
+	}
+	leave()
+	if r := <-results; !errors.Is(r.err, context.Canceled) {
+		t.Fatalf("the caller that went away: %v, want its cancellation", r.err)
+	}
+	asking.Wait()
+	time.Sleep(100 * time.Millisecond) // each is in list, waiting on the running call
+	select {
+	case <-cat.started:
+		t.Fatal("a second catalog listing began while one was running")
+	default:
+	}
+	close(cat.release)
+	for range callers - 1 {
+		r := <-results
+		if r.err != nil || len(r.entries) != 2 || r.entries[0].ID != "a" {
+			t.Fatalf("a listing: %+v, %v", r.entries, r.err)
+		}
+	}
+	if n := cat.lists.Load(); n != 1 {
+		t.Fatalf("%d catalog listings for %d concurrent callers, want 1", n, callers)
+	}
+	// A listing after the shared one asks the catalog again.
+	go func() { <-cat.started }()
+	if _, err := srv.list(context.Background()); err != nil || cat.lists.Load() != 2 {
+		t.Fatalf("a later listing: %v, %d catalog listings", err, cat.lists.Load())
+	}
+}

@@ -63,6 +63,9 @@ type Server struct {
 	// loads opens an environment once however many requests ask for it
 	// meanwhile, outside mu.
 	loads singleflight.Group
+	// lists shares one catalog listing among the requests that ask for
+	// one meanwhile.
+	lists singleflight.Group
 	// catalogTimeout bounds one catalog call (listing, opening).
 	catalogTimeout time.Duration
 
@@ -315,11 +318,14 @@ func (s *Server) load(id string) (*served, error) {
 	return e, nil
 }
 
-// list lists the catalog. A failed listing is kept for failedTTL and
-// answered meanwhile without asking the catalog (a trainer fleet polling
-// GET /v1/environments while ClickHouse is away): logged as an error when
-// the catalog was asked, at debug level when answered from it. A listing
-// given up by its caller (gone away) is not kept.
+// list lists the catalog; the entries are shared, read only. Listings
+// asked for while one runs (a trainer fleet discovering environments at
+// once) share its catalog call, which runs under its own deadline
+// (catalogTimeout), so that a caller going away fails only itself. A
+// failed listing is kept for failedTTL and answered meanwhile without
+// asking the catalog (a trainer fleet polling GET /v1/environments while
+// ClickHouse is away): logged as an error when the catalog was asked, at
+// debug level when answered from it.
 func (s *Server) list(ctx context.Context) ([]Entry, error) {
 	s.mu.Lock()
 	f := s.listFailed
@@ -328,22 +334,30 @@ func (s *Server) list(ctx context.Context) ([]Entry, error) {
 		s.log.Debug("env server: list environments (failed before, retried after a while)", "err", f.err)
 		return nil, f
 	}
-	entries, err := s.cat.List(ctx)
-	if err != nil && errors.Is(ctx.Err(), context.Canceled) {
-		return nil, fmt.Errorf("envserver: catalog: %w", err)
-	}
-	if err != nil {
-		f := &failure{err: fmt.Errorf("envserver: catalog: %w", err), until: time.Now().Add(failedTTL)}
+	call := s.lists.DoChan("", func() (any, error) {
+		lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.catalogTimeout)
+		defer cancel()
+		entries, err := s.cat.List(lctx)
+		if err != nil {
+			f := &failure{err: fmt.Errorf("envserver: catalog: %w", err), until: time.Now().Add(failedTTL)}
+			s.mu.Lock()
+			s.listFailed = f
+			s.mu.Unlock()
+			s.log.Error("env server: list environments", "err", f.err, "retry_after", failedTTL)
+			return nil, f
+		}
 		s.mu.Lock()
-		s.listFailed = f
+		s.listFailed = nil
 		s.mu.Unlock()
-		s.log.Error("env server: list environments", "err", f.err, "retry_after", failedTTL)
-		return nil, f
+		return entries, nil
+	})
+	select {
+	case r := <-call:
+		entries, _ := r.Val.([]Entry)
+		return entries, r.Err
+	case <-ctx.Done():
+		return nil, fmt.Errorf("envserver: catalog: %w", ctx.Err())
 	}
-	s.mu.Lock()
-	s.listFailed = nil
-	s.mu.Unlock()
-	return entries, nil
 }
 
 // notFound keeps the catalog's answer that id is unknown for notFoundTTL.
