@@ -411,10 +411,40 @@ type triggersPage struct {
 
 type triggerRow struct {
 	TriggerEvent
-	CapHref  string
-	Request  *payloadSummary
-	Pretty   string
-	Selected bool
+	CapHref string
+	Request *payloadSummary
+	// Unreadable says why the payload's summary could not be read.
+	Unreadable string
+	Pretty     string
+	Selected   bool
+}
+
+// summarizePayload reads a synthesis request's summary line (rank,
+// example failures, tools) from a trigger's payload; an error says why a
+// payload of another shape could not be read (its JSON is still shown).
+func summarizePayload(payload json.RawMessage) (*payloadSummary, error) {
+	var req struct {
+		Rank       int `json:"rank"`
+		Capability struct {
+			Description string `json:"description"`
+			Status      string `json:"status"`
+		} `json:"capability"`
+		Examples []string  `json:"example_failed_rollout_ids"`
+		FiredAt  time.Time `json:"fired_at"`
+		Tools    []struct {
+			Function struct {
+				Name string `json:"name"`
+			} `json:"function"`
+		} `json:"tools"`
+	}
+	if err := json.Unmarshal(payload, &req); err != nil {
+		return nil, err
+	}
+	ps := &payloadSummary{Rank: req.Rank, Examples: req.Examples, Status: req.Capability.Status, FiredAt: req.FiredAt, Desc: req.Capability.Description}
+	for _, t := range req.Tools {
+		ps.Tools = append(ps.Tools, t.Function.Name)
+	}
+	return ps, nil
 }
 
 type payloadSummary struct {
@@ -456,26 +486,9 @@ func (s *server) pageTriggers(w http.ResponseWriter, r *http.Request) {
 			Tip: fmt.Sprintf("%s %s epoch %d at %s: Cov %.3f, Δ %+.3f, %d/%d runs", e.Capability, e.Event, e.Epoch, fmtTS(e.At), e.MeanCov, e.MeanDelta, e.RunsPassed, e.RunsTotal)})
 		row := triggerRow{TriggerEvent: e, CapHref: capHref, Pretty: prettyJSON(e.Payload)}
 		if len(e.Payload) > 0 {
-			var req struct {
-				Rank       int `json:"rank"`
-				Capability struct {
-					Description string `json:"description"`
-					Status      string `json:"status"`
-				} `json:"capability"`
-				Examples []string  `json:"example_failed_rollout_ids"`
-				FiredAt  time.Time `json:"fired_at"`
-				Tools    []struct {
-					Function struct {
-						Name string `json:"name"`
-					} `json:"function"`
-				} `json:"tools"`
-			}
-			if json.Unmarshal(e.Payload, &req) == nil {
-				ps := &payloadSummary{Rank: req.Rank, Examples: req.Examples, Status: req.Capability.Status, FiredAt: req.FiredAt, Desc: req.Capability.Description}
-				for _, t := range req.Tools {
-					ps.Tools = append(ps.Tools, t.Function.Name)
-				}
-				row.Request = ps
+			var err error
+			if row.Request, err = summarizePayload(e.Payload); err != nil {
+				row.Unreadable = err.Error()
 			}
 		}
 		pg.Rows = append(pg.Rows, row)
