@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/spf13/cobra"
 
+	"github.com/traceops/trace/internal/app"
 	"github.com/traceops/trace/internal/config"
 	"github.com/traceops/trace/internal/gcpace"
 	"github.com/traceops/trace/synthesizer/envserver"
@@ -76,6 +77,7 @@ SESSION_ERROR, queued episodes are written, then it exits 0.`,
   trace env serve --addr 0.0.0.0:8090 --token secret --record envs/*.star`,
 		Args: cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, files []string) error {
+			app.SetMemoryLimit(slog.Default())
 			ctx := cmd.Context()
 			if err := ef.check(); err != nil {
 				return err

@@ -63,6 +63,7 @@ SIGTERM drains every role (the batch in flight is committed) and exits 0.`,
   trace config print`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			app.SetMemoryLimit(slog.Default())
 			if len(roles) > 0 {
 				cf.sets = append(cf.sets, "roles="+joinComma(roles))
 			}
