@@ -627,3 +627,55 @@ func TestClassifierExtraBody(t *testing.T) {
 		}
 	}
 }
+
+// TestDecisionsShareTheirListsLabels: the decisions made from one list of
+// active adapters share its labels and their route_decisions columns
+// (a cached conversation holds no copy of them); a changed list gets new
+// ones, and each decision's row still names its own labels.
+func TestDecisionsShareTheirListsLabels(t *testing.T) {
+	_, cls := classifierA(t, 0)
+	now := time.Unix(1000, 0)
+	src := &switchingSource{list: []Candidate{{Adapter: "lora-a", Capability: "a"}, {Adapter: "lora-b", Capability: "b"}}}
+	r, err := New(Config{BaseModel: "base", AdaptersRefresh: time.Second, Now: func() time.Time { return now }}, cls, src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	route := func(conv string) Decision {
+		d, cached := r.Route(context.Background(), Input{ConversationID: conv, Environment: "e", Turns: []Turn{{Role: "user", Text: "hi"}}})
+		if cached || len(d.Labels) == 0 {
+			t.Fatalf("%s: %+v (cached %v)", conv, d, cached)
+		}
+		return d
+	}
+	row := func(d Decision) string {
+		w := newWire(d)
+		return strings.Join(w.labels, ",") + "|" + strings.Join(w.labelCapabilities, ",") + "|" + strings.Join(w.labelAdapters, ",")
+	}
+	d1, d2 := route("c1"), route("c2")
+	if &d1.Labels[0] != &d2.Labels[0] {
+		t.Fatal("two decisions from one list hold two copies of its labels")
+	}
+	w1, w2 := newWire(d1), newWire(d2)
+	if &w1.labels[0] != &w2.labels[0] || &w1.labelCapabilities[0] != &w2.labelCapabilities[0] || &w1.labelAdapters[0] != &w2.labelAdapters[0] {
+		t.Fatal("two decisions from one list hold two copies of its label columns")
+	}
+	if got, want := row(d1), "A,B,C|a,b,none|lora-a,lora-b,"; got != want {
+		t.Fatalf("row columns %q, want %q", got, want)
+	}
+	if p := newWire(d1).probabilities; len(p) != 3 || p[0] != d1.Probabilities["A"] {
+		t.Fatalf("probabilities column %v for %v", p, d1.Probabilities)
+	}
+
+	now = now.Add(2 * time.Second) // the list is read again, and has changed
+	src.set([]Candidate{{Adapter: "lora-c", Capability: "c"}}, nil)
+	d3 := route("c3")
+	if &d3.Labels[0] == &d1.Labels[0] {
+		t.Fatal("a changed list's decision shares the old list's labels")
+	}
+	if got, want := row(d3), "A,B|c,none|lora-c,"; got != want {
+		t.Fatalf("after the change: row columns %q, want %q", got, want)
+	}
+	if got, want := row(d1), "A,B,C|a,b,none|lora-a,lora-b,"; got != want {
+		t.Fatalf("the first decision's columns changed with the list: %q, want %q", got, want)
+	}
+}

@@ -85,12 +85,19 @@ type wire struct {
 func newWire(d Decision) *wire {
 	w := &wire{hAdapter: []string{cmpOr(d.Adapter, "none")}, hDecision: []string{d.ID}, hModel: []string{d.Model}, hConv: []string{d.ConversationID}}
 	w.model, _ = json.Marshal(d.Model)
-	for _, l := range d.Labels {
-		w.labels = append(w.labels, l.Name)
-		w.labelCapabilities = append(w.labelCapabilities, l.Capability())
-		w.labelAdapters = append(w.labelAdapters, l.Candidate.Adapter)
-		if d.Probabilities != nil {
-			w.probabilities = append(w.probabilities, d.Probabilities[l.Name])
+	if ls := d.labels; ls != nil && len(d.Labels) > 0 && len(ls.labels) == len(d.Labels) && &ls.labels[0] == &d.Labels[0] { // the set d.Labels is, shared
+		w.labels, w.labelCapabilities, w.labelAdapters = ls.names, ls.caps, ls.adapters
+	} else {
+		for _, l := range d.Labels {
+			w.labels = append(w.labels, l.Name)
+			w.labelCapabilities = append(w.labelCapabilities, l.Capability())
+			w.labelAdapters = append(w.labelAdapters, l.Candidate.Adapter)
+		}
+	}
+	if d.Probabilities != nil {
+		w.probabilities = make([]float64, len(d.Labels))
+		for i, l := range d.Labels {
+			w.probabilities[i] = d.Probabilities[l.Name]
 		}
 	}
 	for _, wt := range d.Weights {

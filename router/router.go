@@ -260,6 +260,9 @@ type Decision struct {
 	Examples map[string]string
 
 	wire *wire // made once for a cached decision (see wireOf)
+	// labels is Labels with its wire columns, shared read-only by the
+	// decisions made from one list of active adapters (nil: Labels alone).
+	labels *labelSet
 	// active is the list of the environment's active adapters Adapter was
 	// chosen from, checked when the decision is served from the cache
 	// (see Router.stillActive).
@@ -272,6 +275,9 @@ type Decision struct {
 type activeList struct {
 	snap       atomic.Pointer[activeSnap]
 	refreshing atomic.Bool // one request re-reads it; the others use the last
+	// labels is the labels of the list the last classification saw, shared
+	// by the decisions made from the same list (see labelsOf).
+	labels atomic.Pointer[labelSet]
 }
 
 type activeSnap struct {
@@ -428,6 +434,36 @@ func (r *Router) activeAdapters(ctx context.Context, environment, agentVersion s
 	return cands, r.cfg.Now(), err
 }
 
+// labelSet is the labels of one list of active adapters, with the columns
+// of route_decisions they make, built once per list: every decision made
+// from the list shares them read-only, so a cached conversation does not
+// hold a copy of its environment's labels (BenchmarkCachedDecisionMemory).
+type labelSet struct {
+	cands                 []Candidate // the list, as the registry gave it
+	labels                []Label
+	names, caps, adapters []string
+}
+
+// labelsOf is the labels of cands, the active adapters of l's environment
+// and agent version: the set the last classification made when the list
+// is the same, else a new one.
+func (r *Router) labelsOf(l *activeList, cands []Candidate, environment string) *labelSet {
+	if ls := l.labels.Load(); ls != nil && slices.Equal(ls.cands, cands) {
+		return ls
+	}
+	labels, dropped := AssignLabels(cands)
+	if len(dropped) > 0 {
+		r.log.Warn("router: more active adapters than labels; some are never chosen", "environment", environment, "dropped", len(dropped))
+	}
+	ls := &labelSet{cands: slices.Clone(cands), labels: labels,
+		names: make([]string, len(labels)), caps: make([]string, len(labels)), adapters: make([]string, len(labels))}
+	for i, lb := range labels {
+		ls.names[i], ls.caps[i], ls.adapters[i] = lb.Name, lb.Capability(), lb.Candidate.Adapter
+	}
+	l.labels.Store(ls)
+	return ls
+}
+
 // activeListOf is the (environment, agent version)'s list, made on first use.
 func (r *Router) activeListOf(environment, agentVersion string) *activeList {
 	key := environment + "\x00" + agentVersion
@@ -477,10 +513,8 @@ func (r *Router) classify(ctx context.Context, in Input) Decision {
 		d.Reason = ReasonNoAdapters
 		return d
 	}
-	labels, dropped := AssignLabels(cands)
-	if len(dropped) > 0 {
-		r.log.Warn("router: more active adapters than labels; some are never chosen", "environment", in.Environment, "dropped", len(dropped))
-	}
+	d.labels = r.labelsOf(d.active, cands, in.Environment)
+	labels := d.labels.labels
 	d.Labels = labels
 	turns := SelectContext(in.Turns, r.cfg.Context, r.cfg.LastN)
 	if len(turns) == 0 {

@@ -77,7 +77,7 @@ type Router struct {
 	// comes when the heap has grown past the live heap by the larger of
 	// GOGC percent of it (Go's GOGC; 100 by default, 0 also means 100) and
 	// GCHeadroomMB MiB (128 by default; 0: the ratio alone). A router's
-	// live heap is a few MB plus ~2 KB per cached decision, and it makes
+	// live heap is a few MB plus ~1.3 KB per cached decision, and it makes
 	// ~7.6 KB of garbage per request: at Go's ratio alone a small router
 	// collects every ~1,000 requests, and each cycle holds up the requests in
 	// flight; with the headroom it collects once per 128 MiB of garbage
