@@ -85,15 +85,11 @@ type wire struct {
 func newWire(d Decision) *wire {
 	w := &wire{hAdapter: []string{cmpOr(d.Adapter, "none")}, hDecision: []string{d.ID}, hModel: []string{d.Model}, hConv: []string{d.ConversationID}}
 	w.model, _ = json.Marshal(d.Model)
-	if ls := d.labels; ls != nil && len(d.Labels) > 0 && len(ls.labels) == len(d.Labels) && &ls.labels[0] == &d.Labels[0] { // the set d.Labels is, shared
-		w.labels, w.labelCapabilities, w.labelAdapters = ls.names, ls.caps, ls.adapters
-	} else {
-		for _, l := range d.Labels {
-			w.labels = append(w.labels, l.Name)
-			w.labelCapabilities = append(w.labelCapabilities, l.Capability())
-			w.labelAdapters = append(w.labelAdapters, l.Candidate.Adapter)
-		}
+	ls := d.labels // classify's, shared by the decisions of one list
+	if ls == nil {
+		ls = newLabelSet(nil, d.Labels)
 	}
+	w.labels, w.labelCapabilities, w.labelAdapters = ls.names, ls.caps, ls.adapters
 	if d.Probabilities != nil {
 		w.probabilities = make([]float64, len(d.Labels))
 		for i, l := range d.Labels {

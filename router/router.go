@@ -261,7 +261,8 @@ type Decision struct {
 
 	wire *wire // made once for a cached decision (see wireOf)
 	// labels is Labels with its wire columns, shared read-only by the
-	// decisions made from one list of active adapters (nil: Labels alone).
+	// decisions made from one list of active adapters (set with Labels by
+	// classify; nil for a Decision made otherwise).
 	labels *labelSet
 	// active is the list of the environment's active adapters Adapter was
 	// chosen from, checked when the decision is served from the cache
@@ -455,12 +456,18 @@ func (r *Router) labelsOf(l *activeList, cands []Candidate, environment string) 
 	if len(dropped) > 0 {
 		r.log.Warn("router: more active adapters than labels; some are never chosen", "environment", environment, "dropped", len(dropped))
 	}
-	ls := &labelSet{cands: slices.Clone(cands), labels: labels,
+	ls := newLabelSet(slices.Clone(cands), labels)
+	l.labels.Store(ls)
+	return ls
+}
+
+// newLabelSet is labels, made from cands, with their columns.
+func newLabelSet(cands []Candidate, labels []Label) *labelSet {
+	ls := &labelSet{cands: cands, labels: labels,
 		names: make([]string, len(labels)), caps: make([]string, len(labels)), adapters: make([]string, len(labels))}
 	for i, lb := range labels {
 		ls.names[i], ls.caps[i], ls.adapters[i] = lb.Name, lb.Capability(), lb.Candidate.Adapter
 	}
-	l.labels.Store(ls)
 	return ls
 }
 
