@@ -470,9 +470,7 @@ func (s *Server) withEnv(h func(http.ResponseWriter, *http.Request, *served)) ht
 }
 
 func (s *Server) listEnvironments(w http.ResponseWriter, r *http.Request) {
-	ctx, cancel := context.WithTimeout(r.Context(), s.catalogTimeout)
-	defer cancel()
-	entries, err := s.list(ctx)
+	entries, err := s.list(r.Context()) // the catalog call has its own deadline
 	if err != nil {
 		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"detail": err.Error()})
 		return
