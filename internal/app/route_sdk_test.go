@@ -1,13 +1,10 @@
 package app_test
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"net/http"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"reflect"
 	"strings"
 	"testing"
@@ -19,31 +16,6 @@ import (
 	"github.com/traceops/trace/router"
 	"github.com/traceops/trace/sink"
 )
-
-// openaiSDKVersion is the OpenAI Python SDK the interop is written against
-// (.ci/run pins it in /var/cache/trace/openai-venv).
-const openaiSDKVersion = "3.63.0"
-
-// openaiPython is the python of a venv with the OpenAI Python SDK
-// (TRACE_OPENAI_PYTHON; .ci/run creates it).
-func openaiPython(t *testing.T) string {
-	t.Helper()
-	py := os.Getenv("TRACE_OPENAI_PYTHON")
-	if py == "" {
-		py = "/var/cache/trace/openai-venv/bin/python"
-	}
-	if _, err := os.Stat(py); err != nil {
-		testenv.Unavailable(t, "no OpenAI SDK python at %s (TRACE_OPENAI_PYTHON): python3 -m venv /var/cache/trace/openai-venv && /var/cache/trace/openai-venv/bin/pip install openai==%s", py, openaiSDKVersion)
-	}
-	out, err := exec.Command(py, "-c", "import importlib.metadata as m; import openai; print(m.version('openai'))").CombinedOutput()
-	if err != nil {
-		testenv.Unavailable(t, "%s cannot import openai: %v\n%s", py, err, out)
-	}
-	if v := strings.TrimSpace(string(out)); v != openaiSDKVersion {
-		t.Logf("openai %s (the interop is written against %s)", v, openaiSDKVersion)
-	}
-	return py
-}
 
 // sdkStep is what the script observed in one call.
 type sdkStep struct {
@@ -91,7 +63,7 @@ type sdkStep struct {
 // route_decisions holds one row per routed request, the cached decision's
 // id repeated.
 func TestRouteRoleOpenAIPythonSDK(t *testing.T) {
-	py := openaiPython(t)
+	py := testenv.OpenAIVenv.Require(t)
 	const (
 		token       = "router-secret"
 		upstreamKey = "sk-upstream-key"
@@ -138,33 +110,21 @@ func TestRouteRoleOpenAIPythonSDK(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	in, _ := json.Marshal(map[string]string{"base_url": "http://" + a.RouterAddr() + "/v1", "router_token": token, "upstream_key": upstreamKey,
-		"environment": "sim-airline"})
-	inFile := filepath.Join(t.TempDir(), "in.json")
-	if err := os.WriteFile(inFile, in, 0o644); err != nil {
-		t.Fatal(err)
-	}
+	in := map[string]string{"base_url": "http://" + a.RouterAddr() + "/v1", "router_token": token, "upstream_key": upstreamKey,
+		"environment": "sim-airline"}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, py, "testdata/openai_sdk_interop.py", inFile)
+	var env []string
 	for _, kv := range os.Environ() { // the SDK reads OPENAI_*, httpx the proxy variables
 		if k, _, _ := strings.Cut(kv, "="); !strings.HasPrefix(k, "OPENAI_") && !strings.HasSuffix(strings.ToUpper(k), "_PROXY") {
-			cmd.Env = append(cmd.Env, kv)
+			env = append(env, kv)
 		}
 	}
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	if err := cmd.Run(); err != nil {
-		t.Fatalf("openai_sdk_interop.py: %v\nstdout:\n%s\nstderr:\n%s", err, stdout.String(), stderr.String())
-	}
-	lines := strings.Split(strings.TrimSpace(stdout.String()), "\n")
 	var out struct {
 		Version string    `json:"version"`
 		Steps   []sdkStep `json:"steps"`
 	}
-	if err := json.Unmarshal([]byte(lines[len(lines)-1]), &out); err != nil {
-		t.Fatalf("script output %q: %v\nstderr:\n%s", stdout.String(), err, stderr.String())
-	}
+	testenv.RunPythonJSON(ctx, t, py, "testdata/openai_sdk_interop.py", in, &out, env)
 	t.Logf("openai %s", out.Version)
 	steps := map[string]sdkStep{}
 	var order []string

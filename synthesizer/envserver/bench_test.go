@@ -21,6 +21,7 @@ import (
 
 	"github.com/coder/websocket"
 
+	"github.com/traceops/trace/internal/dev/testenv"
 	"github.com/traceops/trace/synthesizer/envclient"
 	"github.com/traceops/trace/synthesizer/envprog"
 	"github.com/traceops/trace/synthesizer/examples"
@@ -260,10 +261,7 @@ func serverProcess(b *testing.B, cmd *exec.Cmd, port int) string {
 // pythonServer starts openenv-core's reference server with the same
 // environment logic (testdata/openenv_python_server.py).
 func pythonServer(b *testing.B) string {
-	py := os.Getenv("TRACE_OPENENV_PYTHON")
-	if py == "" {
-		py = "/var/cache/trace/openenv-venv/bin/python"
-	}
+	py := testenv.OpenEnvVenv.Path()
 	if _, err := os.Stat(py); err != nil {
 		b.Skipf("no openenv-core python at %s (TRACE_OPENENV_PYTHON): the comparison needs it", py)
 	}
@@ -334,10 +332,7 @@ func programCost(b *testing.B) time.Duration {
 // pythonLogicCost runs testdata/openenv_python_logic.py: the CPython
 // environment's CPU time per step, with and without openenv's models.
 func pythonLogicCost(b *testing.B) (withModels, logic time.Duration) {
-	py := os.Getenv("TRACE_OPENENV_PYTHON")
-	if py == "" {
-		py = "/var/cache/trace/openenv-venv/bin/python"
-	}
+	py := testenv.OpenEnvVenv.Path()
 	out, err := exec.Command(py, "testdata/openenv_python_logic.py").Output()
 	if err != nil {
 		b.Fatalf("openenv_python_logic.py: %v", err)

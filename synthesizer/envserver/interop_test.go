@@ -1,7 +1,6 @@
 package envserver_test
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"os"
@@ -15,27 +14,6 @@ import (
 	"github.com/traceops/trace/internal/dev/testenv"
 	"github.com/traceops/trace/synthesizer/openenv"
 )
-
-// openenvPython is the python of a venv with openenv-core 0.3.0
-// (TRACE_OPENENV_PYTHON; .ci/run creates it).
-func openenvPython(t *testing.T) string {
-	t.Helper()
-	py := os.Getenv("TRACE_OPENENV_PYTHON")
-	if py == "" {
-		py = "/var/cache/trace/openenv-venv/bin/python"
-	}
-	if _, err := os.Stat(py); err != nil {
-		testenv.Unavailable(t, "no openenv-core python at %s (TRACE_OPENENV_PYTHON): python3 -m venv /var/cache/trace/openenv-venv && /var/cache/trace/openenv-venv/bin/pip install openenv-core==0.3.0", py)
-	}
-	out, err := exec.Command(py, "-c", "import importlib.metadata as m; print(m.version('openenv-core'))").CombinedOutput()
-	if err != nil {
-		testenv.Unavailable(t, "%s cannot import openenv-core: %v\n%s", py, err, out)
-	}
-	if v := strings.TrimSpace(string(out)); v != "0.3.0" {
-		t.Logf("openenv-core %s (the interop is written against 0.3.0)", v)
-	}
-	return py
-}
 
 func jsonValue(t *testing.T, s string) any {
 	t.Helper()
@@ -54,7 +32,7 @@ func jsonValue(t *testing.T, s string) any {
 // openenv's response models, the token in the URL. The Go side checks what
 // the clients saw against the in-process play and what ClickHouse recorded.
 func TestOpenEnvInterop(t *testing.T) {
-	py := openenvPython(t)
+	py := testenv.OpenEnvVenv.Require(t)
 	st := testenv.ClickHouse(t).Store()
 	cfg := testConfig()
 	cfg.BearerToken = "interop-token"
@@ -67,18 +45,8 @@ func TestOpenEnvInterop(t *testing.T) {
 		"ws_seed":  21, "ws_actions": wsPlay.actions,
 		"http_seed": 22, "http_actions": httpPlay.actions,
 	}
-	inFile := filepath.Join(t.TempDir(), "in.json")
-	b, _ := json.Marshal(in)
-	os.WriteFile(inFile, b, 0o644)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, py, "testdata/openenv_interop.py", inFile)
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	if err := cmd.Run(); err != nil {
-		t.Fatalf("openenv_interop.py: %v\nstdout:\n%s\nstderr:\n%s", err, stdout.String(), stderr.String())
-	}
-	lines := strings.Split(strings.TrimSpace(stdout.String()), "\n")
 	var out struct {
 		WS struct {
 			ResetMessages []struct{ Role, Content string } `json:"reset_messages"`
@@ -118,9 +86,7 @@ func TestOpenEnvInterop(t *testing.T) {
 		} `json:"http"`
 		NoToken string `json:"no_token"`
 	}
-	if err := json.Unmarshal([]byte(lines[len(lines)-1]), &out); err != nil {
-		t.Fatalf("output %q: %v\nstderr:\n%s", lines[len(lines)-1], err, stderr.String())
-	}
+	testenv.RunPythonJSON(ctx, t, py, "testdata/openenv_interop.py", in, &out, nil)
 	tools := []string{"get_user_details", "get_reservation_details", "cancel_reservation", "update_reservation_baggages"}
 
 	// GenericEnvClient over WebSocket.
@@ -222,7 +188,7 @@ func TestOpenEnvInterop(t *testing.T) {
 // after the error frame, the connection made that send fail
 // (ConnectionClosedError, 1013) and the code never reached the client.
 func TestOpenEnvCapacityInterop(t *testing.T) {
-	py := openenvPython(t)
+	py := testenv.OpenEnvVenv.Require(t)
 	cfg := testConfig()
 	cfg.MaxSessions = 1
 	f := start(t, cfg, nil, nil)
@@ -259,7 +225,7 @@ func TestOpenEnvCapacityInterop(t *testing.T) {
 // and it finds the OpenEnv 1.x profile and the simulation mode (reset,
 // step and state served).
 func TestOpenEnvValidate(t *testing.T) {
-	py := openenvPython(t)
+	py := testenv.OpenEnvVenv.Require(t)
 	cli := filepath.Join(filepath.Dir(py), "openenv")
 	if _, err := os.Stat(cli); err != nil {
 		t.Fatalf("openenv-core's CLI is not beside its python: %v", err)
@@ -299,31 +265,16 @@ func TestOpenEnvValidate(t *testing.T) {
 // (testdata/verifiers_interop.py; no model): its schema fetch, reset with
 // the task's seed, the step loop and the reward it records.
 func TestVerifiersInterop(t *testing.T) {
-	py := os.Getenv("TRACE_VERIFIERS_PYTHON")
-	if py == "" {
-		py = "/var/cache/trace/verifiers-venv/bin/python"
-	}
-	if _, err := os.Stat(py); err != nil {
-		testenv.Unavailable(t, "no verifiers python at %s (TRACE_VERIFIERS_PYTHON): python3 -m venv /var/cache/trace/verifiers-venv && /var/cache/trace/verifiers-venv/bin/pip install verifiers==0.4.0 openenv-core==0.3.0", py)
-	}
+	py := testenv.VerifiersVenv.Require(t)
 	st := testenv.ClickHouse(t).Store()
 	cfg := testConfig()
 	cfg.BearerToken = "verifiers-token"
 	f := start(t, cfg, st, nil)
 	lp := playLocal(t, 31)
-	in, _ := json.Marshal(map[string]any{"base_url": strings.Replace(f.base, "http://", "http://trace:"+cfg.BearerToken+"@", 1),
-		"seed": 31, "actions": lp.actions})
-	inFile := filepath.Join(t.TempDir(), "in.json")
-	os.WriteFile(inFile, in, 0o644)
+	in := map[string]any{"base_url": strings.Replace(f.base, "http://", "http://trace:"+cfg.BearerToken+"@", 1),
+		"seed": 31, "actions": lp.actions}
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, py, "testdata/verifiers_interop.py", inFile)
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	if err := cmd.Run(); err != nil {
-		t.Fatalf("verifiers_interop.py: %v\nstdout:\n%s\nstderr:\n%s", err, stdout.String(), stderr.String())
-	}
-	lines := strings.Split(strings.TrimSpace(stdout.String()), "\n")
 	var out struct {
 		Patched     bool               `json:"patched_base_url"`
 		Tasks       int                `json:"tasks"`
@@ -334,9 +285,7 @@ func TestVerifiersInterop(t *testing.T) {
 		Rewards     map[string]float64 `json:"rewards"`
 		Stopped     *string            `json:"stopped"`
 	}
-	if err := json.Unmarshal([]byte(lines[len(lines)-1]), &out); err != nil {
-		t.Fatalf("output %q: %v\nstderr:\n%s", lines[len(lines)-1], err, stderr.String())
-	}
+	testenv.RunPythonJSON(ctx, t, py, "testdata/verifiers_interop.py", in, &out, nil)
 	t.Logf("verifiers 0.4.0 needed GenericEnvClient._base_url added: %v", out.Patched)
 	// The final answer ends the episode without another turn: one payload
 	// per action but the last.

@@ -11,7 +11,8 @@ import (
 	"time"
 )
 
-func post(t *testing.T, url, body string) (*http.Response, map[string]any) {
+// postRaw posts a chat completion request and reads the whole answer.
+func postRaw(t *testing.T, url, body string) (*http.Response, []byte) {
 	t.Helper()
 	resp, err := http.Post(url+"/chat/completions", "application/json", strings.NewReader(body))
 	if err != nil {
@@ -19,6 +20,12 @@ func post(t *testing.T, url, body string) (*http.Response, map[string]any) {
 	}
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
+	return resp, b
+}
+
+func post(t *testing.T, url, body string) (*http.Response, map[string]any) {
+	t.Helper()
+	resp, b := postRaw(t, url, body)
 	var m map[string]any
 	_ = json.Unmarshal(b, &m)
 	return resp, m
@@ -92,12 +99,7 @@ func TestLabelsJSONAndAutoLabels(t *testing.T) {
 // sseEvents reads a streamed answer: the data of each event, [DONE] included.
 func sseEvents(t *testing.T, url, body string) []string {
 	t.Helper()
-	resp, err := http.Post(url+"/chat/completions", "application/json", strings.NewReader(body))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
+	_, b := postRaw(t, url, body)
 	var data []string
 	for _, ev := range strings.Split(strings.TrimSpace(string(b)), "\n\n") {
 		d, ok := strings.CutPrefix(ev, "data: ")
