@@ -217,11 +217,7 @@ func BenchmarkProxyOverhead(b *testing.B) {
 	stopPacing := func() {}
 	pace := func(p gcpace.Policy) {
 		stopPacing()
-		stopPacing = func() {}
-		if p == (gcpace.Policy{}) {
-			debug.SetGCPercent(prevGC)
-			return
-		}
+		debug.SetGCPercent(prevGC)
 		stopPacing = gcpace.Start(p)
 	}
 	pace(routeGC)

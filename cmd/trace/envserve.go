@@ -97,9 +97,8 @@ SESSION_ERROR, queued episodes are written, then it exits 0.`,
 				return errors.New("--addr: a host:port to listen on is required")
 			}
 			// A serve-only process's collector target (env.gogc's rule).
-			if p, _ := (config.Config{Roles: []string{"serve"}, Env: cfg}).GCPolicy(os.Getenv("GOGC")); p != (gcpace.Policy{}) {
-				defer gcpace.Start(p)()
-			}
+			p, _ := (config.Config{Roles: []string{"serve"}, Env: cfg}).GCPolicy(os.Getenv("GOGC"))
+			defer gcpace.Start(p)()
 			cat := envserver.NewStaticCatalog()
 			defer cat.Close() // the programs no session opened
 			var ids []string

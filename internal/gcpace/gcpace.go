@@ -62,8 +62,13 @@ func (p Policy) Goal(live uint64) uint64 {
 
 // Start sets the collector target for the live heap now and again after
 // every collection, until stop is called (stop leaves the last target
-// set). A policy without Headroom is one fixed target, set once.
+// set). A policy without Headroom is one fixed target, set once; the zero
+// Policy changes nothing (Go's own setting, GOGC in the environment
+// included, stays).
 func Start(p Policy) (stop func()) {
+	if p == (Policy{}) {
+		return func() {}
+	}
 	pc := &pacer{p: p, last: -1}
 	pc.apply()
 	if p.Headroom == 0 {

@@ -110,3 +110,16 @@ func TestStartWithoutHeadroom(t *testing.T) {
 		t.Fatalf("GOGC %d, want 321", got)
 	}
 }
+
+// TestStartZeroPolicyChangesNothing: the zero Policy (a process that sets
+// none, or GOGC in the environment) leaves the collector target as it is.
+func TestStartZeroPolicyChangesNothing(t *testing.T) {
+	prev := debug.SetGCPercent(237)
+	t.Cleanup(func() { debug.SetGCPercent(prev) })
+	stop := Start(Policy{})
+	defer stop()
+	runtime.GC()
+	if got := gcPercent(t); got != 237 {
+		t.Fatalf("GOGC %d after Start(Policy{}), want the 237 set before", got)
+	}
+}

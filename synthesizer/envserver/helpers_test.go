@@ -42,9 +42,8 @@ func serveForBench(addr string, sandboxed bool) int {
 	// unless GOGC is in the environment, as for the benchmark's Go's-GOGC
 	// row).
 	cfg := envserver.DefaultConfig()
-	if p, _ := (config.Config{Roles: []string{"serve"}, Env: cfg}).GCPolicy(os.Getenv("GOGC")); p != (gcpace.Policy{}) {
-		gcpace.Start(p) // the process ends when the benchmark kills it
-	}
+	p, _ := (config.Config{Roles: []string{"serve"}, Env: cfg}).GCPolicy(os.Getenv("GOGC"))
+	gcpace.Start(p) // the process ends when the benchmark kills it
 	var env envprog.Env
 	if dir := os.Getenv("TRACE_BENCH_PROFILE_DIR"); dir != "" {
 		// CPU profiles of the server process (server-inproc.prof,
