@@ -482,7 +482,11 @@ func (p *Proxy) chat(w http.ResponseWriter, r *http.Request) {
 	setDecisionHeaders(h, d)
 	w.WriteHeader(resp.StatusCode)
 	sse := strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream")
-	copyErr, sawError := copyFlush(w, resp.Body, sse)
+	c := copyFlush(w, resp.Body, sse, resp.StatusCode < 300)
+	copyErr, sawError := c.err, c.sawError
+	if c.usageOK && !sawError {
+		row.Usage, row.PromptTokens, row.CompletionTokens = true, c.usage.PromptTokens, c.usage.CompletionTokens
+	}
 	switch {
 	case resp.StatusCode >= 400:
 		row.Outcome = OutcomeUpstreamError
@@ -561,37 +565,59 @@ func (p *Proxy) warnMissing(d Decision, missing string, msg []byte) {
 	}
 }
 
-var copyBufs = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
+// copyBuffers are copyFlush's: the read buffer and the body's tail.
+type copyBuffers struct{ buf, tail []byte }
+
+var copyBufs = sync.Pool{New: func() any {
+	return &copyBuffers{buf: make([]byte, 32<<10), tail: make([]byte, 0, usageTail)}
+}}
+
+// copied is what copyFlush saw of a body.
+type copied struct {
+	err      error // reading the upstream's body or writing the caller's
+	sawError bool  // with sse: an error event passed
+	usage    Usage // the body's token usage, when usageOK
+	usageOK  bool
+}
 
 // copyFlush copies the upstream body to the caller read by read, flushing
 // after each, so that SSE events pass through as they arrive. With sse it
 // reports whether an error event passed ("data: {"error"…" or an object
-// of type "error").
-func copyFlush(w http.ResponseWriter, body io.Reader, sse bool) (err error, sawError bool) {
+// of type "error"). With usage it keeps the body's end and, when the body
+// ended cleanly, reports the token usage it holds (see usage.go).
+func copyFlush(w http.ResponseWriter, body io.Reader, sse, usage bool) (c copied) {
 	rc := http.NewResponseController(w)
-	bp := copyBufs.Get().(*[]byte)
-	defer copyBufs.Put(bp)
-	buf := *bp
-	var tail []byte // the end of the previous read, for a pattern split across reads
+	bufs := copyBufs.Get().(*copyBuffers)
+	defer copyBufs.Put(bufs)
+	buf, tail := bufs.buf, bufs.tail[:0]
+	var edge []byte // the end of the previous read, for a pattern split across reads
 	for {
 		n, rerr := body.Read(buf)
 		if n > 0 {
-			if sse && !sawError {
-				chunk := append(tail, buf[:n]...)
-				sawError = bytes.Contains(chunk, []byte(`data: {"error"`)) || bytes.Contains(chunk, []byte(`"object":"error"`)) ||
-					bytes.Contains(chunk, []byte(`"object": "error"`))
-				tail = append(tail[:0], chunk[max(0, len(chunk)-24):]...)
+			if sse && !c.sawError {
+				chunk := append(edge, buf[:n]...)
+				c.sawError = bytes.Contains(chunk, []byte(`data: {"error"`)) || bytes.Contains(chunk, []byte(`data:{"error"`)) ||
+					bytes.Contains(chunk, []byte(`"object":"error"`)) || bytes.Contains(chunk, []byte(`"object": "error"`))
+				edge = append(edge[:0], chunk[max(0, len(chunk)-24):]...)
+			}
+			if usage {
+				tail = keepTail(tail, buf[:n])
 			}
 			if _, werr := w.Write(buf[:n]); werr != nil {
-				return werr, sawError
+				c.err = werr
+				return c
 			}
 			_ = rc.Flush()
 		}
 		if rerr == io.EOF {
-			return nil, sawError
+			if usage {
+				c.usage, c.usageOK = parseUsage(tail)
+			}
+			return c
 		}
 		if rerr != nil {
-			return rerr, sawError
+			c.err = rerr
+			return c
 		}
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"math"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -409,5 +410,47 @@ func TestProxyRedirectPassesThrough(t *testing.T) {
 	}
 	if n := len(f.upstreamChats()); n != 1 {
 		t.Fatalf("%d upstream requests, want 1 (the redirect not followed)", n)
+	}
+}
+
+// TestProxyRecordsTokenUsage: the upstream's usage of a completion, and of
+// a stream that asked for it (stream_options.include_usage), is recorded
+// with the request; a stream that did not ask, an answer without usage and
+// an upstream error record none (NULL).
+func TestProxyRecordsTokenUsage(t *testing.T) {
+	f := newFixture(t, adapterRow("lora-ids", "id_verification"))
+	probs := map[string]float64{"A": 0.9, "B": 0.1}
+	for i, tc := range []struct {
+		name, body string
+		reply      llmtest.Reply
+		prompt     uint32 // 0: none recorded
+		completion uint32
+	}{
+		{"completion", `{"messages":[{"role":"user","content":"verify me"}]}`,
+			llmtest.Reply{Content: "Verified.", PromptTokens: 321, CompletionTokens: 45}, 321, 45},
+		{"stream with include_usage", `{"stream":true,"stream_options":{"include_usage":true},"messages":[{"role":"user","content":"verify me"}]}`,
+			llmtest.Reply{Stream: &llmtest.Stream{Chunks: []string{"Veri", "fied."}}, PromptTokens: 77, CompletionTokens: 2}, 77, 2},
+		{"stream without include_usage", `{"stream":true,"messages":[{"role":"user","content":"verify me"}]}`,
+			llmtest.Reply{Stream: &llmtest.Stream{Chunks: []string{"Veri", "fied."}}, PromptTokens: 77, CompletionTokens: 2}, 0, 0},
+		{"completion without usage", `{"messages":[{"role":"user","content":"verify me"}]}`,
+			llmtest.Reply{Content: "Verified.", NoUsage: true}, 0, 0},
+		{"upstream error", `{"messages":[{"role":"user","content":"verify me"}]}`,
+			llmtest.Reply{Status: 400, Body: `{"error":{"message":"bad"},"usage":{"prompt_tokens":5,"completion_tokens":0}}`}, 0, 0},
+	} {
+		f.script(probs, tc.reply)
+		resp := f.post("/v1/chat/completions", tc.body, map[string]string{router.HeaderConversation: "u-" + strconv.Itoa(i)})
+		if _, err := io.ReadAll(resp.Body); err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		r := f.decisions(i + 1)[i]
+		if tc.prompt == 0 {
+			if r.Usage || r.PromptTokens != 0 || r.CompletionTokens != 0 {
+				t.Errorf("%s: usage %d/%d recorded, want none", tc.name, r.PromptTokens, r.CompletionTokens)
+			}
+			continue
+		}
+		if !r.Usage || r.PromptTokens != tc.prompt || r.CompletionTokens != tc.completion || r.Outcome != router.OutcomeOK {
+			t.Errorf("%s: row %+v, want usage %d/%d", tc.name, r, tc.prompt, tc.completion)
+		}
 	}
 }

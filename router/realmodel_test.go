@@ -9,12 +9,14 @@ import (
 	"net/http/httptest"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/traceops/trace/internal/dev/llmtest"
 	"github.com/traceops/trace/internal/llm"
 	"github.com/traceops/trace/router"
+	"github.com/traceops/trace/sink"
 )
 
 // TestRealModelRouterAndProxy: the real local model (Gemma 3 270M on
@@ -77,7 +79,8 @@ func TestRealModelRouterAndProxy(t *testing.T) {
 		wantModel = d.Adapter
 	}
 
-	p, err := router.NewProxy(router.ProxyConfig{UpstreamURL: baseURL, DefaultEnvironment: "sim-airline"}, r, nil)
+	rec := &rowsRecorder{}
+	p, err := router.NewProxy(router.ProxyConfig{UpstreamURL: baseURL, DefaultEnvironment: "sim-airline"}, r, rec)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -108,6 +111,59 @@ func TestRealModelRouterAndProxy(t *testing.T) {
 	if !done || events < 3 || strings.TrimSpace(text.String()) == "" {
 		t.Fatalf("stream: %d events, [DONE] %v, text %q", events, done, text.String())
 	}
+
+	// A completion not streamed: the server's usage is recorded with it.
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, px.URL+"/v1/chat/completions", strings.NewReader(`{"model":"x","max_tokens":4,"temperature":0,
+		"metadata":{"conversation_id":"real-1"},"messages":[{"role":"user","content":"How many bags can I check on my economy ticket, and what does a second bag cost?"}]}`))
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var completion struct {
+		Usage struct {
+			PromptTokens     uint32 `json:"prompt_tokens"`
+			CompletionTokens uint32 `json:"completion_tokens"`
+		} `json:"usage"`
+	}
+	err = json.NewDecoder(resp.Body).Decode(&completion)
+	resp.Body.Close()
+	if err != nil || resp.StatusCode != 200 || completion.Usage.PromptTokens == 0 {
+		t.Fatalf("completion: %s, usage %+v, %v", resp.Status, completion.Usage, err)
+	}
+	var last sink.RouteDecisionRow
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) { // recorded as the handler returns
+		if rows := rec.rows(); len(rows) > 0 && !rows[len(rows)-1].Stream {
+			last = rows[len(rows)-1]
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no row for the completion: %+v", rec.rows())
+		}
+	}
+	if !last.Usage || last.PromptTokens != completion.Usage.PromptTokens || last.CompletionTokens != completion.Usage.CompletionTokens {
+		t.Fatalf("the completion's row %+v, want the usage the server sent, %+v", last, completion.Usage)
+	}
+	t.Logf("recorded usage: %d prompt, %d completion tokens", last.PromptTokens, last.CompletionTokens)
+}
+
+// rowsRecorder keeps the proxy's rows in memory (the store's writes are
+// tested against ClickHouse in sink and by the proxy's other tests).
+type rowsRecorder struct {
+	mu sync.Mutex
+	rs []sink.RouteDecisionRow
+}
+
+func (r *rowsRecorder) Record(row sink.RouteDecisionRow) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.rs = append(r.rs, row)
+}
+
+func (r *rowsRecorder) rows() []sink.RouteDecisionRow {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.rs)
 }
 
 // stream posts body to the proxy and reads its SSE answer, checking the

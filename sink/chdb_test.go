@@ -272,6 +272,8 @@ var literalEscaper = strings.NewReplacer(`\`, `\\`, `'`, `\'`, "\n", `\n`, "\r",
 // literal is v as a ClickHouse literal.
 func literal(v any) (string, error) {
 	switch v := v.(type) {
+	case nil: // a Nullable column's NULL
+		return "NULL", nil
 	case string:
 		return "'" + literalEscaper.Replace(v) + "'", nil
 	case bool:
@@ -1380,14 +1382,30 @@ func chdbRouting(t *testing.T, c *chdbDB, base time.Time) {
 		at := base.Add(off)
 		return []any{at, at.UnixNano(), req, dec, conv, "header", "sim-airline", "1.4.0", "proxy", cached, adapter, "cap", adapter, "A",
 			[]string{"A", "B"}, []string{"cap", "none"}, []string{"a1", ""}, []float64{0.75, 0.25}, []string{"a1"}, []float64{1},
-			"classified", "", "base", uint32(12), uint32(150), uint16(200), "ok", uint8(1)}
+			"classified", "", "base", uint32(12), uint32(150), uint16(200), "ok", uint8(1), nil, nil}
 	}
-	c.insert("route_decisions", routeDecisionColumns, row("r1", "d1", "c1", "a1", 0, 0), row("r2", "d1", "c1", "a1", time.Second, 1),
+	r1 := row("r1", "d1", "c1", "a1", 0, 0)
+	r1[len(r1)-2], r1[len(r1)-1] = uint32(1200), uint32(34) // its usage; the others reported none
+	c.insert("route_decisions", routeDecisionColumns, r1, row("r2", "d1", "c1", "a1", time.Second, 1),
 		row("r3", "d2", "c2", "", 90*time.Minute, 0))
 	q, args := routeDecisionsSQL(RouteDecisionFilter{Environment: "sim-airline", Since: base.Add(-time.Hour), Limit: 10})
 	r := c.query(q, args...)
-	if len(r.rows) != 3 || r.rows[0].str(2) != "r1" || r.rows[2].str(2) != "r3" || !slices.Equal(r.rows[0].strs(14), []string{"A", "B"}) {
+	if len(r.rows) != 3 || r.rows[0].str(2) != "r1" || r.rows[2].str(2) != "r3" || !slices.Equal(r.rows[0].strs(14), []string{"A", "B"}) ||
+		r.rows[0].uint(28) != 1200 || r.rows[0].uint(29) != 34 || string(r.rows[1].vals[28]) != "null" {
 		t.Fatalf("RouteDecisions: %v", r.rows)
+	}
+	r = c.query(tokenUsageSQL, "sim-airline", base.Add(-time.Hour))
+	if len(r.rows) != 2 || (r.rows[0].str(1) == "a1") == (r.rows[1].str(1) == "a1") {
+		t.Fatalf("TokenUsage: %v, want a row for a1 and one for the base model", r.rows)
+	}
+	for _, row := range r.rows {
+		want := "1 0 null null" // r3, the base model's, reported none
+		if row.str(1) == "a1" {
+			want = "2 1 1200 34" // r1 and r2 (cached, none)
+		}
+		if got := fmt.Sprintf("%d %d %s %s", row.uint(2), row.uint(3), strings.Trim(string(row.vals[4]), `"`), strings.Trim(string(row.vals[5]), `"`)); got != want {
+			t.Fatalf("TokenUsage of %q: %s, want %s", row.str(1), got, want)
+		}
 	}
 	r = c.query(conversationRoutesSQL, "sim-airline", []string{"c1", "c2", "c3"})
 	got := map[string]string{}

@@ -622,6 +622,14 @@ ORDER BY (environment, agent_version, dictionary_version, hour, runs)`,
 			`TRUNCATE TABLE IF EXISTS rollup_watermark`,
 		}
 	}},
+	{18, "route_decisions_usage", func(d Dialect) []string {
+		// The upstream's token usage of a proxied completion (its "usage"
+		// object); NULL when it reported none, and for rows written before.
+		return []string{
+			d.AddColumn("route_decisions", "prompt_tokens", "Nullable(UInt32)"),
+			d.AddColumn("route_decisions", "completion_tokens", "Nullable(UInt32)"),
+		}
+	}},
 }
 
 // Migrate applies every migration not yet recorded in schema_migrations, in

@@ -39,11 +39,17 @@ type RouteDecisionRow struct {
 	UpstreamStatus     uint16
 	Outcome            string
 	Stream             bool
+	// Usage is whether the upstream reported the token usage of a proxied
+	// completion, PromptTokens and CompletionTokens; the columns are NULL
+	// when it did not (a stream without stream_options.include_usage, an
+	// error, /v1/route).
+	Usage                          bool
+	PromptTokens, CompletionTokens uint32
 }
 
 const routeDecisionColumns = `ts, at_ns, request_id, decision_id, conversation_id, conversation_source, environment, agent_version, endpoint,
 	cached, adapter, capability, model, label, labels, label_capabilities, label_adapters, probabilities, weight_adapters, weights,
-	reason, error, classifier_model, classify_ms, overhead_us, upstream_status, outcome, stream`
+	reason, error, classifier_model, classify_ms, overhead_us, upstream_status, outcome, stream, prompt_tokens, completion_tokens`
 
 // InsertRouteDecisions writes decisions in one INSERT.
 func (s *Store) InsertRouteDecisions(ctx context.Context, rows []RouteDecisionRow) error {
@@ -60,7 +66,8 @@ func (s *Store) InsertRouteDecisions(ctx context.Context, rows []RouteDecisionRo
 		at := ts(r.At, now)
 		if err := b.Append(at, at.UnixNano(), r.RequestID, r.DecisionID, r.ConversationID, r.ConversationSource, r.Environment, r.AgentVersion, r.Endpoint,
 			b2u(r.Cached), r.Adapter, r.Capability, r.Model, r.Label, strs(r.Labels), strs(r.LabelCapabilities), strs(r.LabelAdapters), floats(r.Probabilities),
-			strs(r.WeightAdapters), floats(r.Weights), r.Reason, r.Error, r.ClassifierModel, r.ClassifyMS, r.OverheadUS, r.UpstreamStatus, r.Outcome, b2u(r.Stream)); err != nil {
+			strs(r.WeightAdapters), floats(r.Weights), r.Reason, r.Error, r.ClassifierModel, r.ClassifyMS, r.OverheadUS, r.UpstreamStatus, r.Outcome, b2u(r.Stream),
+			nullable(r.Usage, r.PromptTokens), nullable(r.Usage, r.CompletionTokens)); err != nil {
 			return fmt.Errorf("insert route_decisions: %w", err)
 		}
 	}
@@ -68,6 +75,14 @@ func (s *Store) InsertRouteDecisions(ctx context.Context, rows []RouteDecisionRo
 		return fmt.Errorf("insert route_decisions: %w", err)
 	}
 	return nil
+}
+
+// nullable is v for a Nullable(UInt32) column, or NULL unless ok.
+func nullable(ok bool, v uint32) *uint32 {
+	if !ok {
+		return nil
+	}
+	return &v
 }
 
 func strs(v []string) []string {
@@ -126,16 +141,21 @@ func (s *Store) RouteDecisions(ctx context.Context, f RouteDecisionFilter) ([]Ro
 	var out []RouteDecisionRow
 	for rows.Next() {
 		var (
-			r              RouteDecisionRow
-			atNS           int64
-			cached, stream uint8
+			r                  RouteDecisionRow
+			atNS               int64
+			cached, stream     uint8
+			prompt, completion *uint32
 		)
 		if err := rows.Scan(&r.At, &atNS, &r.RequestID, &r.DecisionID, &r.ConversationID, &r.ConversationSource, &r.Environment, &r.AgentVersion, &r.Endpoint,
 			&cached, &r.Adapter, &r.Capability, &r.Model, &r.Label, &r.Labels, &r.LabelCapabilities, &r.LabelAdapters, &r.Probabilities,
-			&r.WeightAdapters, &r.Weights, &r.Reason, &r.Error, &r.ClassifierModel, &r.ClassifyMS, &r.OverheadUS, &r.UpstreamStatus, &r.Outcome, &stream); err != nil {
+			&r.WeightAdapters, &r.Weights, &r.Reason, &r.Error, &r.ClassifierModel, &r.ClassifyMS, &r.OverheadUS, &r.UpstreamStatus, &r.Outcome, &stream,
+			&prompt, &completion); err != nil {
 			return nil, fmt.Errorf("route decisions: %w", err)
 		}
 		r.At, r.Cached, r.Stream = time.Unix(0, atNS).UTC(), cached == 1, stream == 1
+		if prompt != nil && completion != nil {
+			r.Usage, r.PromptTokens, r.CompletionTokens = true, *prompt, *completion
+		}
 		out = append(out, r)
 	}
 	return out, rows.Err()
@@ -150,6 +170,53 @@ const RouteByConversationSQL = `SELECT environment, conversation_id,
 	argMax(decision_id, at_ns) AS decision_id, argMax(adapter, at_ns) AS adapter
 	FROM route_decisions WHERE conversation_id != ''
 	GROUP BY environment, conversation_id`
+
+// tokenUsageSQL is TokenUsage's query. A request's row is counted once (a
+// batch written twice lands twice until merged).
+const tokenUsageSQL = `SELECT toDate(ts) AS day, adapter, count() AS requests, count(completion_tokens) AS with_usage,
+	sum(prompt_tokens) AS prompt, sum(completion_tokens) AS completion
+	FROM (SELECT request_id, ts, adapter, prompt_tokens, completion_tokens FROM route_decisions
+		WHERE environment = ? AND endpoint = 'proxy' AND ts >= ? LIMIT 1 BY request_id)
+	GROUP BY day, adapter ORDER BY day, adapter`
+
+// TokenUsageRow is the proxied requests of one day and adapter ("" =
+// base model) and the tokens of those whose usage the upstream reported.
+type TokenUsageRow struct {
+	Day              time.Time `json:"day"`
+	Adapter          string    `json:"adapter"`
+	Requests         uint64    `json:"requests"`
+	WithUsage        uint64    `json:"with_usage"`
+	PromptTokens     uint64    `json:"prompt_tokens"`
+	CompletionTokens uint64    `json:"completion_tokens"`
+}
+
+// TokenUsage sums the token usage the proxy recorded (migration 18) per
+// day and adapter of an environment since a time, oldest first.
+func (s *Store) TokenUsage(ctx context.Context, environment string, since time.Time) ([]TokenUsageRow, error) {
+	rows, err := s.conn.Query(ctx, tokenUsageSQL, environment, since.UTC())
+	if err != nil {
+		return nil, fmt.Errorf("token usage of %s: %w", environment, err)
+	}
+	defer rows.Close()
+	var out []TokenUsageRow
+	for rows.Next() {
+		var (
+			r                  TokenUsageRow
+			prompt, completion *uint64 // NULL: no request of the group reported one
+		)
+		if err := rows.Scan(&r.Day, &r.Adapter, &r.Requests, &r.WithUsage, &prompt, &completion); err != nil {
+			return nil, fmt.Errorf("token usage: %w", err)
+		}
+		if prompt != nil {
+			r.PromptTokens = *prompt
+		}
+		if completion != nil {
+			r.CompletionTokens = *completion
+		}
+		out = append(out, r)
+	}
+	return out, rows.Err()
+}
 
 // routeSharesSQL counts routed requests per adapter and hour of one environment.
 const routeSharesSQL = `SELECT toStartOfHour(ts) AS hour, adapter, uniqExact(request_id) AS requests

@@ -2,6 +2,7 @@ package sink_test
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"testing"
 	"time"
@@ -29,6 +30,8 @@ func TestRouteDecisions(t *testing.T) {
 	}
 	rows[2].Labels, rows[2].LabelCapabilities, rows[2].LabelAdapters, rows[2].Probabilities, rows[2].WeightAdapters, rows[2].Weights = nil, nil, nil, nil, nil, nil
 	rows[2].Reason, rows[2].Outcome, rows[2].UpstreamStatus, rows[2].Stream = "no_logprobs", "stream_error", 200, false
+	rows[0].Usage, rows[0].PromptTokens, rows[0].CompletionTokens = true, 1200, 34 // the usage of r1 alone
+	rows[1].PromptTokens = 99                                                      // not reported (Usage false): NULL
 	// The batch lands twice, as after a retry whose first answer was lost:
 	// every read still counts each request once.
 	for range 2 {
@@ -41,14 +44,36 @@ func TestRouteDecisions(t *testing.T) {
 		t.Fatalf("RouteDecisions = %d rows, %v", len(got), err)
 	}
 	if g := got[0]; g.RequestID != "r1" || g.Cached || !g.Stream || !slices.Equal(g.Labels, []string{"A", "B"}) || !slices.Equal(g.Probabilities, []float64{0.75, 0.25}) ||
-		!slices.Equal(g.LabelAdapters, []string{"a1", ""}) || g.OverheadUS != 150 || !g.At.Equal(at) {
+		!slices.Equal(g.LabelAdapters, []string{"a1", ""}) || g.OverheadUS != 150 || !g.At.Equal(at) ||
+		!g.Usage || g.PromptTokens != 1200 || g.CompletionTokens != 34 {
 		t.Fatalf("first decision %+v", g)
+	}
+	if g := got[1]; g.Usage || g.PromptTokens != 0 || g.CompletionTokens != 0 {
+		t.Fatalf("second decision's usage %v %d/%d, want none (NULL)", g.Usage, g.PromptTokens, g.CompletionTokens)
 	}
 	if g := got[2]; g.Adapter != "" || len(g.Probabilities) != 0 || g.Reason != "no_logprobs" || g.Outcome != "stream_error" {
 		t.Fatalf("third decision %+v", g)
 	}
 	if got, _ := s.RouteDecisions(ctx, sink.RouteDecisionFilter{DecisionID: "d1", Limit: 1}); len(got) != 1 || got[0].RequestID != "r1" {
 		t.Fatalf("by decision id: %+v", got)
+	}
+	// Tokens per day and adapter: r1's usage once (its row landed twice);
+	// r2 (cached, no usage) counts as a request without one.
+	usage, err := s.TokenUsage(ctx, "sim-airline", at.Add(-time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var days []string
+	for _, u := range usage {
+		days = append(days, fmt.Sprintf("%s %q %d %d %d %d", u.Day.Format(time.DateOnly), u.Adapter, u.Requests, u.WithUsage, u.PromptTokens, u.CompletionTokens))
+	}
+	d0, d2 := at.Format(time.DateOnly), at.Add(90*time.Minute).Format(time.DateOnly)
+	want := []string{fmt.Sprintf(`%s "a1" 2 1 1200 34`, d0), fmt.Sprintf(`%s "" 1 0 0 0`, d2)}
+	if d0 == d2 {
+		want = []string{fmt.Sprintf(`%s "" 1 0 0 0`, d0), fmt.Sprintf(`%s "a1" 2 1 1200 34`, d0)}
+	}
+	if !slices.Equal(days, want) {
+		t.Fatalf("TokenUsage = %q, want %q", days, want)
 	}
 	routes, err := s.ConversationRoutes(ctx, "sim-airline", []string{"c1", "c2", "c3"})
 	if err != nil || len(routes) != 2 || routes["c1"].Adapter != "a1" || routes["c1"].DecisionID != "d1" || routes["c2"].Adapter != "" {

@@ -140,7 +140,9 @@ The closed loop (TRACE step 4) follows in the table, and alone with --loop
 capability's Δ, ER-, ER+, Cov and pass rate on the base model's rollouts
 before activation beside the rollouts routed to it, with 95 % intervals,
 the verdict (gap_closed, improved, no_change, worse, not_enough_data; see
-verify.*), and the routing share per adapter per hour.`,
+verify.*), the routing share per adapter per hour, and the tokens of the
+proxied requests per day and adapter (the upstream's usage; json field
+tokens).`,
 		Example: `  trace report --env sim-airline --format table
   trace report --window all --format json
   trace report --loop --format json`,
@@ -205,7 +207,7 @@ verify.*), and the routing share per adapter per hour.`,
 	cmd.Flags().StringVar(&env, "env", "", "only this environment")
 	cmd.Flags().StringVar(&format, "format", "table", "table, json or csv")
 	cmd.Flags().BoolVar(&fresh, "fresh", false, "compute every decision from its window now, not the evaluator's latest evaluation")
-	cmd.Flags().BoolVar(&loop, "loop", false, "only the closed loop: each activated adapter's before/after, verdict and routing share")
+	cmd.Flags().BoolVar(&loop, "loop", false, "only the closed loop: each activated adapter's before/after, verdict, routing share and tokens")
 	cmd.Flags().StringVar(&window, "window", "", "the window back from each cohort's watermark: a duration, or all (default analyzer.window)")
 	rootCmd.AddCommand(cmd)
 }

@@ -16,11 +16,26 @@ import (
 	"github.com/traceops/trace/verify"
 )
 
+// loopOut is the closed loop as `trace report` prints it: verify's report
+// and, for each environment whose routing share comes from the router's
+// decisions, the token usage the proxy recorded over the same range.
+type loopOut struct {
+	*verify.Report
+	Tokens []envTokens `json:"tokens,omitempty"`
+}
+
+// envTokens is one environment's token usage per day and adapter.
+type envTokens struct {
+	Environment string               `json:"environment"`
+	Days        []sink.TokenUsageRow `json:"days"`
+}
+
 // loopReport is the closed loop of `trace report` (--loop, and the table's
-// last section): every adapter in service or taken out, per capability, and
-// the routing share per adapter over the last shareWindow of each
-// environment (event time, hourly buckets).
-func loopReport(ctx context.Context, cfg config.Config, st *sink.Store, env string, shareWindow time.Duration) (*verify.Report, error) {
+// last section): every adapter in service or taken out, per capability, the
+// routing share per adapter over the last shareWindow of each environment
+// (event time, hourly buckets) and the tokens of the proxied requests over
+// the share's range.
+func loopReport(ctx context.Context, cfg config.Config, st *sink.Store, env string, shareWindow time.Duration) (*loopOut, error) {
 	rep, err := verify.New(cfg.Verify, st, nil, nil, nil).Report(ctx, shareWindow, time.Hour, verify.DecisionShares{Store: st}, st)
 	if err != nil {
 		return nil, err
@@ -41,17 +56,30 @@ func loopReport(ctx context.Context, cfg config.Config, st *sink.Store, env stri
 		}
 		rep.Share = shares
 	}
-	return rep, nil
+	out := &loopOut{Report: rep}
+	for _, sh := range rep.Share {
+		if sh.Source != "route_decisions" || len(sh.Buckets) == 0 {
+			continue
+		}
+		days, err := st.TokenUsage(ctx, sh.Environment, sh.Buckets[0])
+		if err != nil {
+			rep.Errors = append(rep.Errors, err.Error())
+			continue
+		}
+		out.Tokens = append(out.Tokens, envTokens{Environment: sh.Environment, Days: days})
+	}
+	return out, nil
 }
 
 func ci(i verify.Interval) string { return fmt.Sprintf("%.3f [%.3f, %.3f]", i.Value, i.Lo, i.Hi) }
 
-func writeLoop(w io.Writer, format string, rep *verify.Report) error {
+func writeLoop(w io.Writer, format string, out *loopOut) error {
+	rep := out.Report
 	switch format {
 	case "json":
 		enc := json.NewEncoder(w)
 		enc.SetIndent("", "  ")
-		return enc.Encode(rep)
+		return enc.Encode(out)
 	case "csv":
 		cw := csv.NewWriter(w)
 		cw.Write([]string{"environment", "capability", "adapter", "status", "simulated", "activated_at", "verdict", "reason", "action",
@@ -138,6 +166,20 @@ func writeLoop(w io.Writer, format string, rep *verify.Report) error {
 				row = append(row, fmt.Sprintf("%.1f%%", s.Share[n][i]*100))
 			}
 			fmt.Fprintln(tw, strings.Join(row, "\t"))
+		}
+		if err := tw.Flush(); err != nil {
+			return err
+		}
+	}
+	for _, et := range out.Tokens {
+		if len(et.Days) == 0 {
+			continue
+		}
+		fmt.Fprintf(w, "\ntokens in %s per day (the upstream's usage of proxied requests, route_decisions):\n", et.Environment)
+		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+		fmt.Fprintln(tw, "  day\tadapter\trequests\twith usage\tprompt\tcompletion")
+		for _, d := range et.Days {
+			fmt.Fprintf(tw, "  %s\t%s\t%d\t%d\t%d\t%d\n", d.Day.Format(time.DateOnly), cmpName(d.Adapter), d.Requests, d.WithUsage, d.PromptTokens, d.CompletionTokens)
 		}
 		if err := tw.Flush(); err != nil {
 			return err

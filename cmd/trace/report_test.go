@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -220,9 +221,11 @@ func TestReportLoop(t *testing.T) {
 	}
 	// Once the router has recorded decisions, the share is theirs.
 	if err := st.InsertRouteDecisions(ctx, []sink.RouteDecisionRow{
-		{At: act, RequestID: "q1", DecisionID: "d1", ConversationID: "c1", Environment: "sim-airline", Endpoint: "proxy", Adapter: "pv-good", Outcome: "ok"},
+		{At: act, RequestID: "q1", DecisionID: "d1", ConversationID: "c1", Environment: "sim-airline", Endpoint: "proxy", Adapter: "pv-good", Outcome: "ok",
+			Usage: true, PromptTokens: 100, CompletionTokens: 20},
 		{At: act, RequestID: "q2", DecisionID: "d1", ConversationID: "c1", Environment: "sim-airline", Endpoint: "proxy", Adapter: "pv-good", Cached: true, Outcome: "ok"},
-		{At: act, RequestID: "q3", DecisionID: "d2", ConversationID: "c2", Environment: "sim-airline", Endpoint: "proxy", Outcome: "ok"},
+		{At: act, RequestID: "q3", DecisionID: "d2", ConversationID: "c2", Environment: "sim-airline", Endpoint: "proxy", Outcome: "ok",
+			Usage: true, PromptTokens: 50, CompletionTokens: 5},
 	}); err != nil {
 		t.Fatal(err)
 	}
@@ -230,13 +233,38 @@ func TestReportLoop(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rep = verify.Report{}
-	if err := json.Unmarshal([]byte(out), &rep); err != nil {
+	var withTokens struct {
+		verify.Report
+		Tokens []struct {
+			Environment string
+			Days        []sink.TokenUsageRow
+		} `json:"tokens"`
+	}
+	if err := json.Unmarshal([]byte(out), &withTokens); err != nil {
 		t.Fatal(err)
 	}
+	rep = withTokens.Report
 	if len(rep.Share) != 1 || rep.Share[0].Source != "route_decisions" || len(rep.Share[0].Totals) != 1 || rep.Share[0].Totals[0] != 2 ||
 		rep.Share[0].Share["pv-good"][0] != 0.5 {
 		t.Fatalf("decision share: %+v", rep.Share)
+	}
+	// The tokens of the proxied requests, per day and adapter: q2 reported none.
+	day := act.UTC().Format(time.DateOnly)
+	var got []string
+	for _, et := range withTokens.Tokens {
+		for _, d := range et.Days {
+			got = append(got, fmt.Sprintf("%s %s %q %d %d %d %d", et.Environment, d.Day.Format(time.DateOnly), d.Adapter, d.Requests, d.WithUsage, d.PromptTokens, d.CompletionTokens))
+		}
+	}
+	if want := []string{"sim-airline " + day + ` "" 1 1 50 5`, "sim-airline " + day + ` "pv-good" 2 1 100 20`}; !slices.Equal(got, want) {
+		t.Fatalf("tokens %q, want %q", got, want)
+	}
+	out, err = runCLI(t, ctx, append([]string{"report", "--loop"}, sets...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out, "tokens in sim-airline per day") || !regexp.MustCompile(`(?m)^  `+day+` +pv-good +2 +1 +100 +20$`).MatchString(out) {
+		t.Fatalf("the table lacks the tokens:\n%s", out)
 	}
 }
 

@@ -299,4 +299,18 @@ func TestRouteRoleOpenAIPythonSDK(t *testing.T) {
 		r.UpstreamStatus != 200 || r.Outcome != router.OutcomeOK || r.Error != "" {
 		t.Errorf("row 9 (stream_usage) %+v", r)
 	}
+	// The usage the SDK parsed is the usage recorded: of the completion, and
+	// of the stream that asked for it; the stream that did not has none.
+	for _, c := range []struct {
+		row  int
+		step string
+	}{{0, "plain"}, {9, "stream_usage"}} {
+		r, u := rows[c.row], steps[c.step].Usage
+		if u.Prompt == 0 || !r.Usage || int(r.PromptTokens) != u.Prompt || int(r.CompletionTokens) != u.Completion {
+			t.Errorf("row %d (%s): usage %v %d/%d recorded, the SDK parsed %+v", c.row, c.step, r.Usage, r.PromptTokens, r.CompletionTokens, u)
+		}
+	}
+	if r := rows[1]; r.Usage {
+		t.Errorf("row 1 (stream without include_usage): usage recorded")
+	}
 }
