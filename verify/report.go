@@ -22,12 +22,25 @@ type ShareSource interface {
 // ("rollouts.adapter" when it has none).
 type shareName interface{ ShareName() string }
 
+// tokenSource is a ShareSource that also sums the proxied requests' token
+// usage per day and adapter (DecisionShares).
+type tokenSource interface {
+	TokenUsage(ctx context.Context, environment string, since time.Time) ([]sink.TokenUsageRow, error)
+}
+
 // DecisionShares is the ShareSource over the router's decisions
-// (route_decisions, sink.Store.DecisionShare).
+// (route_decisions, sink.Store.DecisionShare), with their token usage
+// (sink.Store.TokenUsage).
 type DecisionShares struct {
 	Store interface {
 		DecisionShare(ctx context.Context, environment string, window, bucket time.Duration) ([]sink.ShareRow, error)
+		TokenUsage(ctx context.Context, environment string, since time.Time) ([]sink.TokenUsageRow, error)
 	}
+}
+
+// TokenUsage is the proxied requests' token usage per day and adapter.
+func (d DecisionShares) TokenUsage(ctx context.Context, environment string, since time.Time) ([]sink.TokenUsageRow, error) {
+	return d.Store.TokenUsage(ctx, environment, since)
 }
 
 // RoutingShare implements ShareSource.
@@ -59,11 +72,21 @@ type EnvShare struct {
 	Source      string               `json:"source"`
 }
 
-// Report is the closed loop per capability, and the routing share.
+// EnvTokens is the token usage of one environment's proxied requests per
+// day and adapter, from the first bucket of its routing share on; an
+// environment whose upstream reported no usage has none.
+type EnvTokens struct {
+	Environment string               `json:"environment"`
+	Days        []sink.TokenUsageRow `json:"days"`
+}
+
+// Report is the closed loop per capability, the routing share, and the
+// token usage where the share is the router's decisions.
 type Report struct {
 	Config       Config           `json:"config"`
 	Capabilities []CapabilityLoop `json:"capabilities"`
 	Share        []EnvShare       `json:"routing_share"`
+	Tokens       []EnvTokens      `json:"tokens"`
 	// Errors are the parts that could not be read (an adapter's check, an
 	// environment's routing share); the rest of the report stands.
 	Errors []string `json:"errors,omitempty"`
@@ -77,7 +100,8 @@ var ReportStatuses = []string{"active", "rolled_back", "retired"}
 // Report checks every adapter with one of ReportStatuses and reads the
 // routing share of their environments over the window back from each
 // one's newest rollout (0: all), from the first of the share sources that
-// has rows for the environment (none: no share). An adapter whose check
+// has rows for the environment (none: no share), and, when that source
+// counts tokens (DecisionShares), the token usage over the share's range. An adapter whose check
 // fails, or an environment whose share cannot be read, is left out with
 // its error in Report.Errors; the error is returned only when nothing
 // could be checked.
@@ -87,7 +111,7 @@ func (c *Checker) Report(ctx context.Context, window, bucket time.Duration, shar
 		return nil, err
 	}
 	// Empty lists, not null, in JSON: every endpoint's and command's way.
-	rep := &Report{Config: c.cfg, Errors: errorLines(err), Capabilities: []CapabilityLoop{}, Share: []EnvShare{}}
+	rep := &Report{Config: c.cfg, Errors: errorLines(err), Capabilities: []CapabilityLoop{}, Share: []EnvShare{}, Tokens: []EnvTokens{}}
 	idx := map[[2]string]int{}
 	var envs []string
 	for _, ac := range checks {
@@ -125,11 +149,31 @@ func (c *Checker) Report(ctx context.Context, window, bucket time.Duration, shar
 			if n, ok := src.(shareName); ok {
 				name = n.ShareName()
 			}
-			rep.Share = append(rep.Share, shareSeries(env, bucket, name, rows))
+			sh := shareSeries(env, bucket, name, rows)
+			rep.Share = append(rep.Share, sh)
+			if ts, ok := src.(tokenSource); ok && len(sh.Buckets) > 0 {
+				days, err := ts.TokenUsage(ctx, env, sh.Buckets[0])
+				if err != nil {
+					rep.Errors = append(rep.Errors, fmt.Sprintf("token usage of %s: %v", env, err))
+				} else if reported(days) {
+					rep.Tokens = append(rep.Tokens, EnvTokens{Environment: env, Days: days})
+				}
+			}
 			break
 		}
 	}
 	return rep, nil
+}
+
+// reported is whether the upstream reported the usage of any request of
+// days (none: the environment's tokens are left out, not shown as zeros).
+func reported(days []sink.TokenUsageRow) bool {
+	for _, d := range days {
+		if d.WithUsage > 0 {
+			return true
+		}
+	}
+	return false
 }
 
 // errorLines is err's parts (errors.Join's), one line each; nil for nil.

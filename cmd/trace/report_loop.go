@@ -16,26 +16,12 @@ import (
 	"github.com/traceops/trace/verify"
 )
 
-// loopOut is the closed loop as `trace report` prints it: verify's report
-// and, for each environment whose routing share comes from the router's
-// decisions, the token usage the proxy recorded over the same range.
-type loopOut struct {
-	*verify.Report
-	Tokens []envTokens `json:"tokens,omitempty"`
-}
-
-// envTokens is one environment's token usage per day and adapter.
-type envTokens struct {
-	Environment string               `json:"environment"`
-	Days        []sink.TokenUsageRow `json:"days"`
-}
-
 // loopReport is the closed loop of `trace report` (--loop, and the table's
 // last section): every adapter in service or taken out, per capability, the
 // routing share per adapter over the last shareWindow of each environment
 // (event time, hourly buckets) and the tokens of the proxied requests over
 // the share's range.
-func loopReport(ctx context.Context, cfg config.Config, st *sink.Store, env string, shareWindow time.Duration) (*loopOut, error) {
+func loopReport(ctx context.Context, cfg config.Config, st *sink.Store, env string, shareWindow time.Duration) (*verify.Report, error) {
 	rep, err := verify.New(cfg.Verify, st, nil, nil, nil).Report(ctx, shareWindow, time.Hour, verify.DecisionShares{Store: st}, st)
 	if err != nil {
 		return nil, err
@@ -55,31 +41,25 @@ func loopReport(ctx context.Context, cfg config.Config, st *sink.Store, env stri
 			}
 		}
 		rep.Share = shares
-	}
-	out := &loopOut{Report: rep}
-	for _, sh := range rep.Share {
-		if sh.Source != "route_decisions" || len(sh.Buckets) == 0 {
-			continue
+		tokens := rep.Tokens[:0]
+		for _, t := range rep.Tokens {
+			if t.Environment == env {
+				tokens = append(tokens, t)
+			}
 		}
-		days, err := st.TokenUsage(ctx, sh.Environment, sh.Buckets[0])
-		if err != nil {
-			rep.Errors = append(rep.Errors, err.Error())
-			continue
-		}
-		out.Tokens = append(out.Tokens, envTokens{Environment: sh.Environment, Days: days})
+		rep.Tokens = tokens
 	}
-	return out, nil
+	return rep, nil
 }
 
 func ci(i verify.Interval) string { return fmt.Sprintf("%.3f [%.3f, %.3f]", i.Value, i.Lo, i.Hi) }
 
-func writeLoop(w io.Writer, format string, out *loopOut) error {
-	rep := out.Report
+func writeLoop(w io.Writer, format string, rep *verify.Report) error {
 	switch format {
 	case "json":
 		enc := json.NewEncoder(w)
 		enc.SetIndent("", "  ")
-		return enc.Encode(out)
+		return enc.Encode(rep)
 	case "csv":
 		cw := csv.NewWriter(w)
 		cw.Write([]string{"environment", "capability", "adapter", "status", "simulated", "activated_at", "verdict", "reason", "action",
@@ -171,7 +151,7 @@ func writeLoop(w io.Writer, format string, out *loopOut) error {
 			return err
 		}
 	}
-	for _, et := range out.Tokens {
+	for _, et := range rep.Tokens {
 		if len(et.Days) == 0 {
 			continue
 		}

@@ -219,11 +219,24 @@ func TestReportLoop(t *testing.T) {
 	if lines := strings.Split(strings.TrimSpace(out), "\n"); len(lines) != 3 || !strings.Contains(out, ",pv-good,active,true,") || !strings.Contains(out, "gap_closed") {
 		t.Fatalf("csv:\n%s", out)
 	}
-	// Once the router has recorded decisions, the share is theirs.
+	// Once the router has recorded decisions, the share is theirs; while
+	// the upstream has reported no usage, there are no tokens to show.
+	if err := st.InsertRouteDecisions(ctx, []sink.RouteDecisionRow{
+		{At: act, RequestID: "q2", DecisionID: "d1", ConversationID: "c1", Environment: "sim-airline", Endpoint: "proxy", Adapter: "pv-good", Cached: true, Outcome: "ok"},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	out, err = runCLI(t, ctx, append([]string{"report", "--loop", "--format", "json"}, sets...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rep = verify.Report{}
+	if err := json.Unmarshal([]byte(out), &rep); err != nil || len(rep.Share) != 1 || rep.Share[0].Source != "route_decisions" || rep.Tokens == nil || len(rep.Tokens) != 0 {
+		t.Fatalf("no usage reported: share %+v, tokens %+v (%v)\n%s", rep.Share, rep.Tokens, err, out)
+	}
 	if err := st.InsertRouteDecisions(ctx, []sink.RouteDecisionRow{
 		{At: act, RequestID: "q1", DecisionID: "d1", ConversationID: "c1", Environment: "sim-airline", Endpoint: "proxy", Adapter: "pv-good", Outcome: "ok",
 			Usage: true, PromptTokens: 100, CompletionTokens: 20},
-		{At: act, RequestID: "q2", DecisionID: "d1", ConversationID: "c1", Environment: "sim-airline", Endpoint: "proxy", Adapter: "pv-good", Cached: true, Outcome: "ok"},
 		{At: act, RequestID: "q3", DecisionID: "d2", ConversationID: "c2", Environment: "sim-airline", Endpoint: "proxy", Outcome: "ok",
 			Usage: true, PromptTokens: 50, CompletionTokens: 5},
 	}); err != nil {
@@ -233,17 +246,10 @@ func TestReportLoop(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var withTokens struct {
-		verify.Report
-		Tokens []struct {
-			Environment string
-			Days        []sink.TokenUsageRow
-		} `json:"tokens"`
-	}
-	if err := json.Unmarshal([]byte(out), &withTokens); err != nil {
+	rep = verify.Report{}
+	if err := json.Unmarshal([]byte(out), &rep); err != nil {
 		t.Fatal(err)
 	}
-	rep = withTokens.Report
 	if len(rep.Share) != 1 || rep.Share[0].Source != "route_decisions" || len(rep.Share[0].Totals) != 1 || rep.Share[0].Totals[0] != 2 ||
 		rep.Share[0].Share["pv-good"][0] != 0.5 {
 		t.Fatalf("decision share: %+v", rep.Share)
@@ -251,7 +257,7 @@ func TestReportLoop(t *testing.T) {
 	// The tokens of the proxied requests, per day and adapter: q2 reported none.
 	day := act.UTC().Format(time.DateOnly)
 	var got []string
-	for _, et := range withTokens.Tokens {
+	for _, et := range rep.Tokens {
 		for _, d := range et.Days {
 			got = append(got, fmt.Sprintf("%s %s %q %d %d %d %d", et.Environment, d.Day.Format(time.DateOnly), d.Adapter, d.Requests, d.WithUsage, d.PromptTokens, d.CompletionTokens))
 		}

@@ -17,6 +17,7 @@ import (
 //
 //	/loop        per capability: before activation vs routed after, with 95 % intervals, the verdict, the guard's action;
 //	             per environment: the routing share per adapter over time
+//	             and the token usage of the proxied requests per day and adapter
 //	/api/loop    ?hours=168|all&bucket=hour|day: verify.Report (the share's hours back from each environment's newest rollout)
 
 // LoopSource is the closed loop's report (verify.Reporter implements it).
@@ -75,6 +76,12 @@ type loopShare struct {
 	Source      string
 	Chart       template.HTML
 	Legend      []legendItem
+	Tokens      []tokenDay // the proxied requests' token usage (route_decisions)
+}
+
+type tokenDay struct {
+	Day, Adapter                                  string
+	Requests, WithUsage, PromptTokens, Completion uint64
 }
 
 func (s *server) pageLoop(w http.ResponseWriter, r *http.Request) {
@@ -93,8 +100,17 @@ func (s *server) pageLoop(w http.ResponseWriter, r *http.Request) {
 		pg.Capabilities = append(pg.Capabilities, lc)
 	}
 	step, _ := bucketStep(p.Bucket)
+	tokens := map[string][]tokenDay{}
+	for _, et := range rep.Tokens {
+		for _, d := range et.Days {
+			tokens[et.Environment] = append(tokens[et.Environment], tokenDay{Day: d.Day.Format(time.DateOnly), Adapter: adapterName(d.Adapter),
+				Requests: d.Requests, WithUsage: d.WithUsage, PromptTokens: d.PromptTokens, Completion: d.CompletionTokens})
+		}
+	}
 	for _, sh := range rep.Share {
-		pg.Shares = append(pg.Shares, shareChart(sh, step))
+		ls := shareChart(sh, step)
+		ls.Tokens = tokens[sh.Environment]
+		pg.Shares = append(pg.Shares, ls)
 	}
 	s.render(w, r, "loop", pg)
 }
@@ -129,10 +145,7 @@ func shareChart(sh verify.EnvShare, step time.Duration) loopShare {
 		unit = "decisions"
 	}
 	for i, n := range names {
-		label := n
-		if n == "" {
-			label = "base model"
-		}
+		label := adapterName(n)
 		ser := chartSeries{Name: label, Color: colorAt(i)}
 		for j, b := range sh.Buckets {
 			ser.Points = append(ser.Points, chartPoint{X: b, Y: sh.Share[n][j],
@@ -143,4 +156,12 @@ func shareChart(sh verify.EnvShare, step time.Duration) loopShare {
 	}
 	out.Chart = c.render()
 	return out
+}
+
+// adapterName is an adapter's name, "base model" for "".
+func adapterName(adapter string) string {
+	if adapter == "" {
+		return "base model"
+	}
+	return adapter
 }

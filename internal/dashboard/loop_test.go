@@ -204,3 +204,61 @@ func TestLoopAPIEmpty(t *testing.T) {
 		t.Errorf("capabilities %s, routing_share %s; want []", raw["capabilities"], raw["routing_share"])
 	}
 }
+
+// TestLoopTokens: once the router has recorded decisions with the
+// upstream's usage, the API and the page show the tokens per day and
+// adapter beside the routing share.
+func TestLoopTokens(t *testing.T) {
+	st, act := seedLoop(t)
+	ctx := context.Background()
+	if err := st.InsertRouteDecisions(ctx, []sink.RouteDecisionRow{
+		{At: act, RequestID: "q1", DecisionID: "d1", ConversationID: "c1", Environment: "sim-airline", Endpoint: "proxy", Adapter: "pv-good", Outcome: "ok",
+			Usage: true, PromptTokens: 1000, CompletionTokens: 120},
+		{At: act.Add(time.Minute), RequestID: "q2", DecisionID: "d1", ConversationID: "c1", Environment: "sim-airline", Endpoint: "proxy", Adapter: "pv-good",
+			Cached: true, Outcome: "ok", Stream: true},
+		{At: act, RequestID: "q3", DecisionID: "d2", ConversationID: "c2", Environment: "sim-airline", Endpoint: "proxy", Outcome: "ok",
+			Usage: true, PromptTokens: 300, CompletionTokens: 7},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(loopHandler(st))
+	defer srv.Close()
+	get := func(path string) string {
+		resp, err := http.Get(srv.URL + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(resp.Body)
+		if resp.StatusCode != 200 {
+			t.Fatalf("%s: HTTP %d %s", path, resp.StatusCode, body)
+		}
+		return string(body)
+	}
+	var rep verify.Report
+	if err := json.Unmarshal([]byte(get("/api/loop?hours=all")), &rep); err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Share) != 1 || rep.Share[0].Source != "route_decisions" || len(rep.Tokens) != 1 || rep.Tokens[0].Environment != "sim-airline" {
+		t.Fatalf("share %+v, tokens %+v", rep.Share, rep.Tokens)
+	}
+	byAdapter := map[string]sink.TokenUsageRow{}
+	for _, d := range rep.Tokens[0].Days {
+		byAdapter[d.Adapter] = d
+	}
+	if g := byAdapter["pv-good"]; g.Requests != 2 || g.WithUsage != 1 || g.PromptTokens != 1000 || g.CompletionTokens != 120 {
+		t.Fatalf("pv-good's tokens %+v", g)
+	}
+	if b := byAdapter[""]; b.Requests != 1 || b.WithUsage != 1 || b.PromptTokens != 300 || b.CompletionTokens != 7 {
+		t.Fatalf("the base model's tokens %+v", b)
+	}
+	page := get("/loop?hours=all")
+	day := act.Format(time.DateOnly)
+	for _, want := range []string{`<table class="data tokens">`,
+		`<tr class="token-day" data-adapter="pv-good"><td>` + day + `</td><td>pv-good</td><td class="num">2</td><td class="num">1</td><td class="num">1000</td><td class="num">120</td></tr>`,
+		`<td>base model</td><td class="num">1</td><td class="num">1</td><td class="num">300</td><td class="num">7</td>`} {
+		if !strings.Contains(page, want) {
+			t.Fatalf("the page lacks %s:\n%.6000s", want, page[strings.Index(page, "Routing share"):])
+		}
+	}
+}

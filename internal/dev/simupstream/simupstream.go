@@ -190,8 +190,9 @@ func (s *Server) answer(w http.ResponseWriter, req request) {
 	}
 	writeJSON(w, map[string]any{
 		"id": "simans", "object": "chat.completion", "model": req.Model,
+		// No usage: no model ran, so there are no tokens to report (the
+		// router records none, and the closed loop shows none).
 		"choices": []any{map[string]any{"index": 0, "finish_reason": "stop", "message": map[string]any{"role": "assistant", "content": text}}},
-		"usage":   map[string]int{"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
 	})
 }
 
