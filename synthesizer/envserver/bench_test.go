@@ -224,7 +224,9 @@ func children(pid int) []int {
 
 // serverProcess starts cmd, a server on port, and waits for its /health.
 func serverProcess(b *testing.B, cmd *exec.Cmd, port int) string {
-	cmd.Stderr = os.Stderr
+	if cmd.Stderr == nil {
+		cmd.Stderr = os.Stderr
+	}
 	if err := cmd.Start(); err != nil {
 		b.Fatal(err)
 	}
@@ -266,7 +268,19 @@ func pythonServer(b *testing.B) string {
 		b.Skipf("no openenv-core python at %s (TRACE_OPENENV_PYTHON): the comparison needs it", py)
 	}
 	port := freePort(b)
-	return serverProcess(b, exec.Command(py, "testdata/openenv_python_server.py", strconv.Itoa(port)), port)
+	cmd := exec.Command(py, "testdata/openenv_python_server.py", strconv.Itoa(port))
+	// Its log goes to a file: openenv-core's server logs a
+	// ClientDisconnected traceback each time a session closes, which would
+	// bury the figures. The file is named in the output.
+	logPath := filepath.Join(os.TempDir(), fmt.Sprintf("openenv-python-server-%d.log", port))
+	f, err := os.Create(logPath)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { f.Close() })
+	cmd.Stderr, cmd.Stdout = f, f
+	fmt.Printf("openenv-core's server logs to %s\n", logPath)
+	return serverProcess(b, cmd, port)
 }
 
 // goServer starts trace's server with the example, in a process of its own
