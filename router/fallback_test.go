@@ -124,15 +124,35 @@ func TestFallbackThatFailsKeepsTheMissingAdapter(t *testing.T) {
 // fallbacks is trace_router_adapter_fallbacks_total{adapter} in reg (0 when absent).
 func fallbacks(t *testing.T, reg *prometheus.Registry, adapter string) float64 {
 	t.Helper()
+	return metricValue(t, reg, "trace_router_adapter_fallbacks_total", map[string]string{"adapter": adapter})
+}
+
+// metricValue is the value of the series of metric name with exactly the
+// labels want in reg: a counter's value, a histogram's count; 0 when absent.
+func metricValue(t *testing.T, reg *prometheus.Registry, name string, want map[string]string) float64 {
+	t.Helper()
 	fams, err := reg.Gather()
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, fam := range fams {
+		if fam.GetName() != name {
+			continue
+		}
+	series:
 		for _, m := range fam.GetMetric() {
-			if fam.GetName() == "trace_router_adapter_fallbacks_total" && len(m.GetLabel()) == 1 && m.GetLabel()[0].GetValue() == adapter {
-				return m.GetCounter().GetValue()
+			if len(m.GetLabel()) != len(want) {
+				continue
 			}
+			for _, l := range m.GetLabel() {
+				if want[l.GetName()] != l.GetValue() {
+					continue series
+				}
+			}
+			if h := m.GetHistogram(); h != nil {
+				return float64(h.GetSampleCount())
+			}
+			return m.GetCounter().GetValue()
 		}
 	}
 	return 0

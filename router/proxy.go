@@ -82,8 +82,9 @@ type ProxyConfig struct {
 	// base model, whose answer the caller gets: the adapter is an
 	// optimisation, the base model answers too.
 	NoAdapterFallback bool
-	// Registerer, when set, registers the proxy's metrics
-	// (trace_router_adapter_fallbacks_total).
+	// Registerer, when set, registers the proxy's metrics (metrics.go:
+	// trace_router_requests_total, _tokens_total, _overhead_seconds,
+	// _adapter_fallbacks_total).
 	Registerer prometheus.Registerer
 	// Transport reaches the upstream (nil: a pooled transport of its own).
 	Transport http.RoundTripper
@@ -109,9 +110,9 @@ type Proxy struct {
 	transport http.RoundTripper
 	log       *slog.Logger
 
-	fallbacks *prometheus.CounterVec // by the missing adapter
-	warnMu    sync.Mutex
-	warned    map[string]time.Time // when a missing adapter was last logged
+	metrics *proxyMetrics
+	warnMu  sync.Mutex
+	warned  map[string]time.Time // when a missing adapter was last logged
 }
 
 // fallbackWarnEvery is how often a missing adapter is logged at most.
@@ -142,20 +143,12 @@ func NewProxy(cfg ProxyConfig, r *Router, rec DecisionRecorder) (*Proxy, error) 
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	fallbacks := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "trace_router_adapter_fallbacks_total",
-		Help: "Requests routed to an adapter that the upstream answered 404 (it does not serve it) and the base model served (router.fallback_on_missing_adapter)."},
-		[]string{"adapter"})
-	if cfg.Registerer != nil {
-		if err := cfg.Registerer.Register(fallbacks); err != nil {
-			var are prometheus.AlreadyRegisteredError
-			if !errors.As(err, &are) {
-				return nil, fmt.Errorf("router: metrics: %w", err)
-			}
-			fallbacks = are.ExistingCollector.(*prometheus.CounterVec) // a second proxy in the process
-		}
+	m, err := newProxyMetrics(cfg.Registerer)
+	if err != nil {
+		return nil, err
 	}
 	return &Proxy{cfg: cfg, r: r, rec: rec, chatURL: u.String() + "/chat/completions", transport: tr, log: log,
-		fallbacks: fallbacks, warned: map[string]time.Time{}}, nil
+		metrics: m, warned: map[string]time.Time{}}, nil
 }
 
 // upstreamShards is how many connection pools the default transport
@@ -361,6 +354,7 @@ func (p *Proxy) route(w http.ResponseWriter, r *http.Request) {
 }
 
 func (p *Proxy) record(row sink.RouteDecisionRow) {
+	p.metrics.count(&row)
 	if p.rec != nil {
 		p.rec.Record(row)
 	}
@@ -518,7 +512,7 @@ func (p *Proxy) fallback(ctx context.Context, d Decision, resp *http.Response, c
 	// Read (some of) the 404 so that its connection is reused.
 	msg, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
 	resp.Body.Close()
-	p.fallbacks.WithLabelValues(missing).Inc()
+	p.metrics.fallbacks.WithLabelValues(missing).Inc()
 	p.warnMissing(d, missing, msg)
 	d.Adapter, d.Capability, d.Model = "", "", p.r.cfg.BaseModel
 	d.wire = newWire(d) // the base model's headers and JSON model

@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/traceops/trace/internal/dev/llmtest"
 	"github.com/traceops/trace/internal/dev/testenv"
 	"github.com/traceops/trace/internal/llm"
@@ -418,7 +420,8 @@ func TestProxyRedirectPassesThrough(t *testing.T) {
 // with the request; a stream that did not ask, an answer without usage and
 // an upstream error record none (NULL).
 func TestProxyRecordsTokenUsage(t *testing.T) {
-	f := newFixture(t, adapterRow("lora-ids", "id_verification"))
+	reg := prometheus.NewRegistry()
+	f := newFixtureWith(t, func(pc *router.ProxyConfig) { pc.Registerer = reg }, adapterRow("lora-ids", "id_verification"))
 	probs := map[string]float64{"A": 0.9, "B": 0.1}
 	for i, tc := range []struct {
 		name, body string
@@ -451,6 +454,23 @@ func TestProxyRecordsTokenUsage(t *testing.T) {
 		}
 		if !r.Usage || r.PromptTokens != tc.prompt || r.CompletionTokens != tc.completion || r.Outcome != router.OutcomeOK {
 			t.Errorf("%s: row %+v, want usage %d/%d", tc.name, r, tc.prompt, tc.completion)
+		}
+	}
+	// The same in the metrics: requests by outcome, the reported tokens,
+	// the proxy's own time of each request.
+	for _, m := range []struct {
+		name   string
+		labels map[string]string
+		want   float64
+	}{
+		{"trace_router_requests_total", map[string]string{"endpoint": "proxy", "adapter": "lora-ids", "outcome": "ok"}, 4},
+		{"trace_router_requests_total", map[string]string{"endpoint": "proxy", "adapter": "lora-ids", "outcome": "upstream_error"}, 1},
+		{"trace_router_tokens_total", map[string]string{"adapter": "lora-ids", "kind": "prompt"}, 321 + 77},
+		{"trace_router_tokens_total", map[string]string{"adapter": "lora-ids", "kind": "completion"}, 45 + 2},
+		{"trace_router_overhead_seconds", nil, 5},
+	} {
+		if got := metricValue(t, reg, m.name, m.labels); got != m.want {
+			t.Errorf("%s%v = %v, want %v", m.name, m.labels, got, m.want)
 		}
 	}
 }
