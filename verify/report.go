@@ -88,7 +88,7 @@ type Report struct {
 	Share        []EnvShare       `json:"routing_share"`
 	Tokens       []EnvTokens      `json:"tokens"`
 	// Errors are the parts that could not be read (an adapter's check, an
-	// environment's routing share); the rest of the report stands.
+	// environment's routing share or tokens); the rest of the report stands.
 	Errors []string `json:"errors,omitempty"`
 }
 
@@ -101,10 +101,10 @@ var ReportStatuses = []string{"active", "rolled_back", "retired"}
 // routing share of their environments over the window back from each
 // one's newest rollout (0: all), from the first of the share sources that
 // has rows for the environment (none: no share), and, when that source
-// counts tokens (DecisionShares), the token usage over the share's range. An adapter whose check
-// fails, or an environment whose share cannot be read, is left out with
-// its error in Report.Errors; the error is returned only when nothing
-// could be checked.
+// counts tokens (DecisionShares), the token usage over the share's range.
+// An adapter whose check fails, or an environment whose share or tokens
+// cannot be read, is left out with its error in Report.Errors; the error
+// is returned only when nothing could be checked.
 func (c *Checker) Report(ctx context.Context, window, bucket time.Duration, shares ...ShareSource) (*Report, error) {
 	checks, err := c.Check(ctx, ReportStatuses...)
 	if err != nil && len(checks) == 0 {
