@@ -226,13 +226,20 @@ func TestReportLoop(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	out, err = runCLI(t, ctx, append([]string{"report", "--loop", "--format", "json"}, sets...)...)
-	if err != nil {
-		t.Fatal(err)
+	loopJSON := func() verify.Report {
+		t.Helper()
+		out, err := runCLI(t, ctx, append([]string{"report", "--loop", "--format", "json"}, sets...)...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var rep verify.Report
+		if err := json.Unmarshal([]byte(out), &rep); err != nil {
+			t.Fatalf("%v\n%s", err, out)
+		}
+		return rep
 	}
-	rep = verify.Report{}
-	if err := json.Unmarshal([]byte(out), &rep); err != nil || len(rep.Share) != 1 || rep.Share[0].Source != "route_decisions" || rep.Tokens == nil || len(rep.Tokens) != 0 {
-		t.Fatalf("no usage reported: share %+v, tokens %+v (%v)\n%s", rep.Share, rep.Tokens, err, out)
+	if rep = loopJSON(); len(rep.Share) != 1 || rep.Share[0].Source != "route_decisions" || rep.Tokens == nil || len(rep.Tokens) != 0 {
+		t.Fatalf("no usage reported: share %+v, tokens %+v", rep.Share, rep.Tokens)
 	}
 	if err := st.InsertRouteDecisions(ctx, []sink.RouteDecisionRow{
 		{At: act, RequestID: "q1", DecisionID: "d1", ConversationID: "c1", Environment: "sim-airline", Endpoint: "proxy", Adapter: "pv-good", Outcome: "ok",
@@ -242,15 +249,7 @@ func TestReportLoop(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	out, err = runCLI(t, ctx, append([]string{"report", "--loop", "--format", "json"}, sets...)...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	rep = verify.Report{}
-	if err := json.Unmarshal([]byte(out), &rep); err != nil {
-		t.Fatal(err)
-	}
-	if len(rep.Share) != 1 || rep.Share[0].Source != "route_decisions" || len(rep.Share[0].Totals) != 1 || rep.Share[0].Totals[0] != 2 ||
+	if rep = loopJSON(); len(rep.Share) != 1 || rep.Share[0].Source != "route_decisions" || len(rep.Share[0].Totals) != 1 || rep.Share[0].Totals[0] != 2 ||
 		rep.Share[0].Share["pv-good"][0] != 0.5 {
 		t.Fatalf("decision share: %+v", rep.Share)
 	}
