@@ -67,10 +67,7 @@ func register[C prometheus.Collector](reg prometheus.Registerer, c C, errs *[]er
 
 // count counts a routed request's row.
 func (m *proxyMetrics) count(row *sink.RouteDecisionRow) {
-	adapter := row.Adapter
-	if adapter == "" {
-		adapter = "none"
-	}
+	adapter := cmpOr(row.Adapter, "none")
 	m.requests.WithLabelValues(row.Endpoint, adapter, row.Outcome).Inc()
 	if row.Usage {
 		m.tokens.WithLabelValues(adapter, "prompt").Add(float64(row.PromptTokens))

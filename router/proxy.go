@@ -477,23 +477,22 @@ func (p *Proxy) chat(w http.ResponseWriter, r *http.Request) {
 	w.WriteHeader(resp.StatusCode)
 	sse := strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream")
 	c := copyFlush(w, resp.Body, sse, resp.StatusCode < 300)
-	copyErr, sawError := c.err, c.sawError
-	if c.usageOK && !sawError {
+	if c.usageOK && !c.sawError {
 		row.Usage, row.PromptTokens, row.CompletionTokens = true, c.usage.PromptTokens, c.usage.CompletionTokens
 	}
 	switch {
 	case resp.StatusCode >= 400:
 		row.Outcome = OutcomeUpstreamError
-	case sawError:
+	case c.sawError:
 		row.Outcome, row.Error = OutcomeStreamError, thenErr(row.Error, "the upstream sent an error event")
-	case copyErr != nil && r.Context().Err() != nil:
+	case c.err != nil && r.Context().Err() != nil:
 		row.Outcome = OutcomeCanceled
-	case copyErr != nil:
-		row.Outcome, row.Error = OutcomeStreamError, thenErr(row.Error, copyErr.Error())
+	case c.err != nil:
+		row.Outcome, row.Error = OutcomeStreamError, thenErr(row.Error, c.err.Error())
 	default:
 		row.Outcome = OutcomeOK
 	}
-	if copyErr != nil && r.Context().Err() == nil {
+	if c.err != nil && r.Context().Err() == nil {
 		// The upstream broke the body off: abort the response so that the
 		// caller sees a broken stream, not a clean but truncated one.
 		p.record(row)

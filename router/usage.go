@@ -50,12 +50,8 @@ func parseUsage(b []byte) (Usage, bool) {
 			return Usage{}, false
 		}
 		end = i
-		rest := bytes.TrimLeft(b[i+len(usageKey):], " \t\r\n")
-		if len(rest) == 0 || rest[0] != ':' {
-			continue
-		}
-		rest = bytes.TrimLeft(rest[1:], " \t\r\n")
-		if len(rest) == 0 || rest[0] != '{' {
+		rest, ok := memberValue(b[i+len(usageKey):])
+		if !ok || len(rest) == 0 || rest[0] != '{' {
 			continue
 		}
 		if u, ok := usageCounts(rest); ok {
@@ -94,18 +90,13 @@ func usageCounts(b []byte) (Usage, bool) {
 			default:
 				continue
 			}
-			k := j
-			for k < len(b) && (b[k] == ' ' || b[k] == '\t' || b[k] == '\r' || b[k] == '\n') {
-				k++
-			}
-			if k == len(b) || b[k] != ':' {
+			v, ok := memberValue(b[j:])
+			if !ok {
 				continue // a string value, not a member's name
 			}
-			for k++; k < len(b) && (b[k] == ' ' || b[k] == '\t' || b[k] == '\r' || b[k] == '\n'); k++ {
-			}
-			if n, l := count(b[k:]); l > 0 {
+			if n, l := count(v); l > 0 {
 				*dst, found = n, found|bit
-				i = k + l - 1
+				i = len(b) - len(v) + l - 1
 			}
 		case '{', '[':
 			depth++
@@ -116,6 +107,17 @@ func usageCounts(b []byte) (Usage, bool) {
 		}
 	}
 	return Usage{}, false // cut off: the body ended inside it
+}
+
+// memberValue is what follows a member's name (b starts after it): the
+// value after the colon and the white space around it; false when no colon
+// follows (the name was a string value).
+func memberValue(b []byte) ([]byte, bool) {
+	b = bytes.TrimLeft(b, " \t\r\n")
+	if len(b) == 0 || b[0] != ':' {
+		return nil, false
+	}
+	return bytes.TrimLeft(b[1:], " \t\r\n"), true
 }
 
 // stringEnd is the index after the closing quote of the JSON string that

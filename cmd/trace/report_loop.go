@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"slices"
 	"sort"
 	"strings"
 	"text/tabwriter"
@@ -27,27 +28,9 @@ func loopReport(ctx context.Context, cfg config.Config, st *sink.Store, env stri
 		return nil, err
 	}
 	if env != "" {
-		caps := rep.Capabilities[:0]
-		for _, c := range rep.Capabilities {
-			if c.Environment == env {
-				caps = append(caps, c)
-			}
-		}
-		rep.Capabilities = caps
-		shares := rep.Share[:0]
-		for _, s := range rep.Share {
-			if s.Environment == env {
-				shares = append(shares, s)
-			}
-		}
-		rep.Share = shares
-		tokens := rep.Tokens[:0]
-		for _, t := range rep.Tokens {
-			if t.Environment == env {
-				tokens = append(tokens, t)
-			}
-		}
-		rep.Tokens = tokens
+		rep.Capabilities = slices.DeleteFunc(rep.Capabilities, func(c verify.CapabilityLoop) bool { return c.Environment != env })
+		rep.Share = slices.DeleteFunc(rep.Share, func(s verify.EnvShare) bool { return s.Environment != env })
+		rep.Tokens = slices.DeleteFunc(rep.Tokens, func(t verify.EnvTokens) bool { return t.Environment != env })
 	}
 	return rep, nil
 }

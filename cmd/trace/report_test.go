@@ -183,14 +183,19 @@ func TestReportLoop(t *testing.T) {
 		}
 	}
 	sets := []string{"--set", "clickhouse.addr=" + ch.Addr, "--set", "clickhouse.database=" + ch.Database, "--set", "analyzer.labeler=none"}
-	out, err := runCLI(t, ctx, append([]string{"report", "--loop", "--format", "json"}, sets...)...)
-	if err != nil {
-		t.Fatal(err)
+	loopJSON := func() verify.Report {
+		t.Helper()
+		out, err := runCLI(t, ctx, append([]string{"report", "--loop", "--format", "json"}, sets...)...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var rep verify.Report
+		if err := json.Unmarshal([]byte(out), &rep); err != nil {
+			t.Fatalf("%v\n%s", err, out)
+		}
+		return rep
 	}
-	var rep verify.Report
-	if err := json.Unmarshal([]byte(out), &rep); err != nil {
-		t.Fatalf("%v\n%s", err, out)
-	}
+	rep := loopJSON()
 	verdicts := map[string]verify.Verdict{}
 	for _, c := range rep.Capabilities {
 		for _, a := range c.Adapters {
@@ -198,9 +203,9 @@ func TestReportLoop(t *testing.T) {
 		}
 	}
 	if verdicts["pv-good"] != verify.GapClosed || verdicts["msc-new"] != verify.NotEnoughData || len(rep.Share) != 1 || !rep.Config.Guard {
-		t.Fatalf("verdicts %v, share %d, guard %v\n%s", verdicts, len(rep.Share), rep.Config.Guard, out)
+		t.Fatalf("verdicts %v, share %d, guard %v\n%+v", verdicts, len(rep.Share), rep.Config.Guard, rep.Capabilities)
 	}
-	out, err = runCLI(t, ctx, append([]string{"report", "--window", "all"}, sets...)...)
+	out, err := runCLI(t, ctx, append([]string{"report", "--window", "all"}, sets...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -225,18 +230,6 @@ func TestReportLoop(t *testing.T) {
 		{At: act, RequestID: "q2", DecisionID: "d1", ConversationID: "c1", Environment: "sim-airline", Endpoint: "proxy", Adapter: "pv-good", Cached: true, Outcome: "ok"},
 	}); err != nil {
 		t.Fatal(err)
-	}
-	loopJSON := func() verify.Report {
-		t.Helper()
-		out, err := runCLI(t, ctx, append([]string{"report", "--loop", "--format", "json"}, sets...)...)
-		if err != nil {
-			t.Fatal(err)
-		}
-		var rep verify.Report
-		if err := json.Unmarshal([]byte(out), &rep); err != nil {
-			t.Fatalf("%v\n%s", err, out)
-		}
-		return rep
 	}
 	if rep = loopJSON(); len(rep.Share) != 1 || rep.Share[0].Source != "route_decisions" || rep.Tokens == nil || len(rep.Tokens) != 0 {
 		t.Fatalf("no usage reported: share %+v, tokens %+v", rep.Share, rep.Tokens)
