@@ -175,6 +175,7 @@ SESSION_ERROR, queued episodes are written, then it exits 0.`,
 	f.IntVar(&cfg.MaxMessageBytes, "max-message-bytes", cfg.MaxMessageBytes, "largest frame or body accepted (VALIDATION_ERROR above)")
 	f.BoolVar(&record, "record", false, "record finished episodes in ClickHouse env_episodes")
 	f.Float64Var(&cfg.RecordSample, "record-sample", cfg.RecordSample, "share of episodes recorded with --record (0 to 1)")
+	f.StringSliceVar(&cfg.WSOrigins, "ws-origin", cfg.WSOrigins, "origin host pattern (such as *.example.com) whose browser pages may open a WebSocket, besides this server's host; repeatable, as env.ws_origins")
 	f.IntVar(&cfg.GOGC, "gogc", cfg.GOGC, "the garbage collector's target, as env.gogc (0: Go's 100; GOGC in the environment wins)")
 	cf.add(cmd)
 	ef.add(cmd)

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"path"
 	"time"
 )
 
@@ -56,6 +57,14 @@ type Config struct {
 	// process with other roles keeps Go's setting. The sandbox workers set
 	// their own (400, bounded by their memory limit).
 	GOGC int `koanf:"gogc"`
+	// WSOrigins are the origins, besides the server's own host, whose
+	// browser pages may open a WebSocket (host patterns in path.Match
+	// syntax, such as "*.example.com" or "localhost:*", matched against
+	// scheme://host when they hold "://"; "*" allows any).
+	// A connection whose Origin header names another host is refused
+	// (403): it comes from a page of another site. Trainers' clients send
+	// no Origin and are never refused.
+	WSOrigins []string `koanf:"ws_origins"`
 }
 
 // DefaultConfig returns the defaults.
@@ -107,6 +116,11 @@ func (c Config) Validate() error {
 	}
 	if c.GOGC < 0 || c.GOGC > 10000 {
 		errs = append(errs, fmt.Errorf("env.gogc: %d, must be 0 (Go's own) or a percentage up to 10000", c.GOGC))
+	}
+	for i, p := range c.WSOrigins {
+		if _, err := path.Match(p, ""); err != nil || p == "" {
+			errs = append(errs, fmt.Errorf("env.ws_origins[%d]: %q is not a host pattern (path.Match syntax, such as *.example.com)", i, p))
+		}
 	}
 	return errors.Join(errs...)
 }

@@ -22,6 +22,16 @@ func (s *session) act(ctx context.Context, a openenv.Action, timeout time.Durati
 		}
 		return map[string]any{"observation": map[string]any{"tools": tools}, "reward": nil, "done": false}, nil
 	case openenv.ActionCallTool:
+		// As tools/call: a session without an episode starts one (a
+		// random seed), since MCPToolClient calls tools without a reset.
+		if s.play == nil {
+			if e := s.env.validate(a); e != nil {
+				return nil, e
+			}
+			if _, e := s.reset(ctx, openenv.ResetRequest{}); e != nil {
+				return nil, e
+			}
+		}
 		res, e := s.callTool(ctx, a, timeout)
 		if e != nil {
 			return nil, e
@@ -85,7 +95,7 @@ func (s *Server) mcp(ctx context.Context, e *served, ws *session, req openenv.RP
 		return v, err == nil
 	}
 	sid, ok := str("session_id")
-	if !ok {
+	if !ok && req.Method != openenv.MethodSessionCreate { // create takes no session_id: ignored, as openenv does
 		return fail(openenv.RPCInvalidParams, "Invalid params - 'session_id' must be a string", nil)
 	}
 	switch req.Method {
@@ -118,6 +128,15 @@ func (s *Server) mcp(ctx context.Context, e *served, ws *session, req openenv.RP
 		resp.Result = map[string]any{"session_id": sid, "closed": true}
 		return resp
 	case openenv.MethodToolsList:
+		// A named session must exist, and the call counts as its activity
+		// (an idle session is evicted), as openenv's.
+		if ws == nil && sid != "" {
+			sess := e.lookup(sid)
+			if sess == nil {
+				return fail(openenv.RPCInvalidParams, "Unknown session_id: "+sid, nil)
+			}
+			sess.leave()
+		}
 		resp.Result = openenv.ToolsListResult{Tools: e.mcp}
 		return resp
 	case openenv.MethodToolsCall:
@@ -182,8 +201,11 @@ func (s *Server) rpcFail(e *served, resp *openenv.RPCResponse, perr *openenv.Err
 	s.m.errors.WithLabelValues(e.id, perr.Code).Inc()
 	code := openenv.RPCInternalError
 	var data any
-	if perr.Code == openenv.CodeValidation || perr.Code == openenv.CodeInvalidJSON {
+	switch perr.Code {
+	case openenv.CodeValidation, openenv.CodeInvalidJSON:
 		code, data = openenv.RPCInvalidParams, perr.Fields
+	case openenv.CodeSession: // closed or evicted while the request waited
+		code = openenv.RPCInvalidParams
 	}
 	resp.Error = openenv.NewRPCError(code, perr.Message, data)
 	return *resp

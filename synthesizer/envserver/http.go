@@ -60,13 +60,24 @@ func (s *Server) httpError(w http.ResponseWriter, e *served, perr *openenv.Error
 
 // body reads a request body up to the message limit.
 func (s *Server) body(w http.ResponseWriter, r *http.Request, e *served) ([]byte, bool) {
+	return s.readBody(w, r, e, false)
+}
+
+// readBody reads a request body up to the message limit; one over it is
+// answered 413, or with rpc (POST /mcp) a JSON-RPC error, as WS /mcp
+// answers an oversized frame.
+func (s *Server) readBody(w http.ResponseWriter, r *http.Request, e *served, rpc bool) ([]byte, bool) {
 	b, err := io.ReadAll(http.MaxBytesReader(w, r.Body, int64(s.cfg.MaxMessageBytes)))
 	var tooBig *http.MaxBytesError
 	switch {
 	case errors.As(err, &tooBig):
 		s.m.errors.WithLabelValues(e.id, openenv.CodeValidation).Inc()
-		writeJSON(w, http.StatusRequestEntityTooLarge, openenv.HTTPError{
-			Detail: fmt.Sprintf("the body exceeds the %d-byte limit (env.max_message_bytes)", s.cfg.MaxMessageBytes), Code: openenv.CodeValidation})
+		msg := fmt.Sprintf("the body exceeds the %d-byte limit (env.max_message_bytes)", s.cfg.MaxMessageBytes)
+		if rpc {
+			writeJSON(w, http.StatusOK, openenv.RPCResponse{Error: openenv.NewRPCError(openenv.RPCInvalidRequest, "Invalid request: "+msg, nil)})
+			return nil, false
+		}
+		writeJSON(w, http.StatusRequestEntityTooLarge, openenv.HTTPError{Detail: msg, Code: openenv.CodeValidation})
 		return nil, false
 	case err != nil:
 		writeJSON(w, http.StatusBadRequest, openenv.HTTPError{Detail: "reading the body: " + err.Error()})
@@ -101,9 +112,18 @@ func (s *Server) stateful(w http.ResponseWriter, r *http.Request, e *served, bod
 
 // use runs f on a session, holding its lock; the lock is released and a
 // panic in f answered EXECUTION_ERROR whatever f does (see guard).
+//
+// A session closed or evicted while the request waited for the lock is
+// answered SESSION_ERROR: the request found it before release took it out
+// of the map, and playing on would start an episode nothing ever closes.
 func use[T any](sess *session, f func() (T, *openenv.Error)) (v T, perr *openenv.Error) {
 	sess.mu.Lock()
 	defer sess.mu.Unlock()
+	select {
+	case <-sess.evicted:
+		return v, &openenv.Error{Code: openenv.CodeSession, Message: fmt.Sprintf("Unknown session_id: %s (it was closed or evicted while this request waited for it)", sess.id)}
+	default:
+	}
 	defer sess.guard(&perr)
 	return f()
 }
@@ -212,7 +232,11 @@ func (s *Server) httpState(w http.ResponseWriter, r *http.Request, e *served) {
 		return
 	}
 	defer sess.leave()
-	st, _ := use(sess, func() (openenv.State, *openenv.Error) { return sess.state(), nil })
+	st, perr := use(sess, func() (openenv.State, *openenv.Error) { return sess.state(), nil })
+	if perr != nil {
+		s.httpError(w, e, perr)
+		return
+	}
 	writeJSON(w, http.StatusOK, st)
 }
 
@@ -242,7 +266,7 @@ func (s *Server) httpMetadata(w http.ResponseWriter, _ *http.Request, e *served)
 // httpMCP is POST /mcp: one JSON-RPC request (openenv answers every error
 // with HTTP 200 and a JSON-RPC error).
 func (s *Server) httpMCP(w http.ResponseWriter, r *http.Request, e *served) {
-	b, ok := s.body(w, r, e)
+	b, ok := s.readBody(w, r, e, true)
 	if !ok {
 		return
 	}

@@ -23,6 +23,7 @@ import (
 	"log/slog"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -68,6 +69,9 @@ type Server struct {
 	lists singleflight.Group
 	// catalogTimeout bounds one catalog call (listing, opening).
 	catalogTimeout time.Duration
+	// lingering counts the connections refused at capacity that wait for
+	// their client's first frame (see refuse).
+	lingering atomic.Int32
 
 	mu   sync.Mutex
 	envs map[string]*served

@@ -11,7 +11,9 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/coder/websocket"
 	"github.com/traceops/trace/synthesizer/envclient"
 	"github.com/traceops/trace/synthesizer/openenv"
 )
@@ -447,6 +449,7 @@ func TestSessionHTTPAndMCP(t *testing.T) {
 		{"tools/call", map[string]any{"name": "get_user_details", "arguments": map[string]any{"user_id": 3}}, openenv.RPCInvalidParams},
 		{"tools/call", map[string]any{"name": "get_user_details", "arguments": map[string]any{"user_id": "x"}, "session_id": "gone"}, openenv.RPCInvalidParams},
 		{"initialize", nil, openenv.RPCMethodNotFound},
+		{"tools/list", map[string]any{"session_id": "gone"}, openenv.RPCInvalidParams},
 	} {
 		if _, err := c.MCP(ctx, tc.method, tc.params); !errors.As(err, &rpcErr) || rpcErr.Code != tc.code {
 			t.Errorf("%s %v: %v, want code %d", tc.method, tc.params, err, tc.code)
@@ -459,6 +462,43 @@ func TestSessionHTTPAndMCP(t *testing.T) {
 	b, _ := io.ReadAll(resp.Body)
 	if resp.StatusCode != 200 || !bytes.Contains(b, []byte(`"code":-32700`)) {
 		t.Fatalf("parse error: %d %s", resp.StatusCode, b)
+	}
+	// Answered in JSON-RPC, as WS /mcp answers an oversized frame.
+	resp, err = http.Post(f.base+"/mcp", "application/json", strings.NewReader(`{"pad": "`+strings.Repeat("p", 2<<20)+`"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ = io.ReadAll(resp.Body)
+	if resp.StatusCode != 200 || !bytes.Contains(b, []byte(`"code":-32600`)) || !bytes.Contains(b, []byte("env.max_message_bytes")) {
+		t.Fatalf("oversized /mcp body: %d %.300s", resp.StatusCode, b)
+	}
+	// session/create takes no session_id: one of another type is ignored.
+	raw, err = c.MCP(ctx, openenv.MethodSessionCreate, map[string]any{"session_id": 5})
+	if err != nil || !bytes.Contains(raw, []byte(`"session_id"`)) {
+		t.Fatalf("session/create with a numeric session_id: %s, %v", raw, err)
+	}
+}
+
+// TestToolsListKeepsSessionAlive: tools/list on a named session counts as
+// its activity, so a session polled that way is not evicted.
+func TestToolsListKeepsSessionAlive(t *testing.T) {
+	cfg := testConfig()
+	cfg.IdleTimeout = 400 * time.Millisecond
+	f := start(t, cfg, nil, nil)
+	ctx := ctxT(t)
+	c := f.client("")
+	sid, err := c.CreateSession(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 8 { // 800 ms: twice the idle timeout
+		time.Sleep(100 * time.Millisecond)
+		if _, err := c.MCP(ctx, openenv.MethodToolsList, map[string]any{"session_id": sid}); err != nil {
+			t.Fatalf("tools/list on a polled session: %v", err)
+		}
+	}
+	if _, err := c.State(ctx, sid); err != nil {
+		t.Fatalf("state of a session kept alive by tools/list: %v", err)
 	}
 }
 
@@ -473,9 +513,19 @@ func TestMCPActionsOverWS(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer s.Close()
+	// A call_tool before any reset starts an episode, as tools/call does
+	// (MCPToolClient calls tools without a reset); an unknown tool is a
+	// validation error, not "no episode".
+	if _, err := s.StepRaw(ctx, map[string]any{"type": "call_tool", "tool_name": "book_flight", "arguments": map[string]any{}}); err == nil || !strings.Contains(err.Error(), openenv.CodeValidation) {
+		t.Fatalf("call_tool of an unknown tool before a reset: %v, want %s", err, openenv.CodeValidation)
+	}
+	raw, err := s.StepRaw(ctx, map[string]any{"type": "call_tool", "tool_name": "get_reservation_details", "arguments": map[string]any{"reservation_id": "NOPE00"}})
+	if err != nil || !bytes.Contains(raw, []byte("reservation not found")) {
+		t.Fatalf("call_tool before a reset: %s, %v", raw, err)
+	}
 	seed := int64(2)
 	s.Reset(ctx, openenv.ResetRequest{Seed: &seed})
-	raw, err := s.StepRaw(ctx, map[string]any{"type": "list_tools"})
+	raw, err = s.StepRaw(ctx, map[string]any{"type": "list_tools"})
 	if err != nil || !bytes.Contains(raw, []byte(`"input_schema"`)) {
 		t.Fatalf("list_tools: %s, %v", raw, err)
 	}
@@ -664,5 +714,45 @@ func TestClientStepUnsetRoleAndType(t *testing.T) {
 	}
 	if bare.Role != "" || bare.ToolCalls[0].Type != "" {
 		t.Fatalf("the caller's message was changed: %+v", bare)
+	}
+}
+
+// TestWSOrigins: a WebSocket from a page of another site (an Origin header
+// naming another host) is refused unless env.ws_origins allows it; a
+// client that sends no Origin (trainers' clients) always connects.
+func TestWSOrigins(t *testing.T) {
+	for _, tc := range []struct {
+		origins []string
+		origin  string
+		ok      bool
+	}{
+		{nil, "", true},
+		{nil, "http://example.com", false},
+		{[]string{"example.com"}, "http://example.com", true},
+		{[]string{"*.example.com"}, "https://lab.example.com", true},
+		{[]string{"*.example.com"}, "https://example.org", false},
+		{[]string{"*"}, "http://anything.test:8080", true},
+	} {
+		cfg := testConfig()
+		cfg.WSOrigins = tc.origins
+		f := start(t, cfg, nil, nil)
+		opts := &websocket.DialOptions{HTTPHeader: http.Header{}}
+		if tc.origin != "" {
+			opts.HTTPHeader.Set("Origin", tc.origin)
+		}
+		c, resp, err := websocket.Dial(ctxT(t), "ws"+strings.TrimPrefix(f.base, "http")+"/ws", opts)
+		if (err == nil) != tc.ok {
+			t.Errorf("origins %v, Origin %q: dial error %v, want connected %v", tc.origins, tc.origin, err, tc.ok)
+		}
+		if err == nil {
+			c.CloseNow()
+		} else if resp == nil || resp.StatusCode != http.StatusForbidden {
+			t.Errorf("origins %v, Origin %q: refused with %v, want 403", tc.origins, tc.origin, resp)
+		}
+	}
+	cfg := testConfig()
+	cfg.WSOrigins = []string{"example.com", "[bad"}
+	if err := cfg.Validate(); err == nil || !strings.Contains(err.Error(), "env.ws_origins[1]") {
+		t.Fatalf("a bad origin pattern: %v, want an error naming env.ws_origins[1]", err)
 	}
 }

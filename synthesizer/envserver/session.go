@@ -573,15 +573,15 @@ func schemaMessage(err error) string {
 // step plays one action in the session's episode.
 func (s *session) step(ctx context.Context, a openenv.Action, timeout time.Duration) (json.RawMessage, *openenv.Error) {
 	srv := s.env.srv
+	if e := s.env.validate(a); e != nil { // a bad action is told first
+		return nil, e
+	}
 	p := s.play
 	if p == nil {
 		return nil, openenv.Execution("no episode: send reset first")
 	}
 	if p.done {
 		return nil, openenv.Execution("the episode is done (%s): %s", p.reason, s.newEpisode(true))
-	}
-	if e := s.env.validate(a); e != nil {
-		return nil, e
 	}
 	act := envprog.Action{Content: a.Content}
 	for i, c := range a.ToolCalls {

@@ -2,6 +2,8 @@ package envserver
 
 import (
 	"context"
+	"encoding/json"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -124,5 +126,97 @@ func TestIdleReaperRace(t *testing.T) {
 				t.Fatal("a frame entered an evicted session")
 			}
 		})
+	}
+}
+
+// countingEnv counts its open episodes.
+type countingEnv struct {
+	envprog.Env
+	open *atomic.Int64
+}
+
+type countingEpisode struct {
+	envprog.Episode
+	open *atomic.Int64
+}
+
+func (c countingEnv) Reset(ctx context.Context, seed int64) (envprog.Episode, error) {
+	ep, err := c.Env.Reset(ctx, seed)
+	if err != nil {
+		return nil, err
+	}
+	c.open.Add(1)
+	return countingEpisode{ep, c.open}, nil
+}
+
+func (c countingEpisode) Close() error {
+	c.open.Add(-1)
+	return c.Episode.Close()
+}
+
+// TestCloseRace closes a stateful HTTP session (openenv/session/close)
+// between a request's lookup of it and the request's use of it: the
+// request is answered SESSION_ERROR and starts no episode, which nothing
+// would ever close (the session has left the map). A close after the
+// request's reset closes the reset's episode.
+func TestCloseRace(t *testing.T) {
+	ctx := context.Background()
+	for _, closeFirst := range []bool{true, false} {
+		env, err := envprog.Load(ctx, examples.PreconditionAirlineName, examples.PreconditionAirline, envprog.Limits{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var open atomic.Int64
+		cat := NewStaticCatalog()
+		if err := cat.Add("ex", countingEnv{env, &open}, Entry{}); err != nil {
+			t.Fatal(err)
+		}
+		srv, err := New(DefaultConfig(), Options{Catalog: cat})
+		if err != nil {
+			t.Fatal(err)
+		}
+		e, err := srv.environment(ctx, "ex")
+		if err != nil {
+			t.Fatal(err)
+		}
+		created, perr := e.acquire("http", nil)
+		if perr != nil {
+			t.Fatal(perr)
+		}
+		sess := e.lookup(created.id) // a POST /reset with X-Session-Id
+		if sess == nil {
+			t.Fatal("lookup did not find the session")
+		}
+		closeIt := func() {
+			r := srv.mcp(ctx, e, nil, openenv.RPCRequest{JSONRPC: "2.0", Method: openenv.MethodSessionClose, Params: json.RawMessage(`{"session_id":"` + created.id + `"}`)})
+			if r.Error != nil {
+				t.Fatalf("close: %+v", r.Error)
+			}
+		}
+		if closeFirst {
+			closeIt()
+		}
+		_, perr = use(sess, func() (json.RawMessage, *openenv.Error) { return sess.reset(ctx, openenv.ResetRequest{}) })
+		sess.leave()
+		if closeFirst {
+			if perr == nil || perr.Code != openenv.CodeSession {
+				t.Fatalf("reset on a session closed after its lookup: %v, want %s", perr, openenv.CodeSession)
+			}
+		} else {
+			if perr != nil {
+				t.Fatalf("reset: %v", perr)
+			}
+			if n := open.Load(); n != 1 {
+				t.Fatalf("%d episodes open after the reset, want 1", n)
+			}
+			closeIt()
+		}
+		if n := open.Load(); n != 0 {
+			t.Fatalf("close first %v: %d episodes open after the close, want 0", closeFirst, n)
+		}
+		if n := e.sessionCount(); n != 0 {
+			t.Fatalf("close first %v: %d sessions open, want 0", closeFirst, n)
+		}
+		srv.Close(ctx)
 	}
 }

@@ -84,7 +84,7 @@ func (s *Server) accept(w http.ResponseWriter, r *http.Request) (*websocket.Conn
 	if canHijack(w) { // else Accept answers 501 as it would have
 		w = bigWriter{w}
 	}
-	c, err := websocket.Accept(w, r, &websocket.AcceptOptions{CompressionMode: websocket.CompressionDisabled})
+	c, err := websocket.Accept(w, r, &websocket.AcceptOptions{CompressionMode: websocket.CompressionDisabled, OriginPatterns: s.cfg.WSOrigins})
 	if err != nil {
 		return nil, err
 	}
@@ -158,8 +158,13 @@ func readFrame(ctx context.Context, c *websocket.Conn, buf *bytes.Buffer, limit 
 }
 
 // refusedLinger bounds how long a connection refused at capacity waits
-// for the client's first frame before it is closed.
-const refusedLinger = 5 * time.Second
+// for the client's first frame before it is closed; at most maxLingering
+// refused connections wait at a time (a reconnect storm at capacity), the
+// others are closed at once. Variables for the tests.
+var (
+	refusedLinger = 5 * time.Second
+	maxLingering  = int32(256)
+)
 
 // refuse closes a connection refused at capacity, whose error the caller
 // has sent, with 1013 once the client has sent its first frame (which is
@@ -169,6 +174,11 @@ const refusedLinger = 5 * time.Second
 // ConnectionClosedError) and the client never reads the error waiting
 // for it.
 func (s *Server) refuse(ctx context.Context, c *websocket.Conn) {
+	defer s.lingering.Add(-1)
+	if s.lingering.Add(1) > maxLingering {
+		c.CloseNow() // no close handshake either: a peer need not answer it
+		return
+	}
 	read := make(chan struct{})
 	go func() {
 		defer close(read)

@@ -172,14 +172,24 @@ func TestDecodeRPC(t *testing.T) {
 	if err != nil || string(r.Params) != "{}" || r.ID != nil {
 		t.Fatalf("DecodeRPC(no params) = %+v, %v", r, err)
 	}
+	for _, id := range []string{`1.0`, `1e3`, `99999999999999999999`, `-3`, `"abc"`, `0.0e-5`, `100e-2`, `1.50e1`, `1e99999999999999999999`} {
+		r, err := DecodeRPC([]byte(`{"jsonrpc":"2.0","method":"m","id":` + id + `}`))
+		if err != nil || string(r.ID) != id {
+			t.Errorf("DecodeRPC(id %s) = %+v, %v; want the id echoed as sent", id, r, err)
+		}
+	}
 	for in, code := range map[string]int{
 		`{`:                              RPCParseError,
 		`{"jsonrpc":"1.0","method":"m"}`: RPCInvalidRequest,
 		`{"jsonrpc":"2.0"}`:              RPCInvalidRequest,
-		`{"jsonrpc":"2.0","method":"m","params":[1]}`: RPCInvalidRequest,
-		`{"jsonrpc":"2.0","method":"m","id":1.5}`:     RPCInvalidRequest,
-		`{"jsonrpc":"2.0","method":"m","x":1}`:        RPCInvalidRequest,
-		`5`:                                           RPCInvalidRequest,
+		`{"jsonrpc":"2.0","method":"m","params":[1]}`:                          RPCInvalidRequest,
+		`{"jsonrpc":"2.0","method":"m","id":1.5}`:                              RPCInvalidRequest,
+		`{"jsonrpc":"2.0","method":"m","id":true}`:                             RPCInvalidRequest,
+		`{"jsonrpc":"2.0","method":"m","id":1e-3}`:                             RPCInvalidRequest,
+		`{"jsonrpc":"2.0","method":"m","id":123456789012345678901234567890.5}`: RPCInvalidRequest,
+		`{"jsonrpc":"2.0","method":"m","id":1e-99999999999999999999}`:          RPCInvalidRequest,
+		`{"jsonrpc":"2.0","method":"m","x":1}`:                                 RPCInvalidRequest,
+		`5`:                                                                    RPCInvalidRequest,
 	} {
 		if _, err := DecodeRPC([]byte(in)); err == nil || err.Code != code {
 			t.Errorf("DecodeRPC(%s) = %v, want code %d", in, err, code)

@@ -3,6 +3,9 @@ package openenv
 import (
 	"bytes"
 	"encoding/json"
+	"math"
+	"strconv"
+	"strings"
 )
 
 // JSON-RPC 2.0 error codes (openenv's JsonRpcErrorCode).
@@ -148,7 +151,9 @@ func DecodeRPC(b []byte) (RPCRequest, *RPCError) {
 		switch {
 		case json.Unmarshal(raw, &s) == nil:
 		case json.Unmarshal(raw, &n) == nil:
-			if _, err := n.Int64(); err != nil {
+			// Any integral number, of any size and however written (1.0,
+			// 1e3), as openenv's pydantic model takes; echoed as sent.
+			if !integral(n.String()) {
 				return invalid("id: Input should be a valid integer or string")
 			}
 		default:
@@ -206,4 +211,30 @@ type CallMeta struct {
 	Done             bool               `json:"done"`
 	Reward           *float64           `json:"reward,omitempty"`
 	RewardComponents map[string]float64 `json:"reward_components,omitempty"`
+}
+
+// integral reports whether a JSON number's text is an integer: exactly,
+// from its digits (no float rounding, no big power of ten computed).
+func integral(num string) bool {
+	mant, exp, _ := strings.Cut(strings.ToLower(num), "e")
+	e := 0
+	if exp != "" {
+		v, err := strconv.Atoi(exp)
+		if err != nil { // beyond int: 1e99999999999999999999 is, 1e-… is not (unless 0)
+			v = math.MaxInt32
+			if strings.HasPrefix(exp, "-") {
+				v = math.MinInt32
+			}
+		}
+		e = v
+	}
+	mant = strings.TrimPrefix(mant, "-")
+	whole, frac, _ := strings.Cut(mant, ".")
+	digits := strings.TrimRight(whole+frac, "0")
+	if strings.Trim(digits, "0") == "" {
+		return true // zero
+	}
+	// value = digits × 10^(e − len(frac) + trailing zeros stripped)
+	shift := e - len(frac) + (len(whole) + len(frac) - len(digits))
+	return shift >= 0
 }
