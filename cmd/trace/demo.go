@@ -12,6 +12,7 @@ import (
 	"os"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"text/tabwriter"
@@ -22,6 +23,7 @@ import (
 	"github.com/spf13/cobra"
 	"golang.org/x/term"
 
+	"github.com/traceops/trace/analyzer"
 	"github.com/traceops/trace/internal/app"
 	"github.com/traceops/trace/internal/bus"
 	"github.com/traceops/trace/internal/config"
@@ -61,6 +63,7 @@ type demoSummary struct {
 	NATS      string              `json:"nats_url"`
 	Extra     map[string]any      `json:"extra,omitempty"`
 	byKey     map[string]struct{} `json:"-"`
+	printed   bool                // printed before lingering
 }
 
 type demoCounts struct {
@@ -138,8 +141,8 @@ planted deficit's environment reached DONE, each DONE environment's
 training job succeeded with its adapter registered, and, in the closed
 loop, every planted deficit's gap closed on the traffic routed to its
 adapter and the guard rolled the harmful adapter back (--loop-rollouts 0
-stops before the loop). A few malformed messages are
-published too and end in the dead-letter topic.
+stops before the loop). One malformed message per thousand rollouts (up to
+three) is published too and ends in the dead-letter topic.
 
 Data lives under ./data/demo and is reset at every start (--keep keeps it).`,
 		Example: `  trace demo
@@ -205,6 +208,12 @@ Data lives under ./data/demo and is reset at every start (--keep keeps it).`,
 				if err := enc.Encode(sum); err != nil {
 					return err
 				}
+			} else if sum.printed { // before lingering: not again, stale
+				mark := "FAIL"
+				if sum.OK {
+					mark = "OK"
+				}
+				fmt.Fprintf(out, "\nstopped after lingering for %s (the summary above is as it was before)\n%s: %s\n", linger, mark, sum.Verdict)
 			} else {
 				printDemoSummary(out, sum)
 			}
@@ -314,6 +323,7 @@ func (d *demo) run(ctx, parent context.Context, linger time.Duration) (*demoSumm
 	if linger > 0 {
 		if !d.json {
 			printDemoSummary(d.out, sum)
+			sum.printed = true
 			d.logf("\nlingering for %s: the dashboard stays at %s (Ctrl-C to stop)", linger, dash)
 		}
 		select {
@@ -538,11 +548,33 @@ func (d *demo) summary(ctx context.Context, a *app.App, fleet []simulate.AgentSp
 		s.Counts.TriggerEvents = len(hist)
 	}
 	snap := a.Evaluator.Snapshot()
+	// A selection counts only when the window could decide (enough
+	// failures and runs), as the evaluator's stored evaluation says.
+	cohorts := make([]sink.Cohort, 0, len(snap))
+	for coh := range snap {
+		cohorts = append(cohorts, coh)
+	}
+	undecided := map[sink.Cohort]string{}
+	if stored, err := a.Store.LatestEvaluations(ctx, cohorts); err == nil {
+		for coh, se := range stored {
+			ev, err := analyzer.ParseEvaluation(se.Payload)
+			switch {
+			case err != nil || ev.Decided:
+			case ev.Failures < d.cfg.Analyzer.MinFailures:
+				undecided[coh] = fmt.Sprintf("undecided (%d failures < %d)", ev.Failures, d.cfg.Analyzer.MinFailures)
+			default:
+				undecided[coh] = fmt.Sprintf("undecided (%d complete runs)", ev.Runs)
+			}
+		}
+	}
 	for coh, results := range snap {
 		for _, r := range results {
 			key := coh.Environment + "/" + coh.AgentVersion + "/" + r.Name
 			dec := "rejected"
-			if r.Selected {
+			switch {
+			case undecided[coh] != "":
+				dec = undecided[coh]
+			case r.Selected:
 				dec = "SELECTED"
 			}
 			s.Capabilities = append(s.Capabilities, demoCapability{Environment: coh.Environment, AgentVersion: coh.AgentVersion,
@@ -565,6 +597,9 @@ func (d *demo) summary(ctx context.Context, a *app.App, fleet []simulate.AgentSp
 		s.Verdict = fmt.Sprintf("triggers fired for exactly the %d planted deficits", len(s.Planted))
 	default:
 		s.Verdict = fmt.Sprintf("triggers %v differ from the planted deficits %v", s.Triggered, s.Planted)
+		if len(undecided) > 0 {
+			s.Verdict += fmt.Sprintf("; %d of %d cohorts could not decide (too few failures or labeling runs in the window: publish more with --rollouts)", len(undecided), len(cohorts))
+		}
 	}
 	return s, nil
 }
@@ -619,9 +654,13 @@ func printDemoSummary(w io.Writer, s *demoSummary) {
 	}
 	printTrainingSummary(w, s)
 	printDemoLoop(w, s.Loop)
-	fmt.Fprintf(w, "\ncounts: published %d (+%d malformed), stored %d, labeled %d (%d labels), dead-lettered %d, synthesis requests %d, environments DONE %d, training jobs SUCCEEDED %d, adapters %d (simulated)\n",
-		c.Published, c.Malformed, c.Stored, c.Labeled, c.Labels, c.DeadLettered, c.SynthesisMsgs, c.EnvsDone, c.JobsSucceeded, c.Adapters)
-	fmt.Fprintf(w, "dashboard: %s   elapsed: %s\n", s.Dashboard, s.Elapsed)
+	requests := strconv.Itoa(c.SynthesisMsgs)
+	if s.Loop != nil && len(s.Loop.Triggers) > 0 {
+		requests += fmt.Sprintf(" (+%d during the closed loop)", len(s.Loop.Triggers))
+	}
+	fmt.Fprintf(w, "\ncounts: published %d (+%d malformed), stored %d, labeled %d (%d labels), dead-lettered %d, synthesis requests %s, environments DONE %d, training jobs SUCCEEDED %d, adapters %d (simulated)\n",
+		c.Published, c.Malformed, c.Stored, c.Labeled, c.Labels, c.DeadLettered, requests, c.EnvsDone, c.JobsSucceeded, c.Adapters)
+	fmt.Fprintf(w, "dashboard: %s (up while the demo runs; --linger keeps it up after the summary)   elapsed: %s\n", s.Dashboard, s.Elapsed)
 	mark := "FAIL"
 	if s.OK {
 		mark = "OK"

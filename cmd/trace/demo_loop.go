@@ -2,11 +2,13 @@ package main
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"sort"
 	"strings"
 	"text/tabwriter"
@@ -17,7 +19,9 @@ import (
 	"github.com/traceops/trace/internal/app"
 	"github.com/traceops/trace/internal/dev/simulate"
 	"github.com/traceops/trace/internal/dev/simupstream"
+	"github.com/traceops/trace/schemas"
 	"github.com/traceops/trace/sink"
+	"github.com/traceops/trace/synthesizer"
 	"github.com/traceops/trace/verify"
 )
 
@@ -45,6 +49,11 @@ type demoLoop struct {
 	Routed    map[string]int    `json:"routed"`   // per adapter ("none": the base model)
 	Adapters  []demoLoopAdapter `json:"adapters"` // the planted deficits' adapters and the harmful one
 	OK        bool              `json:"ok"`       // every planted gap closed and the harmful adapter rolled back
+	// Triggers are the synthesis requests that arrived during the loop:
+	// the analyzer may see the harmful adapter's regression as a new gap
+	// (its capability, in its cohort) before the guard rolls it back; any
+	// other is a problem.
+	Triggers  []demoLoopTrigger `json:"triggers,omitempty"`
 	Problems  []string          `json:"problems,omitempty"`
 	GuardNote string            `json:"guard,omitempty"`
 }
@@ -63,6 +72,18 @@ type demoLoopAdapter struct {
 	PassBefore   verify.Interval `json:"pass_rate_before"`
 	PassAfter    verify.Interval `json:"pass_rate_after"`
 	Routed       int             `json:"routed_rollouts"`
+}
+
+// demoLoopTrigger is a synthesis request of the closed loop, with its
+// environment's status when the demo ended.
+type demoLoopTrigger struct {
+	Environment  string `json:"environment"`
+	AgentVersion string `json:"agent_version"`
+	Capability   string `json:"capability"`
+	Harmful      bool   `json:"harmful_adapter_regression"` // the harmful adapter's capability in its cohort
+	EnvID        string `json:"environment_id"`
+	EnvStatus    string `json:"environment_status,omitempty"` // "" when not stored yet
+	EnvReason    string `json:"environment_reason,omitempty"`
 }
 
 // adapterWait bounds the wait for the simulated trainer's adapters.
@@ -360,6 +381,18 @@ func printDemoLoop(w io.Writer, l *demoLoop) {
 			ci(a.DeltaBefore), ci(a.DeltaAfter), a.PassBefore.Value, a.PassAfter.Value, a.Verdict, a.Status)
 	}
 	tw.Flush()
+	for _, t := range l.Triggers {
+		status := cmp.Or(t.EnvStatus, "not stored yet")
+		if t.EnvReason != "" {
+			status += ": " + cutText(t.EnvReason, 200)
+		}
+		what := "unexpected"
+		if t.Harmful {
+			what = "the harmful adapter's regression, seen by the analyzer as a new gap before the guard rolled it back"
+		}
+		fmt.Fprintf(w, "  synthesis requested during the loop for %s/%s %s (%s); its environment %s: %s\n",
+			t.Environment, t.AgentVersion, t.Capability, what, t.EnvID, status)
+	}
 	for _, p := range l.Problems {
 		fmt.Fprintf(w, "  problem: %s\n", p)
 	}
@@ -403,6 +436,14 @@ func (d *demo) closedLoop(ctx context.Context, a *app.App, fleet []simulate.Agen
 	if problem != "" {
 		fail(problem)
 	}
+	h := list[len(list)-1]
+	for _, t := range d.loopTriggers(ctx, a, len(sum.Triggers), h.Environment, h.AgentVersion, h.Capability) {
+		sum.Loop.Triggers = append(sum.Loop.Triggers, t)
+		if !t.Harmful {
+			sum.Loop.OK = false
+			sum.Loop.Problems = append(sum.Loop.Problems, fmt.Sprintf("a synthesis request for %s/%s %s during the loop, where only the harmful adapter's capability may lose ground", t.Environment, t.AgentVersion, t.Capability))
+		}
+	}
 	if !sum.Loop.OK {
 		sum.OK = false
 		if problem == "" {
@@ -411,4 +452,24 @@ func (d *demo) closedLoop(ctx context.Context, a *app.App, fleet []simulate.Agen
 		return
 	}
 	sum.Verdict += fmt.Sprintf("; closed loop: the %d planted deficits' gaps closed on routed traffic and the guard rolled the harmful adapter back (simulated upstream and adapter effects)", len(sum.Planted))
+}
+
+// loopTriggers are the synthesis requests the watcher saw after the first
+// seen (those of step 1), with their environments' status now.
+func (d *demo) loopTriggers(ctx context.Context, a *app.App, seen int, harmfulEnv, harmfulAgent, harmfulCap string) []demoLoopTrigger {
+	d.mu.Lock()
+	later := slices.Clone(d.triggers[min(seen, len(d.triggers)):])
+	d.mu.Unlock()
+	var out []demoLoopTrigger
+	for _, t := range later {
+		r := t.Request
+		lt := demoLoopTrigger{Environment: r.Environment, AgentVersion: r.AgentVersion, Capability: r.Capability.Skill,
+			Harmful: r.Environment == harmfulEnv && r.AgentVersion == harmfulAgent && r.Capability.Skill == harmfulCap,
+			EnvID:   schemas.EnvironmentID(r.TriggerID)}
+		if e, err := (synthesizer.SinkStore{Rows: a.Store}).LoadEnvironment(ctx, lt.EnvID); err == nil && e != nil {
+			lt.EnvStatus, lt.EnvReason = string(e.Status), e.Reason
+		}
+		out = append(out, lt)
+	}
+	return out
 }

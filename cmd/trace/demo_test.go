@@ -144,6 +144,38 @@ func TestDemoEndToEnd(t *testing.T) {
 	if !strings.Contains(sum.Verdict, "guard rolled the harmful adapter back") {
 		t.Errorf("verdict %q", sum.Verdict)
 	}
+	// A synthesis request during the loop (the analyzer may see the
+	// harmful adapter's regression before the guard rolls it back) is
+	// listed with its environment, and counted apart from step 1's.
+	for _, tr := range l.Triggers {
+		if !tr.Harmful || tr.Capability != harmfulCapability || tr.EnvID == "" {
+			t.Errorf("trigger during the loop %+v", tr)
+		}
+		if !strings.Contains(text.String(), "synthesis requested during the loop for "+tr.Environment+"/"+tr.AgentVersion+" "+tr.Capability) {
+			t.Errorf("the loop's text does not list the trigger %+v", tr)
+		}
+	}
+	if sum.Counts.SynthesisMsgs != 3 {
+		t.Errorf("%d synthesis requests in step 1, want the 3 planted deficits'", sum.Counts.SynthesisMsgs)
+	}
+}
+
+// TestLoopTriggersPrinted: the summary lists a synthesis request of the
+// closed loop, says what it is, and counts it apart from step 1's.
+func TestLoopTriggersPrinted(t *testing.T) {
+	s := &demoSummary{OK: true, Verdict: "v", Counts: demoCounts{SynthesisMsgs: 3}, Loop: &demoLoop{Simulated: loopDisclaimer, OK: true,
+		Triggers: []demoLoopTrigger{{Environment: "sim-airline", AgentVersion: "1.4.0", Capability: harmfulCapability, Harmful: true, EnvID: "env-1", EnvStatus: "FAILED", EnvReason: "too easy"}}}}
+	var b bytes.Buffer
+	printDemoSummary(&b, s)
+	for _, want := range []string{
+		"synthesis requested during the loop for sim-airline/1.4.0 " + harmfulCapability + " (the harmful adapter's regression",
+		"env-1: FAILED: too easy",
+		"synthesis requests 3 (+1 during the closed loop)",
+	} {
+		if !strings.Contains(b.String(), want) {
+			t.Errorf("summary lacks %q:\n%s", want, b.String())
+		}
+	}
 }
 
 // lastJSON returns the last top-level JSON object in s (logs may precede it).

@@ -430,14 +430,18 @@ func (s *Server) newVersions(entries []Entry) {
 }
 
 // Handler serves the API: GET /health and the environments' health are
-// open, everything else needs the bearer token when one is configured.
+// open (an environment's health opens it, as its first reset would),
+// everything else needs the bearer token when one is configured.
 func (s *Server) Handler() http.Handler {
 	open := http.NewServeMux()
 	health := func(w http.ResponseWriter, _ *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "healthy"})
 	}
 	open.HandleFunc("GET /health", health)
-	open.HandleFunc("GET /v1/environments/{id}/health", health)
+	// An environment's health says whether it can be served: 404 for an
+	// id the catalog does not know (cached, see notFoundTTL), 503 when it
+	// fails to open.
+	open.HandleFunc("GET /v1/environments/{id}/health", s.withEnv(func(w http.ResponseWriter, r *http.Request, _ *served) { health(w, r) }))
 
 	p := http.NewServeMux()
 	p.HandleFunc("GET /v1/environments", s.listEnvironments)

@@ -280,6 +280,14 @@ func TestStatelessHTTP(t *testing.T) {
 			t.Errorf("POST %s %.40s: %d %s, want %d %s", tc.path, tc.body, resp.StatusCode, b, tc.status, tc.code)
 		}
 	}
+	resp, err := http.Get(f.http.URL + "/v1/environments/nope/health")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusNotFound {
+		t.Errorf("GET /v1/environments/nope/health: %d, want 404", resp.StatusCode)
+	}
 	for path, want := range map[string]string{"/schema": `"action"`, "/metadata": `"description"`, "/health": `"healthy"`} {
 		resp, err := http.Get(f.base + path)
 		if err != nil {
