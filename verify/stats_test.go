@@ -1,6 +1,7 @@
 package verify
 
 import (
+	"encoding/json"
 	"fmt"
 	"math"
 	"strings"
@@ -261,5 +262,26 @@ func TestActivation(t *testing.T) {
 				t.Fatalf("activation = %v, %v; want %v, %v", got, ever, c.want, c.ever)
 			}
 		})
+	}
+}
+
+// TestConfigJSON: the loop report's config is snake_case JSON with the
+// interval as a duration text, and reads back the same.
+func TestConfigJSON(t *testing.T) {
+	c := Config{Guard: true}.Defaults()
+	b, err := json.Marshal(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := `{"delta":0.2,"min_failures":20,"bootstrap":1000,"seed":1,"sample_limit":5000,"guard":true,"interval":"1m0s"}`
+	if string(b) != want {
+		t.Fatalf("config JSON %s, want %s", b, want)
+	}
+	var back Config
+	if err := json.Unmarshal(b, &back); err != nil || back != c {
+		t.Fatalf("read back %+v, %v; want %+v", back, err, c)
+	}
+	if err := json.Unmarshal([]byte(`{"interval":"soon"}`), &back); err == nil {
+		t.Fatal("an interval that is not a duration was read")
 	}
 }

@@ -2,6 +2,7 @@ package verify
 
 import (
 	"cmp"
+	"encoding/json"
 	"fmt"
 	"hash/fnv"
 	"math"
@@ -38,25 +39,55 @@ const (
 type Config struct {
 	// Delta is δ: "gap closed" means Δ after activation below it. Default
 	// the selection's δ, 0.20.
-	Delta float64 `koanf:"delta"`
+	Delta float64 `koanf:"delta" json:"delta"`
 	// MinFailures is the fewest labeled failures each side needs before a
 	// verdict other than not_enough_data (default 20).
-	MinFailures int `koanf:"min_failures"`
+	MinFailures int `koanf:"min_failures" json:"min_failures"`
 	// Bootstrap is the number of resamples of Δ's interval (default 1000).
-	Bootstrap int `koanf:"bootstrap"`
+	Bootstrap int `koanf:"bootstrap" json:"bootstrap"`
 	// Seed seeds the bootstrap (with a hash of the adapter's name), so the
 	// same data always give the same intervals (default 1).
-	Seed uint64 `koanf:"seed"`
+	Seed uint64 `koanf:"seed" json:"seed"`
 	// SampleLimit is the most rollouts read per side, the most recent
 	// (default 5000).
-	SampleLimit int `koanf:"sample_limit"`
+	SampleLimit int `koanf:"sample_limit" json:"sample_limit"`
 	// Guard rolls back an adapter whose verdict is worse. On in trace's
 	// default configuration (verify.guard: true); off, the verdict is still
 	// reported and logged. Defaults leaves it as it is.
-	Guard bool `koanf:"guard"`
+	Guard bool `koanf:"guard" json:"guard"`
 	// Interval is how often the guard checks the active adapters (default
 	// 1m).
-	Interval time.Duration `koanf:"interval"`
+	Interval time.Duration `koanf:"interval" json:"-"` // in JSON: "interval", a duration text ("1m0s")
+}
+
+// configJSON is Config in JSON: the interval as a duration text.
+type configJSON struct {
+	configFields
+	Interval string `json:"interval"`
+}
+
+type configFields Config // Config without its methods
+
+// MarshalJSON writes the interval as a duration text ("1m0s").
+func (c Config) MarshalJSON() ([]byte, error) {
+	return json.Marshal(configJSON{configFields(c), c.Interval.String()})
+}
+
+// UnmarshalJSON reads what MarshalJSON writes.
+func (c *Config) UnmarshalJSON(b []byte) error {
+	var j configJSON
+	if err := json.Unmarshal(b, &j); err != nil {
+		return err
+	}
+	*c = Config(j.configFields)
+	if j.Interval != "" {
+		d, err := time.ParseDuration(j.Interval)
+		if err != nil {
+			return fmt.Errorf("verify config: interval: %w", err)
+		}
+		c.Interval = d
+	}
+	return nil
 }
 
 // Defaults fills the zero fields.

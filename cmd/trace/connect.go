@@ -4,7 +4,11 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"slices"
+	"strings"
 	"time"
+
+	"github.com/spf13/cobra"
 
 	"github.com/traceops/trace/analyzer"
 	"github.com/traceops/trace/internal/bus"
@@ -95,4 +99,45 @@ func (w *dictWriter) applyAt(ctx context.Context, d *analyzer.Dictionary) error 
 func (w *dictWriter) Close() {
 	w.bus.Close()
 	w.st.Close()
+}
+
+// knownEnvironment fails when env has no stored rollouts while others
+// do, naming them: a mistyped --env is told, not answered "nothing to
+// report". An empty store passes (nothing is stored yet at all).
+func knownEnvironment(ctx context.Context, st *sink.Store, env string) error {
+	if env == "" {
+		return nil
+	}
+	keys, err := st.RolloutKeys(ctx)
+	if err != nil {
+		return err
+	}
+	var envs []string
+	for _, k := range keys {
+		if k[0] == env {
+			return nil
+		}
+		envs = append(envs, k[0])
+	}
+	if len(envs) == 0 {
+		return nil
+	}
+	slices.Sort(envs)
+	return fmt.Errorf("no rollouts stored for environment %q; the environments with rollouts: %s", env, strings.Join(slices.Compact(envs), ", "))
+}
+
+// addJSONFlag gives a command with --format the --json of the commands
+// without one (train list, adapters list, env show): the same as
+// --format json.
+func addJSONFlag(cmd *cobra.Command) {
+	cmd.Flags().Bool("json", false, "the same as --format json")
+}
+
+// formatOrJSON is the output format: json when --json was given, else
+// --format's.
+func formatOrJSON(cmd *cobra.Command, format string) string {
+	if j, _ := cmd.Flags().GetBool("json"); j {
+		return "json"
+	}
+	return format
 }

@@ -42,9 +42,11 @@ GENERATING, VALIDATING, CALIBRATING, DONE, FAILED, WAITING_FOR_LLM),
 attempts, template family, tools, and the accepted calibration's mean
 reward, success rate and pass@k. Calibrations played by the simulated
 policy (trace demo) are marked SIMULATED.`,
-		Example: "  trace env list\n  trace env list --status FAILED --format json",
+		Example: "  trace env list\n  trace env list --status FAILED --json",
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			format = formatOrJSON(cmd, format)
+			status = strings.ToUpper(status) // as trace train list, in any case
 			if format != "table" && format != "json" {
 				return fmt.Errorf("--format must be table or json, got %q", format)
 			}
@@ -77,6 +79,7 @@ policy (trace demo) are marked SIMULATED.`,
 	cmd.Flags().StringVar(&agent, "agent-version", "", "only this agent version")
 	cmd.Flags().IntVar(&limit, "limit", 0, "at most this many (0: all)")
 	cmd.Flags().StringVar(&format, "format", "table", "table | json")
+	addJSONFlag(cmd)
 	return cmd
 }
 

@@ -12,6 +12,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 
 	"github.com/spf13/cobra"
@@ -66,6 +67,7 @@ func main() {
 	envprog.RunWorkerIfRequested() // a sandbox worker of an environment program (synthesizer/envprog)
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	groupExamples(rootCmd)
 	err := rootCmd.ExecuteContext(ctx)
 	if err == nil {
 		return
@@ -76,4 +78,32 @@ func main() {
 		os.Exit(ee.code)
 	}
 	os.Exit(1)
+}
+
+// groupExamples gives every group of subcommands without examples of its
+// own the first example of each subcommand (with its continuation lines),
+// so that `trace env --help` shows how its commands are used.
+func groupExamples(c *cobra.Command) {
+	for _, s := range c.Commands() {
+		groupExamples(s)
+	}
+	if c == c.Root() || !c.HasSubCommands() || c.Example != "" {
+		return
+	}
+	var out []string
+	for _, s := range c.Commands() {
+		if s.Hidden {
+			continue
+		}
+		for _, line := range strings.Split(s.Example, "\n") {
+			if line == "" {
+				break
+			}
+			out = append(out, line)
+			if !strings.HasSuffix(line, "\\") {
+				break
+			}
+		}
+	}
+	c.Example = strings.Join(out, "\n")
 }

@@ -98,6 +98,9 @@ window, thresholds and exactly-once synthesis requests).`,
 				return err
 			}
 			defer w.Close()
+			if err := knownEnvironment(ctx, w.st, env); err != nil {
+				return err
+			}
 			return backfill(ctx, cmd.OutOrStdout(), cmd.ErrOrStderr(), cfg, w, analyzer.BackfillFilter{Environment: env, AgentVersion: version, Since: since}, bf.yes)
 		},
 	}

@@ -148,6 +148,7 @@ tokens).`,
   trace report --loop --format json`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			format = formatOrJSON(cmd, format)
 			switch format {
 			case "table", "json", "csv":
 			default:
@@ -167,6 +168,9 @@ tokens).`,
 				return err
 			}
 			defer st.Close()
+			if err := knownEnvironment(ctx, st, env); err != nil {
+				return err
+			}
 			if loop {
 				rep, err := loopReport(ctx, cfg, st, env, loopShareWindow(window))
 				if err != nil {
@@ -206,6 +210,7 @@ tokens).`,
 	cf.add(cmd)
 	cmd.Flags().StringVar(&env, "env", "", "only this environment")
 	cmd.Flags().StringVar(&format, "format", "table", "table, json or csv")
+	addJSONFlag(cmd)
 	cmd.Flags().BoolVar(&fresh, "fresh", false, "compute every decision from its window now, not the evaluator's latest evaluation")
 	cmd.Flags().BoolVar(&loop, "loop", false, "only the closed loop: each activated adapter's before/after, verdict, routing share and tokens")
 	cmd.Flags().StringVar(&window, "window", "", "the window back from each cohort's watermark: a duration, or all (default analyzer.window)")

@@ -161,6 +161,13 @@ func TestReportSaysWhy(t *testing.T) {
 		!strings.Contains(b.String(), "  no labels: no dictionary for lonely/v1") {
 		t.Errorf("table:\n%s", b.String())
 	}
+	// A --env without rollouts, beside ones with, is an error naming them.
+	for env, want := range map[string]string{"lonely": "", "": "", "lonley": `no rollouts stored for environment "lonley"; the environments with rollouts: broken, lonely, skewed`} {
+		err := knownEnvironment(ctx, st, env)
+		if (err == nil) != (want == "") || (err != nil && err.Error() != want) {
+			t.Errorf("knownEnvironment(%q) = %v, want %q", env, err, want)
+		}
+	}
 }
 
 // TestReportLoop: `trace report` shows the closed loop per capability —

@@ -30,9 +30,11 @@ Per capability and run: ER- = L-/(L-+P-), ER+ = L+/(L++P+), gap = ER- - ER+,
 Cov = L-/|failed|. A run passes when Cov >= rho and gap >= delta; a capability is
 selected when at least k runs pass. Selected capabilities are ranked by mean gap.
 
-The JSON format prints the selected capabilities with exactly the fields of the
-release's selected_capabilities.json; the table format also lists the rejected
-candidates and why.`,
+The JSON format prints the selected capabilities with the selection's fields of
+the release's selected_capabilities.json (status PENDING: no environment exists
+yet; the release's environment_path, environment_module and reward_distribution
+come from synthesis, which select does not run); the table format also lists
+the rejected candidates and why.`,
 		Example: `  trace select --runs '../shared/data/trace-release/pipeline/run_*.json' \
     --candidates ../shared/data/trace-release/pipeline/candidate_capabilities.json`,
 		Args: cobra.NoArgs,
@@ -40,6 +42,7 @@ candidates and why.`,
 			if err := th.Validate(); err != nil {
 				return err
 			}
+			format = formatOrJSON(cmd, format)
 			if format != "table" && format != "json" {
 				return fmt.Errorf("--format must be table or json, got %q", format)
 			}
@@ -77,6 +80,7 @@ candidates and why.`,
 	f.Float64Var(&th.Delta, "delta", th.Delta, "minimum contrastive gap per run")
 	f.IntVar(&th.K, "k", th.K, "runs that must pass for a capability to be selected")
 	f.StringVar(&format, "format", "table", "output format: table or json")
+	addJSONFlag(cmd)
 	_ = cmd.MarkFlagRequired("runs")
 	_ = cmd.MarkFlagRequired("candidates")
 	rootCmd.AddCommand(cmd)
