@@ -245,6 +245,7 @@ func TestUnknownKeysFail(t *testing.T) {
 		env  map[string]string
 		set  []string
 		want []string
+		ok   func(Config) bool // of a configuration that loads
 	}{
 		{name: "file", yaml: "kafka:\n  brokerz: [k1:9092]\nhttpp:\n  addr: 127.0.0.1:1\n",
 			want: []string{"kafka.brokerz: unknown key (kafka has: ", "httpp: unknown key (the top level has: "}},
@@ -258,7 +259,24 @@ func TestUnknownKeysFail(t *testing.T) {
 		{name: "set", set: []string{"router.upstream=http://h/v1"}, want: []string{"router.upstream: unknown key", "(from --set router.upstream)"}},
 		{name: "set, a secret's value not shown", set: []string{"clickhouse.pasword=hunter2"}, want: []string{"clickhouse.pasword: unknown key", "(from --set clickhouse.pasword)"}},
 		{name: "not settings", env: map[string]string{"TRACE_LLM_PORT": "8081", "TRACE_ENV_TOKEN": "t", "TRACE_CONFIG": "", "TRACE_TEST_X": "1"}},
-		{name: "known keys in any case", yaml: "Kafka:\n  Batch_Rows: 5\nanalyzer:\n  min_failures: 50\n"},
+		// Keys are lower case: the decoder takes a key only in its own
+		// case, and one in another case silently kept the default.
+		{name: "file, section in another case", yaml: "Kafka:\n  brokers: [a:1]\n",
+			want: []string{"Kafka.brokers: unknown key; keys are lower case (kafka.brokers)"}},
+		{name: "file, key in another case", yaml: "kafka:\n  Brokers: [a:1]\n",
+			want: []string{"kafka.Brokers: unknown key; keys are lower case (kafka.brokers)"}},
+		{name: "file, squashed key and empty section in another case", yaml: "analyzer:\n  Min_Failures: 50\nHTTP: {}\n",
+			want: []string{"analyzer.Min_Failures: unknown key; keys are lower case (analyzer.min_failures)", "HTTP: unknown key; keys are lower case (http)"}},
+		{name: "file, in another case under a map of sections", yaml: "adapter:\n  plan:\n    environments:\n      Tau2-Retail: {Lora_Rank: 8}\n",
+			want: []string{"adapter.plan.environments.Tau2-Retail.Lora_Rank: unknown key; keys are lower case (adapter.plan.environments.Tau2-Retail.lora_rank)"}},
+		{name: "file, in another case in a list of sections", yaml: "Synthesizer:\n  policies:\n    - {environment: e, agent_version: \"*\", base_url: http://h/v1, model: m}\n",
+			want: []string{"Synthesizer.policies[0].model: unknown key; keys are lower case (synthesizer.policies[0].model)"}},
+		{name: "set, in another case", set: []string{"Kafka.brokers=z:1"},
+			want: []string{"Kafka.brokers: unknown key; keys are lower case (kafka.brokers) (from --set Kafka.brokers)"}},
+		// Environment variables are upper case by custom: their names are
+		// read in any case.
+		{name: "environment, any case", env: map[string]string{"TRACE_KAFKA__BATCH_ROWS": "5", "TRACE_Http__Addr": "127.0.0.1:1"},
+			ok: func(c Config) bool { return c.Kafka.BatchRows == 5 && c.HTTP.Addr == "127.0.0.1:1" }},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -272,10 +290,13 @@ func TestUnknownKeysFail(t *testing.T) {
 			for k, v := range tt.env {
 				t.Setenv(k, v)
 			}
-			_, err := Load(f, tt.set)
+			c, err := Load(f, tt.set)
 			if len(tt.want) == 0 {
 				if err != nil {
 					t.Fatalf("Load: %v", err)
+				}
+				if tt.ok != nil && !tt.ok(c) {
+					t.Fatalf("Load: not the settings given: %+v", c)
 				}
 				return
 			}

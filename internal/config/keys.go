@@ -12,14 +12,24 @@ import (
 // unknownKeys lists the keys of raw (the merged layers) that no field of
 // t takes, as dotted paths ("kafka.brokerz"), with the keys known at that
 // level. The decoder ignores such keys: a misspelled setting would
-// silently keep its default. Keys match fields as the decoder matches
-// them: the koanf tag (the field name without one), case-insensitively,
-// squashed structs' fields at their parent's level.
+// silently keep its default. Keys match fields exactly, as the decoder
+// matches them (decoderConfig): the koanf tag, squashed structs' fields at
+// their parent's level. Every key is lower case; a key that matches one
+// only in another case ("Kafka.brokers") is named with its right spelling.
 func unknownKeys(raw map[string]any, t reflect.Type, prefix string) []string {
+	return unknownKeysIn(raw, t, prefix, prefix)
+}
+
+// unknownKeysIn is unknownKeys where fixed is prefix spelled right (they
+// differ under a key in the wrong case, whose every key is then reported).
+func unknownKeysIn(raw map[string]any, t reflect.Type, prefix, fixed string) []string {
 	fields := keyFields(t)
 	var bad []string
 	for key, v := range raw {
-		i := slices.IndexFunc(fields, func(f keyField) bool { return strings.EqualFold(f.name, key) })
+		i := slices.IndexFunc(fields, func(f keyField) bool { return f.name == key })
+		if i < 0 {
+			i = slices.IndexFunc(fields, func(f keyField) bool { return strings.EqualFold(f.name, key) })
+		}
 		if i < 0 {
 			names := make([]string, len(fields))
 			for j, f := range fields {
@@ -33,6 +43,8 @@ func unknownKeys(raw map[string]any, t reflect.Type, prefix string) []string {
 			bad = append(bad, fmt.Sprintf("%s%s: unknown key (%s has: %s)", prefix, key, where, strings.Join(names, ", ")))
 			continue
 		}
+		path, fixedPath := prefix+key, fixed+fields[i].name
+		var under []string // of the keys under this one
 		ft := fields[i].typ
 		for ft.Kind() == reflect.Pointer {
 			ft = ft.Elem()
@@ -40,13 +52,13 @@ func unknownKeys(raw map[string]any, t reflect.Type, prefix string) []string {
 		switch {
 		case ft.Kind() == reflect.Struct:
 			if m, ok := v.(map[string]any); ok {
-				bad = append(bad, unknownKeys(m, ft, prefix+key+".")...)
+				under = unknownKeysIn(m, ft, path+".", fixedPath+".")
 			}
 		case ft.Kind() == reflect.Map && ft.Elem().Kind() == reflect.Struct:
 			if m, ok := v.(map[string]any); ok {
-				for name, item := range m {
+				for name, item := range m { // names are data (environments), not keys
 					if im, ok := item.(map[string]any); ok {
-						bad = append(bad, unknownKeys(im, ft.Elem(), prefix+key+"."+name+".")...)
+						under = append(under, unknownKeysIn(im, ft.Elem(), path+"."+name+".", fixedPath+"."+name+".")...)
 					}
 				}
 			}
@@ -54,10 +66,14 @@ func unknownKeys(raw map[string]any, t reflect.Type, prefix string) []string {
 			if items, ok := v.([]any); ok {
 				for j, item := range items {
 					if m, ok := item.(map[string]any); ok {
-						bad = append(bad, unknownKeys(m, ft.Elem(), fmt.Sprintf("%s%s[%d].", prefix, key, j))...)
+						under = append(under, unknownKeysIn(m, ft.Elem(), fmt.Sprintf("%s[%d].", path, j), fmt.Sprintf("%s[%d].", fixedPath, j))...)
 					}
 				}
 			}
+		}
+		bad = append(bad, under...)
+		if path != fixedPath && len(under) == 0 {
+			bad = append(bad, fmt.Sprintf("%s: unknown key; keys are lower case (%s)", path, fixedPath))
 		}
 	}
 	sort.Strings(bad)
