@@ -18,6 +18,7 @@ import (
 	"strings"
 	"time"
 
+	kmaps "github.com/knadh/koanf/maps"
 	"github.com/knadh/koanf/parsers/yaml"
 	"github.com/knadh/koanf/providers/confmap"
 	"github.com/knadh/koanf/providers/env/v2"
@@ -282,7 +283,7 @@ func Load(path string, overrides []string) (Config, error) {
 		if _, err := os.Stat(path); err != nil {
 			return Config{}, fmt.Errorf("config file: %w", err)
 		}
-		if err := k.Load(file.Provider(path), yaml.Parser()); err != nil {
+		if err := k.Load(file.Provider(path), yaml.Parser(), koanf.WithMergeFunc(mergeFile)); err != nil {
 			return Config{}, fmt.Errorf("config file %s: %w", path, err)
 		}
 	}
@@ -368,6 +369,56 @@ func Load(path string, overrides []string) (Config, error) {
 	c.Analyzer.EvalConfig = c.Analyzer.EvalConfig.WithDefaults()
 	c.LLM.APIKey = cmp.Or(c.LLM.APIKey, os.Getenv("OPENAI_API_KEY"))
 	return c, c.Validate()
+}
+
+// mergeFile merges the YAML file (src) into the defaults (dest). A section
+// with no values (`kafka:` alone, or with only comments under it) is null
+// in YAML, and would replace the section's defaults with nothing: it is
+// left out, so that it keeps them.
+func mergeFile(src, dest map[string]any) error {
+	dropNullSections(src, reflect.TypeFor[Config]())
+	kmaps.Merge(src, dest)
+	return nil
+}
+
+// dropNullSections deletes the null values of m whose key is a section
+// (a struct of t), at any depth.
+func dropNullSections(m map[string]any, t reflect.Type) {
+	fields := keyFields(t)
+	for key, v := range m {
+		i := slices.IndexFunc(fields, func(f keyField) bool { return f.name == key })
+		if i < 0 {
+			continue // unknownKeys names it
+		}
+		ft := fields[i].typ
+		for ft.Kind() == reflect.Pointer {
+			ft = ft.Elem()
+		}
+		switch {
+		case ft.Kind() == reflect.Struct:
+			if v == nil {
+				delete(m, key)
+			} else if sub, ok := v.(map[string]any); ok {
+				dropNullSections(sub, ft)
+			}
+		case ft.Kind() == reflect.Map && ft.Elem().Kind() == reflect.Struct:
+			if sub, ok := v.(map[string]any); ok {
+				for _, item := range sub {
+					if im, ok := item.(map[string]any); ok {
+						dropNullSections(im, ft.Elem())
+					}
+				}
+			}
+		case ft.Kind() == reflect.Slice && ft.Elem().Kind() == reflect.Struct:
+			if items, ok := v.([]any); ok {
+				for _, item := range items {
+					if im, ok := item.(map[string]any); ok {
+						dropNullSections(im, ft.Elem())
+					}
+				}
+			}
+		}
+	}
 }
 
 // Validate names the first bad field.

@@ -353,3 +353,43 @@ func TestCommaSplitsOnlyLists(t *testing.T) {
 		}
 	}
 }
+
+// TestEmptySectionKeepsDefaults: a section with no values (`kafka:` alone,
+// or with only comments under it) is null in YAML; it keeps the section's
+// defaults instead of replacing them with zero values.
+func TestEmptySectionKeepsDefaults(t *testing.T) {
+	want, err := Load("", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tt := range []struct {
+		name, yaml string
+		set        func(*Config) // what the file changes
+	}{
+		{name: "empty file", yaml: ""},
+		{name: "only comments", yaml: "# kafka:\n#   batch_rows: 5\n"},
+		{name: "a section alone", yaml: "kafka:\n"},
+		{name: "a section with a comment", yaml: "analyzer:\n  # window: 1h\n"},
+		{name: "several", yaml: "kafka:\nclickhouse:\nanalyzer:\nadapter:\nrouter:\nsynthesizer:\n"},
+		{name: "a nested section", yaml: "kafka:\n  tls:\n  batch_rows: 5\nadapter:\n  serving:\n  plan:\n    defaults:\n",
+			set: func(c *Config) { c.Kafka.BatchRows = 5 }},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			f := filepath.Join(t.TempDir(), "trace.yaml")
+			if err := os.WriteFile(f, []byte(tt.yaml), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			c, err := Load(f, nil)
+			if err != nil {
+				t.Fatalf("Load: %v", err)
+			}
+			w := want
+			if tt.set != nil {
+				tt.set(&w)
+			}
+			if !reflect.DeepEqual(c, w) {
+				t.Errorf("Load:\n%+v\nwant the defaults:\n%+v", c, w)
+			}
+		})
+	}
+}
