@@ -347,8 +347,8 @@ func Load(path string, overrides []string) (Config, error) {
 		return Config{}, errors.Join(errs...)
 	}
 	var c Config
-	if err := k.UnmarshalWithConf("", &c, koanf.UnmarshalConf{Tag: "koanf", FlatPaths: false}); err != nil {
-		return Config{}, fmt.Errorf("config: %w", err)
+	if err := k.UnmarshalWithConf("", &c, unmarshalConf()); err != nil {
+		return Config{}, decodeErrors(err, origin)
 	}
 	// Unset K and N follow the labeler: the rules labeler is deterministic
 	// and runs once (K = N = 1); the llm labeler makes llm.runs runs, of

@@ -393,3 +393,75 @@ func TestEmptySectionKeepsDefaults(t *testing.T) {
 		})
 	}
 }
+
+// loadCase is one configuration of a table: a YAML file, environment
+// variables, --set flags.
+type loadCase struct {
+	name string
+	yaml string
+	env  map[string]string
+	set  []string
+}
+
+func (lc loadCase) load(t *testing.T) (Config, error) {
+	t.Helper()
+	f := ""
+	if lc.yaml != "" {
+		f = filepath.Join(t.TempDir(), "trace.yaml")
+		if err := os.WriteFile(f, []byte(lc.yaml), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for k, v := range lc.env {
+		t.Setenv(k, v)
+	}
+	return Load(f, lc.set)
+}
+
+// TestDurationsNeedAUnit: a duration without a unit (3600 in YAML would be
+// 3.6µs) fails naming its key, in the file as from the environment or
+// --set; 0 needs none.
+func TestDurationsNeedAUnit(t *testing.T) {
+	for _, tt := range []struct {
+		loadCase
+		want string
+	}{
+		{loadCase{name: "file, integer", yaml: "analyzer:\n  window: 3600\n"}, "analyzer.window: 3600 has no unit"},
+		{loadCase{name: "file, fraction", yaml: "analyzer:\n  window: 1.5\n"}, "analyzer.window: 1.5 has no unit"},
+		{loadCase{name: "file, negative", yaml: "llm:\n  timeout: -5\n"}, "llm.timeout: -5 has no unit"},
+		{loadCase{name: "file, nested", yaml: "adapter:\n  serving:\n    timeout: 30\n"}, "adapter.serving.timeout: 30 has no unit"},
+		{loadCase{name: "file, text", yaml: "kafka:\n  batch_timeout: \"2\"\n"}, "kafka.batch_timeout: 2 has no unit"},
+		{loadCase{name: "file, bool", yaml: "http:\n  ready_timeout: true\n"}, "http.ready_timeout: true is not a duration"},
+		{loadCase{name: "environment", env: map[string]string{"TRACE_ANALYZER__WINDOW": "3600"}},
+			"analyzer.window: 3600 has no unit: write one, e.g. 3600s or 3600m (units: ns, us, ms, s, m, h, d; 0 needs none) (from TRACE_ANALYZER__WINDOW)"},
+		{loadCase{name: "set", set: []string{"router.cache_ttl=60"}}, "router.cache_ttl: 60 has no unit"},
+		{loadCase{name: "set, not a duration", set: []string{"router.cache_ttl=soon"}}, `router.cache_ttl: "soon" is not a duration (e.g. 30s, 5m, 1h30m) (from --set router.cache_ttl)`},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			if _, err := tt.load(t); err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("Load: %v, want an error naming %q", err, tt.want)
+			}
+		})
+	}
+	for _, tt := range []struct {
+		loadCase
+		got  func(Config) time.Duration
+		want time.Duration
+	}{
+		{loadCase{name: "file, 0", yaml: "router:\n  cache_ttl: 0\n"}, func(c Config) time.Duration { return c.Router.CacheTTL }, 0},
+		{loadCase{name: "file, with a unit", yaml: "analyzer:\n  window: 90m\n"}, func(c Config) time.Duration { return c.Analyzer.Window }, 90 * time.Minute},
+		{loadCase{name: "file, days", yaml: "analyzer:\n  window: 1.5d\n"}, func(c Config) time.Duration { return c.Analyzer.Window }, 36 * time.Hour},
+		{loadCase{name: "environment, 0", env: map[string]string{"TRACE_ROUTER__CACHE_TTL": "0"}}, func(c Config) time.Duration { return c.Router.CacheTTL }, 0},
+		{loadCase{name: "set, with a unit", set: []string{"kafka.batch_timeout=250ms"}}, func(c Config) time.Duration { return c.Kafka.BatchTimeout }, 250 * time.Millisecond},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			c, err := tt.load(t)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := tt.got(c); got != tt.want {
+				t.Errorf("got %s, want %s", got, tt.want)
+			}
+		})
+	}
+}
