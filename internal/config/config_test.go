@@ -465,3 +465,56 @@ func TestDurationsNeedAUnit(t *testing.T) {
 		})
 	}
 }
+
+// TestStrictScalars: a YAML value of another type than its setting's fails
+// naming the key instead of being converted with a loss (batch_rows: 10.5
+// was 10, auto_activate: 1 was true); text, all the environment and --set
+// give, is parsed as before.
+func TestStrictScalars(t *testing.T) {
+	for _, tt := range []struct {
+		loadCase
+		want string
+	}{
+		{loadCase{name: "fraction for an integer", yaml: "kafka:\n  batch_rows: 10.5\n"}, "kafka.batch_rows: 10.5 is not a whole number"},
+		{loadCase{name: "number for a bool", yaml: "adapter:\n  auto_activate: 1\n"}, "adapter.auto_activate: 1 is not true or false"},
+		{loadCase{name: "zero for a bool", yaml: "kafka:\n  tls:\n    enabled: 0\n"}, "kafka.tls.enabled: 0 is not true or false"},
+		{loadCase{name: "bool for an integer", yaml: "kafka:\n  batch_rows: true\n"}, "kafka.batch_rows: true is not a number"},
+		{loadCase{name: "bool for a number", yaml: "analyzer:\n  sample_failed: true\n"}, "analyzer.sample_failed: true is not a number"},
+		{loadCase{name: "bool for text", yaml: "llm:\n  model: true\n"}, `llm.model: true is not text (quote it: "true")`},
+		{loadCase{name: "negative for an unsigned integer", yaml: "verify:\n  seed: -1\n"}, "verify.seed: -1 is negative"},
+		{loadCase{name: "map of sections", yaml: "adapter:\n  plan:\n    environments:\n      tau2-retail: {lora_rank: 8.5}\n"},
+			"adapter.plan.environments[tau2-retail].lora_rank: 8.5 is not a whole number"},
+		{loadCase{name: "environment, fraction", env: map[string]string{"TRACE_KAFKA__BATCH_ROWS": "10.5"}}, "kafka.batch_rows: "},
+		{loadCase{name: "set, not a bool", set: []string{"adapter.auto_activate=yes"}}, "adapter.auto_activate: "},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			if _, err := tt.load(t); err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("Load: %v, want an error naming %q", err, tt.want)
+			}
+		})
+	}
+	for _, tt := range []struct {
+		loadCase
+		got, want func(Config) any
+	}{
+		{loadCase{name: "whole fraction for an integer", yaml: "kafka:\n  batch_rows: 1e4\n"},
+			func(c Config) any { return c.Kafka.BatchRows }, func(Config) any { return 10000 }},
+		{loadCase{name: "integer for a number", yaml: "analyzer:\n  sample_failed: 0\n"},
+			func(c Config) any { return c.Analyzer.SampleFailed }, func(Config) any { return 0.0 }},
+		{loadCase{name: "number for text", yaml: "llm:\n  model: 7\n"}, func(c Config) any { return c.LLM.Model }, func(Config) any { return "7" }},
+		{loadCase{name: "environment, text", env: map[string]string{"TRACE_KAFKA__BATCH_ROWS": "10", "TRACE_ADAPTER__AUTO_ACTIVATE": "true", "TRACE_VERIFY__SEED": "7"}},
+			func(c Config) any { return []any{c.Kafka.BatchRows, c.Adapter.AutoActivate, c.Verify.Seed} }, func(Config) any { return []any{10, true, uint64(7)} }},
+		{loadCase{name: "set, text", set: []string{"kafka.batch_rows=10", "adapter.auto_activate=true", "analyzer.rho=0.2"}},
+			func(c Config) any { return []any{c.Kafka.BatchRows, c.Adapter.AutoActivate, c.Analyzer.Rho} }, func(Config) any { return []any{10, true, 0.2} }},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			c, err := tt.load(t)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got, want := tt.got(c), tt.want(c); !reflect.DeepEqual(got, want) {
+				t.Errorf("got %#v, want %#v", got, want)
+			}
+		})
+	}
+}

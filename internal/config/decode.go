@@ -3,6 +3,7 @@ package config
 import (
 	"errors"
 	"fmt"
+	"math"
 	"reflect"
 	"regexp"
 	"strconv"
@@ -18,10 +19,10 @@ import (
 // typed, for the environment and --set give every value as a string
 // ("10" for an int, "true" for a bool, "a:1" for a list of one); the
 // hooks refuse the conversions that would lose what the YAML file says
-// (durationHook).
+// (durationHook, scalarHook).
 func unmarshalConf() koanf.UnmarshalConf {
 	return koanf.UnmarshalConf{Tag: "koanf", DecoderConfig: &mapstructure.DecoderConfig{
-		DecodeHook:       mapstructure.ComposeDecodeHookFunc(durationHook, mapstructure.TextUnmarshallerHookFunc()),
+		DecodeHook:       mapstructure.ComposeDecodeHookFunc(durationHook, scalarHook, mapstructure.TextUnmarshallerHookFunc()),
 		WeaklyTypedInput: true,
 		ErrorUnused:      true,
 		MatchName:        func(key, field string) bool { return key == field },
@@ -89,6 +90,51 @@ func expandDurationDays(s string) string {
 		})
 	}
 	return s
+}
+
+// scalarHook refuses what weak typing would silently make of a YAML value
+// of another type than its setting's: a fraction for an integer (10.5
+// would be 10), a number for a bool (1 would be true), a bool for a number
+// or text (true would be 1, or "1"), a negative number for an unsigned
+// one. Text (all the environment and --set give) is parsed as before:
+// "10" for an integer, "true" for a bool.
+func scalarHook(from, to reflect.Type, data any) (any, error) {
+	if to == durationType || from == to {
+		return data, nil
+	}
+	v := reflect.ValueOf(data)
+	switch to.Kind() {
+	case reflect.Bool:
+		if from.Kind() != reflect.Bool && from.Kind() != reflect.String {
+			return nil, fmt.Errorf("%v is not true or false", data)
+		}
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
+		reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
+		unsigned := to.Kind() >= reflect.Uint && to.Kind() <= reflect.Uint64
+		switch from.Kind() {
+		case reflect.Bool:
+			return nil, fmt.Errorf("%v is not a number", data)
+		case reflect.Float32, reflect.Float64:
+			if f := v.Float(); f != math.Trunc(f) || math.Abs(f) >= 1<<63 {
+				return nil, fmt.Errorf("%v is not a whole number", data)
+			} else if unsigned && f < 0 {
+				return nil, fmt.Errorf("%v is negative", data)
+			}
+		case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64:
+			if unsigned && v.Int() < 0 {
+				return nil, fmt.Errorf("%v is negative", data)
+			}
+		}
+	case reflect.Float32, reflect.Float64:
+		if from.Kind() == reflect.Bool {
+			return nil, fmt.Errorf("%v is not a number", data)
+		}
+	case reflect.String:
+		if from.Kind() == reflect.Bool {
+			return nil, fmt.Errorf("%v is not text (quote it: \"%v\")", data, data)
+		}
+	}
+	return data, nil
 }
 
 // decodeErrors renders the decoder's errors one a line as "key: what"
