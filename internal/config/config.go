@@ -300,8 +300,8 @@ func Load(path string, overrides []string) (Config, error) {
 			return "", nil
 		}
 		origin[key] = name
-		if strings.Contains(v, ",") && isList(key) {
-			return key, strings.Split(v, ",")
+		if isList(key) {
+			return key, splitList(v)
 		}
 		return key, v
 	}}), nil); err != nil {
@@ -315,8 +315,8 @@ func Load(path string, overrides []string) (Config, error) {
 				return Config{}, fmt.Errorf("--set %q: want key=value", o)
 			}
 			origin[key] = "--set " + key // not its value: it may be a secret
-			if strings.Contains(val, ",") && isList(key) {
-				m[key] = strings.Split(val, ",")
+			if isList(key) {
+				m[key] = splitList(val)
 			} else {
 				m[key] = val
 			}

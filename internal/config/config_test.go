@@ -518,3 +518,41 @@ func TestStrictScalars(t *testing.T) {
 		})
 	}
 }
+
+// TestListValues: in an environment variable or --set, an empty value of a
+// list setting is the empty list (kafka.brokers= goes back to the embedded
+// broker) and empty items (a trailing comma) are left out.
+func TestListValues(t *testing.T) {
+	brokers := "kafka:\n  brokers: [k1:9092]\n"
+	for _, tt := range []struct {
+		loadCase
+		got  func(Config) any
+		want any
+	}{
+		{loadCase{name: "set, empty", yaml: brokers, set: []string{"kafka.brokers="}}, func(c Config) any { return c.KafkaBrokers() }, []string{"127.0.0.1:9092"}},
+		{loadCase{name: "environment, empty", yaml: brokers, env: map[string]string{"TRACE_KAFKA__BROKERS": ""}}, func(c Config) any { return c.KafkaBrokers() }, []string{"127.0.0.1:9092"}},
+		{loadCase{name: "set, one", set: []string{"kafka.brokers=a:1"}}, func(c Config) any { return c.Kafka.Brokers }, []string{"a:1"}},
+		{loadCase{name: "set, trailing comma", set: []string{"kafka.brokers=a:1,"}}, func(c Config) any { return c.Kafka.Brokers }, []string{"a:1"}},
+		{loadCase{name: "set, empty items", set: []string{"kafka.brokers=,a:1,,b:2, "}}, func(c Config) any { return c.Kafka.Brokers }, []string{"a:1", "b:2"}},
+		{loadCase{name: "environment, trailing comma", env: map[string]string{"TRACE_ADAPTER__PLAN__DEFAULTS__TARGET_MODULES": "q_proj,"}},
+			func(c Config) any { return c.Adapter.Plan.Defaults.TargetModules }, []string{"q_proj"}},
+		{loadCase{name: "set, empty list of an environment", set: []string{"adapter.plan.environments.tau2-retail.target_modules="}},
+			func(c Config) any { return c.Adapter.Plan.Environments["tau2-retail"].TargetModules }, []string{}},
+		{loadCase{name: "not a list", set: []string{"clickhouse.password=p,", "http.bearer_token="}},
+			func(c Config) any { return []string{c.ClickHouse.Password, c.HTTP.BearerToken} }, []string{"p,", ""}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			c, err := tt.load(t)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := tt.got(c); !reflect.DeepEqual(got, tt.want) {
+				t.Errorf("got %#v, want %#v", got, tt.want)
+			}
+		})
+	}
+	// An empty list of roles is still refused, as no roles.
+	if _, err := Load("", []string{"roles=,"}); err == nil || !strings.Contains(err.Error(), "roles: at least one role is required") {
+		t.Errorf("roles=,: %v", err)
+	}
+}

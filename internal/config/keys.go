@@ -132,3 +132,17 @@ func isList(key string) bool {
 	}
 	return t.Kind() == reflect.Slice && t.Elem().Kind() == reflect.String
 }
+
+// splitList is the value of a list setting in an environment variable or
+// --set: its items separated by commas. Empty items are left out, so that
+// an empty value is the empty list (kafka.brokers= goes back to the
+// embedded broker) and a trailing comma is no item.
+func splitList(v string) []string {
+	items := []string{}
+	for item := range strings.SplitSeq(v, ",") {
+		if strings.TrimSpace(item) != "" {
+			items = append(items, item)
+		}
+	}
+	return items
+}
