@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -26,5 +28,48 @@ func TestConfigPrintRedactsSecrets(t *testing.T) {
 	_, err = runCLI(t, context.Background(), "config", "print", "--set", "analyzer.labeler=magic")
 	if err == nil || !strings.Contains(err.Error(), "analyzer.labeler") {
 		t.Fatalf("bad config: %v", err)
+	}
+}
+
+// TestConfigPrintShowsEffectiveValues: config print shows the settings in
+// effect, the defaults that apply to an unset or 0 one (query_timeout 10s,
+// not 0s) and -1 for no limit, and what it prints loads back the same.
+func TestConfigPrintShowsEffectiveValues(t *testing.T) {
+	for _, tt := range []struct {
+		name string
+		set  []string
+		want []string
+	}{
+		{"defaults", nil, []string{"query_timeout: 10s", "query_max_memory: 1073741824"}},
+		{"zero takes the default", []string{"clickhouse.query_timeout=0", "clickhouse.query_max_memory=0"}, []string{"query_timeout: 10s", "query_max_memory: 1073741824"}},
+		{"no limit", []string{"clickhouse.query_timeout=-1s", "clickhouse.query_max_memory=-1"}, []string{"query_timeout: -1\n", "query_max_memory: -1\n"}},
+		{"set", []string{"clickhouse.query_timeout=1m30s", "clickhouse.query_max_memory=2048"}, []string{"query_timeout: 1m30s", "query_max_memory: 2048"}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			args := []string{"config", "print"}
+			for _, s := range tt.set {
+				args = append(args, "--set", s)
+			}
+			out, err := runCLI(t, context.Background(), args...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, w := range tt.want {
+				if !strings.Contains(out, w) {
+					t.Errorf("config print lacks %q:\n%s", w, out)
+				}
+			}
+			f := filepath.Join(t.TempDir(), "printed.yaml")
+			if err := os.WriteFile(f, []byte(out), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			again, err := runCLI(t, context.Background(), "config", "print", "--config", f)
+			if err != nil {
+				t.Fatalf("config print of what it printed: %v", err)
+			}
+			if again != out {
+				t.Errorf("config print of what it printed:\n%s\nwant:\n%s", again, out)
+			}
+		})
 	}
 }

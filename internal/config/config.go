@@ -14,6 +14,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"regexp"
 	"slices"
 	"strings"
 	"time"
@@ -325,6 +326,13 @@ func Load(path string, overrides []string) (Config, error) {
 			return Config{}, err
 		}
 	}
+	// clickhouse.query_timeout: -1 turns the limit off (sink.Config), and
+	// needs no unit; -1 of any unit (-1s) is the same.
+	if noLimit(k.Get("clickhouse.query_timeout")) {
+		if err := k.Load(confmap.Provider(map[string]any{"clickhouse.query_timeout": time.Duration(-1)}, "."), nil); err != nil {
+			return Config{}, err
+		}
+	}
 	// router.classifier_extra_body's fields set one by one from the
 	// environment or --set would all be strings ("false" is not false):
 	// it is set whole, as JSON text, there.
@@ -365,10 +373,32 @@ func Load(path string, overrides []string) (Config, error) {
 	if an.K == 0 && an.N > 0 && an.N != 10 {
 		an.K = max(1, (8*an.N+9)/10)
 	}
-	// Unset (zero) analyzer thresholds take the paper's defaults.
+	// Unset (zero) analyzer thresholds take the paper's defaults, and so
+	// do ClickHouse's settings (query_timeout 10s, query_max_memory 1 GiB):
+	// the configuration printed is the one in effect.
 	c.Analyzer.EvalConfig = c.Analyzer.EvalConfig.WithDefaults()
+	c.ClickHouse = c.ClickHouse.WithDefaults()
 	c.LLM.APIKey = cmp.Or(c.LLM.APIKey, os.Getenv("OPENAI_API_KEY"))
 	return c, c.Validate()
+}
+
+// noLimitRe is -1 of a duration's unit, or of none.
+var noLimitRe = regexp.MustCompile(`^\s*-1(ns|us|µs|μs|ms|s|m|h|d)?\s*$`)
+
+// noLimit reports whether v, a duration setting as a layer gave it, is -1
+// (of any unit, or of none): no limit.
+func noLimit(v any) bool {
+	switch x := v.(type) {
+	case int:
+		return x == -1
+	case int64:
+		return x == -1
+	case float64:
+		return x == -1
+	case string:
+		return noLimitRe.MatchString(x)
+	}
+	return false
 }
 
 // mergeFile merges the YAML file (src) into the defaults (dest). A section

@@ -556,3 +556,52 @@ func TestListValues(t *testing.T) {
 		t.Errorf("roles=,: %v", err)
 	}
 }
+
+// TestQueryLimits: clickhouse.query_timeout and query_max_memory are the
+// effective limits (0 or unset: the defaults, 10s and 1 GiB), and -1 turns
+// either off: for the timeout without a unit, or -1 of any unit.
+func TestQueryLimits(t *testing.T) {
+	const def, defMem = 10 * time.Second, int64(1 << 30)
+	for _, tt := range []struct {
+		loadCase
+		timeout time.Duration
+		mem     int64
+	}{
+		{loadCase{name: "defaults"}, def, defMem},
+		{loadCase{name: "zero takes the default", set: []string{"clickhouse.query_timeout=0", "clickhouse.query_max_memory=0"}}, def, defMem},
+		{loadCase{name: "set", set: []string{"clickhouse.query_timeout=30s", "clickhouse.query_max_memory=2048"}}, 30 * time.Second, 2048},
+		{loadCase{name: "set, -1", set: []string{"clickhouse.query_timeout=-1", "clickhouse.query_max_memory=-1"}}, -1, -1},
+		{loadCase{name: "set, -1s", set: []string{"clickhouse.query_timeout=-1s"}}, -1, defMem},
+		{loadCase{name: "set, -1ms", set: []string{"clickhouse.query_timeout=-1ms"}}, -1, defMem},
+		{loadCase{name: "set, -1ns", set: []string{"clickhouse.query_timeout=-1ns"}}, -1, defMem},
+		{loadCase{name: "environment, -1", env: map[string]string{"TRACE_CLICKHOUSE__QUERY_TIMEOUT": "-1", "TRACE_CLICKHOUSE__QUERY_MAX_MEMORY": "-1"}}, -1, -1},
+		{loadCase{name: "file, -1", yaml: "clickhouse:\n  query_timeout: -1\n  query_max_memory: -1\n"}, -1, -1},
+		{loadCase{name: "file, -1h", yaml: "clickhouse:\n  query_timeout: -1h\n"}, -1, defMem},
+		{loadCase{name: "file, -1 over a limit", yaml: "clickhouse:\n  query_timeout: 5s\n", set: []string{"clickhouse.query_timeout=-1"}}, -1, defMem},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			c, err := tt.load(t)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if c.ClickHouse.QueryTimeout != tt.timeout || c.ClickHouse.QueryMaxMemory != tt.mem {
+				t.Errorf("query_timeout %s, query_max_memory %d; want %s, %d", c.ClickHouse.QueryTimeout, c.ClickHouse.QueryMaxMemory, tt.timeout, tt.mem)
+			}
+		})
+	}
+	for _, tt := range []struct {
+		loadCase
+		want string
+	}{
+		{loadCase{name: "another negative", set: []string{"clickhouse.query_timeout=-2s"}}, "clickhouse.query_timeout: must be > 0, or -1 for none, got -2s"},
+		{loadCase{name: "another number", set: []string{"clickhouse.query_timeout=-2"}}, "clickhouse.query_timeout: -2 has no unit"},
+		{loadCase{name: "file, another number", yaml: "clickhouse:\n  query_timeout: 30\n"}, "clickhouse.query_timeout: 30 has no unit"},
+		{loadCase{name: "memory, another negative", set: []string{"clickhouse.query_max_memory=-2"}}, "clickhouse.query_max_memory: must be > 0 bytes, or -1 for none, got -2"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			if _, err := tt.load(t); err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("Load: %v, want an error naming %q", err, tt.want)
+			}
+		})
+	}
+}

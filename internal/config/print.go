@@ -15,7 +15,12 @@ func (c Config) Map() (map[string]any, error) {
 	if err := k.Load(structs.Provider(c, "koanf"), nil); err != nil {
 		return nil, err
 	}
-	return durationsAsText(k.Raw()), nil
+	m := durationsAsText(k.Raw())
+	// No limit is -1, as it is written (not -1ns).
+	if ch, ok := m["clickhouse"].(map[string]any); ok && c.ClickHouse.QueryTimeout < 0 {
+		ch["query_timeout"] = -1
+	}
+	return m, nil
 }
 
 func durationsAsText(m map[string]any) map[string]any {
