@@ -188,10 +188,7 @@ func (s *Server) httpStep(w http.ResponseWriter, r *http.Request, e *served) {
 	}
 	a, perr := openenv.DecodeAction(req.Action)
 	if perr != nil {
-		for i := range perr.Fields {
-			perr.Fields[i].Loc = append([]any{"body", "action"}, perr.Fields[i].Loc[min(1, len(perr.Fields[i].Loc)):]...)
-		}
-		s.httpError(w, e, perr)
+		s.httpError(w, e, inBody(perr))
 		return
 	}
 	timeout := stepTimeout(s.cfg.StepTimeout, req.TimeoutS)
@@ -215,10 +212,26 @@ func (s *Server) httpStep(w http.ResponseWriter, r *http.Request, e *served) {
 		return sess.act(r.Context(), a, timeout)
 	})
 	if perr != nil {
-		s.httpError(w, e, perr)
+		s.httpError(w, e, inBody(perr))
 		return
 	}
 	writeJSON(w, http.StatusOK, resp)
+}
+
+// inBody places an action's validation errors (located in the WebSocket
+// frame's "data") in POST /step's body: ["body", "action", …], as FastAPI
+// locates them.
+func inBody(perr *openenv.Error) *openenv.Error {
+	if perr.Code != openenv.CodeValidation {
+		return perr
+	}
+	for i, f := range perr.Fields {
+		if len(f.Loc) > 0 && f.Loc[0] == "body" {
+			continue
+		}
+		perr.Fields[i].Loc = append([]any{"body", "action"}, f.Loc[min(1, len(f.Loc)):]...)
+	}
+	return perr
 }
 
 // httpState is GET /state: a fresh environment's state, or the session's.

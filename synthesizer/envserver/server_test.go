@@ -764,3 +764,48 @@ func TestWSOrigins(t *testing.T) {
 		t.Fatalf("a bad origin pattern: %v, want an error naming env.ws_origins[1]", err)
 	}
 }
+
+// TestValidationLocations: an action's validation error is located where
+// the request put it: in POST /step's body (["body", "action", …], as
+// FastAPI locates it), in a step frame's data, and for a call_tool action
+// at its tool_name and arguments.
+func TestValidationLocations(t *testing.T) {
+	f := start(t, testConfig(), nil, nil)
+	post := func(body string) []any {
+		t.Helper()
+		resp, err := http.Post(f.base+"/step", "application/json", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var he struct {
+			Detail []struct {
+				Loc []any `json:"loc"`
+			} `json:"detail"`
+		}
+		if err := json.NewDecoder(resp.Body).Decode(&he); err != nil || resp.StatusCode != 422 || len(he.Detail) == 0 {
+			t.Fatalf("POST /step %s: %d %+v %v", body, resp.StatusCode, he, err)
+		}
+		return he.Detail[0].Loc
+	}
+	for body, want := range map[string]string{
+		`{"action": {"tool_calls": [{"function": {"name": "nope"}}]}}`:                                          `["body","action","tool_calls",0,"function","name"]`,
+		`{"action": {"tool_calls": [{"function": {"name": "get_user_details", "arguments": {"user_id": 3}}}]}}`: `["body","action","tool_calls",0,"function","arguments"]`,
+		`{"action": {"type": "call_tool", "tool_name": "nope", "arguments": {}}}`:                               `["body","action","tool_name"]`,
+		`{"action": {"type": "call_tool", "tool_name": "get_user_details", "arguments": {"user_id": 3}}}`:       `["body","action","arguments"]`,
+	} {
+		got, _ := json.Marshal(post(body))
+		if string(got) != want {
+			t.Errorf("POST /step %s: loc %s, want %s", body, got, want)
+		}
+	}
+	s, err := f.client("").Dial(ctxT(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	_, err = s.StepRaw(ctxT(t), map[string]any{"type": "call_tool", "tool_name": "nope", "arguments": map[string]any{}})
+	if err == nil || !strings.Contains(err.Error(), `call_tool: unknown tool "nope"`) {
+		t.Fatalf("WS call_tool of an unknown tool: %v", err)
+	}
+}

@@ -524,22 +524,26 @@ func (s *session) programError(fn string, timeout time.Duration, err error) *ope
 func (e *served) validate(a openenv.Action) *openenv.Error {
 	for i, c := range a.ToolCalls {
 		sch, ok := e.params[c.Name]
-		loc := []any{"data", "tool_calls", i, "function"}
-		if a.Kind == openenv.ActionCallTool {
-			loc = []any{"data", "tool_name"}
+		// Where the name and the arguments are in the action, and what
+		// the messages call the call.
+		nameLoc := []any{"data", "tool_calls", i, "function", "name"}
+		argsLoc := []any{"data", "tool_calls", i, "function", "arguments"}
+		what := fmt.Sprintf("tool_calls[%d]", i)
+		if a.Kind == openenv.ActionCallTool { // {"type": "call_tool", "tool_name", "arguments"}
+			nameLoc, argsLoc, what = []any{"data", "tool_name"}, []any{"data", "arguments"}, "call_tool"
 		}
 		if !ok {
-			return openenv.Validation(append(loc, "name"), "unknown_tool", "tool_calls[%d]: unknown tool %q (tools: %s)", i, c.Name, strings.Join(e.names, ", "))
+			return openenv.Validation(nameLoc, "unknown_tool", "%s: unknown tool %q (tools: %s)", what, c.Name, strings.Join(e.names, ", "))
 		}
 		v, ok := openenv.SchemaValue(c.Arguments)
 		if !ok {
 			var err error
 			if v, err = jsonschema.UnmarshalJSON(strings.NewReader(string(c.Arguments))); err != nil {
-				return openenv.Validation(append(loc, "arguments"), "json_invalid", "tool_calls[%d].function.arguments: %v", i, err)
+				return openenv.Validation(argsLoc, "json_invalid", "%s arguments: %v", what, err)
 			}
 		}
 		if err := sch.Validate(v); err != nil {
-			return openenv.Validation(append(loc, "arguments"), "arguments_schema", "tool_calls[%d] %s: arguments do not fit the tool's parameters: %s", i, c.Name, schemaMessage(err))
+			return openenv.Validation(argsLoc, "arguments_schema", "%s %s: arguments do not fit the tool's parameters: %s", what, c.Name, schemaMessage(err))
 		}
 	}
 	return nil

@@ -238,6 +238,23 @@ func decodeReset(b []byte) (ResetRequest, *Error) {
 // any size: one past int64 (an unsigned 64-bit seed) is refused as such,
 // not as "not a valid integer".
 func integer(raw json.RawMessage, loc []any) (int64, *Error) {
+	raw = bytes.TrimSpace(raw)
+	if len(raw) > 0 && raw[0] == '"' {
+		// Text holding a whole number in decimal digits ("42"), as
+		// pydantic's lax mode takes; "1e3" or "4.0" as text is not one.
+		var s string
+		if json.Unmarshal(raw, &s) != nil {
+			return 0, Validation(loc, "int_type", "%s: Input should be a valid integer", locString(loc))
+		}
+		i, err := strconv.ParseInt(strings.TrimSpace(s), 10, 64)
+		if errors.Is(err, strconv.ErrRange) && !strings.HasPrefix(strings.TrimSpace(s), "-") {
+			return 0, Validation(loc, "less_than_equal", "%s: Input should be less than or equal to %d", locString(loc), int64(math.MaxInt64))
+		}
+		if err != nil {
+			return 0, Validation(loc, "int_parsing", "%s: Input should be a valid integer, unable to parse string as an integer", locString(loc))
+		}
+		return i, nil
+	}
 	var f json.Number
 	if err := json.Unmarshal(raw, &f); err != nil {
 		return 0, Validation(loc, "int_type", "%s: Input should be a valid integer", locString(loc))

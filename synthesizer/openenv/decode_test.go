@@ -129,15 +129,21 @@ func TestDecodeResetAndStep(t *testing.T) {
 	if r, err := DecodeReset([]byte(`{"seed": 9223372036854775807}`)); err != nil || *r.Seed != 1<<63-1 {
 		t.Fatalf("DecodeReset(max int64) = %+v, %v", r, err)
 	}
+	if r, err := DecodeReset([]byte(`{"seed": "42"}`)); err != nil || *r.Seed != 42 { // pydantic's lax mode
+		t.Fatalf("DecodeReset(\"42\") = %+v, %v", r, err)
+	}
 	for in, contains := range map[string]string{
 		// pydantic takes an integer of any size; trace's seeds are int64,
 		// and an integer past that is not "not a valid integer".
-		`{"seed": 9223372036854775808}`:  "seed: Input should be less than or equal to 9223372036854775807",
-		`{"seed": 18446744073709551615}`: "seed: Input should be less than or equal to 9223372036854775807",
-		`{"seed": -1}`:                   "greater than or equal to 0",
-		`{"seed": 1.5}`:                  "valid integer",
-		`{"seed": "x"}`:                  "valid integer",
-		`{"episode_id": 3}`:              "valid string",
+		`{"seed": 9223372036854775808}`:    "seed: Input should be less than or equal to 9223372036854775807",
+		`{"seed": 18446744073709551615}`:   "seed: Input should be less than or equal to 9223372036854775807",
+		`{"seed": -1}`:                     "greater than or equal to 0",
+		`{"seed": 1.5}`:                    "valid integer",
+		`{"seed": "x"}`:                    "valid integer",
+		`{"seed": "1e3"}`:                  "unable to parse string as an integer",
+		`{"seed": "4.0"}`:                  "unable to parse string as an integer",
+		`{"seed": "99999999999999999999"}`: "less than or equal to 9223372036854775807",
+		`{"episode_id": 3}`:                "valid string",
 		`{"episode_id": "` + strings.Repeat("e", 256) + `"}`: "at most 255",
 		`[]`: "must be an object",
 	} {
