@@ -77,7 +77,9 @@ func (rf *RunFile) Validate() error {
 				if id == "" {
 					return fmt.Errorf("%s: capability %q: empty id in %s", rf.Name, cap, list.name)
 				}
-				if prev, dup := seen[id]; dup {
+				if prev, dup := seen[id]; dup && prev == list.name {
+					return fmt.Errorf("%s: capability %q: id %q is in %s twice", rf.Name, cap, id, list.name)
+				} else if dup {
 					return fmt.Errorf("%s: capability %q: id %q is in both %s and %s", rf.Name, cap, id, prev, list.name)
 				}
 				seen[id] = list.name

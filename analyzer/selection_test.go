@@ -145,6 +145,7 @@ func TestRunFileValidation(t *testing.T) {
 	tests := []struct {
 		name, body, want string
 	}{
+		{"duplicate within a list", `{"totals":{"total_failed":2,"total_passed":1},"labels":{"cap_a":{"lacking_failed":["t1","t1"],"present_failed":["t2"],"present_passed":["t3"]}}}`, `capability "cap_a": id "t1" is in lacking_failed twice`},
 		{"duplicate across lists", `{"totals":{"total_failed":2,"total_passed":1},"labels":{"cap_a":{"lacking_failed":["t1"],"present_failed":["t1","t2"],"present_passed":["t3"]}}}`, `capability "cap_a": id "t1" is in both lacking_failed and present_failed`},
 		{"failed total mismatch", `{"totals":{"total_failed":3,"total_passed":1},"labels":{"cap_a":{"lacking_failed":["t1"],"present_failed":["t2"],"present_passed":["t3"]}}}`, `capability "cap_a": failed lists hold 2 ids, totals.total_failed is 3`},
 		{"passed total mismatch", `{"totals":{"total_failed":2,"total_passed":2},"labels":{"cap_a":{"lacking_failed":["t1"],"present_failed":["t2"],"present_passed":["t3"]}}}`, `capability "cap_a": passed lists hold 1 ids`},

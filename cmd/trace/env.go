@@ -112,6 +112,9 @@ func readTools(file string) ([]schemas.Tool, error) {
 		}
 		tools = obj.Tools
 	}
+	if len(tools) == 0 { // nothing to compare with: the check would be skipped
+		return nil, fmt.Errorf("--tools %s: no tools in it (leave --tools out to skip the comparison with the target's tools)", file)
+	}
 	for i, t := range tools {
 		if t.Function.Name == "" {
 			return nil, fmt.Errorf("--tools %s: tool %d has no function.name", file, i)

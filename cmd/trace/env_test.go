@@ -152,6 +152,13 @@ func TestEnvCommandsRefuseBadLimits(t *testing.T) {
 			}
 		}
 	}
+	empty := filepath.Join(t.TempDir(), "tools.json")
+	if err := os.WriteFile(empty, []byte("[]"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := runCLI(t, ctx, "env", "validate", "example:precondition_airline", "--tools", empty); err == nil || !strings.Contains(err.Error(), "no tools in it") {
+		t.Errorf("validate --tools of an empty list: got %v, want an error\n%s", err, out)
+	}
 	for _, v := range []string{"0", "-5"} {
 		out, err := runCLI(t, ctx, "env", "validate", "example:precondition_airline", "--seeds", v)
 		if err == nil || !strings.Contains(err.Error(), "--seeds") {

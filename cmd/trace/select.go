@@ -37,7 +37,12 @@ come from synthesis, which select does not run); the table format also lists
 the rejected candidates and why.`,
 		Example: `  trace select --runs '../shared/data/trace-release/pipeline/run_*.json' \
     --candidates ../shared/data/trace-release/pipeline/candidate_capabilities.json`,
-		Args: cobra.NoArgs,
+		Args: func(cmd *cobra.Command, args []string) error {
+			if len(args) > 0 { // the shell expanded an unquoted --runs glob
+				return fmt.Errorf("unexpected argument %q: quote the --runs pattern ('DIR/run_*.json') so that trace, not the shell, expands it", args[0])
+			}
+			return nil
+		},
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := th.Validate(); err != nil {
 				return err

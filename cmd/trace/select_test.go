@@ -69,6 +69,12 @@ func TestSelectCommandErrors(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "matches no file") {
 		t.Fatalf("err = %v", err)
 	}
+	// An unquoted glob, expanded by the shell: the files after the first
+	// are arguments.
+	_, err = runCLI(t, context.Background(), "select", "--runs", bad, filepath.Join(dir, "run_02.json"), "--candidates", cands)
+	if err == nil || !strings.Contains(err.Error(), "quote the --runs pattern") {
+		t.Fatalf("unquoted glob: err = %v", err)
+	}
 }
 
 func keys(m map[string]any) []string {

@@ -21,6 +21,7 @@ import (
 	"github.com/traceops/trace/ingest"
 	"github.com/traceops/trace/internal/dev/simulate"
 	"github.com/traceops/trace/schemas"
+	"github.com/traceops/trace/sink"
 )
 
 func init() { rootCmd.AddCommand(newSimulateCmd()) }
@@ -135,6 +136,13 @@ standard error.`,
 			}
 			if err := cfg.Validate(); err != nil {
 				return err
+			}
+			// Rollouts outside the times the store holds would all be
+			// dead-lettered by ingest.
+			if last := cfg.Start.Add(time.Duration(max(cfg.Rollouts, 1)) * cfg.Interval); !cfg.Start.IsZero() &&
+				(!sink.InDateTimeRange(cfg.Start) || !sink.InDateTimeRange(last)) {
+				return fmt.Errorf("--start: the rollouts would run from %s to %s, outside %s..%s, the times the store holds",
+					cfg.Start.Format(time.RFC3339), last.Format(time.RFC3339), sink.MinDateTime.Format(time.RFC3339), sink.MaxDateTime.Format(time.RFC3339))
 			}
 
 			var sink rolloutSink

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net"
+	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
@@ -114,6 +115,8 @@ func TestBadRatesAndCountsRefused(t *testing.T) {
 		{[]string{"simulate", "--rollouts", "3", "--rate", "-2/s"}, `"-2/s": want a non-negative number`},
 		{[]string{"demo", "--rollouts", "0"}, "--rollouts: 0, want at least 1"},
 		{[]string{"demo", "--rate", "NaN"}, "--rate: NaN"},
+		{[]string{"simulate", "--rollouts", "3", "--out", filepath.Join(t.TempDir(), "r.jsonl"), "--start", "1900-01-01T00:00:00Z"}, "outside 1970-01-01T00:00:00Z..2106-02-07T06:28:15Z"},
+		{[]string{"simulate", "--rollouts", "3", "--out", filepath.Join(t.TempDir(), "r.jsonl"), "--start", "2106-02-07T06:28:00Z"}, "--start: the rollouts would run from"},
 	} {
 		if out, err := runCLI(t, ctx, tc.args...); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("trace %v: %v, want an error with %q\n%s", tc.args, err, tc.want, out)
