@@ -630,6 +630,28 @@ ORDER BY (environment, agent_version, dictionary_version, hour, runs)`,
 			d.AddColumn("route_decisions", "completion_tokens", "Nullable(UInt32)"),
 		}
 	}},
+	{19, "label_sources", func(d Dialect) []string {
+		// The sources of each cohort's labels (rules, llm, external), one
+		// row per (cohort, source) once merged: with analyzer.k and
+		// analyzer.n unset, a cohort is decided by the K of N of the
+		// labeling that produced its labels (analyzer.EvalConfig.KOfN), so
+		// the evaluator, the report and the dashboard read them with its
+		// watermark instead of scanning its labels. Kept by a materialized
+		// view; the existing labels are read once (a row written twice, by
+		// the view and the copy, collapses).
+		return []string{`CREATE TABLE IF NOT EXISTS label_sources (
+	environment ` + d.LC() + `,
+	agent_version ` + d.LC() + `,
+	dictionary_version UInt32,
+	source ` + d.LC() + `
+) ENGINE = ReplacingMergeTree()
+ORDER BY (environment, agent_version, dictionary_version, source)`,
+			`CREATE MATERIALIZED VIEW IF NOT EXISTS label_sources_mv TO label_sources AS
+SELECT DISTINCT environment, agent_version, dictionary_version, source FROM capability_labels`,
+			`INSERT INTO label_sources (environment, agent_version, dictionary_version, source)
+SELECT DISTINCT environment, agent_version, dictionary_version, source FROM capability_labels`,
+		}
+	}},
 }
 
 // Migrate applies every migration not yet recorded in schema_migrations, in

@@ -80,6 +80,15 @@ func watermarksSQL(cohorts []Cohort) (string, []any) {
 	GROUP BY ` + cohortCols + ` ORDER BY ` + cohortCols, args
 }
 
+// labelSourcesSQL is the query of LabelSources: the sources of the given
+// cohorts' labels, from the small label_sources table (kept at insert time).
+func labelSourcesSQL(cohorts []Cohort) (string, []any) {
+	in, args := cohortIn(cohorts)
+	return `SELECT ` + cohortCols + `, source FROM label_sources
+	WHERE ` + in + `
+	GROUP BY ` + cohortCols + `, source ORDER BY ` + cohortCols + `, source`, args
+}
+
 // cohortToolsSQL is the query of CohortTools.
 func cohortToolsSQL(keys [][2]string) (string, []any) {
 	tuples := make([]string, len(keys))

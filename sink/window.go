@@ -315,6 +315,40 @@ func (s *Store) watermarks(ctx context.Context, cohorts []Cohort, out map[Cohort
 	return rows.Err()
 }
 
+// LabelSources returns, per cohort, the sources its labels came from
+// (schemas.SourceRules, SourceLLM, SourceExternal), sorted: what decides
+// its K of N when analyzer.k and analyzer.n are not set. Cohorts without
+// labels are absent.
+func (s *Store) LabelSources(ctx context.Context, cohorts []Cohort) (map[Cohort][]string, error) {
+	out := map[Cohort][]string{}
+	for i := 0; i < len(cohorts); i += MaxCohortsPerStatement {
+		q, args := labelSourcesSQL(cohorts[i:min(i+MaxCohortsPerStatement, len(cohorts))])
+		if err := s.labelSources(ctx, q, args, out); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
+}
+
+func (s *Store) labelSources(ctx context.Context, q string, args []any, out map[Cohort][]string) error {
+	rows, err := s.conn.Query(ctx, q, args...)
+	if err != nil {
+		return fmt.Errorf("label sources: %w", err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var (
+			c      Cohort
+			source string
+		)
+		if err := rows.Scan(&c.Environment, &c.AgentVersion, &c.DictionaryVersion, &source); err != nil {
+			return fmt.Errorf("label sources: %w", err)
+		}
+		out[c] = append(out[c], source)
+	}
+	return rows.Err()
+}
+
 // EventSpec is the decision window of each cohort by event time: the last
 // window of rollout end times back from the cohort's own watermark (see
 // EventRange), and, when lastRollouts > 0, only its lastRollouts newest
