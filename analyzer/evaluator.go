@@ -23,10 +23,16 @@ type EvalConfig struct {
 	Rho   float64 `koanf:"rho"`   // default 0.10
 	Delta float64 `koanf:"delta"` // default 0.20
 	// K and N: a capability is selected when it passes in at least K of N
-	// labeling runs (the rules labeler runs once: N = K = 1). Only rollouts
-	// labeled in all N runs take part (see sink.WindowSpec.Runs).
-	K int `koanf:"k"` // default 8
-	N int `koanf:"n"` // default 10
+	// labeling runs. Only rollouts labeled in all N runs take part (see
+	// sink.WindowSpec.Runs). Set, they apply to every cohort; unset (0),
+	// each cohort's follow the source of its labels (KOfN): the rules
+	// labeler's 1 of 1 (one deterministic run), the llm labeler's 8/10 of
+	// llm.runs (LLMRuns), 8 of 10 for external labels.
+	K int `koanf:"k"` // default 0: the cohort's
+	N int `koanf:"n"` // default 0: the cohort's
+	// LLMRuns is llm.runs, the N of the llm labeler's cohorts when N is
+	// unset (0: 10). config.Load sets it.
+	LLMRuns int `koanf:"-"`
 	// Window: a cohort's rollouts that ended within Window of its
 	// watermark (the end time of its newest labeled rollout: event time,
 	// not the wall clock), and, when WindowRollouts > 0, only the
@@ -48,8 +54,7 @@ type EvalConfig struct {
 func (c EvalConfig) WithDefaults() EvalConfig {
 	c.Rho = cmp.Or(c.Rho, DefaultThresholds.Rho)
 	c.Delta = cmp.Or(c.Delta, DefaultThresholds.Delta)
-	c.K = cmp.Or(c.K, DefaultThresholds.K)
-	c.N = cmp.Or(c.N, 10)
+	c.LLMRuns = cmp.Or(c.LLMRuns, DefaultRuns)
 	c.Window = cmp.Or(c.Window, 24*time.Hour)
 	c.MinFailures = cmp.Or(c.MinFailures, 20)
 	c.RearmAfter = cmp.Or(c.RearmAfter, time.Hour)
@@ -61,11 +66,14 @@ func (c EvalConfig) WithDefaults() EvalConfig {
 
 // Validate names the first bad field.
 func (c EvalConfig) Validate() error {
-	if err := (Thresholds{c.Rho, c.Delta, c.K}).Validate(); err != nil {
+	// K unset (0) is each cohort's, at least 1.
+	if err := (Thresholds{c.Rho, c.Delta, cmp.Or(c.K, 1)}).Validate(); err != nil {
 		return fmt.Errorf("analyzer.%w", err) // "analyzer.rho must be …"
 	}
 	switch {
-	case c.N < c.K:
+	case c.N < 0:
+		return fmt.Errorf("analyzer.n: must be at least 1, or 0 for each cohort's labeling runs; got %d", c.N)
+	case c.N > 0 && c.N < c.K:
 		return fmt.Errorf("analyzer.n: %d is less than analyzer.k %d", c.N, c.K)
 	case c.Window < 0:
 		return fmt.Errorf("analyzer.window: must be positive")
@@ -468,7 +476,7 @@ func (e *Evaluator) Evaluate(ctx context.Context, cohorts ...sink.Cohort) error 
 	// Each cohort's window follows its own event time: it ends at the
 	// cohort's watermark (its newest labeled rollout's end time), not at the
 	// wall clock, so replayed history decides as it did live.
-	w, err := ReadWindows(ctx, e.store, cohorts, e.cfg.Window, e.cfg.WindowRollouts, e.cfg.N)
+	w, err := ReadWindows(ctx, e.store, cohorts, e.cfg)
 	if err != nil {
 		return err
 	}
@@ -485,7 +493,7 @@ func (e *Evaluator) Evaluate(ctx context.Context, cohorts ...sink.Cohort) error 
 	var steps []transition
 	stored := make([]sink.StoredEvaluation, 0, len(cohorts))
 	for _, c := range cohorts {
-		ce, cs, ev, err := e.apply(ctx, now, spec.Ranges[c], c, infos[c], counts[c])
+		ce, cs, ev, err := e.apply(ctx, now, spec.Ranges[c], c, w.KOfN[c], infos[c], counts[c])
 		evs, steps = append(evs, ce...), append(steps, cs...)
 		if err != nil {
 			return err
@@ -515,9 +523,9 @@ func (e *Evaluator) Evaluate(ctx context.Context, cohorts ...sink.Cohort) error 
 
 // Evaluation is one evaluation of a cohort as the evaluator made it: its
 // window by event time (back from the cohort's watermark, AsOf), the
-// window's labeled rollouts and failures, the complete labeling runs,
-// whether that is enough to decide (min_failures, N), and every
-// capability's statistics and decision. The evaluator stores each one
+// window's labeled rollouts and failures, the complete labeling runs, the
+// cohort's K of N, whether that is enough to decide (min_failures, N), and
+// every capability's statistics and decision. The evaluator stores each one
 // (sink.StoredEvaluation, JSON) for the dashboard and `trace report`.
 type Evaluation struct {
 	EvaluatedAt time.Time `json:"evaluated_at"`
@@ -527,8 +535,11 @@ type Evaluation struct {
 	Rollouts    int       `json:"rollouts"`
 	Failures    int       `json:"failures"`
 	Runs        int       `json:"runs"`
-	Decided     bool      `json:"decided"`
-	Results     []Result  `json:"results"`
+	// KOfN is the cohort's K of N the decision was made with (zero in
+	// evaluations stored before it was recorded).
+	KOfN
+	Decided bool     `json:"decided"`
+	Results []Result `json:"results"`
 	// Counts are the window's label counts per capability and run (the
 	// capability page's per-run table).
 	Counts []sink.RunCounts `json:"counts"`
@@ -571,18 +582,18 @@ type transition struct {
 }
 
 // apply runs one cohort's triggers on its window statistics.
-func (e *Evaluator) apply(ctx context.Context, now time.Time, win sink.Range, c sink.Cohort, info sink.WindowInfo, counts []sink.RunCounts) (evs []sink.TriggerEvent, steps []transition, eval Evaluation, err error) {
+func (e *Evaluator) apply(ctx context.Context, now time.Time, win sink.Range, c sink.Cohort, kn KOfN, info sink.WindowInfo, counts []sink.RunCounts) (evs []sink.TriggerEvent, steps []transition, eval Evaluation, err error) {
 	dict := e.reg.Version(c.Environment, c.AgentVersion, c.DictionaryVersion)
 	inputs, runs := CohortInputs(counts, dict)
-	results := Select(inputs, Thresholds{Rho: e.cfg.Rho, Delta: e.cfg.Delta, K: e.cfg.K})
+	results := Select(inputs, Thresholds{Rho: e.cfg.Rho, Delta: e.cfg.Delta, K: kn.K})
 	// K of N needs N runs: with fewer complete runs there is no decision.
-	decided := info.Failures >= e.cfg.MinFailures && runs >= e.cfg.N
+	decided := info.Failures >= e.cfg.MinFailures && runs >= kn.N
 	e.mu.Lock()
 	e.last[c] = results
 	e.evalAt[c] = now
 	e.mu.Unlock()
 	eval = Evaluation{EvaluatedAt: now.UTC(), WindowStart: win.From.UTC(), WindowEnd: win.To.UTC(), Rollouts: info.Rollouts,
-		Failures: info.Failures, Runs: runs, Decided: decided, Results: results, Counts: counts}
+		Failures: info.Failures, Runs: runs, KOfN: kn, Decided: decided, Results: results, Counts: counts}
 
 	var tools []schemas.Tool
 	rank := 0

@@ -11,10 +11,11 @@ import (
 	"github.com/traceops/trace/sink"
 )
 
-// WindowReader is what ReadWindows reads: the cohorts' event-time windows,
-// their statistics, and the rollup's estimate of their size. *sink.Store
-// implements it.
+// WindowReader is what ReadWindows reads: the sources of the cohorts'
+// labels, their event-time windows, their statistics, and the rollup's
+// estimate of their size. *sink.Store implements it.
 type WindowReader interface {
+	LabelSources(ctx context.Context, cohorts []sink.Cohort) (map[sink.Cohort][]string, error)
 	EventSpec(ctx context.Context, cohorts []sink.Cohort, window time.Duration, lastRollouts, runs int) (sink.MultiSpec, map[sink.Cohort]time.Time, error)
 	WindowInfoMulti(ctx context.Context, spec sink.MultiSpec) (map[sink.Cohort]sink.WindowInfo, error)
 	WindowCountsMulti(ctx context.Context, spec sink.MultiSpec) (map[sink.Cohort][]sink.RunCounts, error)
@@ -24,9 +25,11 @@ type WindowReader interface {
 }
 
 // Windows are the decision windows of cohorts, as the evaluator decides on
-// them: each cohort's range (Spec.Ranges) and watermark, the rollouts in it
-// and the per-run label counts.
+// them: each cohort's K of N, range (Spec.Ranges) and watermark, the
+// rollouts in it and the per-run label counts. Spec.Runs is the cohorts' N
+// when they share one (0 otherwise): each cohort is read with its own.
 type Windows struct {
+	KOfN   map[sink.Cohort]KOfN
 	Spec   sink.MultiSpec
 	Marks  map[sink.Cohort]time.Time
 	Infos  map[sink.Cohort]sink.WindowInfo
@@ -43,43 +46,73 @@ type Windows struct {
 const RollupMinLabels = 10_000
 
 // ReadWindows reads the decision windows of cohorts (the evaluator's tick,
-// the dashboard's and the report's fresh decisions): the window back from
-// each cohort's watermark, and, when lastRollouts > 0, only its newest
-// lastRollouts rollouts; runs is N. Cohorts of RollupMinLabels or more are
-// read through the rollup, the others raw; the reads run at once.
-func ReadWindows(ctx context.Context, st WindowReader, cohorts []sink.Cohort, window time.Duration, lastRollouts, runs int) (Windows, error) {
-	w := Windows{Infos: map[sink.Cohort]sink.WindowInfo{}, Counts: map[sink.Cohort][]sink.RunCounts{}}
+// the dashboard's and the report's fresh decisions) as cfg sets them: the
+// window back from each cohort's watermark (cfg.Window), and, when
+// cfg.WindowRollouts > 0, only its newest WindowRollouts rollouts; each
+// cohort with its K of N (cfg.KOfN of its labels' sources, read unless
+// cfg sets both K and N), its window counting the rollouts labeled in all
+// N runs. Cohorts of RollupMinLabels or more are read through the rollup,
+// the others raw; the reads run at once.
+func ReadWindows(ctx context.Context, st WindowReader, cohorts []sink.Cohort, cfg EvalConfig) (Windows, error) {
+	w := Windows{KOfN: map[sink.Cohort]KOfN{}, Infos: map[sink.Cohort]sink.WindowInfo{}, Counts: map[sink.Cohort][]sink.RunCounts{}}
+	var sources map[sink.Cohort][]string
+	if !cfg.Explicit() {
+		var err error
+		if sources, err = st.LabelSources(ctx, cohorts); err != nil {
+			return w, err
+		}
+	}
+	byN := map[int][]sink.Cohort{} // the cohorts of each N, in the given order
+	var ns []int
+	for _, c := range cohorts {
+		kn := cfg.KOfN(sources[c])
+		w.KOfN[c] = kn
+		if byN[kn.N] == nil {
+			ns = append(ns, kn.N)
+		}
+		byN[kn.N] = append(byN[kn.N], c)
+	}
+	shared := 0
+	if len(ns) == 1 {
+		shared = ns[0]
+	}
+	lastRollouts := cfg.WindowRollouts
 	var err error
-	w.Spec, w.Marks, err = st.EventSpec(ctx, cohorts, window, lastRollouts, runs)
+	w.Spec, w.Marks, err = st.EventSpec(ctx, cohorts, cfg.Window, lastRollouts, shared)
 	if err != nil || len(w.Spec.Ranges) == 0 {
 		return w, err
 	}
-	big, small := w.Spec, w.Spec
-	big.Cohorts, small.Cohorts, small.Raw = nil, nil, true
-	if lastRollouts > 0 {
-		small.Cohorts = w.Spec.Cohorts // the rollup cannot select the last rollouts
-	} else {
+	var est map[sink.Cohort]uint64
+	if lastRollouts == 0 {
 		var since time.Time
 		for _, r := range w.Spec.Ranges {
 			if since.IsZero() || r.From.Before(since) {
 				since = r.From
 			}
 		}
-		est, err := st.RecentLabels(ctx, since)
-		if err != nil {
+		if est, err = st.RecentLabels(ctx, since); err != nil {
 			return w, err
 		}
-		for _, c := range w.Spec.Cohorts {
-			if est[c] >= RollupMinLabels {
+	}
+	// One read of the rollup and one raw per N: a window of N counts the
+	// rollouts labeled in all N runs (sink.MultiSpec.Runs).
+	var parts []sink.MultiSpec
+	for _, n := range ns {
+		big, small := w.Spec, w.Spec
+		big.Cohorts, small.Cohorts, small.Raw = nil, nil, true
+		big.Runs, small.Runs = n, n
+		for _, c := range byN[n] {
+			if lastRollouts == 0 && est[c] >= RollupMinLabels { // the rollup cannot select the last rollouts
 				big.Cohorts = append(big.Cohorts, c)
 			} else {
 				small.Cohorts = append(small.Cohorts, c)
 			}
 		}
+		parts = append(parts, big, small)
 	}
 	var mu sync.Mutex
 	g, gctx := errgroup.WithContext(ctx)
-	for _, spec := range []sink.MultiSpec{big, small} {
+	for _, spec := range parts {
 		if len(spec.Cohorts) == 0 {
 			continue
 		}

@@ -58,7 +58,7 @@ func TestReadWindows(t *testing.T) {
 	}
 	bigC, smallC := sink.Cohort{Environment: "env", AgentVersion: "big", DictionaryVersion: 1}, sink.Cohort{Environment: "env", AgentVersion: "small", DictionaryVersion: 1}
 	spy := &spyStore{Store: st}
-	w, err := analyzer.ReadWindows(ctx, spy, []sink.Cohort{bigC, smallC}, 24*time.Hour, 0, 1)
+	w, err := analyzer.ReadWindows(ctx, spy, []sink.Cohort{bigC, smallC}, analyzer.EvalConfig{Window: 24 * time.Hour})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -87,7 +87,7 @@ func TestReadWindows(t *testing.T) {
 	}
 	// A window of the last rollouts is read raw.
 	spy.specs = nil
-	if _, err := analyzer.ReadWindows(ctx, spy, []sink.Cohort{bigC, smallC}, 24*time.Hour, 100, 1); err != nil {
+	if _, err := analyzer.ReadWindows(ctx, spy, []sink.Cohort{bigC, smallC}, analyzer.EvalConfig{Window: 24 * time.Hour, WindowRollouts: 100}); err != nil {
 		t.Fatal(err)
 	}
 	for _, s := range spy.specs {

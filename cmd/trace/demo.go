@@ -184,9 +184,6 @@ Data lives under ./data/demo and is reset at every start (--keep keeps it).`,
 			if cfg.LLM.BaseURL != "" && cfg.Analyzer.Labeler == "rules" {
 				cfg.Analyzer.Labeler = "llm"
 			}
-			if cfg.Analyzer.Labeler == "rules" {
-				cfg.Analyzer.K, cfg.Analyzer.N = 1, 1 // the rules labeler is deterministic: one run
-			}
 			cfg.Adapter.Simulated = true // jobs go to the simulated trainer (no model is trained)
 			if !keep {
 				if err := os.RemoveAll(cfg.DataDir); err != nil {

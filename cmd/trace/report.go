@@ -44,6 +44,11 @@ type reportRow struct {
 	Rollouts          int       `json:"window_rollouts"`
 	Failures          int       `json:"window_failures"`
 	Watermark         time.Time `json:"as_of,omitzero"` // the cohort's newest rollout's end time: the window ends here
+	// K and N: the cohort's selection rule, at least K of N runs passed
+	// (analyzer.k and analyzer.n, or its labels' source's); absent without
+	// labels.
+	K int `json:"k,omitempty"`
+	N int `json:"n,omitempty"`
 	// Synthesis is the newest environment the synthesize role made for the
 	// capability of this cohort (none until a trigger fired).
 	Synthesis *reportEnvironment `json:"synthesis,omitempty"`
@@ -256,6 +261,7 @@ func buildReport(ctx context.Context, cfg config.Config, st *sink.Store, env str
 		results []analyzer.Result
 		info    sink.WindowInfo
 		runs    int
+		kn      analyzer.KOfN // the cohort's K of N
 		source  string
 	}
 	got := map[sink.Cohort]decided{}
@@ -268,8 +274,10 @@ func buildReport(ctx context.Context, cfg config.Config, st *sink.Store, env str
 		need = nil
 		for _, c := range cohorts {
 			if s, ok := evs[c]; ok {
-				if ev, err := analyzer.ParseEvaluation(s.Payload); err == nil {
-					got[c] = decided{ev.Results, sink.WindowInfo{Rollouts: ev.Rollouts, Failures: ev.Failures}, ev.Runs, "evaluator"}
+				// One stored without its K of N (before it was recorded)
+				// is computed again.
+				if ev, err := analyzer.ParseEvaluation(s.Payload); err == nil && ev.N > 0 {
+					got[c] = decided{ev.Results, sink.WindowInfo{Rollouts: ev.Rollouts, Failures: ev.Failures}, ev.Runs, ev.KOfN, "evaluator"}
 					marks[c] = ev.AsOf
 					continue
 				}
@@ -278,13 +286,16 @@ func buildReport(ctx context.Context, cfg config.Config, st *sink.Store, env str
 		}
 	}
 	if len(need) > 0 {
-		w, err := analyzer.ReadWindows(ctx, st, need, window, ac.WindowRollouts, ac.N)
+		wc := ac
+		wc.Window = window
+		w, err := analyzer.ReadWindows(ctx, st, need, wc)
 		if err != nil {
 			return nil, nil, err
 		}
 		for _, c := range need {
 			inputs, runs := analyzer.CohortInputs(w.Counts[c], reg.Version(c.Environment, c.AgentVersion, c.DictionaryVersion))
-			got[c] = decided{analyzer.Select(inputs, analyzer.Thresholds{Rho: ac.Rho, Delta: ac.Delta, K: ac.K}), w.Infos[c], runs, "computed"}
+			kn := w.KOfN[c]
+			got[c] = decided{analyzer.Select(inputs, analyzer.Thresholds{Rho: ac.Rho, Delta: ac.Delta, K: kn.K}), w.Infos[c], runs, kn, "computed"}
 		}
 	}
 	var (
@@ -305,18 +316,18 @@ func buildReport(ctx context.Context, cfg config.Config, st *sink.Store, env str
 			// Labeled, but no statistics: with N > 1 no rollout of the
 			// window is labeled in every run. Listed, not left out.
 			row := reportRow{Source: d.source, Environment: c.Environment, AgentVersion: c.AgentVersion, DictionaryVersion: c.DictionaryVersion,
-				Decision: "undecided", Rollouts: info.Rollouts, Failures: info.Failures, Watermark: wm, Reasons: []string{whyEmptyWindow(ac.N)}}
+				Decision: "undecided", Rollouts: info.Rollouts, Failures: info.Failures, Watermark: wm, K: d.kn.K, N: d.kn.N, Reasons: []string{whyEmptyWindow(d.kn.N)}}
 			if dict != nil {
 				row.Dictionary, row.DefaultDictionary = dict.Scope(), dict.IsDefault()
 			}
 			rows = append(rows, row)
 			continue
 		}
-		undecided := analyzer.WhyUndecided(info.Failures, ac.MinFailures, runs, ac.N)
+		undecided := analyzer.WhyUndecided(info.Failures, ac.MinFailures, runs, d.kn.N)
 		for _, r := range d.results {
 			row := reportRow{Source: d.source, Environment: c.Environment, AgentVersion: c.AgentVersion, DictionaryVersion: c.DictionaryVersion,
 				Capability: r.Name, Cov: r.MeanCov, ERFailed: r.MeanERFail, ERPassed: r.MeanERPass, Delta: r.MeanDelta,
-				RunsPassed: r.RunsPassed, RunsTotal: r.RunsTotal, Rollouts: info.Rollouts, Failures: info.Failures, Reasons: r.Rejection, Watermark: wm}
+				RunsPassed: r.RunsPassed, RunsTotal: r.RunsTotal, Rollouts: info.Rollouts, Failures: info.Failures, Reasons: r.Rejection, Watermark: wm, K: d.kn.K, N: d.kn.N}
 			if dict != nil {
 				row.Dictionary, row.DefaultDictionary = dict.Scope(), dict.IsDefault()
 			}
@@ -454,8 +465,12 @@ func writeReport(w io.Writer, format string, rows []reportRow) error {
 		if r.Decision == "no labels" {
 			where = "stored"
 		}
-		fmt.Fprintf(w, "%s/%s: %s, as of %s: %d rollouts, %d failures %s\n", r.Environment, r.AgentVersion, dict,
-			r.Watermark.UTC().Format("2006-01-02 15:04:05 UTC"), r.Rollouts, r.Failures, where)
+		kofn := ""
+		if r.N > 0 {
+			kofn = fmt.Sprintf("; selection: %d of %d runs", r.K, r.N)
+		}
+		fmt.Fprintf(w, "%s/%s: %s, as of %s: %d rollouts, %d failures %s%s\n", r.Environment, r.AgentVersion, dict,
+			r.Watermark.UTC().Format("2006-01-02 15:04:05 UTC"), r.Rollouts, r.Failures, where, kofn)
 		if cohortOnly(r) {
 			fmt.Fprintf(w, "  %s: %s\n", r.Decision, strings.Join(r.Reasons, "; "))
 		}

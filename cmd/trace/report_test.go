@@ -49,30 +49,37 @@ func TestReportOnTheTraceRelease(t *testing.T) {
 		CreatedAt: time.Now(), UpdatedAt: time.Now(), Version: 1}); err != nil {
 		t.Fatal(err)
 	}
-	sets := []string{"--set", "clickhouse.addr=" + ch.Addr, "--set", "clickhouse.database=" + ch.Database, "--set", "analyzer.labeler=none"}
-	out, err := runCLI(t, ctx, append([]string{"report", "--format", "json"}, sets...)...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var rep []reportRow
-	if err := json.Unmarshal([]byte(out), &rep); err != nil {
-		t.Fatalf("%v\n%s", err, out)
-	}
-	selected := map[string]bool{}
-	for _, r := range rep {
-		if r.Decision == "selected" {
-			selected[r.Capability] = true
+	sets := []string{"--set", "clickhouse.addr=" + ch.Addr, "--set", "clickhouse.database=" + ch.Database}
+	// External labels are decided 8 of 10 whatever the labeler: the
+	// default's (rules, whose own labels are 1 of 1), and none's.
+	for _, labeler := range [][]string{nil, {"--set", "analyzer.labeler=none"}} {
+		out, err := runCLI(t, ctx, append(append([]string{"report", "--format", "json"}, sets...), labeler...)...)
+		if err != nil {
+			t.Fatal(err)
 		}
-		if r.Capability == "conditional_instruction_following" && (r.Decision != "rejected" || r.RunsPassed != 7 || len(r.Reasons) == 0) {
-			t.Errorf("conditional_instruction_following: %+v", r)
+		var rep []reportRow
+		if err := json.Unmarshal([]byte(out), &rep); err != nil {
+			t.Fatalf("%v\n%s", err, out)
 		}
-		if (r.Synthesis != nil) != (r.Capability == "multi_step_transaction_completion") ||
-			(r.Synthesis != nil && (r.Synthesis.ID != envID || r.Synthesis.Status != "WAITING_FOR_LLM")) {
-			t.Errorf("%s: synthesis %+v", r.Capability, r.Synthesis)
+		selected := map[string]bool{}
+		for _, r := range rep {
+			if r.Decision == "selected" {
+				selected[r.Capability] = true
+			}
+			if r.K != 8 || r.N != 10 {
+				t.Errorf("%v: %s decided by %d of %d runs, want 8 of 10", labeler, r.Capability, r.K, r.N)
+			}
+			if r.Capability == "conditional_instruction_following" && (r.Decision != "rejected" || r.RunsPassed != 7 || len(r.Reasons) == 0) {
+				t.Errorf("%v: conditional_instruction_following: %+v", labeler, r)
+			}
+			if (r.Synthesis != nil) != (r.Capability == "multi_step_transaction_completion") ||
+				(r.Synthesis != nil && (r.Synthesis.ID != envID || r.Synthesis.Status != "WAITING_FOR_LLM")) {
+				t.Errorf("%v: %s: synthesis %+v", labeler, r.Capability, r.Synthesis)
+			}
 		}
-	}
-	if len(rep) != 9 || len(selected) != 6 || !selected["multi_step_transaction_completion"] || selected["information_gathering_before_action"] {
-		t.Fatalf("report: %d rows, selected %v", len(rep), selected)
+		if len(rep) != 9 || len(selected) != 6 || !selected["multi_step_transaction_completion"] || selected["information_gathering_before_action"] {
+			t.Fatalf("%v: report: %d rows, selected %v", labeler, len(rep), selected)
+		}
 	}
 	csv, err := runCLI(t, ctx, append([]string{"report", "--format", "csv", "--env", "tau2-bench"}, sets...)...)
 	if err != nil || strings.Count(csv, "\n") != 10 || !strings.HasPrefix(csv, "environment,agent_version") {
@@ -290,26 +297,35 @@ func TestReportIncompleteRuns(t *testing.T) {
 				Run: uint16(run), Label: "LACKING", Source: schemas.SourceExternal, TS: now.Add(-time.Duration(i) * time.Minute)}
 			rows = append(rows, sink.LabelRowFrom(&ev))
 		}
+		// Beside it, a cohort of the rules labeler: one run, decided.
+		ev := schemas.LabelEvent{RolloutID: fmt.Sprintf("r%d", i), Environment: "ruled", AgentVersion: "v1", DictionaryVersion: 1, Capability: "some_cap",
+			Label: "LACKING", Success: i%2 == 0, Source: schemas.SourceRules, TS: now.Add(-time.Duration(i) * time.Minute)}
+		rows = append(rows, sink.LabelRowFrom(&ev))
 	}
 	if err := st.InsertLabels(ctx, rows); err != nil {
 		t.Fatal(err)
 	}
-	sets := []string{"clickhouse.addr=" + ch.Addr, "clickhouse.database=" + ch.Database, "analyzer.labeler=none"}
+	// The default configuration: the rules labeler's cohorts are decided
+	// on one run, but these labels are external, 8 of 10.
+	sets := []string{"clickhouse.addr=" + ch.Addr, "clickhouse.database=" + ch.Database}
 	cfg, err := config.Load("", sets)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if cfg.Analyzer.N != 10 {
-		t.Fatalf("analyzer.n = %d, want the default 10", cfg.Analyzer.N)
+	if cfg.Analyzer.N != 0 {
+		t.Fatalf("analyzer.n = %d, want it unset (each cohort's)", cfg.Analyzer.N)
 	}
 	for _, stored := range []bool{false, true} {
 		got, _, err := buildReport(ctx, cfg, st, "", cfg.Analyzer.Window, stored, now)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if len(got) != 1 || got[0].Environment != "partial" || got[0].Decision != "undecided" || got[0].Capability != "" ||
+		if len(got) != 2 || got[0].Environment != "partial" || got[0].Decision != "undecided" || got[0].Capability != "" || got[0].K != 8 || got[0].N != 10 ||
 			len(got[0].Reasons) != 1 || !strings.Contains(got[0].Reasons[0], "all 10 runs") || !strings.Contains(got[0].Reasons[0], "analyzer.n") {
 			t.Errorf("stored %v: rows %+v", stored, got)
+		}
+		if len(got) == 2 && (got[1].Environment != "ruled" || got[1].Capability != "some_cap" || got[1].Decision == "undecided" || got[1].K != 1 || got[1].N != 1) {
+			t.Errorf("stored %v: the rules labeler's cohort %+v, want it decided by 1 of 1", stored, got[1])
 		}
 	}
 	var args []string

@@ -257,7 +257,7 @@ func Default() Config {
 		},
 		ClickHouse: sink.Config{Database: "trace", User: "default", DialTimeout: 5 * time.Second, MaxOpenConns: 8, Compression: "auto"},
 		NATS:       bus.Config{Duplicates: bus.DefaultDuplicates},
-		// K and N stay 0 here: Load derives them from the labeler.
+		// K and N stay 0 (unset): each cohort's follow its labels' source.
 		Analyzer: Analyzer{Labeler: "rules", SampleFailed: 1, SamplePassed: 1, Concurrency: 8, DefaultDictionary: true,
 			UnexplainedThreshold: analyzer.DefaultUnexplainedThreshold, DiscoveryCooldown: time.Hour, DiscoverySample: 10},
 		LLM:         LLM{Timeout: 60 * time.Second, Concurrency: 4, Runs: 10, Structured: "json_schema"},
@@ -358,21 +358,9 @@ func Load(path string, overrides []string) (Config, error) {
 	if err := k.UnmarshalWithConf("", &c, unmarshalConf()); err != nil {
 		return Config{}, decodeErrors(err, origin)
 	}
-	// Unset K and N follow the labeler: the rules labeler is deterministic
-	// and runs once (K = N = 1); the llm labeler makes llm.runs runs, of
-	// which K = 8 of 10 (scaled) must pass; external labels use 8 of 10.
-	an := &c.Analyzer
-	if an.N == 0 {
-		switch an.Labeler {
-		case "rules":
-			an.N = 1
-		case "llm":
-			an.N = c.LLM.Runs
-		}
-	}
-	if an.K == 0 && an.N > 0 && an.N != 10 {
-		an.K = max(1, (8*an.N+9)/10)
-	}
+	// Unset K and N stay 0: each cohort's follow the source of its labels
+	// (analyzer.EvalConfig.KOfN), whose llm labeler's runs are llm.runs.
+	c.Analyzer.LLMRuns = c.LLM.Runs
 	// Unset (zero) analyzer thresholds take the paper's defaults, and so
 	// do ClickHouse's settings (query_timeout 10s, query_max_memory 1 GiB):
 	// the configuration printed is the one in effect.
@@ -536,6 +524,12 @@ func (c Config) Validate() error {
 	}
 	if err := c.Analyzer.EvalConfig.WithDefaults().Validate(); err != nil {
 		errs = append(errs, err)
+	} else if an := c.Analyzer; an.K > 0 && an.N == 0 {
+		// analyzer.k alone: the configured labeler's cohorts (external
+		// labels' with none) must be able to pass it.
+		if kn := an.EvalConfig.WithDefaults().KOfN([]string{analyzer.LabelerSource(an.Labeler)}); kn.N < kn.K {
+			errs = append(errs, fmt.Errorf("analyzer.n: %d, the runs of analyzer.labeler %s, is less than analyzer.k %d (set analyzer.n)", kn.N, an.Labeler, kn.K))
+		}
 	}
 	switch c.Analyzer.Labeler {
 	case "rules", "none":

@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/traceops/trace/analyzer"
+	"github.com/traceops/trace/schemas"
 	"github.com/traceops/trace/synthesizer"
 )
 
@@ -36,7 +38,7 @@ analyzer:
 	if len(c.Kafka.Brokers) != 2 || c.Kafka.BatchRows != 7000 || c.ClickHouse.Addr[0] != "ch:9000" {
 		t.Fatalf("layers: %+v", c.Kafka)
 	}
-	if c.Analyzer.MinFailures != 50 || c.Analyzer.RearmAfter != 2*time.Hour || c.Analyzer.K != 2 || c.Analyzer.N != 10 || c.Analyzer.Rho != 0.10 {
+	if c.Analyzer.MinFailures != 50 || c.Analyzer.RearmAfter != 2*time.Hour || c.Analyzer.K != 2 || c.Analyzer.N != 0 || c.Analyzer.Rho != 0.10 {
 		t.Fatalf("analyzer: %+v", c.Analyzer)
 	}
 	if strings.Join(c.Roles, ",") != "ingest,serve" || c.HTTP.BearerToken != "tok" || c.Kafka.RolloutsTopic != "trace.rollouts" {
@@ -156,16 +158,27 @@ func TestValidateNamesTheField(t *testing.T) {
 	}
 }
 
-func TestKAndNFollowTheLabeler(t *testing.T) {
+// TestKAndNFollowTheLabelSource: unset, analyzer.k and analyzer.n stay 0
+// whatever the labeler, and every cohort's K of N follows the source of its
+// labels (the rules labeler's 1 of 1, llm.runs and 8/10 of it, 8 of 10 for
+// external labels); set, they apply to every cohort.
+func TestKAndNFollowTheLabelSource(t *testing.T) {
+	llm := []string{"analyzer.labeler=llm", "llm.base_url=http://h/v1", "llm.model=m"}
+	all := []string{schemas.SourceRules, schemas.SourceLLM, schemas.SourceExternal}
 	tests := []struct {
 		set  []string
-		k, n int
+		k, n int                      // as loaded
+		want map[string]analyzer.KOfN // per source
 	}{
-		{nil, 1, 1}, // rules: deterministic, one run
-		{[]string{"analyzer.labeler=none"}, 8, 10},
-		{[]string{"analyzer.labeler=llm", "llm.base_url=http://h/v1", "llm.model=m"}, 8, 10},
-		{[]string{"analyzer.labeler=llm", "llm.base_url=http://h/v1", "llm.model=m", "llm.runs=5"}, 4, 5},
-		{[]string{"analyzer.labeler=llm", "llm.base_url=http://h/v1", "llm.model=m", "analyzer.k=3", "analyzer.n=4"}, 3, 4},
+		{nil, 0, 0, map[string]analyzer.KOfN{schemas.SourceRules: {K: 1, N: 1}, schemas.SourceLLM: {K: 8, N: 10}, schemas.SourceExternal: {K: 8, N: 10}}},
+		{[]string{"analyzer.labeler=none"}, 0, 0, map[string]analyzer.KOfN{schemas.SourceRules: {K: 1, N: 1}, schemas.SourceLLM: {K: 8, N: 10}, schemas.SourceExternal: {K: 8, N: 10}}},
+		{llm, 0, 0, map[string]analyzer.KOfN{schemas.SourceRules: {K: 1, N: 1}, schemas.SourceLLM: {K: 8, N: 10}, schemas.SourceExternal: {K: 8, N: 10}}},
+		{append(llm, "llm.runs=5"), 0, 0, map[string]analyzer.KOfN{schemas.SourceRules: {K: 1, N: 1}, schemas.SourceLLM: {K: 4, N: 5}, schemas.SourceExternal: {K: 8, N: 10}}},
+		{[]string{"llm.runs=3"}, 0, 0, map[string]analyzer.KOfN{schemas.SourceRules: {K: 1, N: 1}, schemas.SourceLLM: {K: 3, N: 3}, schemas.SourceExternal: {K: 8, N: 10}}},
+		{append(llm, "analyzer.k=3", "analyzer.n=4"), 3, 4, map[string]analyzer.KOfN{schemas.SourceRules: {K: 3, N: 4}, schemas.SourceLLM: {K: 3, N: 4}, schemas.SourceExternal: {K: 3, N: 4}}},
+		{[]string{"analyzer.k=1", "analyzer.n=1"}, 1, 1, map[string]analyzer.KOfN{schemas.SourceRules: {K: 1, N: 1}, schemas.SourceLLM: {K: 1, N: 1}, schemas.SourceExternal: {K: 1, N: 1}}},
+		{[]string{"analyzer.n=5"}, 0, 5, map[string]analyzer.KOfN{schemas.SourceRules: {K: 4, N: 5}, schemas.SourceLLM: {K: 4, N: 5}, schemas.SourceExternal: {K: 4, N: 5}}},
+		{[]string{"analyzer.labeler=none", "analyzer.k=9"}, 9, 0, map[string]analyzer.KOfN{schemas.SourceRules: {K: 9, N: 1}, schemas.SourceLLM: {K: 9, N: 10}, schemas.SourceExternal: {K: 9, N: 10}}},
 	}
 	for _, tt := range tests {
 		c, err := Load("", tt.set)
@@ -174,6 +187,17 @@ func TestKAndNFollowTheLabeler(t *testing.T) {
 		}
 		if c.Analyzer.K != tt.k || c.Analyzer.N != tt.n {
 			t.Errorf("%v: k=%d n=%d, want %d %d", tt.set, c.Analyzer.K, c.Analyzer.N, tt.k, tt.n)
+		}
+		for _, src := range all {
+			if got := c.Analyzer.KOfN([]string{src}); got != tt.want[src] {
+				t.Errorf("%v: a cohort of %s labels is decided by %+v, want %+v", tt.set, src, got, tt.want[src])
+			}
+		}
+	}
+	// analyzer.k alone must be reachable by the configured labeler's runs.
+	for _, set := range [][]string{{"analyzer.k=2"}, append(llm, "llm.runs=5", "analyzer.k=6"), {"analyzer.labeler=none", "analyzer.k=11"}} {
+		if _, err := Load("", set); err == nil || !strings.Contains(err.Error(), "analyzer.n") {
+			t.Errorf("%v: %v, want an error naming analyzer.n", set, err)
 		}
 	}
 }

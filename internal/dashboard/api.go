@@ -11,10 +11,13 @@ import (
 
 // ThresholdsJSON are the selection rule's parameters.
 type ThresholdsJSON struct {
-	Rho         float64 `json:"rho"`
-	Delta       float64 `json:"delta"`
-	K           int     `json:"k"`
-	N           int     `json:"n"`
+	Rho   float64 `json:"rho"`
+	Delta float64 `json:"delta"`
+	// K and N are analyzer.k and analyzer.n when set (they apply to every
+	// cohort); absent, each cohort's follow its labels' source, and its
+	// decision says which (Decision.K, Decision.N).
+	K           int     `json:"k,omitempty"`
+	N           int     `json:"n,omitempty"`
 	MinFailures int     `json:"min_failures"`
 	WindowHours float64 `json:"window_hours"`
 	// WindowRollouts > 0 limits the decision window to the most recent rollouts.
@@ -159,9 +162,15 @@ type Decision struct {
 	AsOf time.Time `json:"as_of"`
 	// Decided is false when the window has fewer failures than
 	// min_failures or fewer complete runs than n: no trigger acts then.
-	Decided      bool                 `json:"decided"`
-	Reason       string               `json:"reason,omitempty"`
-	Runs         int                  `json:"runs"`
+	Decided bool   `json:"decided"`
+	Reason  string `json:"reason,omitempty"`
+	Runs    int    `json:"runs"`
+	// K and N: a capability is selected when it passes in at least K of
+	// N runs, the cohort's (analyzer.k and analyzer.n, or its labels'
+	// source's: 1 of 1 for the rules labeler, 8/10 of llm.runs for the llm
+	// labeler, 8 of 10 for external labels).
+	K            int                  `json:"k"`
+	N            int                  `json:"n"`
 	Capabilities []CapabilityDecision `json:"capabilities"`
 }
 
@@ -231,6 +240,8 @@ type CapabilityResponse struct {
 	Window   WindowJSON          `json:"window"`
 	Decided  bool                `json:"decided"`
 	Reason   string              `json:"reason,omitempty"`
+	K        int                 `json:"k"` // the cohort's K of N, as in Decision
+	N        int                 `json:"n"`
 	Stats    *CapabilityDecision `json:"stats"` // nil: no labels for it in the window
 	PerRun   []RunRow            `json:"per_run"`
 	Series   []CapPoint          `json:"series"`

@@ -349,10 +349,12 @@ func (s *server) decisions(ctx context.Context, keys []CohortKey, preferStored b
 		var rest []CohortKey
 		for _, key := range keys {
 			if st, ok := stored[key.cohort()]; ok {
-				if ev, err := analyzer.ParseEvaluation(st.Payload); err == nil {
+				// An evaluation stored without its K of N (before it was
+				// recorded) is computed again.
+				if ev, err := analyzer.ParseEvaluation(st.Payload); err == nil && ev.N > 0 {
 					dict := s.dictionary(ctx, key.Environment, key.AgentVersion, key.DictionaryVersion)
 					dec := s.decide(key, dict, sink.WindowInfo{Rollouts: ev.Rollouts, Failures: ev.Failures},
-						sink.Range{From: ev.WindowStart, To: ev.WindowEnd}, ev.AsOf, ev.Results, ev.Runs, "evaluator")
+						sink.Range{From: ev.WindowStart, To: ev.WindowEnd}, ev.AsOf, ev.KOfN, ev.Results, ev.Runs, "evaluator")
 					dec.EvaluatedAt = ev.EvaluatedAt
 					out[key] = decided{dec, ev.Counts, dict}
 					continue
@@ -366,7 +368,7 @@ func (s *server) decisions(ctx context.Context, keys []CohortKey, preferStored b
 		return out, nil
 	}
 	cohorts := cohortsOf(keys)
-	w, err := analyzer.ReadWindows(ctx, s.d.Store, cohorts, s.eval.Window, s.eval.WindowRollouts, s.eval.N)
+	w, err := analyzer.ReadWindows(ctx, s.d.Store, cohorts, s.eval)
 	if err != nil {
 		return nil, err
 	}
@@ -374,30 +376,34 @@ func (s *server) decisions(ctx context.Context, keys []CohortKey, preferStored b
 		c := key.cohort()
 		dict := s.dictionary(ctx, key.Environment, key.AgentVersion, key.DictionaryVersion)
 		inputs, runs := analyzer.CohortInputs(w.Counts[c], dict)
-		dec := s.decide(key, dict, w.Infos[c], w.Spec.Ranges[c], w.Marks[c], analyzer.Select(inputs, s.th), runs, "computed")
+		kn := w.KOfN[c]
+		th := s.th
+		th.K = kn.K
+		dec := s.decide(key, dict, w.Infos[c], w.Spec.Ranges[c], w.Marks[c], kn, analyzer.Select(inputs, th), runs, "computed")
 		out[key] = decided{dec, w.Counts[c], dict}
 	}
 	return out, nil
 }
 
 // decide is one cohort's decision from its window's info and its
-// capabilities' results (source: "computed" or "evaluator").
-func (s *server) decide(key CohortKey, dict *analyzer.Dictionary, info sink.WindowInfo, win sink.Range, asOf time.Time, results []analyzer.Result, runs int, source string) *Decision {
+// capabilities' results, selected by the cohort's K of N (source:
+// "computed" or "evaluator").
+func (s *server) decide(key CohortKey, dict *analyzer.Dictionary, info sink.WindowInfo, win sink.Range, asOf time.Time, kn analyzer.KOfN, results []analyzer.Result, runs int, source string) *Decision {
 	dec := &Decision{Source: source, AsOf: asOf, Window: WindowJSON{Start: win.From.UTC(), End: win.To.UTC(), Rollouts: info.Rollouts, Failures: info.Failures}}
-	dec.Runs = runs
-	dec.Decided = info.Failures >= s.eval.MinFailures && runs >= s.eval.N
+	dec.Runs, dec.K, dec.N = runs, kn.K, kn.N
+	dec.Decided = info.Failures >= s.eval.MinFailures && runs >= kn.N
 	switch {
-	case info.Rollouts == 0 && s.eval.N > 1:
+	case info.Rollouts == 0 && kn.N > 1:
 		// The window ends at the newest label: its labeled rollouts are
 		// there, but none is labeled in every run, which the window counts.
 		dec.Reason = fmt.Sprintf("no rollout in the %s up to the cohort's newest one is labeled in all %d runs (analyzer.n, llm.runs): a decision counts only rollouts labeled in every run",
-			fmtDuration(s.eval.Window), s.eval.N)
+			fmtDuration(s.eval.Window), kn.N)
 	case info.Rollouts == 0:
 		dec.Reason = fmt.Sprintf("no labeled rollouts in the %s up to the cohort's newest one", fmtDuration(s.eval.Window))
 	case info.Failures < s.eval.MinFailures:
 		dec.Reason = fmt.Sprintf("%d failed rollouts in the window; a decision needs at least %d (analyzer.min_failures)", info.Failures, s.eval.MinFailures)
-	case runs < s.eval.N:
-		dec.Reason = fmt.Sprintf("%d complete labeling runs; a decision needs %d (analyzer.n)", runs, s.eval.N)
+	case runs < kn.N:
+		dec.Reason = fmt.Sprintf("%d complete labeling runs; a decision needs %d (analyzer.n)", runs, kn.N)
 	}
 	seen := map[string]bool{}
 	for i, r := range results {
@@ -673,7 +679,7 @@ func (s *server) capability(ctx context.Context, p capabilityParams) (*Capabilit
 			resp.Capability = DictCapability{Name: c.Name, Definition: c.Definition, Examples: c.Examples, Detector: c.Detector}
 		}
 	}
-	resp.Window, resp.Decided, resp.Reason = dec.Window, dec.Decided, dec.Reason
+	resp.Window, resp.Decided, resp.Reason, resp.K, resp.N = dec.Window, dec.Decided, dec.Reason, dec.K, dec.N
 	for i := range dec.Capabilities {
 		if dec.Capabilities[i].Name == p.Name {
 			cd := dec.Capabilities[i]
