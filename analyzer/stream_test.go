@@ -19,6 +19,7 @@ import (
 	"github.com/traceops/trace/ingest"
 	"github.com/traceops/trace/internal/app"
 	"github.com/traceops/trace/internal/bus"
+	"github.com/traceops/trace/internal/config"
 	"github.com/traceops/trace/internal/dev/shareddata"
 	"github.com/traceops/trace/internal/dev/testenv"
 	"github.com/traceops/trace/internal/stream"
@@ -90,7 +91,12 @@ func (g *goldenEnv) publish(t *testing.T) {
 
 // replica is one analyzer process: a label consumer and an evaluator.
 func (g *goldenEnv) replica(t *testing.T, ctx context.Context, wg *sync.WaitGroup, group string) *analyzer.Evaluator {
-	ev := analyzer.NewEvaluator(analyzer.EvalConfig{Interval: 500 * time.Millisecond}, g.store, app.BusPublisher{Bus: g.bus}, g.reg, nil, nil)
+	return g.replicaWith(t, ctx, wg, group, analyzer.EvalConfig{Interval: 500 * time.Millisecond})
+}
+
+// replicaWith is replica with the evaluator's configuration.
+func (g *goldenEnv) replicaWith(t *testing.T, ctx context.Context, wg *sync.WaitGroup, group string, cfg analyzer.EvalConfig) *analyzer.Evaluator {
+	ev := analyzer.NewEvaluator(cfg, g.store, app.BusPublisher{Bus: g.bus}, g.reg, nil, nil)
 	if err := ev.Recover(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -219,6 +225,89 @@ func TestGoldenStream(t *testing.T) {
 	g.check(t, g.requests(t, 6))
 	cancel2()
 	wg2.Wait()
+}
+
+// TestGoldenStreamDefaultConfig: the release's runs as external label
+// events under the default configuration (the rules labeler, analyzer.k and
+// analyzer.n unset) are decided 8 of 10 like the offline selection (`trace
+// select`) over the same files: its 6 of 9, not all 9 by the rules
+// labeler's 1 of 1.
+func TestGoldenStreamDefaultConfig(t *testing.T) {
+	g := setupGolden(t)
+	cfg, err := config.Load("", []string{"analyzer.interval=500ms"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if an := cfg.Analyzer; an.Labeler != "rules" || an.K != 0 || an.N != 0 {
+		t.Fatalf("analyzer.labeler %q, k %d, n %d: the test needs the defaults", an.Labeler, an.K, an.N)
+	}
+	// The offline selection, as `trace select` makes it.
+	dir := shareddata.Dir(t, "trace-release/pipeline")
+	raw, err := os.ReadFile(filepath.Join(dir, "candidate_capabilities.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cands, err := analyzer.ParseCandidates("candidates", raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	runs, err := analyzer.LoadRuns(filepath.Join(dir, "run_*.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	inputs, err := analyzer.RunsToInputs(cands, runs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var offline []string
+	for _, r := range analyzer.Select(inputs, analyzer.DefaultThresholds) {
+		if r.Selected {
+			offline = append(offline, r.Name)
+		}
+	}
+	sort.Strings(offline)
+	if len(offline) != 6 {
+		t.Fatalf("offline selection %v, want 6", offline)
+	}
+
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	defer func() { cancel(); wg.Wait() }()
+	g.publish(t)
+	ev := g.replicaWith(t, ctx, &wg, "analyzer", cfg.Analyzer.EvalConfig)
+	reqs := g.requests(t, 6)
+	var fired []string
+	for _, r := range reqs {
+		fired = append(fired, r.Capability.Skill)
+	}
+	sort.Strings(fired)
+	if fmt.Sprint(fired) != fmt.Sprint(offline) {
+		t.Fatalf("synthesis requests for %v, the offline selection %v", fired, offline)
+	}
+	g.check(t, reqs)
+	var online []string
+	for _, r := range ev.Snapshot()[sink.Cohort{Environment: g.scope.Environment, AgentVersion: g.scope.AgentVersion, DictionaryVersion: 1}] {
+		if r.Selected {
+			online = append(online, r.Name)
+		}
+	}
+	sort.Strings(online)
+	if fmt.Sprint(online) != fmt.Sprint(offline) {
+		t.Errorf("the evaluator selects %v, the offline selection %v", online, offline)
+	}
+	stored, err := g.store.LatestEvaluations(context.Background(), []sink.Cohort{{Environment: g.scope.Environment, AgentVersion: g.scope.AgentVersion, DictionaryVersion: 1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range stored {
+		e, err := analyzer.ParseEvaluation(s.Payload)
+		if err != nil || e.K != 8 || e.N != 10 || !e.Decided || e.Runs != 10 {
+			t.Errorf("stored evaluation (%v): k %d n %d decided %v runs %d, want 8 of 10, decided on 10 runs", err, e.K, e.N, e.Decided, e.Runs)
+		}
+	}
+	if len(stored) != 1 {
+		t.Errorf("%d stored evaluations, want 1", len(stored))
+	}
 }
 
 // TestGoldenStreamTwoReplicas runs two analyzers in one consumer group.
