@@ -81,7 +81,12 @@ const MaxCapabilities = 10
 
 var capNameRe = regexp.MustCompile(`^[a-z][a-z0-9]*(_[a-z0-9]+){1,4}$`)
 
-// Validate checks a dictionary; errors name the field.
+// Validate checks a dictionary; errors name the field. Every detector
+// present is compiled and type-checked as the rules labeler compiles it
+// (CheckDetector): one that does not compile, names a variable or field
+// that does not exist, or does not return a string is an error naming the
+// capability, and every such detector is reported. A capability without a
+// detector is valid (an LLM-labeled dictionary).
 func (d *Dictionary) Validate() error {
 	if d.Environment == "" {
 		return fmt.Errorf("dictionary: environment is required")
@@ -111,7 +116,16 @@ func (d *Dictionary) Validate() error {
 			return fmt.Errorf("dictionary %s/%s v%d: capabilities[%d].family %q of %q is not one of %s or %q", d.Environment, d.AgentVersion, d.Version, i, c.Family, c.Name, strings.Join(TemplateFamilies, ", "), FamilyOther)
 		}
 	}
-	return nil
+	var errs []error
+	for i, c := range d.Capabilities {
+		if strings.TrimSpace(c.Detector) == "" {
+			continue
+		}
+		if err := CheckDetector(c); err != nil {
+			errs = append(errs, fmt.Errorf("dictionary %s/%s v%d: capability %q (capabilities[%d].detector): %w", d.Environment, d.AgentVersion, d.Version, c.Name, i, err))
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // Names lists the capability names in dictionary order.
@@ -141,9 +155,11 @@ func (d *Dictionary) Fingerprint() string {
 }
 
 // ParseDictionaries reads one or more YAML documents, each a Dictionary, and
-// validates them.
+// validates them (Validate: detectors included). A key the format does not
+// have (a misspelt detector, say) is an error.
 func ParseDictionaries(name string, data []byte) ([]*Dictionary, error) {
 	dec := yaml.NewDecoder(bytes.NewReader(data))
+	dec.KnownFields(true)
 	var out []*Dictionary
 	for {
 		var d Dictionary

@@ -59,7 +59,9 @@ type RulesOptions struct {
 // RulesLabeler labels rollouts with the CEL detectors of a dictionary. It
 // makes one run (run 0) with exactly one label per capability. A detector
 // that is missing, does not compile or does not return a string is a
-// dictionary error: Compile returns it, naming the capability, and Label
+// dictionary error (CheckDetector; Dictionary.Validate refuses such a
+// dictionary before it is stored, but one stored earlier may still have
+// it): Compile returns it, naming the capability, and Label
 // fails the run with it (RunLabels.Failed), as it does for a detector that
 // fails at evaluation or returns a value other than NA, PRESENT or LACKING
 // — no label is ever invented, and the analyze stage records the failed run
@@ -71,10 +73,6 @@ type RulesOptions struct {
 type RulesLabeler struct {
 	prefixes []string
 	cost     uint64
-
-	envOnce sync.Once
-	env     *cel.Env
-	envErr  error
 
 	mu    sync.Mutex
 	cache map[string]*compiledRules
@@ -106,13 +104,15 @@ func (*RulesLabeler) Runs() int { return 1 }
 
 // RulesEnv returns the CEL environment detectors are compiled in: the
 // variables rollout, messages, calls and write_prefixes, and the cel-go
-// extensions strings, bindings (cel.bind), lists, sets and math.
+// extensions strings, bindings (cel.bind), lists, sets and math. rollout,
+// the elements of messages and those of calls are object types
+// (trace.Rollout, trace.Message, trace.Call) whose fields are the keys
+// RuleVariables writes, so the checker rejects a field that does not exist.
 func RulesEnv() (*cel.Env, error) {
-	msgT := cel.MapType(cel.StringType, cel.DynType)
-	return cel.NewEnv(
-		cel.Variable("rollout", cel.MapType(cel.StringType, cel.DynType)),
-		cel.Variable("messages", cel.ListType(msgT)),
-		cel.Variable("calls", cel.ListType(msgT)),
+	opts := []cel.EnvOption{
+		cel.Variable("rollout", ruleRolloutType.celType()),
+		cel.Variable("messages", cel.ListType(ruleMessageType.celType())),
+		cel.Variable("calls", cel.ListType(ruleCallType.celType())),
 		cel.Variable("write_prefixes", cel.ListType(cel.StringType)),
 		cel.CrossTypeNumericComparisons(true),
 		ext.Strings(),
@@ -120,12 +120,44 @@ func RulesEnv() (*cel.Env, error) {
 		ext.Lists(),
 		ext.Sets(),
 		ext.Math(),
-	)
+	}
+	for _, t := range ruleTypes {
+		opts = append(opts, cel.Types(t))
+	}
+	return cel.NewEnv(opts...)
 }
 
-func (l *RulesLabeler) celEnv() (*cel.Env, error) {
-	l.envOnce.Do(func() { l.env, l.envErr = RulesEnv() })
-	return l.env, l.envErr
+// rulesEnv is the one environment of the process: the rules labeler and
+// CheckDetector compile in it (a cel.Env is safe for concurrent use).
+var rulesEnv = sync.OnceValues(RulesEnv)
+
+// CheckDetector compiles and type-checks a capability's detector exactly as
+// the rules labeler does: it must parse, name only declared variables and
+// fields, and return a string. The error wraps ErrNoDetector when there is
+// no detector; it does not name the capability.
+func CheckDetector(c Capability) error {
+	env, err := rulesEnv()
+	if err != nil {
+		return fmt.Errorf("rules: CEL environment: %w", err)
+	}
+	_, err = compileDetector(env, c.Detector)
+	return err
+}
+
+// compileDetector is the one compile path of detectors: the labeler's
+// Compile and CheckDetector (dictionary validation) cannot disagree.
+func compileDetector(env *cel.Env, detector string) (*cel.Ast, error) {
+	if strings.TrimSpace(detector) == "" {
+		return nil, ErrNoDetector
+	}
+	ast, iss := env.Compile(detector)
+	if iss != nil && iss.Err() != nil {
+		return nil, fmt.Errorf("detector does not compile:\n%w", iss.Err())
+	}
+	if t := ast.OutputType(); !t.IsExactType(cel.StringType) {
+		return nil, fmt.Errorf("detector returns %s, want string (\"NA\", \"PRESENT\" or \"LACKING\")", cel.FormatCELType(t))
+	}
+	return ast, nil
 }
 
 // Compile compiles (and caches) the detectors of a dictionary, reporting the
@@ -155,22 +187,16 @@ func (l *RulesLabeler) compiled(d *Dictionary) (*compiledRules, error) {
 }
 
 func (l *RulesLabeler) compile(d *Dictionary) *compiledRules {
-	env, err := l.celEnv()
+	env, err := rulesEnv()
 	if err != nil {
 		return &compiledRules{err: fmt.Errorf("rules: CEL environment: %w", err)}
 	}
 	where := fmt.Sprintf("rules: dictionary %s/%s v%d", d.Environment, d.AgentVersion, d.Version)
 	cr := &compiledRules{}
 	for _, c := range d.Capabilities {
-		if strings.TrimSpace(c.Detector) == "" {
-			return &compiledRules{err: fmt.Errorf("%s: capability %q: %w", where, c.Name, ErrNoDetector)}
-		}
-		ast, iss := env.Compile(c.Detector)
-		if iss != nil && iss.Err() != nil {
-			return &compiledRules{err: fmt.Errorf("%s: capability %q: detector does not compile:\n%w", where, c.Name, iss.Err())}
-		}
-		if t := ast.OutputType(); !t.IsExactType(cel.StringType) {
-			return &compiledRules{err: fmt.Errorf("%s: capability %q: detector returns %s, want string (\"NA\", \"PRESENT\" or \"LACKING\")", where, c.Name, cel.FormatCELType(t))}
+		ast, err := compileDetector(env, c.Detector)
+		if err != nil {
+			return &compiledRules{err: fmt.Errorf("%s: capability %q: %w", where, c.Name, err)}
 		}
 		prg, err := env.Program(ast,
 			cel.EvalOptions(cel.OptOptimize),

@@ -5,10 +5,14 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
+
+	"cel.dev/cel-go/cel"
+	"cel.dev/cel-go/common/types"
 
 	"github.com/traceops/trace/ingest"
 	"github.com/traceops/trace/internal/dev/shareddata"
@@ -529,5 +533,63 @@ func TestRulesConcurrent(t *testing.T) {
 		if err := <-errs; err != nil {
 			t.Error(err)
 		}
+	}
+}
+
+// TestRuleTypesMatchVariables: the object types the checker knows
+// (ruletypes.go) have exactly the keys RuleVariables writes, with values of
+// the declared types, so a detector that type-checks reads what exists.
+func TestRuleTypesMatchVariables(t *testing.T) {
+	turn := 1
+	r := newRollout().user("yes").call("cancel_reservation", m{"reservation_id": "EHGLP3", "n": 2}, "ok").
+		fail("get_user_details", m{}, "Error").meta("required_actions", []string{"x"}).r
+	r.Grader = &schemas.Grader{Reasons: []string{"db"}, Breakdown: map[string]float64{"DB": 1}}
+	r.Messages[1].TurnIdx = &turn
+	v := RuleVariables(r, nil)
+	check := func(what string, s *ruleStruct, val any) {
+		obj, ok := val.(map[string]any)
+		if !ok {
+			t.Fatalf("%s is %T, want a map", what, val)
+		}
+		if got, want := slices.Sorted(maps.Keys(obj)), slices.Sorted(slices.Values(s.FieldNames())); !slices.Equal(got, want) {
+			t.Errorf("%s: RuleVariables writes %v, %s declares %v", what, got, s.name, want)
+		}
+		for _, f := range s.fields {
+			x, present := obj[f.name]
+			if !present {
+				continue
+			}
+			var ok bool
+			switch f.t.Kind() {
+			case types.DynKind:
+				ok = true
+			case types.StringKind:
+				_, ok = x.(string)
+			case types.BoolKind:
+				_, ok = x.(bool)
+			case types.IntKind:
+				_, ok = x.(int64)
+			case types.DoubleKind:
+				_, ok = x.(float64)
+			case types.ListKind:
+				_, ok = x.([]any)
+			case types.MapKind:
+				_, ok = x.(map[string]any)
+			}
+			if !ok {
+				t.Errorf("%s.%s is %T, declared %s", what, f.name, x, cel.FormatCELType(f.t))
+			}
+		}
+	}
+	check("rollout", ruleRolloutType, v["rollout"])
+	for i, msg := range v["messages"].([]any) {
+		check(fmt.Sprintf("messages[%d]", i), ruleMessageType, msg)
+	}
+	calls := v["calls"].([]any)
+	if len(calls) != 2 {
+		t.Fatalf("%d calls", len(calls))
+	}
+	for i, c := range calls {
+		check(fmt.Sprintf("calls[%d]", i), ruleCallType, c)
 	}
 }
