@@ -34,6 +34,16 @@ announced on NATS: running analyzers label new rollouts with it without a
 restart. A dictionary scoped to an environment (or an agent version) wins
 over the default (environment "*") and gets a version above it.
 
+Nothing is stored unless every file is valid: an unknown key, or a detector
+that does not compile, names a variable or field the rules labeler does not
+have, or does not return a string ("NA", "PRESENT" or "LACKING"), is an
+error naming the capability (docs/dictionary.md).
+
+The version in the file is the one stored when it is above every version
+of its scope and of the broader dictionaries that label its cohorts;
+otherwise apply assigns the next free version, and says so. Content that is
+already the current version of its scope is not stored again.
+
 --backfill also labels the rollouts already stored in ClickHouse that the
 new version now labels (see trace relabel: the same labeler, never a run
 labeled twice, resumable, --yes for the llm labeler's cost), then evaluates
@@ -64,14 +74,23 @@ their cohorts.`,
 				return err
 			}
 			defer w.Close()
+			if cfg.Analyzer.Labeler == "rules" {
+				for _, d := range ds {
+					if missing := withoutDetector(d); len(missing) > 0 {
+						fmt.Fprintf(cmd.ErrOrStderr(), "warning: %s/%s: no detector for %s: the rules labeler (analyzer.labeler: rules) fails every labeling run with this dictionary; add detectors, or label with analyzer.labeler: llm\n",
+							d.Environment, d.AgentVersion, strings.Join(missing, ", "))
+					}
+				}
+			}
 			var applied []*analyzer.Dictionary
 			for _, d := range ds {
+				asked := d.Version
 				stored, err := w.apply(ctx, d)
 				if err != nil {
 					return err
 				}
 				applied = append(applied, stored)
-				fmt.Fprintf(cmd.OutOrStdout(), "%s/%s: version %d (%d capabilities)\n", stored.Environment, stored.AgentVersion, stored.Version, len(stored.Capabilities))
+				fmt.Fprintf(cmd.OutOrStdout(), "%s/%s: version %d (%d capabilities)%s\n", stored.Environment, stored.AgentVersion, stored.Version, len(stored.Capabilities), versionNote(asked, stored, stored != d))
 			}
 			if !backfillNow {
 				return nil
@@ -148,4 +167,29 @@ func oneLine(s string, n int) string {
 		return s[:n-1] + "…"
 	}
 	return s
+}
+
+// versionNote says how the version stored for a dictionary relates to the
+// one its file gives: "" when they are the same and it was stored.
+func versionNote(asked uint32, stored *analyzer.Dictionary, unchanged bool) string {
+	switch {
+	case unchanged && asked == stored.Version:
+		return ": unchanged, already stored"
+	case unchanged:
+		return fmt.Sprintf(": unchanged, these capabilities are already stored as version %d; the file's version %d is not used", stored.Version, asked)
+	case asked != stored.Version:
+		return fmt.Sprintf(": the file says version %d, but versions up to %d are taken by %s or a broader dictionary that labels its cohorts", asked, stored.Version-1, stored.Scope())
+	}
+	return ""
+}
+
+// withoutDetector names the capabilities of d that have no detector.
+func withoutDetector(d *analyzer.Dictionary) []string {
+	var out []string
+	for _, c := range d.Capabilities {
+		if strings.TrimSpace(c.Detector) == "" {
+			out = append(out, c.Name)
+		}
+	}
+	return out
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/segmentio/kafka-go"
 
+	"github.com/traceops/trace/analyzer"
 	"github.com/traceops/trace/internal/dev/shareddata"
 	"github.com/traceops/trace/internal/dev/testenv"
 	"github.com/traceops/trace/schemas"
@@ -167,5 +169,115 @@ func TestLabelsImportIntoACohortTheDefaultLabels(t *testing.T) {
 	defer conn.Close()
 	if last, err := conn.ReadLastOffset(); err != nil || last != 2 {
 		t.Errorf("topic holds %d events (%v), want the 2 of the accepted import", last, err)
+	}
+}
+
+// TestDictApplyRefusesBrokenDictionaries: a file with an unknown key or a
+// detector the rules labeler cannot use is refused before anything is
+// stored — with --backfill too, and with a valid file beside it — with an
+// error naming the capability; the version a file gives is stored when it
+// is free, and apply says when it is not used.
+func TestDictApplyRefusesBrokenDictionaries(t *testing.T) {
+	ch := testenv.ClickHouse(t)
+	ns := testenv.NATS(t)
+	sets := []string{"--set", "clickhouse.addr=" + ch.Addr, "--set", "clickhouse.database=" + ch.Database, "--set", "nats.url=" + ns.URL()}
+	ctx := context.Background()
+	dir := t.TempDir()
+	file := func(name, top, detector string, version int) string {
+		doc := fmt.Sprintf("environment: tau2-airline\nagent_version: \"*\"\nversion: %d\n%scapabilities:\n"+
+			"  - name: precondition_verification\n    definition: Before a write the agent reads the record it changes.\n    detector: %q\n", version, top, detector)
+		f := filepath.Join(dir, name)
+		if err := os.WriteFile(f, []byte(doc), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return f
+	}
+	valid := file("valid.yaml", "", `calls.exists(c, c.name == 'get_reservation_details') ? 'PRESENT' : 'NA'`, 5)
+	stored := func() int {
+		rows, err := ch.Store().AllDictionaries(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(rows)
+	}
+	for _, tc := range []struct {
+		name  string
+		files []string
+		want  []string
+	}{
+		{"the brief's file", []string{file("brief.yaml", "unknown_field: 1\n", `calls.exists(c, c.nme == 'x')`, 5)}, []string{"brief.yaml", "field unknown_field not found"}},
+		{"a field that does not exist", []string{file("nme.yaml", "", `calls.exists(c, c.nme == 'x')`, 5)},
+			[]string{"nme.yaml", `capability "precondition_verification"`, "undefined field 'nme'"}},
+		{"a bool", []string{file("bool.yaml", "", `calls.exists(c, c.name == 'x')`, 5)},
+			[]string{`capability "precondition_verification"`, "detector returns bool, want string"}},
+		{"a valid file beside a broken one", []string{valid, file("bool2.yaml", "", `calls.exists(c, c.name == 'x')`, 5)},
+			[]string{"bool2.yaml", "detector returns bool"}},
+	} {
+		for _, backfill := range []bool{false, true} {
+			args := append([]string{"dict", "apply"}, tc.files...)
+			if backfill {
+				args = append(args, "--backfill")
+			}
+			out, err := runCLI(t, ctx, append(args, sets...)...)
+			if err == nil {
+				t.Fatalf("%s (backfill %v): applied:\n%s", tc.name, backfill, out)
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("%s (backfill %v): error %q does not contain %q", tc.name, backfill, err, w)
+				}
+			}
+			if n := stored(); n != 0 {
+				t.Fatalf("%s (backfill %v): %d dictionaries stored, want none\n%s", tc.name, backfill, n, out)
+			}
+		}
+	}
+	// The file's version is honoured when it is free, and apply says when
+	// it is not used.
+	for _, tc := range []struct{ file, want string }{
+		{valid, "tau2-airline/*: version 5 (1 capabilities)\n"},
+		{file("same.yaml", "", `calls.exists(c, c.name == 'get_reservation_details') ? 'PRESENT' : 'NA'`, 7),
+			"tau2-airline/*: version 5 (1 capabilities): unchanged, these capabilities are already stored as version 5; the file's version 7 is not used\n"},
+		{file("lower.yaml", "", `calls.exists(c, c.name == 'get_order_details') ? 'PRESENT' : 'NA'`, 1),
+			"tau2-airline/*: version 6 (1 capabilities): the file says version 1, but versions up to 5 are taken by tau2-airline/* or a broader dictionary that labels its cohorts\n"},
+	} {
+		out, err := runCLI(t, ctx, append([]string{"dict", "apply", tc.file}, sets...)...)
+		if err != nil || out != tc.want {
+			t.Errorf("dict apply %s: %v\n got %q\nwant %q", filepath.Base(tc.file), err, out, tc.want)
+		}
+	}
+	if n := stored(); n != 2 {
+		t.Errorf("%d dictionaries stored, want 2 (versions 5 and 6)", n)
+	}
+	// A dictionary without detectors is valid (the llm labeler's); with the
+	// rules labeler apply warns that every run would fail.
+	bare := filepath.Join(dir, "bare.yaml")
+	if err := os.WriteFile(bare, []byte("environment: bare\nagent_version: \"*\"\nversion: 1\ncapabilities:\n"+
+		"  - name: policy_constraint_enforcement\n    definition: Refuses the actions the policy forbids, and says why.\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out, err := runCLI(t, ctx, append([]string{"dict", "apply", bare}, sets...)...)
+	if err != nil || !strings.Contains(out, "warning: bare/*: no detector for policy_constraint_enforcement: the rules labeler") {
+		t.Errorf("dict apply of a dictionary without detectors (%v):\n%s", err, out)
+	}
+	out, err = runCLI(t, ctx, append([]string{"dict", "apply", bare, "--set", "analyzer.labeler=llm", "--set", "llm.base_url=http://127.0.0.1:1/v1", "--set", "llm.model=m"}, sets...)...)
+	if err != nil || strings.Contains(out, "warning") {
+		t.Errorf("dict apply of a dictionary without detectors for the llm labeler (%v):\n%s", err, out)
+	}
+	// A dictionary stored before apply checked detectors: relabel refuses
+	// it with the detector's error and the right hint.
+	legacy := &analyzer.Dictionary{Environment: "legacy", AgentVersion: "*", Version: 1, Source: "file", CreatedAt: time.Now().UTC(),
+		Capabilities: []analyzer.Capability{{Name: "precondition_verification", Definition: "Before a write the agent reads the record it changes.", Detector: `calls.exists(c, c.name == 'x')`}}}
+	if err := ch.Store().SaveDictionary(ctx, analyzer.DictionaryRow(legacy)); err != nil {
+		t.Fatal(err)
+	}
+	end := time.Now().UTC().Add(-time.Hour)
+	if err := ch.Store().InsertRollouts(ctx, []sink.RolloutRow{sink.RolloutRowFrom(&schemas.Rollout{RolloutID: "r1", Environment: "legacy",
+		Agent: schemas.Agent{Name: "a", Version: "v1"}, TaskID: "t", StartTime: end.Add(-time.Minute), EndTime: end}, sink.Coord{Topic: "t"})}); err != nil {
+		t.Fatal(err)
+	}
+	out, err = runCLI(t, ctx, append([]string{"relabel", "--env", "legacy"}, sets...)...)
+	if err == nil || !strings.Contains(err.Error(), "detector returns bool") || !strings.Contains(err.Error(), "fix the detector") || strings.Contains(err.Error(), "add detectors") {
+		t.Errorf("relabel with a stored broken detector: %v\n%s", err, out)
 	}
 }

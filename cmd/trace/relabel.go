@@ -151,7 +151,11 @@ func backfill(ctx context.Context, out, errw io.Writer, cfg config.Config, w *di
 		// before recording them.
 		for _, t := range targets {
 			if err := rl.Compile(t.Dictionary); len(t.Todo) > 0 && err != nil {
-				return fmt.Errorf("%w (add detectors and apply the dictionary again, or set analyzer.labeler: llm)", err)
+				if errors.Is(err, analyzer.ErrNoDetector) {
+					return fmt.Errorf("%w (add detectors and apply the dictionary again, or set analyzer.labeler: llm)", err)
+				}
+				// Stored before trace dict apply checked detectors.
+				return fmt.Errorf("%w (fix the detector and apply the dictionary again: trace dict apply checks every detector before storing)", err)
 			}
 		}
 	}
