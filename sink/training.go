@@ -329,6 +329,48 @@ func (s *Store) Adapters(ctx context.Context, f AdapterFilter) ([]AdapterRow, er
 	return s.queryAdapters(ctx, q, args...)
 }
 
+// JobAdapters returns the adapter each of jobs registered, by job id; a
+// job that registered none is absent. See PickJobAdapters.
+func (s *Store) JobAdapters(ctx context.Context, jobs []TrainingJobRow) (map[string]AdapterRow, error) {
+	if len(jobs) == 0 {
+		return map[string]AdapterRow{}, nil
+	}
+	ids := make([]string, len(jobs))
+	for i, j := range jobs {
+		ids[i] = j.JobID
+	}
+	ads, err := s.Adapters(ctx, AdapterFilter{JobIDs: ids})
+	if err != nil {
+		return nil, err
+	}
+	return PickJobAdapters(jobs, ads), nil
+}
+
+// PickJobAdapters picks each job's adapter among ads (newest first, as
+// Adapters lists them): the one registered to the job under its planned
+// name (the job's AdapterName, its plan's output.adapter_name), else the
+// newest other one registered to the job — a trainer may register the
+// adapter under another name (the demo's simulated trainer reports
+// sim-<planned name>), and that name is the one trace adapters and the
+// router know.
+func PickJobAdapters(jobs []TrainingJobRow, ads []AdapterRow) map[string]AdapterRow {
+	planned := make(map[string]string, len(jobs))
+	for _, j := range jobs {
+		planned[j.JobID] = j.AdapterName
+	}
+	out := map[string]AdapterRow{}
+	for _, a := range ads {
+		want, ok := planned[a.JobID]
+		if !ok {
+			continue
+		}
+		if prev, seen := out[a.JobID]; !seen || (a.Name == want && prev.Name != want) {
+			out[a.JobID] = a
+		}
+	}
+	return out
+}
+
 // AdapterStatusCounts counts the adapters matching f (their newest
 // versions; f.Limit does not apply) by status.
 func (s *Store) AdapterStatusCounts(ctx context.Context, f AdapterFilter) (map[string]int, error) {

@@ -132,3 +132,27 @@ func TestTrainingJobsEventsAdapters(t *testing.T) {
 		t.Fatalf("limit 2: %v %v", curves, err)
 	}
 }
+
+// TestPickJobAdapters: a job's adapter is the one registered to it under
+// its planned name, else the newest one registered to it under another
+// name (the demo's simulated trainer registers sim-<planned name>); an
+// adapter of another job is never a job's.
+func TestPickJobAdapters(t *testing.T) {
+	jobs := []sink.TrainingJobRow{{JobID: "j1", AdapterName: "cap-1"}, {JobID: "j2", AdapterName: "cap-2"}, {JobID: "j3", AdapterName: "cap-3"}, {JobID: "j4", AdapterName: "cap-4"}}
+	ads := []sink.AdapterRow{ // newest first
+		{Name: "sim-cap-1", JobID: "j1"},
+		{Name: "cap-2-retry", JobID: "j2"},
+		{Name: "cap-2", JobID: "j2"},
+		{Name: "cap-3", JobID: "other"},
+		{Name: "cap-4-new", JobID: "j4"},
+		{Name: "cap-4-old", JobID: "j4"},
+	}
+	got := map[string]string{}
+	for id, a := range sink.PickJobAdapters(jobs, ads) {
+		got[id] = a.Name
+	}
+	want := map[string]string{"j1": "sim-cap-1", "j2": "cap-2", "j4": "cap-4-new"}
+	if !maps.Equal(got, want) {
+		t.Errorf("PickJobAdapters = %v, want %v", got, want)
+	}
+}

@@ -7,7 +7,6 @@ import (
 	"io"
 	"log/slog"
 	"math"
-	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -339,7 +338,12 @@ func newTrainListCmd() *cobra.Command {
 		Long: `list prints the training jobs, newest first: id, status (PLANNED,
 DISPATCHED, RUNNING, SUCCEEDED, FAILED), environment, capability, the last
 reported iteration of the planned ones, the last mean reward, the backend
-and the adapter. Jobs of the demo's simulated trainer are marked SIMULATED.`,
+and the adapter: the one registered for the job, as trace adapters list
+names it, else the planned name marked "(not registered)". A trainer may
+register another name than the planned one (the demo's simulated trainer
+registers sim-<planned name>); --json keeps the planned one as
+planned_adapter_name. Jobs of the demo's simulated trainer are marked
+SIMULATED.`,
 		Example: "  trace train list\n  trace train list --status RUNNING --json",
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -360,12 +364,20 @@ and the adapter. Jobs of the demo's simulated trainer are marked SIMULATED.`,
 			if err != nil {
 				return err
 			}
-			if asJSON {
-				out := make([]jobSummary, len(jobs))
-				for i := range jobs {
-					out[i] = summarizeJob(&jobs[i])
+			ads, err := st.JobAdapters(cmd.Context(), jobs)
+			if err != nil {
+				return err
+			}
+			sums := make([]jobSummary, len(jobs))
+			for i := range jobs {
+				var a *sink.AdapterRow
+				if x, ok := ads[jobs[i].JobID]; ok {
+					a = &x
 				}
-				return writeJSON(cmd.OutOrStdout(), out)
+				sums[i] = summarizeJob(&jobs[i], a)
+			}
+			if asJSON {
+				return writeJSON(cmd.OutOrStdout(), sums)
 			}
 			if len(jobs) == 0 {
 				fmt.Fprintln(cmd.OutOrStdout(), "no training jobs")
@@ -373,7 +385,7 @@ and the adapter. Jobs of the demo's simulated trainer are marked SIMULATED.`,
 			}
 			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
 			fmt.Fprintln(tw, "JOB\tSTATUS\tENVIRONMENT\tCAPABILITY\tITERATION\tMEAN REWARD\tBACKEND\tADAPTER\tUPDATED")
-			for _, j := range jobs {
+			for _, j := range sums {
 				stat := j.Status
 				if j.Simulated {
 					stat += " SIMULATED"
@@ -381,8 +393,12 @@ and the adapter. Jobs of the demo's simulated trainer are marked SIMULATED.`,
 				if j.Status == adapter.StatusFailed && j.Reason != "" {
 					stat += ": " + cutText(j.Reason, 40)
 				}
+				name := j.AdapterName
+				if !j.AdapterRegistered {
+					name += " (not registered)"
+				}
 				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d/%d\t%.3f\t%s\t%s\t%s\n", j.JobID, stat, j.EnvironmentID, j.Capability, j.Iteration, j.Iterations,
-					j.MeanReward, j.Backend, j.AdapterName, j.UpdatedAt.Format(time.RFC3339))
+					j.MeanReward, j.Backend, name, j.UpdatedAt.Format(time.RFC3339))
 			}
 			return tw.Flush()
 		},
@@ -407,31 +423,43 @@ func contains(list []string, s string) bool {
 
 // jobSummary is a job in --json output.
 type jobSummary struct {
-	JobID         string                 `json:"job_id"`
-	Status        string                 `json:"status"`
-	Reason        string                 `json:"reason,omitempty"`
-	EnvironmentID string                 `json:"environment_id"`
-	Environment   string                 `json:"environment"`
-	Capability    string                 `json:"capability"`
-	PlanRevision  uint32                 `json:"plan_revision"`
-	Backend       string                 `json:"backend"`
-	AdapterName   string                 `json:"adapter_name"`
-	Iteration     uint32                 `json:"iteration"`
-	Iterations    uint32                 `json:"iterations"`
-	MeanReward    float64                `json:"mean_reward"`
-	Simulated     bool                   `json:"simulated"`
-	Planner       *schemas.PlannerRecord `json:"planner,omitempty"`
-	DispatchedAt  time.Time              `json:"dispatched_at"`
-	LastEventAt   time.Time              `json:"last_event_at"`
-	DeadlineAt    time.Time              `json:"deadline_at"`
-	UpdatedAt     time.Time              `json:"updated_at"`
+	JobID         string `json:"job_id"`
+	Status        string `json:"status"`
+	Reason        string `json:"reason,omitempty"`
+	EnvironmentID string `json:"environment_id"`
+	Environment   string `json:"environment"`
+	Capability    string `json:"capability"`
+	PlanRevision  uint32 `json:"plan_revision"`
+	Backend       string `json:"backend"`
+	// AdapterName is the adapter registered for the job (the name trace
+	// adapters list shows); while none is (AdapterRegistered false), the
+	// planned name.
+	AdapterName       string `json:"adapter_name"`
+	AdapterRegistered bool   `json:"adapter_registered"`
+	// PlannedAdapterName is the plan's output.adapter_name, the name the
+	// trainer was asked to register; the demo's simulated trainer
+	// registers sim-<planned name>.
+	PlannedAdapterName string                 `json:"planned_adapter_name"`
+	Iteration          uint32                 `json:"iteration"`
+	Iterations         uint32                 `json:"iterations"`
+	MeanReward         float64                `json:"mean_reward"`
+	Simulated          bool                   `json:"simulated"`
+	Planner            *schemas.PlannerRecord `json:"planner,omitempty"`
+	DispatchedAt       time.Time              `json:"dispatched_at"`
+	LastEventAt        time.Time              `json:"last_event_at"`
+	DeadlineAt         time.Time              `json:"deadline_at"`
+	UpdatedAt          time.Time              `json:"updated_at"`
 }
 
-func summarizeJob(j *sink.TrainingJobRow) jobSummary {
+// summarizeJob summarizes a job and the adapter it registered (nil: none).
+func summarizeJob(j *sink.TrainingJobRow, a *sink.AdapterRow) jobSummary {
 	s := jobSummary{JobID: j.JobID, Status: j.Status, Reason: j.Reason, EnvironmentID: j.EnvironmentID, Environment: j.Environment,
-		Capability: j.Capability, PlanRevision: j.PlanRevision, Backend: j.Backend, AdapterName: j.AdapterName, Iteration: j.Iteration,
-		Iterations: j.Iterations, MeanReward: j.MeanReward, Simulated: j.Simulated, DispatchedAt: j.DispatchedAt, LastEventAt: j.LastEventAt,
-		DeadlineAt: j.DeadlineAt, UpdatedAt: j.UpdatedAt}
+		Capability: j.Capability, PlanRevision: j.PlanRevision, Backend: j.Backend, AdapterName: j.AdapterName, PlannedAdapterName: j.AdapterName,
+		Iteration: j.Iteration, Iterations: j.Iterations, MeanReward: j.MeanReward, Simulated: j.Simulated, DispatchedAt: j.DispatchedAt,
+		LastEventAt: j.LastEventAt, DeadlineAt: j.DeadlineAt, UpdatedAt: j.UpdatedAt}
+	if a != nil {
+		s.AdapterName, s.AdapterRegistered = a.Name, true
+	}
 	var p schemas.PlannerRecord
 	if json.Unmarshal([]byte(j.Planner), &p) == nil && p.Source != "" {
 		s.Planner = &p
@@ -476,7 +504,7 @@ registered. --json prints the job, the events and the adapter.`,
 			if err != nil {
 				return err
 			}
-			a, err := jobAdapter(ctx, st, j, evs)
+			a, err := jobAdapter(ctx, st, j)
 			if err != nil {
 				return err
 			}
@@ -497,7 +525,7 @@ registered. --json prints the job, the events and the adapter.`,
 					Job     jobSummary    `json:"job"`
 					Events  []event       `json:"events"`
 					Adapter *adapterEntry `json:"adapter,omitempty"`
-				}{Job: summarizeJob(j), Events: []event{}}
+				}{Job: summarizeJob(j, a), Events: []event{}}
 				for _, e := range evs {
 					x := event{Key: e.Key, Type: e.Type, At: e.At}
 					if e.Iteration >= 0 {
@@ -530,27 +558,17 @@ registered. --json prints the job, the events and the adapter.`,
 	return cmd
 }
 
-// jobAdapter is the adapter a job registered (nil for none): under the
-// planned name, or under the name its trainer reported in a succeeded
-// event (the demo's simulated trainer reports sim-<planned name>).
-func jobAdapter(ctx context.Context, st *sink.Store, j *sink.TrainingJobRow, evs []sink.TrainingEventRow) (*sink.AdapterRow, error) {
-	names := []string{j.AdapterName}
-	for _, e := range evs {
-		var p struct {
-			Adapter *schemas.EventAdapter `json:"adapter"`
-		}
-		if e.Type == schemas.EventSucceeded && json.Unmarshal([]byte(e.Payload), &p) == nil && p.Adapter != nil && !slices.Contains(names, p.Adapter.Name) {
-			names = append(names, p.Adapter.Name)
-		}
+// jobAdapter is the adapter a job registered (nil for none), as trace
+// train list picks it (sink.PickJobAdapters): under the planned name, or
+// under the name its trainer reported (the demo's simulated trainer
+// reports sim-<planned name>).
+func jobAdapter(ctx context.Context, st *sink.Store, j *sink.TrainingJobRow) (*sink.AdapterRow, error) {
+	ads, err := st.JobAdapters(ctx, []sink.TrainingJobRow{*j})
+	if err != nil {
+		return nil, err
 	}
-	for _, name := range names {
-		a, err := st.Adapter(ctx, name)
-		if err != nil {
-			return nil, err
-		}
-		if a != nil && a.JobID == j.JobID {
-			return a, nil
-		}
+	if a, ok := ads[j.JobID]; ok {
+		return &a, nil
 	}
 	return nil, nil
 }

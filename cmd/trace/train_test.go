@@ -297,8 +297,9 @@ func TestTrainDispatchWebhook(t *testing.T) {
 
 // TestTrainShowAdapterUnderTheTrainersName: a trainer may register the
 // adapter under another name than the planned one (the demo's simulated
-// trainer reports sim-<planned name>); trace train show still shows the
-// adapter the job registered.
+// trainer reports sim-<planned name>); trace train show and trace train
+// list show the adapter the job registered, the name trace adapters list
+// and activate know, and list --json keeps the planned one apart.
 func TestTrainShowAdapterUnderTheTrainersName(t *testing.T) {
 	ctx := context.Background()
 	ch := testenv.ClickHouse(t)
@@ -346,6 +347,44 @@ func TestTrainShowAdapterUnderTheTrainersName(t *testing.T) {
 	}
 	if err != nil || json.Unmarshal([]byte(out), &v) != nil || v.Adapter == nil || v.Adapter.Name != name {
 		t.Errorf("show --json lacks the adapter %s (%v):\n%s", name, err, out)
+	}
+	planned := plan.AdapterName("precondition_verification", id, 1)
+	out, err = runCLI(t, ctx, append([]string{"train", "list"}, sets...)...)
+	if err != nil || !strings.Contains(out, " "+name+" ") || strings.Contains(out, " "+planned+" ") {
+		t.Errorf("train list does not show the registered adapter %s (%v):\n%s", name, err, out)
+	}
+	out, err = runCLI(t, ctx, append([]string{"train", "list", "--json"}, sets...)...)
+	var jobs []jobSummary
+	if err != nil || json.Unmarshal([]byte(out), &jobs) != nil || len(jobs) != 1 || jobs[0].AdapterName != name || !jobs[0].AdapterRegistered ||
+		jobs[0].PlannedAdapterName != planned {
+		t.Errorf("train list --json: want adapter_name %s (registered), planned_adapter_name %s (%v):\n%s", name, planned, err, out)
+	}
+	// The name train list shows is the one trace adapters knows.
+	out, err = runCLI(t, ctx, append([]string{"adapters", "list"}, sets...)...)
+	if err != nil || !strings.Contains(out, name) {
+		t.Errorf("adapters list lacks %s (%v):\n%s", name, err, out)
+	}
+	// A job that registered no adapter (yet) shows the planned name, marked.
+	r2 := *r
+	r2.EnvironmentID, r2.TriggerID = schemas.EnvironmentID("t-show-name-2"), "t-show-name-2"
+	r2.Fetch.Path, r2.Fetch.ClickHouse.EnvironmentID = schemas.EnvironmentProgramPath(r2.EnvironmentID), r2.EnvironmentID
+	res2, err := stage.HandleReady(ctx, &r2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err = runCLI(t, ctx, append([]string{"train", "list", "--json"}, sets...)...)
+	jobs = nil
+	if err != nil || json.Unmarshal([]byte(out), &jobs) != nil || len(jobs) != 2 {
+		t.Fatalf("train list --json (%v):\n%s", err, out)
+	}
+	for _, j := range jobs {
+		if j.JobID == res2.JobID && (j.AdapterRegistered || j.AdapterName != j.PlannedAdapterName || j.AdapterName != plan.AdapterName("precondition_verification", r2.EnvironmentID, 1)) {
+			t.Errorf("a job without an adapter: %+v", j)
+		}
+	}
+	out, err = runCLI(t, ctx, append([]string{"train", "list"}, sets...)...)
+	if err != nil || !strings.Contains(out, plan.AdapterName("precondition_verification", r2.EnvironmentID, 1)+" (not registered)") {
+		t.Errorf("train list does not mark the unregistered adapter (%v):\n%s", err, out)
 	}
 }
 
