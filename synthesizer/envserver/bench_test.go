@@ -261,14 +261,25 @@ func serverProcess(b *testing.B, cmd *exec.Cmd, port int) string {
 }
 
 // pythonServer starts openenv-core's reference server with the same
-// environment logic (testdata/openenv_python_server.py).
-func pythonServer(b *testing.B) string {
+// environment logic (testdata/openenv_python_server.py): as `pip install
+// openenv-core` runs it (uvicorn without extras: asyncio, h11), or with
+// standard, on uvicorn[standard]'s uvloop and httptools; "" when the venv
+// does not have them (.ci/run installs them).
+func pythonServer(b *testing.B, standard bool) string {
 	py := testenv.OpenEnvVenv.Path()
 	if _, err := os.Stat(py); err != nil {
 		b.Skipf("no openenv-core python at %s (TRACE_OPENENV_PYTHON): the comparison needs it", py)
 	}
+	mode := "default"
+	if standard {
+		if out, err := exec.Command(py, "-c", "import uvloop, httptools").CombinedOutput(); err != nil {
+			fmt.Printf("no uvloop and httptools in %s (pip install uvloop httptools; .ci/run does): openenv-core on uvicorn[standard] is not measured\n%s", py, out)
+			return ""
+		}
+		mode = "standard"
+	}
 	port := freePort(b)
-	cmd := exec.Command(py, "testdata/openenv_python_server.py", strconv.Itoa(port))
+	cmd := exec.Command(py, "testdata/openenv_python_server.py", strconv.Itoa(port), mode)
 	// Its log goes to a file: openenv-core's server logs a
 	// ClientDisconnected traceback each time a session closes, which would
 	// bury the figures. The file is named in the output.
@@ -379,10 +390,17 @@ func pythonLogicCost(b *testing.B) (withModels, logic time.Duration) {
 //
 //	go test -run '^$' -bench EnvServer -benchtime 1x ./synthesizer/envserver
 //
+// At 16 sessions openenv-core is also measured on uvicorn[standard]
+// (uvloop, httptools), when its venv has them, and the ratios against it
+// printed on a line of their own.
+//
 // TRACE_BENCH_SECONDS sets the measuring time per point (default 5),
 // TRACE_BENCH_SESSIONS a single session count, TRACE_BENCH_GO_ONLY=1 skips
 // the Python server, TRACE_BENCH_PROFILE_DIR writes CPU profiles of the Go
 // servers and the sandbox worker there.
+// pyStandard names the row of openenv-core on uvicorn[standard].
+const pyStandard = "openenv-core, uvicorn[standard]"
+
 func BenchmarkEnvServer(b *testing.B) {
 	d := 5 * time.Second
 	if s, err := strconv.Atoi(os.Getenv("TRACE_BENCH_SECONDS")); err == nil && s > 0 {
@@ -395,9 +413,11 @@ func BenchmarkEnvServer(b *testing.B) {
 	if os.Getenv("GOGC") == "" {
 		goDefaultGC, sbDefaultGC = goServer(b, false, "100"), goServer(b, true, "100")
 	}
-	pyBase := ""
+	// openenv-core as pip installs it, and, at 16 sessions, on
+	// uvicorn[standard] (uvloop, httptools), which a deployment may add.
+	pyBase, pyStdBase := "", ""
 	if os.Getenv("TRACE_BENCH_GO_ONLY") == "" {
-		pyBase = pythonServer(b)
+		pyBase, pyStdBase = pythonServer(b, false), pythonServer(b, true)
 	}
 	type row struct {
 		server string
@@ -420,6 +440,9 @@ func BenchmarkEnvServer(b *testing.B) {
 		}
 		if n == 16 && sbDefaultGC != "" {
 			servers = append(servers, server{"trace in-process, Go's GOGC 100", goDefaultGC}, server{"trace sandboxed, Go's GOGC 100", sbDefaultGC})
+		}
+		if n == 16 && pyStdBase != "" {
+			servers = append(servers, server{pyStandard, pyStdBase})
 		}
 		best := make([]loadResult, len(servers))
 		for round := range 2 {
@@ -465,10 +488,20 @@ func BenchmarkEnvServer(b *testing.B) {
 			b.ReportMetric(goR.rate()/pyR.rate(), "inprocess-ratio@16")
 		}
 		next := i + 3
-		for ; next < len(rows) && rows[next].n == rows[i].n; next++ { // the Go's GOGC rows
+		var std *loadResult
+		for ; next < len(rows) && rows[next].n == rows[i].n; next++ { // the Go's GOGC rows, uvicorn[standard]'s
+			if rows[next].server == pyStandard {
+				std = &rows[next].r
+				continue
+			}
 			fmt.Printf("; %s %.0f steps/s = %.1f ×", strings.TrimPrefix(rows[next].server, "trace "), rows[next].r.rate(), rows[next].r.rate()/pyR.rate())
 		}
 		fmt.Println()
+		if std != nil {
+			fmt.Printf("%2d sessions, against openenv-core on uvicorn[standard] (uvloop, httptools: %.0f steps/s, %.2f × pip's default): trace in-process %.1f ×, sandboxed %.1f ×\n",
+				rows[i].n, std.rate(), std.rate()/pyR.rate(), goR.rate()/std.rate(), sbR.rate()/std.rate())
+			b.ReportMetric(sbR.rate()/std.rate(), "sandboxed-ratio-uvloop@16")
+		}
 		i = next
 	}
 }

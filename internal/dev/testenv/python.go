@@ -23,7 +23,7 @@ type PythonVenv struct {
 
 // The venvs of the interop tests (.ci/run makes each).
 var (
-	OpenEnvVenv   = PythonVenv{Env: "TRACE_OPENENV_PYTHON", Dir: "/var/cache/trace/openenv-venv", Package: "openenv-core", Version: "0.3.0", Install: "openenv-core==0.3.0"}
+	OpenEnvVenv   = PythonVenv{Env: "TRACE_OPENENV_PYTHON", Dir: "/var/cache/trace/openenv-venv", Package: "openenv-core", Version: "0.3.0", Install: "openenv-core==0.3.0 uvloop==0.23.0 httptools==0.9.0"}
 	VerifiersVenv = PythonVenv{Env: "TRACE_VERIFIERS_PYTHON", Dir: "/var/cache/trace/verifiers-venv", Package: "verifiers", Version: "0.4.0", Install: "verifiers==0.4.0 openenv-core==0.3.0"}
 	OpenAIVenv    = PythonVenv{Env: "TRACE_OPENAI_PYTHON", Dir: "/var/cache/trace/openai-venv", Package: "openai", Version: "3.63.0", Install: "openai==3.63.0"}
 )

@@ -308,4 +308,11 @@ class AirlineEnvironment(Environment):
 app = create_app(AirlineEnvironment, ChatAction, ChatObservation, max_concurrent_envs=128)
 
 if __name__ == "__main__":
-    uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[1]), log_level="warning")
+    # argv[2] "standard": uvicorn[standard]'s event loop and HTTP parser
+    # (uvloop, httptools), as a deployment that installs the extra runs;
+    # otherwise asyncio and h11, what `pip install openenv-core` gives
+    # (uvicorn without extras), named so that an extra installed in the
+    # venv does not change the baseline.
+    standard = len(sys.argv) > 2 and sys.argv[2] == "standard"
+    uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[1]), log_level="warning",
+                loop="uvloop" if standard else "asyncio", http="httptools" if standard else "h11")
