@@ -558,6 +558,7 @@ func TestListValues(t *testing.T) {
 		{loadCase{name: "set, one", set: []string{"kafka.brokers=a:1"}}, func(c Config) any { return c.Kafka.Brokers }, []string{"a:1"}},
 		{loadCase{name: "set, trailing comma", set: []string{"kafka.brokers=a:1,"}}, func(c Config) any { return c.Kafka.Brokers }, []string{"a:1"}},
 		{loadCase{name: "set, empty items", set: []string{"kafka.brokers=,a:1,,b:2, "}}, func(c Config) any { return c.Kafka.Brokers }, []string{"a:1", "b:2"}},
+		{loadCase{name: "set, spaces after the commas", set: []string{"kafka.brokers=a:1, b:2 ,c:3"}}, func(c Config) any { return c.Kafka.Brokers }, []string{"a:1", "b:2", "c:3"}},
 		{loadCase{name: "environment, trailing comma", env: map[string]string{"TRACE_ADAPTER__PLAN__DEFAULTS__TARGET_MODULES": "q_proj,"}},
 			func(c Config) any { return c.Adapter.Plan.Defaults.TargetModules }, []string{"q_proj"}},
 		{loadCase{name: "set, empty list of an environment", set: []string{"adapter.plan.environments.tau2-retail.target_modules="}},

@@ -134,13 +134,14 @@ func isList(key string) bool {
 }
 
 // splitList is the value of a list setting in an environment variable or
-// --set: its items separated by commas. Empty items are left out, so that
-// an empty value is the empty list (kafka.brokers= goes back to the
-// embedded broker) and a trailing comma is no item.
+// --set: its items separated by commas, each trimmed of spaces. Empty
+// items are left out, so that an empty value is the empty list
+// (kafka.brokers= goes back to the embedded broker) and a trailing comma
+// is no item.
 func splitList(v string) []string {
 	items := []string{}
 	for item := range strings.SplitSeq(v, ",") {
-		if strings.TrimSpace(item) != "" {
+		if item = strings.TrimSpace(item); item != "" { // "a:1, b:2" as "a:1,b:2"
 			items = append(items, item)
 		}
 	}
