@@ -132,11 +132,10 @@ func (s *server) training(ctx context.Context, p trainingParams) (TrainingRespon
 	ads = append(ads, others...)
 	// The listed jobs' adapters, listed or not.
 	var jobAds []sink.AdapterRow
-	named := make(map[string]string, len(jobs)) // job id → the adapter it names
 	if len(jobs) > 0 {
 		ids := make([]string, len(jobs))
 		for i, j := range jobs {
-			ids[i], named[j.JobID] = j.JobID, j.AdapterName
+			ids[i] = j.JobID
 		}
 		if jobAds, err = s.d.Training.Adapters(ctx, sink.AdapterFilter{JobIDs: ids}); err != nil {
 			return TrainingResponse{}, err
@@ -157,14 +156,12 @@ func (s *server) training(ctx context.Context, p trainingParams) (TrainingRespon
 	for _, n := range adCounts {
 		out.AdapterTotal += n
 	}
+	// A job's adapter is the one it names, else the newest registered to
+	// it (sink.PickJobAdapters, as trace train list shows it).
 	byJob := map[string]*TrainingAdapter{}
-	for _, a := range jobAds {
+	for id, a := range sink.PickJobAdapters(jobs, jobAds) {
 		ta := s.trainingAdapter(a)
-		// A job's adapter is the one it names (another naming the job is
-		// kept only when none does).
-		if prev := byJob[a.JobID]; prev == nil || a.Name == named[a.JobID] {
-			byJob[a.JobID] = &ta
-		}
+		byJob[id] = &ta
 	}
 	for _, j := range jobs {
 		var planner struct {
