@@ -568,20 +568,35 @@ FROM rollouts
 WHERE environment = ? AND agent_version = ? AND rollout_id IN (SELECT arrayJoin(?))
 GROUP BY rollout_id`
 
-// QTriggerEvents lists trigger transitions in time order. An empty filter
-// value matches everything.
+// QTriggerEvents lists the newest trigger transitions (at most the limit),
+// in time order. An empty filter value matches everything.
 //
 // Binds: since (Unix seconds), environment ×2, agent_version ×2, capability ×2, limit.
-const QTriggerEvents = `SELECT trigger_id, environment, agent_version, dictionary_version, capability, epoch, event, at,
-	mean_cov, mean_delta, runs_passed, runs_total,
-	window_start, window_end, window_rollouts, window_failures, payload
+const QTriggerEvents = `SELECT * FROM (
+	SELECT trigger_id, environment, agent_version, dictionary_version, capability, epoch, event, at,
+		mean_cov, mean_delta, runs_passed, runs_total,
+		window_start, window_end, window_rollouts, window_failures, payload
+	FROM trigger_events FINAL
+	WHERE at >= toDateTime(?)
+		AND (? = '' OR environment = ?)
+		AND (? = '' OR agent_version = ?)
+		AND (? = '' OR capability = ?)
+	ORDER BY at DESC, environment DESC, agent_version DESC, dictionary_version DESC, capability DESC, epoch DESC, event DESC
+	LIMIT ?)
+ORDER BY at, environment, agent_version, dictionary_version, capability, epoch, event`
+
+// QTriggerEventCounts counts the trigger transitions QTriggerEvents would
+// list without its limit, per event kind.
+//
+// Binds: since (Unix seconds), environment ×2, agent_version ×2, capability ×2.
+const QTriggerEventCounts = `SELECT event, count() AS events
 FROM trigger_events FINAL
 WHERE at >= toDateTime(?)
 	AND (? = '' OR environment = ?)
 	AND (? = '' OR agent_version = ?)
 	AND (? = '' OR capability = ?)
-ORDER BY at, environment, agent_version, dictionary_version, capability, epoch, event
-LIMIT ?`
+GROUP BY event
+ORDER BY event`
 
 // QLatestTriggers is the newest trigger transition per capability of one
 // cohort.
@@ -769,10 +784,17 @@ var DashboardQueries = []DashboardQuery{
 	},
 	{
 		Name: "QTriggerEvents", Title: "Trigger timeline",
-		Purpose: "The trigger page: every transition (fired, deselected, reselected, rearmed) in time order; '' matches every value.",
+		Purpose: "The trigger page: the newest transitions (fired, deselected, reselected, rearmed), at most the limit, in time order; '' matches every value.",
 		SQL:     QTriggerEvents,
 		Binds: []DashboardBind{{"since (Unix seconds)", "0"}, {"environment", "''"}, {"environment", "''"}, {"agent_version", "''"},
 			{"agent_version", "''"}, {"capability", "''"}, {"capability", "''"}, {"limit", "500"}},
+	},
+	{
+		Name: "QTriggerEventCounts", Title: "Trigger transitions per kind", More: true,
+		Purpose: "The trigger page's counts: the transitions of the timeline's filter per event kind, all of them, beyond its limit too.",
+		SQL:     QTriggerEventCounts,
+		Binds: []DashboardBind{{"since (Unix seconds)", "0"}, {"environment", "''"}, {"environment", "''"}, {"agent_version", "''"},
+			{"agent_version", "''"}, {"capability", "''"}, {"capability", "''"}},
 	},
 	{
 		Name: "QRolloutCohorts", Title: "Environments and agent versions with rollouts", More: true,

@@ -101,8 +101,9 @@ func (w *dictWriter) Close() {
 	w.st.Close()
 }
 
-// knownEnvironment fails when env has no stored rollouts while others
-// do, naming them: a mistyped --env is told, not answered "nothing to
+// knownEnvironment fails when env has neither stored rollouts nor labels
+// (an import of external labels stores no rollouts) while others have,
+// naming them: a mistyped --env is told, not answered "nothing to
 // report". An empty store passes (nothing is stored yet at all).
 func knownEnvironment(ctx context.Context, st *sink.Store, env string) error {
 	if env == "" {
@@ -112,18 +113,25 @@ func knownEnvironment(ctx context.Context, st *sink.Store, env string) error {
 	if err != nil {
 		return err
 	}
+	labeled, err := st.Watermarks(ctx, nil)
+	if err != nil {
+		return err
+	}
 	var envs []string
 	for _, k := range keys {
-		if k[0] == env {
-			return nil
-		}
 		envs = append(envs, k[0])
+	}
+	for c := range labeled {
+		envs = append(envs, c.Environment)
+	}
+	if slices.Contains(envs, env) {
+		return nil
 	}
 	if len(envs) == 0 {
 		return nil
 	}
 	slices.Sort(envs)
-	return fmt.Errorf("no rollouts stored for environment %q; the environments with rollouts: %s", env, strings.Join(slices.Compact(envs), ", "))
+	return fmt.Errorf("nothing stored for environment %q (no rollouts, no labels); the environments with data: %s", env, strings.Join(slices.Compact(envs), ", "))
 }
 
 // addJSONFlag gives a command with --format the --json of the commands

@@ -64,6 +64,7 @@ type demoSummary struct {
 	Extra     map[string]any      `json:"extra,omitempty"`
 	byKey     map[string]struct{} `json:"-"`
 	printed   bool                // printed before lingering
+	lingered  time.Duration       // how long it lingered (until --linger or Ctrl-C)
 }
 
 type demoCounts struct {
@@ -210,7 +211,7 @@ Data lives under ./data/demo and is reset at every start (--keep keeps it).`,
 				if sum.OK {
 					mark = "OK"
 				}
-				fmt.Fprintf(out, "\nstopped after lingering for %s (the summary above is as it was before)\n%s: %s\n", linger, mark, sum.Verdict)
+				fmt.Fprintf(out, "\nstopped after lingering for %s (the summary above is as it was before)\n%s: %s\n", sum.lingered.Round(time.Second), mark, sum.Verdict)
 			} else {
 				printDemoSummary(out, sum)
 			}
@@ -323,10 +324,12 @@ func (d *demo) run(ctx, parent context.Context, linger time.Duration) (*demoSumm
 			sum.printed = true
 			d.logf("\nlingering for %s: the dashboard stays at %s (Ctrl-C to stop)", linger, dash)
 		}
+		began := time.Now()
 		select {
 		case <-parent.Done():
 		case <-time.After(linger):
 		}
+		sum.lingered = time.Since(began)
 	}
 	if err := stop(); err != nil {
 		return nil, err

@@ -168,8 +168,14 @@ func TestReportSaysWhy(t *testing.T) {
 		!strings.Contains(b.String(), "  no labels: no dictionary for lonely/v1") {
 		t.Errorf("table:\n%s", b.String())
 	}
-	// A --env without rollouts, beside ones with, is an error naming them.
-	for env, want := range map[string]string{"lonely": "", "": "", "lonley": `no rollouts stored for environment "lonley"; the environments with rollouts: broken, lonely, skewed`} {
+	// A --env without rollouts or labels, beside ones with, is an error
+	// naming them; labels alone (an import of external labels) count.
+	ev2 := schemas.LabelEvent{RolloutID: "x1", Environment: "imported", AgentVersion: "v1", DictionaryVersion: 1, Capability: "some_cap",
+		Label: "LACKING", Source: "external", TS: now}
+	if err := st.InsertLabels(ctx, []sink.LabelRow{sink.LabelRowFrom(&ev2)}); err != nil {
+		t.Fatal(err)
+	}
+	for env, want := range map[string]string{"lonely": "", "imported": "", "": "", "lonley": `nothing stored for environment "lonley" (no rollouts, no labels); the environments with data: broken, imported, lonely, skewed`} {
 		err := knownEnvironment(ctx, st, env)
 		if (err == nil) != (want == "") || (err != nil && err.Error() != want) {
 			t.Errorf("knownEnvironment(%q) = %v, want %q", env, err, want)

@@ -275,7 +275,8 @@ type TriggersResponse struct {
 	Since       time.Time      `json:"since"`
 	Filter      TriggerFilter  `json:"filter"`
 	Events      []TriggerEvent `json:"events"`
-	Counts      map[string]int `json:"counts"` // per event kind
+	Counts      map[string]int `json:"counts"` // per event kind, of every event the filter matches
+	Total       int            `json:"total"`  // their sum; Events are the newest of them
 	Truncated   bool           `json:"truncated"`
 	Message     string         `json:"message,omitempty"`
 }

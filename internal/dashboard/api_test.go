@@ -491,7 +491,7 @@ func TestAPI(t *testing.T) {
 
 	t.Run("bad parameters", func(t *testing.T) {
 		for _, p := range []string{"/api/overview?hours=0", "/api/overview?dict=x", "/api/overview?bucket=week", "/api/capability?env=airline", "/api/trends?weeks=1",
-			"/api/triggers?limit=-3", "/api/trends?at=yesterday",
+			"/api/triggers?limit=-3", "/api/trends?at=yesterday", "/api/overview?fresh=maybe",
 			// Out of ClickHouse's DateTime range: milliseconds (as JavaScript's
 			// Date.now() gives them) wrapped around to another year, a time
 			// before 1970 gave weeks in 2149.

@@ -65,6 +65,9 @@ type Store interface {
 	// LatestEvaluations are the evaluator's stored decisions (what the
 	// pages show unless asked for a fresh computation).
 	LatestEvaluations(ctx context.Context, cohorts []sink.Cohort) (map[sink.Cohort]sink.StoredEvaluation, error)
+	// Watermarks are the cohorts' exact newest labeled end times (the
+	// cohort list has only their hours), for the clock-skew warning.
+	Watermarks(ctx context.Context, cohorts []sink.Cohort) (map[sink.Cohort]time.Time, error)
 	QueryDashboard(ctx context.Context, q string, daily bool, args ...any) (driver.Rows, error)
 	QueryDashboardRow(ctx context.Context, q string, args ...any) driver.Row
 	// Location is the server's time zone, in which its hour and day
@@ -253,6 +256,21 @@ func (p *params) dict() uint32 {
 	return uint32(n)
 }
 
+// flag is a yes/no parameter: 1 or true, 0 or false, or absent (no).
+func (p *params) flag(name string) bool {
+	switch v := strings.ToLower(p.str(name)); v {
+	case "1", "true":
+		return true
+	case "", "0", "false":
+		return false
+	default:
+		if p.err == nil {
+			p.err = badRequest{fmt.Sprintf("parameter %s: want 1 or 0 (true or false), got %q", name, v)}
+		}
+		return false
+	}
+}
+
 func (p *params) bucket() string {
 	switch v := p.str("bucket"); v {
 	case "", bucketHour:
@@ -299,14 +317,14 @@ const maxHours = 24 * 92
 func parseOverview(r *http.Request) (overviewParams, error) {
 	p := &params{q: r.URL.Query()}
 	o := overviewParams{Env: p.str("env"), AgentVersion: p.str("agent_version"), Dict: p.dict(),
-		Hours: p.hours(), Bucket: p.bucket(), Fresh: p.str("fresh") == "1"}
+		Hours: p.hours(), Bucket: p.bucket(), Fresh: p.flag("fresh")}
 	return o, p.err
 }
 
 func parseCapability(r *http.Request) (capabilityParams, error) {
 	p := &params{q: r.URL.Query()}
 	c := capabilityParams{Env: p.str("env"), AgentVersion: p.str("agent_version"), Dict: p.dict(), Name: p.str("name"),
-		Examples: p.intIn("examples", 5, 0, 20), Hours: p.hours(), Bucket: p.bucket(), Fresh: p.str("fresh") == "1"}
+		Examples: p.intIn("examples", 5, 0, 20), Hours: p.hours(), Bucket: p.bucket(), Fresh: p.flag("fresh")}
 	if p.err == nil && (c.Env == "" || c.AgentVersion == "" || c.Name == "") {
 		p.err = badRequest{"parameters env, agent_version and name are required (dict defaults to the newest labeled version)"}
 	}

@@ -556,6 +556,7 @@ func (s *server) overview(ctx context.Context, p overviewParams) (*OverviewRespo
 	if key != nil {
 		resp.Cohort = key
 		resp.Range = timeRange(anchor(list, key.Environment, now), now, p.Hours, p.Bucket, s.location())
+		s.warnSkew(ctx, &resp.Range, list, key.Environment, now)
 		since := resp.Range.Since
 		g.Go(func() (err error) {
 			resp.PassRate, err = s.passRateHourly(gctx, key.Environment, since, p.Bucket)
@@ -654,6 +655,7 @@ func (s *server) capability(ctx context.Context, p capabilityParams) (*Capabilit
 		return nil, err
 	}
 	rg := timeRange(anchor(list, p.Env, now), now, p.Hours, p.Bucket, s.location())
+	s.warnSkew(ctx, &rg, list, p.Env, now)
 	since := rg.Since
 	resp := &CapabilityResponse{GeneratedAt: now.UTC(), Thresholds: s.thresholds(), Range: rg,
 		PerRun: []RunRow{}, Series: []CapPoint{}, Triggers: []TriggerEvent{}, Examples: []ExampleRollout{}}
@@ -809,8 +811,8 @@ func (s *server) examples(ctx context.Context, key CohortKey, name string, since
 	return out, rows.Err()
 }
 
-// triggerEvents reads trigger transitions in time order; truncated reports
-// that there were more than limit.
+// triggerEvents reads the newest limit trigger transitions, in time order;
+// truncated reports that there were more.
 func (s *server) triggerEvents(ctx context.Context, since time.Time, f TriggerFilter, limit int) ([]TriggerEvent, bool, error) {
 	rows, err := s.d.Store.QueryDashboard(ctx, sink.QTriggerEvents, false, unix(since),
 		f.Environment, f.Environment, f.AgentVersion, f.AgentVersion, f.Capability, f.Capability, uint32(limit+1))
@@ -837,8 +839,8 @@ func (s *server) triggerEvents(ctx context.Context, since time.Time, f TriggerFi
 	if err := rows.Err(); err != nil {
 		return nil, false, err
 	}
-	if len(out) > limit {
-		return out[:limit], true, nil
+	if len(out) > limit { // the query's limit+1 newest, in time order: drop the oldest
+		return out[len(out)-limit:], true, nil
 	}
 	return out, false, nil
 }
@@ -857,8 +859,24 @@ func (s *server) triggers(ctx context.Context, p triggersParams) (*TriggersRespo
 	if resp.Events, resp.Truncated, err = s.triggerEvents(ctx, since, p.Filter, p.Limit); err != nil {
 		return nil, err
 	}
-	for _, e := range resp.Events {
-		resp.Counts[e.Event]++
+	// The counts are of every event the filter matches, not only those shown.
+	rows, err := s.d.Store.QueryDashboard(ctx, sink.QTriggerEventCounts, false, unix(since),
+		p.Filter.Environment, p.Filter.Environment, p.Filter.AgentVersion, p.Filter.AgentVersion, p.Filter.Capability, p.Filter.Capability)
+	if err != nil {
+		return nil, fmt.Errorf("trigger event counts: %w", err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var event string
+		var n uint64
+		if err := rows.Scan(&event, &n); err != nil {
+			return nil, fmt.Errorf("trigger event counts: %w", err)
+		}
+		resp.Counts[event] = int(n)
+		resp.Total += int(n)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("trigger event counts: %w", err)
 	}
 	if len(resp.Events) == 0 {
 		resp.Message = fmt.Sprintf("No trigger events in the last %d days.", p.Days)
@@ -1036,10 +1054,48 @@ func timeRange(asOf, now time.Time, hours int, bucket string, loc *time.Location
 	} else {
 		rg.Since = bucketStart(asOf.Add(-time.Duration(hours)*time.Hour), bucket, loc).UTC()
 	}
-	if ahead := asOf.Sub(now); ahead > analyzer.FutureSkew {
-		rg.Warning = fmt.Sprintf("the newest rollout ends %s after this server's clock (clock skew?); it is shown as is", fmtDuration(ahead.Round(time.Minute)))
-	}
+	rg.Warning = skewWarning(asOf, now)
 	return rg
+}
+
+// skewWarning is the range's warning when the newest data ends more than
+// analyzer.FutureSkew after the clock ("" otherwise).
+func skewWarning(newest, now time.Time) string {
+	if ahead := newest.Sub(now); ahead > analyzer.FutureSkew {
+		return fmt.Sprintf("the newest rollout ends %s after this server's clock (clock skew?); it is shown as is", fmtDuration(ahead.Round(time.Minute)))
+	}
+	return ""
+}
+
+// warnSkew sets rg's clock-skew warning from env's exact newest labeled
+// end time (the evaluator's watermark, which `trace report` warns from
+// too): the cohort list knows only the hour it is in, which would
+// understate the skew by up to an hour and miss one under an hour. An
+// environment without labels keeps the warning of its newest hour.
+func (s *server) warnSkew(ctx context.Context, rg *Range, list []CohortSummary, env string, now time.Time) {
+	var cohorts []sink.Cohort
+	for _, c := range list {
+		if c.Environment == env && c.DictionaryVersion > 0 {
+			cohorts = append(cohorts, sink.Cohort{Environment: c.Environment, AgentVersion: c.AgentVersion, DictionaryVersion: c.DictionaryVersion})
+		}
+	}
+	if len(cohorts) == 0 {
+		return
+	}
+	marks, err := s.d.Store.Watermarks(ctx, cohorts)
+	if err != nil {
+		s.log.Warn("dashboard: watermarks for the clock-skew warning", "err", err)
+		return
+	}
+	var newest time.Time
+	for _, wm := range marks {
+		if wm.After(newest) {
+			newest = wm
+		}
+	}
+	if !newest.IsZero() {
+		rg.Warning = skewWarning(newest, now)
+	}
 }
 
 // startAtData sets an "all" range's start, which timeRange leaves to the

@@ -79,9 +79,24 @@ not on UTC the first day is a whole day too.
 			fmt.Fprintf(&b, " No binds. Ready to run:\n\n```sql\n%s\n```\n\n", q.SQL)
 			continue
 		}
-		b.WriteString(" Binds, in order:\n\n")
-		for i, bd := range q.Binds {
-			fmt.Fprintf(&b, "%d. %s — example `%s`\n", i+1, bd.Name, bd.Example)
+		if q.Args == nil {
+			b.WriteString(" Binds, in order:\n\n")
+			for i, bd := range q.Binds {
+				fmt.Fprintf(&b, "%d. %s — example `%s`\n", i+1, bd.Name, bd.Example)
+			}
+		} else {
+			// The rollup's part and the raw part read the same range: some
+			// values are bound twice. sink.Store.QueryDashboard takes the
+			// values once and binds them so; a client of its own binds
+			// every `?`, in this order.
+			names := make([]string, len(q.Binds))
+			for i, bd := range q.Binds {
+				names[i] = bd.Name
+			}
+			fmt.Fprintf(&b, " Its %d `?` take, in order, these values, some twice (`sink.Store.QueryDashboard` takes each once: %s):\n\n", len(q.Args), strings.Join(names, ", "))
+			for i, a := range q.Args {
+				fmt.Fprintf(&b, "%d. %s — example `%s`\n", i+1, q.Binds[a].Name, q.Binds[a].Example)
+			}
 		}
 		fmt.Fprintf(&b, "\n```sql\n%s\n```\n\nReady to run:\n\n", q.SQL)
 		ex, err := q.Example()

@@ -84,6 +84,7 @@ type EnvironmentRow struct {
 	MeanReward   *float64           `json:"mean_reward,omitempty"`
 	SuccessRate  *float64           `json:"success_rate,omitempty"`
 	PassAtK      map[string]float64 `json:"pass_at_k,omitempty"`
+	PassAt       []passAt           `json:"-"` // PassAtK by k, for the page (a map ranges @1, @16, @4)
 	Simulated    bool               `json:"simulated"`
 	CreatedAt    string             `json:"created_at"`
 	UpdatedAt    string             `json:"updated_at"`
@@ -117,6 +118,9 @@ func (s *server) environments(ctx context.Context, p environmentsParams) (Enviro
 		}
 		if c := e.Calibration; c != nil && e.Status == synthesizer.StatusDone {
 			row.MeanReward, row.SuccessRate, row.PassAtK, row.Simulated = &c.MeanReward, &c.SuccessRate, c.PassAtK, c.Simulated
+			for _, k := range c.PassAtKeys() {
+				row.PassAt = append(row.PassAt, passAt{K: k, Rate: c.PassAtK[k]})
+			}
 		}
 		out.Environments = append(out.Environments, row)
 	}

@@ -9,6 +9,7 @@ import (
 	"maps"
 	"net/http"
 	"net/http/httptest"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -103,6 +104,9 @@ func TestEnvironmentsPagesAndAPI(t *testing.T) {
 	code, body := getStatus(h, "/environments")
 	if code != 200 {
 		t.Fatalf("list page: %d %s", code, body)
+	}
+	if !regexp.MustCompile(`@1 0.38</span> <span class="pass">@4 0.80</span> <span class="pass">@16 0.97`).MatchString(body) {
+		t.Errorf("list page's pass@k not in the order of k")
 	}
 	for _, want := range []string{`href="/environment?id=` + done.ID + `"`, `data-status="FAILED"`, "5 attempts, none accepted", "@16 0.97",
 		`class="simulated"`, "get_reservation_details, cancel_reservation", `class="active">Environments</a>`} {

@@ -70,3 +70,35 @@ func TestIncompleteRunsReason(t *testing.T) {
 		t.Errorf("decision of a cohort labeled in 3 of %d runs: %+v", testEval.N, o.Decision)
 	}
 }
+
+// TestClockSkewWarningFromTheWatermark: labels ending 40 minutes ahead of
+// the clock are warned about with their exact lead (the cohort list knows
+// only their hour, which would hide a lead under an hour), on the overview
+// and the capability page.
+func TestClockSkewWarningFromTheWatermark(t *testing.T) {
+	st := openStore(t)
+	ctx := context.Background()
+	now := time.Date(2026, 12, 5, 15, 14, 0, 0, time.UTC)
+	ahead := now.Add(40 * time.Minute) // 15:54: its hour, 15:00, is behind the clock
+	var labels []sink.LabelRow
+	for i := range 5 {
+		for _, capName := range demoDict.Names() {
+			labels = append(labels, sink.LabelRow{LabelEvent: schemas.LabelEvent{RolloutID: fmt.Sprintf("fut-%02d", i), Environment: "future", AgentVersion: "v1",
+				DictionaryVersion: 1, Capability: capName, Label: schemas.LabelLacking, Source: schemas.SourceRules, TS: ahead.Add(-time.Duration(i) * time.Second)}})
+		}
+	}
+	if err := st.InsertLabels(ctx, labels); err != nil {
+		t.Fatal(err)
+	}
+	h := newHandler(st, now, registry())
+	var o OverviewResponse
+	getJSON(t, h, "/api/overview?env=future", &o)
+	if !strings.Contains(o.Range.Warning, "ends 40m0s after this server's clock") {
+		t.Errorf("overview warning %q, want the 40 minutes", o.Range.Warning)
+	}
+	var c CapabilityResponse
+	getJSON(t, h, "/api/capability?env=future&agent_version=v1&name="+demoDict.Names()[0], &c)
+	if !strings.Contains(c.Range.Warning, "ends 40m0s after this server's clock") {
+		t.Errorf("capability warning %q, want the 40 minutes", c.Range.Warning)
+	}
+}

@@ -2,10 +2,14 @@ package dashboard
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/traceops/trace/sink"
 )
 
 // TestSummarizePayload: the Triggers page's summary line of a synthesis
@@ -52,5 +56,35 @@ func TestTriggersPageShowsUnreadableSummary(t *testing.T) {
 	html := buf.String()
 	if !strings.Contains(html, `class="unreadable"`) || !strings.Contains(html, "summary unreadable: json: cannot unmarshal string") || !strings.Contains(html, "trigger t-1") {
 		t.Fatalf("the row does not say its summary is unreadable:\n%s", html[strings.Index(html, "<tbody"):])
+	}
+}
+
+// TestTriggersLimitKeepsTheNewest: a timeline cut at its limit shows the
+// newest transitions (in time order), and its counts are of every
+// transition the filter matches, not only those shown.
+func TestTriggersLimitKeepsTheNewest(t *testing.T) {
+	st := openStore(t)
+	ctx := context.Background()
+	now := time.Now().UTC().Truncate(time.Second)
+	var evs []sink.TriggerEvent
+	for i, kind := range []string{"fired", "deselected", "reselected", "fired", "deselected"} {
+		evs = append(evs, sink.TriggerEvent{TriggerID: fmt.Sprintf("t-%d", i), Environment: "lim", AgentVersion: "v1", DictionaryVersion: 1,
+			Capability: fmt.Sprintf("cap_%d", i), Epoch: 1, Event: kind, At: now.Add(-time.Duration(5-i) * time.Hour)})
+	}
+	if err := st.InsertTriggerEvents(ctx, evs); err != nil {
+		t.Fatal(err)
+	}
+	h := newHandler(st, now, registry())
+	var r TriggersResponse
+	getJSON(t, h, "/api/triggers?env=lim&limit=2", &r)
+	if !r.Truncated || len(r.Events) != 2 || r.Events[0].TriggerID != "t-3" || r.Events[1].TriggerID != "t-4" {
+		t.Fatalf("events %+v (truncated %v), want the newest two, t-3 then t-4", r.Events, r.Truncated)
+	}
+	if r.Total != 5 || r.Counts["fired"] != 2 || r.Counts["deselected"] != 2 || r.Counts["reselected"] != 1 {
+		t.Fatalf("counts %v, total %d; want every event counted", r.Counts, r.Total)
+	}
+	code, body := getStatus(h, "/triggers?env=lim&limit=2")
+	if code != 200 || !strings.Contains(body, "Showing the newest 2 of 5 events") || !strings.Contains(body, "fired (2)") {
+		t.Fatalf("page %d: %s", code, body)
 	}
 }
