@@ -1,6 +1,9 @@
 package router
 
-import "strings"
+import (
+	"fmt"
+	"strings"
+)
 
 // Context modes (router.context): what the classifier reads.
 const (
@@ -13,6 +16,47 @@ const (
 type Turn struct {
 	Role string
 	Text string
+	// Media is the message's parts other than text (images, audio,
+	// files) as their JSON: the conversation hash reads them, the
+	// classifier does not.
+	Media string
+}
+
+// DefaultContextMaxChars bounds the text the classifier is shown
+// (router.context_max_chars): ~4,000 tokens, so that a first turn that
+// fills the model's context leaves room for the routing prompt instead of
+// failing the classification.
+const DefaultContextMaxChars = 16000
+
+// CapContext shortens turns whose text together exceeds maxChars (< 1: no
+// bound): the budget is shared out in order, and a turn over its share
+// keeps its beginning (two thirds, where a request usually states the
+// task) and its end, joined by a marker naming how much was left out. The
+// turns are copies; the request forwarded upstream is untouched.
+func CapContext(turns []Turn, maxChars int) []Turn {
+	total := 0
+	for _, t := range turns {
+		total += len([]rune(t.Text))
+	}
+	if maxChars < 1 || total <= maxChars {
+		return turns
+	}
+	out := make([]Turn, len(turns))
+	left := maxChars
+	for i, t := range turns {
+		share := left / (len(turns) - i)
+		r := []rune(t.Text)
+		if len(r) > share {
+			head := share * 2 / 3
+			tail := share - head
+			t.Text = string(r[:head]) + fmt.Sprintf("\n[… %d characters left out …]\n", len(r)-share) + string(r[len(r)-tail:])
+			left -= share
+		} else {
+			left -= len(r)
+		}
+		out[i] = t
+	}
+	return out
 }
 
 // SelectContext returns the turns the classifier is shown: the first user

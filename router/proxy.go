@@ -160,7 +160,8 @@ const upstreamShards = 8
 // when an https:// one offers it), up to 1,024 idle connections
 // kept (Go's default of 2 per host would make concurrent callers open
 // and close a connection per request), no limit on open ones, and no
-// compression (bodies pass through as the upstream encodes them). The
+// compression asked for (the caller's Accept-Encoding is not forwarded
+// either: the proxy reads the usage in the answer). The
 // pool is split into upstreamShards http.Transports used in turn: one
 // Transport's pool is one mutex, which every request takes twice (to get
 // a connection and to put it back), and many concurrent requests queue on it.
@@ -225,42 +226,54 @@ type wireMessage struct {
 	Content json.RawMessage `json:"content"`
 }
 
-func (m wireMessage) text() string {
-	var s string
-	if json.Unmarshal(m.Content, &s) == nil {
-		return s
+// turn is the message as the router reads it: its text parts joined, and
+// its other parts (images, audio, files) as their JSON, which only the
+// conversation hash reads.
+func (m wireMessage) turn() Turn {
+	t := Turn{Role: m.Role}
+	if json.Unmarshal(m.Content, &t.Text) == nil {
+		return t
 	}
-	var parts []struct {
-		Type string `json:"type"`
-		Text string `json:"text"`
-	}
+	var parts []json.RawMessage
 	if json.Unmarshal(m.Content, &parts) != nil {
-		return ""
+		return t
 	}
 	var b strings.Builder
-	for _, pt := range parts {
-		if pt.Text != "" {
-			if b.Len() > 0 {
-				b.WriteByte('\n')
-			}
-			b.WriteString(pt.Text)
+	var other []byte
+	for _, raw := range parts {
+		var pt struct {
+			Type string `json:"type"`
+			Text string `json:"text"`
 		}
+		_ = json.Unmarshal(raw, &pt)
+		if pt.Type == "text" || (pt.Type == "" && pt.Text != "") {
+			if pt.Text != "" {
+				if b.Len() > 0 {
+					b.WriteByte('\n')
+				}
+				b.WriteString(pt.Text)
+			}
+			continue
+		}
+		other = append(append(other, raw...), 0)
 	}
-	return b.String()
+	t.Text, t.Media = b.String(), string(other)
+	return t
 }
 
 func turnsOf(msgs []wireMessage) []Turn {
 	out := make([]Turn, len(msgs))
 	for i, m := range msgs {
-		out[i] = Turn{Role: m.Role, Text: m.text()}
+		out[i] = m.turn()
 	}
 	return out
 }
 
 // HashConversation is the conversation id of a request that names none:
 // sha256 over the environment and the turns up to and including the first
-// user turn, so every later request of the same conversation, which repeats
-// them, maps to the same id.
+// user turn (their text and their other parts: images, audio, files), so
+// every later request of the same conversation, which repeats them, maps
+// to the same id.
 func HashConversation(environment string, turns []Turn) string {
 	h := sha256.New()
 	h.Write([]byte(environment))
@@ -269,6 +282,10 @@ func HashConversation(environment string, turns []Turn) string {
 		h.Write([]byte(t.Role))
 		h.Write([]byte{0})
 		h.Write([]byte(t.Text))
+		if t.Media != "" { // two first turns of one text but other images differ
+			h.Write([]byte{1})
+			h.Write([]byte(t.Media))
+		}
 		if t.Role == "user" {
 			break
 		}
@@ -369,6 +386,26 @@ func setDecisionHeaders(h http.Header, d Decision) {
 	h[HeaderConversation] = w.hConv
 }
 
+// connectionHeaders are the header names a message's Connection header
+// lists: hop-by-hop for that connection only, so not forwarded either
+// (RFC 9110 §7.6.1); nil when it lists none but the usual options.
+func connectionHeaders(h http.Header) map[string]bool {
+	var out map[string]bool
+	for _, v := range h["Connection"] {
+		for name := range strings.SplitSeq(v, ",") {
+			name = http.CanonicalHeaderKey(strings.TrimSpace(name))
+			if name == "" || name == "Keep-Alive" || name == "Close" {
+				continue
+			}
+			if out == nil {
+				out = map[string]bool{}
+			}
+			out[name] = true
+		}
+	}
+	return out
+}
+
 // hopHeaders are not forwarded (RFC 9110 §7.6.1), nor are the router's own.
 var hopHeaders = map[string]bool{
 	"Connection": true, "Proxy-Connection": true, "Keep-Alive": true, "Proxy-Authenticate": true, "Proxy-Authorization": true,
@@ -432,15 +469,23 @@ func (p *Proxy) chat(w http.ResponseWriter, r *http.Request) {
 		}
 	}()
 
-	ureq, err := http.NewRequestWithContext(r.Context(), http.MethodPost, p.chatURL, bytes.NewReader(out))
+	target := p.chatURL
+	if r.URL.RawQuery != "" { // the caller's query (api-version=…) goes on
+		target += "?" + r.URL.RawQuery
+	}
+	ureq, err := http.NewRequestWithContext(r.Context(), http.MethodPost, target, bytes.NewReader(out))
 	if err != nil {
 		row.Outcome, row.Error = OutcomeUnreachable, err.Error()
 		writeError(w, http.StatusBadGateway, "router: building the upstream request: "+err.Error(), "upstream_error")
 		return
 	}
 	ureq.Header = make(http.Header, len(r.Header)+2) // sized once
+	hop := connectionHeaders(r.Header)
 	for k, vs := range r.Header {
-		if !hopHeaders[k] {
+		// Not the caller's Accept-Encoding: the upstream's answer comes
+		// plain (the transport asks for no compression), so the proxy can
+		// read its usage and error events; the caller gets it plain too.
+		if !hopHeaders[k] && !hop[k] && k != "Accept-Encoding" {
 			ureq.Header[k] = vs
 		}
 	}
@@ -453,7 +498,7 @@ func (p *Proxy) chat(w http.ResponseWriter, r *http.Request) {
 	if err == nil && resp.StatusCode == http.StatusNotFound && d.Adapter != "" && d.Model != p.r.cfg.BaseModel && !p.cfg.NoAdapterFallback {
 		// The upstream does not serve the adapter; nothing has been sent
 		// to the caller yet: the base model answers instead.
-		d, resp, err = p.fallback(r.Context(), d, resp, cb, ureq.Header, &row)
+		d, resp, err = p.fallback(r.Context(), d, resp, cb, target, ureq.Header, &row)
 	}
 	if err != nil {
 		if r.Context().Err() != nil {
@@ -468,8 +513,9 @@ func (p *Proxy) chat(w http.ResponseWriter, r *http.Request) {
 	defer resp.Body.Close()
 	row.UpstreamStatus = uint16(min(resp.StatusCode, math.MaxUint16))
 	h := w.Header()
+	hop = connectionHeaders(resp.Header)
 	for k, vs := range resp.Header {
-		if !hopHeaders[k] || k == "Content-Length" {
+		if (!hopHeaders[k] || k == "Content-Length") && !hop[k] {
 			h[k] = vs
 		}
 	}
@@ -506,7 +552,7 @@ func (p *Proxy) chat(w http.ResponseWriter, r *http.Request) {
 // as served (the base model) with the upstream's new answer. row becomes
 // the base model's, with ReasonAdapterUnavailable and the missing adapter
 // in its error. Only here, off the path of every other request.
-func (p *Proxy) fallback(ctx context.Context, d Decision, resp *http.Response, cb chatBody, hdr http.Header, row *sink.RouteDecisionRow) (Decision, *http.Response, error) {
+func (p *Proxy) fallback(ctx context.Context, d Decision, resp *http.Response, cb chatBody, target string, hdr http.Header, row *sink.RouteDecisionRow) (Decision, *http.Response, error) {
 	missing := d.Adapter
 	// Read (some of) the 404 so that its connection is reused.
 	msg, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
@@ -518,7 +564,7 @@ func (p *Proxy) fallback(ctx context.Context, d Decision, resp *http.Response, c
 	row.Adapter, row.Capability, row.Model = "", "", d.Model
 	row.Reason = ReasonAdapterUnavailable
 	row.Error = "the upstream answered 404 for the adapter " + missing + " (it does not serve it); the base model served the request"
-	ureq, err := http.NewRequestWithContext(ctx, http.MethodPost, p.chatURL, bytes.NewReader(cb.withModel(d.wire.model)))
+	ureq, err := http.NewRequestWithContext(ctx, http.MethodPost, target, bytes.NewReader(cb.withModel(d.wire.model)))
 	if err != nil {
 		return d, nil, err
 	}

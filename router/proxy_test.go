@@ -3,6 +3,7 @@ package router_test
 import (
 	"bufio"
 	"bytes"
+	"compress/gzip"
 	"context"
 	"encoding/json"
 	"io"
@@ -11,6 +12,7 @@ import (
 	"net/http/httptest"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -472,5 +474,46 @@ func TestProxyRecordsTokenUsage(t *testing.T) {
 		if got := metricValue(t, reg, m.name, m.labels); got != m.want {
 			t.Errorf("%s%v = %v, want %v", m.name, m.labels, got, m.want)
 		}
+	}
+}
+
+// TestProxyForwarding: the caller's query string reaches the upstream;
+// headers its Connection header names do not; nor does its Accept-Encoding
+// (the OpenAI SDK asks for gzip): an upstream that would compress answers
+// plain, so its usage is recorded, and the caller gets the answer plain.
+func TestProxyForwarding(t *testing.T) {
+	var mu sync.Mutex
+	var query, hop, acceptEnc string
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		query, hop, acceptEnc = r.URL.RawQuery, r.Header.Get("X-Hop-Secret"), r.Header.Get("Accept-Encoding")
+		mu.Unlock()
+		body := `{"id":"c1","object":"chat.completion","model":"m","choices":[{"index":0,"message":{"role":"assistant","content":"ok"},"finish_reason":"stop"}],"usage":{"prompt_tokens":11,"completion_tokens":3,"total_tokens":14}}`
+		w.Header().Set("Content-Type", "application/json")
+		if strings.Contains(r.Header.Get("Accept-Encoding"), "gzip") {
+			w.Header().Set("Content-Encoding", "gzip")
+			zw := gzip.NewWriter(w)
+			io.WriteString(zw, body)
+			zw.Close()
+			return
+		}
+		io.WriteString(w, body)
+	}))
+	t.Cleanup(up.Close)
+	f := newFixtureWith(t, func(pc *router.ProxyConfig) { pc.UpstreamURL = up.URL }, adapterRow("lora-ids", "id_verification"))
+	f.script(map[string]float64{"A": 0.9, "B": 0.1}, llmtest.Reply{})
+	resp := f.post("/v1/chat/completions?api-version=2024-02-01", `{"messages":[{"role":"user","content":"verify me"}]}`,
+		map[string]string{"Accept-Encoding": "gzip", "Connection": "keep-alive, X-Hop-Secret", "X-Hop-Secret": "zzz", router.HeaderConversation: "fwd-1"})
+	b, err := io.ReadAll(resp.Body)
+	if err != nil || resp.StatusCode != 200 || resp.Header.Get("Content-Encoding") != "" || !strings.Contains(string(b), `"prompt_tokens":11`) {
+		t.Fatalf("answer %d %q (Content-Encoding %q), %v; want it plain", resp.StatusCode, b, resp.Header.Get("Content-Encoding"), err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if query != "api-version=2024-02-01" || hop != "" || acceptEnc != "" {
+		t.Fatalf("the upstream saw query %q, X-Hop-Secret %q, Accept-Encoding %q", query, hop, acceptEnc)
+	}
+	if r := f.decisions(1)[0]; !r.Usage || r.PromptTokens != 11 || r.CompletionTokens != 3 {
+		t.Fatalf("row %+v, want usage 11/3", r)
 	}
 }

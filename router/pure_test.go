@@ -5,11 +5,13 @@ import (
 	"encoding/json"
 	"errors"
 	"math"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/traceops/trace/internal/dev/llmtest"
 	"github.com/traceops/trace/internal/llm"
@@ -162,7 +164,7 @@ func fmtWeights(ws []Weight) string {
 }
 
 func TestSelectContext(t *testing.T) {
-	turns := []Turn{{"system", "be nice"}, {"user", "  "}, {"user", "refund my order"}, {"assistant", "which order?"}, {"tool", "{}"}, {"user", "the last one"}}
+	turns := []Turn{{Role: "system", Text: "be nice"}, {Role: "user", Text: "  "}, {Role: "user", Text: "refund my order"}, {Role: "assistant", Text: "which order?"}, {Role: "tool", Text: "{}"}, {Role: "user", Text: "the last one"}}
 	cases := []struct {
 		mode string
 		n    int
@@ -182,7 +184,7 @@ func TestSelectContext(t *testing.T) {
 			t.Errorf("%s/%d: %q, want %q", c.mode, c.n, strings.Join(got, "|"), c.want)
 		}
 	}
-	if got := SelectContext([]Turn{{"system", "x"}, {"assistant", "hi"}}, ContextLastN, 3); got != nil {
+	if got := SelectContext([]Turn{{Role: "system", Text: "x"}, {Role: "assistant", Text: "hi"}}, ContextLastN, 3); got != nil {
 		t.Errorf("no user turn: %v, want nothing", got)
 	}
 }
@@ -298,7 +300,7 @@ func TestRouteConcurrentFirstRequests(t *testing.T) {
 }
 
 // TestErrorDecisionsCachedBriefly: a decision that records an error
-// (classifier or registry) is kept for AdaptersRefresh, the others for
+// (classifier or registry), or had no text to classify, is kept for AdaptersRefresh, the others for
 // CacheTTL, so that a passing failure does not pin a conversation to the
 // base model for an hour. Real scripted classifier; the registry's failure
 // is a source that fails.
@@ -309,12 +311,16 @@ func TestErrorDecisionsCachedBriefly(t *testing.T) {
 		reply  llmtest.Reply
 		reason string
 		short  bool
+		turns  []Turn // nil: a user turn "hi"
 	}{
-		{"classified", staticSource{{Adapter: "a", Capability: "c"}}, llmtest.Classification(map[string]float64{"A": 0.9, "B": 0.1}), ReasonClassified, false},
-		{"no adapters", staticSource{}, llmtest.Reply{}, ReasonNoAdapters, false},
-		{"no logprobs", staticSource{{Adapter: "a", Capability: "c"}}, llmtest.Text("A"), ReasonNoLogprobs, false},
-		{"classifier error", staticSource{{Adapter: "a", Capability: "c"}}, llmtest.Status(400, "bad request"), ReasonClassifierError, true},
-		{"registry error", failingSource{}, llmtest.Reply{}, ReasonRegistryError, true},
+		{"classified", staticSource{{Adapter: "a", Capability: "c"}}, llmtest.Classification(map[string]float64{"A": 0.9, "B": 0.1}), ReasonClassified, false, nil},
+		{"no adapters", staticSource{}, llmtest.Reply{}, ReasonNoAdapters, false, nil},
+		{"no logprobs", staticSource{{Adapter: "a", Capability: "c"}}, llmtest.Text("A"), ReasonNoLogprobs, false, nil},
+		{"classifier error", staticSource{{Adapter: "a", Capability: "c"}}, llmtest.Status(400, "bad request"), ReasonClassifierError, true, nil},
+		{"registry error", failingSource{}, llmtest.Reply{}, ReasonRegistryError, true, nil},
+		// A named conversation whose first request had no text (audio or
+		// images only): its next request may have some.
+		{"no user text", staticSource{{Adapter: "a", Capability: "c"}}, llmtest.Reply{}, ReasonNoMessages, true, []Turn{{Role: "user", Media: `{"type":"input_audio"}`}}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			srv := llmtest.New(t)
@@ -328,7 +334,11 @@ func TestErrorDecisionsCachedBriefly(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			in := Input{ConversationID: "c1", Environment: "e", Turns: []Turn{{Role: "user", Text: "hi"}}}
+			turns := tc.turns
+			if turns == nil {
+				turns = []Turn{{Role: "user", Text: "hi"}}
+			}
+			in := Input{ConversationID: "c1", Environment: "e", Turns: turns}
 			d, cached := r.Route(context.Background(), in)
 			if cached || d.Reason != tc.reason {
 				t.Fatalf("decision %q (cached %v), want %q", d.Reason, cached, tc.reason)
@@ -677,5 +687,89 @@ func TestDecisionsShareTheirListsLabels(t *testing.T) {
 	}
 	if got, want := row(d1), "A,B,C|a,b,none|lora-a,lora-b,"; got != want {
 		t.Fatalf("the first decision's columns changed with the list: %q, want %q", got, want)
+	}
+}
+
+// TestCapContext: turns over the budget keep their beginning and end with
+// a marker naming what was left out; within it they are unchanged.
+func TestCapContext(t *testing.T) {
+	long := strings.Repeat("a", 600) + strings.Repeat("z", 600)
+	for _, tc := range []struct {
+		name  string
+		turns []Turn
+		max   int
+		check func([]Turn) bool
+	}{
+		{"within the budget", []Turn{{Role: "user", Text: "short"}}, 100, func(o []Turn) bool { return o[0].Text == "short" }},
+		{"no bound", []Turn{{Role: "user", Text: long}}, -1, func(o []Turn) bool { return o[0].Text == long }},
+		{"one long turn", []Turn{{Role: "user", Text: long}}, 300, func(o []Turn) bool {
+			return strings.HasPrefix(o[0].Text, strings.Repeat("a", 200)+"\n[… 900 characters left out …]\n") &&
+				strings.HasSuffix(o[0].Text, strings.Repeat("z", 100)) && len([]rune(o[0].Text)) < 340
+		}},
+		{"shared out in order", []Turn{{Role: "user", Text: "tiny"}, {Role: "assistant", Text: long}}, 304, func(o []Turn) bool {
+			return o[0].Text == "tiny" && strings.Contains(o[1].Text, "[… 900 characters left out …]")
+		}},
+		{"runes, not bytes", []Turn{{Role: "user", Text: strings.Repeat("é", 400)}}, 300, func(o []Turn) bool {
+			return utf8.ValidString(o[0].Text) && strings.Contains(o[0].Text, "[… 100 characters left out …]")
+		}},
+	} {
+		in := slices.Clone(tc.turns)
+		if out := CapContext(tc.turns, tc.max); !tc.check(out) {
+			t.Errorf("%s: %q", tc.name, out)
+		}
+		if !slices.Equal(in, tc.turns) {
+			t.Errorf("%s: the input turns changed", tc.name)
+		}
+	}
+}
+
+// TestClassifierSeesACappedTurn: a first turn longer than
+// router.context_max_chars reaches the classifier shortened, so that it
+// still fits the model's context with the routing prompt.
+func TestClassifierSeesACappedTurn(t *testing.T) {
+	srv, cls := classifierA(t, 0)
+	r, err := New(Config{BaseModel: "base", ContextMaxChars: 1000}, cls, staticSource{{Adapter: "a", Capability: "c"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	long := strings.Repeat("x", 50000)
+	if d, _ := r.Route(context.Background(), Input{ConversationID: "c1", Environment: "e", Turns: []Turn{{Role: "user", Text: long}}}); d.Adapter != "a" {
+		t.Fatalf("decision %+v", d)
+	}
+	body := string(srv.Requests()[0].Body)
+	if len(body) > 10000 || !strings.Contains(body, "49000 characters left out") {
+		t.Fatalf("the classifier was sent %d bytes: %.300s", len(body), body)
+	}
+}
+
+// TestHashConversation: the id of a conversation that names none covers
+// the turns up to the first user turn, their text and their other parts:
+// later requests repeating them share it; first turns of one text with
+// other images, or with images only, do not.
+func TestHashConversation(t *testing.T) {
+	msgs := func(content string) []wireMessage {
+		return []wireMessage{{Role: "system", Content: json.RawMessage(`"be brief"`)}, {Role: "user", Content: json.RawMessage(content)}}
+	}
+	img := func(url string) string {
+		return `[{"type":"text","text":"what is this?"},{"type":"image_url","image_url":{"url":"` + url + `"}}]`
+	}
+	id := func(ms []wireMessage) string { return HashConversation("e", turnsOf(ms)) }
+	cat, dog := id(msgs(img("https://x/cat.png"))), id(msgs(img("https://x/dog.png")))
+	if cat == dog {
+		t.Error("one text with other images: one id")
+	}
+	later := append(msgs(img("https://x/cat.png")), wireMessage{Role: "assistant", Content: json.RawMessage(`"a cat"`)}, wireMessage{Role: "user", Content: json.RawMessage(`"and?"`)})
+	if id(later) != cat {
+		t.Error("a later request of the conversation: another id")
+	}
+	a, b := id(msgs(`[{"type":"input_audio","input_audio":{"data":"AAAA","format":"wav"}}]`)), id(msgs(`[{"type":"input_audio","input_audio":{"data":"BBBB","format":"wav"}}]`))
+	if a == b {
+		t.Error("two audio-only first turns: one id")
+	}
+	if id(msgs(`"what is this?"`)) != id(msgs(`[{"type":"text","text":"what is this?"}]`)) {
+		t.Error("the same text as a string and as a part: other ids")
+	}
+	if got := turnsOf(msgs(img("https://x/cat.png")))[1].Text; got != "what is this?" {
+		t.Errorf("the classifier's text %q", got)
 	}
 }

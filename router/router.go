@@ -69,6 +69,10 @@ type Config struct {
 	// Context is ContextFirstUser (default) or ContextLastN with LastN turns (default 4).
 	Context string
 	LastN   int
+	// ContextMaxChars bounds the characters of those turns the classifier
+	// is shown (default DefaultContextMaxChars; negative: no bound), see
+	// CapContext.
+	ContextMaxChars int
 	// CacheTTL keeps a conversation's decision (default 1h; negative: no
 	// cache, every request is classified, router.cache_ttl 0); CacheMax
 	// bounds the conversations held (default 100,000).
@@ -78,9 +82,10 @@ type Config struct {
 	// adapter is checked against its environment's active adapters (a
 	// cached decision whose adapter left the list is dropped and the
 	// conversation classified again), and how long a decision that
-	// records an error (ReasonClassifierError, ReasonRegistryError) is
-	// cached, at most CacheTTL: a passing failure does not pin a
-	// conversation to the base model for CacheTTL.
+	// records an error (ReasonClassifierError, ReasonRegistryError) or
+	// had nothing to classify (ReasonNoMessages) is cached, at most
+	// CacheTTL: a passing failure does not pin a conversation to the base
+	// model for CacheTTL.
 	AdaptersRefresh time.Duration
 	// LabelConstraint is ConstraintNone (default) or ConstraintStructuredOutputs.
 	LabelConstraint string
@@ -145,6 +150,9 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.Context == "" {
 		c.Context = ContextFirstUser
+	}
+	if c.ContextMaxChars == 0 {
+		c.ContextMaxChars = DefaultContextMaxChars
 	}
 	if c.LastN == 0 {
 		c.LastN = 4
@@ -361,11 +369,12 @@ func (r *Router) Route(ctx context.Context, in Input) (d Decision, cached bool) 
 }
 
 // cacheTTL is how long d is cached: AdaptersRefresh for a decision that
-// records an error (the next request after it tries again), CacheTTL for
-// the others.
+// records an error (the next request after it tries again) or that had no
+// text to classify (a named conversation whose first request was audio or
+// images only: a later one may have text), CacheTTL for the others.
 func (r *Router) cacheTTL(d Decision) time.Duration {
 	switch d.Reason {
-	case ReasonClassifierError, ReasonRegistryError:
+	case ReasonClassifierError, ReasonRegistryError, ReasonNoMessages:
 		return min(r.cfg.AdaptersRefresh, r.cfg.CacheTTL)
 	}
 	return r.cfg.CacheTTL
@@ -523,7 +532,7 @@ func (r *Router) classify(ctx context.Context, in Input) Decision {
 	d.labels = r.labelsOf(d.active, cands, in.Environment)
 	labels := d.labels.labels
 	d.Labels = labels
-	turns := SelectContext(in.Turns, r.cfg.Context, r.cfg.LastN)
+	turns := CapContext(SelectContext(in.Turns, r.cfg.Context, r.cfg.LastN), r.cfg.ContextMaxChars)
 	if len(turns) == 0 {
 		d.Reason = ReasonNoMessages
 		return d

@@ -67,7 +67,7 @@ func (a *App) addRoute(ctx context.Context, g *run.Group) error {
 	}
 	reg := &router.Registry{Rows: a.Store, TTL: rc.AdaptersRefresh, Describe: a.describeCapability}
 	r, err := router.New(router.Config{BaseModel: rc.BaseModel, TopP: topP(rc.TopP), Temperature: rc.Temperature, TopLogprobs: rc.TopLogprobs,
-		Context: rc.Context, LastN: rc.LastN, CacheTTL: cacheTTL(rc.CacheTTL), CacheMax: rc.CacheMax, AdaptersRefresh: rc.AdaptersRefresh, LabelConstraint: rc.LabelConstraint,
+		Context: rc.Context, LastN: rc.LastN, ContextMaxChars: rc.ContextMaxChars, CacheTTL: cacheTTL(rc.CacheTTL), CacheMax: rc.CacheMax, AdaptersRefresh: rc.AdaptersRefresh, LabelConstraint: rc.LabelConstraint,
 		ClassifierAttempts: rc.ClassifierAttempts, ClassifierExtraBody: extra, DecisionTimeout: decisionTimeout(rc), Retriever: ret,
 		Logger: a.Log.With("role", "route")}, cls, reg)
 	if err != nil {

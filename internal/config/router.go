@@ -55,6 +55,10 @@ type Router struct {
 	// LastN user and assistant turns).
 	Context string `koanf:"context"`
 	LastN   int    `koanf:"last_n"`
+	// ContextMaxChars bounds the characters of those turns the classifier
+	// is shown (16000, ~4,000 tokens; -1: no bound): a longer text keeps
+	// its beginning and end. The request forwarded is not changed.
+	ContextMaxChars int `koanf:"context_max_chars"`
 	// CacheTTL keeps each conversation's decision; CacheMax bounds the
 	// conversations kept.
 	CacheTTL time.Duration `koanf:"cache_ttl"`
@@ -106,7 +110,7 @@ type RouterRetrieval struct {
 // DefaultRouter is the route role's defaults.
 func DefaultRouter() Router {
 	return Router{Addr: "127.0.0.1:8088", ClassifierTimeout: 10 * time.Second, ClassifierAttempts: 2, TopP: 0.95, Temperature: 1,
-		TopLogprobs: 20, Context: "first_user", LastN: 4, CacheTTL: time.Hour, CacheMax: 100000, LabelConstraint: "none",
+		TopLogprobs: 20, Context: "first_user", LastN: 4, ContextMaxChars: 16000, CacheTTL: time.Hour, CacheMax: 100000, LabelConstraint: "none",
 		AdaptersRefresh: 10 * time.Second, FallbackOnMissingAdapter: true, DrainTimeout: 30 * time.Second, GOGC: 100, GCHeadroomMB: 128,
 		Retrieval: RouterRetrieval{Pool: 50, TTL: 10 * time.Minute}}
 }
@@ -200,6 +204,9 @@ func (r Router) validate() error {
 	}
 	if r.LastN < 1 {
 		bad("last_n", "must be at least 1, got %d", r.LastN)
+	}
+	if r.ContextMaxChars != -1 && r.ContextMaxChars < 200 {
+		bad("context_max_chars", "must be at least 200, or -1 for no bound, got %d", r.ContextMaxChars)
 	}
 	if r.CacheTTL < 0 {
 		bad("cache_ttl", "must not be negative, got %s", r.CacheTTL)

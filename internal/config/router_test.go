@@ -27,9 +27,9 @@ func TestRouterConfig(t *testing.T) {
 	}
 	_, err = Load("", []string{"roles=route", "router.upstream_url=http://127.0.0.1:8000/v1", "router.base_model=m",
 		"router.context=everything", "router.top_p=1.5", "router.label_constraint=grammar", "router.retrieval.embeddings_url=http://e:1/v1",
-		"router.cache_max=0"})
+		"router.cache_max=0", "router.context_max_chars=10"})
 	// router.cache_max 0 was taken as 100,000 (the router's default for an unset bound).
-	for _, field := range []string{"router.context", "router.top_p", "router.label_constraint", "router.retrieval.embeddings_model", "router.cache_max"} {
+	for _, field := range []string{"router.context", "router.top_p", "router.label_constraint", "router.retrieval.embeddings_model", "router.cache_max", "router.context_max_chars"} {
 		if err == nil || !strings.Contains(err.Error(), field) {
 			t.Errorf("bad %s accepted: %v", field, err)
 		}
