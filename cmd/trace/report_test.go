@@ -92,9 +92,11 @@ func TestReportOnTheTraceRelease(t *testing.T) {
 	if err != nil || !strings.Contains(table, "environments (trace env show ID for one):") || !strings.Contains(table, envID+"  tau2-bench/qwen3 multi_step_transaction_completion  WAITING_FOR_LLM") {
 		t.Fatalf("table (%v):\n%s", err, table)
 	}
+	// An environment with nothing stored, beside one with labels: an error
+	// naming the environments that have data.
 	table, err = runCLI(t, ctx, append([]string{"report", "--env", "nothing-here"}, sets...)...)
-	if err != nil || !strings.Contains(table, "no rollouts stored yet") {
-		t.Fatalf("empty report (%v): %s", err, table)
+	if err == nil || !strings.Contains(err.Error(), `nothing stored for environment "nothing-here"`) || !strings.Contains(err.Error(), "with data: tau2-bench") {
+		t.Fatalf("report of an unknown environment (%v): %s", err, table)
 	}
 }
 
