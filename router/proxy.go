@@ -507,7 +507,9 @@ func (p *Proxy) chat(w http.ResponseWriter, r *http.Request) {
 		}
 		row.Outcome, row.Error = OutcomeUnreachable, thenErr(row.Error, redactURLError(err))
 		setDecisionHeaders(w.Header(), d)
-		writeError(w, http.StatusBadGateway, "router: upstream unreachable: "+row.Error, "upstream_error")
+		// The cause (the upstream's address, a classifier's failure) is
+		// the operator's: it is in the request's route_decisions row.
+		writeError(w, http.StatusBadGateway, "router: the upstream is unreachable (the cause is in route_decisions, request_id "+row.RequestID+")", "upstream_error")
 		return
 	}
 	defer resp.Body.Close()
@@ -723,7 +725,7 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 }
 
 func writeError(w http.ResponseWriter, status int, msg, typ string) {
-	writeJSON(w, status, map[string]any{"error": map[string]any{"message": msg, "type": typ, "code": nil}})
+	writeJSON(w, status, map[string]any{"error": map[string]any{"message": msg, "type": typ, "param": nil, "code": nil}}) // OpenAI's shape
 }
 
 func firstOf(vs ...string) string {

@@ -386,10 +386,13 @@ func TestProxyUpstreamErrorPassesThrough(t *testing.T) {
 	f.up.Close()
 	resp = f.post("/v1/chat/completions", `{"messages":[{"role":"user","content":"hi"}]}`, nil)
 	body, _ = io.ReadAll(resp.Body)
-	if resp.StatusCode != http.StatusBadGateway || !strings.Contains(string(body), `"upstream_error"`) {
-		t.Fatalf("%s %q", resp.Status, body)
+	if resp.StatusCode != http.StatusBadGateway || !strings.Contains(string(body), `"upstream_error"`) || !strings.Contains(string(body), `"param":null`) || strings.Contains(string(body), "127.0.0.1") {
+		t.Fatalf("%s %q (the upstream's address is the operator's, not the caller's)", resp.Status, body)
 	}
 	rows := f.decisions(2)
+	if !strings.Contains(string(body), "request_id "+rows[1].RequestID) || !strings.Contains(rows[1].Error, "connect") {
+		t.Fatalf("502 %q, row %+v: want the row's request id in the answer and the cause in the row", body, rows[1])
+	}
 	if rows[0].Outcome != router.OutcomeUpstreamError || rows[0].UpstreamStatus != 404 || rows[0].Reason != router.ReasonNoAdapters ||
 		rows[1].Outcome != router.OutcomeUnreachable {
 		t.Fatalf("rows %+v", rows)
