@@ -200,10 +200,73 @@ func (p *Proxy) Handler() http.Handler {
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
 	mux.Handle("POST /v1/route", p.auth(http.HandlerFunc(p.route)))
 	mux.Handle("POST /v1/chat/completions", p.auth(http.HandlerFunc(p.chat)))
+	// The upstream's model list, as it is (the base model and the adapters
+	// it serves): what OpenAI clients' models.list() and health checks ask.
+	mux.Handle("GET /v1/models", p.auth(http.HandlerFunc(p.models)))
+	mux.Handle("GET /v1/models/{id...}", p.auth(http.HandlerFunc(p.models)))
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		writeError(w, http.StatusNotFound, "no route "+r.Method+" "+r.URL.Path+" (the router serves POST /v1/route and POST /v1/chat/completions)", "invalid_request_error")
+		writeError(w, http.StatusNotFound, "no route "+r.Method+" "+r.URL.Path+" (the router serves POST /v1/route, POST /v1/chat/completions and GET /v1/models)", "invalid_request_error")
 	})
 	return mux
+}
+
+// models passes GET /v1/models[/{id}] to the upstream and its answer back,
+// nothing routed or recorded.
+func (p *Proxy) models(w http.ResponseWriter, r *http.Request) {
+	target := strings.TrimSuffix(p.chatURL, "/chat/completions") + strings.TrimPrefix(r.URL.EscapedPath(), "/v1")
+	if r.URL.RawQuery != "" {
+		target += "?" + r.URL.RawQuery
+	}
+	ureq, err := http.NewRequestWithContext(r.Context(), http.MethodGet, target, nil)
+	if err != nil {
+		writeError(w, http.StatusBadGateway, "router: building the upstream request: "+err.Error(), "upstream_error")
+		return
+	}
+	ureq.Header = p.upstreamHeader(r.Header)
+	resp, err := p.transport.RoundTrip(ureq)
+	if err != nil {
+		if r.Context().Err() == nil {
+			p.log.Warn("router: GET models: the upstream is unreachable", "err", redactURLError(err))
+			writeError(w, http.StatusBadGateway, "router: the upstream is unreachable (the cause is in the router's log)", "upstream_error")
+		}
+		return
+	}
+	defer resp.Body.Close()
+	copyResponseHeader(w.Header(), resp.Header)
+	w.WriteHeader(resp.StatusCode)
+	_, _ = io.Copy(w, resp.Body)
+}
+
+// upstreamHeader is the header of a request to the upstream: the
+// caller's, less the hop-by-hop ones (and those its Connection names) and
+// Accept-Encoding (the upstream's answer comes plain, the transport asking
+// for no compression, so the proxy can read its usage and error events;
+// the caller gets it plain too), with router.upstream_api_key when the
+// caller sends no Authorization.
+func (p *Proxy) upstreamHeader(in http.Header) http.Header {
+	out := make(http.Header, len(in)+2) // sized once
+	hop := connectionHeaders(in)
+	for k, vs := range in {
+		if !hopHeaders[k] && !hop[k] && k != "Accept-Encoding" {
+			out[k] = vs
+		}
+	}
+	if out.Get("Authorization") == "" && p.cfg.UpstreamAPIKey != "" {
+		out.Set("Authorization", "Bearer "+p.cfg.UpstreamAPIKey)
+	}
+	return out
+}
+
+// copyResponseHeader copies the upstream's response header to the
+// caller's, less the hop-by-hop ones (Content-Length kept) and those its
+// Connection names.
+func copyResponseHeader(dst, src http.Header) {
+	hop := connectionHeaders(src)
+	for k, vs := range src {
+		if (!hopHeaders[k] || k == "Content-Length") && !hop[k] {
+			dst[k] = vs
+		}
+	}
 }
 
 func (p *Proxy) auth(h http.Handler) http.Handler {
@@ -479,19 +542,7 @@ func (p *Proxy) chat(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadGateway, "router: building the upstream request: "+err.Error(), "upstream_error")
 		return
 	}
-	ureq.Header = make(http.Header, len(r.Header)+2) // sized once
-	hop := connectionHeaders(r.Header)
-	for k, vs := range r.Header {
-		// Not the caller's Accept-Encoding: the upstream's answer comes
-		// plain (the transport asks for no compression), so the proxy can
-		// read its usage and error events; the caller gets it plain too.
-		if !hopHeaders[k] && !hop[k] && k != "Accept-Encoding" {
-			ureq.Header[k] = vs
-		}
-	}
-	if ureq.Header.Get("Authorization") == "" && p.cfg.UpstreamAPIKey != "" {
-		ureq.Header.Set("Authorization", "Bearer "+p.cfg.UpstreamAPIKey)
-	}
+	ureq.Header = p.upstreamHeader(r.Header)
 	ureq.Header.Set("Content-Type", "application/json")
 	row.OverheadUS = micros(time.Since(start))
 	resp, err := p.transport.RoundTrip(ureq)
@@ -515,12 +566,7 @@ func (p *Proxy) chat(w http.ResponseWriter, r *http.Request) {
 	defer resp.Body.Close()
 	row.UpstreamStatus = uint16(min(resp.StatusCode, math.MaxUint16))
 	h := w.Header()
-	hop = connectionHeaders(resp.Header)
-	for k, vs := range resp.Header {
-		if (!hopHeaders[k] || k == "Content-Length") && !hop[k] {
-			h[k] = vs
-		}
-	}
+	copyResponseHeader(h, resp.Header)
 	setDecisionHeaders(h, d)
 	w.WriteHeader(resp.StatusCode)
 	sse := strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream")

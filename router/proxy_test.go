@@ -488,6 +488,11 @@ func TestProxyForwarding(t *testing.T) {
 	var mu sync.Mutex
 	var query, hop, acceptEnc string
 	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodGet { // the model list, passed through
+			w.Header().Set("Content-Type", "application/json")
+			io.WriteString(w, `{"object":"list","data":[{"id":"base-model","object":"model"},{"id":"lora-ids","object":"model","path":"`+r.URL.Path+`"}]}`)
+			return
+		}
 		mu.Lock()
 		query, hop, acceptEnc = r.URL.RawQuery, r.Header.Get("X-Hop-Secret"), r.Header.Get("Accept-Encoding")
 		mu.Unlock()
@@ -518,5 +523,21 @@ func TestProxyForwarding(t *testing.T) {
 	}
 	if r := f.decisions(1)[0]; !r.Usage || r.PromptTokens != 11 || r.CompletionTokens != 3 {
 		t.Fatalf("row %+v, want usage 11/3", r)
+	}
+	// GET /v1/models is the upstream's list (OpenAI clients' models.list(),
+	// health checks), nothing routed or recorded.
+	req, _ := http.NewRequest(http.MethodGet, f.srv.URL+"/v1/models", nil)
+	req.Header.Set(router.HeaderToken, token)
+	mresp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mb, _ := io.ReadAll(mresp.Body)
+	mresp.Body.Close()
+	if mresp.StatusCode != 200 || !strings.Contains(string(mb), `"id":"lora-ids"`) || !strings.Contains(string(mb), `"path":"/models"`) {
+		t.Fatalf("GET /v1/models: %d %s", mresp.StatusCode, mb)
+	}
+	if n := len(f.decisions(1)); n != 1 {
+		t.Fatalf("%d rows after GET /v1/models, want the chat request's only", n)
 	}
 }
