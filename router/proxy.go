@@ -103,7 +103,8 @@ type Proxy struct {
 	cfg     ProxyConfig
 	r       *Router
 	rec     DecisionRecorder
-	chatURL string // the upstream's /chat/completions
+	root    string // the upstream's API root (router.upstream_url)
+	chatURL string // root + /chat/completions
 	// transport sends the request as it is (as httputil.ReverseProxy
 	// does): an http.Client would follow redirects and copy the headers
 	// for them, and a redirect is the caller's to see.
@@ -147,7 +148,7 @@ func NewProxy(cfg ProxyConfig, r *Router, rec DecisionRecorder) (*Proxy, error) 
 	if err != nil {
 		return nil, err
 	}
-	return &Proxy{cfg: cfg, r: r, rec: rec, chatURL: u.String() + "/chat/completions", transport: tr, log: log,
+	return &Proxy{cfg: cfg, r: r, rec: rec, root: u.String(), chatURL: u.String() + "/chat/completions", transport: tr, log: log,
 		metrics: m, warned: map[string]time.Time{}}, nil
 }
 
@@ -213,11 +214,7 @@ func (p *Proxy) Handler() http.Handler {
 // models passes GET /v1/models[/{id}] to the upstream and its answer back,
 // nothing routed or recorded.
 func (p *Proxy) models(w http.ResponseWriter, r *http.Request) {
-	target := strings.TrimSuffix(p.chatURL, "/chat/completions") + strings.TrimPrefix(r.URL.EscapedPath(), "/v1")
-	if r.URL.RawQuery != "" {
-		target += "?" + r.URL.RawQuery
-	}
-	ureq, err := http.NewRequestWithContext(r.Context(), http.MethodGet, target, nil)
+	ureq, err := http.NewRequestWithContext(r.Context(), http.MethodGet, withQuery(p.root+strings.TrimPrefix(r.URL.EscapedPath(), "/v1"), r), nil)
 	if err != nil {
 		writeError(w, http.StatusBadGateway, "router: building the upstream request: "+err.Error(), "upstream_error")
 		return
@@ -235,6 +232,15 @@ func (p *Proxy) models(w http.ResponseWriter, r *http.Request) {
 	copyResponseHeader(w.Header(), resp.Header)
 	w.WriteHeader(resp.StatusCode)
 	_, _ = io.Copy(w, resp.Body)
+}
+
+// withQuery is the upstream URL u with the caller's query string (an
+// api-version=…), which goes on.
+func withQuery(u string, r *http.Request) string {
+	if r.URL.RawQuery == "" {
+		return u
+	}
+	return u + "?" + r.URL.RawQuery
 }
 
 // upstreamHeader is the header of a request to the upstream: the
@@ -532,10 +538,7 @@ func (p *Proxy) chat(w http.ResponseWriter, r *http.Request) {
 		}
 	}()
 
-	target := p.chatURL
-	if r.URL.RawQuery != "" { // the caller's query (api-version=…) goes on
-		target += "?" + r.URL.RawQuery
-	}
+	target := withQuery(p.chatURL, r)
 	ureq, err := http.NewRequestWithContext(r.Context(), http.MethodPost, target, bytes.NewReader(out))
 	if err != nil {
 		row.Outcome, row.Error = OutcomeUnreachable, err.Error()

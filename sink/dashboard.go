@@ -577,13 +577,20 @@ const QTriggerEvents = `SELECT * FROM (
 		mean_cov, mean_delta, runs_passed, runs_total,
 		window_start, window_end, window_rollouts, window_failures, payload
 	FROM trigger_events FINAL
-	WHERE at >= toDateTime(?)
-		AND (? = '' OR environment = ?)
-		AND (? = '' OR agent_version = ?)
-		AND (? = '' OR capability = ?)
+	` + triggerFilter + `
 	ORDER BY at DESC, environment DESC, agent_version DESC, dictionary_version DESC, capability DESC, epoch DESC, event DESC
 	LIMIT ?)
 ORDER BY at, environment, agent_version, dictionary_version, capability, epoch, event`
+
+// triggerFilter is the WHERE of QTriggerEvents and QTriggerEventCounts.
+const triggerFilter = `WHERE at >= toDateTime(?)
+	AND (? = '' OR environment = ?)
+	AND (? = '' OR agent_version = ?)
+	AND (? = '' OR capability = ?)`
+
+// triggerFilterBinds are triggerFilter's binds, with their docs' examples.
+var triggerFilterBinds = []DashboardBind{{"since (Unix seconds)", "0"}, {"environment", "''"}, {"environment", "''"}, {"agent_version", "''"},
+	{"agent_version", "''"}, {"capability", "''"}, {"capability", "''"}}
 
 // QTriggerEventCounts counts the trigger transitions QTriggerEvents would
 // list without its limit, per event kind.
@@ -591,10 +598,7 @@ ORDER BY at, environment, agent_version, dictionary_version, capability, epoch, 
 // Binds: since (Unix seconds), environment ×2, agent_version ×2, capability ×2.
 const QTriggerEventCounts = `SELECT event, count() AS events
 FROM trigger_events FINAL
-WHERE at >= toDateTime(?)
-	AND (? = '' OR environment = ?)
-	AND (? = '' OR agent_version = ?)
-	AND (? = '' OR capability = ?)
+` + triggerFilter + `
 GROUP BY event
 ORDER BY event`
 
@@ -786,15 +790,13 @@ var DashboardQueries = []DashboardQuery{
 		Name: "QTriggerEvents", Title: "Trigger timeline",
 		Purpose: "The trigger page: the newest transitions (fired, deselected, reselected, rearmed), at most the limit, in time order; '' matches every value.",
 		SQL:     QTriggerEvents,
-		Binds: []DashboardBind{{"since (Unix seconds)", "0"}, {"environment", "''"}, {"environment", "''"}, {"agent_version", "''"},
-			{"agent_version", "''"}, {"capability", "''"}, {"capability", "''"}, {"limit", "500"}},
+		Binds:   append(slices.Clone(triggerFilterBinds), DashboardBind{"limit", "500"}),
 	},
 	{
 		Name: "QTriggerEventCounts", Title: "Trigger transitions per kind", More: true,
 		Purpose: "The trigger page's counts: the transitions of the timeline's filter per event kind, all of them, beyond its limit too.",
 		SQL:     QTriggerEventCounts,
-		Binds: []DashboardBind{{"since (Unix seconds)", "0"}, {"environment", "''"}, {"environment", "''"}, {"agent_version", "''"},
-			{"agent_version", "''"}, {"capability", "''"}, {"capability", "''"}},
+		Binds:   triggerFilterBinds,
 	},
 	{
 		Name: "QRolloutCohorts", Title: "Environments and agent versions with rollouts", More: true,

@@ -117,6 +117,15 @@ func knownEnvironment(ctx context.Context, st *sink.Store, env string) error {
 	if err != nil {
 		return err
 	}
+	return checkEnvironment(env, keys, labeled)
+}
+
+// checkEnvironment is knownEnvironment's check on what it read: the
+// (environment, agent version)s with rollouts and the labeled cohorts.
+func checkEnvironment(env string, keys [][2]string, labeled map[sink.Cohort]time.Time) error {
+	if env == "" {
+		return nil
+	}
 	var envs []string
 	for _, k := range keys {
 		envs = append(envs, k[0])

@@ -173,10 +173,10 @@ tokens).`,
 				return err
 			}
 			defer st.Close()
-			if err := knownEnvironment(ctx, st, env); err != nil {
-				return err
-			}
 			if loop {
+				if err := knownEnvironment(ctx, st, env); err != nil {
+					return err
+				}
 				rep, err := loopReport(ctx, cfg, st, env, loopShareWindow(window))
 				if err != nil {
 					return err
@@ -232,6 +232,13 @@ func buildReport(ctx context.Context, cfg config.Config, st *sink.Store, env str
 	ac := cfg.Analyzer.EvalConfig
 	marks, err := st.Watermarks(ctx, nil)
 	if err != nil {
+		return nil, nil, err
+	}
+	keys, err := st.RolloutKeys(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := checkEnvironment(env, keys, marks); err != nil {
 		return nil, nil, err
 	}
 	reg := analyzer.NewRegistry()
@@ -346,10 +353,6 @@ func buildReport(ctx context.Context, cfg config.Config, st *sink.Store, env str
 	// Stored rollouts whose current dictionary labeled none of them: the
 	// (environment, agent version)s from the small aggregate, then the
 	// exact counts of the unlabeled ones only.
-	keys, err := st.RolloutKeys(ctx)
-	if err != nil {
-		return nil, nil, err
-	}
 	var unlabeled [][2]string
 	for _, k := range keys {
 		if env != "" && k[0] != env {
