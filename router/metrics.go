@@ -17,6 +17,9 @@ type proxyMetrics struct {
 	requests  *prometheus.CounterVec // by endpoint, adapter ("none": the base model) and outcome
 	tokens    *prometheus.CounterVec // by adapter and kind (prompt, completion)
 	overhead  prometheus.Histogram   // the proxy's own time before forwarding
+	// passthrough counts the requests for the upstream's other /v1/ paths,
+	// by endpoint and outcome.
+	passthrough *prometheus.CounterVec
 }
 
 func newProxyMetrics(reg prometheus.Registerer) (*proxyMetrics, error) {
@@ -33,6 +36,9 @@ func newProxyMetrics(reg prometheus.Registerer) (*proxyMetrics, error) {
 		overhead: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "trace_router_overhead_seconds",
 			Help:    "The proxy's own time per proxied request before forwarding it (reading and scanning the body, the decision: the classifier's call for a conversation's first request)",
 			Buckets: []float64{50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 10e-3, 50e-3, 0.25, 1, 5}}),
+		passthrough: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "trace_router_passthrough_total",
+			Help: "Requests for the upstream's other /v1/ paths (models, embeddings, completions, responses, …), passed through unrouted and unrecorded, by endpoint (the path's first segment after /v1/, other for an unknown one) and outcome (ok, upstream_error, stream_error, unreachable, canceled, refused)."},
+			[]string{"endpoint", "outcome"}),
 	}
 	if reg == nil {
 		return m, nil
@@ -42,6 +48,7 @@ func newProxyMetrics(reg prometheus.Registerer) (*proxyMetrics, error) {
 	m.requests = register(reg, m.requests, &errs)
 	m.tokens = register(reg, m.tokens, &errs)
 	m.overhead = register(reg, m.overhead, &errs)
+	m.passthrough = register(reg, m.passthrough, &errs)
 	if err := errors.Join(errs...); err != nil {
 		return nil, fmt.Errorf("router: metrics: %w", err)
 	}

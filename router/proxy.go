@@ -201,29 +201,62 @@ func (p *Proxy) Handler() http.Handler {
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
 	mux.Handle("POST /v1/route", p.auth(http.HandlerFunc(p.route)))
 	mux.Handle("POST /v1/chat/completions", p.auth(http.HandlerFunc(p.chat)))
-	// The upstream's model list, as it is (the base model and the adapters
-	// it serves): what OpenAI clients' models.list() and health checks ask.
-	mux.Handle("GET /v1/models", p.auth(http.HandlerFunc(p.models)))
-	mux.Handle("GET /v1/models/{id...}", p.auth(http.HandlerFunc(p.models)))
+	// Any other method on the routed paths is a 405, not the upstream's.
+	for _, path := range []string{"/v1/route", "/v1/chat/completions"} {
+		mux.Handle(path, p.auth(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Allow", http.MethodPost)
+			writeError(w, http.StatusMethodNotAllowed, r.Method+" "+r.URL.Path+": only POST is served", "invalid_request_error")
+		})))
+	}
+	// Every other /v1/ path is the upstream's, passed through unrouted:
+	// the model list (OpenAI clients' models.list() and health checks),
+	// embeddings, the legacy completions, the Responses API, so that an
+	// application can point its whole OpenAI client at the router.
+	mux.Handle("/v1/", p.auth(http.HandlerFunc(p.passthrough)))
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		writeError(w, http.StatusNotFound, "no route "+r.Method+" "+r.URL.Path+" (the router serves POST /v1/route, POST /v1/chat/completions and GET /v1/models)", "invalid_request_error")
+		writeError(w, http.StatusNotFound, "no route "+r.Method+" "+r.URL.Path+" (the router serves POST /v1/route and POST /v1/chat/completions, and passes the upstream's other /v1/ paths through)", "invalid_request_error")
 	})
 	return mux
 }
 
-// models passes GET /v1/models[/{id}] to the upstream and its answer back,
-// nothing routed or recorded.
-func (p *Proxy) models(w http.ResponseWriter, r *http.Request) {
-	ureq, err := http.NewRequestWithContext(r.Context(), http.MethodGet, withQuery(p.root+strings.TrimPrefix(r.URL.EscapedPath(), "/v1"), r), nil)
+// passthrough passes a request for any other /v1/ path to the upstream
+// (the same API root, method, query string and body, the headers as for a
+// chat request) and its answer back, streamed as it arrives: nothing
+// routed (the body's model is the caller's) or recorded in
+// route_decisions; counted in trace_router_passthrough_total.
+func (p *Proxy) passthrough(w http.ResponseWriter, r *http.Request) {
+	endpoint := passEndpoint(r.URL.Path)
+	if r.ContentLength > p.cfg.MaxBodyBytes {
+		p.metrics.passthrough.WithLabelValues(endpoint, "refused").Inc()
+		writeError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("body exceeds %d bytes", p.cfg.MaxBodyBytes), "invalid_request_error")
+		return
+	}
+	var body io.Reader
+	if r.Body != nil && r.Body != http.NoBody {
+		body = http.MaxBytesReader(w, r.Body, p.cfg.MaxBodyBytes)
+	}
+	ureq, err := http.NewRequestWithContext(r.Context(), r.Method, withQuery(p.root+strings.TrimPrefix(r.URL.EscapedPath(), "/v1"), r), body)
 	if err != nil {
+		p.metrics.passthrough.WithLabelValues(endpoint, OutcomeUnreachable).Inc()
 		writeError(w, http.StatusBadGateway, "router: building the upstream request: "+err.Error(), "upstream_error")
 		return
+	}
+	if body != nil {
+		ureq.ContentLength = r.ContentLength // -1 (chunked) when unknown
 	}
 	ureq.Header = p.upstreamHeader(r.Header)
 	resp, err := p.transport.RoundTrip(ureq)
 	if err != nil {
-		if r.Context().Err() == nil {
-			p.log.Warn("router: GET models: the upstream is unreachable", "err", redactURLError(err))
+		var mbe *http.MaxBytesError
+		switch {
+		case errors.As(err, &mbe):
+			p.metrics.passthrough.WithLabelValues(endpoint, "refused").Inc()
+			writeError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("body exceeds %d bytes", p.cfg.MaxBodyBytes), "invalid_request_error")
+		case r.Context().Err() != nil:
+			p.metrics.passthrough.WithLabelValues(endpoint, OutcomeCanceled).Inc()
+		default:
+			p.metrics.passthrough.WithLabelValues(endpoint, OutcomeUnreachable).Inc()
+			p.log.Warn("router: passthrough: the upstream is unreachable", "method", r.Method, "path", r.URL.Path, "err", redactURLError(err))
 			writeError(w, http.StatusBadGateway, "router: the upstream is unreachable (the cause is in the router's log)", "upstream_error")
 		}
 		return
@@ -231,7 +264,39 @@ func (p *Proxy) models(w http.ResponseWriter, r *http.Request) {
 	defer resp.Body.Close()
 	copyResponseHeader(w.Header(), resp.Header)
 	w.WriteHeader(resp.StatusCode)
-	_, _ = io.Copy(w, resp.Body)
+	c := copyFlush(w, resp.Body, false, false)
+	outcome := OutcomeOK
+	switch {
+	case resp.StatusCode >= 400:
+		outcome = OutcomeUpstreamError
+	case c.err != nil && r.Context().Err() != nil:
+		outcome = OutcomeCanceled
+	case c.err != nil:
+		outcome = OutcomeStreamError
+	}
+	p.metrics.passthrough.WithLabelValues(endpoint, outcome).Inc()
+	if c.err != nil && r.Context().Err() == nil {
+		panic(http.ErrAbortHandler) // a broken stream, as for a chat request
+	}
+}
+
+// passEndpoints are the passthrough metric's endpoint labels: the OpenAI
+// API's top-level paths; any other is "other", so that callers cannot
+// grow the metric.
+var passEndpoints = map[string]bool{
+	"models": true, "completions": true, "embeddings": true, "responses": true, "audio": true,
+	"images": true, "moderations": true, "files": true, "batches": true, "rerank": true,
+	"tokenize": true, "detokenize": true, "score": true, "chat": true,
+}
+
+// passEndpoint is the metric label of a /v1/ path: its first segment
+// after /v1/ when it is one of passEndpoints, else "other".
+func passEndpoint(path string) string {
+	seg, _, _ := strings.Cut(strings.TrimPrefix(path, "/v1/"), "/")
+	if passEndpoints[seg] {
+		return seg
+	}
+	return "other"
 }
 
 // withQuery is the upstream URL u with the caller's query string (an

@@ -541,3 +541,127 @@ func TestProxyForwarding(t *testing.T) {
 		t.Fatalf("%d rows after GET /v1/models, want the chat request's only", n)
 	}
 }
+
+// TestProxyPassthrough: the upstream's other /v1/ paths (embeddings, the
+// legacy completions streamed, the Responses API) pass through with the
+// caller's method, path, query, headers and body unchanged (its model
+// too), the answer streamed back as the upstream sent it; nothing is
+// routed or recorded, and each is counted by endpoint and outcome. The
+// routed paths answer other methods 405; a body over the limit is a 413;
+// the router's token still guards them.
+func TestProxyPassthrough(t *testing.T) {
+	type seen struct{ method, path, query, body, auth string }
+	var mu sync.Mutex
+	var got []seen
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		mu.Lock()
+		got = append(got, seen{r.Method, r.URL.Path, r.URL.RawQuery, string(b), r.Header.Get("Authorization")})
+		mu.Unlock()
+		switch r.URL.Path {
+		case "/v1/completions":
+			w.Header().Set("Content-Type", "text/event-stream")
+			for i := range 3 {
+				io.WriteString(w, `data: {"choices":[{"text":"t`+strconv.Itoa(i)+`"}]}`+"\n\n")
+				w.(http.Flusher).Flush()
+			}
+			io.WriteString(w, "data: [DONE]\n\n")
+		case "/v1/responses":
+			w.WriteHeader(http.StatusBadRequest)
+			io.WriteString(w, `{"error":{"message":"model not found","type":"invalid_request_error"}}`)
+		default:
+			w.Header().Set("Content-Type", "application/json")
+			w.Header().Set("X-Upstream", "yes")
+			io.WriteString(w, `{"object":"list","data":[{"object":"embedding","index":0,"embedding":[0.5]}]}`)
+		}
+	}))
+	t.Cleanup(up.Close)
+	reg := prometheus.NewRegistry()
+	f := newFixtureWith(t, func(pc *router.ProxyConfig) {
+		pc.UpstreamURL, pc.Registerer, pc.MaxBodyBytes = up.URL+"/v1", reg, 4096
+	}, adapterRow("lora-ids", "id_verification"))
+
+	embed := `{"model":"text-embed-1","input":["a",  "b"]}`
+	resp := f.post("/v1/embeddings?api-version=x", embed, map[string]string{"Authorization": "Bearer sk-caller"})
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != 200 || resp.Header.Get("X-Upstream") != "yes" || !strings.Contains(string(b), `"embedding":[0.5]`) {
+		t.Fatalf("POST /v1/embeddings: %d %s", resp.StatusCode, b)
+	}
+	resp = f.post("/v1/completions", `{"model":"m","prompt":"hi","stream":true}`, nil)
+	b, _ = io.ReadAll(resp.Body)
+	if resp.StatusCode != 200 || resp.Header.Get("Content-Type") != "text/event-stream" || strings.Count(string(b), "data: ") != 4 || !strings.HasSuffix(string(b), "data: [DONE]\n\n") {
+		t.Fatalf("POST /v1/completions (stream): %d %q", resp.StatusCode, b)
+	}
+	resp = f.post("/v1/responses", `{"model":"nope","input":"hi"}`, nil)
+	b, _ = io.ReadAll(resp.Body)
+	if resp.StatusCode != 400 || !strings.Contains(string(b), "model not found") {
+		t.Fatalf("POST /v1/responses: %d %s, want the upstream's 400", resp.StatusCode, b)
+	}
+	mu.Lock()
+	want := []seen{
+		{"POST", "/v1/embeddings", "api-version=x", embed, "Bearer sk-caller"},
+		{"POST", "/v1/completions", "", `{"model":"m","prompt":"hi","stream":true}`, ""},
+		{"POST", "/v1/responses", "", `{"model":"nope","input":"hi"}`, ""},
+	}
+	if len(got) != len(want) {
+		t.Fatalf("the upstream saw %+v, want %+v", got, want)
+	}
+	for i := range want {
+		if got[i] != want[i] {
+			t.Fatalf("upstream request %d: %+v, want %+v", i, got[i], want[i])
+		}
+	}
+	mu.Unlock()
+
+	// Refused before the upstream: another method on a routed path, a
+	// body over the limit, no token, a path outside /v1/.
+	for _, c := range []struct {
+		method, path, body string
+		token              bool
+		status             int
+	}{
+		{http.MethodGet, "/v1/chat/completions", "", true, http.StatusMethodNotAllowed},
+		{http.MethodPut, "/v1/route", "{}", true, http.StatusMethodNotAllowed},
+		{http.MethodPost, "/v1/embeddings", strings.Repeat("x", 5000), true, http.StatusRequestEntityTooLarge},
+		{http.MethodPost, "/v1/embeddings", embed, false, http.StatusUnauthorized},
+		{http.MethodGet, "/v2/models", "", true, http.StatusNotFound},
+	} {
+		req, _ := http.NewRequest(c.method, f.srv.URL+c.path, strings.NewReader(c.body))
+		if c.token {
+			req.Header.Set(router.HeaderToken, token)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		var e struct {
+			Error struct{ Message, Type string }
+		}
+		if resp.StatusCode != c.status || json.Unmarshal(b, &e) != nil || e.Error.Message == "" {
+			t.Fatalf("%s %s: %d %s, want %d with an OpenAI error", c.method, c.path, resp.StatusCode, b, c.status)
+		}
+		if c.status == http.StatusMethodNotAllowed && resp.Header.Get("Allow") != http.MethodPost {
+			t.Fatalf("%s %s: Allow %q", c.method, c.path, resp.Header.Get("Allow"))
+		}
+	}
+	mu.Lock()
+	if len(got) != len(want) {
+		t.Fatalf("the upstream saw %d requests, want %d: refused ones reached it", len(got), len(want))
+	}
+	mu.Unlock()
+	for _, c := range []struct {
+		endpoint, outcome string
+		n                 float64
+	}{{"embeddings", "ok", 1}, {"completions", "ok", 1}, {"responses", "upstream_error", 1}, {"embeddings", "refused", 1}} {
+		if v := metricValue(t, reg, "trace_router_passthrough_total", map[string]string{"endpoint": c.endpoint, "outcome": c.outcome}); v != c.n {
+			t.Fatalf("trace_router_passthrough_total{%s,%s} = %v, want %v", c.endpoint, c.outcome, v, c.n)
+		}
+	}
+	time.Sleep(100 * time.Millisecond) // five flush periods of the recorder
+	rows, err := f.st.RouteDecisions(context.Background(), sink.RouteDecisionFilter{Environment: env})
+	if err != nil || len(rows) != 0 {
+		t.Fatalf("%d route_decisions rows (%v), want none for passed-through requests", len(rows), err)
+	}
+}

@@ -32,11 +32,14 @@ type sdkStep struct {
 		ID, Type, Name string
 		Arguments      map[string]any
 	} `json:"tool_calls"`
-	Status       int    `json:"status"`
-	Adapter      string `json:"adapter"`
-	Decision     string `json:"decision"`
-	ModelHeader  string `json:"model_header"`
-	Conversation string `json:"conversation"`
+	Models       []string `json:"models"`
+	Model        string   `json:"model"`
+	Dims         int      `json:"dims"`
+	Status       int      `json:"status"`
+	Adapter      string   `json:"adapter"`
+	Decision     string   `json:"decision"`
+	ModelHeader  string   `json:"model_header"`
+	Conversation string   `json:"conversation"`
 	Error        *struct {
 		Class   string         `json:"class"`
 		Status  int            `json:"status"`
@@ -135,7 +138,7 @@ func TestRouteRoleOpenAIPythonSDK(t *testing.T) {
 		steps[s.Name] = s
 		order = append(order, s.Name)
 	}
-	if want := "plain stream tool raw header_and_metadata metadata rate_limited bad_request no_token fallback stream_usage"; strings.Join(order, " ") != want {
+	if want := "plain stream tool raw header_and_metadata metadata rate_limited bad_request no_token fallback stream_usage models embeddings"; strings.Join(order, " ") != want {
 		t.Fatalf("steps %v, want %s", order, want)
 	}
 	text := func(p *string) string {
@@ -195,6 +198,13 @@ func TestRouteRoleOpenAIPythonSDK(t *testing.T) {
 	if e := steps["rate_limited"].Error; e == nil || e.Body["code"] != "rate_limit_exceeded" || e.Adapter != "lora-1" {
 		t.Errorf("rate_limited: the upstream's error object and the adapter header: %+v", e)
 	}
+	// Not chat: passed through, nothing routed.
+	if s := steps["models"]; s.Error != nil || !reflect.DeepEqual(s.Models, []string{up.Model}) {
+		t.Errorf("models: %+v, want the upstream's list [%s]", s, up.Model)
+	}
+	if s := steps["embeddings"]; s.Error != nil || s.Model != "embed-1" || s.Dims == 0 || up.EmbeddingRequests() != 1 {
+		t.Errorf("embeddings: %+v (the upstream served %d), want embed-1's embedding", s, up.EmbeddingRequests())
+	}
 	if s := steps["fallback"]; s.Error != nil || s.Status != 200 || s.Adapter != "none" || s.ModelHeader != "base" || text(s.Content) != "the base model answers" {
 		t.Errorf("fallback: %+v", s)
 	}
@@ -218,7 +228,7 @@ func TestRouteRoleOpenAIPythonSDK(t *testing.T) {
 	var want []forwarded
 	for _, name := range order {
 		switch name {
-		case "no_token":
+		case "no_token", "models", "embeddings":
 		case "fallback":
 			want = append(want, forwarded{name, "lora-gone"}, forwarded{name, "base"})
 		default:

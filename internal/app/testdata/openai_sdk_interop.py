@@ -165,6 +165,16 @@ def main():
 
     step("stream_usage", streamed_usage)
 
+    # 12, 13. Not chat: the upstream's other paths pass through unrouted,
+    # so the application's one client serves its model list and embeddings.
+    step("models", lambda: {"models": [m.id for m in client.models.list()]})
+
+    def embed():
+        e = client.embeddings.create(model="embed-1", input=["change my flight"], encoding_format="float")
+        return {"model": e.model, "dims": len(e.data[0].embedding), "status": 200}
+
+    step("embeddings", embed)
+
     print(json.dumps(out))
 
 
