@@ -394,16 +394,23 @@ func noLimit(v any) bool {
 // in YAML, and would replace the section's defaults with nothing: it is
 // left out, so that it keeps them.
 func mergeFile(src, dest map[string]any) error {
-	dropNullSections(src, reflect.TypeFor[Config]())
+	if err := dropNullSections(src, reflect.TypeFor[Config](), ""); err != nil {
+		return err
+	}
 	kmaps.Merge(src, dest)
 	return nil
 }
 
 // dropNullSections deletes the null values of m whose key is a section
-// (a struct of t), at any depth.
-func dropNullSections(m map[string]any, t reflect.Type) {
+// (a struct of t), at any depth, and names those of plain settings: a key
+// with no value (`cache_ttl:`, often a template's empty variable) would be
+// the setting's zero value (no TTL, no token, no brokers: embedded Kafka),
+// not its default.
+func dropNullSections(m map[string]any, t reflect.Type, prefix string) error {
+	var errs []error
 	fields := keyFields(t)
-	for key, v := range m {
+	for _, key := range slices.Sorted(maps.Keys(m)) {
+		v := m[key]
 		i := slices.IndexFunc(fields, func(f keyField) bool { return f.name == key })
 		if i < 0 {
 			continue // unknownKeys names it
@@ -412,31 +419,35 @@ func dropNullSections(m map[string]any, t reflect.Type) {
 		for ft.Kind() == reflect.Pointer {
 			ft = ft.Elem()
 		}
+		path := prefix + key
 		switch {
 		case ft.Kind() == reflect.Struct:
 			if v == nil {
 				delete(m, key)
 			} else if sub, ok := v.(map[string]any); ok {
-				dropNullSections(sub, ft)
+				errs = append(errs, dropNullSections(sub, ft, path+"."))
 			}
+		case v == nil:
+			errs = append(errs, fmt.Errorf("%s: no value (null in YAML): write one, or delete the line to keep the default (trace config print shows it)", path))
 		case ft.Kind() == reflect.Map && ft.Elem().Kind() == reflect.Struct:
 			if sub, ok := v.(map[string]any); ok {
-				for _, item := range sub {
-					if im, ok := item.(map[string]any); ok {
-						dropNullSections(im, ft.Elem())
+				for _, name := range slices.Sorted(maps.Keys(sub)) {
+					if im, ok := sub[name].(map[string]any); ok {
+						errs = append(errs, dropNullSections(im, ft.Elem(), path+"."+name+"."))
 					}
 				}
 			}
 		case ft.Kind() == reflect.Slice && ft.Elem().Kind() == reflect.Struct:
 			if items, ok := v.([]any); ok {
-				for _, item := range items {
+				for j, item := range items {
 					if im, ok := item.(map[string]any); ok {
-						dropNullSections(im, ft.Elem())
+						errs = append(errs, dropNullSections(im, ft.Elem(), fmt.Sprintf("%s[%d].", path, j)))
 					}
 				}
 			}
 		}
 	}
+	return errors.Join(errs...)
 }
 
 // Validate names the first bad field.

@@ -630,3 +630,38 @@ func TestQueryLimits(t *testing.T) {
 		})
 	}
 }
+
+// TestNullSettingNamed: a plain setting with no value (null in YAML, as a
+// template's empty variable leaves it) is an error naming it, at any depth,
+// not its zero value (a cache_ttl of 0, no token, no brokers); a null
+// section still keeps its defaults.
+func TestNullSettingNamed(t *testing.T) {
+	for _, tt := range []struct {
+		name, yaml string
+		want       []string
+	}{
+		{name: "a duration", yaml: "router:\n  cache_ttl:\n", want: []string{"router.cache_ttl: no value"}},
+		{name: "a float and a string", yaml: "analyzer:\n  delta: ~\nrouter:\n  bearer_token: null\n",
+			want: []string{"analyzer.delta: no value", "router.bearer_token: no value"}},
+		{name: "a list", yaml: "kafka:\n  brokers:\n", want: []string{"kafka.brokers: no value"}},
+		{name: "nested", yaml: "adapter:\n  serving:\n    base_url:\n", want: []string{"adapter.serving.base_url: no value"}},
+		{name: "in a list of sections", yaml: "synthesizer:\n  policies:\n    - environment: e\n      model:\n",
+			want: []string{"synthesizer.policies[0].model: no value"}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			f := filepath.Join(t.TempDir(), "trace.yaml")
+			if err := os.WriteFile(f, []byte(tt.yaml), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			_, err := Load(f, nil)
+			if err == nil {
+				t.Fatal("Load accepted it")
+			}
+			for _, w := range tt.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error %q does not say %q", err, w)
+				}
+			}
+		})
+	}
+}
