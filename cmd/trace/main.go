@@ -30,12 +30,15 @@ Rollouts stream in through Kafka, analyzers label them against a capability
 dictionary (NA / PRESENT / LACKING), rolling contrastive-gap statistics live in
 ClickHouse, and when a capability is lacking far more often on failures than on
 successes (gap >= 0.20, coverage >= 0.10, in K of N labeling runs) a synthesis
-request is published on NATS JetStream.
+request is published on NATS JetStream. The synthesizer builds a verifiable
+training environment for the capability (served over OpenEnv), trainers play
+it to train a LoRA adapter, the router sends each conversation to the adapter
+it needs, and trace measures whether the gap closed.
 
 Start here:
   trace demo               run the whole loop on embedded servers with simulated agents
   trace select --runs ...  offline capability selection from TRACE run files
-  trace run                run the streaming roles (ingest, analyze, synthesize, adapt, serve)`,
+  trace run                run the streaming roles (ingest, analyze, synthesize, adapt, serve, route)`,
 	SilenceUsage:  true,
 	SilenceErrors: true,
 }
