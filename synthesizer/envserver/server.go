@@ -22,6 +22,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -442,20 +443,54 @@ func (s *Server) Handler() http.Handler {
 	// id the catalog does not know (cached, see notFoundTTL), 503 when it
 	// fails to open.
 	open.HandleFunc("GET /v1/environments/{id}/health", s.withEnv(func(w http.ResponseWriter, r *http.Request, _ *served) { health(w, r) }))
+	open.HandleFunc("/health", methodNotAllowed("GET"))
+	open.HandleFunc("/v1/environments/{id}/health", methodNotAllowed("GET"))
 
 	p := http.NewServeMux()
-	p.HandleFunc("GET /v1/environments", s.listEnvironments)
-	p.HandleFunc("GET /v1/environments/{id}/ws", s.withEnv(s.serveWS))
-	p.HandleFunc("POST /v1/environments/{id}/reset", s.withEnv(s.httpReset))
-	p.HandleFunc("POST /v1/environments/{id}/step", s.withEnv(s.httpStep))
-	p.HandleFunc("GET /v1/environments/{id}/state", s.withEnv(s.httpState))
-	p.HandleFunc("GET /v1/environments/{id}/schema", s.withEnv(s.httpSchema))
-	p.HandleFunc("GET /v1/environments/{id}/metadata", s.withEnv(s.httpMetadata))
-	p.HandleFunc("GET /v1/environments/{id}/openapi.json", s.withEnv(s.httpOpenAPI))
-	p.HandleFunc("POST /v1/environments/{id}/mcp", s.withEnv(s.httpMCP))
-	p.HandleFunc("GET /v1/environments/{id}/mcp", s.withEnv(s.serveMCPWS))
+	routes := []struct {
+		method, path string
+		h            http.HandlerFunc
+	}{
+		{"GET", "/v1/environments", s.listEnvironments},
+		{"GET", "/v1/environments/{id}/ws", s.withEnv(s.serveWS)},
+		{"POST", "/v1/environments/{id}/reset", s.withEnv(s.httpReset)},
+		{"POST", "/v1/environments/{id}/step", s.withEnv(s.httpStep)},
+		{"GET", "/v1/environments/{id}/state", s.withEnv(s.httpState)},
+		{"GET", "/v1/environments/{id}/schema", s.withEnv(s.httpSchema)},
+		{"GET", "/v1/environments/{id}/metadata", s.withEnv(s.httpMetadata)},
+		{"GET", "/v1/environments/{id}/openapi.json", s.withEnv(s.httpOpenAPI)},
+		{"POST", "/v1/environments/{id}/mcp", s.withEnv(s.httpMCP)},
+		{"GET", "/v1/environments/{id}/mcp", s.withEnv(s.serveMCPWS)},
+	}
+	allow := map[string][]string{} // the methods of each path
+	var paths []string
+	for _, rt := range routes {
+		p.HandleFunc(rt.method+" "+rt.path, rt.h)
+		if allow[rt.path] == nil {
+			paths = append(paths, rt.path)
+		}
+		allow[rt.path] = append(allow[rt.path], rt.method)
+	}
+	for _, path := range paths {
+		p.HandleFunc(path, methodNotAllowed(allow[path]...))
+	}
+	// 404 and 405 in JSON, as openenv-core's server (FastAPI) answers
+	// them, not net/http's text.
+	p.HandleFunc("/", func(w http.ResponseWriter, _ *http.Request) {
+		writeJSON(w, http.StatusNotFound, map[string]string{"detail": "Not Found"})
+	})
 	open.Handle("/", Auth(s.cfg.BearerToken, p))
 	return open
+}
+
+// methodNotAllowed answers a path's other methods as openenv-core's
+// server (FastAPI) does: 405 with Allow and a JSON detail.
+func methodNotAllowed(methods ...string) http.HandlerFunc {
+	allow := strings.Join(methods, ", ")
+	return func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Allow", allow)
+		writeJSON(w, http.StatusMethodNotAllowed, map[string]string{"detail": "Method Not Allowed"})
+	}
 }
 
 func (s *Server) withEnv(h func(http.ResponseWriter, *http.Request, *served)) http.HandlerFunc {

@@ -809,3 +809,38 @@ func TestValidationLocations(t *testing.T) {
 		t.Fatalf("WS call_tool of an unknown tool: %v", err)
 	}
 }
+
+// TestNotFoundAndMethodJSON: an unknown path is a 404 and another method
+// on a known path a 405 with Allow, both with a JSON detail as
+// openenv-core's server (FastAPI) answers them, not net/http's text.
+func TestNotFoundAndMethodJSON(t *testing.T) {
+	f := start(t, testConfig(), nil, nil)
+	for _, tc := range []struct {
+		method, path string
+		status       int
+		detail       string
+		allow        string
+	}{
+		{"GET", "/nope", 404, "Not Found", ""},
+		{"GET", "/v1/environments/" + exampleID + "/nope", 404, "Not Found", ""},
+		{"GET", "/v1/environments/" + exampleID + "/reset", 405, "Method Not Allowed", "POST"},
+		{"DELETE", "/v1/environments/" + exampleID + "/mcp", 405, "Method Not Allowed", "POST, GET"},
+		{"POST", "/v1/environments", 405, "Method Not Allowed", "GET"},
+		{"POST", "/health", 405, "Method Not Allowed", "GET"},
+		{"POST", "/v1/environments/" + exampleID + "/health", 405, "Method Not Allowed", "GET"},
+	} {
+		req, _ := http.NewRequest(tc.method, f.http.URL+tc.path, nil)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var body struct{ Detail string }
+		err = json.NewDecoder(resp.Body).Decode(&body)
+		resp.Body.Close()
+		if resp.StatusCode != tc.status || err != nil || body.Detail != tc.detail || resp.Header.Get("Allow") != tc.allow ||
+			resp.Header.Get("Content-Type") != "application/json" {
+			t.Errorf("%s %s: %d %q (Allow %q, %s, %v), want %d %q (Allow %q)", tc.method, tc.path, resp.StatusCode, body.Detail,
+				resp.Header.Get("Allow"), resp.Header.Get("Content-Type"), err, tc.status, tc.detail, tc.allow)
+		}
+	}
+}
