@@ -402,7 +402,9 @@ func mergeFile(src, dest map[string]any) error {
 }
 
 // dropNullSections deletes the null values of m whose key is a section
-// (a struct of t), at any depth, and names those of plain settings: a key
+// (a struct of t), at any depth, and names those of plain settings (but
+// optional ones, which null leaves unset, and maps and values of any
+// type, which it leaves empty; config print writes them so): a key
 // with no value (`cache_ttl:`, often a template's empty variable) would be
 // the setting's zero value (no TTL, no token, no brokers: embedded Kafka),
 // not its default.
@@ -416,6 +418,7 @@ func dropNullSections(m map[string]any, t reflect.Type, prefix string) error {
 			continue // unknownKeys names it
 		}
 		ft := fields[i].typ
+		optional := ft.Kind() == reflect.Pointer // null: unset, as config print shows it
 		for ft.Kind() == reflect.Pointer {
 			ft = ft.Elem()
 		}
@@ -427,7 +430,7 @@ func dropNullSections(m map[string]any, t reflect.Type, prefix string) error {
 			} else if sub, ok := v.(map[string]any); ok {
 				errs = append(errs, dropNullSections(sub, ft, path+"."))
 			}
-		case v == nil:
+		case v == nil && !optional && ft.Kind() != reflect.Map && ft.Kind() != reflect.Interface: // a null map or value of any type is none
 			errs = append(errs, fmt.Errorf("%s: no value (null in YAML): write one, or delete the line to keep the default (trace config print shows it)", path))
 		case ft.Kind() == reflect.Map && ft.Elem().Kind() == reflect.Struct:
 			if sub, ok := v.(map[string]any); ok {
