@@ -129,10 +129,17 @@ func appendFrame(buf []byte, v message) ([]byte, error) {
 	}
 	n := len(buf) - start - 4
 	if n > maxFrame {
-		return buf[:start], fmt.Errorf("frame of %d bytes exceeds %d", n, maxFrame)
+		return buf[:start], &frameTooLarge{n: n}
 	}
 	binary.BigEndian.PutUint32(buf[start:], uint32(n))
 	return buf, nil
+}
+
+// frameTooLarge is appendFrame's error for a message above maxFrame.
+type frameTooLarge struct{ n int }
+
+func (e *frameTooLarge) Error() string {
+	return fmt.Sprintf("frame of %d bytes exceeds %d", e.n, maxFrame)
 }
 
 // message is a request or a response.

@@ -283,3 +283,49 @@ func TestSandboxAbandonedStuckCallKillsWorker(t *testing.T) {
 	}
 	t.Logf("the bystander: %s", firstLine(pe.Msg))
 }
+
+// TestSandboxOversizedResultIsAProgramError: a call whose result is too
+// large for one frame of the worker's protocol (64 MiB) is the program's
+// failure, named with its function, seed and limit "output"; it used to
+// come back as an error of the runtime, which stopped `trace env
+// validate` and any caller that tells the program's errors from its own.
+func TestSandboxOversizedResultIsAProgramError(t *testing.T) {
+	src := []byte(`"""A test program."""
+def tools():
+    return [{"type": "function", "function": {"name": "big", "parameters": {"type": "object", "properties": {}}}}]
+def reset(seed):
+    return {"system": "s", "user": "u" * (70000000 if seed == 7 else 1), "state": {}}
+def step(state, call):
+    return {"result": "r" * 70000000, "state": state}
+def reward(state, transcript):
+    return {"reward": 0.0}
+`)
+	ctx := context.Background()
+	env, err := envprog.LoadSandboxed(ctx, "big.star", src, envprog.Limits{MaxMemory: 2 << 30})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer env.Close()
+	check := func(err error, fn string, seed int64) {
+		t.Helper()
+		var pe *envprog.ProgramError
+		if !errors.As(err, &pe) {
+			t.Fatalf("got %v, want a *ProgramError", err)
+		}
+		if pe.Func != fn || pe.Seed != seed || pe.Limit != "output" || !strings.Contains(pe.Msg, "more than the 67108864") {
+			t.Errorf("got Func %q Seed %d Limit %q Msg %q; want %s(), seed %d, limit output", pe.Func, pe.Seed, pe.Limit, pe.Msg, fn, seed)
+		}
+	}
+	_, err = env.Reset(ctx, 7)
+	check(err, "reset", 7)
+	ep, err := env.Reset(ctx, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = ep.Step(ctx, envprog.Action{ToolCalls: []envprog.ToolCall{tool("big", "{}")}})
+	check(err, "step", 3)
+	// the worker lives on: the next episode plays
+	if _, err := env.Reset(ctx, 4); err != nil {
+		t.Fatalf("after an oversized result: %v", err)
+	}
+}

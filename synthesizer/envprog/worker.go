@@ -235,9 +235,24 @@ func (w *workerState) hand(c *call) {
 }
 
 func (w *workerState) reply(resp *response) {
+	w.replyFor(resp, "", 0)
+}
+
+// replyFor sends resp, the answer of the contract function fn on the
+// episode of seed. An answer too large for a frame is the program's
+// fault (it returned more than a call may), so it becomes a
+// *ProgramError with Limit "output" naming fn and seed, not an error of
+// the runtime.
+func (w *workerState) replyFor(resp *response, fn string, seed int64) {
 	f, err := appendFrame(nil, resp)
 	if err != nil {
-		f, _ = appendFrame(nil, &response{ID: resp.ID, Err: toWire(fmt.Errorf("encoding the response: %w", err))})
+		var big *frameTooLarge
+		werr := toWire(fmt.Errorf("encoding the response: %w", err))
+		if errors.As(err, &big) {
+			werr = toWire(&ProgramError{Func: fn, Seed: seed, Limit: "output",
+				Msg: fmt.Sprintf("the call returned %d bytes (encoded), more than the %d a call may return", big.n, maxFrame)})
+		}
+		f, _ = appendFrame(nil, &response{ID: resp.ID, Err: werr})
 	}
 	w.fw.send(f)
 }
@@ -302,7 +317,11 @@ func (w *workerState) register(c *call) {
 func (w *workerState) handle(c *call) {
 	req, ctx, ep := &c.req, c.ctx, c.ep
 	resp := &response{ID: req.ID}
-	defer w.reply(resp)
+	fn, seed := req.Op, req.Seed
+	if ep != nil {
+		seed = ep.seed
+	}
+	defer func() { w.replyFor(resp, fn, seed) }()
 	var made *episode // by a reset
 	defer func() {
 		w.mu.Lock()
