@@ -5,7 +5,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strconv"
+	"time"
 
 	"github.com/traceops/trace/schemas"
 	"github.com/traceops/trace/synthesizer/calibrate"
@@ -72,6 +74,43 @@ type PolicyCalibrator struct {
 	Policy calibrate.Policy
 	Config calibrate.Config // start from calibrate.DefaultConfig
 	Limits envprog.Limits
+	// Log, when set, gets a line on the calibration's progress (rollouts
+	// played of all, elapsed time) at most every ProgressEvery (default
+	// DefaultProgressEvery): a calibration by a model may take hours, and
+	// its record says CALIBRATING all along. A calibration shorter than
+	// that logs nothing. Label names it (the environment id).
+	Log           *slog.Logger
+	Label         string
+	ProgressEvery time.Duration
+}
+
+// DefaultProgressEvery is PolicyCalibrator's default ProgressEvery.
+const DefaultProgressEvery = 30 * time.Second
+
+// progress returns the calibration's Progress callback that logs, or nil.
+func (c PolicyCalibrator) progress(name string) func(calibrate.Progress) {
+	if c.Log == nil {
+		return nil
+	}
+	every := c.ProgressEvery
+	if every <= 0 {
+		every = DefaultProgressEvery
+	}
+	start := time.Now()
+	last := start
+	// Calls are serialized by calibrate.Run.
+	return func(p calibrate.Progress) {
+		now := time.Now()
+		if now.Sub(last) < every || p.Done == p.Total {
+			return
+		}
+		last = now
+		elapsed := now.Sub(start)
+		left := time.Duration(float64(elapsed) * float64(p.Total-p.Done) / float64(max(p.Done, 1)))
+		c.Log.Info("synthesizer: calibrating", "id", c.Label, "program", name, "policy", fmt.Sprint(c.Policy),
+			"rollouts", fmt.Sprintf("%d/%d", p.Done, p.Total), "percent", 100*p.Done/max(p.Total, 1),
+			"elapsed", elapsed.Round(time.Second).String(), "estimated_left", left.Round(time.Second).String())
+	}
 }
 
 // VerdictProgramError is the Calibration.Verdict of a program that failed
@@ -110,6 +149,9 @@ func (c PolicyCalibrator) Calibrate(ctx context.Context, d Draft) (*Calibration,
 		return nil, err
 	}
 	defer env.Close()
+	if p := c.progress(name); p != nil {
+		cfg.Progress = p
+	}
 	res, err := calibrate.Run(ctx, env, c.Policy, cfg)
 	if errors.As(err, &pe) {
 		return programFailed(err), nil

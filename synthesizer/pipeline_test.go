@@ -2,7 +2,9 @@ package synthesizer
 
 import (
 	"context"
+	"log/slog"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -149,4 +151,49 @@ func TestDictionaryFamiliesAreTheTemplates(t *testing.T) {
 // simulatedFleet is Deps.Simulated over the simulated fleet.
 func simulatedFleet(env, agentVersion, capability string) (calibrate.Policy, error) {
 	return simpolicy.SimulatedFleetPolicy(simulate.DefaultFleet(), env, agentVersion, capability)
+}
+
+// TestCalibrationLogsItsProgress: a calibration that runs longer than
+// ProgressEvery logs how far it is (rollouts played of all) for its
+// environment; the record says CALIBRATING all along, so the log is where
+// an operator sees a model's hours-long calibration move.
+func TestCalibrationLogsItsProgress(t *testing.T) {
+	var buf syncBuffer
+	log := slog.New(slog.NewTextHandler(&buf, nil))
+	skill := calibrate.SkillPolicy{Skill: 0.4}
+	slow := calibrate.PolicyFunc(func(ctx context.Context, turn calibrate.Turn) (envprog.Action, error) {
+		time.Sleep(2 * time.Millisecond)
+		return skill.Act(ctx, turn)
+	})
+	cfg := calibrate.DefaultConfig()
+	cfg.Seeds, cfg.Rollouts = 8, 4
+	c := PolicyCalibrator{Policy: slow, Config: cfg, Log: log, Label: "env-0123456789abcdef", ProgressEvery: 20 * time.Millisecond}
+	cal, err := c.Calibrate(context.Background(), Draft{Program: string(examples.PreconditionAirline), Name: "precondition_airline.star", Trusted: true})
+	if err != nil || cal == nil || cal.Seeds != 8 {
+		t.Fatalf("calibration %+v: %v", cal, err)
+	}
+	out := buf.String()
+	if !strings.Contains(out, "synthesizer: calibrating") || !strings.Contains(out, "id=env-0123456789abcdef") || !strings.Contains(out, "/32") {
+		t.Fatalf("no progress logged:\n%s", out)
+	}
+	if strings.Contains(out, "rollouts=32/32") {
+		t.Errorf("the end is logged as progress:\n%s", out)
+	}
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }
