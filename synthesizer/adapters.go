@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/traceops/trace/internal/llm"
 	"github.com/traceops/trace/schemas"
 	"github.com/traceops/trace/synthesizer/calibrate"
 	"github.com/traceops/trace/synthesizer/envprog"
@@ -69,7 +70,14 @@ func (v EnvValidator) Validate(ctx context.Context, d Draft, target []schemas.To
 
 // PolicyCalibrator calibrates a valid program with a policy (calibrate.Run).
 // A program error during play is the program's failure (a rejected
-// calibration with the error as diagnosis); a policy error is transient.
+// calibration with the error as diagnosis). So is a request the policy
+// model refuses with a 4xx other than 401, 403, 404 and 429 (verdict
+// VerdictPolicyRefused): retrying the same program replays the same
+// episodes into the same refusal (a conversation longer than the model's
+// context, a tool schema it does not take), so it is the attempt's
+// failure, with the refusal in the repair prompt, as a refused generation
+// request is. Any other policy error is transient; a policy that refuses
+// trace itself (401, 403, 404) is returned as is (RefusesTrace).
 type PolicyCalibrator struct {
 	Policy calibrate.Policy
 	Config calibrate.Config // start from calibrate.DefaultConfig
@@ -117,6 +125,11 @@ func (c PolicyCalibrator) progress(name string) func(calibrate.Progress) {
 // while it was played.
 const VerdictProgramError = "program_error"
 
+// VerdictPolicyRefused is the Calibration.Verdict of a program whose play
+// the policy model refused (a 4xx answer that is not retried and does not
+// refuse trace itself).
+const VerdictPolicyRefused = "policy_refused"
+
 // Calibrate implements Calibrator.
 func (c PolicyCalibrator) Calibrate(ctx context.Context, d Draft) (*Calibration, error) {
 	name := programName(d)
@@ -155,6 +168,14 @@ func (c PolicyCalibrator) Calibrate(ctx context.Context, d Draft) (*Calibration,
 	res, err := calibrate.Run(ctx, env, c.Policy, cfg)
 	if errors.As(err, &pe) {
 		return programFailed(err), nil
+	}
+	var le *llm.Error
+	if errors.As(err, &le) && !le.Retryable && !RefusesTrace(err) && ctx.Err() == nil {
+		cal := programFailed(err)
+		cal.Verdict = VerdictPolicyRefused
+		cal.Diagnosis = "the calibration policy refused a request while playing the program (an episode longer than its context? " +
+			"keep the prompts and tool results short): " + err.Error()
+		return cal, nil
 	}
 	if err != nil {
 		return nil, err

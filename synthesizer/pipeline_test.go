@@ -2,6 +2,7 @@ package synthesizer
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"strings"
 	"sync"
@@ -12,6 +13,7 @@ import (
 	"github.com/traceops/trace/internal/dev/llmtest"
 	"github.com/traceops/trace/internal/dev/simpolicy"
 	"github.com/traceops/trace/internal/dev/simulate"
+	"github.com/traceops/trace/internal/llm"
 	"github.com/traceops/trace/schemas"
 	"github.com/traceops/trace/synthesizer/calibrate"
 	"github.com/traceops/trace/synthesizer/envprog"
@@ -196,4 +198,58 @@ func (s *syncBuffer) String() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.b.String()
+}
+
+// TestCalibrationPolicyRefusalIsAFailedAttempt: a calibration policy that
+// refuses the program's play with a 400 (here: the conversation exceeds
+// its context) fails the attempt with the refusal as its diagnosis, which
+// the repair prompt carries; it is not a transient error, which would
+// replay the same program into the same refusal at every delivery and end
+// FAILED as "delivered 5 times". A 500 stays transient.
+func TestCalibrationPolicyRefusalIsAFailedAttempt(t *testing.T) {
+	example := string(examples.PreconditionAirline)
+	gen := llmtest.New(t)
+	gen.Enqueue(llmtest.Text(fenced(example)), llmtest.Text(fenced(example)))
+	g, _ := newTestGenerator(t, gen)
+	pol := llmtest.New(t)
+	status := 400
+	pol.Handle(func(llmtest.Request) llmtest.Reply {
+		return llmtest.Status(status, "This model's maximum context length is 2048 tokens; your request has 2301 tokens.")
+	})
+	client, err := llm.New(llm.Config{BaseURL: pol.URL, Model: "policy-model", MaxAttempts: 2, BackoffInitial: time.Millisecond, BackoffMax: time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := calibrate.DefaultConfig()
+	cfg.Seeds, cfg.Rollouts = 4, 2
+	store, pub := newMemStore(), &memPublisher{}
+	stage, err := NewStage(Config{LLM: g, Validator: EnvValidator{}, Store: store, Publisher: pub, MaxAttempts: 2,
+		Calibrators: func(j *Job) (Calibrator, error) {
+			return PolicyCalibrator{Policy: calibrate.NewOpenAIPolicy(client, j.ID), Config: cfg}, nil
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, err := stage.Synthesize(context.Background(), airlineRequest("trig-policy-400"))
+	if err != nil {
+		t.Fatalf("a refused calibration is a transient error: %v", err)
+	}
+	if e.Status != StatusFailed || len(e.Attempts) != 2 {
+		t.Fatalf("%s after %d attempts: %q", e.Status, len(e.Attempts), e.Diagnoses)
+	}
+	a := e.Attempts[0]
+	if a.Stage != StageCalibrate || a.Calibration == nil || a.Calibration.Verdict != VerdictPolicyRefused ||
+		!strings.Contains(a.Diagnosis, "maximum context length") {
+		t.Fatalf("attempt 1: stage %s, diagnosis %q", a.Stage, a.Diagnosis)
+	}
+	if p := gen.Requests()[1].Chat.Messages[0].Content; !strings.Contains(p, "refused a request while playing the program") {
+		t.Errorf("the repair prompt lacks the refusal:\n%s", p)
+	}
+
+	// A server error is still transient: the request is retried later.
+	status = 500
+	gen.Enqueue(llmtest.Text(fenced(example)))
+	if _, err := stage.Synthesize(context.Background(), airlineRequest("trig-policy-500")); !errors.Is(err, ErrTransient) {
+		t.Fatalf("a policy answering 500: %v, want a transient error", err)
+	}
 }
