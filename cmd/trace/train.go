@@ -305,6 +305,16 @@ PLANNED. The adapt role of a running trace run tracks the job's events.`,
 					status = prev.Status
 				}
 				fmt.Fprintf(out, "job %s exists already (%s): nothing dispatched\n", res.JobID, status)
+				if prev != nil && (prev.Status == adapter.StatusFailed || prev.Status == adapter.StatusSucceeded) {
+					// A job is never run twice: training again is a new revision.
+					next := revision + 1
+					if jobs, err := st.TrainingJobs(ctx, sink.TrainingJobFilter{EnvironmentID: r.EnvironmentID}); err == nil {
+						for _, j := range jobs {
+							next = max(next, int(j.PlanRevision)+1)
+						}
+					}
+					fmt.Fprintf(out, "to train %s again, dispatch a new plan revision: trace train dispatch %s --revision %d\n", r.EnvironmentID, r.EnvironmentID, next)
+				}
 			case res.Planned:
 				fmt.Fprintf(out, "job %s recorded as PLANNED (adapter.backend: none): nothing dispatched\n", res.JobID)
 			case refused != nil:

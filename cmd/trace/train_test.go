@@ -129,6 +129,13 @@ func TestTrainAndAdaptersCommands(t *testing.T) {
 	if err != nil || !strings.Contains(out, jobID) || !strings.Contains(out, "SUCCEEDED") || !strings.Contains(out, "2/20") {
 		t.Errorf("list (%v):\n%s", err, out)
 	}
+	// A finished job is never dispatched again: the answer says how to
+	// train the environment again.
+	out, err = run("train", "dispatch", done.ID)
+	if want := "to train " + done.ID + " again, dispatch a new plan revision: trace train dispatch " + done.ID + " --revision 2"; err != nil ||
+		!strings.Contains(out, "job "+jobID+" exists already (SUCCEEDED): nothing dispatched") || !strings.Contains(out, want) {
+		t.Errorf("dispatch of a finished job (%v) lacks %q:\n%s", err, want, out)
+	}
 	out, err = run("train", "list", "--status", "succeeded", "--json")
 	var jobs []jobSummary
 	if err != nil || json.Unmarshal([]byte(out), &jobs) != nil || len(jobs) != 1 || jobs[0].JobID != jobID || jobs[0].Planner == nil {
