@@ -28,7 +28,11 @@ type ChatClient interface {
 
 // Defaults of GeneratorConfig.
 const (
-	DefaultGenerateMaxTokens       = 8192
+	DefaultGenerateMaxTokens = 8192
+	// DefaultGenerateTimeout bounds one generation request: an answer of
+	// thousands of tokens takes minutes on a self-hosted model, where
+	// llm.timeout (60 s by default) is sized for a label.
+	DefaultGenerateTimeout         = 10 * time.Minute
 	DefaultGenerateExamples        = 3
 	DefaultGenerateTranscriptChars = 3000
 	DefaultSystemPromptChars       = 1500
@@ -45,6 +49,9 @@ type GeneratorConfig struct {
 	Prompts *prompts.Set
 	// MaxTokens of an answer. Default 8192.
 	MaxTokens int
+	// Timeout bounds each HTTP attempt of a generation request (instead
+	// of the client's own timeout). Default DefaultGenerateTimeout.
+	Timeout time.Duration
 	// Temperature of the generation calls; nil: the client's.
 	Temperature *float64
 	// MaxExamples example failed rollouts shown (default 3), each cut to
@@ -78,6 +85,9 @@ func NewGenerator(client ChatClient, cfg GeneratorConfig) (*Generator, error) {
 		}
 	}
 	def(&cfg.MaxTokens, DefaultGenerateMaxTokens)
+	if cfg.Timeout <= 0 {
+		cfg.Timeout = DefaultGenerateTimeout
+	}
 	def(&cfg.MaxExamples, DefaultGenerateExamples)
 	def(&cfg.MaxTranscriptChars, DefaultGenerateTranscriptChars)
 	def(&cfg.MaxSystemPromptChars, DefaultSystemPromptChars)
@@ -170,7 +180,7 @@ func (g *Generator) Write(ctx context.Context, job *Job, n, maxAttempts int, pri
 	}
 	d := Draft{Origin: schemas.OriginLLM, Family: job.Family, Model: g.client.Model()}
 	resp, err := g.client.Chat(ctx, llm.Request{Purpose: PurposeGenerate, RolloutID: job.ID, Run: n, Messages: msgs,
-		MaxTokens: g.cfg.MaxTokens, Temperature: g.cfg.Temperature})
+		MaxTokens: g.cfg.MaxTokens, Temperature: g.cfg.Temperature, Timeout: g.cfg.Timeout})
 	d.LLM = &LLMUsage{Calls: resp.Attempts, PromptTokens: resp.TotalPromptTokens, CompletionTokens: resp.TotalCompletionTokens, FinishReason: resp.FinishReason}
 	if err != nil {
 		if ctx.Err() != nil {

@@ -36,6 +36,10 @@ type Settings struct {
 	// MaxTokens of a generation answer (default 8192). The generation model
 	// is llm.model at llm.base_url.
 	MaxTokens int `koanf:"max_tokens"`
+	// GenerationTimeout bounds one attempt of a generation request
+	// (default 10m): an answer of max_tokens takes minutes on a
+	// self-hosted model, where llm.timeout bounds the labeling's calls.
+	GenerationTimeout time.Duration `koanf:"generation_timeout"`
 	// Calibration is the calibration run of every program.
 	Calibration CalibrationSettings `koanf:"calibration"`
 	// Policy is what plays calibrations: "model" (default) — the cohort's
@@ -95,7 +99,7 @@ func DefaultSettings() Settings {
 	c := calibrate.DefaultConfig()
 	return Settings{
 		MaxAttempts: DefaultMaxAttempts, Concurrency: DefaultWorkerConcurrency, AckWait: DefaultAckWait, MaxDeliver: DefaultMaxDeliver,
-		NakDelay: DefaultNakDelay, Templates: true, MaxTokens: DefaultGenerateMaxTokens, Policy: PolicyModel,
+		NakDelay: DefaultNakDelay, Templates: true, MaxTokens: DefaultGenerateMaxTokens, GenerationTimeout: DefaultGenerateTimeout, Policy: PolicyModel,
 		Calibration: CalibrationSettings{Seeds: c.Seeds, Rollouts: c.Rollouts, Temperature: c.Temperature, Concurrency: c.Concurrency,
 			HintShareMin: c.HintShareMin, HintShareMax: c.HintShareMax,
 			Bands: BandsSettings{MeanMin: b.MeanMin, MeanMax: b.MeanMax, SuccessMin: b.SuccessMin, SuccessMax: b.SuccessMax, MinStd: b.MinStd,
@@ -134,6 +138,8 @@ func (s Settings) Validate() error {
 		return bad("nak_delay", "must be positive and at most %s (the retry delay's cap), got %s", DefaultMaxNakDelay, s.NakDelay)
 	case s.MaxTokens < 256:
 		return bad("max_tokens", "must be at least 256 (a program is thousands of tokens), got %d", s.MaxTokens)
+	case s.GenerationTimeout < time.Second:
+		return bad("generation_timeout", "must be at least 1s, got %s", s.GenerationTimeout)
 	case s.Policy != PolicyModel && s.Policy != PolicySimulated:
 		return bad("policy", "must be %q or %q, got %q", PolicyModel, PolicySimulated, s.Policy)
 	}
@@ -211,7 +217,7 @@ func Build(s Settings, d Deps) (*Stage, error) {
 	cfg := Config{MaxAttempts: s.MaxAttempts, Validator: EnvValidator{Limits: d.Limits}, Store: d.Store, Publisher: d.Publisher,
 		Examples: d.Examples, Dictionaries: d.Dicts, Log: d.Log}
 	if d.Generator != nil {
-		g, err := NewGenerator(d.Generator, GeneratorConfig{Prompts: d.Prompts, MaxTokens: s.MaxTokens})
+		g, err := NewGenerator(d.Generator, GeneratorConfig{Prompts: d.Prompts, MaxTokens: s.MaxTokens, Timeout: s.GenerationTimeout})
 		if err != nil {
 			return nil, err
 		}

@@ -29,6 +29,7 @@ func TestSettingsValidateNamesTheField(t *testing.T) {
 		{func(s *Settings) { s.MaxDeliver = 0 }, "synthesizer.max_deliver"},
 		{func(s *Settings) { s.NakDelay = -1 }, "synthesizer.nak_delay"},
 		{func(s *Settings) { s.MaxTokens = 10 }, "synthesizer.max_tokens"},
+		{func(s *Settings) { s.GenerationTimeout = 0 }, "synthesizer.generation_timeout"},
 		{func(s *Settings) { s.Policy = "oracle" }, `synthesizer.policy: must be "model" or "simulated"`},
 		{func(s *Settings) { s.NakDelay = 10 * time.Minute }, "synthesizer.nak_delay: must be positive and at most 5m0s"},
 		{func(s *Settings) { s.Calibration.Seeds = 0 }, "synthesizer.calibration.seeds = 0"},

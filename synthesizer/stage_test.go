@@ -589,3 +589,32 @@ func TestModelThatRefusesTraceWaits(t *testing.T) {
 		})
 	}
 }
+
+// TestGenerationHasItsOwnTimeout: a program of thousands of tokens takes
+// minutes on a self-hosted model; the generation request is bounded by
+// the generator's timeout (synthesizer.generation_timeout), not by the
+// client's (llm.timeout, sized for a label), which timed every such
+// answer out, attempt after attempt, until the request was FAILED.
+func TestGenerationHasItsOwnTimeout(t *testing.T) {
+	srv := llmtest.New(t)
+	srv.Enqueue(llmtest.Slow(600*time.Millisecond, llmtest.Text(fenced(goodProgram))))
+	client, err := llm.New(llm.Config{BaseURL: srv.URL, Model: "gen-model", Timeout: 200 * time.Millisecond, MaxAttempts: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, err := NewGenerator(client, GeneratorConfig{MaxTokens: 4000, Timeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	job := &Job{ID: "env-0000000000000001", Request: testRequest("trig-slow")}
+	d, err := g.Write(context.Background(), job, 1, 5, nil)
+	if err != nil || d.Program == "" {
+		t.Fatalf("a slow answer within the generation timeout: %v", err)
+	}
+	// Past it, the attempt times out with the generation timeout named.
+	g.cfg.Timeout = 100 * time.Millisecond
+	srv.Enqueue(llmtest.Slow(600*time.Millisecond, llmtest.Text(fenced(goodProgram))))
+	if _, err := g.Write(context.Background(), job, 1, 5, nil); !errors.Is(err, ErrTransient) || !strings.Contains(err.Error(), "within 100ms") {
+		t.Fatalf("past the generation timeout: %v", err)
+	}
+}

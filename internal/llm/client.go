@@ -62,6 +62,10 @@ type Request struct {
 	// Config.MaxTokens when > 0.
 	Temperature *float64
 	MaxTokens   int
+	// Timeout bounds each HTTP attempt of this request instead of
+	// Config.Timeout when > 0 (a long answer, such as a generated
+	// program, takes minutes where a label takes seconds).
+	Timeout time.Duration
 	// Logprobs asks for the log probabilities of the answer's tokens and
 	// TopLogprobs (0–20) alternatives for each.
 	Logprobs    bool
@@ -382,7 +386,11 @@ func (c *Client) attempt(ctx context.Context, req Request, body []byte, hash str
 	start := time.Now()
 	defer func() { c.record(ctx, req, hash, attempt, start, res) }()
 
-	actx, cancel := context.WithTimeout(ctx, c.cfg.Timeout)
+	timeout := c.cfg.Timeout
+	if req.Timeout > 0 {
+		timeout = req.Timeout
+	}
+	actx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	hreq, err := http.NewRequestWithContext(actx, http.MethodPost, c.chatURL, bytes.NewReader(body))
 	if err != nil {
@@ -395,12 +403,12 @@ func (c *Client) attempt(ctx context.Context, req Request, body []byte, hash str
 	}
 	hresp, err := c.http.Do(hreq)
 	if err != nil {
-		return c.transportFailure(ctx, actx, err)
+		return c.transportFailure(ctx, actx, err, timeout)
 	}
 	data, err := io.ReadAll(io.LimitReader(hresp.Body, maxResponseBytes+1))
 	hresp.Body.Close()
 	if err != nil {
-		r := c.transportFailure(ctx, actx, err)
+		r := c.transportFailure(ctx, actx, err, timeout)
 		r.status = hresp.StatusCode
 		return r
 	}
@@ -499,13 +507,13 @@ func checkAnswer(content string, sch *compiledSchema, validate func(string) erro
 }
 
 // transportFailure classifies an error of Do or of reading the body.
-func (c *Client) transportFailure(ctx, actx context.Context, err error) attemptResult {
+func (c *Client) transportFailure(ctx, actx context.Context, err error, timeout time.Duration) attemptResult {
 	if ctx.Err() != nil {
 		return attemptResult{outcome: OutcomeCanceled, err: ctx.Err()}
 	}
 	var ne net.Error
 	if errors.Is(actx.Err(), context.DeadlineExceeded) || errors.Is(err, context.DeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout()) {
-		return attemptResult{outcome: OutcomeTimeout, retryable: true, err: fmt.Errorf("no answer from %s within %v", c.endpoint, c.cfg.Timeout)}
+		return attemptResult{outcome: OutcomeTimeout, retryable: true, err: fmt.Errorf("no answer from %s within %v", c.endpoint, timeout)}
 	}
 	return attemptResult{outcome: OutcomeNetwork, retryable: true, err: fmt.Errorf("POST %s/chat/completions: %w", c.endpoint, c.redactErr(unwrapURLError(err)))}
 }

@@ -65,12 +65,12 @@ func (c *Client) embedAttempt(ctx context.Context, body []byte, n int) (attemptR
 	}
 	hresp, err := c.http.Do(hreq)
 	if err != nil {
-		return c.transportFailure(ctx, actx, err), nil
+		return c.transportFailure(ctx, actx, err, c.cfg.Timeout), nil
 	}
 	data, err := io.ReadAll(io.LimitReader(hresp.Body, maxResponseBytes+1))
 	hresp.Body.Close()
 	if err != nil {
-		return c.transportFailure(ctx, actx, err), nil
+		return c.transportFailure(ctx, actx, err, c.cfg.Timeout), nil
 	}
 	res := attemptResult{status: hresp.StatusCode}
 	switch s := hresp.StatusCode; {

@@ -200,12 +200,12 @@ func (c *Client) toolsAttempt(ctx context.Context, audit Request, body []byte, h
 	}
 	hresp, err := c.http.Do(hreq)
 	if err != nil {
-		return c.transportFailure(ctx, actx, err), resp
+		return c.transportFailure(ctx, actx, err, c.cfg.Timeout), resp
 	}
 	data, err := io.ReadAll(io.LimitReader(hresp.Body, maxResponseBytes+1))
 	hresp.Body.Close()
 	if err != nil {
-		r := c.transportFailure(ctx, actx, err)
+		r := c.transportFailure(ctx, actx, err, c.cfg.Timeout)
 		r.status = hresp.StatusCode
 		return r, resp
 	}
