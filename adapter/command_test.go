@@ -5,6 +5,7 @@ import (
 	"errors"
 	"log/slog"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -399,5 +400,55 @@ func TestCommandBackendRelayFails(t *testing.T) {
 	}
 	if a, err := st.Adapter(ctx, j.AdapterName); err != nil || a != nil {
 		t.Errorf("adapter registered from events nobody applied: %+v %v", a, err)
+	}
+}
+
+// TestReferenceTrainerWithoutItsDependencies: the reference trainer run by
+// a Python that lacks its dependencies (here python3 -S: no site-packages,
+// so none of torch, trl, openenv) fails its job with a reason that says
+// which Python, what is missing and how to install it, through a failed
+// event on the command protocol; it used to die in a traceback, and the
+// job's reason was the traceback's last lines.
+func TestReferenceTrainerWithoutItsDependencies(t *testing.T) {
+	py, err := exec.LookPath("python3")
+	if err != nil {
+		t.Skip("no python3 on PATH")
+	}
+	srv := testenv.NATS(t)
+	st := testenv.ClickHouse(t).Store()
+	ctx := context.Background()
+	b, err := bus.Connect(ctx, bus.Config{URL: srv.URL()}, "test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	cmd, err := dispatch.NewCommand(dispatch.CommandConfig{Argv: []string{py, "-S", "-m", "trace_trainer", "--spec", "{spec}"},
+		Dir: filepath.Join("..", "trainer"), SpecDir: t.TempDir()}, slog.New(slog.NewTextHandler(testWriter{t}, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := newStage(t, b, st, cmd, nil)
+	cmd.Reporter, cmd.Relay = s, b
+	r := startRoleWith(t, b, s)
+	defer r.stop()
+	res, err := s.HandleReady(ctx, readyFor("t-trainer-no-deps", "precondition_verification"))
+	if err != nil || !res.Dispatched {
+		t.Fatal(res, err)
+	}
+	cmd.Wait()
+	eventsApplied(t, b)
+	j, _ := st.TrainingJob(ctx, res.JobID)
+	if j == nil || j.Status != adapter.StatusFailed {
+		t.Fatalf("job %+v", j)
+	}
+	for _, want := range []string{"cannot import the trainer's dependencies", "No module named", "pip install -r ", "requirements.txt", "adapter.command.argv[0]"} {
+		if !strings.Contains(j.Reason, want) {
+			t.Errorf("the reason lacks %q: %s", want, j.Reason)
+		}
+	}
+	// The trainer's failed event, then the exit (code 1, as after any
+	// failed job; its own failure comes after the job ended).
+	if types, _ := historyTypes(t, st, res.JobID); len(types) < 3 || types[1] != "failed" || types[2] != "command_exited" || count(types, "malformed") != 0 {
+		t.Errorf("history %v", types)
 	}
 }

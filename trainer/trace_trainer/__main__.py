@@ -17,11 +17,29 @@ import os
 import sys
 import traceback
 
-from . import train
 from .events import Emitter, stdout_sink
 
+try:
+    from . import train
+except ImportError as _e:  # a Python without the trainer's dependencies
+    train = None
+    _import_error = _e
+else:
+    _import_error = None
 
-def _options(a) -> train.Options:
+
+def missing_dependencies() -> str:
+    """Why this Python cannot train, and the fix; "" when it can."""
+    if _import_error is None:
+        return ""
+    req = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "requirements.txt")
+    return (f"{sys.executable} cannot import the trainer's dependencies ({type(_import_error).__name__}: {_import_error}); "
+            f"install them into a venv and run the trainer with its python: python3 -m venv VENV && "
+            f"VENV/bin/pip install -r {req}, then VENV/bin/python -m trace_trainer "
+            f"(with trace's command backend: adapter.command.argv[0] = VENV/bin/python)")
+
+
+def _options(a):
     return train.Options(max_completion_length=a.max_completion_length, max_tool_calls=a.max_tool_calls,
                          episodes_log=a.episodes_log, seed=a.seed, cpu=a.cpu)
 
@@ -43,7 +61,7 @@ def check_job(job) -> None:
             v = v[k]
 
 
-def run_job(job: dict, emitter: Emitter, opts: train.Options) -> bool:
+def run_job(job: dict, emitter: Emitter, opts: "train.Options") -> bool:
     emitter.start_heartbeat()
     try:
         try:
@@ -80,7 +98,11 @@ def main(argv=None) -> int:
                    help="--nats: where a terminal event NATS has not taken yet is kept, and sent from at the next start "
                         "(default $XDG_STATE_HOME/trace-trainer/undelivered, else ~/.local/state/trace-trainer/undelivered)")
     a = p.parse_args(argv)
-    opts = _options(a)
+    missing = missing_dependencies()
+    if missing and a.nats:
+        print(f"trace-trainer: {missing}", file=sys.stderr)
+        return 2
+    opts = None if missing else _options(a)
 
     if a.nats:
         from .worker import check_spool_dir, default_spool_dir, serve
@@ -108,6 +130,11 @@ def main(argv=None) -> int:
         out.write(data.decode() + "\n")
         out.flush()
 
+    if missing:
+        # The job is readable: fail it with the fix rather than a traceback.
+        print(f"trace-trainer: {missing}", file=sys.stderr)
+        Emitter(job, sink, a.worker).emit("failed", reason=missing[:2000])
+        return 1
     return 0 if run_job(job, Emitter(job, sink, a.worker), opts) else 1
 
 
