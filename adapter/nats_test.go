@@ -276,3 +276,68 @@ func TestNATSBackendEndToEnd(t *testing.T) {
 	}
 	_ = jetstream.ErrConsumerNotFound
 }
+
+// TestNATSJobNoTrainerTookIsWithdrawn: with no trainer running, a job's
+// deadline fails it with a reason that says no trainer ever reported (and
+// where trainers take jobs), and the job leaves the trainers' queue: a
+// trainer started later used to take it and train it for hours, its
+// success then ignored because the job was FAILED.
+func TestNATSJobNoTrainerTookIsWithdrawn(t *testing.T) {
+	srv := testenv.NATS(t)
+	st := testenv.ClickHouse(t).Store()
+	ctx := context.Background()
+	b, err := bus.Connect(ctx, bus.Config{URL: srv.URL()}, "test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	r := startRole(t, b, st)
+	defer r.stop()
+	var ids []string
+	for _, e := range []*schemas.EnvironmentReady{readyFor("t-nobody-1", "nobody_trains"), readyFor("t-nobody-2", "nobody_trains_either")} {
+		if err := b.PublishEnvironmentReady(ctx, e); err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, schemas.TrainingJobID(e.EnvironmentID, 1))
+	}
+	queued := func() uint64 {
+		s, err := b.JS.Stream(ctx, bus.StreamTrainingJobs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		info, err := s.Info(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return info.State.Msgs
+	}
+	waitFor(t, "both jobs queued", 20*time.Second, func() bool { return jobsPublished(t, b) == 2 })
+	for _, id := range ids {
+		waitFor(t, "the deadline of "+id, 30*time.Second, func() bool {
+			j, _ := st.TrainingJob(ctx, id)
+			return j != nil && j.Status == adapter.StatusFailed
+		})
+		j, _ := st.TrainingJob(ctx, id)
+		if !strings.HasPrefix(j.Reason, "deadline: no event from the trainer since") || !strings.Contains(j.Reason, "no trainer ever reported on it") ||
+			!strings.Contains(j.Reason, "trace.training.jobs") {
+			t.Errorf("reason of %s: %s", id, j.Reason)
+		}
+	}
+	waitFor(t, "the failed jobs to leave the queue", 10*time.Second, func() bool { return queued() == 0 })
+
+	// Withdrawing takes out the one job named, once.
+	for _, id := range []string{"job-w1", "job-w2", "job-w3"} {
+		if err := b.PublishTrainingJob(ctx, id, []byte(`{}`)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if ok, err := b.WithdrawTrainingJob(ctx, "job-w2"); !ok || err != nil {
+		t.Fatalf("withdraw job-w2: %v %v", ok, err)
+	}
+	if ok, err := b.WithdrawTrainingJob(ctx, "job-w2"); ok || err != nil {
+		t.Fatalf("withdraw job-w2 again: %v %v", ok, err)
+	}
+	if n := queued(); n != 2 {
+		t.Fatalf("%d jobs queued, want job-w1 and job-w3", n)
+	}
+}

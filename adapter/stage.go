@@ -45,6 +45,15 @@ type Backend interface {
 	Dispatch(ctx context.Context, job *schemas.TrainingJob, spec []byte) error
 }
 
+// Withdrawer is a Backend whose jobs wait in a queue until a trainer takes
+// them (nats): a job that fails before any trainer reported on it (its
+// deadline passed while it waited) is withdrawn from the queue, so that a
+// trainer started later does not train, for hours, a job whose success
+// trace would ignore.
+type Withdrawer interface {
+	Withdraw(ctx context.Context, jobID string) (bool, error)
+}
+
 // Planner is the optional planning agent: it may adjust a plan within the
 // bounds (the adjusted plan is validated; out of bounds is an error naming
 // the field) and gives its reason. A nil adjustment keeps the plan. An
@@ -444,6 +453,14 @@ func (s *Stage) handleEvent(ctx context.Context, e *schemas.TrainingEvent, key s
 	case tr.Status != job.Status:
 		s.cfg.Log.Info("training job status", "job", e.JobID, "from", job.Status, "to", tr.Status, "reason", tr.Reason)
 	}
+	if w, ok := s.cfg.Backend.(Withdrawer); ok && job.Status == StatusDispatched && tr.Status == StatusFailed {
+		// Best effort: a trainer that takes it anyway reports into a FAILED job.
+		if gone, err := w.Withdraw(ctx, e.JobID); err != nil {
+			s.cfg.Log.Warn("adapter: withdraw a failed job from the trainers' queue", "job", e.JobID, "err", err)
+		} else if gone {
+			s.cfg.Log.Info("adapter: a job that failed before any trainer took it was withdrawn from the trainers' queue", "job", e.JobID)
+		}
+	}
 	return registered, nil
 }
 
@@ -538,6 +555,12 @@ func (s *Stage) CheckDeadlines(ctx context.Context) (int, error) {
 	n := 0
 	for _, j := range over {
 		reason := fmt.Sprintf("deadline: no event from the trainer since %s (deadline %s)", j.LastEventAt.Format(time.RFC3339), j.DeadlineAt.Format(time.RFC3339))
+		if j.Status == StatusDispatched {
+			reason += "; no trainer ever reported on it"
+			if j.Backend == "nats" {
+				reason += " (is a trainer worker taking jobs from trace.training.jobs? e.g. python -m trace_trainer --nats URL)"
+			}
+		}
 		e := &schemas.TrainingEvent{JobID: j.JobID, Type: schemas.EventFailed, At: now, Worker: DeadlineWorker, Reason: reason}
 		if err := s.cfg.Queue.PublishTrainingEventID(ctx, e, DeadlineMsgID(j.JobID, j.DeadlineAt)); err != nil {
 			return n, err

@@ -19,6 +19,12 @@ type JobPublisher interface {
 	PublishTrainingJob(ctx context.Context, jobID string, spec []byte) error
 }
 
+// JobWithdrawer removes a job not taken yet from trace.training.jobs
+// (internal/bus.Bus).
+type JobWithdrawer interface {
+	WithdrawTrainingJob(ctx context.Context, jobID string) (bool, error)
+}
+
 // NATS dispatches to external trainer workers through JetStream; trainers
 // report on trace.training.events.<job_id>, which the adapt role consumes.
 type NATS struct{ Pub JobPublisher }
@@ -29,4 +35,14 @@ func (NATS) Name() string { return "nats" }
 // Dispatch publishes the spec; it returns once JetStream stored it.
 func (n NATS) Dispatch(ctx context.Context, job *schemas.TrainingJob, spec []byte) error {
 	return n.Pub.PublishTrainingJob(ctx, job.JobID, spec)
+}
+
+// Withdraw removes a job no trainer has taken from the queue (false: it
+// is not there); a publisher that cannot withdraw withdraws nothing.
+func (n NATS) Withdraw(ctx context.Context, jobID string) (bool, error) {
+	w, ok := n.Pub.(JobWithdrawer)
+	if !ok {
+		return false, nil
+	}
+	return w.WithdrawTrainingJob(ctx, jobID)
 }

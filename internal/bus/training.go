@@ -100,6 +100,39 @@ func (b *Bus) PublishTrainingJob(ctx context.Context, jobID string, spec []byte)
 	return nil
 }
 
+// WithdrawTrainingJob removes a job no trainer has taken from
+// trace.training.jobs (the message whose Msg-Id is jobID), so that no
+// trainer starts a job trace has given up on; false when it is not
+// there (taken, or withdrawn already). It reads the queue's messages in
+// order until it finds the job: the queue holds the jobs not yet taken.
+func (b *Bus) WithdrawTrainingJob(ctx context.Context, jobID string) (bool, error) {
+	s, err := b.JS.Stream(ctx, StreamTrainingJobs)
+	if err != nil {
+		return false, fmt.Errorf("nats: withdraw training job %s: %w", jobID, err)
+	}
+	info, err := s.Info(ctx)
+	if err != nil {
+		return false, fmt.Errorf("nats: withdraw training job %s: %w", jobID, err)
+	}
+	for seq := info.State.FirstSeq; seq <= info.State.LastSeq && info.State.Msgs > 0; {
+		m, err := s.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(SubjectTrainingJobs))
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			return false, nil
+		}
+		if err != nil {
+			return false, fmt.Errorf("nats: withdraw training job %s: %w", jobID, err)
+		}
+		if m.Header.Get(jetstream.MsgIDHeader) == jobID {
+			if err := s.DeleteMsg(ctx, m.Sequence); err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
+				return false, fmt.Errorf("nats: withdraw training job %s: %w", jobID, err)
+			}
+			return true, nil
+		}
+		seq = m.Sequence + 1
+	}
+	return false, nil
+}
+
 // PublishTrainingEvent reports an event on trace.training.events.<job_id>
 // (the simulated trainer, tests); it is validated before it goes out.
 func (b *Bus) PublishTrainingEvent(ctx context.Context, e *schemas.TrainingEvent) error {
