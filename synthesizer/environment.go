@@ -36,6 +36,10 @@ type Environment struct {
 	Attempt   int      `json:"attempt"` // the machine's current attempt
 	Reason    string   `json:"reason,omitempty"`
 	Diagnoses []string `json:"diagnoses,omitempty"`
+	// TransientFailures counts the deliveries of the request that ended in
+	// a transient failure (the worker's MaxDeliver bounds them); a request
+	// handed back at shutdown or redelivered after a crash is not one.
+	TransientFailures int `json:"transient_failures,omitempty"`
 
 	// The accepted program (DONE) or the last one written.
 	Program     string   `json:"program,omitempty"`

@@ -43,6 +43,7 @@ type details struct {
 	Attempt      int      `json:"attempt"`
 	Diagnoses    []string `json:"diagnoses,omitempty"`
 	Rationale    string   `json:"rationale,omitempty"`
+	Transient    int      `json:"transient_failures,omitempty"`
 }
 
 // Row is e as a row of the environments table.
@@ -87,7 +88,7 @@ func Row(e *Environment) (sink.EnvironmentRow, error) {
 		return r, err
 	}
 	r.Details, err = js(details{Definition: e.Definition, Rank: e.Rank, MeanDelta: e.MeanDelta, FamilySource: e.FamilySource,
-		FamilyWhy: e.FamilyWhy, Path: e.Path, Attempt: e.Attempt, Diagnoses: e.Diagnoses, Rationale: e.Rationale})
+		FamilyWhy: e.FamilyWhy, Path: e.Path, Attempt: e.Attempt, Diagnoses: e.Diagnoses, Rationale: e.Rationale, Transient: e.TransientFailures})
 	return r, err
 }
 
@@ -124,7 +125,7 @@ func FromRow(r *sink.EnvironmentRow) (*Environment, error) {
 		}
 	}
 	e.Definition, e.Rank, e.MeanDelta, e.FamilySource, e.FamilyWhy = d.Definition, d.Rank, d.MeanDelta, d.FamilySource, d.FamilyWhy
-	e.Path, e.Attempt, e.Diagnoses, e.Rationale = d.Path, d.Attempt, d.Diagnoses, d.Rationale
+	e.Path, e.Attempt, e.Diagnoses, e.Rationale, e.TransientFailures = d.Path, d.Attempt, d.Diagnoses, d.Rationale, d.Transient
 	return e, nil
 }
 

@@ -362,6 +362,21 @@ func (s *Stage) Abort(ctx context.Context, req *schemas.SynthesisRequest, reason
 	return e, s.save(ctx, e)
 }
 
+// NoteTransient records that a delivery of req ended in a transient
+// failure and returns how many have (Environment.TransientFailures). A
+// finished environment is left as it is.
+func (s *Stage) NoteTransient(ctx context.Context, req *schemas.SynthesisRequest) (int, error) {
+	e, err := s.load(ctx, req)
+	if err != nil {
+		return 0, err
+	}
+	if e.Status.Terminal() {
+		return e.TransientFailures, nil
+	}
+	e.TransientFailures++
+	return e.TransientFailures, s.save(ctx, e)
+}
+
 // load returns the request's environment record, a new PENDING one when
 // none is stored.
 func (s *Stage) load(ctx context.Context, req *schemas.SynthesisRequest) (*Environment, error) {

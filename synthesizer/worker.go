@@ -76,9 +76,10 @@ type WorkerConfig struct {
 	// AckWait is the consumer's ack wait: held and running requests get an
 	// in-progress ack every AckWait/3 so they are not redelivered. Default 2m.
 	AckWait time.Duration
-	// MaxDeliver bounds the deliveries of a request that keeps failing
-	// transiently; at the last one its environment is recorded FAILED with
-	// the last error. Default 5. (The consumer itself redelivers without a
+	// MaxDeliver bounds the deliveries of a request that fail transiently
+	// (Environment.TransientFailures; redeliveries after a shutdown or a
+	// crash are not counted); at the last one its environment is recorded
+	// FAILED with the last error. Default 5. (The consumer itself redelivers without a
 	// limit, so a request is never dropped before it is recorded.)
 	MaxDeliver int
 	// A transient failure is Nak'd with NakDelay × 2^(deliveries-1), at
@@ -343,9 +344,20 @@ func (w *Worker) finish(ctx context.Context, r result, shuttingDown bool) {
 	case shuttingDown || errors.Is(r.err, context.Canceled):
 		nak(j, 0)
 	default:
+		// The budget is the deliveries that failed transiently, counted in
+		// the record: a request handed back at shutdown (Nak) or redelivered
+		// after a crash was delivered again without failing, and counting
+		// those (JetStream's delivery count) failed a long synthesis at its
+		// first blip after a few restarts. Unrecorded (the store is
+		// away), the delivery count stands in.
 		n := delivered(j)
+		if f, err := w.stage.NoteTransient(ctx, j.req); err == nil {
+			n = uint64(f)
+		} else {
+			w.cfg.Log.Warn("synthesizer: record a transient failure; counting deliveries instead", "trigger_id", j.req.TriggerID, "err", err)
+		}
 		if j.msg != nil && n >= uint64(w.cfg.MaxDeliver) {
-			reason := fmt.Sprintf("delivered %d times, the last transient failure: %v", n, r.err)
+			reason := fmt.Sprintf("failed transiently %d times, the last: %v", n, r.err)
 			if _, err := w.stage.Abort(ctx, j.req, reason); err != nil {
 				w.cfg.Log.Error("synthesizer: record FAILED", "trigger_id", j.req.TriggerID, "err", err)
 				nak(j, w.cfg.MaxNakDelay) // keep it until it is recorded
@@ -357,7 +369,7 @@ func (w *Worker) finish(ctx context.Context, r result, shuttingDown bool) {
 		}
 		delay := w.cfg.NakDelay << min(max(n, 1)-1, 16)
 		delay = min(delay, w.cfg.MaxNakDelay)
-		w.cfg.Log.Warn("synthesizer: transient failure, retrying", "trigger_id", j.req.TriggerID, "delivery", n, "delay", delay, "err", r.err)
+		w.cfg.Log.Warn("synthesizer: transient failure, retrying", "trigger_id", j.req.TriggerID, "transient_failures", n, "delay", delay, "err", r.err)
 		nak(j, delay)
 	}
 }

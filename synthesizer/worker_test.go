@@ -260,11 +260,41 @@ func TestWorkerRecordsFailedAfterMaxDeliver(t *testing.T) {
 	})
 	waitFor(t, "the ack", 5*time.Second, func() bool { ap, np, _ := k.pending(t); return ap == 0 && np == 0 })
 	e, _ := store.LoadEnvironment(context.Background(), id)
-	if cal.calls.Load() != 3 || e.Reason != "delivered 3 times, the last transient failure: transient: calibrate: policy server unreachable" {
+	if cal.calls.Load() != 3 || e.Reason != "failed transiently 3 times, the last: transient: calibrate: policy server unreachable" || e.TransientFailures != 3 {
 		t.Fatalf("%d calibrations; reason %q", cal.calls.Load(), e.Reason)
 	}
 	if len(pub.msgs) != 0 {
 		t.Fatal("a FAILED environment was announced")
+	}
+}
+
+// TestWorkerShutdownsDoNotSpendTheDeliveries: a request handed back at
+// shutdown twice, then failing transiently once, with MaxDeliver 2, is
+// retried, not FAILED: its third delivery is its first transient failure.
+// (The budget was JetStream's delivery count, so restarts during a long
+// synthesis spent it.)
+func TestWorkerShutdownsDoNotSpendTheDeliveries(t *testing.T) {
+	k := newNATSKit(t, 5*time.Second)
+	store, pub := newMemStore(), &memPublisher{}
+	cal := &slowCalibrator{d: time.Minute}
+	stage, _ := workerStage(t, store, cal, pub)
+	k.publish(t, testRequest("trig-restarts"), "trig-restarts")
+	cfg := WorkerConfig{MaxDeliver: 2, NakDelay: time.Minute}
+	for i := int32(1); i <= 2; i++ {
+		stop := startWorker(t, NewWorker(stage, k.consumer(t), cfg))
+		waitFor(t, "calibration to start", 15*time.Second, func() bool { return cal.calls.Load() == i })
+		stop() // a restart mid-calibration: handed back
+	}
+	cal.fail.Store(true)
+	stop := startWorker(t, NewWorker(stage, k.consumer(t), cfg))
+	defer stop()
+	id := schemas.EnvironmentID("trig-restarts")
+	waitFor(t, "the transient failure recorded", 15*time.Second, func() bool {
+		e, _ := store.LoadEnvironment(context.Background(), id)
+		return e != nil && (e.TransientFailures == 1 || e.Status == StatusFailed)
+	})
+	if e, _ := store.LoadEnvironment(context.Background(), id); e.Status == StatusFailed || e.TransientFailures != 1 {
+		t.Fatalf("after two restarts and one transient failure: %s, %d transient failures, reason %q", e.Status, e.TransientFailures, e.Reason)
 	}
 }
 
