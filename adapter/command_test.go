@@ -452,3 +452,26 @@ func TestReferenceTrainerWithoutItsDependencies(t *testing.T) {
 		t.Errorf("history %v", types)
 	}
 }
+
+// TestReferenceTrainerRejectsBadOptions: options out of range stop the
+// trainer at start (exit 2) naming the option, before any job: a
+// --max-completion-length below 64 made TRL drop tool results silently.
+func TestReferenceTrainerRejectsBadOptions(t *testing.T) {
+	py, err := exec.LookPath("python3")
+	if err != nil {
+		t.Skip("no python3 on PATH")
+	}
+	for _, tc := range []struct{ args, want string }{
+		{"--max-completion-length 32", "argument --max-completion-length: must be at least 64 (below it TRL drops tool results silently), got 32"},
+		{"--max-tool-calls 0", "argument --max-tool-calls: must be at least 1, got 0"},
+		{"--max-tool-calls many", "argument --max-tool-calls: 'many' is not an integer"},
+	} {
+		cmd := exec.Command(py, append([]string{"-S", "-m", "trace_trainer", "--spec", "job.json"}, strings.Fields(tc.args)...)...)
+		cmd.Dir = filepath.Join("..", "trainer")
+		out, err := cmd.CombinedOutput()
+		var ee *exec.ExitError
+		if !errors.As(err, &ee) || ee.ExitCode() != 2 || !strings.Contains(string(out), tc.want) {
+			t.Errorf("%s: %v\n%s", tc.args, err, out)
+		}
+	}
+}

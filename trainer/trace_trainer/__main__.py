@@ -79,15 +79,28 @@ def run_job(job: dict, emitter: Emitter, opts: "train.Options") -> bool:
         emitter.stop_heartbeat()
 
 
+def _at_least(lo: int, why: str = ""):
+    """An argparse type: an integer >= lo."""
+    def parse(text: str) -> int:
+        try:
+            v = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer")
+        if v < lo:
+            raise argparse.ArgumentTypeError(f"must be at least {lo}{why}, got {v}")
+        return v
+    return parse
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m trace_trainer", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     mode = p.add_mutually_exclusive_group(required=True)
     mode.add_argument("--spec", help="job spec file (training_job/v1 JSON): the command protocol")
     mode.add_argument("--nats", help="NATS URL (e.g. nats://127.0.0.1:4222): the nats protocol worker")
-    p.add_argument("--max-completion-length", type=int, default=2048,
+    p.add_argument("--max-completion-length", type=_at_least(64, " (below it TRL drops tool results silently)"), default=2048,
                    help="tokens per rollout, tool results included (default 2048)")
-    p.add_argument("--max-tool-calls", type=int, default=None,
+    p.add_argument("--max-tool-calls", type=_at_least(1), default=None,
                    help="tool calls per rollout (default: the job's env_server.max_steps, else 16)")
     p.add_argument("--episodes-log", default=None,
                    help="JSON lines of every episode played (default: <adapter dir>/episodes.jsonl)")
