@@ -475,3 +475,75 @@ func TestReferenceTrainerRejectsBadOptions(t *testing.T) {
 		}
 	}
 }
+
+// TestCommandOfAFailedJobIsStopped: a trainer that started and then hangs
+// (no heartbeat) is failed by its deadline; its command, which would hold
+// its slot (by default the only one) until its 12 h timeout while nothing
+// it reports can count, is stopped within the status check's interval,
+// and its exit is recorded as caused by the job's failure.
+func TestCommandOfAFailedJobIsStopped(t *testing.T) {
+	srv := testenv.NATS(t)
+	st := testenv.ClickHouse(t).Store()
+	ctx := context.Background()
+	b, err := bus.Connect(ctx, bus.Config{URL: srv.URL()}, "test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	script, _ := filepath.Abs("testdata/commands/trainer.sh")
+	specDir := t.TempDir()
+	cmd, err := dispatch.NewCommand(dispatch.CommandConfig{Argv: []string{"sh", script, "{spec}", "{job_id}", "{adapter_name}", "{output_uri}"},
+		SpecDir: specDir, Timeout: time.Hour, KillGrace: time.Second, StatusEvery: 200 * time.Millisecond},
+		slog.New(slog.NewTextHandler(testWriter{t}, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := fastPlan() // deadline 2 s
+	s, err := adapter.NewStage(adapter.Config{Plan: p, Store: st, Claims: b, Backend: cmd, Queue: b,
+		Log: slog.New(slog.NewTextHandler(testWriter{t}, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Reporter, cmd.Relay = s, b
+	r := startRoleWith(t, b, s)
+	defer r.stop()
+	dctx, stopDeadlines := context.WithCancel(ctx)
+	defer stopDeadlines()
+	go func() { _ = s.RunDeadlines(dctx, 200*time.Millisecond) }()
+	runCtx, stop := context.WithCancel(ctx)
+	defer stop()
+	go func() { _ = cmd.Run(runCtx) }()
+
+	res, err := s.HandleReady(ctx, readyFor("t-cmd-deadline", "may_hang"))
+	if err != nil || !res.Dispatched {
+		t.Fatal(res, err)
+	}
+	waitFor(t, "the deadline's failure", 20*time.Second, func() bool {
+		j, _ := st.TrainingJob(ctx, res.JobID)
+		return j != nil && j.Status == adapter.StatusFailed
+	})
+	ended := make(chan struct{})
+	go func() { cmd.Wait(); close(ended) }()
+	select {
+	case <-ended:
+	case <-time.After(15 * time.Second):
+		t.Fatal("the command of a failed job still runs")
+	}
+	b2, _ := os.ReadFile(filepath.Join(specDir, res.JobID+".json.pid"))
+	if pid, _ := strconv.Atoi(strings.TrimSpace(string(b2))); pid == 0 || !dead(pid) {
+		t.Errorf("the command's child %q outlived it", b2)
+	}
+	j, _ := st.TrainingJob(ctx, res.JobID)
+	if !strings.HasPrefix(j.Reason, "deadline: no event from the trainer since") {
+		t.Errorf("reason %q", j.Reason)
+	}
+	waitFor(t, "the exit recorded", 10*time.Second, func() bool {
+		_, evs := historyTypes(t, st, res.JobID)
+		for _, e := range evs {
+			if e.Type == "command_exited" && strings.Contains(e.Payload, `"job_failed_in_trace":true`) {
+				return true
+			}
+		}
+		return false
+	})
+}

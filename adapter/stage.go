@@ -311,6 +311,16 @@ func jobRow(job *schemas.TrainingJob, spec []byte, now time.Time) sink.TrainingJ
 		CreatedAt:  job.CreatedAt, UpdatedAt: now, Version: uint64(now.UnixNano())}
 }
 
+// JobStatus is a job's status ("" for an unknown job): the command backend
+// stops the command of a job that failed meanwhile (dispatch.JobStatusReader).
+func (s *Stage) JobStatus(ctx context.Context, jobID string) (string, error) {
+	j, err := s.cfg.Store.TrainingJob(ctx, jobID)
+	if err != nil || j == nil {
+		return "", err
+	}
+	return j.Status, nil
+}
+
 // ErrUnknownJob: an event names a job trace has no record of (yet).
 var ErrUnknownJob = errors.New("unknown training job")
 

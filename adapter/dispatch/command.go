@@ -90,7 +90,24 @@ type CommandConfig struct {
 	// RelayFor bounds the retries (with backoff) of the relay of one event
 	// to NATS (0: DefaultRelayFor); past it the job fails (Command).
 	RelayFor time.Duration
+	// StatusEvery is how often a running command's job status is read
+	// (0: DefaultStatusEvery), when the Reporter can read it
+	// (JobStatusReader): a command whose job failed in trace meanwhile
+	// (its deadline passed, a terminal event was rejected) is stopped like
+	// one past its timeout. Whichever replica failed the job, the one
+	// running its command sees it.
+	StatusEvery time.Duration
 }
+
+// JobStatusReader reads a job's status (adapter.Stage); a Reporter that
+// implements it lets the command backend stop a command whose job failed
+// in trace while it ran.
+type JobStatusReader interface {
+	JobStatus(ctx context.Context, jobID string) (string, error)
+}
+
+// DefaultStatusEvery is CommandConfig.StatusEvery's default.
+const DefaultStatusEvery = 30 * time.Second
 
 // WithDefaults fills the zero values.
 func (c CommandConfig) WithDefaults() CommandConfig {
@@ -108,6 +125,9 @@ func (c CommandConfig) WithDefaults() CommandConfig {
 	}
 	if c.RelayFor == 0 {
 		c.RelayFor = DefaultRelayFor
+	}
+	if c.StatusEvery == 0 {
+		c.StatusEvery = DefaultStatusEvery
 	}
 	if c.MaxRunning == 0 {
 		c.MaxRunning = 1
@@ -340,19 +360,37 @@ type run struct {
 
 func (r *run) wait(cmd *exec.Cmd, started time.Time, recorded <-chan struct{}) {
 	done := make(chan struct{})
-	var timedOutF, stoppedF atomic.Bool
+	var timedOutF, stoppedF, jobFailedF atomic.Bool
 	go func() {
 		t := time.NewTimer(r.c.cfg.Timeout)
 		defer t.Stop()
-		select {
-		case <-done:
-			return
-		case <-t.C:
-			timedOutF.Store(true)
-		case <-r.c.life.Done():
-			stoppedF.Store(true)
+		var status <-chan time.Time
+		sr, watch := r.c.Reporter.(JobStatusReader)
+		if watch && r.mode == ModeRun {
+			tk := time.NewTicker(r.c.cfg.StatusEvery)
+			defer tk.Stop()
+			status = tk.C
 		}
-		r.log.Warn("stopping the training command's process group", "timed_out", timedOutF.Load(), "trace_stopping", stoppedF.Load())
+	wait:
+		for {
+			select {
+			case <-done:
+				return
+			case <-t.C:
+				timedOutF.Store(true)
+				break wait
+			case <-r.c.life.Done():
+				stoppedF.Store(true)
+				break wait
+			case <-status:
+				if r.jobFailed(sr) {
+					jobFailedF.Store(true)
+					break wait
+				}
+			}
+		}
+		r.log.Warn("stopping the training command's process group", "timed_out", timedOutF.Load(), "trace_stopping", stoppedF.Load(),
+			"job_failed", jobFailedF.Load())
 		_ = signalGroup(cmd, syscall.SIGTERM)
 		select {
 		case <-done:
@@ -362,8 +400,8 @@ func (r *run) wait(cmd *exec.Cmd, started time.Time, recorded <-chan struct{}) {
 	}()
 	err := cmd.Wait()
 	close(done)
-	timedOut, stopped := timedOutF.Load(), stoppedF.Load()
-	if timedOut || stopped {
+	timedOut, stopped, jobFailed := timedOutF.Load(), stoppedF.Load(), jobFailedF.Load()
+	if timedOut || stopped || jobFailed {
 		_ = signalGroup(cmd, syscall.SIGKILL) // whatever is left of the group
 	}
 	r.stdout.flush()
@@ -378,7 +416,7 @@ func (r *run) wait(cmd *exec.Cmd, started time.Time, recorded <-chan struct{}) {
 	}
 	r.mu.Lock()
 	x := Exit{Mode: r.mode, Code: code, Signal: exitSignal(cmd), TimedOut: timedOut, Timeout: r.c.cfg.Timeout, Stopped: stopped,
-		Terminal: r.terminal, StderrTail: string(r.stderrTail)}
+		JobFailed: jobFailed, Terminal: r.terminal, StderrTail: string(r.stderrTail)}
 	stdoutTail := string(r.stdoutTail)
 	r.mu.Unlock()
 	if err != nil && cmd.ProcessState == nil {
@@ -395,6 +433,9 @@ func (r *run) wait(cmd *exec.Cmd, started time.Time, recorded <-chan struct{}) {
 	}
 	if stopped {
 		note["trace_stopped"] = true
+	}
+	if jobFailed {
+		note["job_failed_in_trace"] = true
 	}
 	typ := "command_exited"
 	if r.mode == ModeSubmit {
@@ -418,6 +459,27 @@ func (r *run) wait(cmd *exec.Cmd, started time.Time, recorded <-chan struct{}) {
 		return
 	}
 	r.relay(ctx, e, data, r.prefix+"failed")
+}
+
+// jobFailed reports whether the job is FAILED in trace though this run
+// reported no terminal event: trace failed it (its deadline, a rejected
+// event), and nothing the command does now will count. A read that fails
+// is logged and counts as no.
+func (r *run) jobFailed(sr JobStatusReader) bool {
+	r.mu.Lock()
+	terminal := r.terminal
+	r.mu.Unlock()
+	if terminal {
+		return false
+	}
+	ctx, cancel := context.WithTimeout(r.c.life, 10*time.Second)
+	defer cancel()
+	st, err := sr.JobStatus(ctx, r.job.JobID)
+	if err != nil {
+		r.log.Warn("command backend: read the job's status", "err", err)
+		return false
+	}
+	return st == "FAILED"
 }
 
 // relay publishes an event on the job's events subject (msgID as Msg-Id,
@@ -630,6 +692,7 @@ type Exit struct {
 	TimedOut   bool   // trace killed it at Timeout
 	Timeout    time.Duration
 	Stopped    bool // trace killed it while shutting down
+	JobFailed  bool // trace killed it because its job had failed (deadline, rejection)
 	Terminal   bool // it reported succeeded or failed (run mode)
 	StderrTail string
 }
@@ -654,6 +717,8 @@ func ExitOutcome(x Exit) string {
 		reason = fmt.Sprintf("%s timed out after %s; its process group was killed", what, x.Timeout)
 	case x.Stopped:
 		reason = fmt.Sprintf("trace stopped while the %s ran; its process group was killed", what)
+	case x.JobFailed:
+		reason = fmt.Sprintf("the job failed in trace while the %s ran (see its history); its process group was killed", what)
 	case x.Signal != "":
 		reason = fmt.Sprintf("%s killed by signal %s", what, x.Signal)
 	case x.Code != 0:
