@@ -36,7 +36,7 @@ dispatching by hand and the adapt role never dispatch the same job twice.`,
 }
 
 func init() {
-	trainCmd.AddCommand(newTrainPlanCmd(), newTrainDispatchCmd(), newTrainListCmd(), newTrainShowCmd())
+	trainCmd.AddCommand(newTrainPlanCmd(), newTrainDispatchCmd(), newTrainListCmd(), newTrainShowCmd(), newTrainCancelCmd())
 	rootCmd.AddCommand(trainCmd)
 }
 
@@ -475,6 +475,74 @@ func summarizeJob(j *sink.TrainingJobRow, a *sink.AdapterRow) jobSummary {
 		s.Planner = &p
 	}
 	return s
+}
+
+// CancelWorker is the worker of the failed event trace train cancel
+// publishes.
+const CancelWorker = "trace train cancel"
+
+func newTrainCancelCmd() *cobra.Command {
+	var (
+		cf     configFlags
+		reason string
+	)
+	cmd := &cobra.Command{
+		Use:   "cancel JOB_ID",
+		Short: "Cancel a training job that has not ended: it becomes FAILED",
+		Long: `cancel fails a job that is not SUCCEEDED or FAILED yet: it publishes a
+failed event (worker "trace train cancel", the reason given) on the job's
+events subject, which the adapt role of a running trace run applies in
+order with the trainer's events, once (Msg-Id cancel:<job_id>). Then, as for
+a job failed by its deadline: on the nats backend a job no trainer has
+taken yet leaves the trainers' queue; on the command backend the trainer's
+process group is stopped within 30 s. A trainer that took the job over
+NATS already is not told: it trains on, and what it reports is recorded
+but changes nothing (no adapter is registered). To train the environment
+again, dispatch a new plan revision (trace train dispatch ENV --revision N).
+An unknown or finished job exits 1 naming it.`,
+		Example: "  trace train cancel job-8c2d41f09a3b7e65\n  trace train cancel job-8c2d41f09a3b7e65 --reason \"wrong base model\"",
+		Args:    cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			cfg, err := cf.load()
+			if err != nil {
+				return err
+			}
+			ctx := cmd.Context()
+			st, err := openStore(ctx, cfg)
+			if err != nil {
+				return err
+			}
+			defer st.Close()
+			j, err := st.TrainingJob(ctx, args[0])
+			if err != nil {
+				return err
+			}
+			if j == nil {
+				return &exitError{code: 1, err: fmt.Errorf("no training job %q (see trace train list)", args[0])}
+			}
+			if adapter.Terminal(j.Status) {
+				return &exitError{code: 1, err: fmt.Errorf("job %s is %s already: nothing to cancel", j.JobID, j.Status)}
+			}
+			b, err := connectBus(ctx, cfg)
+			if err != nil {
+				return err
+			}
+			defer b.Close()
+			why := "cancelled by hand (trace train cancel)"
+			if strings.TrimSpace(reason) != "" {
+				why += ": " + strings.TrimSpace(reason)
+			}
+			e := &schemas.TrainingEvent{JobID: j.JobID, Type: schemas.EventFailed, At: time.Now().UTC(), Worker: CancelWorker, Reason: why}
+			if err := b.PublishTrainingEventID(ctx, e, "cancel:"+j.JobID); err != nil {
+				return err
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "job %s (%s): cancel requested; the adapt role of trace run applies it (trace train show %s)\n", j.JobID, j.Status, j.JobID)
+			return nil
+		},
+	}
+	cf.add(cmd)
+	cmd.Flags().StringVar(&reason, "reason", "", "why, recorded in the job's failure reason")
+	return cmd
 }
 
 func newTrainShowCmd() *cobra.Command {

@@ -431,3 +431,73 @@ func TestTrainDispatchWebhookRejected(t *testing.T) {
 		t.Errorf("a rejected dispatch, --json: %v %v\n%s", err, jerr, out)
 	}
 }
+
+// TestTrainCancel: trace train cancel fails a dispatched job through the
+// adapt role's events (once, with the reason given), and the job, which no
+// trainer took, leaves the trainers' queue; a finished or unknown job
+// exits 1 naming it.
+func TestTrainCancel(t *testing.T) {
+	ctx := context.Background()
+	ch := testenv.ClickHouse(t)
+	ns := testenv.NATS(t)
+	st := ch.Store()
+	done := doneEnvironment(t, st, "t-cancel", "get_reservation_details", "cancel_reservation")
+	sets := []string{"--set", "clickhouse.addr=" + ch.Addr, "--set", "clickhouse.database=" + ch.Database, "--set", "nats.url=" + ns.URL(),
+		"--set", "adapter.plan.env_server_url=http://trace-env:8090"}
+	run := func(args ...string) (string, error) { return runCLI(t, ctx, append(args, sets...)...) }
+	jobID := schemas.TrainingJobID(done.ID, 1)
+	if out, err := run("train", "dispatch", done.ID); err != nil || !strings.Contains(out, "dispatched job "+jobID) {
+		t.Fatalf("dispatch (%v):\n%s", err, out)
+	}
+	var ee *exitError
+	if _, err := run("train", "cancel", "job-0000000000000000"); !errors.As(err, &ee) || ee.code != 1 || !strings.Contains(err.Error(), `no training job "job-0000000000000000"`) {
+		t.Errorf("unknown job: %v", err)
+	}
+	out, err := run("train", "cancel", jobID, "--reason", "wrong base model")
+	if err != nil || !strings.Contains(out, "job "+jobID+" (DISPATCHED): cancel requested") {
+		t.Fatalf("cancel (%v):\n%s", err, out)
+	}
+	b, err := bus.Connect(ctx, bus.Config{URL: ns.URL()}, "test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	// The adapt role applies it.
+	stage, err := adapter.NewStage(adapter.Config{Plan: plan.DefaultConfig(), Store: st, Claims: b, Backend: dispatch.NATS{Pub: b}, Log: slog.Default()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rctx, stop := context.WithCancel(ctx)
+	defer stop()
+	ec, err := b.TrainingEventsConsumer(rctx, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = stage.RunEvents(rctx, ec) }()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		j, _ := st.TrainingJob(ctx, jobID)
+		if j != nil && j.Status == adapter.StatusFailed {
+			if j.Reason != "cancelled by hand (trace train cancel): wrong base model" {
+				t.Errorf("reason %q", j.Reason)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the cancel was not applied: %+v", j)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	s, _ := b.JS.Stream(ctx, bus.StreamTrainingJobs)
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		if info, _ := s.Info(ctx); info.State.Msgs == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the cancelled job is still in the trainers' queue")
+		}
+	}
+	if _, err := run("train", "cancel", jobID); !errors.As(err, &ee) || ee.code != 1 || !strings.Contains(err.Error(), "job "+jobID+" is FAILED already: nothing to cancel") {
+		t.Errorf("cancel of a failed job: %v", err)
+	}
+}
