@@ -137,6 +137,28 @@ func (s *Stage) HasLLM() bool { return s.cfg.LLM != nil }
 // error is transient (ClickHouse, NATS, the model or the policy server was
 // unreachable): the record keeps where it stood and a redelivery resumes it.
 func (s *Stage) Synthesize(ctx context.Context, req *schemas.SynthesisRequest) (*Environment, error) {
+	e, err := s.synthesize(ctx, req)
+	if !errors.Is(err, errEndedElsewhere) {
+		return e, err
+	}
+	// Another run of the request ended its environment while this one
+	// ran: a second replica was given the request when this one's acks
+	// lapsed (a NATS outage longer than the ack wait). Its record stands,
+	// and a DONE one is announced as it is stored, so the announced hash
+	// is the stored program's.
+	stored, err := s.load(ctx, req)
+	if err != nil {
+		return e, err
+	}
+	s.cfg.Log.Warn("synthesizer: another run of the request ended its environment meanwhile; keeping that one", "id", stored.ID,
+		"trigger_id", req.TriggerID, "status", stored.Status)
+	if stored.Status == StatusDone {
+		return stored, s.publish(ctx, stored)
+	}
+	return stored, nil
+}
+
+func (s *Stage) synthesize(ctx context.Context, req *schemas.SynthesisRequest) (*Environment, error) {
 	e, err := s.load(ctx, req)
 	if err != nil {
 		return nil, err
@@ -359,7 +381,12 @@ func (s *Stage) Abort(ctx context.Context, req *schemas.SynthesisRequest, reason
 		return e, err
 	}
 	e.setMachine(m)
-	return e, s.save(ctx, e)
+	if err := s.save(ctx, e); errors.Is(err, errEndedElsewhere) {
+		return s.load(ctx, req) // another run ended it: left as it is
+	} else if err != nil {
+		return e, err
+	}
+	return e, nil
 }
 
 // NoteTransient records that a delivery of req ended in a transient
@@ -374,7 +401,12 @@ func (s *Stage) NoteTransient(ctx context.Context, req *schemas.SynthesisRequest
 		return e.TransientFailures, nil
 	}
 	e.TransientFailures++
-	return e.TransientFailures, s.save(ctx, e)
+	if err := s.save(ctx, e); errors.Is(err, errEndedElsewhere) {
+		return e.TransientFailures - 1, nil // another run ended it: left as it is
+	} else if err != nil {
+		return 0, err
+	}
+	return e.TransientFailures, nil
 }
 
 // load returns the request's environment record, a new PENDING one when
@@ -445,7 +477,22 @@ func (s *Stage) job(ctx context.Context, e *Environment) (*Job, error) {
 	return job, nil
 }
 
+// errEndedElsewhere: save found the environment ended (DONE or FAILED) by
+// another run of its request; nothing was written.
+var errEndedElsewhere = errors.New("synthesizer: the environment was ended by another run of its request")
+
+// save writes e, unless the stored record has ended meanwhile
+// (errEndedElsewhere): a run never saves after it ends, and each run
+// starts from a record that has not, so a stored end is another run's,
+// which this one must not overwrite.
 func (s *Stage) save(ctx context.Context, e *Environment) error {
+	stored, err := s.cfg.Store.LoadEnvironment(ctx, e.ID)
+	if err != nil {
+		return fmt.Errorf("%w: load environment %s: %w", ErrTransient, e.ID, err)
+	}
+	if stored != nil && stored.Status.Terminal() {
+		return errEndedElsewhere
+	}
 	now := s.cfg.Now().UTC()
 	e.UpdatedAt = now
 	e.Version = max(e.Version+1, uint64(now.UnixNano()))

@@ -618,3 +618,80 @@ func TestGenerationHasItsOwnTimeout(t *testing.T) {
 		t.Fatalf("past the generation timeout: %v", err)
 	}
 }
+
+// racingCalibrator ends the environment as another run of the request
+// would (a second replica given it after this one's acks lapsed) while
+// this run calibrates, then accepts: status DONE with another program, or
+// FAILED.
+type racingCalibrator struct {
+	store  *memStore
+	status Status
+}
+
+func (c *racingCalibrator) Calibrate(ctx context.Context, d Draft) (*Calibration, error) {
+	other, err := c.store.LoadEnvironment(ctx, schemas.EnvironmentID("trig-race"))
+	if err != nil || other == nil {
+		return nil, fmt.Errorf("no record to race: %v", err)
+	}
+	other.Status, other.Version = c.status, other.Version+1_000_000
+	cal, _ := (&seqCalibrator{}).Calibrate(ctx, d)
+	if c.status == StatusDone {
+		other.Program = d.Program + "\n# the other run's program\n"
+		other.ProgramHash = ProgramHash(other.Program)
+		other.Calibration = cal
+		other.Attempts = append(other.Attempts, Attempt{N: 1, Origin: schemas.OriginLLM, Program: other.Program, ProgramHash: other.ProgramHash,
+			Stage: StageCalibrate, Accepted: true, Calibration: cal})
+	} else {
+		other.Reason = "the other run failed it"
+	}
+	if err := c.store.SaveEnvironment(ctx, other); err != nil {
+		return nil, err
+	}
+	return cal, nil
+}
+
+// TestRunEndedElsewhereKeepsTheOtherRecord: a run whose environment another
+// run of the same request ended while it calibrated does not overwrite
+// that record; a DONE one is announced as stored (its program's hash), a
+// FAILED one is not announced; the worker's Abort and NoteTransient leave
+// it too.
+func TestRunEndedElsewhereKeepsTheOtherRecord(t *testing.T) {
+	for _, status := range []Status{StatusDone, StatusFailed} {
+		t.Run(string(status), func(t *testing.T) {
+			srv := llmtest.New(t)
+			srv.Handle(func(llmtest.Request) llmtest.Reply { return llmtest.Text(fenced(goodProgram)) })
+			gen, _ := newTestGenerator(t, srv)
+			rc := &racingCalibrator{status: status}
+			k := newKit(t, func(c *Config) {
+				c.LLM = gen
+				c.Calibrators = func(*Job) (Calibrator, error) { return rc, nil }
+			})
+			rc.store = k.store
+			ctx := context.Background()
+			e, err := k.stage.Synthesize(ctx, testRequest("trig-race"))
+			if err != nil || e.Status != status {
+				t.Fatalf("Synthesize: %v, %+v; want the other run's %s", err, e, status)
+			}
+			stored, _ := k.store.LoadEnvironment(ctx, e.ID)
+			if stored.Status != status || (status == StatusDone && !strings.Contains(stored.Program, "the other run's program")) {
+				t.Fatalf("stored %s %q, want the other run's record", stored.Status, stored.Program)
+			}
+			switch {
+			case status == StatusDone && (len(k.pub.msgs) != 1 || k.pub.msgs[0].Program.Hash != stored.ProgramHash):
+				t.Fatalf("announced %+v, want the stored program's hash %s", k.pub.msgs, stored.ProgramHash)
+			case status == StatusFailed && len(k.pub.msgs) != 0:
+				t.Fatalf("announced %+v for a FAILED environment", k.pub.msgs)
+			}
+			saves := k.store.saves
+			if _, err := k.stage.Abort(ctx, testRequest("trig-race"), "deliveries ran out"); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := k.stage.NoteTransient(ctx, testRequest("trig-race")); err != nil {
+				t.Fatal(err)
+			}
+			if k.store.saves != saves {
+				t.Fatalf("%d saves after the end, want none", k.store.saves-saves)
+			}
+		})
+	}
+}
