@@ -283,6 +283,9 @@ func DetectFormat(path string) (string, error) {
 	}
 	defer f.Close()
 	br := bufio.NewReaderSize(f, 64<<10)
+	if _, err := replaySkipBOM(br); err != nil {
+		return "", fmt.Errorf("%s: %w", path, err)
+	}
 	for {
 		c, err := br.ReadByte()
 		if err != nil { // empty or all blank
@@ -512,6 +515,11 @@ func (r *replayRun) jsonl(path string) error {
 	defer f.Close()
 	base := filepath.Base(path)
 	br := bufio.NewReaderSize(f, 1<<20)
+	bom, err := replaySkipBOM(br)
+	if err != nil {
+		return fmt.Errorf("%s: %w", path, err)
+	}
+	r.advance(int64(bom))
 	limit := r.maxBytes()
 	decode := DecodeRollout(limit) // the ingest stage's checks
 	batch := make([]replayItem, 0, replayBatch)
@@ -566,6 +574,29 @@ func (r *replayRun) jsonl(path string) error {
 			return nil
 		}
 	}
+}
+
+// utf8BOM is the UTF-8 encoding of U+FEFF, which editors and Windows tools
+// put at the start of a text file.
+var utf8BOM = []byte("\xef\xbb\xbf")
+
+// errNotUTF8 is the error of a file in UTF-16 or UTF-32: every record would
+// be rejected as invalid_utf8, so the file is refused as a whole.
+var errNotUTF8 = errors.New("the file starts with a UTF-16 or UTF-32 byte order mark; rollout files are read as UTF-8: convert it first (iconv -f UTF-16 -t UTF-8)")
+
+// replaySkipBOM discards a UTF-8 byte order mark at the start of br (RFC
+// 8259 lets a parser ignore it; JSON exported on Windows often has one) and
+// refuses a UTF-16 or UTF-32 one.
+// It returns the number of bytes discarded.
+func replaySkipBOM(br *bufio.Reader) (int, error) {
+	b, _ := br.Peek(3)
+	switch {
+	case bytes.HasPrefix(b, utf8BOM):
+		return br.Discard(len(utf8BOM))
+	case bytes.HasPrefix(b, []byte{0xff, 0xfe}), bytes.HasPrefix(b, []byte{0xfe, 0xff}), bytes.HasPrefix(b, []byte{0, 0, 0xfe}):
+		return 0, errNotUTF8
+	}
+	return 0, nil
 }
 
 // replayReadLine reads one line without its line ending. A line longer than

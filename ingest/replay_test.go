@@ -349,6 +349,16 @@ func TestReplayInputs(t *testing.T) {
 		{name: "too long line is consumed and rejected", content: ok + "\n" + big + "\n" + ok, maxBytes: 290, wantSent: 2, wantReason: map[string]int{"too_large": 1}},
 		{name: "invalid utf8", content: ok + "\n" + "{\"rollout_id\": \"\xff\"}", wantSent: 1, wantReason: map[string]int{"invalid_utf8": 1}},
 		{name: "empty file", content: "", wantSent: 0, wantReason: map[string]int{}},
+		{name: "jsonl after a UTF-8 byte order mark, CRLF line endings", content: "\ufeff" + ok + "\r\n" + ok + "\r\n", wantSent: 2, wantReason: map[string]int{}},
+		{name: "tau2 after a UTF-8 byte order mark", content: "\ufeff" + `{"info": {"environment_info": {"domain_name": "mock"}}, "simulations": [
+			{"id": "s1", "task_id": "1", "reward_info": {"reward": 1.0}, "messages": [{"role": "user", "content": "x"}]}]}`,
+			wantSent: 1, wantReason: map[string]int{}},
+		{name: "forced tau2 after a UTF-8 byte order mark", format: FormatTau2, content: "\ufeff" + `{"info": {"environment_info": {"domain_name": "mock"}}, "simulations": [
+			{"id": "s1", "task_id": "1", "reward_info": {"reward": 1.0}, "messages": [{"role": "user", "content": "x"}]}]}`,
+			wantSent: 1, wantReason: map[string]int{}},
+		{name: "UTF-16 is refused as a whole", content: "\xff\xfe{\x00}\x00\n\x00", wantErr: "UTF-16 or UTF-32 byte order mark"},
+		{name: "forced jsonl on UTF-16", format: FormatRolloutJSONL, content: "\xfe\xff\x00{\x00}", wantErr: "UTF-16 or UTF-32 byte order mark"},
+		{name: "forced tau2 on UTF-16", format: FormatTau2, content: "\xff\xfe{\x00}\x00", wantErr: "UTF-16 or UTF-32 byte order mark"},
 		{name: "an end time the store cannot hold is rejected as ingest would dead-letter it",
 			content:  ok + "\n" + strings.Replace(ok, `"outcome"`, `"end_time": "2110-01-01T00:00:00Z", "outcome"`, 1),
 			wantSent: 1, wantReason: map[string]int{"schema": 1}},
@@ -390,6 +400,7 @@ func TestDetectFormat(t *testing.T) {
 	ok := string(replayTestRollout("ok", "v1", 1))
 	cases := map[string]struct{ content, want string }{
 		"tau2 object":                  {"\n  {\"info\": {}, \"simulations\": []}\n", FormatTau2},
+		"tau2 object after a BOM":      {"\ufeff{\"info\": {}, \"simulations\": []}\r\n", FormatTau2},
 		"one-line jsonl":               {ok + "\n", FormatRolloutJSONL},
 		"two objects with simulations": {`{"simulations": []}` + "\n" + `{"simulations": []}`, FormatRolloutJSONL},
 		"nested simulations key":       {`{"metadata": {"simulations": []}}`, FormatRolloutJSONL},

@@ -283,6 +283,10 @@ func parseTau2(r io.Reader) (*tau2File, error) {
 	if err != nil {
 		return nil, err
 	}
+	if bytes.HasPrefix(data, []byte{0xff, 0xfe}) || bytes.HasPrefix(data, []byte{0xfe, 0xff}) {
+		return nil, errNotUTF8
+	}
+	data = bytes.TrimPrefix(data, utf8BOM)
 	// Fast path, one pass: every simulation decodes.
 	var typed struct {
 		tau2File

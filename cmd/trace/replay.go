@@ -35,6 +35,10 @@ Input formats (--format):
   tau2           a τ²-bench result file; each simulation becomes one rollout in
                  environment "tau2-<domain>" (see ingest.ConvertTau2)
 
+Files are read as UTF-8. A UTF-8 byte order mark at the start of a file is
+skipped and CRLF line endings are read as LF; a file in UTF-16 or UTF-32
+(a byte order mark of those) is refused as a whole: convert it first.
+
 Every rollout is validated against the rollout/v1 schema before it is sent.
 Invalid records are not published; they are counted by reason (too_large,
 invalid_utf8, not_json, schema, non_finite_reward, tau2_invalid) and the first
