@@ -1,6 +1,7 @@
 package analyzer
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -37,10 +38,14 @@ type RunFile struct {
 	Labels map[string]SixLists `json:"labels"`
 }
 
+// trimBOM drops a UTF-8 byte order mark at the start of a file (RFC 8259
+// lets a parser ignore it; files saved by Windows tools often have one).
+func trimBOM(data []byte) []byte { return bytes.TrimPrefix(data, []byte("\xef\xbb\xbf")) }
+
 // ParseRunFile decodes and validates a run file. name is used in errors.
 func ParseRunFile(name string, data []byte) (*RunFile, error) {
 	var rf RunFile
-	if err := json.Unmarshal(data, &rf); err != nil {
+	if err := json.Unmarshal(trimBOM(data), &rf); err != nil {
 		return nil, fmt.Errorf("%s: not a TRACE run file: %w", name, err)
 	}
 	rf.Name = name
@@ -129,7 +134,7 @@ func ParseCandidates(name string, data []byte) ([]Candidate, error) {
 	var doc struct {
 		Candidates []Candidate `json:"candidates"`
 	}
-	if err := json.Unmarshal(data, &doc); err != nil {
+	if err := json.Unmarshal(trimBOM(data), &doc); err != nil {
 		return nil, fmt.Errorf("%s: not a candidates file: %w", name, err)
 	}
 	if len(doc.Candidates) == 0 {

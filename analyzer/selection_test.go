@@ -142,6 +142,13 @@ func TestRunFileValidation(t *testing.T) {
 	if _, err := ParseRunFile("ok.json", []byte(ok)); err != nil {
 		t.Fatalf("valid run rejected: %v", err)
 	}
+	// Saved by a Windows tool: a UTF-8 byte order mark, CRLF line endings.
+	if _, err := ParseRunFile("bom.json", []byte("\ufeff"+strings.ReplaceAll(ok, "\n", "\r\n"))); err != nil {
+		t.Fatalf("valid run after a byte order mark rejected: %v", err)
+	}
+	if _, err := ParseCandidates("bom.json", []byte("\ufeff"+`{"candidates": [{"name": "cap_a", "description": "d"}]}`)); err != nil {
+		t.Fatalf("candidates after a byte order mark rejected: %v", err)
+	}
 	tests := []struct {
 		name, body, want string
 	}{
