@@ -19,6 +19,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/go-json-experiment/json/jsontext"
 	"github.com/schollz/progressbar/v3"
 	"github.com/segmentio/kafka-go"
 	"golang.org/x/term"
@@ -28,13 +29,14 @@ import (
 
 // Input formats of Replay.
 const (
-	FormatAuto         = "auto"          // tau2 if the file is one JSON object with "simulations", else rollout-jsonl
+	FormatAuto         = "auto"          // see DetectFormat
 	FormatRolloutJSONL = "rollout-jsonl" // one rollout/v1 JSON object per line
+	FormatRolloutJSON  = "rollout-json"  // a JSON array of rollout/v1 objects, or one (indented) rollout object
 	FormatTau2         = "tau2"          // a τ²-bench result file, converted with ConvertTau2
 )
 
 // ReplayFormats lists the accepted values of the format argument.
-var ReplayFormats = []string{FormatAuto, FormatRolloutJSONL, FormatTau2}
+var ReplayFormats = []string{FormatAuto, FormatRolloutJSONL, FormatRolloutJSON, FormatTau2}
 
 // ReasonTau2Invalid is the rejection reason of a τ² simulation that cannot
 // even be decoded into the τ² shape (the other reasons are schemas.Reason*).
@@ -78,6 +80,7 @@ type Rejection struct {
 	File       string // base name of the input file
 	Line       int    // 1-based line (rollout-jsonl) or simulation index (tau2)
 	Simulation bool   // Line counts simulations, not lines
+	Element    int    // 1-based element of a rollout-json array (Line is the line it starts on)
 	RolloutID  string // when known
 	Reason     string // schemas.Reason* or ReasonTau2Invalid
 	Msg        string
@@ -93,6 +96,9 @@ func (r Rejection) String() string {
 		}
 	} else {
 		fmt.Fprintf(&b, ":%d", r.Line)
+		if r.Element > 0 {
+			fmt.Fprintf(&b, " (element %d)", r.Element)
+		}
 	}
 	b.WriteString(": ")
 	b.WriteString(r.Reason)
@@ -207,7 +213,7 @@ func (r *Replayer) Replay(ctx context.Context, files []string) (Summary, error) 
 	format := r.Format
 	format = cmp.Or(format, FormatAuto)
 	switch format {
-	case FormatAuto, FormatRolloutJSONL, FormatTau2:
+	case FormatAuto, FormatRolloutJSONL, FormatRolloutJSON, FormatTau2:
 	default:
 		return finish(fmt.Errorf("replay: unknown format %q (want one of %s)", format, strings.Join(ReplayFormats, ", ")))
 	}
@@ -254,9 +260,12 @@ func (r *Replayer) Replay(ctx context.Context, files []string) (Summary, error) 
 		}
 		sum.Files++
 		var err error
-		if ff == FormatTau2 {
+		switch ff {
+		case FormatTau2:
 			err = run.tau2(f)
-		} else {
+		case FormatRolloutJSON:
+			err = run.json(f)
+		default:
 			err = run.jsonl(f)
 		}
 		if err != nil {
@@ -272,10 +281,12 @@ func (r *Replayer) Replay(ctx context.Context, files []string) (Summary, error) 
 	return finish(nil)
 }
 
-// DetectFormat tells a τ²-bench result file from a rollout JSONL file: a file
-// whose first non-space byte is '{' and that parses as exactly one JSON object
-// with a top-level "simulations" key is FormatTau2; anything else is
-// FormatRolloutJSONL.
+// DetectFormat tells the formats apart (a UTF-8 byte order mark at the start
+// is skipped): a file that is exactly one JSON object with a top-level
+// "simulations" key is FormatTau2; a file whose first non-space byte is '['
+// (an array of rollouts), or whose first JSON object spans several lines
+// (indented rollouts, as jq prints them), is FormatRolloutJSON; anything
+// else is FormatRolloutJSONL.
 func DetectFormat(path string) (string, error) {
 	f, err := os.Open(path)
 	if err != nil {
@@ -294,40 +305,55 @@ func DetectFormat(path string) (string, error) {
 		if c == ' ' || c == '\t' || c == '\n' || c == '\r' {
 			continue
 		}
+		if c == '[' {
+			return FormatRolloutJSON, nil
+		}
 		if c != '{' {
 			return FormatRolloutJSONL, nil
 		}
 		_ = br.UnreadByte()
 		break
 	}
-	dec := json.NewDecoder(br)
-	if _, err := dec.Token(); err != nil { // '{'
+	// The first object, read whole: a τ² file is one object with a
+	// top-level "simulations" key, an indented rollout spans several lines,
+	// a JSONL record one.
+	dec := jsontext.NewDecoder(br, jsontext.AllowDuplicateNames(true), jsontext.AllowInvalidUTF8(true))
+	v, err := dec.ReadValue()
+	if err != nil {
 		return FormatRolloutJSONL, nil
 	}
-	found := false
-	for dec.More() {
-		tok, err := dec.Token()
-		if err != nil {
-			return FormatRolloutJSONL, nil
-		}
-		if tok == "simulations" {
-			found = true
-		}
-		var skip json.RawMessage
-		if err := dec.Decode(&skip); err != nil {
-			return FormatRolloutJSONL, nil
-		}
-	}
-	if _, err := dec.Token(); err != nil { // '}'
-		return FormatRolloutJSONL, nil
-	}
-	if _, err := dec.Token(); err != io.EOF { // nothing but space may follow
-		return FormatRolloutJSONL, nil
-	}
-	if found {
+	first := bytes.Clone(v) // v is valid until the next read
+	_, err = dec.ReadToken()
+	alone := err == io.EOF // nothing but space follows
+	if alone && replayHasMember(first, "simulations") {
 		return FormatTau2, nil
 	}
+	if bytes.IndexByte(first, '\n') >= 0 {
+		return FormatRolloutJSON, nil
+	}
 	return FormatRolloutJSONL, nil
+}
+
+// replayHasMember reports whether the JSON object obj has a member name at
+// its top level.
+func replayHasMember(obj []byte, name string) bool {
+	dec := jsontext.NewDecoder(bytes.NewReader(obj), jsontext.AllowDuplicateNames(true), jsontext.AllowInvalidUTF8(true))
+	if tok, err := dec.ReadToken(); err != nil || tok.Kind() != '{' {
+		return false
+	}
+	for dec.PeekKind() == '"' {
+		tok, err := dec.ReadToken()
+		if err != nil {
+			return false
+		}
+		if tok.String() == name {
+			return true
+		}
+		if err := dec.SkipValue(); err != nil {
+			return false
+		}
+	}
+	return false
 }
 
 type replayRun struct {
@@ -453,7 +479,8 @@ func (r *replayRun) advance(n int64) {
 type replayItem struct {
 	key, value []byte
 	source     string
-	line       int // 1-based line of a JSONL record
+	line       int // 1-based line of a JSONL record (or where a rollout-json one starts)
+	element    int // 1-based element of a rollout-json array
 	rej        *Rejection
 	progress   int64 // input bytes this record accounts for
 }
@@ -506,6 +533,162 @@ func (r *replayRun) emit(items []replayItem) error {
 	return nil
 }
 
+// validate checks the records of batch as the ingest stage does (in
+// parallel), then publishes or rejects them in order.
+func (r *replayRun) validate(batch []replayItem, base string, decode func([]byte) (*schemas.Rollout, error)) error {
+	replayParallel(len(batch), func(i int) {
+		it := &batch[i]
+		if it.rej != nil || it.value == nil {
+			return
+		}
+		ro, err := decode(it.value)
+		if err != nil {
+			reason, msg := replayReason(err)
+			it.rej = &Rejection{File: base, Line: it.line, Element: it.element, Reason: reason, Msg: msg}
+			it.value = nil
+			return
+		}
+		it.key = []byte(ro.Key())
+	})
+	return r.emit(batch)
+}
+
+// json replays a file holding one JSON array of rollout/v1 objects, or
+// rollout objects one after another, indented (as jq prints them). It is
+// read one element at a time, so the file's size does not matter. An element the
+// ingest stage would dead-letter (schema, duplicate_key, invalid_utf8,
+// too_large, ...) is rejected with its line and element number; a syntax
+// error in the array itself (where the next element starts cannot be
+// known) stops the file with an error naming its line, after the elements
+// before it were published.
+func (r *replayRun) json(path string) error {
+	f, err := os.Open(path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	base := filepath.Base(path)
+	br := bufio.NewReaderSize(f, 1<<20)
+	bom, err := replaySkipBOM(br)
+	if err != nil {
+		return fmt.Errorf("%s: %w", path, err)
+	}
+	r.advance(int64(bom))
+	lc := &replayLineCounter{r: br}
+	// Duplicate names and invalid UTF-8 are the element's problem, named by
+	// the ingest stage's decoder, not a reason to stop reading the file.
+	dec := jsontext.NewDecoder(lc, jsontext.AllowDuplicateNames(true), jsontext.AllowInvalidUTF8(true))
+	// line is the line of the decoder's position (after the last value or
+	// token read).
+	line := func() int { return 1 + lc.lines - bytes.Count(dec.UnreadBuffer(), []byte("\n")) }
+	fail := func(what string, err error) error {
+		at := line()
+		var se *jsontext.SyntacticError
+		if errors.As(err, &se) {
+			err = se.Err
+			// The line of the error itself, in the bytes read ahead.
+			if k, ub := se.ByteOffset-dec.InputOffset(), dec.UnreadBuffer(); k >= 0 && k <= int64(len(ub)) {
+				at += bytes.Count(ub[:k], []byte("\n"))
+			}
+		}
+		if err == io.EOF {
+			err = io.ErrUnexpectedEOF
+		}
+		return fmt.Errorf("%s:%d: %s: %w", path, at, what, err)
+	}
+	limit := r.maxBytes()
+	decode := DecodeRollout(limit) // the ingest stage's checks
+	var offset int64               // input consumed, for the progress bar
+	batch := make([]replayItem, 0, replayBatch)
+	var batchBytes int
+	flush := func() error {
+		err := r.validate(batch, base, decode)
+		batch, batchBytes = batch[:0], 0
+		return err
+	}
+	array := false
+	switch dec.PeekKind() {
+	case '[':
+		array = true
+		if _, err := dec.ReadToken(); err != nil {
+			return fail("not a JSON array", err)
+		}
+	case 0: // empty (or unreadable): as an empty JSONL file
+		if _, err := dec.ReadToken(); err == io.EOF {
+			return nil
+		} else if err != nil {
+			return fail("not JSON", err)
+		}
+	}
+	for n := 1; ; n++ {
+		if err := r.ctx.Err(); err != nil {
+			return err
+		}
+		if array && dec.PeekKind() == ']' {
+			if _, err := dec.ReadToken(); err != nil {
+				return fail("the array", err)
+			}
+			break
+		}
+		if !array && n > 1 && dec.PeekKind() == 0 {
+			if _, err := dec.ReadToken(); err == io.EOF {
+				break
+			}
+		}
+		v, err := dec.ReadValue()
+		if err != nil {
+			err = fail(fmt.Sprintf("element %d", n), err)
+			if ferr := flush(); ferr != nil { // the elements before it
+				return ferr
+			}
+			return err
+		}
+		start := line() - bytes.Count(v, []byte("\n"))
+		it := replayItem{line: start, element: n, source: base + "#" + strconv.Itoa(n)}
+		it.progress, offset = dec.InputOffset()-offset, dec.InputOffset()
+		if len(v) > limit {
+			it.rej = &Rejection{File: base, Line: start, Element: it.element, Reason: schemas.ReasonTooLarge,
+				Msg: fmt.Sprintf("%d bytes, over the limit of %d", len(v), limit)}
+		} else {
+			it.value = bytes.Clone(v)
+			batchBytes += len(v)
+		}
+		batch = append(batch, it)
+		if len(batch) == replayBatch || batchBytes >= 32<<20 {
+			if err := flush(); err != nil {
+				return err
+			}
+		}
+	}
+	if err := flush(); err != nil {
+		return err
+	}
+	if array {
+		if _, err := dec.ReadToken(); err != io.EOF {
+			if err == nil {
+				err = errors.New("more JSON after the array (one array per file)")
+			}
+			return fail("after the array", err)
+		}
+	}
+	if fi, err := f.Stat(); err == nil {
+		r.advance(fi.Size() - int64(bom) - offset)
+	}
+	return nil
+}
+
+// replayLineCounter counts the line feeds read through it.
+type replayLineCounter struct {
+	r     io.Reader
+	lines int
+}
+
+func (c *replayLineCounter) Read(p []byte) (int, error) {
+	n, err := c.r.Read(p)
+	c.lines += bytes.Count(p[:n], []byte("\n"))
+	return n, err
+}
+
 // jsonl replays a file of rollout/v1 JSON objects, one per line.
 func (r *replayRun) jsonl(path string) error {
 	f, err := os.Open(path)
@@ -525,21 +708,7 @@ func (r *replayRun) jsonl(path string) error {
 	batch := make([]replayItem, 0, replayBatch)
 	var batchBytes int
 	validate := func() error {
-		replayParallel(len(batch), func(i int) {
-			it := &batch[i]
-			if it.rej != nil || it.value == nil {
-				return
-			}
-			ro, err := decode(it.value)
-			if err != nil {
-				reason, msg := replayReason(err)
-				it.rej = &Rejection{File: base, Line: it.line, Reason: reason, Msg: msg}
-				it.value = nil
-				return
-			}
-			it.key = []byte(ro.Key())
-		})
-		err := r.emit(batch)
+		err := r.validate(batch, base, decode)
 		batch, batchBytes = batch[:0], 0
 		return err
 	}

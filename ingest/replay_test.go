@@ -396,6 +396,85 @@ func TestReplayInputs(t *testing.T) {
 	}
 }
 
+// TestReplayJSON reads rollouts as exporters write them when not as JSONL:
+// a JSON array (compact or indented) and indented objects one after
+// another (jq). Each element is checked as the ingest stage checks a
+// message, and a rejection names its line and element.
+func TestReplayJSON(t *testing.T) {
+	indent := func(b []byte) string {
+		var out bytes.Buffer
+		if err := json.Indent(&out, b, "  ", "  "); err != nil {
+			t.Fatal(err)
+		}
+		return out.String()
+	}
+	a, b, c := replayTestRollout("a", "v1", 1), replayTestRollout("b", "v1", 0), replayTestRollout("c", "v2", 1)
+	noID := bytes.Replace(replayTestRollout("d", "v1", 1), []byte(`"rollout_id":"d",`), nil, 1)
+	dup := bytes.Replace(replayTestRollout("e", "v1", 1), []byte(`"rollout_id":"e"`), []byte(`"rollout_id":"e","rollout_id":"e2"`), 1)
+	type rej struct {
+		reason        string
+		line, element int
+	}
+	cases := []struct {
+		name     string
+		content  string
+		format   string
+		wantErr  string
+		wantIDs  string
+		wantRejs []rej
+	}{
+		{name: "compact array", content: "[" + string(a) + "," + string(b) + "]", wantIDs: "a,b"},
+		{name: "indented array, CRLF, byte order mark", content: strings.ReplaceAll("\ufeff[\n  "+indent(a)+",\n  "+indent(b)+"\n]\n", "\n", "\r\n"), wantIDs: "a,b"},
+		{name: "empty array", content: " [ ] ", wantIDs: ""},
+		{name: "indented objects one after another", content: indent(a) + "\n" + indent(b) + "\n\n" + indent(c) + "\n", wantIDs: "a,b,c"},
+		{name: "forced on one-line objects", format: FormatRolloutJSON, content: string(a) + "\n" + string(b) + "\n", wantIDs: "a,b"},
+		{name: "invalid elements are rejected with their line and element, the others sent",
+			content: "[\n  " + indent(a) + ",\n  " + indent(noID) + ",\n  " + string(dup) + ",\n  " + indent(c) + ",\n  \"text\"\n]",
+			wantIDs: "a,c",
+			wantRejs: []rej{{"schema", 2 + strings.Count(indent(a), "\n") + 1, 2}, {"duplicate_key", 2 + strings.Count(indent(a), "\n") + 1 + strings.Count(indent(noID), "\n") + 1, 3},
+				{"schema", 2 + strings.Count(indent(a)+indent(noID)+indent(c), "\n") + 4, 5}}},
+		{name: "a syntax error stops the file naming its line", content: "[\n" + string(a) + ",\n" + string(b) + ",\n{\"rollout_id\": NaN}\n]", wantIDs: "a,b", wantErr: ":4: element 3"},
+		{name: "a truncated array", content: "[\n" + string(a) + ",\n" + string(b)[:40], wantIDs: "a", wantErr: ":3: element 2: unexpected EOF"},
+		{name: "data after the array", content: "[" + string(a) + "]\n[" + string(b) + "]", wantIDs: "a", wantErr: "after the array"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			in := replayWriteFile(t, "rollouts.json", tc.content)
+			fw := &replayFakeWriter{}
+			r := &Replayer{Writer: fw, Format: tc.format, ChunkSize: 1}
+			sum, err := r.Replay(context.Background(), []string{in})
+			if tc.wantErr == "" && err != nil || tc.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tc.wantErr)) {
+				t.Fatalf("err = %v, want %q", err, tc.wantErr)
+			}
+			var ids []string
+			for _, call := range fw.calls {
+				for _, m := range call {
+					var ro struct {
+						RolloutID string `json:"rollout_id"`
+					}
+					if err := json.Unmarshal(m.Value, &ro); err != nil {
+						t.Fatal(err)
+					}
+					ids = append(ids, ro.RolloutID)
+				}
+			}
+			if strings.Join(ids, ",") != tc.wantIDs || sum.Sent != len(ids) {
+				t.Errorf("sent %v (summary %d), want %s", ids, sum.Sent, tc.wantIDs)
+			}
+			var rejs []rej
+			for _, rj := range sum.FirstRejections {
+				rejs = append(rejs, rej{rj.Reason, rj.Line, rj.Element})
+				if want := fmt.Sprintf("rollouts.json:%d (element %d): %s: ", rj.Line, rj.Element, rj.Reason); !strings.HasPrefix(rj.String(), want) {
+					t.Errorf("rejection %q, want it to start %q", rj, want)
+				}
+			}
+			if fmt.Sprint(rejs) != fmt.Sprint(tc.wantRejs) {
+				t.Errorf("rejections %v, want %v\n%s", rejs, tc.wantRejs, sum)
+			}
+		})
+	}
+}
+
 func TestDetectFormat(t *testing.T) {
 	ok := string(replayTestRollout("ok", "v1", 1))
 	cases := map[string]struct{ content, want string }{
@@ -404,7 +483,12 @@ func TestDetectFormat(t *testing.T) {
 		"one-line jsonl":               {ok + "\n", FormatRolloutJSONL},
 		"two objects with simulations": {`{"simulations": []}` + "\n" + `{"simulations": []}`, FormatRolloutJSONL},
 		"nested simulations key":       {`{"metadata": {"simulations": []}}`, FormatRolloutJSONL},
-		"array":                        {`[{"simulations": []}]`, FormatRolloutJSONL},
+		"array":                        {`[{"simulations": []}]`, FormatRolloutJSON},
+		"array after a BOM":            {"\ufeff \r\n[" + ok + "]", FormatRolloutJSON},
+		"indented rollout":             {"{\n  \"rollout_id\": \"x\"\n}\n", FormatRolloutJSON},
+		"indented rollouts":            {"{\n  \"rollout_id\": \"x\"\n}\n{\n  \"rollout_id\": \"y\"\n}\n", FormatRolloutJSON},
+		"indented tau2 object":         {"{\n  \"simulations\": []\n}\n", FormatTau2},
+		"jsonl, second line indented":  {ok + "\n{\n\"a\": 1}\n", FormatRolloutJSONL},
 		"broken":                       {`{"simulations": [`, FormatRolloutJSONL},
 		"empty":                        {"", FormatRolloutJSONL},
 	}

@@ -21,17 +21,23 @@ func newReplayCmd() *cobra.Command {
 		topic   string
 	)
 	cmd := &cobra.Command{
-		Use:   "replay [--format auto|rollout-jsonl|tau2] [--brokers HOST:PORT,...] [--topic NAME] FILE...",
+		Use:   "replay [--format auto|rollout-jsonl|rollout-json|tau2] [--brokers HOST:PORT,...] [--topic NAME] FILE...",
 		Short: "Publish rollout files (rollout JSONL or τ²-bench results) to Kafka",
 		Long: `replay reads rollout files and publishes every rollout on the Kafka rollout
 topic, as a producer in production would.
 
 Input formats (--format):
   auto           (default) a file that is a single JSON object with a
-                 "simulations" key is a τ²-bench result file, anything else is
-                 rollout JSONL
+                 "simulations" key is a τ²-bench result file; one that starts
+                 with '[', or whose first object spans several lines, is
+                 rollout-json; anything else is rollout JSONL
   rollout-jsonl  one rollout/v1 JSON object per line (schemas/rollout.v1.schema.json);
                  blank lines are skipped
+  rollout-json   a JSON array of rollout/v1 objects, or rollout/v1 objects one
+                 after another, indented or not (as jq prints them); read one
+                 element at a time, so the file may be of any size. A syntax
+                 error in the file stops it (its line is named) after the
+                 rollouts before it were sent.
   tau2           a τ²-bench result file; each simulation becomes one rollout in
                  environment "tau2-<domain>" (see ingest.ConvertTau2)
 
@@ -41,8 +47,9 @@ skipped and CRLF line endings are read as LF; a file in UTF-16 or UTF-32
 
 Every rollout is validated against the rollout/v1 schema before it is sent.
 Invalid records are not published; they are counted by reason (too_large,
-invalid_utf8, not_json, schema, non_finite_reward, tau2_invalid) and the first
-few are listed with their line numbers. Messages are keyed by
+invalid_utf8, not_json, schema, non_finite_reward, duplicate_key, tau2_invalid)
+and the first few are listed with their line numbers (and element numbers in
+an array). Messages are keyed by
 "<environment>/<agent version>", zstd-compressed, and acknowledged by all
 in-sync replicas; the topic is created if the broker allows it.
 
@@ -57,6 +64,9 @@ before it); 2 when nothing could be sent.`,
 
   # a rollout JSONL file to another cluster and topic
   trace replay --brokers kafka-1:9092,kafka-2:9092 --topic trace.rollouts.staging rollouts.jsonl
+
+  # a JSON array of rollouts (or jq's indented output)
+  trace replay export.json
 
   # force the format when auto-detection is not wanted
   trace replay --format rollout-jsonl export.json`,
