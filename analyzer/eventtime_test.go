@@ -199,14 +199,15 @@ func TestWindowsFollowEventTime(t *testing.T) {
 }
 
 // TestLabelingSinkTimeFromTheMessage: a rollout without end_time is
-// labeled at its Kafka message's timestamp, the time the ingest stage
-// stores it at, so its labels and its row share an hour.
+// labeled at its start_time, else at its Kafka message's timestamp, the
+// time the ingest stage stores it at, so its labels and its row share an
+// hour.
 func TestLabelingSinkTimeFromTheMessage(t *testing.T) {
 	ctx := context.Background()
 	st, _ := storeAndBus(t)
 	reg := builtinRegistry(t)
 	r := simulated(time.Date(2026, 10, 1, 0, 0, 0, 0, time.UTC), 1)[0]
-	r.EndTime = time.Time{}
+	r.StartTime, r.EndTime = time.Time{}, time.Time{}
 	msgTime := time.Date(2026, 11, 3, 4, 5, 6, 0, time.UTC)
 	s := &analyzer.LabelingSink{Labeler: analyzer.NewRulesLabeler(analyzer.RulesOptions{}), Registry: reg, Store: st}
 	if err := s.Write(ctx, []stream.Record[*schemas.Rollout]{{Value: r, Topic: "t", Time: msgTime}}); err != nil {
@@ -219,6 +220,23 @@ func TestLabelingSinkTimeFromTheMessage(t *testing.T) {
 	}
 	if n == 0 || int64(at) != msgTime.Unix() {
 		t.Fatalf("%d labels at %d, want labels at the message's timestamp %d", n, at, msgTime.Unix())
+	}
+
+	// With a start time of its own, the rollout is labeled at it, as the
+	// ingest stage stores it (a replay of history sent today).
+	r2 := simulated(time.Date(2026, 10, 1, 0, 0, 0, 0, time.UTC), 2)[1]
+	r2.EndTime = time.Time{}
+	if r2.StartTime.IsZero() {
+		t.Fatal("the simulated rollout has no start time")
+	}
+	if err := s.Write(ctx, []stream.Record[*schemas.Rollout]{{Value: r2, Topic: "t", Offset: 1, Time: msgTime}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := testenv.StoreConn(t, st).QueryRow(ctx, "SELECT count(), max(toUnixTimestamp(ts)) FROM capability_labels WHERE rollout_id = ?", r2.RolloutID).Scan(&n, &at); err != nil {
+		t.Fatal(err)
+	}
+	if n == 0 || int64(at) != r2.StartTime.Unix() {
+		t.Fatalf("%d labels at %d, want labels at the rollout's start time %d", n, at, r2.StartTime.Unix())
 	}
 }
 

@@ -75,7 +75,7 @@ func (s *LabelingSink) Write(ctx context.Context, batch []stream.Record[*schemas
 	g.SetLimit(limit)
 	for i, rec := range batch {
 		r := rec.Value
-		r.EndTime = sink.EventTime(r.EndTime, rec.Time) // as the ingest stage stores it
+		r.EndTime = sink.EventTime(r.EndTime, r.StartTime, rec.Time) // as the ingest stage stores it
 		d := s.Registry.Resolve(r.Environment, r.Agent.Version)
 		if (d == nil || d.IsDefault()) && s.OnMissingDictionary != nil {
 			s.OnMissingDictionary(r.Environment, r.Agent.Version)

@@ -126,7 +126,7 @@ func (st *rowStream) Add(recs []stream.Record[*sink.RolloutRow]) error {
 	for _, rec := range recs {
 		row := rec.Value
 		row.Coord = sink.Coord{Topic: rec.Topic, Partition: rec.Partition, Offset: rec.Offset}
-		row.EndTime = sink.EventTime(row.EndTime, rec.Time)
+		row.EndTime = sink.EventTime(row.EndTime, row.StartTime, rec.Time)
 		if err := st.ins.Append(row); err != nil {
 			return classify(st.ctx, err)
 		}

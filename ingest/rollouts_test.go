@@ -347,14 +347,15 @@ func TestRowSinkStoresBoundaryTimes(t *testing.T) {
 }
 
 // TestRowSinkEndTimeFromTheMessage: a rollout without end_time is stored
-// at its Kafka message's timestamp, which a redelivery keeps (its start
-// too, as an absent start takes the end); one with its own end_time keeps
-// it.
+// at its own start_time, else at its Kafka message's timestamp, which a
+// redelivery keeps (its start too, as an absent start takes the end); one
+// with its own end_time keeps it.
 func TestRowSinkEndTimeFromTheMessage(t *testing.T) {
 	msg := time.Date(2026, 11, 3, 4, 5, 6, 0, time.UTC)
 	own := uint32(time.Date(2026, 10, 1, 0, 0, 0, 0, time.UTC).Unix())
-	got := storedTimes(t, msg, "", `"end_time":"2026-10-01T00:00:00Z",`)
-	if want := []uint32{uint32(msg.Unix()), uint32(msg.Unix()), own, own}; !reflect.DeepEqual(got, want) {
-		t.Fatalf("start and end times %v, want %v (the message's timestamp, then the rollout's own)", got, want)
+	start := uint32(time.Date(2025, 6, 1, 9, 0, 0, 0, time.UTC).Unix())
+	got := storedTimes(t, msg, "", `"end_time":"2026-10-01T00:00:00Z",`, `"start_time":"2025-06-01T09:00:00Z",`)
+	if want := []uint32{uint32(msg.Unix()), uint32(msg.Unix()), own, own, start, start}; !reflect.DeepEqual(got, want) {
+		t.Fatalf("start and end times %v, want %v (the message's timestamp, the rollout's own end, its own start)", got, want)
 	}
 }

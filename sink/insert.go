@@ -18,13 +18,20 @@ func ts(t, now time.Time) time.Time {
 	return t.UTC()
 }
 
-// EventTime is a rollout's end time as stored: its own, else its Kafka
-// message's timestamp (the producer's or the broker's, kept in the log, so
-// a redelivered message gets the same one, and the ingest and analyze
-// stages, which read the message apart, agree on it); zero when neither is
+// EventTime is a rollout's end time as stored: its own, else its own start
+// time (history exported with start times only keeps its place in time;
+// the message of a replay is sent today), else its Kafka message's
+// timestamp (the producer's or the broker's, kept in the log, so a
+// redelivered message gets the same one, and the ingest and analyze
+// stages, which read the message apart, agree on it); zero when none is
 // usable, and the insert then takes the insert time (ts).
-func EventTime(end, msg time.Time) time.Time {
-	if end.IsZero() && !msg.IsZero() && InDateTimeRange(msg) {
+func EventTime(end, start, msg time.Time) time.Time {
+	switch {
+	case !end.IsZero():
+		return end
+	case !start.IsZero():
+		return start
+	case !msg.IsZero() && InDateTimeRange(msg):
 		return msg.UTC()
 	}
 	return end

@@ -70,22 +70,25 @@ func TestSessionSettings(t *testing.T) {
 	}
 }
 
-// TestEventTime: a rollout without an end time takes its Kafka message's
-// timestamp (kept when the message is redelivered), not the insert time.
+// TestEventTime: a rollout without an end time takes its own start time,
+// else its Kafka message's timestamp (kept when the message is
+// redelivered), not the insert time.
 func TestEventTime(t *testing.T) {
 	end := time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC)
+	start := time.Date(2025, 6, 1, 9, 0, 0, 0, time.UTC)
 	msg := time.Date(2026, 12, 1, 11, 30, 0, 0, time.FixedZone("CET", 3600))
 	for _, c := range []struct {
-		name     string
-		end, msg time.Time
-		want     time.Time
+		name            string
+		end, start, msg time.Time
+		want            time.Time
 	}{
-		{"its own end time wins", end, msg, end},
-		{"the message's timestamp, in UTC", time.Time{}, msg, msg.UTC()},
-		{"neither: zero (the insert time then)", time.Time{}, time.Time{}, time.Time{}},
-		{"a timestamp the column cannot hold is not used", time.Time{}, time.Unix(-5, 0), time.Time{}},
+		{"its own end time wins", end, start, msg, end},
+		{"its own start time, not the message's (a replay of history)", time.Time{}, start, msg, start},
+		{"the message's timestamp, in UTC", time.Time{}, time.Time{}, msg, msg.UTC()},
+		{"none: zero (the insert time then)", time.Time{}, time.Time{}, time.Time{}, time.Time{}},
+		{"a timestamp the column cannot hold is not used", time.Time{}, time.Time{}, time.Unix(-5, 0), time.Time{}},
 	} {
-		got := EventTime(c.end, c.msg)
+		got := EventTime(c.end, c.start, c.msg)
 		if !got.Equal(c.want) || got.Location() != c.want.Location() {
 			t.Errorf("%s: %v, want %v", c.name, got, c.want)
 		}
