@@ -167,8 +167,12 @@ type Replayer struct {
 	// Format is one of ReplayFormats; "" means FormatAuto.
 	Format string
 	// Progress receives a progress bar when it is a terminal; otherwise
-	// nothing is written to it. nil disables progress.
+	// (a log file, a CI job) a progress line every ProgressEvery. nil
+	// disables progress.
 	Progress io.Writer
+	// ProgressEvery is the interval of the progress lines written to a
+	// Progress that is not a terminal (default 10s).
+	ProgressEvery time.Duration
 	// ChunkSize is the number of messages handed to one WriteMessages call
 	// (default 1000). A chunk is also flushed once it holds 32 MiB.
 	ChunkSize int
@@ -231,7 +235,10 @@ func (r *Replayer) Replay(ctx context.Context, files []string) (Summary, error) 
 		total += fi.Size()
 	}
 
-	run := &replayRun{Replayer: r, sum: &sum, ctx: ctx}
+	run := &replayRun{Replayer: r, sum: &sum, ctx: ctx, total: total, start: start, lastLine: start}
+	if r.Progress != nil && !replayIsTerminal(r.Progress) {
+		run.lines = r.Progress
+	}
 	if r.Progress != nil && replayIsTerminal(r.Progress) {
 		run.bar = progressbar.NewOptions64(total,
 			progressbar.OptionSetWriter(r.Progress),
@@ -361,6 +368,10 @@ type replayRun struct {
 	ctx          context.Context
 	sum          *Summary
 	bar          *progressbar.ProgressBar
+	lines        io.Writer // progress lines, when Progress is not a terminal
+	total, done  int64     // input bytes: of every file, read so far
+	start        time.Time
+	lastLine     time.Time
 	pending      []kafka.Message
 	pendingBytes int64
 }
@@ -469,8 +480,18 @@ func replayFirstError(errs []error) error {
 }
 
 func (r *replayRun) advance(n int64) {
+	r.done += n
 	if r.bar != nil && n > 0 {
 		_ = r.bar.Add64(n)
+	}
+	if r.lines != nil && time.Since(r.lastLine) >= cmp.Or(r.ProgressEvery, 10*time.Second) {
+		r.lastLine = time.Now()
+		pct := 100.0
+		if r.total > 0 {
+			pct = 100 * float64(r.done) / float64(r.total)
+		}
+		fmt.Fprintf(r.lines, "replay: %s of %s read (%.0f%%), %d rollouts sent, %d rejected, %s\n",
+			replayHumanBytes(r.done), replayHumanBytes(r.total), pct, r.sum.Sent, r.sum.Rejected, time.Since(r.start).Round(time.Second))
 	}
 }
 

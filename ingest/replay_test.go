@@ -475,6 +475,31 @@ func TestReplayJSON(t *testing.T) {
 	}
 }
 
+// TestReplayProgressLines: a long replay whose progress goes to a log file
+// (not a terminal) says how far it got, every ProgressEvery.
+func TestReplayProgressLines(t *testing.T) {
+	var lines []string
+	for i := range 3 {
+		lines = append(lines, string(replayTestRollout(fmt.Sprintf("p%d", i), "v1", 1)))
+	}
+	content := strings.Join(lines, "\n") + "\n"
+	in := replayWriteFile(t, "p.jsonl", content)
+	var log bytes.Buffer
+	r := &Replayer{Writer: &replayFakeWriter{}, Progress: &log, ProgressEvery: time.Nanosecond, ChunkSize: 1}
+	if _, err := r.Replay(context.Background(), []string{in}); err != nil {
+		t.Fatal(err)
+	}
+	got := strings.Split(strings.TrimSpace(log.String()), "\n")
+	if len(got) < 3 || !strings.HasPrefix(got[len(got)-1], fmt.Sprintf("replay: %d B of %d B read (100%%), ", len(content), len(content))) {
+		t.Fatalf("progress lines %q, want one per record ending at 100%%", got)
+	}
+	log.Reset()
+	r.ProgressEvery = time.Hour
+	if _, err := r.Replay(context.Background(), []string{in}); err != nil || log.Len() != 0 {
+		t.Fatalf("%q, %v: want no line before the interval", log.String(), err)
+	}
+}
+
 func TestDetectFormat(t *testing.T) {
 	ok := string(replayTestRollout("ok", "v1", 1))
 	cases := map[string]struct{ content, want string }{

@@ -53,8 +53,9 @@ an array). Messages are keyed by
 "<environment>/<agent version>", zstd-compressed, and acknowledged by all
 in-sync replicas; the topic is created if the broker allows it.
 
-A progress bar is drawn on stderr when stderr is a terminal. The summary goes
-to stdout.
+A progress bar is drawn on stderr when stderr is a terminal; otherwise (a log
+file, a CI job) a progress line is written to stderr every 10 s. The summary
+goes to stdout.
 
 Exit status: 0 when rollouts were sent (rejected records alone are reported,
 not fatal); 1 on a Kafka or read error (the summary shows what was sent
