@@ -229,9 +229,22 @@ func checkSize(data []byte, opt DecodeOptions) error {
 
 func checkUTF8(data []byte) error {
 	if !utf8.Valid(data) {
-		return &Error{Reason: ReasonInvalidUTF8, Msg: fmt.Sprintf("invalid UTF-8 at byte %d", firstInvalidUTF8(data))}
+		return &Error{Reason: ReasonInvalidUTF8, Msg: fmt.Sprintf("invalid UTF-8 at byte %d", firstInvalidUTF8(data)) + framingHint(data)}
 	}
 	return nil
+}
+
+// framingHint names a framing a producer may have put before the JSON, for
+// the error of a message that is not JSON: the Confluent Schema Registry
+// wire format (a 0 byte and a 4-byte big-endian schema id, then the
+// payload) is what Confluent's serializers write, and what a team moving
+// its producers onto trace's topic is most likely to send.
+func framingHint(data []byte) string {
+	if len(data) < 6 || data[0] != 0 {
+		return ""
+	}
+	id := uint32(data[1])<<24 | uint32(data[2])<<16 | uint32(data[3])<<8 | uint32(data[4])
+	return fmt.Sprintf(" (the message starts with a 0 byte and a schema id, %d: the Confluent Schema Registry wire format; trace reads plain JSON values, so produce rollouts with a plain JSON or string serializer)", id)
 }
 
 // parseDoc checks the syntax of valid UTF-8 strictly (checkSyntax) and
@@ -240,6 +253,9 @@ func parseDoc(data []byte) (any, error) {
 	if err := checkSyntax(data); err != nil {
 		if e, ok := err.(*Error); ok && e.Reason == ReasonNotJSON && nonFiniteLiteral.Match(data) {
 			return nil, &Error{Reason: ReasonNonFiniteReward, Path: "/outcome/reward", Msg: "reward is NaN or Infinity"}
+		}
+		if e, ok := err.(*Error); ok && e.Reason == ReasonNotJSON {
+			e.Msg += framingHint(data)
 		}
 		return nil, err
 	}

@@ -96,6 +96,25 @@ func TestDecodeRolloutRejects(t *testing.T) {
 	}
 }
 
+// TestConfluentFramingIsNamed: a rollout produced with a Confluent Schema
+// Registry serializer (a 0 byte and a 4-byte schema id before the JSON)
+// is not JSON, and its dead letter says what it looks like and what to do.
+func TestConfluentFramingIsNamed(t *testing.T) {
+	for name, prefix := range map[string]string{"schema id 7": "\x00\x00\x00\x00\x07", "schema id 100000 (bytes above 0x7f)": "\x00\x00\x01\x86\xa0"} {
+		_, err := DecodeRollout([]byte(prefix+validRollout), DecodeOptions{})
+		var e *Error
+		if !errors.As(err, &e) || (e.Reason != ReasonNotJSON && e.Reason != ReasonInvalidUTF8) {
+			t.Fatalf("%s: err = %v, want not_json or invalid_utf8", name, err)
+		}
+		if !strings.Contains(e.Error(), "Confluent Schema Registry wire format") || !strings.Contains(e.Error(), strings.Fields(name)[2]) {
+			t.Errorf("%s: %v, want it to name the Confluent wire format and the schema id", name, err)
+		}
+	}
+	if _, err := DecodeRollout([]byte("{not json"), DecodeOptions{}); err == nil || strings.Contains(err.Error(), "Confluent") {
+		t.Errorf("plain garbage: %v, want no framing hint", err)
+	}
+}
+
 func TestSizeLimit(t *testing.T) {
 	if _, err := DecodeRollout([]byte(validRollout), DecodeOptions{MaxBytes: 100}); err == nil || err.(*Error).Reason != ReasonTooLarge {
 		t.Fatalf("err = %v, want too_large", err)
