@@ -500,8 +500,9 @@ func (r *replayRun) advance(n int64) {
 type replayItem struct {
 	key, value []byte
 	source     string
-	line       int // 1-based line of a JSONL record (or where a rollout-json one starts)
-	element    int // 1-based element of a rollout-json array
+	line       int  // 1-based line of a JSONL record (or where a rollout-json one starts)
+	element    int  // 1-based element of a rollout-json array
+	compact    bool // a rollout-json element: sent without its whitespace
 	rej        *Rejection
 	progress   int64 // input bytes this record accounts for
 }
@@ -562,6 +563,11 @@ func (r *replayRun) validate(batch []replayItem, base string, decode func([]byte
 		if it.rej != nil || it.value == nil {
 			return
 		}
+		if it.compact { // the whitespace of an indented file is not sent
+			if v := jsontext.Value(it.value); v.Compact() == nil {
+				it.value = v
+			}
+		}
 		ro, err := decode(it.value)
 		if err != nil {
 			reason, msg := replayReason(err)
@@ -576,7 +582,9 @@ func (r *replayRun) validate(batch []replayItem, base string, decode func([]byte
 
 // json replays a file holding one JSON array of rollout/v1 objects, or
 // rollout objects one after another, indented (as jq prints them). It is
-// read one element at a time, so the file's size does not matter. An element the
+// read one element at a time, so the file's size does not matter. Each
+// element is sent without the whitespace between its tokens (strings and
+// numbers as they are), and its size is checked after that. An element the
 // ingest stage would dead-letter (schema, duplicate_key, invalid_utf8,
 // too_large, ...) is rejected with its line and element number; a syntax
 // error in the array itself (where the next element starts cannot be
@@ -667,11 +675,11 @@ func (r *replayRun) json(path string) error {
 		start := line() - bytes.Count(v, []byte("\n"))
 		it := replayItem{line: start, element: n, source: base + "#" + strconv.Itoa(n)}
 		it.progress, offset = dec.InputOffset()-offset, dec.InputOffset()
-		if len(v) > limit {
+		if len(v) > 4*limit { // even without its indentation; not worth keeping
 			it.rej = &Rejection{File: base, Line: start, Element: it.element, Reason: schemas.ReasonTooLarge,
 				Msg: fmt.Sprintf("%d bytes, over the limit of %d", len(v), limit)}
 		} else {
-			it.value = bytes.Clone(v)
+			it.value, it.compact = bytes.Clone(v), true
 			batchBytes += len(v)
 		}
 		batch = append(batch, it)

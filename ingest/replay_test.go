@@ -449,6 +449,9 @@ func TestReplayJSON(t *testing.T) {
 			var ids []string
 			for _, call := range fw.calls {
 				for _, m := range call {
+					if bytes.ContainsAny(m.Value, "\r\n") {
+						t.Errorf("sent with its indentation: %q", m.Value)
+					}
 					var ro struct {
 						RolloutID string `json:"rollout_id"`
 					}
