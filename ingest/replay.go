@@ -181,6 +181,8 @@ type Replayer struct {
 	// MaxExamples is the number of rejections kept in Summary.FirstRejections
 	// (default 5).
 	MaxExamples int
+	// Stdin is read for the file "-" (default os.Stdin).
+	Stdin io.Reader
 }
 
 // Replay publishes the rollouts of files on w (usually NewKafkaWriter) in
@@ -224,7 +226,19 @@ func (r *Replayer) Replay(ctx context.Context, files []string) (Summary, error) 
 
 	// Open every file first, so a typo fails before anything is published.
 	var total int64
+	srcs := make([]replaySource, 0, len(files))
+	stdin := false
 	for _, f := range files {
+		if f == "-" {
+			if stdin {
+				return finish(errors.New(`standard input ("-") can be read only once`))
+			}
+			stdin = true
+			in := cmp.Or[io.Reader](r.Stdin, os.Stdin)
+			srcs = append(srcs, replaySource{name: f, open: func() (io.ReadCloser, error) { return io.NopCloser(in), nil }})
+			total = -1
+			continue
+		}
 		fi, err := os.Stat(f)
 		if err != nil {
 			return finish(err)
@@ -232,7 +246,16 @@ func (r *Replayer) Replay(ctx context.Context, files []string) (Summary, error) 
 		if fi.IsDir() {
 			return finish(fmt.Errorf("%s is a directory", f))
 		}
-		total += fi.Size()
+		src := replaySource{name: f, regular: fi.Mode().IsRegular(), open: func() (io.ReadCloser, error) { return os.Open(f) }}
+		if src.regular {
+			src.size = fi.Size()
+			if total >= 0 {
+				total += fi.Size()
+			}
+		} else { // a pipe, /dev/stdin: its size is not known
+			total = -1
+		}
+		srcs = append(srcs, src)
 	}
 
 	run := &replayRun{Replayer: r, sum: &sum, ctx: ctx, total: total, start: start, lastLine: start}
@@ -251,29 +274,39 @@ func (r *Replayer) Replay(ctx context.Context, files []string) (Summary, error) 
 		)
 		defer run.bar.Exit()
 	}
-	for _, f := range files {
+	for _, src := range srcs {
 		if err := ctx.Err(); err != nil {
 			return finish(err)
 		}
 		ff := format
 		if ff == FormatAuto {
+			if !src.regular {
+				// Telling the format reads the input's start, which a pipe
+				// gives only once: it is copied to a file first.
+				spooled, err := src.spool()
+				if err != nil {
+					return finish(err)
+				}
+				defer os.Remove(spooled.path)
+				src = spooled
+			}
 			var err error
-			if ff, err = DetectFormat(f); err != nil {
+			if ff, err = DetectFormat(cmp.Or(src.path, src.name)); err != nil {
 				return finish(err)
 			}
 		}
 		if run.bar != nil {
-			run.bar.Describe(filepath.Base(f))
+			run.bar.Describe(src.base())
 		}
 		sum.Files++
 		var err error
 		switch ff {
 		case FormatTau2:
-			err = run.tau2(f)
+			err = run.tau2(src)
 		case FormatRolloutJSON:
-			err = run.json(f)
+			err = run.json(src)
 		default:
-			err = run.jsonl(f)
+			err = run.jsonl(src)
 		}
 		if err != nil {
 			return finish(err)
@@ -286,6 +319,48 @@ func (r *Replayer) Replay(ctx context.Context, files []string) (Summary, error) 
 		_ = run.bar.Finish()
 	}
 	return finish(nil)
+}
+
+// replaySource is one input of a replay: a file, or standard input ("-").
+type replaySource struct {
+	name    string // as given: a path, or "-"
+	path    string // where it is read from, when not name (a copy of a pipe)
+	regular bool   // a regular file (its start can be read twice)
+	size    int64  // of a regular file (0: unknown)
+	open    func() (io.ReadCloser, error)
+}
+
+// base names the input in rejections and the τ² metadata.
+func (s replaySource) base() string {
+	if s.name == "-" {
+		return "stdin"
+	}
+	return filepath.Base(s.name)
+}
+
+// spool copies a pipe's input to a temporary file (removed by the caller)
+// and returns the file as the source.
+func (s replaySource) spool() (replaySource, error) {
+	in, err := s.open()
+	if err != nil {
+		return s, err
+	}
+	defer in.Close()
+	tmp, err := os.CreateTemp("", "trace-replay-*")
+	if err != nil {
+		return s, fmt.Errorf("%s: copying the input to tell its format: %w", s.name, err)
+	}
+	n, err := io.Copy(tmp, in)
+	if cerr := tmp.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		os.Remove(tmp.Name())
+		return s, fmt.Errorf("%s: copying the input to tell its format: %w", s.name, err)
+	}
+	path := tmp.Name()
+	return replaySource{name: s.name, path: path, regular: true, size: n,
+		open: func() (io.ReadCloser, error) { return os.Open(path) }}, nil
 }
 
 // DetectFormat tells the formats apart (a UTF-8 byte order mark at the start
@@ -486,12 +561,16 @@ func (r *replayRun) advance(n int64) {
 	}
 	if r.lines != nil && time.Since(r.lastLine) >= cmp.Or(r.ProgressEvery, 10*time.Second) {
 		r.lastLine = time.Now()
-		pct := 100.0
-		if r.total > 0 {
-			pct = 100 * float64(r.done) / float64(r.total)
+		of := "" // the size of a pipe is not known
+		if r.total >= 0 {
+			pct := 100.0
+			if r.total > 0 {
+				pct = 100 * float64(r.done) / float64(r.total)
+			}
+			of = fmt.Sprintf(" of %s (%.0f%%)", replayHumanBytes(r.total), pct)
 		}
-		fmt.Fprintf(r.lines, "replay: %s of %s read (%.0f%%), %d rollouts sent, %d rejected, %s\n",
-			replayHumanBytes(r.done), replayHumanBytes(r.total), pct, r.sum.Sent, r.sum.Rejected, time.Since(r.start).Round(time.Second))
+		fmt.Fprintf(r.lines, "replay: %s%s read, %d rollouts sent, %d rejected, %s\n",
+			replayHumanBytes(r.done), of, r.sum.Sent, r.sum.Rejected, time.Since(r.start).Round(time.Second))
 	}
 }
 
@@ -590,13 +669,14 @@ func (r *replayRun) validate(batch []replayItem, base string, decode func([]byte
 // error in the array itself (where the next element starts cannot be
 // known) stops the file with an error naming its line, after the elements
 // before it were published.
-func (r *replayRun) json(path string) error {
-	f, err := os.Open(path)
+func (r *replayRun) json(src replaySource) error {
+	path := src.name
+	f, err := src.open()
 	if err != nil {
 		return err
 	}
 	defer f.Close()
-	base := filepath.Base(path)
+	base := src.base()
 	br := bufio.NewReaderSize(f, 1<<20)
 	bom, err := replaySkipBOM(br)
 	if err != nil {
@@ -700,8 +780,8 @@ func (r *replayRun) json(path string) error {
 			return fail("after the array", err)
 		}
 	}
-	if fi, err := f.Stat(); err == nil {
-		r.advance(fi.Size() - int64(bom) - offset)
+	if src.size > 0 {
+		r.advance(src.size - int64(bom) - offset)
 	}
 	return nil
 }
@@ -719,13 +799,14 @@ func (c *replayLineCounter) Read(p []byte) (int, error) {
 }
 
 // jsonl replays a file of rollout/v1 JSON objects, one per line.
-func (r *replayRun) jsonl(path string) error {
-	f, err := os.Open(path)
+func (r *replayRun) jsonl(src replaySource) error {
+	path := src.name
+	f, err := src.open()
 	if err != nil {
 		return err
 	}
 	defer f.Close()
-	base := filepath.Base(path)
+	base := src.base()
 	br := bufio.NewReaderSize(f, 1<<20)
 	bom, err := replaySkipBOM(br)
 	if err != nil {
@@ -829,24 +910,24 @@ func replayReadLine(br *bufio.Reader, limit int) (line []byte, size int64, tooLo
 
 // tau2 converts and replays a τ²-bench result file, one rollout per
 // simulation.
-func (r *replayRun) tau2(path string) error {
-	fh, err := os.Open(path)
+func (r *replayRun) tau2(src replaySource) error {
+	path := src.name
+	fh, err := src.open()
 	if err != nil {
 		return err
 	}
-	fi, statErr := fh.Stat()
 	f, err := parseTau2(fh)
 	fh.Close()
 	if err != nil {
 		return fmt.Errorf("%s: %w", path, err)
 	}
-	base := filepath.Base(path)
-	c := newTau2Converter(f, Tau2Options{Source: path})
-	n := len(f.sims())
-	var size int64
-	if statErr == nil {
-		size = fi.Size()
+	base, source := src.base(), path
+	if path == "-" {
+		source = base
 	}
+	c := newTau2Converter(f, Tau2Options{Source: source})
+	n := len(f.sims())
+	size := src.size
 	decode := DecodeRollout(r.maxBytes()) // the ingest stage's checks
 	for lo := 0; lo < n; lo += replayBatch {
 		if err := r.ctx.Err(); err != nil {

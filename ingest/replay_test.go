@@ -7,10 +7,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -493,13 +495,77 @@ func TestReplayProgressLines(t *testing.T) {
 		t.Fatal(err)
 	}
 	got := strings.Split(strings.TrimSpace(log.String()), "\n")
-	if len(got) < 3 || !strings.HasPrefix(got[len(got)-1], fmt.Sprintf("replay: %d B of %d B read (100%%), ", len(content), len(content))) {
+	if len(got) < 3 || !strings.HasPrefix(got[len(got)-1], fmt.Sprintf("replay: %d B of %d B (100%%) read, ", len(content), len(content))) {
 		t.Fatalf("progress lines %q, want one per record ending at 100%%", got)
 	}
 	log.Reset()
 	r.ProgressEvery = time.Hour
 	if _, err := r.Replay(context.Background(), []string{in}); err != nil || log.Len() != 0 {
 		t.Fatalf("%q, %v: want no line before the interval", log.String(), err)
+	}
+}
+
+// TestReplayPipes: a pipe (a FIFO, /dev/stdin, "-") is read once: with
+// the format to tell, nothing of it may be lost to the look at its start.
+func TestReplayPipes(t *testing.T) {
+	var lines []string
+	for i := range 2000 { // more than one buffer of the format's look
+		lines = append(lines, string(replayTestRollout(fmt.Sprintf("p%d", i), "v1", 1)))
+	}
+	jsonl := strings.Join(lines, "\n") + "\n"
+	array := "[\n" + strings.Join(lines, ",\n") + "\n]\n"
+	tau2 := `{"info": {"environment_info": {"domain_name": "mock"}}, "simulations": [
+		{"id": "s1", "task_id": "1", "reward_info": {"reward": 1.0}, "messages": [{"role": "user", "content": "x"}]}]}`
+	fifo := func(t *testing.T, content string) string {
+		p := filepath.Join(t.TempDir(), "fifo")
+		if err := syscall.Mkfifo(p, 0o600); err != nil {
+			t.Skip("no FIFO here:", err)
+		}
+		go func() {
+			f, err := os.OpenFile(p, os.O_WRONLY, 0)
+			if err != nil {
+				return
+			}
+			defer f.Close()
+			_, _ = io.WriteString(f, content)
+		}()
+		return p
+	}
+	cases := []struct {
+		name, content, format string
+		stdin                 bool
+		want                  int
+	}{
+		{name: "FIFO, JSONL, format told", content: jsonl, want: 2000},
+		{name: "FIFO, JSON array, format told", content: array, want: 2000},
+		{name: "FIFO, tau2, format told", content: tau2, want: 1},
+		{name: "stdin, JSONL, format told", content: jsonl, stdin: true, want: 2000},
+		{name: "stdin, JSONL, format given", content: jsonl, stdin: true, format: FormatRolloutJSONL, want: 2000},
+		{name: "FIFO, JSON array, format given", content: array, format: FormatRolloutJSON, want: 2000},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			fw := &replayFakeWriter{}
+			r := &Replayer{Writer: fw, Format: tc.format}
+			in := "-"
+			if tc.stdin {
+				r.Stdin = strings.NewReader(tc.content)
+			} else {
+				in = fifo(t, tc.content)
+			}
+			sum, err := r.Replay(context.Background(), []string{in})
+			if err != nil || sum.Sent != tc.want || fw.sent() != tc.want || sum.Rejected != 0 {
+				t.Fatalf("sent %d (writer %d), %v, want %d and nothing rejected\n%s", sum.Sent, fw.sent(), err, tc.want, sum)
+			}
+		})
+	}
+	r := &Replayer{Writer: &replayFakeWriter{}, Stdin: strings.NewReader(jsonl)}
+	if _, err := r.Replay(context.Background(), []string{"-", "-"}); err == nil || !strings.Contains(err.Error(), "only once") {
+		t.Errorf(`"-" twice: %v`, err)
+	}
+	r = &Replayer{Writer: &replayFakeWriter{}, Stdin: strings.NewReader(`{"rollout_id": 1}` + "\n")}
+	if sum, _ := r.Replay(context.Background(), []string{"-"}); len(sum.FirstRejections) != 1 || !strings.HasPrefix(sum.FirstRejections[0].String(), "stdin:1: schema") {
+		t.Errorf("rejection from standard input: %v", sum)
 	}
 }
 

@@ -41,6 +41,11 @@ Input formats (--format):
   tau2           a τ²-bench result file; each simulation becomes one rollout in
                  environment "tau2-<domain>" (see ingest.ConvertTau2)
 
+A FILE of "-" is standard input. A pipe (standard input, a FIFO, a process
+substitution) is read once: with --format auto it is first copied to a
+temporary file (in TMPDIR), since telling its format reads its start; with
+--format given it is read as it comes.
+
 Files are read as UTF-8. A UTF-8 byte order mark at the start of a file is
 skipped and CRLF line endings are read as LF; a file in UTF-16 or UTF-32
 (a byte order mark of those) is refused as a whole: convert it first.
@@ -68,6 +73,9 @@ before it); 2 when nothing could be sent.`,
 
   # a JSON array of rollouts (or jq's indented output)
   trace replay export.json
+
+  # a compressed export, from standard input
+  zcat rollouts.jsonl.gz | trace replay --format rollout-jsonl -
 
   # force the format when auto-detection is not wanted
   trace replay --format rollout-jsonl export.json`,
