@@ -863,13 +863,19 @@ var utf8BOM = []byte("\xef\xbb\xbf")
 // be rejected as invalid_utf8, so the file is refused as a whole.
 var errNotUTF8 = errors.New("the file starts with a UTF-16 or UTF-32 byte order mark; rollout files are read as UTF-8: convert it first (iconv -f UTF-16 -t UTF-8)")
 
+// errCompressed is the error of a compressed file: its bytes would be
+// rejected record by record as invalid_utf8.
+var errCompressed = errors.New("the file is compressed (gzip or zstd); decompress it into trace replay's standard input, e.g. zcat FILE | trace replay -")
+
 // replaySkipBOM discards a UTF-8 byte order mark at the start of br (RFC
 // 8259 lets a parser ignore it; JSON exported on Windows often has one) and
-// refuses a UTF-16 or UTF-32 one.
+// refuses a UTF-16 or UTF-32 one, and a compressed file.
 // It returns the number of bytes discarded.
 func replaySkipBOM(br *bufio.Reader) (int, error) {
-	b, _ := br.Peek(3)
+	b, _ := br.Peek(4)
 	switch {
+	case bytes.HasPrefix(b, []byte{0x1f, 0x8b}), bytes.HasPrefix(b, []byte{0x28, 0xb5, 0x2f, 0xfd}):
+		return 0, errCompressed
 	case bytes.HasPrefix(b, utf8BOM):
 		return br.Discard(len(utf8BOM))
 	case bytes.HasPrefix(b, []byte{0xff, 0xfe}), bytes.HasPrefix(b, []byte{0xfe, 0xff}), bytes.HasPrefix(b, []byte{0, 0, 0xfe}):

@@ -286,6 +286,9 @@ func parseTau2(r io.Reader) (*tau2File, error) {
 	if bytes.HasPrefix(data, []byte{0xff, 0xfe}) || bytes.HasPrefix(data, []byte{0xfe, 0xff}) {
 		return nil, errNotUTF8
 	}
+	if bytes.HasPrefix(data, []byte{0x1f, 0x8b}) || bytes.HasPrefix(data, []byte{0x28, 0xb5, 0x2f, 0xfd}) {
+		return nil, errCompressed
+	}
 	data = bytes.TrimPrefix(data, utf8BOM)
 	// Fast path, one pass: every simulation decodes.
 	var typed struct {
