@@ -554,7 +554,10 @@ func TestProxyPassthrough(t *testing.T) {
 	var mu sync.Mutex
 	var got []seen
 	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		b, _ := io.ReadAll(r.Body)
+		b, err := io.ReadAll(r.Body)
+		if err != nil {
+			return // a body broken off: no request to serve
+		}
 		mu.Lock()
 		got = append(got, seen{r.Method, r.URL.Path, r.URL.RawQuery, string(b), r.Header.Get("Authorization")})
 		mu.Unlock()
@@ -646,6 +649,21 @@ func TestProxyPassthrough(t *testing.T) {
 			t.Fatalf("%s %s: Allow %q", c.method, c.path, resp.Header.Get("Allow"))
 		}
 	}
+	// A body of unknown length (chunked) over the limit: refused as it
+	// streams, the upstream's request broken off.
+	pr, pw := io.Pipe()
+	go func() { pw.Write([]byte(strings.Repeat("x", 10000))); pw.Close() }()
+	req, _ := http.NewRequest(http.MethodPost, f.srv.URL+"/v1/embeddings", pr)
+	req.Header.Set(router.HeaderToken, token)
+	cresp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cb, _ := io.ReadAll(cresp.Body)
+	cresp.Body.Close()
+	if cresp.StatusCode != http.StatusRequestEntityTooLarge {
+		t.Fatalf("chunked body over the limit: %d %s, want 413", cresp.StatusCode, cb)
+	}
 	mu.Lock()
 	if len(got) != len(want) {
 		t.Fatalf("the upstream saw %d requests, want %d: refused ones reached it", len(got), len(want))
@@ -654,7 +672,7 @@ func TestProxyPassthrough(t *testing.T) {
 	for _, c := range []struct {
 		endpoint, outcome string
 		n                 float64
-	}{{"embeddings", "ok", 1}, {"completions", "ok", 1}, {"responses", "upstream_error", 1}, {"embeddings", "refused", 1}} {
+	}{{"embeddings", "ok", 1}, {"completions", "ok", 1}, {"responses", "upstream_error", 1}, {"embeddings", "refused", 2}} {
 		if v := metricValue(t, reg, "trace_router_passthrough_total", map[string]string{"endpoint": c.endpoint, "outcome": c.outcome}); v != c.n {
 			t.Fatalf("trace_router_passthrough_total{%s,%s} = %v, want %v", c.endpoint, c.outcome, v, c.n)
 		}
