@@ -41,6 +41,14 @@ func TestRefusedConnectionsLingerBounded(t *testing.T) {
 	}
 	held := dial() // takes the one slot
 	defer held.CloseNow()
+	// The slot is taken after the handshake: a round trip makes sure
+	// held has it before the next connection asks.
+	if err := held.Write(ctx, websocket.MessageText, []byte(`{"type":"state","data":{}}`)); err != nil {
+		t.Fatal(err)
+	}
+	if _, b, err := held.Read(ctx); err != nil || strings.Contains(string(b), "CAPACITY_REACHED") {
+		t.Fatalf("held connection's state: %s, %v", b, err)
+	}
 	first := dial()
 	defer first.CloseNow()
 	refused(first)
