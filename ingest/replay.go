@@ -396,46 +396,78 @@ func DetectFormat(path string) (string, error) {
 		_ = br.UnreadByte()
 		break
 	}
-	// The first object, read whole: a τ² file is one object with a
-	// top-level "simulations" key, an indented rollout spans several lines,
-	// a JSONL record one.
-	dec := jsontext.NewDecoder(br, jsontext.AllowDuplicateNames(true), jsontext.AllowInvalidUTF8(true))
-	v, err := dec.ReadValue()
+	// The first object, walked member by member (a τ² file is one object
+	// of any size, not to be held in memory): a τ² file is one object with
+	// a top-level "simulations" key, an indented rollout spans several
+	// lines, a JSONL record one.
+	lc := &replayLineCounter{r: br}
+	dec := jsontext.NewDecoder(lc, jsontext.AllowDuplicateNames(true), jsontext.AllowInvalidUTF8(true))
+	sims, err := replayWalkObject(dec)
 	if err != nil {
 		return FormatRolloutJSONL, nil
 	}
-	first := bytes.Clone(v) // v is valid until the next read
+	multiline := lc.lines-bytes.Count(dec.UnreadBuffer(), []byte("\n")) > 0
 	_, err = dec.ReadToken()
 	alone := err == io.EOF // nothing but space follows
-	if alone && replayHasMember(first, "simulations") {
+	if alone && sims {
 		return FormatTau2, nil
 	}
-	if bytes.IndexByte(first, '\n') >= 0 {
+	if multiline {
 		return FormatRolloutJSON, nil
 	}
 	return FormatRolloutJSONL, nil
 }
 
-// replayHasMember reports whether the JSON object obj has a member name at
-// its top level.
-func replayHasMember(obj []byte, name string) bool {
-	dec := jsontext.NewDecoder(bytes.NewReader(obj), jsontext.AllowDuplicateNames(true), jsontext.AllowInvalidUTF8(true))
+// replayWalkObject reads the JSON object at dec's position and reports
+// whether it has a member "simulations" at its top level. It holds no more
+// than one member value, or one element of a member's array (or one member
+// of its object), in memory at a time.
+func replayWalkObject(dec *jsontext.Decoder) (sims bool, err error) {
 	if tok, err := dec.ReadToken(); err != nil || tok.Kind() != '{' {
-		return false
+		return false, cmp.Or(err, errors.New("not an object"))
 	}
-	for dec.PeekKind() == '"' {
+	for dec.PeekKind() != '}' {
 		tok, err := dec.ReadToken()
 		if err != nil {
-			return false
+			return false, err
 		}
-		if tok.String() == name {
-			return true
+		if tok.String() == "simulations" {
+			sims = true
 		}
-		if err := dec.SkipValue(); err != nil {
-			return false
+		if err := replaySkipValue(dec); err != nil {
+			return false, err
 		}
 	}
-	return false
+	_, err = dec.ReadToken()
+	return sims, err
+}
+
+// replaySkipValue skips the next value, an array or object one element (or
+// member) at a time: jsontext's SkipValue reads a large value token by
+// token, several times slower than ReadValue, which holds the whole value.
+func replaySkipValue(dec *jsontext.Decoder) error {
+	kind := dec.PeekKind()
+	if kind != '[' && kind != '{' {
+		return dec.SkipValue()
+	}
+	if _, err := dec.ReadToken(); err != nil {
+		return err
+	}
+	for {
+		switch dec.PeekKind() {
+		case ']', '}':
+			_, err := dec.ReadToken()
+			return err
+		}
+		if kind == '{' {
+			if _, err := dec.ReadToken(); err != nil { // the name
+				return err
+			}
+		}
+		if _, err := dec.ReadValue(); err != nil {
+			return err
+		}
+	}
 }
 
 type replayRun struct {
@@ -915,42 +947,60 @@ func replayReadLine(br *bufio.Reader, limit int) (line []byte, size int64, tooLo
 }
 
 // tau2 converts and replays a τ²-bench result file, one rollout per
-// simulation.
+// simulation. The file is read twice with a streaming decoder (scanTau2,
+// then tau2Walk), one batch of simulations at a time, so its size does not
+// matter: a pipe is copied to a temporary file first. Nothing is published
+// when the first pass finds the file malformed as a whole.
 func (r *replayRun) tau2(src replaySource) error {
 	path := src.name
+	if !src.regular {
+		spooled, err := src.spool()
+		if err != nil {
+			return err
+		}
+		defer os.Remove(spooled.path)
+		src = spooled
+	}
 	fh, err := src.open()
 	if err != nil {
 		return err
 	}
-	f, err := parseTau2(fh)
+	meta, err := scanTau2(fh)
 	fh.Close()
 	if err != nil {
 		return fmt.Errorf("%s: %w", path, err)
 	}
+	if fh, err = src.open(); err != nil {
+		return err
+	}
+	defer fh.Close()
 	base, source := src.base(), path
 	if path == "-" {
 		source = base
 	}
-	c := newTau2Converter(f, Tau2Options{Source: source})
-	n := len(f.sims())
-	size := src.size
+	c := newTau2Converter(meta, Tau2Options{Source: source})
 	decode := DecodeRollout(r.maxBytes()) // the ingest stage's checks
-	for lo := 0; lo < n; lo += replayBatch {
-		if err := r.ctx.Err(); err != nil {
-			return err
+	var done int64                        // input bytes accounted for
+	var stop error                        // the context's or Kafka's: not the file's
+	n, err := tau2Walk(fh, nil, func(first int, raw []jsontext.Value, ends []int64) error {
+		if stop = r.ctx.Err(); stop != nil {
+			return stop
 		}
-		hi := min(lo+replayBatch, n)
-		items := make([]replayItem, hi-lo)
-		replayParallel(hi-lo, func(k int) {
-			i := lo + k
+		items := make([]replayItem, len(raw))
+		for k := range items {
+			items[k].progress, done = ends[k]-done, ends[k]
+		}
+		replayParallel(len(raw), func(k int) {
+			i := first + k
 			it := &items[k]
-			it.progress = size*int64(i+1)/int64(n) - size*int64(i)/int64(n)
 			it.source = base + "#" + strconv.Itoa(i+1)
-			if f.simErrs[i] != nil {
-				it.rej = &Rejection{File: base, Line: i + 1, Simulation: true, Reason: ReasonTau2Invalid, Msg: f.simErrs[i].Error()}
+			s, err := decodeTau2Simulation(i, raw[k])
+			raw[k] = nil // the batch's text is not kept past its conversion
+			if err != nil {
+				it.rej = &Rejection{File: base, Line: i + 1, Simulation: true, Reason: ReasonTau2Invalid, Msg: err.Error()}
 				return
 			}
-			ro := c.rollout(i)
+			ro := c.rollout(s)
 			b, err := json.Marshal(ro)
 			if err != nil {
 				it.rej = &Rejection{File: base, Line: i + 1, Simulation: true, RolloutID: ro.RolloutID, Reason: schemas.ReasonSchema, Msg: err.Error()}
@@ -964,12 +1014,20 @@ func (r *replayRun) tau2(src replaySource) error {
 			}
 			it.key, it.value = []byte(valid.Key()), b
 		})
-		if err := r.emit(items); err != nil {
-			return err
-		}
+		stop = r.emit(items)
+		return stop
+	})
+	if stop != nil {
+		return stop
 	}
-	if n == 0 {
-		r.advance(size)
+	if err != nil {
+		return fmt.Errorf("%s: %w", path, err)
+	}
+	if n != meta.n {
+		return fmt.Errorf("%s: the file changed while it was read (%d simulations, then %d)", path, meta.n, n)
+	}
+	if src.size > done {
+		r.advance(src.size - done)
 	}
 	return nil
 }

@@ -1,6 +1,7 @@
 package ingest
 
 import (
+	"bufio"
 	"bytes"
 	"cmp"
 	"crypto/sha256"
@@ -15,6 +16,8 @@ import (
 	"strings"
 	"time"
 	"unicode/utf8"
+
+	"github.com/go-json-experiment/json/jsontext"
 
 	"github.com/traceops/trace/schemas"
 )
@@ -31,8 +34,8 @@ type Tau2Options struct {
 }
 
 // ConvertTau2 converts one τ²-bench result file (shared/data/README.md §2)
-// into rollouts, one per simulation, in file order. It reads the whole input:
-// result files are a few MB.
+// into rollouts, one per simulation, in file order, and returns them all
+// (EachTau2 hands them over one at a time instead; Replay streams).
 //
 // The mapping:
 //
@@ -107,21 +110,58 @@ func ConvertTau2File(path string) ([]*schemas.Rollout, error) {
 // each rollout in file order. An error from fn, or a simulation that cannot be
 // decoded (e.g. "messages" is not an array), stops the iteration and is
 // returned. (Replay instead rejects such a simulation and goes on.)
+//
+// The file is read twice, one simulation at a time, so its size does not
+// matter (see scanTau2): when r is an io.Seeker (a file) it is read again
+// from where it was; any other reader is read whole into memory first.
 func EachTau2(r io.Reader, opt Tau2Options, fn func(*schemas.Rollout) error) error {
-	f, err := parseTau2(r)
+	first, again, err := tau2Rewindable(r)
 	if err != nil {
 		return err
 	}
-	c := newTau2Converter(f, opt)
-	for i := range f.sims() {
-		if f.simErrs[i] != nil {
-			return f.simErrs[i]
+	meta, err := scanTau2(first)
+	if err != nil {
+		return err
+	}
+	c := newTau2Converter(meta, opt)
+	second, err := again()
+	if err != nil {
+		return err
+	}
+	_, err = tau2Walk(second, nil, func(first int, raw []jsontext.Value, _ []int64) error {
+		for k, v := range raw {
+			s, err := decodeTau2Simulation(first+k, v)
+			if err != nil {
+				return err
+			}
+			if err := fn(c.rollout(s)); err != nil {
+				return err
+			}
 		}
-		if err := fn(c.rollout(i)); err != nil {
-			return err
+		return nil
+	})
+	return err
+}
+
+// tau2Rewindable returns r to read once, and a function returning it again
+// from the same place: by seeking when r can seek, else from a copy in
+// memory.
+func tau2Rewindable(r io.Reader) (io.Reader, func() (io.Reader, error), error) {
+	if s, ok := r.(io.ReadSeeker); ok {
+		if pos, err := s.Seek(0, io.SeekCurrent); err == nil { // a pipe cannot seek
+			return s, func() (io.Reader, error) {
+				if _, err := s.Seek(pos, io.SeekStart); err != nil {
+					return nil, err
+				}
+				return s, nil
+			}, nil
 		}
 	}
-	return nil
+	data, err := io.ReadAll(r)
+	if err != nil {
+		return nil, nil, err
+	}
+	return bytes.NewReader(data), func() (io.Reader, error) { return bytes.NewReader(data), nil }, nil
 }
 
 // Tau2AgentVersion returns the cohort version of a τ² agent:
@@ -155,18 +195,18 @@ func Tau2AgentVersion(implementation, llm string, llmArgs any) string {
 
 // --- τ² file shape (only the parts the conversion reads) ---
 
-type tau2File struct {
-	Timestamp   any                `json:"timestamp"`
-	Info        tau2Info           `json:"info"`
-	Simulations *[]json.RawMessage `json:"simulations"`
+// tau2Meta is what the conversion of any one simulation needs from the
+// whole file: the top-level members other than "simulations" (wherever
+// they are in the file: a writer may put "info" after the simulations) and
+// the names of the tools called in every simulation (the derived tool list
+// and user_tools). scanTau2 reads it in a first pass.
+type tau2Meta struct {
+	Timestamp any
+	Info      tau2Info
 
-	// Each simulation is decoded on its own so that one malformed simulation
-	// does not lose the file: simErrs[i] is its decoding error.
-	simulations []tau2Simulation
-	simErrs     []error
+	n                     int             // simulations
+	agentNames, userNames map[string]bool // tools called by the agent, by the user, in the simulations that decode
 }
-
-func (f *tau2File) sims() []tau2Simulation { return f.simulations }
 
 type tau2Info struct {
 	GitCommit       string      `json:"git_commit"`
@@ -278,50 +318,134 @@ func (s *tau2LooseString) UnmarshalJSON(b []byte) error {
 	return nil
 }
 
-func parseTau2(r io.Reader) (*tau2File, error) {
-	data, err := io.ReadAll(r)
+// Simulations are read in batches of at most tau2BatchSims simulations or
+// tau2BatchBytes bytes of their JSON (and one simulation, whatever its
+// size), each converted on its own: memory holds one batch, not the file.
+const (
+	tau2BatchSims  = replayBatch
+	tau2BatchBytes = 8 << 20
+)
+
+// tau2Walk reads a τ² result file with a streaming decoder (a UTF-8 byte
+// order mark at its start is skipped; UTF-16 and compressed input are
+// refused). meta (nil: skipped) is called with each top-level member
+// other than "simulations", in file order; sims with each batch of
+// simulations: the index (0-based) of its first, their JSON texts (owned
+// by the callee), and the input offset after each (after the byte order
+// mark). Member names are matched as encoding/json matches struct fields
+// (case-insensitively). It returns the number of simulations; ErrNotTau2
+// when the file has no (or a null) "simulations" member.
+func tau2Walk(r io.Reader, meta func(name string, v jsontext.Value) error, sims func(first int, raw []jsontext.Value, ends []int64) error) (int, error) {
+	br := bufio.NewReaderSize(r, 1<<20)
+	if _, err := replaySkipBOM(br); err != nil {
+		return 0, err
+	}
+	// Duplicate names and invalid UTF-8 are left to encoding/json, which
+	// decodes each value as it decoded the whole file before.
+	dec := jsontext.NewDecoder(br, jsontext.AllowDuplicateNames(true), jsontext.AllowInvalidUTF8(true))
+	syntax := func(err error) error {
+		if err == io.EOF {
+			err = io.ErrUnexpectedEOF
+		}
+		return fmt.Errorf("τ² result file: %w", err)
+	}
+	tok, err := dec.ReadToken()
 	if err != nil {
-		return nil, err
+		return 0, syntax(err)
 	}
-	if bytes.HasPrefix(data, []byte{0xff, 0xfe}) || bytes.HasPrefix(data, []byte{0xfe, 0xff}) {
-		return nil, errNotUTF8
+	if tok.Kind() != '{' {
+		return 0, fmt.Errorf("τ² result file: not a JSON object (%s)", tok.Kind())
 	}
-	if bytes.HasPrefix(data, []byte{0x1f, 0x8b}) || bytes.HasPrefix(data, []byte{0x28, 0xb5, 0x2f, 0xfd}) {
-		return nil, errCompressed
-	}
-	data = bytes.TrimPrefix(data, utf8BOM)
-	// Fast path, one pass: every simulation decodes.
-	var typed struct {
-		tau2File
-		Simulations *[]tau2Simulation `json:"simulations"`
-	}
-	if err := unmarshalNumber(data, &typed); err == nil {
-		if typed.Simulations == nil {
-			return nil, ErrNotTau2
+	n, seen, array := 0, false, false
+	for dec.PeekKind() != '}' {
+		tok, err := dec.ReadToken()
+		if err != nil {
+			return n, syntax(err)
 		}
-		f := typed.tau2File
-		f.simulations = *typed.Simulations
-		f.simErrs = make([]error, len(f.simulations))
-		return &f, nil
-	}
-	// Slow path: decode each simulation on its own to find the bad ones.
-	var f tau2File
-	if err := unmarshalNumber(data, &f); err != nil {
-		return nil, fmt.Errorf("τ² result file: %w", err)
-	}
-	if f.Simulations == nil {
-		return nil, ErrNotTau2
-	}
-	raw := *f.Simulations
-	f.Simulations = nil
-	f.simulations = make([]tau2Simulation, len(raw))
-	f.simErrs = make([]error, len(raw))
-	for i, b := range raw {
-		if err := unmarshalNumber(b, &f.simulations[i]); err != nil {
-			f.simErrs[i] = fmt.Errorf("simulation %d: %w", i+1, err)
+		name := tok.String()
+		if !strings.EqualFold(name, "simulations") {
+			if meta == nil {
+				if err := replaySkipValue(dec); err != nil {
+					return n, syntax(err)
+				}
+				continue
+			}
+			v, err := dec.ReadValue()
+			if err != nil {
+				return n, syntax(err)
+			}
+			if err := meta(name, v); err != nil {
+				return n, err
+			}
+			continue
+		}
+		if seen {
+			return n, errors.New(`τ² result file: "simulations" appears twice`)
+		}
+		seen = true
+		switch dec.PeekKind() {
+		case 'n':
+			if _, err := dec.ReadToken(); err != nil {
+				return n, syntax(err)
+			}
+			continue
+		case '[':
+			array = true
+		default:
+			if _, err := dec.ReadToken(); err != nil {
+				return n, syntax(err)
+			}
+			return n, errors.New(`τ² result file: "simulations" is not an array`)
+		}
+		if _, err := dec.ReadToken(); err != nil {
+			return n, syntax(err)
+		}
+		var raw []jsontext.Value
+		var ends []int64
+		size := 0
+		flush := func() error {
+			if len(raw) == 0 {
+				return nil
+			}
+			err := sims(n-len(raw), raw, ends)
+			raw, ends, size = nil, nil, 0
+			return err
+		}
+		for dec.PeekKind() != ']' {
+			v, err := dec.ReadValue()
+			if err != nil {
+				return n, syntax(err)
+			}
+			raw = append(raw, bytes.Clone(v)) // v is valid until the next read
+			ends = append(ends, dec.InputOffset())
+			size += len(v)
+			n++
+			if len(raw) >= tau2BatchSims || size >= tau2BatchBytes {
+				if err := flush(); err != nil {
+					return n, err
+				}
+			}
+		}
+		if err := flush(); err != nil {
+			return n, err
+		}
+		if _, err := dec.ReadToken(); err != nil { // ]
+			return n, syntax(err)
 		}
 	}
-	return &f, nil
+	if _, err := dec.ReadToken(); err != nil { // }
+		return n, syntax(err)
+	}
+	if _, err := dec.ReadToken(); err != io.EOF {
+		if err == nil {
+			err = errors.New("trailing data after the JSON value")
+		}
+		return n, syntax(err)
+	}
+	if !array {
+		return n, ErrNotTau2
+	}
+	return n, nil
 }
 
 // unmarshalNumber decodes exactly one JSON value, keeping numbers as
@@ -338,10 +462,85 @@ func unmarshalNumber(b []byte, v any) error {
 	return nil
 }
 
+// scanTau2 is the first of the two passes over a τ² result file: it reads
+// the top-level members other than "simulations" (the file's "info" may
+// come after its simulations, and each rollout needs it) and the tool
+// names of every simulation (each rollout lists the tools called anywhere
+// in the file), decoding one batch of simulations at a time and keeping
+// none. A simulation that does not decode is left to the second pass,
+// which rejects it (and, as when the file was decoded whole, its tool
+// calls are not counted). Errors are the file's as a whole: a syntax error
+// anywhere, a top-level member of the wrong type, no "simulations".
+func scanTau2(r io.Reader) (*tau2Meta, error) {
+	m := &tau2Meta{agentNames: map[string]bool{}, userNames: map[string]bool{}}
+	onMeta := func(name string, v jsontext.Value) error {
+		var err error
+		// As encoding/json decoded the file into a struct: names match
+		// case-insensitively, and a repeated member is decoded again into
+		// the same value.
+		switch {
+		case strings.EqualFold(name, "timestamp"):
+			err = unmarshalNumber(v, &m.Timestamp)
+		case strings.EqualFold(name, "info"):
+			err = unmarshalNumber(v, &m.Info)
+		}
+		if err != nil {
+			return fmt.Errorf("τ² result file: %s: %w", name, err)
+		}
+		return nil
+	}
+	type names struct{ agent, user []string }
+	onSims := func(_ int, raw []jsontext.Value, _ []int64) error {
+		found := make([]names, len(raw))
+		replayParallel(len(raw), func(k int) {
+			var s tau2Simulation
+			if unmarshalNumber(raw[k], &s) != nil {
+				return
+			}
+			for _, msg := range s.Messages {
+				for _, tc := range msg.ToolCalls {
+					switch {
+					case tc.Name == "":
+					case tc.Requestor == "user":
+						found[k].user = append(found[k].user, tc.Name)
+					default:
+						found[k].agent = append(found[k].agent, tc.Name)
+					}
+				}
+			}
+		})
+		for _, f := range found {
+			for _, n := range f.agent {
+				m.agentNames[n] = true
+			}
+			for _, n := range f.user {
+				m.userNames[n] = true
+			}
+		}
+		return nil
+	}
+	n, err := tau2Walk(r, onMeta, onSims)
+	if err != nil {
+		return nil, err
+	}
+	m.n = n
+	return m, nil
+}
+
+// decodeTau2Simulation decodes the i-th (0-based) simulation of a file; its
+// error names it (1-based).
+func decodeTau2Simulation(i int, raw []byte) (*tau2Simulation, error) {
+	var s tau2Simulation
+	if err := unmarshalNumber(raw, &s); err != nil {
+		return nil, fmt.Errorf("simulation %d: %w", i+1, err)
+	}
+	return &s, nil
+}
+
 // --- conversion ---
 
 type tau2Converter struct {
-	f            *tau2File
+	m            *tau2Meta
 	opt          Tau2Options
 	env          string
 	agent        schemas.Agent
@@ -350,40 +549,21 @@ type tau2Converter struct {
 	userTools    []string
 }
 
-func newTau2Converter(f *tau2File, opt Tau2Options) *tau2Converter {
-	ai := f.Info.AgentInfo
+func newTau2Converter(m *tau2Meta, opt Tau2Options) *tau2Converter {
+	ai := m.Info.AgentInfo
 	name := ai.LLM
 	name = cmp.Or(name, ai.Implementation)
 	name = cmp.Or(name, "unknown")
 	c := &tau2Converter{
-		f:     f,
+		m:     m,
 		opt:   opt,
-		env:   "tau2-" + tau2EnvSafe(f.Info.EnvironmentInfo.DomainName),
+		env:   "tau2-" + tau2EnvSafe(m.Info.EnvironmentInfo.DomainName),
 		agent: schemas.Agent{Name: tau2Truncate(name, 256), Version: Tau2AgentVersion(ai.Implementation, ai.LLM, ai.LLMArgs)},
 	}
-	c.tools = tau2ToolsFromDefs(f.Info.EnvironmentInfo.ToolDefs)
-
-	agentNames, userNames := map[string]bool{}, map[string]bool{}
-	for i, s := range f.sims() {
-		if f.simErrs[i] != nil {
-			continue
-		}
-		for _, m := range s.Messages {
-			for _, tc := range m.ToolCalls {
-				if tc.Name == "" {
-					continue
-				}
-				if tc.Requestor == "user" {
-					userNames[tc.Name] = true
-				} else {
-					agentNames[tc.Name] = true
-				}
-			}
-		}
-	}
-	c.userTools = tau2SortedKeys(userNames)
+	c.tools = tau2ToolsFromDefs(m.Info.EnvironmentInfo.ToolDefs)
+	c.userTools = tau2SortedKeys(m.userNames)
 	if c.tools == nil {
-		for _, n := range tau2SortedKeys(agentNames) {
+		for _, n := range tau2SortedKeys(m.agentNames) {
 			c.tools = append(c.tools, schemas.Tool{Type: "function", Function: schemas.FunctionDef{Name: n, Parameters: json.RawMessage(`{"type":"object"}`)}})
 		}
 		c.toolsDerived = true
@@ -391,9 +571,10 @@ func newTau2Converter(f *tau2File, opt Tau2Options) *tau2Converter {
 	return c
 }
 
-func (c *tau2Converter) rollout(i int) *schemas.Rollout {
-	s := &c.f.sims()[i]
-	info := &c.f.Info
+// rollout converts one simulation (read with decodeTau2Simulation). It
+// may be called concurrently.
+func (c *tau2Converter) rollout(s *tau2Simulation) *schemas.Rollout {
+	info := &c.m.Info
 	domain := info.EnvironmentInfo.DomainName
 	ro := &schemas.Rollout{
 		Schema:      "rollout/v1",
@@ -464,7 +645,7 @@ func (c *tau2Converter) rollout(i int) *schemas.Rollout {
 	tau2SetMeta(md, "user_llm", info.UserInfo.LLM)
 	tau2SetMeta(md, "tau2_git_commit", info.GitCommit)
 	tau2SetMeta(md, "run_seed", info.Seed)
-	tau2SetMeta(md, "run_timestamp", c.f.Timestamp)
+	tau2SetMeta(md, "run_timestamp", c.m.Timestamp)
 	if c.toolsDerived {
 		md["tools_derived"] = true
 	}

@@ -39,12 +39,16 @@ Input formats (--format):
                  error in the file stops it (its line is named) after the
                  rollouts before it were sent.
   tau2           a τ²-bench result file; each simulation becomes one rollout in
-                 environment "tau2-<domain>" (see ingest.ConvertTau2)
+                 environment "tau2-<domain>" (see ingest.ConvertTau2). Read
+                 twice with a streaming decoder (first its "info" and tool
+                 names, then the simulations, a batch at a time), so the file
+                 may be of any size.
 
 A FILE of "-" is standard input. A pipe (standard input, a FIFO, a process
 substitution) is read once: with --format auto it is first copied to a
 temporary file (in TMPDIR), since telling its format reads its start; with
---format given it is read as it comes.
+--format given it is read as it comes (but for tau2, which is read twice, so
+copied too).
 
 Files are read as UTF-8. A UTF-8 byte order mark at the start of a file is
 skipped and CRLF line endings are read as LF; a file in UTF-16 or UTF-32
