@@ -4,6 +4,7 @@ import (
 	"context"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -31,6 +32,12 @@ type Batcher[T any] struct {
 	spare   []T // a written batch's buffer, cleared, for the next swap
 	dropped int
 	kick    chan struct{}
+
+	// The rows of the batch being written, told to the INSERT through its
+	// context (for the stall warning, sink/stall.go); the context is made
+	// once per parent, so that a Flush allocates nothing.
+	hint            atomic.Int64
+	hintOf, hintCtx context.Context
 }
 
 func (b *Batcher[T]) init() {
@@ -125,7 +132,7 @@ func (b *Batcher[T]) Flush(ctx context.Context) {
 	if len(rows) == 0 {
 		return
 	}
-	if err := b.Insert(ctx, rows); err != nil {
+	if err := b.Insert(b.insertCtx(ctx, len(rows)), rows); err != nil {
 		b.Log.Warn(b.Name+": insert failed; will retry", "rows", len(rows), "err", err)
 		b.mu.Lock()
 		b.buf = append(rows, b.buf...)
@@ -144,6 +151,17 @@ func (b *Batcher[T]) Flush(ctx context.Context) {
 		b.spare = rows[:0]
 		b.mu.Unlock()
 	}
+}
+
+// insertCtx is ctx telling the INSERT it holds n rows.
+func (b *Batcher[T]) insertCtx(ctx context.Context, n int) context.Context {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.hintOf != ctx {
+		b.hintOf, b.hintCtx = ctx, withPendingRows(ctx, &b.hint)
+	}
+	b.hint.Store(int64(n))
+	return b.hintCtx
 }
 
 // Pending is the number of rows not yet written.

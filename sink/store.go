@@ -36,6 +36,10 @@ type Config struct {
 	// cannot starve ingest. 0 takes the default; -1 turns a limit off.
 	QueryTimeout   time.Duration `koanf:"query_timeout"`
 	QueryMaxMemory int64         `koanf:"query_max_memory"`
+	// An INSERT waiting on the server longer than this (default 10s) is
+	// logged as stalled, naming its table and rows, and again every three
+	// times as long while it stays stuck (see sink/stall.go).
+	StallWarning time.Duration `koanf:"stall_warning"`
 }
 
 // WithDefaults fills unset fields.
@@ -54,6 +58,9 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.QueryMaxMemory == 0 {
 		c.QueryMaxMemory = DefaultQueryMaxMemory
+	}
+	if c.StallWarning == 0 {
+		c.StallWarning = DefaultStallWarning
 	}
 	return c
 }
@@ -83,6 +90,9 @@ func (c Config) Validate() error {
 	}
 	if c.QueryTimeout < 0 && c.QueryTimeout != -1 {
 		return fmt.Errorf("clickhouse.query_timeout: must be > 0, or -1 for none, got %s", c.QueryTimeout)
+	}
+	if c.StallWarning < 0 {
+		return fmt.Errorf("clickhouse.stall_warning: must be > 0, got %s", c.StallWarning)
 	}
 	if c.QueryMaxMemory < -1 {
 		return fmt.Errorf("clickhouse.query_max_memory: must be > 0 bytes, or -1 for none, got %d", c.QueryMaxMemory)
@@ -148,6 +158,7 @@ type Store struct {
 	loc      *time.Location // the server's time zone (handshake), UTC when it sent none
 	log      *slog.Logger
 	wm       rollupStateCache // the rollup's watermark for the dashboard's statements (sink/rollupstate.go)
+	stall    *stallWatch      // times every INSERT (sink/stall.go)
 }
 
 // Open connects, creates the database if needed and detects the server's
@@ -185,7 +196,8 @@ func Open(ctx context.Context, cfg Config, log *slog.Logger) (*Store, error) {
 	if loc == nil {
 		loc = time.UTC
 	}
-	s := &Store{conn: conn, cfg: cfg, version: v, features: features, loc: loc, log: log}
+	stall := newStallWatch(cfg, log)
+	s := &Store{conn: &watchedConn{Conn: conn, w: stall}, cfg: cfg, version: v, features: features, loc: loc, log: log, stall: stall}
 	return s, nil
 }
 

@@ -140,6 +140,9 @@ func Start(ctx context.Context, cfg config.Config, log *slog.Logger) (*App, erro
 	if a.Store, err = openStore(ctx, chCfg, log); err != nil {
 		return nil, err
 	}
+	if err := a.Store.RegisterMetrics(a.Registry); err != nil {
+		return nil, err
+	}
 	if err := a.Store.Migrate(ctx); err != nil {
 		return nil, err
 	}
