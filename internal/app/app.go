@@ -23,6 +23,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/cenkalti/backoff/v4"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/oklog/run"
 	"github.com/prometheus/client_golang/prometheus"
@@ -167,23 +168,64 @@ func Start(ctx context.Context, cfg config.Config, log *slog.Logger) (*App, erro
 	return a, nil
 }
 
+// How Start waits for ClickHouse: for up to storeWait in all, retrying a
+// retryable error with capped exponential backoff (storeRetryFirst,
+// doubling, jittered, to storeRetryMax: about 16 attempts in a minute,
+// where a fixed second made 60), with a warning at most every
+// storeWarnEvery.
+const (
+	storeWait       = 60 * time.Second
+	storeRetryFirst = 250 * time.Millisecond
+	storeRetryMax   = 5 * time.Second
+	storeWarnEvery  = 5 * time.Second
+)
+
 // openStore connects to ClickHouse, retrying for a while: a server that is
 // still starting (compose, Kubernetes) is not a configuration error.
 func openStore(ctx context.Context, cfg sink.Config, log *slog.Logger) (*sink.Store, error) {
-	deadline := time.Now().Add(60 * time.Second)
-	for {
-		st, err := sink.Open(ctx, cfg, log)
+	return openStoreWithin(ctx, cfg, log, storeWait)
+}
+
+// openStoreWithin is openStore waiting for at most within in all (each
+// attempt too is bounded by it). The warning while it waits names the
+// address, the attempts so far and the last error; the error after within
+// names the address too.
+func openStoreWithin(ctx context.Context, cfg sink.Config, log *slog.Logger, within time.Duration) (*sink.Store, error) {
+	addr := strings.Join(cfg.Addr, ",")
+	deadline := time.Now().Add(within)
+	b := backoff.NewExponentialBackOff(backoff.WithInitialInterval(storeRetryFirst), backoff.WithMultiplier(2),
+		backoff.WithMaxInterval(storeRetryMax), backoff.WithMaxElapsedTime(0))
+	var warned time.Time
+	for attempt := 1; ; attempt++ {
+		actx, cancel := context.WithDeadline(ctx, deadline)
+		st, err := sink.Open(actx, cfg, log)
+		cancel()
 		if err == nil {
+			if attempt > 1 {
+				log.Info("clickhouse reachable", "addr", addr, "attempts", attempt)
+			}
 			return st, nil
 		}
-		if !sink.IsRetryable(err) || time.Now().After(deadline) {
+		if ctx.Err() != nil {
+			return nil, fmt.Errorf("stopped while waiting for ClickHouse at %s (%w): %w", addr, ctx.Err(), err)
+		}
+		if !sink.IsRetryable(err) {
 			return nil, err
 		}
-		log.Warn("clickhouse not reachable yet, retrying", "addr", cfg.Addr, "err", err)
+		left := time.Until(deadline)
+		if left <= 0 {
+			return nil, fmt.Errorf("clickhouse at %s not reachable within %s (%d attempts): %w", addr, within, attempt, err)
+		}
+		wait := min(b.NextBackOff(), left)
+		if warned.IsZero() || time.Since(warned) >= storeWarnEvery {
+			warned = time.Now()
+			log.Warn("clickhouse not reachable yet, retrying", "addr", addr, "attempts", attempt,
+				"next_in", wait.Round(time.Millisecond), "gives_up_in", left.Round(time.Second), "err", err)
+		}
 		select {
 		case <-ctx.Done():
-			return nil, fmt.Errorf("stopped while waiting for ClickHouse at %s (%w): %w", strings.Join(cfg.Addr, ","), ctx.Err(), err)
-		case <-time.After(time.Second):
+			return nil, fmt.Errorf("stopped while waiting for ClickHouse at %s (%w): %w", addr, ctx.Err(), err)
+		case <-time.After(wait):
 		}
 	}
 }

@@ -8,3 +8,10 @@ var (
 
 // Bearer is the serve role's token check.
 var Bearer = bearer
+
+// OpenStore is Start's wait for ClickHouse; OpenStoreWithin with its
+// overall deadline.
+var (
+	OpenStore       = openStore
+	OpenStoreWithin = openStoreWithin
+)
