@@ -19,13 +19,15 @@ const DefaultStallWarning = 10 * time.Second
 // A server that accepts the connection but does not answer (hung, its
 // disk full, a network path dropping packets) holds an INSERT until the
 // context's deadline or the driver's read timeout (5 min), and nothing
-// failed to log: only /readyz showed it. Every INSERT of a Store goes
-// through watchedConn, which times each call that waits on the server
-// (PrepareBatch, a block's Flush, Send; an INSERT run by Exec): one
-// waiting longer than Config.StallWarning logs a warning naming the
-// table and the rows the INSERT holds, again every 3 × StallWarning while
-// it stays stuck, and one line when it ends; the Store's metrics
-// (RegisterMetrics) count it.
+// failed to log: only /readyz showed it. Every batch INSERT of a Store
+// (every one that sends rows: PrepareBatch) goes through watchedConn,
+// which times each call that waits on the server (PrepareBatch, a block's
+// Flush, Send): one waiting longer than Config.StallWarning logs a warning
+// naming the table and the rows the INSERT holds, again every 3 ×
+// StallWarning while it stays stuck, and one line when it ends; the
+// Store's metrics (RegisterMetrics) count it. An INSERT … SELECT run by
+// Exec (migrations, the rollup, the benchmarks' loads) is not timed: a
+// long one is the server working, not a stall.
 
 // stallWatch times the calls of one Store.
 type stallWatch struct {
@@ -71,7 +73,7 @@ func (w *stallWatch) start(table, op string, rows func() int) (end func(error)) 
 			w.stalled.WithLabelValues(table).Inc()
 			w.stalls.WithLabelValues(table).Inc()
 		}
-		w.log.Warn("clickhouse: insert stalled: the server has not answered", "table", table, "rows", rows(),
+		w.log.Warn("clickhouse: insert stalled: no answer from the server yet", "table", table, "rows", rows(),
 			"waiting", time.Since(t0).Round(100*time.Millisecond), "op", op, "addr", w.addr)
 		timer.Reset(w.every)
 	}
@@ -144,18 +146,6 @@ func (c *watchedConn) PrepareBatch(ctx context.Context, query string, opts ...dr
 	}
 	b.Batch = inner
 	return b, nil
-}
-
-func (c *watchedConn) Exec(ctx context.Context, query string, args ...any) error {
-	table := insertTable(query)
-	if table == "" {
-		return c.Conn.Exec(ctx, query, args...)
-	}
-	hint := pendingRows(ctx)
-	end := c.w.start(table, "exec", func() int { return hint })
-	err := c.Conn.Exec(ctx, query, args...)
-	end(err)
-	return err
 }
 
 // watchedBatch is a batch whose calls that wait on the server are timed.

@@ -22,7 +22,8 @@ import (
 // table and the rows it holds (a Batcher's batch, before any row reached
 // the server), again at most every three times that while it stays stuck,
 // and the gauge trace_clickhouse_inserts_stalled says so until the server
-// answers again; then the rows are stored.
+// answers again; then the rows are stored. The ingest stage's streamed
+// INSERT stuck at its end names the rows appended to it.
 func TestStalledInsertIsLogged(t *testing.T) {
 	ch := testenv.ClickHouse(t)
 	ch.Store() // migrated
@@ -96,6 +97,36 @@ func TestStalledInsertIsLogged(t *testing.T) {
 	}
 	if labeled, _, err := st.CountLabels(ctx); err != nil || labeled != 8 {
 		t.Errorf("%d rollouts labeled (%v), want 8", labeled, err)
+	}
+
+	// The ingest stage's streamed INSERT, stuck at its end: the rows
+	// appended are named.
+	ins, err := st.BeginRollouts(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ins.Abort()
+	for i := range 3 {
+		row := sink.RolloutRowFrom(rollout(fmt.Sprint("s", i), true), sink.Coord{Topic: "t", Offset: int64(i)})
+		if err := ins.Append(&row); err != nil {
+			t.Fatal(err)
+		}
+	}
+	proxy.Hang()
+	committed := make(chan error, 1)
+	go func() { committed <- ins.Commit() }()
+	for !strings.Contains(logs.String(), "table=rollouts rows=3") {
+		if time.Since(start) > 60*time.Second {
+			t.Fatalf("no stall warning for the streamed insert:\n%s", logs.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	proxy.Resume()
+	if err := <-committed; err != nil {
+		t.Fatal(err)
+	}
+	if n, err := st.CountRollouts(ctx); err != nil || n != 3 {
+		t.Errorf("%d rollouts stored (%v), want 3", n, err)
 	}
 }
 
