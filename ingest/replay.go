@@ -965,9 +965,12 @@ func (r *replayRun) tau2(src replaySource) error {
 	if err != nil {
 		return err
 	}
-	meta, err := scanTau2(fh)
+	meta, err := scanTau2(r.ctx, fh)
 	fh.Close()
 	if err != nil {
+		if cerr := r.ctx.Err(); cerr != nil {
+			return cerr
+		}
 		return fmt.Errorf("%s: %w", path, err)
 	}
 	if fh, err = src.open(); err != nil {

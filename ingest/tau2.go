@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"cmp"
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -119,7 +120,7 @@ func EachTau2(r io.Reader, opt Tau2Options, fn func(*schemas.Rollout) error) err
 	if err != nil {
 		return err
 	}
-	meta, err := scanTau2(first)
+	meta, err := scanTau2(context.Background(), first)
 	if err != nil {
 		return err
 	}
@@ -471,7 +472,8 @@ func unmarshalNumber(b []byte, v any) error {
 // which rejects it (and, as when the file was decoded whole, its tool
 // calls are not counted). Errors are the file's as a whole: a syntax error
 // anywhere, a top-level member of the wrong type, no "simulations".
-func scanTau2(r io.Reader) (*tau2Meta, error) {
+// It stops when ctx ends.
+func scanTau2(ctx context.Context, r io.Reader) (*tau2Meta, error) {
 	m := &tau2Meta{agentNames: map[string]bool{}, userNames: map[string]bool{}}
 	onMeta := func(name string, v jsontext.Value) error {
 		var err error
@@ -491,6 +493,9 @@ func scanTau2(r io.Reader) (*tau2Meta, error) {
 	}
 	type names struct{ agent, user []string }
 	onSims := func(_ int, raw []jsontext.Value, _ []int64) error {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
 		found := make([]names, len(raw))
 		replayParallel(len(raw), func(k int) {
 			var s tau2Simulation

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -141,5 +142,47 @@ func TestReplayTau2Streams(t *testing.T) {
 	}
 	if grew > size/2 {
 		t.Errorf("replaying a %d MB τ² file grew the heap by %d MB: it must be read a batch of simulations at a time", fi.Size()>>20, grew>>20)
+	}
+}
+
+// TestConvertTau2InfoAfterSimulations: the members a rollout needs from the
+// whole file are read wherever they are, from a file (read twice) and from
+// a reader that cannot seek (read into memory); a file with two
+// "simulations" is refused rather than half read.
+func TestConvertTau2InfoAfterSimulations(t *testing.T) {
+	in := `{"simulations": [
+		{"id": "a", "task_id": "1", "reward_info": {"reward": 1.0}, "messages": [{"role": "user", "content": "x"}]},
+		{"id": "b", "task_id": "2", "reward_info": {"reward": 0.0}, "messages": [
+			{"role": "assistant", "content": null, "tool_calls": [{"id": "c", "name": "cancel_reservation", "arguments": {}}]},
+			{"role": "tool", "id": "c", "content": "ok"}]}],
+		"timestamp": "2025-06-01T10:00:00",
+		"info": {"agent_info": {"implementation": "llm_agent", "llm": "gpt-x"}, "environment_info": {"domain_name": "airline", "policy": "be kind"}}}`
+	path := replayWriteFile(t, "late-info.json", in)
+	if got, err := DetectFormat(path); err != nil || got != FormatTau2 {
+		t.Errorf("DetectFormat = %q, %v; want %q", got, err, FormatTau2)
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	for name, r := range map[string]io.Reader{"file": f, "pipe": io.MultiReader(strings.NewReader(in))} {
+		ros, err := ConvertTau2(r)
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		if len(ros) != 2 {
+			t.Fatalf("%s: %d rollouts, want 2", name, len(ros))
+		}
+		for _, ro := range ros {
+			if ro.Environment != "tau2-airline" || ro.Agent.Version != "llm_agent@gpt-x" || len(ro.Tools) != 1 ||
+				ro.Tools[0].Function.Name != "cancel_reservation" || ro.Messages[0].Content != "be kind" || ro.Metadata["run_timestamp"] != "2025-06-01T10:00:00" {
+				t.Errorf("%s: rollout %s: environment %q, agent %+v, tools %+v, first message %+v, metadata %v",
+					name, ro.RolloutID, ro.Environment, ro.Agent, ro.Tools, ro.Messages[0], ro.Metadata)
+			}
+		}
+	}
+	if _, err := ConvertTau2(strings.NewReader(`{"simulations": [], "simulations": []}`)); err == nil || !strings.Contains(err.Error(), `"simulations" appears twice`) {
+		t.Errorf("two simulations members: %v", err)
 	}
 }
