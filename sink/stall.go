@@ -43,13 +43,19 @@ func newStallWatch(cfg Config, log *slog.Logger) *stallWatch {
 	if after <= 0 {
 		after = DefaultStallWarning
 	}
-	return &stallWatch{
+	w := &stallWatch{
 		after: after, every: 3 * after, addr: strings.Join(cfg.Addr, ","), log: log,
 		stalled: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "trace_clickhouse_inserts_stalled",
 			Help: "INSERTs waiting on ClickHouse longer than clickhouse.stall_warning now, by table (alert when > 0)."}, []string{"table"}),
 		stalls: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "trace_clickhouse_insert_stalls_total",
 			Help: "INSERTs that waited on ClickHouse longer than clickhouse.stall_warning, by table."}, []string{"table"}),
 	}
+	// The streams' tables are exported from the start, at 0.
+	for _, table := range []string{"rollouts", "capability_labels"} {
+		w.stalled.WithLabelValues(table)
+		w.stalls.WithLabelValues(table)
+	}
+	return w
 }
 
 // start times one call of an INSERT into table, which holds rows() rows;

@@ -77,6 +77,7 @@ func TestIngestReplicaServesMetricsAndHealth(t *testing.T) {
 		{"/healthz", 200, "ok"},
 		{"/readyz", 200, "ready"},
 		{"/metrics", 200, `trace_consumer_messages_consumed_total{stage="ingest"`},
+		{"/metrics", 200, `trace_clickhouse_inserts_stalled{table="rollouts"} 0`},
 		{"/api/overview", 404, ""},
 	} {
 		res, err := http.Get(base + tt.path)
