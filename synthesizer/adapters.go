@@ -84,9 +84,10 @@ type PolicyCalibrator struct {
 	Limits envprog.Limits
 	// Log, when set, gets a line on the calibration's progress (rollouts
 	// played of all, elapsed time) at most every ProgressEvery (default
-	// DefaultProgressEvery): a calibration by a model may take hours, and
-	// its record says CALIBRATING all along. A calibration shorter than
-	// that logs nothing. Label names it (the environment id).
+	// DefaultProgressEvery): a calibration by a model may take hours. A
+	// calibration shorter than that logs nothing. Label names it (the
+	// environment id). The stage saves the progress in the record
+	// (Environment.Progress) from Calibrate's progress callback.
 	Log           *slog.Logger
 	Label         string
 	ProgressEvery time.Duration
@@ -131,7 +132,7 @@ const VerdictProgramError = "program_error"
 const VerdictPolicyRefused = "policy_refused"
 
 // Calibrate implements Calibrator.
-func (c PolicyCalibrator) Calibrate(ctx context.Context, d Draft) (*Calibration, error) {
+func (c PolicyCalibrator) Calibrate(ctx context.Context, d Draft, progress func(done, total int)) (*Calibration, error) {
 	name := programName(d)
 	var (
 		env envprog.Env
@@ -162,8 +163,16 @@ func (c PolicyCalibrator) Calibrate(ctx context.Context, d Draft) (*Calibration,
 		return nil, err
 	}
 	defer env.Close()
-	if p := c.progress(name); p != nil {
-		cfg.Progress = p
+	logProgress := c.progress(name)
+	if logProgress != nil || progress != nil {
+		cfg.Progress = func(p calibrate.Progress) {
+			if progress != nil {
+				progress(p.Done, p.Total)
+			}
+			if logProgress != nil {
+				logProgress(p)
+			}
+		}
 	}
 	res, err := calibrate.Run(ctx, env, c.Policy, cfg)
 	if errors.As(err, &pe) {

@@ -49,12 +49,63 @@ type Environment struct {
 
 	Attempts    []Attempt    `json:"attempts"`
 	Calibration *Calibration `json:"calibration,omitempty"` // of the accepted program
+	// Progress is the running calibration's progress while the status is
+	// CALIBRATING (saved at most every Config.ProgressEvery), afterwards
+	// the last calibration's as it ended; nil before the first.
+	Progress *CalibrationProgress `json:"calibration_progress,omitempty"`
 
 	CreatedAt time.Time `json:"created_at"`
 	UpdatedAt time.Time `json:"updated_at"`
 	// Version orders the stored rows of one environment (ReplacingMergeTree
 	// keeps the highest): every save writes a higher one.
 	Version uint64 `json:"version"`
+}
+
+// CalibrationProgress is how far a calibration got: Done of Total
+// rollouts played (Total is 0 until the first rollout ends), counted at At.
+type CalibrationProgress struct {
+	Path      Path      `json:"path,omitempty"`
+	Attempt   int       `json:"attempt"`
+	Done      int       `json:"done"`
+	Total     int       `json:"total"`
+	StartedAt time.Time `json:"started_at"`
+	At        time.Time `json:"at"`
+}
+
+// Percent is Done as a whole percentage of Total (0 when Total is 0).
+func (p *CalibrationProgress) Percent() int {
+	if p == nil || p.Total <= 0 {
+		return 0
+	}
+	return 100 * p.Done / p.Total
+}
+
+// Text is "400/1600 (25 %)", "" when no rollout has been counted.
+func (p *CalibrationProgress) Text() string {
+	if p == nil || p.Total <= 0 {
+		return ""
+	}
+	return fmt.Sprintf("%d/%d (%d %%)", p.Done, p.Total, p.Percent())
+}
+
+// CalibratingProgress is the progress of the calibration the record says
+// is running, nil unless the status is CALIBRATING and a save counted a
+// rollout of it.
+func (e *Environment) CalibratingProgress() *CalibrationProgress {
+	p := e.Progress
+	if e.Status != StatusCalibrating || p == nil || p.Total <= 0 || p.Attempt != e.Attempt || p.Path != e.Path {
+		return nil
+	}
+	return p
+}
+
+// StatusText is the status with a running calibration's progress:
+// "CALIBRATING 400/1600 (25 %)".
+func (e *Environment) StatusText() string {
+	if p := e.CalibratingProgress(); p != nil {
+		return string(e.Status) + " " + p.Text()
+	}
+	return string(e.Status)
 }
 
 // Where an environment's family came from.

@@ -3,9 +3,11 @@ package synthesizer
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -15,6 +17,7 @@ import (
 	"github.com/traceops/trace/internal/dev/simulate"
 	"github.com/traceops/trace/internal/llm"
 	"github.com/traceops/trace/schemas"
+	"github.com/traceops/trace/sink"
 	"github.com/traceops/trace/synthesizer/calibrate"
 	"github.com/traceops/trace/synthesizer/envprog"
 	"github.com/traceops/trace/synthesizer/examples"
@@ -170,7 +173,7 @@ func TestCalibrationLogsItsProgress(t *testing.T) {
 	cfg := calibrate.DefaultConfig()
 	cfg.Seeds, cfg.Rollouts = 8, 4
 	c := PolicyCalibrator{Policy: slow, Config: cfg, Log: log, Label: "env-0123456789abcdef", ProgressEvery: 20 * time.Millisecond}
-	cal, err := c.Calibrate(context.Background(), Draft{Program: string(examples.PreconditionAirline), Name: "precondition_airline.star", Trusted: true})
+	cal, err := c.Calibrate(context.Background(), Draft{Program: string(examples.PreconditionAirline), Name: "precondition_airline.star", Trusted: true}, nil)
 	if err != nil || cal == nil || cal.Seeds != 8 {
 		t.Fatalf("calibration %+v: %v", cal, err)
 	}
@@ -252,4 +255,168 @@ func TestCalibrationPolicyRefusalIsAFailedAttempt(t *testing.T) {
 	if _, err := stage.Synthesize(context.Background(), airlineRequest("trig-policy-500")); !errors.Is(err, ErrTransient) {
 		t.Fatalf("a policy answering 500: %v, want a transient error", err)
 	}
+}
+
+// recordingStore is a Store that keeps a copy of every record it saves,
+// in front of the real one.
+type recordingStore struct {
+	Store
+	mu    sync.Mutex
+	saved []Environment
+}
+
+func (r *recordingStore) SaveEnvironment(ctx context.Context, e *Environment) error {
+	c := *e
+	if e.Progress != nil {
+		p := *e.Progress
+		c.Progress = &p
+	}
+	r.mu.Lock()
+	r.saved = append(r.saved, c)
+	r.mu.Unlock()
+	return r.Store.SaveEnvironment(ctx, e)
+}
+
+func (r *recordingStore) calibrating() []Environment {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []Environment
+	for _, e := range r.saved {
+		if e.Status == StatusCalibrating && e.CalibratingProgress() != nil {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+// TestCalibrationProgressIsInTheRecord: a running calibration's progress
+// (rollouts played of all) is saved in the environment's record every
+// ProgressEvery, so that trace env list / show and the dashboard show
+// more than CALIBRATING for hours; the record in ClickHouse (its details
+// column) carries it, listed or loaded, and the DONE record keeps the
+// calibration's end. A progress save that finds the environment ended by
+// another run stops the calibration there and keeps that run's record.
+func TestCalibrationProgressIsInTheRecord(t *testing.T) {
+	example := string(examples.PreconditionAirline)
+	skill := calibrate.SkillPolicy{Skill: 0.4}
+	cfg := calibrate.DefaultConfig()
+	cfg.Seeds, cfg.Rollouts, cfg.Concurrency = 8, 4, 2
+	var fullTurns int64 // of the calibration that ran to its end
+	run := func(t *testing.T, trigger string, onTurn func(*recordingStore)) (*Environment, *recordingStore, SinkStore, int64) {
+		var turns atomic.Int64
+		srv := llmtest.New(t)
+		srv.Handle(func(llmtest.Request) llmtest.Reply { return llmtest.Text(fenced(example)) })
+		gen, _ := newTestGenerator(t, srv)
+		sinkStore := chStore(t)
+		store := &recordingStore{Store: sinkStore}
+		slow := calibrate.PolicyFunc(func(ctx context.Context, turn calibrate.Turn) (envprog.Action, error) {
+			turns.Add(1)
+			if onTurn != nil {
+				onTurn(store)
+			}
+			time.Sleep(3 * time.Millisecond)
+			return skill.Act(ctx, turn)
+		})
+		stage, err := NewStage(Config{LLM: gen, Validator: EnvValidator{}, Store: store, ProgressEvery: 25 * time.Millisecond,
+			Calibrators: func(*Job) (Calibrator, error) { return PolicyCalibrator{Policy: slow, Config: cfg}, nil }})
+		if err != nil {
+			t.Fatal(err)
+		}
+		e, err := stage.Synthesize(context.Background(), airlineRequest(trigger))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return e, store, sinkStore, turns.Load()
+	}
+
+	t.Run("saved", func(t *testing.T) {
+		e, store, sinkStore, n := run(t, "trig-progress", nil)
+		fullTurns = n
+		if e.Status != StatusDone {
+			t.Fatalf("%s: %q", e.Status, e.Diagnoses)
+		}
+		during := store.calibrating()
+		if len(during) == 0 {
+			t.Fatalf("no CALIBRATING record with progress among %d saves", len(store.saved))
+		}
+		last := 0
+		for _, r := range during {
+			p := r.Progress
+			if p.Total != 32 || p.Done <= last || p.Done > 32 || p.At.IsZero() || p.At.Before(p.StartedAt) || p.Attempt != 1 {
+				t.Fatalf("progress %+v after %d", p, last)
+			}
+			last = p.Done
+			want := fmt.Sprintf("CALIBRATING %d/32 (%d %%)", p.Done, 100*p.Done/32)
+			if got := r.StatusText(); got != want {
+				t.Fatalf("StatusText %q, want %q", got, want)
+			}
+		}
+		stored, err := sinkStore.LoadEnvironment(context.Background(), e.ID)
+		if err != nil || stored == nil {
+			t.Fatal(stored, err)
+		}
+		if p := stored.Progress; p == nil || p.Done != 32 || p.Total != 32 || stored.StatusText() != "DONE" {
+			t.Fatalf("stored DONE record's progress %+v, status text %q", p, stored.StatusText())
+		}
+		// A CALIBRATING row as ClickHouse lists and loads it.
+		mid := during[0]
+		mid.ID, mid.TriggerID, mid.Version = "env-00000000progress", "trig-progress-mid", 1
+		if err := sinkStore.SaveEnvironment(context.Background(), &mid); err != nil {
+			t.Fatal(err)
+		}
+		listed, err := sinkStore.List(context.Background(), sink.EnvironmentFilter{Status: string(StatusCalibrating)})
+		if err != nil || len(listed) != 1 || listed[0].StatusText() != mid.StatusText() {
+			t.Fatalf("listed %v: %v, want one %q", listed, err, mid.StatusText())
+		}
+		loaded, _ := sinkStore.LoadEnvironment(context.Background(), mid.ID)
+		if loaded.Progress == nil || *loaded.Progress != *mid.Progress {
+			t.Fatalf("loaded progress %+v, want %+v", loaded.Progress, mid.Progress)
+		}
+	})
+
+	t.Run("ended elsewhere", func(t *testing.T) {
+		var (
+			once    sync.Once
+			turns   atomic.Int64
+			racedAt atomic.Int64 // saves of this run before the other ended it
+		)
+		id := schemas.EnvironmentID("trig-progress-race")
+		e, store, _, played := run(t, "trig-progress-race", func(store *recordingStore) {
+			if turns.Add(1) < 20 {
+				return
+			}
+			once.Do(func() { // another run of the request fails it meanwhile
+				other, err := store.Store.LoadEnvironment(context.Background(), id)
+				if err != nil || other == nil {
+					t.Errorf("no record to race: %v", err)
+					return
+				}
+				other.Status, other.Reason, other.Version = StatusFailed, "the other run failed it", uint64(time.Now().Add(time.Hour).UnixNano())
+				store.mu.Lock()
+				racedAt.Store(int64(len(store.saved)))
+				store.mu.Unlock()
+				if err := store.Store.SaveEnvironment(context.Background(), other); err != nil {
+					t.Error(err)
+				}
+			})
+		})
+		if e.Status != StatusFailed || e.Reason != "the other run failed it" {
+			t.Fatalf("%s %q, want the other run's FAILED record", e.Status, e.Reason)
+		}
+		// One progress save may have read the record just before the other
+		// run ended it; the next one finds it ended.
+		after := store.saved[racedAt.Load():]
+		if len(after) > 1 {
+			t.Fatalf("this run saved %d records after the other ended it", len(after))
+		}
+		for _, r := range after {
+			if r.Status != StatusCalibrating {
+				t.Fatalf("this run saved a %s record after the other ended it", r.Status)
+			}
+		}
+		if fullTurns > 0 && played >= fullTurns {
+			t.Fatalf("the calibration played %d turns, as many as one that ran to its end (%d)", played, fullTurns)
+		}
+		t.Logf("stopped after %d of %d turns", played, fullTurns)
+	})
 }

@@ -44,6 +44,8 @@ type details struct {
 	Diagnoses    []string `json:"diagnoses,omitempty"`
 	Rationale    string   `json:"rationale,omitempty"`
 	Transient    int      `json:"transient_failures,omitempty"`
+	// Progress is the calibration's (Environment.Progress).
+	Progress *CalibrationProgress `json:"calibration_progress,omitempty"`
 }
 
 // Row is e as a row of the environments table.
@@ -88,7 +90,8 @@ func Row(e *Environment) (sink.EnvironmentRow, error) {
 		return r, err
 	}
 	r.Details, err = js(details{Definition: e.Definition, Rank: e.Rank, MeanDelta: e.MeanDelta, FamilySource: e.FamilySource,
-		FamilyWhy: e.FamilyWhy, Path: e.Path, Attempt: e.Attempt, Diagnoses: e.Diagnoses, Rationale: e.Rationale, Transient: e.TransientFailures})
+		FamilyWhy: e.FamilyWhy, Path: e.Path, Attempt: e.Attempt, Diagnoses: e.Diagnoses, Rationale: e.Rationale, Transient: e.TransientFailures,
+		Progress: e.Progress})
 	return r, err
 }
 
@@ -126,6 +129,7 @@ func FromRow(r *sink.EnvironmentRow) (*Environment, error) {
 	}
 	e.Definition, e.Rank, e.MeanDelta, e.FamilySource, e.FamilyWhy = d.Definition, d.Rank, d.MeanDelta, d.FamilySource, d.FamilyWhy
 	e.Path, e.Attempt, e.Diagnoses, e.Rationale, e.TransientFailures = d.Path, d.Attempt, d.Diagnoses, d.Rationale, d.Transient
+	e.Progress = d.Progress
 	return e, nil
 }
 

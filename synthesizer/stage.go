@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync"
 	"time"
 
 	"github.com/traceops/trace/schemas"
@@ -23,9 +24,11 @@ type Validator interface {
 
 // Calibrator plays a valid program with a policy and judges the rewards
 // against the bands. An error means calibration could not run (the policy
-// server is unreachable): transient.
+// server is unreachable): transient. progress, when not nil, is called with
+// the rollouts played of all after each finished rollout, never
+// concurrently; it must not block.
 type Calibrator interface {
-	Calibrate(ctx context.Context, d Draft) (*Calibration, error)
+	Calibrate(ctx context.Context, d Draft, progress func(done, total int)) (*Calibration, error)
 }
 
 // CalibratorFor returns the calibrator of a job: its policy is the
@@ -94,6 +97,10 @@ type Config struct {
 	Examples     ExampleSource  // nil: prompts carry no example rollouts
 	Now          func() time.Time
 	Log          *slog.Logger
+	// ProgressEvery is how often a running calibration's progress is saved
+	// in the record (Environment.Progress), at most. Default
+	// DefaultProgressEvery.
+	ProgressEvery time.Duration
 }
 
 // Stage turns synthesis requests into environments. Safe for concurrent
@@ -122,6 +129,9 @@ func NewStage(cfg Config) (*Stage, error) {
 	}
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
+	}
+	if cfg.ProgressEvery <= 0 {
+		cfg.ProgressEvery = DefaultProgressEvery
 	}
 	return &Stage{cfg: cfg}, nil
 }
@@ -240,6 +250,7 @@ func (s *Stage) synthesize(ctx context.Context, req *schemas.SynthesisRequest) (
 			}
 			m, act, err = Step(m, ev)
 		case ActCalibrate:
+			e.Progress = &CalibrationProgress{Path: m.Path, Attempt: m.Attempt, StartedAt: s.cfg.Now().UTC()}
 			if err := s.save(ctx, e); err != nil {
 				return e, err
 			}
@@ -247,7 +258,10 @@ func (s *Stage) synthesize(ctx context.Context, req *schemas.SynthesisRequest) (
 			if err != nil {
 				return e, fmt.Errorf("%w: calibrator for %s/%s: %w", ErrTransient, req.Environment, req.AgentVersion, err)
 			}
-			c, err := cal.Calibrate(ctx, draft)
+			c, err := s.calibrate(ctx, cal, e, draft)
+			if errors.Is(err, errEndedElsewhere) {
+				return e, err
+			}
 			if RefusesTrace(err) {
 				// No policy can play it until the configuration is fixed.
 				m, act, err = Step(m, Event{Kind: EvStart, Reason: "calibration policy: " + ErrModelRefusesTrace.Error() + ": " + err.Error()})
@@ -268,6 +282,77 @@ func (s *Stage) synthesize(ctx context.Context, req *schemas.SynthesisRequest) (
 			return e, err
 		}
 	}
+}
+
+// calibrate runs cal on draft and saves its progress in e.Progress (set
+// by the caller) at most every ProgressEvery while it runs; e is not
+// touched otherwise until it returns, and then holds the progress at the
+// end for the next save. A save that finds the environment ended by
+// another run stops the calibration with errEndedElsewhere; another failed
+// save is logged and the calibration goes on (the next save retries).
+func (s *Stage) calibrate(ctx context.Context, cal Calibrator, e *Environment, draft Draft) (*Calibration, error) {
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	var (
+		mu          sync.Mutex
+		done, total int
+		ended       bool // errEndedElsewhere, set by the saver before it cancels
+	)
+	counted := func() (int, int) {
+		mu.Lock()
+		defer mu.Unlock()
+		return done, total
+	}
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		t := time.NewTicker(s.cfg.ProgressEvery)
+		defer t.Stop()
+		saved := 0
+		for {
+			select {
+			case <-stop:
+				return
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+			d, n := counted()
+			if n == 0 || d == saved {
+				continue
+			}
+			e.Progress.Done, e.Progress.Total, e.Progress.At = d, n, s.cfg.Now().UTC()
+			err := s.save(ctx, e)
+			if errors.Is(err, errEndedElsewhere) {
+				mu.Lock()
+				ended = true
+				mu.Unlock()
+				cancel(err)
+				return
+			}
+			if err != nil {
+				if ctx.Err() == nil {
+					s.cfg.Log.Warn("synthesizer: saving the calibration's progress", "id", e.ID, "err", err)
+				}
+				continue
+			}
+			saved = d
+		}
+	})
+	c, err := cal.Calibrate(ctx, draft, func(d, n int) {
+		mu.Lock()
+		done, total = d, n
+		mu.Unlock()
+	})
+	close(stop)
+	wg.Wait()
+	if ended {
+		return nil, errEndedElsewhere
+	}
+	if d, n := counted(); n > 0 {
+		e.Progress.Done, e.Progress.Total, e.Progress.At = d, n, s.cfg.Now().UTC()
+	}
+	return c, err
 }
 
 // begin resolves e's job and takes the machine's first step.

@@ -94,7 +94,7 @@ type seqCalibrator struct {
 	err      error
 }
 
-func (c *seqCalibrator) Calibrate(_ context.Context, d Draft) (*Calibration, error) {
+func (c *seqCalibrator) Calibrate(_ context.Context, d Draft, _ func(done, total int)) (*Calibration, error) {
 	program := d.Program
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -628,13 +628,13 @@ type racingCalibrator struct {
 	status Status
 }
 
-func (c *racingCalibrator) Calibrate(ctx context.Context, d Draft) (*Calibration, error) {
+func (c *racingCalibrator) Calibrate(ctx context.Context, d Draft, _ func(done, total int)) (*Calibration, error) {
 	other, err := c.store.LoadEnvironment(ctx, schemas.EnvironmentID("trig-race"))
 	if err != nil || other == nil {
 		return nil, fmt.Errorf("no record to race: %v", err)
 	}
 	other.Status, other.Version = c.status, other.Version+1_000_000
-	cal, _ := (&seqCalibrator{}).Calibrate(ctx, d)
+	cal, _ := (&seqCalibrator{}).Calibrate(ctx, d, nil)
 	if c.status == StatusDone {
 		other.Program = d.Program + "\n# the other run's program\n"
 		other.ProgramHash = ProgramHash(other.Program)

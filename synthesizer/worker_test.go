@@ -121,7 +121,7 @@ type slowCalibrator struct {
 	fail  atomic.Bool
 }
 
-func (c *slowCalibrator) Calibrate(ctx context.Context, _ Draft) (*Calibration, error) {
+func (c *slowCalibrator) Calibrate(ctx context.Context, _ Draft, _ func(done, total int)) (*Calibration, error) {
 	c.calls.Add(1)
 	if c.fail.Load() {
 		return nil, errors.New("policy server unreachable")
@@ -384,7 +384,7 @@ type capCalibrator struct {
 	capability string
 }
 
-func (cc *capCalibrator) Calibrate(ctx context.Context, _ Draft) (*Calibration, error) {
+func (cc *capCalibrator) Calibrate(ctx context.Context, _ Draft, _ func(done, total int)) (*Calibration, error) {
 	c, env := cc.c, cc.c.envOf[cc.capability]
 	c.mu.Lock()
 	c.order = append(c.order, cc.capability)

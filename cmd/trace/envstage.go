@@ -286,14 +286,17 @@ type environmentSummary struct {
 	SuccessRate  *float64           `json:"success_rate,omitempty"`
 	PassAtK      map[string]float64 `json:"pass_at_k,omitempty"`
 	Simulated    bool               `json:"simulated"`
-	UpdatedAt    time.Time          `json:"updated_at"`
+	// Progress is the calibration's: the running one's while the status
+	// is CALIBRATING, else the last one's as it ended.
+	Progress  *synthesizer.CalibrationProgress `json:"calibration_progress,omitempty"`
+	UpdatedAt time.Time                        `json:"updated_at"`
 }
 
 func environmentSummaries(es []*synthesizer.Environment) []environmentSummary {
 	out := make([]environmentSummary, 0, len(es))
 	for _, e := range es {
 		s := environmentSummary{ID: e.ID, Environment: e.Environment, AgentVersion: e.AgentVersion, Capability: e.Capability,
-			Status: string(e.Status), Reason: e.Reason, Attempts: e.Attempt, Family: e.Family, Tools: e.Tools, UpdatedAt: e.UpdatedAt}
+			Status: string(e.Status), Reason: e.Reason, Attempts: e.Attempt, Family: e.Family, Tools: e.Tools, Progress: e.Progress, UpdatedAt: e.UpdatedAt}
 		if s.Tools == nil {
 			s.Tools = []string{}
 		}
@@ -330,7 +333,7 @@ func printEnvironments(w io.Writer, es []*synthesizer.Environment) {
 				pass += " SIMULATED"
 			}
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\n", e.ID, e.Environment, e.AgentVersion, e.Capability, e.Status,
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\n", e.ID, e.Environment, e.AgentVersion, e.Capability, e.StatusText(),
 			e.Attempt, dash(e.Family), dash(strings.Join(e.Tools, ",")), mean, succ, pass)
 	}
 	tw.Flush()
@@ -342,9 +345,13 @@ func printEnvironments(w io.Writer, es []*synthesizer.Environment) {
 }
 
 func printEnvironment(w io.Writer, e *synthesizer.Environment, program bool) {
-	fmt.Fprintf(w, "environment %s: %s\n", e.ID, e.Status)
+	fmt.Fprintf(w, "environment %s: %s\n", e.ID, e.StatusText())
 	if e.Reason != "" {
 		fmt.Fprintf(w, "  reason: %s\n", e.Reason)
+	}
+	if p := e.CalibratingProgress(); p != nil {
+		fmt.Fprintf(w, "  calibrating attempt %d: %d of %d rollouts played (%d %%) at %s, started %s\n", p.Attempt, p.Done, p.Total, p.Percent(),
+			p.At.Format(time.RFC3339), p.StartedAt.Format(time.RFC3339))
 	}
 	fmt.Fprintf(w, "  target: %s/%s, dictionary v%d, trigger %s\n", e.Environment, e.AgentVersion, e.DictionaryVersion, e.TriggerID)
 	fmt.Fprintf(w, "  capability: %s (mean Δ %.3f, rank %d): %s\n", e.Capability, e.MeanDelta, e.Rank, e.Definition)

@@ -117,3 +117,53 @@ func TestEnvListAndShow(t *testing.T) {
 		t.Fatalf("missing id: %v", err)
 	}
 }
+
+// TestEnvListAndShowCalibrationProgress: an environment being calibrated
+// shows how far its calibration got (its record's progress), in the list,
+// in show and in their JSON; a finished one does not.
+func TestEnvListAndShowCalibrationProgress(t *testing.T) {
+	ch := testenv.ClickHouse(t)
+	st := synthesizer.SinkStore{Rows: ch.Store()}
+	ctx := context.Background()
+	at := time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC)
+	e := &synthesizer.Environment{ID: schemas.EnvironmentID("t-cal"), TriggerID: "t-cal", Environment: "sim-airline", AgentVersion: "1.4.0",
+		DictionaryVersion: 1, Capability: "precondition_verification", Status: synthesizer.StatusCalibrating, Path: synthesizer.PathLLM, Attempt: 2,
+		Progress:  &synthesizer.CalibrationProgress{Path: synthesizer.PathLLM, Attempt: 2, Done: 400, Total: 1600, StartedAt: at, At: at.Add(time.Hour)},
+		CreatedAt: at, UpdatedAt: at.Add(time.Hour), Version: 3}
+	if err := st.SaveEnvironment(ctx, e); err != nil {
+		t.Fatal(err)
+	}
+	sets := []string{"--set", "clickhouse.addr=" + ch.Addr, "--set", "clickhouse.database=" + ch.Database}
+	out, err := runCLI(t, ctx, append([]string{"env", "list"}, sets...)...)
+	if err != nil || !strings.Contains(out, "CALIBRATING 400/1600 (25 %)") {
+		t.Fatalf("list: %v\n%s", err, out)
+	}
+	out, err = runCLI(t, ctx, append([]string{"env", "list", "--format", "json"}, sets...)...)
+	var rows []struct {
+		Status   string                           `json:"status"`
+		Progress *synthesizer.CalibrationProgress `json:"calibration_progress"`
+	}
+	if err != nil || json.Unmarshal([]byte(out), &rows) != nil || len(rows) != 1 || rows[0].Status != "CALIBRATING" ||
+		rows[0].Progress == nil || rows[0].Progress.Done != 400 || rows[0].Progress.Total != 1600 {
+		t.Fatalf("list json: %v\n%s", err, out)
+	}
+	out, err = runCLI(t, ctx, append([]string{"env", "show", e.ID}, sets...)...)
+	if err != nil || !strings.Contains(out, "environment "+e.ID+": CALIBRATING 400/1600 (25 %)") ||
+		!strings.Contains(out, "calibrating attempt 2: 400 of 1600 rollouts played (25 %) at 2026-12-01T11:00:00Z, started 2026-12-01T10:00:00Z") {
+		t.Fatalf("show: %v\n%s", err, out)
+	}
+	out, err = runCLI(t, ctx, append([]string{"env", "show", e.ID, "--json"}, sets...)...)
+	var one synthesizer.Environment
+	if err != nil || json.Unmarshal([]byte(out), &one) != nil || one.Progress == nil || *one.Progress != *e.Progress {
+		t.Fatalf("show json: %v\n%s", err, out)
+	}
+	// Calibrated and on to the next attempt: no progress shown.
+	e.Status, e.Attempt, e.Version = synthesizer.StatusGenerating, 3, 4
+	if err := st.SaveEnvironment(ctx, e); err != nil {
+		t.Fatal(err)
+	}
+	out, err = runCLI(t, ctx, append([]string{"env", "list"}, sets...)...)
+	if err != nil || strings.Contains(out, "400/1600") || !strings.Contains(out, "GENERATING") {
+		t.Fatalf("list after: %v\n%s", err, out)
+	}
+}

@@ -86,8 +86,13 @@ type EnvironmentRow struct {
 	PassAtK      map[string]float64 `json:"pass_at_k,omitempty"`
 	PassAt       []passAt           `json:"-"` // PassAtK by k, for the page (a map ranges @1, @16, @4)
 	Simulated    bool               `json:"simulated"`
-	CreatedAt    string             `json:"created_at"`
-	UpdatedAt    string             `json:"updated_at"`
+	// Progress is the calibration's: the running one's while the status
+	// is CALIBRATING, else the last one's as it ended. ProgressText is the
+	// running one's "400/1600 (25 %)", for the page.
+	Progress     *synthesizer.CalibrationProgress `json:"calibration_progress,omitempty"`
+	ProgressText string                           `json:"-"`
+	CreatedAt    string                           `json:"created_at"`
+	UpdatedAt    string                           `json:"updated_at"`
 }
 
 func (s *server) environments(ctx context.Context, p environmentsParams) (EnvironmentsResponse, error) {
@@ -112,7 +117,10 @@ func (s *server) environments(ctx context.Context, p environmentsParams) (Enviro
 	for _, e := range es {
 		row := EnvironmentRow{ID: e.ID, Environment: e.Environment, AgentVersion: e.AgentVersion, Capability: e.Capability,
 			Status: string(e.Status), Reason: e.Reason, Attempts: e.Attempt, Family: e.Family, Tools: e.Tools,
-			CreatedAt: fmtTS(e.CreatedAt), UpdatedAt: fmtTS(e.UpdatedAt)}
+			Progress: e.Progress, CreatedAt: fmtTS(e.CreatedAt), UpdatedAt: fmtTS(e.UpdatedAt)}
+		if p := e.CalibratingProgress(); p != nil {
+			row.ProgressText = p.Text()
+		}
 		if row.Tools == nil {
 			row.Tools = []string{}
 		}

@@ -258,3 +258,41 @@ func TestEnvironmentCountsCoverTheWholeTable(t *testing.T) {
 		}
 	}
 }
+
+// TestEnvironmentsShowCalibrationProgress: an environment being calibrated
+// shows how far its calibration got (its record's progress) on the
+// Environments page, on its own page and in the JSON, not only
+// CALIBRATING.
+func TestEnvironmentsShowCalibrationProgress(t *testing.T) {
+	st := synthesizer.SinkStore{Rows: openStore(t)}
+	at := time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC)
+	e := &synthesizer.Environment{ID: schemas.EnvironmentID("t-cal"), TriggerID: "t-cal", Environment: "sim-airline", AgentVersion: "1.4.0",
+		DictionaryVersion: 1, Capability: "precondition_verification", Status: synthesizer.StatusCalibrating, Path: synthesizer.PathTemplate, Attempt: 1,
+		Progress:  &synthesizer.CalibrationProgress{Path: synthesizer.PathTemplate, Attempt: 1, Done: 400, Total: 1600, StartedAt: at, At: at.Add(time.Hour)},
+		CreatedAt: at, UpdatedAt: at.Add(time.Hour), Version: 3}
+	if err := st.SaveEnvironment(context.Background(), e); err != nil {
+		t.Fatal(err)
+	}
+	h := New(Deps{Environments: st})
+	var list EnvironmentsResponse
+	getJSON(t, h, "/api/environments", &list)
+	if len(list.Environments) != 1 || list.Environments[0].Progress == nil || *list.Environments[0].Progress != *e.Progress {
+		t.Fatalf("%+v", list)
+	}
+	var one synthesizer.Environment
+	getJSON(t, h, "/api/environments/"+e.ID, &one)
+	if one.Progress == nil || *one.Progress != *e.Progress {
+		t.Fatalf("%+v", one.Progress)
+	}
+	_, body := getStatus(h, "/environments")
+	if !strings.Contains(body, `status-CALIBRATING">CALIBRATING</span> <span class="progress">400/1600 (25 %)</span>`) {
+		t.Errorf("list page lacks the progress:\n%s", body)
+	}
+	_, body = getStatus(h, "/environment?id="+e.ID)
+	for _, want := range []string{`<span class="progress" id="calibration-progress">400/1600 (25 %)</span>`,
+		`id="calibration-progress-detail">400 of 1600 rollouts played (25 %) at ` + fmtTS(at.Add(time.Hour))} {
+		if !strings.Contains(body, want) {
+			t.Errorf("environment page lacks %q:\n%s", want, body)
+		}
+	}
+}
