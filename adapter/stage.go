@@ -438,10 +438,19 @@ func (s *Stage) handleEvent(ctx context.Context, e *schemas.TrainingEvent, key s
 		_ = json.Unmarshal([]byte(job.Spec), &spec)
 		next.DeadlineAt = now.Add(time.Duration(max(spec.Report.DeadlineSeconds, 1)) * time.Second)
 	}
+	// A started event begins a run: on a job already RUNNING it is a
+	// second worker's (the nats backend redelivers a job whose worker died
+	// without acking it), which trains from the start; the job's
+	// iteration and mean reward are that run's from now on, not the dead
+	// one's.
+	if e.Type == schemas.EventStarted && job.Status == StatusRunning {
+		next.Iteration, next.MeanReward = 0, 0
+		s.cfg.Log.Info("adapter: training job started again (another worker took it over)", "job", e.JobID, "worker", e.Worker)
+	}
 	// Progress of an earlier iteration than the job's (a redelivery that
 	// comes back behind the events after it) is history only: the job
 	// keeps its newest iteration and mean reward.
-	late := e.Iteration != nil && uint32(max(*e.Iteration, 0)) < job.Iteration
+	late := e.Iteration != nil && uint32(max(*e.Iteration, 0)) < next.Iteration
 	if e.Iteration != nil && !late {
 		next.Iteration = uint32(max(*e.Iteration, 0))
 	}

@@ -9,6 +9,10 @@
                    until SIGTERM. A NATS outage does not stop a job; its
                    terminal event is retried until delivered, and kept in
                    --spool-dir for the next start if the worker stops first.
+                   A job is acked once its terminal event is out (in-progress
+                   acks meanwhile): a job whose worker dies is redelivered to
+                   another; one delivered more than --max-deliveries times is
+                   reported failed.
 """
 
 import argparse
@@ -110,6 +114,9 @@ def main(argv=None) -> int:
     p.add_argument("--spool-dir", default=None,
                    help="--nats: where a terminal event NATS has not taken yet is kept, and sent from at the next start "
                         "(default $XDG_STATE_HOME/trace-trainer/undelivered, else ~/.local/state/trace-trainer/undelivered)")
+    p.add_argument("--max-deliveries", type=_at_least(1), default=3,
+                   help="--nats: a job delivered more times than this (each worker that took it died without "
+                        "reporting an end) is reported failed (default 3)")
     a = p.parse_args(argv)
     missing = missing_dependencies()
     if missing and a.nats:
@@ -125,7 +132,7 @@ def main(argv=None) -> int:
         except ValueError as e:
             print(f"trace-trainer: {e}", file=sys.stderr)
             return 2
-        return serve(a.nats, opts, a.worker, spool)
+        return serve(a.nats, opts, a.worker, spool, a.max_deliveries)
 
     try:
         with open(a.spec) as f:

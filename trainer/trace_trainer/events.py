@@ -21,13 +21,13 @@ class Emitter:
     sink(subject, data). Thread-safe: training runs in one thread, the
     heartbeat in another."""
 
-    def __init__(self, job: dict, sink, worker: str | None = None):
+    def __init__(self, job: dict, sink, worker: str | None = None, seq_start: int = 0):
         self.job_id = job["job_id"]
         self.subject = job["report"]["events_subject"]
         self.heartbeat_seconds = max(1, int(job["report"].get("heartbeat_seconds", 30)))
         self.worker = worker or "trace-trainer@" + socket.gethostname()
         self._sink = sink
-        self._seq = 0
+        self._seq = seq_start  # a redelivered job's worker numbers on past the earlier ones
         self._lock = threading.Lock()
         self._last = 0.0
         self._done = False  # the terminal event was sent

@@ -2,11 +2,21 @@
 queue trace.training.jobs (stream TRACE_TRAINING_JOBS, durable pull
 consumer trace-trainers, shared by every worker: one worker per job) and
 publishing its events on the job's events subject
-(trace.training.events.<job_id>). A job is acknowledged when taken (the
-work queue drops it; trace's deadline fails a job whose worker dies), run
-in a thread, its events published from that thread through the event
-loop. SIGTERM stops taking jobs; a running job stops after its current
-step and is reported failed.
+(trace.training.events.<job_id>). A job is acknowledged when its
+terminal event is published, not when it is taken: while it trains, the
+worker sends in-progress acks every third of the consumer's ack wait, so
+a worker that dies (killed, out of memory, preempted) leaves the job to
+be redelivered to another worker one ack wait later. That worker numbers
+its events from (deliveries - 1) x SEQ_STRIDE, so that they are not taken
+for the earlier worker's (a repeated seq is one event for trace). A job
+delivered more than max_deliveries times is reported failed and
+terminated (it killed every worker that took it); a job whose events
+subject already ends with a terminal event (trace failed it past its
+deadline, it was cancelled, or a worker's ack was lost after it
+finished) is acknowledged without training. The job runs in a thread,
+its events published from that thread through the event loop. SIGTERM
+stops taking jobs; a running job stops after its current step and is
+reported failed.
 
 A NATS outage never aborts a job (the connection reconnects for ever).
 Events other than the terminal one (started, progress, heartbeat) are
@@ -27,6 +37,7 @@ import sys
 import threading
 
 import nats
+import nats.js.errors
 from nats.js.api import AckPolicy, ConsumerConfig
 
 from . import train
@@ -35,7 +46,17 @@ from .events import Emitter
 STREAM = "TRACE_TRAINING_JOBS"
 SUBJECT = "trace.training.jobs"
 DURABLE = "trace-trainers"
+EVENTS_STREAM = "TRACE_TRAINING_EVENTS"
 TERMINAL = ("succeeded", "failed")
+# The consumer's ack wait when trace's bus or this worker creates it
+# (internal/bus/training.go); the worker sends in-progress acks every
+# third of the ack wait of the consumer it finds.
+ACK_WAIT = 300
+# A redelivered job's events are numbered from (deliveries - 1) x SEQ_STRIDE.
+SEQ_STRIDE = 1_000_000_000
+# Deliveries of one job before it is reported failed (every worker that
+# took it died without an end).
+MAX_DELIVERIES = 3
 
 # Seconds one publish may wait for JetStream's acknowledgement.
 PUBLISH_TIMEOUT = 30
@@ -214,7 +235,56 @@ def check_spool_dir(path: str) -> str:
     return path
 
 
-async def _serve(url: str, opts: train.Options, worker: str | None, spool_dir: str) -> int:
+async def _ended(js, job: dict) -> str | None:
+    """The type of the terminal event the job's events subject ends with
+    (the job ended: failed by trace past its deadline, cancelled, or
+    finished by a worker whose ack was lost), None when it does not or
+    that cannot be told (the job is trained)."""
+    try:
+        m = await js.get_last_msg(EVENTS_STREAM, job["report"]["events_subject"])
+        t = json.loads(m.data).get("type")
+    except nats.js.errors.NotFoundError:
+        return None
+    except Exception as e:
+        _log(f"job {job['job_id']}: could not read its last event, training it: {type(e).__name__}: {e}")
+        return None
+    return t if t in TERMINAL else None
+
+
+async def _keep_in_progress(m, every: float, job_id: str):
+    """In-progress acks for m every `every` seconds until cancelled: the
+    job is not redelivered while this worker has it."""
+    while True:
+        await asyncio.sleep(every)
+        try:
+            await m.in_progress()
+        except Exception as e:  # NATS is down: past the ack wait the job goes to another worker
+            _log(f"job {job_id}: in-progress ack not sent: {type(e).__name__}: {e}")
+
+
+async def _ack(nc, m, job_id: str, stopping: asyncio.Event):
+    """Acknowledges a finished job, confirmed by the server, retrying
+    while NATS is unreachable; a worker stopping gives up (the job is
+    redelivered, and the next worker finds its terminal event)."""
+    delay = RETRY_INITIAL
+    while True:
+        try:
+            if not nc.is_connected:
+                raise nats.errors.ConnectionReconnectingError
+            await m.ack_sync(timeout=PUBLISH_TIMEOUT)
+            return
+        except Exception as e:
+            if stopping.is_set():
+                _log(f"job {job_id}: not acknowledged before stopping ({type(e).__name__}: {e}); "
+                     "it is redelivered, and skipped if its terminal event is stored")
+                return
+            _log(f"job {job_id}: ack not confirmed, retrying: {type(e).__name__}: {e}")
+        await asyncio.sleep(delay * random.uniform(0.8, 1.2))
+        delay = min(delay * 2, RETRY_MAX)
+
+
+async def _serve(url: str, opts: train.Options, worker: str | None, spool_dir: str,
+                 max_deliveries: int = MAX_DELIVERIES) -> int:
     loop = asyncio.get_running_loop()
     pub = None
 
@@ -243,8 +313,10 @@ async def _serve(url: str, opts: train.Options, worker: str | None, spool_dir: s
             _log("spooled terminal events sent")
         # The same consumer settings as trace's bus (internal/bus/training.go).
         sub = await js.pull_subscribe(SUBJECT, durable=DURABLE, stream=STREAM,
-                                      config=ConsumerConfig(ack_policy=AckPolicy.EXPLICIT, max_ack_pending=1, ack_wait=300))
-        _log(f"waiting for jobs on {SUBJECT} ({url})")
+                                      config=ConsumerConfig(ack_policy=AckPolicy.EXPLICIT, max_ack_pending=1, ack_wait=ACK_WAIT))
+        ack_wait = (await sub.consumer_info()).config.ack_wait or ACK_WAIT
+        every = max(ack_wait / 3, 0.1)
+        _log(f"waiting for jobs on {SUBJECT} ({url}); in-progress acks every {every:g} s (ack wait {ack_wait:g} s)")
         while not stopping.is_set():
             try:
                 msgs = await sub.fetch(1, timeout=1)
@@ -269,17 +341,34 @@ async def _serve(url: str, opts: train.Options, worker: str | None, spool_dir: s
                     await m.term()
                     await _report_bad_job(js, job, worker, e)
                     continue
-                try:
-                    await m.ack()
-                except nats.errors.Error as e:  # not taken: the work queue redelivers it
-                    _log(f"job {job['job_id']} not acknowledged, left to the queue: {type(e).__name__}: {e}")
+                jid = job["job_id"]
+                ended = await _ended(js, job)
+                if ended:
+                    _log(f"job {jid} already ended ({ended} event stored): acknowledged without training")
+                    await _ack(nc, m, jid, stopping)
                     continue
-                _log(f"job {job['job_id']}")
+                deliveries = m.metadata.num_delivered
+                if deliveries > max_deliveries:
+                    _log(f"job {jid} delivered {deliveries} times: reported failed and terminated")
+                    await m.term()
+                    await _report_bad_job(js, job, worker, RuntimeError(
+                        f"the job was delivered {deliveries} times (more than {max_deliveries}): each worker that took it "
+                        "stopped without reporting an end (killed, out of memory, preempted, or NATS unreachable past "
+                        "the ack wait)"), seq=(deliveries - 1) * SEQ_STRIDE, prefix="")
+                    continue
+                _log(f"job {jid}" + (f" (delivery {deliveries}: an earlier worker stopped without reporting an end)"
+                                     if deliveries > 1 else ""))
                 from .__main__ import run_job
 
                 pub.begin()
-                ok = await asyncio.to_thread(run_job, job, Emitter(job, pub.send, worker), opts)
-                _log(f"job {job['job_id']} {'succeeded' if ok else 'failed'}")
+                keep = asyncio.create_task(_keep_in_progress(m, every, jid))
+                try:
+                    ok = await asyncio.to_thread(run_job, job, Emitter(job, pub.send, worker, (deliveries - 1) * SEQ_STRIDE),
+                                                 opts)
+                finally:
+                    keep.cancel()
+                _log(f"job {jid} {'succeeded' if ok else 'failed'}")
+                await _ack(nc, m, jid, stopping)
     finally:
         try:
             if sub is not None:
@@ -288,11 +377,15 @@ async def _serve(url: str, opts: train.Options, worker: str | None, spool_dir: s
                 await sub.unsubscribe()
             await nc.drain()
         except Exception:
-            await nc.close()
+            try:
+                await nc.close()
+            except Exception as e:  # NATS is down: nothing left to flush to
+                _log(f"closing the NATS connection: {type(e).__name__}: {e}")
     return 0
 
 
-async def _report_bad_job(js, job, worker: str | None, err: Exception):
+async def _report_bad_job(js, job, worker: str | None, err: Exception, seq: int = 0,
+                          prefix: str = "the trainer cannot run this job: "):
     """Reports a job this worker cannot run as failed, when it names its job
     and events subject, so that trace fails it now rather than at its
     deadline; a job that names neither can only be logged."""
@@ -302,13 +395,14 @@ async def _report_bad_job(js, job, worker: str | None, err: Exception):
         return
     sent = []
     try:
-        Emitter(job, lambda subject, data: sent.append((subject, data)), worker).emit(
-            "failed", reason=f"the trainer cannot run this job: {err}"[:2000])
+        Emitter(job, lambda subject, data: sent.append((subject, data)), worker, seq).emit(
+            "failed", reason=f"{prefix}{err}"[:2000])
         for subject, data in sent:
             await js.publish(subject, data)
     except Exception as e:  # the deadline still fails the job
         _log(f"reporting the bad job {job['job_id']}: {e}")
 
 
-def serve(url: str, opts: train.Options, worker: str | None, spool_dir: str | None = None) -> int:
-    return asyncio.run(_serve(url, opts, worker, check_spool_dir(spool_dir or default_spool_dir())))
+def serve(url: str, opts: train.Options, worker: str | None, spool_dir: str | None = None,
+          max_deliveries: int = MAX_DELIVERIES) -> int:
+    return asyncio.run(_serve(url, opts, worker, check_spool_dir(spool_dir or default_spool_dir()), max_deliveries))

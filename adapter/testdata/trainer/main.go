@@ -9,6 +9,11 @@
 //	…silent… started, then nothing (trace's deadline must fail the job)
 //	else     started, one progress per iteration (at most 3), succeeded
 //
+// A job stays un-acked while it runs, with an in-progress ack every third
+// of the consumer's ack wait, and is acked (confirmed by the server) once
+// its last event is published: a trainer that dies leaves it to be
+// redelivered to another one (docs/training-protocol.md, section 3).
+//
 // It prints "job <id> <mode>" for each job it took, and runs until SIGTERM.
 package main
 
@@ -72,8 +77,27 @@ func main() {
 				_ = m.Term()
 				continue
 			}
-			_ = m.Ack() // taken: the work queue drops it
+			// In progress until its last event is out, then acked: the work
+			// queue drops it.
+			every := max(cons.CachedInfo().Config.AckWait/3, 100*time.Millisecond)
+			done := make(chan struct{})
+			go func() {
+				t := time.NewTicker(every)
+				defer t.Stop()
+				for {
+					select {
+					case <-done:
+						return
+					case <-t.C:
+						_ = m.InProgress()
+					}
+				}
+			}()
 			run(ctx, js, j)
+			close(done)
+			if err := m.DoubleAck(ctx); err != nil {
+				fmt.Println("ack:", err) // redelivered after the ack wait
+			}
 		}
 	}
 }

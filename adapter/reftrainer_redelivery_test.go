@@ -1,0 +1,252 @@
+package adapter_test
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/traceops/trace/adapter"
+	"github.com/traceops/trace/internal/bus"
+	"github.com/traceops/trace/internal/dev/testenv"
+	"github.com/traceops/trace/schemas"
+	"github.com/traceops/trace/sink"
+)
+
+// redeliveryHarness runs the reference trainer's NATS worker (trace_trainer
+// worker.serve, unchanged) named argv[3], with the training itself
+// replaced: a job reports started, then, with argv[5] "progress", a
+// progress event (iteration 3, mean reward 0.9) every 0.1 s for ever (a
+// worker to kill); otherwise it waits for the file argv[2]/release-<job>,
+// reports one progress event (iteration 1, mean reward 0.25) and returns
+// its adapter. argv[4] is the worker's --max-deliveries.
+const redeliveryHarness = `
+import os, sys, time
+sys.path.insert(0, sys.argv[1])
+from trace_trainer import train, worker
+
+dir, name, max_deliveries, mode = sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5]
+
+def run(job, emit, opts):
+    emit("started", iterations=3)
+    if mode == "progress":
+        while not train.stop_requested.is_set():
+            emit("progress", iteration=3, iterations=3, mean_reward=0.9, reward_std=0.1)
+            time.sleep(0.1)
+        raise train.JobError("stopped")
+    while not os.path.exists(os.path.join(dir, "release-" + job["job_id"])):
+        time.sleep(0.05)
+    emit("progress", iteration=1, iterations=3, mean_reward=0.25, reward_std=0.1)
+    return {"adapter": {"name": job["output"]["adapter_name"], "uri": job["output"]["uri"]},
+            "eval": {"mean_reward": 0.7, "success_rate": 0.5, "episodes": 4, "base_mean_reward": 0.4}}
+
+train.run = run
+sys.exit(worker.serve(os.environ["NATS_URL"], train.Options(), name, os.path.join(dir, "spool-" + name), max_deliveries))
+`
+
+// startRedeliveryWorker runs redeliveryHarness as worker name (killed when
+// t ends).
+func startRedeliveryWorker(t *testing.T, py, dir, natsURL, name string, maxDeliveries int, mode string) *outageWorker {
+	t.Helper()
+	trainerDir, err := filepath.Abs("../trainer")
+	if err != nil {
+		t.Fatal(err)
+	}
+	harness := filepath.Join(dir, "redelivery.py")
+	if err := os.WriteFile(harness, []byte(redeliveryHarness), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(py, harness, trainerDir, dir, name, itoa(maxDeliveries), mode)
+	cmd.Env = append(os.Environ(), "NATS_URL="+natsURL)
+	out := &testenv.SyncBuffer{}
+	cmd.Stdout, cmd.Stderr = out, out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	w := &outageWorker{cmd: cmd, exited: make(chan error, 1), out: out}
+	go func() { w.exited <- cmd.Wait() }()
+	t.Cleanup(func() {
+		if cmd.ProcessState == nil {
+			cmd.Process.Kill()
+			<-w.exited
+		}
+		t.Logf("worker %s's output:\n%s", name, out.String())
+	})
+	return w
+}
+
+func itoa(n int) string { b, _ := json.Marshal(n); return string(b) }
+
+// kill ends the worker as a crash would (SIGKILL: no terminal event, no
+// ack).
+func (w *outageWorker) kill(t *testing.T) {
+	t.Helper()
+	w.cmd.Process.Signal(syscall.SIGKILL)
+	select {
+	case <-w.exited:
+	case <-time.After(30 * time.Second):
+		t.Fatal("a killed worker did not exit")
+	}
+}
+
+// jobHistory is a job's history in ClickHouse, as "type worker seq" lines
+// (trace's own entries without worker and seq).
+func jobHistory(t *testing.T, st *sink.Store, job string) []string {
+	t.Helper()
+	evs, err := st.TrainingEvents(context.Background(), job)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, e := range evs {
+		var p struct {
+			Worker string `json:"worker"`
+			Seq    *int64 `json:"seq"`
+		}
+		_ = json.Unmarshal([]byte(e.Payload), &p)
+		line := e.Type
+		if p.Worker != "" {
+			line += " " + p.Worker
+		}
+		if p.Seq != nil {
+			line += " " + itoa(int(*p.Seq))
+		}
+		out = append(out, line)
+	}
+	return out
+}
+
+// TestReferenceTrainerCrashRedeliversTheJob: the reference trainer's NATS
+// worker keeps its job un-acked while it trains, with in-progress acks
+// below the consumer's ack wait, and acks it when its terminal event is
+// published. So a second worker waiting beside it does not get the job
+// while the first one lives (three ack waits), and gets it one ack wait
+// after the first is killed (SIGKILL: no event, no ack), long before the
+// job's deadline: it trains it from the start, numbering its events past
+// the first worker's (both runs are in the history, neither overwrites
+// the other), the adapt role restarts the job's iteration and mean reward
+// with the second started, and the job SUCCEEDED with the second run's
+// adapter leaves the work queue empty. A job delivered more times than a
+// worker's --max-deliveries (every worker that took it died) is reported
+// FAILED at once, with the deliveries in the reason, and terminated.
+func TestReferenceTrainerCrashRedeliversTheJob(t *testing.T) {
+	py := trainerPython(t)
+	srv := testenv.NATS(t)
+	st := testenv.ClickHouse(t).Store()
+	ctx := context.Background()
+	b, err := bus.Connect(ctx, bus.Config{URL: srv.URL()}, "test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	const ackWait = 2 * time.Second
+	if _, err := b.TrainerConsumer(ctx, ackWait); err != nil { // as trace's bus makes it, with a short ack wait
+		t.Fatal(err)
+	}
+	pc := fastPlan()
+	pc.Deadline = 2 * time.Minute // the redelivery, not the deadline, saves the job
+	r := startRolePlan(t, b, st, pc, 200*time.Millisecond)
+	defer r.stop()
+	dir := t.TempDir()
+	status := func(id string) *sink.TrainingJobRow {
+		j, err := st.TrainingJob(ctx, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if j == nil {
+			return &sink.TrainingJobRow{}
+		}
+		return j
+	}
+	has := func(id, line string) func() bool {
+		return func() bool {
+			for _, l := range jobHistory(t, st, id) {
+				if strings.HasPrefix(l, line) {
+					return true
+				}
+			}
+			return false
+		}
+	}
+
+	a := startRedeliveryWorker(t, py, dir, srv.URL(), "worker-a", 3, "progress")
+	ready := readyFor("t-redeliver", "precondition_verification")
+	if err := b.PublishEnvironmentReady(ctx, ready); err != nil {
+		t.Fatal(err)
+	}
+	id := schemas.TrainingJobID(ready.EnvironmentID, 1)
+	waitFor(t, "worker-a's progress applied", 60*time.Second, func() bool { j := status(id); return j.Iteration == 3 && j.MeanReward == 0.9 })
+	bw := startRedeliveryWorker(t, py, dir, srv.URL(), "worker-b", 3, "wait")
+	time.Sleep(3 * ackWait)
+	if has(id, "started worker-b")() {
+		t.Fatalf("worker-b got the job while worker-a trained it: %v", jobHistory(t, st, id))
+	}
+
+	a.kill(t)
+	killed := time.Now()
+	waitFor(t, "worker-b's started applied", 30*time.Second, has(id, "started worker-b"))
+	t.Logf("redelivered %.1fs after the kill (ack wait %v)", time.Since(killed).Seconds(), ackWait)
+	if j := status(id); j.Status != adapter.StatusRunning || j.Iteration != 0 || j.MeanReward != 0 {
+		t.Errorf("after worker-b's started: %s iteration %d mean reward %.2f, want RUNNING 0 0 (worker-a's run is over)", j.Status, j.Iteration, j.MeanReward)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "release-"+id), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the job to end", 30*time.Second, func() bool { return adapter.Terminal(status(id).Status) })
+	j := status(id)
+	if j.Status != adapter.StatusSucceeded || j.Iteration != 1 || j.MeanReward != 0.25 {
+		t.Errorf("job %s: %s iteration %d mean reward %.2f (%s), want SUCCEEDED with worker-b's iteration 1, 0.25", id, j.Status, j.Iteration, j.MeanReward, j.Reason)
+	}
+	hist := jobHistory(t, st, id)
+	want := []string{"started worker-a 0", "progress worker-a 1", "started worker-b 1000000000", "progress worker-b 1000000001", "succeeded worker-b 1000000002"}
+	for _, w := range want {
+		if !strings.Contains(strings.Join(hist, "\n")+"\n", w+"\n") {
+			t.Errorf("history lacks %q: %v", w, hist)
+		}
+	}
+	waitFor(t, "the job acked off the work queue", 30*time.Second, func() bool { return queued(t, b) == 0 })
+	if a, err := st.Adapter(ctx, j.AdapterName); err != nil || a == nil || a.JobID != id {
+		t.Errorf("adapter %s: %+v %v", j.AdapterName, a, err)
+	}
+
+	// A second job: worker-b dies training it, and the only worker left
+	// takes at most one delivery.
+	bw.cmd.Process.Kill()
+	<-bw.exited
+	c := startRedeliveryWorker(t, py, dir, srv.URL(), "worker-c", 3, "progress")
+	ready2 := readyFor("t-redeliver-2", "precondition_verification")
+	if err := b.PublishEnvironmentReady(ctx, ready2); err != nil {
+		t.Fatal(err)
+	}
+	id2 := schemas.TrainingJobID(ready2.EnvironmentID, 1)
+	waitFor(t, "worker-c's progress on the second job", 60*time.Second, has(id2, "progress worker-c"))
+	c.kill(t)
+	startRedeliveryWorker(t, py, dir, srv.URL(), "worker-d", 1, "wait")
+	waitFor(t, "the second job to end", 60*time.Second, func() bool { return adapter.Terminal(status(id2).Status) })
+	if j := status(id2); j.Status != adapter.StatusFailed || !strings.Contains(j.Reason, "delivered 2 times (more than 1)") {
+		t.Errorf("second job: %s %q, want FAILED for its deliveries", j.Status, j.Reason)
+	}
+	if has(id2, "started worker-d")() {
+		t.Errorf("worker-d trained a job past its deliveries: %v", jobHistory(t, st, id2))
+	}
+	waitFor(t, "the second job terminated off the work queue", 30*time.Second, func() bool { return queued(t, b) == 0 })
+}
+
+// queued is the number of jobs on the trainers' work queue (taken or not).
+func queued(t *testing.T, b *bus.Bus) uint64 {
+	t.Helper()
+	s, err := b.JS.Stream(context.Background(), bus.StreamTrainingJobs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := s.Info(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return info.State.Msgs
+}
