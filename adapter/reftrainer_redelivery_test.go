@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/traceops/trace/adapter"
 	"github.com/traceops/trace/internal/bus"
 	"github.com/traceops/trace/internal/dev/testenv"
@@ -249,4 +251,67 @@ func queued(t *testing.T, b *bus.Bus) uint64 {
 		t.Fatal(err)
 	}
 	return info.State.Msgs
+}
+
+// TestReferenceTrainersTrainInParallel: a job is acked when it ends, so the
+// consumer's MaxAckPending is how many jobs train at once fleet-wide. Two
+// reference workers on a consumer an older worker made (MaxAckPending 1,
+// when a job was acked as it was taken) raise it, and each trains one of
+// two jobs at the same time, rather than the second job waiting for the
+// first to end.
+func TestReferenceTrainersTrainInParallel(t *testing.T) {
+	py := trainerPython(t)
+	srv := testenv.NATS(t)
+	st := testenv.ClickHouse(t).Store()
+	ctx := context.Background()
+	b, err := bus.Connect(ctx, bus.Config{URL: srv.URL()}, "test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	if _, err := b.JS.CreateOrUpdateConsumer(ctx, bus.StreamTrainingJobs, jetstream.ConsumerConfig{
+		Durable: bus.DurableTrainers, AckPolicy: jetstream.AckExplicitPolicy, AckWait: 5 * time.Minute, MaxAckPending: 1,
+	}); err != nil { // as an older worker made it
+		t.Fatal(err)
+	}
+	pc := fastPlan()
+	pc.Deadline = 2 * time.Minute // the workers' start-up (Python) takes seconds
+	r := startRolePlan(t, b, st, pc, 200*time.Millisecond)
+	defer r.stop()
+	dir := t.TempDir()
+	startRedeliveryWorker(t, py, dir, srv.URL(), "worker-a", 3, "progress")
+	startRedeliveryWorker(t, py, dir, srv.URL(), "worker-b", 3, "progress")
+	var ids []string
+	for _, trig := range []string{"t-parallel-1", "t-parallel-2"} {
+		ready := readyFor(trig, "precondition_verification")
+		if err := b.PublishEnvironmentReady(ctx, ready); err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, schemas.TrainingJobID(ready.EnvironmentID, 1))
+	}
+	// Both train for ever ("progress"): both jobs RUNNING with progress
+	// means two trained at once.
+	waitFor(t, "both jobs training at once", 60*time.Second, func() bool {
+		for _, id := range ids {
+			j, err := st.TrainingJob(ctx, id)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if j == nil || j.Status != adapter.StatusRunning || j.Iteration != 3 {
+				return false
+			}
+		}
+		return true
+	})
+	c, err := b.JS.Consumer(ctx, bus.StreamTrainingJobs, bus.DurableTrainers)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := c.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.Config.MaxAckPending != bus.TrainerMaxAckPending || info.NumAckPending != 2 {
+		t.Fatalf("consumer MaxAckPending %d with %d pending, want %d with both jobs pending", info.Config.MaxAckPending, info.NumAckPending, bus.TrainerMaxAckPending)
+	}
 }

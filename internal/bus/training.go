@@ -71,12 +71,18 @@ func (b *Bus) TrainingEventsConsumer(ctx context.Context, ackWait time.Duration)
 	return c, nil
 }
 
+// TrainerMaxAckPending bounds the jobs the trainer workers hold un-acked
+// at once, fleet-wide: a worker acks a job when its terminal event is
+// out, so this is how many can train at once (each worker takes one at a
+// time).
+const TrainerMaxAckPending = 1024
+
 // TrainerConsumer is the durable consumer trainer workers share on
 // TRACE_TRAINING_JOBS (a work queue admits one consumer per subject).
 func (b *Bus) TrainerConsumer(ctx context.Context, ackWait time.Duration) (jetstream.Consumer, error) {
 	c, err := b.JS.CreateOrUpdateConsumer(ctx, StreamTrainingJobs, jetstream.ConsumerConfig{
 		Durable: DurableTrainers, Description: "trainer workers", AckPolicy: jetstream.AckExplicitPolicy,
-		AckWait: cmpDur(ackWait, 5*time.Minute), MaxAckPending: 1,
+		AckWait: cmpDur(ackWait, 5*time.Minute), MaxAckPending: TrainerMaxAckPending,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("nats: trainer consumer: %w", err)

@@ -54,6 +54,10 @@ TERMINAL = ("succeeded", "failed")
 ACK_WAIT = 300
 # A redelivered job's events are numbered from (deliveries - 1) x SEQ_STRIDE.
 SEQ_STRIDE = 1_000_000_000
+# Jobs held un-acked at once by all the workers of the consumer (a job is
+# acked when it ends, so this is how many train at once): as trace's bus
+# makes the consumer (TrainerMaxAckPending, internal/bus/training.go).
+MAX_ACK_PENDING = 1024
 # Deliveries of one job before it is reported failed (every worker that
 # took it died without an end).
 MAX_DELIVERIES = 3
@@ -251,6 +255,23 @@ async def _ended(js, job: dict) -> str | None:
     return t if t in TERMINAL else None
 
 
+async def _raise_max_ack_pending(js, info):
+    """Raises the existing consumer's max_ack_pending to MAX_ACK_PENDING,
+    its other settings kept; on failure the consumer stays as it is, with a
+    warning (jobs then train one at a time fleet-wide)."""
+    was = info.config.max_ack_pending
+    try:
+        cfg = info.config
+        cfg.max_ack_pending = MAX_ACK_PENDING
+        info = await js.add_consumer(STREAM, config=cfg)
+        _log(f"consumer {DURABLE}: max_ack_pending raised from {was} to {MAX_ACK_PENDING} (jobs are acked when they end)")
+    except Exception as e:
+        _log(f"WARNING: consumer {DURABLE} has max_ack_pending {was}, and raising it failed ({type(e).__name__}: {e}): "
+             f"only {was} job(s) can train at once across all workers; raise it with "
+             f"`nats consumer edit {STREAM} {DURABLE} --max-pending {MAX_ACK_PENDING}`")
+    return info
+
+
 async def _keep_in_progress(m, every: float, job_id: str):
     """In-progress acks for m every `every` seconds until cancelled: the
     job is not redelivered while this worker has it."""
@@ -313,8 +334,14 @@ async def _serve(url: str, opts: train.Options, worker: str | None, spool_dir: s
             _log("spooled terminal events sent")
         # The same consumer settings as trace's bus (internal/bus/training.go).
         sub = await js.pull_subscribe(SUBJECT, durable=DURABLE, stream=STREAM,
-                                      config=ConsumerConfig(ack_policy=AckPolicy.EXPLICIT, max_ack_pending=1, ack_wait=ACK_WAIT))
-        ack_wait = (await sub.consumer_info()).config.ack_wait or ACK_WAIT
+                                      config=ConsumerConfig(ack_policy=AckPolicy.EXPLICIT, max_ack_pending=MAX_ACK_PENDING,
+                                                            ack_wait=ACK_WAIT))
+        info = await sub.consumer_info()
+        if (info.config.max_ack_pending or 0) < MAX_ACK_PENDING:
+            # Made by an older worker, which acked a job when it took it:
+            # its limit (1) would let one job train at a time fleet-wide.
+            info = await _raise_max_ack_pending(js, info)
+        ack_wait = info.config.ack_wait or ACK_WAIT
         every = max(ack_wait / 3, 0.1)
         _log(f"waiting for jobs on {SUBJECT} ({url}); in-progress acks every {every:g} s (ack wait {ack_wait:g} s)")
         while not stopping.is_set():

@@ -61,7 +61,7 @@ func main() {
 		fail(err)
 	}
 	cons, err := js.CreateOrUpdateConsumer(ctx, "TRACE_TRAINING_JOBS", jetstream.ConsumerConfig{
-		Durable: "trace-trainers", AckPolicy: jetstream.AckExplicitPolicy, MaxAckPending: 1})
+		Durable: "trace-trainers", AckPolicy: jetstream.AckExplicitPolicy, AckWait: 5 * time.Minute, MaxAckPending: 1024}) // as trace's bus makes it
 	if err != nil {
 		fail(err)
 	}
