@@ -54,6 +54,7 @@ const overdueJobsSQL = `SELECT ` + trainingJobColumns + ` FROM (SELECT * FROM tr
 // TrainingJobFilter selects jobs; zero fields select all.
 type TrainingJobFilter struct {
 	Status, EnvironmentID, Capability string
+	Environment                       string // the target environment (e.g. sim-airline)
 	Limit                             int
 }
 
@@ -72,7 +73,7 @@ func trainingJobCountsSQL(f TrainingJobFilter) (string, []any) {
 
 // trainingJobsWhere is the WHERE clause of f's filters ("" for none).
 func trainingJobsWhere(f TrainingJobFilter) (string, []any) {
-	return equalsWhere([][2]string{{"status", f.Status}, {"environment_id", f.EnvironmentID}, {"capability", f.Capability}})
+	return equalsWhere([][2]string{{"status", f.Status}, {"environment_id", f.EnvironmentID}, {"environment", f.Environment}, {"capability", f.Capability}})
 }
 
 // SaveTrainingJob stores a version of a job's status.

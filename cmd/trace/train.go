@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"math"
+	"regexp"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -370,7 +371,13 @@ SIMULATED.`,
 				return err
 			}
 			defer st.Close()
-			jobs, err := st.TrainingJobs(cmd.Context(), sink.TrainingJobFilter{Status: status, EnvironmentID: envID, Capability: capName, Limit: limit})
+			f := sink.TrainingJobFilter{Status: status, Capability: capName, Limit: limit}
+			if envIDPattern.MatchString(envID) {
+				f.EnvironmentID = envID
+			} else {
+				f.Environment = envID // a target environment, as --env means elsewhere
+			}
+			jobs, err := st.TrainingJobs(cmd.Context(), f)
 			if err != nil {
 				return err
 			}
@@ -415,12 +422,15 @@ SIMULATED.`,
 	}
 	cf.add(cmd)
 	cmd.Flags().StringVar(&status, "status", "", "only jobs in this status")
-	cmd.Flags().StringVar(&envID, "env", "", "only this environment id")
+	cmd.Flags().StringVar(&envID, "env", "", "only this target environment (e.g. sim-airline), or this synthesized environment's id (env-…)")
 	cmd.Flags().StringVar(&capName, "capability", "", "only this capability")
 	cmd.Flags().IntVar(&limit, "limit", 0, "at most this many (0: all)")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the jobs as JSON")
 	return cmd
 }
+
+// envIDPattern is a synthesized environment's id (schemas.EnvironmentID).
+var envIDPattern = regexp.MustCompile(`^env-[0-9a-f]{16}$`)
 
 func contains(list []string, s string) bool {
 	for _, x := range list {

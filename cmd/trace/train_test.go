@@ -141,6 +141,17 @@ func TestTrainAndAdaptersCommands(t *testing.T) {
 	if err != nil || json.Unmarshal([]byte(out), &jobs) != nil || len(jobs) != 1 || jobs[0].JobID != jobID || jobs[0].Planner == nil {
 		t.Errorf("list --json (%v):\n%s", err, out)
 	}
+	// --env takes the target environment, as elsewhere, or the id.
+	for _, c := range []struct {
+		env  string
+		want int
+	}{{done.Environment, 1}, {done.ID, 1}, {"no-such-environment", 0}, {"env-0000000000000000", 0}} {
+		out, err = run("train", "list", "--env", c.env, "--json")
+		var got []jobSummary
+		if err != nil || json.Unmarshal([]byte(out), &got) != nil || len(got) != c.want {
+			t.Errorf("list --env %s (%v): %d jobs, want %d:\n%s", c.env, err, len(got), c.want, out)
+		}
+	}
 	if _, err := run("train", "list", "--status", "SOMETIMES"); err == nil || !strings.Contains(err.Error(), "--status must be one of") {
 		t.Errorf("bad status: %v", err)
 	}
