@@ -82,6 +82,13 @@ type ProxyConfig struct {
 	// base model, whose answer the caller gets: the adapter is an
 	// optimisation, the base model answers too.
 	NoAdapterFallback bool
+	// Passthrough are the upstream's other endpoints passed through
+	// unrouted, as "METHOD /v1/path" patterns of net/http's ServeMux
+	// ({name} and {name...} wildcards); nil or empty: none.
+	// DefaultPassthrough lists the inference endpoints of the OpenAI API.
+	// Never an engine's administration (vLLM's /v1/load_lora_adapter):
+	// a caller without Authorization is sent with UpstreamAPIKey.
+	Passthrough []string
 	// Registerer, when set, registers the proxy's metrics (metrics.go:
 	// trace_router_requests_total, _tokens_total, _overhead_seconds,
 	// _adapter_fallbacks_total).
@@ -132,6 +139,9 @@ func NewProxy(cfg ProxyConfig, r *Router, rec DecisionRecorder) (*Proxy, error) 
 		// /chat/completions is appended to the root, after the query.
 		u.User = nil
 		return nil, fmt.Errorf("router.upstream_url: %q has a query or fragment; it must be the API root without one", u.String())
+	}
+	if err := CheckPassthrough(cfg.Passthrough); err != nil {
+		return nil, err
 	}
 	if cfg.MaxBodyBytes <= 0 {
 		cfg.MaxBodyBytes = 32 << 20
@@ -208,19 +218,61 @@ func (p *Proxy) Handler() http.Handler {
 			writeError(w, http.StatusMethodNotAllowed, r.Method+" "+r.URL.Path+": only POST is served", "invalid_request_error")
 		})))
 	}
-	// Every other /v1/ path is the upstream's, passed through unrouted:
-	// the model list (OpenAI clients' models.list() and health checks),
-	// embeddings, the legacy completions, the Responses API, so that an
-	// application can point its whole OpenAI client at the router.
-	mux.Handle("/v1/", p.auth(http.HandlerFunc(p.passthrough)))
+	// The upstream's other inference endpoints (router.passthrough), passed
+	// through unrouted: the model list (OpenAI clients' models.list() and
+	// health checks), embeddings, the legacy completions, the Responses
+	// API, so that an application can point its whole OpenAI client at the
+	// router. Only those: the engine's administration (vLLM's adapter
+	// loads) must not be reachable with the router's upstream key.
+	for _, pat := range p.cfg.Passthrough {
+		mux.Handle(pat, p.auth(http.HandlerFunc(p.passthrough)))
+	}
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		writeError(w, http.StatusNotFound, "no route "+r.Method+" "+r.URL.Path+" (the router serves POST /v1/route and POST /v1/chat/completions, and passes the upstream's other /v1/ paths through)", "invalid_request_error")
+		writeError(w, http.StatusNotFound, "no route "+r.Method+" "+r.URL.Path+" (the router serves POST /v1/route and POST /v1/chat/completions, and passes router.passthrough's endpoints through: "+strings.Join(p.cfg.Passthrough, ", ")+")", "invalid_request_error")
 	})
 	return mux
 }
 
-// passthrough passes a request for any other /v1/ path to the upstream
-// (the same API root, method, query string and body, the headers as for a
+// DefaultPassthrough are router.passthrough's defaults: the OpenAI API's
+// inference endpoints besides chat completions.
+var DefaultPassthrough = []string{
+	"GET /v1/models", "GET /v1/models/{id...}",
+	"POST /v1/embeddings", "POST /v1/completions",
+	"POST /v1/responses", "GET /v1/responses/{id...}", "DELETE /v1/responses/{id}", "POST /v1/responses/{id}/cancel",
+}
+
+// CheckPassthrough checks router.passthrough's patterns: "METHOD /v1/…"
+// with a method, a ServeMux pattern that neither is malformed nor
+// conflicts with the routed endpoints or another of the list.
+func CheckPassthrough(patterns []string) error {
+	mux := http.NewServeMux()
+	noop := http.HandlerFunc(func(http.ResponseWriter, *http.Request) {})
+	mux.Handle("POST /v1/route", noop)
+	mux.Handle("POST /v1/chat/completions", noop)
+	mux.Handle("/v1/route", noop)
+	mux.Handle("/v1/chat/completions", noop)
+	for _, pat := range patterns {
+		method, path, ok := strings.Cut(pat, " ")
+		if !ok || method == "" || method != strings.ToUpper(method) || !strings.HasPrefix(path, "/v1/") || len(path) == len("/v1/") {
+			return fmt.Errorf("router.passthrough: %q is not \"METHOD /v1/path\" (e.g. \"POST /v1/embeddings\")", pat)
+		}
+		if err := func() (err error) {
+			defer func() {
+				if r := recover(); r != nil {
+					err = fmt.Errorf("router.passthrough: %q: %v", pat, r)
+				}
+			}()
+			mux.Handle(pat, noop)
+			return nil
+		}(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// passthrough passes a request for a router.passthrough endpoint to the
+// upstream (the same API root, method, query string and body, the headers as for a
 // chat request) and its answer back, streamed as it arrives: nothing
 // routed (the body's model is the caller's) or recorded in
 // route_decisions; counted in trace_router_passthrough_total.

@@ -508,7 +508,7 @@ func TestProxyForwarding(t *testing.T) {
 		io.WriteString(w, body)
 	}))
 	t.Cleanup(up.Close)
-	f := newFixtureWith(t, func(pc *router.ProxyConfig) { pc.UpstreamURL = up.URL }, adapterRow("lora-ids", "id_verification"))
+	f := newFixtureWith(t, func(pc *router.ProxyConfig) { pc.UpstreamURL, pc.Passthrough = up.URL, router.DefaultPassthrough }, adapterRow("lora-ids", "id_verification"))
 	f.script(map[string]float64{"A": 0.9, "B": 0.1}, llmtest.Reply{})
 	resp := f.post("/v1/chat/completions?api-version=2024-02-01", `{"messages":[{"role":"user","content":"verify me"}]}`,
 		map[string]string{"Accept-Encoding": "gzip", "Connection": "keep-alive, X-Hop-Secret", "X-Hop-Secret": "zzz", router.HeaderConversation: "fwd-1"})
@@ -542,13 +542,14 @@ func TestProxyForwarding(t *testing.T) {
 	}
 }
 
-// TestProxyPassthrough: the upstream's other /v1/ paths (embeddings, the
+// TestProxyPassthrough: router.passthrough's endpoints (embeddings, the
 // legacy completions streamed, the Responses API) pass through with the
 // caller's method, path, query, headers and body unchanged (its model
 // too), the answer streamed back as the upstream sent it; nothing is
 // routed or recorded, and each is counted by endpoint and outcome. The
 // routed paths answer other methods 405; a body over the limit is a 413;
-// the router's token still guards them.
+// the router's token still guards them; the engine's administration
+// (vLLM's adapter loads) is not passed, nor is another method.
 func TestProxyPassthrough(t *testing.T) {
 	type seen struct{ method, path, query, body, auth string }
 	var mu sync.Mutex
@@ -581,7 +582,7 @@ func TestProxyPassthrough(t *testing.T) {
 	t.Cleanup(up.Close)
 	reg := prometheus.NewRegistry()
 	f := newFixtureWith(t, func(pc *router.ProxyConfig) {
-		pc.UpstreamURL, pc.Registerer, pc.MaxBodyBytes = up.URL+"/v1", reg, 4096
+		pc.UpstreamURL, pc.Registerer, pc.MaxBodyBytes, pc.Passthrough = up.URL+"/v1", reg, 4096, router.DefaultPassthrough
 	}, adapterRow("lora-ids", "id_verification"))
 
 	embed := `{"model":"text-embed-1","input":["a",  "b"]}`
@@ -628,6 +629,11 @@ func TestProxyPassthrough(t *testing.T) {
 		{http.MethodPost, "/v1/embeddings", strings.Repeat("x", 5000), true, http.StatusRequestEntityTooLarge},
 		{http.MethodPost, "/v1/embeddings", embed, false, http.StatusUnauthorized},
 		{http.MethodGet, "/v2/models", "", true, http.StatusNotFound},
+		// Not an inference endpoint of router.passthrough: the engine's
+		// administration never gets the router's upstream key.
+		{http.MethodPost, "/v1/load_lora_adapter", `{"lora_name":"x","lora_path":"/etc"}`, true, http.StatusNotFound},
+		{http.MethodPost, "/v1/unload_lora_adapter", `{"lora_name":"lora-ids"}`, true, http.StatusNotFound},
+		{http.MethodGet, "/v1/embeddings", "", true, http.StatusNotFound},
 	} {
 		req, _ := http.NewRequest(c.method, f.srv.URL+c.path, strings.NewReader(c.body))
 		if c.token {
@@ -681,5 +687,29 @@ func TestProxyPassthrough(t *testing.T) {
 	rows, err := f.st.RouteDecisions(context.Background(), sink.RouteDecisionFilter{Environment: env})
 	if err != nil || len(rows) != 0 {
 		t.Fatalf("%d route_decisions rows (%v), want none for passed-through requests", len(rows), err)
+	}
+}
+
+// TestCheckPassthrough: router.passthrough's patterns are checked at start.
+func TestCheckPassthrough(t *testing.T) {
+	for _, tc := range []struct {
+		patterns []string
+		err      string
+	}{
+		{router.DefaultPassthrough, ""},
+		{nil, ""},
+		{[]string{"POST /v1/audio/transcriptions", "GET /v1/files/{id}"}, ""},
+		{[]string{"/v1/embeddings"}, "is not \"METHOD /v1/path\""},
+		{[]string{"post /v1/embeddings"}, "is not \"METHOD /v1/path\""},
+		{[]string{"POST /embeddings"}, "is not \"METHOD /v1/path\""},
+		{[]string{"POST /v1/"}, "is not \"METHOD /v1/path\""},
+		{[]string{"POST /v1/chat/completions"}, "conflicts"},
+		{[]string{"POST /v1/embeddings", "POST /v1/embeddings"}, "conflicts"},
+		{[]string{"POST /v1/{bad"}, "router.passthrough"},
+	} {
+		err := router.CheckPassthrough(tc.patterns)
+		if (tc.err == "") != (err == nil) || (err != nil && !strings.Contains(err.Error(), tc.err)) {
+			t.Errorf("CheckPassthrough(%q) = %v, want %q", tc.patterns, err, tc.err)
+		}
 	}
 }

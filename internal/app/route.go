@@ -74,7 +74,7 @@ func (a *App) addRoute(ctx context.Context, g *run.Group) error {
 		return err
 	}
 	rec := &router.Recorder{W: a.Store, Log: a.Log.With("role", "route")}
-	p, err := router.NewProxy(router.ProxyConfig{UpstreamURL: rc.UpstreamURL, UpstreamAPIKey: rc.UpstreamAPIKey, BearerToken: rc.BearerToken,
+	p, err := router.NewProxy(router.ProxyConfig{UpstreamURL: rc.UpstreamURL, UpstreamAPIKey: rc.UpstreamAPIKey, BearerToken: rc.BearerToken, Passthrough: rc.Passthrough,
 		DefaultEnvironment: rc.DefaultEnvironment, NoAdapterFallback: !rc.FallbackOnMissingAdapter, Registerer: a.Registry,
 		Logger: a.Log.With("role", "route")}, r, rec)
 	if err != nil {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/url"
+	"slices"
 	"strings"
 	"time"
 
@@ -91,6 +92,13 @@ type Router struct {
 	// other roles keeps Go's setting (their heaps are large).
 	GOGC         int `koanf:"gogc"`
 	GCHeadroomMB int `koanf:"gc_headroom_mb"`
+	// Passthrough are the upstream's endpoints besides chat completions
+	// that the proxy passes through unrouted ("METHOD /v1/path", ServeMux
+	// patterns; default router.DefaultPassthrough: models, embeddings,
+	// completions, the Responses API; empty: none). Never list an engine's
+	// administration endpoints: a caller without Authorization is sent
+	// with upstream_api_key.
+	Passthrough []string `koanf:"passthrough"`
 	// Retrieval shows each candidate with its most similar successful
 	// trajectory; on when retrieval.embeddings_url is set.
 	Retrieval RouterRetrieval `koanf:"retrieval"`
@@ -112,7 +120,7 @@ func DefaultRouter() Router {
 	return Router{Addr: "127.0.0.1:8088", ClassifierTimeout: 10 * time.Second, ClassifierAttempts: 2, TopP: 0.95, Temperature: 1,
 		TopLogprobs: 20, Context: "first_user", LastN: 4, ContextMaxChars: 16000, CacheTTL: time.Hour, CacheMax: 100000, LabelConstraint: "none",
 		AdaptersRefresh: 10 * time.Second, FallbackOnMissingAdapter: true, DrainTimeout: 30 * time.Second, GOGC: 100, GCHeadroomMB: 128,
-		Retrieval: RouterRetrieval{Pool: 50, TTL: 10 * time.Minute}}
+		Passthrough: slices.Clone(router.DefaultPassthrough), Retrieval: RouterRetrieval{Pool: 50, TTL: 10 * time.Minute}}
 }
 
 // ClassifierBody is router.classifier_extra_body as an object (nil when
@@ -207,6 +215,9 @@ func (r Router) validate() error {
 	}
 	if r.ContextMaxChars != -1 && r.ContextMaxChars < 200 {
 		bad("context_max_chars", "must be at least 200, or -1 for no bound, got %d", r.ContextMaxChars)
+	}
+	if err := router.CheckPassthrough(r.Passthrough); err != nil {
+		errs = append(errs, err)
 	}
 	if r.CacheTTL < 0 {
 		bad("cache_ttl", "must not be negative, got %s", r.CacheTTL)

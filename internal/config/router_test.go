@@ -2,8 +2,10 @@ package config
 
 import (
 	"encoding/json"
+	"github.com/traceops/trace/router"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -42,6 +44,26 @@ func TestRouterConfig(t *testing.T) {
 			if err == nil || !strings.Contains(err.Error(), "router."+field+": ") || !strings.Contains(err.Error(), "query or fragment") || strings.Contains(err.Error(), "pw") {
 				t.Errorf("router.%s=%s: %v", field, u, err)
 			}
+		}
+	}
+	// router.passthrough: the defaults, a list of its own, none, and a bad pattern named.
+	for _, tc := range []struct {
+		set  string
+		want []string
+		err  string
+	}{
+		{"", router.DefaultPassthrough, ""},
+		{"router.passthrough=POST /v1/embeddings,POST /v1/audio/transcriptions", []string{"POST /v1/embeddings", "POST /v1/audio/transcriptions"}, ""},
+		{"router.passthrough=", nil, ""},
+		{"router.passthrough=POST /v1/chat/completions", nil, "router.passthrough: "},
+	} {
+		sets := []string{"roles=route", "router.upstream_url=http://127.0.0.1:8000/v1", "router.base_model=m"}
+		if tc.set != "" {
+			sets = append(sets, tc.set)
+		}
+		c, err := Load("", sets)
+		if (tc.err == "") != (err == nil) || (err != nil && !strings.Contains(err.Error(), tc.err)) || (err == nil && len(c.Router.Passthrough)+len(tc.want) > 0 && !slices.Equal(c.Router.Passthrough, tc.want)) {
+			t.Errorf("%q: %q, %v; want %q %q", tc.set, c.Router.Passthrough, err, tc.want, tc.err)
 		}
 	}
 	// router.fallback_on_missing_adapter is a boolean: off passes the upstream's 404 for an adapter through.
