@@ -562,6 +562,10 @@ func (s *Stage) job(ctx context.Context, e *Environment) (*Job, error) {
 	return job, nil
 }
 
+// terminalVersion is set in the version of an ended record (DONE,
+// FAILED): unended versions are nanosecond times, below 2^62 until 2116.
+const terminalVersion = uint64(1) << 62
+
 // errEndedElsewhere: save found the environment ended (DONE or FAILED) by
 // another run of its request; nothing was written.
 var errEndedElsewhere = errors.New("synthesizer: the environment was ended by another run of its request")
@@ -581,6 +585,13 @@ func (s *Stage) save(ctx context.Context, e *Environment) error {
 	now := s.cfg.Now().UTC()
 	e.UpdatedAt = now
 	e.Version = max(e.Version+1, uint64(now.UnixNano()))
+	if e.Status.Terminal() {
+		// The check above and the write are not one step: another run's
+		// save that passed its check just before this one may land after
+		// it. An end's version sorts above every unended one's, so such a
+		// write cannot replace it (the table keeps the highest version).
+		e.Version |= terminalVersion
+	}
 	if err := s.cfg.Store.SaveEnvironment(ctx, e); err != nil {
 		return fmt.Errorf("%w: save environment %s: %w", ErrTransient, e.ID, err)
 	}

@@ -695,3 +695,27 @@ func TestRunEndedElsewhereKeepsTheOtherRecord(t *testing.T) {
 		})
 	}
 }
+
+// TestEndedRecordOutranksALateWrite: an ended record's version sorts above
+// any unended one's, so a save of another run that passed its check just
+// before the end was stored, and lands after it with a later time as its
+// version, does not replace the end.
+func TestEndedRecordOutranksALateWrite(t *testing.T) {
+	srv := llmtest.New(t)
+	srv.Handle(func(llmtest.Request) llmtest.Reply { return llmtest.Text(fenced(goodProgram)) })
+	gen, _ := newTestGenerator(t, srv)
+	k := newKit(t, func(c *Config) { c.LLM = gen })
+	ctx := context.Background()
+	e, err := k.stage.Synthesize(ctx, testRequest("trig-late"))
+	if err != nil || e.Status != StatusDone {
+		t.Fatalf("%v %+v", err, e)
+	}
+	late := *e
+	late.Status, late.Version = StatusCalibrating, uint64(time.Now().Add(time.Hour).UnixNano())
+	if err := k.store.SaveEnvironment(ctx, &late); err != nil {
+		t.Fatal(err)
+	}
+	if stored, _ := k.store.LoadEnvironment(ctx, e.ID); stored.Status != StatusDone {
+		t.Fatalf("stored %s (version %d) after a late write, want DONE (version %d)", stored.Status, stored.Version, e.Version)
+	}
+}
