@@ -49,7 +49,9 @@ type Backend interface {
 // them (nats): a job that fails before any trainer reported on it (its
 // deadline passed while it waited) is withdrawn from the queue, so that a
 // trainer started later does not train, for hours, a job whose success
-// trace would ignore.
+// trace would ignore. Trainers ack a job when it ends, so a job still in
+// the queue may also be held by a trainer whose events have not come
+// through (NATS unreachable): withdrawing it does not stop that trainer.
 type Withdrawer interface {
 	Withdraw(ctx context.Context, jobID string) (bool, error)
 }
@@ -379,6 +381,34 @@ type ownFailure struct {
 // event moved it since the check), and it leaves the job's last event as
 // it was.
 func (s *Stage) handleEvent(ctx context.Context, e *schemas.TrainingEvent, key string, payload []byte, own *ownFailure) (string, error) {
+	var withdraw bool
+	name, err := s.applyEvent(ctx, e, key, payload, own, &withdraw)
+	if withdraw {
+		s.withdraw(ctx, e.JobID) // outside the lock: it reads the queue
+	}
+	return name, err
+}
+
+// withdraw removes a job that failed while DISPATCHED (no trainer had
+// reported on it) from the trainers' queue when the backend has one
+// (Withdrawer), so that a trainer started later does not train it. Best
+// effort: a trainer that holds it already (taken, no event through yet)
+// trains on and reports into a FAILED job.
+func (s *Stage) withdraw(ctx context.Context, jobID string) {
+	w, ok := s.cfg.Backend.(Withdrawer)
+	if !ok {
+		return
+	}
+	if gone, err := w.Withdraw(ctx, jobID); err != nil {
+		s.cfg.Log.Warn("adapter: withdraw a failed job from the trainers' queue", "job", jobID, "err", err)
+	} else if gone {
+		s.cfg.Log.Info("adapter: a job that failed before any trainer reported on it was withdrawn from the trainers' queue", "job", jobID)
+	}
+}
+
+// applyEvent is handleEvent under the lock; *withdraw is set when the job
+// failed while DISPATCHED.
+func (s *Stage) applyEvent(ctx context.Context, e *schemas.TrainingEvent, key string, payload []byte, own *ownFailure, withdraw *bool) (string, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := s.cfg.Now().UTC()
@@ -472,14 +502,7 @@ func (s *Stage) handleEvent(ctx context.Context, e *schemas.TrainingEvent, key s
 	case tr.Status != job.Status:
 		s.cfg.Log.Info("training job status", "job", e.JobID, "from", job.Status, "to", tr.Status, "reason", tr.Reason)
 	}
-	if w, ok := s.cfg.Backend.(Withdrawer); ok && job.Status == StatusDispatched && tr.Status == StatusFailed {
-		// Best effort: a trainer that takes it anyway reports into a FAILED job.
-		if gone, err := w.Withdraw(ctx, e.JobID); err != nil {
-			s.cfg.Log.Warn("adapter: withdraw a failed job from the trainers' queue", "job", e.JobID, "err", err)
-		} else if gone {
-			s.cfg.Log.Info("adapter: a job that failed before any trainer took it was withdrawn from the trainers' queue", "job", e.JobID)
-		}
-	}
+	*withdraw = job.Status == StatusDispatched && tr.Status == StatusFailed
 	return registered, nil
 }
 

@@ -106,11 +106,13 @@ func (b *Bus) PublishTrainingJob(ctx context.Context, jobID string, spec []byte)
 	return nil
 }
 
-// WithdrawTrainingJob removes a job no trainer has taken from
-// trace.training.jobs (the message whose Msg-Id is jobID), so that no
-// trainer starts a job trace has given up on; false when it is not
-// there (taken, or withdrawn already). It reads the queue's messages in
-// order until it finds the job: the queue holds the jobs not yet taken.
+// WithdrawTrainingJob removes a job from trace.training.jobs (the message
+// whose Msg-Id is jobID), so that no trainer starts a job trace has given
+// up on; false when it is not there (ended and acked, or withdrawn
+// already). It reads the queue's messages in order until it finds the
+// job: the queue holds the jobs not yet acked, waiting or held by a
+// trainer (trainers ack a job when it ends), and withdrawing a held one
+// does not stop its trainer.
 func (b *Bus) WithdrawTrainingJob(ctx context.Context, jobID string) (bool, error) {
 	s, err := b.JS.Stream(ctx, StreamTrainingJobs)
 	if err != nil {
