@@ -23,8 +23,10 @@ import (
 // redeliveryHarness runs the reference trainer's NATS worker (trace_trainer
 // worker.serve, unchanged) named argv[3], with the training itself
 // replaced: a job reports started, then, with argv[5] "progress", a
-// progress event (iteration 3, mean reward 0.9) every 0.1 s for ever (a
-// worker to kill); otherwise it waits for the file argv[2]/release-<job>,
+// progress event (iteration 3, mean reward 0.9) every 0.1 s until the
+// worker is asked to stop (SIGTERM), when it raises train.Stopped as
+// train.run does (or for ever: a worker to kill); otherwise it waits for
+// the file argv[2]/release-<job>,
 // reports one progress event (iteration 1, mean reward 0.25) and returns
 // its adapter. argv[4] is the worker's --max-deliveries.
 const redeliveryHarness = `
@@ -40,7 +42,7 @@ def run(job, emit, opts):
         while not train.stop_requested.is_set():
             emit("progress", iteration=3, iterations=3, mean_reward=0.9, reward_std=0.1)
             time.sleep(0.1)
-        raise train.JobError("stopped")
+        raise train.Stopped("stopped by a signal before the last iteration")
     while not os.path.exists(os.path.join(dir, "release-" + job["job_id"])):
         time.sleep(0.05)
     emit("progress", iteration=1, iterations=3, mean_reward=0.25, reward_std=0.1)
@@ -237,6 +239,106 @@ func TestReferenceTrainerCrashRedeliversTheJob(t *testing.T) {
 		t.Errorf("worker-d trained a job past its deliveries: %v", jobHistory(t, st, id2))
 	}
 	waitFor(t, "the second job terminated off the work queue", 30*time.Second, func() bool { return queued(t, b) == 0 })
+}
+
+// TestReferenceTrainerSIGTERMHandsTheJobBack: a reference worker stopped by
+// SIGTERM (eviction, spot reclaim, a rolling deploy) while it trains stops
+// after its current step and hands the job back (a nak, no terminal event)
+// rather than reporting it failed: a worker waiting beside it takes it at
+// once, not one ack wait later (60 s here), trains it from the start (its
+// started is a new run), and the job ends SUCCEEDED with that worker's
+// adapter; the stopped worker exits 0.
+func TestReferenceTrainerSIGTERMHandsTheJobBack(t *testing.T) {
+	py := trainerPython(t)
+	srv := testenv.NATS(t)
+	st := testenv.ClickHouse(t).Store()
+	ctx := context.Background()
+	b, err := bus.Connect(ctx, bus.Config{URL: srv.URL()}, "test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	const ackWait = 60 * time.Second // a redelivery by the ack wait comes too late for the test
+	if _, err := b.TrainerConsumer(ctx, ackWait); err != nil {
+		t.Fatal(err)
+	}
+	pc := fastPlan()
+	pc.Deadline = 2 * time.Minute
+	r := startRolePlan(t, b, st, pc, 200*time.Millisecond)
+	defer r.stop()
+	dir := t.TempDir()
+	status := func(id string) *sink.TrainingJobRow {
+		j, err := st.TrainingJob(ctx, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if j == nil {
+			return &sink.TrainingJobRow{}
+		}
+		return j
+	}
+	has := func(id, line string) func() bool {
+		return func() bool {
+			for _, l := range jobHistory(t, st, id) {
+				if strings.HasPrefix(l, line) {
+					return true
+				}
+			}
+			return false
+		}
+	}
+
+	a := startRedeliveryWorker(t, py, dir, srv.URL(), "worker-a", 3, "progress")
+	ready := readyFor("t-sigterm", "precondition_verification")
+	if err := b.PublishEnvironmentReady(ctx, ready); err != nil {
+		t.Fatal(err)
+	}
+	id := schemas.TrainingJobID(ready.EnvironmentID, 1)
+	waitFor(t, "worker-a's progress applied", 60*time.Second, func() bool { j := status(id); return j.Iteration == 3 && j.MeanReward == 0.9 })
+	bw := startRedeliveryWorker(t, py, dir, srv.URL(), "worker-b", 3, "wait")
+	waitFor(t, "worker-b waiting for jobs", 60*time.Second, func() bool { return strings.Contains(bw.out.String(), "waiting for jobs") })
+
+	a.cmd.Process.Signal(syscall.SIGTERM)
+	stopped := time.Now()
+	waitFor(t, "worker-b's started applied", 20*time.Second, has(id, "started worker-b"))
+	t.Logf("worker-b took the job %.1fs after worker-a's SIGTERM (ack wait %v)", time.Since(stopped).Seconds(), ackWait)
+	select {
+	case err := <-a.exited:
+		if err != nil {
+			t.Errorf("worker-a after SIGTERM: %v, want exit 0", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Error("worker-a still running 30 s after SIGTERM")
+	}
+	if has(id, "failed worker-a")() {
+		t.Errorf("worker-a reported the job it handed back failed: %v", jobHistory(t, st, id))
+	}
+	if j := status(id); j.Status != adapter.StatusRunning || j.Iteration != 0 || j.MeanReward != 0 {
+		t.Errorf("after worker-b's started: %s iteration %d mean reward %.2f (%s), want RUNNING 0 0", j.Status, j.Iteration, j.MeanReward, j.Reason)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "release-"+id), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the job to end", 30*time.Second, func() bool { return adapter.Terminal(status(id).Status) })
+	j := status(id)
+	if j.Status != adapter.StatusSucceeded || j.Iteration != 1 || j.MeanReward != 0.25 {
+		t.Errorf("job %s: %s iteration %d mean reward %.2f (%s), want SUCCEEDED with worker-b's iteration 1, 0.25", id, j.Status, j.Iteration, j.MeanReward, j.Reason)
+	}
+	hist := jobHistory(t, st, id)
+	for _, w := range []string{"started worker-a 0", "started worker-b 1000000000", "succeeded worker-b 1000000002"} {
+		if !strings.Contains(strings.Join(hist, "\n")+"\n", w+"\n") {
+			t.Errorf("history lacks %q: %v", w, hist)
+		}
+	}
+	for _, l := range hist {
+		if strings.HasPrefix(l, "failed") {
+			t.Errorf("history has %q: %v", l, hist)
+		}
+	}
+	waitFor(t, "the job acked off the work queue", 30*time.Second, func() bool { return queued(t, b) == 0 })
+	if !strings.Contains(a.out.String(), "handed back (nak)") {
+		t.Errorf("worker-a did not log the hand-back")
+	}
 }
 
 // queued is the number of jobs on the trainers' work queue (taken or not).

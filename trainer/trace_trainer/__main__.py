@@ -12,7 +12,9 @@
                    A job is acked once its terminal event is out (in-progress
                    acks meanwhile): a job whose worker dies is redelivered to
                    another; one delivered more than --max-deliveries times is
-                   reported failed.
+                   reported failed. On SIGTERM the running job stops after its
+                   current step and is handed back (nak, no terminal event)
+                   for another worker to train from the start.
 """
 
 import argparse
@@ -65,12 +67,24 @@ def check_job(job) -> None:
             v = v[k]
 
 
-def run_job(job: dict, emitter: Emitter, opts: "train.Options") -> bool:
+# run_job's result for a job stopped by the trainer's stop request when the
+# caller hands such a job back (hand_back=True): no terminal event emitted.
+HANDED_BACK = "handed back"
+
+
+def run_job(job: dict, emitter: Emitter, opts: "train.Options", hand_back: bool = False) -> "bool | str":
+    """Runs job, emitting its events through emitter: True when it
+    succeeded, False when it failed (its terminal event emitted). A job
+    stopped by the trainer's stop request (train.Stopped) is reported failed
+    too, unless hand_back (the nats worker: the job goes back to the work
+    queue for another worker): then no terminal event, and HANDED_BACK."""
     emitter.start_heartbeat()
     try:
         try:
             result = train.run(job, emitter.emit, opts)
         except Exception as e:
+            if hand_back and isinstance(e, train.Stopped):
+                return HANDED_BACK
             traceback.print_exc(file=sys.stderr)
             reason = str(e) if isinstance(e, train.JobError) else f"{type(e).__name__}: {e}"
             emitter.emit("failed", reason=reason[:2000])

@@ -20,6 +20,13 @@ class JobError(Exception):
     """A job that cannot run as specified: reported as failed with this reason."""
 
 
+class Stopped(JobError):
+    """The job stopped before its end because the trainer was asked to stop
+    (SIGTERM, SIGINT: stop_requested). The nats worker hands the job back
+    to the work queue for another worker; the command protocol (--spec)
+    reports it failed with this reason."""
+
+
 @dataclass
 class Options:
     max_completion_length: int = 2048  # per rollout, tool results included (TRL's multi-turn completion)
@@ -119,8 +126,11 @@ def hint_stripping(GRPOTrainer):
 def run(job: dict, emit, opts: Options) -> dict:
     """Runs job, reporting through emit(type, **fields); returns the
     succeeded event's fields. Raises JobError (or anything) on failure: the
-    caller reports it as failed."""
+    caller reports it as failed; Stopped (a JobError) when stop_requested
+    stopped it: the nats worker hands the job back instead."""
     _install_sigterm()
+    if stop_requested.is_set():
+        raise Stopped("stopped by a signal before the job started")
     t0 = time.monotonic()
     g, lora, ev = job["grpo"], job["lora"], job["eval"]
     out_dir = adapter_dir(job)
@@ -260,9 +270,11 @@ def run(job: dict, emit, opts: Options) -> dict:
     base_eval = evaluate("eval_base")
     print(f"trace-trainer: base model on the held-out seeds: {base_eval}", file=sys.stderr)
     episodes.phase = "train"
+    if stop_requested.is_set():
+        raise Stopped("stopped by a signal before the first iteration")
     trainer.train()
     if stop_requested.is_set():
-        raise JobError("stopped by a signal before the last iteration")
+        raise Stopped("stopped by a signal before the last iteration")
     if strip:
         print(f"trace-trainer: hint block stripped from {trainer.stripped} hinted prompts before the gradient step",
               file=sys.stderr)

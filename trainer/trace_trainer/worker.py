@@ -15,8 +15,13 @@ subject already ends with a terminal event (trace failed it past its
 deadline, it was cancelled, or a worker's ack was lost after it
 finished) is acknowledged without training. The job runs in a thread,
 its events published from that thread through the event loop. SIGTERM
-stops taking jobs; a running job stops after its current step and is
-reported failed.
+(or SIGINT) stops taking jobs; a running job stops after its current step
+and is handed back: no terminal event, a nak (no delay), so that another
+worker takes it at once and trains it from the start (its started is a new
+run for trace; a hand-back counts as a delivery). A job fetched as the
+worker stops is handed back untrained. A nak NATS does not take (it is
+down) leaves the job to be redelivered one ack wait later, as for a
+worker that died.
 
 A NATS outage never aborts a job (the connection reconnects for ever).
 Events other than the terminal one (started, progress, heartbeat) are
@@ -64,6 +69,8 @@ MAX_DELIVERIES = 3
 
 # Seconds one publish may wait for JetStream's acknowledgement.
 PUBLISH_TIMEOUT = 30
+# Seconds a stopping worker waits for the server to take its nak.
+NAK_TIMEOUT = 5
 # The terminal event's retries: the first after RETRY_INITIAL seconds,
 # doubling (with jitter) up to RETRY_MAX.
 RETRY_INITIAL = 1.0
@@ -304,6 +311,23 @@ async def _ack(nc, m, job_id: str, stopping: asyncio.Event):
         delay = min(delay * 2, RETRY_MAX)
 
 
+async def _hand_back(nc, m, job_id: str, ack_wait: float):
+    """Hands a job this worker will not end back to the work queue (nak, no
+    delay: another worker takes it at once), waiting for the server to have
+    it; when NATS cannot take it the job is redelivered after the ack wait
+    anyway."""
+    try:
+        if not nc.is_connected:
+            raise nats.errors.ConnectionReconnectingError
+        await m.nak()
+        await nc.flush(timeout=NAK_TIMEOUT)
+    except Exception as e:
+        _log(f"job {job_id}: hand-back (nak) not delivered ({type(e).__name__}: {e}); "
+             f"it is redelivered to another worker after the ack wait ({ack_wait:g} s)")
+        return
+    _log(f"job {job_id}: handed back (nak) for another worker")
+
+
 async def _serve(url: str, opts: train.Options, worker: str | None, spool_dir: str,
                  max_deliveries: int = MAX_DELIVERIES) -> int:
     loop = asyncio.get_running_loop()
@@ -380,20 +404,29 @@ async def _serve(url: str, opts: train.Options, worker: str | None, spool_dir: s
                     await m.term()
                     await _report_bad_job(js, job, worker, RuntimeError(
                         f"the job was delivered {deliveries} times (more than {max_deliveries}): each worker that took it "
-                        "stopped without reporting an end (killed, out of memory, preempted, or NATS unreachable past "
-                        "the ack wait)"), seq=(deliveries - 1) * SEQ_STRIDE, prefix="")
+                        "stopped without reporting an end (killed, out of memory, preempted, stopped by SIGTERM and "
+                        "handed it back, or NATS unreachable past the ack wait)"), seq=(deliveries - 1) * SEQ_STRIDE,
+                        prefix="")
+                    continue
+                if stopping.is_set():
+                    _log(f"job {jid} fetched as this worker stops: not trained")
+                    await _hand_back(nc, m, jid, ack_wait)
                     continue
                 _log(f"job {jid}" + (f" (delivery {deliveries}: an earlier worker stopped without reporting an end)"
                                      if deliveries > 1 else ""))
-                from .__main__ import run_job
+                from .__main__ import HANDED_BACK, run_job
 
                 pub.begin()
                 keep = asyncio.create_task(_keep_in_progress(m, every, jid))
                 try:
                     ok = await asyncio.to_thread(run_job, job, Emitter(job, pub.send, worker, (deliveries - 1) * SEQ_STRIDE),
-                                                 opts)
+                                                 opts, hand_back=True)
                 finally:
                     keep.cancel()
+                if ok == HANDED_BACK:
+                    _log(f"job {jid} stopped by this worker's stop request (SIGTERM) before its end: no terminal event")
+                    await _hand_back(nc, m, jid, ack_wait)
+                    continue
                 _log(f"job {jid} {'succeeded' if ok else 'failed'}")
                 await _ack(nc, m, jid, stopping)
     finally:
