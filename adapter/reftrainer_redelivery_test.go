@@ -125,6 +125,80 @@ func jobHistory(t *testing.T, st *sink.Store, job string) []string {
 	return out
 }
 
+// redeliveryFixture is what the redelivery tests share: the trainer's
+// Python, NATS, ClickHouse, the adapt role (a 2-minute deadline: the
+// redelivery, not the deadline, must save a job; the workers' Python
+// start-up takes seconds) and a directory for the workers.
+type redeliveryFixture struct {
+	py, nats, dir string
+	st            *sink.Store
+	b             *bus.Bus
+}
+
+// newRedeliveryFixture starts it; consumer makes the trainers' consumer
+// before the adapt role starts.
+func newRedeliveryFixture(t *testing.T, consumer func(*bus.Bus) error) *redeliveryFixture {
+	t.Helper()
+	py := trainerPython(t)
+	srv := testenv.NATS(t)
+	st := testenv.ClickHouse(t).Store()
+	b, err := bus.Connect(context.Background(), bus.Config{URL: srv.URL()}, "test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(b.Close)
+	if err := consumer(b); err != nil {
+		t.Fatal(err)
+	}
+	pc := fastPlan()
+	pc.Deadline = 2 * time.Minute
+	r := startRolePlan(t, b, st, pc, 200*time.Millisecond)
+	t.Cleanup(r.stop)
+	return &redeliveryFixture{py: py, nats: srv.URL(), dir: t.TempDir(), st: st, b: b}
+}
+
+// worker starts a harness worker (startRedeliveryWorker).
+func (f *redeliveryFixture) worker(t *testing.T, name string, maxDeliveries int, mode string) *outageWorker {
+	t.Helper()
+	return startRedeliveryWorker(t, f.py, f.dir, f.nats, name, maxDeliveries, mode)
+}
+
+// publish announces a ready environment for trigger and returns its
+// job's id.
+func (f *redeliveryFixture) publish(t *testing.T, trigger string) string {
+	t.Helper()
+	ready := readyFor(trigger, "precondition_verification")
+	if err := f.b.PublishEnvironmentReady(context.Background(), ready); err != nil {
+		t.Fatal(err)
+	}
+	return schemas.TrainingJobID(ready.EnvironmentID, 1)
+}
+
+// status is the job's row (an empty one while there is none).
+func (f *redeliveryFixture) status(t *testing.T, id string) *sink.TrainingJobRow {
+	t.Helper()
+	j, err := f.st.TrainingJob(context.Background(), id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if j == nil {
+		return &sink.TrainingJobRow{}
+	}
+	return j
+}
+
+// has reports whether the job's history has a line starting with line.
+func (f *redeliveryFixture) has(t *testing.T, id, line string) func() bool {
+	return func() bool {
+		for _, l := range jobHistory(t, f.st, id) {
+			if strings.HasPrefix(l, line) {
+				return true
+			}
+		}
+		return false
+	}
+}
+
 // TestReferenceTrainerCrashRedeliversTheJob: the reference trainer's NATS
 // worker keeps its job un-acked while it trains, with in-progress acks
 // below the consumer's ack wait, and acks it when its terminal event is
@@ -139,53 +213,19 @@ func jobHistory(t *testing.T, st *sink.Store, job string) []string {
 // worker's --max-deliveries (every worker that took it died) is reported
 // FAILED at once, with the deliveries in the reason, and terminated.
 func TestReferenceTrainerCrashRedeliversTheJob(t *testing.T) {
-	py := trainerPython(t)
-	srv := testenv.NATS(t)
-	st := testenv.ClickHouse(t).Store()
-	ctx := context.Background()
-	b, err := bus.Connect(ctx, bus.Config{URL: srv.URL()}, "test")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close()
 	const ackWait = 2 * time.Second
-	if _, err := b.TrainerConsumer(ctx, ackWait); err != nil { // as trace's bus makes it, with a short ack wait
-		t.Fatal(err)
-	}
-	pc := fastPlan()
-	pc.Deadline = 2 * time.Minute // the redelivery, not the deadline, saves the job
-	r := startRolePlan(t, b, st, pc, 200*time.Millisecond)
-	defer r.stop()
-	dir := t.TempDir()
-	status := func(id string) *sink.TrainingJobRow {
-		j, err := st.TrainingJob(ctx, id)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if j == nil {
-			return &sink.TrainingJobRow{}
-		}
-		return j
-	}
-	has := func(id, line string) func() bool {
-		return func() bool {
-			for _, l := range jobHistory(t, st, id) {
-				if strings.HasPrefix(l, line) {
-					return true
-				}
-			}
-			return false
-		}
-	}
+	f := newRedeliveryFixture(t, func(b *bus.Bus) error { // as trace's bus makes it, with a short ack wait
+		_, err := b.TrainerConsumer(context.Background(), ackWait)
+		return err
+	})
+	ctx, st, b := context.Background(), f.st, f.b
+	status := func(id string) *sink.TrainingJobRow { return f.status(t, id) }
+	has := func(id, line string) func() bool { return f.has(t, id, line) }
 
-	a := startRedeliveryWorker(t, py, dir, srv.URL(), "worker-a", 3, "progress")
-	ready := readyFor("t-redeliver", "precondition_verification")
-	if err := b.PublishEnvironmentReady(ctx, ready); err != nil {
-		t.Fatal(err)
-	}
-	id := schemas.TrainingJobID(ready.EnvironmentID, 1)
+	a := f.worker(t, "worker-a", 3, "progress")
+	id := f.publish(t, "t-redeliver")
 	waitFor(t, "worker-a's progress applied", 60*time.Second, func() bool { j := status(id); return j.Iteration == 3 && j.MeanReward == 0.9 })
-	bw := startRedeliveryWorker(t, py, dir, srv.URL(), "worker-b", 3, "wait")
+	bw := f.worker(t, "worker-b", 3, "wait")
 	time.Sleep(3 * ackWait)
 	if has(id, "started worker-b")() {
 		t.Fatalf("worker-b got the job while worker-a trained it: %v", jobHistory(t, st, id))
@@ -198,7 +238,7 @@ func TestReferenceTrainerCrashRedeliversTheJob(t *testing.T) {
 	if j := status(id); j.Status != adapter.StatusRunning || j.Iteration != 0 || j.MeanReward != 0 {
 		t.Errorf("after worker-b's started: %s iteration %d mean reward %.2f, want RUNNING 0 0 (worker-a's run is over)", j.Status, j.Iteration, j.MeanReward)
 	}
-	if err := os.WriteFile(filepath.Join(dir, "release-"+id), nil, 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(f.dir, "release-"+id), nil, 0o644); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, "the job to end", 30*time.Second, func() bool { return adapter.Terminal(status(id).Status) })
@@ -222,15 +262,11 @@ func TestReferenceTrainerCrashRedeliversTheJob(t *testing.T) {
 	// takes at most one delivery.
 	bw.cmd.Process.Kill()
 	<-bw.exited
-	c := startRedeliveryWorker(t, py, dir, srv.URL(), "worker-c", 3, "progress")
-	ready2 := readyFor("t-redeliver-2", "precondition_verification")
-	if err := b.PublishEnvironmentReady(ctx, ready2); err != nil {
-		t.Fatal(err)
-	}
-	id2 := schemas.TrainingJobID(ready2.EnvironmentID, 1)
+	c := f.worker(t, "worker-c", 3, "progress")
+	id2 := f.publish(t, "t-redeliver-2")
 	waitFor(t, "worker-c's progress on the second job", 60*time.Second, has(id2, "progress worker-c"))
 	c.kill(t)
-	startRedeliveryWorker(t, py, dir, srv.URL(), "worker-d", 1, "wait")
+	f.worker(t, "worker-d", 1, "wait")
 	waitFor(t, "the second job to end", 60*time.Second, func() bool { return adapter.Terminal(status(id2).Status) })
 	if j := status(id2); j.Status != adapter.StatusFailed || !strings.Contains(j.Reason, "delivered 2 times (more than 1)") {
 		t.Errorf("second job: %s %q, want FAILED for its deliveries", j.Status, j.Reason)
@@ -249,53 +285,19 @@ func TestReferenceTrainerCrashRedeliversTheJob(t *testing.T) {
 // started is a new run), and the job ends SUCCEEDED with that worker's
 // adapter; the stopped worker exits 0.
 func TestReferenceTrainerSIGTERMHandsTheJobBack(t *testing.T) {
-	py := trainerPython(t)
-	srv := testenv.NATS(t)
-	st := testenv.ClickHouse(t).Store()
-	ctx := context.Background()
-	b, err := bus.Connect(ctx, bus.Config{URL: srv.URL()}, "test")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close()
 	const ackWait = 60 * time.Second // a redelivery by the ack wait comes too late for the test
-	if _, err := b.TrainerConsumer(ctx, ackWait); err != nil {
-		t.Fatal(err)
-	}
-	pc := fastPlan()
-	pc.Deadline = 2 * time.Minute
-	r := startRolePlan(t, b, st, pc, 200*time.Millisecond)
-	defer r.stop()
-	dir := t.TempDir()
-	status := func(id string) *sink.TrainingJobRow {
-		j, err := st.TrainingJob(ctx, id)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if j == nil {
-			return &sink.TrainingJobRow{}
-		}
-		return j
-	}
-	has := func(id, line string) func() bool {
-		return func() bool {
-			for _, l := range jobHistory(t, st, id) {
-				if strings.HasPrefix(l, line) {
-					return true
-				}
-			}
-			return false
-		}
-	}
+	f := newRedeliveryFixture(t, func(b *bus.Bus) error {
+		_, err := b.TrainerConsumer(context.Background(), ackWait)
+		return err
+	})
+	st, b := f.st, f.b
+	status := func(id string) *sink.TrainingJobRow { return f.status(t, id) }
+	has := func(id, line string) func() bool { return f.has(t, id, line) }
 
-	a := startRedeliveryWorker(t, py, dir, srv.URL(), "worker-a", 3, "progress")
-	ready := readyFor("t-sigterm", "precondition_verification")
-	if err := b.PublishEnvironmentReady(ctx, ready); err != nil {
-		t.Fatal(err)
-	}
-	id := schemas.TrainingJobID(ready.EnvironmentID, 1)
+	a := f.worker(t, "worker-a", 3, "progress")
+	id := f.publish(t, "t-sigterm")
 	waitFor(t, "worker-a's progress applied", 60*time.Second, func() bool { j := status(id); return j.Iteration == 3 && j.MeanReward == 0.9 })
-	bw := startRedeliveryWorker(t, py, dir, srv.URL(), "worker-b", 3, "wait")
+	bw := f.worker(t, "worker-b", 3, "wait")
 	waitFor(t, "worker-b waiting for jobs", 60*time.Second, func() bool { return strings.Contains(bw.out.String(), "waiting for jobs") })
 
 	a.cmd.Process.Signal(syscall.SIGTERM)
@@ -316,7 +318,7 @@ func TestReferenceTrainerSIGTERMHandsTheJobBack(t *testing.T) {
 	if j := status(id); j.Status != adapter.StatusRunning || j.Iteration != 0 || j.MeanReward != 0 {
 		t.Errorf("after worker-b's started: %s iteration %d mean reward %.2f (%s), want RUNNING 0 0", j.Status, j.Iteration, j.MeanReward, j.Reason)
 	}
-	if err := os.WriteFile(filepath.Join(dir, "release-"+id), nil, 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(f.dir, "release-"+id), nil, 0o644); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, "the job to end", 30*time.Second, func() bool { return adapter.Terminal(status(id).Status) })
@@ -362,35 +364,16 @@ func queued(t *testing.T, b *bus.Bus) uint64 {
 // two jobs at the same time, rather than the second job waiting for the
 // first to end.
 func TestReferenceTrainersTrainInParallel(t *testing.T) {
-	py := trainerPython(t)
-	srv := testenv.NATS(t)
-	st := testenv.ClickHouse(t).Store()
-	ctx := context.Background()
-	b, err := bus.Connect(ctx, bus.Config{URL: srv.URL()}, "test")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close()
-	if _, err := b.JS.CreateOrUpdateConsumer(ctx, bus.StreamTrainingJobs, jetstream.ConsumerConfig{
-		Durable: bus.DurableTrainers, AckPolicy: jetstream.AckExplicitPolicy, AckWait: 5 * time.Minute, MaxAckPending: 1,
-	}); err != nil { // as an older worker made it
-		t.Fatal(err)
-	}
-	pc := fastPlan()
-	pc.Deadline = 2 * time.Minute // the workers' start-up (Python) takes seconds
-	r := startRolePlan(t, b, st, pc, 200*time.Millisecond)
-	defer r.stop()
-	dir := t.TempDir()
-	startRedeliveryWorker(t, py, dir, srv.URL(), "worker-a", 3, "progress")
-	startRedeliveryWorker(t, py, dir, srv.URL(), "worker-b", 3, "progress")
-	var ids []string
-	for _, trig := range []string{"t-parallel-1", "t-parallel-2"} {
-		ready := readyFor(trig, "precondition_verification")
-		if err := b.PublishEnvironmentReady(ctx, ready); err != nil {
-			t.Fatal(err)
-		}
-		ids = append(ids, schemas.TrainingJobID(ready.EnvironmentID, 1))
-	}
+	f := newRedeliveryFixture(t, func(b *bus.Bus) error { // as an older worker made it
+		_, err := b.JS.CreateOrUpdateConsumer(context.Background(), bus.StreamTrainingJobs, jetstream.ConsumerConfig{
+			Durable: bus.DurableTrainers, AckPolicy: jetstream.AckExplicitPolicy, AckWait: 5 * time.Minute, MaxAckPending: 1,
+		})
+		return err
+	})
+	ctx, st, b := context.Background(), f.st, f.b
+	f.worker(t, "worker-a", 3, "progress")
+	f.worker(t, "worker-b", 3, "progress")
+	ids := []string{f.publish(t, "t-parallel-1"), f.publish(t, "t-parallel-2")}
 	// Both train for ever ("progress"): both jobs RUNNING with progress
 	// means two trained at once.
 	waitFor(t, "both jobs training at once", 60*time.Second, func() bool {

@@ -518,18 +518,11 @@ An unknown or finished job exits 1 naming it.`,
 				return err
 			}
 			ctx := cmd.Context()
-			st, err := openStore(ctx, cfg)
+			st, j, err := openJob(ctx, cfg, args[0])
 			if err != nil {
 				return err
 			}
 			defer st.Close()
-			j, err := st.TrainingJob(ctx, args[0])
-			if err != nil {
-				return err
-			}
-			if j == nil {
-				return &exitError{code: 1, err: fmt.Errorf("no training job %q (see trace train list)", args[0])}
-			}
 			if adapter.Terminal(j.Status) {
 				return &exitError{code: 1, err: fmt.Errorf("job %s is %s already: nothing to cancel", j.JobID, j.Status)}
 			}
@@ -555,6 +548,24 @@ An unknown or finished job exits 1 naming it.`,
 	return cmd
 }
 
+// openJob opens the store and reads the training job id; an unknown job
+// is an error that exits 1.
+func openJob(ctx context.Context, cfg config.Config, id string) (*sink.Store, *sink.TrainingJobRow, error) {
+	st, err := openStore(ctx, cfg)
+	if err != nil {
+		return nil, nil, err
+	}
+	j, err := st.TrainingJob(ctx, id)
+	if err == nil && j == nil {
+		err = &exitError{code: 1, err: fmt.Errorf("no training job %q (see trace train list)", id)}
+	}
+	if err != nil {
+		st.Close()
+		return nil, nil, err
+	}
+	return st, j, nil
+}
+
 func newTrainShowCmd() *cobra.Command {
 	var (
 		cf     configFlags
@@ -576,18 +587,11 @@ registered. --json prints the job, the events and the adapter.`,
 				return err
 			}
 			ctx := cmd.Context()
-			st, err := openStore(ctx, cfg)
+			st, j, err := openJob(ctx, cfg, args[0])
 			if err != nil {
 				return err
 			}
 			defer st.Close()
-			j, err := st.TrainingJob(ctx, args[0])
-			if err != nil {
-				return err
-			}
-			if j == nil {
-				return &exitError{code: 1, err: fmt.Errorf("no training job %q (see trace train list)", args[0])}
-			}
 			evs, err := st.TrainingEvents(ctx, j.JobID)
 			if err != nil {
 				return err
