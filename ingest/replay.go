@@ -702,19 +702,12 @@ func (r *replayRun) validate(batch []replayItem, base string, decode func([]byte
 // known) stops the file with an error naming its line, after the elements
 // before it were published.
 func (r *replayRun) json(src replaySource) error {
-	path := src.name
-	f, err := src.open()
+	path, base := src.name, src.base()
+	f, br, bom, err := r.openText(src)
 	if err != nil {
 		return err
 	}
 	defer f.Close()
-	base := src.base()
-	br := bufio.NewReaderSize(f, 1<<20)
-	bom, err := replaySkipBOM(br)
-	if err != nil {
-		return fmt.Errorf("%s: %w", path, err)
-	}
-	r.advance(int64(bom))
 	lc := &replayLineCounter{r: br}
 	// Duplicate names and invalid UTF-8 are the element's problem, named by
 	// the ingest stage's decoder, not a reason to stop reading the file.
@@ -830,21 +823,32 @@ func (c *replayLineCounter) Read(p []byte) (int, error) {
 	return n, err
 }
 
+// openText opens src for reading past its UTF-8 byte order mark, if any
+// (counted as progress), and returns the mark's length; the caller closes
+// the file.
+func (r *replayRun) openText(src replaySource) (io.Closer, *bufio.Reader, int, error) {
+	f, err := src.open()
+	if err != nil {
+		return nil, nil, 0, err
+	}
+	br := bufio.NewReaderSize(f, 1<<20)
+	bom, err := replaySkipBOM(br)
+	if err != nil {
+		f.Close()
+		return nil, nil, 0, fmt.Errorf("%s: %w", src.name, err)
+	}
+	r.advance(int64(bom))
+	return f, br, bom, nil
+}
+
 // jsonl replays a file of rollout/v1 JSON objects, one per line.
 func (r *replayRun) jsonl(src replaySource) error {
-	path := src.name
-	f, err := src.open()
+	path, base := src.name, src.base()
+	f, br, _, err := r.openText(src)
 	if err != nil {
 		return err
 	}
 	defer f.Close()
-	base := src.base()
-	br := bufio.NewReaderSize(f, 1<<20)
-	bom, err := replaySkipBOM(br)
-	if err != nil {
-		return fmt.Errorf("%s: %w", path, err)
-	}
-	r.advance(int64(bom))
 	limit := r.maxBytes()
 	decode := DecodeRollout(limit) // the ingest stage's checks
 	batch := make([]replayItem, 0, replayBatch)
