@@ -122,15 +122,16 @@ func Simulate(seed uint64, job *schemas.TrainingJob, base float64) Result {
 	return res
 }
 
-// Run consumes TRACE_TRAINING_JOBS until ctx ends. A job is acked when
-// taken (the work queue drops it; a trainer that dies mid-job leaves it to
-// trace's deadline), then run to its end. A spec that is not a valid
-// training_job/v1 is terminated and logged. The job in hand when ctx ends
-// is abandoned (trace's deadline fails it).
+// Run consumes TRACE_TRAINING_JOBS until ctx ends, as the protocol asks of
+// a trainer (docs/training-protocol.md): a job is run to its end with
+// in-progress acks, then acked once its terminal event is stored, so a
+// trainer that dies mid-job leaves it to be redelivered. A spec that is
+// not a valid training_job/v1 is terminated and logged. The job in hand
+// when ctx ends is nak'd, for another trainer at once.
 func (t *Trainer) Run(ctx context.Context) error {
 	cons, err := t.cfg.JS.CreateOrUpdateConsumer(ctx, bus.StreamTrainingJobs, jetstream.ConsumerConfig{
 		Durable: bus.DurableTrainers, Description: "trainer workers", AckPolicy: jetstream.AckExplicitPolicy,
-		AckWait: 5 * time.Minute, MaxAckPending: 1,
+		AckWait: 5 * time.Minute, MaxAckPending: bus.TrainerMaxAckPending,
 	})
 	if err != nil {
 		return fmt.Errorf("simtrainer: consumer: %w", err)
@@ -151,16 +152,38 @@ func (t *Trainer) Run(ctx context.Context) error {
 				_ = m.Term()
 				continue
 			}
-			if err := m.Ack(); err != nil {
-				t.cfg.Log.Warn("simtrainer: ack", "job", job.JobID, "err", err)
-				continue
-			}
-			if err := t.Train(ctx, job); err != nil && ctx.Err() == nil {
-				t.cfg.Log.Warn("simtrainer: job", "job", job.JobID, "err", err)
+			done := make(chan struct{})
+			go inProgress(m, done)
+			err = t.Train(ctx, job)
+			close(done)
+			switch {
+			case ctx.Err() != nil:
+				_ = m.Nak() // stopped: another trainer takes it
+			case err != nil:
+				t.cfg.Log.Warn("simtrainer: job", "job", job.JobID, "err", err) // redelivered after the ack wait
+			default:
+				if err := m.DoubleAck(ctx); err != nil {
+					t.cfg.Log.Warn("simtrainer: ack", "job", job.JobID, "err", err)
+				}
 			}
 		}
 	}
 	return nil
+}
+
+// inProgress sends m's in-progress acks every minute (a fifth of the
+// consumer's ack wait) until done closes.
+func inProgress(m jetstream.Msg, done <-chan struct{}) {
+	tk := time.NewTicker(time.Minute)
+	defer tk.Stop()
+	for {
+		select {
+		case <-done:
+			return
+		case <-tk.C:
+			_ = m.InProgress()
+		}
+	}
 }
 
 // Train reports one job's simulated run: started, one progress per

@@ -125,14 +125,27 @@ func TestTrainerEndToEnd(t *testing.T) {
 
 	_, js := srv.Connect(t)
 	var (
-		mu    sync.Mutex
-		bases []string
+		mu                   sync.Mutex
+		bases                []string
+		pendingWhileTraining []int
 	)
 	tr, err := simtrainer.New(simtrainer.Config{JS: js, Seed: 3, Step: 5 * time.Millisecond, Log: slog.Default(),
-		Base: func(_ context.Context, j *schemas.TrainingJob) (float64, error) {
+		Base: func(ctx context.Context, j *schemas.TrainingJob) (float64, error) {
+			// While the job trains its message is held, not acked (the
+			// pause lets an ack sent as the job was taken reach the server).
+			time.Sleep(300 * time.Millisecond)
+			c, err := b.JS.Consumer(ctx, bus.StreamTrainingJobs, bus.DurableTrainers)
+			if err != nil {
+				return 0, err
+			}
+			info, err := c.Info(ctx)
+			if err != nil {
+				return 0, err
+			}
 			mu.Lock()
 			defer mu.Unlock()
 			bases = append(bases, j.EnvironmentID)
+			pendingWhileTraining = append(pendingWhileTraining, info.NumAckPending)
 			return 0.42, nil
 		}})
 	if err != nil {
@@ -165,6 +178,26 @@ func TestTrainerEndToEnd(t *testing.T) {
 	defer mu.Unlock()
 	if len(bases) != 1 || bases[0] != r.EnvironmentID {
 		t.Errorf("base reward asked for %v", bases)
+	}
+	// The protocol's acks: held while it trained, acked once it ended.
+	if len(pendingWhileTraining) != 1 || pendingWhileTraining[0] != 1 {
+		t.Errorf("ack-pending jobs while training: %v, want [1] (acked only when it ends)", pendingWhileTraining)
+	}
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		s, err := b.JS.Stream(ctx, bus.StreamTrainingJobs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		info, err := s.Info(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if info.State.Msgs == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d jobs left on the work queue after the job ended, want it acked", info.State.Msgs)
+		}
 	}
 	evs, err := st.TrainingEvents(ctx, id)
 	if err != nil {
