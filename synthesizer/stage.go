@@ -296,14 +296,12 @@ func (s *Stage) calibrate(ctx context.Context, cal Calibrator, e *Environment, d
 	var (
 		mu          sync.Mutex
 		done, total int
-		ended       bool // errEndedElsewhere, set by the saver before it cancels
 	)
 	counted := func() (int, int) {
 		mu.Lock()
 		defer mu.Unlock()
 		return done, total
 	}
-	stop := make(chan struct{})
 	var wg sync.WaitGroup
 	wg.Go(func() {
 		t := time.NewTicker(s.cfg.ProgressEvery)
@@ -311,8 +309,6 @@ func (s *Stage) calibrate(ctx context.Context, cal Calibrator, e *Environment, d
 		saved := 0
 		for {
 			select {
-			case <-stop:
-				return
 			case <-ctx.Done():
 				return
 			case <-t.C:
@@ -324,10 +320,7 @@ func (s *Stage) calibrate(ctx context.Context, cal Calibrator, e *Environment, d
 			e.Progress.Done, e.Progress.Total, e.Progress.At = d, n, s.cfg.Now().UTC()
 			err := s.save(ctx, e)
 			if errors.Is(err, errEndedElsewhere) {
-				mu.Lock()
-				ended = true
-				mu.Unlock()
-				cancel(err)
+				cancel(err) // the calibration stops; the cause says why
 				return
 			}
 			if err != nil {
@@ -344,9 +337,9 @@ func (s *Stage) calibrate(ctx context.Context, cal Calibrator, e *Environment, d
 		done, total = d, n
 		mu.Unlock()
 	})
-	close(stop)
+	cancel(nil) // stops the saver (a cause set before stays)
 	wg.Wait()
-	if ended {
+	if errors.Is(context.Cause(ctx), errEndedElsewhere) {
 		return nil, errEndedElsewhere
 	}
 	if d, n := counted(); n > 0 {
