@@ -37,7 +37,7 @@ func newProxyMetrics(reg prometheus.Registerer) (*proxyMetrics, error) {
 			Help:    "The proxy's own time per proxied request before forwarding it (reading and scanning the body, the decision: the classifier's call for a conversation's first request)",
 			Buckets: []float64{50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 10e-3, 50e-3, 0.25, 1, 5}}),
 		passthrough: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "trace_router_passthrough_total",
-			Help: "Requests for router.passthrough's endpoints (models, embeddings, completions, responses, …), passed through unrouted and unrecorded, by endpoint (the path's first segment after /v1/, other for an unknown one) and outcome (ok, upstream_error, stream_error, unreachable, canceled, refused)."},
+			Help: "Requests for router.passthrough's endpoints (models, embeddings, completions, responses, …), passed through unrouted and unrecorded, by endpoint (the router.passthrough pattern it matched, e.g. \"POST /v1/embeddings\") and outcome (ok, upstream_error, stream_error, unreachable, canceled, refused)."},
 			[]string{"endpoint", "outcome"}),
 	}
 	if reg == nil {

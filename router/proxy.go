@@ -277,7 +277,7 @@ func CheckPassthrough(patterns []string) error {
 // routed (the body's model is the caller's) or recorded in
 // route_decisions; counted in trace_router_passthrough_total.
 func (p *Proxy) passthrough(w http.ResponseWriter, r *http.Request) {
-	endpoint := passEndpoint(r.URL.Path)
+	endpoint := r.Pattern // router.passthrough's pattern it matched: a bounded label
 	if r.ContentLength > p.cfg.MaxBodyBytes {
 		p.metrics.passthrough.WithLabelValues(endpoint, "refused").Inc()
 		writeError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("body exceeds %d bytes", p.cfg.MaxBodyBytes), "invalid_request_error")
@@ -330,25 +330,6 @@ func (p *Proxy) passthrough(w http.ResponseWriter, r *http.Request) {
 	if c.err != nil && r.Context().Err() == nil {
 		panic(http.ErrAbortHandler) // a broken stream, as for a chat request
 	}
-}
-
-// passEndpoints are the passthrough metric's endpoint labels: the OpenAI
-// API's top-level paths; any other is "other", so that callers cannot
-// grow the metric.
-var passEndpoints = map[string]bool{
-	"models": true, "completions": true, "embeddings": true, "responses": true, "audio": true,
-	"images": true, "moderations": true, "files": true, "batches": true, "rerank": true,
-	"tokenize": true, "detokenize": true, "score": true, "chat": true,
-}
-
-// passEndpoint is the metric label of a /v1/ path: its first segment
-// after /v1/ when it is one of passEndpoints, else "other".
-func passEndpoint(path string) string {
-	seg, _, _ := strings.Cut(strings.TrimPrefix(path, "/v1/"), "/")
-	if passEndpoints[seg] {
-		return seg
-	}
-	return "other"
 }
 
 // withQuery is the upstream URL u with the caller's query string (an

@@ -678,7 +678,7 @@ func TestProxyPassthrough(t *testing.T) {
 	for _, c := range []struct {
 		endpoint, outcome string
 		n                 float64
-	}{{"embeddings", "ok", 1}, {"completions", "ok", 1}, {"responses", "upstream_error", 1}, {"embeddings", "refused", 2}} {
+	}{{"POST /v1/embeddings", "ok", 1}, {"POST /v1/completions", "ok", 1}, {"POST /v1/responses", "upstream_error", 1}, {"POST /v1/embeddings", "refused", 2}} {
 		if v := metricValue(t, reg, "trace_router_passthrough_total", map[string]string{"endpoint": c.endpoint, "outcome": c.outcome}); v != c.n {
 			t.Fatalf("trace_router_passthrough_total{%s,%s} = %v, want %v", c.endpoint, c.outcome, v, c.n)
 		}
