@@ -178,9 +178,7 @@ func (b *Backfill) load(ctx context.Context, t BackfillTarget, chunk []sink.Stor
 			part  int
 		}
 		want := map[tp]map[int64]string{}
-		storedEnd := make(map[string]time.Time, len(chunk))
 		for _, r := range chunk {
-			storedEnd[r.RolloutID] = r.EndTime
 			if r.Coord.Topic == "" {
 				fallback = append(fallback, r.RolloutID)
 				continue
@@ -210,12 +208,6 @@ func (b *Backfill) load(ctx context.Context, t BackfillTarget, chunk []sink.Stor
 				if err != nil || r.RolloutID != id || r.Environment != t.Environment || r.Agent.Version != t.AgentVersion {
 					fallback = append(fallback, id) // not the message the row was stored from
 					return nil
-				}
-				if r.EndTime.IsZero() {
-					// The time the ingest stage stored it at (its start, else
-					// the message's timestamp, which is not passed here): the
-					// labels go in the row's hour, as the stream's do.
-					r.EndTime = storedEnd[id]
 				}
 				byID[id] = r
 				return nil
@@ -247,6 +239,13 @@ func (b *Backfill) load(ctx context.Context, t BackfillTarget, chunk []sink.Stor
 	out := make([]*schemas.Rollout, 0, len(chunk))
 	for _, r := range chunk {
 		if v := byID[r.RolloutID]; v != nil {
+			if v.EndTime.IsZero() {
+				// Read from Kafka without end_time: the time the ingest
+				// stage stored it at (its start, else the message's
+				// timestamp, which the decoded value lacks), so that the
+				// labels go in the row's hour, as the stream's do.
+				v.EndTime = r.EndTime
+			}
 			out = append(out, v)
 		}
 	}
