@@ -180,3 +180,15 @@ func ParseDictionaries(name string, data []byte) ([]*Dictionary, error) {
 	}
 	return out, nil
 }
+
+// WithoutDetector names the capabilities that have no detector: the
+// rules labeler cannot label them.
+func (d *Dictionary) WithoutDetector() []string {
+	var out []string
+	for _, c := range d.Capabilities {
+		if strings.TrimSpace(c.Detector) == "" {
+			out = append(out, c.Name)
+		}
+	}
+	return out
+}

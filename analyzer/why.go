@@ -31,13 +31,7 @@ func WhyNoLabels(s LabelingSetup, env, agentVersion string, d *Dictionary, faile
 			failed.Labeler, failed.Runs, oneLineCut(failed.Reason, 160), d.Scope(), d.Version, env)
 	}
 	if s.Labeler == "rules" {
-		var missing []string
-		for _, c := range d.Capabilities {
-			if c.Detector == "" {
-				missing = append(missing, c.Name)
-			}
-		}
-		if len(missing) > 0 {
+		if missing := d.WithoutDetector(); len(missing) > 0 {
 			return fmt.Sprintf("dictionary %s v%d has no detector for %s: the rules labeler cannot label with it; add detectors or set analyzer.labeler: llm", d.Scope(), d.Version, strings.Join(missing, ", "))
 		}
 	}

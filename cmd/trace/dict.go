@@ -76,7 +76,7 @@ their cohorts.`,
 			defer w.Close()
 			if cfg.Analyzer.Labeler == "rules" {
 				for _, d := range ds {
-					if missing := withoutDetector(d); len(missing) > 0 {
+					if missing := d.WithoutDetector(); len(missing) > 0 {
 						fmt.Fprintf(cmd.ErrOrStderr(), "warning: %s/%s: no detector for %s: the rules labeler (analyzer.labeler: rules) fails every labeling run with this dictionary; add detectors, or label with analyzer.labeler: llm\n",
 							d.Environment, d.AgentVersion, strings.Join(missing, ", "))
 					}
@@ -181,15 +181,4 @@ func versionNote(asked uint32, stored *analyzer.Dictionary, unchanged bool) stri
 		return fmt.Sprintf(": the file says version %d, but versions up to %d are taken by %s or a broader dictionary that labels its cohorts", asked, stored.Version-1, stored.Scope())
 	}
 	return ""
-}
-
-// withoutDetector names the capabilities of d that have no detector.
-func withoutDetector(d *analyzer.Dictionary) []string {
-	var out []string
-	for _, c := range d.Capabilities {
-		if strings.TrimSpace(c.Detector) == "" {
-			out = append(out, c.Name)
-		}
-	}
-	return out
 }
