@@ -3,6 +3,7 @@ package router
 import (
 	"fmt"
 	"strings"
+	"unicode/utf8"
 )
 
 // Context modes (router.context): what the classifier reads.
@@ -18,7 +19,8 @@ type Turn struct {
 	Text string
 	// Media is the message's parts other than text (images, audio,
 	// files) as their JSON: the conversation hash reads them, the
-	// classifier does not.
+	// classifier does not (the proxy fills it up to the first user turn,
+	// the turns the hash reads).
 	Media string
 }
 
@@ -36,7 +38,7 @@ const DefaultContextMaxChars = 16000
 func CapContext(turns []Turn, maxChars int) []Turn {
 	total := 0
 	for _, t := range turns {
-		total += len([]rune(t.Text))
+		total += utf8.RuneCountInString(t.Text)
 	}
 	if maxChars < 1 || total <= maxChars {
 		return turns
@@ -45,14 +47,14 @@ func CapContext(turns []Turn, maxChars int) []Turn {
 	left := maxChars
 	for i, t := range turns {
 		share := left / (len(turns) - i)
-		r := []rune(t.Text)
-		if len(r) > share {
+		if n := utf8.RuneCountInString(t.Text); n <= share {
+			left -= n
+		} else {
+			r := []rune(t.Text) // only a turn that is cut
 			head := share * 2 / 3
 			tail := share - head
 			t.Text = string(r[:head]) + fmt.Sprintf("\n[… %d characters left out …]\n", len(r)-share) + string(r[len(r)-tail:])
 			left -= share
-		} else {
-			left -= len(r)
 		}
 		out[i] = t
 	}

@@ -393,10 +393,10 @@ type wireMessage struct {
 	Content json.RawMessage `json:"content"`
 }
 
-// turn is the message as the router reads it: its text parts joined, and
-// its other parts (images, audio, files) as their JSON, which only the
-// conversation hash reads.
-func (m wireMessage) turn() Turn {
+// turn is the message as the router reads it: its text parts joined, and,
+// with media, its other parts (images, audio, files) as their JSON, which
+// only the conversation hash reads.
+func (m wireMessage) turn(media bool) Turn {
 	t := Turn{Role: m.Role}
 	if json.Unmarshal(m.Content, &t.Text) == nil {
 		return t
@@ -422,16 +422,25 @@ func (m wireMessage) turn() Turn {
 			}
 			continue
 		}
-		other = append(append(other, raw...), 0)
+		if media {
+			other = append(append(other, raw...), 0)
+		}
 	}
 	t.Text, t.Media = b.String(), string(other)
 	return t
 }
 
+// turnsOf reads msgs, with the media of the turns HashConversation reads
+// (up to the first user turn) only: later turns' images are not copied on
+// every request.
 func turnsOf(msgs []wireMessage) []Turn {
 	out := make([]Turn, len(msgs))
+	media := true
 	for i, m := range msgs {
-		out[i] = m.turn()
+		out[i] = m.turn(media)
+		if m.Role == "user" {
+			media = false
+		}
 	}
 	return out
 }

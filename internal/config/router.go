@@ -118,7 +118,7 @@ type RouterRetrieval struct {
 // DefaultRouter is the route role's defaults.
 func DefaultRouter() Router {
 	return Router{Addr: "127.0.0.1:8088", ClassifierTimeout: 10 * time.Second, ClassifierAttempts: 2, TopP: 0.95, Temperature: 1,
-		TopLogprobs: 20, Context: "first_user", LastN: 4, ContextMaxChars: 16000, CacheTTL: time.Hour, CacheMax: 100000, LabelConstraint: "none",
+		TopLogprobs: 20, Context: "first_user", LastN: 4, ContextMaxChars: router.DefaultContextMaxChars, CacheTTL: time.Hour, CacheMax: 100000, LabelConstraint: "none",
 		AdaptersRefresh: 10 * time.Second, FallbackOnMissingAdapter: true, DrainTimeout: 30 * time.Second, GOGC: 100, GCHeadroomMB: 128,
 		Passthrough: slices.Clone(router.DefaultPassthrough), Retrieval: RouterRetrieval{Pool: 50, TTL: 10 * time.Minute}}
 }
