@@ -66,7 +66,3 @@ func (c EvalConfig) KOfN(sources []string) KOfN {
 	}
 	return KOfN{K: cmp.Or(c.K, ScaledK(n)), N: n}
 }
-
-// Explicit reports whether analyzer.k and analyzer.n are both set: every
-// cohort's K of N is then theirs, whatever labeled it.
-func (c EvalConfig) Explicit() bool { return c.K > 0 && c.N > 0 }

@@ -26,8 +26,8 @@ type WindowReader interface {
 
 // Windows are the decision windows of cohorts, as the evaluator decides on
 // them: each cohort's K of N, range (Spec.Ranges) and watermark, the
-// rollouts in it and the per-run label counts. Spec.Runs is the cohorts' N
-// when they share one (0 otherwise): each cohort is read with its own.
+// rollouts in it and the per-run label counts. Spec.Runs is 0: each
+// cohort is read with its own N.
 type Windows struct {
 	KOfN   map[sink.Cohort]KOfN
 	Spec   sink.MultiSpec
@@ -50,13 +50,13 @@ const RollupMinLabels = 10_000
 // window back from each cohort's watermark (cfg.Window), and, when
 // cfg.WindowRollouts > 0, only its newest WindowRollouts rollouts; each
 // cohort with its K of N (cfg.KOfN of its labels' sources, read unless
-// cfg sets both K and N), its window counting the rollouts labeled in all
+// cfg sets N), its window counting the rollouts labeled in all
 // N runs. Cohorts of RollupMinLabels or more are read through the rollup,
 // the others raw; the reads run at once.
 func ReadWindows(ctx context.Context, st WindowReader, cohorts []sink.Cohort, cfg EvalConfig) (Windows, error) {
 	w := Windows{KOfN: map[sink.Cohort]KOfN{}, Infos: map[sink.Cohort]sink.WindowInfo{}, Counts: map[sink.Cohort][]sink.RunCounts{}}
 	var sources map[sink.Cohort][]string
-	if !cfg.Explicit() {
+	if cfg.N == 0 { // else every cohort's N is cfg's, whatever labeled it
 		var err error
 		if sources, err = st.LabelSources(ctx, cohorts); err != nil {
 			return w, err
@@ -72,13 +72,9 @@ func ReadWindows(ctx context.Context, st WindowReader, cohorts []sink.Cohort, cf
 		}
 		byN[kn.N] = append(byN[kn.N], c)
 	}
-	shared := 0
-	if len(ns) == 1 {
-		shared = ns[0]
-	}
 	lastRollouts := cfg.WindowRollouts
 	var err error
-	w.Spec, w.Marks, err = st.EventSpec(ctx, cohorts, cfg.Window, lastRollouts, shared)
+	w.Spec, w.Marks, err = st.EventSpec(ctx, cohorts, cfg.Window, lastRollouts, 0)
 	if err != nil || len(w.Spec.Ranges) == 0 {
 		return w, err
 	}
