@@ -524,29 +524,37 @@ func (s *session) programError(fn string, timeout time.Duration, err error) *ope
 func (e *served) validate(a openenv.Action) *openenv.Error {
 	for i, c := range a.ToolCalls {
 		sch, ok := e.params[c.Name]
-		// Where the name and the arguments are in the action, and what
-		// the messages call the call.
-		nameLoc := []any{"data", "tool_calls", i, "function", "name"}
-		argsLoc := []any{"data", "tool_calls", i, "function", "arguments"}
-		what := fmt.Sprintf("tool_calls[%d]", i)
-		if a.Kind == openenv.ActionCallTool { // {"type": "call_tool", "tool_name", "arguments"}
-			nameLoc, argsLoc, what = []any{"data", "tool_name"}, []any{"data", "arguments"}, "call_tool"
-		}
 		if !ok {
-			return openenv.Validation(nameLoc, "unknown_tool", "%s: unknown tool %q (tools: %s)", what, c.Name, strings.Join(e.names, ", "))
+			loc, what := callLoc(a.Kind, i, "name")
+			return openenv.Validation(loc, "unknown_tool", "%s: unknown tool %q (tools: %s)", what, c.Name, strings.Join(e.names, ", "))
 		}
 		v, ok := openenv.SchemaValue(c.Arguments)
 		if !ok {
 			var err error
 			if v, err = jsonschema.UnmarshalJSON(strings.NewReader(string(c.Arguments))); err != nil {
-				return openenv.Validation(argsLoc, "json_invalid", "%s arguments: %v", what, err)
+				loc, what := callLoc(a.Kind, i, "arguments")
+				return openenv.Validation(loc, "json_invalid", "%s arguments: %v", what, err)
 			}
 		}
 		if err := sch.Validate(v); err != nil {
-			return openenv.Validation(argsLoc, "arguments_schema", "%s %s: arguments do not fit the tool's parameters: %s", what, c.Name, schemaMessage(err))
+			loc, what := callLoc(a.Kind, i, "arguments")
+			return openenv.Validation(loc, "arguments_schema", "%s %s: arguments do not fit the tool's parameters: %s", what, c.Name, schemaMessage(err))
 		}
 	}
 	return nil
+}
+
+// callLoc is where tool call i's field ("name" or "arguments") is in an
+// action of kind, and what the messages call the call: made only for an
+// error, off the path of a valid step.
+func callLoc(kind string, i int, field string) ([]any, string) {
+	if kind == openenv.ActionCallTool { // {"type": "call_tool", "tool_name", "arguments"}
+		if field == "name" {
+			field = "tool_name"
+		}
+		return []any{"data", field}, "call_tool"
+	}
+	return []any{"data", "tool_calls", i, "function", field}, fmt.Sprintf("tool_calls[%d]", i)
 }
 
 var englishPrinter = message.NewPrinter(language.English)
