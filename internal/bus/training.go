@@ -77,13 +77,19 @@ func (b *Bus) TrainingEventsConsumer(ctx context.Context, ackWait time.Duration)
 // time).
 const TrainerMaxAckPending = 1024
 
-// TrainerConsumer is the durable consumer trainer workers share on
-// TRACE_TRAINING_JOBS (a work queue admits one consumer per subject).
-func (b *Bus) TrainerConsumer(ctx context.Context, ackWait time.Duration) (jetstream.Consumer, error) {
-	c, err := b.JS.CreateOrUpdateConsumer(ctx, StreamTrainingJobs, jetstream.ConsumerConfig{
+// TrainerConsumerConfig is the durable consumer trainer workers share on
+// TRACE_TRAINING_JOBS (a work queue admits one consumer per subject), with
+// ackWait (0: 5 minutes).
+func TrainerConsumerConfig(ackWait time.Duration) jetstream.ConsumerConfig {
+	return jetstream.ConsumerConfig{
 		Durable: DurableTrainers, Description: "trainer workers", AckPolicy: jetstream.AckExplicitPolicy,
 		AckWait: cmpDur(ackWait, 5*time.Minute), MaxAckPending: TrainerMaxAckPending,
-	})
+	}
+}
+
+// TrainerConsumer creates or updates TrainerConsumerConfig(ackWait).
+func (b *Bus) TrainerConsumer(ctx context.Context, ackWait time.Duration) (jetstream.Consumer, error) {
+	c, err := b.JS.CreateOrUpdateConsumer(ctx, StreamTrainingJobs, TrainerConsumerConfig(ackWait))
 	if err != nil {
 		return nil, fmt.Errorf("nats: trainer consumer: %w", err)
 	}

@@ -129,10 +129,7 @@ func Simulate(seed uint64, job *schemas.TrainingJob, base float64) Result {
 // not a valid training_job/v1 is terminated and logged. The job in hand
 // when ctx ends is nak'd, for another trainer at once.
 func (t *Trainer) Run(ctx context.Context) error {
-	cons, err := t.cfg.JS.CreateOrUpdateConsumer(ctx, bus.StreamTrainingJobs, jetstream.ConsumerConfig{
-		Durable: bus.DurableTrainers, Description: "trainer workers", AckPolicy: jetstream.AckExplicitPolicy,
-		AckWait: 5 * time.Minute, MaxAckPending: bus.TrainerMaxAckPending,
-	})
+	cons, err := t.cfg.JS.CreateOrUpdateConsumer(ctx, bus.StreamTrainingJobs, bus.TrainerConsumerConfig(0))
 	if err != nil {
 		return fmt.Errorf("simtrainer: consumer: %w", err)
 	}
