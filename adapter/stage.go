@@ -381,8 +381,7 @@ type ownFailure struct {
 // event moved it since the check), and it leaves the job's last event as
 // it was.
 func (s *Stage) handleEvent(ctx context.Context, e *schemas.TrainingEvent, key string, payload []byte, own *ownFailure) (string, error) {
-	var withdraw bool
-	name, err := s.applyEvent(ctx, e, key, payload, own, &withdraw)
+	name, withdraw, err := s.applyEvent(ctx, e, key, payload, own)
 	if withdraw {
 		s.withdraw(ctx, e.JobID) // outside the lock: it reads the queue
 	}
@@ -406,31 +405,31 @@ func (s *Stage) withdraw(ctx context.Context, jobID string) {
 	}
 }
 
-// applyEvent is handleEvent under the lock; *withdraw is set when the job
+// applyEvent is handleEvent under the lock; withdraw reports that the job
 // failed while DISPATCHED.
-func (s *Stage) applyEvent(ctx context.Context, e *schemas.TrainingEvent, key string, payload []byte, own *ownFailure, withdraw *bool) (string, error) {
+func (s *Stage) applyEvent(ctx context.Context, e *schemas.TrainingEvent, key string, payload []byte, own *ownFailure) (string, bool, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := s.cfg.Now().UTC()
 	job, err := s.cfg.Store.TrainingJob(ctx, e.JobID)
 	if err != nil {
-		return "", err
+		return "", false, err
 	}
 	if own != nil && own.deadline != nil && (job == nil || Terminal(job.Status) || job.DeadlineAt.Unix() != own.deadline.Unix()) {
 		s.cfg.Log.Info("adapter: deadline no longer applies (the job ended, or reported, since it was checked)", "job", e.JobID,
 			"deadline", own.deadline.UTC())
-		return "", nil
+		return "", false, nil
 	}
 	if own != nil && (job == nil || Terminal(job.Status)) {
 		s.cfg.Log.Info("adapter: the failure of a rejected terminal event no longer applies (the job ended)", "job", e.JobID)
-		return "", nil
+		return "", false, nil
 	}
 	row := eventRow(e, key, payload, now)
 	if err := s.cfg.Store.InsertTrainingEvents(ctx, []sink.TrainingEventRow{row}); err != nil {
-		return "", err
+		return "", false, err
 	}
 	if job == nil {
-		return "", fmt.Errorf("%w: %s", ErrUnknownJob, e.JobID)
+		return "", false, fmt.Errorf("%w: %s", ErrUnknownJob, e.JobID)
 	}
 	tr := Apply(job.Status, e)
 	if tr.Ignored {
@@ -440,18 +439,18 @@ func (s *Stage) applyEvent(ctx context.Context, e *schemas.TrainingEvent, key st
 		if s.cfg.AutoActivate && job.Status == StatusSucceeded && e.Type == schemas.EventSucceeded {
 			name := registeredName(job, e)
 			if a, err := s.cfg.Store.Adapter(ctx, name); err != nil {
-				return "", err
+				return "", false, err
 			} else if a != nil && a.JobID == job.JobID {
-				return name, nil
+				return name, false, nil
 			}
 		}
-		return "", nil
+		return "", false, nil
 	}
 	registered := ""
 	if tr.Register {
 		conflict, err := s.register(ctx, job, e, now)
 		if err != nil {
-			return "", err
+			return "", false, err
 		}
 		if conflict != "" {
 			s.cfg.Log.Warn("adapter: a success names another job's adapter; the job fails", "job", e.JobID, "reason", conflict)
@@ -492,7 +491,7 @@ func (s *Stage) applyEvent(ctx context.Context, e *schemas.TrainingEvent, key st
 	}
 	next.Version = max(job.Version+1, uint64(now.UnixNano()))
 	if err := s.cfg.Store.SaveTrainingJob(ctx, next); err != nil {
-		return "", err
+		return "", false, err
 	}
 	switch {
 	case own != nil && own.deadline != nil:
@@ -502,8 +501,7 @@ func (s *Stage) applyEvent(ctx context.Context, e *schemas.TrainingEvent, key st
 	case tr.Status != job.Status:
 		s.cfg.Log.Info("training job status", "job", e.JobID, "from", job.Status, "to", tr.Status, "reason", tr.Reason)
 	}
-	*withdraw = job.Status == StatusDispatched && tr.Status == StatusFailed
-	return registered, nil
+	return registered, job.Status == StatusDispatched && tr.Status == StatusFailed, nil
 }
 
 // registeredName is the name a succeeded job's adapter is registered
