@@ -556,8 +556,11 @@ func (s *server) overview(ctx context.Context, p overviewParams) (*OverviewRespo
 	if key != nil {
 		resp.Cohort = key
 		resp.Range = timeRange(anchor(list, key.Environment, now), now, p.Hours, p.Bucket, s.location())
-		s.warnSkew(ctx, &resp.Range, list, key.Environment, now)
 		since := resp.Range.Since
+		g.Go(func() error {
+			s.warnSkew(gctx, &resp.Range, list, key.Environment, now) // the only writer of resp.Range meanwhile
+			return nil
+		})
 		g.Go(func() (err error) {
 			resp.PassRate, err = s.passRateHourly(gctx, key.Environment, since, p.Bucket)
 			return err
@@ -655,7 +658,12 @@ func (s *server) capability(ctx context.Context, p capabilityParams) (*Capabilit
 		return nil, err
 	}
 	rg := timeRange(anchor(list, p.Env, now), now, p.Hours, p.Bucket, s.location())
-	s.warnSkew(ctx, &rg, list, p.Env, now)
+	// The clock-skew warning's read runs beside the decision's.
+	warning := make(chan string, 1)
+	go func(r Range) {
+		s.warnSkew(ctx, &r, list, p.Env, now)
+		warning <- r.Warning
+	}(rg)
 	since := rg.Since
 	resp := &CapabilityResponse{GeneratedAt: now.UTC(), Thresholds: s.thresholds(), Range: rg,
 		PerRun: []RunRow{}, Series: []CapPoint{}, Triggers: []TriggerEvent{}, Examples: []ExampleRollout{}}
@@ -671,6 +679,7 @@ func (s *server) capability(ctx context.Context, p capabilityParams) (*Capabilit
 	// The evaluator's stored evaluation (its window's per-run counts
 	// included) unless fresh; computed when there is none.
 	dec, counts, dict, err := s.decision(ctx, key, !p.Fresh)
+	resp.Range.Warning = <-warning
 	if err != nil {
 		return nil, err
 	}
