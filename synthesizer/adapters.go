@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"log/slog"
 	"strconv"
 	"time"
 
@@ -82,45 +81,11 @@ type PolicyCalibrator struct {
 	Policy calibrate.Policy
 	Config calibrate.Config // start from calibrate.DefaultConfig
 	Limits envprog.Limits
-	// Log, when set, gets a line on the calibration's progress (rollouts
-	// played of all, elapsed time) at most every ProgressEvery (default
-	// DefaultProgressEvery): a calibration by a model may take hours. A
-	// calibration shorter than that logs nothing. Label names it (the
-	// environment id). The stage saves the progress in the record
-	// (Environment.Progress) from Calibrate's progress callback.
-	Log           *slog.Logger
-	Label         string
-	ProgressEvery time.Duration
 }
 
-// DefaultProgressEvery is PolicyCalibrator's default ProgressEvery.
+// DefaultProgressEvery is Config.ProgressEvery's default: how often a
+// running calibration's progress is saved and logged.
 const DefaultProgressEvery = 30 * time.Second
-
-// progress returns the calibration's Progress callback that logs, or nil.
-func (c PolicyCalibrator) progress(name string) func(calibrate.Progress) {
-	if c.Log == nil {
-		return nil
-	}
-	every := c.ProgressEvery
-	if every <= 0 {
-		every = DefaultProgressEvery
-	}
-	start := time.Now()
-	last := start
-	// Calls are serialized by calibrate.Run.
-	return func(p calibrate.Progress) {
-		now := time.Now()
-		if now.Sub(last) < every || p.Done == p.Total {
-			return
-		}
-		last = now
-		elapsed := now.Sub(start)
-		left := time.Duration(float64(elapsed) * float64(p.Total-p.Done) / float64(max(p.Done, 1)))
-		c.Log.Info("synthesizer: calibrating", "id", c.Label, "program", name, "policy", fmt.Sprint(c.Policy),
-			"rollouts", fmt.Sprintf("%d/%d", p.Done, p.Total), "percent", 100*p.Done/max(p.Total, 1),
-			"elapsed", elapsed.Round(time.Second).String(), "estimated_left", left.Round(time.Second).String())
-	}
-}
 
 // VerdictProgramError is the Calibration.Verdict of a program that failed
 // while it was played.
@@ -163,16 +128,8 @@ func (c PolicyCalibrator) Calibrate(ctx context.Context, d Draft, progress func(
 		return nil, err
 	}
 	defer env.Close()
-	logProgress := c.progress(name)
-	if logProgress != nil || progress != nil {
-		cfg.Progress = func(p calibrate.Progress) {
-			if progress != nil {
-				progress(p.Done, p.Total)
-			}
-			if logProgress != nil {
-				logProgress(p)
-			}
-		}
+	if progress != nil {
+		cfg.Progress = func(p calibrate.Progress) { progress(p.Done, p.Total) }
 	}
 	res, err := calibrate.Run(ctx, env, c.Policy, cfg)
 	if errors.As(err, &pe) {

@@ -160,8 +160,8 @@ func simulatedFleet(env, agentVersion, capability string) (calibrate.Policy, err
 
 // TestCalibrationLogsItsProgress: a calibration that runs longer than
 // ProgressEvery logs how far it is (rollouts played of all) for its
-// environment; the record says CALIBRATING all along, so the log is where
-// an operator sees a model's hours-long calibration move.
+// environment, as the stage saves it in the record, so the log too shows
+// a model's hours-long calibration move.
 func TestCalibrationLogsItsProgress(t *testing.T) {
 	var buf syncBuffer
 	log := slog.New(slog.NewTextHandler(&buf, nil))
@@ -172,13 +172,20 @@ func TestCalibrationLogsItsProgress(t *testing.T) {
 	})
 	cfg := calibrate.DefaultConfig()
 	cfg.Seeds, cfg.Rollouts = 8, 4
-	c := PolicyCalibrator{Policy: slow, Config: cfg, Log: log, Label: "env-0123456789abcdef", ProgressEvery: 20 * time.Millisecond}
-	cal, err := c.Calibrate(context.Background(), Draft{Program: string(examples.PreconditionAirline), Name: "precondition_airline.star", Trusted: true}, nil)
-	if err != nil || cal == nil || cal.Seeds != 8 {
-		t.Fatalf("calibration %+v: %v", cal, err)
+	srv := llmtest.New(t)
+	srv.Handle(func(llmtest.Request) llmtest.Reply { return llmtest.Text(fenced(string(examples.PreconditionAirline))) })
+	gen, _ := newTestGenerator(t, srv)
+	stage, err := NewStage(Config{LLM: gen, Validator: EnvValidator{}, Store: newMemStore(), Log: log, ProgressEvery: 20 * time.Millisecond,
+		Calibrators: func(*Job) (Calibrator, error) { return PolicyCalibrator{Policy: slow, Config: cfg}, nil }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, err := stage.Synthesize(context.Background(), airlineRequest("trig-progress-log"))
+	if err != nil || e.Calibration == nil || e.Calibration.Seeds != 8 {
+		t.Fatalf("calibration %+v: %v", e, err)
 	}
 	out := buf.String()
-	if !strings.Contains(out, "synthesizer: calibrating") || !strings.Contains(out, "id=env-0123456789abcdef") || !strings.Contains(out, "/32") {
+	if !strings.Contains(out, "synthesizer: calibrating") || !strings.Contains(out, "id="+e.ID) || !strings.Contains(out, "/32") {
 		t.Fatalf("no progress logged:\n%s", out)
 	}
 	if strings.Contains(out, "rollouts=32/32") {

@@ -236,7 +236,7 @@ func Build(s Settings, d Deps) (*Stage, error) {
 			if err != nil {
 				return nil, fmt.Errorf("%w: %w", ErrNoPolicy, err)
 			}
-			return PolicyCalibrator{Policy: p, Config: cal, Limits: d.Limits, Log: d.Log, Label: j.ID}, nil
+			return PolicyCalibrator{Policy: p, Config: cal, Limits: d.Limits}, nil
 		}
 	default:
 		if d.PolicyClient == nil {
@@ -263,7 +263,7 @@ func Build(s Settings, d Deps) (*Stage, error) {
 				}
 				clients[key] = c
 			}
-			return PolicyCalibrator{Policy: calibrate.NewOpenAIPolicy(c, j.ID), Config: cal, Limits: d.Limits, Log: d.Log, Label: j.ID}, nil
+			return PolicyCalibrator{Policy: calibrate.NewOpenAIPolicy(c, j.ID), Config: cal, Limits: d.Limits}, nil
 		}
 	}
 	return NewStage(cfg)

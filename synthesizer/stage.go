@@ -98,7 +98,7 @@ type Config struct {
 	Now          func() time.Time
 	Log          *slog.Logger
 	// ProgressEvery is how often a running calibration's progress is saved
-	// in the record (Environment.Progress), at most. Default
+	// in the record (Environment.Progress) and logged, at most. Default
 	// DefaultProgressEvery.
 	ProgressEvery time.Duration
 }
@@ -317,7 +317,14 @@ func (s *Stage) calibrate(ctx context.Context, cal Calibrator, e *Environment, d
 			if n == 0 || d == saved {
 				continue
 			}
-			e.Progress.Done, e.Progress.Total, e.Progress.At = d, n, s.cfg.Now().UTC()
+			now := s.cfg.Now().UTC()
+			if d < n { // a calibration by a model may take hours: the log shows it move
+				elapsed := now.Sub(e.Progress.StartedAt)
+				left := time.Duration(float64(elapsed) * float64(n-d) / float64(max(d, 1)))
+				s.cfg.Log.Info("synthesizer: calibrating", "id", e.ID, "rollouts", fmt.Sprintf("%d/%d", d, n), "percent", 100*d/n,
+					"elapsed", elapsed.Round(time.Second).String(), "estimated_left", left.Round(time.Second).String())
+			}
+			e.Progress.Done, e.Progress.Total, e.Progress.At = d, n, now
 			err := s.save(ctx, e)
 			if errors.Is(err, errEndedElsewhere) {
 				cancel(err) // the calibration stops; the cause says why
