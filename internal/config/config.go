@@ -417,37 +417,18 @@ func dropNullSections(m map[string]any, t reflect.Type, prefix string) error {
 		if i < 0 {
 			continue // unknownKeys names it
 		}
-		ft := fields[i].typ
-		optional := ft.Kind() == reflect.Pointer // null: unset, as config print shows it
-		for ft.Kind() == reflect.Pointer {
-			ft = ft.Elem()
-		}
+		optional := fields[i].typ.Kind() == reflect.Pointer // null: unset, as config print shows it
+		ft := derefType(fields[i].typ)
 		path := prefix + key
 		switch {
-		case ft.Kind() == reflect.Struct:
-			if v == nil {
-				delete(m, key)
-			} else if sub, ok := v.(map[string]any); ok {
-				errs = append(errs, dropNullSections(sub, ft, path+"."))
-			}
+		case v == nil && ft.Kind() == reflect.Struct:
+			delete(m, key)
 		case v == nil && !optional && ft.Kind() != reflect.Map && ft.Kind() != reflect.Interface: // a null map or value of any type is none
 			errs = append(errs, fmt.Errorf("%s: no value (null in YAML): write one, or delete the line to keep the default (trace config print shows it)", path))
-		case ft.Kind() == reflect.Map && ft.Elem().Kind() == reflect.Struct:
-			if sub, ok := v.(map[string]any); ok {
-				for _, name := range slices.Sorted(maps.Keys(sub)) {
-					if im, ok := sub[name].(map[string]any); ok {
-						errs = append(errs, dropNullSections(im, ft.Elem(), path+"."+name+"."))
-					}
-				}
-			}
-		case ft.Kind() == reflect.Slice && ft.Elem().Kind() == reflect.Struct:
-			if items, ok := v.([]any); ok {
-				for j, item := range items {
-					if im, ok := item.(map[string]any); ok {
-						errs = append(errs, dropNullSections(im, ft.Elem(), fmt.Sprintf("%s[%d].", path, j)))
-					}
-				}
-			}
+		default:
+			eachSection(v, ft, func(sub map[string]any, st reflect.Type, at string) {
+				errs = append(errs, dropNullSections(sub, st, path+at+"."))
+			})
 		}
 	}
 	return errors.Join(errs...)

@@ -3,6 +3,7 @@ package config
 import (
 	"cmp"
 	"fmt"
+	"maps"
 	"reflect"
 	"slices"
 	"sort"
@@ -45,32 +46,9 @@ func unknownKeysIn(raw map[string]any, t reflect.Type, prefix, fixed string) []s
 		}
 		path, fixedPath := prefix+key, fixed+fields[i].name
 		var under []string // of the keys under this one
-		ft := fields[i].typ
-		for ft.Kind() == reflect.Pointer {
-			ft = ft.Elem()
-		}
-		switch {
-		case ft.Kind() == reflect.Struct:
-			if m, ok := v.(map[string]any); ok {
-				under = unknownKeysIn(m, ft, path+".", fixedPath+".")
-			}
-		case ft.Kind() == reflect.Map && ft.Elem().Kind() == reflect.Struct:
-			if m, ok := v.(map[string]any); ok {
-				for name, item := range m { // names are data (environments), not keys
-					if im, ok := item.(map[string]any); ok {
-						under = append(under, unknownKeysIn(im, ft.Elem(), path+"."+name+".", fixedPath+"."+name+".")...)
-					}
-				}
-			}
-		case ft.Kind() == reflect.Slice && ft.Elem().Kind() == reflect.Struct:
-			if items, ok := v.([]any); ok {
-				for j, item := range items {
-					if m, ok := item.(map[string]any); ok {
-						under = append(under, unknownKeysIn(m, ft.Elem(), fmt.Sprintf("%s[%d].", path, j), fmt.Sprintf("%s[%d].", fixedPath, j))...)
-					}
-				}
-			}
-		}
+		eachSection(v, derefType(fields[i].typ), func(m map[string]any, st reflect.Type, at string) {
+			under = append(under, unknownKeysIn(m, st, path+at+".", fixedPath+at+".")...)
+		})
 		bad = append(bad, under...)
 		if path != fixedPath && len(under) == 0 {
 			bad = append(bad, fmt.Sprintf("%s: unknown key; keys are lower case (%s)", path, fixedPath))
@@ -78,6 +56,44 @@ func unknownKeysIn(raw map[string]any, t reflect.Type, prefix, fixed string) []s
 	}
 	sort.Strings(bad)
 	return bad
+}
+
+// derefType is t without its pointers.
+func derefType(t reflect.Type) reflect.Type {
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	return t
+}
+
+// eachSection calls fn for every section (a map of keys of a struct type)
+// in v, the value of a setting of type t: v itself when t is a struct,
+// each item when t is a map or a list of structs (a map's names are data,
+// such as environments, not keys), in order, with at the path's suffix
+// that leads to it: "", ".name" or "[j]".
+func eachSection(v any, t reflect.Type, fn func(m map[string]any, st reflect.Type, at string)) {
+	switch {
+	case t.Kind() == reflect.Struct:
+		if m, ok := v.(map[string]any); ok {
+			fn(m, t, "")
+		}
+	case t.Kind() == reflect.Map && t.Elem().Kind() == reflect.Struct:
+		if m, ok := v.(map[string]any); ok {
+			for _, name := range slices.Sorted(maps.Keys(m)) {
+				if im, ok := m[name].(map[string]any); ok {
+					fn(im, t.Elem(), "."+name)
+				}
+			}
+		}
+	case t.Kind() == reflect.Slice && t.Elem().Kind() == reflect.Struct:
+		if items, ok := v.([]any); ok {
+			for j, item := range items {
+				if im, ok := item.(map[string]any); ok {
+					fn(im, t.Elem(), fmt.Sprintf("[%d]", j))
+				}
+			}
+		}
+	}
 }
 
 type keyField struct {
