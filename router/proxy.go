@@ -806,7 +806,10 @@ func copyFlush(w http.ResponseWriter, body io.Reader, sse, usage bool) (c copied
 			}
 			_ = rc.Flush()
 		}
-		if rerr == io.EOF {
+		// A stream that has sent its terminator is whole: a read that
+		// fails after it (the caller, done, hung up and canceled the
+		// upstream request before its end was read) is its end.
+		if rerr == io.EOF || (rerr != nil && usage && sse && sseDone(tail)) {
 			if usage {
 				c.usage, c.usageOK = parseUsage(tail)
 			}
@@ -817,6 +820,13 @@ func copyFlush(w http.ResponseWriter, body io.Reader, sse, usage bool) (c copied
 			return c
 		}
 	}
+}
+
+// sseDone reports whether an SSE body's end is the stream's terminator,
+// "data: [DONE]".
+func sseDone(end []byte) bool {
+	end = bytes.TrimRight(end, "\r\n ")
+	return bytes.HasSuffix(end, []byte("data: [DONE]")) || bytes.HasSuffix(end, []byte("data:[DONE]"))
 }
 
 // bodyBufs holds request-body buffers between requests: a body is read

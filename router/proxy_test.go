@@ -713,3 +713,36 @@ func TestCheckPassthrough(t *testing.T) {
 		}
 	}
 }
+
+// TestProxyStreamEndsAtDone: a caller that hangs up once it has read a
+// stream's [DONE] (as SDKs do), while the upstream has not yet ended the
+// body, got a whole stream: its row records the usage of the last chunk
+// and outcome ok, not canceled without usage (the upstream read failing
+// with the caller's context was taken for a broken stream).
+func TestProxyStreamEndsAtDone(t *testing.T) {
+	release := make(chan struct{})
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		io.WriteString(w, `data: {"choices":[{"index":0,"delta":{"content":"ok"},"finish_reason":"stop"}]}`+"\n\n")
+		io.WriteString(w, `data: {"choices":[],"usage":{"prompt_tokens":12,"completion_tokens":1,"total_tokens":13}}`+"\n\n")
+		io.WriteString(w, "data: [DONE]\n\n")
+		w.(http.Flusher).Flush()
+		select { // the body's end comes late: after the caller has gone
+		case <-r.Context().Done():
+		case <-release:
+		}
+	}))
+	t.Cleanup(func() { close(release); up.Close() })
+	f := newFixtureWith(t, func(pc *router.ProxyConfig) { pc.UpstreamURL = up.URL }, adapterRow("lora-ids", "id_verification"))
+	f.script(map[string]float64{"A": 0.9, "B": 0.1}, llmtest.Reply{})
+	resp := f.post("/v1/chat/completions", `{"stream":true,"stream_options":{"include_usage":true},"messages":[{"role":"user","content":"verify me"}]}`,
+		map[string]string{router.HeaderConversation: "done-1"})
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() && sc.Text() != "data: [DONE]" {
+	}
+	resp.Body.Close() // hangs up, as a client done with the stream
+	r := f.decisions(1)[0]
+	if r.Outcome != router.OutcomeOK || !r.Usage || r.PromptTokens != 12 || r.CompletionTokens != 1 {
+		t.Fatalf("row outcome %s usage %v %d/%d (%s), want ok with 12/1", r.Outcome, r.Usage, r.PromptTokens, r.CompletionTokens, r.Error)
+	}
+}
