@@ -164,7 +164,8 @@ func (b *Batcher[T]) insertCtx(ctx context.Context, n int) context.Context {
 	return b.hintCtx
 }
 
-// Pending is the number of rows not yet written.
+// Pending is the number of rows waiting for a write (a batch being
+// written is not counted).
 func (b *Batcher[T]) Pending() int {
 	b.mu.Lock()
 	defer b.mu.Unlock()

@@ -95,8 +95,16 @@ func TestStalledInsertIsLogged(t *testing.T) {
 	if n := labelsMetric(t, reg, "trace_clickhouse_insert_stalls_total"); n != 1 {
 		t.Errorf("trace_clickhouse_insert_stalls_total = %v, want 1", n)
 	}
-	if labeled, _, err := st.CountLabels(ctx); err != nil || labeled != 8 {
-		t.Errorf("%d rollouts labeled (%v), want 8", labeled, err)
+	// Pending counts the rows waiting, not the batch in flight: its
+	// write ends after the warning's "went on".
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		labeled, _, err := st.CountLabels(ctx)
+		if err == nil && labeled == 8 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d rollouts labeled (%v), want 8", labeled, err)
+		}
 	}
 
 	// The ingest stage's streamed INSERT, stuck at its end: the rows
