@@ -46,9 +46,6 @@ func (r *Recorder) Run(ctx context.Context) error { return r.batcher().Run(ctx) 
 // Flush writes the buffered rows now; on failure they stay buffered.
 func (r *Recorder) Flush(ctx context.Context) { r.batcher().Flush(ctx) }
 
-// Pending is the number of rows not yet written.
-func (r *Recorder) Pending() int { return r.batcher().Pending() }
-
 // Row is the route_decisions row of one request served with decision d.
 // Its slices are the decision's, shared by every row of the decision:
 // they must not be modified.
