@@ -164,17 +164,22 @@ func meanDelta(cs []analyzer.Counts) float64 {
 // capability (labeled PRESENT or LACKING in at least half of the runs), so
 // that routed rollouts — chosen because they need it — are compared with
 // the same kind of rollouts before activation; Wilson interval.
+//
+// NeededFailures are the failures among the Needed rollouts: the ones ER−
+// is about (a failure labeled NA says nothing about the gap), and what the
+// verdict's minimum counts (Config.MinFailures).
 type Stats struct {
-	Rollouts   int      `json:"rollouts"`
-	Failures   int      `json:"failures"`
-	Needed     int      `json:"needed"`
-	Runs       int      `json:"runs"`
-	Incomplete int      `json:"incomplete,omitempty"`
-	ERFailed   Interval `json:"er_failed"`
-	ERPassed   Interval `json:"er_passed"`
-	Delta      Interval `json:"delta"`
-	Cov        Interval `json:"cov"`
-	PassRate   Interval `json:"pass_rate"`
+	Rollouts       int      `json:"rollouts"`
+	Failures       int      `json:"failures"`
+	Needed         int      `json:"needed"`
+	NeededFailures int      `json:"needed_failures"`
+	Runs           int      `json:"runs"`
+	Incomplete     int      `json:"incomplete,omitempty"`
+	ERFailed       Interval `json:"er_failed"`
+	ERPassed       Interval `json:"er_passed"`
+	Delta          Interval `json:"delta"`
+	Cov            Interval `json:"cov"`
+	PassRate       Interval `json:"pass_rate"`
 }
 
 // point computes everything but Δ's interval.
@@ -195,6 +200,8 @@ func (s Sample) point() Stats {
 			st.Needed++
 			if ok {
 				passedNeeded++
+			} else {
+				st.NeededFailures++
 			}
 		}
 	}

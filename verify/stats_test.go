@@ -127,9 +127,24 @@ func TestVerdicts(t *testing.T) {
 		{"the same as before", gap, gap, 3, NoChange, "no significant change"},
 		{"pass rate collapses", gap, mix{LF: 40, PF: 40, NF: 5, LP: 2, PP: 18, NP: 5}, 3, Worse, "pass rate fell"},
 		{"Δ grows", mix{LF: 20, PF: 30, NF: 10, LP: 5, PP: 45, NP: 10}, mix{LF: 45, PF: 5, NF: 10, LP: 5, PP: 45, NP: 10}, 3, Worse, "Δ rose"},
-		{"too few routed failures", gap, mix{LF: 5, PF: 5, NF: 5, LP: 1, PP: 30}, 3, NotEnoughData, "15 labeled failures among the routed rollouts, 20 needed"},
-		{"too few failures before", mix{LF: 5, PF: 5, LP: 5, PP: 45}, gap, 3, NotEnoughData, "10 labeled failures before activation"},
-		{"nothing routed yet", gap, mix{}, 3, NotEnoughData, "0 labeled failures among the routed rollouts"},
+		{"too few routed failures", gap, mix{LF: 5, PF: 5, NF: 5, LP: 1, PP: 30}, 3, NotEnoughData,
+			"10 labeled failures that need the capability among the routed rollouts (of 15 failures), 20 needed"},
+		{"too few failures before", mix{LF: 5, PF: 5, LP: 5, PP: 45}, gap, 3, NotEnoughData, "10 labeled failures that need the capability before activation"},
+		{"nothing routed yet", gap, mix{}, 3, NotEnoughData, "0 labeled failures that need the capability among the routed rollouts"},
+		// Routed traffic that never needs the capability (zero coverage,
+		// every label NA): Δ is 0 by the zero-denominator rule, which is no
+		// evidence that the gap closed.
+		{"routed rollouts all NA", gap, mix{NF: 30, NP: 30}, 3, NotEnoughData, "0 labeled failures that need the capability among the routed rollouts (of 30 failures)"},
+		{"before all NA", mix{NF: 30, NP: 30}, gap, 3, NotEnoughData, "0 labeled failures that need the capability before activation (of 30 failures)"},
+		{"one routed failure needs it, the rest NA", gap, mix{LF: 1, NF: 30, NP: 30}, 3, NotEnoughData, "1 labeled failures that need the capability"},
+		// Exactly at the minimum is enough; one below is not.
+		{"exactly min_failures that need it", gap, mix{PF: 20, NF: 10, PP: 40}, 3, GapClosed, "below δ"},
+		{"one below min_failures", gap, mix{PF: 19, NF: 10, PP: 40}, 3, NotEnoughData, "19 labeled failures that need the capability"},
+		// One labeling run.
+		{"one run", gap, mix{LF: 2, PF: 28, NF: 5, LP: 2, PP: 60, NP: 3}, 1, GapClosed, "below δ"},
+		// Δ after exactly δ (ER− 0.25 − ER+ 0.05 = 0.20): the capability
+		// would still be selected, so the gap is not closed.
+		{"Δ after exactly δ", gap, mix{LF: 5, PF: 15, LP: 1, PP: 19}, 3, Improved, "Δ still ≥ δ"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := Compare(NewSample(tc.before.rollouts("b", tc.runs)), NewSample(tc.after.rollouts("a", tc.runs)), cfg, "ad-1")

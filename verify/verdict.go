@@ -18,8 +18,9 @@ type Verdict string
 
 // The verdicts, in the order they are decided.
 const (
-	// NotEnoughData: fewer routed failures (or failures before activation)
-	// than Config.MinFailures; nothing else is concluded.
+	// NotEnoughData: fewer routed failures that need the capability (or
+	// such failures before activation) than Config.MinFailures; nothing
+	// else is concluded.
 	NotEnoughData Verdict = "not_enough_data"
 	// Worse: the pass rate is significantly lower after activation, or Δ
 	// significantly higher (the 95 % interval of the change excludes 0).
@@ -40,8 +41,9 @@ type Config struct {
 	// Delta is δ: "gap closed" means Δ after activation below it. Default
 	// the selection's δ, 0.20.
 	Delta float64 `koanf:"delta" json:"delta"`
-	// MinFailures is the fewest labeled failures each side needs before a
-	// verdict other than not_enough_data (default 20).
+	// MinFailures is the fewest labeled failures that need the capability
+	// (Stats.NeededFailures) each side needs before a verdict other than
+	// not_enough_data (default 20).
 	MinFailures int `koanf:"min_failures" json:"min_failures"`
 	// Bootstrap is the number of resamples of Δ's interval (default 1000).
 	Bootstrap int `koanf:"bootstrap" json:"bootstrap"`
@@ -149,11 +151,16 @@ func Compare(before, after Sample, cfg Config, key string) Comparison {
 // decide applies the verdict rule, in order: not enough data, worse, gap
 // closed, improved, no change.
 func decide(c Comparison, cfg Config) (Verdict, string) {
-	if c.After.Failures < cfg.MinFailures {
-		return NotEnoughData, fmt.Sprintf("%d labeled failures among the routed rollouts, %d needed", c.After.Failures, cfg.MinFailures)
+	// Only the failures that need the capability count: one labeled NA is
+	// in no ratio but Cov's, and a side of NA failures alone has Δ = 0 by
+	// the zero-denominator rule, which says nothing about the gap.
+	if c.After.NeededFailures < cfg.MinFailures {
+		return NotEnoughData, fmt.Sprintf("%d labeled failures that need the capability among the routed rollouts (of %d failures), %d needed",
+			c.After.NeededFailures, c.After.Failures, cfg.MinFailures)
 	}
-	if c.Before.Failures < cfg.MinFailures {
-		return NotEnoughData, fmt.Sprintf("%d labeled failures before activation, %d needed", c.Before.Failures, cfg.MinFailures)
+	if c.Before.NeededFailures < cfg.MinFailures {
+		return NotEnoughData, fmt.Sprintf("%d labeled failures that need the capability before activation (of %d failures), %d needed",
+			c.Before.NeededFailures, c.Before.Failures, cfg.MinFailures)
 	}
 	var worse []string
 	if c.PassRateChange.Hi < 0 {

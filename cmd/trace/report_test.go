@@ -233,7 +233,7 @@ func TestReportLoop(t *testing.T) {
 	}
 	t.Log(out)
 	for _, want := range []string{"closed loop (before = the base model's rollouts", "precondition_verification on sim-airline",
-		"pv-good [SIMULATED trainer]", "pv-good: gap_closed — Δ 0.700 → 0.034, below δ = 0.20", "msc-new: not_enough_data — 8 labeled failures among the routed rollouts, 20 needed",
+		"pv-good [SIMULATED trainer]", "pv-good: gap_closed — Δ 0.700 → 0.034, below δ = 0.20", "msc-new: not_enough_data — 8 labeled failures that need the capability among the routed rollouts (of 8 failures), 20 needed",
 		"routing share in sim-airline per hour", "base model"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("table lacks %q:\n%s", want, out)
