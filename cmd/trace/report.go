@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/csv"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"math"
@@ -18,6 +19,7 @@ import (
 	"github.com/traceops/trace/internal/config"
 	"github.com/traceops/trace/sink"
 	"github.com/traceops/trace/synthesizer"
+	"github.com/traceops/trace/verify"
 )
 
 // reportRow is one capability of one cohort in `trace report`, or, with
@@ -108,12 +110,13 @@ func reportWindow(s string, def time.Duration) (time.Duration, error) {
 
 func init() {
 	var (
-		cf     configFlags
-		env    string
-		format string
-		window string
-		loop   bool
-		fresh  bool
+		cf      configFlags
+		env     string
+		format  string
+		window  string
+		loop    bool
+		fresh   bool
+		adapter string
 	)
 	cmd := &cobra.Command{
 		Use:   "report",
@@ -147,10 +150,16 @@ before activation beside the rollouts routed to it, with 95 % intervals,
 the verdict (gap_closed, improved, no_change, worse, not_enough_data; see
 verify.*), the routing share per adapter per hour, and the tokens of the
 proxied requests per day and adapter (the upstream's usage; json field
-tokens).`,
+tokens).
+
+--loop --adapter NAME reports that one adapter and exits with its verdict,
+for CI and scripts: 0 gap_closed; 2 not closed (improved, no_change,
+worse); 3 undecided (not_enough_data); 1 an error (no such adapter in the
+closed loop, its check could not be read).`,
 		Example: `  trace report --env sim-airline --format table
   trace report --window all --format json
-  trace report --loop --format json`,
+  trace report --loop --format json
+  trace report --loop --adapter sim-precondition-verification-8f8e61e2 --format json`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			format = formatOrJSON(cmd, format)
@@ -173,6 +182,9 @@ tokens).`,
 				return err
 			}
 			defer st.Close()
+			if adapter != "" && !loop {
+				return errors.New("--adapter needs --loop: it selects one adapter of the closed loop")
+			}
 			if loop {
 				if err := knownEnvironment(ctx, st, env); err != nil {
 					return err
@@ -181,12 +193,23 @@ tokens).`,
 				if err != nil {
 					return err
 				}
+				var ac *verify.AdapterCheck
+				if adapter != "" {
+					a, err := onlyAdapter(rep, adapter)
+					if err != nil {
+						return &exitError{code: 1, err: err}
+					}
+					ac = &a
+				}
 				if format == "csv" { // the table and JSON carry them; CSV has no place for them
 					for _, e := range rep.Errors {
 						fmt.Fprintln(cmd.ErrOrStderr(), "warning: closed loop: left out, could not be read:", e)
 					}
 				}
-				return writeLoop(cmd.OutOrStdout(), format, rep)
+				if err := writeLoop(cmd.OutOrStdout(), format, rep); err != nil || ac == nil {
+					return err
+				}
+				return verdictExit(*ac)
 			}
 			rows, warnings, err := buildReport(ctx, cfg, st, env, win, !fresh, time.Now())
 			if err != nil {
@@ -218,6 +241,7 @@ tokens).`,
 	addJSONFlag(cmd)
 	cmd.Flags().BoolVar(&fresh, "fresh", false, "compute every decision from its window now, not the evaluator's latest evaluation")
 	cmd.Flags().BoolVar(&loop, "loop", false, "only the closed loop: each activated adapter's before/after, verdict, routing share and tokens")
+	cmd.Flags().StringVar(&adapter, "adapter", "", "with --loop: only this adapter, and exit with its verdict (0 gap_closed, 2 not closed, 3 not_enough_data, 1 error)")
 	cmd.Flags().StringVar(&window, "window", "", "the window back from each cohort's watermark: a duration, or all (default analyzer.window)")
 	rootCmd.AddCommand(cmd)
 }

@@ -169,3 +169,42 @@ func loopShareWindow(window string) time.Duration {
 	}
 	return 7 * 24 * time.Hour
 }
+
+// onlyAdapter narrows rep to the adapter named (its capability, the routing
+// share and tokens of its environment) and returns its check. An adapter
+// the closed loop does not show, or whose check could not be read, is an
+// error: it has no verdict.
+func onlyAdapter(rep *verify.Report, name string) (verify.AdapterCheck, error) {
+	for _, c := range rep.Capabilities {
+		for _, a := range c.Adapters {
+			if a.Adapter != name {
+				continue
+			}
+			c.Adapters = []verify.AdapterCheck{a}
+			rep.Capabilities = []verify.CapabilityLoop{c}
+			rep.Share = slices.DeleteFunc(rep.Share, func(s verify.EnvShare) bool { return s.Environment != c.Environment })
+			rep.Tokens = slices.DeleteFunc(rep.Tokens, func(t verify.EnvTokens) bool { return t.Environment != c.Environment })
+			rep.Errors = slices.DeleteFunc(rep.Errors, func(e string) bool { return !strings.Contains(e, "of "+c.Environment+":") })
+			return a, nil
+		}
+	}
+	for _, e := range rep.Errors {
+		if strings.HasPrefix(e, "adapter "+name+": ") {
+			return verify.AdapterCheck{}, fmt.Errorf("closed loop: %s", e)
+		}
+	}
+	return verify.AdapterCheck{}, fmt.Errorf("--adapter %q: not in the closed loop (only adapters that were activated are; see trace adapters list)", name)
+}
+
+// verdictExit is the exit of `trace report --loop --adapter`: nil for
+// gap_closed, code 2 for a gap not closed (improved, no_change, worse), 3
+// for not_enough_data.
+func verdictExit(ac verify.AdapterCheck) error {
+	switch ac.Verdict {
+	case verify.GapClosed:
+		return nil
+	case verify.NotEnoughData:
+		return &exitError{code: 3, err: fmt.Errorf("adapter %s: undecided: %s: %s", ac.Adapter, ac.Verdict, ac.Reason)}
+	}
+	return &exitError{code: 2, err: fmt.Errorf("adapter %s: gap not closed: %s: %s", ac.Adapter, ac.Verdict, ac.Reason)}
+}

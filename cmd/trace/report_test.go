@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"path/filepath"
 	"regexp"
@@ -364,5 +365,78 @@ func TestReportLoopEmpty(t *testing.T) {
 	}
 	if string(raw["capabilities"]) != "[]" || string(raw["routing_share"]) != "[]" {
 		t.Errorf("capabilities %s, routing_share %s; want []", raw["capabilities"], raw["routing_share"])
+	}
+}
+
+// TestReportLoopAdapterExit: `trace report --loop --adapter NAME` reports
+// that one adapter and exits with its verdict, for CI: 0 gap_closed, 2 not
+// closed, 3 not_enough_data, 1 an adapter the closed loop does not show.
+func TestReportLoopAdapterExit(t *testing.T) {
+	ch := testenv.ClickHouse(t)
+	st := ch.Store()
+	ctx := context.Background()
+	act := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
+	gap := verifytest.Mix{LF: 40, PF: 10, NF: 10, LP: 5, PP: 45, NP: 10}
+	for _, a := range []verifytest.Adapter{
+		{Name: "closed", Capability: "precondition_verification", Environment: "sim-airline", AgentVersion: "1.4.0", ActivatedAt: act,
+			Before: gap, After: verifytest.Mix{LF: 2, PF: 28, NF: 5, LP: 2, PP: 60, NP: 3}},
+		{Name: "same", Capability: "multi_step_completion", Environment: "sim-airline", AgentVersion: "1.4.0", ActivatedAt: act,
+			Before: gap, After: gap},
+		{Name: "fresh", Capability: "argument_grounding", Environment: "sim-retail", AgentVersion: "1.5.0", ActivatedAt: act,
+			Before: gap, After: verifytest.Mix{LF: 4, PF: 4, PP: 20}},
+	} {
+		if err := verifytest.Seed(ctx, st, a); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sets := []string{"--set", "clickhouse.addr=" + ch.Addr, "--set", "clickhouse.database=" + ch.Database, "--set", "analyzer.labeler=none"}
+	for _, tc := range []struct {
+		adapter string
+		code    int // 0: no error
+		verdict verify.Verdict
+	}{
+		{"closed", 0, verify.GapClosed},
+		{"same", 2, verify.NoChange},
+		{"fresh", 3, verify.NotEnoughData},
+		{"nosuch", 1, ""},
+	} {
+		t.Run(tc.adapter, func(t *testing.T) {
+			out, err := runCLI(t, ctx, append([]string{"report", "--loop", "--adapter", tc.adapter, "--format", "json"}, sets...)...)
+			code := 0
+			if err != nil {
+				var ee *exitError
+				if !errors.As(err, &ee) {
+					t.Fatalf("error without an exit code: %v\n%s", err, out)
+				}
+				code = ee.code
+			}
+			if code != tc.code {
+				t.Fatalf("exit %d (%v), want %d\n%s", code, err, tc.code, out)
+			}
+			if tc.verdict == "" {
+				if !strings.Contains(err.Error(), "not in the closed loop") {
+					t.Fatalf("error %v", err)
+				}
+				return
+			}
+			var rep verify.Report
+			if err := json.Unmarshal([]byte(out), &rep); err != nil {
+				t.Fatalf("%v\n%s", err, out)
+			}
+			if len(rep.Capabilities) != 1 || len(rep.Capabilities[0].Adapters) != 1 {
+				t.Fatalf("want the one adapter: %+v", rep.Capabilities)
+			}
+			if a := rep.Capabilities[0].Adapters[0]; a.Adapter != tc.adapter || a.Verdict != tc.verdict {
+				t.Fatalf("%s: verdict %s (%s), want %s", a.Adapter, a.Verdict, a.Reason, tc.verdict)
+			}
+			for _, s := range rep.Share {
+				if s.Environment != rep.Capabilities[0].Environment {
+					t.Errorf("share of another environment: %s", s.Environment)
+				}
+			}
+		})
+	}
+	if _, err := runCLI(t, ctx, append([]string{"report", "--adapter", "closed"}, sets...)...); err == nil || !strings.Contains(err.Error(), "--adapter needs --loop") {
+		t.Fatalf("--adapter without --loop: %v", err)
 	}
 }
