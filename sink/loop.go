@@ -36,10 +36,12 @@ type LoopSample struct {
 }
 
 // RolloutLabels are one rollout's labels for one capability: Labels[run]
-// is NA, PRESENT, LACKING, or "" when that run has not labeled it.
+// is NA, PRESENT, LACKING, or "" when that run has not labeled it. EndTime
+// is the rollout's end time (the labels' ts), which dates the sample.
 type RolloutLabels struct {
 	RolloutID string
 	Success   bool
+	EndTime   time.Time
 	Labels    []string
 }
 
@@ -73,10 +75,10 @@ func loopRolloutsSQL(s LoopSample) (string, []any) {
 }
 
 // loopLabelsSQL is LoopLabels' query: per (rollout, run) the most recently
-// ingested label of the capability and the rollout's outcome.
+// ingested label of the capability, the rollout's outcome and its end time.
 func loopLabelsSQL(s LoopSample) (string, []any) {
 	sub, subArgs := loopRolloutsSQL(s)
-	q := `SELECT rollout_id, run, argMax(label, ingest_ns) AS l, argMax(success, ingest_ns) AS ok
+	q := `SELECT rollout_id, run, argMax(label, ingest_ns) AS l, argMax(success, ingest_ns) AS ok, max(ts) AS end_ts
 	FROM capability_labels
 	WHERE environment = ? AND dictionary_version = ? AND capability = ? AND rollout_id IN (` + sub + `)
 	GROUP BY rollout_id, run
@@ -99,8 +101,9 @@ func (s *Store) LoopLabels(ctx context.Context, spec LoopSample) ([]RolloutLabel
 			id, label string
 			run       uint16
 			ok        uint8
+			end       time.Time
 		)
-		if err := rows.Scan(&id, &run, &label, &ok); err != nil {
+		if err := rows.Scan(&id, &run, &label, &ok, &end); err != nil {
 			return nil, fmt.Errorf("loop labels: %w", err)
 		}
 		if len(out) == 0 || out[len(out)-1].RolloutID != id {
@@ -108,6 +111,7 @@ func (s *Store) LoopLabels(ctx context.Context, spec LoopSample) ([]RolloutLabel
 		}
 		r := &out[len(out)-1]
 		r.Success = ok == 1
+		r.EndTime = end.UTC()
 		for len(r.Labels) <= int(run) {
 			r.Labels = append(r.Labels, "")
 		}

@@ -47,7 +47,7 @@ func chdbLoop(t *testing.T, c *chdbDB, base time.Time) {
 	}
 	q, args := loopLabelsSQL(LoopSample{Environment: "loop-env", AgentVersion: "1.4.0", Until: act, DictionaryVersion: 2, Capability: "cap"})
 	r := c.query(q, args...)
-	r.wantTypes(t, "LoopLabels", "String", "UInt16", "Enum8('NA' = 0, 'PRESENT' = 1, 'LACKING' = 2)", "UInt8")
+	r.wantTypes(t, "LoopLabels", "String", "UInt16", "Enum8('NA' = 0, 'PRESENT' = 1, 'LACKING' = 2)", "UInt8", "DateTime")
 	var got []string
 	for _, row := range r.rows {
 		got = append(got, row.str(0)+"/"+row.str(2))

@@ -90,10 +90,10 @@ func TestLoopSamplesAndRoutingShare(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := []sink.RolloutLabels{
-		{RolloutID: "b1", Labels: []string{"LACKING", "LACKING"}},
-		{RolloutID: "b2", Success: true, Labels: []string{"PRESENT", "LACKING"}},
-		{RolloutID: "b3", Labels: []string{"PRESENT", "LACKING"}},
-		{RolloutID: "b5", Success: true, Labels: []string{"PRESENT", "PRESENT"}},
+		{RolloutID: "b1", EndTime: act.Add(-2 * time.Hour), Labels: []string{"LACKING", "LACKING"}},
+		{RolloutID: "b2", Success: true, EndTime: act.Add(-time.Hour), Labels: []string{"PRESENT", "LACKING"}},
+		{RolloutID: "b3", EndTime: act.Add(-time.Minute), Labels: []string{"PRESENT", "LACKING"}},
+		{RolloutID: "b5", Success: true, EndTime: act.Add(-20 * time.Minute), Labels: []string{"PRESENT", "PRESENT"}},
 	}
 	if !reflect.DeepEqual(before, want) {
 		t.Fatalf("before = %+v\nwant %+v", before, want)
@@ -107,9 +107,9 @@ func TestLoopSamplesAndRoutingShare(t *testing.T) {
 		t.Fatal(err)
 	}
 	want = []sink.RolloutLabels{
-		{RolloutID: "r1", Success: true, Labels: []string{"PRESENT", "PRESENT"}},
-		{RolloutID: "r2", Labels: []string{"PRESENT"}},
-		{RolloutID: "r4", Labels: []string{"NA", "NA"}},
+		{RolloutID: "r1", Success: true, EndTime: act.Add(10 * time.Minute), Labels: []string{"PRESENT", "PRESENT"}},
+		{RolloutID: "r2", EndTime: act.Add(70 * time.Minute), Labels: []string{"PRESENT"}},
+		{RolloutID: "r4", EndTime: act.Add(40 * time.Minute), Labels: []string{"NA", "NA"}},
 	}
 	if !reflect.DeepEqual(after, want) {
 		t.Fatalf("after = %+v\nwant %+v", after, want)

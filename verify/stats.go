@@ -5,6 +5,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"slices"
+	"time"
 
 	"github.com/traceops/trace/analyzer"
 	"github.com/traceops/trace/sink"
@@ -64,6 +65,9 @@ type Sample struct {
 	// Incomplete counts the rollouts left out because some run had not
 	// labeled them (yet), or labeled them with an unknown label.
 	Incomplete int
+	// From and To are the end times of the sample's earliest and latest
+	// rollout (zero without rollouts): the data the statistics rest on.
+	From, To time.Time
 }
 
 // Len is the number of rollouts in the sample.
@@ -101,6 +105,14 @@ next:
 		}
 		s.success = append(s.success, r.Success)
 		s.labels = append(s.labels, ls)
+		if !r.EndTime.IsZero() {
+			if s.From.IsZero() || r.EndTime.Before(s.From) {
+				s.From = r.EndTime
+			}
+			if r.EndTime.After(s.To) {
+				s.To = r.EndTime
+			}
+		}
 	}
 	return s
 }
@@ -180,11 +192,15 @@ type Stats struct {
 	Delta          Interval `json:"delta"`
 	Cov            Interval `json:"cov"`
 	PassRate       Interval `json:"pass_rate"`
+	// From and To: the end times of the earliest and the latest rollout
+	// counted (absent without rollouts).
+	From time.Time `json:"from,omitzero"`
+	To   time.Time `json:"to,omitzero"`
 }
 
 // point computes everything but Δ's interval.
 func (s Sample) point() Stats {
-	st := Stats{Rollouts: s.Len(), Runs: s.Runs, Incomplete: s.Incomplete}
+	st := Stats{Rollouts: s.Len(), Runs: s.Runs, Incomplete: s.Incomplete, From: s.From, To: s.To}
 	passedNeeded := 0
 	for i, ok := range s.success {
 		if !ok {

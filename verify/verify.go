@@ -71,10 +71,14 @@ func (s StoreRollBack) RollBack(ctx context.Context, a sink.AdapterRow, _ string
 
 // AdapterCheck is one adapter's closed-loop comparison.
 type AdapterCheck struct {
-	Adapter           string    `json:"adapter"`
-	Capability        string    `json:"capability"`
-	Environment       string    `json:"environment"`
-	AgentVersion      string    `json:"agent_version"`
+	Adapter      string `json:"adapter"`
+	Capability   string `json:"capability"`
+	Environment  string `json:"environment"`
+	AgentVersion string `json:"agent_version"`
+	// EnvironmentID is the training environment the adapter was trained on
+	// (trace env list), JobID its training job.
+	EnvironmentID     string    `json:"environment_id"`
+	JobID             string    `json:"job_id"`
 	Status            string    `json:"status"`
 	Simulated         bool      `json:"simulated"`
 	ActivatedAt       time.Time `json:"activated_at"`
@@ -177,7 +181,7 @@ func (c *Checker) Check(ctx context.Context, statuses ...string) ([]AdapterCheck
 
 func (c *Checker) checkOne(ctx context.Context, a sink.AdapterRow, activatedAt time.Time) (AdapterCheck, error) {
 	ac := AdapterCheck{Adapter: a.Name, Capability: a.Capability, Environment: a.Environment, AgentVersion: a.AgentVersion,
-		Status: a.Status, Simulated: a.Simulated, ActivatedAt: activatedAt, row: a}
+		EnvironmentID: a.EnvironmentID, JobID: a.JobID, Status: a.Status, Simulated: a.Simulated, ActivatedAt: activatedAt, row: a}
 	dv, err := c.src.LoopDictionary(ctx, a.Environment, a.AgentVersion, a.Capability)
 	if err != nil {
 		return ac, err

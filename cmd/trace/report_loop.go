@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"encoding/csv"
 	"encoding/json"
@@ -49,7 +50,9 @@ func writeLoop(w io.Writer, format string, rep *verify.Report) error {
 			"rollouts_before", "rollouts_after", "failures_before", "failures_after",
 			"delta_before", "delta_before_lo", "delta_before_hi", "delta_after", "delta_after_lo", "delta_after_hi",
 			"pass_rate_before", "pass_rate_before_lo", "pass_rate_before_hi", "pass_rate_after", "pass_rate_after_lo", "pass_rate_after_hi",
-			"er_failed_before", "er_failed_after", "er_passed_before", "er_passed_after", "cov_before", "cov_after"})
+			"er_failed_before", "er_failed_after", "er_passed_before", "er_passed_after", "cov_before", "cov_after",
+			"agent_version", "dictionary_version", "environment_id", "needed_failures_before", "needed_failures_after",
+			"before_from", "before_to", "after_from", "after_to"})
 		for _, c := range rep.Capabilities {
 			for _, a := range c.Adapters {
 				b, x := a.Before, a.After
@@ -57,7 +60,9 @@ func writeLoop(w io.Writer, format string, rep *verify.Report) error {
 					string(a.Verdict), a.Reason, a.Action, fmt.Sprint(b.Rollouts), fmt.Sprint(x.Rollouts), fmt.Sprint(b.Failures), fmt.Sprint(x.Failures),
 					f4(b.Delta.Value), f4(b.Delta.Lo), f4(b.Delta.Hi), f4(x.Delta.Value), f4(x.Delta.Lo), f4(x.Delta.Hi),
 					f4(b.PassRate.Value), f4(b.PassRate.Lo), f4(b.PassRate.Hi), f4(x.PassRate.Value), f4(x.PassRate.Lo), f4(x.PassRate.Hi),
-					f4(b.ERFailed.Value), f4(x.ERFailed.Value), f4(b.ERPassed.Value), f4(x.ERPassed.Value), f4(b.Cov.Value), f4(x.Cov.Value)})
+					f4(b.ERFailed.Value), f4(x.ERFailed.Value), f4(b.ERPassed.Value), f4(x.ERPassed.Value), f4(b.Cov.Value), f4(x.Cov.Value),
+					a.AgentVersion, fmt.Sprint(a.DictionaryVersion), a.EnvironmentID, fmt.Sprint(b.NeededFailures), fmt.Sprint(x.NeededFailures),
+					rfc3339(b.From), rfc3339(b.To), rfc3339(x.From), rfc3339(x.To)})
 			}
 		}
 		cw.Flush()
@@ -104,6 +109,9 @@ func writeLoop(w io.Writer, format string, rep *verify.Report) error {
 				line += " [" + a.Action + "]"
 			}
 			fmt.Fprintln(w, line)
+			fmt.Fprintf(w, "    cohort %s/%s, dictionary v%d, trained on %s; activated %s; before: %s; after: %s\n", a.Environment, a.AgentVersion,
+				a.DictionaryVersion, cmp.Or(a.EnvironmentID, "(no environment recorded)"), a.ActivatedAt.UTC().Format(time.RFC3339),
+				sampleSpan(a.Before), sampleSpan(a.After))
 		}
 	}
 	for _, s := range rep.Share {
@@ -207,4 +215,21 @@ func verdictExit(ac verify.AdapterCheck) error {
 		return &exitError{code: 3, err: fmt.Errorf("adapter %s: undecided: %s: %s", ac.Adapter, ac.Verdict, ac.Reason)}
 	}
 	return &exitError{code: 2, err: fmt.Errorf("adapter %s: gap not closed: %s: %s", ac.Adapter, ac.Verdict, ac.Reason)}
+}
+
+// rfc3339 is t in RFC 3339, UTC; "" for the zero time.
+func rfc3339(t time.Time) string {
+	if t.IsZero() {
+		return ""
+	}
+	return t.UTC().Format(time.RFC3339)
+}
+
+// sampleSpan says what one side of a comparison rests on: its rollouts,
+// the failures among them that need the capability, and their end times.
+func sampleSpan(s verify.Stats) string {
+	if s.Rollouts == 0 {
+		return "no labeled rollouts"
+	}
+	return fmt.Sprintf("%d rollouts (%d failures needing the capability) ended %s – %s", s.Rollouts, s.NeededFailures, rfc3339(s.From), rfc3339(s.To))
 }

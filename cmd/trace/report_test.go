@@ -228,6 +228,21 @@ func TestReportLoop(t *testing.T) {
 	if verdicts["pv-good"] != verify.GapClosed || verdicts["msc-new"] != verify.NotEnoughData || len(rep.Share) != 1 || !rep.Config.Guard {
 		t.Fatalf("verdicts %v, share %d, guard %v\n%+v", verdicts, len(rep.Share), rep.Config.Guard, rep.Capabilities)
 	}
+	// What a verdict rests on: the adapter's training environment and job,
+	// the cohort and dictionary, and each side's rollouts with their dates.
+	for _, c := range rep.Capabilities {
+		for _, a := range c.Adapters {
+			if a.Adapter != "pv-good" {
+				continue
+			}
+			if a.EnvironmentID != "env-pv-good" || a.JobID != "job-pv-good" || a.AgentVersion != "1.4.0" || a.DictionaryVersion != 1 ||
+				a.Before.NeededFailures != 50 || a.After.NeededFailures != 30 ||
+				!a.Before.From.Equal(act.Add(-time.Hour)) || !a.Before.To.Equal(act.Add(-time.Hour+119*time.Second)) ||
+				!a.After.From.Equal(act.Add(time.Minute)) || !a.After.To.Equal(act.Add(time.Minute+99*time.Second)) {
+				t.Fatalf("pv-good's provenance: %+v", a)
+			}
+		}
+	}
 	out, err := runCLI(t, ctx, append([]string{"report", "--window", "all"}, sets...)...)
 	if err != nil {
 		t.Fatal(err)
@@ -235,7 +250,10 @@ func TestReportLoop(t *testing.T) {
 	t.Log(out)
 	for _, want := range []string{"closed loop (before = the base model's rollouts", "precondition_verification on sim-airline",
 		"pv-good [SIMULATED trainer]", "pv-good: gap_closed — Δ 0.700 → 0.034, below δ = 0.20", "msc-new: not_enough_data — 8 labeled failures that need the capability among the routed rollouts (of 8 failures), 20 needed",
-		"routing share in sim-airline per hour", "base model"} {
+		"routing share in sim-airline per hour", "base model",
+		"    cohort sim-airline/1.4.0, dictionary v1, trained on env-pv-good; activated 2026-11-30T12:00:00Z; " +
+			"before: 120 rollouts (50 failures needing the capability) ended 2026-11-30T11:00:00Z – 2026-11-30T11:01:59Z; " +
+			"after: 100 rollouts (30 failures needing the capability) ended 2026-11-30T12:01:00Z – 2026-11-30T12:02:39Z"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("table lacks %q:\n%s", want, out)
 		}
@@ -244,7 +262,9 @@ func TestReportLoop(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if lines := strings.Split(strings.TrimSpace(out), "\n"); len(lines) != 3 || !strings.Contains(out, ",pv-good,active,true,") || !strings.Contains(out, "gap_closed") {
+	if lines := strings.Split(strings.TrimSpace(out), "\n"); len(lines) != 3 || !strings.Contains(out, ",pv-good,active,true,") || !strings.Contains(out, "gap_closed") ||
+		!strings.HasSuffix(lines[0], ",agent_version,dictionary_version,environment_id,needed_failures_before,needed_failures_after,before_from,before_to,after_from,after_to") ||
+		!strings.Contains(out, ",1.4.0,1,env-pv-good,50,30,2026-11-30T11:00:00Z,2026-11-30T11:01:59Z,2026-11-30T12:01:00Z,2026-11-30T12:02:39Z") {
 		t.Fatalf("csv:\n%s", out)
 	}
 	// Once the router has recorded decisions, the share is theirs; while

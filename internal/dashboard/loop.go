@@ -69,6 +69,16 @@ type loopAdapter struct {
 	verify.AdapterCheck
 	Verdict   string
 	Activated string
+	// BeforeSpan and AfterSpan date each side's rollouts (first – last end).
+	BeforeSpan, AfterSpan string
+}
+
+// span dates a side's rollouts: the end times of its first and last.
+func span(s verify.Stats) string {
+	if s.Rollouts == 0 {
+		return "no labeled rollouts"
+	}
+	return "ended " + fmtTS(s.From) + " – " + fmtTS(s.To)
 }
 
 type loopShare struct {
@@ -95,7 +105,8 @@ func (s *server) pageLoop(w http.ResponseWriter, r *http.Request) {
 	for _, c := range rep.Capabilities {
 		lc := loopCapability{Environment: c.Environment, Capability: c.Capability}
 		for _, a := range c.Adapters {
-			lc.Adapters = append(lc.Adapters, loopAdapter{AdapterCheck: a, Verdict: verdictLabel(a.Verdict), Activated: fmtTS(a.ActivatedAt)})
+			lc.Adapters = append(lc.Adapters, loopAdapter{AdapterCheck: a, Verdict: verdictLabel(a.Verdict), Activated: fmtTS(a.ActivatedAt),
+				BeforeSpan: span(a.Before), AfterSpan: span(a.After)})
 		}
 		pg.Capabilities = append(pg.Capabilities, lc)
 	}

@@ -55,7 +55,7 @@ func loopHandler(st *sink.Store) http.Handler {
 }
 
 func TestLoopAPI(t *testing.T) {
-	st, _ := seedLoop(t)
+	st, act := seedLoop(t)
 	srv := httptest.NewServer(loopHandler(st))
 	defer srv.Close()
 	resp, err := http.Get(srv.URL + "/api/loop?hours=all")
@@ -93,6 +93,20 @@ func TestLoopAPI(t *testing.T) {
 		if sum < 0.999 || sum > 1.001 {
 			t.Fatalf("bucket %s: shares sum to %v", sh.Buckets[i], sum)
 		}
+	}
+	// The page says what each verdict rests on: the cohort, the dictionary,
+	// the training environment and the dates of each side's rollouts.
+	resp, err = http.Get(srv.URL + "/loop?hours=all")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ = io.ReadAll(resp.Body)
+	resp.Body.Close()
+	page := string(body)
+	if !strings.Contains(page, "agent 1.4.0 · dictionary v1 · trained on env-pv-good") ||
+		!strings.Contains(page, `title="ended `+fmtTS(act.Add(time.Minute))+" – "+fmtTS(act.Add(time.Minute+99*time.Second))+`"`) ||
+		!strings.Contains(page, `title="30 need the capability"`) {
+		t.Fatalf("page lacks the provenance:\n%s", page)
 	}
 	// A routing share that cannot be read leaves the rest of the report,
 	// and the page and the API name what is missing.

@@ -40,7 +40,7 @@ func Seed(ctx context.Context, st *sink.Store, a Adapter) error {
 	if dv == 0 {
 		dv = 1
 	}
-	if err := st.SaveAdapter(ctx, sink.AdapterRow{Name: a.Name, JobID: "job-" + a.Name, Capability: a.Capability, Environment: a.Environment,
+	if err := st.SaveAdapter(ctx, sink.AdapterRow{Name: a.Name, JobID: "job-" + a.Name, EnvironmentID: "env-" + a.Name, Capability: a.Capability, Environment: a.Environment,
 		AgentVersion: a.AgentVersion, BaseModel: "base", URI: "file:///adapters/" + a.Name, Status: "active", Simulated: a.Simulated,
 		Metadata: `{"trainer":"verifytest"}`, CreatedAt: a.ActivatedAt.Add(-time.Hour), UpdatedAt: a.ActivatedAt,
 		Version: uint64(a.ActivatedAt.UnixNano())}); err != nil {
