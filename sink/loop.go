@@ -120,24 +120,29 @@ func (s *Store) LoopLabels(ctx context.Context, spec LoopSample) ([]RolloutLabel
 	return out, rows.Err()
 }
 
-// loopDictionarySQL is LoopDictionary's query.
-const loopDictionarySQL = `SELECT max(dictionary_version), count() FROM capability_labels
-	WHERE environment = ? AND agent_version = ? AND capability = ?`
+// loopDictionariesSQL is LoopDictionaries' query.
+const loopDictionariesSQL = `SELECT DISTINCT dictionary_version FROM capability_labels
+	WHERE environment = ? AND agent_version = ? AND capability = ?
+	ORDER BY dictionary_version DESC`
 
-// LoopDictionary is the newest dictionary version whose labels of the
-// capability exist for the cohort, 0 when there are none.
-func (s *Store) LoopDictionary(ctx context.Context, environment, agentVersion, capability string) (uint32, error) {
-	var (
-		v uint32
-		n uint64
-	)
-	if err := s.conn.QueryRow(ctx, loopDictionarySQL, environment, agentVersion, capability).Scan(&v, &n); err != nil {
-		return 0, fmt.Errorf("loop dictionary: %w", err)
+// LoopDictionaries are the dictionary versions whose labels of the
+// capability exist for the cohort, the newest first; none when there are
+// no labels.
+func (s *Store) LoopDictionaries(ctx context.Context, environment, agentVersion, capability string) ([]uint32, error) {
+	rows, err := s.conn.Query(ctx, loopDictionariesSQL, environment, agentVersion, capability)
+	if err != nil {
+		return nil, fmt.Errorf("loop dictionaries: %w", err)
 	}
-	if n == 0 {
-		return 0, nil
+	defer rows.Close()
+	var out []uint32
+	for rows.Next() {
+		var v uint32
+		if err := rows.Scan(&v); err != nil {
+			return nil, fmt.Errorf("loop dictionaries: %w", err)
+		}
+		out = append(out, v)
 	}
-	return v, nil
+	return out, rows.Err()
 }
 
 // ShareRow is the number of an environment's rollouts (RoutingShare) or

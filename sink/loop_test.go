@@ -15,7 +15,7 @@ import (
 // routing field or by their conversation's decision —, not another agent
 // version's, not later ones), the after side the rollouts routed to the
 // adapter in the same cohort (by either, not another version's); a relabel's newest label wins; the
-// limit keeps the most recent; the dictionary is the cohort's newest; the
+// limit keeps the most recent; the dictionaries are the cohort's, newest first; the
 // routing share counts rollouts per bucket and adapter.
 func TestLoopSamplesAndRoutingShare(t *testing.T) {
 	s := openStore(t)
@@ -78,12 +78,12 @@ func TestLoopSamplesAndRoutingShare(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	dv, err := s.LoopDictionary(ctx, "env", "1.4.0", "cap")
-	if err != nil || dv != 2 {
-		t.Fatalf("dictionary %d %v", dv, err)
+	dvs, err := s.LoopDictionaries(ctx, "env", "1.4.0", "cap")
+	if err != nil || !reflect.DeepEqual(dvs, []uint32{2, 1}) {
+		t.Fatalf("dictionaries %v %v, want [2 1]", dvs, err)
 	}
-	if dv, err := s.LoopDictionary(ctx, "env", "1.4.0", "nope"); err != nil || dv != 0 {
-		t.Fatalf("no labels: dictionary %d %v", dv, err)
+	if dvs, err := s.LoopDictionaries(ctx, "env", "1.4.0", "nope"); err != nil || len(dvs) != 0 {
+		t.Fatalf("no labels: dictionaries %v %v", dvs, err)
 	}
 	before, err := s.LoopLabels(ctx, sink.LoopSample{Environment: "env", AgentVersion: "1.4.0", Until: act, DictionaryVersion: 2, Capability: "cap"})
 	if err != nil {

@@ -3,6 +3,7 @@ package verify_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"strings"
 	"testing"
@@ -264,4 +265,76 @@ func guardWorld(t *testing.T) (*sink.Store, *bus.Bus) {
 	}
 	t.Cleanup(b.NC.Close)
 	return st, b
+}
+
+// routedV2 stores n rollouts routed to adapter that ended from start on,
+// failed and labeled LACKING for capability by dictionary v2 alone (3
+// runs): the stream's labels once a new dictionary version took over.
+func routedV2(t *testing.T, st *sink.Store, adapter, capability string, start time.Time, n int) {
+	t.Helper()
+	var rows []sink.RolloutRow
+	var labels []sink.LabelRow
+	for i := range n {
+		id := fmt.Sprintf("%s-v2-%04d", adapter, i)
+		end := start.Add(time.Duration(i) * time.Second)
+		rows = append(rows, sink.RolloutRow{RolloutID: id, Environment: "sim-airline", AgentName: "bot", AgentVersion: "1.4.0", TaskID: id,
+			StartTime: end.Add(-time.Minute), EndTime: end, Messages: "[]", Tools: "[]", Grader: "{}", Metadata: "{}", Adapter: adapter})
+		for run := range 3 {
+			labels = append(labels, sink.LabelRow{LabelEvent: schemas.LabelEvent{RolloutID: id, Environment: "sim-airline", AgentVersion: "1.4.0",
+				DictionaryVersion: 2, Capability: capability, Run: uint16(run), Label: "LACKING", Source: "test", TS: end}})
+		}
+	}
+	if err := st.InsertRollouts(context.Background(), rows); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.InsertLabels(context.Background(), labels); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestGuardAcrossANewDictionary: real ClickHouse and embedded NATS. A new
+// dictionary version (discovery's, or trace dict apply without
+// --backfill) labels the stream from then on, not the rollouts before
+// activation. The comparison on its labels has no before side; the older
+// version's labels still decide, so a worse adapter is still rolled back,
+// and the reason says which dictionary decided. An adapter neither version
+// can decide reports the newest's reason and the relabel that fixes it.
+func TestGuardAcrossANewDictionary(t *testing.T) {
+	ctx := context.Background()
+	st, b := guardWorld(t)
+	act := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
+	for _, a := range []verifytest.Adapter{
+		{Name: "bad", Capability: "multi_step_completion", Environment: "sim-airline", AgentVersion: "1.4.0", ActivatedAt: act,
+			Before: gap, After: verifytest.Mix{LF: 45, PF: 40, NF: 5, LP: 2, PP: 13, NP: 5}},
+		{Name: "young", Capability: "precondition_verification", Environment: "sim-airline", AgentVersion: "1.4.0", ActivatedAt: act,
+			Before: gap, After: verifytest.Mix{LF: 3, PF: 2, PP: 10}},
+	} {
+		if err := verifytest.Seed(ctx, st, a); err != nil {
+			t.Fatal(err)
+		}
+	}
+	routedV2(t, st, "bad", "multi_step_completion", act.Add(2*time.Hour), 30)
+	routedV2(t, st, "young", "precondition_verification", act.Add(2*time.Hour), 30)
+
+	g := verify.New(verify.Config{Guard: true}, st, verify.StoreRollBack{Store: st}, b, slog.New(slog.NewTextHandler(testWriter{t}, nil)))
+	checks, err := g.Guard(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]verify.AdapterCheck{}
+	for _, c := range checks {
+		got[c.Adapter] = c
+	}
+	if c := got["bad"]; c.Verdict != verify.Worse || c.Action != "rolled_back" || c.DictionaryVersion != 1 ||
+		!strings.Contains(c.Reason, "with dictionary v1's labels; v2, the newest labeling multi_step_completion, cannot decide yet: 0 labeled failures that need the capability before activation") {
+		t.Fatalf("bad: %s (%s), action %q, dictionary v%d", c.Verdict, c.Reason, c.Action, c.DictionaryVersion)
+	}
+	if c := got["young"]; c.Verdict != verify.NotEnoughData || c.DictionaryVersion != 2 ||
+		!strings.Contains(c.Reason, "no rollout before activation is labeled with dictionary v2") ||
+		!strings.Contains(c.Reason, "trace relabel --env sim-airline --agent-version 1.4.0") {
+		t.Fatalf("young: %s (%s), dictionary v%d", c.Verdict, c.Reason, c.DictionaryVersion)
+	}
+	if a, err := st.Adapter(ctx, "bad"); err != nil || a.Status != "rolled_back" {
+		t.Fatalf("bad after the guard: %+v %v", a, err)
+	}
 }

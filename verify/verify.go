@@ -41,7 +41,7 @@ const DefaultInterval = time.Minute
 // Source reads the registry and the labeled samples (*sink.Store).
 type Source interface {
 	Adapters(ctx context.Context, f sink.AdapterFilter) ([]sink.AdapterRow, error)
-	LoopDictionary(ctx context.Context, environment, agentVersion, capability string) (uint32, error)
+	LoopDictionaries(ctx context.Context, environment, agentVersion, capability string) ([]uint32, error)
 	LoopLabels(ctx context.Context, spec sink.LoopSample) ([]sink.RolloutLabels, error)
 }
 
@@ -182,30 +182,61 @@ func (c *Checker) Check(ctx context.Context, statuses ...string) ([]AdapterCheck
 func (c *Checker) checkOne(ctx context.Context, a sink.AdapterRow, activatedAt time.Time) (AdapterCheck, error) {
 	ac := AdapterCheck{Adapter: a.Name, Capability: a.Capability, Environment: a.Environment, AgentVersion: a.AgentVersion,
 		EnvironmentID: a.EnvironmentID, JobID: a.JobID, Status: a.Status, Simulated: a.Simulated, ActivatedAt: activatedAt, row: a}
-	dv, err := c.src.LoopDictionary(ctx, a.Environment, a.AgentVersion, a.Capability)
+	dvs, err := c.src.LoopDictionaries(ctx, a.Environment, a.AgentVersion, a.Capability)
 	if err != nil {
 		return ac, err
 	}
-	ac.DictionaryVersion = dv
-	var before, after []sink.RolloutLabels
-	if dv > 0 {
-		base := sink.LoopSample{Environment: a.Environment, AgentVersion: a.AgentVersion, DictionaryVersion: dv, Capability: a.Capability, Limit: c.cfg.SampleLimit}
-		b := base
-		b.Until = ac.ActivatedAt
-		if before, err = c.src.LoopLabels(ctx, b); err != nil {
+	if len(dvs) == 0 {
+		ac.Comparison = Compare(NewSample(nil), NewSample(nil), c.cfg, a.Name)
+		ac.Reason = "no labels of " + a.Capability + " for " + a.Environment + "/" + a.AgentVersion + " yet"
+		return ac, nil
+	}
+	// The newest dictionary whose labels decide (a verdict other than
+	// not_enough_data). A new dictionary version labels the stream from
+	// its start on, so until the rollouts before activation are labeled
+	// with it too (trace relabel), its comparison has no before side:
+	// the older version's labels still decide, and the guard still acts.
+	var newest Comparison
+	for i, dv := range dvs {
+		co, err := c.compare(ctx, a, activatedAt, dv)
+		if err != nil {
 			return ac, err
 		}
-		r := base
-		r.Adapter = a.Name
-		if after, err = c.src.LoopLabels(ctx, r); err != nil {
-			return ac, err
+		if i == 0 {
+			newest = co
+		}
+		if co.Verdict != NotEnoughData {
+			if i > 0 {
+				co.Reason += fmt.Sprintf(" (with dictionary v%d's labels; v%d, the newest labeling %s, cannot decide yet: %s)", dv, dvs[0], a.Capability, newest.Reason)
+			}
+			ac.DictionaryVersion, ac.Comparison = dv, co
+			return ac, nil
 		}
 	}
-	ac.Comparison = Compare(NewSample(before), NewSample(after), c.cfg, a.Name)
-	if dv == 0 {
-		ac.Reason = "no labels of " + a.Capability + " for " + a.Environment + "/" + a.AgentVersion + " yet"
+	ac.DictionaryVersion, ac.Comparison = dvs[0], newest
+	if len(dvs) > 1 && newest.Before.Rollouts == 0 {
+		ac.Reason += fmt.Sprintf("; no rollout before activation is labeled with dictionary v%d (older versions' labels cannot decide either): trace relabel --env %s --agent-version %s labels them",
+			dvs[0], a.Environment, a.AgentVersion)
 	}
 	return ac, nil
+}
+
+// compare is the adapter's comparison on dictionary version dv's labels.
+func (c *Checker) compare(ctx context.Context, a sink.AdapterRow, activatedAt time.Time, dv uint32) (Comparison, error) {
+	base := sink.LoopSample{Environment: a.Environment, AgentVersion: a.AgentVersion, DictionaryVersion: dv, Capability: a.Capability, Limit: c.cfg.SampleLimit}
+	b := base
+	b.Until = activatedAt
+	before, err := c.src.LoopLabels(ctx, b)
+	if err != nil {
+		return Comparison{}, err
+	}
+	r := base
+	r.Adapter = a.Name
+	after, err := c.src.LoopLabels(ctx, r)
+	if err != nil {
+		return Comparison{}, err
+	}
+	return Compare(NewSample(before), NewSample(after), c.cfg, a.Name), nil
 }
 
 // Guard checks every active adapter and rolls back those whose verdict is
