@@ -145,6 +145,10 @@ func TestVerdicts(t *testing.T) {
 		// Δ after exactly δ (ER− 0.25 − ER+ 0.05 = 0.20): the capability
 		// would still be selected, so the gap is not closed.
 		{"Δ after exactly δ", gap, mix{LF: 5, PF: 15, LP: 1, PP: 19}, 3, Improved, "Δ still ≥ δ"},
+		// Δ after below δ (0.15 on 20 failures) but its interval reaching
+		// it: better, not yet closed.
+		{"Δ after below δ, its interval not", gap, mix{LF: 3, PF: 17, PP: 20}, 3, Improved, "is below δ = 0.20 but its interval is not: not closed yet"},
+		{"Δ below δ, its interval not, no significant change", mix{LF: 6, PF: 14, PP: 20}, mix{LF: 3, PF: 17, PP: 20}, 3, NoChange, "but its interval is not: not closed yet"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := Compare(NewSample(tc.before.rollouts("b", tc.runs)), NewSample(tc.after.rollouts("a", tc.runs)), cfg, "ad-1")

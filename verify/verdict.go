@@ -27,10 +27,11 @@ const (
 	// The guard rolls the adapter back.
 	Worse Verdict = "worse"
 	// GapClosed: Δ on the routed rollouts is below δ, the selection's
-	// threshold: the capability would no longer be selected on them.
+	// threshold, with its whole 95 % interval: the capability would no
+	// longer be selected on them, and not by the luck of a small sample.
 	GapClosed Verdict = "gap_closed"
 	// Improved: Δ significantly lower or the pass rate significantly
-	// higher, but Δ is still at least δ.
+	// higher, but Δ (or its interval's upper end) is still at least δ.
 	Improved Verdict = "improved"
 	// NoChange: none of the above.
 	NoChange Verdict = "no_change"
@@ -172,8 +173,15 @@ func decide(c Comparison, cfg Config) (Verdict, string) {
 	if len(worse) > 0 {
 		return Worse, "significantly worse: " + strings.Join(worse, "; ")
 	}
+	// Closed needs the evidence the other verdicts need: Δ after below δ
+	// with its whole 95 % interval, not only its estimate (an estimate of
+	// 0.15 on 20 failures is as compatible with 0.35 as with 0).
+	var open string
 	if c.After.Delta.Value < cfg.Delta {
-		return GapClosed, fmt.Sprintf("Δ %.3f → %.3f, below δ = %.2f", c.Before.Delta.Value, c.After.Delta.Value, cfg.Delta)
+		if c.After.Delta.Hi < cfg.Delta {
+			return GapClosed, fmt.Sprintf("Δ %.3f → %.3f, below δ = %.2f with its 95 %% interval %s", c.Before.Delta.Value, c.After.Delta.Value, cfg.Delta, c.After.Delta)
+		}
+		open = fmt.Sprintf("; Δ after %s is below δ = %.2f but its interval is not: not closed yet", c.After.Delta, cfg.Delta)
 	}
 	var better []string
 	if c.DeltaChange.Hi < 0 {
@@ -183,7 +191,10 @@ func decide(c Comparison, cfg Config) (Verdict, string) {
 		better = append(better, fmt.Sprintf("pass rate rose %.3f → %.3f (change %s)", c.Before.PassRate.Value, c.After.PassRate.Value, c.PassRateChange))
 	}
 	if len(better) > 0 {
+		if open != "" {
+			return Improved, "significantly better: " + strings.Join(better, "; ") + open
+		}
 		return Improved, "significantly better, Δ still ≥ δ: " + strings.Join(better, "; ")
 	}
-	return NoChange, fmt.Sprintf("no significant change: Δ %s → %s, pass rate %s → %s", c.Before.Delta, c.After.Delta, c.Before.PassRate, c.After.PassRate)
+	return NoChange, fmt.Sprintf("no significant change: Δ %s → %s, pass rate %s → %s", c.Before.Delta, c.After.Delta, c.Before.PassRate, c.After.PassRate) + open
 }

@@ -80,7 +80,7 @@ func writeLoop(w io.Writer, format string, rep *verify.Report) error {
 		guard = "off (verify.guard): worse adapters are only reported"
 	}
 	fmt.Fprintf(w, "closed loop (before = the base model's rollouts of the cohort before activation, after = the rollouts routed to the adapter;\n"+
-		"95 %% intervals in brackets; gap closed = Δ after < δ %.2f; at least %d labeled failures that need the capability a side; guard %s):\n",
+		"95 %% intervals in brackets; gap closed = Δ after and its interval < δ %.2f; at least %d labeled failures that need the capability a side; guard %s):\n",
 		rep.Config.Delta, rep.Config.MinFailures, guard)
 	for _, c := range rep.Capabilities {
 		fmt.Fprintf(w, "\n%s on %s\n", c.Capability, c.Environment)
