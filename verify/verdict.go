@@ -40,7 +40,8 @@ const (
 // Config configures the closed loop (koanf prefix verify.).
 type Config struct {
 	// Delta is δ: "gap closed" means Δ after activation below it. Default
-	// the selection's δ, 0.20.
+	// the selection's δ: analyzer.delta in trace's configuration (0.20
+	// unless set), DefaultThresholds' 0.20 here.
 	Delta float64 `koanf:"delta" json:"delta"`
 	// MinFailures is the fewest labeled failures that need the capability
 	// (Stats.NeededFailures) each side needs before a verdict other than

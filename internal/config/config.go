@@ -268,8 +268,17 @@ func Default() Config {
 		Adapter: Adapter{Backend: "nats", Command: defaultCommandBackend(), Webhook: defaultWebhookBackend(), Plan: defaultPlan(),
 			DeadlineCheck: 30 * time.Second, Planner: DefaultPlanner(), Serving: DefaultServing()},
 		Router: DefaultRouter(),
-		Verify: verify.Config{Guard: true}.Defaults(),
+		Verify: verifyDefaults(),
 	}
+}
+
+// verifyDefaults are the closed loop's defaults but δ, which Load takes
+// from analyzer.delta when verify.delta is unset: gap closed means the
+// capability would no longer be selected, by the selection's own δ.
+func verifyDefaults() verify.Config {
+	c := verify.Config{Guard: true}.Defaults()
+	c.Delta = 0
+	return c
 }
 
 // Load builds the effective configuration: defaults, then the YAML file (if
@@ -365,6 +374,7 @@ func Load(path string, overrides []string) (Config, error) {
 	// do ClickHouse's settings (query_timeout 10s, query_max_memory 1 GiB):
 	// the configuration printed is the one in effect.
 	c.Analyzer.EvalConfig = c.Analyzer.EvalConfig.WithDefaults()
+	c.Verify.Delta = cmp.Or(c.Verify.Delta, c.Analyzer.Delta)
 	c.ClickHouse = c.ClickHouse.WithDefaults()
 	c.LLM.APIKey = cmp.Or(c.LLM.APIKey, os.Getenv("OPENAI_API_KEY"))
 	return c, c.Validate()

@@ -202,6 +202,30 @@ func TestKAndNFollowTheLabelSource(t *testing.T) {
 	}
 }
 
+// TestVerifyDeltaFollowsTheSelection: unset, verify.delta is the
+// selection's δ (analyzer.delta), so "gap closed" means the capability
+// would no longer be selected; set, it is its own.
+func TestVerifyDeltaFollowsTheSelection(t *testing.T) {
+	for _, tc := range []struct {
+		set  []string
+		want float64
+	}{
+		{nil, 0.20},
+		{[]string{"analyzer.delta=0.1"}, 0.1},
+		{[]string{"analyzer.delta=0.35"}, 0.35},
+		{[]string{"analyzer.delta=0.1", "verify.delta=0.3"}, 0.3},
+		{[]string{"verify.delta=0.15"}, 0.15},
+	} {
+		c, err := Load("", tc.set)
+		if err != nil {
+			t.Fatalf("%v: %v", tc.set, err)
+		}
+		if c.Verify.Delta != tc.want {
+			t.Errorf("%v: verify.delta %v, want %v", tc.set, c.Verify.Delta, tc.want)
+		}
+	}
+}
+
 func TestSynthesizerSection(t *testing.T) {
 	f := filepath.Join(t.TempDir(), "trace.yaml")
 	os.WriteFile(f, []byte(`
