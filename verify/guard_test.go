@@ -11,6 +11,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/traceops/trace/analyzer"
 	"github.com/traceops/trace/internal/bus"
 	"github.com/traceops/trace/internal/dev/testenv"
 	"github.com/traceops/trace/schemas"
@@ -70,8 +71,8 @@ func TestGuardEndToEnd(t *testing.T) {
 		t.Fatalf("guard off rolled back: %+v", a)
 	}
 	// The before side is the base cohort before activation, the after side
-	// the routed rollouts: 120 rollouts before, 100 after, 3 runs each.
-	if g := got["good"]; g.Before.Rollouts != 120 || g.After.Rollouts != 100 || g.Before.Runs != 3 || g.DictionaryVersion != 1 ||
+	// the routed rollouts: 120 rollouts before, 100 after, 10 runs each.
+	if g := got["good"]; g.Before.Rollouts != 120 || g.After.Rollouts != 100 || g.Before.Runs != 10 || g.DictionaryVersion != 1 ||
 		!g.ActivatedAt.Equal(act) || g.Before.Delta.Value < 0.69 || g.After.Delta.Value > 0.1 {
 		t.Fatalf("good: %+v", g)
 	}
@@ -272,16 +273,24 @@ func guardWorld(t *testing.T) (*sink.Store, *bus.Bus) {
 // runs): the stream's labels once a new dictionary version took over.
 func routedV2(t *testing.T, st *sink.Store, adapter, capability string, start time.Time, n int) {
 	t.Helper()
+	routedFailures(t, st, adapter, capability, 2, 3, "test", start, n)
+}
+
+// routedFailures stores n rollouts routed to adapter that ended from start
+// on, failed and labeled LACKING for capability by dictionary dv in runs
+// 0..runs−1, from source.
+func routedFailures(t *testing.T, st *sink.Store, adapter, capability string, dv uint32, runs int, source string, start time.Time, n int) {
+	t.Helper()
 	var rows []sink.RolloutRow
 	var labels []sink.LabelRow
 	for i := range n {
-		id := fmt.Sprintf("%s-v2-%04d", adapter, i)
+		id := fmt.Sprintf("%s-v%d-%dr-%04d", adapter, dv, runs, i)
 		end := start.Add(time.Duration(i) * time.Second)
 		rows = append(rows, sink.RolloutRow{RolloutID: id, Environment: "sim-airline", AgentName: "bot", AgentVersion: "1.4.0", TaskID: id,
 			StartTime: end.Add(-time.Minute), EndTime: end, Messages: "[]", Tools: "[]", Grader: "{}", Metadata: "{}", Adapter: adapter})
-		for run := range 3 {
+		for run := range runs {
 			labels = append(labels, sink.LabelRow{LabelEvent: schemas.LabelEvent{RolloutID: id, Environment: "sim-airline", AgentVersion: "1.4.0",
-				DictionaryVersion: 2, Capability: capability, Run: uint16(run), Label: "LACKING", Source: "test", TS: end}})
+				DictionaryVersion: dv, Capability: capability, Run: uint16(run), Label: "LACKING", Source: source, TS: end}})
 		}
 	}
 	if err := st.InsertRollouts(context.Background(), rows); err != nil {
@@ -336,5 +345,44 @@ func TestGuardAcrossANewDictionary(t *testing.T) {
 	}
 	if a, err := st.Adapter(ctx, "bad"); err != nil || a.Status != "rolled_back" {
 		t.Fatalf("bad after the guard: %+v %v", a, err)
+	}
+}
+
+// TestGuardAfterLLMRunsLowered: real ClickHouse and embedded NATS. An
+// adapter activated while llm.runs was 10, whose routed rollouts have since
+// been labeled in 3 runs (llm.runs lowered to cut the labeler's cost): the
+// selection counts runs 0..2 of every rollout (N = 3), and so does the
+// closed loop with the selection's rule, so the harm in the newer rollouts
+// is seen and the adapter rolled back. Without the rule (N = the most runs
+// a rollout has, 10) the 3-run rollouts were left out as incomplete and
+// the verdict rested on the older ones alone.
+func TestGuardAfterLLMRunsLowered(t *testing.T) {
+	ctx := context.Background()
+	st, b := guardWorld(t)
+	act := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
+	if err := verifytest.Seed(ctx, st, verifytest.Adapter{Name: "ad", Capability: "multi_step_completion", Environment: "sim-airline",
+		AgentVersion: "1.4.0", ActivatedAt: act, Source: schemas.SourceLLM, Runs: 10,
+		Before: gap, After: verifytest.Mix{LF: 2, PF: 28, NF: 5, LP: 2, PP: 60, NP: 3}}); err != nil {
+		t.Fatal(err)
+	}
+	routedFailures(t, st, "ad", "multi_step_completion", 1, 3, schemas.SourceLLM, act.Add(2*time.Hour), 300)
+
+	old := verify.New(verify.Config{}, st, nil, nil, nil)
+	checks, err := old.Check(ctx)
+	if err != nil || len(checks) != 1 {
+		t.Fatalf("%v %v", checks, err)
+	}
+	if c := checks[0]; c.After.Runs != 10 || c.After.Incomplete != 300 || c.Verdict == verify.Worse {
+		t.Fatalf("without the selection's rule: %s (%s), after %+v", c.Verdict, c.Reason, c.After)
+	}
+
+	sel := analyzer.EvalConfig{LLMRuns: 3}.WithDefaults()
+	g := verify.New(verify.Config{Guard: true, Selection: &sel}, st, verify.StoreRollBack{Store: st}, b, nil)
+	checks, err = g.Guard(ctx)
+	if err != nil || len(checks) != 1 {
+		t.Fatalf("%v %v", checks, err)
+	}
+	if c := checks[0]; c.After.Runs != 3 || c.After.Incomplete != 0 || c.After.Rollouts != 400 || c.Verdict != verify.Worse || c.Action != "rolled_back" {
+		t.Fatalf("with the selection's N: %s (%s), action %q, after %+v", c.Verdict, c.Reason, c.Action, c.After)
 	}
 }

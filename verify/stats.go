@@ -77,20 +77,28 @@ func (s Sample) Len() int { return len(s.success) }
 // the most any rollout of the sample has. A rollout whose runs are still
 // arriving is left out (and counted) instead of skewing one run's ratios,
 // as the analyzer's windows do.
-func NewSample(rs []sink.RolloutLabels) Sample {
-	runs := 0
-	for _, r := range rs {
-		runs = max(runs, len(r.Labels))
+func NewSample(rs []sink.RolloutLabels) Sample { return NewSampleOfRuns(rs, 0) }
+
+// NewSampleOfRuns keeps the rollouts labeled in runs 0 to runs−1, as the
+// selection does with its N (sink.WindowSpec.Runs): a rollout labeled in
+// more runs (before the number of runs was lowered) counts with its first
+// runs, one labeled in fewer is left out and counted. runs ≤ 0: the most
+// any rollout of the sample has (NewSample).
+func NewSampleOfRuns(rs []sink.RolloutLabels, runs int) Sample {
+	if runs <= 0 {
+		for _, r := range rs {
+			runs = max(runs, len(r.Labels))
+		}
 	}
 	s := Sample{Runs: runs}
 next:
 	for _, r := range rs {
-		if len(r.Labels) != runs {
+		if len(r.Labels) < runs {
 			s.Incomplete++
 			continue
 		}
 		ls := make([]int8, runs)
-		for i, l := range r.Labels {
+		for i, l := range r.Labels[:runs] {
 			switch l {
 			case "NA":
 				ls[i] = labelNA

@@ -77,6 +77,44 @@ func TestNewSampleDropsIncompleteRollouts(t *testing.T) {
 	}
 }
 
+// NewSampleOfRuns counts a rollout by its runs 0..N−1, as the selection
+// does: more runs (labeled before N was lowered) count with their first N,
+// fewer are incomplete; N unset is the most runs a rollout has.
+func TestNewSampleOfRuns(t *testing.T) {
+	ten := []string{"LACKING", "LACKING", "LACKING", "PRESENT", "PRESENT", "PRESENT", "PRESENT", "PRESENT", "PRESENT", "PRESENT"}
+	three := []string{"PRESENT", "LACKING", "PRESENT"}
+	for _, tc := range []struct {
+		name                   string
+		labels                 [][]string
+		n                      int
+		runs, kept, incomplete int
+	}{
+		{"runs lowered 10 → 3: both count", [][]string{ten, three, three}, 3, 3, 3, 0},
+		{"N unset: the most runs, the 3-run ones left out", [][]string{ten, three, three}, 0, 10, 1, 2},
+		{"N 10, only 3 runs labeled", [][]string{three, three}, 10, 10, 0, 2},
+		{"a run missing below N", [][]string{{"LACKING", "", "NA"}, three}, 3, 3, 1, 1},
+		{"a run missing at or past N does not matter", [][]string{{"LACKING", "NA", "NA", ""}, three}, 3, 3, 2, 0},
+		{"one run", [][]string{{"NA"}, ten}, 1, 1, 2, 0},
+		{"no rollouts", nil, 3, 3, 0, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var rs []sink.RolloutLabels
+			for i, ls := range tc.labels {
+				rs = append(rs, sink.RolloutLabels{RolloutID: fmt.Sprint(i), Labels: ls})
+			}
+			s := NewSampleOfRuns(rs, tc.n)
+			if s.Runs != tc.runs || s.Len() != tc.kept || s.Incomplete != tc.incomplete {
+				t.Fatalf("runs %d, kept %d, incomplete %d; want %d, %d, %d", s.Runs, s.Len(), s.Incomplete, tc.runs, tc.kept, tc.incomplete)
+			}
+		})
+	}
+	// The first three runs of the ten-run rollout are what count.
+	st := NewSampleOfRuns([]sink.RolloutLabels{{RolloutID: "a", Labels: ten}}, 3).point()
+	if st.ERFailed.Value != 1 || st.Runs != 3 {
+		t.Fatalf("ER− %v over %d runs, want 1 over 3 (runs 0..2 are LACKING)", st.ERFailed.Value, st.Runs)
+	}
+}
+
 // The point statistics are the analyzer's: the mean over runs of
 // ComputeRun, when the runs disagree.
 func TestStatsAreTheAnalyzersMeanOverRuns(t *testing.T) {
@@ -302,5 +340,16 @@ func TestConfigJSON(t *testing.T) {
 	}
 	if err := json.Unmarshal([]byte(`{"interval":"soon"}`), &back); err == nil {
 		t.Fatal("an interval that is not a duration was read")
+	}
+}
+
+// A side short of failures because its rollouts lack runs says so.
+func TestNotEnoughDataNamesIncompleteRollouts(t *testing.T) {
+	cfg := Config{}.Defaults()
+	before := NewSampleOfRuns(mix{LF: 40, PF: 10, NF: 10, LP: 5, PP: 45, NP: 10}.rollouts("b", 10), 10)
+	after := NewSampleOfRuns(mix{LF: 30, PP: 30}.rollouts("a", 3), 10)
+	c := Compare(before, after, cfg, "x")
+	if c.Verdict != NotEnoughData || !strings.Contains(c.Reason, "; 60 more rollouts are not labeled in all 10 runs (yet)") {
+		t.Fatalf("%s: %s", c.Verdict, c.Reason)
 	}
 }

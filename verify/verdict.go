@@ -59,6 +59,13 @@ type Config struct {
 	// default configuration (verify.guard: true); off, the verdict is still
 	// reported and logged. Defaults leaves it as it is.
 	Guard bool `koanf:"guard" json:"guard"`
+	// Selection is the analyzer's selection rule (analyzer.k, analyzer.n,
+	// llm.runs; config.Load sets it): a rollout counts when it is labeled
+	// in runs 0 to N−1 of its cohort's N (EvalConfig.KOfN of the cohort's
+	// label sources), as the selection counts it, whatever runs an earlier
+	// configuration labeled it in. nil: N is the most runs any rollout of
+	// a side was labeled in.
+	Selection *analyzer.EvalConfig `koanf:"-" json:"-"`
 	// Interval is how often the guard checks the active adapters (default
 	// 1m).
 	Interval time.Duration `koanf:"interval" json:"-"` // in JSON: "interval", a duration text ("1m0s")
@@ -158,11 +165,11 @@ func decide(c Comparison, cfg Config) (Verdict, string) {
 	// the zero-denominator rule, which says nothing about the gap.
 	if c.After.NeededFailures < cfg.MinFailures {
 		return NotEnoughData, fmt.Sprintf("%d labeled failures that need the capability among the routed rollouts (of %d failures), %d needed",
-			c.After.NeededFailures, c.After.Failures, cfg.MinFailures)
+			c.After.NeededFailures, c.After.Failures, cfg.MinFailures) + incomplete(c.After)
 	}
 	if c.Before.NeededFailures < cfg.MinFailures {
 		return NotEnoughData, fmt.Sprintf("%d labeled failures that need the capability before activation (of %d failures), %d needed",
-			c.Before.NeededFailures, c.Before.Failures, cfg.MinFailures)
+			c.Before.NeededFailures, c.Before.Failures, cfg.MinFailures) + incomplete(c.Before)
 	}
 	var worse []string
 	if c.PassRateChange.Hi < 0 {
@@ -198,4 +205,12 @@ func decide(c Comparison, cfg Config) (Verdict, string) {
 		return Improved, "significantly better, Δ still ≥ δ: " + strings.Join(better, "; ")
 	}
 	return NoChange, fmt.Sprintf("no significant change: Δ %s → %s, pass rate %s → %s", c.Before.Delta, c.After.Delta, c.Before.PassRate, c.After.PassRate) + open
+}
+
+// incomplete names a side's rollouts left out for want of runs.
+func incomplete(s Stats) string {
+	if s.Incomplete == 0 {
+		return ""
+	}
+	return fmt.Sprintf("; %d more rollouts are not labeled in all %d runs (yet)", s.Incomplete, s.Runs)
 }

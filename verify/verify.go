@@ -43,6 +43,9 @@ type Source interface {
 	Adapters(ctx context.Context, f sink.AdapterFilter) ([]sink.AdapterRow, error)
 	LoopDictionaries(ctx context.Context, environment, agentVersion, capability string) ([]uint32, error)
 	LoopLabels(ctx context.Context, spec sink.LoopSample) ([]sink.RolloutLabels, error)
+	// LabelSources are the sources of each cohort's labels, for its N
+	// (read only with Config.Selection).
+	LabelSources(ctx context.Context, cohorts []sink.Cohort) (map[sink.Cohort][]string, error)
 }
 
 // RollBacker moves an adapter to rolled_back in the registry and unloads
@@ -236,7 +239,16 @@ func (c *Checker) compare(ctx context.Context, a sink.AdapterRow, activatedAt ti
 	if err != nil {
 		return Comparison{}, err
 	}
-	return Compare(NewSample(before), NewSample(after), c.cfg, a.Name), nil
+	runs := 0 // without the selection's rule: the most runs a side has
+	if c.cfg.Selection != nil {
+		co := sink.Cohort{Environment: a.Environment, AgentVersion: a.AgentVersion, DictionaryVersion: dv}
+		srcs, err := c.src.LabelSources(ctx, []sink.Cohort{co})
+		if err != nil {
+			return Comparison{}, err
+		}
+		runs = c.cfg.Selection.KOfN(srcs[co]).N
+	}
+	return Compare(NewSampleOfRuns(before, runs), NewSampleOfRuns(after, runs), c.cfg, a.Name), nil
 }
 
 // Guard checks every active adapter and rolls back those whose verdict is

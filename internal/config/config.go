@@ -375,6 +375,8 @@ func Load(path string, overrides []string) (Config, error) {
 	// the configuration printed is the one in effect.
 	c.Analyzer.EvalConfig = c.Analyzer.EvalConfig.WithDefaults()
 	c.Verify.Delta = cmp.Or(c.Verify.Delta, c.Analyzer.Delta)
+	sel := c.Analyzer.EvalConfig
+	c.Verify.Selection = &sel // the closed loop counts a rollout's runs as the selection does
 	c.ClickHouse = c.ClickHouse.WithDefaults()
 	c.LLM.APIKey = cmp.Or(c.LLM.APIKey, os.Getenv("OPENAI_API_KEY"))
 	return c, c.Validate()

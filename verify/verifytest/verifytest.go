@@ -5,10 +5,12 @@
 package verifytest
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"time"
 
+	"github.com/traceops/trace/analyzer"
 	"github.com/traceops/trace/schemas"
 	"github.com/traceops/trace/sink"
 )
@@ -22,9 +24,10 @@ type Adapter struct {
 	Name, Capability, Environment, AgentVersion string
 	ActivatedAt                                 time.Time
 	Before, After                               Mix
-	Runs                                        int // labeling runs (0 = 3)
+	Runs                                        int // labeling runs (0 = 10, TRACE's N)
 	Dictionary                                  uint32
 	Simulated                                   bool
+	Source                                      string // the labels' source (default "verifytest": external)
 }
 
 // Seed stores the adapter (status active, updated at ActivatedAt), its
@@ -34,7 +37,7 @@ type Adapter struct {
 func Seed(ctx context.Context, st *sink.Store, a Adapter) error {
 	runs := a.Runs
 	if runs == 0 {
-		runs = 3
+		runs = analyzer.DefaultRuns
 	}
 	dv := a.Dictionary
 	if dv == 0 {
@@ -67,7 +70,7 @@ func Seed(ctx context.Context, st *sink.Store, a Adapter) error {
 				for run := range runs {
 					labels = append(labels, sink.LabelRow{LabelEvent: schemas.LabelEvent{RolloutID: id, Environment: a.Environment,
 						AgentVersion: a.AgentVersion, DictionaryVersion: dv, Capability: a.Capability, Run: uint16(run), Label: label,
-						Success: ok, Reward: r.Reward, Source: "verifytest", TS: end}})
+						Success: ok, Reward: r.Reward, Source: cmp.Or(a.Source, "verifytest"), TS: end}})
 				}
 			}
 		}
