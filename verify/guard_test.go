@@ -386,3 +386,58 @@ func TestGuardAfterLLMRunsLowered(t *testing.T) {
 		t.Fatalf("with the selection's N: %s (%s), action %q, after %+v", c.Verdict, c.Reason, c.Action, c.After)
 	}
 }
+
+// TestBeforeSideEndsAtTheCapabilitysFirstAdapter: real ClickHouse. While
+// an adapter serves a capability the router sends it the conversations
+// that need the capability, so the base model's rollouts of that time are
+// the others (here all NA). The adapter that replaces it is compared with
+// the base model's rollouts before the first adapter was activated, not
+// with those: the verdict is decided, and says where the before side ends.
+func TestBeforeSideEndsAtTheCapabilitysFirstAdapter(t *testing.T) {
+	ctx := context.Background()
+	st, _ := guardWorld(t)
+	t1 := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
+	t2 := t1.Add(3 * time.Hour)
+	for _, a := range []verifytest.Adapter{
+		{Name: "first", Capability: "precondition_verification", Environment: "sim-airline", AgentVersion: "1.4.0", ActivatedAt: t1,
+			Before: gap, After: gap},
+		// Its before side: the base model's rollouts while "first" served
+		// the capability, none of them needing it.
+		{Name: "second", Capability: "precondition_verification", Environment: "sim-airline", AgentVersion: "1.4.0", ActivatedAt: t2,
+			Before: verifytest.Mix{NF: 60, NP: 60}, After: verifytest.Mix{LF: 2, PF: 28, NF: 5, LP: 2, PP: 60, NP: 3}},
+	} {
+		if err := verifytest.Seed(ctx, st, a); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// "first" was retired when "second" was activated; the registry's
+	// history says when it had been active.
+	ads, err := st.Adapters(ctx, sink.AdapterFilter{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, a := range ads {
+		if a.Name == "first" {
+			a.Status, a.UpdatedAt, a.Version = "retired", t2, uint64(t2.UnixNano())
+			a.Metadata = fmt.Sprintf(`{"transitions":[{"to":"active","at":%q},{"to":"retired","at":%q}]}`, t1.Format(time.RFC3339), t2.Format(time.RFC3339))
+			if err := st.SaveAdapter(ctx, a); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	// The 100 most recent base rollouts before t2 are the 120 NA ones.
+	checks, err := verify.New(verify.Config{SampleLimit: 100}, st, nil, nil, nil).Check(ctx)
+	if err != nil || len(checks) != 1 {
+		t.Fatalf("%+v %v", checks, err)
+	}
+	c := checks[0]
+	if c.Adapter != "second" || !c.ActivatedAt.Equal(t2) || !c.BeforeUntil.Equal(t1) || c.BaselineAdapter != "first" {
+		t.Fatalf("%s activated %s, before until %s (baseline %q); want second, %s, %s, first", c.Adapter, c.ActivatedAt, c.BeforeUntil, c.BaselineAdapter, t2, t1)
+	}
+	if c.Verdict != verify.GapClosed || c.Before.NeededFailures < 20 || !c.Before.To.Before(t1) {
+		t.Fatalf("%s (%s); before %+v", c.Verdict, c.Reason, c.Before)
+	}
+	if n := c.BeforeNote(func(t time.Time) string { return t.Format(time.RFC3339) }); n != "until 2026-12-01T12:00:00Z, when first, the capability's first adapter, was activated" {
+		t.Fatalf("note %q", n)
+	}
+}

@@ -353,3 +353,48 @@ func TestNotEnoughDataNamesIncompleteRollouts(t *testing.T) {
 		t.Fatalf("%s: %s", c.Verdict, c.Reason)
 	}
 }
+
+// baselines: per capability and cohort, the first activation of any
+// adapter that was in service, from the registry's history when it has
+// one; a candidate retired before activation does not count.
+func TestBaselines(t *testing.T) {
+	t0 := time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC)
+	at := func(h int) string { return t0.Add(time.Duration(h) * time.Hour).Format(time.RFC3339) }
+	ad := func(name, capability, status, meta string, updated int) sink.AdapterRow {
+		return sink.AdapterRow{Name: name, Capability: capability, Environment: "air", AgentVersion: "1", Status: status, Metadata: meta,
+			UpdatedAt: t0.Add(time.Duration(updated) * time.Hour)}
+	}
+	for _, tc := range []struct {
+		name    string
+		ads     []sink.AdapterRow
+		want    map[string]int // capability → hour
+		adapter map[string]string
+	}{
+		{"one adapter, no history: its update", []sink.AdapterRow{ad("a", "x", "active", `{}`, 5)}, map[string]int{"x": 5}, map[string]string{"x": "a"}},
+		{"re-activated: its first activation", []sink.AdapterRow{ad("a", "x", "active",
+			`{"transitions":[{"to":"active","at":"`+at(2)+`"},{"to":"rolled_back","at":"`+at(3)+`"},{"to":"active","at":"`+at(7)+`"}]}`, 7)},
+			map[string]int{"x": 2}, map[string]string{"x": "a"}},
+		{"an earlier retired adapter of the capability", []sink.AdapterRow{
+			ad("new", "x", "active", `{"activated_at":"`+at(9)+`"}`, 9),
+			ad("old", "x", "retired", `{"transitions":[{"to":"active","at":"`+at(4)+`"},{"to":"retired","at":"`+at(9)+`"}]}`, 9),
+			ad("other", "y", "active", `{"activated_at":"`+at(1)+`"}`, 1),
+		}, map[string]int{"x": 4, "y": 1}, map[string]string{"x": "old", "y": "other"}},
+		{"a candidate retired before activation does not count", []sink.AdapterRow{
+			ad("new", "x", "active", `{"activated_at":"`+at(9)+`"}`, 9),
+			ad("cand", "x", "retired", `{"transitions":[{"to":"candidate","at":"`+at(1)+`"},{"to":"retired","at":"`+at(2)+`"}]}`, 2),
+		}, map[string]int{"x": 9}, map[string]string{"x": "new"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := baselines(tc.ads)
+			if len(got) != len(tc.want) {
+				t.Fatalf("%v, want %v", got, tc.want)
+			}
+			for c, h := range tc.want {
+				b := got[baselineKey{"air", "1", c}]
+				if !b.at.Equal(t0.Add(time.Duration(h)*time.Hour)) || b.adapter != tc.adapter[c] {
+					t.Fatalf("%s: %s by %q, want hour %d by %q", c, b.at, b.adapter, h, tc.adapter[c])
+				}
+			}
+		})
+	}
+}

@@ -8,7 +8,8 @@
 //
 //   - before: the base model's rollouts of the adapter's cohort
 //     (environment, agent version) that ended before the adapter was
-//     activated;
+//     activated, or before the first adapter of the same capability and
+//     cohort was, when an earlier one served it (see baselines);
 //   - after: the same cohort's rollouts routed to the adapter
 //     (rollouts.adapter, from rollout v1's routing field).
 //
@@ -80,17 +81,39 @@ type AdapterCheck struct {
 	AgentVersion string `json:"agent_version"`
 	// EnvironmentID is the training environment the adapter was trained on
 	// (trace env list), JobID its training job.
-	EnvironmentID     string    `json:"environment_id"`
-	JobID             string    `json:"job_id"`
-	Status            string    `json:"status"`
-	Simulated         bool      `json:"simulated"`
-	ActivatedAt       time.Time `json:"activated_at"`
+	EnvironmentID string    `json:"environment_id"`
+	JobID         string    `json:"job_id"`
+	Status        string    `json:"status"`
+	Simulated     bool      `json:"simulated"`
+	ActivatedAt   time.Time `json:"activated_at"`
+	// BeforeUntil bounds the before side: its rollouts ended before it.
+	// It is ActivatedAt, or, when another adapter of the same capability
+	// and cohort was active earlier (BaselineAdapter), that adapter's
+	// first activation: while an adapter serves the capability, the router
+	// sends it the conversations that need it, and the base model's
+	// rollouts of that time are the others, no baseline for the gap.
+	BeforeUntil       time.Time `json:"before_until"`
+	BaselineAdapter   string    `json:"baseline_adapter,omitempty"`
 	DictionaryVersion uint32    `json:"dictionary_version"`
 	Comparison
 	// Action is what the guard did: "rolled_back", "guard off: would roll
 	// back", or empty.
 	Action string `json:"action,omitempty"`
 	row    sink.AdapterRow
+}
+
+// BeforeNote says where the before side ends when that is not at the
+// adapter's activation ("until <t>, when <adapter>, the capability's first
+// adapter, was activated", or "until <t>, its first activation"), with ts
+// formatting the time; empty otherwise.
+func (ac AdapterCheck) BeforeNote(ts func(time.Time) string) string {
+	switch {
+	case ac.BaselineAdapter != "":
+		return "until " + ts(ac.BeforeUntil) + ", when " + ac.BaselineAdapter + ", the capability's first adapter, was activated"
+	case !ac.BeforeUntil.IsZero() && !ac.BeforeUntil.Equal(ac.ActivatedAt):
+		return "until " + ts(ac.BeforeUntil) + ", its first activation"
+	}
+	return ""
 }
 
 // Checker computes the comparisons and runs the guard.
@@ -146,6 +169,56 @@ func activation(a sink.AdapterRow) (time.Time, bool) {
 	return a.UpdatedAt, a.Status != "retired" || len(m.Transitions) == 0
 }
 
+// firstActivation is when the adapter first became active: the earliest
+// transition to active in the registry's history, when it is earlier
+// than activation's time.
+func firstActivation(a sink.AdapterRow) (time.Time, bool) {
+	at, ever := activation(a)
+	var m struct {
+		Transitions []struct {
+			To string    `json:"to"`
+			At time.Time `json:"at"`
+		} `json:"transitions"`
+	}
+	if json.Unmarshal([]byte(a.Metadata), &m) == nil {
+		for _, t := range m.Transitions {
+			if t.To == "active" && !t.At.IsZero() && t.At.Before(at) {
+				at = t.At.UTC()
+			}
+		}
+	}
+	return at, ever
+}
+
+// baselineKey names a capability of a cohort.
+type baselineKey struct{ environment, agentVersion, capability string }
+
+// baseline is the earliest activation of an adapter of a capability and
+// cohort, and that adapter.
+type baseline struct {
+	at      time.Time
+	adapter string
+}
+
+// baselines are, per capability and cohort, the first activation of any
+// of its adapters that was ever in service (any status): a before side
+// ends there. After it the base model's rollouts are those the router did
+// not send to the capability's adapter, mostly ones that do not need it.
+func baselines(ads []sink.AdapterRow) map[baselineKey]baseline {
+	out := map[baselineKey]baseline{}
+	for _, a := range ads {
+		at, ever := firstActivation(a)
+		if !ever {
+			continue
+		}
+		k := baselineKey{a.Environment, a.AgentVersion, a.Capability}
+		if b, ok := out[k]; !ok || at.Before(b.at) {
+			out[k] = baseline{at, a.Name}
+		}
+	}
+	return out
+}
+
 // Check computes the comparison of every adapter with one of the given
 // statuses (active when none), in the registry's order. Each adapter is
 // checked on its own: one whose queries fail is left out, its error
@@ -160,6 +233,14 @@ func (c *Checker) Check(ctx context.Context, statuses ...string) ([]AdapterCheck
 		out  []AdapterCheck
 		errs []error
 	)
+	// Every adapter, whatever its status, for the baselines. Without them
+	// (a failed read), each adapter's before side ends at its own
+	// activation, as it does when it is its capability's first.
+	all, err := c.src.Adapters(ctx, sink.AdapterFilter{})
+	if err != nil {
+		errs = append(errs, fmt.Errorf("adapters: %w", err))
+	}
+	bases := baselines(all)
 	for _, st := range statuses {
 		rows, err := c.src.Adapters(ctx, sink.AdapterFilter{Status: st})
 		if err != nil {
@@ -171,7 +252,7 @@ func (c *Checker) Check(ctx context.Context, statuses ...string) ([]AdapterCheck
 			if !ever {
 				continue // retired as a candidate: it never had routed traffic to check
 			}
-			ac, err := c.checkOne(ctx, a, at)
+			ac, err := c.checkOne(ctx, a, at, bases[baselineKey{a.Environment, a.AgentVersion, a.Capability}])
 			if err != nil {
 				errs = append(errs, fmt.Errorf("adapter %s: %w", a.Name, err))
 				continue
@@ -182,9 +263,16 @@ func (c *Checker) Check(ctx context.Context, statuses ...string) ([]AdapterCheck
 	return out, errors.Join(errs...)
 }
 
-func (c *Checker) checkOne(ctx context.Context, a sink.AdapterRow, activatedAt time.Time) (AdapterCheck, error) {
+func (c *Checker) checkOne(ctx context.Context, a sink.AdapterRow, activatedAt time.Time, base baseline) (AdapterCheck, error) {
 	ac := AdapterCheck{Adapter: a.Name, Capability: a.Capability, Environment: a.Environment, AgentVersion: a.AgentVersion,
-		EnvironmentID: a.EnvironmentID, JobID: a.JobID, Status: a.Status, Simulated: a.Simulated, ActivatedAt: activatedAt, row: a}
+		EnvironmentID: a.EnvironmentID, JobID: a.JobID, Status: a.Status, Simulated: a.Simulated, ActivatedAt: activatedAt,
+		BeforeUntil: activatedAt, row: a}
+	if !base.at.IsZero() && base.at.Before(activatedAt) {
+		ac.BeforeUntil = base.at
+		if base.adapter != a.Name {
+			ac.BaselineAdapter = base.adapter
+		}
+	}
 	dvs, err := c.src.LoopDictionaries(ctx, a.Environment, a.AgentVersion, a.Capability)
 	if err != nil {
 		return ac, err
@@ -201,7 +289,7 @@ func (c *Checker) checkOne(ctx context.Context, a sink.AdapterRow, activatedAt t
 	// the older version's labels still decide, and the guard still acts.
 	var newest Comparison
 	for i, dv := range dvs {
-		co, err := c.compare(ctx, a, activatedAt, dv)
+		co, err := c.compare(ctx, a, ac.BeforeUntil, dv)
 		if err != nil {
 			return ac, err
 		}
@@ -224,11 +312,12 @@ func (c *Checker) checkOne(ctx context.Context, a sink.AdapterRow, activatedAt t
 	return ac, nil
 }
 
-// compare is the adapter's comparison on dictionary version dv's labels.
-func (c *Checker) compare(ctx context.Context, a sink.AdapterRow, activatedAt time.Time, dv uint32) (Comparison, error) {
+// compare is the adapter's comparison on dictionary version dv's labels,
+// its before side ending at until.
+func (c *Checker) compare(ctx context.Context, a sink.AdapterRow, until time.Time, dv uint32) (Comparison, error) {
 	base := sink.LoopSample{Environment: a.Environment, AgentVersion: a.AgentVersion, DictionaryVersion: dv, Capability: a.Capability, Limit: c.cfg.SampleLimit}
 	b := base
-	b.Until = activatedAt
+	b.Until = until
 	before, err := c.src.LoopLabels(ctx, b)
 	if err != nil {
 		return Comparison{}, err

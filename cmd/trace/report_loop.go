@@ -52,7 +52,7 @@ func writeLoop(w io.Writer, format string, rep *verify.Report) error {
 			"pass_rate_before", "pass_rate_before_lo", "pass_rate_before_hi", "pass_rate_after", "pass_rate_after_lo", "pass_rate_after_hi",
 			"er_failed_before", "er_failed_after", "er_passed_before", "er_passed_after", "cov_before", "cov_after",
 			"agent_version", "dictionary_version", "environment_id", "needed_failures_before", "needed_failures_after",
-			"before_from", "before_to", "after_from", "after_to"})
+			"before_from", "before_to", "after_from", "after_to", "before_until", "baseline_adapter"})
 		for _, c := range rep.Capabilities {
 			for _, a := range c.Adapters {
 				b, x := a.Before, a.After
@@ -62,7 +62,7 @@ func writeLoop(w io.Writer, format string, rep *verify.Report) error {
 					f4(b.PassRate.Value), f4(b.PassRate.Lo), f4(b.PassRate.Hi), f4(x.PassRate.Value), f4(x.PassRate.Lo), f4(x.PassRate.Hi),
 					f4(b.ERFailed.Value), f4(x.ERFailed.Value), f4(b.ERPassed.Value), f4(x.ERPassed.Value), f4(b.Cov.Value), f4(x.Cov.Value),
 					a.AgentVersion, fmt.Sprint(a.DictionaryVersion), a.EnvironmentID, fmt.Sprint(b.NeededFailures), fmt.Sprint(x.NeededFailures),
-					rfc3339(b.From), rfc3339(b.To), rfc3339(x.From), rfc3339(x.To)})
+					rfc3339(b.From), rfc3339(b.To), rfc3339(x.From), rfc3339(x.To), rfc3339(a.BeforeUntil), a.BaselineAdapter})
 			}
 		}
 		cw.Flush()
@@ -79,7 +79,7 @@ func writeLoop(w io.Writer, format string, rep *verify.Report) error {
 	if !rep.Config.Guard {
 		guard = "off (verify.guard): worse adapters are only reported"
 	}
-	fmt.Fprintf(w, "closed loop (before = the base model's rollouts of the cohort before activation, after = the rollouts routed to the adapter;\n"+
+	fmt.Fprintf(w, "closed loop (before = the base model's rollouts of the cohort before the capability's first adapter was activated, after = the rollouts routed to the adapter;\n"+
 		"95 %% intervals in brackets; gap closed = Δ after and its interval < δ %.2f; at least %d labeled failures that need the capability a side; guard %s):\n",
 		rep.Config.Delta, rep.Config.MinFailures, guard)
 	for _, c := range rep.Capabilities {
@@ -109,9 +109,13 @@ func writeLoop(w io.Writer, format string, rep *verify.Report) error {
 				line += " [" + a.Action + "]"
 			}
 			fmt.Fprintln(w, line)
-			fmt.Fprintf(w, "    cohort %s/%s, dictionary v%d, trained on %s; activated %s; before: %s; after: %s\n", a.Environment, a.AgentVersion,
+			note := a.BeforeNote(rfc3339)
+			if note != "" {
+				note = " (" + note + ")"
+			}
+			fmt.Fprintf(w, "    cohort %s/%s, dictionary v%d, trained on %s; activated %s; before%s: %s; after: %s\n", a.Environment, a.AgentVersion,
 				a.DictionaryVersion, cmp.Or(a.EnvironmentID, "(no environment recorded)"), a.ActivatedAt.UTC().Format(time.RFC3339),
-				sampleSpan(a.Before), sampleSpan(a.After))
+				note, sampleSpan(a.Before), sampleSpan(a.After))
 		}
 	}
 	for _, s := range rep.Share {
@@ -227,6 +231,7 @@ func rfc3339(t time.Time) string {
 
 // sampleSpan says what one side of a comparison rests on: its rollouts,
 // the failures among them that need the capability, and their end times.
+
 func sampleSpan(s verify.Stats) string {
 	if s.Rollouts == 0 {
 		return "no labeled rollouts"

@@ -263,8 +263,8 @@ func TestReportLoop(t *testing.T) {
 		t.Fatal(err)
 	}
 	if lines := strings.Split(strings.TrimSpace(out), "\n"); len(lines) != 3 || !strings.Contains(out, ",pv-good,active,true,") || !strings.Contains(out, "gap_closed") ||
-		!strings.HasSuffix(lines[0], ",agent_version,dictionary_version,environment_id,needed_failures_before,needed_failures_after,before_from,before_to,after_from,after_to") ||
-		!strings.Contains(out, ",1.4.0,1,env-pv-good,50,30,2026-11-30T11:00:00Z,2026-11-30T11:01:59Z,2026-11-30T12:01:00Z,2026-11-30T12:02:39Z") {
+		!strings.HasSuffix(lines[0], ",agent_version,dictionary_version,environment_id,needed_failures_before,needed_failures_after,before_from,before_to,after_from,after_to,before_until,baseline_adapter") ||
+		!strings.Contains(out, ",1.4.0,1,env-pv-good,50,30,2026-11-30T11:00:00Z,2026-11-30T11:01:59Z,2026-11-30T12:01:00Z,2026-11-30T12:02:39Z,2026-11-30T12:00:00Z,\n") {
 		t.Fatalf("csv:\n%s", out)
 	}
 	// Once the router has recorded decisions, the share is theirs; while

@@ -71,6 +71,10 @@ type loopAdapter struct {
 	Activated string
 	// BeforeSpan and AfterSpan date each side's rollouts (first – last end).
 	BeforeSpan, AfterSpan string
+	// BeforeBound says where the before side ends when that is not at the
+	// adapter's activation (an earlier adapter of the capability, or its
+	// own first activation); empty otherwise.
+	BeforeBound string
 }
 
 // span dates a side's rollouts: the end times of its first and last.
@@ -106,7 +110,7 @@ func (s *server) pageLoop(w http.ResponseWriter, r *http.Request) {
 		lc := loopCapability{Environment: c.Environment, Capability: c.Capability}
 		for _, a := range c.Adapters {
 			lc.Adapters = append(lc.Adapters, loopAdapter{AdapterCheck: a, Verdict: verdictLabel(a.Verdict), Activated: fmtTS(a.ActivatedAt),
-				BeforeSpan: span(a.Before), AfterSpan: span(a.After)})
+				BeforeSpan: span(a.Before), AfterSpan: span(a.After), BeforeBound: a.BeforeNote(fmtTS)})
 		}
 		pg.Capabilities = append(pg.Capabilities, lc)
 	}
