@@ -25,7 +25,7 @@ const (
 	OutcomeOK          = "ok"
 	OutcomeHTTP429     = "http_429"
 	OutcomeHTTP5xx     = "http_5xx"
-	OutcomeHTTP4xx     = "http_4xx" // any other non-2xx status; never retried
+	OutcomeHTTP4xx     = "http_4xx" // any other non-2xx status; retried only when 408 or 409
 	OutcomeTimeout     = "timeout"
 	OutcomeNetwork     = "network"
 	OutcomeInvalidJSON = "invalid_json" // the answer (or the response envelope) is not JSON

@@ -176,7 +176,7 @@ func PromptHash(msgs []Message) string {
 // Chat obtains one accepted answer for req.
 //
 // Attempts that end in a 429 (after the server's Retry-After, capped by
-// MaxRetryAfter), a 5xx, a timeout, a connection error, or an answer that
+// MaxRetryAfter), a 5xx, a 408 or 409, a timeout, a connection error, or an answer that
 // is not JSON or that the schema or req.Validate rejects are retried with
 // capped exponential backoff, up to MaxAttempts in all. Any other non-2xx
 // status is returned at once. Every attempt is recorded through the
@@ -414,15 +414,8 @@ func (c *Client) attempt(ctx context.Context, req Request, body []byte, hash str
 	}
 	latency := time.Since(start)
 
-	switch s := hresp.StatusCode; {
-	case s == http.StatusTooManyRequests:
-		return attemptResult{outcome: OutcomeHTTP429, retryable: true, status: s, retryAfter: retryAfter(hresp.Header, time.Now()),
-			err: &StatusError{Status: s, Message: c.errorMessage(data)}}
-	case s >= 500:
-		return attemptResult{outcome: OutcomeHTTP5xx, retryable: true, status: s, retryAfter: retryAfter(hresp.Header, time.Now()),
-			err: &StatusError{Status: s, Message: c.errorMessage(data)}}
-	case s < 200 || s > 299:
-		return attemptResult{outcome: OutcomeHTTP4xx, status: s, err: &StatusError{Status: s, Message: c.errorMessage(data)}}
+	if s := hresp.StatusCode; s < 200 || s > 299 {
+		return c.statusFailure(s, hresp.Header, data)
 	}
 	res.status = hresp.StatusCode
 	if len(data) > maxResponseBytes {
@@ -504,6 +497,27 @@ func checkAnswer(content string, sch *compiledSchema, validate func(string) erro
 		}
 	}
 	return nil
+}
+
+// statusFailure classifies a non-2xx answer. 429 and 5xx are retried
+// (after the server's Retry-After, when it sends one), and so are 408 (a
+// proxy's or load balancer's request time-out) and 409 (a conflict, which
+// OpenAI's own SDKs retry); any other status is returned at once: sending
+// the same request again cannot help (400, 401, 403, 404, 422, …).
+func (c *Client) statusFailure(s int, h http.Header, data []byte) attemptResult {
+	r := attemptResult{outcome: OutcomeHTTP4xx, status: s, err: &StatusError{Status: s, Message: c.errorMessage(data)}}
+	switch {
+	case s == http.StatusTooManyRequests:
+		r.outcome, r.retryable = OutcomeHTTP429, true
+	case s >= 500:
+		r.outcome, r.retryable = OutcomeHTTP5xx, true
+	case s == http.StatusRequestTimeout || s == http.StatusConflict:
+		r.retryable = true
+	default:
+		return r
+	}
+	r.retryAfter = retryAfter(h, time.Now())
+	return r
 }
 
 // transportFailure classifies an error of Do or of reading the body.

@@ -243,6 +243,29 @@ func TestNoRetryOn4xx(t *testing.T) {
 	}
 }
 
+// TestRetriedOn408And409: a proxy's request time-out (408) and a conflict
+// (409), which OpenAI's own SDKs retry, are retried like a 5xx (honouring a
+// Retry-After), where they used to fail the call at once.
+func TestRetriedOn408And409(t *testing.T) {
+	for _, code := range []int{408, 409} {
+		t.Run(fmt.Sprint(code), func(t *testing.T) {
+			srv := llmtest.New(t)
+			srv.Enqueue(llmtest.Status(code, "try again"), llmtest.Text(`{"answer":"yes"}`))
+			c, rec := newClient(t, srv, nil)
+			resp, err := c.Chat(context.Background(), ask(objSchema))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if resp.Attempts != 2 || resp.Content != `{"answer":"yes"}` {
+				t.Fatalf("%+v", resp)
+			}
+			if got := outcomes(rec.Drain()); !equal(got, []string{"http_4xx", "ok"}) {
+				t.Fatalf("audit %v", got)
+			}
+		})
+	}
+}
+
 func TestAttemptsExhausted(t *testing.T) {
 	srv := llmtest.New(t)
 	srv.Enqueue(llmtest.ServerError(), llmtest.RateLimited(""), llmtest.Malformed(), llmtest.Text(`{"answer":"perhaps"}`), llmtest.Text(`{"answer":"yes"}`))

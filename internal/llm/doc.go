@@ -13,8 +13,8 @@
 //     returned nil. Nothing else is "repaired".
 //   - Failures that another try may fix are retried with a fresh, identical
 //     request and capped exponential backoff: 429 (after Retry-After), 5xx,
-//     time-outs, connection errors and rejected answers. Other 4xx answers
-//     are returned at once. The error then lists every attempt's outcome.
+//     408 and 409 (as OpenAI's SDKs retry them), time-outs, connection
+//     errors and rejected answers. Other 4xx answers are returned at once. The error then lists every attempt's outcome.
 //   - Every HTTP attempt yields exactly one audit row (AuditRecord) through
 //     the Recorder: model, endpoint without credentials, sha256 of the
 //     messages, tokens from usage, latency, attempt number, outcome.

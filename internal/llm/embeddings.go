@@ -72,18 +72,10 @@ func (c *Client) embedAttempt(ctx context.Context, body []byte, n int) (attemptR
 	if err != nil {
 		return c.transportFailure(ctx, actx, err, c.cfg.Timeout), nil
 	}
-	res := attemptResult{status: hresp.StatusCode}
-	switch s := hresp.StatusCode; {
-	case s == http.StatusTooManyRequests:
-		res.outcome, res.retryable, res.retryAfter, res.err = OutcomeHTTP429, true, retryAfter(hresp.Header, time.Now()), &StatusError{Status: s, Message: c.errorMessage(data)}
-		return res, nil
-	case s >= 500:
-		res.outcome, res.retryable, res.err = OutcomeHTTP5xx, true, &StatusError{Status: s, Message: c.errorMessage(data)}
-		return res, nil
-	case s < 200 || s > 299:
-		res.outcome, res.err = OutcomeHTTP4xx, &StatusError{Status: s, Message: c.errorMessage(data)}
-		return res, nil
+	if s := hresp.StatusCode; s < 200 || s > 299 {
+		return c.statusFailure(s, hresp.Header, data), nil
 	}
+	res := attemptResult{status: hresp.StatusCode}
 	var wr struct {
 		Data []struct {
 			Index     int       `json:"index"`

@@ -17,14 +17,14 @@ var (
 
 // Error is returned by Chat when no attempt produced an accepted answer:
 // the attempts ran out, or an attempt failed in a way that is not retried
-// (a 4xx other than 429). It says what every attempt ended with.
+// (a 4xx other than 408, 409 and 429). It says what every attempt ended with.
 type Error struct {
 	Purpose  string
 	Attempts int      // HTTP attempts made
 	Outcomes []string // the outcome of each attempt, in order
 	Status   int      // HTTP status of the last attempt, 0 if it got none
 	// Retryable is false when the last attempt was not retried because
-	// retrying could not help (a 4xx other than 429).
+	// retrying could not help (a 4xx other than 408, 409 and 429).
 	Retryable bool
 	Err       error // the last attempt's error
 }

@@ -75,8 +75,8 @@ type ToolsResponse struct {
 }
 
 // ChatTools obtains one assistant turn for a conversation with tools, with
-// the retries of Chat (429, 5xx, time-outs, connection errors and
-// malformed answers are retried, other 4xx are not), one audit row per
+// the retries of Chat (429, 5xx, 408, 409, time-outs, connection errors
+// and malformed answers are retried, other 4xx are not), one audit row per
 // attempt and the client's concurrency bound and rate limit. An answer is
 // malformed when it has no choices, or a tool call without a function name
 // or whose arguments are neither a JSON string nor a JSON object. Arguments
@@ -210,15 +210,8 @@ func (c *Client) toolsAttempt(ctx context.Context, audit Request, body []byte, h
 		return r, resp
 	}
 	latency := time.Since(start)
-	switch s := hresp.StatusCode; {
-	case s == http.StatusTooManyRequests:
-		return attemptResult{outcome: OutcomeHTTP429, retryable: true, status: s, retryAfter: retryAfter(hresp.Header, time.Now()),
-			err: &StatusError{Status: s, Message: c.errorMessage(data)}}, resp
-	case s >= 500:
-		return attemptResult{outcome: OutcomeHTTP5xx, retryable: true, status: s, retryAfter: retryAfter(hresp.Header, time.Now()),
-			err: &StatusError{Status: s, Message: c.errorMessage(data)}}, resp
-	case s < 200 || s > 299:
-		return attemptResult{outcome: OutcomeHTTP4xx, status: s, err: &StatusError{Status: s, Message: c.errorMessage(data)}}, resp
+	if s := hresp.StatusCode; s < 200 || s > 299 {
+		return c.statusFailure(s, hresp.Header, data), resp
 	}
 	res.status = hresp.StatusCode
 	malformed := func(format string, args ...any) (attemptResult, ToolsResponse) {
