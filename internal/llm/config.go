@@ -87,6 +87,8 @@ type Config struct {
 	// e.g. https://api.openai.com/v1, http://127.0.0.1:8000/v1 (vLLM),
 	// http://127.0.0.1:11434/v1 (Ollama), http://127.0.0.1:18080/v1
 	// (llama-cpp-python). Requests go to BaseURL + "/chat/completions".
+	// A URL without a path gets /v1 (http://host:8000 is
+	// http://host:8000/v1), and a trailing /chat/completions is dropped.
 	BaseURL string
 	// Model is sent as "model" in every request and recorded in the audit.
 	Model string
@@ -150,7 +152,7 @@ func APIKeyFromEnv() Secret {
 // WithDefaults returns c with every zero field set to its default, and an
 // empty APIKey taken from the environment.
 func (c Config) WithDefaults() Config {
-	c.BaseURL = strings.TrimRight(strings.TrimSpace(c.BaseURL), "/")
+	c.BaseURL = normalizeBaseURL(c.BaseURL)
 	c.APIKey = cmp.Or(c.APIKey, APIKeyFromEnv())
 	c.Timeout = cmp.Or(c.Timeout, DefaultTimeout)
 	c.MaxAttempts = cmp.Or(c.MaxAttempts, DefaultMaxAttempts)
@@ -216,6 +218,22 @@ func (c Config) Validate() error {
 		bad("StructuredOutput", "must be one of json_schema, json_object, json_object_schema, none; got %q", c.StructuredOutput)
 	}
 	return errors.Join(errs...)
+}
+
+// normalizeBaseURL trims white space and trailing slashes, drops a
+// /chat/completions pasted with the API root, and gives a URL without a
+// path (http://host:8000) the /v1 that OpenAI, vLLM, Ollama and llama.cpp
+// all serve their API under: requests go to BaseURL + "/chat/completions",
+// and without /v1 every one would be a 404 (not retried, so every call
+// failed). A URL with another path (a gateway's /openai/v1) is kept.
+func normalizeBaseURL(raw string) string {
+	s := strings.TrimRight(strings.TrimSpace(raw), "/")
+	s = strings.TrimRight(strings.TrimSuffix(s, "/chat/completions"), "/")
+	u, err := url.Parse(s)
+	if err != nil || u.Host == "" || u.Path != "" || u.RawQuery != "" || u.ForceQuery || u.Fragment != "" {
+		return s
+	}
+	return s + "/v1"
 }
 
 // redactURL returns u without credentials, query or fragment: the form that
