@@ -17,6 +17,7 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 	"unicode/utf8"
 
@@ -126,6 +127,10 @@ type Client struct {
 	limiter  *rate.Limiter
 	log      *slog.Logger
 	schemas  schemaCache
+	// completionTokens is set once the server refused max_tokens and asked
+	// for max_completion_tokens (OpenAI's reasoning models: o1, o3, gpt-5,
+	// …): every later request caps its answer with that field instead.
+	completionTokens atomic.Bool
 }
 
 // New validates cfg (after WithDefaults) and returns a client.
@@ -200,7 +205,13 @@ func (c *Client) Chat(ctx context.Context, req Request) (Response, error) {
 	}
 	hash := PromptHash(req.Messages)
 
+	sentCompletionTokens := c.completionTokens.Load()
 	r, tally, err := retry(ctx, c, req, func(attempt int) (attemptResult, Response) {
+		if ct := c.completionTokens.Load(); ct != sentCompletionTokens {
+			if b, err := c.body(req); err == nil {
+				body, sentCompletionTokens = b, ct
+			}
+		}
 		res := c.attempt(ctx, req, body, hash, attempt, sch)
 		return res, res.resp
 	})
@@ -252,7 +263,10 @@ func retry[R any](ctx context.Context, c *Client, req Request, try func(attempt 
 			return zero, t, &Error{Purpose: req.Purpose, Attempts: attempt, Outcomes: outcomes, Status: res.status, Retryable: res.retryable, Err: res.err}
 		}
 		wait := b.NextBackOff()
-		if res.retryAfter > 0 {
+		switch {
+		case res.retryNow:
+			wait = 0
+		case res.retryAfter > 0:
 			wait = min(res.retryAfter, c.cfg.MaxRetryAfter)
 		}
 		c.log.Warn("llm attempt failed, retrying", "purpose", req.Purpose, "rollout_id", req.RolloutID, "run", req.Run,
@@ -290,13 +304,16 @@ func (c *Client) acquire(ctx context.Context) (release func(), failed *attemptRe
 }
 
 type wireRequest struct {
-	Model          string    `json:"model"`
-	Messages       []Message `json:"messages"`
-	Temperature    *float64  `json:"temperature,omitempty"`
-	MaxTokens      int       `json:"max_tokens,omitempty"`
-	Logprobs       bool      `json:"logprobs,omitempty"`
-	TopLogprobs    int       `json:"top_logprobs,omitempty"`
-	ResponseFormat any       `json:"response_format,omitempty"`
+	Model       string    `json:"model"`
+	Messages    []Message `json:"messages"`
+	Temperature *float64  `json:"temperature,omitempty"`
+	MaxTokens   int       `json:"max_tokens,omitempty"`
+	// MaxCompletionTokens replaces MaxTokens for a server that refuses it
+	// (Client.completionTokens).
+	MaxCompletionTokens int  `json:"max_completion_tokens,omitempty"`
+	Logprobs            bool `json:"logprobs,omitempty"`
+	TopLogprobs         int  `json:"top_logprobs,omitempty"`
+	ResponseFormat      any  `json:"response_format,omitempty"`
 }
 
 func (c *Client) body(req Request) ([]byte, error) {
@@ -306,6 +323,9 @@ func (c *Client) body(req Request) ([]byte, error) {
 	}
 	if req.MaxTokens > 0 {
 		w.MaxTokens = req.MaxTokens
+	}
+	if c.completionTokens.Load() {
+		w.MaxTokens, w.MaxCompletionTokens = 0, w.MaxTokens
 	}
 	if req.Logprobs {
 		w.Logprobs = true
@@ -352,6 +372,7 @@ type attemptResult struct {
 	retryable                      bool
 	status                         int
 	retryAfter                     time.Duration
+	retryNow                       bool // retry at once: the next attempt sends another request
 	promptTokens, completionTokens int
 	err                            error
 	resp                           Response
@@ -415,7 +436,7 @@ func (c *Client) attempt(ctx context.Context, req Request, body []byte, hash str
 	latency := time.Since(start)
 
 	if s := hresp.StatusCode; s < 200 || s > 299 {
-		return c.statusFailure(s, hresp.Header, data)
+		return c.statusFailure(s, hresp.Header, data, body)
 	}
 	res.status = hresp.StatusCode
 	if len(data) > maxResponseBytes {
@@ -499,14 +520,23 @@ func checkAnswer(content string, sch *compiledSchema, validate func(string) erro
 	return nil
 }
 
-// statusFailure classifies a non-2xx answer. 429 and 5xx are retried
-// (after the server's Retry-After, when it sends one), and so are 408 (a
-// proxy's or load balancer's request time-out) and 409 (a conflict, which
-// OpenAI's own SDKs retry); any other status is returned at once: sending
-// the same request again cannot help (400, 401, 403, 404, 422, …).
-func (c *Client) statusFailure(s int, h http.Header, data []byte) attemptResult {
+// statusFailure classifies a non-2xx answer to the request body sent.
+// 429 and 5xx are retried (after the server's Retry-After, when it sends
+// one), and so are 408 (a proxy's or load balancer's request time-out) and
+// 409 (a conflict, which OpenAI's own SDKs retry); any other status is
+// returned at once: sending the same request again cannot help (400, 401,
+// 403, 404, 422, …). One 400 is the exception: a server that refuses
+// max_tokens for max_completion_tokens (OpenAI's reasoning models) gets
+// the latter from then on, and the attempt is retried at once.
+func (c *Client) statusFailure(s int, h http.Header, data, body []byte) attemptResult {
 	r := attemptResult{outcome: OutcomeHTTP4xx, status: s, err: &StatusError{Status: s, Message: c.errorMessage(data)}}
 	switch {
+	case s == http.StatusBadRequest && bytes.Contains(body, []byte(`"max_tokens":`)) && refusesMaxTokens(data):
+		if !c.completionTokens.Swap(true) {
+			c.log.Info("llm: the server refuses max_tokens; sending max_completion_tokens from now on", "endpoint", c.endpoint, "model", c.cfg.Model)
+		}
+		r.retryable, r.retryNow = true, true
+		return r
 	case s == http.StatusTooManyRequests:
 		r.outcome, r.retryable = OutcomeHTTP429, true
 	case s >= 500:
@@ -518,6 +548,26 @@ func (c *Client) statusFailure(s int, h http.Header, data []byte) attemptResult 
 	}
 	r.retryAfter = retryAfter(h, time.Now())
 	return r
+}
+
+// refusesMaxTokens reports whether a 400's body says that max_tokens is not
+// supported and max_completion_tokens is wanted instead, as OpenAI answers
+// for its reasoning models: {"error": {"message": "Unsupported parameter:
+// 'max_tokens' is not supported with this model. Use
+// 'max_completion_tokens' instead.", "param": "max_tokens", "code":
+// "unsupported_parameter"}}.
+func refusesMaxTokens(data []byte) bool {
+	var e struct {
+		Error struct {
+			Message string `json:"message"`
+			Param   string `json:"param"`
+		} `json:"error"`
+	}
+	if json.Unmarshal(data, &e) != nil {
+		return false
+	}
+	m := e.Error.Message
+	return strings.Contains(m, "max_completion_tokens") && (e.Error.Param == "max_tokens" || strings.Contains(strings.ReplaceAll(m, "max_completion_tokens", ""), "max_tokens"))
 }
 
 // transportFailure classifies an error of Do or of reading the body.

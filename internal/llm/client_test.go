@@ -266,6 +266,68 @@ func TestRetriedOn408And409(t *testing.T) {
 	}
 }
 
+// TestMaxCompletionTokensWhenMaxTokensRefused: OpenAI's reasoning models
+// (o1, o3, gpt-5, …) answer a request carrying max_tokens with a 400 that
+// asks for max_completion_tokens; every labeling run failed on it. The
+// client now retries at once with max_completion_tokens and keeps sending
+// it; a server that takes max_tokens (vLLM, Ollama, llama.cpp) keeps
+// getting max_tokens.
+func TestMaxCompletionTokensWhenMaxTokensRefused(t *testing.T) {
+	srv := llmtest.New(t)
+	reasoning := func(req llmtest.Request) llmtest.Reply {
+		if bytes.Contains(req.Body, []byte(`"max_tokens"`)) {
+			return llmtest.RefuseMaxTokens()
+		}
+		return llmtest.Text(`{"answer":"yes"}`)
+	}
+	srv.Handle(reasoning)
+	c, rec := newClient(t, srv, func(cfg *llm.Config) { cfg.MaxTokens = 300 })
+	req := ask(objSchema)
+	req.MaxTokens = 120
+	resp, err := c.Chat(context.Background(), req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := outcomes(rec.Drain()); resp.Attempts != 2 || !equal(got, []string{"http_4xx", "ok"}) {
+		t.Fatalf("attempts %d, audit %v", resp.Attempts, got)
+	}
+	if _, err := c.Chat(context.Background(), ask(objSchema)); err != nil { // the config's cap
+		t.Fatal(err)
+	}
+	if _, err := c.ChatTools(context.Background(), llm.ToolsRequest{Purpose: "test", MaxTokens: 50,
+		Messages: []llm.ToolMessage{{Role: "user", Content: "hi"}}}); err != nil {
+		t.Fatal(err)
+	}
+	reqs := srv.Requests()
+	if len(reqs) != 4 {
+		t.Fatalf("%d requests, want 4 (one refused, then one per call)", len(reqs))
+	}
+	for i, want := range []int{120, 300, 50} {
+		r := reqs[i+1]
+		if r.Chat.MaxCompletionTokens != want || bytes.Contains(r.Body, []byte(`"max_tokens"`)) {
+			t.Errorf("request %d: max_completion_tokens %d (want %d), body %s", i+1, r.Chat.MaxCompletionTokens, want, r.Body)
+		}
+	}
+	if got := outcomes(rec.Drain()); !equal(got, []string{"ok", "ok"}) {
+		t.Fatalf("audit %v", got)
+	}
+
+	// Another 400 is still not retried, and a server that takes max_tokens
+	// keeps getting it.
+	other := llmtest.New(t)
+	other.Enqueue(llmtest.Status(400, "max_tokens must be at most 4096"), llmtest.Text(`{"answer":"yes"}`))
+	c2, _ := newClient(t, other, func(cfg *llm.Config) { cfg.MaxTokens = 300 })
+	if _, err := c2.Chat(context.Background(), ask(objSchema)); err == nil {
+		t.Fatal("a 400 about max_tokens' value was retried")
+	}
+	if _, err := c2.Chat(context.Background(), ask(objSchema)); err != nil {
+		t.Fatal(err)
+	}
+	if r := other.Requests()[1]; r.Chat.MaxTokens != 300 || r.Chat.MaxCompletionTokens != 0 {
+		t.Fatalf("max_tokens %d, max_completion_tokens %d", r.Chat.MaxTokens, r.Chat.MaxCompletionTokens)
+	}
+}
+
 func TestAttemptsExhausted(t *testing.T) {
 	srv := llmtest.New(t)
 	srv.Enqueue(llmtest.ServerError(), llmtest.RateLimited(""), llmtest.Malformed(), llmtest.Text(`{"answer":"perhaps"}`), llmtest.Text(`{"answer":"yes"}`))

@@ -3,7 +3,9 @@
 // (llama-server and llama-cpp-python's server) work unchanged, because the
 // client speaks only the common subset — POST {BaseURL}/chat/completions with
 // model, messages, temperature, max_tokens, optional logprobs and an optional
-// response_format; usage and choices[0].message.content in the answer.
+// response_format; usage and choices[0].message.content in the answer. A
+// server that refuses max_tokens for max_completion_tokens (OpenAI's
+// reasoning models) is sent max_completion_tokens from then on.
 //
 // What the client guarantees to its callers (the labeler, discovery, routing):
 //

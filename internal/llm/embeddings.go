@@ -73,7 +73,7 @@ func (c *Client) embedAttempt(ctx context.Context, body []byte, n int) (attemptR
 		return c.transportFailure(ctx, actx, err, c.cfg.Timeout), nil
 	}
 	if s := hresp.StatusCode; s < 200 || s > 299 {
-		return c.statusFailure(s, hresp.Header, data), nil
+		return c.statusFailure(s, hresp.Header, data, nil), nil
 	}
 	res := attemptResult{status: hresp.StatusCode}
 	var wr struct {

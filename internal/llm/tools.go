@@ -94,7 +94,13 @@ func (c *Client) ChatTools(ctx context.Context, req ToolsRequest) (ToolsResponse
 	hash := hex.EncodeToString(sum[:])
 	audit := Request{Purpose: req.Purpose, RolloutID: req.RolloutID, Run: req.Run}
 
+	sentCompletionTokens := c.completionTokens.Load()
 	r, tally, err := retry(ctx, c, audit, func(attempt int) (attemptResult, ToolsResponse) {
+		if ct := c.completionTokens.Load(); ct != sentCompletionTokens {
+			if b, err := c.toolsBody(req); err == nil {
+				body, sentCompletionTokens = b, ct
+			}
+		}
 		return c.toolsAttempt(ctx, audit, body, hash, attempt)
 	})
 	r.Attempts, r.TotalPromptTokens, r.TotalCompletionTokens = tally.attempts, tally.promptTokens, tally.completionTokens
@@ -154,10 +160,14 @@ func (c *Client) toolsBody(req ToolsRequest) ([]byte, error) {
 	if temp != nil {
 		body["temperature"] = *temp
 	}
+	field := "max_tokens"
+	if c.completionTokens.Load() {
+		field = "max_completion_tokens"
+	}
 	if req.MaxTokens > 0 {
-		body["max_tokens"] = req.MaxTokens
+		body[field] = req.MaxTokens
 	} else if c.cfg.MaxTokens > 0 {
-		body["max_tokens"] = c.cfg.MaxTokens
+		body[field] = c.cfg.MaxTokens
 	}
 	return json.Marshal(body)
 }
@@ -211,7 +221,7 @@ func (c *Client) toolsAttempt(ctx context.Context, audit Request, body []byte, h
 	}
 	latency := time.Since(start)
 	if s := hresp.StatusCode; s < 200 || s > 299 {
-		return c.statusFailure(s, hresp.Header, data), resp
+		return c.statusFailure(s, hresp.Header, data, body), resp
 	}
 	res.status = hresp.StatusCode
 	malformed := func(format string, args ...any) (attemptResult, ToolsResponse) {

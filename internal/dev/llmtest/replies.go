@@ -34,6 +34,15 @@ func Status(code int, msg string) Reply {
 	return Reply{Status: code, Body: mustJSON(errorBody(msg, "invalid_request_error"))}
 }
 
+// RefuseMaxTokens is OpenAI's answer to a request with max_tokens for one
+// of its reasoning models (o1, o3, gpt-5, …), which take
+// max_completion_tokens only: a 400 naming the parameter.
+func RefuseMaxTokens() Reply {
+	return Reply{Status: http.StatusBadRequest, Body: mustJSON(map[string]any{"error": map[string]any{
+		"message": "Unsupported parameter: 'max_tokens' is not supported with this model. Use 'max_completion_tokens' instead.",
+		"type":    "invalid_request_error", "param": "max_tokens", "code": "unsupported_parameter"}})}
+}
+
 // Slow delays r by d (use a d longer than the client's timeout to script a
 // time-out).
 func Slow(d time.Duration, r Reply) Reply {

@@ -34,14 +34,17 @@ type ChatMessage struct {
 
 // ChatRequest is the decoded body of a received chat completion request.
 type ChatRequest struct {
-	Model          string          `json:"model"`
-	Messages       []ChatMessage   `json:"messages"`
-	Temperature    *float64        `json:"temperature"`
-	MaxTokens      int             `json:"max_tokens"`
-	Logprobs       bool            `json:"logprobs"`
-	TopLogprobs    int             `json:"top_logprobs"`
-	ResponseFormat json.RawMessage `json:"response_format"`
-	StreamOptions  *struct {
+	Model       string        `json:"model"`
+	Messages    []ChatMessage `json:"messages"`
+	Temperature *float64      `json:"temperature"`
+	MaxTokens   int           `json:"max_tokens"`
+	// MaxCompletionTokens is OpenAI's newer cap, which its reasoning models
+	// require instead of max_tokens (see RefuseMaxTokens).
+	MaxCompletionTokens int             `json:"max_completion_tokens"`
+	Logprobs            bool            `json:"logprobs"`
+	TopLogprobs         int             `json:"top_logprobs"`
+	ResponseFormat      json.RawMessage `json:"response_format"`
+	StreamOptions       *struct {
 		IncludeUsage bool `json:"include_usage"`
 	} `json:"stream_options"`
 }
