@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"log/slog"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/traceops/trace/analyzer"
 	"github.com/traceops/trace/internal/config"
 	"github.com/traceops/trace/internal/llm"
@@ -40,6 +42,9 @@ func (a *App) llmClient() (*llm.Client, error) {
 func (a *App) auditRecorder() *AuditRecorder {
 	if a.audit == nil {
 		a.audit = NewAuditRecorder(a.Store, a.Log)
+		if a.Registry != nil {
+			a.audit.RegisterMetrics(a.Registry)
+		}
 		a.background = append(a.background, Actor{Name: "llm-audit", Run: a.audit.Run})
 	}
 	return a.audit
@@ -90,9 +95,28 @@ func newLLMLabeler(a *App) (analyzer.Labeler, error) {
 // llm_calls in batches (sink.Batcher: every second, or at 1,000 rows).
 // RecordLLMCall never blocks; when ClickHouse is down the buffer keeps up
 // to 100,000 rows and then drops the oldest, counting them in the log (the
-// audit must never stall labeling).
+// audit must never stall labeling). With RegisterMetrics, every row is
+// also counted in trace_llm_requests_total and trace_llm_tokens_total.
 type AuditRecorder struct {
-	b sink.Batcher[sink.LLMCall]
+	b        sink.Batcher[sink.LLMCall]
+	requests *prometheus.CounterVec // nil until RegisterMetrics
+	tokens   *prometheus.CounterVec
+}
+
+// RegisterMetrics counts every recorded HTTP attempt by purpose, model and
+// outcome, and its tokens by purpose, model and kind (prompt, completion),
+// in reg: what llm_calls holds, on /metrics, so that a storm of 429s or
+// time-outs, a wrong key and the token spend show without a query (and
+// while ClickHouse, where llm_calls lives, is away). Call it before the
+// recorder is in use.
+func (r *AuditRecorder) RegisterMetrics(reg prometheus.Registerer) {
+	r.requests = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "trace", Subsystem: "llm", Name: "requests_total",
+		Help: "HTTP attempts to LLM endpoints, by purpose, model and outcome (ok, http_429, http_5xx, http_4xx, timeout, network, invalid_json, schema, canceled)."},
+		[]string{"purpose", "model", "outcome"})
+	r.tokens = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "trace", Subsystem: "llm", Name: "tokens_total",
+		Help: "Tokens of LLM attempts as the endpoint reported them (usage), by purpose, model and kind (prompt, completion); failed attempts' included."},
+		[]string{"purpose", "model", "kind"})
+	reg.MustRegister(r.requests, r.tokens)
 }
 
 // NewAuditRecorder returns a recorder; Run writes its rows.
@@ -103,6 +127,15 @@ func NewAuditRecorder(st *sink.Store, log *slog.Logger) *AuditRecorder {
 // RecordLLMCall implements llm.Recorder.
 func (r *AuditRecorder) RecordLLMCall(_ context.Context, rec llm.AuditRecord) {
 	r.b.Add(sink.LLMCall(rec))
+	if r.requests != nil {
+		r.requests.WithLabelValues(rec.Purpose, rec.Model, rec.Outcome).Inc()
+		if rec.PromptTokens > 0 {
+			r.tokens.WithLabelValues(rec.Purpose, rec.Model, "prompt").Add(float64(rec.PromptTokens))
+		}
+		if rec.CompletionTokens > 0 {
+			r.tokens.WithLabelValues(rec.Purpose, rec.Model, "completion").Add(float64(rec.CompletionTokens))
+		}
+	}
 }
 
 // Run flushes until ctx ends, then flushes once more.

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"regexp"
 	"sort"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -272,4 +273,78 @@ func llmCalls(t *testing.T, cfg config.Config) uint64 {
 		t.Fatal(err)
 	}
 	return n
+}
+
+// TestLLMCallsOnMetrics: the analyze stage's LLM attempts are counted on
+// /metrics by purpose, model and outcome, with their tokens, as they are in
+// llm_calls: a 429 that a retry got past and a wrong key (401) show without
+// a ClickHouse query. Before, /metrics had only label_runs_failed_total,
+// so retries (the bill) and their causes were invisible there.
+func TestLLMCallsOnMetrics(t *testing.T) {
+	const n = 4
+	ch := testenv.ClickHouse(t)
+	w := newWorld(t, ch.Addr, n)
+	srv := llmtest.New(t)
+	auto := llmtest.AutoLabels(func(llmtest.Request, string) string { return "NA" })
+	unauthorized := w.rollouts[2].RolloutID
+	var mu sync.Mutex
+	limited := false
+	srv.Handle(func(req llmtest.Request) llmtest.Reply {
+		if _, err := llmtest.SchemaCapabilities(req); err != nil { // discovery: not counted here
+			return llmtest.Status(400, "no discovery in this test")
+		}
+		if m := rolloutIDRe.FindStringSubmatch(req.Chat.Prompt()); m != nil && m[1] == unauthorized {
+			return llmtest.Status(401, "Incorrect API key provided")
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if !limited {
+			limited = true
+			return llmtest.RateLimitedMS(1)
+		}
+		return llmtest.Reply{Content: auto(req).Content, PromptTokens: 1000, CompletionTokens: 50}
+	})
+	cfg := withRoles(w.cfg, "analyze")
+	cfg.Analyzer.Labeler = "llm"
+	cfg.Analyzer.N, cfg.Analyzer.K = 1, 1
+	cfg.LLM = config.LLM{BaseURL: srv.URL, Model: "scripted", Timeout: 5 * time.Second, Concurrency: 2, Runs: 1, Structured: "json_schema"}
+	a, _ := w.start(t, cfg)
+	<-a.Ready()
+	w.publish(t, 0, n)
+	deadline := time.Now().Add(time.Minute)
+	for committed(t, cfg, cfg.Kafka.AnalyzeGroup) < n {
+		if time.Now().After(deadline) {
+			t.Fatal("the analyze stage did not get through the topic")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	got := map[string]float64{}
+	mfs, err := a.Registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if !strings.HasPrefix(mf.GetName(), "trace_llm_") {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			l := map[string]string{}
+			for _, p := range m.GetLabel() {
+				l[p.GetName()] = p.GetValue()
+			}
+			if l["purpose"] != "label" || l["model"] != "scripted" {
+				continue
+			}
+			got[mf.GetName()+"/"+l["outcome"]+l["kind"]] = m.GetCounter().GetValue()
+		}
+	}
+	want := map[string]float64{
+		"trace_llm_requests_total/ok": n - 1, "trace_llm_requests_total/http_429": 1, "trace_llm_requests_total/http_4xx": 1,
+		"trace_llm_tokens_total/prompt": 1000 * (n - 1), "trace_llm_tokens_total/completion": 50 * (n - 1),
+	}
+	for k, v := range want {
+		if got[k] != v {
+			t.Errorf("%s = %v, want %v (all: %v)", k, got[k], v, got)
+		}
+	}
 }
