@@ -358,6 +358,9 @@ func (c *Client) body(req Request) ([]byte, error) {
 		if _, own := fields[k]; own || k == "model" || k == "messages" {
 			continue
 		}
+		if k == "max_tokens" && c.completionTokens.Load() { // the server refuses it
+			continue
+		}
 		b, err := json.Marshal(v)
 		if err != nil {
 			return nil, fmt.Errorf("request field %q: %w", k, err)

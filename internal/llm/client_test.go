@@ -294,21 +294,26 @@ func TestMaxCompletionTokensWhenMaxTokensRefused(t *testing.T) {
 	if _, err := c.Chat(context.Background(), ask(objSchema)); err != nil { // the config's cap
 		t.Fatal(err)
 	}
+	extra := ask(objSchema) // an extra max_tokens is not sent either
+	extra.Extra = map[string]any{"max_tokens": 7}
+	if _, err := c.Chat(context.Background(), extra); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := c.ChatTools(context.Background(), llm.ToolsRequest{Purpose: "test", MaxTokens: 50,
 		Messages: []llm.ToolMessage{{Role: "user", Content: "hi"}}}); err != nil {
 		t.Fatal(err)
 	}
 	reqs := srv.Requests()
-	if len(reqs) != 4 {
-		t.Fatalf("%d requests, want 4 (one refused, then one per call)", len(reqs))
+	if len(reqs) != 5 {
+		t.Fatalf("%d requests, want 5 (one refused, then one per call)", len(reqs))
 	}
-	for i, want := range []int{120, 300, 50} {
+	for i, want := range []int{120, 300, 300, 50} {
 		r := reqs[i+1]
 		if r.Chat.MaxCompletionTokens != want || bytes.Contains(r.Body, []byte(`"max_tokens"`)) {
 			t.Errorf("request %d: max_completion_tokens %d (want %d), body %s", i+1, r.Chat.MaxCompletionTokens, want, r.Body)
 		}
 	}
-	if got := outcomes(rec.Drain()); !equal(got, []string{"ok", "ok"}) {
+	if got := outcomes(rec.Drain()); !equal(got, []string{"ok", "ok", "ok"}) {
 		t.Fatalf("audit %v", got)
 	}
 
