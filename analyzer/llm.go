@@ -44,6 +44,10 @@ const DefaultLLMRuns = 10
 // messages are replaced by a line saying how many were left out.
 const DefaultMaxTranscriptChars = 24000
 
+// MinTranscriptChars is the smallest MaxTranscriptChars: room for the task
+// statement, the last messages and the line saying what was left out.
+const MinTranscriptChars = 1000
+
 // SampleRate is the probability that a rollout is labeled at all, per
 // outcome.
 //
@@ -177,6 +181,9 @@ func NewLLMLabeler(client ChatClient, cfg LLMLabelerConfig) (*LLMLabeler, error)
 		return nil, fmt.Errorf("llm labeler: MaxTokens must be >= 0, got %d", cfg.MaxTokens)
 	}
 	cfg.MaxTranscriptChars = cmp.Or(cfg.MaxTranscriptChars, DefaultMaxTranscriptChars)
+	if cfg.MaxTranscriptChars < MinTranscriptChars {
+		return nil, fmt.Errorf("llm labeler: MaxTranscriptChars must be at least %d, got %d", MinTranscriptChars, cfg.MaxTranscriptChars)
+	}
 	if cfg.Prompts == nil {
 		cfg.Prompts = prompts.Default()
 	}

@@ -261,8 +261,9 @@ func backfillLabeler(ctx context.Context, cfg config.Config, w *dictWriter) (ana
 		}
 		st := w.st
 		l, err := analyzer.NewLLMLabeler(client, analyzer.LLMLabelerConfig{
-			Runs:       cfg.LLM.Runs,
-			SampleRate: analyzer.SampleRate{Failed: cfg.Analyzer.SampleFailed, Passed: cfg.Analyzer.SamplePassed},
+			Runs:               cfg.LLM.Runs,
+			MaxTranscriptChars: cfg.LLM.MaxTranscriptChars,
+			SampleRate:         analyzer.SampleRate{Failed: cfg.Analyzer.SampleFailed, Passed: cfg.Analyzer.SamplePassed},
 			// Runs that failed are labeled again (the plan counts them as to
 			// do); runs with labels never are.
 			AlreadyLabeled: func(ctx context.Context, r *schemas.Rollout, v uint32) (map[int]bool, error) {

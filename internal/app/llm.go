@@ -83,8 +83,9 @@ func newLLMLabeler(a *App) (analyzer.Labeler, error) {
 	}
 	st := a.Store
 	return analyzer.NewLLMLabeler(client, analyzer.LLMLabelerConfig{
-		Runs:       a.Cfg.LLM.Runs,
-		SampleRate: analyzer.SampleRate{Failed: a.Cfg.Analyzer.SampleFailed, Passed: a.Cfg.Analyzer.SamplePassed},
+		Runs:               a.Cfg.LLM.Runs,
+		MaxTranscriptChars: a.Cfg.LLM.MaxTranscriptChars,
+		SampleRate:         analyzer.SampleRate{Failed: a.Cfg.Analyzer.SampleFailed, Passed: a.Cfg.Analyzer.SamplePassed},
 		AlreadyLabeled: func(ctx context.Context, r *schemas.Rollout, v uint32) (map[int]bool, error) {
 			return st.StoredRuns(ctx, r.Environment, r.Agent.Version, r.RolloutID, v)
 		},

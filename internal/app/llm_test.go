@@ -348,3 +348,82 @@ func TestLLMCallsOnMetrics(t *testing.T) {
 		}
 	}
 }
+
+// TestLLMLabelingFitsSmallContext: a long rollout's labeling prompt that
+// exceeds the model's context fails every run with the server's 400
+// (context_length_exceeded: not retried, recorded with its reason); with
+// llm.max_transcript_chars lowered, its conversation is shortened to fit
+// and it is labeled. Before, the 24,000-character transcript budget could
+// not be changed, so on a model served with a small context (vLLM's
+// --max-model-len 8192) such rollouts could never be labeled.
+func TestLLMLabelingFitsSmallContext(t *testing.T) {
+	const n, contextChars = 2, 14000
+	ch := testenv.ClickHouse(t)
+	w := newWorld(t, ch.Addr, n)
+	long := w.rollouts[0]
+	for i := range 120 {
+		long.Messages = append(long.Messages, schemas.Message{Role: "user", Content: fmt.Sprintf("message %d %s", i, strings.Repeat("x", 250))},
+			schemas.Message{Role: "assistant", Content: fmt.Sprintf("reply %d %s", i, strings.Repeat("y", 250))})
+	}
+	srv := llmtest.New(t)
+	auto := llmtest.AutoLabels(func(llmtest.Request, string) string { return "NA" })
+	srv.Handle(func(req llmtest.Request) llmtest.Reply {
+		if _, err := llmtest.SchemaCapabilities(req); err != nil { // discovery
+			return llmtest.Status(400, "no discovery in this test")
+		}
+		if p := req.Chat.Prompt(); len(p) > contextChars {
+			return llmtest.Reply{Status: 400, Body: fmt.Sprintf(`{"error":{"message":"This model's maximum context length is 3500 tokens. However, you requested %d tokens.","type":"invalid_request_error","param":"messages","code":"context_length_exceeded"}}`, len(p)/4)}
+		}
+		return auto(req)
+	})
+	cfg := withRoles(w.cfg, "analyze")
+	cfg.Analyzer.Labeler = "llm"
+	cfg.Analyzer.N, cfg.Analyzer.K = 2, 1
+	cfg.LLM = config.LLM{BaseURL: srv.URL, Model: "scripted", Timeout: 5 * time.Second, Concurrency: 2, Runs: 2, Structured: "json_schema"}
+	runs := func(st *sink.Store) (ok, failed uint64, reason string) {
+		t.Helper()
+		if err := testenv.StoreConn(t, st).QueryRow(context.Background(),
+			"SELECT countIf(status = 'ok'), countIf(status = 'failed'), any(reason) FROM label_runs FINAL WHERE rollout_id = ?", long.RolloutID).Scan(&ok, &failed, &reason); err != nil {
+			t.Fatal(err)
+		}
+		return
+	}
+	through := func(cfg config.Config) {
+		t.Helper()
+		deadline := time.Now().Add(time.Minute)
+		for committed(t, cfg, cfg.Kafka.AnalyzeGroup) < n {
+			if time.Now().After(deadline) {
+				t.Fatal("the analyze stage did not get through the topic")
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+
+	a, stop := w.start(t, cfg) // the default budget: over the context
+	<-a.Ready()
+	w.publish(t, 0, n)
+	through(cfg)
+	if ok, failed, reason := runs(a.Store); ok != 0 || failed != 2 || !strings.Contains(reason, "context_length") && !strings.Contains(reason, "maximum context length") {
+		t.Fatalf("default budget: %d ok and %d failed runs (reason %q), want 0 and 2 failed with the server's message", ok, failed, reason)
+	}
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+
+	// llm.max_transcript_chars lowered (a database of its own: the failed
+	// runs above are recorded, and only trace relabel asks for them again).
+	cfg2 := cfg
+	cfg2.Kafka.AnalyzeGroup += "-small"
+	cfg2.ClickHouse.Database += "_small"
+	cfg2.LLM.MaxTranscriptChars = 8000
+	a2, _ := w.start(t, cfg2)
+	<-a2.Ready()
+	through(cfg2)
+	if ok, failed, reason := runs(a2.Store); ok != 2 || failed != 0 {
+		t.Fatalf("llm.max_transcript_chars 8000: %d ok and %d failed runs (%q), want 2 ok", ok, failed, reason)
+	}
+	var labels uint64
+	if err := testenv.StoreConn(t, a2.Store).QueryRow(context.Background(), "SELECT count() FROM capability_labels WHERE rollout_id = ?", long.RolloutID).Scan(&labels); err != nil || labels == 0 {
+		t.Fatalf("no labels for the long rollout (%v)", err)
+	}
+}

@@ -191,6 +191,11 @@ type LLM struct {
 	RatePerSecond float64       `koanf:"rate_per_second"`
 	Runs          int           `koanf:"runs"`
 	Structured    string        `koanf:"structured_output"`
+	// MaxTranscriptChars bounds the conversation in a labeling prompt
+	// (analyzer.LLMLabelerConfig.MaxTranscriptChars): lower it for a model
+	// whose context a long rollout's prompt exceeds (a 400
+	// context_length_exceeded fails the run).
+	MaxTranscriptChars int `koanf:"max_transcript_chars"`
 }
 
 // HTTP is the dashboard, metrics and health server.
@@ -260,7 +265,8 @@ func Default() Config {
 		// K and N stay 0 (unset): each cohort's follow its labels' source.
 		Analyzer: Analyzer{Labeler: "rules", SampleFailed: 1, SamplePassed: 1, Concurrency: 8, DefaultDictionary: true,
 			UnexplainedThreshold: analyzer.DefaultUnexplainedThreshold, DiscoveryCooldown: time.Hour, DiscoverySample: 10},
-		LLM:         LLM{Timeout: 60 * time.Second, Concurrency: 4, Runs: 10, Structured: "json_schema"},
+		LLM: LLM{Timeout: 60 * time.Second, Concurrency: 4, Runs: 10, Structured: "json_schema",
+			MaxTranscriptChars: analyzer.DefaultMaxTranscriptChars},
 		HTTP:        HTTP{Addr: "127.0.0.1:8080", ReadyTimeout: 2 * time.Second},
 		Embedded:    Embedded{ClickHousePort: 29000, ClickHouseHTTPPort: 28123, NATSPort: 4222},
 		Synthesizer: synthesizer.DefaultSettings(),
@@ -563,6 +569,9 @@ func (c Config) Validate() error {
 	}
 	if c.LLM.Runs < 0 || c.LLM.Runs > 100 {
 		errs = append(errs, fmt.Errorf("llm.runs: must be in [1, 100], got %d", c.LLM.Runs))
+	}
+	if c.LLM.MaxTranscriptChars < analyzer.MinTranscriptChars {
+		errs = append(errs, fmt.Errorf("llm.max_transcript_chars: must be at least %d, got %d", analyzer.MinTranscriptChars, c.LLM.MaxTranscriptChars))
 	}
 	switch llm.StructuredOutput(c.LLM.Structured) {
 	case "", llm.StructuredJSONSchema, llm.StructuredJSONObject, llm.StructuredJSONObjectSchema, llm.StructuredNone:

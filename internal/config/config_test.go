@@ -131,6 +131,7 @@ func TestValidateNamesTheField(t *testing.T) {
 		{[]string{"llm.concurrency=-2"}, "llm.concurrency"},
 		{[]string{"llm.rate_per_second=-1"}, "llm.rate_per_second"},
 		{[]string{"llm.runs=-1"}, "llm.runs"},
+		{[]string{"llm.max_transcript_chars=0"}, "llm.max_transcript_chars: must be at least 1000, got 0"},
 		{[]string{"analyzer.concurrency=-1"}, "analyzer.concurrency"},
 		{[]string{"synthesizer.policy=oracle"}, "synthesizer.policy"},
 		{[]string{"synthesizer.calibration.seeds=0"}, "synthesizer.calibration.seeds"},
