@@ -455,7 +455,7 @@ func (c *Client) attempt(ctx context.Context, req Request, body []byte, hash str
 		res.promptTokens, res.completionTokens = wr.Usage.PromptTokens, wr.Usage.CompletionTokens
 	}
 	if len(wr.Choices) == 0 {
-		res.outcome, res.retryable, res.err = OutcomeInvalidJSON, true, fmt.Errorf("%w: response has no choices", ErrInvalidJSON)
+		res.outcome, res.retryable, res.err = OutcomeInvalidJSON, true, fmt.Errorf("%w: response has no choices%s", ErrInvalidJSON, c.bodyError(data))
 		return res
 	}
 	ch := wr.Choices[0]
@@ -630,6 +630,27 @@ func (c *Client) errorMessage(data []byte) string {
 		}
 	}
 	return cut(c.redact(msg), 300)
+}
+
+// bodyError is ": the server says: <message>" when a 2xx body without
+// choices carries an error (some servers and gateways answer a failure
+// with 200): OpenAI's {"error": {"message": …}} or vLLM's {"object":
+// "error", "message": …}; "" otherwise.
+func (c *Client) bodyError(data []byte) string {
+	var e struct {
+		Error   json.RawMessage `json:"error"`
+		Object  string          `json:"object"`
+		Message string          `json:"message"`
+	}
+	switch {
+	case json.Unmarshal(data, &e) != nil:
+		return ""
+	case len(e.Error) > 0 && string(e.Error) != "null":
+		return ": the server says: " + c.errorMessage(data)
+	case e.Object == "error" && e.Message != "":
+		return ": the server says: " + cut(c.redact(e.Message), 300)
+	}
+	return ""
 }
 
 // redact removes the API key from s (a server may echo it in an error).

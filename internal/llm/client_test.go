@@ -333,6 +333,24 @@ func TestMaxCompletionTokensWhenMaxTokensRefused(t *testing.T) {
 	}
 }
 
+// TestErrorIn200Named: a 200 whose body is an OpenAI error object (no
+// choices) is retried like any malformed answer, and its error names the
+// server's message, which used to be dropped ("response has no choices").
+func TestErrorIn200Named(t *testing.T) {
+	srv := llmtest.New(t)
+	srv.Enqueue(llmtest.Reply{Body: `{"error":{"message":"upstream model overloaded","type":"server_error"}}`},
+		llmtest.Reply{Body: `{"object":"error","message":"upstream model overloaded","choices":[]}`})
+	c, rec := newClient(t, srv, func(cfg *llm.Config) { cfg.MaxAttempts = 2 })
+	_, err := c.Chat(context.Background(), ask(objSchema))
+	if err == nil || !strings.Contains(err.Error(), "upstream model overloaded") {
+		t.Fatalf("error %v does not name the server's message", err)
+	}
+	calls := rec.Drain()
+	if got := outcomes(calls); !equal(got, []string{"invalid_json", "invalid_json"}) || !strings.Contains(calls[0].Error, "the server says: upstream model overloaded") {
+		t.Fatalf("audit %v %q", got, calls[0].Error)
+	}
+}
+
 func TestAttemptsExhausted(t *testing.T) {
 	srv := llmtest.New(t)
 	srv.Enqueue(llmtest.ServerError(), llmtest.RateLimited(""), llmtest.Malformed(), llmtest.Text(`{"answer":"perhaps"}`), llmtest.Text(`{"answer":"yes"}`))

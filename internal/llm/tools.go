@@ -240,7 +240,7 @@ func (c *Client) toolsAttempt(ctx context.Context, audit Request, body []byte, h
 		res.promptTokens, res.completionTokens = wr.Usage.PromptTokens, wr.Usage.CompletionTokens
 	}
 	if len(wr.Choices) == 0 {
-		return malformed("response has no choices")
+		return malformed("response has no choices%s", c.bodyError(data))
 	}
 	ch := wr.Choices[0]
 	resp = ToolsResponse{Model: wr.Model, FinishReason: ch.FinishReason,
