@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"time"
 
 	"golang.org/x/sync/errgroup"
 
@@ -15,7 +16,8 @@ import (
 
 // LabelingSink is the analyze stage's stream.Sink for rollouts: it labels each
 // rollout of a batch against its cohort's dictionary, writes the labels to
-// ClickHouse in one block, and then tells the evaluator which cohorts changed.
+// ClickHouse (in one block, or every FlushEvery for the llm labeler), and
+// then tells the evaluator which cohorts changed.
 //
 // Redelivery never changes a statistic: deterministic labelers (rules) give
 // the same labels again, which the tables deduplicate; the llm labeler is not
@@ -36,8 +38,13 @@ type LabelingSink struct {
 	// all, and the rollout is skipped, or only the default (environment
 	// "*"), which labels it meanwhile.
 	OnMissingDictionary func(env, agentVersion string)
+	// FlushEvery is how often a non-deterministic labeler's labels are
+	// written while its batch is in flight (see Write). Default
+	// DefaultFlushEvery.
+	FlushEvery time.Duration
 
-	chosen sync.Map // (env, agent version) -> "scope vN": the last choice logged
+	chosen  sync.Map   // (env, agent version) -> "scope vN": the last choice logged
+	flushMu sync.Mutex // one flush at a time
 }
 
 // logChoice logs, once per cohort and dictionary, which dictionary labels
@@ -62,18 +69,74 @@ func (s *LabelingSink) logChoice(env, agentVersion string, d *Dictionary) {
 		"dictionary", d.Scope(), "dictionary_version", d.Version, "source", d.Source, "why", why)
 }
 
+// DefaultFlushEvery is how often LabelingSink makes the LLM labels of a
+// batch in flight durable (LabelingSink.FlushEvery).
+const DefaultFlushEvery = time.Second
+
+// labeled holds the labels and run records of a batch not yet written.
+type labeled struct {
+	mu   sync.Mutex
+	rows []sink.LabelRow
+	runs []sink.LabelRun
+}
+
+func (l *labeled) add(rows []sink.LabelRow, runs []sink.LabelRun) {
+	l.mu.Lock()
+	l.rows, l.runs = append(l.rows, rows...), append(l.runs, runs...)
+	l.mu.Unlock()
+}
+
+func (l *labeled) take() ([]sink.LabelRow, []sink.LabelRun) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	rows, runs := l.rows, l.runs
+	l.rows, l.runs = nil, nil
+	return rows, runs
+}
+
 // Write implements stream.Sink.
+//
+// A non-deterministic labeler's (llm) labels and run records are written
+// as its rollouts are done, every FlushEvery, not only when the whole batch
+// is: a batch of thousands of rollouts takes the LLM hours, and a restart,
+// a crash or a drain deadline would otherwise lose every answer paid for
+// so far (the batch is redelivered, and nothing stored says its runs were
+// done). The offsets are still committed only after the whole batch.
 func (s *LabelingSink) Write(ctx context.Context, batch []stream.Record[*schemas.Rollout]) error {
-	events := make([][]schemas.LabelEvent, len(batch))
-	runRecs := make([][]sink.LabelRun, len(batch))
+	out := &labeled{}
 	record := s.Labeler.Runs() > 1 || s.Labeler.Name() == schemas.SourceLLM
+	if record {
+		every := s.FlushEvery
+		if every <= 0 {
+			every = DefaultFlushEvery
+		}
+		stop, done := make(chan struct{}), make(chan struct{})
+		go func() {
+			defer close(done)
+			t := time.NewTicker(every)
+			defer t.Stop()
+			warned := false
+			for {
+				select {
+				case <-stop:
+					return
+				case <-t.C:
+					if err := s.flush(ctx, out); err != nil && ctx.Err() == nil && s.Log != nil && !warned {
+						warned = true // once a batch: the batch's own write reports it again
+						s.Log.Warn("analyzer: writing the labels of a batch in flight failed; kept for its next write", "err", err)
+					}
+				}
+			}
+		}()
+		defer func() { close(stop); <-done }()
+	}
 	g, gctx := errgroup.WithContext(ctx)
 	limit := s.Concurrency
 	if limit <= 0 {
 		limit = 8
 	}
 	g.SetLimit(limit)
-	for i, rec := range batch {
+	for _, rec := range batch {
 		r := rec.Value
 		r.EndTime = sink.EventTime(r.EndTime, r.StartTime, rec.Time) // as the ingest stage stores it
 		d := s.Registry.Resolve(r.Environment, r.Agent.Version)
@@ -97,6 +160,7 @@ func (s *LabelingSink) Write(ctx context.Context, batch []stream.Record[*schemas
 			if err != nil {
 				return fmt.Errorf("label %s: %w", r.RolloutID, err)
 			}
+			var lrs []sink.LabelRun
 			kept := runs[:0]
 			for _, rl := range runs {
 				// Every failed run is recorded (trace report says why a
@@ -108,7 +172,7 @@ func (s *LabelingSink) Write(ctx context.Context, batch []stream.Record[*schemas
 					if rl.Failed != "" {
 						lr.Status = "failed"
 					}
-					runRecs[i] = append(runRecs[i], lr)
+					lrs = append(lrs, lr)
 				}
 				if rl.Failed != "" {
 					s.Metrics.runFailed(s.Labeler.Name())
@@ -119,29 +183,41 @@ func (s *LabelingSink) Write(ctx context.Context, batch []stream.Record[*schemas
 				}
 				kept = append(kept, rl)
 			}
-			events[i] = Events(d, r, s.Labeler.Name(), kept)
+			evs := Events(d, r, s.Labeler.Name(), kept)
+			rows := make([]sink.LabelRow, len(evs))
+			for i := range evs {
+				rows[i] = sink.LabelRowFrom(&evs[i])
+			}
+			out.add(rows, lrs)
 			return nil
 		})
 	}
 	if err := g.Wait(); err != nil {
-		return err
-	}
-	var rows []sink.LabelRow
-	for _, evs := range events {
-		for i := range evs {
-			rows = append(rows, sink.LabelRowFrom(&evs[i]))
+		if record && ctx.Err() == nil {
+			_ = s.flush(ctx, out) // the answers paid for so far; the batch is retried
 		}
-	}
-	// Labels first, then the run records: a retry after a failure between
-	// the two finds the runs in capability_labels and does not label again.
-	if err := writeLabels(ctx, s.Store, s.Evaluator, s.Metrics, s.Labeler.Name(), rows); err != nil {
 		return err
 	}
-	var lrs []sink.LabelRun
-	for _, r := range runRecs {
-		lrs = append(lrs, r...)
+	return s.flush(ctx, out)
+}
+
+// flush writes the labels and run records not yet written: labels first,
+// then the run records, so that a retry after a failure between the two
+// finds the runs in capability_labels and does not label them again. What
+// fails to be written stays for the next flush.
+func (s *LabelingSink) flush(ctx context.Context, out *labeled) error {
+	s.flushMu.Lock()
+	defer s.flushMu.Unlock()
+	rows, lrs := out.take()
+	if err := writeLabels(ctx, s.Store, s.Evaluator, s.Metrics, s.Labeler.Name(), rows); err != nil {
+		out.add(rows, lrs)
+		return err
+	}
+	if len(lrs) == 0 {
+		return nil
 	}
 	if err := s.Store.InsertLabelRuns(ctx, lrs); err != nil {
+		out.add(nil, lrs)
 		if !sink.IsRetryable(err) {
 			return stream.Fatal(err)
 		}

@@ -3,6 +3,7 @@ package app_test
 import (
 	"context"
 	"fmt"
+	"maps"
 	"regexp"
 	"sort"
 	"strings"
@@ -425,5 +426,92 @@ func TestLLMLabelingFitsSmallContext(t *testing.T) {
 	var labels uint64
 	if err := testenv.StoreConn(t, a2.Store).QueryRow(context.Background(), "SELECT count() FROM capability_labels WHERE rollout_id = ?", long.RolloutID).Scan(&labels); err != nil || labels == 0 {
 		t.Fatalf("no labels for the long rollout (%v)", err)
+	}
+}
+
+// TestLLMLabelsOfABatchInFlightKept: the llm labeler's answers are written
+// while their batch is still being labeled, not only when all of it is: a
+// batch of thousands of rollouts takes an LLM hours, and a restart used to
+// lose every answer of the batch in flight (nothing was stored, so the
+// redelivered batch asked the model again for all of it). Here one rollout
+// of the batch never gets an answer; the others' labels are stored all the
+// same, and after a restart the model is asked only for the one left.
+func TestLLMLabelsOfABatchInFlightKept(t *testing.T) {
+	const n = 6
+	ch := testenv.ClickHouse(t)
+	w := newWorld(t, ch.Addr, n)
+	for _, r := range w.rollouts { // one key: one partition, one batch
+		r.Environment, r.Agent.Version = w.rollouts[0].Environment, w.rollouts[0].Agent.Version
+	}
+	stuck := w.rollouts[n-1].RolloutID
+	srv := llmtest.New(t)
+	auto := llmtest.AutoLabels(func(llmtest.Request, string) string { return "NA" })
+	var mu sync.Mutex
+	asked := map[string]int{}
+	hang := true
+	srv.Handle(func(req llmtest.Request) llmtest.Reply {
+		if _, err := llmtest.SchemaCapabilities(req); err != nil { // discovery
+			return llmtest.Status(400, "no discovery in this test")
+		}
+		m := rolloutIDRe.FindStringSubmatch(req.Chat.Prompt())
+		if m == nil {
+			return llmtest.Status(400, "no rollout id in the prompt")
+		}
+		mu.Lock()
+		asked[m[1]]++
+		h := hang && m[1] == stuck
+		mu.Unlock()
+		if h {
+			return llmtest.Slow(time.Hour, auto(req)) // until the client goes away
+		}
+		return auto(req)
+	})
+	cfg := withRoles(w.cfg, "analyze")
+	cfg.Analyzer.Labeler = "llm"
+	cfg.Analyzer.N, cfg.Analyzer.K = 1, 1
+	cfg.LLM = config.LLM{BaseURL: srv.URL, Model: "scripted", Timeout: 10 * time.Minute, Concurrency: 4, Runs: 1, Structured: "json_schema"}
+	a, stop := w.start(t, cfg)
+	<-a.Ready()
+	w.publish(t, 0, n)
+	labeled := func() uint64 {
+		var k uint64
+		if err := testenv.StoreConn(t, a.Store).QueryRow(context.Background(), "SELECT uniqExact(rollout_id) FROM capability_labels").Scan(&k); err != nil {
+			t.Fatal(err)
+		}
+		return k
+	}
+	deadline := time.Now().Add(time.Minute)
+	for labeled() < n-1 {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of the %d answered rollouts labeled while their batch waits for the last one", labeled(), n-1)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if err := stop(); err != nil { // the last rollout is still being labeled
+		t.Fatal(err)
+	}
+
+	mu.Lock()
+	hang = false
+	before := maps.Clone(asked)
+	mu.Unlock()
+	_, stop2 := w.start(t, cfg)
+	defer stop2()
+	deadline = time.Now().Add(time.Minute)
+	for committed(t, cfg, cfg.Kafka.AnalyzeGroup) < n {
+		if time.Now().After(deadline) {
+			t.Fatal("the analyze stage did not get through the topic after the restart")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	for id, k := range asked {
+		if id != stuck && k != before[id] {
+			t.Errorf("rollout %s asked %d times after the restart, though its answer was stored before", id, k-before[id])
+		}
+	}
+	if asked[stuck] <= before[stuck] {
+		t.Errorf("the rollout left unanswered was not asked again")
 	}
 }
