@@ -44,6 +44,13 @@ const DefaultLLMRuns = 10
 // messages are replaced by a line saying how many were left out.
 const DefaultMaxTranscriptChars = 24000
 
+// Floors of the prompt's budgets for a rollout's grader reasons and tool
+// names (a quarter and an eighth of the transcript's otherwise).
+const (
+	minReasonsChars = 2000
+	minToolsChars   = 1000
+)
+
 // MinTranscriptChars is the smallest MaxTranscriptChars: room for the task
 // statement, the last messages and the line saying what was left out.
 const MinTranscriptChars = 1000
@@ -312,8 +319,8 @@ type PromptRollout struct {
 	ID, TaskID    string
 	Outcome       string // SUCCESS | FAILURE
 	Reward        string
-	GraderReasons []string
-	Tools         string // names of the tools the agent had, comma separated
+	GraderReasons []string // the first that fit (see promptRollout), then how many were left out
+	Tools         string   // names of the tools the agent had, comma separated (bounded likewise)
 	// Transcript is one line per message: "[i] role: content", tool calls
 	// on indented "tool call: name {args}" lines.
 	Transcript string
@@ -352,16 +359,36 @@ func promptRollout(r *schemas.Rollout, maxChars int) PromptRollout {
 	if r.Succeeded() {
 		p.Outcome = "SUCCESS"
 	}
+	// The grader's reasons and the tool names are bounded too, each within
+	// a share of maxChars (and at least a floor that a usual rollout's fit
+	// in whole): their number is not limited in a rollout, and a prompt
+	// must stay within the model's context and its price.
+	reasonsBudget, toolsBudget := max(maxChars/4, minReasonsChars), max(maxChars/8, minToolsChars)
 	if r.Grader != nil {
-		for _, reason := range r.Grader.Reasons {
-			p.GraderReasons = append(p.GraderReasons, escapeData(oneLine(sink.Truncate(reason, sink.MaxContentChars))))
+		used := 0
+		for i, reason := range r.Grader.Reasons {
+			line := escapeData(oneLine(sink.Truncate(reason, sink.MaxContentChars)))
+			if maxChars > 0 && used+len(line) > reasonsBudget {
+				p.GraderReasons = append(p.GraderReasons, fmt.Sprintf("[… %d more grader reasons left out …]", len(r.Grader.Reasons)-i))
+				break
+			}
+			used += len(line)
+			p.GraderReasons = append(p.GraderReasons, line)
 		}
 	}
-	var tools []string
-	for _, t := range r.Tools {
-		tools = append(tools, t.Function.Name)
+	var tools strings.Builder
+	for i, t := range r.Tools {
+		name := escapeData(t.Function.Name)
+		if maxChars > 0 && tools.Len()+len(name)+2 > toolsBudget {
+			fmt.Fprintf(&tools, "[… %d more tools left out …]", len(r.Tools)-i)
+			break
+		}
+		tools.WriteString(name)
+		if i < len(r.Tools)-1 {
+			tools.WriteString(", ")
+		}
 	}
-	p.Tools = escapeData(strings.Join(tools, ", "))
+	p.Tools = tools.String()
 	return p
 }
 

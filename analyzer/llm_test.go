@@ -777,6 +777,59 @@ func TestTranscriptLeavesOutTheMiddle(t *testing.T) {
 	}
 }
 
+// TestLabelPromptBoundsReasonsAndTools: a rollout's grader reasons and
+// tools are unbounded in number; the prompt keeps the first of each within
+// a share of the transcript's budget and says how many it left out. A
+// rollout with 2,000 of each used to make a 730,000-character prompt
+// (about 180k tokens, ten runs of it) whatever llm.max_transcript_chars.
+func TestLabelPromptBoundsReasonsAndTools(t *testing.T) {
+	l, err := NewLLMLabeler(nopChat{}, LLMLabelerConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := llmTestDict()
+	usual, err := l.Prompt(d, llmTestRollout("usual", false))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p := usual[0].Content; !strings.Contains(p, "- cancel_reservation was never called") || !strings.Contains(p, "tools_available: get_reservation_details, cancel_reservation\n") || strings.Contains(p, "left out") {
+		t.Fatalf("a usual rollout's reasons and tools were changed:\n%s", p)
+	}
+	for _, maxChars := range []int{DefaultMaxTranscriptChars, 4000} {
+		l, err := NewLLMLabeler(nopChat{}, LLMLabelerConfig{MaxTranscriptChars: maxChars})
+		if err != nil {
+			t.Fatal(err)
+		}
+		r := llmTestRollout("many", false)
+		for i := range 2000 {
+			r.Grader.Reasons = append(r.Grader.Reasons, fmt.Sprintf("check %d failed: %s", i, strings.Repeat("z", 300)))
+			r.Tools = append(r.Tools, schemas.Tool{Type: "function", Function: schemas.FunctionDef{Name: fmt.Sprintf("tool_%d_%s", i, strings.Repeat("t", 40))}})
+		}
+		msgs, err := l.Prompt(d, r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		p := msgs[0].Content
+		base := len(usual[0].Content)
+		if limit := base + maxChars/4 + maxChars/8 + minReasonsChars + minToolsChars + 400; len(p) > limit {
+			t.Errorf("max %d: prompt of %d chars, want at most %d", maxChars, len(p), limit)
+		}
+		for _, want := range []string{"- cancel_reservation was never called", "- check 0 failed", "more grader reasons left out …]",
+			"tools_available: get_reservation_details, cancel_reservation, tool_0_", "more tools left out …]"} {
+			if !strings.Contains(p, want) {
+				t.Errorf("max %d: prompt lacks %q", maxChars, want)
+			}
+		}
+	}
+}
+
+// nopChat is a ChatClient for tests that only render prompts.
+type nopChat struct{}
+
+func (nopChat) Chat(context.Context, llm.Request) (llm.Response, error) {
+	return llm.Response{}, errors.New("nopChat: no calls")
+}
+
 func TestLabelPromptOverrideDirectory(t *testing.T) {
 	dir := t.TempDir()
 	if err := os.WriteFile(filepath.Join(dir, prompts.Label), []byte("CUSTOM {{.Rollout.ID}} {{range .Capabilities}}{{.Name}} {{end}}"), 0o644); err != nil {
