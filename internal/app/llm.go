@@ -17,7 +17,7 @@ import (
 // LLMClient builds the OpenAI-compatible client from the configuration.
 func LLMClient(c config.LLM, rec llm.Recorder, log *slog.Logger) (*llm.Client, error) {
 	return llm.New(llm.Config{
-		BaseURL: c.BaseURL, Model: c.Model, APIKey: llm.Secret(c.APIKey), Timeout: c.Timeout,
+		BaseURL: llm.NormalizeBaseURL(c.BaseURL), Model: c.Model, APIKey: llm.Secret(c.APIKey), Timeout: c.Timeout,
 		Concurrency: c.Concurrency, RatePerSecond: c.RatePerSecond,
 		StructuredOutput: llm.StructuredOutput(c.Structured), Recorder: rec, Logger: log,
 	})

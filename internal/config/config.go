@@ -385,6 +385,7 @@ func Load(path string, overrides []string) (Config, error) {
 	c.Verify.Selection = &sel // the closed loop counts a rollout's runs as the selection does
 	c.ClickHouse = c.ClickHouse.WithDefaults()
 	c.LLM.APIKey = cmp.Or(c.LLM.APIKey, os.Getenv("OPENAI_API_KEY"))
+	c.LLM.BaseURL = llm.NormalizeBaseURL(c.LLM.BaseURL) // http://host:8000 means its /v1
 	return c, c.Validate()
 }
 

@@ -698,3 +698,21 @@ func TestNullSettingNamed(t *testing.T) {
 		})
 	}
 }
+
+// TestLLMBaseURLMeansItsV1: llm.base_url without a path is its /v1, where
+// OpenAI, vLLM, Ollama and llama.cpp serve chat completions (every call
+// was a 404 otherwise), and config print shows it so.
+func TestLLMBaseURLMeansItsV1(t *testing.T) {
+	for set, want := range map[string]string{
+		"http://vllm:8000": "http://vllm:8000/v1", "http://vllm:8000/": "http://vllm:8000/v1",
+		"http://vllm:8000/v1/chat/completions": "http://vllm:8000/v1", "https://gw.example/openai/v1/": "https://gw.example/openai/v1",
+	} {
+		c, err := Load("", []string{"llm.base_url=" + set})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c.LLM.BaseURL != want {
+			t.Errorf("llm.base_url=%s: %q, want %q", set, c.LLM.BaseURL, want)
+		}
+	}
+}

@@ -574,7 +574,7 @@ func TestEndpointWithoutCredentials(t *testing.T) {
 	}
 }
 
-// TestBaseURLForms: the API root written without /v1, with a trailing
+// TestBaseURLForms: llm.base_url written without /v1, with a trailing
 // slash, or as the whole chat-completions URL reaches the server's
 // /v1/chat/completions; without /v1 every call used to be a 404, which is
 // not retried, so every labeling run failed.
@@ -583,7 +583,7 @@ func TestBaseURLForms(t *testing.T) {
 	srv.Handle(func(llmtest.Request) llmtest.Reply { return llmtest.Text(`{"answer":"yes"}`) })
 	root := strings.TrimSuffix(srv.URL, "/v1")
 	for _, base := range []string{root, root + "/", " " + root + "// ", srv.URL, srv.URL + "/", srv.URL + "/chat/completions", srv.URL + "/chat/completions/"} {
-		c, err := llm.New(llm.Config{BaseURL: base, Model: "m", MaxAttempts: 1})
+		c, err := llm.New(llm.Config{BaseURL: llm.NormalizeBaseURL(base), Model: "m", MaxAttempts: 1})
 		if err != nil {
 			t.Fatalf("%q: %v", base, err)
 		}
@@ -595,13 +595,9 @@ func TestBaseURLForms(t *testing.T) {
 		}
 	}
 	// Another path is the caller's: kept as written.
-	for base, want := range map[string]string{"http://gw.example/openai/v1/": "http://gw.example/openai/v1", "https://h.example/api": "https://h.example/api"} {
-		c, err := llm.New(llm.Config{BaseURL: base, Model: "m"})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if c.Endpoint() != want {
-			t.Errorf("%q: endpoint %q, want %q", base, c.Endpoint(), want)
+	for base, want := range map[string]string{"http://gw.example/openai/v1/": "http://gw.example/openai/v1", "https://h.example/api": "https://h.example/api", "": ""} {
+		if got := llm.NormalizeBaseURL(base); got != want {
+			t.Errorf("%q: %q, want %q", base, got, want)
 		}
 	}
 }

@@ -86,9 +86,8 @@ type Config struct {
 	// BaseURL is the OpenAI-compatible API root including its version path,
 	// e.g. https://api.openai.com/v1, http://127.0.0.1:8000/v1 (vLLM),
 	// http://127.0.0.1:11434/v1 (Ollama), http://127.0.0.1:18080/v1
-	// (llama-cpp-python). Requests go to BaseURL + "/chat/completions".
-	// A URL without a path gets /v1 (http://host:8000 is
-	// http://host:8000/v1), and a trailing /chat/completions is dropped.
+	// (llama-cpp-python). Requests go to BaseURL + "/chat/completions"
+	// (NormalizeBaseURL adds a missing /v1).
 	BaseURL string
 	// Model is sent as "model" in every request and recorded in the audit.
 	Model string
@@ -152,7 +151,7 @@ func APIKeyFromEnv() Secret {
 // WithDefaults returns c with every zero field set to its default, and an
 // empty APIKey taken from the environment.
 func (c Config) WithDefaults() Config {
-	c.BaseURL = normalizeBaseURL(c.BaseURL)
+	c.BaseURL = strings.TrimRight(strings.TrimSpace(c.BaseURL), "/")
 	c.APIKey = cmp.Or(c.APIKey, APIKeyFromEnv())
 	c.Timeout = cmp.Or(c.Timeout, DefaultTimeout)
 	c.MaxAttempts = cmp.Or(c.MaxAttempts, DefaultMaxAttempts)
@@ -220,13 +219,16 @@ func (c Config) Validate() error {
 	return errors.Join(errs...)
 }
 
-// normalizeBaseURL trims white space and trailing slashes, drops a
-// /chat/completions pasted with the API root, and gives a URL without a
-// path (http://host:8000) the /v1 that OpenAI, vLLM, Ollama and llama.cpp
-// all serve their API under: requests go to BaseURL + "/chat/completions",
-// and without /v1 every one would be a 404 (not retried, so every call
-// failed). A URL with another path (a gateway's /openai/v1) is kept.
-func normalizeBaseURL(raw string) string {
+// NormalizeBaseURL is the chat-completions API root meant by a configured
+// base URL (llm.base_url): white space and trailing slashes trimmed, a
+// /chat/completions pasted with the root dropped, and a URL without a path
+// (http://host:8000) given the /v1 that OpenAI, vLLM, Ollama and llama.cpp
+// all serve their chat API under — requests go to BaseURL +
+// "/chat/completions", and without /v1 every one would be a 404 (not
+// retried, so every call failed). A URL with another path (a gateway's
+// /openai/v1) is kept. Config.BaseURL is not normalized by New: an
+// embeddings server may serve its API at the root.
+func NormalizeBaseURL(raw string) string {
 	s := strings.TrimRight(strings.TrimSpace(raw), "/")
 	s = strings.TrimRight(strings.TrimSuffix(s, "/chat/completions"), "/")
 	u, err := url.Parse(s)
