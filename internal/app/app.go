@@ -302,6 +302,9 @@ func (a *App) Run(ctx context.Context, extra ...Actor) error {
 			}
 			cc := a.consumerConfig(a.Cfg.Kafka.AnalyzeGroup, a.Cfg.Kafka.RolloutsTopic, "analyze")
 			cc.SkipInvalid = !a.Cfg.Kafka.AnalyzeDeadLetters
+			if a.Cfg.Analyzer.Labeler == "llm" {
+				cc.BatchRows = min(cc.BatchRows, llmBatchRows(a.Cfg.Analyzer.Concurrency))
+			}
 			c, err := stream.NewConsumer(cc, ingest.DecodeRollout(a.Cfg.Kafka.MaxBytes), ls, a.Log, im)
 			if err != nil {
 				return err

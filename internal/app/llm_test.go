@@ -515,3 +515,46 @@ func TestLLMLabelsOfABatchInFlightKept(t *testing.T) {
 		t.Errorf("the rollout left unanswered was not asked again")
 	}
 }
+
+// TestLLMLabelingCommitsAsItGoes: under the llm labeler the analyze stage
+// takes its backlog a few rounds of analyzer.concurrency rollouts at a
+// time, so its offsets move while an LLM works through a long backlog.
+// One batch used to hold up to 10,000 rollouts: hours of LLM calls with
+// nothing committed (the lag stood still), every one of them decoded in
+// memory, all read again after a restart. Here the last rollout of one
+// partition never gets an answer; the batches before it are committed.
+func TestLLMLabelingCommitsAsItGoes(t *testing.T) {
+	const n = 12
+	ch := testenv.ClickHouse(t)
+	w := newWorld(t, ch.Addr, n)
+	for _, r := range w.rollouts { // one key: one partition, in order
+		r.Environment, r.Agent.Version = w.rollouts[0].Environment, w.rollouts[0].Agent.Version
+	}
+	stuck := w.rollouts[n-1].RolloutID
+	srv := llmtest.New(t)
+	auto := llmtest.AutoLabels(func(llmtest.Request, string) string { return "NA" })
+	srv.Handle(func(req llmtest.Request) llmtest.Reply {
+		if _, err := llmtest.SchemaCapabilities(req); err != nil { // discovery
+			return llmtest.Status(400, "no discovery in this test")
+		}
+		if m := rolloutIDRe.FindStringSubmatch(req.Chat.Prompt()); m != nil && m[1] == stuck {
+			return llmtest.Slow(time.Hour, auto(req)) // until the client goes away
+		}
+		return auto(req)
+	})
+	cfg := withRoles(w.cfg, "analyze")
+	cfg.Analyzer.Labeler = "llm"
+	cfg.Analyzer.N, cfg.Analyzer.K = 1, 1
+	cfg.Analyzer.Concurrency = 1 // batches of 4
+	cfg.LLM = config.LLM{BaseURL: srv.URL, Model: "scripted", Timeout: 10 * time.Minute, Concurrency: 2, Runs: 1, Structured: "json_schema"}
+	a, _ := w.start(t, cfg)
+	<-a.Ready()
+	w.publish(t, 0, n)
+	deadline := time.Now().Add(time.Minute)
+	for committed(t, cfg, cfg.Kafka.AnalyzeGroup) < n-4 {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of %d rollouts committed while the last one waits for its answer, want at least %d", committed(t, cfg, cfg.Kafka.AnalyzeGroup), n, n-4)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
