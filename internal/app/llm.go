@@ -23,17 +23,18 @@ func LLMClient(c config.LLM, rec llm.Recorder, log *slog.Logger) (*llm.Client, e
 	})
 }
 
-// llmBatchRows caps the analyze stage's batches under the llm labeler: a
-// few rounds of analyzer.concurrency rollouts. A rollout takes the LLM
-// seconds (llm.runs calls), so a batch of the stream's 10,000 would hold
-// its offsets, and the consumer lag, still for hours, keep that many
-// rollouts decoded in memory meanwhile, and be read again whole after a
-// restart or a rebalance.
+// llmBatchRows caps the analyze stage's batches under the llm labeler: 16
+// rounds of analyzer.concurrency rollouts. A rollout takes the LLM seconds
+// (llm.runs calls), so a batch of the stream's 10,000 would hold its
+// offsets, and the consumer lag, still for hours, keep that many rollouts
+// decoded in memory meanwhile, and be read again whole after a restart or
+// a rebalance. Not fewer: the next batch waits for the slowest rollout of
+// this one (a run in its retries), with the LLM's slots idle meanwhile.
 func llmBatchRows(concurrency int) int {
 	if concurrency <= 0 {
 		concurrency = 8 // LabelingSink's default
 	}
-	return 4 * concurrency
+	return 16 * concurrency
 }
 
 // llmClient is the process's one LLM client (shared concurrency bound, rate

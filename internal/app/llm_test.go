@@ -522,9 +522,9 @@ func TestLLMLabelsOfABatchInFlightKept(t *testing.T) {
 // One batch used to hold up to 10,000 rollouts: hours of LLM calls with
 // nothing committed (the lag stood still), every one of them decoded in
 // memory, all read again after a restart. Here the last rollout of one
-// partition never gets an answer; the batches before it are committed.
+// partition never gets an answer; the batches before its own are committed.
 func TestLLMLabelingCommitsAsItGoes(t *testing.T) {
-	const n = 12
+	const n = 40
 	ch := testenv.ClickHouse(t)
 	w := newWorld(t, ch.Addr, n)
 	for _, r := range w.rollouts { // one key: one partition, in order
@@ -545,15 +545,15 @@ func TestLLMLabelingCommitsAsItGoes(t *testing.T) {
 	cfg := withRoles(w.cfg, "analyze")
 	cfg.Analyzer.Labeler = "llm"
 	cfg.Analyzer.N, cfg.Analyzer.K = 1, 1
-	cfg.Analyzer.Concurrency = 1 // batches of 4
+	cfg.Analyzer.Concurrency = 1 // batches of at most 16
 	cfg.LLM = config.LLM{BaseURL: srv.URL, Model: "scripted", Timeout: 10 * time.Minute, Concurrency: 2, Runs: 1, Structured: "json_schema"}
 	a, _ := w.start(t, cfg)
 	<-a.Ready()
 	w.publish(t, 0, n)
 	deadline := time.Now().Add(time.Minute)
-	for committed(t, cfg, cfg.Kafka.AnalyzeGroup) < n-4 {
+	for committed(t, cfg, cfg.Kafka.AnalyzeGroup) < n-16 {
 		if time.Now().After(deadline) {
-			t.Fatalf("%d of %d rollouts committed while the last one waits for its answer, want at least %d", committed(t, cfg, cfg.Kafka.AnalyzeGroup), n, n-4)
+			t.Fatalf("%d of %d rollouts committed while the last one waits for its answer, want at least %d", committed(t, cfg, cfg.Kafka.AnalyzeGroup), n, n-16)
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
