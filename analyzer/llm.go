@@ -227,10 +227,18 @@ func (l *LLMLabeler) Estimate(d *Dictionary, r *schemas.Rollout) (promptTokens, 
 // ShouldLabel reports whether r is in the labeler's sample.
 func (l *LLMLabeler) ShouldLabel(r *schemas.Rollout) bool { return l.cfg.SampleRate.ShouldLabel(r) }
 
+// ErrLLMUnavailable wraps Label's error when the endpoint can answer no
+// request as configured (llm.Unavailable: a refused key, an unknown model,
+// nothing listening): the runs it failed are not returned, so that they
+// are not recorded as failed and are asked again once it answers.
+var ErrLLMUnavailable = errors.New("the LLM endpoint is unavailable")
+
 // Label implements Labeler. It returns one RunLabels per run labeled now, in
 // run order: none when r is not in the sample, and none for the runs that
 // AlreadyLabeled reports. Failed runs carry the client's error (which lists
-// every attempt's outcome). A cancelled ctx returns ctx.Err().
+// every attempt's outcome). A cancelled ctx returns ctx.Err(). When some
+// run failed because the endpoint is unavailable (ErrLLMUnavailable), the
+// other runs are returned with that error, those runs left out.
 func (l *LLMLabeler) Label(ctx context.Context, d *Dictionary, r *schemas.Rollout) ([]RunLabels, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
@@ -269,6 +277,7 @@ func (l *LLMLabeler) Label(ctx context.Context, d *Dictionary, r *schemas.Rollou
 		return err
 	}
 	out := make([]RunLabels, len(todo))
+	errs := make([]error, len(todo))
 	var wg sync.WaitGroup
 	for i, run := range todo {
 		wg.Add(1)
@@ -280,7 +289,7 @@ func (l *LLMLabeler) Label(ctx context.Context, d *Dictionary, r *schemas.Rollou
 				Validate: validate, MaxTokens: maxTokens,
 			})
 			if err != nil {
-				out[i] = RunLabels{Run: run, Failed: err.Error()}
+				out[i], errs[i] = RunLabels{Run: run, Failed: err.Error()}, err
 				return
 			}
 			labels, err := ParseLabelAnswer(d, resp.Content)
@@ -294,6 +303,18 @@ func (l *LLMLabeler) Label(ctx context.Context, d *Dictionary, r *schemas.Rollou
 	wg.Wait()
 	if err := ctx.Err(); err != nil {
 		return nil, err
+	}
+	var unavailable error
+	kept := out[:0]
+	for i, rl := range out {
+		if errs[i] != nil && llm.Unavailable(errs[i]) {
+			unavailable = cmp.Or(unavailable, errs[i])
+			continue
+		}
+		kept = append(kept, rl)
+	}
+	if unavailable != nil {
+		return kept, fmt.Errorf("%w: %w", ErrLLMUnavailable, unavailable)
 	}
 	return out, nil
 }

@@ -2,6 +2,7 @@ package analyzer
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"sync"
@@ -157,8 +158,16 @@ func (s *LabelingSink) Write(ctx context.Context, batch []stream.Record[*schemas
 			// Non-deterministic labelers (llm) consult the store themselves and
 			// never label a (rollout, dictionary version, run) twice.
 			runs, err := s.Labeler.Label(gctx, d, r)
+			// An unavailable endpoint (a refused key, nothing listening)
+			// holds the batch: its runs are not recorded as failed, the
+			// runs it did answer are kept, and the consumer retries the
+			// batch with backoff, committing nothing, until it answers.
+			var held error
 			if err != nil {
-				return fmt.Errorf("label %s: %w", r.RolloutID, err)
+				if !errors.Is(err, ErrLLMUnavailable) {
+					return fmt.Errorf("label %s: %w", r.RolloutID, err)
+				}
+				held = fmt.Errorf("label %s: %w; the batch waits for it", r.RolloutID, err)
 			}
 			var lrs []sink.LabelRun
 			kept := runs[:0]
@@ -189,7 +198,7 @@ func (s *LabelingSink) Write(ctx context.Context, batch []stream.Record[*schemas
 				rows[i] = sink.LabelRowFrom(&evs[i])
 			}
 			out.add(rows, lrs)
-			return nil
+			return held
 		})
 	}
 	if err := g.Wait(); err != nil {

@@ -8,6 +8,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -278,8 +279,8 @@ func llmCalls(t *testing.T, cfg config.Config) uint64 {
 
 // TestLLMCallsOnMetrics: the analyze stage's LLM attempts are counted on
 // /metrics by purpose, model and outcome, with their tokens, as they are in
-// llm_calls: a 429 that a retry got past and a wrong key (401) show without
-// a ClickHouse query. Before, /metrics had only label_runs_failed_total,
+// llm_calls: a 429 that a retry got past and a request refused (400) show
+// without a ClickHouse query. Before, /metrics had only label_runs_failed_total,
 // so retries (the bill) and their causes were invisible there.
 func TestLLMCallsOnMetrics(t *testing.T) {
 	const n = 4
@@ -287,15 +288,15 @@ func TestLLMCallsOnMetrics(t *testing.T) {
 	w := newWorld(t, ch.Addr, n)
 	srv := llmtest.New(t)
 	auto := llmtest.AutoLabels(func(llmtest.Request, string) string { return "NA" })
-	unauthorized := w.rollouts[2].RolloutID
+	refused := w.rollouts[2].RolloutID
 	var mu sync.Mutex
 	limited := false
 	srv.Handle(func(req llmtest.Request) llmtest.Reply {
 		if _, err := llmtest.SchemaCapabilities(req); err != nil { // discovery: not counted here
 			return llmtest.Status(400, "no discovery in this test")
 		}
-		if m := rolloutIDRe.FindStringSubmatch(req.Chat.Prompt()); m != nil && m[1] == unauthorized {
-			return llmtest.Status(401, "Incorrect API key provided")
+		if m := rolloutIDRe.FindStringSubmatch(req.Chat.Prompt()); m != nil && m[1] == refused {
+			return llmtest.Status(400, "This model's maximum context length is 8192 tokens")
 		}
 		mu.Lock()
 		defer mu.Unlock()
@@ -556,5 +557,67 @@ func TestLLMLabelingCommitsAsItGoes(t *testing.T) {
 			t.Fatalf("%d of %d rollouts committed while the last one waits for its answer, want at least %d", committed(t, cfg, cfg.Kafka.AnalyzeGroup), n, n-16)
 		}
 		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// TestLLMOutageHoldsTheStream: an endpoint that refuses the key (401) can
+// answer no rollout, so the analyze stage holds its batch — no run recorded
+// as failed, nothing committed — and retries it with backoff; once the key
+// is right every rollout is labeled. Before, every rollout of the backlog
+// was recorded with all its runs failed (and never asked again but by
+// trace relabel) for as long as the key was wrong.
+func TestLLMOutageHoldsTheStream(t *testing.T) {
+	const n = 6
+	ch := testenv.ClickHouse(t)
+	w := newWorld(t, ch.Addr, n)
+	srv := llmtest.New(t)
+	auto := llmtest.AutoLabels(func(llmtest.Request, string) string { return "NA" })
+	var refused atomic.Int64
+	var wrongKey atomic.Bool
+	wrongKey.Store(true)
+	srv.Handle(func(req llmtest.Request) llmtest.Reply {
+		if _, err := llmtest.SchemaCapabilities(req); err != nil { // discovery
+			return llmtest.Status(400, "no discovery in this test")
+		}
+		if wrongKey.Load() {
+			refused.Add(1)
+			return llmtest.Status(401, "Incorrect API key provided")
+		}
+		return auto(req)
+	})
+	cfg := withRoles(w.cfg, "analyze")
+	cfg.Analyzer.Labeler = "llm"
+	cfg.Analyzer.N, cfg.Analyzer.K = 2, 2
+	cfg.LLM = config.LLM{BaseURL: srv.URL, Model: "scripted", Timeout: 5 * time.Second, Concurrency: 2, Runs: 2, Structured: "json_schema"}
+	a, _ := w.start(t, cfg)
+	<-a.Ready()
+	w.publish(t, 0, n)
+	count := func(q string) uint64 {
+		var k uint64
+		if err := testenv.StoreConn(t, a.Store).QueryRow(context.Background(), q).Scan(&k); err != nil {
+			t.Fatal(err)
+		}
+		return k
+	}
+	deadline := time.Now().Add(time.Minute)
+	for refused.Load() < 3 { // the batch tried and retried
+		if time.Now().After(deadline) {
+			t.Fatal("the analyze stage did not call the endpoint")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if f, c := count("SELECT count() FROM label_runs WHERE status = 'failed'"), committed(t, cfg, cfg.Kafka.AnalyzeGroup); f != 0 || c != 0 {
+		t.Fatalf("with the key refused: %d runs recorded as failed, %d rollouts committed; want 0 and 0", f, c)
+	}
+	wrongKey.Store(false)
+	deadline = time.Now().Add(2 * time.Minute)
+	for committed(t, cfg, cfg.Kafka.AnalyzeGroup) < n {
+		if time.Now().After(deadline) {
+			t.Fatal("the analyze stage did not get through the topic once the key was right")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if f, l := count("SELECT count() FROM label_runs WHERE status = 'failed'"), count("SELECT uniqExact(rollout_id, run) FROM capability_labels"); f != 0 || l != 2*n {
+		t.Fatalf("after the outage: %d runs failed, %d (rollout, run) labeled; want 0 and %d", f, l, 2*n)
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"strings"
 	"sync"
 	"testing"
@@ -782,5 +783,56 @@ func TestNoMessages(t *testing.T) {
 	}
 	if len(srv.Requests()) != 0 {
 		t.Fatal("sent a request")
+	}
+}
+
+// TestUnavailable: a failure that no other request would escape — a
+// refused key, an unknown model or path, nothing listening — is the
+// endpoint's (Unavailable), so that a backlog waits for it; one that a
+// request can cause on its own (a 400, a 5xx or 429 that outlasts the
+// retries, an answer that breaks the schema) is not.
+func TestUnavailable(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		reply llmtest.Reply
+		want  bool
+	}{
+		{"401 wrong key", llmtest.Status(401, "Incorrect API key provided"), true},
+		{"403 forbidden", llmtest.Status(403, "not allowed"), true},
+		{"404 unknown model", llmtest.Status(404, "The model `x` does not exist"), true},
+		{"400 context length", llmtest.Status(400, "maximum context length exceeded"), false},
+		{"500 on every attempt", llmtest.ServerError(), false},
+		{"429 on every attempt", llmtest.RateLimitedMS(1), false},
+		{"an answer that breaks the schema", llmtest.Text(`{"answer":"maybe"}`), false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			srv := llmtest.New(t)
+			srv.Handle(func(llmtest.Request) llmtest.Reply { return tc.reply })
+			c, _ := newClient(t, srv, func(cfg *llm.Config) { cfg.MaxAttempts = 2 })
+			_, err := c.Chat(context.Background(), ask(objSchema))
+			if err == nil || llm.Unavailable(err) != tc.want {
+				t.Fatalf("Unavailable(%v) = %v, want %v", err, llm.Unavailable(err), tc.want)
+			}
+		})
+	}
+	t.Run("nothing listening", func(t *testing.T) {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		addr := l.Addr().String()
+		l.Close()
+		c, err := llm.New(llm.Config{BaseURL: "http://" + addr + "/v1", Model: "m", APIKey: testKey, MaxAttempts: 2,
+			BackoffInitial: time.Millisecond, BackoffMax: 5 * time.Millisecond, Timeout: 5 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = c.Chat(context.Background(), ask(objSchema))
+		if !llm.Unavailable(err) {
+			t.Fatalf("Unavailable(%v) = false", err)
+		}
+	})
+	if llm.Unavailable(errors.New("HTTP 401")) || llm.Unavailable(nil) {
+		t.Fatal("an error that is not the client's is not its verdict")
 	}
 }

@@ -3,7 +3,9 @@ package llm
 import (
 	"errors"
 	"fmt"
+	"net"
 	"strings"
+	"syscall"
 )
 
 // Sentinel errors. A Request.Validate function wraps ErrInvalidJSON when the
@@ -56,6 +58,32 @@ func (e *Error) Outcome() string {
 		return ""
 	}
 	return e.Outcomes[len(e.Outcomes)-1]
+}
+
+// Unavailable reports whether err (from Chat) says that the endpoint can
+// answer no request as configured, whatever the request: it refused the
+// credentials (401, 403), does not serve the model or the path (404), or
+// could not be reached at all (connection refused, unknown host, no
+// route), on every attempt. Such a failure is the deployment's, not the
+// request's: a caller working through a backlog should wait for the
+// endpoint rather than record every item as failed. Timeouts, 429 and 5xx
+// are not included: one request can cause them (a prompt above a rate
+// limit's request size, an input that crashes the server) while the others
+// succeed.
+func Unavailable(err error) bool {
+	var e *Error
+	if !errors.As(err, &e) {
+		return false
+	}
+	switch e.Status {
+	case 401, 403, 404:
+		return true
+	case 0:
+		var dns *net.DNSError
+		return e.Outcome() == OutcomeNetwork && (errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ENETUNREACH) ||
+			errors.Is(err, syscall.EHOSTUNREACH) || (errors.As(err, &dns) && dns.IsNotFound))
+	}
+	return false
 }
 
 // StatusError is an HTTP answer with a non-2xx status.
