@@ -16,10 +16,14 @@ import (
 
 // LLMClient builds the OpenAI-compatible client from the configuration.
 func LLMClient(c config.LLM, rec llm.Recorder, log *slog.Logger) (*llm.Client, error) {
+	extra, err := c.Body()
+	if err != nil {
+		return nil, err
+	}
 	return llm.New(llm.Config{
 		BaseURL: llm.NormalizeBaseURL(c.BaseURL), Model: c.Model, APIKey: llm.Secret(c.APIKey), Timeout: c.Timeout,
 		Concurrency: c.Concurrency, RatePerSecond: c.RatePerSecond,
-		StructuredOutput: llm.StructuredOutput(c.Structured), Recorder: rec, Logger: log,
+		StructuredOutput: llm.StructuredOutput(c.Structured), ExtraBody: extra, Recorder: rec, Logger: log,
 	})
 }
 

@@ -12,10 +12,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/traceops/trace/internal/app"
 	"github.com/traceops/trace/internal/config"
 	"github.com/traceops/trace/internal/dev/llmtest"
 	"github.com/traceops/trace/internal/dev/simulate"
 	"github.com/traceops/trace/internal/dev/testenv"
+	"github.com/traceops/trace/internal/llm"
 	"github.com/traceops/trace/schemas"
 	"github.com/traceops/trace/sink"
 )
@@ -619,5 +621,30 @@ func TestLLMOutageHoldsTheStream(t *testing.T) {
 	}
 	if f, l := count("SELECT count() FROM label_runs WHERE status = 'failed'"), count("SELECT uniqExact(rollout_id, run) FROM capability_labels"); f != 0 || l != 2*n {
 		t.Fatalf("after the outage: %d runs failed, %d (rollout, run) labeled; want 0 and %d", f, l, 2*n)
+	}
+}
+
+// TestLLMClientSendsExtraBody: llm.extra_body reaches the requests of the
+// client every llm.* user is made with (app.LLMClient).
+func TestLLMClientSendsExtraBody(t *testing.T) {
+	srv := llmtest.New(t)
+	var body atomic.Value
+	srv.Handle(func(req llmtest.Request) llmtest.Reply {
+		body.Store(string(req.Body))
+		return llmtest.Text(`{"ok": true}`)
+	})
+	cfg, err := config.Load("", []string{"llm.base_url=" + srv.URL, "llm.model=m", `llm.extra_body={"chat_template_kwargs": {"enable_thinking": false}}`})
+	if err != nil {
+		t.Fatal(err)
+	}
+	client, err := app.LLMClient(cfg.LLM, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := client.Chat(context.Background(), llm.Request{Purpose: "test", Messages: []llm.Message{{Role: "user", Content: "hi"}}}); err != nil {
+		t.Fatal(err)
+	}
+	if b, _ := body.Load().(string); !strings.Contains(b, `"chat_template_kwargs":{"enable_thinking":false}`) {
+		t.Fatalf("sent %s", b)
 	}
 }

@@ -196,6 +196,27 @@ type LLM struct {
 	// whose context a long rollout's prompt exceeds (a 400
 	// context_length_exceeded fails the run).
 	MaxTranscriptChars int `koanf:"max_transcript_chars"`
+	// ExtraBody are further top-level fields of every request of the llm.*
+	// client (labeling, discovery, synthesis, the planner; the OpenAI
+	// SDK's extra_body), e.g. chat_template_kwargs: {enable_thinking:
+	// false} for a reasoning model whose thinking would use up the answer's
+	// max_tokens: an object, in YAML a mapping, in TRACE_LLM__EXTRA_BODY or
+	// --set JSON text. Read through Body. Default none.
+	ExtraBody any `koanf:"extra_body"`
+}
+
+// Body is llm.extra_body as an object (nil when unset); an error naming
+// the key when it is no object or sets a field the client sets itself
+// (llm.OwnFields).
+func (l LLM) Body() (map[string]any, error) {
+	m, err := objectSetting("llm.extra_body", l.ExtraBody)
+	if err != nil {
+		return nil, err
+	}
+	if err := llm.CheckExtraBody("llm.extra_body", m); err != nil {
+		return nil, err
+	}
+	return m, nil
 }
 
 // HTTP is the dashboard, metrics and health server.
@@ -348,12 +369,14 @@ func Load(path string, overrides []string) (Config, error) {
 			return Config{}, err
 		}
 	}
-	// router.classifier_extra_body's fields set one by one from the
-	// environment or --set would all be strings ("false" is not false):
-	// it is set whole, as JSON text, there.
+	// An extra_body's fields set one by one from the environment or --set
+	// would all be strings ("false" is not false): it is set whole, as
+	// JSON text, there.
 	for _, key := range slices.Sorted(maps.Keys(origin)) {
-		if strings.HasPrefix(strings.ToLower(key), "router.classifier_extra_body.") {
-			return Config{}, fmt.Errorf("router.classifier_extra_body: set it whole, as JSON text (from %s): e.g. router.classifier_extra_body={\"chat_template_kwargs\": {\"enable_thinking\": false}}; a field set alone would be a string", origin[key])
+		for _, body := range []string{"router.classifier_extra_body", "llm.extra_body"} {
+			if strings.HasPrefix(strings.ToLower(key), body+".") {
+				return Config{}, fmt.Errorf("%s: set it whole, as JSON text (from %s): e.g. %s={\"chat_template_kwargs\": {\"enable_thinking\": false}}; a field set alone would be a string", body, origin[key], body)
+			}
 		}
 	}
 	// A misspelled or misplaced key would be ignored by the decoder and
@@ -570,6 +593,9 @@ func (c Config) Validate() error {
 	}
 	if c.LLM.Runs < 0 || c.LLM.Runs > 100 {
 		errs = append(errs, fmt.Errorf("llm.runs: must be in [1, 100], got %d", c.LLM.Runs))
+	}
+	if _, err := c.LLM.Body(); err != nil {
+		errs = append(errs, err)
 	}
 	if c.LLM.MaxTranscriptChars < analyzer.MinTranscriptChars {
 		errs = append(errs, fmt.Errorf("llm.max_transcript_chars: must be at least %d, got %d", analyzer.MinTranscriptChars, c.LLM.MaxTranscriptChars))

@@ -716,3 +716,54 @@ func TestLLMBaseURLMeansItsV1(t *testing.T) {
 		}
 	}
 }
+
+// TestLLMExtraBody: llm.extra_body is an object from a YAML mapping or
+// from JSON text (environment, --set), unset by default, and reaches every
+// request of the llm.* client; a value that is no object, a field the
+// client sets itself (or a stream), or a field set alone from --set fails
+// at start naming the key.
+func TestLLMExtraBody(t *testing.T) {
+	c, err := Load("", nil)
+	if b, berr := c.LLM.Body(); err != nil || berr != nil || b != nil {
+		t.Fatalf("default: %v %v %v", b, err, berr)
+	}
+	yml := filepath.Join(t.TempDir(), "trace.yaml")
+	if err := os.WriteFile(yml, []byte("llm:\n  extra_body:\n    chat_template_kwargs: {enable_thinking: false}\n    top_k: 20\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name string
+		load func() (Config, error)
+	}{
+		{"yaml", func() (Config, error) { return Load(yml, nil) }},
+		{"--set", func() (Config, error) {
+			return Load("", []string{`llm.extra_body={"chat_template_kwargs": {"enable_thinking": false}, "top_k": 20}`})
+		}},
+		{"environment", func() (Config, error) {
+			t.Setenv("TRACE_LLM__EXTRA_BODY", `{"chat_template_kwargs": {"enable_thinking": false}, "top_k": 20}`)
+			defer os.Unsetenv("TRACE_LLM__EXTRA_BODY")
+			return Load("", nil)
+		}},
+	} {
+		c, err := tc.load()
+		if err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		b, err := c.LLM.Body()
+		got, _ := json.Marshal(b)
+		if err != nil || string(got) != `{"chat_template_kwargs":{"enable_thinking":false},"top_k":20}` {
+			t.Fatalf("%s: %s %v", tc.name, got, err)
+		}
+	}
+	for _, tc := range []struct{ set, want string }{
+		{`llm.extra_body=[1, 2]`, "llm.extra_body: must be an object"},
+		{`llm.extra_body={"stream": true}`, "llm.extra_body.stream: "},
+		{`llm.extra_body={"top_k": 1, "max_tokens": 4096}`, "llm.extra_body.max_tokens: "},
+		{`llm.extra_body={"response_format": {"type": "text"}}`, "llm.extra_body.response_format: "},
+		{`llm.extra_body.chat_template_kwargs.enable_thinking=false`, "llm.extra_body: set it whole, as JSON text (from --set llm.extra_body.chat_template_kwargs.enable_thinking)"},
+	} {
+		if _, err := Load("", []string{tc.set}); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: %v, want %q", tc.set, err, tc.want)
+		}
+	}
+}

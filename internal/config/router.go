@@ -128,31 +128,41 @@ func DefaultRouter() Router {
 // decoded. It is an error naming the key when the value is no object or
 // sets a field the router sets itself (router.ClassifierOwnFields).
 func (r Router) ClassifierBody() (map[string]any, error) {
-	var m map[string]any
-	switch v := r.ClassifierExtraBody.(type) {
+	m, err := objectSetting("router.classifier_extra_body", r.ClassifierExtraBody)
+	if err != nil {
+		return nil, err
+	}
+	if err := router.CheckClassifierExtraBody(m); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+// objectSetting is the object setting key (an extra_body) whose value is v:
+// nil when unset, a YAML mapping as it is, JSON text (the environment,
+// --set) decoded; an error naming key when it is no object.
+func objectSetting(key string, v any) (map[string]any, error) {
+	switch v := v.(type) {
 	case nil:
 		return nil, nil
 	case map[string]any:
-		m = v
+		return v, nil
 	case string:
 		if strings.TrimSpace(v) == "" {
 			return nil, nil
 		}
 		var x any
 		if err := json.Unmarshal([]byte(v), &x); err != nil {
-			return nil, fmt.Errorf("router.classifier_extra_body: must be an object, as JSON text here (e.g. {\"chat_template_kwargs\": {\"enable_thinking\": false}}): %v", err)
+			return nil, fmt.Errorf("%s: must be an object, as JSON text here (e.g. {\"chat_template_kwargs\": {\"enable_thinking\": false}}): %v", key, err)
 		}
-		var ok bool
-		if m, ok = x.(map[string]any); !ok {
-			return nil, fmt.Errorf("router.classifier_extra_body: must be an object, got %s", cutValue(v))
+		m, ok := x.(map[string]any)
+		if !ok {
+			return nil, fmt.Errorf("%s: must be an object, got %s", key, cutValue(v))
 		}
+		return m, nil
 	default:
-		return nil, fmt.Errorf("router.classifier_extra_body: must be an object (a YAML mapping, or JSON text in the environment or --set), got %s", cutValue(fmt.Sprint(v)))
+		return nil, fmt.Errorf("%s: must be an object (a YAML mapping, or JSON text in the environment or --set), got %s", key, cutValue(fmt.Sprint(v)))
 	}
-	if err := router.CheckClassifierExtraBody(m); err != nil {
-		return nil, err
-	}
-	return m, nil
 }
 
 func cutValue(s string) string {

@@ -343,7 +343,7 @@ func (c *Client) body(req Request) ([]byte, error) {
 			w.ResponseFormat = map[string]any{"type": "json_object", "schema": req.Schema}
 		}
 	}
-	if len(req.Extra) == 0 {
+	if len(req.Extra) == 0 && len(c.cfg.ExtraBody) == 0 {
 		return json.Marshal(w)
 	}
 	base, err := json.Marshal(w)
@@ -354,18 +354,21 @@ func (c *Client) body(req Request) ([]byte, error) {
 	if err := json.Unmarshal(base, &fields); err != nil {
 		return nil, err
 	}
-	for k, v := range req.Extra {
-		if _, own := fields[k]; own || k == "model" || k == "messages" {
-			continue
+	// The request's fields first: a key both set is the request's.
+	for _, extra := range []map[string]any{req.Extra, c.cfg.ExtraBody} {
+		for k, v := range extra {
+			if _, own := fields[k]; own || k == "model" || k == "messages" {
+				continue
+			}
+			if k == "max_tokens" && c.completionTokens.Load() { // the server refuses it
+				continue
+			}
+			b, err := json.Marshal(v)
+			if err != nil {
+				return nil, fmt.Errorf("request field %q: %w", k, err)
+			}
+			fields[k] = b
 		}
-		if k == "max_tokens" && c.completionTokens.Load() { // the server refuses it
-			continue
-		}
-		b, err := json.Marshal(v)
-		if err != nil {
-			return nil, fmt.Errorf("request field %q: %w", k, err)
-		}
-		fields[k] = b
 	}
 	return json.Marshal(fields)
 }

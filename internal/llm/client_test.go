@@ -836,3 +836,44 @@ func TestUnavailable(t *testing.T) {
 		t.Fatal("an error that is not the client's is not its verdict")
 	}
 }
+
+// TestExtraBody: Config.ExtraBody's fields go with every request (vLLM's
+// chat_template_kwargs to turn a reasoning model's thinking off); a
+// request's own Extra wins for a key both set, and the client's own
+// fields are never replaced; New refuses an ExtraBody that sets one.
+func TestExtraBody(t *testing.T) {
+	srv := llmtest.New(t)
+	var mu sync.Mutex
+	var bodies []map[string]any
+	srv.Handle(func(req llmtest.Request) llmtest.Reply {
+		var m map[string]any
+		_ = json.Unmarshal(req.Body, &m)
+		mu.Lock()
+		bodies = append(bodies, m)
+		mu.Unlock()
+		return llmtest.Text(`{"answer":"yes"}`)
+	})
+	c, _ := newClient(t, srv, func(cfg *llm.Config) {
+		cfg.ExtraBody = map[string]any{"chat_template_kwargs": map[string]any{"enable_thinking": false}, "top_k": 20, "seed": 7}
+	})
+	if _, err := c.Chat(context.Background(), ask(objSchema)); err != nil {
+		t.Fatal(err)
+	}
+	req := ask(objSchema)
+	req.Extra = map[string]any{"seed": 8}
+	if _, err := c.Chat(context.Background(), req); err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	got, _ := json.Marshal([]any{bodies[0]["chat_template_kwargs"], bodies[0]["top_k"], bodies[0]["seed"], bodies[1]["seed"], bodies[1]["model"]})
+	if string(got) != `[{"enable_thinking":false},20,7,8,"test-model"]` {
+		t.Fatalf("sent %s", got)
+	}
+	for _, f := range []string{"stream", "max_tokens", "response_format", "model"} {
+		_, err := llm.New(llm.Config{BaseURL: srv.URL, Model: "m", ExtraBody: map[string]any{f: 1}})
+		if err == nil || !strings.Contains(err.Error(), "ExtraBody."+f) {
+			t.Errorf("ExtraBody.%s accepted: %v", f, err)
+		}
+	}
+}

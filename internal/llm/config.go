@@ -125,6 +125,12 @@ type Config struct {
 	// StructuredOutput selects the response_format of requests that carry a
 	// Schema. Default StructuredJSONSchema.
 	StructuredOutput StructuredOutput
+	// ExtraBody are further top-level fields of every request (the OpenAI
+	// SDK's extra_body), e.g. vLLM's chat_template_kwargs: {enable_thinking:
+	// false} for a reasoning model whose thinking would use up max_tokens.
+	// A request's own Extra wins for a key both set; neither replaces a
+	// field the client sets itself. New refuses the fields of OwnFields.
+	ExtraBody map[string]any
 
 	// Recorder receives one audit row per HTTP attempt. Nil records nothing.
 	Recorder Recorder
@@ -135,6 +141,23 @@ type Config struct {
 	// Logger receives retry warnings (never the key or the prompt). Nil
 	// discards them.
 	Logger *slog.Logger
+}
+
+// OwnFields are the request fields the client sets itself, or that would
+// change the answer's shape (a stream, several choices): Config.ExtraBody
+// may not set them.
+var OwnFields = []string{"model", "messages", "max_tokens", "max_completion_tokens", "logprobs", "top_logprobs",
+	"response_format", "stream", "stream_options", "n"}
+
+// CheckExtraBody names the first field of extra in OwnFields, as
+// <key>.<field>, key naming the setting (e.g. llm.extra_body).
+func CheckExtraBody(key string, extra map[string]any) error {
+	for _, f := range OwnFields {
+		if _, ok := extra[f]; ok {
+			return fmt.Errorf("%s.%s: trace sets %s itself or reads whole single answers (not allowed here: %s)", key, f, f, strings.Join(OwnFields, ", "))
+		}
+	}
+	return nil
 }
 
 // Float returns a pointer to v, for Config.Temperature and Request.Temperature.
@@ -195,6 +218,9 @@ func (c Config) Validate() error {
 	}
 	if c.BackoffMax < c.BackoffInitial {
 		bad("BackoffMax", "(%v) must be at least BackoffInitial (%v)", c.BackoffMax, c.BackoffInitial)
+	}
+	if err := CheckExtraBody("ExtraBody", c.ExtraBody); err != nil {
+		errs = append(errs, fmt.Errorf("llm config: %w", err))
 	}
 	if c.MaxRetryAfter < 0 {
 		bad("MaxRetryAfter", "must be positive, got %v", c.MaxRetryAfter)
