@@ -633,7 +633,12 @@ func (e *Evaluator) apply(ctx context.Context, now time.Time, win sink.Range, c 
 			e.log.Info("analyzer: capability selected, synthesis requested", "cohort", c.String(), "capability", r.Name,
 				"mean_cov", round4(r.MeanCov), "mean_delta", round4(r.MeanDelta), "runs_passed", fmt.Sprintf("%d/%d", r.RunsPassed, r.RunsTotal),
 				"epoch", next.Epoch, "duplicate", res.Duplicate || res.Claimed)
-			e.met.fired(c.Environment, r.Name)
+			// Counted where a new message entered the stream: a retry
+			// (the record failed after the publication) or another
+			// replica gets a duplicate and counts nothing.
+			if res.Published {
+				e.met.fired(c.Environment, r.Name)
+			}
 		}
 		evs = append(evs, ev)
 		steps = append(steps, transition{k, next})
@@ -691,7 +696,7 @@ type Metrics struct {
 func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m := &Metrics{
 		triggers: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "trace", Subsystem: "analyzer", Name: "triggers_fired_total",
-			Help: "Synthesis requests published (first firing of a trigger epoch)."}, []string{"environment", "capability"}),
+			Help: "Synthesis requests published: new messages in the stream (a duplicate publication, by a retry or another replica, is not counted)."}, []string{"environment", "capability"}),
 		evalLag: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: "trace", Subsystem: "analyzer", Name: "evaluation_lag_seconds",
 			Help: "Time from a label batch becoming durable to the end of its cohort's evaluation.", Buckets: prometheus.ExponentialBuckets(0.01, 2, 12)}),
 		labels: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "trace", Subsystem: "analyzer", Name: "labels_written_total",

@@ -3,16 +3,19 @@ package analyzer_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math"
 	"os"
 	"path/filepath"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/segmentio/kafka-go"
 
 	"github.com/traceops/trace/analyzer"
@@ -357,5 +360,79 @@ func TestTriggerSurvivesNATSOutage(t *testing.T) {
 	testenv.StoreConn(t, g.store).QueryRow(context.Background(), "SELECT count() FROM trigger_events FINAL WHERE event = 'fired'").Scan(&fired)
 	if fired != 6 {
 		t.Fatalf("trigger_events has %d fired events, want 6", fired)
+	}
+}
+
+// failFirstRecord is the real store whose first InsertTriggerEvents fails
+// (ClickHouse going away between the publication and its record).
+type failFirstRecord struct {
+	*sink.Store
+	failed atomic.Bool
+}
+
+func (s *failFirstRecord) InsertTriggerEvents(ctx context.Context, evs []sink.TriggerEvent) error {
+	if len(evs) > 0 && s.failed.CompareAndSwap(false, true) {
+		return errors.New("insert trigger_events: connection refused (injected)")
+	}
+	return s.Store.InsertTriggerEvents(ctx, evs)
+}
+
+// TestTriggerCountedOnceWhenItsRecordIsRetried: the requests are published,
+// recording them fails, and the retry publishes them again (JetStream drops
+// the duplicates). trace_analyzer_triggers_fired_total counts the 6
+// requests in the stream, not 12 (it counted every attempt, so a ClickHouse
+// blip, or a second replica racing the first, doubled it).
+func TestTriggerCountedOnceWhenItsRecordIsRetried(t *testing.T) {
+	g := setupGolden(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	defer func() { cancel(); wg.Wait() }()
+	reg := prometheus.NewRegistry()
+	st := &failFirstRecord{Store: g.store}
+	ev := analyzer.NewEvaluator(analyzer.EvalConfig{Interval: 500 * time.Millisecond}, st, app.BusPublisher{Bus: g.bus}, g.reg, nil, analyzer.NewMetrics(reg))
+	if err := ev.Recover(ctx); err != nil {
+		t.Fatal(err)
+	}
+	c, err := stream.NewConsumer(stream.Config{Brokers: g.brokers, Topic: g.topic, GroupID: "analyzer", Stage: "analyze",
+		BatchRows: 20000, BatchTimeout: 2 * time.Second}, ingest.DecodeLabel,
+		&analyzer.LabelEventSink{Store: g.store, Evaluator: ev}, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wg.Add(2)
+	go func() { defer wg.Done(); _ = c.Run(ctx) }()
+	go func() { defer wg.Done(); _ = ev.Run(ctx) }()
+	g.publish(t)
+	g.check(t, g.requests(t, 6))
+	// Wait for the retried record of the firings.
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		var fired uint64
+		testenv.StoreConn(t, g.store).QueryRow(context.Background(), "SELECT count() FROM trigger_events FINAL WHERE event = 'fired'").Scan(&fired)
+		if fired == 6 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("trigger_events has %d fired events, want 6", fired)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if !st.failed.Load() {
+		t.Fatal("the injected failure did not happen")
+	}
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var counted float64
+	for _, mf := range mfs {
+		if mf.GetName() == "trace_analyzer_triggers_fired_total" {
+			for _, m := range mf.GetMetric() {
+				counted += m.GetCounter().GetValue()
+			}
+		}
+	}
+	if counted != 6 {
+		t.Fatalf("trace_analyzer_triggers_fired_total sums to %v, want 6 (one per request in the stream)", counted)
 	}
 }
