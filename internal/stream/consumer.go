@@ -204,6 +204,9 @@ func (c *Consumer[T]) Run(ctx context.Context) error {
 	if ctx.Err() != nil {
 		return nil
 	}
+	if !c.waitForTopic(ctx) {
+		return nil // ctx ended
+	}
 
 	tr := newTransport(c.cfg.Dialer)
 	reader := kafka.NewReader(c.readerConfig())
@@ -328,6 +331,74 @@ func (c *Consumer[T]) Run(ctx context.Context) error {
 	}
 	c.log.Info("consumer stopped")
 	return nil
+}
+
+// topicWarnEvery is how often waitForTopic repeats its warning.
+const topicWarnEvery = 10 * time.Second
+
+// waitForTopic returns true once a broker lists the source topic's
+// partitions, false if ctx ended first; meanwhile it retries with the
+// consumer's backoff and warns (at most every topicWarnEvery) naming the
+// topic and the error. kafka-go's group reader started on a topic that
+// does not exist (not created yet, or a misspelled topic setting on a
+// cluster that does not create topics on use) rejoins its group in a tight
+// loop: its partition watcher ends each generation at once, and a
+// generation that ends without an error is followed by the next without
+// backoff (about 1,400 warnings a second and most of a core). The lookup is
+// the reader's own (Conn.ReadPartitions), so a cluster that creates topics
+// on use creates it here as it would there.
+func (c *Consumer[T]) waitForTopic(ctx context.Context) bool {
+	d := c.cfg.Dialer
+	if d == nil {
+		d = kafka.DefaultDialer
+	}
+	bo := c.newBackOff()
+	var warned time.Time
+	for attempt := 1; ; attempt++ {
+		err := c.lookupTopic(ctx, d)
+		if ctx.Err() != nil {
+			return false
+		}
+		if err == nil {
+			if !warned.IsZero() {
+				c.log.Info("topic found; consuming", "attempts", attempt)
+			}
+			return true
+		}
+		wait := bo.NextBackOff()
+		if warned.IsZero() || time.Since(warned) >= topicWarnEvery {
+			warned = time.Now()
+			msg := "kafka not reachable; waiting for it"
+			if errors.Is(err, kafka.UnknownTopicOrPartition) {
+				msg = "topic does not exist; waiting for it to be created (or check the topic setting)"
+			}
+			c.log.Warn(msg, "brokers", c.cfg.Brokers, "attempts", attempt, "next_in", wait.Round(time.Millisecond), "error", err)
+		}
+		if !sleep(ctx, wait) {
+			return false
+		}
+	}
+}
+
+// lookupTopic reads the source topic's partitions from the first broker
+// that answers.
+func (c *Consumer[T]) lookupTopic(ctx context.Context, d *kafka.Dialer) error {
+	var errs []error
+	for _, b := range c.cfg.Brokers {
+		lctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		ps, err := d.LookupPartitions(lctx, "tcp", b, c.cfg.Topic)
+		cancel()
+		switch {
+		case err == nil && len(ps) > 0:
+			return nil
+		case err == nil:
+			return kafka.UnknownTopicOrPartition
+		case errors.Is(err, kafka.UnknownTopicOrPartition) || ctx.Err() != nil:
+			return err
+		}
+		errs = append(errs, fmt.Errorf("%s: %w", b, err))
+	}
+	return errors.Join(errs...)
 }
 
 func (c *Consumer[T]) readerConfig() kafka.ReaderConfig {

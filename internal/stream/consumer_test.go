@@ -1187,3 +1187,35 @@ func TestConsumerSkipInvalid(t *testing.T) {
 		t.Fatalf("DLQ last offset %d (%v), want 0", last, err)
 	}
 }
+
+// TestConsumerWaitsForAMissingTopic: a source topic that does not exist
+// (not created yet, or a misspelled kafka.rollouts_topic on a cluster that
+// does not create topics on use) is waited for with a warning naming it,
+// and consumed once it is created. kafka-go's group reader, started on it,
+// rejoined the group in a tight loop: about 1,400 "Problem getting
+// partitions" warnings a second and most of a core, for as long as the
+// topic was missing.
+func TestConsumerWaitsForAMissingTopic(t *testing.T) {
+	t.Parallel()
+	brokers := testenv.Kafka(t)
+	e := env{brokers: brokers, topic: testenv.UniqueTopic(t, "late")}
+	e.dlq, e.group = e.topic+".dlq", "g-"+e.topic
+	testenv.CreateTopic(t, brokers, e.dlq, 1)
+	var logs testenv.SyncBuffer
+	log := slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	sink := &testSink[string]{}
+	c, err := stream.NewConsumer(e.config(), strDecoder, stream.Sink[string](sink), log, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	start(t, c)
+	waitFor(t, 20*time.Second, "a warning naming the missing topic", func() bool {
+		return strings.Contains(logs.String(), "topic does not exist; waiting for it")
+	})
+	if n := strings.Count(logs.String(), "Problem getting partitions"); n > 0 {
+		t.Fatalf("the group reader ran on the missing topic: %d kafka-go warnings", n)
+	}
+	testenv.CreateTopic(t, brokers, e.topic, 2)
+	vals := e.produceN(t, "v", 20)
+	waitFor(t, 30*time.Second, "the records of the created topic", func() bool { return sink.count() == len(vals) })
+}
