@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"strings"
 	"syscall"
 
 	sqldriver "database/sql/driver"
@@ -23,6 +24,7 @@ var retryableCodes = map[int32]string{
 	210: "NETWORK_ERROR",
 	241: "MEMORY_LIMIT_EXCEEDED",
 	242: "TABLE_IS_READ_ONLY",
+	243: "NOT_ENOUGH_SPACE",
 	252: "TOO_MANY_PARTS",
 	285: "TOO_FEW_LIVE_REPLICAS",
 	319: "UNKNOWN_STATUS_OF_INSERT",
@@ -46,7 +48,7 @@ func IsRetryable(err error) bool {
 	var ex *clickhouse.Exception
 	if errors.As(err, &ex) {
 		_, ok := retryableCodes[ex.Code]
-		return ok
+		return ok || diskFull(ex)
 	}
 	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
 		errors.Is(err, sqldriver.ErrBadConn) || errors.Is(err, clickhouse.ErrAcquireConnTimeout) ||
@@ -68,4 +70,18 @@ func ErrorCode(err error) int32 {
 		return ex.Code
 	}
 	return 0
+}
+
+// diskFull reports a server file error caused by a full disk or an
+// exhausted quota (ENOSPC, EDQUOT): 18.16 reports it as
+// CANNOT_WRITE_TO_FILE_DESCRIPTOR or CANNOT_OPEN_FILE with the errno in the
+// message. Freeing space fixes it, so it is backpressure, like a memory
+// limit, not an error to stop on.
+func diskFull(ex *clickhouse.Exception) bool {
+	switch ex.Code {
+	case 75, 76: // CANNOT_WRITE_TO_FILE_DESCRIPTOR, CANNOT_OPEN_FILE
+		return strings.Contains(ex.Message, "errno: 28,") || strings.Contains(ex.Message, "errno: 122,") ||
+			strings.Contains(ex.Message, "No space left on device") || strings.Contains(ex.Message, "Disk quota exceeded")
+	}
+	return false
 }

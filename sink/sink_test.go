@@ -236,6 +236,13 @@ func TestIsRetryable(t *testing.T) {
 		{context.DeadlineExceeded, true},
 		{context.Canceled, false},
 		{errors.New("clickhouse: expected 3 arguments, got 2"), false},
+		// A full disk is backpressure, not a fatal error: the batch is
+		// stored once space is freed (ClickHouse 18.16's exception, seen
+		// with its data on a full tmpfs; NOT_ENOUGH_SPACE from newer servers).
+		{&clickhouse.Exception{Code: 75, Message: "Cannot write to file /var/lib/clickhouse/data/trace/rollouts/tmp_insert_202603_2_2_0/kafka_offset.mrk, errno: 28, strerror: No space left on device"}, true},
+		{&clickhouse.Exception{Code: 76, Message: "Cannot open file /var/lib/clickhouse/data/trace/rollouts/tmp_insert_202603_2_2_0/x.bin, errno: 122, strerror: Disk quota exceeded"}, true},
+		{fmt.Errorf("insert rollouts: %w", &clickhouse.Exception{Code: 243, Message: "Cannot reserve 1.00 MiB, not enough space"}), true},
+		{&clickhouse.Exception{Code: 75, Message: "Cannot write to file /x, errno: 5, strerror: Input/output error"}, false},
 	}
 	for _, tt := range tests {
 		if got := sink.IsRetryable(tt.err); got != tt.want {
