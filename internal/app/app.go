@@ -157,7 +157,7 @@ func Start(ctx context.Context, cfg config.Config, log *slog.Logger) (*App, erro
 			}
 		}
 		a.NATSURL = natsCfg.URL
-		if a.Bus, err = bus.Connect(ctx, natsCfg, "trace"); err != nil {
+		if a.Bus, err = openBus(ctx, natsCfg, log); err != nil {
 			return nil, err
 		}
 		if err := a.loadDictionaries(ctx); err != nil {
@@ -225,6 +225,65 @@ func openStoreWithin(ctx context.Context, cfg sink.Config, log *slog.Logger, wit
 		select {
 		case <-ctx.Done():
 			return nil, fmt.Errorf("stopped while waiting for ClickHouse at %s (%w): %w", addr, ctx.Err(), err)
+		case <-time.After(wait):
+		}
+	}
+}
+
+// How Start waits for NATS: as for ClickHouse, up to busWait in all, each
+// attempt at most busAttempt, with capped exponential backoff between them
+// and a warning at most every storeWarnEvery.
+const (
+	busWait    = 60 * time.Second
+	busAttempt = 2 * time.Second
+)
+
+// openBus connects to NATS, waiting for a server that is not reachable yet
+// (still starting under compose or Kubernetes) as openStore waits for
+// ClickHouse. It failed after 5 s with "nats: stream TRACE_SYNTHESIS:
+// context deadline exceeded", which named neither the server nor the cause.
+func openBus(ctx context.Context, cfg bus.Config, log *slog.Logger) (*bus.Bus, error) {
+	return openBusWithin(ctx, cfg, log, busWait)
+}
+
+// openBusWithin is openBus waiting for at most within in all. Only a
+// server not reachable is waited for (bus.ErrNotConnected); other errors
+// (JetStream disabled, a stream refused) are returned at once.
+func openBusWithin(ctx context.Context, cfg bus.Config, log *slog.Logger, within time.Duration) (*bus.Bus, error) {
+	url := bus.RedactURLs(cfg.URL)
+	deadline := time.Now().Add(within)
+	b := backoff.NewExponentialBackOff(backoff.WithInitialInterval(storeRetryFirst), backoff.WithMultiplier(2),
+		backoff.WithMaxInterval(storeRetryMax), backoff.WithMaxElapsedTime(0))
+	var warned time.Time
+	for attempt := 1; ; attempt++ {
+		actx, cancel := context.WithTimeout(ctx, min(time.Until(deadline), busAttempt))
+		bs, err := bus.Connect(actx, cfg, "trace")
+		cancel()
+		if err == nil {
+			if attempt > 1 {
+				log.Info("nats reachable", "url", url, "attempts", attempt)
+			}
+			return bs, nil
+		}
+		if ctx.Err() != nil {
+			return nil, fmt.Errorf("stopped while waiting for NATS at %s (%w): %w", url, ctx.Err(), err)
+		}
+		if !errors.Is(err, bus.ErrNotConnected) {
+			return nil, err
+		}
+		left := time.Until(deadline)
+		if left <= 0 {
+			return nil, fmt.Errorf("nats at %s not reachable within %s (%d attempts): %w", url, within, attempt, err)
+		}
+		wait := min(b.NextBackOff(), left)
+		if warned.IsZero() || time.Since(warned) >= storeWarnEvery {
+			warned = time.Now()
+			log.Warn("nats not reachable yet, retrying", "url", url, "attempts", attempt,
+				"next_in", wait.Round(time.Millisecond), "gives_up_in", left.Round(time.Second), "err", err)
+		}
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("stopped while waiting for NATS at %s (%w): %w", url, ctx.Err(), err)
 		case <-time.After(wait):
 		}
 	}

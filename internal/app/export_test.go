@@ -15,3 +15,6 @@ var (
 	OpenStore       = openStore
 	OpenStoreWithin = openStoreWithin
 )
+
+// OpenBusWithin is Start's wait for NATS with its overall deadline.
+var OpenBusWithin = openBusWithin

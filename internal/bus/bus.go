@@ -24,6 +24,7 @@ import (
 	"net/url"
 	"regexp"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -65,9 +66,27 @@ type Bus struct {
 	trainingClaims jetstream.KeyValue
 }
 
-// Connect dials NATS (reconnecting forever) and ensures streams and buckets.
+// ErrNotConnected is the error of a Connect whose first connection to NATS
+// was not made before its context ended (the server is unreachable, or
+// refuses the credentials).
+var ErrNotConnected = errors.New("not connected")
+
+// connectWait bounds Connect's wait for the first connection when ctx has
+// no deadline.
+const connectWait = 5 * time.Second
+
+// Connect dials NATS (reconnecting forever once connected), waits for the
+// first connection until ctx ends (connectWait without a deadline), and
+// ensures streams and buckets. An error while not connected wraps
+// ErrNotConnected and names the URL and the last connection error.
 func Connect(ctx context.Context, cfg Config, name string) (*Bus, error) {
-	opts := []nats.Option{nats.Name(name), nats.MaxReconnects(-1), nats.ReconnectWait(250 * time.Millisecond), nats.RetryOnFailedConnect(true)}
+	var lastErr atomic.Pointer[error] // the last failed connection attempt
+	opts := []nats.Option{nats.Name(name), nats.MaxReconnects(-1), nats.ReconnectWait(250 * time.Millisecond), nats.RetryOnFailedConnect(true),
+		nats.ReconnectErrHandler(func(_ *nats.Conn, err error) {
+			if err != nil {
+				lastErr.Store(&err)
+			}
+		})}
 	if cfg.CredsFile != "" {
 		opts = append(opts, nats.UserCredentials(cfg.CredsFile))
 	}
@@ -84,6 +103,10 @@ func Connect(ctx context.Context, cfg Config, name string) (*Bus, error) {
 	if err != nil {
 		return nil, fmt.Errorf("nats %s: %w", RedactURLs(cfg.URL), err)
 	}
+	if err := waitConnected(ctx, nc, &lastErr); err != nil {
+		nc.Close()
+		return nil, fmt.Errorf("nats %s: %w", RedactURLs(cfg.URL), err)
+	}
 	js, err := jetstream.New(nc)
 	if err != nil {
 		nc.Close()
@@ -95,6 +118,33 @@ func Connect(ctx context.Context, cfg Config, name string) (*Bus, error) {
 		return nil, err
 	}
 	return b, nil
+}
+
+// waitConnected returns once nc is connected, or an error wrapping
+// ErrNotConnected with the last connection error when ctx (or connectWait,
+// without a deadline) ends first. With RetryOnFailedConnect the client
+// dials in the background: without this wait the first JetStream request
+// timed out instead, with an error that named neither the server nor why.
+func waitConnected(ctx context.Context, nc *nats.Conn, lastErr *atomic.Pointer[error]) error {
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, connectWait)
+		defer cancel()
+	}
+	t := time.NewTicker(20 * time.Millisecond)
+	defer t.Stop()
+	for !nc.IsConnected() {
+		select {
+		case <-ctx.Done():
+			why := nc.Status().String()
+			if err := lastErr.Load(); err != nil {
+				why = (*err).Error()
+			}
+			return fmt.Errorf("%w (%s): %w", ErrNotConnected, why, ctx.Err())
+		case <-t.C:
+		}
+	}
+	return nil
 }
 
 func (b *Bus) ensure(ctx context.Context, cfg Config) error {
