@@ -237,6 +237,7 @@ func (e *Evaluator) Run(ctx context.Context) error {
 			err := e.Evaluate(ctx, cohorts...)
 			if err != nil && ctx.Err() == nil {
 				e.log.Warn("analyzer: evaluation failed, retrying", "cohorts", len(cohorts), "err", err)
+				e.met.evalFailed()
 			}
 			return err
 		}, backoff.WithContext(capped(200*time.Millisecond, 5*time.Second), ctx))
@@ -688,6 +689,7 @@ func CohortInputs(counts []sink.RunCounts, dict *Dictionary) ([]CapabilityRuns, 
 type Metrics struct {
 	triggers   *prometheus.CounterVec
 	evalLag    prometheus.Histogram
+	evalFails  prometheus.Counter
 	labels     *prometheus.CounterVec
 	runsFailed *prometheus.CounterVec
 }
@@ -699,13 +701,15 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Synthesis requests published: new messages in the stream (a duplicate publication, by a retry or another replica, is not counted)."}, []string{"environment", "capability"}),
 		evalLag: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: "trace", Subsystem: "analyzer", Name: "evaluation_lag_seconds",
 			Help: "Time from a label batch becoming durable to the end of its cohort's evaluation.", Buckets: prometheus.ExponentialBuckets(0.01, 2, 12)}),
+		evalFails: prometheus.NewCounter(prometheus.CounterOpts{Namespace: "trace", Subsystem: "analyzer", Name: "evaluation_failures_total",
+			Help: "Cohort evaluations that failed and are retried (ClickHouse or NATS unreachable): their triggers wait meanwhile."}),
 		labels: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "trace", Subsystem: "analyzer", Name: "labels_written_total",
 			Help: "Capability labels written to ClickHouse."}, []string{"source"}),
 		runsFailed: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "trace", Subsystem: "analyzer", Name: "label_runs_failed_total",
 			Help: "Labeling runs that produced no valid labels (recorded, never invented)."}, []string{"labeler"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.triggers, m.evalLag, m.labels, m.runsFailed)
+		reg.MustRegister(m.triggers, m.evalLag, m.evalFails, m.labels, m.runsFailed)
 	}
 	return m
 }
@@ -719,6 +723,12 @@ func (m *Metrics) fired(env, capability string) {
 func (m *Metrics) observeEval(d time.Duration) {
 	if m != nil {
 		m.evalLag.Observe(d.Seconds())
+	}
+}
+
+func (m *Metrics) evalFailed() {
+	if m != nil {
+		m.evalFails.Inc()
 	}
 }
 

@@ -42,6 +42,7 @@ type goldenEnv struct {
 	want    []schemas.SelectedCapability
 	scope   analyzer.ImportScope
 	nats    *testenv.NATSServer
+	met     *analyzer.Metrics // the replicas' metrics (nil: none)
 }
 
 func setupGolden(t *testing.T) *goldenEnv {
@@ -99,7 +100,7 @@ func (g *goldenEnv) replica(t *testing.T, ctx context.Context, wg *sync.WaitGrou
 
 // replicaWith is replica with the evaluator's configuration.
 func (g *goldenEnv) replicaWith(t *testing.T, ctx context.Context, wg *sync.WaitGroup, group string, cfg analyzer.EvalConfig) *analyzer.Evaluator {
-	ev := analyzer.NewEvaluator(cfg, g.store, app.BusPublisher{Bus: g.bus}, g.reg, nil, nil)
+	ev := analyzer.NewEvaluator(cfg, g.store, app.BusPublisher{Bus: g.bus}, g.reg, nil, g.met)
 	if err := ev.Recover(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -333,6 +334,8 @@ func TestTriggerSurvivesNATSOutage(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	defer func() { cancel(); wg.Wait() }()
+	reg := prometheus.NewRegistry()
+	g.met = analyzer.NewMetrics(reg)
 	g.nats.Shutdown()
 	g.replica(t, ctx, &wg, "analyzer")
 	g.publish(t)
@@ -354,6 +357,14 @@ func TestTriggerSurvivesNATSOutage(t *testing.T) {
 	testenv.StoreConn(t, g.store).QueryRow(context.Background(), "SELECT count() FROM trigger_events WHERE event = 'fired'").Scan(&fired)
 	if fired != 0 {
 		t.Fatalf("%d triggers recorded as fired while NATS was down", fired)
+	}
+	// The outage shows in the metrics, not only in the log (a request to
+	// NATS while it reconnects fails after JetStream's 5 s timeout).
+	for deadline := time.Now().Add(30 * time.Second); counterSum(t, reg, "trace_analyzer_evaluation_failures_total") == 0; {
+		if time.Now().After(deadline) {
+			t.Fatal("trace_analyzer_evaluation_failures_total is still 0 while every evaluation fails")
+		}
+		time.Sleep(200 * time.Millisecond)
 	}
 	g.nats.Restart()
 	g.check(t, g.requests(t, 6))
@@ -420,19 +431,25 @@ func TestTriggerCountedOnceWhenItsRecordIsRetried(t *testing.T) {
 	if !st.failed.Load() {
 		t.Fatal("the injected failure did not happen")
 	}
+	if counted := counterSum(t, reg, "trace_analyzer_triggers_fired_total"); counted != 6 {
+		t.Fatalf("trace_analyzer_triggers_fired_total sums to %v, want 6 (one per request in the stream)", counted)
+	}
+}
+
+// counterSum is the sum of a counter's series in reg.
+func counterSum(t *testing.T, reg *prometheus.Registry, name string) float64 {
+	t.Helper()
 	mfs, err := reg.Gather()
 	if err != nil {
 		t.Fatal(err)
 	}
-	var counted float64
+	var sum float64
 	for _, mf := range mfs {
-		if mf.GetName() == "trace_analyzer_triggers_fired_total" {
+		if mf.GetName() == name {
 			for _, m := range mf.GetMetric() {
-				counted += m.GetCounter().GetValue()
+				sum += m.GetCounter().GetValue()
 			}
 		}
 	}
-	if counted != 6 {
-		t.Fatalf("trace_analyzer_triggers_fired_total sums to %v, want 6 (one per request in the stream)", counted)
-	}
+	return sum
 }
