@@ -267,7 +267,12 @@ func DictionaryKey(env, agentVersion string) string {
 }
 
 // WatchDictionaries calls fn for every dictionary announcement (including the
-// current values at start) until ctx ends.
+// current values at start) until ctx ends. The watch survives NATS restarts
+// on the same storage; when it ends otherwise (NATS came back without its
+// JetStream storage: the bucket is gone) it returns an error, so that the
+// process stops and is restarted, which creates the bucket again. It
+// returned nil, which ended its role's actor and so the whole process,
+// with exit status 0 and nothing in the log.
 func (b *Bus) WatchDictionaries(ctx context.Context, fn func(key string)) error {
 	w, err := b.dicts.WatchAll(ctx)
 	if err != nil {
@@ -280,7 +285,18 @@ func (b *Bus) WatchDictionaries(ctx context.Context, fn func(key string)) error 
 			return nil
 		case e, ok := <-w.Updates():
 			if !ok {
-				return nil
+				if ctx.Err() != nil {
+					return nil
+				}
+				why := "the watch ended"
+				sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+				if _, err := b.JS.KeyValue(sctx, BucketDictionary); errors.Is(err, jetstream.ErrBucketNotFound) {
+					why = "the bucket is gone (NATS restarted without its JetStream storage?); a restart of trace creates it again"
+				} else if err != nil {
+					why += " (" + err.Error() + ")"
+				}
+				cancel()
+				return fmt.Errorf("nats: watch of KV bucket %s: %s", BucketDictionary, why)
 			}
 			if e != nil {
 				fn(e.Key())
