@@ -257,7 +257,7 @@ func openBusWithin(ctx context.Context, cfg bus.Config, log *slog.Logger, within
 	var warned time.Time
 	for attempt := 1; ; attempt++ {
 		actx, cancel := context.WithTimeout(ctx, min(time.Until(deadline), busAttempt))
-		bs, err := bus.Connect(actx, cfg, "trace")
+		bs, err := bus.ConnectLogged(actx, cfg, "trace", log)
 		cancel()
 		if err == nil {
 			if attempt > 1 {

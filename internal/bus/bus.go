@@ -21,6 +21,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/url"
 	"regexp"
 	"strings"
@@ -78,14 +79,46 @@ const connectWait = 5 * time.Second
 // Connect dials NATS (reconnecting forever once connected), waits for the
 // first connection until ctx ends (connectWait without a deadline), and
 // ensures streams and buckets. An error while not connected wraps
-// ErrNotConnected and names the URL and the last connection error.
+// ErrNotConnected and names the URL and the last connection error. It logs
+// to slog.Default (see ConnectLogged).
 func Connect(ctx context.Context, cfg Config, name string) (*Bus, error) {
+	return ConnectLogged(ctx, cfg, name, slog.Default())
+}
+
+// ConnectLogged is Connect logging to log: a lost connection (warning, with
+// the server and the error), the reconnection (with how long it was down),
+// and the client's asynchronous errors (a watch's consumer recreated,
+// a slow consumer), which the NATS client printed to standard error
+// otherwise. Closing the bus logs nothing.
+func ConnectLogged(ctx context.Context, cfg Config, name string, log *slog.Logger) (*Bus, error) {
 	var lastErr atomic.Pointer[error] // the last failed connection attempt
+	var downSince atomic.Int64        // unix nanos of the last disconnection
 	opts := []nats.Option{nats.Name(name), nats.MaxReconnects(-1), nats.ReconnectWait(250 * time.Millisecond), nats.RetryOnFailedConnect(true),
 		nats.ReconnectErrHandler(func(_ *nats.Conn, err error) {
 			if err != nil {
 				lastErr.Store(&err)
 			}
+		}),
+		nats.DisconnectErrHandler(func(nc *nats.Conn, err error) {
+			if nc.IsClosed() || nc.IsDraining() {
+				return
+			}
+			downSince.Store(time.Now().UnixNano())
+			log.Warn("nats: disconnected; reconnecting", "url", RedactURLs(cfg.URL), "err", err)
+		}),
+		nats.ReconnectHandler(func(nc *nats.Conn) {
+			args := []any{"url", nc.ConnectedUrlRedacted()}
+			if t := downSince.Load(); t != 0 {
+				args = append(args, "down_for", time.Since(time.Unix(0, t)).Round(time.Millisecond))
+			}
+			log.Info("nats: reconnected", args...)
+		}),
+		nats.ErrorHandler(func(_ *nats.Conn, sub *nats.Subscription, err error) {
+			args := []any{"err", err}
+			if sub != nil {
+				args = append(args, "subject", sub.Subject)
+			}
+			log.Warn("nats: asynchronous error", args...)
 		})}
 	if cfg.CredsFile != "" {
 		opts = append(opts, nats.UserCredentials(cfg.CredsFile))
