@@ -78,6 +78,9 @@ type App struct {
 	envHTTP    *http.Server // env.addr's server, when set
 	routerAddr string       // the route role's listener
 
+	consumersMu sync.Mutex
+	consumers   []consumerState // the roles' Kafka consumers, for /readyz
+
 	// Simulated, when set before Run, provides the simulated policy for
 	// synthesizer.policy: simulated (trace demo).
 	Simulated SimulatedPolicies
@@ -340,6 +343,7 @@ func (a *App) Run(ctx context.Context, extra ...Actor) error {
 		if err != nil {
 			return err
 		}
+		a.addConsumer(c)
 		addActor(&g, ctx, "ingest", c.Run)
 	}
 	if a.Cfg.Has("analyze") {
@@ -368,6 +372,7 @@ func (a *App) Run(ctx context.Context, extra ...Actor) error {
 			if err != nil {
 				return err
 			}
+			a.addConsumer(c)
 			addActor(&g, ctx, "analyze", c.Run)
 		}
 		lc := a.consumerConfig(a.Cfg.Kafka.LabelsGroup, a.Cfg.Kafka.LabelsTopic, "labels")
@@ -376,6 +381,7 @@ func (a *App) Run(ctx context.Context, extra ...Actor) error {
 		if err != nil {
 			return err
 		}
+		a.addConsumer(c)
 		addActor(&g, ctx, "labels", c.Run)
 		addActor(&g, ctx, "evaluate", a.Evaluator.Run)
 		addActor(&g, ctx, "rollup", a.runRollup)
@@ -451,6 +457,19 @@ func (a *App) Run(ctx context.Context, extra ...Actor) error {
 	stopBG()
 	bg.Wait()
 	return err
+}
+
+// consumerState is what /readyz asks a Kafka consumer: its stage and why it
+// makes no progress (stream.Consumer.Problem).
+type consumerState interface {
+	Config() stream.Config
+	Problem() error
+}
+
+func (a *App) addConsumer(c consumerState) {
+	a.consumersMu.Lock()
+	defer a.consumersMu.Unlock()
+	a.consumers = append(a.consumers, c)
 }
 
 // Actor is an extra role (the demo adds its simulator and watcher).

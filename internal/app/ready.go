@@ -73,6 +73,13 @@ func (a *App) probes() []readyProbe {
 	if a.Cfg.Has("ingest") || a.Cfg.Has("analyze") {
 		ps = append(ps, readyProbe{"kafka", a.pingKafka})
 	}
+	// Each consumer that makes no progress (its sink failing, e.g. a full
+	// disk while ClickHouse still answers pings; its topic missing).
+	a.consumersMu.Lock()
+	for _, c := range a.consumers {
+		ps = append(ps, readyProbe{"consumer_" + c.Config().Stage, func(context.Context) error { return c.Problem() }})
+	}
+	a.consumersMu.Unlock()
 	return ps
 }
 

@@ -210,3 +210,43 @@ func TestReadyzWithClickHouseStopped(t *testing.T) {
 		time.Sleep(200 * time.Millisecond)
 	}
 }
+
+// TestReadyzNamesAConsumerWithoutProgress: an ingest replica whose topic
+// does not exist (kfake, like a cluster that does not create topics on
+// use) answers pings on every dependency, yet ingests nothing: /readyz
+// fails naming the consumer and the topic (it said ready), and passes once
+// the topic exists. A sink failing on every insert (a full disk) is
+// reported the same way (stream's TestConsumerProblemWhileTheSinkFails).
+func TestReadyzNamesAConsumerWithoutProgress(t *testing.T) {
+	ch := testenv.ClickHouse(t)
+	w := newWorld(t, ch.Addr, 1)
+	cfg := withRoles(w.cfg, "ingest")
+	brokers := testenv.KFake(t).ListenAddrs()
+	cfg.Kafka.Brokers = brokers
+	a, stop := w.start(t, cfg)
+	defer stop()
+	<-a.Ready()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		code, rep := readyz(t, a)
+		c, ok := check(rep, "consumer_ingest")
+		if code == 503 && ok && !c.OK && strings.Contains(c.Error, "topic "+cfg.Kafka.RolloutsTopic+" does not exist") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("/readyz with the ingest topic missing: %d %+v", code, rep)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	testenv.CreateTopic(t, brokers, cfg.Kafka.RolloutsTopic, 1)
+	testenv.CreateTopic(t, brokers, cfg.Kafka.DLQTopic, 1)
+	for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+		code, rep := readyz(t, a)
+		if code == 200 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("/readyz once the topic exists: %d %+v", code, rep)
+		}
+	}
+}

@@ -122,6 +122,31 @@ type Consumer[T any] struct {
 	log     *slog.Logger
 	met     *consumerMetrics
 	running atomic.Bool
+	problem atomic.Pointer[stalled] // why no batch gets through now (nil: none)
+}
+
+// stalled is why a consumer makes no progress: what fails, since when,
+// after how many attempts, and the last error.
+type stalled struct {
+	what    string
+	since   time.Time
+	attempt int
+	err     error
+}
+
+func (s *stalled) Error() string {
+	return fmt.Sprintf("%s for %s (%d attempts): %v", s.what, time.Since(s.since).Round(time.Second), s.attempt, s.err)
+}
+
+// Problem says why the consumer makes no progress right now, nil while it
+// does: its sink failing and the batch being retried (a full disk, a
+// ClickHouse that refuses inserts while it answers pings), or, before it
+// starts, its topic missing or Kafka unreachable. /readyz reports it.
+func (c *Consumer[T]) Problem() error {
+	if p := c.problem.Load(); p != nil {
+		return p
+	}
+	return nil
 }
 
 // NewConsumer checks cfg (after filling in its defaults) and returns a
@@ -354,18 +379,25 @@ func (c *Consumer[T]) waitForTopic(ctx context.Context) bool {
 	}
 	bo := c.newBackOff()
 	var warned time.Time
+	since := time.Now()
 	for attempt := 1; ; attempt++ {
 		err := c.lookupTopic(ctx, d)
 		if ctx.Err() != nil {
 			return false
 		}
 		if err == nil {
+			c.problem.Store(nil)
 			if !warned.IsZero() {
 				c.log.Info("topic found; consuming", "attempts", attempt)
 			}
 			return true
 		}
 		wait := bo.NextBackOff()
+		what := "kafka not reachable"
+		if errors.Is(err, kafka.UnknownTopicOrPartition) {
+			what = "topic " + c.cfg.Topic + " does not exist"
+		}
+		c.problem.Store(&stalled{what: what, since: since, attempt: attempt, err: err})
 		if warned.IsZero() || time.Since(warned) >= topicWarnEvery {
 			warned = time.Now()
 			msg := "kafka not reachable; waiting for it"
@@ -739,6 +771,7 @@ func (c *Consumer[T]) processBatch(work context.Context, r *kafka.Reader, dlq *d
 		if err != nil {
 			return c.sinkError(err)
 		}
+		c.problem.Store(nil)
 		c.met.addInserted(len(recs))
 	}
 	return c.finish(work, r, dlq, b, dead)
@@ -747,7 +780,9 @@ func (c *Consumer[T]) processBatch(work context.Context, r *kafka.Reader, dlq *d
 func (c *Consumer[T]) fatal(err error) bool { return !c.cfg.IsRetryable(err) }
 
 func (c *Consumer[T]) onSinkRetry(rows int) func(attempt int, err error, wait time.Duration) {
+	since := time.Now()
 	return func(attempt int, err error, wait time.Duration) {
+		c.problem.Store(&stalled{what: "sink failing", since: since, attempt: attempt, err: err})
 		c.met.sinkRetry()
 		c.log.Warn("sink write failed; retrying the batch", "attempt", attempt, "rows", rows,
 			"error", err, "retry_in", wait)
@@ -853,6 +888,7 @@ func (c *Consumer[T]) commitStream(work context.Context, r *kafka.Reader, dlq *d
 		if err != nil {
 			return c.sinkError(err)
 		}
+		c.problem.Store(nil)
 	}
 	if p.n > 0 {
 		c.met.insert(time.Since(p.start).Seconds())

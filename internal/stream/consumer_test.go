@@ -1217,7 +1217,36 @@ func TestConsumerWaitsForAMissingTopic(t *testing.T) {
 	if n := strings.Count(logs.String(), "Problem getting partitions"); n > 0 {
 		t.Fatalf("the group reader ran on the missing topic: %d kafka-go warnings", n)
 	}
+	if err := c.Problem(); err == nil || !strings.Contains(err.Error(), "topic "+e.topic+" does not exist") {
+		t.Errorf("Problem() while the topic is missing: %v", err)
+	}
 	testenv.CreateTopic(t, brokers, e.topic, 2)
 	vals := e.produceN(t, "v", 20)
 	waitFor(t, 30*time.Second, "the records of the created topic", func() bool { return sink.count() == len(vals) })
+	if err := c.Problem(); err != nil {
+		t.Errorf("Problem() once consuming: %v", err)
+	}
+}
+
+// TestConsumerProblemWhileTheSinkFails: while the sink fails and its batch
+// is retried, Problem says so with the error (for /readyz: a full disk
+// answers pings and refuses every insert); once a write succeeds it is nil.
+func TestConsumerProblemWhileTheSinkFails(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 1)
+	e.produceN(t, "m", 10)
+	sink := &testSink[string]{failN: 1 << 30}
+	c := newConsumer(t, e.config(), strDecoder, sink, nil)
+	start(t, c)
+	waitFor(t, 20*time.Second, "a problem naming the sink's error", func() bool {
+		err := c.Problem()
+		return err != nil && strings.Contains(err.Error(), "sink failing") && strings.Contains(err.Error(), errTransient.Error())
+	})
+	sink.mu.Lock()
+	sink.failN = 0
+	sink.mu.Unlock()
+	waitFor(t, 20*time.Second, "the batch committed", func() bool { return e.committedTotal(t) == 10 })
+	if err := c.Problem(); err != nil {
+		t.Errorf("Problem() after the write went through: %v", err)
+	}
 }
