@@ -138,12 +138,17 @@ func (s *stalled) Error() string {
 	return fmt.Sprintf("%s for %s (%d attempts): %v", s.what, time.Since(s.since).Round(time.Second), s.attempt, s.err)
 }
 
-// Problem says why the consumer makes no progress right now, nil while it
-// does: its sink failing and the batch being retried (a full disk, a
-// ClickHouse that refuses inserts while it answers pings), or, before it
-// starts, its topic missing or Kafka unreachable. /readyz reports it.
+// problemGrace is how long a consumer is held before Problem reports it:
+// one retried insert (a moment of TOO_MANY_PARTS) is not an outage.
+const problemGrace = 5 * time.Second
+
+// Problem says why the consumer has made no progress for problemGrace or
+// longer, nil while it does: its sink failing and the batch being retried
+// (a full disk, a ClickHouse that refuses inserts while it answers pings),
+// or, before it starts, its topic missing or Kafka unreachable. /readyz
+// reports it.
 func (c *Consumer[T]) Problem() error {
-	if p := c.problem.Load(); p != nil {
+	if p := c.problem.Load(); p != nil && time.Since(p.since) >= problemGrace {
 		return p
 	}
 	return nil

@@ -1217,9 +1217,10 @@ func TestConsumerWaitsForAMissingTopic(t *testing.T) {
 	if n := strings.Count(logs.String(), "Problem getting partitions"); n > 0 {
 		t.Fatalf("the group reader ran on the missing topic: %d kafka-go warnings", n)
 	}
-	if err := c.Problem(); err == nil || !strings.Contains(err.Error(), "topic "+e.topic+" does not exist") {
-		t.Errorf("Problem() while the topic is missing: %v", err)
-	}
+	waitFor(t, 20*time.Second, "Problem() naming the missing topic", func() bool {
+		err := c.Problem()
+		return err != nil && strings.Contains(err.Error(), "topic "+e.topic+" does not exist")
+	})
 	testenv.CreateTopic(t, brokers, e.topic, 2)
 	vals := e.produceN(t, "v", 20)
 	waitFor(t, 30*time.Second, "the records of the created topic", func() bool { return sink.count() == len(vals) })
