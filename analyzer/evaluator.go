@@ -100,6 +100,11 @@ type PublishResult struct {
 	Published bool // a new message is in the stream
 	Duplicate bool // the stream had it already (same message id within the window)
 	Claimed   bool // another publisher had published it earlier
+	// Stored is the request as the stream holds it when it was there
+	// already (nil when unknown): its trigger record is written from it,
+	// so that trigger_events says what was requested, not this replica's
+	// later recomputation.
+	Stored *schemas.SynthesisRequest
 }
 
 // PublisherFunc adapts a function to a Publisher.
@@ -628,6 +633,14 @@ func (e *Evaluator) apply(ctx context.Context, now time.Time, win sink.Range, c 
 			res, err := e.pub.PublishSynthesis(ctx, req)
 			if err != nil {
 				return evs, steps, eval, err // state unchanged: the next attempt publishes again with the same Msg-Id
+			}
+			if st := res.Stored; st != nil && st.TriggerID == req.TriggerID {
+				// Another replica (or this one's earlier attempt, whose
+				// record failed) requested it: record that request.
+				req = st
+				ev.At, ev.Window = st.FiredAt, st.Window
+				ev.MeanCov, ev.MeanDelta = st.Capability.MeanCov, st.Capability.MeanDelta
+				ev.RunsPassed, ev.RunsTotal = uint16(st.Capability.NRunsPassed), uint16(st.Capability.NRunsTotal)
 			}
 			b, _ := json.Marshal(req)
 			ev.Payload = string(b)

@@ -414,7 +414,8 @@ func TestTriggerCountedOnceWhenItsRecordIsRetried(t *testing.T) {
 	go func() { defer wg.Done(); _ = c.Run(ctx) }()
 	go func() { defer wg.Done(); _ = ev.Run(ctx) }()
 	g.publish(t)
-	g.check(t, g.requests(t, 6))
+	reqs := g.requests(t, 6)
+	g.check(t, reqs)
 	// Wait for the retried record of the firings.
 	deadline := time.Now().Add(30 * time.Second)
 	for {
@@ -433,6 +434,37 @@ func TestTriggerCountedOnceWhenItsRecordIsRetried(t *testing.T) {
 	}
 	if counted := counterSum(t, reg, "trace_analyzer_triggers_fired_total"); counted != 6 {
 		t.Fatalf("trace_analyzer_triggers_fired_total sums to %v, want 6 (one per request in the stream)", counted)
+	}
+	// The retried records say what the stream holds — the request of the
+	// first attempt, fired then — not the retry's recomputation.
+	rows, err := testenv.StoreConn(t, g.store).Query(context.Background(), "SELECT trigger_id, at, payload FROM trigger_events FINAL WHERE event = 'fired'")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	sent := map[string]*schemas.SynthesisRequest{}
+	for _, r := range reqs {
+		sent[r.TriggerID] = r
+	}
+	for rows.Next() {
+		var (
+			id, payload string
+			at          time.Time
+		)
+		if err := rows.Scan(&id, &at, &payload); err != nil {
+			t.Fatal(err)
+		}
+		var rec schemas.SynthesisRequest
+		if err := json.Unmarshal([]byte(payload), &rec); err != nil {
+			t.Fatal(err)
+		}
+		s := sent[id]
+		if s == nil || !rec.FiredAt.Equal(s.FiredAt) || at.Unix() != s.FiredAt.Unix() || rec.Capability.MeanCov != s.Capability.MeanCov { // at: DateTime, seconds
+			t.Errorf("trigger %s recorded fired at %s (payload %s, mean_cov %v); the stream's request: %+v", id, at, rec.FiredAt, rec.Capability.MeanCov, s)
+		}
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
 	}
 }
 

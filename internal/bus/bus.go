@@ -254,6 +254,11 @@ type PublishResult struct {
 	Published bool // a new message is in the stream
 	Duplicate bool // JetStream had it already (same Msg-Id within the window)
 	Claimed   bool // the KV claim showed another publisher did it earlier
+	// Stored is the request as the stream holds it, when it was there
+	// already (Duplicate, Claimed): another replica's, or this one's
+	// earlier attempt, computed then and so not always equal to req. Nil
+	// when it could not be read (the stream's limits removed it).
+	Stored *schemas.SynthesisRequest
 }
 
 // PublishSynthesis publishes a synthesis request exactly once per trigger id.
@@ -261,8 +266,15 @@ type PublishResult struct {
 // the trigger pending and retries.
 func (b *Bus) PublishSynthesis(ctx context.Context, req *schemas.SynthesisRequest) (PublishResult, error) {
 	key := "t_" + Token(req.TriggerID)
-	if _, err := b.claims.Get(ctx, key); err == nil {
-		return PublishResult{Claimed: true}, nil
+	if e, err := b.claims.Get(ctx, key); err == nil {
+		var claim struct {
+			Seq uint64 `json:"stream_seq"`
+		}
+		res := PublishResult{Claimed: true}
+		if json.Unmarshal(e.Value(), &claim) == nil && claim.Seq > 0 {
+			res.Stored = b.storedSynthesis(ctx, claim.Seq)
+		}
+		return res, nil
 	} else if !errors.Is(err, jetstream.ErrKeyNotFound) {
 		return PublishResult{}, fmt.Errorf("nats: read claim: %w", err)
 	}
@@ -278,7 +290,29 @@ func (b *Bus) PublishSynthesis(ctx context.Context, req *schemas.SynthesisReques
 	if _, err := b.claims.Create(ctx, key, []byte(fmt.Sprintf(`{"stream_seq":%d}`, ack.Sequence))); err != nil && !errors.Is(err, jetstream.ErrKeyExists) {
 		return PublishResult{}, fmt.Errorf("nats: claim: %w", err)
 	}
-	return PublishResult{Published: !ack.Duplicate, Duplicate: ack.Duplicate}, nil
+	res := PublishResult{Published: !ack.Duplicate, Duplicate: ack.Duplicate}
+	if ack.Duplicate { // the ack names the message stored first
+		res.Stored = b.storedSynthesis(ctx, ack.Sequence)
+	}
+	return res, nil
+}
+
+// storedSynthesis is the synthesis request at sequence seq of its stream,
+// nil when it cannot be read or decoded.
+func (b *Bus) storedSynthesis(ctx context.Context, seq uint64) *schemas.SynthesisRequest {
+	st, err := b.JS.Stream(ctx, StreamSynthesis)
+	if err != nil {
+		return nil
+	}
+	m, err := st.GetMsg(ctx, seq)
+	if err != nil {
+		return nil
+	}
+	var req schemas.SynthesisRequest
+	if json.Unmarshal(m.Data, &req) != nil || req.TriggerID == "" {
+		return nil
+	}
+	return &req
 }
 
 // AnnounceDictionary tells every analyzer that (env, agentVersion) has a new

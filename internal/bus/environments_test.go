@@ -139,3 +139,38 @@ func TestRequeueSynthesisOncePerMsgID(t *testing.T) {
 		t.Fatalf("%v %+v %s %v", err, r, got[0].Subject(), got[0].Headers())
 	}
 }
+
+// TestPublishSynthesisReturnsTheStoredRequest: a request already in the
+// stream — claimed, or a duplicate when two replicas race before the claim
+// is written — comes back as the stream holds it (Stored), the first
+// publisher's, so that every replica records what was requested.
+func TestPublishSynthesisReturnsTheStoredRequest(t *testing.T) {
+	ctx := context.Background()
+	b := connect(t)
+	first := &schemas.SynthesisRequest{TriggerID: "trig-s", Environment: "sim-airline", AgentVersion: "1.4.0", DictionaryVersion: 1, Epoch: 1,
+		Capability: schemas.SelectedCapability{Skill: "precondition_verification", MeanCov: 0.95, ExampleFailedCases: []string{}},
+		FiredAt:    time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC)}
+	res, err := b.PublishSynthesis(ctx, first)
+	if err != nil || !res.Published || res.Stored != nil {
+		t.Fatalf("first: %+v %v", res, err)
+	}
+	later := *first
+	later.Capability.MeanCov, later.FiredAt = 0.91, first.FiredAt.Add(time.Minute)
+	res, err = b.PublishSynthesis(ctx, &later) // the claim is there
+	if err != nil || !res.Claimed || res.Stored == nil || res.Stored.Capability.MeanCov != 0.95 || !res.Stored.FiredAt.Equal(first.FiredAt) {
+		t.Fatalf("claimed: %+v %v", res, err)
+	}
+	// Two replicas racing: the second publishes before the first wrote
+	// its claim; JetStream's duplicate window drops it.
+	kv, err := b.JS.KeyValue(ctx, bus.BucketClaims)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := kv.Purge(ctx, "t_"+bus.Token(first.TriggerID)); err != nil {
+		t.Fatal(err)
+	}
+	res, err = b.PublishSynthesis(ctx, &later)
+	if err != nil || !res.Duplicate || res.Stored == nil || res.Stored.Capability.MeanCov != 0.95 || !res.Stored.FiredAt.Equal(first.FiredAt) {
+		t.Fatalf("duplicate: %+v %v", res, err)
+	}
+}
