@@ -606,7 +606,8 @@ func (a *App) consumerConfig(group, topic, stage string) stream.Config {
 	}
 	return stream.Config{Brokers: a.Brokers, Topic: topic, GroupID: group, DLQTopic: k.DLQTopic, Stage: stage,
 		BatchRows: rows, BatchBytes: bytes, BatchTimeout: k.BatchTimeout,
-		MaxMessageBytes: k.TopicMaxBytes(), DLQMaxValueBytes: k.MaxBytes, Dialer: a.Dialer}
+		MaxMessageBytes: k.TopicMaxBytes(), DLQMaxValueBytes: k.MaxBytes, Dialer: a.Dialer,
+		SessionTimeout: k.SessionTimeout, RebalanceTimeout: k.RebalanceTimeout}
 }
 
 func (a *App) labeler() (analyzer.Labeler, error) {

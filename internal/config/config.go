@@ -121,6 +121,14 @@ type Kafka struct {
 	AnalyzeDeadLetters bool `koanf:"analyze_dead_letters"`
 	TLS                TLS  `koanf:"tls"`
 	SASL               SASL `koanf:"sasl"`
+	// SessionTimeout: how long a replica that died without leaving its
+	// consumer group keeps its partitions unread before the group
+	// coordinator hands them to the others (stream.Config.SessionTimeout).
+	// RebalanceTimeout: how long a rebalance waits for the members. 30s
+	// each by default; the broker bounds the session timeout
+	// (group.min.session.timeout.ms, 6s by default).
+	SessionTimeout   time.Duration `koanf:"session_timeout"`
+	RebalanceTimeout time.Duration `koanf:"rebalance_timeout"`
 }
 
 // Message sizes follow kafka.max_message_bytes (M, 4 MiB by default): the
@@ -280,6 +288,7 @@ func Default() Config {
 			EmbeddedAddr: "127.0.0.1:9092", RolloutsTopic: "trace.rollouts", LabelsTopic: "trace.labels", DLQTopic: "trace.rollouts.dlq",
 			IngestGroup: "trace-ingest", AnalyzeGroup: "trace-analyzer", LabelsGroup: "trace-labels",
 			BatchRows: IngestBatchRows, BatchBytes: IngestBatchBytes, BatchTimeout: IngestBatchTimeout, MaxBytes: 4 << 20,
+			SessionTimeout: 30 * time.Second, RebalanceTimeout: 30 * time.Second, // kafka-go's
 		},
 		ClickHouse: sink.Config{Database: "trace", User: "default", DialTimeout: 5 * time.Second, MaxOpenConns: 8, Compression: "auto"},
 		NATS:       bus.Config{Duplicates: bus.DefaultDuplicates},
@@ -529,6 +538,12 @@ func (c Config) Validate() error {
 	}
 	if k.BatchTimeout <= 0 {
 		errs = append(errs, fmt.Errorf("kafka.batch_timeout: must be positive, got %s", k.BatchTimeout))
+	}
+	if k.SessionTimeout < time.Second {
+		errs = append(errs, fmt.Errorf("kafka.session_timeout: must be at least 1s (the broker's group.min.session.timeout.ms is 6s by default), got %s", k.SessionTimeout))
+	}
+	if k.RebalanceTimeout < time.Second {
+		errs = append(errs, fmt.Errorf("kafka.rebalance_timeout: must be at least 1s, got %s", k.RebalanceTimeout))
 	}
 	if k.MaxBytes < 1024 || k.MaxBytes > 256<<20 {
 		errs = append(errs, fmt.Errorf("kafka.max_message_bytes: must be in [1024, 268435456] (256 MiB), got %d", k.MaxBytes))

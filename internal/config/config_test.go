@@ -130,6 +130,8 @@ func TestValidateNamesTheField(t *testing.T) {
 		{[]string{"llm.timeout=-1s"}, "llm.timeout"},
 		{[]string{"llm.concurrency=-2"}, "llm.concurrency"},
 		{[]string{"llm.rate_per_second=-1"}, "llm.rate_per_second"},
+		{[]string{"kafka.session_timeout=500ms"}, "kafka.session_timeout: must be at least 1s"},
+		{[]string{"kafka.rebalance_timeout=0s"}, "kafka.rebalance_timeout: must be at least 1s"},
 		{[]string{"llm.runs=-1"}, "llm.runs"},
 		{[]string{"llm.max_transcript_chars=0"}, "llm.max_transcript_chars: must be at least 1000, got 0"},
 		{[]string{"analyzer.concurrency=-1"}, "analyzer.concurrency"},

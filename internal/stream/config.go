@@ -23,8 +23,11 @@ const (
 	DefaultBackoffMax      = 10 * time.Second
 	DefaultDrainTimeout    = 8 * time.Second
 	DefaultLagInterval     = 15 * time.Second
-	DefaultStage           = "ingest"
-	DefaultDLQSuffix       = ".dlq"
+	// DefaultSessionTimeout and DefaultRebalanceTimeout are kafka-go's.
+	DefaultSessionTimeout   = 30 * time.Second
+	DefaultRebalanceTimeout = 30 * time.Second
+	DefaultStage            = "ingest"
+	DefaultDLQSuffix        = ".dlq"
 )
 
 // Config configures a Consumer. Only Brokers, Topic and GroupID are required.
@@ -103,6 +106,17 @@ type Config struct {
 	// LagInterval is how often the consumer-group lag gauge is refreshed
 	// (ListOffsets + OffsetFetch). Default 15s; negative disables it.
 	LagInterval time.Duration
+
+	// SessionTimeout is how long the group coordinator waits for a
+	// member's heartbeat before it gives the member's partitions to the
+	// others (a replica killed without leaving the group): the longest
+	// those partitions sit unread. The heartbeat is sent every third of it,
+	// at most every 3 s. RebalanceTimeout is how long the coordinator waits
+	// for every member to rejoin during a rebalance. Defaults 30s each
+	// (kafka-go's); the broker bounds the session timeout
+	// (group.min.session.timeout.ms, 6 s by default).
+	SessionTimeout   time.Duration
+	RebalanceTimeout time.Duration
 }
 
 // WithDefaults returns a copy of c with every zero field set to its default.
@@ -125,6 +139,8 @@ func (c Config) WithDefaults() Config {
 	}
 	c.StartOffset = cmp.Or(c.StartOffset, kafka.FirstOffset)
 	c.LagInterval = cmp.Or(c.LagInterval, DefaultLagInterval)
+	c.SessionTimeout = cmp.Or(c.SessionTimeout, DefaultSessionTimeout)
+	c.RebalanceTimeout = cmp.Or(c.RebalanceTimeout, DefaultRebalanceTimeout)
 	return c
 }
 
@@ -159,6 +175,10 @@ func (c Config) Validate() error {
 		return fmt.Errorf("stream: Config.BackoffInitial %v <= 0", c.BackoffInitial)
 	case c.BackoffMax < c.BackoffInitial:
 		return fmt.Errorf("stream: Config.BackoffMax %v < BackoffInitial %v", c.BackoffMax, c.BackoffInitial)
+	case c.SessionTimeout < time.Second:
+		return fmt.Errorf("stream: Config.SessionTimeout %v < 1s", c.SessionTimeout)
+	case c.RebalanceTimeout < time.Second:
+		return fmt.Errorf("stream: Config.RebalanceTimeout %v < 1s", c.RebalanceTimeout)
 	case c.DrainTimeout <= 0:
 		return fmt.Errorf("stream: Config.DrainTimeout %v <= 0", c.DrainTimeout)
 	case c.IsRetryable == nil:

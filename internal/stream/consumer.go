@@ -450,10 +450,20 @@ func (c *Consumer[T]) readerConfig() kafka.ReaderConfig {
 		StartOffset:           c.cfg.StartOffset,
 		CommitInterval:        0, // synchronous commits through CommitMessages only
 		WatchPartitionChanges: true,
+		SessionTimeout:        c.cfg.SessionTimeout,
+		RebalanceTimeout:      c.cfg.RebalanceTimeout,
+		HeartbeatInterval:     heartbeat(c.cfg.SessionTimeout),
 		ErrorLogger: kafka.LoggerFunc(func(msg string, args ...any) {
 			c.log.Warn("kafka-go: "+fmt.Sprintf(msg, args...), "source", "kafka-go")
 		}),
 	}
+}
+
+// heartbeat is the group heartbeat interval for a session timeout: a
+// third of it (the usual rule: two heartbeats may be lost before the
+// session expires), at most kafka-go's 3 s.
+func heartbeat(session time.Duration) time.Duration {
+	return min(3*time.Second, session/3)
 }
 
 // newTransport builds the transport of the DLQ writer and the lag poller from
