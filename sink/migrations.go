@@ -2,6 +2,7 @@ package sink
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"regexp"
 	"strings"
@@ -654,6 +655,10 @@ SELECT DISTINCT environment, agent_version, dictionary_version, source FROM capa
 	}},
 }
 
+// ErrSchemaNewer is Migrate's refusal of a database that a newer trace
+// migrated: its schema_migrations records a version this build does not know.
+var ErrSchemaNewer = errors.New("the database's schema is newer than this trace")
+
 // Migrate applies every migration not yet recorded in schema_migrations, in
 // order. It is idempotent and safe to run from several processes at once.
 func (s *Store) Migrate(ctx context.Context) error {
@@ -664,6 +669,9 @@ func (s *Store) Migrate(ctx context.Context) error {
 	}
 	applied, err := s.AppliedMigrations(ctx)
 	if err != nil {
+		return err
+	}
+	if err := s.checkNotNewer(applied); err != nil {
 		return err
 	}
 	d := Dialect{Features: s.features, RetentionDays: s.cfg.RetentionDays}
@@ -687,6 +695,24 @@ func (s *Store) Migrate(ctx context.Context) error {
 			return fmt.Errorf("migration %d: record: %w", m.Version, err)
 		}
 		s.log.Info("clickhouse migration applied", "version", m.Version, "name", m.Name, "database", s.cfg.Database)
+	}
+	return nil
+}
+
+// checkNotNewer refuses a schema with a migration newer than this build's
+// last: a downgrade, or an old replica restarted after a new one migrated.
+// Such a binary would read and write tables whose meaning changed under it
+// (migrations 15 and 17 redefine the rollup) without noticing.
+func (s *Store) checkNotNewer(applied map[int]bool) error {
+	latest := Migrations[len(Migrations)-1].Version
+	newest := 0
+	for v := range applied {
+		newest = max(newest, v)
+	}
+	if newest > latest {
+		return fmt.Errorf("migrate: %w: database %s has migration %d applied, this trace knows migrations up to %d; "+
+			"run a trace at least as new as the one that migrated it (downgrades are not supported)",
+			ErrSchemaNewer, s.cfg.Database, newest, latest)
 	}
 	return nil
 }
