@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -38,5 +39,44 @@ func TestMigrateRefusesANewerSchema(t *testing.T) {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error %q does not name %s", err, want)
 		}
+	}
+}
+
+// Replicas that start at once against an unmigrated database all migrate
+// it without an error, and every migration is recorded.
+func TestConcurrentMigrations(t *testing.T) {
+	ch := testenv.ClickHouse(t)
+	ctx := context.Background()
+	const replicas = 4
+	stores := make([]*sink.Store, replicas)
+	for i := range stores {
+		s, err := sink.Open(ctx, sink.Config{Addr: []string{ch.Addr}, Database: ch.Database}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { s.Close() })
+		stores[i] = s
+	}
+	errs := make([]error, replicas)
+	var wg sync.WaitGroup
+	for i, s := range stores {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[i] = s.Migrate(ctx)
+		}()
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Errorf("replica %d: %v", i, err)
+		}
+	}
+	applied, err := stores[0].AppliedMigrations(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(applied) != len(sink.Migrations) {
+		t.Errorf("applied %v, want %d migrations", applied, len(sink.Migrations))
 	}
 }
