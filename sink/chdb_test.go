@@ -1463,9 +1463,9 @@ func chdbRollup(t *testing.T, c *chdbDB) {
 		}
 		var marks [][]any
 		for _, h := range hs {
-			marks = append(marks, []any{h.kind, h.env, h.av, h.hour, h.version, uint64(now.UnixNano()), now})
+			marks = append(marks, []any{h.kind, h.env, h.av, h.hour, h.version, uint64(now.UnixNano()), now, rollupLayout})
 		}
-		c.insert("rollup_hours", "kind, environment, agent_version, hour, version, run_ns, rolled_at", marks...)
+		c.insert("rollup_hours", "kind, environment, agent_version, hour, version, run_ns, rolled_at, layout", marks...)
 	}
 	wm, err := inlineArgs(watermarkSQL, []any{uint64(now.UnixNano()), unixSec(now), uint64(now.UnixNano())})
 	if err != nil {

@@ -238,10 +238,12 @@ GROUP BY rollout_id`
 
 // The rollup's watermark (sink/rollup.go): the changes its last complete
 // run covered (ns) and the first hour it did not close. With no run yet
-// they are 0 and 1970: every hour is read raw.
+// they are 0 and 1970: every hour is read raw. Only this build's layout
+// counts (rollupLayout): an older build's watermark may cover hours whose
+// newer tables it never filled.
 const (
-	wmThrough = `(SELECT argMax(through, at) FROM rollup_watermark)`
-	wmClosed  = `(SELECT argMax(closed_before, at) FROM rollup_watermark)`
+	wmThrough = `(SELECT argMax(through, at) FROM rollup_watermark WHERE slot = ` + rollupLayoutSQL + `)`
+	wmClosed  = `(SELECT argMax(closed_before, at) FROM rollup_watermark WHERE slot = ` + rollupLayoutSQL + `)`
 )
 
 // dirtyLabels and dirtyRollouts are the sets of (environment,

@@ -653,6 +653,16 @@ SELECT DISTINCT environment, agent_version, dictionary_version, source FROM capa
 SELECT DISTINCT environment, agent_version, dictionary_version, source FROM capability_labels`,
 		}
 	}},
+	{20, "rollup_layout", func(d Dialect) []string {
+		// The rollup layout of each record (sink/rollup.go, rollupLayout):
+		// a build that fills fewer rollup tables (one from before
+		// migration 17, still running during a rolling upgrade) records
+		// hours and watermarks that this build must not take as covering
+		// the decision windows. Its records, and every record written
+		// before, have layout 0: every hour is rolled up again once, read
+		// raw until then.
+		return []string{d.AddColumn("rollup_hours", "layout", "UInt8")}
+	}},
 }
 
 // ErrSchemaNewer is Migrate's refusal of a database that a newer trace

@@ -34,6 +34,19 @@ import (
 // has not reached yet — is read from the raw rows, so the numbers are always
 // the raw computation's, whatever the job's progress.
 
+// rollupLayout is the set of tables a rollup run fills (migration 17
+// added the decision windows'), written in each rollup_hours record
+// (layout) and watermark (slot) this build makes; rollupLayoutSQL is it in
+// statements. The rollup and the reads take only this layout's records, so
+// those of an older build still running beside this one (a rolling
+// upgrade), which filled fewer tables, leave their hours stale and read raw
+// instead of covering hours whose window rows were never written. Raise
+// both when a migration adds a table that Rollup fills.
+const (
+	rollupLayout    uint8 = 1
+	rollupLayoutSQL       = "1"
+)
+
 // Rollup kinds (rollup_changes.kind, rollup_hours.kind).
 const (
 	rollupLabels   = 1
@@ -59,11 +72,11 @@ const (
 	staleLabelHours = `SELECT environment, agent_version, hour FROM (
 		SELECT environment, agent_version, hour, maxMerge(last_ingest) AS v FROM rollup_changes
 		WHERE kind = 1 GROUP BY environment, agent_version, hour)
-	WHERE (environment, agent_version, hour, v) NOT IN (SELECT environment, agent_version, hour, version FROM rollup_hours WHERE kind = 1)`
+	WHERE (environment, agent_version, hour, v) NOT IN (SELECT environment, agent_version, hour, version FROM rollup_hours WHERE kind = 1 AND layout = ` + rollupLayoutSQL + `)`
 	staleRolloutHours = `SELECT environment, agent_version, hour FROM (
 		SELECT environment, agent_version, hour, maxMerge(last_ingest) AS v FROM rollup_changes
 		WHERE kind = 2 GROUP BY environment, agent_version, hour)
-	WHERE (environment, agent_version, hour, v) NOT IN (SELECT environment, agent_version, hour, version FROM rollup_hours WHERE kind = 2)`
+	WHERE (environment, agent_version, hour, v) NOT IN (SELECT environment, agent_version, hour, version FROM rollup_hours WHERE kind = 2 AND layout = ` + rollupLayoutSQL + `)`
 )
 
 // rollupTodoSQL lists the hours Rollup computes: closed (before now's hour),
@@ -74,7 +87,8 @@ const rollupTodoSQL = `SELECT kind, environment, agent_version, hour, v FROM (
 	SELECT kind, environment, agent_version, hour, maxMerge(last_ingest) AS v FROM rollup_changes
 	GROUP BY kind, environment, agent_version, hour)
 WHERE hour < toStartOfHour(toDateTime(?)) AND v <= ?
-	AND (kind, environment, agent_version, hour, v) NOT IN (SELECT kind, environment, agent_version, hour, version FROM rollup_hours)
+	AND (kind, environment, agent_version, hour, v) NOT IN (SELECT kind, environment, agent_version, hour, version FROM rollup_hours
+		WHERE layout = ` + rollupLayoutSQL + `)
 ORDER BY kind, environment, agent_version, hour
 LIMIT ?`
 
@@ -206,7 +220,7 @@ func rollupStatements(batch []rollupHour) []rollupStatement {
 //
 // Binds: through (ns), now (Unix seconds), at (ns).
 const watermarkSQL = `INSERT INTO rollup_watermark (slot, through, closed_before, at)
-SELECT toUInt8(0), toUInt64(?), toStartOfHour(toDateTime(?)), toUInt64(?)`
+SELECT toUInt8(` + rollupLayoutSQL + `), toUInt64(?), toStartOfHour(toDateTime(?)), toUInt64(?)`
 
 // Rollup brings the hourly rollup up to date with the data stored by now:
 // every closed hour (before now's hour) whose newest change is older than
@@ -256,12 +270,12 @@ func (s *Store) Rollup(ctx context.Context, now time.Time, limit int) (RollupSta
 			st.Statements++
 		}
 		// The commit: these hours are fresh as of the change listed.
-		b, err := s.conn.PrepareBatch(ctx, "INSERT INTO rollup_hours (kind, environment, agent_version, hour, version, run_ns, rolled_at)")
+		b, err := s.conn.PrepareBatch(ctx, "INSERT INTO rollup_hours (kind, environment, agent_version, hour, version, run_ns, rolled_at, layout)")
 		if err != nil {
 			return st, fmt.Errorf("rollup: record: %w", err)
 		}
 		for _, h := range batch {
-			if err := b.Append(h.kind, h.env, h.av, h.hour, h.version, runNs, now); err != nil {
+			if err := b.Append(h.kind, h.env, h.av, h.hour, h.version, runNs, now, rollupLayout); err != nil {
 				_ = b.Abort()
 				return st, fmt.Errorf("rollup: record: %w", err)
 			}

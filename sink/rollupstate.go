@@ -155,8 +155,9 @@ func (s *Store) readRollupState(ctx context.Context) (rollupState, error) {
 	return st, nil
 }
 
-// watermarkReadSQL is the newest watermark (0 and 1970 when none).
-const watermarkReadSQL = `SELECT argMax(through, at), toUInt32(argMax(closed_before, at)) FROM rollup_watermark`
+// watermarkReadSQL is the newest watermark of this build's layout (0 and
+// 1970 when none).
+const watermarkReadSQL = `SELECT argMax(through, at), toUInt32(argMax(closed_before, at)) FROM rollup_watermark WHERE slot = ` + rollupLayoutSQL
 
 // dirtyHoursSQL lists the distinct hours of each kind changed after a
 // watermark (binds: through, limit per kind).

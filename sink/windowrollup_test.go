@@ -297,3 +297,53 @@ func TestWindowStateAcrossProcesses(t *testing.T) {
 		t.Errorf("right after another process's relabel: %v\n got %+v\nwant %+v", err, alone, want)
 	}
 }
+
+// An older build's rollup (one from before migration 17, still running
+// during a rolling upgrade) records hours and a watermark without filling
+// the decision windows' tables. Its records cover nothing for this build:
+// the windows read those hours raw, and this build's rollup fills the
+// window tables for them. (Reproduced with a build of 22c2e92 beside the
+// current one: every later window of a cohort read from the rollup lost
+// the hours the old build had recorded, for good.)
+func TestWindowRollupBesideAnOlderBuild(t *testing.T) {
+	s := openStore(t)
+	ctx := context.Background()
+	rs, ls, _ := windowData(900)
+	if err := s.InsertRollouts(ctx, rs); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.InsertLabels(ctx, ls); err != nil {
+		t.Fatal(err)
+	}
+	first := checkWindowsExact(t, s, "nothing rolled up")
+	// The older build's records, as its Rollup writes them: every hour
+	// through its newest change, and a watermark over every closed hour.
+	conn := testenv.StoreConn(t, s)
+	for _, q := range []string{
+		`INSERT INTO rollup_hours (kind, environment, agent_version, hour, version, run_ns, rolled_at)
+SELECT kind, environment, agent_version, hour, maxMerge(last_ingest), toUInt64(1), now() FROM rollup_changes
+GROUP BY kind, environment, agent_version, hour`,
+		fmt.Sprintf(`INSERT INTO rollup_watermark (slot, through, closed_before, at)
+SELECT toUInt8(0), toUInt64(%d), toStartOfHour(now()), toUInt64(%[1]d)`, time.Now().UnixNano()),
+	} {
+		if err := conn.Exec(ctx, q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := checkWindowsExact(t, s, "rolled up by an older build"); !reflect.DeepEqual(got, first) {
+		t.Error("an older build's rollup records changed a window")
+	}
+	if _, err := s.RollupAll(ctx, rollupNow()); err != nil {
+		t.Fatal(err)
+	}
+	var n uint64
+	if err := conn.QueryRow(ctx, "SELECT count() FROM window_rollouts_hourly").Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	if n == 0 {
+		t.Error("this build's rollup left the hours an older build recorded without window rows")
+	}
+	if got := checkWindowsExact(t, s, "rolled up by this build after an older one"); !reflect.DeepEqual(got, first) {
+		t.Error("the rollup after an older build's changed a window")
+	}
+}
