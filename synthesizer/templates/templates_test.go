@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 
@@ -417,6 +418,31 @@ func TestTuneCalibratesEveryFamilyAtHalfDeficit(t *testing.T) {
 			if !tuned.Accepted || !tuned.Result.Summary.Accepted {
 				t.Errorf("%s/%s: not accepted: %s", target, fam, tuned.Result.Summary)
 			}
+		}
+	}
+}
+
+// Tool and parameter names come from rollouts: one that would end the
+// docstring stays inside it (the program runs in-process as trusted),
+// quotes and backslashes included.
+func TestToolNamesCannotInjectCode(t *testing.T) {
+	evil := `get_booking\"""` + "\nfail(\"injected\")\n" + `"""`
+	tools := []schemas.Tool{
+		mkTool("find_member", `{"type":"object","properties":{"user_id":{"type":"string"}},"required":["user_id"]}`),
+		mkTool(evil, `{"type":"object","properties":{"booking_id":{"type":"string"}},"required":["booking_id"]}`),
+		mkTool("change_booking_seats", `{"type":"object","properties":{"booking_id":{"type":"string"},"seats":{"type":"integer"}},"required":["booking_id","seats"]}`),
+	}
+	for _, fam := range Names() {
+		tpl, err := Instantiate(fam, tools, Knobs{})
+		if err != nil {
+			t.Fatalf("%s: %v", fam, err)
+		}
+		if !slices.Contains(sortedValues(tpl.Tools), evil) {
+			t.Fatalf("%s: the roles %v do not use the tool named to inject", fam, tpl.Tools)
+		}
+		env := load(t, tpl)
+		if doc := env.Info().Doc; !strings.HasPrefix(doc, tpl.Rationale) || !strings.Contains(doc, evil) {
+			t.Errorf("%s: the docstring does not hold the rationale and the tool's name verbatim:\n%s", fam, doc)
 		}
 	}
 }
