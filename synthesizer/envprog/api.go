@@ -147,7 +147,7 @@ var ErrDone = errors.New("envprog: episode is done")
 type ProgramError struct {
 	Func  string // contract function, e.g. "step"; "" while loading
 	Seed  int64
-	Limit string // "steps", "memory", "timeout", "output" (sandboxed: an answer above 64 MiB) when a limit stopped it, else ""
+	Limit string // "steps", "memory", "timeout", "output" (an episode's transcript text above MaxTranscriptText; sandboxed: an answer above 64 MiB) when a limit stopped it, else ""
 	Msg   string
 }
 

@@ -386,6 +386,10 @@ func (p *program) reset(ctx context.Context, seed int64) (*episode, error) {
 	if e.state, err = privateState(fields["state"]); err != nil {
 		return nil, e.shapeError("reset", err)
 	}
+	if e.text = len(system) + len(user); e.text > MaxTranscriptText {
+		g.release()
+		return nil, e.outputError("reset", e.text)
+	}
 	e.start = Start{System: string(system), User: string(user)}
 	e.msgs = make([]Message, 2, 16)
 	e.msgs[0] = Message{Role: "system", Content: e.start.System}
@@ -447,8 +451,25 @@ type episode struct {
 	start Start
 	state starlark.Value
 	msgs  []Message
+	text  int // the bytes of the program's text in msgs (see MaxTranscriptText)
 	turns int
 	done  bool
+}
+
+// MaxTranscriptText bounds the text a program puts in one episode's
+// transcript: its system and user prompts and its tool results, in bytes.
+// A sandboxed episode's transcript is kept in the parent as well, where a
+// string the worker returns again and again (a global, shared in the
+// worker) is a copy each time: without this bound a program within its
+// worker's memory made the parent hold 64 MiB per turn per episode, and
+// every observation encode it again.
+const MaxTranscriptText = 16 << 20
+
+// outputError is the *ProgramError of fn whose text would take the
+// episode's transcript past MaxTranscriptText.
+func (e *episode) outputError(fn string, n int) error {
+	return &ProgramError{Func: fn, Seed: e.seed, Limit: "output",
+		Msg: fmt.Sprintf("the episode's transcript would hold %d bytes of the program's text, more than the %d an episode may", n, MaxTranscriptText)}
 }
 
 func (e *episode) shapeError(fn string, err error) error {
@@ -516,6 +537,10 @@ func (e *episode) Step(ctx context.Context, a Action) (StepResult, error) {
 			if err != nil {
 				e.done = true
 				return StepResult{ToolResults: e.msgs[first:len(e.msgs):len(e.msgs)], Done: true}, err
+			}
+			if e.text += len(text); e.text > MaxTranscriptText {
+				e.done = true
+				return StepResult{ToolResults: e.msgs[first:len(e.msgs):len(e.msgs)], Done: true}, e.outputError("step", e.text)
 			}
 			content = text
 			if done {

@@ -289,16 +289,20 @@ func TestSandboxAbandonedStuckCallKillsWorker(t *testing.T) {
 // failure, named with its function, seed and limit "output"; it used to
 // come back as an error of the runtime, which stopped `trace env
 // validate` and any caller that tells the program's errors from its own.
+// (Resets and steps meet the smaller MaxTranscriptText first:
+// TestTranscriptTextIsBounded.)
 func TestSandboxOversizedResultIsAProgramError(t *testing.T) {
 	src := []byte(`"""A test program."""
 def tools():
     return [{"type": "function", "function": {"name": "big", "parameters": {"type": "object", "properties": {}}}}]
 def reset(seed):
-    return {"system": "s", "user": "u" * (70000000 if seed == 7 else 1), "state": {}}
+    return {"system": "s", "user": "u", "state": {}}
 def step(state, call):
-    return {"result": "r" * 70000000, "state": state}
+    return {"result": "r", "state": state}
 def reward(state, transcript):
     return {"reward": 0.0}
+def hint(state):
+    return "h" * 70000000
 `)
 	ctx := context.Background()
 	env, err := envprog.LoadSandboxed(ctx, "big.star", src, envprog.Limits{MaxMemory: 2 << 30})
@@ -316,16 +320,74 @@ def reward(state, transcript):
 			t.Errorf("got Func %q Seed %d Limit %q Msg %q; want %s(), seed %d, limit output", pe.Func, pe.Seed, pe.Limit, pe.Msg, fn, seed)
 		}
 	}
-	_, err = env.Reset(ctx, 7)
-	check(err, "reset", 7)
 	ep, err := env.Reset(ctx, 3)
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, err = ep.Step(ctx, envprog.Action{ToolCalls: []envprog.ToolCall{tool("big", "{}")}})
-	check(err, "step", 3)
+	_, err = ep.Hint(ctx)
+	check(err, "hint", 3)
 	// the worker lives on: the next episode plays
 	if _, err := env.Reset(ctx, 4); err != nil {
 		t.Fatalf("after an oversized result: %v", err)
+	}
+}
+
+// TestTranscriptTextIsBounded: the text a program puts in an episode's
+// transcript is bounded (MaxTranscriptText), in-process and sandboxed. A
+// sandboxed program returning one shared 1 MiB global from every call
+// used to make the parent hold a copy per call (72 MiB over 24 turns of
+// 3 calls here, 1.5 GiB with a 64 MiB global), all within the worker's
+// memory limit.
+func TestTranscriptTextIsBounded(t *testing.T) {
+	src := []byte(`"""A test program."""
+BIG = "r" * (1 << 20)
+def tools():
+    return [{"type": "function", "function": {"name": "big", "parameters": {"type": "object", "properties": {}}}}]
+def reset(seed):
+    return {"system": "s", "user": "u" * (17 << 20 if seed == 7 else 1), "state": {}}
+def step(state, call):
+    return {"result": BIG, "state": state}
+def reward(state, transcript):
+    return {"reward": 0.0}
+`)
+	ctx := context.Background()
+	for _, sandboxed := range []bool{false, true} {
+		t.Run(fmt.Sprint("sandboxed=", sandboxed), func(t *testing.T) {
+			load := envprog.Load
+			if sandboxed {
+				load = envprog.LoadSandboxed
+			}
+			env, err := load(ctx, "big.star", src, envprog.Limits{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer env.Close()
+			check := func(err error, fn string, seed int64) {
+				t.Helper()
+				var pe *envprog.ProgramError
+				if !errors.As(err, &pe) || pe.Func != fn || pe.Seed != seed || pe.Limit != "output" || !strings.Contains(pe.Msg, "more than the 16777216") {
+					t.Fatalf("got %v, want a *ProgramError of %s(), seed %d, limit output", err, fn, seed)
+				}
+			}
+			_, err = env.Reset(ctx, 7)
+			check(err, "reset", 7)
+			ep, err := env.Reset(ctx, 3)
+			if err != nil {
+				t.Fatal(err)
+			}
+			call := tool("big", "{}")
+			var stepErr error
+			for turn := 0; turn < 24 && stepErr == nil; turn++ {
+				_, stepErr = ep.Step(ctx, envprog.Action{ToolCalls: []envprog.ToolCall{call, call, call}})
+			}
+			check(stepErr, "step", 3)
+			text := 0
+			for _, m := range ep.Messages() {
+				text += len(m.Content)
+			}
+			if text > envprog.MaxTranscriptText {
+				t.Errorf("the transcript holds %d bytes, more than %d", text, envprog.MaxTranscriptText)
+			}
+		})
 	}
 }
