@@ -196,11 +196,17 @@ func inlineState(q string, st rollupState, ok bool) string {
 	if !ok || st.tooMany {
 		return q
 	}
-	// The dirty sets first: they contain wmThrough.
-	q = strings.ReplaceAll(q, dirtyLabels, dirtyLiteral(st.labels))
-	q = strings.ReplaceAll(q, dirtyRollouts, dirtyLiteral(st.outs))
-	q = strings.ReplaceAll(q, wmThrough, fmt.Sprintf("toUInt64(%d)", st.through))
-	return strings.ReplaceAll(q, wmClosed, fmt.Sprintf("toDateTime(%d)", st.closed))
+	// One pass, the dirty sets first (they contain wmThrough): the
+	// literals put in are not searched again, since they hold agent
+	// versions from rollouts, and one holding a subquery's text had it
+	// replaced inside its quotes by a set whose quotes ended the literal
+	// (SQL of a rollout's choosing in the dashboard's statements).
+	return strings.NewReplacer(
+		dirtyLabels, dirtyLiteral(st.labels),
+		dirtyRollouts, dirtyLiteral(st.outs),
+		wmThrough, fmt.Sprintf("toUInt64(%d)", st.through),
+		wmClosed, fmt.Sprintf("toDateTime(%d)", st.closed),
+	).Replace(q)
 }
 
 // dirtyLiteral is a literal set of (environment, agent_version, hour)
