@@ -457,7 +457,8 @@ type episode struct {
 }
 
 // MaxTranscriptText bounds the text a program puts in one episode's
-// transcript: its system and user prompts and its tool results, in bytes.
+// transcript: its system and user prompts and its tool results, in bytes;
+// with its hint too, which joins the system prompt of a hinted episode.
 // A sandboxed episode's transcript is kept in the parent as well, where a
 // string the worker returns again and again (a global, shared in the
 // worker) is a copy each time: without this bound a program within its
@@ -783,6 +784,9 @@ func (e *episode) Hint(ctx context.Context) (string, error) {
 	s, ok := v.(starlark.String)
 	if !ok {
 		return "", e.shapeError("hint", fmt.Errorf("returned a %s, want a string", v.Type()))
+	}
+	if n := e.text + len(s); n > MaxTranscriptText { // a hint joins the system prompt
+		return "", e.outputError("hint", n)
 	}
 	return string(s), nil
 }

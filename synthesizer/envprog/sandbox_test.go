@@ -289,7 +289,7 @@ func TestSandboxAbandonedStuckCallKillsWorker(t *testing.T) {
 // failure, named with its function, seed and limit "output"; it used to
 // come back as an error of the runtime, which stopped `trace env
 // validate` and any caller that tells the program's errors from its own.
-// (Resets and steps meet the smaller MaxTranscriptText first:
+// (Resets, steps and hints meet the smaller MaxTranscriptText first:
 // TestTranscriptTextIsBounded.)
 func TestSandboxOversizedResultIsAProgramError(t *testing.T) {
 	src := []byte(`"""A test program."""
@@ -301,8 +301,8 @@ def step(state, call):
     return {"result": "r", "state": state}
 def reward(state, transcript):
     return {"reward": 0.0}
-def hint(state):
-    return "h" * 70000000
+def reference(state):
+    return [{"type": "final", "content": "h" * 70000000}]
 `)
 	ctx := context.Background()
 	env, err := envprog.LoadSandboxed(ctx, "big.star", src, envprog.Limits{MaxMemory: 2 << 30})
@@ -324,8 +324,8 @@ def hint(state):
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, err = ep.Hint(ctx)
-	check(err, "hint", 3)
+	_, err = ep.Reference(ctx)
+	check(err, "reference", 3)
 	// the worker lives on: the next episode plays
 	if _, err := env.Reset(ctx, 4); err != nil {
 		t.Fatalf("after an oversized result: %v", err)
@@ -349,6 +349,8 @@ def step(state, call):
     return {"result": BIG, "state": state}
 def reward(state, transcript):
     return {"reward": 0.0}
+def hint(state):
+    return "h" * (16 << 20)
 `)
 	ctx := context.Background()
 	for _, sandboxed := range []bool{false, true} {
@@ -375,6 +377,9 @@ def reward(state, transcript):
 			if err != nil {
 				t.Fatal(err)
 			}
+			// with a hint, the system prompt would pass the bound
+			_, err = ep.Hint(ctx)
+			check(err, "hint", 3)
 			call := tool("big", "{}")
 			var stepErr error
 			for turn := 0; turn < 24 && stepErr == nil; turn++ {
