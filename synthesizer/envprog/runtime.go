@@ -724,6 +724,17 @@ func (e *episode) Reward(ctx context.Context) (Reward, error) {
 	return rewardOf(v, e.seed)
 }
 
+// MaxComponents and MaxComponentName bound a reward's components, which
+// every observation ending an episode and every recorded episode
+// (env_episodes.components, through a queue of up to env.record_queue
+// episodes) carry: without them a sandboxed program could return a
+// shared 64 MiB name in every reward, a copy of it per episode outside
+// the worker.
+const (
+	MaxComponents    = 64
+	MaxComponentName = 128
+)
+
 func rewardOf(v starlark.Value, seed int64) (Reward, error) {
 	fail := func(format string, args ...any) (Reward, error) {
 		return Reward{}, &ProgramError{Func: "reward", Seed: seed, Msg: fmt.Sprintf(format, args...)}
@@ -743,8 +754,16 @@ func rewardOf(v starlark.Value, seed int64) (Reward, error) {
 		if !ok {
 			return fail("components is a %s, want a dict of name to number", c.Type())
 		}
+		if d.Len() > MaxComponents {
+			return Reward{}, &ProgramError{Func: "reward", Seed: seed, Limit: "output",
+				Msg: fmt.Sprintf("%d components, more than the %d a reward may have", d.Len(), MaxComponents)}
+		}
 		out.Components = make(map[string]float64, d.Len())
 		for key, val := range d.Entries() {
+			if k, ok := key.(starlark.String); ok && len(k) > MaxComponentName {
+				return Reward{}, &ProgramError{Func: "reward", Seed: seed, Limit: "output",
+					Msg: fmt.Sprintf("a component's name of %d bytes (%.40q…), more than the %d a name may have", len(k), string(k), MaxComponentName)}
+			}
 			k, ok1 := key.(starlark.String)
 			x, ok2 := starlark.AsFloat(val)
 			if !ok1 || !ok2 {

@@ -396,3 +396,61 @@ def hint(state):
 		})
 	}
 }
+
+// TestRewardComponentsAreBounded: a reward's components are bounded in
+// number (MaxComponents) and name length (MaxComponentName), in-process and
+// sandboxed; a sandboxed program returning a shared 1 MiB global as a
+// name used to hand the parent (and each recorded episode) a copy per
+// reward.
+func TestRewardComponentsAreBounded(t *testing.T) {
+	src := []byte(`"""A test program."""
+BIG = "c" * (1 << 20)
+def tools():
+    return [{"type": "function", "function": {"name": "noop", "parameters": {"type": "object", "properties": {}}}}]
+def reset(seed):
+    return {"system": "s", "user": "u", "state": {"seed": seed}}
+def step(state, call):
+    return {"result": "ok", "state": state}
+def reward(state, transcript):
+    if state["seed"] == 1:
+        return {"reward": 0.5, "components": {BIG: 1.0}}
+    if state["seed"] == 2:
+        return {"reward": 0.5, "components": {"c%d" % i: 1.0 for i in range(65)}}
+    return {"reward": 0.5, "components": {"c%d" % i: 1.0 for i in range(64)}}
+`)
+	ctx := context.Background()
+	for _, sandboxed := range []bool{false, true} {
+		t.Run(fmt.Sprint("sandboxed=", sandboxed), func(t *testing.T) {
+			load := envprog.Load
+			if sandboxed {
+				load = envprog.LoadSandboxed
+			}
+			env, err := load(ctx, "components.star", src, envprog.Limits{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer env.Close()
+			for _, tt := range []struct {
+				seed int64
+				msg  string // "" for a reward
+			}{{1, "more than the 128 a name may have"}, {2, "65 components, more than the 64"}, {3, ""}} {
+				ep, err := env.Reset(ctx, tt.seed)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if _, err := ep.Step(ctx, envprog.Action{Content: "done"}); err != nil {
+					t.Fatal(err)
+				}
+				r, err := ep.Reward(ctx)
+				var pe *envprog.ProgramError
+				switch {
+				case tt.msg == "" && (err != nil || len(r.Components) != 64):
+					t.Errorf("seed %d: %d components, %v; want 64", tt.seed, len(r.Components), err)
+				case tt.msg != "" && (!errors.As(err, &pe) || pe.Func != "reward" || pe.Limit != "output" || !strings.Contains(pe.Msg, tt.msg) || len(pe.Msg) > 200):
+					t.Errorf("seed %d: got %d components, %.200v; want a *ProgramError of reward(), limit output, %q", tt.seed, len(r.Components), err, tt.msg)
+				}
+				ep.Close()
+			}
+		})
+	}
+}
