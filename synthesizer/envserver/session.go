@@ -73,6 +73,7 @@ func newServed(srv *Server, e Entry, env envprog.Env) (*served, error) {
 		s.bounded = true
 	}
 	c := jsonschema.NewCompiler()
+	c.UseLoader(noExternalRefs{})
 	for i, t := range info.Tools {
 		name := t.Function.Name
 		s.names = append(s.names, name)
@@ -515,6 +516,17 @@ func (s *session) programError(fn string, timeout time.Duration, err error) *ope
 		return openenv.Execution("%s", pe.Error())
 	}
 	return openenv.Execution("%s: %v", fn, err)
+}
+
+// noExternalRefs is the schema compiler's loader: it loads nothing. A
+// tool's parameters schema comes from a program (and the target's tool
+// schemas from rollouts), and jsonschema's default loader reads file://
+// URLs, so a "$ref" made the server read a local file (and name what it
+// held in validation messages).
+type noExternalRefs struct{}
+
+func (noExternalRefs) Load(url string) (any, error) {
+	return nil, fmt.Errorf("a $ref outside the tool's parameters schema (%s) is not loaded", url)
 }
 
 // validate checks an action's tool calls against the environment's tools
