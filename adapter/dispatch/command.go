@@ -195,14 +195,15 @@ func Expand(argv []string, job *schemas.TrainingJob, specPath string) []string {
 
 // ChildEnv is the environment a command inherits: trace's, without its
 // own TRACE_* configuration variables (they may hold secrets: passwords,
-// the webhook secret), except keep, the variable the job names for the
+// the webhook secret) and OPENAI_API_KEY (llm.api_key's fallback,
+// llm.EnvOpenAIAPIKey), except keep, the variable the job names for the
 // environment server's token (env_server.token_env). What else a trainer
 // needs goes in adapter.command.env.
 func ChildEnv(environ []string, keep string) []string {
 	out := make([]string, 0, len(environ))
 	for _, kv := range environ {
 		k, _, _ := strings.Cut(kv, "=")
-		if strings.HasPrefix(k, "TRACE_") && (keep == "" || k != keep) {
+		if (strings.HasPrefix(k, "TRACE_") || k == "OPENAI_API_KEY") && (keep == "" || k != keep) {
 			continue
 		}
 		out = append(out, kv)

@@ -224,7 +224,8 @@ func TestWebhookConfigValidate(t *testing.T) {
 }
 
 func TestChildEnv(t *testing.T) {
-	got := ChildEnv([]string{"PATH=/bin", "TRACE_CLICKHOUSE__PASSWORD=x", "TRACE_ADAPTER__WEBHOOK__SECRET=y", "TRACE_ENV_TOKEN=t", "HF_TOKEN=h", "TRACE_X"}, "TRACE_ENV_TOKEN")
+	// OPENAI_API_KEY is trace's LLM key when llm.api_key is unset
+	got := ChildEnv([]string{"PATH=/bin", "TRACE_CLICKHOUSE__PASSWORD=x", "TRACE_ADAPTER__WEBHOOK__SECRET=y", "TRACE_ENV_TOKEN=t", "HF_TOKEN=h", "TRACE_X", "OPENAI_API_KEY=sk"}, "TRACE_ENV_TOKEN")
 	if strings.Join(got, " ") != "PATH=/bin TRACE_ENV_TOKEN=t HF_TOKEN=h" {
 		t.Errorf("ChildEnv = %q", got)
 	}
