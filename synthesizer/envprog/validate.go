@@ -2,6 +2,7 @@ package envprog
 
 import (
 	"context"
+	"crypto/sha256"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -421,7 +422,11 @@ func (v *validator) instance(ctx context.Context, seed int64) (string, error) {
 
 func (v *validator) resets(ctx context.Context, r *Report) error {
 	var nondet, errs failures
-	seen := map[string]int64{}
+	// A hash of each instance, not its text: a start and a reference can
+	// be large (one reference up to the 64 MiB of a call's answer), and
+	// the program's worker makes each one and lets it go, where this map
+	// would keep every seed's.
+	seen := map[[sha256.Size]byte]int64{}
 	for seed := int64(0); seed < int64(v.o.Seeds); seed++ {
 		a, err := v.instance(ctx, seed)
 		if err == nil {
@@ -437,8 +442,9 @@ func (v *validator) resets(ctx context.Context, r *Report) error {
 			errs.add("seed %d: %v", seed, summary(err))
 			continue
 		}
-		if _, dup := seen[a]; !dup {
-			seen[a] = seed
+		h := sha256.Sum256([]byte(a))
+		if _, dup := seen[h]; !dup {
+			seen[h] = seed
 		}
 	}
 	what := "start"
