@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"log/slog"
 	"math"
 	"net/http/httptest"
@@ -516,6 +517,41 @@ for u in json.load(sys.stdin):
 		if got[i] != c.want {
 			t.Errorf("env_url(%s) = %s, want %s", c.in, got[i], c.want)
 		}
+	}
+}
+
+// TestTrainerToolMethodsKeepDescriptions: the reference trainer writes a
+// Python method per tool, its description in the docstring; descriptions
+// come from programs and rollouts, and one with a backslash ("C:\Users",
+// a trailing "\") or ending in a quote was a SyntaxError that failed every
+// job of the environment. Each now comes through verbatim.
+func TestTrainerToolMethodsKeepDescriptions(t *testing.T) {
+	py := trainerPython(t)
+	script := `import json, sys
+sys.path.insert(0, "../trainer")
+from trace_trainer.environment import environment_class
+tools = json.load(sys.stdin)
+cls = environment_class("http://127.0.0.1:1", tools, None)
+for t in tools:
+    f = t["function"]
+    doc = getattr(cls, f["name"]).__doc__
+    want = [f["description"]] + [p["description"] for p in f["parameters"].get("properties", {}).values()]
+    print(all(w in doc for w in want))`
+	descs := []string{`Reads C:\Users\x and \N{x}`, `ends with a backslash \`, `says "hi"`, `three """ quotes""`}
+	var tools []map[string]any
+	for i, d := range descs {
+		params := map[string]any{"type": "object", "properties": map[string]any{}}
+		if i%2 == 1 { // the docstring with an Args section
+			params["properties"] = map[string]any{"arg": map[string]any{"type": "string", "description": d}}
+		}
+		tools = append(tools, map[string]any{"type": "function", "function": map[string]any{"name": fmt.Sprintf("tool_%d", i), "description": d, "parameters": params}})
+	}
+	in, _ := json.Marshal(tools)
+	cmd := exec.Command(py, "-c", script)
+	cmd.Stdin = bytes.NewReader(in)
+	out, err := cmd.CombinedOutput()
+	if err != nil || strings.TrimSpace(string(out)) != strings.TrimSpace(strings.Repeat("True\n", len(descs))) {
+		t.Fatalf("tool methods of descriptions %q: %v\n%s", descs, err, out)
 	}
 }
 

@@ -94,6 +94,13 @@ class EpisodeLog:
             return self.rows[n:]
 
 
+def _doc_text(s: str) -> str:
+    """s inside a triple-quoted docstring, verbatim: descriptions come from
+    programs and rollouts, and a backslash ("C:\\Users", a trailing one)
+    or a closing quote made the method a SyntaxError."""
+    return s.replace("\\", "\\\\").replace('"', '\\"')
+
+
 def _method_source(tool: dict) -> tuple[str, str]:
     """Python source of one tool method: typed parameters and a Google-style
     docstring, from which transformers rebuilds the tool's JSON schema."""
@@ -111,10 +118,10 @@ def _method_source(tool: dict) -> tuple[str, str]:
         spec = props[p]
         t = _PY_TYPES.get(spec.get("type"), "str")
         args.append(f"{p}: {t}" if p in required else f"{p}: {t} = None")
-        desc = (spec.get("description") or p).replace("\n", " ").replace('"""', "'")
+        desc = _doc_text((spec.get("description") or p).replace("\n", " "))
         docs.append(f"            {p}: {desc}")
         names.append(p)
-    desc = (fn.get("description") or name).replace('"""', "'")
+    desc = _doc_text(fn.get("description") or name)
     call = ", ".join(f"{n!r}: {n}" for n in names)
     src = f'''
 def {name}(self{", " if args else ""}{", ".join(args)}) -> str:
