@@ -314,7 +314,7 @@ func TestActivation(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			got, ever := activation(sink.AdapterRow{Status: c.status, Metadata: c.meta, UpdatedAt: upd})
+			got, _, ever := activation(sink.AdapterRow{Status: c.status, Metadata: c.meta, UpdatedAt: upd})
 			if !got.Equal(c.want) || ever != c.ever {
 				t.Fatalf("activation = %v, %v; want %v, %v", got, ever, c.want, c.ever)
 			}

@@ -141,13 +141,15 @@ func (c *Checker) Config() Config { return c.cfg }
 // activation returns when the adapter became active: the metadata's
 // activated_at when set, else the time of the last transition to active
 // the registry recorded (adapter.Registry's metadata "transitions"), else
-// the update time of its version (the activate transition's write).
+// the update time of its version (the activate transition's write); and
+// first, when it first did: the earliest transition to active when that
+// is earlier (a re-activated adapter), else the same time.
 //
 // It also says whether the adapter was ever in service: only a retired
 // adapter whose registry history names transitions but none to active (a
 // candidate retired before it was activated) was not; without a history,
 // trace cannot tell, and counts it.
-func activation(a sink.AdapterRow) (time.Time, bool) {
+func activation(a sink.AdapterRow) (last, first time.Time, ever bool) {
 	var m struct {
 		ActivatedAt time.Time `json:"activated_at"`
 		Transitions []struct {
@@ -156,38 +158,26 @@ func activation(a sink.AdapterRow) (time.Time, bool) {
 		} `json:"transitions"`
 	}
 	if json.Unmarshal([]byte(a.Metadata), &m) != nil {
-		return a.UpdatedAt, true
+		return a.UpdatedAt, a.UpdatedAt, true
 	}
+	last, ever = a.UpdatedAt, a.Status != "retired" || len(m.Transitions) == 0
 	if !m.ActivatedAt.IsZero() {
-		return m.ActivatedAt.UTC(), true
-	}
-	for i := len(m.Transitions) - 1; i >= 0; i-- {
-		if t := m.Transitions[i]; t.To == "active" && !t.At.IsZero() {
-			return t.At.UTC(), true
-		}
-	}
-	return a.UpdatedAt, a.Status != "retired" || len(m.Transitions) == 0
-}
-
-// firstActivation is when the adapter first became active: the earliest
-// transition to active in the registry's history, when it is earlier
-// than activation's time.
-func firstActivation(a sink.AdapterRow) (time.Time, bool) {
-	at, ever := activation(a)
-	var m struct {
-		Transitions []struct {
-			To string    `json:"to"`
-			At time.Time `json:"at"`
-		} `json:"transitions"`
-	}
-	if json.Unmarshal([]byte(a.Metadata), &m) == nil {
-		for _, t := range m.Transitions {
-			if t.To == "active" && !t.At.IsZero() && t.At.Before(at) {
-				at = t.At.UTC()
+		last, ever = m.ActivatedAt.UTC(), true
+	} else {
+		for i := len(m.Transitions) - 1; i >= 0; i-- {
+			if t := m.Transitions[i]; t.To == "active" && !t.At.IsZero() {
+				last, ever = t.At.UTC(), true
+				break
 			}
 		}
 	}
-	return at, ever
+	first = last
+	for _, t := range m.Transitions {
+		if t.To == "active" && !t.At.IsZero() && t.At.Before(first) {
+			first = t.At.UTC()
+		}
+	}
+	return last, first, ever
 }
 
 // baselineKey names a capability of a cohort.
@@ -207,7 +197,7 @@ type baseline struct {
 func baselines(ads []sink.AdapterRow) map[baselineKey]baseline {
 	out := map[baselineKey]baseline{}
 	for _, a := range ads {
-		at, ever := firstActivation(a)
+		_, at, ever := activation(a)
 		if !ever {
 			continue
 		}
@@ -233,22 +223,20 @@ func (c *Checker) Check(ctx context.Context, statuses ...string) ([]AdapterCheck
 		out  []AdapterCheck
 		errs []error
 	)
-	// Every adapter, whatever its status, for the baselines. Without them
-	// (a failed read), each adapter's before side ends at its own
-	// activation, as it does when it is its capability's first.
+	// One read of the registry: the adapters checked are those with the
+	// statuses asked for, the baselines come from all of them (an earlier
+	// adapter of the capability may be retired or rolled back).
 	all, err := c.src.Adapters(ctx, sink.AdapterFilter{})
 	if err != nil {
-		errs = append(errs, fmt.Errorf("adapters: %w", err))
+		return nil, fmt.Errorf("adapters: %w", err)
 	}
 	bases := baselines(all)
 	for _, st := range statuses {
-		rows, err := c.src.Adapters(ctx, sink.AdapterFilter{Status: st})
-		if err != nil {
-			errs = append(errs, fmt.Errorf("adapters with status %s: %w", st, err))
-			continue
-		}
-		for _, a := range rows {
-			at, ever := activation(a)
+		for _, a := range all {
+			if a.Status != st {
+				continue
+			}
+			at, _, ever := activation(a)
 			if !ever {
 				continue // retired as a candidate: it never had routed traffic to check
 			}
