@@ -194,40 +194,64 @@ func openStore(ctx context.Context, cfg sink.Config, log *slog.Logger) (*sink.St
 // address, the attempts so far and the last error; the error after within
 // names the address too.
 func openStoreWithin(ctx context.Context, cfg sink.Config, log *slog.Logger, within time.Duration) (*sink.Store, error) {
-	addr := strings.Join(cfg.Addr, ",")
+	dep := dependency{name: "ClickHouse", key: "addr", addr: strings.Join(cfg.Addr, ","), retryable: sink.IsRetryable}
+	return waitFor(ctx, log, dep, within, func(ctx context.Context) (*sink.Store, error) { return sink.Open(ctx, cfg, log) })
+}
+
+// dependency is a server Start waits for: its name in messages (in lower
+// case in the log's), the log key and value of its address, how long one
+// attempt may take (0: until the overall deadline), and which errors mean
+// "not reachable yet" (others are returned at once).
+type dependency struct {
+	name, key, addr string
+	attempt         time.Duration
+	retryable       func(error) bool
+}
+
+// waitFor opens dep with open, retrying a retryable error for up to within
+// in all with capped exponential backoff (storeRetryFirst doubling to
+// storeRetryMax) and a warning at most every storeWarnEvery; it says when
+// the server became reachable after a wait.
+func waitFor[T any](ctx context.Context, log *slog.Logger, dep dependency, within time.Duration, open func(context.Context) (T, error)) (T, error) {
+	var zero T
+	lower := strings.ToLower(dep.name)
 	deadline := time.Now().Add(within)
 	b := backoff.NewExponentialBackOff(backoff.WithInitialInterval(storeRetryFirst), backoff.WithMultiplier(2),
 		backoff.WithMaxInterval(storeRetryMax), backoff.WithMaxElapsedTime(0))
 	var warned time.Time
 	for attempt := 1; ; attempt++ {
-		actx, cancel := context.WithDeadline(ctx, deadline)
-		st, err := sink.Open(actx, cfg, log)
+		end := deadline
+		if t := time.Now().Add(dep.attempt); dep.attempt > 0 && t.Before(end) {
+			end = t
+		}
+		actx, cancel := context.WithDeadline(ctx, end)
+		v, err := open(actx)
 		cancel()
 		if err == nil {
 			if attempt > 1 {
-				log.Info("clickhouse reachable", "addr", addr, "attempts", attempt)
+				log.Info(lower+" reachable", dep.key, dep.addr, "attempts", attempt)
 			}
-			return st, nil
+			return v, nil
 		}
 		if ctx.Err() != nil {
-			return nil, fmt.Errorf("stopped while waiting for ClickHouse at %s (%w): %w", addr, ctx.Err(), err)
+			return zero, fmt.Errorf("stopped while waiting for %s at %s (%w): %w", dep.name, dep.addr, ctx.Err(), err)
 		}
-		if !sink.IsRetryable(err) {
-			return nil, err
+		if !dep.retryable(err) {
+			return zero, err
 		}
 		left := time.Until(deadline)
 		if left <= 0 {
-			return nil, fmt.Errorf("clickhouse at %s not reachable within %s (%d attempts): %w", addr, within, attempt, err)
+			return zero, fmt.Errorf("%s at %s not reachable within %s (%d attempts): %w", lower, dep.addr, within, attempt, err)
 		}
 		wait := min(b.NextBackOff(), left)
 		if warned.IsZero() || time.Since(warned) >= storeWarnEvery {
 			warned = time.Now()
-			log.Warn("clickhouse not reachable yet, retrying", "addr", addr, "attempts", attempt,
+			log.Warn(lower+" not reachable yet, retrying", dep.key, dep.addr, "attempts", attempt,
 				"next_in", wait.Round(time.Millisecond), "gives_up_in", left.Round(time.Second), "err", err)
 		}
 		select {
 		case <-ctx.Done():
-			return nil, fmt.Errorf("stopped while waiting for ClickHouse at %s (%w): %w", addr, ctx.Err(), err)
+			return zero, fmt.Errorf("stopped while waiting for %s at %s (%w): %w", dep.name, dep.addr, ctx.Err(), err)
 		case <-time.After(wait):
 		}
 	}
@@ -253,43 +277,9 @@ func openBus(ctx context.Context, cfg bus.Config, log *slog.Logger) (*bus.Bus, e
 // server not reachable is waited for (bus.ErrNotConnected); other errors
 // (JetStream disabled, a stream refused) are returned at once.
 func openBusWithin(ctx context.Context, cfg bus.Config, log *slog.Logger, within time.Duration) (*bus.Bus, error) {
-	url := bus.RedactURLs(cfg.URL)
-	deadline := time.Now().Add(within)
-	b := backoff.NewExponentialBackOff(backoff.WithInitialInterval(storeRetryFirst), backoff.WithMultiplier(2),
-		backoff.WithMaxInterval(storeRetryMax), backoff.WithMaxElapsedTime(0))
-	var warned time.Time
-	for attempt := 1; ; attempt++ {
-		actx, cancel := context.WithTimeout(ctx, min(time.Until(deadline), busAttempt))
-		bs, err := bus.ConnectLogged(actx, cfg, "trace", log)
-		cancel()
-		if err == nil {
-			if attempt > 1 {
-				log.Info("nats reachable", "url", url, "attempts", attempt)
-			}
-			return bs, nil
-		}
-		if ctx.Err() != nil {
-			return nil, fmt.Errorf("stopped while waiting for NATS at %s (%w): %w", url, ctx.Err(), err)
-		}
-		if !errors.Is(err, bus.ErrNotConnected) {
-			return nil, err
-		}
-		left := time.Until(deadline)
-		if left <= 0 {
-			return nil, fmt.Errorf("nats at %s not reachable within %s (%d attempts): %w", url, within, attempt, err)
-		}
-		wait := min(b.NextBackOff(), left)
-		if warned.IsZero() || time.Since(warned) >= storeWarnEvery {
-			warned = time.Now()
-			log.Warn("nats not reachable yet, retrying", "url", url, "attempts", attempt,
-				"next_in", wait.Round(time.Millisecond), "gives_up_in", left.Round(time.Second), "err", err)
-		}
-		select {
-		case <-ctx.Done():
-			return nil, fmt.Errorf("stopped while waiting for NATS at %s (%w): %w", url, ctx.Err(), err)
-		case <-time.After(wait):
-		}
-	}
+	dep := dependency{name: "NATS", key: "url", addr: bus.RedactURLs(cfg.URL), attempt: busAttempt,
+		retryable: func(err error) bool { return errors.Is(err, bus.ErrNotConnected) }}
+	return waitFor(ctx, log, dep, within, func(ctx context.Context) (*bus.Bus, error) { return bus.ConnectLogged(ctx, cfg, "trace", log) })
 }
 
 // loadDictionaries stores the built-in default dictionary (unless
