@@ -125,13 +125,7 @@ var ClassifierOwnFields = []string{"model", "messages", "temperature", "max_toke
 // CheckClassifierExtraBody names the first field of extra that the router
 // sets itself (ClassifierOwnFields), as router.classifier_extra_body.<key>.
 func CheckClassifierExtraBody(extra map[string]any) error {
-	keys := slices.Sorted(maps.Keys(extra))
-	for _, k := range keys {
-		if slices.Contains(ClassifierOwnFields, k) {
-			return fmt.Errorf("router.classifier_extra_body.%s: the router sets %s itself (it may not be set here: %s)", k, k, strings.Join(ClassifierOwnFields, ", "))
-		}
-	}
-	return nil
+	return llm.CheckOwnFields("router.classifier_extra_body", "the router", ClassifierOwnFields, extra)
 }
 
 // DefaultDecisionTimeout is Config.DecisionTimeout's default.

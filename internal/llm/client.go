@@ -199,20 +199,14 @@ func (c *Client) Chat(ctx context.Context, req Request) (Response, error) {
 			return Response{}, fmt.Errorf("llm %s: request schema: %w", req.Purpose, err)
 		}
 	}
-	body, err := c.body(req)
+	body, err := c.newBody(func() ([]byte, error) { return c.body(req) })
 	if err != nil {
 		return Response{}, fmt.Errorf("llm %s: %w", req.Purpose, err)
 	}
 	hash := PromptHash(req.Messages)
 
-	sentCompletionTokens := c.completionTokens.Load()
 	r, tally, err := retry(ctx, c, req, func(attempt int) (attemptResult, Response) {
-		if ct := c.completionTokens.Load(); ct != sentCompletionTokens {
-			if b, err := c.body(req); err == nil {
-				body, sentCompletionTokens = b, ct
-			}
-		}
-		res := c.attempt(ctx, req, body, hash, attempt, sch)
+		res := c.attempt(ctx, req, body.current(), hash, attempt, sch)
 		return res, res.resp
 	})
 	r.Attempts, r.TotalPromptTokens, r.TotalCompletionTokens = tally.attempts, tally.promptTokens, tally.completionTokens
@@ -371,6 +365,34 @@ func (c *Client) body(req Request) ([]byte, error) {
 		}
 	}
 	return json.Marshal(fields)
+}
+
+// reqBody is a request's body, made again for the attempts after the
+// client switched to max_completion_tokens (a server refused max_tokens).
+type reqBody struct {
+	c          *Client
+	build      func() ([]byte, error)
+	b          []byte
+	completion bool // made with max_completion_tokens
+}
+
+func (c *Client) newBody(build func() ([]byte, error)) (*reqBody, error) {
+	completion := c.completionTokens.Load()
+	b, err := build()
+	if err != nil {
+		return nil, err
+	}
+	return &reqBody{c: c, build: build, b: b, completion: completion}, nil
+}
+
+// current is the body for the next attempt.
+func (r *reqBody) current() []byte {
+	if ct := r.c.completionTokens.Load(); ct != r.completion {
+		if b, err := r.build(); err == nil {
+			r.b, r.completion = b, ct
+		}
+	}
+	return r.b
 }
 
 type attemptResult struct {

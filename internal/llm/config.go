@@ -5,9 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net/http"
 	"net/url"
 	"os"
+	"slices"
 	"strings"
 	"time"
 )
@@ -152,9 +154,16 @@ var OwnFields = []string{"model", "messages", "max_tokens", "max_completion_toke
 // CheckExtraBody names the first field of extra in OwnFields, as
 // <key>.<field>, key naming the setting (e.g. llm.extra_body).
 func CheckExtraBody(key string, extra map[string]any) error {
-	for _, f := range OwnFields {
-		if _, ok := extra[f]; ok {
-			return fmt.Errorf("%s.%s: trace sets %s itself or reads whole single answers (not allowed here: %s)", key, f, f, strings.Join(OwnFields, ", "))
+	return CheckOwnFields(key, "the client", OwnFields, extra)
+}
+
+// CheckOwnFields names the first field (in sorted order) of extra, an
+// extra_body setting named key, that is in own, the fields who sets itself:
+// "<key>.<field>: <who> sets <field> itself (…)".
+func CheckOwnFields(key, who string, own []string, extra map[string]any) error {
+	for _, k := range slices.Sorted(maps.Keys(extra)) {
+		if slices.Contains(own, k) {
+			return fmt.Errorf("%s.%s: %s sets %s itself (it may not be set here: %s)", key, k, who, k, strings.Join(own, ", "))
 		}
 	}
 	return nil

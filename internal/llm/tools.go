@@ -86,22 +86,16 @@ func (c *Client) ChatTools(ctx context.Context, req ToolsRequest) (ToolsResponse
 	if len(req.Messages) == 0 {
 		return ToolsResponse{}, fmt.Errorf("llm %s: request has no messages", req.Purpose)
 	}
-	body, err := c.toolsBody(req)
+	body, err := c.newBody(func() ([]byte, error) { return c.toolsBody(req) })
 	if err != nil {
 		return ToolsResponse{}, fmt.Errorf("llm %s: %w", req.Purpose, err)
 	}
-	sum := sha256.Sum256(body) // the model name, messages and tools
+	sum := sha256.Sum256(body.b) // the model name, messages and tools
 	hash := hex.EncodeToString(sum[:])
 	audit := Request{Purpose: req.Purpose, RolloutID: req.RolloutID, Run: req.Run}
 
-	sentCompletionTokens := c.completionTokens.Load()
 	r, tally, err := retry(ctx, c, audit, func(attempt int) (attemptResult, ToolsResponse) {
-		if ct := c.completionTokens.Load(); ct != sentCompletionTokens {
-			if b, err := c.toolsBody(req); err == nil {
-				body, sentCompletionTokens = b, ct
-			}
-		}
-		return c.toolsAttempt(ctx, audit, body, hash, attempt)
+		return c.toolsAttempt(ctx, audit, body.current(), hash, attempt)
 	})
 	r.Attempts, r.TotalPromptTokens, r.TotalCompletionTokens = tally.attempts, tally.promptTokens, tally.completionTokens
 	return r, err
