@@ -206,6 +206,15 @@ type Stats struct {
 	To   time.Time `json:"to,omitzero"`
 }
 
+// Span dates the side's rollouts, the end times of its first and last,
+// with ts formatting them: "ended <from> – <to>", or "no labeled rollouts".
+func (s Stats) Span(ts func(time.Time) string) string {
+	if s.Rollouts == 0 {
+		return "no labeled rollouts"
+	}
+	return "ended " + ts(s.From) + " – " + ts(s.To)
+}
+
 // point computes everything but Δ's interval.
 func (s Sample) point() Stats {
 	st := Stats{Rollouts: s.Len(), Runs: s.Runs, Incomplete: s.Incomplete, From: s.From, To: s.To}

@@ -231,10 +231,9 @@ func rfc3339(t time.Time) string {
 
 // sampleSpan says what one side of a comparison rests on: its rollouts,
 // the failures among them that need the capability, and their end times.
-
 func sampleSpan(s verify.Stats) string {
 	if s.Rollouts == 0 {
 		return "no labeled rollouts"
 	}
-	return fmt.Sprintf("%d rollouts (%d failures needing the capability) ended %s – %s", s.Rollouts, s.NeededFailures, rfc3339(s.From), rfc3339(s.To))
+	return fmt.Sprintf("%d rollouts (%d failures needing the capability) %s", s.Rollouts, s.NeededFailures, s.Span(rfc3339))
 }

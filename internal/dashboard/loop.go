@@ -77,14 +77,6 @@ type loopAdapter struct {
 	BeforeBound string
 }
 
-// span dates a side's rollouts: the end times of its first and last.
-func span(s verify.Stats) string {
-	if s.Rollouts == 0 {
-		return "no labeled rollouts"
-	}
-	return "ended " + fmtTS(s.From) + " – " + fmtTS(s.To)
-}
-
 type loopShare struct {
 	Environment string
 	Source      string
@@ -110,7 +102,7 @@ func (s *server) pageLoop(w http.ResponseWriter, r *http.Request) {
 		lc := loopCapability{Environment: c.Environment, Capability: c.Capability}
 		for _, a := range c.Adapters {
 			lc.Adapters = append(lc.Adapters, loopAdapter{AdapterCheck: a, Verdict: verdictLabel(a.Verdict), Activated: fmtTS(a.ActivatedAt),
-				BeforeSpan: span(a.Before), AfterSpan: span(a.After), BeforeBound: a.BeforeNote(fmtTS)})
+				BeforeSpan: a.Before.Span(fmtTS), AfterSpan: a.After.Span(fmtTS), BeforeBound: a.BeforeNote(fmtTS)})
 		}
 		pg.Capabilities = append(pg.Capabilities, lc)
 	}
