@@ -431,6 +431,7 @@ func TestChdbModernDialect(t *testing.T) {
 	t.Run("state", func(t *testing.T) { chdbState(t, c, base) })
 	t.Run("dashboard", func(t *testing.T) { chdbDashboard(t, c) })
 	t.Run("ttl", func(t *testing.T) { chdbTTL(t, c) })
+	t.Run("retention", func(t *testing.T) { chdbRetention(t, c) })
 	t.Run("environments", func(t *testing.T) { chdbEnvironments(t, c, base) })
 	t.Run("training", func(t *testing.T) { chdbTraining(t, c, base) })
 	t.Run("routing", func(t *testing.T) { chdbRouting(t, c, base) })
@@ -1170,6 +1171,66 @@ func chdbTTL(t *testing.T, c *chdbDB) {
 	if !slices.Equal(ids, []string{"new"}) {
 		t.Errorf("llm_calls after OPTIMIZE FINAL: %v, want only the row within %d days", ids, chdbDialect.RetentionDays)
 	}
+}
+
+// chdbRetention: reconcileRetention's SQL on 26.7. The migrations' TTL is
+// read back as trace's own on every retention table, and a planned change
+// of retention, run on a copy of llm_calls, takes effect: the copy's TTL is
+// the new one and a row past it goes at the next merge. An operator's TTL
+// is left alone.
+func chdbRetention(t *testing.T, c *chdbDB) {
+	c = c.on(t)
+	engines := map[string]string{}
+	for _, row := range c.query(retentionTablesSQL()).rows {
+		engines[row.str(0)] = row.str(1)
+	}
+	for _, tbl := range retentionTables {
+		e, ok := engines[tbl.Table]
+		if !ok {
+			t.Errorf("%s: not in the retention tables' query", tbl.Table)
+			continue
+		}
+		if step := planRetention(tbl, e, chdbDialect.RetentionDays); step.SQL != "" || step.Foreign {
+			t.Errorf("%s made with retention %d: plan %+v, want nothing to do\n%s", tbl.Table, chdbDialect.RetentionDays, step, e)
+		}
+	}
+
+	probe := retentionTable{"retention_probe", "ts"}
+	c.exec("CREATE TABLE retention_probe AS llm_calls")
+	engine := func() string {
+		return c.query("SELECT engine_full FROM system.tables WHERE database = currentDatabase() AND name = 'retention_probe'").rows[0].str(0)
+	}
+	step := planRetention(probe, engine(), 30)
+	if step.SQL == "" || !step.Shortens {
+		t.Fatalf("retention 90 -> 30: plan %+v, want a shortening ALTER", step)
+	}
+	c.exec(step.SQL)
+	if got, ok := traceTTLDays(tableTTL(engine()), "ts"); !ok || got != 30 {
+		t.Fatalf("after %s: TTL %q", step.SQL, tableTTL(engine()))
+	}
+	if again := planRetention(probe, engine(), 30); again.SQL != "" {
+		t.Errorf("a second start with retention 30 plans %q", again.SQL)
+	}
+	now := time.Now().UTC()
+	call := func(at time.Time, id string) []any {
+		return []any{at, "label", "m", "http://127.0.0.1:1/v1", "h", id, uint16(0), uint8(1), uint32(10), uint32(5), uint32(100), "ok", ""}
+	}
+	c.insert("retention_probe", "ts, purpose, model, endpoint, prompt_hash, rollout_id, run, attempt, prompt_tokens, completion_tokens, latency_ms, outcome, error",
+		call(now.AddDate(0, 0, -40), "past 30 days"), call(now.Add(-time.Hour), "new"))
+	c.exec("OPTIMIZE TABLE retention_probe FINAL")
+	var ids []string
+	for _, row := range c.query("SELECT rollout_id FROM retention_probe ORDER BY ts").rows {
+		ids = append(ids, row.str(0))
+	}
+	if !slices.Equal(ids, []string{"new"}) {
+		t.Errorf("retention_probe at retention 30 after OPTIMIZE FINAL: %v, want only the new row", ids)
+	}
+
+	c.exec("ALTER TABLE retention_probe MODIFY TTL ts + INTERVAL 5 DAY DELETE WHERE purpose = 'x'")
+	if step := planRetention(probe, engine(), 30); step.SQL != "" || !step.Foreign {
+		t.Errorf("an operator's TTL %q: plan %+v, want it left alone", tableTTL(engine()), step)
+	}
+	c.exec("DROP TABLE retention_probe")
 }
 
 // chdbEnvironments: the environments table's statements (SaveEnvironment's

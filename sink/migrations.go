@@ -670,7 +670,9 @@ SELECT DISTINCT environment, agent_version, dictionary_version, source FROM capa
 var ErrSchemaNewer = errors.New("the database's schema is newer than this trace")
 
 // Migrate applies every migration not yet recorded in schema_migrations, in
-// order. It is idempotent and safe to run from several processes at once.
+// order, then brings the retention tables' TTL to clickhouse.retention_days
+// (reconcileRetention). It is idempotent and safe to run from several
+// processes at once.
 func (s *Store) Migrate(ctx context.Context) error {
 	if err := s.conn.Exec(ctx, `CREATE TABLE IF NOT EXISTS schema_migrations (
 	version UInt32, name String, applied_at DateTime
@@ -682,6 +684,9 @@ func (s *Store) Migrate(ctx context.Context) error {
 		return err
 	}
 	if err := s.checkNotNewer(applied); err != nil {
+		return err
+	}
+	if err := s.checkRetention(); err != nil {
 		return err
 	}
 	d := Dialect{Features: s.features, RetentionDays: s.cfg.RetentionDays}
@@ -706,7 +711,7 @@ func (s *Store) Migrate(ctx context.Context) error {
 		}
 		s.log.Info("clickhouse migration applied", "version", m.Version, "name", m.Name, "database", s.cfg.Database)
 	}
-	return nil
+	return s.reconcileRetention(ctx)
 }
 
 // checkNotNewer refuses a schema with a migration newer than this build's

@@ -30,9 +30,19 @@ func openStore(t *testing.T) *sink.Store {
 func openStoreOn(t *testing.T, ch *testenv.CH) *sink.Store {
 	t.Helper()
 	ctx := context.Background()
-	s, err := sink.Open(ctx, sink.Config{Addr: []string{ch.Addr}, Database: ch.Database, RetentionDays: 365}, nil)
+	cfg := sink.Config{Addr: []string{ch.Addr}, Database: ch.Database, RetentionDays: 365}
+	s, err := sink.Open(ctx, cfg, nil)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if !s.Features().TTL {
+		// 18.16 has no TTL, and Migrate refuses a retention it cannot
+		// keep (TestRetentionRefusedWithoutTTL).
+		s.Close()
+		cfg.RetentionDays = 0
+		if s, err = sink.Open(ctx, cfg, nil); err != nil {
+			t.Fatal(err)
+		}
 	}
 	t.Cleanup(func() { s.Close() })
 	if err := s.Migrate(ctx); err != nil {
