@@ -104,7 +104,9 @@ type Config struct {
 	StartOffset int64
 
 	// LagInterval is how often the consumer-group lag gauge is refreshed
-	// (ListOffsets + OffsetFetch). Default 15s; negative disables it.
+	// (ListOffsets + OffsetFetch). Default 15s; negative disables it. After
+	// three intervals without a successful read the lag series are dropped
+	// (see lagLoop).
 	LagInterval time.Duration
 
 	// SessionTimeout is how long the group coordinator waits for a

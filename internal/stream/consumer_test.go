@@ -1251,3 +1251,75 @@ func TestConsumerProblemWhileTheSinkFails(t *testing.T) {
 		t.Errorf("Problem() after the write went through: %v", err)
 	}
 }
+
+// TestConsumerLagGoesStaleDuringAnOutage: every successful lag read sets
+// trace_consumer_lag_updated_timestamp_seconds; with the broker gone it
+// stops advancing and the lag series are dropped after three intervals
+// without a read. Before, the gauge kept its last value through the outage
+// (a flat, healthy-looking lag) and only errors_total{op="lag"} rose.
+func TestConsumerLagGoesStaleDuringAnOutage(t *testing.T) {
+	t.Parallel()
+	// kfake whatever TRACE_TEST_KAFKA says: the test stops the broker.
+	cluster := testenv.KFake(t)
+	brokers := cluster.ListenAddrs()
+	e := env{brokers: brokers, topic: testenv.UniqueTopic(t, "lagout")}
+	e.dlq, e.group = e.topic+".dlq", "g-"+e.topic
+	testenv.CreateTopic(t, brokers, e.topic, 2)
+	testenv.CreateTopic(t, brokers, e.dlq, 1)
+	const n = 50
+	e.produceN(t, "m", n)
+	reg := prometheus.NewRegistry()
+	met := stream.NewMetrics(reg)
+	release := make(chan struct{})
+	defer close(release)
+	sink := &testSink[string]{block: release} // nothing committed: the lag stays n
+	cfg := e.config()
+	c := newConsumer(t, cfg, strDecoder, sink, met)
+	run := start(t, c)
+
+	const updated = "trace_consumer_lag_updated_timestamp_seconds"
+	waitFor(t, 20*time.Second, "a lag reading", func() bool { return lagTotal(t, reg) == n })
+	first := metricValue(t, reg, updated, "stage", "test", "topic", e.topic)
+	if now := float64(time.Now().UnixNano()) / 1e9; first < now-10 || first > now+1 {
+		t.Fatalf("%s = %v, want about now (%v)", updated, first, now)
+	}
+	waitFor(t, 5*time.Second, "the timestamp to advance with the next reads", func() bool {
+		return metricValue(t, reg, updated, "stage", "test", "topic", e.topic) > first
+	})
+
+	cluster.Close()
+	stopped := float64(time.Now().UnixNano()) / 1e9
+	waitFor(t, 20*time.Second, "the lag series dropped", func() bool { return lagSeries(t, reg) == 0 })
+	last := metricValue(t, reg, updated, "stage", "test", "topic", e.topic)
+	if last == 0 || last > stopped {
+		t.Fatalf("%s = %v after the broker stopped at %v: want the time of the last read before it", updated, last, stopped)
+	}
+	time.Sleep(5 * cfg.LagInterval)
+	if again := metricValue(t, reg, updated, "stage", "test", "topic", e.topic); again != last {
+		t.Fatalf("%s moved from %v to %v with the broker down", updated, last, again)
+	}
+	if errs := metricValue(t, reg, "trace_consumer_errors_total", "op", "lag"); errs < 3 {
+		t.Fatalf("errors_total{op=lag} = %v, want the failed reads counted", errs)
+	}
+	if _, err := run.stop(t); err != nil {
+		t.Fatal(err)
+	}
+	if lagSeries(t, reg) != 0 || metricValue(t, reg, updated) != 0 {
+		t.Fatal("a stopped consumer left lag series behind")
+	}
+}
+
+// lagSeries counts the trace_consumer_lag series.
+func lagSeries(t *testing.T, reg *prometheus.Registry) int {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == "trace_consumer_lag" {
+			return len(mf.GetMetric())
+		}
+	}
+	return 0
+}

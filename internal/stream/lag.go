@@ -9,6 +9,10 @@ import (
 	"github.com/segmentio/kafka-go/protocol/listoffsets"
 )
 
+// lagStaleIntervals is how many LagIntervals without a successful read the
+// lag series outlive their last reading before they are dropped.
+const lagStaleIntervals = 3
+
 // lagLoop refreshes the lag gauge every LagInterval until ctx ends.
 //
 // kafka-go's group Reader.Stats().Lag is the lag of whichever partition was
@@ -18,6 +22,19 @@ import (
 // committed offset counts from its log start for StartOffset FirstOffset,
 // and as 0 for LastOffset. Being based on commits, it includes the batches in
 // flight and rises while the sink applies backpressure.
+//
+// A lag that cannot be read (the brokers unreachable) is not reported as
+// the last value read: a gauge left at its last value showed a healthy,
+// flat lag through a Kafka outage. Two signals say so, the way Prometheus
+// exporters do. Every successful read sets
+// trace_consumer_lag_updated_timestamp_seconds to the time of the read (it
+// stops advancing while reads fail: alert on time() minus it, the standard
+// "last success" pattern), and once reads have failed for
+// lagStaleIntervals intervals the lag series are deleted, so that a
+// dashboard shows a gap (Prometheus marks the series stale) rather than a
+// made-up number; the next successful read brings them back. Deleting
+// them alone would make a lag alert resolve during an outage, hence the
+// timestamp, which stays.
 func (c *Consumer[T]) lagLoop(ctx context.Context, tr *kafka.Transport) {
 	if c.cfg.LagInterval < 0 {
 		return
@@ -29,14 +46,28 @@ func (c *Consumer[T]) lagLoop(ctx context.Context, tr *kafka.Transport) {
 	client := &kafka.Client{Addr: kafka.TCP(c.cfg.Brokers...), Transport: tr, Timeout: 10 * time.Second}
 	t := time.NewTicker(c.cfg.LagInterval)
 	defer t.Stop()
+	staleAfter := lagStaleIntervals * c.cfg.LagInterval
+	var lastRead time.Time // of the last successful read; zero before the first
+	dropped := false
 	for {
 		lags, err := c.pollLag(ctx, client, tr)
 		switch {
 		case err == nil:
-			c.met.setLag(lags)
+			lastRead = time.Now()
+			c.met.setLag(lags, lastRead)
+			if dropped {
+				dropped = false
+				c.log.Info("consumer lag readable again")
+			}
 		case ctx.Err() == nil:
 			c.met.error("lag")
 			c.log.Debug("lag poll failed", "error", err)
+			if !dropped && !lastRead.IsZero() && time.Since(lastRead) >= staleAfter {
+				dropped = true
+				c.met.dropLag()
+				c.log.Warn("consumer lag unreadable; its series are dropped until it is read again",
+					"last_read", lastRead.UTC().Format(time.RFC3339), "error", err)
+			}
 		}
 		select {
 		case <-t.C:

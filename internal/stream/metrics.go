@@ -2,6 +2,7 @@ package stream
 
 import (
 	"strconv"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -21,6 +22,7 @@ type Metrics struct {
 	insertDur    *prometheus.HistogramVec // stage, topic
 	commitDur    *prometheus.HistogramVec // stage, topic
 	lag          *prometheus.GaugeVec     // stage, topic, partition
+	lagUpdated   *prometheus.GaugeVec     // stage, topic
 }
 
 // NewMetrics creates the instruments and registers them on reg (nil: not
@@ -41,7 +43,10 @@ type Metrics struct {
 //	trace_consumer_commit_duration_seconds        offset commit latency
 //	trace_consumer_lag{partition}                 high watermark minus the group's committed offset,
 //	                                              polled every Config.LagInterval (aggregate with max:
-//	                                              every member of a group reports every partition)
+//	                                              every member of a group reports every partition);
+//	                                              dropped after 3 intervals without a successful read
+//	trace_consumer_lag_updated_timestamp_seconds  unix time of the last successful lag read: stops
+//	                                              advancing while the lag cannot be read (see lagLoop)
 func NewMetrics(reg prometheus.Registerer) *Metrics {
 	const ns, sub = "trace", "consumer"
 	st := []string{"stage", "topic"}
@@ -77,10 +82,14 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "lag", Help: "High watermark minus the group's committed offset, per partition, " +
 				"polled every LagInterval. Every member of a group reports every partition: aggregate with max, not sum."},
 			[]string{"stage", "topic", "partition"}),
+		lagUpdated: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub,
+			Name: "lag_updated_timestamp_seconds", Help: "Unix time of the last successful read of trace_consumer_lag. " +
+				"It stops advancing while the lag cannot be read (Kafka unreachable), and the lag series are dropped " +
+				"after three LagIntervals without a read: alert on time() minus this."}, st),
 	}
 	if reg != nil {
 		reg.MustRegister(m.consumed, m.inserted, m.deadLettered, m.skipped, m.sinkRetries, m.errors,
-			m.batchRows, m.batchBytes, m.insertDur, m.commitDur, m.lag)
+			m.batchRows, m.batchBytes, m.insertDur, m.commitDur, m.lag, m.lagUpdated)
 	}
 	return m
 }
@@ -172,8 +181,9 @@ func (cm *consumerMetrics) commit(seconds float64) {
 }
 
 // setLag replaces the lag series of this consumer's topic with lags
-// (partition -> messages). Partitions that disappeared are deleted.
-func (cm *consumerMetrics) setLag(lags map[int]int64) {
+// (partition -> messages), read at at. Partitions that disappeared are
+// deleted.
+func (cm *consumerMetrics) setLag(lags map[int]int64, at time.Time) {
 	if cm.m == nil {
 		return
 	}
@@ -189,10 +199,12 @@ func (cm *consumerMetrics) setLag(lags map[int]int64) {
 	for p := range lags {
 		cm.lagParts[p] = true
 	}
+	cm.m.lagUpdated.WithLabelValues(cm.stage, cm.topic).Set(float64(at.UnixNano()) / 1e9)
 }
 
-// clearLag removes this consumer's lag series (when it stops).
-func (cm *consumerMetrics) clearLag() {
+// dropLag removes this consumer's lag series, which are no longer known
+// (reads failing), and keeps the time of the last successful read.
+func (cm *consumerMetrics) dropLag() {
 	if cm.m == nil {
 		return
 	}
@@ -200,4 +212,14 @@ func (cm *consumerMetrics) clearLag() {
 		cm.m.lag.DeleteLabelValues(cm.stage, cm.topic, strconv.Itoa(p))
 	}
 	cm.lagParts = nil
+}
+
+// clearLag removes this consumer's lag series and its last read's time
+// (when it stops).
+func (cm *consumerMetrics) clearLag() {
+	if cm.m == nil {
+		return
+	}
+	cm.dropLag()
+	cm.m.lagUpdated.DeleteLabelValues(cm.stage, cm.topic)
 }
