@@ -55,6 +55,34 @@ type Config struct {
 	TLSKey     string        `koanf:"tls_key"`    // client key
 	Duplicates time.Duration `koanf:"duplicates"` // JetStream duplicate window, default 10m
 	StoreDir   string        `koanf:"store_dir"`  // embedded server's JetStream dir
+	// StreamMaxAge is the max age of TRACE_SYNTHESIS and TRACE_ENVIRONMENTS
+	// (limits-based streams, which otherwise keep every message): set
+	// when trace creates them and, when positive, on existing streams at
+	// connect (see ensureMaxAge). 0 (default): created without a limit,
+	// and an existing stream's limit is left as it is.
+	StreamMaxAge time.Duration `koanf:"stream_max_age"`
+}
+
+// Validate checks the settings trace applies to JetStream, naming them by
+// their configuration keys.
+func (c Config) Validate() error {
+	if c.StreamMaxAge < 0 {
+		return fmt.Errorf("nats.stream_max_age: must be 0 (keep every message) or positive, got %s", c.StreamMaxAge)
+	}
+	// JetStream refuses a stream whose duplicate window is longer than its
+	// max age.
+	if dup := c.duplicates(); c.StreamMaxAge > 0 && c.StreamMaxAge < dup {
+		return fmt.Errorf("nats.stream_max_age: %s is shorter than the de-duplication window nats.duplicates (%s)", c.StreamMaxAge, dup)
+	}
+	return nil
+}
+
+// duplicates is the duplicate window in effect.
+func (c Config) duplicates() time.Duration {
+	if c.Duplicates <= 0 {
+		return DefaultDuplicates
+	}
+	return c.Duplicates
 }
 
 // Bus is a connection with trace's streams and buckets ensured.
@@ -146,7 +174,7 @@ func ConnectLogged(ctx context.Context, cfg Config, name string, log *slog.Logge
 		return nil, err
 	}
 	b := &Bus{NC: nc, JS: js}
-	if err := b.ensure(ctx, cfg); err != nil {
+	if err := b.ensure(ctx, cfg, log); err != nil {
 		nc.Close()
 		return nil, err
 	}
@@ -180,18 +208,24 @@ func waitConnected(ctx context.Context, nc *nats.Conn, lastErr *atomic.Pointer[e
 	return nil
 }
 
-func (b *Bus) ensure(ctx context.Context, cfg Config) error {
-	dup := cfg.Duplicates
-	if dup <= 0 {
-		dup = DefaultDuplicates
+func (b *Bus) ensure(ctx context.Context, cfg Config, log *slog.Logger) error {
+	if err := cfg.Validate(); err != nil {
+		return err
 	}
+	dup := cfg.duplicates()
 	for _, sc := range append([]jetstream.StreamConfig{
-		{Name: StreamSynthesis, Subjects: []string{SubjectSynthesis + ".>"}, Storage: jetstream.FileStorage, Duplicates: dup},
-		{Name: StreamEnvReady, Subjects: []string{SubjectEnvReady + ".>", SubjectEnvReady}, Storage: jetstream.FileStorage, Duplicates: dup},
+		{Name: StreamSynthesis, Subjects: []string{SubjectSynthesis + ".>"}, Storage: jetstream.FileStorage, Duplicates: dup, MaxAge: cfg.StreamMaxAge},
+		{Name: StreamEnvReady, Subjects: []string{SubjectEnvReady + ".>", SubjectEnvReady}, Storage: jetstream.FileStorage, Duplicates: dup, MaxAge: cfg.StreamMaxAge},
 	}, append(trainingStreams(dup), adapterStreams(dup)...)...) {
 		// Existing streams are left as operators configured them (replicas,
-		// limits); only missing ones are created.
-		if _, err := b.JS.Stream(ctx, sc.Name); err == nil {
+		// limits); only missing ones are created. The exception is the
+		// max age of the two streams nats.stream_max_age is for, when set.
+		if s, err := b.JS.Stream(ctx, sc.Name); err == nil {
+			if sc.Name == StreamSynthesis || sc.Name == StreamEnvReady {
+				if err := b.ensureMaxAge(ctx, s, cfg.StreamMaxAge, log); err != nil {
+					return err
+				}
+			}
 			continue
 		} else if !errors.Is(err, jetstream.ErrStreamNotFound) {
 			return fmt.Errorf("nats: stream %s: %w", sc.Name, err)
@@ -211,6 +245,44 @@ func (b *Bus) ensure(ctx context.Context, cfg Config) error {
 		return err
 	}
 	return nil
+}
+
+// ensureMaxAge gives the existing stream s the max age want, when want is
+// set (positive) and the stream has another, logging the change at INFO
+// with the old and new values; a shorter max age deletes the messages
+// older than it at once. With want 0 the stream's limit is left alone: it
+// may be one an operator set (`nats stream edit --max-age`, as these docs
+// said before the setting existed), and an unset setting must not remove
+// it.
+//
+// Replicas starting together may each update the stream: the updates are
+// the same. Replicas configured differently would undo each other's at
+// every start; give them one value.
+func (b *Bus) ensureMaxAge(ctx context.Context, s jetstream.Stream, want time.Duration, log *slog.Logger) error {
+	info := s.CachedInfo()
+	if want <= 0 || info == nil || info.Config.MaxAge == want {
+		return nil
+	}
+	sc := info.Config
+	have := sc.MaxAge
+	sc.MaxAge = want
+	if _, err := b.JS.UpdateStream(ctx, sc); err != nil {
+		return fmt.Errorf("nats: stream %s: setting its max age from %s to %s (nats.stream_max_age): %w", sc.Name, maxAgeText(have), want, err)
+	}
+	msg := "nats: raised the stream's max age (nats.stream_max_age)"
+	if have == 0 || want < have {
+		msg = "nats: shortened the stream's max age (nats.stream_max_age); its messages older than that are deleted"
+	}
+	log.Info(msg, "stream", sc.Name, "old", maxAgeText(have), "new", want.String())
+	return nil
+}
+
+// maxAgeText is a stream's max age as logged: 0 is no limit.
+func maxAgeText(d time.Duration) string {
+	if d <= 0 {
+		return "none (keep every message)"
+	}
+	return d.String()
 }
 
 // keyValue opens a bucket, creating it when missing.

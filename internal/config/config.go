@@ -566,6 +566,9 @@ func (c Config) Validate() error {
 	if err := checkNATSURL(c.NATS.URL); err != nil {
 		errs = append(errs, err)
 	}
+	if err := c.NATS.Validate(); err != nil {
+		errs = append(errs, err)
+	}
 	for _, p := range []struct {
 		key  string
 		port int

@@ -107,6 +107,9 @@ func TestValidateNamesTheField(t *testing.T) {
 		{[]string{"nats.url=nats://a:4222,b:4222"}, `nats.url: "b:4222"`},
 		{[]string{"nats.url=nats://user:secret@a:4222,http://user:secret@b:4222"}, `nats.url: "http://[REDACTED]@b:4222"`},
 		{[]string{"embedded.nats_port=99999"}, "embedded.nats_port: 99999 is not a TCP port"},
+		{[]string{"nats.stream_max_age=-1h"}, "nats.stream_max_age: must be 0 (keep every message) or positive, got -1h0m0s"},
+		{[]string{"nats.stream_max_age=5m"}, "nats.stream_max_age: 5m0s is shorter than the de-duplication window nats.duplicates (10m0s)"},
+		{[]string{"nats.stream_max_age=1h", "nats.duplicates=2h"}, "nats.stream_max_age: 1h0m0s is shorter"},
 		{[]string{"embedded.clickhouse_port=65536"}, "embedded.clickhouse_port"},
 		{[]string{"embedded.clickhouse_http_port=-1"}, "embedded.clickhouse_http_port"},
 		{[]string{"analyzer.rho=2"}, "analyzer.rho"},
@@ -158,6 +161,18 @@ func TestValidateNamesTheField(t *testing.T) {
 	}
 	if _, err := Load(filepath.Join(t.TempDir(), "missing.yaml"), nil); err == nil || !strings.Contains(err.Error(), "config file") {
 		t.Fatalf("missing file: %v", err)
+	}
+	for set, want := range map[string]time.Duration{"": 0, "nats.stream_max_age=0": 0, "nats.stream_max_age=30d": 30 * 24 * time.Hour, "nats.stream_max_age=10m": 10 * time.Minute} {
+		var sets []string
+		if set != "" {
+			sets = []string{set}
+		}
+		c, err := Load("", sets)
+		if err != nil {
+			t.Errorf("%q: %v", set, err)
+		} else if c.NATS.StreamMaxAge != want {
+			t.Errorf("%q: nats.stream_max_age %s, want %s", set, c.NATS.StreamMaxAge, want)
+		}
 	}
 }
 
