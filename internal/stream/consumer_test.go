@@ -1291,7 +1291,7 @@ func TestConsumerLagGoesStaleDuringAnOutage(t *testing.T) {
 	stopped := float64(time.Now().UnixNano()) / 1e9
 	waitFor(t, 20*time.Second, "the lag series dropped", func() bool { return lagSeries(t, reg) == 0 })
 	last := metricValue(t, reg, updated, "stage", "test", "topic", e.topic)
-	if last == 0 || last > stopped {
+	if last == 0 || last > stopped+0.5 { // a read that completed as the broker closed may be set just after
 		t.Fatalf("%s = %v after the broker stopped at %v: want the time of the last read before it", updated, last, stopped)
 	}
 	time.Sleep(5 * cfg.LagInterval)
