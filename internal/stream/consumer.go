@@ -187,6 +187,10 @@ func (c *Consumer[T]) Config() Config { return c.cfg }
 // flight was not committed and will be redelivered.
 var errDrainExpired = errors.New("drain deadline expired")
 
+// errGivenUp means the sink gave its batch up while the consumer stops
+// (ErrStopped): not committed, redelivered.
+var errGivenUp = errors.New("given up at shutdown")
+
 // Bounds of Run's shutdown.
 const (
 	abandonGrace = 250 * time.Millisecond // past DrainTimeout before a stuck sink is abandoned
@@ -246,8 +250,10 @@ func (c *Consumer[T]) Run(ctx context.Context) error {
 	defer cancelRun()
 	// work is the context of the batch in flight: detached from ctx so that
 	// it can finish, cancelled DrainTimeout after ctx (or on return).
+	// It carries Stopping's channel: runCtx's end.
 	work, cancelWork := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelWork()
+	work = context.WithValue(work, stoppingKey{}, runCtx.Done())
 	var stopAt atomic.Int64 // unix nanos at which stopping began
 	watchDone := make(chan struct{})
 	go func() {
@@ -749,6 +755,10 @@ func (c *Consumer[T]) verdict(err error, b *batch[T]) (stop bool, _ error) {
 		c.log.Warn("drain deadline expired; the batch in flight is not committed and will be redelivered",
 			"rows", b.rows, "error", err)
 		return true, nil
+	case errors.Is(err, errGivenUp):
+		c.log.Info("stopping: the sink gave up the batch in flight; it is not committed and will be redelivered",
+			"rows", b.rows, "reason", err)
+		return true, nil
 	}
 	return true, err
 }
@@ -805,7 +815,7 @@ func (c *Consumer[T]) onSinkRetry(rows int) func(attempt int, err error, wait ti
 }
 
 func (c *Consumer[T]) sinkError(err error) error {
-	if errors.Is(err, errDrainExpired) || errors.Is(err, errIncomplete) {
+	if errors.Is(err, errDrainExpired) || errors.Is(err, errIncomplete) || errors.Is(err, errGivenUp) {
 		return err
 	}
 	return fmt.Errorf("stream: sink: %w", err)

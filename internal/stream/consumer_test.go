@@ -1323,3 +1323,88 @@ func lagSeries(t *testing.T, reg *prometheus.Registry) int {
 	}
 	return 0
 }
+
+// stoppingSink gives its batches up at shutdown: Write waits for
+// stream.Stopping(ctx) and returns stream.ErrStopped; after early it
+// returns ErrStopped at once, stopping or not.
+type stoppingSink struct {
+	mu     sync.Mutex
+	calls  int
+	early  bool
+	called chan struct{}
+}
+
+func (s *stoppingSink) Write(ctx context.Context, batch []stream.Record[string]) error {
+	s.mu.Lock()
+	s.calls++
+	early := s.early
+	s.mu.Unlock()
+	select {
+	case s.called <- struct{}{}:
+	default:
+	}
+	if early {
+		return fmt.Errorf("gave up: %w", stream.ErrStopped)
+	}
+	stop := stream.Stopping(ctx)
+	if stop == nil {
+		return errors.New("no Stopping channel in the sink's context")
+	}
+	select {
+	case <-stop:
+		return fmt.Errorf("gave up: %w", stream.ErrStopped)
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// TestConsumerSinkGivesUpAtShutdown: a sink that returns ErrStopped once
+// Stopping(ctx) is closed ends the drain at once: Run returns well before
+// DrainTimeout, the batch is neither retried nor committed, and the next
+// Run gets it again. ErrStopped while the consumer is not stopping is
+// retried like any other error.
+func TestConsumerSinkGivesUpAtShutdown(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 1)
+	e.produceN(t, "m", 10)
+	cfg := e.config()
+	cfg.DrainTimeout = 8 * time.Second
+	s := &stoppingSink{called: make(chan struct{}, 1)}
+	c := newConsumer(t, cfg, strDecoder, stream.Sink[string](s), nil)
+	run := start(t, c)
+	select {
+	case <-s.called:
+	case <-time.After(20 * time.Second):
+		t.Fatal("the sink was not called")
+	}
+	took, err := run.stop(t)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if took > 4*time.Second {
+		t.Fatalf("Run returned %v after cancel with the sink giving up; want well under DrainTimeout %v", took, cfg.DrainTimeout)
+	}
+	s.mu.Lock()
+	calls := s.calls
+	s.early = true // from now on ErrStopped at once, and the consumer is not stopping
+	s.mu.Unlock()
+	if calls != 1 {
+		t.Fatalf("Write called %d times: a batch given up at shutdown was retried", calls)
+	}
+	if n := e.committedTotal(t); n != 0 {
+		t.Fatalf("committed %d of a batch given up", n)
+	}
+
+	run = start(t, c)
+	waitFor(t, 20*time.Second, "the batch redelivered and retried", func() bool {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		return s.calls >= 3
+	})
+	if n := e.committedTotal(t); n != 0 {
+		t.Fatalf("committed %d", n)
+	}
+	if _, err := run.stop(t); err != nil {
+		t.Fatal(err)
+	}
+}

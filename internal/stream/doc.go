@@ -21,7 +21,8 @@
 //   - Cancelling Run's ctx stops fetching; the batch in flight still gets
 //     Config.DrainTimeout to be written, dead-lettered and committed, then
 //     Run returns nil. Batches not yet taken by the write stage are not
-//     committed (they are redelivered).
+//     committed (they are redelivered). A sink may give its batch up
+//     sooner, uncommitted, once Stopping(ctx) is closed (ErrStopped).
 //   - Sink errors are retried forever with backoff (backpressure) unless
 //     Config.IsRetryable says no (by default: errors wrapped with Fatal),
 //     which stops Run with the error. Kafka errors are always retried.

@@ -2,6 +2,7 @@ package stream
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -9,7 +10,9 @@ import (
 )
 
 // retry runs op until it returns nil, fatal(err) is true (err is returned),
-// or ctx ends (errDrainExpired, wrapping the last error, is returned).
+// or ctx ends (errDrainExpired, wrapping the last error, is returned). An
+// error wrapping ErrStopped while the consumer stops ends it at once
+// (errGivenUp, wrapping it).
 func (c *Consumer[T]) retry(ctx context.Context, op func(context.Context) error, fatal func(error) bool,
 	onRetry func(attempt int, err error, wait time.Duration)) error {
 	bo := c.newBackOff()
@@ -26,6 +29,9 @@ func (c *Consumer[T]) retry(ctx context.Context, op func(context.Context) error,
 		}
 		if ctx.Err() != nil {
 			return fmt.Errorf("%w: %w", errDrainExpired, err)
+		}
+		if errors.Is(err, ErrStopped) && stopped(ctx) {
+			return fmt.Errorf("%w: %w", errGivenUp, err)
 		}
 		if fatal != nil && fatal(err) {
 			return err

@@ -2,6 +2,7 @@ package stream
 
 import (
 	"context"
+	"errors"
 	"time"
 )
 
@@ -33,8 +34,46 @@ type Record[T any] struct {
 // gets Config.DrainTimeout more to finish, and ctx ends then. Write must
 // return promptly when ctx ends. The batch slice is not reused after Write
 // returns nil, so a Sink may keep it.
+//
+// A Sink that cannot finish its batch within the drain anyway (one waiting
+// on a rate limit, or with minutes of work left) may give it up instead of
+// holding the shutdown until the drain deadline: once Stopping(ctx) is
+// closed it returns an error wrapping ErrStopped, after making durable
+// what it wants to keep. The batch is then neither retried nor committed
+// (it is redelivered), and Run returns at once.
 type Sink[T any] interface {
 	Write(ctx context.Context, batch []Record[T]) error
+}
+
+// ErrStopped is what a Sink wraps in the error of a Write that gave its
+// batch up because the consumer is stopping (Stopping). Returned at any
+// other time it is an error like any other.
+var ErrStopped = errors.New("stream: the batch in flight was given up at shutdown")
+
+type stoppingKey struct{}
+
+// Stopping returns a channel that is closed when the Consumer that called
+// Sink.Write (or StreamSink.Begin) with ctx begins to stop (Run's context
+// ended): the batch in flight then has what is left of
+// Config.DrainTimeout, until ctx ends. It is nil for a ctx that does not
+// come from a Consumer.
+func Stopping(ctx context.Context) <-chan struct{} {
+	ch, _ := ctx.Value(stoppingKey{}).(<-chan struct{})
+	return ch
+}
+
+// stopped reports whether the consumer of ctx is stopping.
+func stopped(ctx context.Context) bool {
+	ch := Stopping(ctx)
+	if ch == nil {
+		return false
+	}
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
+	}
 }
 
 // A StreamSink is a Sink that also takes a batch in pieces, while it is
