@@ -187,7 +187,8 @@ func PromptHash(msgs []Message) string {
 // status is returned at once. Every attempt is recorded through the
 // Recorder. When no attempt succeeds the error is an *Error listing what
 // each attempt ended with. A cancelled ctx stops the call and returns an
-// error wrapping ctx.Err().
+// error wrapping ctx.Err(); so does a stop of WithRetryStop, which ends
+// the waits between attempts (ErrStopped).
 func (c *Client) Chat(ctx context.Context, req Request) (Response, error) {
 	if len(req.Messages) == 0 {
 		return Response{}, fmt.Errorf("llm %s: request has no messages", req.Purpose)
@@ -220,9 +221,12 @@ type tally struct{ attempts, promptTokens, completionTokens int }
 // good (not retryable, or cfg.MaxAttempts reached: an *Error listing every
 // outcome) or ctx ends, waiting between attempts with capped exponential
 // backoff or the server's Retry-After (at most cfg.MaxRetryAfter). req names
-// the call in errors and logs. On a cancelled ctx the tally is empty.
+// the call in errors and logs. On a cancelled ctx the tally is empty, and
+// so it is when ctx's stop (WithRetryStop) ends the call between attempts:
+// it starts no attempt after the stop.
 func retry[R any](ctx context.Context, c *Client, req Request, try func(attempt int) (attemptResult, R)) (R, tally, error) {
 	var zero R
+	stop := retryStop(ctx)
 	b := &backoff.ExponentialBackOff{
 		InitialInterval:     c.cfg.BackoffInitial,
 		RandomizationFactor: backoff.DefaultRandomizationFactor,
@@ -238,6 +242,9 @@ func retry[R any](ctx context.Context, c *Client, req Request, try func(attempt 
 		t        tally
 	)
 	for attempt := 1; ; attempt++ {
+		if isClosed(stop) {
+			return zero, tally{}, fmt.Errorf("llm %s: before attempt %d: %w", req.Purpose, attempt, ErrStopped)
+		}
 		res, r := try(attempt)
 		t.attempts = attempt
 		t.promptTokens += res.promptTokens
@@ -248,6 +255,9 @@ func retry[R any](ctx context.Context, c *Client, req Request, try func(attempt 
 		if ctx.Err() != nil {
 			return zero, tally{}, fmt.Errorf("llm %s: attempt %d: %w", req.Purpose, attempt, context.Cause(ctx))
 		}
+		if res.stopped { // while waiting for a slot: nothing was sent
+			return zero, tally{}, fmt.Errorf("llm %s: attempt %d: %w", req.Purpose, attempt, ErrStopped)
+		}
 		outcomes = append(outcomes, res.outcome)
 		maxAttempts := c.cfg.MaxAttempts
 		if req.MaxAttempts > 0 {
@@ -255,6 +265,9 @@ func retry[R any](ctx context.Context, c *Client, req Request, try func(attempt 
 		}
 		if !res.retryable || attempt >= maxAttempts {
 			return zero, t, &Error{Purpose: req.Purpose, Attempts: attempt, Outcomes: outcomes, Status: res.status, Retryable: res.retryable, Err: res.err}
+		}
+		if isClosed(stop) { // a failed attempt that was in flight at the stop
+			return zero, tally{}, fmt.Errorf("llm %s: attempt %d %s, not retried: %w", req.Purpose, attempt, res.outcome, ErrStopped)
 		}
 		wait := b.NextBackOff()
 		switch {
@@ -270,6 +283,9 @@ func retry[R any](ctx context.Context, c *Client, req Request, try func(attempt 
 		case <-ctx.Done():
 			timer.Stop()
 			return zero, tally{}, fmt.Errorf("llm %s: waiting to retry: %w", req.Purpose, context.Cause(ctx))
+		case <-stop:
+			timer.Stop()
+			return zero, tally{}, fmt.Errorf("llm %s: waiting %v to retry after attempt %d (%s): %w", req.Purpose, wait, attempt, res.outcome, ErrStopped)
 		case <-timer.C:
 		}
 	}
@@ -277,24 +293,92 @@ func retry[R any](ctx context.Context, c *Client, req Request, try func(attempt 
 
 // acquire takes a slot of the concurrency bound, then a token of the rate
 // limit (spent right before the request goes out). It returns the slot's
-// release, or the attempt's result when ctx ended or the limiter refused.
+// release, or the attempt's result when ctx ended, ctx's stop
+// (WithRetryStop) came first, or the limiter refused.
 func (c *Client) acquire(ctx context.Context) (release func(), failed *attemptResult) {
+	wctx := ctx // ends with ctx, and at its stop
+	if stop := retryStop(ctx); stop != nil {
+		var cancel context.CancelFunc
+		wctx, cancel = context.WithCancel(ctx)
+		defer cancel()
+		go func() {
+			select {
+			case <-stop:
+				cancel()
+			case <-wctx.Done():
+			}
+		}()
+	}
+	ended := func() *attemptResult {
+		if ctx.Err() != nil {
+			return &attemptResult{outcome: OutcomeCanceled, err: ctx.Err()}
+		}
+		return &attemptResult{outcome: OutcomeCanceled, err: ErrStopped, stopped: true}
+	}
 	select {
 	case c.sem <- struct{}{}:
-	case <-ctx.Done():
-		return nil, &attemptResult{outcome: OutcomeCanceled, err: ctx.Err()}
+	case <-wctx.Done():
+		return nil, ended()
 	}
 	release = func() { <-c.sem }
 	if c.limiter != nil {
-		if err := c.limiter.Wait(ctx); err != nil {
+		if err := c.limiter.Wait(wctx); err != nil {
 			release()
-			if ctx.Err() != nil {
-				return nil, &attemptResult{outcome: OutcomeCanceled, err: ctx.Err()}
+			if wctx.Err() != nil {
+				return nil, ended()
 			}
 			return nil, &attemptResult{outcome: OutcomeTimeout, err: fmt.Errorf("rate limit: %w", err)}
 		}
 	}
 	return release, nil
+}
+
+// ErrStopped is wrapped in the error of a call that ended because the stop
+// of its context (WithRetryStop) came before its next attempt. It wraps
+// context.Canceled: the call was cancelled, it did not fail.
+var ErrStopped = fmt.Errorf("stopped retrying at shutdown: %w", context.Canceled)
+
+type retryStopKey struct{}
+
+// WithRetryStop returns ctx with a stop for the calls made with it: once
+// stop is closed, a call starts no new attempt. A call waiting to retry (a
+// backoff, a 429's Retry-After: up to MaxRetryAfter), or for a slot of
+// the concurrency bound or the rate limit, returns at once with an error
+// wrapping ErrStopped (and so context.Canceled), auditing nothing, since
+// nothing was sent. An attempt already sent is not cut short (its answer
+// is paid for): the call returns its answer, its failure when it is not
+// retried or the last, or else ErrStopped. ctx's own cancellation works
+// as ever.
+//
+// It is for work that a shutdown hands back to be done again (a Kafka
+// batch left uncommitted) while its context stays alive for a drain: the
+// waits between attempts would otherwise hold the shutdown until the
+// context ends (a 60 s Retry-After held the analyze stage's for its whole
+// 8 s drain).
+func WithRetryStop(ctx context.Context, stop <-chan struct{}) context.Context {
+	if stop == nil {
+		return ctx
+	}
+	return context.WithValue(ctx, retryStopKey{}, stop)
+}
+
+// retryStop is ctx's stop (WithRetryStop), nil without one.
+func retryStop(ctx context.Context) <-chan struct{} {
+	ch, _ := ctx.Value(retryStopKey{}).(<-chan struct{})
+	return ch
+}
+
+// isClosed reports whether ch (nil: never) is closed.
+func isClosed(ch <-chan struct{}) bool {
+	if ch == nil {
+		return false
+	}
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
+	}
 }
 
 type wireRequest struct {
@@ -401,6 +485,7 @@ type attemptResult struct {
 	status                         int
 	retryAfter                     time.Duration
 	retryNow                       bool // retry at once: the next attempt sends another request
+	stopped                        bool // not made: ctx's stop came while it waited for a slot
 	promptTokens, completionTokens int
 	err                            error
 	resp                           Response

@@ -877,3 +877,92 @@ func TestExtraBody(t *testing.T) {
 		}
 	}
 }
+
+// TestRetryAfterWaitEndsOnCancel: a call waiting out a 429's Retry-After
+// (60 s) returns as soon as its context is cancelled, with
+// context.Canceled, and audits the one attempt made.
+func TestRetryAfterWaitEndsOnCancel(t *testing.T) {
+	srv := llmtest.New(t)
+	srv.Handle(func(llmtest.Request) llmtest.Reply { return llmtest.RateLimited("60") })
+	c, rec := newClient(t, srv, nil)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	time.AfterFunc(200*time.Millisecond, cancel)
+	start := time.Now()
+	_, err := c.Chat(ctx, ask(objSchema))
+	if took := time.Since(start); took > 10*time.Second {
+		t.Fatalf("the call returned %v after its cancellation, in a 60 s Retry-After", took)
+	}
+	if !errors.Is(err, context.Canceled) {
+		t.Fatalf("error %v, want context.Canceled", err)
+	}
+	if got := outcomes(rec.Drain()); !equal(got, []string{"http_429"}) {
+		t.Fatalf("audit %v", got)
+	}
+}
+
+// TestRetryStop: with WithRetryStop, closing the stop ends a call's wait
+// between attempts (a 60 s Retry-After here) and its wait for a slot, while
+// its context stays alive, and no attempt starts after it; an attempt in
+// flight at the stop completes and its answer is returned. The error
+// wraps ErrStopped and context.Canceled, is not an *llm.Error (the call
+// did not fail), and nothing is audited for attempts not made.
+func TestRetryStop(t *testing.T) {
+	const answer = `{"answer":"yes"}`
+	for _, tt := range []struct {
+		name        string
+		reply       llmtest.Reply
+		concurrency int  // 1: another call holds the only slot
+		stopFirst   bool // the stop is closed before the call
+		wantAnswer  bool
+		wantAudit   []string
+		wantSent    int
+	}{
+		{"waiting out a Retry-After", llmtest.RateLimited("60"), 0, false, false, []string{"http_429"}, 1},
+		{"waiting for a slot", llmtest.Slow(2*time.Second, llmtest.Text(answer)), 1, false, false, []string{"ok"}, 1}, // the other call's
+		{"stopped before the call", llmtest.Text(answer), 0, true, false, nil, 0},
+		{"attempt in flight", llmtest.Slow(time.Second, llmtest.Text(answer)), 0, false, true, []string{"ok"}, 1},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			srv := llmtest.New(t)
+			srv.Handle(func(llmtest.Request) llmtest.Reply { return tt.reply })
+			c, rec := newClient(t, srv, func(cfg *llm.Config) { cfg.Concurrency = tt.concurrency })
+			var other sync.WaitGroup
+			if tt.concurrency == 1 {
+				other.Go(func() { _, _ = c.Chat(context.Background(), ask(objSchema)) })
+				for len(srv.Requests()) == 0 {
+					time.Sleep(10 * time.Millisecond)
+				}
+			}
+			stop := make(chan struct{})
+			if tt.stopFirst {
+				close(stop)
+			} else {
+				time.AfterFunc(200*time.Millisecond, func() { close(stop) })
+			}
+			start := time.Now()
+			resp, err := c.Chat(llm.WithRetryStop(context.Background(), stop), ask(objSchema))
+			took := time.Since(start)
+			other.Wait()
+			if took > 10*time.Second {
+				t.Fatalf("the call returned %v after the stop", took)
+			}
+			if tt.wantAnswer {
+				if err != nil || resp.Content != answer {
+					t.Fatalf("the attempt in flight at the stop: %q, %v; want its answer", resp.Content, err)
+				}
+			} else {
+				var le *llm.Error
+				if !errors.Is(err, llm.ErrStopped) || !errors.Is(err, context.Canceled) || errors.As(err, &le) {
+					t.Fatalf("error %v, want one wrapping ErrStopped and context.Canceled, not an *llm.Error", err)
+				}
+			}
+			if got := outcomes(rec.Drain()); !equal(got, tt.wantAudit) {
+				t.Fatalf("audit %v, want %v", got, tt.wantAudit)
+			}
+			if n := len(srv.Requests()); n != tt.wantSent {
+				t.Fatalf("%d requests sent, want %d", n, tt.wantSent)
+			}
+		})
+	}
+}
