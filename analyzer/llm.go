@@ -233,12 +233,20 @@ func (l *LLMLabeler) ShouldLabel(r *schemas.Rollout) bool { return l.cfg.SampleR
 // are not recorded as failed and are asked again once it answers.
 var ErrLLMUnavailable = errors.New("the LLM endpoint is unavailable")
 
+// ErrLabelingStopped wraps Label's error when the stop of its context
+// (llm.WithRetryStop: the analyze stage is shutting down) came before some
+// runs' next attempt: those runs did not fail and are not returned, so
+// that they are asked when the rollout is labeled again; the runs
+// answered are returned with it.
+var ErrLabelingStopped = errors.New("labeling stopped at shutdown")
+
 // Label implements Labeler. It returns one RunLabels per run labeled now, in
 // run order: none when r is not in the sample, and none for the runs that
 // AlreadyLabeled reports. Failed runs carry the client's error (which lists
 // every attempt's outcome). A cancelled ctx returns ctx.Err(). When some
-// run failed because the endpoint is unavailable (ErrLLMUnavailable), the
-// other runs are returned with that error, those runs left out.
+// run failed because the endpoint is unavailable (ErrLLMUnavailable), or
+// was stopped by ctx's stop (ErrLabelingStopped), the other runs are
+// returned with that error, those runs left out.
 func (l *LLMLabeler) Label(ctx context.Context, d *Dictionary, r *schemas.Rollout) ([]RunLabels, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
@@ -304,17 +312,24 @@ func (l *LLMLabeler) Label(ctx context.Context, d *Dictionary, r *schemas.Rollou
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	var unavailable error
+	var unavailable, stopped error
 	kept := out[:0]
 	for i, rl := range out {
-		if errs[i] != nil && llm.Unavailable(errs[i]) {
+		switch {
+		case errs[i] != nil && llm.Unavailable(errs[i]):
 			unavailable = cmp.Or(unavailable, errs[i])
+			continue
+		case errors.Is(errs[i], llm.ErrStopped): // not asked: not a failed run
+			stopped = cmp.Or(stopped, errs[i])
 			continue
 		}
 		kept = append(kept, rl)
 	}
 	if unavailable != nil {
 		return kept, fmt.Errorf("%w: %w", ErrLLMUnavailable, unavailable)
+	}
+	if stopped != nil {
+		return kept, fmt.Errorf("%w: %w", ErrLabelingStopped, stopped)
 	}
 	return out, nil
 }

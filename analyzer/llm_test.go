@@ -323,6 +323,40 @@ func TestLLMLabelerCancelled(t *testing.T) {
 	}
 }
 
+// TestLLMLabelerStopped: a stop (llm.WithRetryStop) that comes while a run
+// waits out a 429's Retry-After ends the wait: that run is left out, not
+// failed, and the run answered is returned, with ErrLabelingStopped.
+func TestLLMLabelerStopped(t *testing.T) {
+	d := llmTestDict()
+	srv := llmtest.New(t)
+	var mu sync.Mutex
+	first := true
+	srv.Handle(func(llmtest.Request) llmtest.Reply {
+		mu.Lock()
+		defer mu.Unlock()
+		if first {
+			first = false
+			return llmtest.Labels(allLabels(d, "PRESENT")...)
+		}
+		return llmtest.RateLimited("60")
+	})
+	client, _ := newTestLLMClient(t, srv, func(c *llm.Config) { c.Concurrency = 1 })
+	l, _ := NewLLMLabeler(client, LLMLabelerConfig{Runs: 2})
+	stop := make(chan struct{})
+	time.AfterFunc(300*time.Millisecond, func() { close(stop) })
+	start := time.Now()
+	runs, err := l.Label(llm.WithRetryStop(context.Background(), stop), d, llmTestRollout("r-1", false))
+	if took := time.Since(start); took > 10*time.Second {
+		t.Fatalf("Label returned %v after the stop", took)
+	}
+	if !errors.Is(err, ErrLabelingStopped) {
+		t.Fatalf("error %v, want ErrLabelingStopped", err)
+	}
+	if len(runs) != 1 || runs[0].Failed != "" || runs[0].Labels["verify_user_identity"] != "PRESENT" {
+		t.Fatalf("runs %+v, want the answered run alone", runs)
+	}
+}
+
 // labelStore stands in for capability_labels: one label per (rollout,
 // capability, run), first write wins, like the deduplicated table.
 type labelStore struct {

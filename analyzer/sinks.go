@@ -6,10 +6,12 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sync/errgroup"
 
+	"github.com/traceops/trace/internal/llm"
 	"github.com/traceops/trace/internal/stream"
 	"github.com/traceops/trace/schemas"
 	"github.com/traceops/trace/sink"
@@ -103,9 +105,34 @@ func (l *labeled) take() ([]sink.LabelRow, []sink.LabelRun) {
 // a crash or a drain deadline would otherwise lose every answer paid for
 // so far (the batch is redelivered, and nothing stored says its runs were
 // done). The offsets are still committed only after the whole batch.
+//
+// When the consumer stops (stream.Stopping), such a labeler's batch is
+// given up rather than drained: its model calls start no new attempt (a
+// 429's Retry-After, a backoff or a wait for a slot ends at once:
+// llm.WithRetryStop), no further rollout is started, the calls in flight
+// finish, and the answers are written; Write then returns
+// stream.ErrStopped, so the batch is not committed, and after the restart
+// only the runs not stored are asked. A batch of the llm labeler takes
+// minutes, not the drain's seconds, and waiting out a Retry-After held
+// every shutdown for the whole drain. A stopped run is not a failed one.
 func (s *LabelingSink) Write(ctx context.Context, batch []stream.Record[*schemas.Rollout]) error {
 	out := &labeled{}
 	record := s.Labeler.Runs() > 1 || s.Labeler.Name() == schemas.SourceLLM
+	stop := stream.Stopping(ctx)
+	ctx = llm.WithRetryStop(ctx, stop)
+	var givenUp atomic.Bool // runs left for the redelivery at the stop
+	stopping := func() bool {
+		if !record || stop == nil {
+			return false
+		}
+		select {
+		case <-stop:
+			givenUp.Store(true)
+			return true
+		default:
+			return false
+		}
+	}
 	if record {
 		every := s.FlushEvery
 		if every <= 0 {
@@ -138,6 +165,9 @@ func (s *LabelingSink) Write(ctx context.Context, batch []stream.Record[*schemas
 	}
 	g.SetLimit(limit)
 	for _, rec := range batch {
+		if stopping() {
+			break
+		}
 		r := rec.Value
 		r.EndTime = sink.EventTime(r.EndTime, r.StartTime, rec.Time) // as the ingest stage stores it
 		d := s.Registry.Resolve(r.Environment, r.Agent.Version)
@@ -155,6 +185,9 @@ func (s *LabelingSink) Write(ctx context.Context, batch []stream.Record[*schemas
 			continue
 		}
 		g.Go(func() error {
+			if stopping() { // waited for a slot of g meanwhile
+				return nil
+			}
 			// Non-deterministic labelers (llm) consult the store themselves and
 			// never label a (rollout, dictionary version, run) twice.
 			runs, err := s.Labeler.Label(gctx, d, r)
@@ -162,12 +195,18 @@ func (s *LabelingSink) Write(ctx context.Context, batch []stream.Record[*schemas
 			// holds the batch: its runs are not recorded as failed, the
 			// runs it did answer are kept, and the consumer retries the
 			// batch with backoff, committing nothing, until it answers.
+			// Runs stopped at shutdown are left out likewise, and the
+			// answered ones kept; no error here, which would cancel the
+			// other rollouts' calls in flight.
 			var held error
-			if err != nil {
-				if !errors.Is(err, ErrLLMUnavailable) {
-					return fmt.Errorf("label %s: %w", r.RolloutID, err)
-				}
+			switch {
+			case err == nil:
+			case errors.Is(err, ErrLabelingStopped):
+				givenUp.Store(true)
+			case errors.Is(err, ErrLLMUnavailable):
 				held = fmt.Errorf("label %s: %w; the batch waits for it", r.RolloutID, err)
+			default:
+				return fmt.Errorf("label %s: %w", r.RolloutID, err)
 			}
 			var lrs []sink.LabelRun
 			kept := runs[:0]
@@ -206,6 +245,12 @@ func (s *LabelingSink) Write(ctx context.Context, batch []stream.Record[*schemas
 			_ = s.flush(ctx, out) // the answers paid for so far; the batch is retried
 		}
 		return err
+	}
+	if givenUp.Load() {
+		if err := s.flush(ctx, out); err != nil {
+			return fmt.Errorf("%w; the answers of this batch not written are asked again after the restart: %w", stream.ErrStopped, err)
+		}
+		return fmt.Errorf("%w: the labeling runs not done are done after the restart", stream.ErrStopped)
 	}
 	return s.flush(ctx, out)
 }

@@ -4,7 +4,9 @@
 // function, as Prometheus does with oklog/run), so one failing role stops the
 // others. Shutdown interrupts every actor at once (oklog/run gives no order):
 // each consumer drains and commits its batch in flight within its drain
-// timeout while the evaluator and the HTTP server stop; the LLM audit writer
+// timeout (the analyze stage under the llm labeler gives it up, uncommitted,
+// once its calls in flight have answered: stream.ErrStopped) while the
+// evaluator and the HTTP server stop; the LLM audit writer
 // stops, with its last flush, after all of them; Run returns when all have
 // returned, and only then does Close stop the store, the bus and the
 // embedded servers, in reverse start order.

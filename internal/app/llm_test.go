@@ -648,3 +648,103 @@ func TestLLMClientSendsExtraBody(t *testing.T) {
 		t.Fatalf("sent %s", b)
 	}
 }
+
+// TestShutdownDuringRetryAfterIsPrompt: SIGTERM while the LLM labeler waits
+// out a 429's Retry-After (60 s) ends the wait: the process stops well
+// within the consumers' 8 s drain, the run that was answered is kept, the
+// one that was waiting is not recorded as failed, nothing is committed,
+// and after a restart only that run is asked again and the rollout is
+// labeled and committed. Before, the wait ran on the drained batch's
+// context, which ends only at the drain deadline: every such shutdown took
+// the whole 8 s.
+func TestShutdownDuringRetryAfterIsPrompt(t *testing.T) {
+	ch := testenv.ClickHouse(t)
+	w := newWorld(t, ch.Addr, 1)
+	srv := llmtest.New(t)
+	auto := llmtest.AutoLabels(func(llmtest.Request, string) string { return "NA" })
+	var (
+		labelReqs atomic.Int64
+		limit     atomic.Bool // phase 1: every labeling request after the first is rate limited
+	)
+	limit.Store(true)
+	limited := make(chan struct{}, 1)
+	srv.Handle(func(req llmtest.Request) llmtest.Reply {
+		if _, err := llmtest.SchemaCapabilities(req); err != nil { // discovery
+			return llmtest.Status(400, "no discovery in this test")
+		}
+		if labelReqs.Add(1) > 1 && limit.Load() {
+			select {
+			case limited <- struct{}{}:
+			default:
+			}
+			return llmtest.RateLimited("60")
+		}
+		return auto(req)
+	})
+	cfg := withRoles(w.cfg, "analyze")
+	cfg.Analyzer.Labeler = "llm"
+	cfg.Analyzer.N, cfg.Analyzer.K = 2, 2
+	cfg.LLM = config.LLM{BaseURL: srv.URL, Model: "scripted", Timeout: 5 * time.Second, Concurrency: 2, Runs: 2, Structured: "json_schema"}
+	a, stop := w.start(t, cfg)
+	<-a.Ready()
+	w.publish(t, 0, 1)
+	select {
+	case <-limited:
+	case <-time.After(time.Minute):
+		t.Fatal("the labeler did not call the endpoint")
+	}
+	time.Sleep(300 * time.Millisecond) // into the 60 s wait
+	t0 := time.Now()
+	if err := stop(); err != nil {
+		t.Fatalf("run: %v", err)
+	}
+	took := time.Since(t0)
+	t.Logf("shutdown during a 60 s Retry-After took %v", took)
+	if took > 4*time.Second { // the drain deadline is 8 s; a prompt stop takes well under a second
+		t.Fatalf("shutdown took %v: the Retry-After wait held it", took)
+	}
+	count := func(q string) uint64 {
+		t.Helper()
+		st, err := sink.Open(context.Background(), cfg.ClickHouse, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer st.Close()
+		var k uint64
+		if err := testenv.StoreConn(t, st).QueryRow(context.Background(), q).Scan(&k); err != nil {
+			t.Fatal(err)
+		}
+		return k
+	}
+	if c := committed(t, cfg, cfg.Kafka.AnalyzeGroup); c != 0 {
+		t.Fatalf("%d committed: the rollout's labeling was not finished", c)
+	}
+	if f, ok := count("SELECT countIf(status = 'failed') FROM label_runs FINAL"), count("SELECT countIf(status = 'ok') FROM label_runs FINAL"); f != 0 || ok != 1 {
+		t.Fatalf("label_runs after the shutdown: %d failed, %d ok; want 0 (the run stopped waiting is not a failure) and 1 (the answer kept)", f, ok)
+	}
+	if n, calls := llmCalls(t, cfg), len(srv.Requests()); n != uint64(calls) {
+		t.Fatalf("llm_calls has %d rows for %d requests", n, calls)
+	}
+
+	// After a restart the rollout is labeled: only the run not answered is asked.
+	limit.Store(false)
+	before := labelReqs.Load()
+	a2, stop2 := w.start(t, cfg)
+	<-a2.Ready()
+	deadline := time.Now().Add(time.Minute)
+	for committed(t, cfg, cfg.Kafka.AnalyzeGroup) < 1 {
+		if time.Now().After(deadline) {
+			t.Fatal("the restarted analyze stage did not label the rollout")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if err := stop2(); err != nil {
+		t.Fatal(err)
+	}
+	if f, ok := count("SELECT countIf(status = 'failed') FROM label_runs FINAL"), count("SELECT countIf(status = 'ok') FROM label_runs FINAL"); f != 0 || ok != 2 {
+		t.Fatalf("label_runs after the restart: %d failed, %d ok; want 0 and 2", f, ok)
+	}
+	if asked := labelReqs.Load() - before; asked != 1 {
+		t.Fatalf("the restart asked %d labeling requests, want 1 (the run not answered before)", asked)
+	}
+}
