@@ -231,6 +231,11 @@ func toolsOf(v starlark.Value) ([]schemas.Tool, error) {
 				return nil, fmt.Errorf("tool %s: parameters must be a JSON schema of type \"object\"", t.Function.Name)
 			}
 		}
+		// The environment server compiles the schema the same way to
+		// validate arguments: one it would refuse fails here.
+		if _, err := CompileParameters(t.Function.Name, t.Function.Parameters); err != nil {
+			return nil, err
+		}
 		tools = append(tools, t)
 	}
 	return tools, nil

@@ -104,6 +104,8 @@ func TestValidateChecks(t *testing.T) {
 			check: envprog.CheckTools, verdict: envprog.Fail, msg: []string{"parameter reservation_id has type integer, the target's has string"}},
 		{name: "parameter of another name", src: edit(lookup, `"properties": {"reservation_id": {"type": "string"}}`, `"properties": {"id": {"type": "string"}}`),
 			check: envprog.CheckTools, verdict: envprog.Fail, msg: []string{"parameter id is not a parameter of the target's get_reservation_details", "the target's parameter reservation_id (string) is missing"}},
+		{name: "tool schema with an external $ref", src: edit(lookup, `"properties": {"reservation_id": {"type": "string"}}`, `"properties": {"reservation_id": {"$ref": "https://example.com/rid.json"}}`),
+			check: envprog.CheckLoad, verdict: envprog.Fail, msg: []string{"does not load", "tools()", "tool get_reservation_details", `$ref "https://example.com/rid.json" at #/properties/reservation_id is not local`}},
 		{name: "six tools", src: edit(lookup, lookupTool, lookupTool+extraTools),
 			check: envprog.CheckToolCount, verdict: envprog.Fail, msg: []string{"6 tools (get_reservation_details, t1, t2, t3, t4, t5); at most 5"},
 			also: []string{envprog.CheckTools}},

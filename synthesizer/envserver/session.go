@@ -72,9 +72,7 @@ func newServed(srv *Server, e Entry, env envprog.Env) (*served, error) {
 	if b, ok := env.(deadlineBound); ok && b.ReturnsByDeadline() {
 		s.bounded = true
 	}
-	c := jsonschema.NewCompiler()
-	c.UseLoader(noExternalRefs{})
-	for i, t := range info.Tools {
+	for _, t := range info.Tools {
 		name := t.Function.Name
 		s.names = append(s.names, name)
 		params := t.Function.Parameters
@@ -82,17 +80,12 @@ func newServed(srv *Server, e Entry, env envprog.Env) (*served, error) {
 			params = json.RawMessage(`{"type":"object","properties":{}}`)
 		}
 		s.mcp = append(s.mcp, openenv.MCPTool{Name: name, Description: t.Function.Description, InputSchema: params})
-		doc, err := jsonschema.UnmarshalJSON(strings.NewReader(string(params)))
+		// The check a program's load makes (validation fails a program
+		// the server would refuse here); an Env that is not a loaded
+		// program (a Go one) meets it here.
+		sch, err := envprog.CompileParameters(name, params)
 		if err != nil {
-			return nil, fmt.Errorf("environment %s: tool %s: parameters: %w", e.ID, name, err)
-		}
-		url := fmt.Sprintf("mem://tools/%d.json", i)
-		if err := c.AddResource(url, doc); err != nil {
-			return nil, fmt.Errorf("environment %s: tool %s: parameters: %w", e.ID, name, err)
-		}
-		sch, err := c.Compile(url)
-		if err != nil {
-			return nil, fmt.Errorf("environment %s: tool %s: parameters are not a JSON Schema: %w", e.ID, name, err)
+			return nil, fmt.Errorf("environment %s: %w", e.ID, err)
 		}
 		s.params[name] = sch
 	}
@@ -516,17 +509,6 @@ func (s *session) programError(fn string, timeout time.Duration, err error) *ope
 		return openenv.Execution("%s", pe.Error())
 	}
 	return openenv.Execution("%s: %v", fn, err)
-}
-
-// noExternalRefs is the schema compiler's loader: it loads nothing. A
-// tool's parameters schema comes from a program (and the target's tool
-// schemas from rollouts), and jsonschema's default loader reads file://
-// URLs, so a "$ref" made the server read a local file (and name what it
-// held in validation messages).
-type noExternalRefs struct{}
-
-func (noExternalRefs) Load(url string) (any, error) {
-	return nil, fmt.Errorf("a $ref outside the tool's parameters schema (%s) is not loaded", url)
 }
 
 // validate checks an action's tool calls against the environment's tools
