@@ -173,6 +173,7 @@ SESSION_ERROR, queued episodes are written, then it exits 0.`,
 	f.DurationVar(&cfg.IdleTimeout, "idle-timeout", cfg.IdleTimeout, "evict a session idle for this long (SESSION_ERROR)")
 	f.DurationVar(&cfg.StepTimeout, "step-timeout", cfg.StepTimeout, "bound of one reset or step (EXECUTION_ERROR past it)")
 	f.IntVar(&cfg.MaxMessageBytes, "max-message-bytes", cfg.MaxMessageBytes, "largest frame or body accepted (VALIDATION_ERROR above)")
+	f.IntVar(&cfg.MaxObservationBytes, "max-observation-bytes", cfg.MaxObservationBytes, "largest observation sent (EXECUTION_ERROR instead, the episode over)")
 	f.BoolVar(&record, "record", false, "record finished episodes in ClickHouse env_episodes")
 	f.Float64Var(&cfg.RecordSample, "record-sample", cfg.RecordSample, "share of episodes recorded with --record (0 to 1)")
 	f.StringSliceVar(&cfg.WSOrigins, "ws-origin", cfg.WSOrigins, "origin host pattern (such as *.example.com) whose browser pages may open a WebSocket, besides this server's host; repeatable, as env.ws_origins")

@@ -121,6 +121,7 @@ func TestValidateNamesTheField(t *testing.T) {
 		{[]string{"http.addr=8080"}, "http.addr"},
 		{[]string{"http.ready_timeout=0s"}, "http.ready_timeout"},
 		{[]string{"kafka.max_message_bytes=100"}, "kafka.max_message_bytes"},
+		{[]string{"env.max_observation_bytes=1000"}, "env.max_observation_bytes: 1000, must be at least 65536"},
 		// Two consumer groups of one topic would split its partitions: the
 		// rollouts the analyzer's member read would never be stored.
 		{[]string{"kafka.analyze_group=trace-ingest"}, "kafka.analyze_group"},

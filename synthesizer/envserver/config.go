@@ -6,6 +6,8 @@ import (
 	"net"
 	"path"
 	"time"
+
+	"github.com/traceops/trace/synthesizer/envprog"
 )
 
 // Config is the environment server's configuration (the `env:` section of
@@ -34,6 +36,15 @@ type Config struct {
 	// is answered VALIDATION_ERROR (the WebSocket session survives a frame
 	// up to 64 times the limit; a larger one closes it, 1009).
 	MaxMessageBytes int `koanf:"max_message_bytes"`
+	// MaxObservationBytes bounds one observation the server sends (its
+	// JSON, as a WebSocket frame's data or an HTTP body; a tools/call
+	// answer carries less than its step's observation). A program's
+	// transcript is bounded (envprog.MaxTranscriptText, 16 MiB), but the
+	// observation holds the last tool result three times (messages,
+	// tool_results, last_tool_result), each escaped (a control character
+	// takes 6 bytes): ~300 MB at worst. One over the limit is answered
+	// EXECUTION_ERROR instead, saying its size, and its episode is over.
+	MaxObservationBytes int `koanf:"max_observation_bytes"`
 	// RecordSample is the share of finished episodes recorded in ClickHouse
 	// env_episodes (0 to 1; the choice is a hash of the episode id).
 	RecordSample float64 `koanf:"record_sample"`
@@ -67,6 +78,11 @@ type Config struct {
 	WSOrigins []string `koanf:"ws_origins"`
 }
 
+// minObservationBytes is the least env.max_observation_bytes: an
+// observation carries the tools' schemas and the prompts, a few kB for a
+// small environment.
+const minObservationBytes = 64 << 10
+
 // DefaultConfig returns the defaults.
 func DefaultConfig() Config {
 	return Config{
@@ -74,11 +90,15 @@ func DefaultConfig() Config {
 		IdleTimeout:     5 * time.Minute,
 		StepTimeout:     30 * time.Second,
 		MaxMessageBytes: 1 << 20,
-		RecordSample:    1.0,
-		RecordQueue:     10000,
-		RecordBatch:     1000,
-		RecordFlush:     time.Second,
-		GOGC:            400,
+		// Twice the transcript's bound: any transcript fits once, with
+		// room for the step's results beside it; far below openenv's
+		// client's 100 MB frame limit.
+		MaxObservationBytes: 2 * envprog.MaxTranscriptText,
+		RecordSample:        1.0,
+		RecordQueue:         10000,
+		RecordBatch:         1000,
+		RecordFlush:         time.Second,
+		GOGC:                400,
 	}
 }
 
@@ -101,6 +121,9 @@ func (c Config) Validate() error {
 	}
 	if c.MaxMessageBytes < 1024 {
 		errs = append(errs, fmt.Errorf("env.max_message_bytes: %d, must be at least 1024", c.MaxMessageBytes))
+	}
+	if c.MaxObservationBytes < minObservationBytes {
+		errs = append(errs, fmt.Errorf("env.max_observation_bytes: %d, must be at least %d", c.MaxObservationBytes, minObservationBytes))
 	}
 	if !(c.RecordSample >= 0 && c.RecordSample <= 1) {
 		errs = append(errs, fmt.Errorf("env.record_sample: %v, must be in [0, 1]", c.RecordSample))

@@ -197,16 +197,31 @@ const obsFrame = `{"type":"` + openenv.FrameObservation + `","data":`
 // answer before it reads the next frame, so for it the observation is
 // built inside its frame, in a buffer the session reuses (see framed):
 // a step allocates and copies nothing of the kilobytes it sends.
-func (s *session) observation() json.RawMessage {
+//
+// An observation over env.max_observation_bytes is not sent (see
+// oversized); its length is compared once it is built, and a transcript
+// whose encoding alone is over the limit is not built into one.
+func (s *session) observation() (json.RawMessage, *openenv.Error) {
 	p := s.play
 	p.encodeMessages()
+	limit := s.env.srv.cfg.MaxObservationBytes
+	if n := len(p.msgJSON); n > limit {
+		return nil, s.oversized(n, true)
+	}
 	if s.transport == "ws" {
 		b := append(s.frameBuf[:0], obsFrame...)
 		b = s.appendObservation(b)
+		if n := len(b) - len(obsFrame); n > limit {
+			return nil, s.oversized(n, false)
+		}
 		s.frameBuf = append(b, '}')
-		return b[len(obsFrame):]
+		return b[len(obsFrame):], nil
 	}
-	return s.appendObservation(make([]byte, 0, len(p.msgJSON)+len(s.env.toolsJSON)+512))
+	b := s.appendObservation(make([]byte, 0, len(p.msgJSON)+len(s.env.toolsJSON)+512))
+	if len(b) > limit {
+		return nil, s.oversized(len(b), false)
+	}
+	return b, nil
 }
 
 // framed returns obs as a WebSocket observation frame: the session's frame

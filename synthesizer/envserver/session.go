@@ -496,7 +496,7 @@ func (s *session) reset(ctx context.Context, r openenv.ResetRequest) (json.RawMe
 		p.hint, p.hinted = h, h != ""
 	}
 	s.play = p
-	return s.observation(), nil
+	return s.observation()
 }
 
 // programError turns an error of a program call into EXECUTION_ERROR.
@@ -611,7 +611,7 @@ func (s *session) step(ctx context.Context, a openenv.Action, timeout time.Durat
 	p.steps++
 	p.results = chatMessages(res.ToolResults)
 	if !res.Done {
-		return s.observation(), nil
+		return s.observation()
 	}
 	p.done = true
 	switch {
@@ -639,7 +639,7 @@ func (s *session) step(ctx context.Context, a openenv.Action, timeout time.Durat
 	srv.m.reward.WithLabelValues(s.env.id).Observe(rw.Value)
 	srv.m.episodes.WithLabelValues(s.env.id, p.reason).Inc()
 	srv.record(s, p)
-	return s.observation(), nil
+	return s.observation()
 }
 
 // finiteReward refuses a reward component that is not a finite number
@@ -661,6 +661,12 @@ func finiteReward(rw envprog.Reward, seed int64) error {
 // reward); a call cut off because its request went away (a cancelled
 // context) leaves it abandoned, and unrecorded, instead.
 func (s *session) failed(p *play, fn string, timeout time.Duration, err error) *openenv.Error {
+	s.end(p, err)
+	return s.programError(fn, timeout, err)
+}
+
+// end ends the episode on err (see failed).
+func (s *session) end(p *play, err error) {
 	p.done, p.err = true, err.Error()
 	p.reason = "error"
 	var pe *envprog.ProgramError
@@ -672,7 +678,42 @@ func (s *session) failed(p *play, fn string, timeout time.Duration, err error) *
 		srv.m.episodes.WithLabelValues(s.env.id, p.reason).Inc()
 		srv.record(s, p)
 	}
-	return s.programError(fn, timeout, err)
+}
+
+// oversized answers, with EXECUTION_ERROR, an observation of n bytes over
+// env.max_observation_bytes, which is not sent (transcript: n is its
+// transcript's encoding alone, and it was not built).
+//
+// The session survives, as it survives a program's error: the limit is
+// about one answer, the connection and the server are fine, and what made
+// the answer large (the encoded transcript, the frame buffer) is let go
+// here, so the session holds none of it. The episode does not: every
+// later observation holds the whole transcript, which only grows, and the
+// client never saw this step's results. A reset's episode is let go (no
+// episode, as after a reset that failed); a step's ends as an error
+// (done_reason "error", recorded), unless it had ended already, whose
+// reward is recorded and in its state.
+func (s *session) oversized(n int, transcript bool) *openenv.Error {
+	srv := s.env.srv
+	p := s.play
+	what := "the observation is"
+	if transcript {
+		what = "the observation's transcript alone is"
+	}
+	msg := fmt.Sprintf("%s %d bytes, over the %d-byte limit (env.max_observation_bytes)", what, n, srv.cfg.MaxObservationBytes)
+	srv.log.Warn("env server: observation over env.max_observation_bytes, not sent", "environment", s.env.id, "session", s.id,
+		"episode", p.id, "seed", p.seed, "step_count", p.steps, "bytes", n, "transcript_only", transcript, "limit", srv.cfg.MaxObservationBytes)
+	s.frameBuf = nil
+	p.msgJSON, p.msgStart, p.tail = nil, nil, nil
+	if p.steps == 0 { // the reset's observation
+		p.close()
+		s.play = nil
+		return openenv.Execution("reset (seed %d): %s; %s", p.seed, msg, s.newEpisode(false))
+	}
+	if !p.done {
+		s.end(p, errors.New(msg))
+	}
+	return openenv.Execution("step: %s; the episode is over, %s", msg, s.newEpisode(true))
 }
 
 // newEpisode tells the client how to play a new episode on the endpoint

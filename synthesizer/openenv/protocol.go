@@ -148,7 +148,8 @@ type Observation struct {
 	RewardComponents map[string]float64 `json:"reward_components,omitempty"`
 	// DoneReason says why the episode ended: "final" (an answer without
 	// tool calls), "environment" (the program ended it), "max_turns",
-	// "timeout" (a step timed out) or "error" (the program failed).
+	// "timeout" (a step timed out) or "error" (the program failed, or the
+	// observation was over the server's size limit).
 	DoneReason string `json:"done_reason,omitempty"`
 	// Error is the program's error when DoneReason is "error" or "timeout".
 	Error string `json:"error,omitempty"`
