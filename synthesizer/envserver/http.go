@@ -18,6 +18,13 @@ import (
 // idle timeout. Responses of a stateful request carry the header back.
 const SessionHeader = "X-Session-Id"
 
+// nosniff is X-Content-Type-Options' value on every answer, one slice
+// shared by all (net/http only reads a header's values): an answer
+// carries text a program wrote (its docstring, tool results, the
+// transcript), which a browser must take as the JSON it is, never sniff
+// into HTML or a script.
+var nosniff = []string{"nosniff"}
+
 func writeJSON(w http.ResponseWriter, status int, v any) {
 	var b []byte
 	var err error
@@ -30,6 +37,7 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 		status, b = http.StatusInternalServerError, []byte(`{"detail":"encoding the response failed"}`)
 	}
 	w.Header().Set("Content-Type", "application/json")
+	w.Header()["X-Content-Type-Options"] = nosniff
 	w.WriteHeader(status)
 	w.Write(b)
 }

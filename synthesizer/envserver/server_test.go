@@ -810,6 +810,41 @@ func TestValidationLocations(t *testing.T) {
 	}
 }
 
+// TestAnswersAreNotSniffed: every HTTP answer, which may carry a
+// program's text (its docstring, tool results, the transcript), says
+// X-Content-Type-Options: nosniff, errors and refusals too.
+func TestAnswersAreNotSniffed(t *testing.T) {
+	cfg := testConfig()
+	cfg.BearerToken = "s3cret"
+	f := start(t, cfg, nil, nil)
+	for _, tc := range []struct {
+		method, path, body string
+		status             int
+	}{
+		{"GET", "/v1/environments?token=s3cret", "", 200},
+		{"GET", "/v1/environments/" + exampleID + "/metadata?token=s3cret", "", 200},
+		{"GET", "/v1/environments/" + exampleID + "/openapi.json?token=s3cret", "", 200},
+		{"POST", "/v1/environments/" + exampleID + "/reset?token=s3cret", `{"seed": 1}`, 200},
+		{"POST", "/v1/environments/" + exampleID + "/step?token=s3cret", `{"action": {"role": "assistant", "content": "Done."}}`, 200},
+		{"POST", "/v1/environments/" + exampleID + "/mcp?token=s3cret", `{"jsonrpc": "2.0", "id": 1, "method": "tools/list"}`, 200},
+		{"POST", "/v1/environments/" + exampleID + "/step?token=s3cret", `{"action": {"role": "assistant", "tool_calls": 1}}`, 422},
+		{"GET", "/v1/environments/" + exampleID + "/metadata", "", 401},
+		{"GET", "/v1/environments/nope/health", "", 404},
+		{"GET", "/health", "", 200},
+	} {
+		req, _ := http.NewRequest(tc.method, f.http.URL+tc.path, strings.NewReader(tc.body))
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != tc.status || resp.Header.Get("X-Content-Type-Options") != "nosniff" {
+			t.Errorf("%s %s: %d, X-Content-Type-Options %q, want %d and nosniff", tc.method, tc.path, resp.StatusCode, resp.Header.Get("X-Content-Type-Options"), tc.status)
+		}
+	}
+}
+
 // TestNotFoundAndMethodJSON: an unknown path is a 404 and another method
 // on a known path a 405 with Allow, both with a JSON detail as
 // openenv-core's server (FastAPI) answers them, not net/http's text.
