@@ -192,7 +192,20 @@ func New(d Deps) http.Handler {
 		w.Header().Set("Cache-Control", "public, max-age=3600")
 		static.ServeHTTP(w, r)
 	}))
-	return withDictMemo(mux)
+	return nosniff(withDictMemo(mux))
+}
+
+// nosniff makes browsers take every answer as its Content-Type says. The
+// dashboard serves text others wrote: a generated environment program
+// (GET /api/environments/{id}/program, text/x-starlark), and programs,
+// rollouts' messages and model answers inside JSON and pages. A browser
+// that sniffed such text could render it as HTML or run it as a script
+// (a <script src> of the program URL on another site's page).
+func nosniff(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("X-Content-Type-Options", "nosniff")
+		h.ServeHTTP(w, r)
+	})
 }
 
 func (s *server) thresholds() ThresholdsJSON {

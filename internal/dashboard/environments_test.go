@@ -84,8 +84,19 @@ func TestEnvironmentsPagesAndAPI(t *testing.T) {
 	rec := httptest.NewRecorder()
 	h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, schemas.EnvironmentProgramPath(done.ID), nil))
 	if rec.Code != 200 || rec.Body.String() != done.Program || rec.Header().Get("X-Trace-Program-Sha256") != done.ProgramHash ||
-		!strings.HasPrefix(rec.Header().Get("Content-Type"), "text/x-starlark") {
+		!strings.HasPrefix(rec.Header().Get("Content-Type"), "text/x-starlark") || rec.Header().Get("X-Content-Type-Options") != "nosniff" {
 		t.Fatalf("program: %d %q %v", rec.Code, rec.Body.String(), rec.Header())
+	}
+	// A program (and the other text the dashboard serves: rollouts,
+	// model answers) is someone else's text: no browser may sniff it
+	// into HTML or a script, whatever the answer.
+	for _, path := range []string{schemas.EnvironmentProgramPath(done.ID), schemas.EnvironmentProgramPath(failed.ID), "/api/environments/" + done.ID,
+		"/api/environments", "/environment?id=" + done.ID, "/environments", "/api/environments/env-0000000000000000", "/assets/style.css"} {
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, path, nil))
+		if got := rec.Header().Get("X-Content-Type-Options"); got != "nosniff" {
+			t.Errorf("GET %s: %d, X-Content-Type-Options %q, want nosniff", path, rec.Code, got)
+		}
 	}
 	for path, want := range map[string]int{
 		"/api/environments/env-0000000000000000":         404,
