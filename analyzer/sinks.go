@@ -115,12 +115,53 @@ func (l *labeled) take() ([]sink.LabelRow, []sink.LabelRun) {
 // only the runs not stored are asked. A batch of the llm labeler takes
 // minutes, not the drain's seconds, and waiting out a Retry-After held
 // every shutdown for the whole drain. A stopped run is not a failed one.
+//
+// When one rollout finds the endpoint unavailable (ErrLLMUnavailable: a
+// refused key, an unknown model, nothing listening), the batch is held
+// the same way: no further rollout is started and no call starts another
+// attempt (it would fail alike), the calls in flight for the other
+// rollouts finish and their answers are written, and Write then returns
+// that error, so the batch is not committed and the consumer retries it
+// with backoff; the runs not stored are asked once the endpoint answers.
+// The other rollouts' calls are not cancelled: their answers are paid for.
 func (s *LabelingSink) Write(ctx context.Context, batch []stream.Record[*schemas.Rollout]) error {
 	out := &labeled{}
 	record := s.Labeler.Runs() > 1 || s.Labeler.Name() == schemas.SourceLLM
 	stop := stream.Stopping(ctx)
-	ctx = llm.WithRetryStop(ctx, stop)
+	// halt ends the model calls' waits and further attempts: closed at the
+	// consumer's stop, or once the endpoint is found unavailable.
+	halt := make(chan struct{})
+	var haltOnce sync.Once
+	haltNow := func() { haltOnce.Do(func() { close(halt) }) }
+	defer haltNow()
+	if stop != nil {
+		go func() {
+			select {
+			case <-stop:
+				haltNow()
+			case <-halt:
+			}
+		}()
+	}
+	ctx = llm.WithRetryStop(ctx, halt)
 	var givenUp atomic.Bool // runs left for the redelivery at the stop
+	var (
+		heldMu sync.Mutex
+		held   error // the first ErrLLMUnavailable: the batch waits for the endpoint
+	)
+	hold := func(err error) {
+		heldMu.Lock()
+		if held == nil {
+			held = err
+		}
+		heldMu.Unlock()
+		haltNow()
+	}
+	holding := func() error {
+		heldMu.Lock()
+		defer heldMu.Unlock()
+		return held
+	}
 	stopping := func() bool {
 		if !record || stop == nil {
 			return false
@@ -165,7 +206,7 @@ func (s *LabelingSink) Write(ctx context.Context, batch []stream.Record[*schemas
 	}
 	g.SetLimit(limit)
 	for _, rec := range batch {
-		if stopping() {
+		if stopping() || holding() != nil {
 			break
 		}
 		r := rec.Value
@@ -185,7 +226,7 @@ func (s *LabelingSink) Write(ctx context.Context, batch []stream.Record[*schemas
 			continue
 		}
 		g.Go(func() error {
-			if stopping() { // waited for a slot of g meanwhile
+			if stopping() || holding() != nil { // waited for a slot of g meanwhile
 				return nil
 			}
 			// Non-deterministic labelers (llm) consult the store themselves and
@@ -195,16 +236,19 @@ func (s *LabelingSink) Write(ctx context.Context, batch []stream.Record[*schemas
 			// holds the batch: its runs are not recorded as failed, the
 			// runs it did answer are kept, and the consumer retries the
 			// batch with backoff, committing nothing, until it answers.
-			// Runs stopped at shutdown are left out likewise, and the
-			// answered ones kept; no error here, which would cancel the
-			// other rollouts' calls in flight.
-			var held error
+			// Runs stopped at shutdown, or by the halt once the endpoint
+			// was found unavailable, are left out likewise, and the
+			// answered ones kept. Neither returns an error here, which
+			// would cancel the other rollouts' calls in flight and lose
+			// their answers.
 			switch {
 			case err == nil:
 			case errors.Is(err, ErrLabelingStopped):
-				givenUp.Store(true)
+				if stopping() || holding() == nil {
+					givenUp.Store(true)
+				}
 			case errors.Is(err, ErrLLMUnavailable):
-				held = fmt.Errorf("label %s: %w; the batch waits for it", r.RolloutID, err)
+				hold(fmt.Errorf("label %s: %w; the batch waits for it", r.RolloutID, err))
 			default:
 				return fmt.Errorf("label %s: %w", r.RolloutID, err)
 			}
@@ -237,7 +281,7 @@ func (s *LabelingSink) Write(ctx context.Context, batch []stream.Record[*schemas
 				rows[i] = sink.LabelRowFrom(&evs[i])
 			}
 			out.add(rows, lrs)
-			return held
+			return nil
 		})
 	}
 	if err := g.Wait(); err != nil {
@@ -251,6 +295,12 @@ func (s *LabelingSink) Write(ctx context.Context, batch []stream.Record[*schemas
 			return fmt.Errorf("%w; the answers of this batch not written are asked again after the restart: %w", stream.ErrStopped, err)
 		}
 		return fmt.Errorf("%w: the labeling runs not done are done after the restart", stream.ErrStopped)
+	}
+	if err := holding(); err != nil {
+		if ferr := s.flush(ctx, out); ferr != nil {
+			return fmt.Errorf("%w; the answers of this batch not written are asked again: %w", err, ferr)
+		}
+		return err
 	}
 	return s.flush(ctx, out)
 }

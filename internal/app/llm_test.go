@@ -624,6 +624,212 @@ func TestLLMOutageHoldsTheStream(t *testing.T) {
 	}
 }
 
+// TestLLMOutageKeepsTheAnswersInFlight: when one rollout's request is
+// refused (401) while another rollout of the same batch is waiting for its
+// answer, that answer is kept — its labels stored, its run recorded — and
+// no further rollout of the batch is started (it would be refused too);
+// nothing is committed and no run is recorded as failed. Once the endpoint
+// answers, only the runs not stored are asked: the slow rollout never
+// again. Before, the refusal was the errgroup's error, which cancelled the
+// other rollouts' calls in flight, so answers already paid for were lost
+// and asked again, and the batch's next rollout was still sent.
+func TestLLMOutageKeepsTheAnswersInFlight(t *testing.T) {
+	const n = 3
+	ch := testenv.ClickHouse(t)
+	w := newWorld(t, ch.Addr, n)
+	for _, r := range w.rollouts { // one key: one partition, one batch, in order
+		r.Environment, r.Agent.Version = w.rollouts[0].Environment, w.rollouts[0].Agent.Version
+	}
+	slow, refusedID, later := w.rollouts[0].RolloutID, w.rollouts[1].RolloutID, w.rollouts[2].RolloutID
+	srv := llmtest.New(t)
+	auto := llmtest.AutoLabels(func(llmtest.Request, string) string { return "NA" })
+	var (
+		mu         sync.Mutex
+		asked      = map[string]int{}
+		laterFirst = -1 // requests for `later` before the slow rollout was answered
+		wrongKey   atomic.Bool
+		refusals   atomic.Int64
+	)
+	wrongKey.Store(true)
+	slowAsked, refused := make(chan struct{}), make(chan struct{})
+	var slowOnce, refusedOnce sync.Once
+	srv.Handle(func(req llmtest.Request) llmtest.Reply {
+		if _, err := llmtest.SchemaCapabilities(req); err != nil { // discovery
+			return llmtest.Status(400, "no discovery in this test")
+		}
+		m := rolloutIDRe.FindStringSubmatch(req.Chat.Prompt())
+		if m == nil {
+			return llmtest.Status(400, "no rollout id in the prompt")
+		}
+		mu.Lock()
+		asked[m[1]]++
+		mu.Unlock()
+		switch {
+		case m[1] == slow:
+			// In flight when the other rollout is refused; answered a
+			// second after that.
+			slowOnce.Do(func() { close(slowAsked) })
+			select {
+			case <-refused:
+			case <-time.After(20 * time.Second):
+			}
+			time.Sleep(time.Second)
+			mu.Lock()
+			if laterFirst < 0 {
+				laterFirst = asked[later]
+			}
+			mu.Unlock()
+			return auto(req)
+		case wrongKey.Load():
+			if m[1] == refusedID {
+				select { // refused while the slow rollout's request is in flight
+				case <-slowAsked:
+				case <-time.After(20 * time.Second):
+				}
+			}
+			refusals.Add(1)
+			defer refusedOnce.Do(func() { close(refused) })
+			return llmtest.Status(401, "Incorrect API key provided")
+		}
+		return auto(req)
+	})
+	cfg := withRoles(w.cfg, "analyze")
+	cfg.Analyzer.Labeler = "llm"
+	cfg.Analyzer.N, cfg.Analyzer.K = 1, 1
+	cfg.Analyzer.Concurrency = 2 // the slow and the refused rollout at once; the third waits for a slot
+	cfg.LLM = config.LLM{BaseURL: srv.URL, Model: "scripted", Timeout: 30 * time.Second, Concurrency: 4, Runs: 1, Structured: "json_schema"}
+	a, _ := w.start(t, cfg)
+	<-a.Ready()
+	w.publish(t, 0, n)
+	count := func(q string, args ...any) uint64 {
+		t.Helper()
+		var k uint64
+		if err := testenv.StoreConn(t, a.Store).QueryRow(context.Background(), q, args...).Scan(&k); err != nil {
+			t.Fatal(err)
+		}
+		return k
+	}
+	deadline := time.Now().Add(time.Minute)
+	for count("SELECT count() FROM capability_labels WHERE rollout_id = ?", slow) == 0 || refusals.Load() < 3 {
+		if time.Now().After(deadline) {
+			t.Fatalf("with the key refused: the slow rollout's answer stored: %v, %d refusals; want its labels and the batch retried",
+				count("SELECT count() FROM capability_labels WHERE rollout_id = ?", slow) > 0, refusals.Load())
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if f, c := count("SELECT count() FROM label_runs WHERE status = 'failed'"), committed(t, cfg, cfg.Kafka.AnalyzeGroup); f != 0 || c != 0 {
+		t.Fatalf("with the key refused: %d runs recorded as failed, %d rollouts committed; want 0 and 0", f, c)
+	}
+	if ok := count("SELECT count() FROM label_runs FINAL WHERE status = 'ok' AND rollout_id = ?", slow); ok != 1 {
+		t.Fatalf("the slow rollout's run recorded %d times, want once", ok)
+	}
+	mu.Lock()
+	if laterFirst != 0 {
+		t.Errorf("the batch's third rollout was asked %d times before the slow one was answered, though the endpoint had refused the key", laterFirst)
+	}
+	mu.Unlock()
+
+	wrongKey.Store(false)
+	deadline = time.Now().Add(2 * time.Minute)
+	for committed(t, cfg, cfg.Kafka.AnalyzeGroup) < n {
+		if time.Now().After(deadline) {
+			t.Fatal("the analyze stage did not get through the topic once the key was right")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if f, l := count("SELECT count() FROM label_runs WHERE status = 'failed'"), count("SELECT uniqExact(rollout_id, run) FROM capability_labels"); f != 0 || l != n {
+		t.Fatalf("after the outage: %d runs failed, %d (rollout, run) labeled; want 0 and %d", f, l, n)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if asked[slow] != 1 {
+		t.Errorf("the slow rollout was asked %d times, want once: its answer in flight at the refusal was lost", asked[slow])
+	}
+}
+
+// TestLLMOutageEndsTheBatchsRetryWaits: once one rollout's request is
+// refused (401), the batch's other calls start no further attempt — a
+// rollout waiting out a 429's Retry-After (60 s) stops waiting, its run
+// neither failed nor given up for a shutdown — so the batch is held and
+// retried at once, not a minute later for an attempt that would be
+// refused the same way.
+func TestLLMOutageEndsTheBatchsRetryWaits(t *testing.T) {
+	const n = 2
+	ch := testenv.ClickHouse(t)
+	w := newWorld(t, ch.Addr, n)
+	for _, r := range w.rollouts { // one key: one partition, one batch
+		r.Environment, r.Agent.Version = w.rollouts[0].Environment, w.rollouts[0].Agent.Version
+	}
+	waiting := w.rollouts[0].RolloutID
+	srv := llmtest.New(t)
+	auto := llmtest.AutoLabels(func(llmtest.Request, string) string { return "NA" })
+	var wrongKey atomic.Bool
+	var refusals atomic.Int64
+	wrongKey.Store(true)
+	limited := make(chan struct{})
+	var limitedOnce sync.Once
+	srv.Handle(func(req llmtest.Request) llmtest.Reply {
+		if _, err := llmtest.SchemaCapabilities(req); err != nil { // discovery
+			return llmtest.Status(400, "no discovery in this test")
+		}
+		m := rolloutIDRe.FindStringSubmatch(req.Chat.Prompt())
+		if m == nil {
+			return llmtest.Status(400, "no rollout id in the prompt")
+		}
+		if !wrongKey.Load() {
+			return auto(req)
+		}
+		if m[1] == waiting {
+			limitedOnce.Do(func() { close(limited) })
+			return llmtest.RateLimited("60")
+		}
+		select { // refused while the other rollout waits out its Retry-After
+		case <-limited:
+			time.Sleep(200 * time.Millisecond)
+		case <-time.After(20 * time.Second):
+		}
+		refusals.Add(1)
+		return llmtest.Status(401, "Incorrect API key provided")
+	})
+	cfg := withRoles(w.cfg, "analyze")
+	cfg.Analyzer.Labeler = "llm"
+	cfg.Analyzer.N, cfg.Analyzer.K = 1, 1
+	cfg.Analyzer.Concurrency = 2
+	cfg.LLM = config.LLM{BaseURL: srv.URL, Model: "scripted", Timeout: 30 * time.Second, Concurrency: 4, Runs: 1, Structured: "json_schema"}
+	a, _ := w.start(t, cfg)
+	<-a.Ready()
+	w.publish(t, 0, n)
+	count := func(q string) uint64 {
+		t.Helper()
+		var k uint64
+		if err := testenv.StoreConn(t, a.Store).QueryRow(context.Background(), q).Scan(&k); err != nil {
+			t.Fatal(err)
+		}
+		return k
+	}
+	deadline := time.Now().Add(20 * time.Second) // well within the 60 s Retry-After
+	for refusals.Load() < 3 {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d refusals in 20 s: the held batch waited out the other rollout's Retry-After before it was retried", refusals.Load())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if f, c := count("SELECT count() FROM label_runs"), committed(t, cfg, cfg.Kafka.AnalyzeGroup); f != 0 || c != 0 {
+		t.Fatalf("with the key refused: %d runs recorded, %d rollouts committed; want 0 and 0", f, c)
+	}
+	wrongKey.Store(false)
+	deadline = time.Now().Add(time.Minute)
+	for committed(t, cfg, cfg.Kafka.AnalyzeGroup) < n {
+		if time.Now().After(deadline) {
+			t.Fatal("the analyze stage did not get through the topic once the key was right")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if f, l := count("SELECT count() FROM label_runs WHERE status = 'failed'"), count("SELECT uniqExact(rollout_id, run) FROM capability_labels"); f != 0 || l != n {
+		t.Fatalf("after the outage: %d runs failed, %d (rollout, run) labeled; want 0 and %d", f, l, n)
+	}
+}
+
 // TestLLMClientSendsExtraBody: llm.extra_body reaches the requests of the
 // client every llm.* user is made with (app.LLMClient).
 func TestLLMClientSendsExtraBody(t *testing.T) {

@@ -354,7 +354,9 @@ type retryStopKey struct{}
 // batch left uncommitted) while its context stays alive for a drain: the
 // waits between attempts would otherwise hold the shutdown until the
 // context ends (a 60 s Retry-After held the analyze stage's for its whole
-// 8 s drain).
+// 8 s drain). The analyze stage also closes it once the endpoint is found
+// unavailable (a 401): the batch is held and retried, and no attempt of it
+// is worth sending meanwhile.
 func WithRetryStop(ctx context.Context, stop <-chan struct{}) context.Context {
 	if stop == nil {
 		return ctx
