@@ -43,6 +43,8 @@ const (
 	BucketClaims      = "trace_trigger_claims"
 	BucketDictionary  = "trace_dictionaries"
 	DefaultDuplicates = 10 * time.Minute
+	// MinDuplicates is JetStream's smallest duplicate window.
+	MinDuplicates = 100 * time.Millisecond
 )
 
 // Config locates NATS.
@@ -53,7 +55,7 @@ type Config struct {
 	TLSCA      string        `koanf:"tls_ca"`     // CA file for TLS
 	TLSCert    string        `koanf:"tls_cert"`   // client certificate
 	TLSKey     string        `koanf:"tls_key"`    // client key
-	Duplicates time.Duration `koanf:"duplicates"` // JetStream duplicate window, default 10m
+	Duplicates time.Duration `koanf:"duplicates"` // JetStream duplicate window, default (0) 10m; at least MinDuplicates
 	StoreDir   string        `koanf:"store_dir"`  // embedded server's JetStream dir
 	// StreamMaxAge is the max age of TRACE_SYNTHESIS and TRACE_ENVIRONMENTS
 	// (limits-based streams, which otherwise keep every message): set
@@ -66,6 +68,11 @@ type Config struct {
 // Validate checks the settings trace applies to JetStream, naming them by
 // their configuration keys.
 func (c Config) Validate() error {
+	// A negative window used to become the default silently; JetStream
+	// refuses a positive one under 100 ms when it creates a stream.
+	if c.Duplicates < 0 || (c.Duplicates > 0 && c.Duplicates < MinDuplicates) {
+		return fmt.Errorf("nats.duplicates: must be 0 (the default, %s) or at least %s, got %s", DefaultDuplicates, MinDuplicates, c.Duplicates)
+	}
 	if c.StreamMaxAge < 0 {
 		return fmt.Errorf("nats.stream_max_age: must be 0 (keep every message) or positive, got %s", c.StreamMaxAge)
 	}

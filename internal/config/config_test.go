@@ -110,6 +110,9 @@ func TestValidateNamesTheField(t *testing.T) {
 		{[]string{"nats.stream_max_age=-1h"}, "nats.stream_max_age: must be 0 (keep every message) or positive, got -1h0m0s"},
 		{[]string{"nats.stream_max_age=5m"}, "nats.stream_max_age: 5m0s is shorter than the de-duplication window nats.duplicates (10m0s)"},
 		{[]string{"nats.stream_max_age=1h", "nats.duplicates=2h"}, "nats.stream_max_age: 1h0m0s is shorter"},
+		// A negative window used to become the 10m default silently.
+		{[]string{"nats.duplicates=-1m"}, "nats.duplicates: must be 0 (the default, 10m0s) or at least 100ms, got -1m0s"},
+		{[]string{"nats.duplicates=50ms"}, "nats.duplicates: must be 0 (the default, 10m0s) or at least 100ms, got 50ms"},
 		{[]string{"embedded.clickhouse_port=65536"}, "embedded.clickhouse_port"},
 		{[]string{"embedded.clickhouse_http_port=-1"}, "embedded.clickhouse_http_port"},
 		{[]string{"analyzer.rho=2"}, "analyzer.rho"},
@@ -173,6 +176,11 @@ func TestValidateNamesTheField(t *testing.T) {
 			t.Errorf("%q: %v", set, err)
 		} else if c.NATS.StreamMaxAge != want {
 			t.Errorf("%q: nats.stream_max_age %s, want %s", set, c.NATS.StreamMaxAge, want)
+		}
+	}
+	for _, set := range []string{"nats.duplicates=0", "nats.duplicates=100ms", "nats.duplicates=2h"} {
+		if _, err := Load("", []string{set}); err != nil {
+			t.Errorf("%q: %v", set, err)
 		}
 	}
 }
