@@ -82,8 +82,12 @@ func (b *Bus) PublishEnvironmentReady(ctx context.Context, m *schemas.Environmen
 	return nil
 }
 
-// ReadyEnvironments reads every environment-ready message in the stream
-// (trace env list --ready, tests), decoded; an invalid one is an error.
+// ReadyEnvironments reads every environment-ready message still in the
+// stream, in order, decoded; an invalid one is an error. No command calls
+// it (trace env list reads the environments table, and the stream's
+// readers are subscribers outside trace, such as trainers): the tests of
+// this package and internal/app use it to check what was announced, as a
+// subscriber of trace.environments.ready receives it.
 func (b *Bus) ReadyEnvironments(ctx context.Context) ([]*schemas.EnvironmentReady, error) {
 	s, err := b.JS.Stream(ctx, StreamEnvReady)
 	if err != nil {
