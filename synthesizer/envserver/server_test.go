@@ -9,12 +9,14 @@ import (
 	"net/http"
 	"reflect"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/coder/websocket"
 	"github.com/traceops/trace/synthesizer/envclient"
+	"github.com/traceops/trace/synthesizer/envserver"
 	"github.com/traceops/trace/synthesizer/openenv"
 )
 
@@ -313,6 +315,11 @@ func TestStatelessHTTP(t *testing.T) {
 // openenv's servers do (OpenAPI 3.1, info.version the OpenEnv API version,
 // the endpoints `openenv validate --url` looks for), with the schemas GET
 // /schema serves, and declares the bearer token only when one is set.
+// Each operation lists every status the handlers answer it with, each
+// error with the HTTPError body: the errors provoked here (413, 422, 404
+// for an unknown session, 500 EXECUTION_ERROR, 401 without the token) are
+// all in the document, whose 500 was missing before though program errors
+// and observations over env.max_observation_bytes answer it.
 func TestOpenAPI(t *testing.T) {
 	for _, token := range []string{"", "s3cret"} {
 		cfg := testConfig()
@@ -375,6 +382,114 @@ func TestOpenAPI(t *testing.T) {
 		}
 		if secured := doc.Security != nil && doc.Components.SecuritySchemes["bearer"] != nil; secured != (token != "") {
 			t.Errorf("token %q: security %v %v", token, doc.Security, doc.Components.SecuritySchemes)
+		}
+
+		// The statuses of each operation, every error with the HTTPError body.
+		type operation struct {
+			Responses map[string]struct {
+				Content map[string]struct {
+					Schema map[string]any `json:"schema"`
+				} `json:"content"`
+			} `json:"responses"`
+		}
+		op := func(path, method string) operation {
+			t.Helper()
+			var o operation
+			if err := json.Unmarshal(doc.Paths[path][method], &o); err != nil {
+				t.Fatalf("token %q: %s %s: %v", token, method, path, err)
+			}
+			return o
+		}
+		auth := ""
+		if token != "" {
+			auth = " 401"
+		}
+		wantStatuses := map[string]string{
+			"post /reset": "200 400" + auth + " 404 413 422 500 503", "post /step": "200 400" + auth + " 404 413 422 500 503",
+			"get /state": "200" + auth + " 404 500 503", "get /metadata": "200" + auth + " 404 503", "get /schema": "200" + auth + " 404 503",
+			"get /health": "200 404 503", "post /mcp": "200 400" + auth + " 404 503",
+		}
+		for key, want := range wantStatuses {
+			method, path, _ := strings.Cut(key, " ")
+			o := op(path, method)
+			var got []string
+			for status, r := range o.Responses {
+				got = append(got, status)
+				if status != "200" && r.Content["application/json"].Schema["$ref"] != "#/components/schemas/HTTPError" {
+					t.Errorf("token %q: %s's %s has the body %v, want HTTPError", token, key, status, r.Content)
+				}
+			}
+			slices.Sort(got)
+			if g := strings.Join(got, " "); g != want {
+				t.Errorf("token %q: %s answers %s, want %s", token, key, g, want)
+			}
+		}
+
+		// The errors the handlers answer are documented for their operation.
+		call := func(method, path string, header http.Header, body string, withToken bool) (int, []byte) {
+			t.Helper()
+			u := f.base + path
+			if withToken && token != "" {
+				sep := "?"
+				if strings.Contains(u, "?") {
+					sep = "&"
+				}
+				u += sep + "token=" + token
+			}
+			req, err := http.NewRequest(method, u, strings.NewReader(body))
+			if err != nil {
+				t.Fatal(err)
+			}
+			for k, v := range header {
+				req.Header[k] = v
+			}
+			if body != "" {
+				req.Header.Set("Content-Type", "application/json")
+			}
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer resp.Body.Close()
+			b, _ := io.ReadAll(resp.Body)
+			return resp.StatusCode, b
+		}
+		sid, err := f.client(token).CreateSession(ctxT(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		final := `{"action": {"role": "assistant", "content": "done"}}`
+		unknown := http.Header{envserver.SessionHeader: {"no-such-session"}}
+		type probe struct {
+			method, path string
+			header       http.Header
+			body         string
+			withToken    bool
+			want         int
+		}
+		probes := []probe{
+			{"POST", "/reset", nil, `{"seed": 1, "pad": "` + strings.Repeat("x", cfg.MaxMessageBytes) + `"}`, true, 413},
+			{"POST", "/reset", nil, `{"seed": "one"}`, true, 422},
+			{"POST", "/step", nil, `{}`, true, 422},
+			{"POST", "/reset", unknown, `{}`, true, 404},
+			{"POST", "/step", unknown, final, true, 404},
+			{"GET", "/state", unknown, "", true, 404},
+			// A session without an episode: EXECUTION_ERROR.
+			{"POST", "/step", http.Header{envserver.SessionHeader: {sid}}, final, true, 500},
+		}
+		if token != "" {
+			probes = append(probes, probe{"POST", "/step", nil, final, false, 401}, probe{"GET", "/schema", nil, "", false, 401})
+		}
+		for _, p := range probes {
+			status, b := call(p.method, p.path, p.header, p.body, p.withToken)
+			var e openenv.HTTPError
+			if status != p.want || json.Unmarshal(b, &e) != nil || e.Detail == nil {
+				t.Errorf("token %q: %s %s answered %d %.200s, want %d with an HTTPError body", token, p.method, p.path, status, b, p.want)
+				continue
+			}
+			if _, ok := op(p.path, strings.ToLower(p.method)).Responses[fmt.Sprint(status)]; !ok {
+				t.Errorf("token %q: %s %s answers %d (%.200s), which its OpenAPI document does not list", token, p.method, p.path, status, b)
+			}
 		}
 	}
 }
