@@ -24,6 +24,47 @@ import (
 
 var rolloutIDRe = regexp.MustCompile(`rollout_id: (\S+)`)
 
+// labeledOnceKeyRight waits until the analyze stage has committed the n
+// rollouts of a single-run labeling, then checks that no run failed and
+// each rollout was labeled once.
+func labeledOnceKeyRight(t *testing.T, a *app.App, cfg config.Config, n int, timeout time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for committed(t, cfg, cfg.Kafka.AnalyzeGroup) < int64(n) {
+		if time.Now().After(deadline) {
+			t.Fatal("the analyze stage did not get through the topic once the key was right")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	var f, l uint64
+	conn := testenv.StoreConn(t, a.Store)
+	if err := conn.QueryRow(context.Background(), "SELECT count() FROM label_runs WHERE status = 'failed'").Scan(&f); err != nil {
+		t.Fatal(err)
+	}
+	if err := conn.QueryRow(context.Background(), "SELECT uniqExact(rollout_id, run) FROM capability_labels").Scan(&l); err != nil {
+		t.Fatal(err)
+	}
+	if f != 0 || l != uint64(n) {
+		t.Fatalf("after the outage: %d runs failed, %d (rollout, run) labeled; want 0 and %d", f, l, n)
+	}
+}
+
+// labelingOnly is a scripted server's handler for labeling requests:
+// discovery is refused, and h gets the id of the rollout in the prompt (a
+// prompt without one is refused).
+func labelingOnly(h func(req llmtest.Request, id string) llmtest.Reply) func(llmtest.Request) llmtest.Reply {
+	return func(req llmtest.Request) llmtest.Reply {
+		if _, err := llmtest.SchemaCapabilities(req); err != nil { // discovery
+			return llmtest.Status(400, "no discovery in this test")
+		}
+		m := rolloutIDRe.FindStringSubmatch(req.Chat.Prompt())
+		if m == nil {
+			return llmtest.Status(400, "no rollout id in the prompt")
+		}
+		return h(req, m[1])
+	}
+}
+
 // TestLLMLabelingPipeline runs trace with the llm labeler against a local
 // OpenAI-protocol server that answers with the simulator's planted ground
 // truth and injects faults: 429, 500, malformed JSON, a missing capability,
@@ -443,32 +484,23 @@ func TestLLMLabelsOfABatchInFlightKept(t *testing.T) {
 	const n = 6
 	ch := testenv.ClickHouse(t)
 	w := newWorld(t, ch.Addr, n)
-	for _, r := range w.rollouts { // one key: one partition, one batch
-		r.Environment, r.Agent.Version = w.rollouts[0].Environment, w.rollouts[0].Agent.Version
-	}
+	w.oneKey()
 	stuck := w.rollouts[n-1].RolloutID
 	srv := llmtest.New(t)
 	auto := llmtest.AutoLabels(func(llmtest.Request, string) string { return "NA" })
 	var mu sync.Mutex
 	asked := map[string]int{}
 	hang := true
-	srv.Handle(func(req llmtest.Request) llmtest.Reply {
-		if _, err := llmtest.SchemaCapabilities(req); err != nil { // discovery
-			return llmtest.Status(400, "no discovery in this test")
-		}
-		m := rolloutIDRe.FindStringSubmatch(req.Chat.Prompt())
-		if m == nil {
-			return llmtest.Status(400, "no rollout id in the prompt")
-		}
+	srv.Handle(labelingOnly(func(req llmtest.Request, id string) llmtest.Reply {
 		mu.Lock()
-		asked[m[1]]++
-		h := hang && m[1] == stuck
+		asked[id]++
+		h := hang && id == stuck
 		mu.Unlock()
 		if h {
 			return llmtest.Slow(time.Hour, auto(req)) // until the client goes away
 		}
 		return auto(req)
-	})
+	}))
 	cfg := withRoles(w.cfg, "analyze")
 	cfg.Analyzer.Labeler = "llm"
 	cfg.Analyzer.N, cfg.Analyzer.K = 1, 1
@@ -530,9 +562,7 @@ func TestLLMLabelingCommitsAsItGoes(t *testing.T) {
 	const n = 40
 	ch := testenv.ClickHouse(t)
 	w := newWorld(t, ch.Addr, n)
-	for _, r := range w.rollouts { // one key: one partition, in order
-		r.Environment, r.Agent.Version = w.rollouts[0].Environment, w.rollouts[0].Agent.Version
-	}
+	w.oneKey()
 	stuck := w.rollouts[n-1].RolloutID
 	srv := llmtest.New(t)
 	auto := llmtest.AutoLabels(func(llmtest.Request, string) string { return "NA" })
@@ -637,9 +667,7 @@ func TestLLMOutageKeepsTheAnswersInFlight(t *testing.T) {
 	const n = 3
 	ch := testenv.ClickHouse(t)
 	w := newWorld(t, ch.Addr, n)
-	for _, r := range w.rollouts { // one key: one partition, one batch, in order
-		r.Environment, r.Agent.Version = w.rollouts[0].Environment, w.rollouts[0].Agent.Version
-	}
+	w.oneKey()
 	slow, refusedID, later := w.rollouts[0].RolloutID, w.rollouts[1].RolloutID, w.rollouts[2].RolloutID
 	srv := llmtest.New(t)
 	auto := llmtest.AutoLabels(func(llmtest.Request, string) string { return "NA" })
@@ -653,19 +681,12 @@ func TestLLMOutageKeepsTheAnswersInFlight(t *testing.T) {
 	wrongKey.Store(true)
 	slowAsked, refused := make(chan struct{}), make(chan struct{})
 	var slowOnce, refusedOnce sync.Once
-	srv.Handle(func(req llmtest.Request) llmtest.Reply {
-		if _, err := llmtest.SchemaCapabilities(req); err != nil { // discovery
-			return llmtest.Status(400, "no discovery in this test")
-		}
-		m := rolloutIDRe.FindStringSubmatch(req.Chat.Prompt())
-		if m == nil {
-			return llmtest.Status(400, "no rollout id in the prompt")
-		}
+	srv.Handle(labelingOnly(func(req llmtest.Request, id string) llmtest.Reply {
 		mu.Lock()
-		asked[m[1]]++
+		asked[id]++
 		mu.Unlock()
 		switch {
-		case m[1] == slow:
+		case id == slow:
 			// In flight when the other rollout is refused; answered a
 			// second after that.
 			slowOnce.Do(func() { close(slowAsked) })
@@ -681,7 +702,7 @@ func TestLLMOutageKeepsTheAnswersInFlight(t *testing.T) {
 			mu.Unlock()
 			return auto(req)
 		case wrongKey.Load():
-			if m[1] == refusedID {
+			if id == refusedID {
 				select { // refused while the slow rollout's request is in flight
 				case <-slowAsked:
 				case <-time.After(20 * time.Second):
@@ -692,7 +713,7 @@ func TestLLMOutageKeepsTheAnswersInFlight(t *testing.T) {
 			return llmtest.Status(401, "Incorrect API key provided")
 		}
 		return auto(req)
-	})
+	}))
 	cfg := withRoles(w.cfg, "analyze")
 	cfg.Analyzer.Labeler = "llm"
 	cfg.Analyzer.N, cfg.Analyzer.K = 1, 1
@@ -730,16 +751,7 @@ func TestLLMOutageKeepsTheAnswersInFlight(t *testing.T) {
 	mu.Unlock()
 
 	wrongKey.Store(false)
-	deadline = time.Now().Add(2 * time.Minute)
-	for committed(t, cfg, cfg.Kafka.AnalyzeGroup) < n {
-		if time.Now().After(deadline) {
-			t.Fatal("the analyze stage did not get through the topic once the key was right")
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	if f, l := count("SELECT count() FROM label_runs WHERE status = 'failed'"), count("SELECT uniqExact(rollout_id, run) FROM capability_labels"); f != 0 || l != n {
-		t.Fatalf("after the outage: %d runs failed, %d (rollout, run) labeled; want 0 and %d", f, l, n)
-	}
+	labeledOnceKeyRight(t, a, cfg, n, 2*time.Minute)
 	mu.Lock()
 	defer mu.Unlock()
 	if asked[slow] != 1 {
@@ -757,9 +769,7 @@ func TestLLMOutageEndsTheBatchsRetryWaits(t *testing.T) {
 	const n = 2
 	ch := testenv.ClickHouse(t)
 	w := newWorld(t, ch.Addr, n)
-	for _, r := range w.rollouts { // one key: one partition, one batch
-		r.Environment, r.Agent.Version = w.rollouts[0].Environment, w.rollouts[0].Agent.Version
-	}
+	w.oneKey()
 	waiting := w.rollouts[0].RolloutID
 	srv := llmtest.New(t)
 	auto := llmtest.AutoLabels(func(llmtest.Request, string) string { return "NA" })
@@ -768,18 +778,11 @@ func TestLLMOutageEndsTheBatchsRetryWaits(t *testing.T) {
 	wrongKey.Store(true)
 	limited := make(chan struct{})
 	var limitedOnce sync.Once
-	srv.Handle(func(req llmtest.Request) llmtest.Reply {
-		if _, err := llmtest.SchemaCapabilities(req); err != nil { // discovery
-			return llmtest.Status(400, "no discovery in this test")
-		}
-		m := rolloutIDRe.FindStringSubmatch(req.Chat.Prompt())
-		if m == nil {
-			return llmtest.Status(400, "no rollout id in the prompt")
-		}
+	srv.Handle(labelingOnly(func(req llmtest.Request, id string) llmtest.Reply {
 		if !wrongKey.Load() {
 			return auto(req)
 		}
-		if m[1] == waiting {
+		if id == waiting {
 			limitedOnce.Do(func() { close(limited) })
 			return llmtest.RateLimited("60")
 		}
@@ -790,7 +793,7 @@ func TestLLMOutageEndsTheBatchsRetryWaits(t *testing.T) {
 		}
 		refusals.Add(1)
 		return llmtest.Status(401, "Incorrect API key provided")
-	})
+	}))
 	cfg := withRoles(w.cfg, "analyze")
 	cfg.Analyzer.Labeler = "llm"
 	cfg.Analyzer.N, cfg.Analyzer.K = 1, 1
@@ -818,16 +821,7 @@ func TestLLMOutageEndsTheBatchsRetryWaits(t *testing.T) {
 		t.Fatalf("with the key refused: %d runs recorded, %d rollouts committed; want 0 and 0", f, c)
 	}
 	wrongKey.Store(false)
-	deadline = time.Now().Add(time.Minute)
-	for committed(t, cfg, cfg.Kafka.AnalyzeGroup) < n {
-		if time.Now().After(deadline) {
-			t.Fatal("the analyze stage did not get through the topic once the key was right")
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	if f, l := count("SELECT count() FROM label_runs WHERE status = 'failed'"), count("SELECT uniqExact(rollout_id, run) FROM capability_labels"); f != 0 || l != n {
-		t.Fatalf("after the outage: %d runs failed, %d (rollout, run) labeled; want 0 and %d", f, l, n)
-	}
+	labeledOnceKeyRight(t, a, cfg, n, time.Minute)
 }
 
 // TestLLMClientSendsExtraBody: llm.extra_body reaches the requests of the
