@@ -1,6 +1,7 @@
 package analyzer
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -128,8 +129,12 @@ func (s *LabelingSink) Write(ctx context.Context, batch []stream.Record[*schemas
 	out := &labeled{}
 	record := s.Labeler.Runs() > 1 || s.Labeler.Name() == schemas.SourceLLM
 	stop := stream.Stopping(ctx)
-	// halt ends the model calls' waits and further attempts: closed at the
-	// consumer's stop, or once the endpoint is found unavailable.
+	if !record {
+		stop = nil // a deterministic labeler's batch is quick: it drains
+	}
+	// halt starts no further rollout and ends the model calls' waits and
+	// further attempts: closed at the consumer's stop, or once the
+	// endpoint is found unavailable (held).
 	halt := make(chan struct{})
 	var haltOnce sync.Once
 	haltNow := func() { haltOnce.Do(func() { close(halt) }) }
@@ -144,35 +149,20 @@ func (s *LabelingSink) Write(ctx context.Context, batch []stream.Record[*schemas
 		}()
 	}
 	ctx = llm.WithRetryStop(ctx, halt)
-	var givenUp atomic.Bool // runs left for the redelivery at the stop
 	var (
-		heldMu sync.Mutex
-		held   error // the first ErrLLMUnavailable: the batch waits for the endpoint
+		skipped atomic.Bool // rollouts or runs left for the batch's redelivery
+		heldMu  sync.Mutex
+		held    error // the first ErrLLMUnavailable: the batch waits for the endpoint
 	)
-	hold := func(err error) {
-		heldMu.Lock()
-		if held == nil {
-			held = err
-		}
-		heldMu.Unlock()
-		haltNow()
-	}
-	holding := func() error {
-		heldMu.Lock()
-		defer heldMu.Unlock()
-		return held
-	}
-	stopping := func() bool {
-		if !record || stop == nil {
-			return false
-		}
+	halted := func() bool {
 		select {
 		case <-stop:
-			givenUp.Store(true)
-			return true
+		case <-halt:
 		default:
 			return false
 		}
+		skipped.Store(true)
+		return true
 	}
 	if record {
 		every := s.FlushEvery
@@ -206,7 +196,7 @@ func (s *LabelingSink) Write(ctx context.Context, batch []stream.Record[*schemas
 	}
 	g.SetLimit(limit)
 	for _, rec := range batch {
-		if stopping() || holding() != nil {
+		if halted() {
 			break
 		}
 		r := rec.Value
@@ -226,7 +216,7 @@ func (s *LabelingSink) Write(ctx context.Context, batch []stream.Record[*schemas
 			continue
 		}
 		g.Go(func() error {
-			if stopping() || holding() != nil { // waited for a slot of g meanwhile
+			if halted() { // waited for a slot of g meanwhile
 				return nil
 			}
 			// Non-deterministic labelers (llm) consult the store themselves and
@@ -244,11 +234,12 @@ func (s *LabelingSink) Write(ctx context.Context, batch []stream.Record[*schemas
 			switch {
 			case err == nil:
 			case errors.Is(err, ErrLabelingStopped):
-				if stopping() || holding() == nil {
-					givenUp.Store(true)
-				}
+				skipped.Store(true)
 			case errors.Is(err, ErrLLMUnavailable):
-				hold(fmt.Errorf("label %s: %w; the batch waits for it", r.RolloutID, err))
+				heldMu.Lock()
+				held = cmp.Or(held, fmt.Errorf("label %s: %w; the batch waits for it", r.RolloutID, err))
+				heldMu.Unlock()
+				haltNow()
 			default:
 				return fmt.Errorf("label %s: %w", r.RolloutID, err)
 			}
@@ -290,19 +281,30 @@ func (s *LabelingSink) Write(ctx context.Context, batch []stream.Record[*schemas
 		}
 		return err
 	}
-	if givenUp.Load() {
-		if err := s.flush(ctx, out); err != nil {
-			return fmt.Errorf("%w; the answers of this batch not written are asked again after the restart: %w", stream.ErrStopped, err)
-		}
-		return fmt.Errorf("%w: the labeling runs not done are done after the restart", stream.ErrStopped)
+	// Not committed, the answers written: at the stop, a batch with work
+	// left is redelivered after the restart; a held one is retried.
+	stopping := false
+	select {
+	case <-stop:
+		stopping = true
+	default:
 	}
-	if err := holding(); err != nil {
-		if ferr := s.flush(ctx, out); ferr != nil {
-			return fmt.Errorf("%w; the answers of this batch not written are asked again: %w", err, ferr)
-		}
-		return err
+	switch {
+	case skipped.Load() && stopping:
+		return s.flushThen(ctx, out, fmt.Errorf("%w: the labeling runs not done are done after the restart", stream.ErrStopped))
+	case held != nil:
+		return s.flushThen(ctx, out, held)
 	}
 	return s.flush(ctx, out)
+}
+
+// flushThen writes the answers of a batch that is not committed and
+// returns err, why not.
+func (s *LabelingSink) flushThen(ctx context.Context, out *labeled, err error) error {
+	if ferr := s.flush(ctx, out); ferr != nil {
+		return fmt.Errorf("%w; the answers not written are asked again when the batch comes back: %w", err, ferr)
+	}
+	return err
 }
 
 // flush writes the labels and run records not yet written: labels first,
