@@ -38,6 +38,8 @@ type AdapterEvent struct {
 
 // Evidence is the closed-loop comparison behind a guard's decision.
 type Evidence struct {
+	// Level is the confidence level of the intervals; 0 (absent) is 0.95.
+	Level          float64   `json:"level,omitempty"`
 	Verdict        string    `json:"verdict"`
 	Before         Side      `json:"before"`
 	After          Side      `json:"after"`

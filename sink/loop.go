@@ -33,6 +33,9 @@ type LoopSample struct {
 	DictionaryVersion uint32
 	Capability        string
 	Limit             int
+	// Oldest takes the earliest Limit rollouts instead of the most recent
+	// (the guard's looks start at activation).
+	Oldest bool
 }
 
 // RolloutLabels are one rollout's labels for one capability: Labels[run]
@@ -63,14 +66,18 @@ func loopRolloutsSQL(s LoopSample) (string, []any) {
 	}
 	joined := `(adapter = '' AND route_decision_id = '' AND conversation_id != '' AND conversation_id IN (
 			SELECT conversation_id FROM (` + RouteByConversationSQL + `) WHERE environment = ? AND %s))`
+	order := "DESC"
+	if s.Oldest {
+		order = "ASC"
+	}
 	if s.Adapter != "" {
 		return fmt.Sprintf(`SELECT rollout_id FROM rollouts WHERE environment = ? AND agent_version = ? AND (adapter = ? OR `+fmt.Sprintf(joined, "adapter = ?")+`)
-		GROUP BY rollout_id ORDER BY max(end_time) DESC, rollout_id LIMIT %d`, limit),
+		GROUP BY rollout_id ORDER BY max(end_time) %s, rollout_id LIMIT %d`, order, limit),
 			[]any{s.Environment, s.AgentVersion, s.Adapter, s.Environment, s.Adapter}
 	}
 	return fmt.Sprintf(`SELECT rollout_id FROM rollouts WHERE environment = ? AND agent_version = ? AND adapter = '' AND toUInt32(end_time) < ?
 		AND NOT `+fmt.Sprintf(joined, "adapter != ''")+`
-		GROUP BY rollout_id ORDER BY max(end_time) DESC, rollout_id LIMIT %d`, limit),
+		GROUP BY rollout_id ORDER BY max(end_time) %s, rollout_id LIMIT %d`, order, limit),
 		[]any{s.Environment, s.AgentVersion, unixSec(s.Until), s.Environment}
 }
 

@@ -3,6 +3,7 @@ package sink_test
 import (
 	"context"
 	"reflect"
+	"strings"
 	"testing"
 	"time"
 
@@ -113,6 +114,22 @@ func TestLoopSamplesAndRoutingShare(t *testing.T) {
 	}
 	if !reflect.DeepEqual(after, want) {
 		t.Fatalf("after = %+v\nwant %+v", after, want)
+	}
+	// The guard's looks: the earliest routed rollouts (r1 at +10 m, r4 at
+	// +40 m), not the most recent (r2 at +70 m, r4).
+	for _, tc := range []struct {
+		oldest bool
+		want   string
+	}{{true, "r1 r4"}, {false, "r2 r4"}} {
+		got, err := s.LoopLabels(ctx, sink.LoopSample{Environment: "env", AgentVersion: "1.4.0", Adapter: "ad", DictionaryVersion: 2, Capability: "cap",
+			Limit: 2, Oldest: tc.oldest})
+		var ids []string
+		for _, r := range got {
+			ids = append(ids, r.RolloutID)
+		}
+		if err != nil || strings.Join(ids, " ") != tc.want {
+			t.Fatalf("routed, limit 2, oldest %v: %v %v; want %s", tc.oldest, ids, err, tc.want)
+		}
 	}
 
 	share, err := s.RoutingShare(ctx, "env", 110*time.Minute, time.Hour)

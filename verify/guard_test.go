@@ -132,8 +132,15 @@ func TestGuardEndToEnd(t *testing.T) {
 		t.Fatalf("the event breaks its schema: %v\n%s", err, msg.Data)
 	}
 	if msg.Subject != "trace.adapters.events" || ev.Type != "rolled_back" || ev.Adapter != "bad" || ev.By != "guard" || !ev.Simulated ||
-		ev.Evidence == nil || ev.Evidence.Verdict != "worse" || ev.Evidence.PassRateChange.Hi >= 0 || ev.Evidence.After.Rollouts != 110 {
+		ev.Evidence == nil || ev.Evidence.Verdict != "worse" || ev.Evidence.PassRateChange.Hi >= 0 {
 		t.Fatalf("event: %s", msg.Data)
+	}
+	// The evidence is the guard's look: the earliest routed rollouts up to
+	// its failures, at its level, not the verdict's 110 at 95 %.
+	g := got["bad"].Guard
+	if g.Comparison == nil || ev.Evidence.After.Rollouts != g.Comparison.After.Rollouts || ev.Evidence.After.Rollouts >= 110 ||
+		ev.Evidence.Level != g.Level || g.Level != 1-0.05/6 || g.Look < 1 || !strings.Contains(ev.Reason, "look") {
+		t.Fatalf("event evidence: %s; guard %+v", msg.Data, g)
 	}
 	if msg.Header.Get(jetstream.MsgIDHeader) != ev.EventID {
 		t.Fatalf("Msg-Id %q, event id %q", msg.Header.Get(jetstream.MsgIDHeader), ev.EventID)

@@ -23,17 +23,24 @@ type Interval struct {
 
 func (i Interval) String() string { return fmt.Sprintf("%.3f [%.3f, %.3f]", i.Value, i.Lo, i.Hi) }
 
+// zOf is the standard normal quantile of a two-sided interval at level
+// 1 − alpha (zOf(0.05) = z95).
+func zOf(alpha float64) float64 { return math.Sqrt2 * math.Erfinv(1-alpha) }
+
 // Wilson is the Wilson score interval of a proportion p observed on n
 // trials (n may be fractional: a mean over labeling runs). n = 0 gives
 // [0, 1].
-func Wilson(p, n float64) Interval {
+func Wilson(p, n float64) Interval { return wilsonZ(p, n, z95) }
+
+// wilsonZ is Wilson's interval with the normal quantile z.
+func wilsonZ(p, n, z float64) Interval {
 	if n <= 0 {
 		return Interval{Value: p, Lo: 0, Hi: 1}
 	}
-	z2 := z95 * z95
+	z2 := z * z
 	den := 1 + z2/n
 	center := (p + z2/(2*n)) / den
-	half := z95 * math.Sqrt(p*(1-p)/n+z2/(4*n*n)) / den
+	half := z * math.Sqrt(p*(1-p)/n+z2/(4*n*n)) / den
 	return Interval{Value: p, Lo: max(0, center-half), Hi: min(1, center+half)}
 }
 
@@ -62,6 +69,7 @@ type Sample struct {
 	Runs    int
 	success []bool
 	labels  [][]int8 // [rollout][run]
+	ends    []time.Time
 	// Incomplete counts the rollouts left out because some run had not
 	// labeled them (yet), or labeled them with an unknown label.
 	Incomplete int
@@ -113,16 +121,45 @@ next:
 		}
 		s.success = append(s.success, r.Success)
 		s.labels = append(s.labels, ls)
-		if !r.EndTime.IsZero() {
-			if s.From.IsZero() || r.EndTime.Before(s.From) {
-				s.From = r.EndTime
-			}
-			if r.EndTime.After(s.To) {
-				s.To = r.EndTime
-			}
-		}
+		s.ends = append(s.ends, r.EndTime)
+		s.span(r.EndTime)
 	}
 	return s
+}
+
+// span widens From and To to an end time (a zero one is not known).
+func (s *Sample) span(end time.Time) {
+	if end.IsZero() {
+		return
+	}
+	if s.From.IsZero() || end.Before(s.From) {
+		s.From = end
+	}
+	if end.After(s.To) {
+		s.To = end
+	}
+}
+
+// prefix is the sample's first n rollouts (Incomplete is the whole
+// sample's).
+func (s Sample) prefix(n int) Sample {
+	p := Sample{Runs: s.Runs, success: s.success[:n], labels: s.labels[:n], ends: s.ends[:n], Incomplete: s.Incomplete}
+	for _, e := range p.ends {
+		p.span(e)
+	}
+	return p
+}
+
+// needs says whether rollout i needs the capability: labeled PRESENT or
+// LACKING in at least half of the runs.
+func (s Sample) needs(i int) bool {
+	need := 0
+	for _, l := range s.labels[i] {
+		if l != labelNA {
+			need++
+		}
+	}
+	return s.Runs > 0 && 2*need >= s.Runs
 }
 
 // counts are the per-run label counts of the rollouts idx (all when nil).
@@ -215,21 +252,18 @@ func (s Stats) Span(ts func(time.Time) string) string {
 	return "ended " + ts(s.From) + " – " + ts(s.To)
 }
 
-// point computes everything but Δ's interval.
-func (s Sample) point() Stats {
+// point computes everything but Δ's interval, with 95 % intervals.
+func (s Sample) point() Stats { return s.pointZ(z95) }
+
+// pointZ is point with the normal quantile z.
+func (s Sample) pointZ(z float64) Stats {
 	st := Stats{Rollouts: s.Len(), Runs: s.Runs, Incomplete: s.Incomplete, From: s.From, To: s.To}
 	passedNeeded := 0
 	for i, ok := range s.success {
 		if !ok {
 			st.Failures++
 		}
-		need := 0
-		for _, l := range s.labels[i] {
-			if l != labelNA {
-				need++
-			}
-		}
-		if s.Runs > 0 && 2*need >= s.Runs {
+		if s.needs(i) {
 			st.Needed++
 			if ok {
 				passedNeeded++
@@ -246,11 +280,11 @@ func (s Sample) point() Stats {
 		nf, np = append(nf, float64(c.LackingFailed+c.PresentFailed)), append(np, float64(c.LackingPassed+c.PresentPassed))
 	}
 	mean := func(xs []float64) float64 { m, _ := analyzer.MeanStd(xs); return m }
-	st.ERFailed = Wilson(mean(erf), mean(nf))
-	st.ERPassed = Wilson(mean(erp), mean(np))
-	st.Cov = Wilson(mean(cov), float64(st.Failures))
+	st.ERFailed = wilsonZ(mean(erf), mean(nf), z)
+	st.ERPassed = wilsonZ(mean(erp), mean(np), z)
+	st.Cov = wilsonZ(mean(cov), float64(st.Failures), z)
 	st.Delta = Interval{Value: mean(delta), Lo: -1, Hi: 1}
-	st.PassRate = Wilson(ratio(passedNeeded, st.Needed), float64(st.Needed))
+	st.PassRate = wilsonZ(ratio(passedNeeded, st.Needed), float64(st.Needed), z)
 	return st
 }
 

@@ -244,6 +244,11 @@ func TestConfigValidateNamesTheField(t *testing.T) {
 		{Config{MinFailures: -1}, "verify.min_failures"},
 		{Config{Bootstrap: 10}, "verify.bootstrap"},
 		{Config{Interval: -1}, "verify.interval"},
+		{Config{GuardLooks: -1}, "verify.guard_looks"},
+		{Config{GuardLooks: 21}, "verify.guard_looks"},
+		{Config{GuardAlpha: 0.6}, "verify.guard_alpha"},
+		{Config{GuardAlpha: -0.01}, "verify.guard_alpha"},
+		{Config{GuardAlpha: math.NaN()}, "verify.guard_alpha"},
 	} {
 		err := tc.cfg.Defaults().Validate("verify.")
 		if err == nil || !strings.HasPrefix(err.Error(), tc.want+":") {
@@ -330,7 +335,7 @@ func TestConfigJSON(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := `{"delta":0.2,"min_failures":20,"bootstrap":1000,"seed":1,"sample_limit":5000,"guard":true,"interval":"1m0s"}`
+	want := `{"delta":0.2,"min_failures":20,"bootstrap":1000,"seed":1,"sample_limit":5000,"guard":true,"guard_looks":6,"guard_alpha":0.05,"interval":"1m0s"}`
 	if string(b) != want {
 		t.Fatalf("config JSON %s, want %s", b, want)
 	}

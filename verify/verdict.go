@@ -24,7 +24,8 @@ const (
 	NotEnoughData Verdict = "not_enough_data"
 	// Worse: the pass rate is significantly lower after activation, or Δ
 	// significantly higher (the 95 % interval of the change excludes 0).
-	// The guard rolls the adapter back.
+	// The guard rolls the adapter back when its sequential test
+	// (GuardDecision) agrees.
 	Worse Verdict = "worse"
 	// GapClosed: Δ on the routed rollouts is below δ, the selection's
 	// threshold, with its whole 95 % interval: the capability would no
@@ -55,7 +56,7 @@ type Config struct {
 	// SampleLimit is the most rollouts read per side, the most recent
 	// (default 5000).
 	SampleLimit int `koanf:"sample_limit" json:"sample_limit"`
-	// Guard rolls back an adapter whose verdict is worse. On in trace's
+	// Guard rolls back an adapter the guard's test finds worse. On in trace's
 	// default configuration (verify.guard: true); off, the verdict is still
 	// reported and logged. Defaults leaves it as it is.
 	Guard bool `koanf:"guard" json:"guard"`
@@ -69,6 +70,13 @@ type Config struct {
 	// Interval is how often the guard checks the active adapters (default
 	// 1m).
 	Interval time.Duration `koanf:"interval" json:"-"` // in JSON: "interval", a duration text ("1m0s")
+	// GuardLooks is the number of looks of the guard's sequential rule
+	// (see GuardDecision; default 6: at 40, 80, … 1280 routed rollouts
+	// that need the capability with the default MinFailures).
+	GuardLooks int `koanf:"guard_looks" json:"guard_looks"`
+	// GuardAlpha bounds the chance that the guard ever rolls back an
+	// adapter that changed nothing, over all its looks (default 0.05).
+	GuardAlpha float64 `koanf:"guard_alpha" json:"guard_alpha"`
 }
 
 // configJSON is Config in JSON: the interval as a duration text.
@@ -109,6 +117,8 @@ func (c Config) Defaults() Config {
 	c.Seed = cmp.Or(c.Seed, 1)
 	c.SampleLimit = cmp.Or(c.SampleLimit, 5000)
 	c.Interval = cmp.Or(c.Interval, DefaultInterval)
+	c.GuardLooks = cmp.Or(c.GuardLooks, 6)
+	c.GuardAlpha = cmp.Or(c.GuardAlpha, 0.05)
 	return c
 }
 
@@ -126,6 +136,10 @@ func (c Config) Validate(prefix string) error {
 		return fmt.Errorf("%ssample_limit: must be positive, got %d", prefix, c.SampleLimit)
 	case c.Interval <= 0:
 		return fmt.Errorf("%sinterval: must be positive, got %s", prefix, c.Interval)
+	case c.GuardLooks < 1 || c.GuardLooks > maxGuardLooks:
+		return fmt.Errorf("%sguard_looks: must be in [1, %d], got %d", prefix, maxGuardLooks, c.GuardLooks)
+	case math.IsNaN(c.GuardAlpha) || c.GuardAlpha <= 0 || c.GuardAlpha > 0.5:
+		return fmt.Errorf("%sguard_alpha: must be in (0, 0.5], got %v", prefix, c.GuardAlpha)
 	}
 	return nil
 }

@@ -18,13 +18,16 @@
 // not_enough_data, worse, gap_closed, improved, no_change (see Verdict).
 //
 // The guard (Checker.Guard, run periodically by the adapt role of `trace
-// run`) rolls back every active adapter whose verdict is worse: it
+// run`) rolls back every active adapter that its sequential test finds
+// worse (GuardDecision: planned looks at the earliest routed rollouts, so
+// that checking every minute does not turn chance into rollbacks): it
 // publishes an adapter_event/v1 rolled_back on trace.adapters.events with
 // the evidence, so routers stop choosing it, then moves the registry entry
 // to rolled_back through RollBacker.
 package verify
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -96,6 +99,10 @@ type AdapterCheck struct {
 	BaselineAdapter   string    `json:"baseline_adapter,omitempty"`
 	DictionaryVersion uint32    `json:"dictionary_version"`
 	Comparison
+	// Guard is the guard's sequential test (see GuardDecision), on the
+	// same dictionary version's labels; it, not the verdict, decides a
+	// rollback.
+	Guard GuardDecision `json:"guard"`
 	// Action is what the guard did: "rolled_back", "guard off: would roll
 	// back", or empty.
 	Action string `json:"action,omitempty"`
@@ -268,6 +275,7 @@ func (c *Checker) checkOne(ctx context.Context, a sink.AdapterRow, activatedAt t
 	if len(dvs) == 0 {
 		ac.Comparison = Compare(NewSample(nil), NewSample(nil), c.cfg, a.Name)
 		ac.Reason = "no labels of " + a.Capability + " for " + a.Environment + "/" + a.AgentVersion + " yet"
+		ac.Guard = guardDecide(NewSample(nil), NewSample(nil), c.cfg)
 		return ac, nil
 	}
 	// The newest dictionary whose labels decide (a verdict other than
@@ -275,12 +283,18 @@ func (c *Checker) checkOne(ctx context.Context, a sink.AdapterRow, activatedAt t
 	// its start on, so until the rollouts before activation are labeled
 	// with it too (trace relabel), its comparison has no before side:
 	// the older version's labels still decide, and the guard still acts.
-	var newest Comparison
+	var (
+		newest, co Comparison
+		at         = -1
+		sides      []comparedSides
+	)
 	for i, dv := range dvs {
-		co, err := c.compare(ctx, a, ac.BeforeUntil, dv)
+		s, err := c.read(ctx, a, ac.BeforeUntil, dv)
 		if err != nil {
 			return ac, err
 		}
+		sides = append(sides, s)
+		co = Compare(s.before, s.after, c.cfg, a.Name)
 		if i == 0 {
 			newest = co
 		}
@@ -288,63 +302,92 @@ func (c *Checker) checkOne(ctx context.Context, a sink.AdapterRow, activatedAt t
 			if i > 0 {
 				co.Reason += fmt.Sprintf(" (with dictionary v%d's labels; v%d, the newest labeling %s, cannot decide yet: %s)", dv, dvs[0], a.Capability, newest.Reason)
 			}
-			ac.DictionaryVersion, ac.Comparison = dv, co
-			return ac, nil
+			at = i
+			break
 		}
 	}
-	ac.DictionaryVersion, ac.Comparison = dvs[0], newest
-	if len(dvs) > 1 && newest.Before.Rollouts == 0 {
-		ac.Reason += fmt.Sprintf("; no rollout before activation is labeled with dictionary v%d (older versions' labels cannot decide either): trace relabel --env %s --agent-version %s labels them",
-			dvs[0], a.Environment, a.AgentVersion)
+	if at < 0 {
+		at, co = 0, newest
+		if len(dvs) > 1 && newest.Before.Rollouts == 0 {
+			co.Reason += fmt.Sprintf("; no rollout before activation is labeled with dictionary v%d (older versions' labels cannot decide either): trace relabel --env %s --agent-version %s labels them",
+				dvs[0], a.Environment, a.AgentVersion)
+		}
 	}
+	ac.DictionaryVersion, ac.Comparison = dvs[at], co
+	// The guard's looks: the routed rollouts from activation on.
+	routed := c.sample(a, dvs[at])
+	routed.Adapter, routed.Oldest = a.Name, true
+	first, err := c.src.LoopLabels(ctx, routed)
+	if err != nil {
+		return ac, err
+	}
+	s := sides[at]
+	ac.Guard = guardDecide(s.before, NewSampleOfRuns(byEndTime(first), cmp.Or(s.runs, s.after.Runs)), c.cfg)
 	return ac, nil
 }
 
-// compare is the adapter's comparison on dictionary version dv's labels,
-// its before side ending at until.
-func (c *Checker) compare(ctx context.Context, a sink.AdapterRow, until time.Time, dv uint32) (Comparison, error) {
-	base := sink.LoopSample{Environment: a.Environment, AgentVersion: a.AgentVersion, DictionaryVersion: dv, Capability: a.Capability, Limit: c.cfg.SampleLimit}
-	b := base
-	b.Until = until
+// comparedSides are an adapter's two samples on one dictionary version's
+// labels, with the number of runs they count.
+type comparedSides struct {
+	before, after Sample
+	runs          int
+}
+
+// sample is what both sides of an adapter's samples share.
+func (c *Checker) sample(a sink.AdapterRow, dv uint32) sink.LoopSample {
+	return sink.LoopSample{Environment: a.Environment, AgentVersion: a.AgentVersion, DictionaryVersion: dv, Capability: a.Capability,
+		Limit: c.cfg.SampleLimit}
+}
+
+// read reads the adapter's samples on dictionary version dv's labels, the
+// before side ending at until, the after side the most recent routed
+// rollouts.
+func (c *Checker) read(ctx context.Context, a sink.AdapterRow, until time.Time, dv uint32) (comparedSides, error) {
+	var s comparedSides
+	b, r := c.sample(a, dv), c.sample(a, dv)
+	b.Until, r.Adapter = until, a.Name
 	before, err := c.src.LoopLabels(ctx, b)
 	if err != nil {
-		return Comparison{}, err
+		return s, err
 	}
-	r := base
-	r.Adapter = a.Name
 	after, err := c.src.LoopLabels(ctx, r)
 	if err != nil {
-		return Comparison{}, err
+		return s, err
 	}
-	runs := 0 // without the selection's rule: the most runs a side has
+	// Without the selection's rule: the most runs a side has.
 	if c.cfg.Selection != nil {
 		co := sink.Cohort{Environment: a.Environment, AgentVersion: a.AgentVersion, DictionaryVersion: dv}
 		srcs, err := c.src.LabelSources(ctx, []sink.Cohort{co})
 		if err != nil {
-			return Comparison{}, err
+			return s, err
 		}
-		runs = c.cfg.Selection.KOfN(srcs[co]).N
+		s.runs = c.cfg.Selection.KOfN(srcs[co]).N
 	}
-	return Compare(NewSampleOfRuns(before, runs), NewSampleOfRuns(after, runs), c.cfg, a.Name), nil
+	s.before, s.after = NewSampleOfRuns(before, s.runs), NewSampleOfRuns(after, s.runs)
+	return s, nil
 }
 
-// Guard checks every active adapter and rolls back those whose verdict is
-// worse (when the guard is on). It returns every check it could compute,
-// with Action set on the adapters it acted on; an adapter whose check
-// failed, or whose rollback failed, does not stop the others, and the
-// errors are returned joined.
+// Guard checks every active adapter and rolls back those whose guard
+// decision is worse (when the guard is on); an adapter whose verdict is
+// worse but whose look is not gets an Action saying so. It returns every
+// check it could compute, with Action set on the adapters it acted on; an
+// adapter whose check failed, or whose rollback failed, does not stop the
+// others, and the errors are returned joined.
 func (c *Checker) Guard(ctx context.Context) ([]AdapterCheck, error) {
 	checks, err := c.Check(ctx, "active")
 	errs := []error{err}
 	for i := range checks {
 		ac := &checks[i]
-		if ac.Verdict != Worse {
+		if !ac.Guard.Worse {
+			if ac.Verdict == Worse {
+				ac.Action = "guard: not yet, " + ac.Guard.Reason
+			}
 			continue
 		}
 		if !c.cfg.Guard {
 			ac.Action = "guard off: would roll back"
 			c.log.Warn("closed loop: adapter is worse than the base model; the guard is off", "adapter", ac.Adapter,
-				"capability", ac.Capability, "reason", ac.Reason)
+				"capability", ac.Capability, "reason", ac.Guard.Reason)
 			continue
 		}
 		if err := c.rollBack(ctx, ac); err != nil {
@@ -367,10 +410,10 @@ func (c *Checker) rollBack(ctx context.Context, ac *AdapterCheck) error {
 	}
 	now := c.now().UTC()
 	eventID := schemas.AdapterEventID(ac.Adapter, schemas.AdapterRolledBack, ac.row.Version)
-	reason := "closed-loop guard (event " + eventID + "): " + ac.Reason
+	reason := "closed-loop guard (event " + eventID + "): " + ac.Guard.Reason
 	ev := &schemas.AdapterEvent{EventID: eventID,
 		Type: schemas.AdapterRolledBack, Adapter: ac.Adapter, Capability: ac.Capability, Environment: ac.Environment,
-		AgentVersion: ac.AgentVersion, At: now, By: "guard", Reason: reason, Simulated: ac.Simulated, Evidence: ac.Evidence()}
+		AgentVersion: ac.AgentVersion, At: now, By: "guard", Reason: reason, Simulated: ac.Simulated, Evidence: ac.Guard.Evidence()}
 	if err := c.pub.PublishAdapterEvent(ctx, ev); err != nil {
 		return err
 	}
@@ -386,18 +429,23 @@ func (c *Checker) rollBack(ctx context.Context, ac *AdapterCheck) error {
 		return err
 	}
 	c.log.Warn("closed loop: adapter rolled back", "adapter", ac.Adapter, "capability", ac.Capability,
-		"environment", ac.Environment, "reason", ac.Reason, "event", ev.EventID)
+		"environment", ac.Environment, "reason", ac.Guard.Reason, "event", ev.EventID)
 	return nil
 }
 
-// Evidence is the comparison in the adapter event's form.
-func (ac AdapterCheck) Evidence() *schemas.Evidence {
+// Evidence is the guard's look in the adapter event's form (nil before
+// the first look).
+func (g GuardDecision) Evidence() *schemas.Evidence {
+	if g.Comparison == nil {
+		return nil
+	}
+	c := g.Comparison
 	iv := func(i Interval) schemas.Interval { return schemas.Interval{Value: i.Value, Lo: i.Lo, Hi: i.Hi} }
 	side := func(s Stats) schemas.Side {
 		return schemas.Side{Rollouts: s.Rollouts, Failures: s.Failures, Delta: iv(s.Delta), PassRate: iv(s.PassRate)}
 	}
-	dc, pc := iv(ac.DeltaChange), iv(ac.PassRateChange)
-	return &schemas.Evidence{Verdict: string(ac.Verdict), Before: side(ac.Before), After: side(ac.After), DeltaChange: &dc, PassRateChange: &pc}
+	dc, pc := iv(c.DeltaChange), iv(c.PassRateChange)
+	return &schemas.Evidence{Level: g.Level, Verdict: string(c.Verdict), Before: side(c.Before), After: side(c.After), DeltaChange: &dc, PassRateChange: &pc}
 }
 
 // Run runs the guard every cfg.Interval until ctx ends; a failed run is

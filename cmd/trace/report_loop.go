@@ -75,7 +75,7 @@ func writeLoop(w io.Writer, format string, rep *verify.Report) error {
 		fmt.Fprintln(w, "closed loop: no adapter activated yet")
 		return nil
 	}
-	guard := "on: an adapter whose verdict is worse is rolled back"
+	guard := fmt.Sprintf("on: an adapter is rolled back when one of its %d looks is worse at %s %%, see guard: under it", rep.Config.GuardLooks, verify.Pct(rep.Config.GuardLevel()))
 	if !rep.Config.Guard {
 		guard = "off (verify.guard): worse adapters are only reported"
 	}
@@ -116,6 +116,9 @@ func writeLoop(w io.Writer, format string, rep *verify.Report) error {
 			fmt.Fprintf(w, "    cohort %s/%s, dictionary v%d, trained on %s; activated %s; before%s: %s; after: %s\n", a.Environment, a.AgentVersion,
 				a.DictionaryVersion, cmp.Or(a.EnvironmentID, "(no environment recorded)"), a.ActivatedAt.UTC().Format(time.RFC3339),
 				note, sampleSpan(a.Before), sampleSpan(a.After))
+			if a.Status == "active" {
+				fmt.Fprintf(w, "    guard: %s\n", a.Guard.Reason)
+			}
 		}
 	}
 	for _, s := range rep.Share {

@@ -251,6 +251,8 @@ func TestReportLoop(t *testing.T) {
 	for _, want := range []string{"closed loop (before = the base model's rollouts", "precondition_verification on sim-airline",
 		"pv-good [SIMULATED trainer]", "pv-good: gap_closed — Δ 0.700 → 0.034, below δ = 0.20", "msc-new: not_enough_data — 8 labeled failures that need the capability among the routed rollouts (of 8 failures), 20 needed",
 		"routing share in sim-airline per hour", "base model",
+		"    guard: not significantly worse at the guard's look 2 of 6 (the first 87 routed rollouts, 80 that need the capability; 99.2 % intervals)",
+		"    guard: the guard's first look needs 40 routed rollouts that need the capability",
 		"    cohort sim-airline/1.4.0, dictionary v1, trained on env-pv-good; activated 2026-11-30T12:00:00Z; " +
 			"before: 120 rollouts (50 failures needing the capability) ended 2026-11-30T11:00:00Z – 2026-11-30T11:01:59Z; " +
 			"after: 100 rollouts (30 failures needing the capability) ended 2026-11-30T12:01:00Z – 2026-11-30T12:02:39Z"} {

@@ -108,6 +108,20 @@ func TestLoopAPI(t *testing.T) {
 		!strings.Contains(page, `title="30 need the capability"`) {
 		t.Fatalf("page lacks the provenance:\n%s", page)
 	}
+	// The active adapter's guard state, and the rule in the legend.
+	if !strings.Contains(page, `<div class="muted reason guard">guard: not significantly worse at the guard&#39;s look `) ||
+		!strings.Contains(page, "one of its 6 looks at the earliest routed rollouts worse at 99.2 %") ||
+		strings.Count(page, `class="muted reason guard"`) != 1 {
+		t.Fatalf("page lacks the guard's state:\n%s", page)
+	}
+	// The API has it too.
+	for _, c := range rep.Capabilities {
+		for _, a := range c.Adapters {
+			if a.Adapter == "pv-good" && (a.Guard.Look < 1 || a.Guard.Worse || a.Guard.Comparison == nil) {
+				t.Fatalf("pv-good's guard: %+v", a.Guard)
+			}
+		}
+	}
 	// A routing share that cannot be read leaves the rest of the report,
 	// and the page and the API name what is missing.
 	partial := httptest.NewServer(New(Deps{Store: st, Loop: verify.Reporter{Checker: verify.New(verify.Config{Guard: true}, st, nil, nil, nil),

@@ -12,6 +12,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/traceops/trace/verify"
 )
 
 type pageTemplate struct{ t *template.Template }
@@ -28,23 +30,24 @@ func mustParsePages() map[string]*pageTemplate {
 }
 
 var funcs = template.FuncMap{
-	"href":     href,
-	"pct":      func(f float64) string { return fmt.Sprintf("%.1f%%", f*100) },
-	"f2":       func(f float64) string { return fmt.Sprintf("%.2f", f) },
-	"f3":       func(f float64) string { return fmt.Sprintf("%.3f", f) },
-	"count":    fmtCount,
-	"signed":   func(f float64) string { return fmt.Sprintf("%+.3f", f) },
-	"ts":       fmtTS,
-	"day":      func(t time.Time) string { return t.UTC().Format("Mon Jan 2") },
-	"ago":      ago,
-	"join":     strings.Join,
-	"pretty":   prettyJSON,
-	"add":      func(a, b int) int { return a + b },
-	"decision": decisionLabel,
-	"color":    func(kind string) string { return eventColors[kind] },
-	"trend":    trendArrow,
-	"divf":     func(a, b int) float64 { return float64(a) / float64(max(b, 1)) },
-	"deref":    func(k *CohortKey) CohortKey { return *k },
+	"href":       href,
+	"pct":        func(f float64) string { return fmt.Sprintf("%.1f%%", f*100) },
+	"f2":         func(f float64) string { return fmt.Sprintf("%.2f", f) },
+	"f3":         func(f float64) string { return fmt.Sprintf("%.3f", f) },
+	"count":      fmtCount,
+	"signed":     func(f float64) string { return fmt.Sprintf("%+.3f", f) },
+	"ts":         fmtTS,
+	"day":        func(t time.Time) string { return t.UTC().Format("Mon Jan 2") },
+	"ago":        ago,
+	"join":       strings.Join,
+	"pretty":     prettyJSON,
+	"add":        func(a, b int) int { return a + b },
+	"decision":   decisionLabel,
+	"color":      func(kind string) string { return eventColors[kind] },
+	"trend":      trendArrow,
+	"guardLevel": func(c verify.Config) string { return verify.Pct(c.GuardLevel()) },
+	"divf":       func(a, b int) float64 { return float64(a) / float64(max(b, 1)) },
+	"deref":      func(k *CohortKey) CohortKey { return *k },
 	"graderReasons": func(raw json.RawMessage) []string {
 		var g struct {
 			Reasons []string `json:"reasons"`

@@ -8,6 +8,7 @@ import (
 	"cmp"
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"time"
 
 	"github.com/traceops/trace/analyzer"
@@ -33,7 +34,7 @@ type Adapter struct {
 // Seed stores the adapter (status active, updated at ActivatedAt), its
 // before rollouts (base model, ending in the hour before activation) and
 // its after rollouts (routed to it, in the hour after), each with its
-// labels.
+// labels, one a second in a shuffled order of outcomes and labels.
 func Seed(ctx context.Context, st *sink.Store, a Adapter) error {
 	runs := a.Runs
 	if runs == 0 {
@@ -52,34 +53,43 @@ func Seed(ctx context.Context, st *sink.Store, a Adapter) error {
 	var rows []sink.RolloutRow
 	var labels []sink.LabelRow
 	add := func(side string, m Mix, start time.Time, adapter string) {
-		i := 0
-		put := func(n int, ok bool, label string) {
-			for range n {
-				id := fmt.Sprintf("%s-%s-%04d", a.Name, side, i)
-				end := start.Add(time.Duration(i) * time.Second)
-				i++
-				r := sink.RolloutRow{RolloutID: id, Environment: a.Environment, AgentName: "bot", AgentVersion: a.AgentVersion, TaskID: id,
-					Success: ok, StartTime: end.Add(-time.Minute), EndTime: end, Messages: "[]", Tools: "[]", Grader: "{}", Metadata: "{}", Adapter: adapter}
-				if ok {
-					r.Reward = 1
-				}
-				if adapter != "" {
-					r.ConversationID, r.RouteDecisionID = "conv-"+id, "dec-"+id
-				}
-				rows = append(rows, r)
-				for run := range runs {
-					labels = append(labels, sink.LabelRow{LabelEvent: schemas.LabelEvent{RolloutID: id, Environment: a.Environment,
-						AgentVersion: a.AgentVersion, DictionaryVersion: dv, Capability: a.Capability, Run: uint16(run), Label: label,
-						Success: ok, Reward: r.Reward, Source: cmp.Or(a.Source, "verifytest"), TS: end}})
-				}
+		type kind struct {
+			ok    bool
+			label string
+		}
+		var kinds []kind
+		for _, k := range []struct {
+			n int
+			kind
+		}{{m.LF, kind{false, "LACKING"}}, {m.PF, kind{false, "PRESENT"}}, {m.NF, kind{false, "NA"}},
+			{m.LP, kind{true, "LACKING"}}, {m.PP, kind{true, "PRESENT"}}, {m.NP, kind{true, "NA"}}} {
+			for range k.n {
+				kinds = append(kinds, k.kind)
 			}
 		}
-		put(m.LF, false, "LACKING")
-		put(m.PF, false, "PRESENT")
-		put(m.NF, false, "NA")
-		put(m.LP, true, "LACKING")
-		put(m.PP, true, "PRESENT")
-		put(m.NP, true, "NA")
+		// Outcomes and labels interleaved in time, as real traffic's are
+		// (the guard's looks take the earliest rollouts): a shuffle with a
+		// fixed seed, so a test's data are the same at every run.
+		rand.New(rand.NewPCG(uint64(len(kinds)), 7)).Shuffle(len(kinds), func(i, j int) { kinds[i], kinds[j] = kinds[j], kinds[i] })
+		for i, k := range kinds {
+			ok, label := k.ok, k.label
+			id := fmt.Sprintf("%s-%s-%04d", a.Name, side, i)
+			end := start.Add(time.Duration(i) * time.Second)
+			r := sink.RolloutRow{RolloutID: id, Environment: a.Environment, AgentName: "bot", AgentVersion: a.AgentVersion, TaskID: id,
+				Success: ok, StartTime: end.Add(-time.Minute), EndTime: end, Messages: "[]", Tools: "[]", Grader: "{}", Metadata: "{}", Adapter: adapter}
+			if ok {
+				r.Reward = 1
+			}
+			if adapter != "" {
+				r.ConversationID, r.RouteDecisionID = "conv-"+id, "dec-"+id
+			}
+			rows = append(rows, r)
+			for run := range runs {
+				labels = append(labels, sink.LabelRow{LabelEvent: schemas.LabelEvent{RolloutID: id, Environment: a.Environment,
+					AgentVersion: a.AgentVersion, DictionaryVersion: dv, Capability: a.Capability, Run: uint16(run), Label: label,
+					Success: ok, Reward: r.Reward, Source: cmp.Or(a.Source, "verifytest"), TS: end}})
+			}
+		}
 	}
 	add("before", a.Before, a.ActivatedAt.Add(-time.Hour), "")
 	add("after", a.After, a.ActivatedAt.Add(time.Minute), a.Name)

@@ -1,0 +1,160 @@
+package verify
+
+import (
+	"cmp"
+	"fmt"
+	"math"
+	"slices"
+	"strconv"
+
+	"github.com/traceops/trace/sink"
+)
+
+// The guard's sequential rule.
+//
+// The verdict (Compare) is a fixed-sample statement at 95 % about the
+// most recent routed rollouts. The guard cannot act on it at every tick:
+// each tick would be another 5 % chance of a false alarm, and over an
+// adapter's life an adapter that changed nothing would be rolled back
+// sooner or later. So the guard decides at planned looks instead, and
+// spends its error rate over them:
+//
+//   - look k (k = 1 … GuardLooks) is the routed rollouts from activation
+//     on, in order of end time, up to the one that brings the rollouts
+//     that need the capability to 2·MinFailures·2^(k−1). The looks are
+//     counted in rollouts that need the capability, whatever their
+//     outcome: a look that ended at a given number of failures would
+//     end at a failure, and its pass rate would be biased low (a
+//     negative binomial sample), which is a false alarm waiting to
+//     happen. A look with fewer than MinFailures failures among them
+//     cannot decide (not_enough_data), as the verdict cannot;
+//   - each look is tested with intervals at 1 − GuardAlpha/GuardLooks
+//     (compareLook);
+//   - a tick between two looks tests the last look reached, on the same
+//     rollouts, so it repeats that look's decision; after the last look
+//     the decision stays.
+//
+// Over an adapter's whole life the guard makes at most GuardLooks tests,
+// so the chance that it ever rolls back an adapter that changed nothing is
+// at most GuardAlpha (Bonferroni; the looks' overlap only lowers it). The
+// price: a harm has to show at the stricter level, and a harm that begins
+// after the last look is not the guard's (the verdict and `trace report`
+// still show it, and `trace adapters rollback` acts on it).
+
+// maxGuardLooks bounds Config.GuardLooks (a last look at
+// 2·MinFailures·2^19 rollouts is beyond any sample).
+const maxGuardLooks = 20
+
+// GuardDecision is the guard's sequential test of one adapter.
+type GuardDecision struct {
+	// Look is the look tested (1 … Looks); 0 before the first.
+	Look  int `json:"look"`
+	Looks int `json:"looks"`
+	// Needed is the look's size: its routed rollouts that need the
+	// capability.
+	Needed int `json:"needed"`
+	// Level is the confidence level of the look's intervals.
+	Level float64 `json:"level"`
+	// Worse: the look's pass rate is significantly lower, or its Δ
+	// significantly higher, at Level; the guard rolls the adapter back.
+	Worse  bool   `json:"worse"`
+	Reason string `json:"reason"`
+	// Comparison is the look's (absent before the first look).
+	Comparison *Comparison `json:"comparison,omitempty"`
+}
+
+// guardLook returns the last look reached by after (its rollouts in order
+// of end time), whose first look is at first rollouts that need the
+// capability: k in 1 … looks, or 0 before the first, and the number of
+// after's rollouts it covers.
+func guardLook(after Sample, first, looks int) (k, n int) {
+	next := first
+	need := 0
+	for i := range after.success {
+		if !after.needs(i) {
+			continue
+		}
+		if need++; need == next {
+			k, n = k+1, i+1
+			if k == looks {
+				break
+			}
+			next *= 2
+		}
+	}
+	return k, n
+}
+
+// compareLook is a look's comparison at level 1 − alpha. Its intervals
+// are all score intervals, no bootstrap: Wilson for the proportions,
+// Newcombe's hybrid for a difference of two (the pass-rate change, and
+// each side's Δ = ER− − ER+), and MOVER (Newcombe's method for sums of
+// such differences; Zou & Donner 2008) for the change of Δ. At the looks'
+// levels (99 % and beyond) the percentile bootstrap the verdict uses is
+// too narrow on samples of tens of failures: in TestGuardFalseRollbacks
+// it raised a look's false alarms to about twice its share of alpha.
+func compareLook(before, after Sample, cfg Config, alpha float64) Comparison {
+	z := zOf(alpha)
+	c := Comparison{Before: before.pointZ(z), After: after.pointZ(z)}
+	for _, st := range []*Stats{&c.Before, &c.After} {
+		d := Newcombe(st.ERPassed, st.ERFailed)
+		st.Delta.Lo, st.Delta.Hi = max(-1, st.Delta.Value-(d.Value-d.Lo)), min(1, st.Delta.Value+(d.Hi-d.Value))
+	}
+	b, a := c.Before, c.After
+	d := a.Delta.Value - b.Delta.Value
+	lo := math.Sqrt(sq(a.ERFailed.Value-a.ERFailed.Lo) + sq(a.ERPassed.Hi-a.ERPassed.Value) +
+		sq(b.ERFailed.Hi-b.ERFailed.Value) + sq(b.ERPassed.Value-b.ERPassed.Lo))
+	hi := math.Sqrt(sq(a.ERFailed.Hi-a.ERFailed.Value) + sq(a.ERPassed.Value-a.ERPassed.Lo) +
+		sq(b.ERFailed.Value-b.ERFailed.Lo) + sq(b.ERPassed.Hi-b.ERPassed.Value))
+	c.DeltaChange = Interval{Value: d, Lo: d - lo, Hi: d + hi}
+	c.PassRateChange = Newcombe(c.Before.PassRate, c.After.PassRate)
+	c.Verdict, c.Reason = decide(c, cfg)
+	return c
+}
+
+// guardDecide is the guard's test of an adapter: before is the verdict's
+// before side, after the routed rollouts from activation on in order of
+// end time (byEndTime). cfg must have its defaults.
+func guardDecide(before, after Sample, cfg Config) GuardDecision {
+	g := GuardDecision{Looks: cfg.GuardLooks, Level: cfg.GuardLevel()}
+	alpha := 1 - g.Level
+	first := 2 * cfg.MinFailures
+	k, n := guardLook(after, first, cfg.GuardLooks)
+	if k == 0 {
+		g.Reason = fmt.Sprintf("the guard's first look needs %d routed rollouts that need the capability", first)
+		return g
+	}
+	g.Look, g.Needed = k, first<<(k-1)
+	c := compareLook(before, after.prefix(n), cfg, alpha)
+	g.Comparison = &c
+	at := fmt.Sprintf("at the guard's look %d of %d (the first %d routed rollouts, %d that need the capability; %s %% intervals)",
+		k, g.Looks, n, g.Needed, Pct(g.Level))
+	switch c.Verdict {
+	case Worse:
+		g.Worse = true
+		g.Reason = c.Reason + " " + at
+	case NotEnoughData:
+		g.Reason = c.Reason + " " + at
+	default:
+		g.Reason = "not significantly worse " + at
+	}
+	return g
+}
+
+// GuardLevel is the confidence level of each of the guard's looks.
+func (c Config) GuardLevel() float64 { return 1 - c.GuardAlpha/float64(c.GuardLooks) }
+
+// Pct formats a level as a percentage to one decimal (95, 99.2).
+func Pct(level float64) string {
+	return strconv.FormatFloat(math.Round(1000*level)/10, 'f', -1, 64)
+}
+
+// byEndTime orders a side's rollouts by end time (then id), the order the
+// guard's looks take them in.
+func byEndTime(rs []sink.RolloutLabels) []sink.RolloutLabels {
+	rs = slices.Clone(rs)
+	slices.SortFunc(rs, func(a, b sink.RolloutLabels) int {
+		return cmp.Or(a.EndTime.Compare(b.EndTime), cmp.Compare(a.RolloutID, b.RolloutID))
+	})
+	return rs
+}
