@@ -32,6 +32,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/segmentio/kafka-go"
 	"github.com/twmb/franz-go/pkg/kfake"
+	"golang.org/x/sync/singleflight"
 
 	"github.com/traceops/trace/adapter"
 	"github.com/traceops/trace/analyzer"
@@ -80,6 +81,7 @@ type App struct {
 	envHTTP    *http.Server // env.addr's server, when set
 	routerAddr string       // the route role's listener
 
+	readyRound  singleflight.Group // /readyz's round of checks in flight (ready.go)
 	consumersMu sync.Mutex
 	consumers   []consumerState // the roles' Kafka consumers, for /readyz
 

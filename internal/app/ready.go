@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/segmentio/kafka-go"
+
+	"github.com/traceops/trace/internal/httpauth"
 )
 
 // DefaultReadyTimeout bounds each /readyz check when http.ready_timeout is
@@ -156,8 +158,37 @@ func (a *App) Readiness(ctx context.Context) ReadyReport {
 	return rep
 }
 
+// sharedReadiness is Readiness shared by the probes that arrive while a
+// round of checks runs: they wait for it instead of starting their own, so
+// at most one round runs at a time however often /readyz is hit (several
+// load balancers, a hammering client). The round runs detached from the
+// request that started it (bounded by http.ready_timeout), so a probe that
+// gives up does not hand the others a report of cancelled checks.
+func (a *App) sharedReadiness(ctx context.Context) ReadyReport {
+	v, _, _ := a.readyRound.Do("readyz", func() (any, error) {
+		return a.Readiness(context.WithoutCancel(ctx)), nil
+	})
+	return v.(ReadyReport)
+}
+
+// redacted is the report without the checks' errors, for a probe without
+// the bearer token: an error can name internal hosts, users and
+// databases. The status code, each check's name and result are kept
+// (what a load balancer or Kubernetes probe needs; it sends no token).
+func (rep ReadyReport) redacted() ReadyReport {
+	out := ReadyReport{Status: rep.Status, Checks: make([]ReadyCheck, len(rep.Checks))}
+	for i, c := range rep.Checks {
+		c.Error = ""
+		out.Checks[i] = c
+	}
+	return out
+}
+
 func (a *App) readyz(w http.ResponseWriter, r *http.Request) {
-	rep := a.Readiness(r.Context())
+	rep := a.sharedReadiness(r.Context())
+	if t := a.Cfg.HTTP.BearerToken; t != "" && !httpauth.Match(t, httpauth.Bearer(r.Header.Get("Authorization")), r.URL.Query().Get("token")) {
+		rep = rep.redacted()
+	}
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("Cache-Control", "no-store")
 	if rep.Status != "ready" {

@@ -230,7 +230,7 @@ func (l LLM) Body() (map[string]any, error) {
 // HTTP is the dashboard, metrics and health server.
 type HTTP struct {
 	Addr        string `koanf:"addr"`
-	BearerToken string `koanf:"bearer_token"` // secret; protects the API and dashboard (not /healthz, /readyz)
+	BearerToken string `koanf:"bearer_token"` // secret; protects the API and dashboard (not /healthz, /readyz, whose errors it shows only with it)
 	// ReadyTimeout bounds each dependency check of /readyz (they run in
 	// parallel), so a probe answers within about this long whatever is down.
 	ReadyTimeout time.Duration `koanf:"ready_timeout"`
