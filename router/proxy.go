@@ -35,6 +35,48 @@ const (
 	HeaderToken = "X-Trace-Token"
 )
 
+// A request's ids. The caller's X-Request-Id (a gateway's, an SDK's) is
+// recorded in route_decisions.client_request_id when it is a plain token
+// (1–128 visible ASCII characters), passed upstream unchanged and echoed
+// back; without one, the router's own request id (route_decisions'
+// request_id) is sent upstream (vLLM takes it as its request id) and back
+// in it. X-Trace-Request-Id always carries the router's.
+const (
+	HeaderRequestID      = "X-Request-Id"
+	HeaderTraceRequestID = "X-Trace-Request-Id"
+)
+
+// maxRequestIDLen bounds a caller's request id that is recorded.
+const maxRequestIDLen = 128
+
+// clientRequestID is the caller's X-Request-Id when it is a plain token,
+// else "" (not recorded).
+func clientRequestID(h http.Header) string {
+	v := h.Get(HeaderRequestID)
+	if len(v) > maxRequestIDLen {
+		return ""
+	}
+	for i := range len(v) {
+		if v[i] <= ' ' || v[i] > '~' {
+			return ""
+		}
+	}
+	return v
+}
+
+// setRequestIDHeaders answers with the request's ids (see HeaderRequestID):
+// in is the caller's request header, id the router's request id as a
+// header value (one slice shared by every header that carries it, read
+// only: one allocation per request).
+func setRequestIDHeaders(h, in http.Header, id []string) {
+	h[HeaderTraceRequestID] = id
+	if v := in[HeaderRequestID]; len(v) > 0 {
+		h[HeaderRequestID] = v
+	} else {
+		h[HeaderRequestID] = id
+	}
+}
+
 // Response headers the proxy adds.
 const (
 	HeaderAdapter  = "X-Trace-Adapter" // the adapter's served name, or "none" for the base model
@@ -540,6 +582,8 @@ func (p *Proxy) route(w http.ResponseWriter, r *http.Request) {
 	d.wire = wireOf(d)
 	setDecisionHeaders(w.Header(), d)
 	row := Row(d, NewID(), "route", cached)
+	row.ClientRequestID = clientRequestID(r.Header)
+	setRequestIDHeaders(w.Header(), r.Header, []string{row.RequestID})
 	row.Outcome, row.UpstreamStatus = OutcomeRouted, 0
 	row.OverheadUS = micros(time.Since(start))
 	p.record(row)
@@ -637,7 +681,9 @@ func (p *Proxy) chat(w http.ResponseWriter, r *http.Request) {
 	d.wire = wireOf(d) // an uncached decision's is made once for this request
 	out := cb.withModel(d.wire.model)
 	row := Row(d, NewID(), "proxy", cached)
-	row.Stream = stream
+	row.Stream, row.ClientRequestID = stream, clientRequestID(r.Header)
+	reqID := []string{row.RequestID}
+	setRequestIDHeaders(w.Header(), r.Header, reqID)
 	recorded := false
 	defer func() {
 		if !recorded {
@@ -654,6 +700,9 @@ func (p *Proxy) chat(w http.ResponseWriter, r *http.Request) {
 	}
 	ureq.Header = p.upstreamHeader(r.Header)
 	ureq.Header.Set("Content-Type", "application/json")
+	if len(ureq.Header[HeaderRequestID]) == 0 {
+		ureq.Header[HeaderRequestID] = reqID
+	}
 	row.OverheadUS = micros(time.Since(start))
 	resp, err := p.transport.RoundTrip(ureq)
 	if err == nil && resp.StatusCode == http.StatusNotFound && d.Adapter != "" && d.Model != p.r.cfg.BaseModel && !p.cfg.NoAdapterFallback {
@@ -678,6 +727,7 @@ func (p *Proxy) chat(w http.ResponseWriter, r *http.Request) {
 	h := w.Header()
 	copyResponseHeader(h, resp.Header)
 	setDecisionHeaders(h, d)
+	setRequestIDHeaders(h, r.Header, reqID) // over the upstream's own
 	w.WriteHeader(resp.StatusCode)
 	sse := strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream")
 	c := copyFlush(w, resp.Body, sse, resp.StatusCode < 300)

@@ -3,9 +3,11 @@ package router_test
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"compress/gzip"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"math"
 	"net/http"
@@ -226,6 +228,55 @@ func TestProxyNoAdapterWins(t *testing.T) {
 	}
 	if !rows[1].Cached || rows[1].DecisionID != decision {
 		t.Fatalf("second row %+v", rows[1])
+	}
+}
+
+// TestProxyRequestIDs: a caller's X-Request-Id is recorded with the
+// request's row, passed upstream unchanged and echoed back; without one,
+// the router's request id goes upstream and back instead. One that is not
+// a plain token passes and is echoed but is not recorded. POST /v1/route
+// records and answers the ids too.
+func TestProxyRequestIDs(t *testing.T) {
+	f := newFixture(t, adapterRow("lora-ids", "id_verification"))
+	f.script(map[string]float64{"A": 0.1, "B": 0.9}, llmtest.Text("ok"))
+	long := strings.Repeat("x", 129)
+	for i, tc := range []struct {
+		sent, recorded string
+	}{
+		{"caller-0001", "caller-0001"},
+		{"", ""},
+		{"has a space", ""},
+		{long, ""},
+	} {
+		hdr := map[string]string{router.HeaderConversation: fmt.Sprint("rid-", i)}
+		if tc.sent != "" {
+			hdr[router.HeaderRequestID] = tc.sent
+		}
+		resp := f.post("/v1/chat/completions", chatBody, hdr)
+		io.Copy(io.Discard, resp.Body)
+		rows := f.decisions(i + 1)
+		row := rows[len(rows)-1]
+		chats := f.upstreamChats()
+		up := chats[len(chats)-1].Header.Get(router.HeaderRequestID)
+		want := cmp.Or(tc.sent, row.RequestID)
+		if resp.StatusCode != 200 || row.ClientRequestID != tc.recorded || row.RequestID == "" ||
+			resp.Header.Get(router.HeaderTraceRequestID) != row.RequestID || resp.Header.Get(router.HeaderRequestID) != want || up != want {
+			t.Errorf("X-Request-Id %.20q: %d, recorded %q (request_id %q); answered X-Request-Id %.20q, X-Trace-Request-Id %q; upstream got %.20q; want %.20q recorded",
+				tc.sent, resp.StatusCode, row.ClientRequestID, row.RequestID, resp.Header.Get(router.HeaderRequestID),
+				resp.Header.Get(router.HeaderTraceRequestID), up, tc.recorded)
+		}
+	}
+	// Found by the caller's id.
+	got, err := f.st.RouteDecisions(context.Background(), sink.RouteDecisionFilter{ClientRequestID: "caller-0001"})
+	if err != nil || len(got) != 1 || got[0].ConversationID != "rid-0" {
+		t.Fatalf("rows by client_request_id: %+v %v", got, err)
+	}
+	resp := f.post("/v1/route", `{"environment":"`+env+`","messages":[{"role":"user","content":"hi"}]}`, map[string]string{router.HeaderRequestID: "route-7"})
+	io.Copy(io.Discard, resp.Body)
+	rows := f.decisions(5)
+	if r := rows[len(rows)-1]; resp.StatusCode != 200 || r.Endpoint != "route" || r.ClientRequestID != "route-7" ||
+		resp.Header.Get(router.HeaderRequestID) != "route-7" || resp.Header.Get(router.HeaderTraceRequestID) != r.RequestID {
+		t.Fatalf("/v1/route: %d %+v; headers %v", resp.StatusCode, r, resp.Header)
 	}
 }
 

@@ -1443,16 +1443,18 @@ func chdbRouting(t *testing.T, c *chdbDB, base time.Time) {
 		at := base.Add(off)
 		return []any{at, at.UnixNano(), req, dec, conv, "header", "sim-airline", "1.4.0", "proxy", cached, adapter, "cap", adapter, "A",
 			[]string{"A", "B"}, []string{"cap", "none"}, []string{"a1", ""}, []float64{0.75, 0.25}, []string{"a1"}, []float64{1},
-			"classified", "", "base", uint32(12), uint32(150), uint16(200), "ok", uint8(1), nil, nil}
+			"classified", "", "base", uint32(12), uint32(150), uint16(200), "ok", uint8(1), nil, nil, ""}
 	}
 	r1 := row("r1", "d1", "c1", "a1", 0, 0)
-	r1[len(r1)-2], r1[len(r1)-1] = uint32(1200), uint32(34) // its usage; the others reported none
+	r1[28], r1[29] = uint32(1200), uint32(34) // its usage; the others reported none
+	r1[30] = "caller-7"                       // its caller's X-Request-Id
 	c.insert("route_decisions", routeDecisionColumns, r1, row("r2", "d1", "c1", "a1", time.Second, 1),
 		row("r3", "d2", "c2", "", 90*time.Minute, 0))
 	q, args := routeDecisionsSQL(RouteDecisionFilter{Environment: "sim-airline", Since: base.Add(-time.Hour), Limit: 10})
 	r := c.query(q, args...)
 	if len(r.rows) != 3 || r.rows[0].str(2) != "r1" || r.rows[2].str(2) != "r3" || !slices.Equal(r.rows[0].strs(14), []string{"A", "B"}) ||
-		r.rows[0].uint(28) != 1200 || r.rows[0].uint(29) != 34 || string(r.rows[1].vals[28]) != "null" {
+		r.rows[0].uint(28) != 1200 || r.rows[0].uint(29) != 34 || string(r.rows[1].vals[28]) != "null" ||
+		r.rows[0].str(30) != "caller-7" || r.rows[1].str(30) != "" {
 		t.Fatalf("RouteDecisions: %v", r.rows)
 	}
 	r = c.query(tokenUsageSQL, "sim-airline", base.Add(-time.Hour))

@@ -23,7 +23,7 @@ func chdbLoop(t *testing.T, c *chdbDB, base time.Time) {
 		"messages, tools, grader, metadata, kafka_topic, kafka_partition, kafka_offset, ingested_at, ingest_ns, adapter, conversation_id"
 	dec := func(conv, adapter string, at time.Time) []any {
 		return []any{at, at.UnixNano(), "q-" + conv, "d-" + conv, conv, "header", "loop-env", "1.4.0", "proxy", uint8(0), adapter, "cap", adapter, "A",
-			[]string{"A"}, []string{"cap"}, []string{adapter}, []float64{1}, []string{}, []float64{}, "classified", "", "base", uint32(1), uint32(1), uint16(200), "ok", uint8(0), nil, nil}
+			[]string{"A"}, []string{"cap"}, []string{adapter}, []float64{1}, []string{}, []float64{}, "classified", "", "base", uint32(1), uint32(1), uint16(200), "ok", uint8(0), nil, nil, ""}
 	}
 	c.insert("route_decisions", routeDecisionColumns, dec("c-other", "other", act.Add(-2*time.Minute)), dec("c-ad", "", act), dec("c-ad", "ad", act.Add(time.Second)),
 		dec("c-fb", "ad", act.Add(2*time.Second)), dec("c-fb", "", act.Add(3*time.Second))) // c-fb: ad, then the base model (the upstream stopped serving ad)

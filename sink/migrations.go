@@ -663,6 +663,14 @@ SELECT DISTINCT environment, agent_version, dictionary_version, source FROM capa
 		// raw until then.
 		return []string{d.AddColumn("rollup_hours", "layout", "UInt8")}
 	}},
+	{21, "route_decisions_client_request_id", func(d Dialect) []string {
+		// The caller's X-Request-Id of a routed request, to find its row
+		// from the caller's or a gateway's logs; '' when it sent none (or
+		// one that is not a plain token) and for rows written before.
+		// request_id stays the router's own, unique per request: reads
+		// take one row per request_id, and callers may reuse their ids.
+		return []string{d.AddColumn("route_decisions", "client_request_id", "String DEFAULT ''")}
+	}},
 }
 
 // ErrSchemaNewer is Migrate's refusal of a database that a newer trace

@@ -45,11 +45,13 @@ type RouteDecisionRow struct {
 	// error, /v1/route).
 	Usage                          bool
 	PromptTokens, CompletionTokens uint32
+	// ClientRequestID is the caller's X-Request-Id ('' without one).
+	ClientRequestID string
 }
 
 const routeDecisionColumns = `ts, at_ns, request_id, decision_id, conversation_id, conversation_source, environment, agent_version, endpoint,
 	cached, adapter, capability, model, label, labels, label_capabilities, label_adapters, probabilities, weight_adapters, weights,
-	reason, error, classifier_model, classify_ms, overhead_us, upstream_status, outcome, stream, prompt_tokens, completion_tokens`
+	reason, error, classifier_model, classify_ms, overhead_us, upstream_status, outcome, stream, prompt_tokens, completion_tokens, client_request_id`
 
 // InsertRouteDecisions writes decisions in one INSERT.
 func (s *Store) InsertRouteDecisions(ctx context.Context, rows []RouteDecisionRow) error {
@@ -67,7 +69,7 @@ func (s *Store) InsertRouteDecisions(ctx context.Context, rows []RouteDecisionRo
 		if err := b.Append(at, at.UnixNano(), r.RequestID, r.DecisionID, r.ConversationID, r.ConversationSource, r.Environment, r.AgentVersion, r.Endpoint,
 			b2u(r.Cached), r.Adapter, r.Capability, r.Model, r.Label, strs(r.Labels), strs(r.LabelCapabilities), strs(r.LabelAdapters), floats(r.Probabilities),
 			strs(r.WeightAdapters), floats(r.Weights), r.Reason, r.Error, r.ClassifierModel, r.ClassifyMS, r.OverheadUS, r.UpstreamStatus, r.Outcome, b2u(r.Stream),
-			nullable(r.Usage, r.PromptTokens), nullable(r.Usage, r.CompletionTokens)); err != nil {
+			nullable(r.Usage, r.PromptTokens), nullable(r.Usage, r.CompletionTokens), r.ClientRequestID); err != nil {
 			return fmt.Errorf("insert route_decisions: %w", err)
 		}
 	}
@@ -102,6 +104,7 @@ func floats(v []float64) []float64 {
 // RouteDecisionFilter selects decisions; zero fields select all.
 type RouteDecisionFilter struct {
 	Environment, ConversationID, DecisionID string
+	ClientRequestID                         string // the caller's X-Request-Id
 	Since                                   time.Time
 	Limit                                   int
 }
@@ -109,7 +112,7 @@ type RouteDecisionFilter struct {
 func routeDecisionsSQL(f RouteDecisionFilter) (string, []any) {
 	var where []string
 	var args []any
-	for _, c := range []struct{ col, v string }{{"environment", f.Environment}, {"conversation_id", f.ConversationID}, {"decision_id", f.DecisionID}} {
+	for _, c := range []struct{ col, v string }{{"environment", f.Environment}, {"conversation_id", f.ConversationID}, {"decision_id", f.DecisionID}, {"client_request_id", f.ClientRequestID}} {
 		if c.v != "" {
 			where = append(where, c.col+" = ?")
 			args = append(args, c.v)
@@ -149,7 +152,7 @@ func (s *Store) RouteDecisions(ctx context.Context, f RouteDecisionFilter) ([]Ro
 		if err := rows.Scan(&r.At, &atNS, &r.RequestID, &r.DecisionID, &r.ConversationID, &r.ConversationSource, &r.Environment, &r.AgentVersion, &r.Endpoint,
 			&cached, &r.Adapter, &r.Capability, &r.Model, &r.Label, &r.Labels, &r.LabelCapabilities, &r.LabelAdapters, &r.Probabilities,
 			&r.WeightAdapters, &r.Weights, &r.Reason, &r.Error, &r.ClassifierModel, &r.ClassifyMS, &r.OverheadUS, &r.UpstreamStatus, &r.Outcome, &stream,
-			&prompt, &completion); err != nil {
+			&prompt, &completion, &r.ClientRequestID); err != nil {
 			return nil, fmt.Errorf("route decisions: %w", err)
 		}
 		r.At, r.Cached, r.Stream = time.Unix(0, atNS).UTC(), cached == 1, stream == 1
