@@ -35,16 +35,15 @@ const (
 	HeaderToken = "X-Trace-Token"
 )
 
-// A request's ids. The caller's X-Request-Id (a gateway's, an SDK's) is
-// recorded in route_decisions.client_request_id when it is a plain token
-// (1–128 visible ASCII characters), passed upstream unchanged and echoed
-// back; without one, the router's own request id (route_decisions'
-// request_id) is sent upstream (vLLM takes it as its request id) and back
-// in it. X-Trace-Request-Id always carries the router's.
-const (
-	HeaderRequestID      = "X-Request-Id"
-	HeaderTraceRequestID = "X-Trace-Request-Id"
-)
+// HeaderRequestID is a request's id. The caller's X-Request-Id (a
+// gateway's, an SDK's) is recorded in route_decisions.client_request_id
+// when it is a plain token (1–128 visible ASCII characters), passed
+// upstream unchanged and echoed back; without one, the router's own
+// request id (route_decisions' request_id) is sent upstream (vLLM takes it
+// as its request id) and back in it. (One header, not a second one for the
+// router's id beside the caller's: a tenth key makes the response header's
+// map grow, ~0.8 kB per request.)
+const HeaderRequestID = "X-Request-Id"
 
 // maxRequestIDLen bounds a caller's request id that is recorded.
 const maxRequestIDLen = 128
@@ -64,12 +63,11 @@ func clientRequestID(h http.Header) string {
 	return v
 }
 
-// setRequestIDHeaders answers with the request's ids (see HeaderRequestID):
-// in is the caller's request header, id the router's request id as a
-// header value (one slice shared by every header that carries it, read
-// only: one allocation per request).
+// setRequestIDHeaders answers with the request's id (see
+// HeaderRequestID): in is the caller's request header, id the router's
+// request id as a header value (one slice shared with the upstream
+// request's header, read only).
 func setRequestIDHeaders(h, in http.Header, id []string) {
-	h[HeaderTraceRequestID] = id
 	if v := in[HeaderRequestID]; len(v) > 0 {
 		h[HeaderRequestID] = v
 	} else {
