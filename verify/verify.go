@@ -354,7 +354,8 @@ func (c *Checker) read(ctx context.Context, a sink.AdapterRow, until time.Time, 
 	if err != nil {
 		return s, err
 	}
-	// Without the selection's rule: the most runs a side has.
+	// Without the selection's rule s.runs stays 0: each side counts the
+	// most runs any of its rollouts has.
 	if c.cfg.Selection != nil {
 		co := sink.Cohort{Environment: a.Environment, AgentVersion: a.AgentVersion, DictionaryVersion: dv}
 		srcs, err := c.src.LabelSources(ctx, []sink.Cohort{co})
