@@ -36,6 +36,9 @@ type LoopSample struct {
 	// Oldest takes the earliest Limit rollouts instead of the most recent
 	// (the guard's looks start at activation).
 	Oldest bool
+	// From and To bound the routed side's end times (From ≤ end_time <
+	// To, whole seconds; zero: unbounded): the guard's watch blocks.
+	From, To time.Time
 }
 
 // RolloutLabels are one rollout's labels for one capability: Labels[run]
@@ -71,9 +74,19 @@ func loopRolloutsSQL(s LoopSample) (string, []any) {
 		order = "ASC"
 	}
 	if s.Adapter != "" {
-		return fmt.Sprintf(`SELECT rollout_id FROM rollouts WHERE environment = ? AND agent_version = ? AND (adapter = ? OR `+fmt.Sprintf(joined, "adapter = ?")+`)
+		args := []any{s.Environment, s.AgentVersion}
+		var span string
+		if !s.From.IsZero() {
+			span += " AND toUInt32(end_time) >= ?"
+			args = append(args, unixSec(s.From))
+		}
+		if !s.To.IsZero() {
+			span += " AND toUInt32(end_time) < ?"
+			args = append(args, unixSec(s.To))
+		}
+		return fmt.Sprintf(`SELECT rollout_id FROM rollouts WHERE environment = ? AND agent_version = ?`+span+` AND (adapter = ? OR `+fmt.Sprintf(joined, "adapter = ?")+`)
 		GROUP BY rollout_id ORDER BY max(end_time) %s, rollout_id LIMIT %d`, order, limit),
-			[]any{s.Environment, s.AgentVersion, s.Adapter, s.Environment, s.Adapter}
+			append(args, s.Adapter, s.Environment, s.Adapter)
 	}
 	return fmt.Sprintf(`SELECT rollout_id FROM rollouts WHERE environment = ? AND agent_version = ? AND adapter = '' AND toUInt32(end_time) < ?
 		AND NOT `+fmt.Sprintf(joined, "adapter != ''")+`

@@ -131,6 +131,27 @@ func TestLoopSamplesAndRoutingShare(t *testing.T) {
 			t.Fatalf("routed, limit 2, oldest %v: %v %v; want %s", tc.oldest, ids, err, tc.want)
 		}
 	}
+	// The guard's watch blocks: routed rollouts that ended in [From, To).
+	for _, tc := range []struct {
+		from, to time.Duration
+		want     string
+	}{{10 * time.Minute, 40 * time.Minute, "r1"}, {30 * time.Minute, 71 * time.Minute, "r2 r4"}, {71 * time.Minute, 0, ""}, {0, 11 * time.Minute, "r1"}} {
+		spec := sink.LoopSample{Environment: "env", AgentVersion: "1.4.0", Adapter: "ad", DictionaryVersion: 2, Capability: "cap", Oldest: true}
+		if tc.from > 0 {
+			spec.From = act.Add(tc.from)
+		}
+		if tc.to > 0 {
+			spec.To = act.Add(tc.to)
+		}
+		got, err := s.LoopLabels(ctx, spec)
+		var ids []string
+		for _, r := range got {
+			ids = append(ids, r.RolloutID)
+		}
+		if err != nil || strings.Join(ids, " ") != tc.want {
+			t.Fatalf("routed, ended in [%v, %v): %v %v; want %q", tc.from, tc.to, ids, err, tc.want)
+		}
+	}
 
 	share, err := s.RoutingShare(ctx, "env", 110*time.Minute, time.Hour)
 	if err != nil {

@@ -6,6 +6,7 @@ import (
 	"math"
 	"slices"
 	"strconv"
+	"time"
 
 	"github.com/traceops/trace/sink"
 )
@@ -34,12 +35,24 @@ import (
 //     rollouts, so it repeats that look's decision; after the last look
 //     the decision stays.
 //
-// Over an adapter's whole life the guard makes at most GuardLooks tests,
-// so the chance that it ever rolls back an adapter that changed nothing is
-// at most GuardAlpha (Bonferroni; the looks' overlap only lowers it). The
-// price: a harm has to show at the stricter level, and a harm that begins
-// after the last look is not the guard's (the verdict and `trace report`
-// still show it, and `trace adapters rollback` acts on it).
+// The looks make at most GuardLooks tests over an adapter's life, so the
+// chance that they ever roll back an adapter that changed nothing is at
+// most GuardAlpha (Bonferroni; the looks' overlap only lowers it); the
+// price is that a harm has to show at the stricter level.
+//
+// Once the looks are over (the last one reached, or the first
+// sample_limit routed rollouts read without reaching it), the guard
+// watches for a harm that begins later: watch block j (1, 2, …) is the
+// routed rollouts that ended in [T + (j−1)·W, T + j·W), where T follows the
+// looks' last rollout and W is the time from activation to it (at least an
+// hour). At every tick the guard tests the last complete block (so each
+// block is tested while it is the last complete one, on the same
+// rollouts) at level 1 − α_j, α_j = GuardWatchAlpha · 6/(π² j²): the α_j
+// of all blocks sum to GuardWatchAlpha, so over the adapter's whole life
+// the guard rolls back one that changed nothing with a chance of at most
+// GuardAlpha + GuardWatchAlpha. Later blocks are tested more strictly
+// (block 10 at 99.994 % with the default 0.01), so the watch catches
+// large late harms, not small ones.
 
 // maxGuardLooks bounds Config.GuardLooks (a last look at
 // 2·MinFailures·2^19 rollouts is beyond any sample).
@@ -61,6 +74,94 @@ type GuardDecision struct {
 	Reason string `json:"reason"`
 	// Comparison is the look's (absent before the first look).
 	Comparison *Comparison `json:"comparison,omitempty"`
+	// LooksEnd is the end time of the looks' last rollout, once the looks
+	// are over; the watch starts after it.
+	LooksEnd time.Time `json:"looks_end,omitzero"`
+	// Watch is the test of the last complete watch block, once there is
+	// one.
+	Watch *WatchDecision `json:"watch,omitempty"`
+}
+
+// WatchDecision is the guard's test of one watch block.
+type WatchDecision struct {
+	Block int `json:"block"`
+	// From and To bound the block's end times: From ≤ end < To.
+	From  time.Time `json:"from"`
+	To    time.Time `json:"to"`
+	Level float64   `json:"level"`
+	// Worse: the block is significantly worse at Level; the guard rolls
+	// the adapter back.
+	Worse      bool        `json:"worse"`
+	Reason     string      `json:"reason"`
+	Comparison *Comparison `json:"comparison,omitempty"`
+}
+
+// RollBack says whether the guard rolls the adapter back: its look or its
+// watch block is worse.
+func (g GuardDecision) RollBack() bool { return g.Worse || g.Watch != nil && g.Watch.Worse }
+
+// RollBackReason is the reason of the test that is worse: the look's, or
+// the watch block's.
+func (g GuardDecision) RollBackReason() string {
+	if !g.Worse && g.Watch != nil && g.Watch.Worse {
+		return g.Watch.Reason
+	}
+	return g.Reason
+}
+
+// Summary is the guard's state in one line: the look's reason, and the
+// watch block's.
+func (g GuardDecision) Summary() string {
+	if g.Watch == nil {
+		return g.Reason
+	}
+	return g.Reason + "; " + g.Watch.Reason
+}
+
+// minWatchBlock is the shortest watch block.
+const minWatchBlock = time.Hour
+
+// watchBlock is the last complete watch block at now of an adapter
+// activated at activated whose looks ended at looksEnd: its number j ≥ 1
+// and its span [from, to), whole seconds (as end times are stored); j = 0
+// when there is none yet (or the looks are not over).
+func watchBlock(activated, looksEnd, now time.Time) (j int, from, to time.Time) {
+	if looksEnd.IsZero() {
+		return 0, time.Time{}, time.Time{}
+	}
+	t := looksEnd.Truncate(time.Second).Add(time.Second)
+	w := max(t.Sub(activated), minWatchBlock)
+	w = (w + time.Second - 1).Truncate(time.Second)
+	j = int(now.Sub(t) / w)
+	if j < 1 {
+		return 0, time.Time{}, time.Time{}
+	}
+	return j, t.Add(time.Duration(j-1) * w), t.Add(time.Duration(j) * w)
+}
+
+// watchAlpha is α_j of watch block j.
+func (c Config) watchAlpha(j int) float64 {
+	return c.GuardWatchAlpha * 6 / (math.Pi * math.Pi * float64(j) * float64(j))
+}
+
+// watchDecide tests watch block j (its rollouts block) against before.
+func watchDecide(before, block Sample, cfg Config, j int, from, to time.Time) WatchDecision {
+	alpha := cfg.watchAlpha(j)
+	w := WatchDecision{Block: j, From: from.UTC(), To: to.UTC(), Level: 1 - alpha}
+	c := compareLook(before, block, cfg, alpha)
+	w.Comparison = &c
+	at := fmt.Sprintf("watch block %d (%d routed rollouts that ended %s – %s; %s %% intervals)",
+		j, block.Len(), w.From.Format(time.RFC3339), w.To.Format(time.RFC3339), strconv.FormatFloat(100*w.Level, 'g', 5, 64))
+	switch c.Verdict {
+	case Worse:
+		w.Worse = true
+		w.Reason = c.Reason + " in the " + at
+	case NotEnoughData:
+		w.Reason = at + ": " + c.Reason
+	default:
+		w.Reason = "not significantly worse in the " + at
+	}
+	return w
 }
 
 // guardLook returns the last look reached by after (its rollouts in order
@@ -113,14 +214,21 @@ func compareLook(before, after Sample, cfg Config, alpha float64) Comparison {
 	return c
 }
 
-// guardDecide is the guard's test of an adapter: before is the verdict's
-// before side, after the routed rollouts from activation on in order of
-// end time (byEndTime). cfg must have its defaults.
-func guardDecide(before, after Sample, cfg Config) GuardDecision {
+// guardDecide is the guard's test of an adapter at its looks: before is
+// the verdict's before side, after the routed rollouts from activation on
+// in order of end time (byEndTime), full when they are the first
+// sample_limit (more were routed). cfg must have its defaults.
+func guardDecide(before, after Sample, cfg Config, full bool) GuardDecision {
 	g := GuardDecision{Looks: cfg.GuardLooks, Level: cfg.GuardLevel()}
 	alpha := 1 - g.Level
 	first := 2 * cfg.MinFailures
 	k, n := guardLook(after, first, cfg.GuardLooks)
+	switch {
+	case k == cfg.GuardLooks:
+		g.LooksEnd = after.ends[n-1]
+	case full && after.Len() > 0:
+		g.LooksEnd = after.ends[after.Len()-1]
+	}
 	if k == 0 {
 		g.Reason = fmt.Sprintf("the guard's first look needs %d routed rollouts that need the capability", first)
 		return g

@@ -132,7 +132,7 @@ func TestGuardFalseRollbacksAreBounded(t *testing.T) {
 				// look can change its decision.
 				if k, _ := guardLook(seen, 2*cfg.MinFailures, cfg.GuardLooks); k != look {
 					look = k
-					if guardDecide(before, seen, cfg).Worse {
+					if guardDecide(before, seen, cfg, false).Worse {
 						guardAlarms++
 						break
 					}
@@ -175,7 +175,7 @@ func TestGuardRepeatsItsLook(t *testing.T) {
 	var last GuardDecision
 	var looks []int
 	for n := 1; n <= after.Len(); n += 7 {
-		g := guardDecide(before, after.prefix(n), cfg)
+		g := guardDecide(before, after.prefix(n), cfg, false)
 		if g.Look == last.Look && g.Look > 0 && (g.Reason != last.Reason || g.Comparison.PassRateChange != last.Comparison.PassRateChange || g.Comparison.DeltaChange != last.Comparison.DeltaChange) {
 			t.Fatalf("at %d rollouts the guard's look %d decided %q, before %q", n, g.Look, g.Reason, last.Reason)
 		}
@@ -189,5 +189,98 @@ func TestGuardRepeatsItsLook(t *testing.T) {
 	}
 	if last.Level != 1-0.05/2 || last.Needed != 40 {
 		t.Fatalf("last look %+v", last)
+	}
+	// The looks are over at the rollout that completed the last one; short
+	// of it, once the sample is the first sample_limit (full), at its end.
+	if _, n := guardLook(after, 2*cfg.MinFailures, cfg.GuardLooks); !last.LooksEnd.Equal(after.ends[n-1]) {
+		t.Fatalf("looks end %v, want %v", last.LooksEnd, after.ends[n-1])
+	}
+	if g := guardDecide(before, after.prefix(30), cfg, false); !g.LooksEnd.IsZero() {
+		t.Fatalf("looks not over, yet they end at %v", g.LooksEnd)
+	}
+	if g := guardDecide(before, after.prefix(30), cfg, true); !g.LooksEnd.Equal(after.ends[29]) {
+		t.Fatalf("a full sample short of the last look: looks end %v, want %v", g.LooksEnd, after.ends[29])
+	}
+}
+
+// TestWatchBlock: the watch's blocks follow the looks' last rollout (from
+// the next whole second), each as long as activation to it, at least an
+// hour; the last complete one at now is tested.
+func TestWatchBlock(t *testing.T) {
+	t0 := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
+	T := t0.Add(10*time.Minute + time.Second)
+	for _, tc := range []struct {
+		name             string
+		looksEnd, now    time.Time
+		wantJ            int
+		wantFrom, wantTo time.Time
+	}{
+		{"looks not over", time.Time{}, t0.Add(48 * time.Hour), 0, time.Time{}, time.Time{}},
+		{"first block not complete", t0.Add(10 * time.Minute), T.Add(59 * time.Minute), 0, time.Time{}, time.Time{}},
+		{"first block", t0.Add(10 * time.Minute), T.Add(time.Hour), 1, T, T.Add(time.Hour)},
+		{"second block", t0.Add(10 * time.Minute), T.Add(2*time.Hour + 5*time.Minute), 2, T.Add(time.Hour), T.Add(2 * time.Hour)},
+		{"sub-second end", t0.Add(10*time.Minute + 500*time.Millisecond), T.Add(time.Hour), 1, T, T.Add(time.Hour)},
+		{"looks longer than an hour", t0.Add(3 * time.Hour), t0.Add(3*time.Hour + time.Second + 7*time.Hour), 2,
+			t0.Add(3*time.Hour + time.Second).Add(3*time.Hour + time.Second), t0.Add(3*time.Hour + time.Second).Add(2 * (3*time.Hour + time.Second))},
+	} {
+		j, from, to := watchBlock(t0, tc.looksEnd, tc.now)
+		if j != tc.wantJ || !from.Equal(tc.wantFrom) || !to.Equal(tc.wantTo) {
+			t.Errorf("%s: block %d [%v, %v), want %d [%v, %v)", tc.name, j, from, to, tc.wantJ, tc.wantFrom, tc.wantTo)
+		}
+	}
+}
+
+// TestWatchAlphaSums: the watch blocks' α_j sum to GuardWatchAlpha.
+func TestWatchAlphaSums(t *testing.T) {
+	cfg := Config{}.Defaults()
+	sum := 0.0
+	for j := 1; j <= 100000; j++ {
+		sum += cfg.watchAlpha(j)
+	}
+	if sum > cfg.GuardWatchAlpha || sum < 0.9999*cfg.GuardWatchAlpha {
+		t.Fatalf("α_j sum to %v over 100,000 blocks, want just under %v", sum, cfg.GuardWatchAlpha)
+	}
+}
+
+// TestGuardWatch simulates the watch's blocks: for adapters that change
+// nothing, at most GuardWatchAlpha of them are rolled back over 30 blocks
+// (within the simulation's error); one whose pass rate falls from 0.5 to
+// 0.2 after the third block is rolled back in most of them.
+func TestGuardWatch(t *testing.T) {
+	cfg := Config{}.Defaults()
+	const (
+		adapters = 400
+		blocks   = 30
+		size     = 100
+	)
+	rng := rand.New(rand.NewPCG(12, 6))
+	t0 := time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC)
+	sim := func(harmFrom int) float64 {
+		rolled := 0
+		for range adapters {
+			before := NewSampleOfRuns(rolloutsOf(t0, simRollouts(rng, t0, 300, 0.5)...), 1)
+			for j := 1; j <= blocks; j++ {
+				pass := 0.5
+				if harmFrom > 0 && j >= harmFrom {
+					pass = 0.2
+				}
+				block := NewSampleOfRuns(rolloutsOf(t0, simRollouts(rng, t0, size, pass)...), 1)
+				if watchDecide(before, block, cfg, j, t0, t0.Add(time.Hour)).Worse {
+					rolled++
+					break
+				}
+			}
+		}
+		return float64(rolled) / adapters
+	}
+	neutral := sim(0)
+	harmful := sim(4)
+	t.Logf("rolled back by the watch over %d blocks of %d rollouts: %.4f of the adapters that change nothing (alpha %.2f), %.3f of those harmful from block 4",
+		blocks, size, neutral, cfg.GuardWatchAlpha, harmful)
+	if bound := cfg.GuardWatchAlpha + 3*math.Sqrt(cfg.GuardWatchAlpha*(1-cfg.GuardWatchAlpha)/adapters); neutral > bound {
+		t.Errorf("the watch rolled back %.4f of the adapters that change nothing, more than %.4f", neutral, bound)
+	}
+	if harmful < 0.8 {
+		t.Errorf("the watch rolled back only %.3f of the harmful adapters", harmful)
 	}
 }

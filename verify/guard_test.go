@@ -448,3 +448,53 @@ func TestBeforeSideEndsAtTheCapabilitysFirstAdapter(t *testing.T) {
 		t.Fatalf("note %q", n)
 	}
 }
+
+// TestGuardWatchCatchesALateHarm: real ClickHouse and NATS. An adapter
+// that did well through its looks is not rolled back; once its rollouts in
+// the last complete watch block turn bad, it is, with the block's evidence.
+func TestGuardWatchCatchesALateHarm(t *testing.T) {
+	ctx := context.Background()
+	st, b := guardWorld(t)
+	// Activated two hours ago: the looks' rollouts end minutes after it,
+	// so the first watch block (an hour long) is complete now.
+	act := time.Now().UTC().Add(-2 * time.Hour).Truncate(time.Second)
+	a := verifytest.Adapter{Name: "late", Capability: "precondition_verification", Environment: "sim-airline", AgentVersion: "1.4.0", ActivatedAt: act,
+		Before: gap, After: verifytest.Mix{LF: 2, PF: 28, NF: 5, LP: 2, PP: 60, NP: 3}}
+	if err := verifytest.Seed(ctx, st, a); err != nil {
+		t.Fatal(err)
+	}
+	cfg := verify.Config{Guard: true, GuardLooks: 2}
+	c := verify.New(cfg, st, verify.StoreRollBack{Store: st}, b, slog.New(slog.NewTextHandler(testWriter{t}, nil)))
+	checks, err := c.Guard(ctx)
+	if err != nil || len(checks) != 1 {
+		t.Fatalf("%d checks, %v", len(checks), err)
+	}
+	g := checks[0].Guard
+	if g.RollBack() || g.Look != 2 || g.LooksEnd.IsZero() || g.Watch == nil || g.Watch.Block != 1 || g.Watch.Worse ||
+		!strings.Contains(g.Watch.Reason, "not_enough_data") && !strings.Contains(g.Watch.Reason, "labeled failures") {
+		t.Fatalf("before the harm: %+v; watch %+v", g, g.Watch)
+	}
+	if from := g.LooksEnd.Truncate(time.Second).Add(time.Second); !g.Watch.From.Equal(from) || g.Watch.To.Sub(from) != time.Hour {
+		t.Fatalf("watch block [%v, %v), want from %v, an hour long", g.Watch.From, g.Watch.To, from)
+	}
+	looked := g.Comparison.After.Rollouts // the looks' rollouts; the rest of the 100 ended in the block
+	// Its rollouts in the block turn bad.
+	if err := verifytest.SeedRouted(ctx, st, a, "later", verifytest.Mix{LF: 45, PF: 40, NF: 5, LP: 2, PP: 13, NP: 5}, g.Watch.From.Add(10*time.Minute)); err != nil {
+		t.Fatal(err)
+	}
+	checks, err = c.Guard(ctx)
+	if err != nil || len(checks) != 1 {
+		t.Fatalf("%d checks, %v", len(checks), err)
+	}
+	g = checks[0].Guard
+	if !g.RollBack() || g.Worse || g.Watch == nil || !g.Watch.Worse || checks[0].Action != "rolled_back" ||
+		!strings.Contains(g.RollBackReason(), "pass rate fell") || !strings.Contains(g.RollBackReason(), "watch block 1") {
+		t.Fatalf("after the harm: %+v; watch %+v; action %q", g, g.Watch, checks[0].Action)
+	}
+	if ad, err := st.Adapter(ctx, "late"); err != nil || ad.Status != "rolled_back" {
+		t.Fatalf("registry: %+v %v", ad, err)
+	}
+	if ev := g.Evidence(); ev == nil || ev.Level != g.Watch.Level || ev.After.Rollouts != 100-looked+110 {
+		t.Fatalf("evidence %+v, want the block's %d rollouts at its level %v", ev, 100-looked+110, g.Watch.Level)
+	}
+}

@@ -249,6 +249,8 @@ func TestConfigValidateNamesTheField(t *testing.T) {
 		{Config{GuardAlpha: 0.6}, "verify.guard_alpha"},
 		{Config{GuardAlpha: -0.01}, "verify.guard_alpha"},
 		{Config{GuardAlpha: math.NaN()}, "verify.guard_alpha"},
+		{Config{GuardWatchAlpha: 0.9}, "verify.guard_watch_alpha"},
+		{Config{GuardWatchAlpha: -1}, "verify.guard_watch_alpha"},
 	} {
 		err := tc.cfg.Defaults().Validate("verify.")
 		if err == nil || !strings.HasPrefix(err.Error(), tc.want+":") {
@@ -335,7 +337,7 @@ func TestConfigJSON(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := `{"delta":0.2,"min_failures":20,"bootstrap":1000,"seed":1,"sample_limit":5000,"guard":true,"guard_looks":6,"guard_alpha":0.05,"interval":"1m0s"}`
+	want := `{"delta":0.2,"min_failures":20,"bootstrap":1000,"seed":1,"sample_limit":5000,"guard":true,"guard_looks":6,"guard_alpha":0.05,"guard_watch_alpha":0.01,"interval":"1m0s"}`
 	if string(b) != want {
 		t.Fatalf("config JSON %s, want %s", b, want)
 	}

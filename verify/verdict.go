@@ -77,6 +77,10 @@ type Config struct {
 	// GuardAlpha bounds the chance that the guard ever rolls back an
 	// adapter that changed nothing, over all its looks (default 0.05).
 	GuardAlpha float64 `koanf:"guard_alpha" json:"guard_alpha"`
+	// GuardWatchAlpha bounds the chance that the guard's watch, after the
+	// looks, ever rolls back an adapter that changed nothing (default
+	// 0.01; see GuardDecision).
+	GuardWatchAlpha float64 `koanf:"guard_watch_alpha" json:"guard_watch_alpha"`
 }
 
 // configJSON is Config in JSON: the interval as a duration text.
@@ -119,6 +123,7 @@ func (c Config) Defaults() Config {
 	c.Interval = cmp.Or(c.Interval, DefaultInterval)
 	c.GuardLooks = cmp.Or(c.GuardLooks, 6)
 	c.GuardAlpha = cmp.Or(c.GuardAlpha, 0.05)
+	c.GuardWatchAlpha = cmp.Or(c.GuardWatchAlpha, 0.01)
 	return c
 }
 
@@ -140,6 +145,8 @@ func (c Config) Validate(prefix string) error {
 		return fmt.Errorf("%sguard_looks: must be in [1, %d], got %d", prefix, maxGuardLooks, c.GuardLooks)
 	case math.IsNaN(c.GuardAlpha) || c.GuardAlpha <= 0 || c.GuardAlpha > 0.5:
 		return fmt.Errorf("%sguard_alpha: must be in (0, 0.5], got %v", prefix, c.GuardAlpha)
+	case math.IsNaN(c.GuardWatchAlpha) || c.GuardWatchAlpha <= 0 || c.GuardWatchAlpha > 0.5:
+		return fmt.Errorf("%sguard_watch_alpha: must be in (0, 0.5], got %v", prefix, c.GuardWatchAlpha)
 	}
 	return nil
 }

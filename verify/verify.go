@@ -275,7 +275,7 @@ func (c *Checker) checkOne(ctx context.Context, a sink.AdapterRow, activatedAt t
 	if len(dvs) == 0 {
 		ac.Comparison = Compare(NewSample(nil), NewSample(nil), c.cfg, a.Name)
 		ac.Reason = "no labels of " + a.Capability + " for " + a.Environment + "/" + a.AgentVersion + " yet"
-		ac.Guard = guardDecide(NewSample(nil), NewSample(nil), c.cfg)
+		ac.Guard = guardDecide(NewSample(nil), NewSample(nil), c.cfg, false)
 		return ac, nil
 	}
 	// The newest dictionary whose labels decide (a verdict other than
@@ -322,7 +322,19 @@ func (c *Checker) checkOne(ctx context.Context, a sink.AdapterRow, activatedAt t
 		return ac, err
 	}
 	s := sides[at]
-	ac.Guard = guardDecide(s.before, NewSampleOfRuns(byEndTime(first), cmp.Or(s.runs, s.after.Runs)), c.cfg)
+	runs := cmp.Or(s.runs, s.after.Runs)
+	ac.Guard = guardDecide(s.before, NewSampleOfRuns(byEndTime(first), runs), c.cfg, len(first) >= c.cfg.SampleLimit)
+	// Once the looks are over: the last complete watch block.
+	if j, from, to := watchBlock(activatedAt, ac.Guard.LooksEnd, c.now()); j > 0 {
+		blk := routed
+		blk.From, blk.To = from, to
+		rows, err := c.src.LoopLabels(ctx, blk)
+		if err != nil {
+			return ac, err
+		}
+		w := watchDecide(s.before, NewSampleOfRuns(byEndTime(rows), runs), c.cfg, j, from, to)
+		ac.Guard.Watch = &w
+	}
 	return ac, nil
 }
 
@@ -379,16 +391,16 @@ func (c *Checker) Guard(ctx context.Context) ([]AdapterCheck, error) {
 	errs := []error{err}
 	for i := range checks {
 		ac := &checks[i]
-		if !ac.Guard.Worse {
+		if !ac.Guard.RollBack() {
 			if ac.Verdict == Worse {
-				ac.Action = "guard: not yet, " + ac.Guard.Reason
+				ac.Action = "guard: not yet, " + ac.Guard.Summary()
 			}
 			continue
 		}
 		if !c.cfg.Guard {
 			ac.Action = "guard off: would roll back"
 			c.log.Warn("closed loop: adapter is worse than the base model; the guard is off", "adapter", ac.Adapter,
-				"capability", ac.Capability, "reason", ac.Guard.Reason)
+				"capability", ac.Capability, "reason", ac.Guard.RollBackReason())
 			continue
 		}
 		if err := c.rollBack(ctx, ac); err != nil {
@@ -411,7 +423,7 @@ func (c *Checker) rollBack(ctx context.Context, ac *AdapterCheck) error {
 	}
 	now := c.now().UTC()
 	eventID := schemas.AdapterEventID(ac.Adapter, schemas.AdapterRolledBack, ac.row.Version)
-	reason := "closed-loop guard (event " + eventID + "): " + ac.Guard.Reason
+	reason := "closed-loop guard (event " + eventID + "): " + ac.Guard.RollBackReason()
 	ev := &schemas.AdapterEvent{EventID: eventID,
 		Type: schemas.AdapterRolledBack, Adapter: ac.Adapter, Capability: ac.Capability, Environment: ac.Environment,
 		AgentVersion: ac.AgentVersion, At: now, By: "guard", Reason: reason, Simulated: ac.Simulated, Evidence: ac.Guard.Evidence()}
@@ -430,23 +442,27 @@ func (c *Checker) rollBack(ctx context.Context, ac *AdapterCheck) error {
 		return err
 	}
 	c.log.Warn("closed loop: adapter rolled back", "adapter", ac.Adapter, "capability", ac.Capability,
-		"environment", ac.Environment, "reason", ac.Guard.Reason, "event", ev.EventID)
+		"environment", ac.Environment, "reason", ac.Guard.RollBackReason(), "event", ev.EventID)
 	return nil
 }
 
-// Evidence is the guard's look in the adapter event's form (nil before
-// the first look).
+// Evidence is the guard's deciding test in the adapter event's form: the
+// look's, or the watch block's when that is what is worse (nil before the
+// first look).
 func (g GuardDecision) Evidence() *schemas.Evidence {
-	if g.Comparison == nil {
+	c, level := g.Comparison, g.Level
+	if !g.Worse && g.Watch != nil && g.Watch.Worse {
+		c, level = g.Watch.Comparison, g.Watch.Level
+	}
+	if c == nil {
 		return nil
 	}
-	c := g.Comparison
 	iv := func(i Interval) schemas.Interval { return schemas.Interval{Value: i.Value, Lo: i.Lo, Hi: i.Hi} }
 	side := func(s Stats) schemas.Side {
 		return schemas.Side{Rollouts: s.Rollouts, Failures: s.Failures, Delta: iv(s.Delta), PassRate: iv(s.PassRate)}
 	}
 	dc, pc := iv(c.DeltaChange), iv(c.PassRateChange)
-	return &schemas.Evidence{Level: g.Level, Verdict: string(c.Verdict), Before: side(c.Before), After: side(c.After), DeltaChange: &dc, PassRateChange: &pc}
+	return &schemas.Evidence{Level: level, Verdict: string(c.Verdict), Before: side(c.Before), After: side(c.After), DeltaChange: &dc, PassRateChange: &pc}
 }
 
 // Run runs the guard every cfg.Interval until ctx ends; a failed run is

@@ -75,7 +75,7 @@ func writeLoop(w io.Writer, format string, rep *verify.Report) error {
 		fmt.Fprintln(w, "closed loop: no adapter activated yet")
 		return nil
 	}
-	guard := fmt.Sprintf("on: an adapter is rolled back when one of its %d looks is worse at %s %%, see guard: under it", rep.Config.GuardLooks, verify.Pct(rep.Config.GuardLevel()))
+	guard := fmt.Sprintf("on: an adapter is rolled back when one of its %d looks is worse at %s %%, or after them a watch block; see guard: under it", rep.Config.GuardLooks, verify.Pct(rep.Config.GuardLevel()))
 	if !rep.Config.Guard {
 		guard = "off (verify.guard): worse adapters are only reported"
 	}
@@ -117,7 +117,7 @@ func writeLoop(w io.Writer, format string, rep *verify.Report) error {
 				a.DictionaryVersion, cmp.Or(a.EnvironmentID, "(no environment recorded)"), a.ActivatedAt.UTC().Format(time.RFC3339),
 				note, sampleSpan(a.Before), sampleSpan(a.After))
 			if a.Status == "active" {
-				fmt.Fprintf(w, "    guard: %s\n", a.Guard.Reason)
+				fmt.Fprintf(w, "    guard: %s\n", a.Guard.Summary())
 			}
 		}
 	}
