@@ -115,6 +115,13 @@ func TestLoopSamplesAndRoutingShare(t *testing.T) {
 	if !reflect.DeepEqual(after, want) {
 		t.Fatalf("after = %+v\nwant %+v", after, want)
 	}
+	loopIDs := func(rs []sink.RolloutLabels) []string {
+		var ids []string
+		for _, r := range rs {
+			ids = append(ids, r.RolloutID)
+		}
+		return ids
+	}
 	// The guard's looks: the earliest routed rollouts (r1 at +10 m, r4 at
 	// +40 m), not the most recent (r2 at +70 m, r4).
 	for _, tc := range []struct {
@@ -123,10 +130,7 @@ func TestLoopSamplesAndRoutingShare(t *testing.T) {
 	}{{true, "r1 r4"}, {false, "r2 r4"}} {
 		got, err := s.LoopLabels(ctx, sink.LoopSample{Environment: "env", AgentVersion: "1.4.0", Adapter: "ad", DictionaryVersion: 2, Capability: "cap",
 			Limit: 2, Oldest: tc.oldest})
-		var ids []string
-		for _, r := range got {
-			ids = append(ids, r.RolloutID)
-		}
+		ids := loopIDs(got)
 		if err != nil || strings.Join(ids, " ") != tc.want {
 			t.Fatalf("routed, limit 2, oldest %v: %v %v; want %s", tc.oldest, ids, err, tc.want)
 		}
@@ -144,10 +148,7 @@ func TestLoopSamplesAndRoutingShare(t *testing.T) {
 			spec.To = act.Add(tc.to)
 		}
 		got, err := s.LoopLabels(ctx, spec)
-		var ids []string
-		for _, r := range got {
-			ids = append(ids, r.RolloutID)
-		}
+		ids := loopIDs(got)
 		if err != nil || strings.Join(ids, " ") != tc.want {
 			t.Fatalf("routed, ended in [%v, %v): %v %v; want %q", tc.from, tc.to, ids, err, tc.want)
 		}

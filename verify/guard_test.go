@@ -113,6 +113,10 @@ func TestGuardEndToEnd(t *testing.T) {
 		if c.Adapter == "bad" && (c.Verdict != verify.Worse || !c.ActivatedAt.Equal(act.Add(time.Minute))) {
 			t.Fatalf("rolled-back adapter's check: %+v", c)
 		}
+		// Only an active adapter's guard is computed (its queries too).
+		if (c.Guard.Reason != "") != (c.Status == "active") {
+			t.Fatalf("%s (%s): guard %+v", c.Adapter, c.Status, c.Guard)
+		}
 	}
 
 	s, err := b.JS.Stream(ctx, bus.StreamAdapterEvents)

@@ -101,8 +101,8 @@ type AdapterCheck struct {
 	Comparison
 	// Guard is the guard's sequential test (see GuardDecision), on the
 	// same dictionary version's labels; it, not the verdict, decides a
-	// rollback.
-	Guard GuardDecision `json:"guard"`
+	// rollback. Computed for active adapters only (absent otherwise).
+	Guard GuardDecision `json:"guard,omitzero"`
 	// Action is what the guard did: "rolled_back", "guard off: would roll
 	// back", or empty.
 	Action string `json:"action,omitempty"`
@@ -275,7 +275,9 @@ func (c *Checker) checkOne(ctx context.Context, a sink.AdapterRow, activatedAt t
 	if len(dvs) == 0 {
 		ac.Comparison = Compare(NewSample(nil), NewSample(nil), c.cfg, a.Name)
 		ac.Reason = "no labels of " + a.Capability + " for " + a.Environment + "/" + a.AgentVersion + " yet"
-		ac.Guard = guardDecide(NewSample(nil), NewSample(nil), c.cfg, false)
+		if a.Status == "active" {
+			ac.Guard = guardDecide(NewSample(nil), NewSample(nil), c.cfg, false)
+		}
 		return ac, nil
 	}
 	// The newest dictionary whose labels decide (a verdict other than
@@ -284,19 +286,18 @@ func (c *Checker) checkOne(ctx context.Context, a sink.AdapterRow, activatedAt t
 	// with it too (trace relabel), its comparison has no before side:
 	// the older version's labels still decide, and the guard still acts.
 	var (
-		newest, co Comparison
-		at         = -1
-		sides      []comparedSides
+		newest, co   Comparison
+		at           = -1
+		deciding, s0 comparedSides
 	)
 	for i, dv := range dvs {
 		s, err := c.read(ctx, a, ac.BeforeUntil, dv)
 		if err != nil {
 			return ac, err
 		}
-		sides = append(sides, s)
-		co = Compare(s.before, s.after, c.cfg, a.Name)
+		co, deciding = Compare(s.before, s.after, c.cfg, a.Name), s
 		if i == 0 {
-			newest = co
+			newest, s0 = co, s
 		}
 		if co.Verdict != NotEnoughData {
 			if i > 0 {
@@ -307,35 +308,42 @@ func (c *Checker) checkOne(ctx context.Context, a sink.AdapterRow, activatedAt t
 		}
 	}
 	if at < 0 {
-		at, co = 0, newest
+		at, co, deciding = 0, newest, s0
 		if len(dvs) > 1 && newest.Before.Rollouts == 0 {
 			co.Reason += fmt.Sprintf("; no rollout before activation is labeled with dictionary v%d (older versions' labels cannot decide either): trace relabel --env %s --agent-version %s labels them",
 				dvs[0], a.Environment, a.AgentVersion)
 		}
 	}
 	ac.DictionaryVersion, ac.Comparison = dvs[at], co
-	// The guard's looks: the routed rollouts from activation on.
-	routed := c.sample(a, dvs[at])
+	if a.Status == "active" { // only the guard of an active adapter acts, and is shown
+		ac.Guard, err = c.guard(ctx, a, activatedAt, dvs[at], deciding)
+	}
+	return ac, err
+}
+
+// guard is the guard's test of an active adapter on dictionary version
+// dv's labels, s the sides its verdict was computed on: the looks at the
+// routed rollouts from activation on, then, once they are over, the last
+// complete watch block.
+func (c *Checker) guard(ctx context.Context, a sink.AdapterRow, activatedAt time.Time, dv uint32, s comparedSides) (GuardDecision, error) {
+	routed := c.sample(a, dv)
 	routed.Adapter, routed.Oldest = a.Name, true
 	first, err := c.src.LoopLabels(ctx, routed)
 	if err != nil {
-		return ac, err
+		return GuardDecision{}, err
 	}
-	s := sides[at]
 	runs := cmp.Or(s.runs, s.after.Runs)
-	ac.Guard = guardDecide(s.before, NewSampleOfRuns(byEndTime(first), runs), c.cfg, len(first) >= c.cfg.SampleLimit)
-	// Once the looks are over: the last complete watch block.
-	if j, from, to := watchBlock(activatedAt, ac.Guard.LooksEnd, c.now()); j > 0 {
-		blk := routed
-		blk.From, blk.To = from, to
-		rows, err := c.src.LoopLabels(ctx, blk)
+	g := guardDecide(s.before, NewSampleOfRuns(byEndTime(first), runs), c.cfg, len(first) >= c.cfg.SampleLimit)
+	if j, from, to := watchBlock(activatedAt, g.LooksEnd, c.now()); j > 0 {
+		routed.From, routed.To = from, to
+		rows, err := c.src.LoopLabels(ctx, routed)
 		if err != nil {
-			return ac, err
+			return g, err
 		}
 		w := watchDecide(s.before, NewSampleOfRuns(byEndTime(rows), runs), c.cfg, j, from, to)
-		ac.Guard.Watch = &w
+		g.Watch = &w
 	}
-	return ac, nil
+	return g, nil
 }
 
 // comparedSides are an adapter's two samples on one dictionary version's
