@@ -184,6 +184,11 @@ func TestPoisonActivationDoesNotHoldUpOthers(t *testing.T) {
 	if !strings.Contains(p.Error, "adapters: ") || p.Deliveries != 1 || !strings.HasPrefix(p.Adapter, "huge-x") {
 		t.Errorf("the failure says why, at the first delivery: %q after %d deliveries (adapter %.20s)", p.Error, p.Deliveries, p.Adapter)
 	}
+	// The history event is written after the registry's row: wait for it,
+	// then check there is exactly one.
+	waitFor(t, "the good job's activated event", 30*time.Second, func() bool {
+		return historyCount(t, st, good.JobID, "activated") > 0
+	})
 	if n := historyCount(t, st, good.JobID, "activated"); n != 1 {
 		t.Errorf("the good job's history has %d activated events", n)
 	}
