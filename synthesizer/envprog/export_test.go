@@ -20,3 +20,7 @@ func SandboxStats(ctx context.Context, env Env) (WorkerStats, int, error) {
 	}
 	return s.stats(ctx)
 }
+
+// RestrictSyscalls installs the sandbox worker's seccomp filter on the
+// calling process.
+func RestrictSyscalls() error { return restrictSyscalls() }

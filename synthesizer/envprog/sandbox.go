@@ -196,7 +196,9 @@ type pendingCall struct {
 
 // workerPassEnv are the parent's environment variables a worker gets: the
 // Go runtime's and the race detector's settings, where coverage data goes
-// (GOCOVERDIR, for binaries built with -cover) and the dynamic loader's
+// (GOCOVERDIR, for binaries built with -cover: without it such a worker
+// warns at exit; with it, it writes nothing either, since its seccomp
+// filter refuses to open files) and the dynamic loader's
 // path (the same binary has to start again). Nothing else: the worker runs
 // untrusted programs, and the parent's environment holds tokens and
 // database credentials.

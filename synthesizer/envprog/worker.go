@@ -74,6 +74,12 @@ func serveWorker(in io.Reader, out io.Writer) int {
 			}
 		}
 	}
+	// Last, once nothing more is opened: from here on the process can
+	// reach nothing outside itself but the pipes it was given.
+	if err := restrictSyscalls(); err != nil {
+		fmt.Fprintf(os.Stderr, "envprog worker: %v\n", err)
+		return 3
+	}
 	w := &workerState{
 		r:        bufio.NewReaderSize(in, 64<<10),
 		fw:       newFrameWriter(out),
