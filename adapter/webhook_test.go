@@ -184,6 +184,9 @@ func TestWebhookBackendAndCallback(t *testing.T) {
 	it, mr, sd := 1, 0.42, 0.1
 	seq := func(n int64) *int64 { return &n }
 	started := eventJSON(t, &schemas.TrainingEvent{JobID: id, Type: schemas.EventStarted, At: time.Now().UTC(), Seq: seq(0), Worker: "slurm-77"})
+	it2 := 2
+	progressNoSeq := eventJSON(t, &schemas.TrainingEvent{JobID: id, Type: schemas.EventProgress, At: time.Now().UTC(), Iteration: &it2, MeanReward: &mr, RewardStd: &sd})
+	noSeqSig := dispatch.Sign([]byte(testSecret), time.Now(), progressNoSeq)
 	for _, tc := range []struct {
 		name   string
 		body   []byte
@@ -208,6 +211,11 @@ func TestWebhookBackendAndCallback(t *testing.T) {
 			true, nil, wantURL, http.StatusBadRequest, "is not the path's job"},
 		{"progress, bearer token", eventJSON(t, &schemas.TrainingEvent{JobID: id, Type: schemas.EventProgress, At: time.Now().UTC(), Seq: seq(1),
 			Iteration: &it, MeanReward: &mr, RewardStd: &sd}), false, map[string]string{"Authorization": "Bearer callback-token"}, wantURL, http.StatusAccepted, ""},
+		// A signed request without seq, and the same request captured and
+		// sent again (a replay within the tolerance, another v1 added):
+		// both answered 202, applied once.
+		{"progress without seq, signed", progressNoSeq, false, map[string]string{dispatch.SignatureHeader: noSeqSig}, wantURL, http.StatusAccepted, ""},
+		{"the same signed request again (a replay)", progressNoSeq, false, map[string]string{dispatch.SignatureHeader: noSeqSig + ",v1=00ff"}, wantURL, http.StatusAccepted, ""},
 		{"succeeded", eventJSON(t, &schemas.TrainingEvent{JobID: id, Type: schemas.EventSucceeded, At: time.Now().UTC(), Seq: seq(2),
 			Adapter: &schemas.EventAdapter{Name: spec.Output.AdapterName, URI: spec.Output.URI},
 			Eval:    &schemas.EvalMetrics{MeanReward: 0.66, SuccessRate: 0.5, Episodes: 200}}), true, nil, wantURL, http.StatusAccepted, ""},
@@ -224,13 +232,14 @@ func TestWebhookBackendAndCallback(t *testing.T) {
 	var types []string
 	waitFor(t, "the history", 10*time.Second, func() bool {
 		types, _ = historyTypes(t, st, id)
-		return len(types) >= 7
+		return len(types) >= 8
 	})
 	sorted := slices.Clone(types)
 	slices.Sort(sorted)
-	// The repeated started is one entry; each bad body (not JSON, another
-	// job's event) is one malformed entry; unauthenticated ones are none.
-	if strings.Join(sorted, ",") != "dispatched,malformed,malformed,progress,started,succeeded,webhook_accepted" || types[0] != "dispatched" || types[1] != "webhook_accepted" {
+	// The repeated started is one entry, and so is the replayed progress;
+	// each bad body (not JSON, another job's event) is one malformed
+	// entry; unauthenticated ones are none.
+	if strings.Join(sorted, ",") != "dispatched,malformed,malformed,progress,progress,started,succeeded,webhook_accepted" || types[0] != "dispatched" || types[1] != "webhook_accepted" {
 		t.Errorf("history: %v", types)
 	}
 	_, evs := historyTypes(t, st, id)
@@ -238,7 +247,7 @@ func TestWebhookBackendAndCallback(t *testing.T) {
 		t.Errorf("webhook_accepted: %s", evs[1].Payload)
 	}
 	j, _ := st.TrainingJob(ctx, id)
-	if j.Backend != "webhook" || j.MeanReward != 0.42 || j.Iteration != 1 {
+	if j.Backend != "webhook" || j.MeanReward != 0.42 || j.Iteration != 2 {
 		t.Errorf("job: %+v", j)
 	}
 	if a, err := st.Adapter(ctx, spec.Output.AdapterName); err != nil || a == nil || a.EvalMeanReward != 0.66 {

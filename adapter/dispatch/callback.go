@@ -74,7 +74,8 @@ func (c *Callback) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		httpError(w, http.StatusRequestEntityTooLarge, "an event is at most 1 MiB")
 		return
 	}
-	if err := c.authenticate(r, body, now()); err != nil {
+	sig, err := c.authenticate(r, body, now())
+	if err != nil {
 		w.Header().Set("WWW-Authenticate", `Bearer realm="trace training callback"`)
 		httpError(w, http.StatusUnauthorized, err.Error())
 		return
@@ -97,9 +98,18 @@ func (c *Callback) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if derr == nil && e.JobID != id {
 		derr = fmt.Errorf("job_id %s is not the path's job %s", e.JobID, id)
 	}
+	// The Msg-Id drops a second copy within the duplicate window: the
+	// event's seq, else the signature (its timestamp and body), so that a
+	// signed request captured and sent again within the tolerance is
+	// applied once (the configuration keeps the window at least twice the
+	// tolerance). A bearer-token request without seq has none: whoever
+	// holds the token can send anything anyway.
 	msgID := ""
-	if derr == nil && e.Seq != nil {
+	switch {
+	case derr == nil && e.Seq != nil:
 		msgID = id + ":" + strconv.FormatInt(*e.Seq, 10)
+	case sig != "":
+		msgID = id + ":sig:" + sig
 	}
 	// A malformed event is relayed too: the adapt role records it in the
 	// job's history as malformed, as it does on NATS.
@@ -117,31 +127,33 @@ func (c *Callback) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	_ = json.NewEncoder(w).Encode(map[string]any{"job_id": id, "type": e.Type, "accepted": true})
 }
 
-// authenticate accepts a valid signature, or the bearer token when one is
-// configured; the error says what failed.
-func (c *Callback) authenticate(r *http.Request, body []byte, now time.Time) error {
+// authenticate accepts a valid signature (returning its VerifiedMAC), or
+// the bearer token when one is configured (returning ""); the error says
+// what failed.
+func (c *Callback) authenticate(r *http.Request, body []byte, now time.Time) (string, error) {
 	if c.Token != "" {
 		if got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer "); ok {
 			if subtle.ConstantTimeCompare([]byte(got), []byte(c.Token)) == 1 {
-				return nil
+				return "", nil
 			}
-			return errors.New("bearer token does not match")
+			return "", errors.New("bearer token does not match")
 		}
 	}
 	if len(c.Secret) == 0 {
-		return errors.New("no credentials: send the bearer token")
+		return "", errors.New("no credentials: send the bearer token")
 	}
 	tol := c.Tolerance
 	if tol <= 0 {
 		tol = DefaultSignatureTolerance
 	}
-	if err := Verify(c.Secret, r.Header.Get(SignatureHeader), body, now, tol); err != nil {
+	sig, err := VerifiedMAC(c.Secret, r.Header.Get(SignatureHeader), body, now, tol)
+	if err != nil {
 		if errors.Is(err, ErrNoSignature) && c.Token != "" {
-			return errors.New("no credentials: send " + SignatureHeader + " or the bearer token")
+			return "", errors.New("no credentials: send " + SignatureHeader + " or the bearer token")
 		}
-		return err
+		return "", err
 	}
-	return nil
+	return sig, nil
 }
 
 func httpError(w http.ResponseWriter, code int, msg string) {

@@ -47,15 +47,24 @@ func mac(secret []byte, ts string, body []byte) []byte {
 // to HMAC-SHA256(secret, "<t>." + body). Several v1 entries are allowed
 // (a sender rotating its secret signs with both).
 func Verify(secret []byte, header string, body []byte, now time.Time, tolerance time.Duration) error {
+	_, err := VerifiedMAC(secret, header, body, now, tolerance)
+	return err
+}
+
+// VerifiedMAC is Verify, and on success the hex of the signature that
+// matched, recomputed: it names the signed (timestamp, body) whatever
+// else the header holds, so a request replayed with other v1 entries
+// added still has the same one.
+func VerifiedMAC(secret []byte, header string, body []byte, now time.Time, tolerance time.Duration) (string, error) {
 	if strings.TrimSpace(header) == "" {
-		return ErrNoSignature
+		return "", ErrNoSignature
 	}
 	var ts string
 	var sigs [][]byte
 	for _, part := range strings.Split(header, ",") {
 		k, v, ok := strings.Cut(strings.TrimSpace(part), "=")
 		if !ok {
-			return fmt.Errorf("malformed %s: %q is not key=value", SignatureHeader, part)
+			return "", fmt.Errorf("malformed %s: %q is not key=value", SignatureHeader, part)
 		}
 		switch k {
 		case "t":
@@ -63,26 +72,26 @@ func Verify(secret []byte, header string, body []byte, now time.Time, tolerance 
 		case "v1":
 			b, err := hex.DecodeString(v)
 			if err != nil {
-				return fmt.Errorf("malformed %s: v1 is not hex", SignatureHeader)
+				return "", fmt.Errorf("malformed %s: v1 is not hex", SignatureHeader)
 			}
 			sigs = append(sigs, b)
 		}
 	}
 	sec, err := strconv.ParseInt(ts, 10, 64)
 	if err != nil {
-		return fmt.Errorf("malformed %s: t=%q is not unix seconds", SignatureHeader, ts)
+		return "", fmt.Errorf("malformed %s: t=%q is not unix seconds", SignatureHeader, ts)
 	}
 	if len(sigs) == 0 {
-		return fmt.Errorf("malformed %s: no v1 signature", SignatureHeader)
+		return "", fmt.Errorf("malformed %s: no v1 signature", SignatureHeader)
 	}
 	if d := now.Sub(time.Unix(sec, 0)); d > tolerance || d < -tolerance {
-		return fmt.Errorf("%w: t=%d is %s from now (tolerance %s)", ErrStale, sec, d.Round(time.Second), tolerance)
+		return "", fmt.Errorf("%w: t=%d is %s from now (tolerance %s)", ErrStale, sec, d.Round(time.Second), tolerance)
 	}
 	want := mac(secret, ts, body)
 	for _, s := range sigs {
 		if hmac.Equal(s, want) {
-			return nil
+			return hex.EncodeToString(want), nil
 		}
 	}
-	return ErrBadSignature
+	return "", ErrBadSignature
 }

@@ -78,14 +78,14 @@ func (c Config) Validate() error {
 	}
 	// JetStream refuses a stream whose duplicate window is longer than its
 	// max age.
-	if dup := c.duplicates(); c.StreamMaxAge > 0 && c.StreamMaxAge < dup {
+	if dup := c.DuplicateWindow(); c.StreamMaxAge > 0 && c.StreamMaxAge < dup {
 		return fmt.Errorf("nats.stream_max_age: %s is shorter than the de-duplication window nats.duplicates (%s)", c.StreamMaxAge, dup)
 	}
 	return nil
 }
 
-// duplicates is the duplicate window in effect.
-func (c Config) duplicates() time.Duration {
+// DuplicateWindow is the duplicate window in effect.
+func (c Config) DuplicateWindow() time.Duration {
 	if c.Duplicates <= 0 {
 		return DefaultDuplicates
 	}
@@ -219,7 +219,7 @@ func (b *Bus) ensure(ctx context.Context, cfg Config, log *slog.Logger) error {
 	if err := cfg.Validate(); err != nil {
 		return err
 	}
-	dup := cfg.duplicates()
+	dup := cfg.DuplicateWindow()
 	for _, sc := range append([]jetstream.StreamConfig{
 		{Name: StreamSynthesis, Subjects: []string{SubjectSynthesis + ".>"}, Storage: jetstream.FileStorage, Duplicates: dup, MaxAge: cfg.StreamMaxAge},
 		{Name: StreamEnvReady, Subjects: []string{SubjectEnvReady + ".>", SubjectEnvReady}, Storage: jetstream.FileStorage, Duplicates: dup, MaxAge: cfg.StreamMaxAge},

@@ -111,6 +111,11 @@ func (c Config) validateBackend() error {
 		}
 		if w.Tolerance <= 0 {
 			errs = append(errs, fmt.Errorf("adapter.webhook.tolerance: must be positive, got %s", w.Tolerance))
+		} else if dup := c.NATS.DuplicateWindow(); 2*w.Tolerance > dup {
+			// A signed callback is accepted from tolerance before its
+			// timestamp to tolerance after it; the copy's Msg-Id must still
+			// be in the window when a replay comes.
+			errs = append(errs, fmt.Errorf("adapter.webhook.tolerance: %s is more than half the de-duplication window nats.duplicates (%s), which drops a signed callback sent again within the tolerance", w.Tolerance, dup))
 		}
 		errs = append(errs, c.WebhookConfig().Validate("adapter.webhook."))
 		return errors.Join(errs...)

@@ -82,6 +82,11 @@ func TestTrainingBackendsValidateNameTheField(t *testing.T) {
 		{"adapter:\n  backend: webhook\n  webhook:\n    url: https://x.internal/y\n", "adapter.webhook.secret: at least 16 bytes"},
 		{"adapter:\n  backend: webhook\n  webhook:\n    url: https://x.internal/y\n    secret: 0123456789abcdef\n    events: sqs\n", `adapter.webhook.events: "sqs" is not nats or callback`},
 		{"adapter:\n  backend: webhook\n  webhook:\n    url: https://x.internal/y\n    secret: 0123456789abcdef\n    retry_for: 0s\n", "adapter.webhook.retry_for: must be positive"},
+		// A replayed signed callback must still meet its first copy's Msg-Id.
+		{"adapter:\n  backend: webhook\n  webhook:\n    url: https://x.internal/y\n    secret: 0123456789abcdef\n    tolerance: 6m\n",
+			"adapter.webhook.tolerance: 6m0s is more than half the de-duplication window nats.duplicates (10m0s)"},
+		{"nats:\n  duplicates: 2m\nadapter:\n  backend: webhook\n  webhook:\n    url: https://x.internal/y\n    secret: 0123456789abcdef\n",
+			"adapter.webhook.tolerance: 5m0s is more than half the de-duplication window nats.duplicates (2m0s)"},
 	} {
 		_, err := load(t, tt.yaml)
 		if err == nil || !strings.Contains(err.Error(), tt.want) {
@@ -91,6 +96,14 @@ func TestTrainingBackendsValidateNameTheField(t *testing.T) {
 	// A backend's section is checked only when it is selected.
 	if _, err := load(t, "adapter:\n  backend: nats\n  webhook:\n    events: sqs\n"); err != nil {
 		t.Errorf("an unselected backend's section: %v", err)
+	}
+	for _, y := range []string{
+		"adapter:\n  backend: webhook\n  webhook:\n    url: https://x.internal/y\n    secret: 0123456789abcdef\n    tolerance: 5m\n",
+		"nats:\n  duplicates: 1h\nadapter:\n  backend: webhook\n  webhook:\n    url: https://x.internal/y\n    secret: 0123456789abcdef\n    tolerance: 30m\n",
+	} {
+		if _, err := load(t, y); err != nil {
+			t.Errorf("%q: %v", y, err)
+		}
 	}
 	_ = time.Second
 }
