@@ -200,7 +200,17 @@ func (c *Client) Chat(ctx context.Context, req Request) (Response, error) {
 			return Response{}, fmt.Errorf("llm %s: request schema: %w", req.Purpose, err)
 		}
 	}
-	body, err := c.newBody(func() ([]byte, error) { return c.body(req) })
+	// sent is req with the cap of the next attempt: an answer cut at the
+	// cap (finish_reason length) that fails its checks would be cut the
+	// same way again (at temperature 0, word for word), so the attempt
+	// after it asks for twice the cap, up to MaxTokensGrowth times the
+	// first. Without a cap there is nothing to raise.
+	sent := req
+	if req.MaxTokens <= 0 {
+		sent.MaxTokens = c.cfg.MaxTokens
+	}
+	first := sent.MaxTokens
+	body, err := c.newBody(func() ([]byte, error) { return c.body(sent) })
 	if err != nil {
 		return Response{}, fmt.Errorf("llm %s: %w", req.Purpose, err)
 	}
@@ -208,6 +218,12 @@ func (c *Client) Chat(ctx context.Context, req Request) (Response, error) {
 
 	r, tally, err := retry(ctx, c, req, func(attempt int) (attemptResult, Response) {
 		res := c.attempt(ctx, req, body.current(), hash, attempt, sch)
+		if next := min(2*sent.MaxTokens, MaxTokensGrowth*first); res.truncated && next > sent.MaxTokens {
+			c.log.Info("llm answer cut at its token cap; the next attempt asks for more", "purpose", req.Purpose,
+				"rollout_id", req.RolloutID, "attempt", attempt, "max_tokens", sent.MaxTokens, "next_max_tokens", next)
+			sent.MaxTokens = next
+			body.rebuild()
+		}
 		return res, res.resp
 	})
 	r.Attempts, r.TotalPromptTokens, r.TotalCompletionTokens = tally.attempts, tally.promptTokens, tally.completionTokens
@@ -460,6 +476,7 @@ type reqBody struct {
 	build      func() ([]byte, error)
 	b          []byte
 	completion bool // made with max_completion_tokens
+	stale      bool // the request changed since b was made
 }
 
 func (c *Client) newBody(build func() ([]byte, error)) (*reqBody, error) {
@@ -473,13 +490,16 @@ func (c *Client) newBody(build func() ([]byte, error)) (*reqBody, error) {
 
 // current is the body for the next attempt.
 func (r *reqBody) current() []byte {
-	if ct := r.c.completionTokens.Load(); ct != r.completion {
+	if ct := r.c.completionTokens.Load(); ct != r.completion || r.stale {
 		if b, err := r.build(); err == nil {
-			r.b, r.completion = b, ct
+			r.b, r.completion, r.stale = b, ct, false
 		}
 	}
 	return r.b
 }
+
+// rebuild makes the next attempt's body again (its request changed).
+func (r *reqBody) rebuild() { r.stale = true }
 
 type attemptResult struct {
 	outcome                        string
@@ -488,6 +508,7 @@ type attemptResult struct {
 	retryAfter                     time.Duration
 	retryNow                       bool // retry at once: the next attempt sends another request
 	stopped                        bool // not made: ctx's stop came while it waited for a slot
+	truncated                      bool // the answer failed its checks and was cut at the cap (finish_reason length)
 	promptTokens, completionTokens int
 	err                            error
 	resp                           Response
@@ -577,6 +598,7 @@ func (c *Client) attempt(ctx context.Context, req Request, body []byte, hash str
 			msg = "model refused: " + cut(*ch.Message.Refusal, 200)
 		}
 		res.outcome, res.retryable, res.err = OutcomeSchema, true, fmt.Errorf("%w: %s (finish_reason %q)", ErrSchema, msg, ch.FinishReason)
+		res.truncated = ch.FinishReason == "length" // a reasoning model that thought up to the cap
 		return res
 	}
 	raw := *ch.Message.Content
@@ -588,6 +610,7 @@ func (c *Client) attempt(ctx context.Context, req Request, body []byte, hash str
 		}
 		if ch.FinishReason == "length" {
 			err = fmt.Errorf("%w (answer cut at max_tokens: finish_reason length)", err)
+			res.truncated = true
 		}
 		res.err = err
 		return res

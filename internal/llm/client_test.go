@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -962,6 +963,54 @@ func TestRetryStop(t *testing.T) {
 			}
 			if n := len(srv.Requests()); n != tt.wantSent {
 				t.Fatalf("%d requests sent, want %d", n, tt.wantSent)
+			}
+		})
+	}
+}
+
+// TestCutAnswerRaisesTheCap: an answer cut at max_tokens (finish_reason
+// length) that fails its checks is asked for again with twice the cap, up
+// to MaxTokensGrowth times the first; a failure of another kind keeps the
+// cap; the raised cap is sent as max_completion_tokens once the server
+// refused max_tokens; without a cap nothing is raised.
+func TestCutAnswerRaisesTheCap(t *testing.T) {
+	cut := llmtest.Malformed() // `{"labels": {"`, finish_reason length
+	noContent := llmtest.Reply{NullContent: true, FinishReason: "length"}
+	caps := func(srv *llmtest.Server) []int {
+		var out []int
+		for _, r := range srv.Requests() {
+			out = append(out, r.Chat.MaxTokens+r.Chat.MaxCompletionTokens)
+		}
+		return out
+	}
+	for _, tc := range []struct {
+		name      string
+		configCap int
+		reqCap    int
+		replies   []llmtest.Reply
+		want      []int
+		ok        bool
+	}{
+		{"cut, cut, cut, ok", 0, 100, []llmtest.Reply{cut, cut, cut, llmtest.Text(`{"answer":"yes"}`)}, []int{100, 200, 400, 400}, true},
+		{"the config's cap", 300, 0, []llmtest.Reply{cut, llmtest.Text(`{"answer":"yes"}`)}, []int{300, 600}, true},
+		{"a reasoning model that thought up to the cap", 0, 50, []llmtest.Reply{noContent, llmtest.Text(`{"answer":"yes"}`)}, []int{50, 100}, true},
+		{"not cut: the cap stays", 0, 100, []llmtest.Reply{llmtest.Text(`{"answer":"perhaps"}`), llmtest.ServerError(), llmtest.Text(`{"answer":"yes"}`)}, []int{100, 100, 100}, true},
+		{"cut, then a wrong answer: the raised cap stays", 0, 100, []llmtest.Reply{cut, llmtest.Text(`{"answer":"perhaps"}`), llmtest.Text(`{"answer":"yes"}`)}, []int{100, 200, 200}, true},
+		{"no cap: nothing to raise", 0, 0, []llmtest.Reply{cut, cut, cut, cut}, []int{0, 0, 0, 0}, false},
+		{"max_completion_tokens", 0, 100, []llmtest.Reply{llmtest.RefuseMaxTokens(), cut, llmtest.Text(`{"answer":"yes"}`)}, []int{100, 100, 200}, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			srv := llmtest.New(t)
+			srv.Enqueue(tc.replies...)
+			c, _ := newClient(t, srv, func(cfg *llm.Config) { cfg.MaxTokens = tc.configCap })
+			req := ask(objSchema)
+			req.MaxTokens = tc.reqCap
+			_, err := c.Chat(context.Background(), req)
+			if (err == nil) != tc.ok {
+				t.Fatalf("err %v, want ok=%v", err, tc.ok)
+			}
+			if got := caps(srv); !slices.Equal(got, tc.want) {
+				t.Fatalf("caps sent %v, want %v", got, tc.want)
 			}
 		})
 	}

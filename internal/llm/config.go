@@ -28,6 +28,11 @@ const (
 	// MaxAttemptsLimit bounds MaxAttempts (the audit row stores the attempt
 	// number as UInt8).
 	MaxAttemptsLimit = 50
+
+	// MaxTokensGrowth bounds how far Chat raises a cut answer's token cap
+	// for the attempts after it: each doubles it, up to this many times
+	// the request's (or Config.MaxTokens).
+	MaxTokensGrowth = 4
 )
 
 // Environment variables consulted, in this order, when Config.APIKey is empty.
