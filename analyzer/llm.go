@@ -234,11 +234,12 @@ func (l *LLMLabeler) ShouldLabel(r *schemas.Rollout) bool { return l.cfg.SampleR
 var ErrLLMUnavailable = errors.New("the LLM endpoint is unavailable")
 
 // ErrLabelingStopped wraps Label's error when the stop of its context
-// (llm.WithRetryStop: the analyze stage is shutting down) came before some
+// (llm.WithRetryStop: the analyze stage is shutting down, or holds the
+// batch because the endpoint was found unavailable) came before some
 // runs' next attempt: those runs did not fail and are not returned, so
 // that they are asked when the rollout is labeled again; the runs
 // answered are returned with it.
-var ErrLabelingStopped = errors.New("labeling stopped at shutdown")
+var ErrLabelingStopped = errors.New("labeling stopped (a shutdown, or the batch held while the LLM endpoint is unavailable); the runs not asked are left for the batch's redelivery")
 
 // Label implements Labeler. It returns one RunLabels per run labeled now, in
 // run order: none when r is not in the sample, and none for the runs that

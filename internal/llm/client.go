@@ -352,7 +352,7 @@ func (c *Client) acquire(ctx context.Context) (release func(), failed *attemptRe
 // ErrStopped is wrapped in the error of a call that ended because the stop
 // of its context (WithRetryStop) came before its next attempt. It wraps
 // context.Canceled: the call was cancelled, it did not fail.
-var ErrStopped = fmt.Errorf("stopped retrying at shutdown: %w", context.Canceled)
+var ErrStopped = fmt.Errorf("stopped before the next attempt by the caller (a shutdown, or its work held): %w", context.Canceled)
 
 type retryStopKey struct{}
 
