@@ -3,6 +3,7 @@ package envprog
 import (
 	"fmt"
 	"os"
+	"runtime"
 	"slices"
 
 	seccomp "github.com/elastic/go-seccomp-bpf"
@@ -106,7 +107,7 @@ func seccompPolicy(a *arch.Info, pid int) seccomp.Policy {
 func restrictSyscalls() error {
 	a, err := arch.GetInfo("")
 	if err != nil {
-		return fmt.Errorf("seccomp: %w", err)
+		return fmt.Errorf("the sandbox's seccomp filter has no system call table for %s (it has for amd64, arm64, 386 and arm): %w", runtime.GOARCH, err)
 	}
 	f := seccomp.Filter{NoNewPrivs: true, Flag: seccomp.FilterFlagTSync, Policy: seccompPolicy(a, os.Getpid())}
 	if err := seccomp.LoadFilter(f); err != nil {
