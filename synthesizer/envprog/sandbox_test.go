@@ -183,24 +183,32 @@ func TestSandboxBystanderOfAWorkerDeath(t *testing.T) {
 	}
 }
 
-// TestSandboxWorkerEnvironment: the worker, which runs untrusted programs,
-// does not see the parent's environment (tokens, database credentials).
-func TestSandboxWorkerEnvironment(t *testing.T) {
-	t.Setenv("TRACE_SECRET_X", "s3cret")
+// workerProcFile starts a sandboxed program's worker and reads its
+// /proc/<pid>/<file>; the worker is closed when the test ends.
+func workerProcFile(t *testing.T, file string) []byte {
+	t.Helper()
 	ctx := context.Background()
 	env, err := envprog.LoadSandboxed(ctx, "slow.star", slowReset(0), envprog.Limits{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer env.Close()
+	t.Cleanup(func() { env.Close() })
 	_, pid, err := envprog.SandboxStats(ctx, env)
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", pid))
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/%s", pid, file))
 	if err != nil {
 		t.Fatal(err)
 	}
+	return b
+}
+
+// TestSandboxWorkerEnvironment: the worker, which runs untrusted programs,
+// does not see the parent's environment (tokens, database credentials).
+func TestSandboxWorkerEnvironment(t *testing.T) {
+	t.Setenv("TRACE_SECRET_X", "s3cret")
+	b := workerProcFile(t, "environ")
 	vars := strings.Split(strings.TrimRight(string(b), "\x00"), "\x00")
 	t.Logf("the worker's environment: %q", vars)
 	if !slices.Contains(vars, "TRACE_ENVPROG_WORKER=1") {

@@ -1,7 +1,6 @@
 package envprog_test
 
 import (
-	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -187,28 +186,14 @@ func TestSeccompFilter(t *testing.T) {
 
 // TestSandboxWorkerFiltered: the sandbox worker runs under the filter.
 func TestSandboxWorkerFiltered(t *testing.T) {
-	ctx := context.Background()
-	env, err := envprog.LoadSandboxed(ctx, "slow.star", slowReset(0), envprog.Limits{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer env.Close()
-	_, pid, err := envprog.SandboxStats(ctx, env)
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		t.Fatal(err)
-	}
 	got := map[string]string{}
-	for _, line := range strings.Split(string(b), "\n") {
+	for _, line := range strings.Split(string(workerProcFile(t, "status")), "\n") {
 		if k, v, ok := strings.Cut(line, ":"); ok {
 			got[k] = strings.TrimSpace(v)
 		}
 	}
 	if got["Seccomp"] != "2" || got["NoNewPrivs"] != "1" || got["Seccomp_filters"] == "" || got["Seccomp_filters"] == "0" {
-		t.Fatalf("worker %d: Seccomp %q, Seccomp_filters %q, NoNewPrivs %q; want 2 (filter), at least 1, 1",
-			pid, got["Seccomp"], got["Seccomp_filters"], got["NoNewPrivs"])
+		t.Fatalf("worker %s: Seccomp %q, Seccomp_filters %q, NoNewPrivs %q; want 2 (filter), at least 1, 1",
+			got["Pid"], got["Seccomp"], got["Seccomp_filters"], got["NoNewPrivs"])
 	}
 }
