@@ -183,7 +183,9 @@ func PromptHash(msgs []Message) string {
 // Attempts that end in a 429 (after the server's Retry-After, capped by
 // MaxRetryAfter), a 5xx, a 408 or 409, a timeout, a connection error, or an answer that
 // is not JSON or that the schema or req.Validate rejects are retried with
-// capped exponential backoff, up to MaxAttempts in all. Any other non-2xx
+// capped exponential backoff, up to MaxAttempts in all; the attempt after
+// a rejected answer cut at the token cap (finish_reason length) asks for
+// twice that cap, up to MaxTokensGrowth times the first. Any other non-2xx
 // status is returned at once. Every attempt is recorded through the
 // Recorder. When no attempt succeeds the error is an *Error listing what
 // each attempt ended with. A cancelled ctx stops the call and returns an
