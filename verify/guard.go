@@ -98,12 +98,16 @@ type WatchDecision struct {
 
 // RollBack says whether the guard rolls the adapter back: its look or its
 // watch block is worse.
-func (g GuardDecision) RollBack() bool { return g.Worse || g.Watch != nil && g.Watch.Worse }
+func (g GuardDecision) RollBack() bool { return g.Worse || g.watchDecides() }
+
+// watchDecides says whether the watch block, not the look, is the worse
+// test that decides.
+func (g GuardDecision) watchDecides() bool { return !g.Worse && g.Watch != nil && g.Watch.Worse }
 
 // RollBackReason is the reason of the test that is worse: the look's, or
 // the watch block's.
 func (g GuardDecision) RollBackReason() string {
-	if !g.Worse && g.Watch != nil && g.Watch.Worse {
+	if g.watchDecides() {
 		return g.Watch.Reason
 	}
 	return g.Reason
@@ -238,13 +242,10 @@ func guardDecide(before, after Sample, cfg Config, full bool) GuardDecision {
 	g.Comparison = &c
 	at := fmt.Sprintf("at the guard's look %d of %d (the first %d routed rollouts, %d that need the capability; %s %% intervals)",
 		k, g.Looks, n, g.Needed, Pct(g.Level))
-	switch c.Verdict {
-	case Worse:
-		g.Worse = true
+	g.Worse = c.Verdict == Worse
+	if g.Worse || c.Verdict == NotEnoughData {
 		g.Reason = c.Reason + " " + at
-	case NotEnoughData:
-		g.Reason = c.Reason + " " + at
-	default:
+	} else {
 		g.Reason = "not significantly worse " + at
 	}
 	return g

@@ -459,7 +459,7 @@ func (c *Checker) rollBack(ctx context.Context, ac *AdapterCheck) error {
 // first look).
 func (g GuardDecision) Evidence() *schemas.Evidence {
 	c, level := g.Comparison, g.Level
-	if !g.Worse && g.Watch != nil && g.Watch.Worse {
+	if g.watchDecides() {
 		c, level = g.Watch.Comparison, g.Watch.Level
 	}
 	if c == nil {
