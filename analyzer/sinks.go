@@ -111,7 +111,8 @@ func (l *labeled) take() ([]sink.LabelRow, []sink.LabelRun) {
 // given up rather than drained: its model calls start no new attempt (a
 // 429's Retry-After, a backoff or a wait for a slot ends at once:
 // llm.WithRetryStop), no further rollout is started, the calls in flight
-// finish, and the answers are written; Write then returns
+// finish, and each one's answers are written as it finishes (not at the
+// next tick: the drain deadline may come first); Write then returns
 // stream.ErrStopped, so the batch is not committed, and after the restart
 // only the runs not stored are asked. A batch of the llm labeler takes
 // minutes, not the drain's seconds, and waiting out a Retry-After held
@@ -272,6 +273,15 @@ func (s *LabelingSink) Write(ctx context.Context, batch []stream.Record[*schemas
 				rows[i] = sink.LabelRowFrom(&evs[i])
 			}
 			out.add(rows, lrs)
+			select {
+			case <-stop:
+				// Stopping: the drain deadline can come before the next
+				// tick, and an answer not written by then is paid for
+				// again after the restart. What fails stays for the
+				// batch's last write.
+				_ = s.flush(ctx, out)
+			default:
+			}
 			return nil
 		})
 	}

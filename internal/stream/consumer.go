@@ -253,7 +253,7 @@ func (c *Consumer[T]) Run(ctx context.Context) error {
 	// It carries Stopping's channel: runCtx's end.
 	work, cancelWork := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelWork()
-	work = context.WithValue(work, stoppingKey{}, runCtx.Done())
+	work = WithStopping(work, runCtx.Done())
 	var stopAt atomic.Int64 // unix nanos at which stopping began
 	watchDone := make(chan struct{})
 	go func() {

@@ -62,6 +62,14 @@ func Stopping(ctx context.Context) <-chan struct{} {
 	return ch
 }
 
+// WithStopping returns ctx with stop as what Stopping(ctx) returns. The
+// Consumer does this for every batch it hands a Sink; a caller that runs a
+// Sink by itself (a replay, a test of the sink's stop) does it with its own
+// channel.
+func WithStopping(ctx context.Context, stop <-chan struct{}) context.Context {
+	return context.WithValue(ctx, stoppingKey{}, stop)
+}
+
 // stopped reports whether the consumer of ctx is stopping.
 func stopped(ctx context.Context) bool {
 	ch := Stopping(ctx)
