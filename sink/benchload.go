@@ -2,7 +2,9 @@ package sink
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"strings"
 	"time"
 )
 
@@ -23,6 +25,37 @@ var (
 
 const BenchPlanted = "precondition_verification"
 
+// The simulated routing of the bulk load, for the guard's reads: every
+// rollout has a conversation id; the router decided each conversation of
+// the last BenchRouterDays of the history (3 decisions each: one per turn
+// of an agent calling it); the adapter BenchAdapter, registered active
+// BenchAdapterDays before the history's end, served half of the planted
+// cohort's (BenchEnvironments[0], agent version 1.4.0) conversations
+// since. Rollouts do not name the adapter (rollouts.adapter is empty):
+// they are routed only through the decisions of their conversation, the
+// guard's costlier join.
+const (
+	BenchAdapter     = "sim-precondition-verification"
+	BenchRouterDays  = 30
+	BenchAdapterDays = 7
+	benchTurns       = 3
+)
+
+// BenchActivation is when the bulk load's adapter was activated, and
+// since when the router decided, for a history [from, from+span).
+func BenchActivation(from time.Time, span time.Duration) (activated, routerFrom time.Time) {
+	end := from.Add(span)
+	activated = end.Add(-BenchAdapterDays * 24 * time.Hour)
+	routerFrom = end.Add(-BenchRouterDays * 24 * time.Hour)
+	if activated.Before(from) {
+		activated = from.Add(span / 2)
+	}
+	if routerFrom.Before(from) {
+		routerFrom = from
+	}
+	return activated, routerFrom
+}
+
 func sqlArray(xs []string) string {
 	out := "["
 	for i, x := range xs {
@@ -40,12 +73,30 @@ func sqlArray(xs []string) string {
 // Binds: first, n, from (Unix s), span (s), total, ingest base (ns).
 var benchRolloutsSQL = `INSERT INTO rollouts (rollout_id, environment, agent_name, agent_version, task_id, success, reward,
 	start_time, end_time, n_messages, n_tool_calls, n_tool_errors, messages, tools, grader, metadata,
-	kafka_topic, kafka_partition, kafka_offset, ingested_at, ingest_ns)
+	kafka_topic, kafka_partition, kafka_offset, ingested_at, ingest_ns, conversation_id)
 SELECT concat('bench-', toString(n)), ` + sqlArray(BenchEnvironments) + `[n % 3 + 1], 'sim-agent', ` + sqlArray(BenchAgentVersions) + `[intDiv(n, 3) % 2 + 1],
 	concat('task-', toString(n % 500)), toUInt8(cityHash64(n, 'ok') % 100 < 55), toFloat64(cityHash64(n, 'ok') % 100 < 55),
 	toDateTime(e - 60), toDateTime(e), toUInt32(6), toUInt32(2), toUInt32(0), '[]', '', '', '{"simulated":true}',
-	'bench', toInt32(0), toInt64(n), now(), toUInt64(? + n)
+	'bench', toInt32(0), toInt64(n), now(), toUInt64(? + n), concat('sim-conv-', toString(n))
 FROM (SELECT number + ? AS n, toUInt32(? + intDiv(n * ?, ?)) AS e FROM numbers(?))`
+
+// benchDecisionsSQL generates the router's decisions of those rollouts'
+// conversations (BenchRouterDays, BenchAdapter).
+//
+// Binds: activation, router start (Unix s), then as benchRolloutsSQL
+// without the ingest base.
+var benchDecisionsSQL = `INSERT INTO route_decisions (ts, at_ns, request_id, decision_id, conversation_id, conversation_source,
+	environment, agent_version, endpoint, adapter, capability, model, reason, outcome, upstream_status)
+SELECT toDateTime(e - 60 + turn * 20), toInt64(e - 60 + turn * 20) * 1000000000, concat('sim-req-', toString(n), '-', toString(turn)),
+	concat('sim-dec-', toString(n), '-', toString(turn)), concat('sim-conv-', toString(n)), 'metadata', env, av, 'proxy',
+	if(routed, '` + BenchAdapter + `', ''), if(routed, '` + BenchPlanted + `', ''), if(routed, '` + BenchAdapter + `', 'base'),
+	'simulated', 'ok', toUInt16(200)
+FROM (
+	SELECT n, e, ` + sqlArray(BenchEnvironments) + `[n % 3 + 1] AS env, ` + sqlArray(BenchAgentVersions) + `[intDiv(n, 3) % 2 + 1] AS av,
+		env = '` + BenchEnvironments[0] + `' AND av = '1.4.0' AND e >= act AND cityHash64(n, 'route') % 2 = 0 AS routed
+	FROM (SELECT toUInt32(?) AS act, toUInt32(?) AS since, number + ? AS n, toUInt32(? + intDiv(n * ?, ?)) AS e FROM numbers(?))
+	WHERE e >= since)
+ARRAY JOIN range(` + fmt.Sprint(benchTurns) + `) AS turn`
 
 // benchLabelsSQL generates the labels of those rollouts: one run, every
 // capability; failures are LACKING 15 % of the time (BenchPlanted for
@@ -64,13 +115,16 @@ FROM (
 	ARRAY JOIN ` + sqlArray(BenchCapabilities) + ` AS capability)`
 
 // BenchLoad writes total simulated rollouts with end times spread over
-// [from, from+span) and their labels, in chunks of chunk rollouts (0 =
-// 500,000), calling progress after each chunk.
+// [from, from+span), their labels and the router's decisions of their
+// conversations, in chunks of chunk rollouts (0 = 500,000), calling
+// progress after each chunk, and registers BenchAdapter, active since
+// BenchActivation.
 func (s *Store) BenchLoad(ctx context.Context, total int, from time.Time, span time.Duration, chunk int, progress func(done int)) error {
 	if chunk <= 0 {
 		chunk = 500_000
 	}
 	base := uint64(time.Now().UnixNano())
+	act, since := BenchActivation(from, span)
 	for first := 0; first < total; first += chunk {
 		n := min(chunk, total-first)
 		args := []any{base, uint64(first), unixSec(from), uint64(span.Seconds()), uint64(total), uint64(n)}
@@ -80,10 +134,33 @@ func (s *Store) BenchLoad(ctx context.Context, total int, from time.Time, span t
 		if err := s.conn.Exec(ctx, benchLabelsSQL, args...); err != nil {
 			return fmt.Errorf("bench load: labels %d..%d: %w", first, first+n, err)
 		}
+		if err := s.conn.Exec(ctx, benchDecisionsSQL, append([]any{unixSec(act), unixSec(since)}, args[1:]...)...); err != nil {
+			return fmt.Errorf("bench load: routing decisions %d..%d: %w", first, first+n, err)
+		}
 		s.wm.invalidate()
 		if progress != nil {
 			progress(first + n)
 		}
 	}
-	return nil
+	meta, _ := json.Marshal(map[string]any{"activated_at": act.UTC(), "simulated": "bench load: no model was trained"})
+	return s.SaveAdapter(ctx, AdapterRow{Name: BenchAdapter, JobID: "sim-job", EnvironmentID: "sim-env", Capability: BenchPlanted,
+		Environment: BenchEnvironments[0], AgentVersion: "1.4.0", BaseModel: "sim-base", URI: "sim://" + BenchAdapter,
+		Status: "active", Simulated: true, Metadata: string(meta), CreatedAt: act, UpdatedAt: act, Version: 1})
+}
+
+// LoopLabelsBefore is LoopLabels through the statement it replaced, whose
+// route_decisions subquery aggregated every environment's decisions and
+// filtered the environment afterwards: `trace bench query`'s old way for
+// the guard's reads.
+func (s *Store) LoopLabelsBefore(ctx context.Context, spec LoopSample) ([]RolloutLabels, error) {
+	q, args := loopLabelsSQL(spec)
+	const was = `SELECT conversation_id FROM (SELECT environment, conversation_id,
+	argMax(decision_id, at_ns) AS decision_id, argMax(adapter, at_ns) AS adapter
+	FROM route_decisions WHERE conversation_id != ''
+	GROUP BY environment, conversation_id) WHERE environment = ? AND`
+	old := strings.Replace(q, "SELECT conversation_id FROM ("+RouteByConversationSQL+") WHERE", was, 1)
+	if old == q {
+		return nil, fmt.Errorf("loop labels before: the statement no longer has the routing subquery")
+	}
+	return s.loopLabels(ctx, spec.Capability, old, args)
 }

@@ -1473,7 +1473,7 @@ func chdbRouting(t *testing.T, c *chdbDB, base time.Time) {
 	r = c.query(conversationRoutesSQL, "sim-airline", []string{"c1", "c2", "c3"})
 	got := map[string]string{}
 	for _, row := range r.rows {
-		got[row.str(1)] = row.str(2) + "/" + row.str(3)
+		got[row.str(0)] = row.str(1) + "/" + row.str(2)
 	}
 	if len(got) != 2 || got["c1"] != "d1/a1" || got["c2"] != "d2/" {
 		t.Fatalf("ConversationRoutes: %v", got)

@@ -68,7 +68,7 @@ func loopRolloutsSQL(s LoopSample) (string, []any) {
 		limit = DefaultLoopLimit
 	}
 	joined := `(adapter = '' AND route_decision_id = '' AND conversation_id != '' AND conversation_id IN (
-			SELECT conversation_id FROM (` + RouteByConversationSQL + `) WHERE environment = ? AND %s))`
+			SELECT conversation_id FROM (` + RouteByConversationSQL + `) WHERE %s))`
 	order := "DESC"
 	if s.Oldest {
 		order = "ASC"
@@ -110,9 +110,13 @@ func loopLabelsSQL(s LoopSample) (string, []any) {
 // rollout of the sample that no run labeled yet is absent.
 func (s *Store) LoopLabels(ctx context.Context, spec LoopSample) ([]RolloutLabels, error) {
 	q, args := loopLabelsSQL(spec)
+	return s.loopLabels(ctx, spec.Capability, q, args)
+}
+
+func (s *Store) loopLabels(ctx context.Context, capability, q string, args []any) ([]RolloutLabels, error) {
 	rows, err := s.conn.Query(ctx, q, args...)
 	if err != nil {
-		return nil, fmt.Errorf("loop labels of %s: %w", spec.Capability, err)
+		return nil, fmt.Errorf("loop labels of %s: %w", capability, err)
 	}
 	defer rows.Close()
 	var out []RolloutLabels

@@ -164,15 +164,19 @@ func (s *Store) RouteDecisions(ctx context.Context, f RouteDecisionFilter) ([]Ro
 	return out, rows.Err()
 }
 
-// RouteByConversationSQL is a subquery with one row per (environment,
-// conversation_id) that the router decided: the latest decision's id and
-// adapter (” = base model). Join rollouts on it (rollouts.environment,
-// rollouts.conversation_id) for producers that do not send rollout v1's
-// routing field.
-const RouteByConversationSQL = `SELECT environment, conversation_id,
+// RouteByConversationSQL is a subquery with one row per conversation_id
+// of one environment (its one bind) that the router decided: the latest
+// decision's id and adapter (empty: the base model). Join an environment's
+// rollouts on it (rollouts.conversation_id) for producers that do not send
+// rollout v1's routing field. The environment is filtered inside, before
+// the aggregation: it is the first column of route_decisions' sort key, so
+// only that environment's decisions are read (filtered outside, every
+// environment's decisions were aggregated first; ClickHouse 18.16 does not
+// move the condition in).
+const RouteByConversationSQL = `SELECT conversation_id,
 	argMax(decision_id, at_ns) AS decision_id, argMax(adapter, at_ns) AS adapter
-	FROM route_decisions WHERE conversation_id != ''
-	GROUP BY environment, conversation_id`
+	FROM route_decisions WHERE environment = ? AND conversation_id != ''
+	GROUP BY conversation_id`
 
 // tokenUsageSQL is TokenUsage's query. A request's row is counted once (a
 // batch written twice lands twice until merged).
@@ -255,7 +259,8 @@ func (s *Store) RouteShares(ctx context.Context, environment string, since time.
 }
 
 // ConversationRoutes returns the latest decision per conversation of an
-// environment among ids (RouteByConversationSQL), by conversation id.
+// environment among ids (the rule of RouteByConversationSQL, the ids
+// selected before the aggregation), by conversation id.
 func (s *Store) ConversationRoutes(ctx context.Context, environment string, ids []string) (map[string]RouteDecisionRow, error) {
 	out := map[string]RouteDecisionRow{}
 	if len(ids) == 0 {
@@ -267,8 +272,8 @@ func (s *Store) ConversationRoutes(ctx context.Context, environment string, ids 
 	}
 	defer rows.Close()
 	for rows.Next() {
-		var r RouteDecisionRow
-		if err := rows.Scan(&r.Environment, &r.ConversationID, &r.DecisionID, &r.Adapter); err != nil {
+		r := RouteDecisionRow{Environment: environment}
+		if err := rows.Scan(&r.ConversationID, &r.DecisionID, &r.Adapter); err != nil {
 			return nil, fmt.Errorf("conversation routes: %w", err)
 		}
 		out[r.ConversationID] = r
@@ -276,8 +281,10 @@ func (s *Store) ConversationRoutes(ctx context.Context, environment string, ids 
 	return out, rows.Err()
 }
 
-const conversationRoutesSQL = `SELECT environment, conversation_id, decision_id, adapter FROM (` + RouteByConversationSQL + `)
-	WHERE environment = ? AND has(?, conversation_id)`
+const conversationRoutesSQL = `SELECT conversation_id,
+	argMax(decision_id, at_ns) AS decision_id, argMax(adapter, at_ns) AS adapter
+	FROM route_decisions WHERE environment = ? AND has(?, conversation_id)
+	GROUP BY conversation_id`
 
 // Trajectory is a stored rollout's compacted messages (rollouts.messages JSON).
 type Trajectory struct {

@@ -28,9 +28,11 @@ func newBenchQueryCmd() *cobra.Command {
 creates a scratch database (--database; with several sizes, one per size with
 the size appended, e.g. trace_bench_query_1M; dropped before and after), bulk-loads
 that many SIMULATED rollouts with their labels (3 environments, 2 agent
-versions, 5 capabilities, one labeling run, a planted deficit; generated
-inside ClickHouse, not through the labelers) spread over --days of history
-ending now, runs the hourly rollup, and then:
+versions, 5 capabilities, one labeling run, decided with K = N = 1, a
+planted deficit; generated inside ClickHouse, not through the labelers)
+spread over --days of history ending now, with the router's decisions of
+the last 30 days and an adapter active for the last 7 (half of one
+cohort's conversations routed to it), runs the hourly rollup, and then:
 
   exactness   compares every rollup-backed dashboard statement with the raw
               statement it replaces (sink.DashboardQuery.Raw), for every
@@ -45,6 +47,10 @@ ending now, runs the hourly rollup, and then:
   report      times trace report (the stored decisions) and trace report
               --fresh (every cohort's decision window read now)
   evaluator   times one evaluator tick's queries over every cohort
+  guard       times one guard tick's reads of the active adapter (both
+              samples, the looks, the watch block), the new way and the
+              old way (the routing subquery filtered by environment after
+              aggregating every environment's decisions)
 
 --keep keeps each size's database and --reuse times a kept one as it is (its
 history ends when it was loaded), so a 10M load is paid once; the
@@ -70,13 +76,16 @@ machine may be shared: read each figure beside its comparison.`,
 			out := cmd.OutOrStdout()
 			opt.Out = out
 			opt.Log = slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: slog.LevelWarn}))
-			// The defaults as trace run resolves them (the rules labeler's
-			// one run: K = N = 1), for the evaluator, dashboard and report.
-			cfg, err := config.Load("", nil)
+			// The defaults as trace run resolves them, for the evaluator,
+			// dashboard and report, with K = N = 1: the bulk load's labels
+			// are one run, of source "simulated", which as a source trace
+			// does not know would count as N = 10 (analyzer.SourceRuns),
+			// leaving every cohort undecided and nothing to time.
+			cfg, err := config.Load("", []string{"analyzer.k=1", "analyzer.n=1"})
 			if err != nil {
 				return err
 			}
-			opt.Eval = cfg.Analyzer.EvalConfig
+			opt.Eval, opt.Verify = cfg.Analyzer.EvalConfig, cfg.Verify
 			opt.Report = func(ctx context.Context, st *sink.Store, now time.Time, fresh bool) ([]bench.ReportCap, error) {
 				rows, _, err := buildReport(ctx, cfg, st, "", cfg.Analyzer.Window, !fresh, now)
 				out := make([]bench.ReportCap, len(rows))

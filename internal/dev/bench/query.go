@@ -23,6 +23,7 @@ import (
 	"github.com/traceops/trace/internal/dashboard"
 	"github.com/traceops/trace/schemas"
 	"github.com/traceops/trace/sink"
+	"github.com/traceops/trace/verify"
 )
 
 // QueryOptions configure `trace bench query`.
@@ -38,8 +39,11 @@ type QueryOptions struct {
 	// Eval is the analyzer's configuration (the config's defaults: the
 	// rules labeler's one run), for the evaluator and the dashboard alike.
 	Eval analyzer.EvalConfig
-	Out  io.Writer
-	Log  *slog.Logger
+	// Verify is the closed loop's configuration (the guard's sample limit
+	// and looks).
+	Verify verify.Config
+	Out    io.Writer
+	Log    *slog.Logger
 	// Report runs `trace report` (its buildReport) against st: from the
 	// evaluator's stored evaluations, or fresh.
 	Report func(ctx context.Context, st *sink.Store, now time.Time, fresh bool) ([]ReportCap, error)
@@ -300,6 +304,11 @@ func RunQuery(ctx context.Context, opt QueryOptions) ([]QueryResult, error) {
 		}
 		slices.Sort(r.New)
 		results = append(results, r)
+		g, err := timeGuard(ctx, opt, st, size, log)
+		if err != nil {
+			return results, err
+		}
+		results = append(results, g)
 		if !opt.Keep {
 			if err := st.DropDatabase(ctx, db); err != nil {
 				return results, err
@@ -307,6 +316,60 @@ func RunQuery(ctx context.Context, opt QueryOptions) ([]QueryResult, error) {
 		}
 	}
 	return results, nil
+}
+
+// loopBefore is the guard's source the old way: its samples read through
+// the statement before the routing subquery was filtered by environment.
+type loopBefore struct{ *sink.Store }
+
+func (l loopBefore) LoopLabels(ctx context.Context, spec sink.LoopSample) ([]sink.RolloutLabels, error) {
+	return l.Store.LoopLabelsBefore(ctx, spec)
+}
+
+// timeGuard times the reads of one guard tick (verify's Check of the
+// active adapters: both samples, the looks, the watch block) over the bulk
+// load's adapter, the new way and then the old way, prints what the first
+// check found, and fails when the two ways' samples differ.
+func timeGuard(ctx context.Context, opt QueryOptions, st *sink.Store, size int, log *slog.Logger) (QueryResult, error) {
+	r := QueryResult{Size: size, Endpoint: "guard tick (1 active adapter)"}
+	var first [2]string // each way's samples and decisions (the watch block's, which moves with the clock, left out)
+	for pass, src := range []verify.Source{st, loopBefore{st}} {
+		c := verify.New(opt.Verify, src, nil, nil, log)
+		for i := range opt.Reps {
+			s := time.Now()
+			checks, err := c.Check(ctx, "active")
+			d := time.Since(s)
+			if err == nil && len(checks) != 1 {
+				err = fmt.Errorf("%d active adapters checked, want the bulk load's %s (a database loaded before the load registered it?)", len(checks), sink.BenchAdapter)
+			}
+			if pass == 0 {
+				r.New = append(r.New, d)
+				if err != nil {
+					r.NewErr = err.Error()
+				}
+			} else {
+				r.Old = append(r.Old, d)
+				if err != nil {
+					r.OldErr = err.Error()
+				}
+			}
+			if err == nil && i == 0 {
+				a := checks[0]
+				first[pass] = fmt.Sprintf("before %d rollouts, after %d (routed through their conversations' decisions), verdict %s; guard: %s",
+					a.Comparison.Before.Rollouts, a.Comparison.After.Rollouts, a.Comparison.Verdict, a.Guard.Reason)
+				if pass == 0 {
+					fmt.Fprintf(opt.Out, "size %d: guard of %s: %s\n", size, a.Adapter, first[0])
+				}
+			}
+		}
+	}
+	if first[0] != first[1] && r.NewErr == "" && r.OldErr == "" {
+		return r, fmt.Errorf("size %d: the guard's samples differ between the statements:\n  new: %s\n  old: %s", size, first[0], first[1])
+	}
+	slices.Sort(r.New)
+	slices.Sort(r.Old)
+	fmt.Fprintf(opt.Out, "  %-36s new p50 %v, old p50 %v\n", r.Endpoint, pct(r.New, .5).Round(time.Millisecond), pct(r.Old, .5).Round(time.Millisecond))
+	return r, nil
 }
 
 // sameAsReport compares every labeled cohort's decision on the overview
