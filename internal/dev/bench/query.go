@@ -69,6 +69,18 @@ type QueryResult struct {
 	NoOld          bool
 }
 
+// add records one timing, the old way's when old.
+func (r *QueryResult) add(old bool, d time.Duration, err error) {
+	times, msg := &r.New, &r.NewErr
+	if old {
+		times, msg = &r.Old, &r.OldErr
+	}
+	*times = append(*times, d)
+	if err != nil {
+		*msg = err.Error()
+	}
+}
+
 func pct(ds []time.Duration, p float64) time.Duration {
 	if len(ds) == 0 {
 		return 0
@@ -248,17 +260,7 @@ func RunQuery(ctx context.Context, opt QueryOptions) ([]QueryResult, error) {
 				r.Size, r.Endpoint = size, ep.name
 				for range opt.Reps {
 					d, err := timeHandler(ctx, h, ep.path)
-					if pass == 0 {
-						r.New = append(r.New, d)
-						if err != nil {
-							r.NewErr = err.Error()
-						}
-					} else {
-						r.Old = append(r.Old, d)
-						if err != nil {
-							r.OldErr = err.Error()
-						}
-					}
+					r.add(pass == 1, d, err)
 				}
 			}
 		}
@@ -342,17 +344,7 @@ func timeGuard(ctx context.Context, opt QueryOptions, st *sink.Store, size int, 
 			if err == nil && len(checks) != 1 {
 				err = fmt.Errorf("%d active adapters checked, want the bulk load's %s (a database loaded before the load registered it?)", len(checks), sink.BenchAdapter)
 			}
-			if pass == 0 {
-				r.New = append(r.New, d)
-				if err != nil {
-					r.NewErr = err.Error()
-				}
-			} else {
-				r.Old = append(r.Old, d)
-				if err != nil {
-					r.OldErr = err.Error()
-				}
-			}
+			r.add(pass == 1, d, err)
 			if err == nil && i == 0 {
 				a := checks[0]
 				first[pass] = fmt.Sprintf("before %d rollouts, after %d (routed through their conversations' decisions), verdict %s; guard: %s",
