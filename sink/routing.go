@@ -283,7 +283,7 @@ func (s *Store) ConversationRoutes(ctx context.Context, environment string, ids 
 
 const conversationRoutesSQL = `SELECT conversation_id,
 	argMax(decision_id, at_ns) AS decision_id, argMax(adapter, at_ns) AS adapter
-	FROM route_decisions WHERE environment = ? AND has(?, conversation_id)
+	FROM route_decisions WHERE environment = ? AND conversation_id != '' AND has(?, conversation_id)
 	GROUP BY conversation_id`
 
 // Trajectory is a stored rollout's compacted messages (rollouts.messages JSON).

@@ -84,4 +84,16 @@ func TestRouteDecisions(t *testing.T) {
 		!shares[1].Hour.Equal(at.Add(time.Hour)) {
 		t.Fatalf("RouteShares = %+v, %v", shares, err)
 	}
+	// A later decision without a conversation, and a later one of
+	// conversation c2 in another environment: neither is a route of
+	// sim-airline's conversations.
+	extra := []sink.RouteDecisionRow{row("r4", "d4", "", "a1", 100*time.Minute, false), row("r5", "d5", "c2", "a9", 110*time.Minute, false)}
+	extra[1].Environment = "sim-retail"
+	if err := s.InsertRouteDecisions(ctx, extra); err != nil {
+		t.Fatal(err)
+	}
+	routes, err = s.ConversationRoutes(ctx, "sim-airline", []string{"", "c2"})
+	if err != nil || len(routes) != 1 || routes["c2"].Adapter != "" || routes["c2"].DecisionID != "d2" || routes["c2"].Environment != "sim-airline" {
+		t.Fatalf("ConversationRoutes with another environment's decision and an empty id = %+v, %v", routes, err)
+	}
 }
