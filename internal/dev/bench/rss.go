@@ -204,8 +204,14 @@ func (r RSSResult) String() string {
 	if r.MemoryLimit != "" {
 		s += fmt.Sprintf("with GOMEMLIMIT=%s\n", r.MemoryLimit)
 	}
-	s += fmt.Sprintf("backlog of %d compact rollouts (%.0f MB) produced in %v; then trace stored them in %v from its first stored row: %.0f rollouts/s (%v from process start)\n",
-		r.Rollouts, float64(r.Bytes)/1e6, r.Produce.Round(time.Second), r.Elapsed.Round(time.Millisecond), float64(r.Rollouts)/r.Elapsed.Seconds(), r.Total.Round(time.Millisecond))
+	// Rows are counted once a second: a backlog stored between two counts
+	// has no rate to show.
+	rate := fmt.Sprintf("%.0f rollouts/s", float64(r.Rollouts)/r.Elapsed.Seconds())
+	if r.Elapsed < time.Second {
+		rate = "no rate: all were stored by the first count, and rows are counted once a second"
+	}
+	s += fmt.Sprintf("backlog of %d compact rollouts (%.0f MB) produced in %v; then trace stored them in %v from its first stored row: %s (%v from process start)\n",
+		r.Rollouts, float64(r.Bytes)/1e6, r.Produce.Round(time.Second), r.Elapsed.Round(time.Millisecond), rate, r.Total.Round(time.Millisecond))
 	s += fmt.Sprintf("peak RSS (VmHWM) of the trace process: %d MB  (RSS once streaming %d MB, highest 250ms sample %d MB)\n",
 		r.PeakRSSKB>>10, r.StartRSSKB>>10, r.MaxSampledKB>>10)
 	return s
