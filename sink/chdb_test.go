@@ -1470,13 +1470,13 @@ func chdbRouting(t *testing.T, c *chdbDB, base time.Time) {
 			t.Fatalf("TokenUsage of %q: %s, want %s", row.str(1), got, want)
 		}
 	}
-	r = c.query(conversationRoutesSQL, "sim-airline", []string{"c1", "c2", "c3"})
+	r = c.query(`SELECT conversation_id, decision_id, adapter FROM (`+RouteByConversationSQL+`) WHERE has(?, conversation_id)`, "sim-airline", []string{"c1", "c2", "c3"})
 	got := map[string]string{}
 	for _, row := range r.rows {
 		got[row.str(0)] = row.str(1) + "/" + row.str(2)
 	}
 	if len(got) != 2 || got["c1"] != "d1/a1" || got["c2"] != "d2/" {
-		t.Fatalf("ConversationRoutes: %v", got)
+		t.Fatalf("RouteByConversationSQL: %v", got)
 	}
 	// Retrieval candidates: successful, labeled PRESENT for the capability.
 	coh := Cohort{Environment: "route-env", AgentVersion: "v1", DictionaryVersion: 1}

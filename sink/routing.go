@@ -258,34 +258,6 @@ func (s *Store) RouteShares(ctx context.Context, environment string, since time.
 	return out, rows.Err()
 }
 
-// ConversationRoutes returns the latest decision per conversation of an
-// environment among ids (the rule of RouteByConversationSQL, the ids
-// selected before the aggregation), by conversation id.
-func (s *Store) ConversationRoutes(ctx context.Context, environment string, ids []string) (map[string]RouteDecisionRow, error) {
-	out := map[string]RouteDecisionRow{}
-	if len(ids) == 0 {
-		return out, nil
-	}
-	rows, err := s.conn.Query(ctx, conversationRoutesSQL, environment, ids)
-	if err != nil {
-		return nil, fmt.Errorf("conversation routes: %w", err)
-	}
-	defer rows.Close()
-	for rows.Next() {
-		r := RouteDecisionRow{Environment: environment}
-		if err := rows.Scan(&r.ConversationID, &r.DecisionID, &r.Adapter); err != nil {
-			return nil, fmt.Errorf("conversation routes: %w", err)
-		}
-		out[r.ConversationID] = r
-	}
-	return out, rows.Err()
-}
-
-const conversationRoutesSQL = `SELECT conversation_id,
-	argMax(decision_id, at_ns) AS decision_id, argMax(adapter, at_ns) AS adapter
-	FROM route_decisions WHERE environment = ? AND conversation_id != '' AND has(?, conversation_id)
-	GROUP BY conversation_id`
-
 // Trajectory is a stored rollout's compacted messages (rollouts.messages JSON).
 type Trajectory struct {
 	RolloutID string

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/traceops/trace/internal/dev/testenv"
 	"github.com/traceops/trace/sink"
 )
 
@@ -75,9 +76,9 @@ func TestRouteDecisions(t *testing.T) {
 	if !slices.Equal(days, want) {
 		t.Fatalf("TokenUsage = %q, want %q", days, want)
 	}
-	routes, err := s.ConversationRoutes(ctx, "sim-airline", []string{"c1", "c2", "c3"})
-	if err != nil || len(routes) != 2 || routes["c1"].Adapter != "a1" || routes["c1"].DecisionID != "d1" || routes["c2"].Adapter != "" {
-		t.Fatalf("ConversationRoutes = %+v, %v", routes, err)
+	routes := conversationRoutes(t, s, "sim-airline", "c1", "c2", "c3")
+	if len(routes) != 2 || routes["c1"] != "d1/a1" || routes["c2"] != "d2/" {
+		t.Fatalf("RouteByConversationSQL = %v", routes)
 	}
 	shares, err := s.RouteShares(ctx, "sim-airline", at.Add(-time.Hour))
 	if err != nil || len(shares) != 2 || shares[0].Adapter != "a1" || shares[0].Requests != 2 || shares[1].Adapter != "" || shares[1].Requests != 1 ||
@@ -92,8 +93,33 @@ func TestRouteDecisions(t *testing.T) {
 	if err := s.InsertRouteDecisions(ctx, extra); err != nil {
 		t.Fatal(err)
 	}
-	routes, err = s.ConversationRoutes(ctx, "sim-airline", []string{"", "c2"})
-	if err != nil || len(routes) != 1 || routes["c2"].Adapter != "" || routes["c2"].DecisionID != "d2" || routes["c2"].Environment != "sim-airline" {
-		t.Fatalf("ConversationRoutes with another environment's decision and an empty id = %+v, %v", routes, err)
+	routes = conversationRoutes(t, s, "sim-airline", "", "c2")
+	if len(routes) != 1 || routes["c2"] != "d2/" {
+		t.Fatalf("RouteByConversationSQL with another environment's decision and a decision without a conversation = %v", routes)
 	}
+}
+
+// conversationRoutes reads RouteByConversationSQL, the latest decision of
+// each of an environment's conversations (the guard's join), for ids:
+// conversation id -> "decision/adapter".
+func conversationRoutes(t *testing.T, s *sink.Store, environment string, ids ...string) map[string]string {
+	t.Helper()
+	rows, err := testenv.StoreConn(t, s).Query(context.Background(),
+		`SELECT conversation_id, decision_id, adapter FROM (`+sink.RouteByConversationSQL+`) WHERE has(?, conversation_id)`, environment, ids)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	out := map[string]string{}
+	for rows.Next() {
+		var conv, dec, adapter string
+		if err := rows.Scan(&conv, &dec, &adapter); err != nil {
+			t.Fatal(err)
+		}
+		out[conv] = dec + "/" + adapter
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return out
 }
