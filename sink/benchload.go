@@ -67,34 +67,48 @@ func sqlArray(xs []string) string {
 	return out + "]"
 }
 
+// The generated columns the load's statements share, so that a rollout's
+// labels and decisions agree with the rollout: its number n and end time e
+// (benchRange; binds: first, n, from (Unix s), span (s), total), its
+// environment, agent version, outcome and conversation.
+var (
+	benchRange        = `SELECT number + ? AS n, toUInt32(? + intDiv(n * ?, ?)) AS e FROM numbers(?)`
+	benchEnv          = sqlArray(BenchEnvironments) + `[n % 3 + 1]`
+	benchAgentVersion = sqlArray(BenchAgentVersions) + `[intDiv(n, 3) % 2 + 1]`
+	benchOK           = `toUInt8(cityHash64(n, 'ok') % 100 < 55)`
+	benchConversation = `concat('sim-conv-', toString(n))`
+	// benchPlantedVersion is the planted deficit's agent version, whose
+	// conversations BenchAdapter serves in BenchEnvironments[0].
+	benchPlantedVersion = BenchAgentVersions[1]
+)
+
 // benchRolloutsSQL generates rollouts first..first+n-1 of total, their end
 // times spread evenly over [from, from+span).
 //
-// Binds: first, n, from (Unix s), span (s), total, ingest base (ns).
+// Binds: ingest base (ns), then benchRange's.
 var benchRolloutsSQL = `INSERT INTO rollouts (rollout_id, environment, agent_name, agent_version, task_id, success, reward,
 	start_time, end_time, n_messages, n_tool_calls, n_tool_errors, messages, tools, grader, metadata,
 	kafka_topic, kafka_partition, kafka_offset, ingested_at, ingest_ns, conversation_id)
-SELECT concat('bench-', toString(n)), ` + sqlArray(BenchEnvironments) + `[n % 3 + 1], 'sim-agent', ` + sqlArray(BenchAgentVersions) + `[intDiv(n, 3) % 2 + 1],
-	concat('task-', toString(n % 500)), toUInt8(cityHash64(n, 'ok') % 100 < 55), toFloat64(cityHash64(n, 'ok') % 100 < 55),
+SELECT concat('bench-', toString(n)), ` + benchEnv + `, 'sim-agent', ` + benchAgentVersion + `,
+	concat('task-', toString(n % 500)), ` + benchOK + `, toFloat64(` + benchOK + `),
 	toDateTime(e - 60), toDateTime(e), toUInt32(6), toUInt32(2), toUInt32(0), '[]', '', '', '{"simulated":true}',
-	'bench', toInt32(0), toInt64(n), now(), toUInt64(? + n), concat('sim-conv-', toString(n))
-FROM (SELECT number + ? AS n, toUInt32(? + intDiv(n * ?, ?)) AS e FROM numbers(?))`
+	'bench', toInt32(0), toInt64(n), now(), toUInt64(? + n), ` + benchConversation + `
+FROM (` + benchRange + `)`
 
 // benchDecisionsSQL generates the router's decisions of those rollouts'
 // conversations (BenchRouterDays, BenchAdapter).
 //
-// Binds: activation, router start (Unix s), then as benchRolloutsSQL
-// without the ingest base.
+// Binds: activation, router start (Unix s), then benchRange's.
 var benchDecisionsSQL = `INSERT INTO route_decisions (ts, at_ns, request_id, decision_id, conversation_id, conversation_source,
 	environment, agent_version, endpoint, adapter, capability, model, reason, outcome, upstream_status)
 SELECT toDateTime(e - 60 + turn * 20), toInt64(e - 60 + turn * 20) * 1000000000, concat('sim-req-', toString(n), '-', toString(turn)),
-	concat('sim-dec-', toString(n), '-', toString(turn)), concat('sim-conv-', toString(n)), 'metadata', env, av, 'proxy',
+	concat('sim-dec-', toString(n), '-', toString(turn)), ` + benchConversation + `, 'metadata', env, av, 'proxy',
 	if(routed, '` + BenchAdapter + `', ''), if(routed, '` + BenchPlanted + `', ''), if(routed, '` + BenchAdapter + `', 'base'),
 	'simulated', 'ok', toUInt16(200)
 FROM (
-	SELECT n, e, ` + sqlArray(BenchEnvironments) + `[n % 3 + 1] AS env, ` + sqlArray(BenchAgentVersions) + `[intDiv(n, 3) % 2 + 1] AS av,
-		env = '` + BenchEnvironments[0] + `' AND av = '1.4.0' AND e >= act AND cityHash64(n, 'route') % 2 = 0 AS routed
-	FROM (SELECT toUInt32(?) AS act, toUInt32(?) AS since, number + ? AS n, toUInt32(? + intDiv(n * ?, ?)) AS e FROM numbers(?))
+	SELECT n, e, ` + benchEnv + ` AS env, ` + benchAgentVersion + ` AS av,
+		env = '` + BenchEnvironments[0] + `' AND av = '` + benchPlantedVersion + `' AND e >= act AND cityHash64(n, 'route') % 2 = 0 AS routed
+	FROM (SELECT toUInt32(?) AS act, toUInt32(?) AS since, n, e FROM (` + benchRange + `))
 	WHERE e >= since)
 ARRAY JOIN range(` + fmt.Sprint(benchTurns) + `) AS turn`
 
@@ -106,12 +120,12 @@ ARRAY JOIN range(` + fmt.Sprint(benchTurns) + `) AS turn`
 var benchLabelsSQL = `INSERT INTO capability_labels (environment, agent_version, dictionary_version, capability, run, rollout_id,
 	label, success, reward, source, ts, ingest_ns)
 SELECT env, av, toUInt32(1), capability, toUInt16(0), concat('bench-', toString(n)),
-	CAST(multiIf(h < 10, 'NA', h < 10 + if(ok = 1, 8, if(capability = '` + BenchPlanted + `' AND av = '1.4.0', 65, 15)), 'LACKING', 'PRESENT') AS ` + labelEnum + `),
+	CAST(multiIf(h < 10, 'NA', h < 10 + if(ok = 1, 8, if(capability = '` + BenchPlanted + `' AND av = '` + benchPlantedVersion + `', 65, 15)), 'LACKING', 'PRESENT') AS ` + labelEnum + `),
 	ok, toFloat64(ok), 'simulated', toDateTime(e), toUInt64(? + n)
 FROM (
-	SELECT n, e, ` + sqlArray(BenchEnvironments) + `[n % 3 + 1] AS env, ` + sqlArray(BenchAgentVersions) + `[intDiv(n, 3) % 2 + 1] AS av,
-		toUInt8(cityHash64(n, 'ok') % 100 < 55) AS ok, capability, cityHash64(n, capability) % 100 AS h
-	FROM (SELECT number + ? AS n, toUInt32(? + intDiv(n * ?, ?)) AS e FROM numbers(?))
+	SELECT n, e, ` + benchEnv + ` AS env, ` + benchAgentVersion + ` AS av,
+		` + benchOK + ` AS ok, capability, cityHash64(n, capability) % 100 AS h
+	FROM (` + benchRange + `)
 	ARRAY JOIN ` + sqlArray(BenchCapabilities) + ` AS capability)`
 
 // BenchLoad writes total simulated rollouts with end times spread over
@@ -144,7 +158,7 @@ func (s *Store) BenchLoad(ctx context.Context, total int, from time.Time, span t
 	}
 	meta, _ := json.Marshal(map[string]any{"activated_at": act.UTC(), "simulated": "bench load: no model was trained"})
 	return s.SaveAdapter(ctx, AdapterRow{Name: BenchAdapter, JobID: "sim-job", EnvironmentID: "sim-env", Capability: BenchPlanted,
-		Environment: BenchEnvironments[0], AgentVersion: "1.4.0", BaseModel: "sim-base", URI: "sim://" + BenchAdapter,
+		Environment: BenchEnvironments[0], AgentVersion: benchPlantedVersion, BaseModel: "sim-base", URI: "sim://" + BenchAdapter,
 		Status: "active", Simulated: true, Metadata: string(meta), CreatedAt: act, UpdatedAt: act, Version: 1})
 }
 

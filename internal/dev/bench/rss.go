@@ -137,7 +137,7 @@ func RunRSS(ctx context.Context, opt Options) (RSSResult, error) {
 	}
 
 	var first time.Time
-	tick := time.NewTicker(250 * time.Millisecond)
+	tick := time.NewTicker(rssSampleEvery)
 	defer tick.Stop()
 	for i := 0; ; i++ {
 		select {
@@ -151,7 +151,7 @@ func RunRSS(ctx context.Context, opt Options) (RSSResult, error) {
 		if v := ProcStatusKB(pid, "VmRSS"); v > res.MaxSampledKB {
 			res.MaxSampledKB = v
 		}
-		if i%4 != 0 {
+		if i%rssCountEvery != 0 {
 			continue
 		}
 		got, err := store.CountRollouts(ctx)
@@ -198,17 +198,23 @@ func tail(path string, n int64) string {
 	return string(b)
 }
 
+// The RSS run samples the process's RSS every rssSampleEvery and counts
+// the stored rows every rssCountEvery samples (once a second).
+const (
+	rssSampleEvery = 250 * time.Millisecond
+	rssCountEvery  = 4
+)
+
 // String formats the result.
 func (r RSSResult) String() string {
 	s := fmt.Sprintf("%s\n", r.Command)
 	if r.MemoryLimit != "" {
 		s += fmt.Sprintf("with GOMEMLIMIT=%s\n", r.MemoryLimit)
 	}
-	// Rows are counted once a second: a backlog stored between two counts
-	// has no rate to show.
+	// A backlog stored between two counts of the rows has no rate to show.
 	rate := fmt.Sprintf("%.0f rollouts/s", float64(r.Rollouts)/r.Elapsed.Seconds())
-	if r.Elapsed < time.Second {
-		rate = "no rate: all were stored by the first count, and rows are counted once a second"
+	if every := rssSampleEvery * rssCountEvery; r.Elapsed < every {
+		rate = fmt.Sprintf("no rate: all were stored by the first count, and rows are counted every %v", every)
 	}
 	s += fmt.Sprintf("backlog of %d compact rollouts (%.0f MB) produced in %v; then trace stored them in %v from its first stored row: %s (%v from process start)\n",
 		r.Rollouts, float64(r.Bytes)/1e6, r.Produce.Round(time.Second), r.Elapsed.Round(time.Millisecond), rate, r.Total.Round(time.Millisecond))
