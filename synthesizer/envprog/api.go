@@ -49,6 +49,11 @@ type Limits struct {
 	// MaxTurns bounds the assistant turns of one episode (the release uses 24);
 	// the episode is done, unrewarded for what it did not do, after it.
 	MaxTurns int
+	// ResetCache bounds the bytes (estimated) of the per-seed reset cache:
+	// a seed reset a second time keeps a frozen copy of what reset
+	// returned, and later resets of it copy that instead of running reset
+	// again (see resetcache.go). Negative: no cache.
+	ResetCache int64
 }
 
 // ToolCall is one function call of an assistant message, OpenAI style.

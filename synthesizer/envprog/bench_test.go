@@ -22,6 +22,20 @@ import (
 // same plan. A step is one tool call or the final answer.
 const benchLookups = 16
 
+// benchLimits turn the reset cache off: the benchmarks measure the
+// interpreter, and they reset the same seeds again (to plan, then in each
+// round), which the cache would answer with a copy.
+var benchLimits = envprog.Limits{ResetCache: -1}
+
+func loadBenchExample(b *testing.B) envprog.Env {
+	env, err := envprog.Load(context.Background(), "precondition_airline.star", exampleSrc(), benchLimits)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { env.Close() })
+	return env
+}
+
 // plan returns each seed's actions, prepared outside the timed loop;
 // arguments are JSON strings, as OpenAI sends them.
 func plan(tb testing.TB, env envprog.Env, episodes int) [][]envprog.Action {
@@ -111,7 +125,7 @@ func runPlans(tb testing.TB, env envprog.Env, plans [][]envprog.Action, first in
 // BenchmarkExampleSteps is the in-process step rate of the example on one
 // core (GOMAXPROCS 1), b.N episodes.
 func BenchmarkExampleSteps(b *testing.B) {
-	env := loadExample(b)
+	env := loadBenchExample(b)
 	plans := plan(b, env, 1000)
 	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
 	b.ResetTimer()
@@ -159,7 +173,7 @@ func BenchmarkExampleVersusCPython(b *testing.B) {
 	if err != nil {
 		b.Skip("python3 is not installed")
 	}
-	env := loadExample(b)
+	env := loadBenchExample(b)
 	plans := plan(b, env, episodes)
 
 	var goRate, pyRate rates
@@ -232,7 +246,7 @@ func childCPU() time.Duration {
 // goroutines, and closes it.
 func sandboxRun(b *testing.B, plans [][]envprog.Action, par int) session {
 	self, child := cpuTime(), childCPU()
-	sb, err := envprog.LoadSandboxed(context.Background(), "precondition_airline.star", exampleSrc(), envprog.Limits{})
+	sb, err := envprog.LoadSandboxed(context.Background(), "precondition_airline.star", exampleSrc(), benchLimits)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -260,4 +274,33 @@ func sandboxRun(b *testing.B, plans [][]envprog.Action, par int) session {
 func pythonVersion(python string) string {
 	out, _ := exec.Command(python, "-c", "import platform; print(platform.python_version())").Output()
 	return "python " + strings.TrimSpace(string(out))
+}
+
+// BenchmarkResetCache is the example's reset as GRPO makes it, a group of
+// 8 resets per seed, with the reset cache (the first two run reset, the
+// other six copy the second's state) and without it (all eight run
+// reset): time per reset, in the same run.
+func BenchmarkResetCache(b *testing.B) {
+	for _, bc := range []struct {
+		name string
+		lim  envprog.Limits
+	}{{"cache", envprog.Limits{}}, {"no-cache", benchLimits}} {
+		b.Run(bc.name, func(b *testing.B) {
+			env, err := envprog.Load(context.Background(), "precondition_airline.star", exampleSrc(), bc.lim)
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer env.Close()
+			ctx := context.Background()
+			b.ReportAllocs()
+			for i := 0; b.Loop(); i++ {
+				ep, err := env.Reset(ctx, int64(i/8))
+				if err != nil {
+					b.Fatal(err)
+				}
+				ep.Close()
+			}
+			b.ReportMetric(float64(b.Elapsed().Microseconds())/float64(b.N), "µs/reset")
+		})
+	}
 }

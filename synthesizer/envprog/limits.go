@@ -11,11 +11,17 @@ import "time"
 //     footprint (sandboxed programs only).
 //   - CallTimeout 2 s of wall-clock time per contract call.
 //   - MaxTurns 24 assistant turns per episode (the authors' release).
+//   - ResetCache 8 MiB (~400 of the example's states; GRPO resets a
+//     prompt's generations within moments of each other), and at most a
+//     thirty-second of MaxMemory: it lives in the sandbox worker, under
+//     that bound, whose collector lets the heap grow to 5 × what is live
+//     (GOGC 400).
 var DefaultLimits = Limits{
 	MaxSteps:    10_000_000,
 	MaxMemory:   256 << 20,
 	CallTimeout: 2 * time.Second,
 	MaxTurns:    24,
+	ResetCache:  8 << 20,
 }
 
 // withDefaults returns lim with its zero fields set from DefaultLimits.
@@ -31,6 +37,9 @@ func (lim Limits) withDefaults() Limits {
 	}
 	if lim.MaxTurns == 0 {
 		lim.MaxTurns = DefaultLimits.MaxTurns
+	}
+	if lim.ResetCache == 0 {
+		lim.ResetCache = min(DefaultLimits.ResetCache, lim.MaxMemory/32)
 	}
 	return lim
 }

@@ -65,6 +65,8 @@ type workerStats struct {
 	Episodes   int `json:"episodes"`   // episodes stored
 	Calls      int `json:"calls"`      // requests being handled
 	Resets     int `json:"resets"`     // of which resets
+	// ResetCache is the program's reset cache's counts.
+	ResetCache ResetCacheStats `json:"reset_cache"`
 }
 
 // wireError carries an error across the pipe: a ProgramError field for

@@ -71,6 +71,8 @@ type program struct {
 	tools map[string]starlark.Value // tool name -> the name as a Starlark string
 	// closed is set by Close; Reset then fails.
 	closed atomic.Bool
+	// resets is the per-seed reset cache (nil: none).
+	resets *resetCache
 }
 
 // Load compiles and initialises an environment program in this process.
@@ -99,9 +101,10 @@ func load(ctx context.Context, name string, src []byte, lim Limits) (*program, e
 	}
 	sum := sha256.Sum256(src)
 	p := &program{
-		info: Info{Name: name, Doc: moduleDoc(f), Hash: hex.EncodeToString(sum[:])},
-		lim:  lim,
-		fns:  map[string]*starlark.Function{},
+		info:   Info{Name: name, Doc: moduleDoc(f), Hash: hex.EncodeToString(sum[:])},
+		lim:    lim,
+		fns:    map[string]*starlark.Function{},
+		resets: newResetCache(lim.ResetCache),
 	}
 	th := newThread(name)
 	g := newGuard(th, lim)
@@ -372,6 +375,9 @@ func (p *program) reset(ctx context.Context, seed int64) (*episode, error) {
 	if p.closed.Load() {
 		return nil, errClosed
 	}
+	if e, ok, err := p.cachedReset(ctx, seed); ok || err != nil {
+		return e, err
+	}
 	g := newGuard(newThread(p.info.Name), p.lim)
 	v, err := p.call(ctx, g, "reset", seed, starlark.MakeInt64(seed))
 	if err != nil {
@@ -396,10 +402,65 @@ func (p *program) reset(ctx context.Context, seed int64) (*episode, error) {
 		return nil, e.outputError("reset", e.text)
 	}
 	e.start = Start{System: string(system), User: string(user)}
+	e.begin()
+	if p.resets != nil && p.resets.again(seed) {
+		c := copier{seen: map[starlark.Value]starlark.Value{}}
+		if tmpl, err := c.copy(e.state, 0); err == nil && !c.shared {
+			tmpl.Freeze()
+			p.resets.put(seed, e.start, tmpl, c.bytes+int64(e.text))
+		}
+	}
+	return e, nil
+}
+
+// cachedReset is reset from the cache: a new episode with a copy of the
+// cached state; ok is false when seed is not cached.
+func (p *program) cachedReset(ctx context.Context, seed int64) (e *episode, ok bool, err error) {
+	if p.resets == nil {
+		return nil, false, nil
+	}
+	start, tmpl, ok := p.resets.get(seed)
+	if !ok {
+		return nil, false, nil
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, true, err
+	}
+	state, err := deepCopy(tmpl)
+	if err != nil { // it was copied once already: cannot happen
+		return nil, true, &ProgramError{Func: "reset", Seed: seed, Msg: "copying the cached state: " + err.Error()}
+	}
+	e = &episode{p: p, g: newGuard(newThread(p.info.Name), p.lim), seed: seed, start: start, state: state,
+		text: len(start.System) + len(start.User)}
+	e.begin()
+	return e, true, nil
+}
+
+// begin starts the transcript with the system and user messages.
+func (e *episode) begin() {
 	e.msgs = make([]Message, 2, 16)
 	e.msgs[0] = Message{Role: "system", Content: e.start.System}
 	e.msgs[1] = Message{Role: "user", Content: e.start.User}
-	return e, nil
+}
+
+// ResetCacheOf returns the counts of env's reset cache (zero when it
+// has none), asking a sandboxed env's worker for its own.
+func ResetCacheOf(ctx context.Context, env Env) (ResetCacheStats, error) {
+	switch x := env.(type) {
+	case *program:
+		return x.resetStats(), nil
+	case *sandbox:
+		st, _, err := x.stats(ctx)
+		return st.ResetCache, err
+	}
+	return ResetCacheStats{}, fmt.Errorf("envprog: %T has no reset cache", env)
+}
+
+func (p *program) resetStats() ResetCacheStats {
+	if p.resets == nil {
+		return ResetCacheStats{}
+	}
+	return p.resets.counts()
 }
 
 // dictFields checks that v is a dict with string keys, all of required and

@@ -41,7 +41,9 @@ def reward(state, transcript):
     return {"reward": 0.0}
 `)
 	ctx := context.Background()
-	env, err := Load(ctx, "big.star", src, Limits{})
+	// Without the reset cache, which would keep the twice-reset seeds'
+	// 1 MiB starts (up to its budget): this measures the validator's own.
+	env, err := Load(ctx, "big.star", src, Limits{ResetCache: -1})
 	if err != nil {
 		t.Fatal(err)
 	}

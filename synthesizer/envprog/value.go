@@ -560,14 +560,41 @@ func deepCopy(v starlark.Value) (starlark.Value, error) {
 
 type copier struct {
 	seen map[starlark.Value]starlark.Value
+	// bytes estimates the memory the copy holds (the reset cache's budget):
+	// Go's sizes of the values and their strings, without allocator slack.
+	bytes int64
+	// shared is set when the copy shares a function or builtin with v
+	// (they are not copied): a closure or a bound method made by reset may
+	// reach v's mutable values.
+	shared bool
 }
+
+// Estimated sizes (bytes) of Starlark values, for copier.bytes: an
+// interface slot or a string header is 16; a dict or set holds its first
+// 8 entries in a bucket of its own (~640 bytes with the table), and ~72
+// bytes per entry beyond them.
+const (
+	sizeSlot  = 16
+	sizeList  = 48
+	sizeDict  = 640
+	sizeEntry = 72
+	sizeRand  = 48
+)
+
+func sizeOfTable(n int) int64 { return sizeDict + sizeEntry*int64(max(0, n-8)) }
 
 func (c *copier) copy(v starlark.Value, depth int) (starlark.Value, error) {
 	if depth > maxNesting {
 		return nil, errNesting
 	}
 	switch x := v.(type) {
-	case starlark.NoneType, starlark.Bool, starlark.Int, starlark.Float, starlark.String, starlark.Bytes:
+	case starlark.NoneType, starlark.Bool, starlark.Int, starlark.Float:
+		return v, nil
+	case starlark.String:
+		c.bytes += sizeSlot + int64(len(x))
+		return v, nil
+	case starlark.Bytes:
+		c.bytes += sizeSlot + int64(len(x))
 		return v, nil
 	case *starlark.List:
 		if y, ok := c.seen[x]; ok {
@@ -575,6 +602,7 @@ func (c *copier) copy(v starlark.Value, depth int) (starlark.Value, error) {
 		}
 		out := starlark.NewList(make([]starlark.Value, 0, x.Len()))
 		c.seen[x] = out
+		c.bytes += sizeList + sizeSlot*int64(x.Len())
 		for i := 0; i < x.Len(); i++ {
 			e, err := c.copy(x.Index(i), depth+1)
 			if err != nil {
@@ -585,6 +613,7 @@ func (c *copier) copy(v starlark.Value, depth int) (starlark.Value, error) {
 		return out, nil
 	case starlark.Tuple:
 		out := make(starlark.Tuple, len(x))
+		c.bytes += sizeSlot * int64(len(x))
 		for i, e := range x {
 			var err error
 			if out[i], err = c.copy(e, depth+1); err != nil {
@@ -598,6 +627,7 @@ func (c *copier) copy(v starlark.Value, depth int) (starlark.Value, error) {
 		}
 		out := starlark.NewDict(x.Len())
 		c.seen[x] = out
+		c.bytes += sizeOfTable(x.Len())
 		for _, kv := range x.Items() {
 			v, err := c.copy(kv[1], depth+1)
 			if err == nil {
@@ -614,6 +644,7 @@ func (c *copier) copy(v starlark.Value, depth int) (starlark.Value, error) {
 		}
 		out := starlark.NewSet(x.Len())
 		c.seen[x] = out
+		c.bytes += sizeOfTable(x.Len())
 		iter := x.Iterate()
 		defer iter.Done()
 		var e starlark.Value
@@ -629,8 +660,10 @@ func (c *copier) copy(v starlark.Value, depth int) (starlark.Value, error) {
 		}
 		y := x.copy()
 		c.seen[x] = y
+		c.bytes += sizeRand
 		return y, nil
 	case *starlark.Function, *starlark.Builtin:
+		c.shared = true
 		return v, nil // frozen with their module
 	default:
 		return nil, fmt.Errorf("cannot copy a %s held in the state", v.Type())

@@ -302,6 +302,9 @@ func (w *workerState) close(id uint64) {
 func (w *workerState) stats(req *request) {
 	w.mu.Lock()
 	st := workerStats{Goroutines: runtime.NumGoroutine(), Episodes: len(w.episodes), Calls: len(w.cancels), Resets: len(w.resets)}
+	if w.prog != nil {
+		st.ResetCache = w.prog.resetStats()
+	}
 	w.mu.Unlock()
 	w.reply(&response{ID: req.ID, Stats: &st})
 }

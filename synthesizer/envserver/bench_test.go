@@ -15,6 +15,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -30,6 +31,9 @@ import (
 
 // pids maps a server's base URL to its process, for its CPU time.
 var pids sync.Map
+
+// loadCalls counts the calls of load, which each play seeds of their own.
+var loadCalls atomic.Int64
 
 var (
 	userRe = regexp.MustCompile(`user id ([a-z]+_[a-z]+_[0-9]+)`)
@@ -113,10 +117,17 @@ func episode(ctx context.Context, s *envclient.Session, seed int64, buf *bytes.B
 }
 
 // load runs n WebSocket sessions against base for d, each playing episodes
-// back to back.
-func load(b *testing.B, base string, n int, d time.Duration) loadResult {
+// back to back. With group > 1 the sessions play in groups of that many,
+// the sessions of a group the same seeds in the same order, as GRPO plays
+// a prompt's generations (TRL's num_generations); else every episode has
+// a seed of its own.
+func load(b *testing.B, base string, n, group int, d time.Duration) loadResult {
 	ctx, cancel := context.WithTimeout(context.Background(), d+2*time.Minute)
 	defer cancel()
+	// Seeds no earlier call used: a server's reset cache keeps the seeds
+	// reset twice, so a round replaying another round's seeds would measure
+	// copies, not resets.
+	seeds := loadCalls.Add(1) << 32
 	sessions := make([]*envclient.Session, n)
 	for i := range sessions {
 		s, err := envclient.New(base, "").Dial(ctx)
@@ -124,7 +135,7 @@ func load(b *testing.B, base string, n int, d time.Duration) loadResult {
 			b.Fatalf("session %d: %v", i, err)
 		}
 		defer s.Close()
-		if _, err := episode(ctx, s, int64(i), new(bytes.Buffer), nil); err != nil { // warm-up
+		if _, err := episode(ctx, s, seeds+900_000_000+int64(i), new(bytes.Buffer), nil); err != nil { // warm-up
 			b.Fatalf("warm-up %s: %v", base, err)
 		}
 		sessions[i] = s
@@ -148,7 +159,11 @@ func load(b *testing.B, base string, n int, d time.Duration) loadResult {
 			var lat []time.Duration
 			var buf bytes.Buffer
 			errs := 0
-			for seed := int64(i * 1_000_000); time.Now().Before(stop); seed++ {
+			first := seeds + int64(i*1_000_000)
+			if group > 1 {
+				first = seeds + int64(i/group*1_000_000)
+			}
+			for seed := first; time.Now().Before(stop); seed++ {
 				var err error
 				if lat, err = episode(ctx, s, seed, &buf, lat); err != nil {
 					errs++
@@ -401,6 +416,13 @@ func pythonLogicCost(b *testing.B) (withModels, logic time.Duration) {
 // pyStandard names the row of openenv-core on uvicorn[standard].
 const pyStandard = "openenv-core, uvicorn[standard]"
 
+// The rows of sessions playing seeds in groups of benchGroup (see load).
+const (
+	benchGroup = 8
+	sbGroups   = "trace sandboxed, seed groups of 8"
+	pyGroups   = "openenv-core, seed groups of 8"
+)
+
 func BenchmarkEnvServer(b *testing.B) {
 	d := 5 * time.Second
 	if s, err := strconv.Atoi(os.Getenv("TRACE_BENCH_SECONDS")); err == nil && s > 0 {
@@ -419,6 +441,12 @@ func BenchmarkEnvServer(b *testing.B) {
 	if os.Getenv("TRACE_BENCH_GO_ONLY") == "" {
 		pyBase, pyStdBase = pythonServer(b, false), pythonServer(b, true)
 	}
+	// The seed groups' sandboxed server is a process of its own, so that
+	// the memory its reset cache holds shows in its row only.
+	sbGroupsBase := ""
+	if pyBase != "" {
+		sbGroupsBase = goServer(b, true, os.Getenv("GOGC"))
+	}
 	type row struct {
 		server string
 		n      int
@@ -433,21 +461,27 @@ func BenchmarkEnvServer(b *testing.B) {
 		sessions = []int{v}
 	}
 	for _, n := range sessions {
-		type server struct{ name, base string }
-		servers := []server{{"trace (Go, in-process program)", goBase}, {"trace (Go, sandboxed program)", sbBase}}
+		type server struct {
+			name, base string
+			group      int
+		}
+		servers := []server{{"trace (Go, in-process program)", goBase, 1}, {"trace (Go, sandboxed program)", sbBase, 1}}
 		if pyBase != "" {
-			servers = append(servers, server{"openenv-core 0.3.0 (Python)", pyBase})
+			servers = append(servers, server{"openenv-core 0.3.0 (Python)", pyBase, 1})
 		}
 		if n == 16 && sbDefaultGC != "" {
-			servers = append(servers, server{"trace in-process, Go's GOGC 100", goDefaultGC}, server{"trace sandboxed, Go's GOGC 100", sbDefaultGC})
+			servers = append(servers, server{"trace in-process, Go's GOGC 100", goDefaultGC, 1}, server{"trace sandboxed, Go's GOGC 100", sbDefaultGC, 1})
 		}
 		if n == 16 && pyStdBase != "" {
-			servers = append(servers, server{pyStandard, pyStdBase})
+			servers = append(servers, server{pyStandard, pyStdBase, 1})
+		}
+		if n == 16 && pyBase != "" {
+			servers = append(servers, server{sbGroups, sbGroupsBase, benchGroup}, server{pyGroups, pyBase, benchGroup})
 		}
 		best := make([]loadResult, len(servers))
 		for round := range 2 {
 			for i, srv := range servers {
-				if r := load(b, srv.base, n, d); round == 0 || r.rate() > best[i].rate() {
+				if r := load(b, srv.base, n, srv.group, d); round == 0 || r.rate() > best[i].rate() {
 					best[i] = r
 				}
 			}
@@ -488,10 +522,17 @@ func BenchmarkEnvServer(b *testing.B) {
 			b.ReportMetric(goR.rate()/pyR.rate(), "inprocess-ratio@16")
 		}
 		next := i + 3
-		var std *loadResult
-		for ; next < len(rows) && rows[next].n == rows[i].n; next++ { // the Go's GOGC rows, uvicorn[standard]'s
-			if rows[next].server == pyStandard {
+		var std, sbG, pyG *loadResult
+		for ; next < len(rows) && rows[next].n == rows[i].n; next++ { // the Go's GOGC rows, uvicorn[standard]'s, the seed groups'
+			switch rows[next].server {
+			case pyStandard:
 				std = &rows[next].r
+				continue
+			case sbGroups:
+				sbG = &rows[next].r
+				continue
+			case pyGroups:
+				pyG = &rows[next].r
 				continue
 			}
 			fmt.Printf("; %s %.0f steps/s = %.1f ×", strings.TrimPrefix(rows[next].server, "trace "), rows[next].r.rate(), rows[next].r.rate()/pyR.rate())
@@ -501,6 +542,11 @@ func BenchmarkEnvServer(b *testing.B) {
 			fmt.Printf("%2d sessions, against openenv-core on uvicorn[standard] (uvloop, httptools: %.0f steps/s, %.2f × pip's default): trace in-process %.1f ×, sandboxed %.1f ×\n",
 				rows[i].n, std.rate(), std.rate()/pyR.rate(), goR.rate()/std.rate(), sbR.rate()/std.rate())
 			b.ReportMetric(sbR.rate()/std.rate(), "sandboxed-ratio-uvloop@16")
+		}
+		if sbG != nil && pyG != nil {
+			fmt.Printf("%2d sessions, seeds in groups of %d (GRPO's generations of a prompt; trace's reset cache copies a seed's state from its second reset on): sandboxed %.0f steps/s = %.1f × openenv-core (%.0f steps/s)\n",
+				rows[i].n, benchGroup, sbG.rate(), sbG.rate()/pyG.rate(), pyG.rate())
+			b.ReportMetric(sbG.rate()/pyG.rate(), "sandboxed-ratio-groups@16")
 		}
 		i = next
 	}
