@@ -35,7 +35,9 @@ func (v EnvValidator) Validate(ctx context.Context, d Draft, target []schemas.To
 		err error
 	)
 	if d.Trusted {
-		env, err = envprog.Load(ctx, name, []byte(d.Program), v.Limits)
+		lim := v.Limits
+		lim.ResetCache = -1 // validation runs every reset (envprog.Validate)
+		env, err = envprog.Load(ctx, name, []byte(d.Program), lim)
 		var pe *envprog.ProgramError
 		if errors.As(err, &pe) {
 			return &Validation{Checks: []Check{{Name: envprog.CheckLoad, Verdict: Fail, Message: fmt.Sprintf("%s does not load: %v", name, pe)}}}, nil

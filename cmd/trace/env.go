@@ -167,7 +167,9 @@ literal calls. Every check is printed with its verdict; the exit status is
 			var report envprog.Report
 			var env envprog.Env
 			if ef.inProcess {
-				env, err = envprog.Load(ctx, name, src, ef.lim)
+				lim := ef.lim
+				lim.ResetCache = -1 // validation runs every reset (envprog.Validate)
+				env, err = envprog.Load(ctx, name, src, lim)
 				var pe *envprog.ProgramError
 				switch {
 				case errors.As(err, &pe):

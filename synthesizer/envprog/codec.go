@@ -240,6 +240,7 @@ func (r *request) encode(b []byte) ([]byte, error) {
 		e.int(l.MaxMemory)
 		e.int(int64(l.CallTimeout))
 		e.int(int64(l.MaxTurns))
+		e.int(l.ResetCache)
 	}
 	e.bool(r.Action != nil)
 	if a := r.Action; a != nil {
@@ -259,7 +260,7 @@ func (r *request) decode(b []byte) error {
 	r.Name = d.str()
 	r.Src = d.bytes()
 	if d.bool() {
-		r.Limits = &Limits{MaxSteps: d.uint(), MaxMemory: d.int(), CallTimeout: time.Duration(d.int()), MaxTurns: int(d.int())}
+		r.Limits = &Limits{MaxSteps: d.uint(), MaxMemory: d.int(), CallTimeout: time.Duration(d.int()), MaxTurns: int(d.int()), ResetCache: d.int()}
 	}
 	if d.bool() {
 		r.Action = &Action{Content: d.str(), ToolCalls: d.toolCalls()}

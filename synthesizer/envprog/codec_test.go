@@ -33,7 +33,7 @@ func roundTrip[T any, P interface {
 
 func TestCodecRequests(t *testing.T) {
 	for _, req := range []*request{
-		{ID: 1, Op: "load", Name: "p.star", Src: []byte("def tools(): return []"), Limits: &Limits{MaxSteps: 7, MaxMemory: 1 << 30, CallTimeout: 1500 * time.Millisecond, MaxTurns: 3}},
+		{ID: 1, Op: "load", Name: "p.star", Src: []byte("def tools(): return []"), Limits: &Limits{MaxSteps: 7, MaxMemory: 1 << 30, CallTimeout: 1500 * time.Millisecond, MaxTurns: 3, ResetCache: -1}},
 		{ID: 1<<63 + 5, Op: "reset", Episode: 9, Seed: -42},
 		{ID: 3, Op: "step", Episode: 9, Action: &Action{Content: "ünïcode \x00 and \"quotes\"", ToolCalls: []ToolCall{
 			{ID: "c1", Name: "get_user_details", Arguments: json.RawMessage(`{"user_id":"mia_kim_1"}`)},
@@ -42,6 +42,14 @@ func TestCodecRequests(t *testing.T) {
 		{ID: 5, Op: "cancel", Target: 3},
 		{ID: 6, Op: "stats"},
 	} {
+		if req.Limits != nil { // every field set, so that one the codec leaves out shows
+			lim := reflect.ValueOf(*req.Limits)
+			for i := range lim.NumField() {
+				if lim.Field(i).IsZero() {
+					t.Fatalf("set Limits.%s in this test", lim.Type().Field(i).Name)
+				}
+			}
+		}
 		if got := roundTrip(t, req); !reflect.DeepEqual(got, req) {
 			t.Errorf("request changed on the way:\n got %+v\nwant %+v", got, req)
 		}

@@ -192,6 +192,9 @@ func TestResetCacheCopiesWhatTheStateHolds(t *testing.T) {
 				if want := map[bool]uint64{false: 3, true: 0}[lambda]; st.Hits != want {
 					t.Fatalf("sandboxed %v: reset cache %+v, want %d hits", sandboxed, st, want)
 				}
+				if none, err := envprog.ResetCacheOf(ctx, plain); err != nil || none != (envprog.ResetCacheStats{}) {
+					t.Fatalf("sandboxed %v: the program loaded without a cache counted %+v (%v)", sandboxed, none, err)
+				}
 				cached.Close()
 				plain.Close()
 			}
@@ -232,5 +235,28 @@ func TestResetCacheConcurrent(t *testing.T) {
 	}
 	if st, _ := envprog.ResetCacheOf(ctx, cached); st.Hits == 0 {
 		t.Fatalf("no hits: %+v", st)
+	}
+}
+
+// TestValidationRunsEveryReset: ValidateSource loads without a reset
+// cache, so its determinism checks compare real resets (seed 0 is reset
+// by the contract check and twice by the determinism check: with a cache
+// its third reset would be a copy of the second).
+func TestValidationRunsEveryReset(t *testing.T) {
+	ctx := context.Background()
+	rep, env, err := envprog.ValidateSource(ctx, examples.PreconditionAirlineName, examples.PreconditionAirline, nil, envprog.Limits{}, envprog.ValidateOptions{Seeds: 10})
+	if err != nil || env == nil {
+		t.Fatalf("validate: %v (env %v)", err, env)
+	}
+	defer env.Close()
+	if !rep.OK() {
+		t.Fatalf("the example failed validation:\n%s", rep.Diagnosis())
+	}
+	st, err := envprog.ResetCacheOf(ctx, env)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st != (envprog.ResetCacheStats{}) {
+		t.Fatalf("the validated program had a reset cache: %+v", st)
 	}
 }

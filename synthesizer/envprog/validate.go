@@ -124,11 +124,12 @@ func (o ValidateOptions) withDefaults() ValidateOptions {
 	return o
 }
 
-// ValidateSource loads src sandboxed (LoadSandboxed) and validates it; a
-// program that does not load fails the load check and skips the others.
-// The Env is returned for further use (calibration) when it loaded; the
-// caller closes it.
+// ValidateSource loads src sandboxed (LoadSandboxed), without a reset
+// cache (see Validate), and validates it; a program that does not load
+// fails the load check and skips the others. The Env is returned for
+// further use when it loaded; the caller closes it.
 func ValidateSource(ctx context.Context, name string, src []byte, target []schemas.Tool, lim Limits, opts ValidateOptions) (Report, Env, error) {
+	lim.ResetCache = -1
 	env, err := LoadSandboxed(ctx, name, src, lim)
 	var pe *ProgramError
 	switch {
@@ -146,6 +147,9 @@ func ValidateSource(ctx context.Context, name string, src []byte, target []schem
 
 // Validate runs every check on env. The error is non-nil only when ctx
 // ended or the runtime failed; a program's failures are failed checks.
+// Load env without a reset cache (Limits.ResetCache -1): the determinism
+// checks reset seeds several times, and from a seed's third reset on a
+// cache would answer with a copy of its second instead of running reset.
 func Validate(ctx context.Context, env Env, target []schemas.Tool, opts ValidateOptions) (Report, error) {
 	o := opts.withDefaults()
 	v := &validator{env: env, info: env.Info(), o: o}
