@@ -55,6 +55,7 @@ func (f *envFlags) add(cmd *cobra.Command) {
 	cmd.Flags().Int64Var(&f.lim.MaxMemory, "max-memory", d.MaxMemory, "bytes of address space for a sandboxed program, above the worker's start-up size")
 	cmd.Flags().DurationVar(&f.lim.CallTimeout, "call-timeout", d.CallTimeout, "wall-clock time per contract call")
 	cmd.Flags().IntVar(&f.lim.MaxTurns, "max-turns", d.MaxTurns, "assistant turns per episode")
+	cmd.Flags().Int64Var(&f.lim.ResetCache, "reset-cache", d.ResetCache, "bytes (estimated) of the per-seed reset cache: a seed's third and later resets copy its state instead of running reset; -1: none (validate never uses one)")
 }
 
 // check refuses negative limits: they are the user's typo, and a program run
@@ -69,6 +70,8 @@ func (f *envFlags) check() error {
 		return fmt.Errorf("--call-timeout %s: want a positive duration (0: the default, %s)", f.lim.CallTimeout, d.CallTimeout)
 	case f.lim.MaxTurns < 0:
 		return fmt.Errorf("--max-turns %d: want at least 1 (0: the default, %d)", f.lim.MaxTurns, d.MaxTurns)
+	case f.lim.ResetCache < -1:
+		return fmt.Errorf("--reset-cache %d: want a byte count, or -1 for none (0: the default, %d)", f.lim.ResetCache, d.ResetCache)
 	}
 	return nil
 }

@@ -143,6 +143,7 @@ func TestEnvCommandsRefuseBadLimits(t *testing.T) {
 		{"--max-memory", "-1"},
 		{"--call-timeout", "-1s"},
 		{"--max-turns", "-1"},
+		{"--reset-cache", "-2"},
 	}
 	for name, args := range cmds {
 		for _, b := range bad {

@@ -142,6 +142,13 @@ type Episode interface {
 	Close() error
 }
 
+// The episodes of Load and LoadSandboxed also have
+//
+//	FromCache() bool
+//
+// true when Reset was answered from the reset cache (Limits.ResetCache)
+// instead of running reset: the environment server counts it.
+
 // ErrDone is returned by Step after the episode ended.
 var ErrDone = errors.New("envprog: episode is done")
 

@@ -280,6 +280,7 @@ func (r *response) encode(b []byte) ([]byte, error) {
 	if s := r.Start; s != nil {
 		e.str(s.System)
 		e.str(s.User)
+		e.bool(r.Cached)
 	}
 	e.bool(r.Assistant != nil)
 	if m := r.Assistant; m != nil {
@@ -322,6 +323,7 @@ func (r *response) decode(b []byte) error {
 	}
 	if d.bool() {
 		r.Start = &Start{System: d.str(), User: d.str()}
+		r.Cached = d.bool()
 	}
 	if d.bool() {
 		m := d.message()

@@ -62,6 +62,7 @@ func TestCodecResponses(t *testing.T) {
 	for _, resp := range []*response{
 		{ID: 1, Info: info},
 		{ID: 2, Start: &Start{System: "sys", User: "user id mia_kim_1"}},
+		{ID: 2, Start: &Start{System: "sys", User: "u"}, Cached: true},
 		{ID: 3, Assistant: &Message{Role: "assistant", ToolCalls: []ToolCall{{ID: "c", Name: "f", Arguments: json.RawMessage(`"{}"`)}}},
 			Step:  &StepResult{ToolResults: []Message{{Role: "tool", Content: `{"a":"b\n"}`, ToolCallID: "c", Name: "f"}}, Done: true},
 			Final: &Reward{Value: 0.6, Components: map[string]float64{"action": 1, "communication": 0}}},

@@ -46,6 +46,7 @@ type response struct {
 	Err       *wireError  `json:"err,omitempty"`
 	Info      *Info       `json:"info,omitempty"`
 	Start     *Start      `json:"start,omitempty"`
+	Cached    bool        `json:"cached,omitempty"`    // with Start: the reset was answered from the reset cache
 	Assistant *Message    `json:"assistant,omitempty"` // the turn as the transcript records it
 	Step      *StepResult `json:"step,omitempty"`
 	Reward    *Reward     `json:"reward,omitempty"`

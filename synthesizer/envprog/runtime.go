@@ -431,7 +431,7 @@ func (p *program) cachedReset(ctx context.Context, seed int64) (e *episode, ok b
 		return nil, true, &ProgramError{Func: "reset", Seed: seed, Msg: "copying the cached state: " + err.Error()}
 	}
 	e = &episode{p: p, g: newGuard(newThread(p.info.Name), p.lim), seed: seed, start: start, state: state,
-		text: len(start.System) + len(start.User)}
+		text: len(start.System) + len(start.User), cached: true}
 	e.begin()
 	return e, true, nil
 }
@@ -520,6 +520,8 @@ type episode struct {
 	text  int // the bytes of the program's text in msgs (see MaxTranscriptText)
 	turns int
 	done  bool
+	// cached is set when Reset was answered from the reset cache.
+	cached bool
 }
 
 // MaxTranscriptText bounds the text a program puts in one episode's
@@ -543,8 +545,9 @@ func (e *episode) shapeError(fn string, err error) error {
 	return &ProgramError{Func: fn, Seed: e.seed, Msg: err.Error()}
 }
 
-func (e *episode) Seed() int64  { return e.seed }
-func (e *episode) Start() Start { return e.start }
+func (e *episode) Seed() int64     { return e.seed }
+func (e *episode) FromCache() bool { return e.cached }
+func (e *episode) Start() Start    { return e.start }
 func (e *episode) Close() error {
 	e.done = true
 	e.g.release()

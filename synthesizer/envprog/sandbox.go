@@ -140,7 +140,7 @@ func (s *sandbox) Reset(ctx context.Context, seed int64) (Episode, error) {
 	if err := resp.Err.err(); err != nil {
 		return nil, err
 	}
-	e := &sandboxEpisode{w: w, id: id, seed: seed, start: *resp.Start}
+	e := &sandboxEpisode{w: w, id: id, seed: seed, start: *resp.Start, cached: resp.Cached}
 	e.msgs = []Message{{Role: "system", Content: e.start.System}, {Role: "user", Content: e.start.User}}
 	return e, nil
 }
@@ -509,6 +509,7 @@ type sandboxEpisode struct {
 	id     uint64
 	seed   int64
 	start  Start
+	cached bool // Reset was answered from the worker's reset cache
 	turns  int
 	msgs   []Message
 	done   bool
@@ -517,6 +518,7 @@ type sandboxEpisode struct {
 }
 
 func (e *sandboxEpisode) Seed() int64         { return e.seed }
+func (e *sandboxEpisode) FromCache() bool     { return e.cached }
 func (e *sandboxEpisode) Start() Start        { return e.start }
 func (e *sandboxEpisode) Messages() []Message { return slices.Clone(e.msgs) }
 

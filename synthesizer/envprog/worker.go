@@ -357,7 +357,7 @@ func (w *workerState) handle(c *call) {
 	case "reset":
 		if made, err = w.prog.reset(ctx, req.Seed); err == nil {
 			start := made.Start()
-			resp.Start = &start
+			resp.Start, resp.Cached = &start, made.cached
 		}
 	case "step":
 		if req.Action == nil {

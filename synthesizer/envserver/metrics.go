@@ -13,6 +13,7 @@ type metrics struct {
 	stepTime  *prometheus.HistogramVec // trace_env_step_seconds
 	reward    *prometheus.HistogramVec // trace_env_episode_reward
 	episodes  *prometheus.CounterVec   // trace_env_episodes_total{done_reason}
+	resets    *prometheus.CounterVec   // trace_env_resets_total{reset_cache}
 	recorded  prometheus.Counter       // trace_env_episodes_recorded_total
 	dropped   *prometheus.CounterVec   // trace_env_episodes_dropped_total{reason}
 	queueSize prometheus.GaugeFunc
@@ -34,6 +35,8 @@ func newMetrics(reg prometheus.Registerer, queueLen func() float64) *metrics {
 			Help: "Reward of finished episodes.", Buckets: []float64{0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.99, 1}}, []string{"environment"}),
 		episodes: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "trace_env_episodes_total",
 			Help: "Finished episodes, by why they ended."}, []string{"environment", "done_reason"}),
+		resets: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "trace_env_resets_total",
+			Help: "Episodes started: reset_cache=hit when the program's reset cache answered (a copy of the seed's state), miss when reset ran."}, []string{"environment", "reset_cache"}),
 		recorded: prometheus.NewCounter(prometheus.CounterOpts{Name: "trace_env_episodes_recorded_total",
 			Help: "Episodes written to ClickHouse env_episodes."}),
 		dropped: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "trace_env_episodes_dropped_total",
@@ -42,7 +45,7 @@ func newMetrics(reg prometheus.Registerer, queueLen func() float64) *metrics {
 	m.queueSize = prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "trace_env_episodes_queued",
 		Help: "Episodes waiting to be written to ClickHouse."}, queueLen)
 	if reg != nil {
-		for _, c := range []prometheus.Collector{m.sessions, m.steps, m.errors, m.evicted, m.stepTime, m.reward, m.episodes, m.recorded, m.dropped, m.queueSize} {
+		for _, c := range []prometheus.Collector{m.sessions, m.steps, m.errors, m.evicted, m.stepTime, m.reward, m.episodes, m.resets, m.recorded, m.dropped, m.queueSize} {
 			if err := reg.Register(c); err != nil {
 				// A second server on the same registry (tests): keep its
 				// own unregistered collectors.

@@ -452,6 +452,10 @@ func (s *session) guard(perr **openenv.Error) {
 }
 
 // reset starts a new episode in the session (closing the current one).
+// fromCache is what episodes of envprog's programs tell of their reset
+// (envprog.Episode).
+type fromCache interface{ FromCache() bool }
+
 func (s *session) reset(ctx context.Context, r openenv.ResetRequest) (json.RawMessage, *openenv.Error) {
 	srv := s.env.srv
 	// The new episode encodes its transcript into the last one's buffers:
@@ -482,6 +486,11 @@ func (s *session) reset(ctx context.Context, r openenv.ResetRequest) (json.RawMe
 	if err != nil {
 		return nil, s.programError("reset", srv.cfg.StepTimeout, err)
 	}
+	cache := "miss"
+	if c, ok := ep.(fromCache); ok && c.FromCache() {
+		cache = "hit"
+	}
+	srv.m.resets.WithLabelValues(s.env.id, cache).Inc()
 	p := &play{sess: s, id: id, seed: seed, ep: ep, started: time.Now(), msgJSON: msgJSON, msgStart: msgStart}
 	if r.Hint && s.env.info.HasHint {
 		p.begin()
