@@ -544,7 +544,7 @@ func BenchmarkEnvServer(b *testing.B) {
 			b.ReportMetric(sbR.rate()/std.rate(), "sandboxed-ratio-uvloop@16")
 		}
 		if sbG != nil && pyG != nil {
-			fmt.Printf("%2d sessions, seeds in groups of %d (GRPO's generations of a prompt; trace's reset cache copies a seed's state from its second reset on): sandboxed %.0f steps/s = %.1f × openenv-core (%.0f steps/s)\n",
+			fmt.Printf("%2d sessions, seeds in groups of %d (GRPO's generations of a prompt; trace's reset cache answers a seed's third and later resets with a copy): sandboxed %.0f steps/s = %.1f × openenv-core (%.0f steps/s)\n",
 				rows[i].n, benchGroup, sbG.rate(), sbG.rate()/pyG.rate(), pyG.rate())
 			b.ReportMetric(sbG.rate()/pyG.rate(), "sandboxed-ratio-groups@16")
 		}
