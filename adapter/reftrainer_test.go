@@ -233,6 +233,17 @@ func TestReferenceTrainerSmoke(t *testing.T) {
 	if j.Status != adapter.StatusSucceeded {
 		t.Fatalf("job %s: %s (%s)\ntrainer:\n%s", jobID, j.Status, j.Reason, logs())
 	}
+	// TRL's GRPO resets a prompt's seed once per generation (group size 4),
+	// after the trainer fetched the seed's prompt with a reset of its own:
+	// the program's reset cache answers from a seed's third reset on.
+	rc, err := envprog.ResetCacheOf(ctx, env)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rc.Hits == 0 {
+		t.Errorf("the reset cache answered no reset of the trainer's (%+v): GRPO's generations of a prompt did not repeat its seed", rc)
+	}
+	t.Logf("reset cache over the training run (warm-up resets included): %d hits, %d misses", rc.Hits, rc.Misses)
 
 	// The events: started, a progress event per optimizer step, succeeded.
 	evs, err := st.TrainingEvents(ctx, jobID)
