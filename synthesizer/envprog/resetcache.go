@@ -103,13 +103,17 @@ func (c *resetCache) again(seed int64) bool {
 	return false
 }
 
+// maxEntry is the largest entry cached: an eighth of the budget (a
+// larger one would push out many others).
+func (c *resetCache) maxEntry() int64 { return c.budget / 8 }
+
 // put caches seed's start and frozen state of the given size, dropping
-// the least recently used entries beyond the budget. A state larger than
-// an eighth of the budget is not cached: it would push out many others.
+// the least recently used entries beyond the budget; an entry above
+// maxEntry is not cached.
 func (c *resetCache) put(seed int64, start Start, state starlark.Value, size int64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if size > c.budget/8 {
+	if size > c.maxEntry() {
 		return
 	}
 	if el, ok := c.entries[seed]; ok { // two first resets ran at once

@@ -1,7 +1,9 @@
 package envprog
 
 import (
+	"errors"
 	"fmt"
+	"strings"
 	"testing"
 
 	"go.starlark.net/starlark"
@@ -143,5 +145,43 @@ func TestNoResetCache(t *testing.T) {
 		if got := tc.lim.withDefaults().ResetCache; got != tc.want {
 			t.Errorf("%+v: ResetCache %d, want %d", tc.lim, got, tc.want)
 		}
+	}
+}
+
+// TestCopyStopsAtItsLimit: the reset cache's copy of a state too large to
+// keep stops once its estimate passes the limit, at the value that passes
+// it (of a list of 10,000 dicts, ~6.6 MB by estimate, it copies ~1 MB),
+// and a state within the limit is copied whole.
+func TestCopyStopsAtItsLimit(t *testing.T) {
+	dicts := make([]starlark.Value, 10_000)
+	for i := range dicts {
+		d := starlark.NewDict(1)
+		_ = d.SetKey(starlark.String("i"), starlark.MakeInt(i))
+		dicts[i] = d
+	}
+	small := starlark.NewDict(1)
+	_ = small.SetKey(starlark.String("xs"), starlark.NewList([]starlark.Value{starlark.String("a")}))
+	const limit = 1 << 20
+	for _, tc := range []struct {
+		name    string
+		v       starlark.Value
+		limit   int64
+		stopped bool
+	}{
+		{"many dicts", starlark.NewList(dicts), limit, true},
+		{"a long string", starlark.String(strings.Repeat("x", 2<<20)), limit, true},
+		{"a small dict", small, limit, false},
+		{"no limit", starlark.NewList(dicts), 0, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := copier{seen: map[starlark.Value]starlark.Value{}, limit: tc.limit}
+			_, err := c.copy(tc.v, 0)
+			if stopped := errors.Is(err, errCopyLimit); stopped != tc.stopped || (err != nil && !stopped) {
+				t.Fatalf("copy: %v (estimate %d bytes), want stopped %v", err, c.bytes, tc.stopped)
+			}
+			if tc.name == "many dicts" && c.bytes > tc.limit+sizeDict {
+				t.Fatalf("estimate %d: the copy went on past its limit %d (the whole list is ~6.6 MB)", c.bytes, tc.limit)
+			}
+		})
 	}
 }

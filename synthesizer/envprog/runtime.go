@@ -403,11 +403,15 @@ func (p *program) reset(ctx context.Context, seed int64) (*episode, error) {
 	}
 	e.start = Start{System: string(system), User: string(user)}
 	e.begin()
-	if p.resets != nil && p.resets.again(seed) {
-		c := copier{seen: map[starlark.Value]starlark.Value{}}
-		if tmpl, err := c.copy(e.state, 0); err == nil && !c.shared {
-			tmpl.Freeze()
-			p.resets.put(seed, e.start, tmpl, c.bytes+int64(e.text))
+	if p.resets != nil {
+		// The state's copy may take what the start leaves of the largest
+		// entry; it stops there (errCopyLimit), uncached.
+		if room := p.resets.maxEntry() - int64(e.text); room > 0 && p.resets.again(seed) {
+			c := copier{seen: map[starlark.Value]starlark.Value{}, limit: room}
+			if tmpl, err := c.copy(e.state, 0); err == nil && !c.shared {
+				tmpl.Freeze()
+				p.resets.put(seed, e.start, tmpl, c.bytes+int64(e.text))
+			}
 		}
 	}
 	return e, nil

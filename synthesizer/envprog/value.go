@@ -567,6 +567,22 @@ type copier struct {
 	// (they are not copied): a closure or a bound method made by reset may
 	// reach v's mutable values.
 	shared bool
+	// limit, when positive, stops the copy with errCopyLimit once bytes
+	// passes it, before the container that passes it is allocated: the
+	// reset cache's copy of a state too large to keep costs no more than
+	// what it would keep.
+	limit int64
+}
+
+var errCopyLimit = errors.New("the copy is larger than its limit")
+
+// grow adds n to the copy's estimated bytes.
+func (c *copier) grow(n int64) error {
+	c.bytes += n
+	if c.limit > 0 && c.bytes > c.limit {
+		return errCopyLimit
+	}
+	return nil
 }
 
 // Estimated sizes (bytes) of Starlark values, for copier.bytes: an
@@ -591,18 +607,18 @@ func (c *copier) copy(v starlark.Value, depth int) (starlark.Value, error) {
 	case starlark.NoneType, starlark.Bool, starlark.Int, starlark.Float:
 		return v, nil
 	case starlark.String:
-		c.bytes += sizeSlot + int64(len(x))
-		return v, nil
+		return v, c.grow(sizeSlot + int64(len(x)))
 	case starlark.Bytes:
-		c.bytes += sizeSlot + int64(len(x))
-		return v, nil
+		return v, c.grow(sizeSlot + int64(len(x)))
 	case *starlark.List:
 		if y, ok := c.seen[x]; ok {
 			return y, nil
 		}
+		if err := c.grow(sizeList + sizeSlot*int64(x.Len())); err != nil {
+			return nil, err
+		}
 		out := starlark.NewList(make([]starlark.Value, 0, x.Len()))
 		c.seen[x] = out
-		c.bytes += sizeList + sizeSlot*int64(x.Len())
 		for i := 0; i < x.Len(); i++ {
 			e, err := c.copy(x.Index(i), depth+1)
 			if err != nil {
@@ -612,8 +628,10 @@ func (c *copier) copy(v starlark.Value, depth int) (starlark.Value, error) {
 		}
 		return out, nil
 	case starlark.Tuple:
+		if err := c.grow(sizeSlot * int64(len(x))); err != nil {
+			return nil, err
+		}
 		out := make(starlark.Tuple, len(x))
-		c.bytes += sizeSlot * int64(len(x))
 		for i, e := range x {
 			var err error
 			if out[i], err = c.copy(e, depth+1); err != nil {
@@ -625,9 +643,11 @@ func (c *copier) copy(v starlark.Value, depth int) (starlark.Value, error) {
 		if y, ok := c.seen[x]; ok {
 			return y, nil
 		}
+		if err := c.grow(sizeOfTable(x.Len())); err != nil {
+			return nil, err
+		}
 		out := starlark.NewDict(x.Len())
 		c.seen[x] = out
-		c.bytes += sizeOfTable(x.Len())
 		for _, kv := range x.Items() {
 			v, err := c.copy(kv[1], depth+1)
 			if err == nil {
@@ -642,9 +662,11 @@ func (c *copier) copy(v starlark.Value, depth int) (starlark.Value, error) {
 		if y, ok := c.seen[x]; ok {
 			return y, nil
 		}
+		if err := c.grow(sizeOfTable(x.Len())); err != nil {
+			return nil, err
+		}
 		out := starlark.NewSet(x.Len())
 		c.seen[x] = out
-		c.bytes += sizeOfTable(x.Len())
 		iter := x.Iterate()
 		defer iter.Done()
 		var e starlark.Value
