@@ -29,26 +29,9 @@ type EnvValidator struct {
 // Validate implements Validator.
 func (v EnvValidator) Validate(ctx context.Context, d Draft, target []schemas.Tool) (*Validation, error) {
 	name := programName(d)
-	var (
-		rep envprog.Report
-		env envprog.Env
-		err error
-	)
-	if d.Trusted {
-		lim := v.Limits
-		lim.ResetCache = -1 // validation runs every reset (envprog.Validate)
-		env, err = envprog.Load(ctx, name, []byte(d.Program), lim)
-		var pe *envprog.ProgramError
-		if errors.As(err, &pe) {
-			return &Validation{Checks: []Check{{Name: envprog.CheckLoad, Verdict: Fail, Message: fmt.Sprintf("%s does not load: %v", name, pe)}}}, nil
-		}
-		if err != nil {
-			return nil, err
-		}
-		rep, err = envprog.Validate(ctx, env, target, v.Options)
-	} else {
-		rep, env, err = envprog.ValidateSource(ctx, name, []byte(d.Program), target, v.Limits, v.Options)
-	}
+	opts := v.Options
+	opts.InProcess = d.Trusted
+	rep, env, err := envprog.ValidateSource(ctx, name, []byte(d.Program), target, v.Limits, opts)
 	if env != nil {
 		defer env.Close()
 	}

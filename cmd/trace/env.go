@@ -166,26 +166,8 @@ literal calls. Every check is printed with its verdict; the exit status is
 				}
 			}
 			ctx := cmd.Context()
-			opts := envprog.ValidateOptions{Seeds: seeds}
-			var report envprog.Report
-			var env envprog.Env
-			if ef.inProcess {
-				lim := ef.lim
-				lim.ResetCache = -1 // validation runs every reset (envprog.Validate)
-				env, err = envprog.Load(ctx, name, src, lim)
-				var pe *envprog.ProgramError
-				switch {
-				case errors.As(err, &pe):
-					report.Checks = []envprog.Check{{Name: envprog.CheckLoad, Verdict: envprog.Fail, Msg: fmt.Sprintf("%s does not load: %v", name, pe)}}
-				case err != nil:
-					return err
-				default:
-					report, err = envprog.Validate(ctx, env, target, opts)
-					report.Checks = append([]envprog.Check{{Name: envprog.CheckLoad, Verdict: envprog.Pass, Msg: name + " loads; its contract functions have the right parameters"}}, report.Checks...)
-				}
-			} else {
-				report, env, err = envprog.ValidateSource(ctx, name, src, target, ef.lim, opts)
-			}
+			opts := envprog.ValidateOptions{Seeds: seeds, InProcess: ef.inProcess}
+			report, env, err := envprog.ValidateSource(ctx, name, src, target, ef.lim, opts)
 			if env != nil {
 				defer env.Close()
 			}

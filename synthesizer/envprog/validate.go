@@ -94,6 +94,9 @@ type ValidateOptions struct {
 	MinSentences   int     // of the module docstring [3]
 	MaxSentences   int     // [5]
 	RandomPlaySeed uint64  // the random policy's own seed [1]
+	// InProcess makes ValidateSource load the program with Load (trusted
+	// programs: shipped examples, templates) instead of LoadSandboxed.
+	InProcess bool
 }
 
 func (o ValidateOptions) withDefaults() ValidateOptions {
@@ -124,13 +127,17 @@ func (o ValidateOptions) withDefaults() ValidateOptions {
 	return o
 }
 
-// ValidateSource loads src sandboxed (LoadSandboxed), without a reset
-// cache (see Validate), and validates it; a program that does not load
-// fails the load check and skips the others. The Env is returned for
-// further use when it loaded; the caller closes it.
+// ValidateSource loads src sandboxed (LoadSandboxed; Load with
+// opts.InProcess), without a reset cache (see Validate), and validates it;
+// a program that does not load fails the load check and skips the others.
+// The Env is returned for further use when it loaded; the caller closes it.
 func ValidateSource(ctx context.Context, name string, src []byte, target []schemas.Tool, lim Limits, opts ValidateOptions) (Report, Env, error) {
 	lim.ResetCache = -1
-	env, err := LoadSandboxed(ctx, name, src, lim)
+	load := LoadSandboxed
+	if opts.InProcess {
+		load = Load
+	}
+	env, err := load(ctx, name, src, lim)
 	var pe *ProgramError
 	switch {
 	case errors.As(err, &pe):

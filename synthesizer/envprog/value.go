@@ -682,8 +682,7 @@ func (c *copier) copy(v starlark.Value, depth int) (starlark.Value, error) {
 		}
 		y := x.copy()
 		c.seen[x] = y
-		c.bytes += sizeRand
-		return y, nil
+		return y, c.grow(sizeRand)
 	case *starlark.Function, *starlark.Builtin:
 		c.shared = true
 		return v, nil // frozen with their module

@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -428,23 +429,31 @@ func BenchmarkEnvServer(b *testing.B) {
 	if s, err := strconv.Atoi(os.Getenv("TRACE_BENCH_SECONDS")); err == nil && s > 0 {
 		d = time.Duration(s) * time.Second
 	}
+	sessions := []int{1, 16, 64}
+	if v, err := strconv.Atoi(os.Getenv("TRACE_BENCH_SESSIONS")); err == nil && v > 0 {
+		sessions = []int{v}
+	}
+	at16 := slices.Contains(sessions, 16) // the extra rows are at 16 sessions only
 	goBase, sbBase := goServer(b, false, os.Getenv("GOGC")), goServer(b, true, os.Getenv("GOGC"))
 	// The same servers at Go's own GOGC (100) instead of env.gogc, at 16
 	// sessions, to show what the setting buys.
 	goDefaultGC, sbDefaultGC := "", ""
-	if os.Getenv("GOGC") == "" {
+	if os.Getenv("GOGC") == "" && at16 {
 		goDefaultGC, sbDefaultGC = goServer(b, false, "100"), goServer(b, true, "100")
 	}
 	// openenv-core as pip installs it, and, at 16 sessions, on
 	// uvicorn[standard] (uvloop, httptools), which a deployment may add.
 	pyBase, pyStdBase := "", ""
 	if os.Getenv("TRACE_BENCH_GO_ONLY") == "" {
-		pyBase, pyStdBase = pythonServer(b, false), pythonServer(b, true)
+		pyBase = pythonServer(b, false)
+		if at16 {
+			pyStdBase = pythonServer(b, true)
+		}
 	}
 	// The seed groups' sandboxed server is a process of its own, so that
 	// the memory its reset cache holds shows in its row only.
 	sbGroupsBase := ""
-	if pyBase != "" {
+	if pyBase != "" && at16 {
 		sbGroupsBase = goServer(b, true, os.Getenv("GOGC"))
 	}
 	type row struct {
@@ -456,10 +465,6 @@ func BenchmarkEnvServer(b *testing.B) {
 	// that a burst of load from other processes on the shared machine does
 	// not decide a comparison.
 	var rows []row
-	sessions := []int{1, 16, 64}
-	if v, err := strconv.Atoi(os.Getenv("TRACE_BENCH_SESSIONS")); err == nil && v > 0 {
-		sessions = []int{v}
-	}
 	for _, n := range sessions {
 		type server struct {
 			name, base string
