@@ -58,22 +58,10 @@ func (f *envFlags) add(cmd *cobra.Command) {
 	cmd.Flags().Int64Var(&f.lim.ResetCache, "reset-cache", d.ResetCache, "bytes (estimated) of the per-seed reset cache: a seed's third and later resets copy its state instead of running reset; -1: none (validate never uses one)")
 }
 
-// check refuses negative limits: they are the user's typo, and a program run
-// under them fails (does not load, misses its reference, calibrates too
-// hard) as if the program were at fault. Zero takes the default.
+// check refuses limits that are the user's typo, naming the flag
+// (envprog.Limits.Check).
 func (f *envFlags) check() error {
-	d := envprog.DefaultLimits
-	switch {
-	case f.lim.MaxMemory < 0:
-		return fmt.Errorf("--max-memory %d: want a positive byte count (0: the default, %d)", f.lim.MaxMemory, d.MaxMemory)
-	case f.lim.CallTimeout < 0:
-		return fmt.Errorf("--call-timeout %s: want a positive duration (0: the default, %s)", f.lim.CallTimeout, d.CallTimeout)
-	case f.lim.MaxTurns < 0:
-		return fmt.Errorf("--max-turns %d: want at least 1 (0: the default, %d)", f.lim.MaxTurns, d.MaxTurns)
-	case f.lim.ResetCache < -1:
-		return fmt.Errorf("--reset-cache %d: want a byte count, or -1 for none (0: the default, %d)", f.lim.ResetCache, d.ResetCache)
-	}
-	return nil
+	return f.lim.Check(func(key string) string { return "--" + strings.ReplaceAll(key, "_", "-") }, !f.inProcess)
 }
 
 // readProgram reads FILE, or a shipped example for example:NAME.

@@ -22,11 +22,13 @@ import (
 // registry's DONE environments at /v1/environments (OpenEnv) behind the
 // bearer token, plays one from a seed to its reward (sandboxed), and
 // records the episode in env_episodes; a FAILED environment is not served.
+// Its programs run under the programs: limits (here two turns).
 func TestServeRoleServesEnvironments(t *testing.T) {
 	ch := testenv.ClickHouse(t)
 	w := newWorld(t, ch.Addr, 1)
 	cfg := withRoles(w.cfg, "serve")
 	cfg.HTTP.BearerToken = "s3cret-token"
+	cfg.Programs.MaxTurns = 2
 	a, stop := w.start(t, cfg)
 	defer stop()
 	<-a.Ready()
@@ -86,6 +88,18 @@ func TestServeRoleServesEnvironments(t *testing.T) {
 		t.Fatalf("session/create = %d %s (%v)", code, body, err)
 	}
 	sid := created.Result.SessionID
+	// programs.max_turns: the second tool call ends the episode.
+	code, body = call("POST", "/v1/environments/env-served/reset", "s3cret-token", `{"seed": 6, "session_id": "`+sid+`"}`)
+	if code != 200 || !strings.Contains(body, `"done":false`) {
+		t.Fatalf("reset = %d %s", code, body)
+	}
+	lookup := `{"session_id": "` + sid + `", "action": {"role": "assistant", "content": "", "tool_calls": [{"id": "c1", "type": "function",
+		"function": {"name": "get_user_details", "arguments": "{\"user_id\": \"nobody\"}"}}]}}`
+	for turn, want := range []string{`"done":false`, `"done_reason":"max_turns"`} {
+		if code, body = call("POST", "/v1/environments/env-served/step", "s3cret-token", lookup); code != 200 || !strings.Contains(body, want) {
+			t.Fatalf("turn %d of programs.max_turns 2 = %d %.400s, want %s", turn+1, code, body, want)
+		}
+	}
 	code, body = call("POST", "/v1/environments/env-served/reset", "s3cret-token", `{"seed": 4, "session_id": "`+sid+`"}`)
 	if code != 200 || !strings.Contains(body, `"done":false`) {
 		t.Fatalf("reset = %d %s", code, body)

@@ -85,7 +85,7 @@ func (a *App) newEnvServer() (*envserver.Server, error) {
 	cfg := a.Cfg.Env
 	cfg.BearerToken = cmp.Or(cfg.BearerToken, a.Cfg.HTTP.BearerToken)
 	return envserver.New(cfg, envserver.Options{
-		Catalog:    synthesizer.Catalog{Store: synthesizer.SinkStore{Rows: a.Store, Log: a.Log.With("component", "envserver")}},
+		Catalog:    synthesizer.Catalog{Store: synthesizer.SinkStore{Rows: a.Store, Log: a.Log.With("component", "envserver")}, Limits: a.Cfg.Programs},
 		Writer:     a.Store,
 		Registerer: a.Registry,
 		Log:        a.Log.With("component", "envserver"),

@@ -33,6 +33,7 @@ func (a *App) addSynthesize(ctx context.Context, g *run.Group) error {
 	rec := a.auditRecorder()
 	deps := synthesizer.Deps{
 		Store: store, Examples: store, Dicts: synthesizer.RegistryDictionaries{Registry: a.Dicts}, Publisher: a.Bus, Log: a.Log,
+		Limits:        a.Cfg.Programs, // the serve role's too: calibrated as served
 		DefaultPolicy: synthesizer.PolicySettings{BaseURL: a.Cfg.LLM.BaseURL, Model: a.Cfg.LLM.Model, APIKey: a.Cfg.LLM.APIKey},
 		PolicyClient: func(p synthesizer.PolicySettings) (*llm.Client, error) {
 			if p.BaseURL == a.Cfg.LLM.BaseURL && p.Model == a.Cfg.LLM.Model && p.APIKey == a.Cfg.LLM.APIKey {

@@ -7,6 +7,8 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -157,7 +159,6 @@ func TestSynthesizeRole(t *testing.T) {
 // the calibration is audited in llm_calls.
 func TestSynthesizeRolePolicyCallsAudited(t *testing.T) {
 	ch := testenv.ClickHouse(t)
-	ns := testenv.NATS(t)
 	policy := llmtest.New(t)
 	policy.Handle(func(llmtest.Request) llmtest.Reply { return llmtest.Text("I cannot help with that.") })
 	f := filepath.Join(t.TempDir(), "trace.yaml")
@@ -165,9 +166,43 @@ func TestSynthesizeRolePolicyCallsAudited(t *testing.T) {
 		simulate.Airline, policy.URL, policy.Model)), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	cfg, err := config.Load(f, []string{"data_dir=" + t.TempDir(), "roles=synthesize", "http.addr=127.0.0.1:0",
-		"clickhouse.addr=" + ch.Addr, "clickhouse.database=" + ch.Database, "nats.url=" + ns.URL(),
-		"synthesizer.calibration.seeds=2", "synthesizer.calibration.rollouts=2", "synthesizer.max_attempts=1"})
+	synthesizeOne(t, ch, f, "synthesizer.calibration.seeds=2", "synthesizer.calibration.rollouts=2", "synthesizer.max_attempts=1")
+	var n uint64
+	if err := testenv.StoreConn(t, ch.Store()).QueryRow(context.Background(), "SELECT count() FROM llm_calls WHERE model = ?", policy.Model).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	if calls := len(policy.Requests()); calls == 0 || n != uint64(calls) {
+		t.Fatalf("llm_calls has %d rows for the policy's %d calls", n, calls)
+	}
+}
+
+// TestSynthesizeRoleProgramLimits: the synthesize role validates programs
+// under the programs: limits. At programs.max_steps 500, fewer than the
+// template's reset takes, its attempt fails on the step limit (at 50,000
+// it passes validation).
+func TestSynthesizeRoleProgramLimits(t *testing.T) {
+	ch := testenv.ClickHouse(t)
+	e := synthesizeOne(t, ch, "", "programs.max_steps=500", "synthesizer.policy=simulated", "synthesizer.max_attempts=1")
+	// The template path failed; without a generation model the LLM path
+	// waits for one.
+	if e.Status != synthesizer.StatusWaitingForLLM || len(e.Attempts) != 1 {
+		t.Fatalf("status %s after %d attempts, want WAITING_FOR_LLM after 1", e.Status, len(e.Attempts))
+	}
+	for _, a := range e.Attempts {
+		if !strings.Contains(a.Diagnosis, "more than 500 execution steps") {
+			t.Errorf("attempt %d (stage %s): diagnosis %.300q, want the step limit", a.N, a.Stage, a.Diagnosis)
+		}
+	}
+}
+
+// synthesizeOne runs the synthesize role (configuration file f, if any,
+// and sets) on one synthesis request until the role is done with its
+// environment (DONE, FAILED, or WAITING_FOR_LLM), and returns it.
+func synthesizeOne(t *testing.T, ch *testenv.CH, f string, sets ...string) *synthesizer.Environment {
+	t.Helper()
+	ns := testenv.NATS(t)
+	cfg, err := config.Load(f, append([]string{"data_dir=" + t.TempDir(), "roles=synthesize", "http.addr=127.0.0.1:0",
+		"clickhouse.addr=" + ch.Addr, "clickhouse.database=" + ch.Database, "nats.url=" + ns.URL()}, sets...))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -178,6 +213,7 @@ func TestSynthesizeRolePolicyCallsAudited(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer a.Close()
+	a.Simulated = simulatedFleet
 	done := make(chan error, 1)
 	go func() { done <- a.Run(ctx) }()
 	b, err := bus.Connect(ctx, bus.Config{URL: ns.URL()}, "test")
@@ -191,17 +227,22 @@ func TestSynthesizeRolePolicyCallsAudited(t *testing.T) {
 			MeanDelta: 0.4, NRunsPassed: 1, NRunsTotal: 1, PassesConsistency: true, ExampleFailedCases: []string{}, Status: "selected"}}); err != nil {
 		t.Fatal(err)
 	}
-	// Wait for the environment to end (DONE or FAILED, after its
-	// calibration), then stop: every call is in llm_calls.
+	// Wait for the environment to end, then stop: every call of its
+	// calibration is in llm_calls.
 	store := synthesizer.SinkStore{Rows: ch.Store()}
 	deadline := time.Now().Add(60 * time.Second)
+	var e *synthesizer.Environment
 	for {
 		es, err := store.List(ctx, sink.EnvironmentFilter{Full: true})
-		if err == nil && len(es) == 1 && (es[0].Status == synthesizer.StatusDone || es[0].Status == synthesizer.StatusFailed) {
+		if err == nil && len(es) == 1 && slices.Contains([]synthesizer.Status{synthesizer.StatusDone, synthesizer.StatusFailed, synthesizer.StatusWaitingForLLM}, es[0].Status) {
+			e = es[0]
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("no calibration within 60 s: %v %+v", err, es)
+			for _, e := range es {
+				t.Logf("%s %s: %d attempts", e.ID, e.Status, len(e.Attempts))
+			}
+			t.Fatalf("the environment did not end within 60 s: %v", err)
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
@@ -209,11 +250,5 @@ func TestSynthesizeRolePolicyCallsAudited(t *testing.T) {
 	if err := <-done; err != nil {
 		t.Fatalf("run: %v", err)
 	}
-	var n uint64
-	if err := testenv.StoreConn(t, ch.Store()).QueryRow(context.Background(), "SELECT count() FROM llm_calls WHERE model = ?", policy.Model).Scan(&n); err != nil {
-		t.Fatal(err)
-	}
-	if calls := len(policy.Requests()); calls == 0 || n != uint64(calls) {
-		t.Fatalf("llm_calls has %d rows for the policy's %d calls", n, calls)
-	}
+	return e
 }

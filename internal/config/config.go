@@ -34,6 +34,7 @@ import (
 	"github.com/traceops/trace/internal/llm"
 	"github.com/traceops/trace/sink"
 	"github.com/traceops/trace/synthesizer"
+	"github.com/traceops/trace/synthesizer/envprog"
 	"github.com/traceops/trace/synthesizer/envserver"
 	"github.com/traceops/trace/verify"
 )
@@ -60,6 +61,12 @@ type Config struct {
 	// Env is the OpenEnv environment server of the serve role: it serves
 	// the registry's DONE environments to trainers at /v1/environments.
 	Env envserver.Config `koanf:"env"`
+	// Programs bound every environment program the synthesize role
+	// validates and calibrates and the serve role serves: steps, memory
+	// and time per call, turns per episode, the reset cache. One section
+	// for both roles, so that an environment is calibrated under the
+	// limits it is served with.
+	Programs envprog.Limits `koanf:"programs"`
 	// Router is the route role (TRACE step 4): the router and its
 	// OpenAI-compatible proxy on router.addr.
 	Router Router `koanf:"router"`
@@ -301,6 +308,7 @@ func Default() Config {
 		Embedded:    Embedded{ClickHousePort: 29000, ClickHouseHTTPPort: 28123, NATSPort: 4222},
 		Synthesizer: synthesizer.DefaultSettings(),
 		Env:         envserver.DefaultConfig(),
+		Programs:    envprog.DefaultLimits,
 		Adapter: Adapter{Backend: "nats", Command: defaultCommandBackend(), Webhook: defaultWebhookBackend(), Plan: defaultPlan(),
 			DeadlineCheck: 30 * time.Second, Planner: DefaultPlanner(), Serving: DefaultServing()},
 		Router: DefaultRouter(),
@@ -660,6 +668,10 @@ func (c Config) Validate() error {
 		errs = append(errs, err)
 	}
 	if err := c.Env.Validate(); err != nil {
+		errs = append(errs, err)
+	}
+	// Both roles run the registry's programs sandboxed.
+	if err := c.Programs.Check(func(key string) string { return "programs." + key }, true); err != nil {
 		errs = append(errs, err)
 	}
 	if c.Has("route") {

@@ -13,6 +13,7 @@ import (
 	"github.com/traceops/trace/analyzer"
 	"github.com/traceops/trace/schemas"
 	"github.com/traceops/trace/synthesizer"
+	"github.com/traceops/trace/synthesizer/envprog"
 )
 
 func TestLoadLayers(t *testing.T) {
@@ -145,6 +146,12 @@ func TestValidateNamesTheField(t *testing.T) {
 		{[]string{"synthesizer.policy=oracle"}, "synthesizer.policy"},
 		{[]string{"synthesizer.calibration.seeds=0"}, "synthesizer.calibration.seeds"},
 		{[]string{"synthesizer.calibration.bands.success_min=0.9"}, "synthesizer.calibration.bands.success_min"},
+		{[]string{"programs.max_memory=-1"}, "programs.max_memory -1: want a positive byte count"},
+		{[]string{"programs.call_timeout=-1s"}, "programs.call_timeout -1s"},
+		{[]string{"programs.max_turns=-3"}, "programs.max_turns -3"},
+		{[]string{"programs.reset_cache=-2"}, "programs.reset_cache -2"},
+		{[]string{"programs.max_steps=-2"}, "programs.max_steps"},
+		{[]string{"programs.max_memory=16777216"}, "programs.reset_cache 8388608: more than a quarter of programs.max_memory (16777216)"},
 	}
 	for _, tt := range tests {
 		_, err := Load("", tt.set)
@@ -282,6 +289,45 @@ synthesizer:
 	}
 	if d, _ := Load("", nil); !d.Has("synthesize") || !d.Synthesizer.Templates || d.Synthesizer.CalibrationConfig().Seeds != 100 {
 		t.Fatalf("defaults: roles %v, %+v", d.Roles, d.Synthesizer)
+	}
+}
+
+// TestProgramsSection: programs: sets every limit of the environment
+// programs from a file, the environment and --set (a duration with its
+// unit), and unset limits keep envprog's defaults, which the printed
+// configuration shows.
+func TestProgramsSection(t *testing.T) {
+	d, err := Load("", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.Programs != envprog.DefaultLimits {
+		t.Fatalf("default programs: %+v, want %+v", d.Programs, envprog.DefaultLimits)
+	}
+	m, err := d.Map()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p, _ := m["programs"].(map[string]any); p["max_turns"] != 24 || p["call_timeout"] != "2s" {
+		t.Fatalf("printed programs: %#v", m["programs"])
+	}
+	f := filepath.Join(t.TempDir(), "trace.yaml")
+	os.WriteFile(f, []byte(`
+programs:
+  max_steps: 500000
+  max_memory: 134217728
+`), 0o644)
+	t.Setenv("TRACE_PROGRAMS__MAX_TURNS", "12")
+	c, err := Load(f, []string{"programs.call_timeout=750ms", "programs.reset_cache=-1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := envprog.Limits{MaxSteps: 500_000, MaxMemory: 128 << 20, CallTimeout: 750 * time.Millisecond, MaxTurns: 12, ResetCache: -1}
+	if c.Programs != want {
+		t.Fatalf("programs: %+v, want %+v", c.Programs, want)
+	}
+	if _, err := Load("", []string{"programs.max_stepz=1"}); err == nil || !strings.Contains(err.Error(), "programs.max_stepz: unknown key") {
+		t.Fatalf("misspelled key: %v", err)
 	}
 }
 

@@ -37,23 +37,24 @@ import (
 )
 
 // Limits bound one program. Zero fields take the defaults of DefaultLimits.
+// The koanf keys are those of trace's programs: configuration section.
 type Limits struct {
 	// MaxSteps bounds the Starlark execution steps of one contract call
 	// (Thread.SetMaxExecutionSteps).
-	MaxSteps uint64
+	MaxSteps uint64 `koanf:"max_steps"`
 	// MaxMemory bounds the memory of a sandboxed program's worker process
 	// (its address space); in-process programs are trusted and not bounded.
-	MaxMemory int64
+	MaxMemory int64 `koanf:"max_memory"`
 	// CallTimeout bounds the wall-clock time of one contract call.
-	CallTimeout time.Duration
+	CallTimeout time.Duration `koanf:"call_timeout"`
 	// MaxTurns bounds the assistant turns of one episode (the release uses 24);
 	// the episode is done, unrewarded for what it did not do, after it.
-	MaxTurns int
+	MaxTurns int `koanf:"max_turns"`
 	// ResetCache bounds the bytes (estimated) of the per-seed reset cache:
 	// a seed reset a second time keeps a frozen copy of what reset
 	// returned, and later resets of it copy that instead of running reset
 	// again (see resetcache.go). Negative: no cache.
-	ResetCache int64
+	ResetCache int64 `koanf:"reset_cache"`
 }
 
 // ToolCall is one function call of an assistant message, OpenAI style.

@@ -188,3 +188,42 @@ func TestHostileProgramDoesNotSlowOthers(t *testing.T) {
 	}
 	wg.Wait()
 }
+
+// TestLimitsCheck: Check refuses each negative limit and a reset cache
+// above a quarter of a sandboxed program's memory, naming the key as the
+// caller spells it (a flag, a setting); zero and the defaults pass.
+func TestLimitsCheck(t *testing.T) {
+	flag := func(key string) string { return "--" + strings.ReplaceAll(key, "_", "-") }
+	for _, tt := range []struct {
+		name      string
+		lim       envprog.Limits
+		sandboxed bool
+		want      string // "" passes
+	}{
+		{"zero", envprog.Limits{}, true, ""},
+		{"defaults", envprog.DefaultLimits, true, ""},
+		{"no cache", envprog.Limits{ResetCache: -1}, true, ""},
+		{"negative memory", envprog.Limits{MaxMemory: -1}, true, "--max-memory -1: want a positive byte count (0: the default, 268435456)"},
+		{"negative timeout", envprog.Limits{CallTimeout: -time.Second}, false, "--call-timeout -1s"},
+		{"negative turns", envprog.Limits{MaxTurns: -1}, false, "--max-turns -1"},
+		{"cache below -1", envprog.Limits{ResetCache: -2}, true, "--reset-cache -2"},
+		{"cache a quarter of memory", envprog.Limits{MaxMemory: 64 << 20, ResetCache: 16 << 20}, true, ""},
+		{"cache above a quarter", envprog.Limits{MaxMemory: 64 << 20, ResetCache: 16<<20 + 1}, true, "--reset-cache 16777217: more than a quarter of --max-memory (67108864)"},
+		{"default cache, small memory", envprog.Limits{MaxMemory: 16 << 20, ResetCache: 8 << 20}, true, "--reset-cache 8388608"},
+		{"zero cache follows memory", envprog.Limits{MaxMemory: 16 << 20}, true, ""},
+		{"in-process memory is not bounded", envprog.Limits{MaxMemory: 16 << 20, ResetCache: 8 << 20}, false, ""},
+	} {
+		err := tt.lim.Check(flag, tt.sandboxed)
+		switch {
+		case tt.want == "" && err != nil:
+			t.Errorf("%s: %v, want none", tt.name, err)
+		case tt.want != "" && (err == nil || !strings.Contains(err.Error(), tt.want)):
+			t.Errorf("%s: %v, want %q", tt.name, err, tt.want)
+		}
+	}
+	// Every bad limit is named, not only the first.
+	err := envprog.Limits{MaxMemory: -1, MaxTurns: -1}.Check(func(k string) string { return "programs." + k }, true)
+	if err == nil || !strings.Contains(err.Error(), "programs.max_memory") || !strings.Contains(err.Error(), "programs.max_turns") {
+		t.Errorf("two bad limits: %v", err)
+	}
+}
