@@ -670,7 +670,8 @@ func (c Config) Validate() error {
 	if err := c.Env.Validate(); err != nil {
 		errs = append(errs, err)
 	}
-	// Both roles run the registry's programs sandboxed.
+	// Checked as sandboxed: both roles run generated programs in the
+	// sandbox worker, which holds the reset cache under max_memory.
 	if err := c.Programs.Check(func(key string) string { return "programs." + key }, true); err != nil {
 		errs = append(errs, err)
 	}
