@@ -54,10 +54,12 @@ func (a *App) probes() []readyProbe {
 	}}}
 	if a.ch != nil {
 		ps = append(ps, readyProbe{"clickhouse_server", func(context.Context) error {
+			// Pid first: a server found gone has its reason in Healthy.
+			pid := a.ch.Pid()
 			if err := a.ch.Healthy(); err != nil {
 				return err
 			}
-			if a.ch.Pid() == 0 {
+			if pid == 0 {
 				return errors.New("the local ClickHouse server is not running")
 			}
 			return nil

@@ -27,6 +27,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 )
@@ -63,8 +64,11 @@ type Server struct {
 	tcpPort  int
 	httpPort int
 
-	mu          sync.Mutex // serialises lifecycle operations and guards below
-	proc        *process
+	mu   sync.Mutex // serialises lifecycle operations and guards below
+	proc *process
+	// cur is proc, readable without mu (Healthy must not wait for a
+	// start in progress); written with it.
+	cur         atomic.Pointer[process]
 	version     Version // what the running (or last) server reported
 	renderedFor Version // version the config on disk was rendered for
 
@@ -78,7 +82,7 @@ type process struct {
 	err  error         // exit status, valid after done
 	// stopping is set (under Server.mu) before Stop, Kill or Restart
 	// signal the process: its exit is asked for, not a crash.
-	stopping bool
+	stopping atomic.Bool
 }
 
 // ours holds the pids of servers this process started and has not seen
@@ -233,7 +237,7 @@ func (s *Server) Kill() error {
 	if p == nil {
 		return nil
 	}
-	p.stopping = true
+	p.stopping.Store(true)
 	err := signalGroup(p.pid, syscall.SIGKILL)
 	<-p.done
 	s.forget(p)
@@ -278,6 +282,7 @@ func (s *Server) forget(p *process) {
 	ours.Delete(p.pid)
 	if s.proc == p {
 		s.proc = nil
+		s.cur.Store(nil)
 	}
 	if b, err := os.ReadFile(filepath.Join(s.dir, pidFile)); err == nil && strings.TrimSpace(string(b)) == strconv.Itoa(p.pid) {
 		os.Remove(filepath.Join(s.dir, pidFile))
@@ -298,7 +303,7 @@ func (s *Server) stopLocked(ctx context.Context) error {
 		ctx, cancel = context.WithTimeout(ctx, StopTimeout)
 		defer cancel()
 	}
-	p.stopping = true
+	p.stopping.Store(true)
 	if err := signalGroup(p.pid, syscall.SIGTERM); err != nil {
 		s.log.Warn("clickhouse: SIGTERM failed", "pid", p.pid, "err", err)
 	}
@@ -424,6 +429,7 @@ func (s *Server) startLocked(ctx context.Context, v Version) error {
 		return err
 	}
 	s.proc = p
+	s.cur.Store(p)
 	if err := s.waitReady(ctx, p); err != nil {
 		if !s.exited(p) {
 			_ = signalGroup(p.pid, syscall.SIGKILL)

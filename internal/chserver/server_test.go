@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -137,6 +138,9 @@ func TestServerKillRestartKeepsData(t *testing.T) {
 	if s.Pid() != 0 {
 		t.Fatalf("Pid() = %d after Kill", s.Pid())
 	}
+	if err := s.Healthy(); err != nil {
+		t.Fatalf("Healthy() after Kill, an exit asked for: %v", err)
+	}
 	if err := open(t, addr).Ping(ctx); err == nil {
 		t.Fatal("server still answers after Kill")
 	}
@@ -165,6 +169,21 @@ func TestServerKillRestartKeepsData(t *testing.T) {
 	}
 	if n, _ := countRows(t, open(t, s.Addr()), "kept"); n != rows {
 		t.Fatalf("after stop and restart: %d rows", n)
+	}
+
+	// Killed from outside with no Supervise watching: from the moment the
+	// process is reaped, Healthy names the exit (Supervise records it a
+	// moment later; /readyz said "not running" in between).
+	if err := syscall.Kill(s.Pid(), syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(30 * time.Second); s.Pid() != 0; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the killed server's process was not reaped within 30 s")
+		}
+	}
+	if err := s.Healthy(); err == nil || !strings.Contains(err.Error(), "exited unexpectedly (signal: killed)") {
+		t.Fatalf("Healthy() after an outside SIGKILL = %v, want the exit named", err)
 	}
 }
 

@@ -66,9 +66,13 @@ func (s *Server) Supervise(ctx context.Context, o SuperviseOptions) error {
 			return nil
 		case <-p.done:
 		}
+		at := time.Now()
 		s.mu.Lock()
-		crashed := !p.stopping && s.proc == p
+		crashed := !p.stopping.Load() && s.proc == p
 		if crashed {
+			// Down before forgotten: see Healthy.
+			s.setDown(fmt.Errorf("local ClickHouse server (pid %d) exited unexpectedly at %s (%s); restarting",
+				p.pid, at.UTC().Format(time.RFC3339), exitStatus(p.err)))
 			s.forget(p)
 		}
 		s.mu.Unlock()
@@ -78,17 +82,14 @@ func (s *Server) Supervise(ctx context.Context, o SuperviseOptions) error {
 		if ctx.Err() != nil {
 			return nil
 		}
-		s.crashed(ctx, p, o)
+		s.crashed(ctx, p, o, at)
 	}
 }
 
-// crashed records and logs the unexpected exit of p, then restarts the
-// server with backoff until it runs again or ctx ends.
-func (s *Server) crashed(ctx context.Context, p *process, o SuperviseOptions) {
-	at := time.Now()
+// crashed logs the unexpected exit of p at at (recorded by the caller),
+// then restarts the server with backoff until it runs again or ctx ends.
+func (s *Server) crashed(ctx context.Context, p *process, o SuperviseOptions, at time.Time) {
 	status := exitStatus(p.err)
-	s.setDown(fmt.Errorf("local ClickHouse server (pid %d) exited unexpectedly at %s (%s); restarting",
-		p.pid, at.UTC().Format(time.RFC3339), status))
 	s.log.Error("clickhouse: local server exited unexpectedly; restarting it",
 		"pid", p.pid, "status", status, "dir", s.dir, "log", s.LogFile())
 	if o.OnExit != nil {
@@ -146,13 +147,24 @@ func (s *Server) current() *process {
 	return s.proc
 }
 
-// Healthy returns nil unless Supervise saw the server exit and has not
-// restarted it yet; the error says since when and why. It never blocks on
-// a start in progress.
+// Healthy returns nil unless the server exited without being asked to
+// and has not been restarted yet; the error says why, and since when once
+// Supervise has seen the exit. It never blocks on a start in progress.
 func (s *Server) Healthy() error {
+	// The process first: Supervise records the exit before it forgets
+	// the process, so one of the two says so, also in the instant between
+	// the process being reaped and Supervise seeing it.
+	p := s.cur.Load()
 	s.downMu.Lock()
-	defer s.downMu.Unlock()
-	return s.down
+	down := s.down
+	s.downMu.Unlock()
+	if down != nil {
+		return down
+	}
+	if p != nil && !p.stopping.Load() && s.exited(p) {
+		return fmt.Errorf("local ClickHouse server (pid %d) exited unexpectedly (%s)", p.pid, exitStatus(p.err))
+	}
+	return nil
 }
 
 func (s *Server) setDown(err error) {
