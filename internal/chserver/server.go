@@ -64,11 +64,11 @@ type Server struct {
 	tcpPort  int
 	httpPort int
 
-	mu   sync.Mutex // serialises lifecycle operations and guards below
-	proc *process
-	// cur is proc, readable without mu (Healthy must not wait for a
-	// start in progress); written with it.
-	cur         atomic.Pointer[process]
+	mu sync.Mutex // serialises lifecycle operations and guards below
+	// proc is the server's process, or nil. Written with mu held, read
+	// without it only by Healthy, which must not wait for a start in
+	// progress.
+	proc        atomic.Pointer[process]
 	version     Version // what the running (or last) server reported
 	renderedFor Version // version the config on disk was rendered for
 
@@ -81,7 +81,8 @@ type process struct {
 	done chan struct{} // closed when the process has exited and was reaped
 	err  error         // exit status, valid after done
 	// stopping is set (under Server.mu) before Stop, Kill or Restart
-	// signal the process: its exit is asked for, not a crash.
+	// signal the process: its exit is asked for, not a crash. Healthy
+	// reads it without the lock.
 	stopping atomic.Bool
 }
 
@@ -163,7 +164,7 @@ func Start(ctx context.Context, o Options) (*Server, error) {
 	}
 	s.log.Info("clickhouse: started local server",
 		"version", s.version, "addr", s.Addr(), "http", s.HTTPAddr(), "dir", dir,
-		"binary", bin.String(), "pid", s.proc.pid)
+		"binary", bin.String(), "pid", s.proc.Load().pid)
 	return s, nil
 }
 
@@ -212,10 +213,11 @@ func (s *Server) ParsedVersion() Version {
 func (s *Server) Pid() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.proc == nil || s.exited(s.proc) {
+	p := s.proc.Load()
+	if p == nil || s.exited(p) {
 		return 0
 	}
-	return s.proc.pid
+	return p.pid
 }
 
 // Stop sends SIGTERM to the server's process group and waits for it to
@@ -233,7 +235,7 @@ func (s *Server) Stop(ctx context.Context) error {
 func (s *Server) Kill() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	p := s.proc
+	p := s.proc.Load()
 	if p == nil {
 		return nil
 	}
@@ -259,7 +261,7 @@ func (s *Server) Restart(ctx context.Context) error {
 	if err := s.startLocked(ctx, s.version); err != nil {
 		return err
 	}
-	s.log.Info("clickhouse: restarted local server", "version", s.version, "addr", s.Addr(), "dir", s.dir, "pid", s.proc.pid)
+	s.log.Info("clickhouse: restarted local server", "version", s.version, "addr", s.Addr(), "dir", s.dir, "pid", s.proc.Load().pid)
 	return nil
 }
 
@@ -280,17 +282,14 @@ func (s *Server) exited(p *process) bool {
 
 func (s *Server) forget(p *process) {
 	ours.Delete(p.pid)
-	if s.proc == p {
-		s.proc = nil
-		s.cur.Store(nil)
-	}
+	s.proc.CompareAndSwap(p, nil)
 	if b, err := os.ReadFile(filepath.Join(s.dir, pidFile)); err == nil && strings.TrimSpace(string(b)) == strconv.Itoa(p.pid) {
 		os.Remove(filepath.Join(s.dir, pidFile))
 	}
 }
 
 func (s *Server) stopLocked(ctx context.Context) error {
-	p := s.proc
+	p := s.proc.Load()
 	if p == nil {
 		return nil
 	}
@@ -402,7 +401,7 @@ func (s *Server) takeOverDir() error {
 // startLocked renders the config for v, starts the process and waits until
 // it answers; it records the version the server reports.
 func (s *Server) startLocked(ctx context.Context, v Version) error {
-	if s.proc != nil {
+	if s.proc.Load() != nil {
 		return errors.New("chserver: server is already running")
 	}
 	if err := s.takeOverDir(); err != nil {
@@ -428,8 +427,7 @@ func (s *Server) startLocked(ctx context.Context, v Version) error {
 	if err != nil {
 		return err
 	}
-	s.proc = p
-	s.cur.Store(p)
+	s.proc.Store(p)
 	if err := s.waitReady(ctx, p); err != nil {
 		if !s.exited(p) {
 			_ = signalGroup(p.pid, syscall.SIGKILL)

@@ -68,7 +68,7 @@ func (s *Server) Supervise(ctx context.Context, o SuperviseOptions) error {
 		}
 		at := time.Now()
 		s.mu.Lock()
-		crashed := !p.stopping.Load() && s.proc == p
+		crashed := !p.stopping.Load() && s.proc.Load() == p
 		if crashed {
 			// Down before forgotten: see Healthy.
 			s.setDown(fmt.Errorf("local ClickHouse server (pid %d) exited unexpectedly at %s (%s); restarting",
@@ -134,7 +134,7 @@ func (s *Server) crashed(ctx context.Context, p *process, o SuperviseOptions, at
 func (s *Server) restartCrashed(ctx context.Context) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.proc != nil {
+	if s.proc.Load() != nil {
 		return nil
 	}
 	return s.startLocked(ctx, s.version)
@@ -144,7 +144,7 @@ func (s *Server) restartCrashed(ctx context.Context) error {
 func (s *Server) current() *process {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.proc
+	return s.proc.Load()
 }
 
 // Healthy returns nil unless the server exited without being asked to
@@ -154,7 +154,7 @@ func (s *Server) Healthy() error {
 	// The process first: Supervise records the exit before it forgets
 	// the process, so one of the two says so, also in the instant between
 	// the process being reaped and Supervise seeing it.
-	p := s.cur.Load()
+	p := s.proc.Load()
 	s.downMu.Lock()
 	down := s.down
 	s.downMu.Unlock()

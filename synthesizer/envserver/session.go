@@ -451,11 +451,11 @@ func (s *session) guard(perr **openenv.Error) {
 	*perr = openenv.Execution("internal error: panic: %v (logged); the episode is over, %s", r, s.newEpisode(s.play != nil))
 }
 
-// reset starts a new episode in the session (closing the current one).
 // fromCache is what episodes of envprog's programs tell of their reset
 // (envprog.Episode).
 type fromCache interface{ FromCache() bool }
 
+// reset starts a new episode in the session (closing the current one).
 func (s *session) reset(ctx context.Context, r openenv.ResetRequest) (json.RawMessage, *openenv.Error) {
 	srv := s.env.srv
 	// The new episode encodes its transcript into the last one's buffers:
