@@ -61,6 +61,11 @@ func serveWorker(in io.Reader, out io.Writer) int {
 	// ~20% of the CPU. The memory limit above still bounds the heap, so a
 	// laxer percentage costs only some tens of megabytes of slack.
 	debug.SetGCPercent(workerGCPercent)
+	// Nothing reads a worker's heap profile (it has no endpoint, and its
+	// memory is bounded above), and at the worker's allocation rate the
+	// sampling's stack walks through the interpreter cost ~1.7 % of its
+	// CPU in a profile at 16 sessions.
+	runtime.MemProfileRate = 0
 	if err := limitAddressSpace(maxMem); err != nil {
 		fmt.Fprintf(os.Stderr, "envprog worker: %v\n", err)
 		return 3
