@@ -143,6 +143,11 @@ func TestProtocolErrors(t *testing.T) {
 		{`{"type":"step"}`, openenv.CodeValidation, "Field required"},
 		{`{"type":"reset","data":{"seed":-3}}`, openenv.CodeValidation, "greater than or equal to 0"},
 		{step(`{"role":"user","content":"x"}`), openenv.CodeValidation, "assistant"},
+		// Shapes that would otherwise be final answers, ending the episode.
+		{step(`{}`), openenv.CodeValidation, "none of the three"},
+		{step(`{"type":"call_tools","tool_name":"get_user_details","arguments":{"user_id":"x"}}`), openenv.CodeValidation, "not an action type"},
+		{step(`{"role":"assistant","tool_call":[{"function":{"name":"get_user_details"}}]}`), openenv.CodeValidation, `tool_call: not read`},
+		{step(`{"role":"assistant","content":null,"function_call":{"name":"get_user_details","arguments":"{}"}}`), openenv.CodeValidation, `function_call: not read`},
 		{call("book_flight", `"{}"`), openenv.CodeValidation, `unknown tool "book_flight"`},
 		{call("get_user_details", `"{\"user_id\": 42}"`), openenv.CodeValidation, "/user_id"},
 		{call("get_user_details", `"{}"`), openenv.CodeValidation, "user_id"},
@@ -265,7 +270,7 @@ func TestStatelessHTTP(t *testing.T) {
 		{"/step", `{"action": {"tool_calls": [{"function": {"name": "nope"}}]}}`, 422, openenv.CodeValidation},
 		{"/reset", `{"seed": "x"}`, 422, openenv.CodeValidation},
 		{"/reset", `{`, 422, openenv.CodeInvalidJSON},
-		{"/step", `{"action": {}, "session_id": "missing"}`, 404, openenv.CodeSession},
+		{"/step", `{"action": {"content": "x"}, "session_id": "missing"}`, 404, openenv.CodeSession},
 		{"/reset", `{"pad": "` + strings.Repeat("p", 2<<20) + `"}`, 413, openenv.CodeValidation},
 	} {
 		resp, err := http.Post(f.base+tc.path, "application/json", strings.NewReader(tc.body))

@@ -5,7 +5,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"math"
+	"slices"
 	"strconv"
 	"strings"
 	"unicode/utf8"
@@ -351,17 +353,30 @@ func decodeAction(b []byte) (Action, *Error) {
 	if !ok {
 		return Action{}, Validation([]any{"data"}, "model_type", "an action must be an object, got %s", jsonKind(b))
 	}
-	if raw, has := m["type"]; has {
+	if raw, has := m["type"]; has && !isNull(raw) {
 		var typ string
 		if json.Unmarshal(raw, &typ) == nil && (typ == ActionListTools || typ == ActionCallTool) {
 			return decodeMCPAction(typ, m)
 		}
+		return Action{}, Validation([]any{"data", "type"}, "literal_error",
+			`type: %s is not an action type; an action is the policy's assistant message (without "type") or an MCP action ("type": "list_tools" or "call_tool")`, truncate(string(raw), 40))
 	}
 	if raw, has := m["role"]; has && !isNull(raw) {
 		var role string
 		if err := json.Unmarshal(raw, &role); err != nil || role != "assistant" {
 			return Action{}, Validation([]any{"data", "role"}, "literal_error", `role: an action is the policy's assistant message, role must be "assistant", got %s`, truncate(string(raw), 40))
 		}
+	}
+	keys := slices.Sorted(maps.Keys(m)) // the first of several, always the same one
+	for _, k := range keys {
+		if misplacedCall([]byte(k)) && !isNull(m[k]) {
+			return Action{}, Validation([]any{"data", k}, "extra_forbidden",
+				`%s: not read; a tool call goes in "tool_calls" ([{"id", "type": "function", "function": {"name", "arguments"}}]), and a message without one is the final answer`, k)
+		}
+	}
+	if m["role"] == nil && m["content"] == nil && m["tool_calls"] == nil {
+		return Action{}, Validation([]any{"data"}, "missing",
+			`an action is the policy's assistant message ("role": "assistant" with "content", the final answer, or "tool_calls"); this one has none of the three`)
 	}
 	a := Action{Kind: ActionMessage}
 	if raw, has := m["content"]; has && !isNull(raw) {
@@ -387,6 +402,37 @@ func decodeAction(b []byte) (Action, *Error) {
 		a.ToolCalls = append(a.ToolCalls, c)
 	}
 	return a, nil
+}
+
+// misplacedCall reports a member of an assistant message that looks like
+// a tool call but is not one trace reads: OpenAI's deprecated
+// function_call, and misspellings of tool_calls (tool_call, toolCalls…).
+// Ignored like other unused members, it would make the message the final
+// answer and end the episode on the call the policy meant to make.
+func misplacedCall(key []byte) bool {
+	if string(key) == "tool_calls" {
+		return false
+	}
+	var n [16]byte
+	j := 0
+	for _, c := range key {
+		switch {
+		case c == '_' || c == '-':
+			continue
+		case 'A' <= c && c <= 'Z':
+			c += 'a' - 'A'
+		}
+		if j == len(n) {
+			return false
+		}
+		n[j] = c
+		j++
+	}
+	switch string(n[:j]) {
+	case "toolcall", "toolcalls", "functioncall", "functioncalls":
+		return true
+	}
+	return false
 }
 
 // content reads a message content: a string, or OpenAI's list of content

@@ -1,9 +1,12 @@
 package openenv
 
 import (
+	"bytes"
 	"encoding/json"
 	"strings"
 	"testing"
+
+	"github.com/santhosh-tekuri/jsonschema/v6"
 )
 
 func TestDecodeFrame(t *testing.T) {
@@ -93,6 +96,16 @@ func TestDecodeAction(t *testing.T) {
 		{name: "image part", in: `{"content":[{"type":"image_url","image_url":{}}]}`, code: CodeValidation, contains: "only text parts"},
 		{name: "call_tool extra", in: `{"type":"call_tool","tool_name":"t","args":{}}`, code: CodeValidation, contains: "(args)"},
 		{name: "call_tool no name", in: `{"type":"call_tool"}`, code: CodeValidation, contains: "tool_name"},
+		{name: "an OpenAI SDK message's nulls", in: `{"role":"assistant","content":"x","function_call":null,"tool_calls":null,"refusal":null,"audio":null,"annotations":[]}`,
+			want: Action{Kind: ActionMessage, Content: "x"}},
+		{name: "null type", in: `{"type":null,"content":"x"}`, want: Action{Kind: ActionMessage, Content: "x"}},
+		{name: "unknown type", in: `{"type":"call_tools","tool_name":"t","arguments":{}}`, code: CodeValidation, contains: `type: "call_tools" is not an action type`},
+		{name: "type on a message", in: `{"type":"assistant","content":"x"}`, code: CodeValidation, contains: "not an action type"},
+		{name: "empty object", in: `{}`, code: CodeValidation, contains: "has none of the three"},
+		{name: "only unknown members", in: `{"bogus":1}`, code: CodeValidation, contains: "has none of the three"},
+		{name: "tool_call misspelled", in: `{"role":"assistant","tool_call":[{"function":{"name":"a"}}]}`, code: CodeValidation, contains: `tool_call: not read; a tool call goes in "tool_calls"`},
+		{name: "toolCalls", in: `{"role":"assistant","content":"","toolCalls":[]}`, code: CodeValidation, contains: "toolCalls: not read"},
+		{name: "legacy function_call", in: `{"role":"assistant","content":null,"function_call":{"name":"a","arguments":"{}"}}`, code: CodeValidation, contains: "function_call: not read"},
 		{name: "call_tool arguments string", in: `{"type":"call_tool","tool_name":"t","arguments":"{}"}`, code: CodeValidation, contains: "valid dictionary"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -259,4 +272,50 @@ func FuzzDecodeFrame(f *testing.F) {
 			DecodeRPC(fr.Data)
 		}
 	})
+}
+
+// TestActionSchemaShape: GET /schema's action schema accepts the messages
+// the decoder takes and refuses the shapes it refuses for not being an
+// assistant message (type, misplaced calls, none of role, content and
+// tool_calls).
+func TestActionSchemaShape(t *testing.T) {
+	c := jsonschema.NewCompiler()
+	doc, err := jsonschema.UnmarshalJSON(bytes.NewReader(Schemas([]string{"a", "t"}).Action))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.AddResource("action.json", doc); err != nil {
+		t.Fatal(err)
+	}
+	sch, err := c.Compile("action.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		in   string
+		want bool
+	}{
+		{`{"role":"assistant","content":"x","function_call":null,"tool_calls":null,"refusal":null}`, true},
+		{`{"content":null}`, true},
+		{`{"type":null,"content":"x"}`, true},
+		{`{"tool_calls":[{"function":{"name":"a","arguments":"{}"}}]}`, true},
+		{`{"type":"list_tools"}`, true},
+		{`{"type":"call_tool","tool_name":"t","arguments":{}}`, true},
+		{`{}`, false},
+		{`{"bogus":1}`, false},
+		{`{"type":"call_tools","tool_name":"t"}`, false},
+		{`{"type":"assistant","content":"x"}`, false},
+		{`{"role":"assistant","content":null,"function_call":{"name":"a"}}`, false},
+	} {
+		v, err := jsonschema.UnmarshalJSON(strings.NewReader(tc.in))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := sch.Validate(v) == nil; got != tc.want {
+			t.Errorf("schema accepts %s: %v, want %v", tc.in, got, tc.want)
+		}
+		if _, derr := DecodeAction([]byte(tc.in)); (derr == nil) != tc.want {
+			t.Errorf("decoder accepts %s: %v, want %v", tc.in, derr == nil, tc.want)
+		}
+	}
 }

@@ -269,6 +269,10 @@ func decodeActionFast(b []byte) (Action, bool) {
 			content = val
 		case "tool_calls":
 			calls = val
+		default:
+			// A call where trace does not read one: the general
+			// decoder names it.
+			return !misplacedCall(key) || string(val) == "null"
 		}
 		return true
 	})
@@ -277,6 +281,9 @@ func decodeActionFast(b []byte) (Action, bool) {
 	}
 	if role != nil && string(role) != "null" && string(role) != `"assistant"` {
 		return Action{}, false
+	}
+	if role == nil && content == nil && calls == nil {
+		return Action{}, false // not a message: the general decoder says so
 	}
 	a := Action{Kind: ActionMessage}
 	if content != nil && string(content) != "null" {

@@ -26,7 +26,10 @@ var fastSeeds = []string{
 	`{"type":"step","data":{"content":"\xff"}}`, `{"type":"step","data":{"id":"x","content":"dup","content":"last"}}`,
 	`{"type":"step","data":{"tool_calls":[{"function":{"name":"a","name":"b","arguments":"{ }"}}]}}`,
 	`{"type":"mcp","data":{"jsonrpc":"2.0","method":"tools/list","id":1}}`, `{"type":"state","data":{}}`, `{"type":"step"}`,
-	`{"type":"step","data":[]}`, `[]`, `{`, `{"type":"step","data":{"tool_calls":[{"function":{"name":"f","arguments":"{\"a\":\"\\u00e9\"}"}}]}}`,
+	`{"type":"step","data":[]}`, `[]`, `{`, `{"type":"step","data":{}}`, `{"type":"step","data":{"bogus":1}}`,
+	`{"type":"step","data":{"role":"assistant","tool_call":[{"function":{"name":"f"}}]}}`, `{"type":"step","data":{"Tool_Calls":[]}}`,
+	`{"type":"step","data":{"role":"assistant","content":"x","function_call":null,"tool_calls":null,"refusal":null}}`,
+	`{"type":"step","data":{"role":"assistant","content":null,"function_call":{"name":"f","arguments":"{}"}}}`, `{"type":"step","data":{"tool_calls":[{"function":{"name":"f","arguments":"{\"a\":\"\\u00e9\"}"}}]}}`,
 }
 
 // TestFastDecodeAgrees: on the shapes a trainer sends, and on the near

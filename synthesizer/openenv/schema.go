@@ -18,7 +18,11 @@ func Schemas(toolNames []string) SchemaResponse {
     {
       "type": "object",
       "title": "AssistantMessage",
+      "description": "Members not listed are ignored, except calls where they are not read (function_call, tool_call…), which are refused.",
+      "anyOf": [{"required": ["role"]}, {"required": ["content"]}, {"required": ["tool_calls"]}],
       "properties": {
+        "type": {"type": "null"},
+        "function_call": {"type": "null"},
         "role": {"const": "assistant"},
         "content": {"anyOf": [{"type": "string"}, {"type": "null"}, {"type": "array", "items": {"type": "object", "properties": {"type": {"const": "text"}, "text": {"type": "string"}}, "required": ["type", "text"]}}]},
         "tool_calls": {"anyOf": [{"type": "null"}, {"type": "array", "items": {
