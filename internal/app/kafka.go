@@ -71,10 +71,15 @@ func TLSConfig(t config.TLS) (*tls.Config, error) {
 
 // Transport is a kafka-go transport for writers with the configured TLS and
 // SASL settings.
-func (a *App) Transport() *kafka.Transport {
+func (a *App) Transport() *kafka.Transport { return KafkaTransport(a.Dialer) }
+
+// KafkaTransport is a kafka-go transport for writers with the TLS and SASL
+// settings of d (KafkaDialer's; nil: neither), for the producers of the
+// client commands (trace replay, trace simulate) as of the roles.
+func KafkaTransport(d *kafka.Dialer) *kafka.Transport {
 	t := &kafka.Transport{}
-	if a.Dialer != nil {
-		t.TLS, t.SASL = a.Dialer.TLS, a.Dialer.SASLMechanism
+	if d != nil {
+		t.TLS, t.SASL = d.TLS, d.SASLMechanism
 	}
 	return t
 }
