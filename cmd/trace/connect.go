@@ -2,15 +2,20 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"slices"
 	"strings"
 	"time"
 
+	"github.com/segmentio/kafka-go"
 	"github.com/spf13/cobra"
 
 	"github.com/traceops/trace/analyzer"
+	"github.com/traceops/trace/ingest"
+	"github.com/traceops/trace/internal/app"
 	"github.com/traceops/trace/internal/bus"
 	"github.com/traceops/trace/internal/config"
 	"github.com/traceops/trace/sink"
@@ -46,6 +51,61 @@ func connectBus(ctx context.Context, cfg config.Config) (*bus.Bus, error) {
 		return nil, fmt.Errorf("%w\n(no nats.url configured: is `trace run` running with its embedded NATS on %s?)", err, n.URL)
 	}
 	return b, err
+}
+
+// rolloutProducer is where trace replay and trace simulate publish rollouts:
+// the brokers and topic of their --brokers and --topic flags when given
+// (cmd's flags of those names), else the configured ones (kafka.brokers, or
+// the embedded broker's kafka.embedded_addr; kafka.rollouts_topic).
+type rolloutProducer struct {
+	brokers []string
+	topic   string
+	// embedded: the brokers are kafka.embedded_addr, a running `trace
+	// run`'s broker, for the hint of a failure to reach it.
+	embedded bool
+}
+
+func newRolloutProducer(cmd *cobra.Command, cfg config.Config, brokers []string, topic string) (rolloutProducer, error) {
+	p := rolloutProducer{brokers: cfg.KafkaBrokers(), topic: cfg.Kafka.RolloutsTopic, embedded: len(cfg.Kafka.Brokers) == 0}
+	if cmd.Flags().Changed("brokers") {
+		if len(brokers) == 0 {
+			return p, errors.New("--brokers: at least one broker is needed")
+		}
+		p.brokers, p.embedded = brokers, false
+	}
+	if cmd.Flags().Changed("topic") {
+		if topic == "" {
+			return p, errors.New("--topic must not be empty")
+		}
+		p.topic = topic
+	}
+	return p, nil
+}
+
+// writer is ingest.NewKafkaWriter on p's brokers and topic with the
+// configured TLS and SASL (kafka.tls, kafka.sasl) and the batch size of
+// trace's other producers (kafka.max_message_bytes: WriterBatchBytes).
+// The caller closes it.
+func (p rolloutProducer) writer(cfg config.Config) (*kafka.Writer, error) {
+	d, err := app.KafkaDialer(cfg.Kafka)
+	if err != nil {
+		return nil, err
+	}
+	w := ingest.NewKafkaWriter(p.brokers, p.topic)
+	w.BatchBytes = int64(cfg.Kafka.WriterBatchBytes())
+	w.Transport = app.KafkaTransport(d)
+	return w, nil
+}
+
+// hint explains a failure to reach the embedded broker's address (no
+// kafka.brokers is configured): trace run may not be running, or its broker
+// listen elsewhere.
+func (p rolloutProducer) hint(err error) error {
+	var ne *net.OpError
+	if !p.embedded || !errors.As(err, &ne) {
+		return err
+	}
+	return fmt.Errorf("%w\n(no kafka.brokers configured: is `trace run` running with its embedded broker on %s? or set kafka.brokers, or kafka.embedded_addr if it listens elsewhere)", err, p.brokers[0])
 }
 
 // dictWriter is what a command needs to store and announce dictionaries: the

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"errors"
 	"fmt"
 	"os"
 	"slices"
@@ -16,15 +15,25 @@ func init() { rootCmd.AddCommand(newReplayCmd()) }
 
 func newReplayCmd() *cobra.Command {
 	var (
+		cf      configFlags
 		format  string
 		brokers []string
 		topic   string
 	)
 	cmd := &cobra.Command{
-		Use:   "replay [--format auto|rollout-jsonl|rollout-json|tau2] [--brokers HOST:PORT,...] [--topic NAME] FILE...",
+		Use:   "replay [--format auto|rollout-jsonl|rollout-json|tau2] [--config FILE] [--set key=value]... [--brokers HOST:PORT,...] [--topic NAME] FILE...",
 		Short: "Publish rollout files (rollout JSONL or τ²-bench results) to Kafka",
 		Long: `replay reads rollout files and publishes every rollout on the Kafka rollout
 topic, as a producer in production would.
+
+Kafka is set by trace's configuration, loaded as for trace run (--config or
+TRACE_CONFIG, TRACE_* environment variables, --set): kafka.brokers (none: the
+embedded broker of a running trace run, kafka.embedded_addr, 127.0.0.1:9092
+by default), kafka.rollouts_topic, kafka.tls, kafka.sasl and
+kafka.max_message_bytes (the largest rollout sent; a larger one is rejected
+as too_large, as the ingest stage would dead-letter it). A bad setting fails
+at start, naming it. --brokers and --topic override kafka.brokers and
+kafka.rollouts_topic.
 
 Input formats (--format):
   auto           (default) a file that is a single JSON object with a
@@ -70,10 +79,15 @@ Exit status: 0 when rollouts were sent (rejected records alone are reported,
 not fatal); 1 on a Kafka or read error (the summary shows what was sent
 before it); 2 when nothing could be sent.`,
 		Example: `  # replay the τ²-bench result files kept beside the repository clone
+  # (into the embedded broker of a running trace run, or kafka.brokers)
   trace replay ../shared/data/tau2/*.json
+
+  # into the cluster of trace's configuration file, with its TLS and SASL
+  trace replay --config trace.yaml rollouts.jsonl
 
   # a rollout JSONL file to another cluster and topic
   trace replay --brokers kafka-1:9092,kafka-2:9092 --topic trace.rollouts.staging rollouts.jsonl
+  TRACE_KAFKA__BROKERS=kafka-1:9092 trace replay --set kafka.rollouts_topic=trace.rollouts.staging rollouts.jsonl
 
   # a JSON array of rollouts (or jq's indented output)
   trace replay export.json
@@ -88,20 +102,29 @@ before it); 2 when nothing could be sent.`,
 			if !slices.Contains(ingest.ReplayFormats, format) {
 				return fmt.Errorf("--format %q: want one of %s", format, strings.Join(ingest.ReplayFormats, ", "))
 			}
-			if len(brokers) == 0 {
-				return errors.New("--brokers: at least one broker is needed")
+			cfg, err := cf.load()
+			if err != nil {
+				return err
 			}
-			if topic == "" {
-				return errors.New("--topic must not be empty")
+			p, err := newRolloutProducer(cmd, cfg, brokers, topic)
+			if err != nil {
+				return err
 			}
-			w := ingest.NewKafkaWriter(brokers, topic)
-			sum, err := ingest.Replay(cmd.Context(), w, files, format, os.Stderr)
+			w, err := p.writer(cfg)
+			if err != nil {
+				return err
+			}
+			r := &ingest.Replayer{Writer: w, Format: format, Progress: os.Stderr, MaxBytes: cfg.Kafka.MaxBytes}
+			sum, err := r.Replay(cmd.Context(), files)
 			if cerr := w.Close(); err == nil && cerr != nil {
 				err = fmt.Errorf("kafka: %w", cerr)
 			}
 			fmt.Fprintln(cmd.OutOrStdout(), sum)
 			if err != nil {
-				return &exitError{code: 1, err: fmt.Errorf("replay to %s on %s: %w", topic, strings.Join(brokers, ","), err)}
+				if sum.Sent == 0 {
+					err = p.hint(err)
+				}
+				return &exitError{code: 1, err: fmt.Errorf("replay to %s on %s: %w", p.topic, strings.Join(p.brokers, ","), err)}
 			}
 			if sum.Sent == 0 {
 				return &exitError{code: 2, err: fmt.Errorf("replay: nothing sent (%d records rejected)", sum.Rejected)}
@@ -109,9 +132,10 @@ before it); 2 when nothing could be sent.`,
 			return nil
 		},
 	}
+	cf.add(cmd)
 	f := cmd.Flags()
 	f.StringVar(&format, "format", ingest.FormatAuto, "input format: "+strings.Join(ingest.ReplayFormats, " | "))
-	f.StringSliceVar(&brokers, "brokers", []string{"127.0.0.1:9092"}, "Kafka bootstrap brokers, comma separated")
-	f.StringVar(&topic, "topic", ingest.DefaultReplayTopic, "Kafka topic to publish rollouts on")
+	f.StringSliceVar(&brokers, "brokers", nil, "Kafka bootstrap brokers, comma separated (default kafka.brokers, or the embedded broker on kafka.embedded_addr)")
+	f.StringVar(&topic, "topic", "", "Kafka topic to publish rollouts on (default kafka.rollouts_topic)")
 	return cmd
 }

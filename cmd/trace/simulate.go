@@ -18,7 +18,6 @@ import (
 	"github.com/spf13/cobra"
 	"golang.org/x/time/rate"
 
-	"github.com/traceops/trace/ingest"
 	"github.com/traceops/trace/internal/dev/simulate"
 	"github.com/traceops/trace/schemas"
 	"github.com/traceops/trace/sink"
@@ -28,6 +27,8 @@ func init() { rootCmd.AddCommand(newSimulateCmd()) }
 
 func newSimulateCmd() *cobra.Command {
 	var (
+		cf         configFlags
+		kafkaFlag  bool
 		seed       uint64
 		rollouts   int
 		out        string
@@ -40,7 +41,7 @@ func newSimulateCmd() *cobra.Command {
 		interval   time.Duration
 	)
 	cmd := &cobra.Command{
-		Use:   "simulate [--seed N] [--rollouts N] [--out FILE.jsonl | --brokers HOST:PORT,... --topic NAME] [--rate N/s] [--fleet FILE.yaml]",
+		Use:   "simulate [--seed N] [--rollouts N] [--out FILE.jsonl | --kafka | --brokers HOST:PORT,... [--topic NAME]] [--config FILE] [--set key=value]... [--rate N/s] [--fleet FILE.yaml]",
 		Short: "Generate rollouts of a simulated agent fleet with planted capability deficits",
 		Long: `simulate generates realistic rollouts of customer-service agents on two
 τ²-style tool environments, sim-airline and sim-retail: multi-turn
@@ -65,9 +66,14 @@ sim-retail (argument_grounding 0.5) and 1.5.0 on sim-airline (no deficit).
 --fleet reads another fleet in the same YAML format.
 
 Output: rollout JSONL (one rollout/v1 object per line) to --out (default
-"-", standard output), or, with --brokers, Kafka messages on --topic keyed
-by "<environment>/<agent version>", zstd-compressed and acknowledged by all
-in-sync replicas. --rate limits the output to N rollouts per second (also
+"-", standard output), or, with --kafka or --brokers, Kafka messages on the
+rollouts topic keyed by "<environment>/<agent version>", zstd-compressed
+and acknowledged by all in-sync replicas. Kafka is set by trace's
+configuration, loaded as for trace run (--config or TRACE_CONFIG, TRACE_*
+environment variables, --set; a bad setting fails at start, naming it): kafka.brokers
+(none: the embedded broker of a running trace run, kafka.embedded_addr),
+kafka.rollouts_topic, kafka.tls and kafka.sasl; --brokers and --topic
+override kafka.brokers and kafka.rollouts_topic. --rate limits the output to N rollouts per second (also
 "N/s", "N/m", "N/h"); by default rollouts are produced as fast as possible.
 
 The output is a pure function of the seed and the flags: the same seed gives
@@ -82,8 +88,15 @@ standard error.`,
   # then replay the file onto Kafka (trace replay validates every line)
   trace replay rollouts.jsonl
 
-  # stream to Kafka at 20 rollouts per second until interrupted
-  trace simulate --brokers 127.0.0.1:9092 --topic trace.rollouts --rollouts 0 --rate 20/s --start now --interval 50ms
+  # stream to Kafka (kafka.brokers, or a running trace run's embedded broker)
+  # at 20 rollouts per second until interrupted
+  trace simulate --kafka --rollouts 0 --rate 20/s --start now --interval 50ms
+
+  # to the cluster and topic of a configuration file, with its TLS and SASL
+  trace simulate --kafka --config trace.yaml --rollouts 5000
+
+  # to other brokers and topic than the configuration's
+  trace simulate --brokers kafka-1:9092 --topic trace.rollouts.staging --rollouts 5000
 
   # a custom fleet
   trace simulate --print-fleet > fleet.yaml   # edit it, then
@@ -115,42 +128,52 @@ standard error.`,
 			if err != nil {
 				return fmt.Errorf("--rate: %w", err)
 			}
-			toKafka := cmd.Flags().Changed("brokers")
+			cfg, err := cf.load()
+			if err != nil {
+				return err
+			}
+			toKafka := kafkaFlag || cmd.Flags().Changed("brokers")
 			if toKafka && cmd.Flags().Changed("out") {
-				return errors.New("--out and --brokers are exclusive: write a file or publish to Kafka")
+				return errors.New("--out and --kafka (or --brokers) are exclusive: write a file or publish to Kafka")
 			}
-			if toKafka && (len(brokers) == 0 || topic == "") {
-				return errors.New("--brokers needs at least one broker and a non-empty --topic")
+			var p rolloutProducer
+			if toKafka {
+				if p, err = newRolloutProducer(cmd, cfg, brokers, topic); err != nil {
+					return err
+				}
 			}
-			cfg := simulate.Config{Seed: seed, Fleet: fleet, Rollouts: rollouts, Interval: interval}
+			sim := simulate.Config{Seed: seed, Fleet: fleet, Rollouts: rollouts, Interval: interval}
 			switch startFlag {
 			case "", "default":
 			case "now":
-				cfg.Start = time.Now().UTC().Truncate(time.Millisecond)
+				sim.Start = time.Now().UTC().Truncate(time.Millisecond)
 			default:
 				t, err := time.Parse(time.RFC3339, startFlag)
 				if err != nil {
 					return fmt.Errorf("--start: want now or an RFC 3339 time: %w", err)
 				}
-				cfg.Start = t
+				sim.Start = t
 			}
-			if err := cfg.Validate(); err != nil {
+			if err := sim.Validate(); err != nil {
 				return err
 			}
 			// Rollouts outside the times the store holds would all be
 			// dead-lettered by ingest.
-			if last := cfg.Start.Add(time.Duration(max(cfg.Rollouts, 1)) * cfg.Interval); !cfg.Start.IsZero() &&
-				(!sink.InDateTimeRange(cfg.Start) || !sink.InDateTimeRange(last)) {
+			if last := sim.Start.Add(time.Duration(max(sim.Rollouts, 1)) * sim.Interval); !sim.Start.IsZero() &&
+				(!sink.InDateTimeRange(sim.Start) || !sink.InDateTimeRange(last)) {
 				return fmt.Errorf("--start: the rollouts would run from %s to %s, outside %s..%s, the times the store holds",
-					cfg.Start.Format(time.RFC3339), last.Format(time.RFC3339), sink.MinDateTime.Format(time.RFC3339), sink.MaxDateTime.Format(time.RFC3339))
+					sim.Start.Format(time.RFC3339), last.Format(time.RFC3339), sink.MinDateTime.Format(time.RFC3339), sink.MaxDateTime.Format(time.RFC3339))
 			}
 
 			var sink rolloutSink
 			dest := ""
 			if toKafka {
-				w := ingest.NewKafkaWriter(brokers, topic)
+				w, err := p.writer(cfg)
+				if err != nil {
+					return err
+				}
 				sink = &kafkaSink{w: w}
-				dest = fmt.Sprintf("Kafka %s on %s", topic, strings.Join(brokers, ","))
+				dest = fmt.Sprintf("Kafka %s on %s", p.topic, strings.Join(p.brokers, ","))
 			} else {
 				var f io.WriteCloser = nopCloser{cmd.OutOrStdout()}
 				dest = "standard output"
@@ -162,7 +185,7 @@ standard error.`,
 				}
 				sink = &fileSink{f: f, w: bufio.NewWriterSize(f, 1<<20)}
 			}
-			sum, err := runSimulation(cmd.Context(), simulate.New(cfg), sink, perSec)
+			sum, err := runSimulation(cmd.Context(), simulate.New(sim), sink, perSec)
 			if cerr := sink.Close(); err == nil && cerr != nil {
 				err = cerr
 			}
@@ -172,17 +195,22 @@ standard error.`,
 			}
 			sum.print(cmd.ErrOrStderr(), dest)
 			if err != nil && !errors.Is(err, context.Canceled) {
+				if sum.delivered == 0 {
+					err = p.hint(err)
+				}
 				return &exitError{code: 1, err: fmt.Errorf("simulate: %w", err)}
 			}
 			return nil
 		},
 	}
+	cf.add(cmd)
 	f := cmd.Flags()
 	f.Uint64Var(&seed, "seed", 1, "random seed; the same seed gives the same rollouts")
 	f.IntVar(&rollouts, "rollouts", 1000, "rollouts to generate; 0 means until interrupted")
 	f.StringVar(&out, "out", "-", `rollout JSONL file to write ("-" is standard output)`)
-	f.StringSliceVar(&brokers, "brokers", nil, "publish to these Kafka bootstrap brokers (comma separated) instead of writing JSONL")
-	f.StringVar(&topic, "topic", ingest.DefaultReplayTopic, "Kafka topic, with --brokers")
+	f.BoolVar(&kafkaFlag, "kafka", false, "publish to Kafka (kafka.brokers, or the embedded broker on kafka.embedded_addr) instead of writing JSONL")
+	f.StringSliceVar(&brokers, "brokers", nil, "publish to these Kafka bootstrap brokers (comma separated) instead of kafka.brokers; implies --kafka")
+	f.StringVar(&topic, "topic", "", "Kafka topic, with --kafka or --brokers (default kafka.rollouts_topic)")
 	f.StringVar(&rateFlag, "rate", "", `at most this many rollouts per second ("20", "20/s", "600/m", "1000/h"); empty means unlimited`)
 	f.StringVar(&fleetFile, "fleet", "", "fleet YAML file (default: the built-in demo fleet; see --print-fleet)")
 	f.BoolVar(&printFleet, "print-fleet", false, "print the fleet as YAML and exit")

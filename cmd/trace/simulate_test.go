@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"path/filepath"
 	"regexp"
@@ -120,6 +121,61 @@ func TestBadRatesAndCountsRefused(t *testing.T) {
 	} {
 		if out, err := runCLI(t, ctx, tc.args...); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("trace %v: %v, want an error with %q\n%s", tc.args, err, tc.want, out)
+		}
+	}
+}
+
+// TestSimulateTakesTheConfiguration: trace simulate --kafka publishes to the
+// brokers and the rollouts topic of trace's configuration (the file, TRACE_
+// variables, --set), and --brokers and --topic win over it; a bad setting
+// fails at start, naming it. It took no configuration: Kafka was --brokers
+// and --topic alone, in plain text.
+func TestSimulateTakesTheConfiguration(t *testing.T) {
+	ctx := context.Background()
+	addr := testenv.KFake(t).ListenAddrs()[0]
+	check := func(t *testing.T, topic string, args ...string) {
+		t.Helper()
+		testenv.CreateTopic(t, []string{addr}, topic, 1)
+		out, err := runCLI(t, ctx, append([]string{"simulate", "--rollouts", "5"}, args...)...)
+		if err != nil || !strings.Contains(out, "simulate: 5 rollouts to Kafka "+topic+" on "+addr) {
+			t.Fatalf("%v\n%s", err, out)
+		}
+		if ids := readRolloutIDs(t, []string{addr}, topic, nil, 5); len(ids) != 5 || ids[0] == "" {
+			t.Errorf("%s holds %v, want 5 rollouts", topic, ids)
+		}
+	}
+	t.Run("config file", func(t *testing.T) {
+		topic := testenv.UniqueTopic(t, "sim-file")
+		check(t, topic, "--kafka", "--config", writeConfig(t, fmt.Sprintf("kafka:\n  brokers: [%s]\n  rollouts_topic: %s\n", addr, topic)))
+	})
+	t.Run("environment", func(t *testing.T) {
+		topic := testenv.UniqueTopic(t, "sim-env")
+		t.Setenv("TRACE_KAFKA__EMBEDDED_ADDR", addr)
+		t.Setenv("TRACE_KAFKA__ROLLOUTS_TOPIC", topic)
+		check(t, topic, "--kafka")
+	})
+	t.Run("set", func(t *testing.T) {
+		topic := testenv.UniqueTopic(t, "sim-set")
+		check(t, topic, "--kafka", "--set", "kafka.brokers="+addr, "--set", "kafka.rollouts_topic="+topic)
+	})
+	t.Run("flags win", func(t *testing.T) {
+		topic := testenv.UniqueTopic(t, "sim-flags")
+		check(t, topic, "--set", "kafka.brokers=127.0.0.1:1", "--set", "kafka.rollouts_topic=not.this.one", "--brokers", addr, "--topic", topic)
+	})
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--kafka", "--config", writeConfig(t, "kafka:\n  rollouts_topic: \"\"\n")}, "kafka.rollouts_topic: must not be empty"},
+		{[]string{"--kafka", "--set", "kafka.sasl.mechanism=plain"}, "kafka.sasl.username: required"},
+		{[]string{"--kafka", "--set", "kafka.brokers=no-port"}, `kafka.brokers: "no-port" is not host:port`},
+		{[]string{"--kafka", "--out", filepath.Join(t.TempDir(), "r.jsonl")}, "--out and --kafka (or --brokers) are exclusive"},
+		{[]string{"--kafka", "--topic", ""}, "--topic must not be empty"},
+	} {
+		out, err := runCLI(t, ctx, append([]string{"simulate", "--rollouts", "3"}, tc.args...)...)
+		var ee *exitError
+		if err == nil || !strings.Contains(err.Error(), tc.want) || errors.As(err, &ee) {
+			t.Errorf("trace simulate %v: %v, want an error at start naming %q\n%s", tc.args, err, tc.want, out)
 		}
 	}
 }
