@@ -11,8 +11,11 @@ import (
 	"time"
 
 	"github.com/segmentio/kafka-go"
+	"github.com/twmb/franz-go/pkg/kfake"
 
 	"github.com/traceops/trace/analyzer"
+	"github.com/traceops/trace/internal/app"
+	"github.com/traceops/trace/internal/config"
 	"github.com/traceops/trace/internal/dev/shareddata"
 	"github.com/traceops/trace/internal/dev/testenv"
 	"github.com/traceops/trace/schemas"
@@ -105,6 +108,36 @@ func TestDictAndLabelsImportCommands(t *testing.T) {
 	conn.Close()
 	if err != nil || last != 2*14760 {
 		t.Fatalf("topic holds %d events (%v), want %d: the refused imports published nothing", last, err, 2*14760)
+	}
+	// Into a broker that needs SASL: refused without kafka.sasl, published
+	// with it (the command's writer takes kafka.tls and kafka.sasl).
+	sc := testenv.KFake(t, kfake.EnableSASL(), kfake.Superuser("PLAIN", "importer", "s3cret"))
+	saslTopic := testenv.UniqueTopic(t, "labels-sasl")
+	d, err := app.KafkaDialer(config.Kafka{SASL: config.SASL{Mechanism: "plain", Username: "importer", Password: "s3cret"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if conn, err = d.DialContext(ctx, "tcp", sc.ListenAddrs()[0]); err != nil {
+		t.Fatal(err)
+	}
+	err = conn.CreateTopics(kafka.TopicConfig{Topic: saslTopic, NumPartitions: 1, ReplicationFactor: 1})
+	conn.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	saslArgs := append([]string{"labels", "import", "--runs", filepath.Join(dir, "run_*.json"),
+		"--candidates", filepath.Join(dir, "candidate_capabilities.json"), "--environment", "tau2-bench",
+		"--agent-version", "qwen3", "--topic", saslTopic}, sets...)
+	saslArgs = append(saslArgs, "--set", "kafka.brokers="+sc.ListenAddrs()[0])
+	shortCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	out, err = runCLI(t, shortCtx, saslArgs...)
+	cancel()
+	if err == nil {
+		t.Fatalf("labels import without SASL into a SASL broker succeeded:\n%s", out)
+	}
+	saslArgs = append(saslArgs, "--set", "kafka.sasl.mechanism=plain", "--set", "kafka.sasl.username=importer", "--set", "kafka.sasl.password=s3cret")
+	if out, err = runCLI(t, ctx, saslArgs...); err != nil || !strings.Contains(out, "published 14760 label events") {
+		t.Fatalf("labels import with kafka.sasl (%v):\n%s", err, out)
 	}
 	out, err = runCLI(t, ctx, append([]string{"dict", "show"}, sets...)...)
 	for _, want := range []string{"* / agent * — version 1", "tau2-bench / agent qwen3 — version 1 (import", "multi_step_transaction_completion"} {

@@ -10,6 +10,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/traceops/trace/analyzer"
+	"github.com/traceops/trace/internal/app"
 	"github.com/traceops/trace/sink"
 )
 
@@ -111,8 +112,13 @@ that has already labeled rollouts of theirs: pick another
 			}
 			events := analyzer.RunFileEvents(scope, runs)
 			topic = cmp.Or(topic, cfg.Kafka.LabelsTopic)
+			dialer, err := app.KafkaDialer(cfg.Kafka)
+			if err != nil {
+				return err
+			}
 			w := &kafka.Writer{Addr: kafka.TCP(cfg.KafkaBrokers()...), Topic: topic, Balancer: &kafka.Hash{},
-				RequiredAcks: kafka.RequireAll, Compression: kafka.Zstd, BatchSize: 1000, BatchBytes: int64(cfg.Kafka.WriterBatchBytes()), AllowAutoTopicCreation: true}
+				RequiredAcks: kafka.RequireAll, Compression: kafka.Zstd, BatchSize: 1000, BatchBytes: int64(cfg.Kafka.WriterBatchBytes()), AllowAutoTopicCreation: true,
+				Transport: app.KafkaTransport(dialer)} // kafka.tls, kafka.sasl
 			defer w.Close()
 			msgs := make([]kafka.Message, 0, len(events))
 			for i := range events {
