@@ -101,9 +101,9 @@ func reportWindow(s string, def time.Duration) (time.Duration, error) {
 	case "all":
 		return time.Duration(math.MaxInt64), nil
 	}
-	d, err := time.ParseDuration(s)
+	d, err := config.ParseDuration(s)
 	if err != nil || d <= 0 {
-		return 0, fmt.Errorf("--window %q: want a positive duration (24h, 168h) or all", s)
+		return 0, fmt.Errorf("--window %q: want a positive duration (24h, 7d) or all", s)
 	}
 	return d, nil
 }
@@ -242,7 +242,7 @@ closed loop, its check could not be read).`,
 	cmd.Flags().BoolVar(&fresh, "fresh", false, "compute every decision from its window now, not the evaluator's latest evaluation")
 	cmd.Flags().BoolVar(&loop, "loop", false, "only the closed loop: each activated adapter's before/after, verdict, routing share and tokens")
 	cmd.Flags().StringVar(&adapter, "adapter", "", "with --loop: only this adapter, and exit with its verdict (0 gap_closed, 2 not closed, 3 not_enough_data, 1 error)")
-	cmd.Flags().StringVar(&window, "window", "", "the window back from each cohort's watermark: a duration, or all (default analyzer.window)")
+	cmd.Flags().StringVar(&window, "window", "", "the window back from each cohort's watermark: a duration (24h, 7d), or all (default analyzer.window)")
 	rootCmd.AddCommand(cmd)
 }
 

@@ -179,7 +179,7 @@ func loopShareWindow(window string) time.Duration {
 	if window == "all" {
 		return 0
 	}
-	if d, err := time.ParseDuration(window); err == nil && d > 0 {
+	if d, err := config.ParseDuration(window); err == nil && d > 0 {
 		return d
 	}
 	return 7 * 24 * time.Hour

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -460,5 +461,34 @@ func TestReportLoopAdapterExit(t *testing.T) {
 	}
 	if _, err := runCLI(t, ctx, append([]string{"report", "--adapter", "closed"}, sets...)...); err == nil || !strings.Contains(err.Error(), "--adapter needs --loop") {
 		t.Fatalf("--adapter without --loop: %v", err)
+	}
+}
+
+// TestReportWindow: --window reads durations as the configuration does
+// ("7d" too), or all.
+func TestReportWindow(t *testing.T) {
+	def := 24 * time.Hour
+	for _, tc := range []struct {
+		in   string
+		want time.Duration
+		err  bool
+	}{
+		{"", def, false},
+		{"all", time.Duration(math.MaxInt64), false},
+		{"168h", 168 * time.Hour, false},
+		{"7d", 168 * time.Hour, false},
+		{"1d12h", 36 * time.Hour, false},
+		{"0s", 0, true},
+		{"-1h", 0, true},
+		{"7", 0, true},
+		{"week", 0, true},
+	} {
+		got, err := reportWindow(tc.in, def)
+		if (err != nil) != tc.err || (!tc.err && got != tc.want) {
+			t.Errorf("reportWindow(%q) = %v, %v; want %v (error %v)", tc.in, got, err, tc.want, tc.err)
+		}
+	}
+	if got := loopShareWindow("7d"); got != 168*time.Hour {
+		t.Errorf("loopShareWindow(7d) = %v", got)
 	}
 }

@@ -43,7 +43,7 @@ func durationHook(from, to reflect.Type, data any) (any, error) {
 	switch from.Kind() {
 	case reflect.String:
 		s := v.String()
-		d, err := time.ParseDuration(expandDurationDays(s))
+		d, err := ParseDuration(s)
 		if err != nil {
 			if _, nerr := strconv.ParseFloat(strings.TrimSpace(s), 64); nerr == nil {
 				return nil, noUnit(s)
@@ -61,6 +61,13 @@ func durationHook(from, to reflect.Type, data any) (any, error) {
 		return nil, fmt.Errorf("%v is not a duration (e.g. 30s, 5m, 1h30m)", data)
 	}
 	return data, nil
+}
+
+// ParseDuration reads a duration as the configuration does: Go's units
+// and "d" for 24 hours ("7d", "1d12h"); for flags that take a duration as
+// text, so that a command line and a configuration file agree.
+func ParseDuration(s string) (time.Duration, error) {
+	return time.ParseDuration(expandDurationDays(s))
 }
 
 func noUnit(n string) error {
