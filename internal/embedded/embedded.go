@@ -62,6 +62,15 @@ func Kafka(addr, dir string, partitions, maxMessageBytes int, log *slog.Logger, 
 // any free port) storing under dir.
 func NATS(dir string, port int, log *slog.Logger) (*server.Server, string, error) {
 	port = cmp.Or(port, server.RANDOM_PORT)
+	if port != server.RANDOM_PORT {
+		// nats-server reports a port in use only in its log (off here),
+		// and then never gets ready: try the port first, to say so.
+		l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
+		if err != nil {
+			return nil, "", fmt.Errorf("embedded nats on 127.0.0.1:%d: %w (is another NATS server, or another trace run, listening there? set nats.url or embedded.nats_port)", port, err)
+		}
+		l.Close()
+	}
 	ns, err := server.NewServer(&server.Options{
 		ServerName: "trace-embedded", Host: "127.0.0.1", Port: port,
 		JetStream: true, StoreDir: dir, NoSigs: true, NoLog: true,
