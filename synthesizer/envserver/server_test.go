@@ -430,6 +430,26 @@ func TestOpenAPI(t *testing.T) {
 			}
 		}
 
+		// The ways each operation takes a session: the header, and for GET
+		// /state (no body) the query parameter the handler reads too.
+		for key, want := range map[string]string{"post /reset": "header X-Session-Id", "post /step": "header X-Session-Id",
+			"get /state": "header X-Session-Id, query session_id"} {
+			method, path, _ := strings.Cut(key, " ")
+			var o struct {
+				Parameters []struct{ Name, In string } `json:"parameters"`
+			}
+			if err := json.Unmarshal(doc.Paths[path][method], &o); err != nil {
+				t.Fatal(err)
+			}
+			var got []string
+			for _, p := range o.Parameters {
+				got = append(got, p.In+" "+p.Name)
+			}
+			if g := strings.Join(got, ", "); g != want {
+				t.Errorf("token %q: %s takes %s, want %s", token, key, g, want)
+			}
+		}
+
 		// The errors the handlers answer are documented for their operation.
 		call := func(method, path string, header http.Header, body string, withToken bool) (int, []byte) {
 			t.Helper()
@@ -997,5 +1017,65 @@ func TestNotFoundAndMethodJSON(t *testing.T) {
 			t.Errorf("%s %s: %d %q (Allow %q, %s, %v), want %d %q (Allow %q)", tc.method, tc.path, resp.StatusCode, body.Detail,
 				resp.Header.Get("Allow"), resp.Header.Get("Content-Type"), err, tc.status, tc.detail, tc.allow)
 		}
+	}
+}
+
+// TestPlainHTTPOnWebSocketPaths: a plain HTTP request to /ws or to the
+// WebSocket /mcp is answered 426 in the JSON shape of the other errors,
+// saying how to connect; a WebSocket client still connects.
+func TestPlainHTTPOnWebSocketPaths(t *testing.T) {
+	f := start(t, testConfig(), nil, nil)
+	for _, path := range []string{"/ws", "/mcp"} {
+		resp, err := http.Get(f.base + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		var he openenv.HTTPError
+		if resp.StatusCode != http.StatusUpgradeRequired || resp.Header.Get("Content-Type") != "application/json" ||
+			resp.Header.Get("Upgrade") != "websocket" || json.Unmarshal(b, &he) != nil || !strings.Contains(fmt.Sprint(he.Detail), "speaks WebSocket only") {
+			t.Errorf("GET %s: %d %v %s", path, resp.StatusCode, resp.Header, b)
+		}
+	}
+	s, err := f.client("").Dial(ctxT(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+}
+
+// TestStateSessionQuery: GET /state takes the session as ?session_id= (as
+// openapi.json documents), as well as the header.
+func TestStateSessionQuery(t *testing.T) {
+	f := start(t, testConfig(), nil, nil)
+	ctx := ctxT(t)
+	c := f.client("")
+	sid, err := c.CreateSession(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	seed := int64(3)
+	obs, err := c.Reset(ctx, openenv.ResetRequest{Seed: &seed, SessionID: sid})
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.Get(f.base + "/state?session_id=" + sid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var st openenv.State
+	err = json.NewDecoder(resp.Body).Decode(&st)
+	resp.Body.Close()
+	if err != nil || resp.StatusCode != 200 || st.EpisodeID == nil || *st.EpisodeID != obs.Observation.EpisodeID {
+		t.Fatalf("GET /state?session_id=: %d %+v, %v; want episode %s", resp.StatusCode, st, err, obs.Observation.EpisodeID)
+	}
+	resp, err = http.Get(f.base + "/state?session_id=nope")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusNotFound {
+		t.Fatalf("GET /state?session_id=nope: %d, want 404", resp.StatusCode)
 	}
 }

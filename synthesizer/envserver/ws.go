@@ -5,10 +5,12 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/coder/websocket"
@@ -81,6 +83,14 @@ func errorFrame(e *openenv.Error) map[string]any {
 // no origin check applies beyond coder/websocket's same-origin default for
 // requests that carry an Origin.
 func (s *Server) accept(w http.ResponseWriter, r *http.Request) (*websocket.Conn, error) {
+	if !hasToken(r.Header, "Connection", "upgrade") || !hasToken(r.Header, "Upgrade", "websocket") {
+		// A plain HTTP request: answered in the JSON shape of the other
+		// errors (coder/websocket's own answer is text).
+		w.Header().Set("Upgrade", "websocket")
+		writeJSON(w, http.StatusUpgradeRequired, openenv.HTTPError{
+			Detail: r.URL.Path + " speaks WebSocket only: connect with a WebSocket client (Connection: Upgrade, Upgrade: websocket)"})
+		return nil, errors.New("not a WebSocket upgrade")
+	}
 	if canHijack(w) { // else Accept answers 501 as it would have
 		w = bigWriter{w}
 	}
@@ -90,6 +100,19 @@ func (s *Server) accept(w http.ResponseWriter, r *http.Request) (*websocket.Conn
 	}
 	c.SetReadLimit(-1) // frames are limited by readFrame, which survives an oversized one
 	return c, nil
+}
+
+// hasToken reports whether a comma-separated header (Connection, Upgrade)
+// holds token, in any case.
+func hasToken(h http.Header, name, token string) bool {
+	for _, v := range h.Values(name) {
+		for _, t := range strings.Split(v, ",") {
+			if strings.EqualFold(strings.TrimSpace(t), token) {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // wsWriteBuffer is the size of a WebSocket connection's write buffer. An

@@ -1,6 +1,9 @@
 package openenv
 
-import "encoding/json"
+import (
+	"encoding/json"
+	"slices"
+)
 
 // APIVersion is the version of OpenEnv's HTTP API that trace's server
 // implements, as openenv-core's own servers (0.3.0) declare it in their
@@ -87,8 +90,12 @@ func OpenAPI(name, doc, sessionHeader string, s SchemaResponse, auth bool) []byt
 		}},
 		"/state": map[string]any{"get": map[string]any{
 			"summary": "Get current environment state", "operationId": "state",
-			"parameters": session,
-			"responses":  with(answer("The episode's state", "State"), sessionGone, true, execution),
+			"parameters": append(slices.Clone(session), map[string]any{
+				"name": "session_id", "in": "query", "required": false,
+				"description": "The session, as the " + sessionHeader + " header (GET has no body to carry it)",
+				"schema":      map[string]any{"type": "string"},
+			}),
+			"responses": with(answer("The episode's state", "State"), sessionGone, true, execution),
 		}},
 		"/metadata": map[string]any{"get": map[string]any{
 			"summary": "Get environment metadata", "operationId": "metadata",
