@@ -161,9 +161,9 @@ func (s *Server) mcp(ctx context.Context, e *served, ws *session, req openenv.RP
 	}
 	var seed *int64
 	if raw, has := params["seed"]; has && string(raw) != "null" {
-		var v int64
-		if json.Unmarshal(raw, &v) != nil || v < 0 {
-			return fail(openenv.RPCInvalidParams, "Invalid params - 'seed' must be an integer >= 0", nil)
+		v, perr := openenv.Seed(raw, []any{"params", "seed"})
+		if perr != nil {
+			return fail(openenv.RPCInvalidParams, perr.Message, perr.Fields)
 		}
 		seed = &v
 	}

@@ -587,6 +587,22 @@ func TestSessionHTTPAndMCP(t *testing.T) {
 	if err != nil || !bytes.Contains(raw, []byte("reservation not found")) {
 		t.Fatalf("sessionless tools/call: %s, %v", raw, err)
 	}
+	// Its seed is read as reset reads one: the same forms, the same messages.
+	for _, seed := range []any{7, 7.0, "7", json.RawMessage(`7e0`)} {
+		raw, err := c.MCP(ctx, openenv.MethodToolsCall, map[string]any{"name": "get_user_details", "arguments": map[string]any{"user_id": "nobody_1"}, "seed": seed})
+		var r struct {
+			Meta struct{ Seed int64 } `json:"_meta"`
+		}
+		if err != nil || json.Unmarshal(raw, &r) != nil || r.Meta.Seed != 7 {
+			t.Fatalf("tools/call seed %v: %s, %v; want an episode of seed 7", seed, raw, err)
+		}
+	}
+	for seed, want := range map[string]string{"-1": "greater than or equal to 0", "9223372036854775808": "less than or equal to 9223372036854775807", `"x"`: "valid integer", "7.5": "valid integer"} {
+		_, err := c.MCP(ctx, openenv.MethodToolsCall, map[string]any{"name": "get_user_details", "arguments": map[string]any{"user_id": "x"}, "seed": json.RawMessage(seed)})
+		if !errors.As(err, &rpcErr) || rpcErr.Code != openenv.RPCInvalidParams || !strings.Contains(rpcErr.Message, want) {
+			t.Errorf("tools/call seed %s: %v, want %q", seed, err, want)
+		}
+	}
 	for _, tc := range []struct {
 		method string
 		params any

@@ -203,12 +203,9 @@ func decodeReset(b []byte) (ResetRequest, *Error) {
 		return r, Validation([]any{}, "model_type", "reset data must be an object, got %s", jsonKind(b))
 	}
 	if raw, has := m["seed"]; has && !isNull(raw) {
-		s, e := integer(raw, []any{"seed"})
+		s, e := Seed(raw, []any{"seed"})
 		if e != nil {
 			return r, e
-		}
-		if s < 0 {
-			return r, Validation([]any{"seed"}, "greater_than_equal", "seed: Input should be greater than or equal to 0")
 		}
 		r.Seed = &s
 	}
@@ -233,6 +230,20 @@ func decodeReset(b []byte) (ResetRequest, *Error) {
 		}
 	}
 	return r, nil
+}
+
+// Seed reads a seed at loc: an integer from 0 to 2⁶³−1 (an integral float
+// such as 3.0 too, see integer), as reset, a stateless step and tools/call
+// take it.
+func Seed(raw json.RawMessage, loc []any) (int64, *Error) {
+	s, e := integer(raw, loc)
+	if e != nil {
+		return 0, e
+	}
+	if s < 0 {
+		return 0, Validation(loc, "greater_than_equal", "seed: Input should be greater than or equal to 0")
+	}
+	return s, nil
 }
 
 // integer reads a JSON integer (an integral float such as 3.0 too, as
@@ -313,12 +324,9 @@ func DecodeStep(b []byte) (StepRequest, *Error) {
 		r.RequestID = &id
 	}
 	if raw, has := m["seed"]; has && !isNull(raw) {
-		s, e := integer(raw, []any{"body", "seed"})
+		s, e := Seed(raw, []any{"body", "seed"})
 		if e != nil {
 			return r, e
-		}
-		if s < 0 {
-			return r, Validation([]any{"body", "seed"}, "greater_than_equal", "seed: Input should be greater than or equal to 0")
 		}
 		r.Seed = &s
 	}
