@@ -27,6 +27,7 @@ import (
 	"github.com/traceops/trace/internal/app"
 	"github.com/traceops/trace/internal/bus"
 	"github.com/traceops/trace/internal/config"
+	"github.com/traceops/trace/internal/datadir"
 	"github.com/traceops/trace/internal/dev/simpolicy"
 	"github.com/traceops/trace/internal/dev/simulate"
 	"github.com/traceops/trace/internal/dev/simupstream"
@@ -186,8 +187,16 @@ Data lives under ./data/demo and is reset at every start (--keep keeps it).`,
 				cfg.Analyzer.Labeler = "llm"
 			}
 			cfg.Adapter.Simulated = true // jobs go to the simulated trainer (no model is trained)
+			// The directory is this process's before it is reset (another
+			// demo or trace run on it fails here instead); the App holds
+			// it from there.
+			lock, err := app.LockDataDir(cfg)
+			if err != nil {
+				return err
+			}
+			defer lock.Release()
 			if !keep {
-				if err := os.RemoveAll(cfg.DataDir); err != nil {
+				if err := lock.Clear(); err != nil {
 					return fmt.Errorf("reset %s: %w", cfg.DataDir, err)
 				}
 			}
@@ -195,7 +204,7 @@ Data lives under ./data/demo and is reset at every start (--keep keeps it).`,
 			defer cancel()
 			out := cmd.OutOrStdout()
 			d := &demo{cfg: cfg, rollouts: rollouts, seed: seed, rate: rate, out: out, json: asJSON,
-				tty: !asJSON && isTerminal(out), log: slog.Default(), loopN: loopN, upstream: up}
+				tty: !asJSON && isTerminal(out), log: slog.Default(), loopN: loopN, upstream: up, lock: lock}
 			sum, err := d.run(ctx, cmd.Context(), linger)
 			if err != nil {
 				return err
@@ -251,6 +260,7 @@ type demo struct {
 
 	loopN    int                 // the closed loop's conversations (0: no loop)
 	upstream *simupstream.Server // the loop's SIMULATED upstream
+	lock     *datadir.Lock       // the data directory, taken before its reset
 
 	mu        sync.Mutex
 	published int
@@ -270,7 +280,7 @@ func (d *demo) logf(format string, args ...any) {
 
 func (d *demo) run(ctx, parent context.Context, linger time.Duration) (*demoSummary, error) {
 	start := time.Now()
-	a, err := app.Start(ctx, d.cfg, d.log)
+	a, err := app.StartLocked(ctx, d.cfg, d.log, d.lock)
 	if err != nil {
 		return nil, err
 	}

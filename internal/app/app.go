@@ -40,6 +40,7 @@ import (
 	"github.com/traceops/trace/internal/bus"
 	"github.com/traceops/trace/internal/chserver"
 	"github.com/traceops/trace/internal/config"
+	"github.com/traceops/trace/internal/datadir"
 	"github.com/traceops/trace/internal/embedded"
 	"github.com/traceops/trace/internal/gcpace"
 	"github.com/traceops/trace/internal/llm"
@@ -69,6 +70,9 @@ type App struct {
 	stopGC func()
 	nats   *server.Server
 	ch     *chserver.Server
+	// lock holds data_dir while embedded servers keep their data there
+	// (LockDataDir); Close releases it last.
+	lock *datadir.Lock
 
 	ready      sync.Once
 	readyCh    chan struct{}
@@ -112,8 +116,18 @@ func (a *App) EmbeddedClickHouse() *chserver.Server { return a.ch }
 
 // Start brings up the infrastructure (embedded where nothing is configured),
 // migrates ClickHouse, connects NATS and loads the dictionaries. Close undoes it.
+// When it starts an embedded server it first takes the data directory
+// (LockDataDir), and fails at once when another process holds it.
 func Start(ctx context.Context, cfg config.Config, log *slog.Logger) (*App, error) {
-	a := &App{Cfg: cfg, Log: log, Registry: prometheus.NewRegistry(), Dicts: analyzer.NewRegistry(), readyCh: make(chan struct{})}
+	return StartLocked(ctx, cfg, log, nil)
+}
+
+// StartLocked is Start with the data directory already taken by
+// LockDataDir (trace demo takes it before it resets the directory); the
+// App releases lock at Close, or at once when it fails to start. With a
+// nil lock it is Start.
+func StartLocked(ctx context.Context, cfg config.Config, log *slog.Logger, lock *datadir.Lock) (*App, error) {
+	a := &App{Cfg: cfg, Log: log, Registry: prometheus.NewRegistry(), Dicts: analyzer.NewRegistry(), readyCh: make(chan struct{}), lock: lock}
 	a.Registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	ok := false
 	defer func() {
@@ -121,6 +135,15 @@ func Start(ctx context.Context, cfg config.Config, log *slog.Logger) (*App, erro
 			a.Close()
 		}
 	}()
+	if a.lock == nil && embedsServers(cfg) {
+		// Before any server starts: a second process on the directory
+		// killed the first one's ClickHouse as "left running" and shared
+		// its broker's files.
+		var err error
+		if a.lock, err = LockDataDir(cfg); err != nil {
+			return nil, err
+		}
+	}
 	if p, setting := cfg.GCPolicy(os.Getenv("GOGC")); p != (gcpace.Policy{}) {
 		a.stopGC = gcpace.Start(p)
 		log.Info("one role alone: garbage collector paced", "gogc", cmp.Or(p.Percent, 100), "headroom_mib", p.Headroom>>20,
@@ -156,7 +179,7 @@ func Start(ctx context.Context, cfg config.Config, log *slog.Logger) (*App, erro
 	}
 	// NATS and the dictionaries serve the analyze, synthesize, adapt and
 	// serve roles; an ingest-only replica neither needs nor waits for them.
-	if cfg.Has("analyze") || cfg.Has("synthesize") || cfg.Has("adapt") || cfg.Has("serve") {
+	if needsNATS(cfg) {
 		natsCfg := cfg.NATS
 		if natsCfg.URL == "" {
 			if a.nats, natsCfg.URL, err = embedded.NATS(cfg.Path("nats"), cfg.Embedded.NATSPort, log); err != nil {
@@ -173,6 +196,31 @@ func Start(ctx context.Context, cfg config.Config, log *slog.Logger) (*App, erro
 	}
 	ok = true
 	return a, nil
+}
+
+// needsNATS: the roles that use NATS and the dictionaries are enabled.
+func needsNATS(cfg config.Config) bool {
+	return cfg.Has("analyze") || cfg.Has("synthesize") || cfg.Has("adapt") || cfg.Has("serve")
+}
+
+// embedsServers: Start starts an embedded server, which keeps its data
+// under cfg.DataDir (a process whose servers are all configured does not
+// take the directory).
+func embedsServers(cfg config.Config) bool {
+	return len(cfg.Kafka.Brokers) == 0 || len(cfg.ClickHouse.Addr) == 0 || (needsNATS(cfg) && cfg.NATS.URL == "")
+}
+
+// LockDataDir takes cfg's data directory for this process until the lock
+// is released (at the latest when the process exits, however it exits).
+// When another process holds it, the error names the directory, that
+// process's pid and the two ways out.
+func LockDataDir(cfg config.Config) (*datadir.Lock, error) {
+	l, err := datadir.Acquire(cfg.DataDir)
+	var busy *datadir.BusyError
+	if errors.As(err, &busy) {
+		return nil, fmt.Errorf("%w: stop that process, or give this one a data directory of its own (data_dir: --set data_dir=<dir>, or TRACE_DATA_DIR)", err)
+	}
+	return l, err
 }
 
 // How Start waits for ClickHouse: for up to storeWait in all, retrying a
@@ -639,6 +687,9 @@ func (a *App) Close() {
 	}
 	if a.kfake != nil {
 		a.kfake.Close()
+	}
+	if err := a.lock.Release(); err != nil {
+		a.Log.Warn("data directory: release its lock", "dir", a.Cfg.DataDir, "err", err)
 	}
 }
 
