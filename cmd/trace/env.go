@@ -26,7 +26,7 @@ import (
 // before any init runs).
 var envCmd = &cobra.Command{
 	Use:   "env",
-	Short: "Validate and play environment programs (synthesized training environments)",
+	Short: "Environment programs (synthesized training environments): list, show, validate, play, calibrate, serve",
 	Long: `An environment program is a verifiable training environment written in
 Starlark against the contract of docs/environments.md: tools(), reset(seed),
 step(state, call), reward(state, transcript), optional hint(state) and
@@ -197,7 +197,11 @@ literal calls. Every check is printed with its verdict; the exit status is
 				fmt.Fprintf(out, "%d passed, %d failed, %d skipped\n", pass, fail, skip)
 			}
 			if !report.OK() {
-				return &exitError{code: 1, err: fmt.Errorf("%s failed validation: %d checks failed", name, len(report.Failed()))}
+				checks := "checks"
+				if len(report.Failed()) == 1 {
+					checks = "check"
+				}
+				return &exitError{code: 1, err: fmt.Errorf("%s failed validation: %d %s failed", name, len(report.Failed()), checks)}
 			}
 			return nil
 		},

@@ -20,6 +20,7 @@ import (
 	"github.com/traceops/trace/internal/app"
 	"github.com/traceops/trace/internal/config"
 	"github.com/traceops/trace/internal/gcpace"
+	"github.com/traceops/trace/internal/httpauth"
 	"github.com/traceops/trace/synthesizer/envserver"
 )
 
@@ -136,6 +137,9 @@ SESSION_ERROR, queued episodes are written, then it exits 0.`,
 			if err != nil {
 				srv.Close(context.Background())
 				return err
+			}
+			if httpauth.Exposed(ln.Addr(), cfg.BearerToken) {
+				slog.Warn("env serve: listening beyond this machine without a token: anyone who can reach it plays the environments; set --token (or env.bearer_token)", "addr", ln.Addr().String())
 			}
 			mux := http.NewServeMux()
 			mux.Handle("GET /metrics", envserver.Auth(cfg.BearerToken, promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg})))

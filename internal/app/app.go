@@ -43,6 +43,7 @@ import (
 	"github.com/traceops/trace/internal/datadir"
 	"github.com/traceops/trace/internal/embedded"
 	"github.com/traceops/trace/internal/gcpace"
+	"github.com/traceops/trace/internal/httpauth"
 	"github.com/traceops/trace/internal/llm"
 	"github.com/traceops/trace/internal/stream"
 	"github.com/traceops/trace/sink"
@@ -569,6 +570,10 @@ func (a *App) addHTTP(g *run.Group) error {
 		return fmt.Errorf("http.addr %s: %w", a.Cfg.HTTP.Addr, err)
 	}
 	a.httpAddr = ln.Addr().String()
+	if httpauth.Exposed(ln.Addr(), a.Cfg.HTTP.BearerToken) {
+		a.Log.Warn("http.addr listens beyond this machine without a token: anyone who can reach it reads the dashboard, the API and the metrics"+
+			" and, with the serve role, plays the environments; set http.bearer_token", "addr", a.httpAddr)
+	}
 	g.Add(func() error {
 		if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
 			return fmt.Errorf("http %s: %w", a.httpAddr, err)
@@ -615,6 +620,9 @@ func (a *App) addEnvHTTP(g *run.Group) error {
 		return fmt.Errorf("env.addr %s: %w", a.Cfg.Env.Addr, err)
 	}
 	a.envAddr = ln.Addr().String()
+	if httpauth.Exposed(ln.Addr(), cmp.Or(a.Cfg.Env.BearerToken, a.Cfg.HTTP.BearerToken)) {
+		a.Log.Warn("env.addr listens beyond this machine without a token: anyone who can reach it plays the environments; set env.bearer_token (or http.bearer_token)", "addr", a.envAddr)
+	}
 	srv := &http.Server{Handler: a.envSrv.Handler(), ReadHeaderTimeout: 10 * time.Second}
 	a.envHTTP = srv
 	g.Add(func() error {

@@ -14,6 +14,7 @@ import (
 	"github.com/oklog/run"
 
 	"github.com/traceops/trace/internal/config"
+	"github.com/traceops/trace/internal/httpauth"
 	"github.com/traceops/trace/internal/llm"
 	"github.com/traceops/trace/router"
 )
@@ -85,6 +86,9 @@ func (a *App) addRoute(ctx context.Context, g *run.Group) error {
 		return fmt.Errorf("router.addr %s: %w", rc.Addr, err)
 	}
 	a.routerAddr = ln.Addr().String()
+	if httpauth.Exposed(ln.Addr(), rc.BearerToken) {
+		a.Log.Warn("router.addr listens beyond this machine without a token: anyone who can reach it sends requests to the upstream with its key; set router.bearer_token", "addr", a.routerAddr)
+	}
 	hs := newHandlers()
 	srv := &http.Server{Handler: hs.wrap(p.Handler()), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: RouterIdleTimeout}
 	recCtx, stopRec := context.WithCancel(context.WithoutCancel(ctx))

@@ -10,6 +10,7 @@ package httpauth
 import (
 	"crypto/subtle"
 	"encoding/base64"
+	"net"
 	"strings"
 )
 
@@ -57,4 +58,16 @@ func Match(token string, got ...string) bool {
 		}
 	}
 	return false
+}
+
+// Exposed reports whether a server listening on addr without a token
+// (token "") is open to other machines: no token and not a loopback
+// address (0.0.0.0 and :: listen on every interface). Its callers log a
+// warning at start; the defaults (127.0.0.1) are not exposed.
+func Exposed(addr net.Addr, token string) bool {
+	if token != "" {
+		return false
+	}
+	tcp, ok := addr.(*net.TCPAddr)
+	return !ok || !tcp.IP.IsLoopback()
 }

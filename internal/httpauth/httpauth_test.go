@@ -2,6 +2,7 @@ package httpauth
 
 import (
 	"encoding/base64"
+	"net"
 	"testing"
 )
 
@@ -41,6 +42,29 @@ func TestMatch(t *testing.T) {
 	} {
 		if Match("s3cret", tt.got...) != tt.want {
 			t.Errorf("Match(%q) != %v", tt.got, tt.want)
+		}
+	}
+}
+
+func TestExposed(t *testing.T) {
+	for _, tc := range []struct {
+		addr  string
+		token string
+		want  bool
+	}{
+		{"127.0.0.1:8080", "", false},
+		{"[::1]:8080", "", false},
+		{"0.0.0.0:8080", "", true},
+		{"[::]:8080", "", true},
+		{"10.1.2.3:8080", "", true},
+		{"0.0.0.0:8080", "s3cret", false},
+	} {
+		a, err := net.ResolveTCPAddr("tcp", tc.addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := Exposed(a, tc.token); got != tc.want {
+			t.Errorf("Exposed(%s, %q) = %v, want %v", tc.addr, tc.token, got, tc.want)
 		}
 	}
 }

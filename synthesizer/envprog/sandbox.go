@@ -302,11 +302,11 @@ func (w *worker) read(r *bufio.Reader) {
 		w.death = "the worker process was killed: a call ran past " + w.timeout.String()
 	case isOOM(tail):
 		w.limit = "memory"
-		w.death = "the worker process ran out of memory: " + lastLines(tail, 3)
+		w.death = "the worker process ran out of memory: " + firstLines(tail, 3)
 	default:
 		w.death = fmt.Sprintf("the worker process exited (%v)", waitErr)
 		if tail != "" {
-			w.death += ": " + lastLines(tail, 5)
+			w.death += ": " + firstLines(tail, 5)
 		}
 		if readErr != nil && !errors.Is(readErr, io.EOF) {
 			w.death += " (" + readErr.Error() + ")"
@@ -327,10 +327,16 @@ func isOOM(stderr string) bool {
 	return false
 }
 
-func lastLines(s string, n int) string {
-	lines := strings.Split(s, "\n")
-	if len(lines) > n {
-		lines = lines[:n] // the first lines say what happened; goroutine dumps follow
+// firstLines is the first n non-blank lines of a worker's stderr, on one
+// line: they say what happened; goroutine dumps follow.
+func firstLines(s string, n int) string {
+	var lines []string
+	for line := range strings.Lines(s) {
+		if line = strings.TrimSpace(line); line != "" {
+			if lines = append(lines, line); len(lines) == n {
+				break
+			}
+		}
 	}
 	return strings.Join(lines, " | ")
 }

@@ -75,3 +75,22 @@ func TestWorkerEnviron(t *testing.T) {
 		})
 	}
 }
+
+// TestFirstLines: a worker's stderr is summed up by its first non-blank
+// lines, without the blank line Go puts after a fatal error.
+func TestFirstLines(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		n    int
+		want string
+	}{
+		{"fatal error: out of memory\n\ngoroutine 1 [running]:\nmain.main()\n", 3, "fatal error: out of memory | goroutine 1 [running]: | main.main()"},
+		{"fatal error: out of memory\n\n", 3, "fatal error: out of memory"},
+		{"a\r\nb\n", 1, "a"},
+		{"", 3, ""},
+	} {
+		if got := firstLines(tc.in, tc.n); got != tc.want {
+			t.Errorf("firstLines(%q, %d) = %q, want %q", tc.in, tc.n, got, tc.want)
+		}
+	}
+}
