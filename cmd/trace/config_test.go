@@ -29,6 +29,15 @@ func TestConfigPrintRedactsSecrets(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "analyzer.labeler") {
 		t.Fatalf("bad config: %v", err)
 	}
+	// A role's own settings are checked for the roles given, as trace run
+	// --roles checks them.
+	if _, err := runCLI(t, context.Background(), "config", "print", "--set", "router.cache_max=-5"); err != nil {
+		t.Fatalf("router.* without the route role: %v", err)
+	}
+	_, err = runCLI(t, context.Background(), "config", "print", "--roles", "route", "--set", "router.cache_max=-5")
+	if err == nil || !strings.Contains(err.Error(), "router.cache_max") {
+		t.Fatalf("config print --roles route with a bad router.cache_max: %v", err)
+	}
 }
 
 // TestConfigPrintShowsEffectiveValues: config print shows the settings in

@@ -92,6 +92,7 @@ SIGTERM drains every role (the batch in flight is committed) and exits 0.`,
 	rootCmd.AddCommand(cmd)
 
 	var pcf configFlags
+	var printRoles []string
 	cfgCmd := &cobra.Command{Use: "config", Short: "Inspect the configuration"}
 	printCmd := &cobra.Command{
 		Use:   "print",
@@ -99,12 +100,18 @@ SIGTERM drains every role (the batch in flight is committed) and exits 0.`,
 		Long: `print loads the configuration as trace run does (the YAML file, then TRACE_*
 variables, then --set flags), checks it, and prints it with secrets redacted.
 A bad value or an unknown key fails with a message naming the field, so it
-also checks a configuration before a deployment.`,
+also checks a configuration before a deployment. A role's own settings
+(router.* for route) are checked when it is among the roles: give the
+deployment's with --roles, as to trace run.`,
 		Example: `  trace config print
   trace config print --config trace.yaml
+  trace config print --config trace.yaml --roles route
   TRACE_CLICKHOUSE__PASSWORD=secret trace config print --set kafka.brokers=k1:9092,k2:9092`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if len(printRoles) > 0 {
+				pcf.sets = append(pcf.sets, "roles="+joinComma(printRoles))
+			}
 			cfg, err := pcf.load()
 			if err != nil {
 				return err
@@ -122,6 +129,7 @@ also checks a configuration before a deployment.`,
 		},
 	}
 	pcf.add(printCmd)
+	printCmd.Flags().StringSliceVar(&printRoles, "roles", nil, "the roles to check the configuration for, as trace run --roles (default: the configuration's)")
 	cfgCmd.AddCommand(printCmd)
 	rootCmd.AddCommand(cfgCmd)
 }
