@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"github.com/coder/websocket"
+	"github.com/santhosh-tekuri/jsonschema/v6"
+
 	"github.com/traceops/trace/synthesizer/envclient"
 	"github.com/traceops/trace/synthesizer/envserver"
 	"github.com/traceops/trace/synthesizer/openenv"
@@ -1093,5 +1095,60 @@ func TestStateSessionQuery(t *testing.T) {
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusNotFound {
 		t.Fatalf("GET /state?session_id=nope: %d, want 404", resp.StatusCode)
+	}
+}
+
+// TestObservationSchema: the observations a WebSocket session answers (an
+// assistant message's, and those of openenv's list_tools and call_tool
+// actions) validate against GET /schema's observation schema.
+func TestObservationSchema(t *testing.T) {
+	f := start(t, testConfig(), nil, nil)
+	ctx := ctxT(t)
+	sch, err := f.client("").Schema(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := jsonschema.NewCompiler()
+	doc, err := jsonschema.UnmarshalJSON(bytes.NewReader(sch.Observation))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.AddResource("observation.json", doc); err != nil {
+		t.Fatal(err)
+	}
+	obsSchema, err := c.Compile("observation.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := f.client("").Dial(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	lp := playLocal(t, 4)
+	for _, frame := range []string{
+		`{"type":"reset","data":{"seed":4}}`,
+		`{"type":"step","data":` + string(mustJSON(t, lp.actions[0])) + `}`,
+		`{"type":"step","data":{"type":"list_tools"}}`,
+		`{"type":"step","data":{"type":"call_tool","tool_name":"get_user_details","arguments":{"user_id":"nobody_1"}}}`,
+		`{"type":"step","data":{"role":"assistant","content":"done"}}`,
+	} {
+		fr, err := s.Send(ctx, []byte(frame))
+		if err != nil || fr.Type != "observation" {
+			t.Fatalf("%s: %s %s, %v", frame, fr.Type, fr.Data, err)
+		}
+		var body struct {
+			Observation json.RawMessage `json:"observation"`
+		}
+		if err := json.Unmarshal(fr.Data, &body); err != nil {
+			t.Fatal(err)
+		}
+		v, err := jsonschema.UnmarshalJSON(bytes.NewReader(body.Observation))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := obsSchema.Validate(v); err != nil {
+			t.Errorf("%s: the observation %.300s does not fit GET /schema's: %v", frame, body.Observation, err)
+		}
 	}
 }

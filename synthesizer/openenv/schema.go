@@ -50,8 +50,8 @@ func Schemas(toolNames []string) SchemaResponse {
     "tool_call_id": {"type": "string"},
     "name": {"type": "string"}
   }, "required": ["role", "content"]}`
-	observation := `{
-  "title": "Observation",
+	chatObservation := `{
+  "title": "ChatObservation",
   "type": "object",
   "properties": {
     "episode_id": {"type": "string"},
@@ -66,6 +66,15 @@ func Schemas(toolNames []string) SchemaResponse {
     "error": {"type": "string"}
   },
   "required": ["episode_id", "seed", "step_count", "messages", "tools", "tool_results", "last_tool_result"]
+}`
+	observation := `{
+  "title": "Observation",
+  "description": "An assistant message's chat observation; openenv's MCP actions answer the shapes MCPToolClient reads: list_tools the tools, call_tool the tool's CallToolResult.",
+  "anyOf": [
+    ` + chatObservation + `,
+    {"type": "object", "title": "ListToolsObservation", "properties": {"tools": {"type": "array", "items": {"type": "object", "properties": {"name": {"type": "string"}, "description": {"type": "string"}, "input_schema": {"type": "object"}}, "required": ["name", "input_schema"]}}}, "required": ["tools"]},
+    {"type": "object", "title": "CallToolObservation", "properties": {"tool_name": {"type": "string"}, "result": {"type": "object", "description": "MCP's CallToolResult: content, isError, data, _meta"}, "error": {"anyOf": [{"type": "string"}, {"type": "null"}]}}, "required": ["tool_name", "result"]}
+  ]
 }`
 	state := `{
   "title": "State",
