@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"reflect"
 	"regexp"
 	"slices"
 	"strings"
@@ -168,7 +169,7 @@ func ParseDictionaries(name string, data []byte) ([]*Dictionary, error) {
 			if errors.Is(err, io.EOF) {
 				break
 			}
-			return nil, fmt.Errorf("%s: %w", name, err)
+			return nil, fmt.Errorf("%s: %w", name, unknownKeys(err))
 		}
 		if err := d.Validate(); err != nil {
 			return nil, fmt.Errorf("%s: %w", name, err)
@@ -179,6 +180,42 @@ func ParseDictionaries(name string, data []byte) ([]*Dictionary, error) {
 		return nil, fmt.Errorf("%s: no dictionary", name)
 	}
 	return out, nil
+}
+
+// yamlUnknownKey is the YAML decoder's message for a key a struct lacks.
+var yamlUnknownKey = regexp.MustCompile(`field (\S+) not found in type analyzer\.(Dictionary|Capability)`)
+
+// unknownKeys rewrites the YAML decoder's unknown-key messages ("field x
+// not found in type analyzer.Capability") in the file's terms: the key,
+// where it is, and the keys that are there.
+func unknownKeys(err error) error {
+	var te *yaml.TypeError
+	if !errors.As(err, &te) {
+		return err
+	}
+	keys := map[string]string{
+		"Dictionary": "a dictionary's keys are " + yamlKeys(reflect.TypeFor[Dictionary]()),
+		"Capability": "a capability's keys are " + yamlKeys(reflect.TypeFor[Capability]()),
+	}
+	msgs := make([]string, len(te.Errors))
+	for i, m := range te.Errors {
+		msgs[i] = yamlUnknownKey.ReplaceAllStringFunc(m, func(s string) string {
+			sub := yamlUnknownKey.FindStringSubmatch(s)
+			return fmt.Sprintf("unknown key %q (%s)", sub[1], keys[sub[2]])
+		})
+	}
+	return errors.New(strings.Join(msgs, "; "))
+}
+
+// yamlKeys lists the YAML keys of struct type t.
+func yamlKeys(t reflect.Type) string {
+	var keys []string
+	for f := range t.Fields() {
+		if k, _, _ := strings.Cut(f.Tag.Get("yaml"), ","); k != "" && k != "-" {
+			keys = append(keys, k)
+		}
+	}
+	return strings.Join(keys, ", ")
 }
 
 // WithoutDetector names the capabilities that have no detector: the

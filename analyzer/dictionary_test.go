@@ -113,8 +113,9 @@ func TestParseDictionariesChecksDetectorsAndKeys(t *testing.T) {
 			capability("argument_grounding", `'NA'`)+capability("user_confirmation", `size(calls) > 0`)),
 			[]string{`capability "precondition_verification"`, `capability "user_confirmation"`, "returns bool"}},
 		{"unknown top-level key", doc("unknown_field: 1\n", capability("precondition_verification", `'NA'`)),
-			[]string{"d.yaml", "field unknown_field not found"}},
-		{"unknown capability key", one(`'NA'`) + "    detecter: x\n", []string{"field detecter not found"}},
+			[]string{"d.yaml", `line 4: unknown key "unknown_field" (a dictionary's keys are environment, agent_version, version, source, created_at, capabilities)`}},
+		{"unknown capability key", one(`'NA'`) + "    detecter: x\n",
+			[]string{`line 8: unknown key "detecter" (a capability's keys are name, definition, examples, detector, family)`}},
 	}
 	lab := NewRulesLabeler(RulesOptions{})
 	for _, tt := range tests {

@@ -238,7 +238,7 @@ func TestDictApplyRefusesBrokenDictionaries(t *testing.T) {
 		files []string
 		want  []string
 	}{
-		{"the brief's file", []string{file("brief.yaml", "unknown_field: 1\n", `calls.exists(c, c.nme == 'x')`, 5)}, []string{"brief.yaml", "field unknown_field not found"}},
+		{"the brief's file", []string{file("brief.yaml", "unknown_field: 1\n", `calls.exists(c, c.nme == 'x')`, 5)}, []string{"brief.yaml", `line 4: unknown key "unknown_field" (a dictionary's keys are environment, agent_version, version, source, created_at, capabilities)`}},
 		{"a field that does not exist", []string{file("nme.yaml", "", `calls.exists(c, c.nme == 'x')`, 5)},
 			[]string{"nme.yaml", `capability "precondition_verification"`, "undefined field 'nme'"}},
 		{"a bool", []string{file("bool.yaml", "", `calls.exists(c, c.name == 'x')`, 5)},
