@@ -272,14 +272,16 @@ func TestHugeFrameCloses(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer s.Close()
+	// A frame of n bytes in all.
 	big := func(n int) []byte {
-		return []byte(`{"type":"step","data":{"content":"` + strings.Repeat("x", n) + `"}}`)
+		const frame = `{"type":"step","data":{"content":""}}`
+		return []byte(`{"type":"step","data":{"content":"` + strings.Repeat("x", n-len(frame)) + `"}}`)
 	}
-	fr, err := s.Send(ctx, big(60*4096))
+	fr, err := s.Send(ctx, big(64*4096))
 	if err != nil || fr.Type != "error" || !strings.Contains(string(fr.Data), openenv.CodeValidation) {
-		t.Fatalf("a frame under 64 × the limit: %+v, %v, want VALIDATION_ERROR", fr, err)
+		t.Fatalf("a frame of 64 × the limit: %+v, %v, want VALIDATION_ERROR", fr, err)
 	}
-	if err := s.Conn().Write(ctx, websocket.MessageText, big(65*4096)); err != nil {
+	if err := s.Conn().Write(ctx, websocket.MessageText, big(64*4096+1)); err != nil {
 		t.Fatal(err)
 	}
 	if _, _, err := s.Conn().Read(ctx); websocket.CloseStatus(err) != websocket.StatusMessageTooBig {

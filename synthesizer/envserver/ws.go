@@ -169,7 +169,7 @@ func readFrame(ctx context.Context, c *websocket.Conn, buf *bytes.Buffer, limit 
 	if n <= int64(limit) {
 		return 0, nil
 	}
-	m, err := io.Copy(io.Discard, io.LimitReader(rd, int64(limit)*discardFactor))
+	m, err := io.Copy(io.Discard, io.LimitReader(rd, int64(limit)*discardFactor-n)) // n + m ≤ discardFactor × limit
 	if err != nil {
 		return 0, err
 	}
