@@ -262,6 +262,11 @@ components. Input may be piped (one turn per line).`,
 			if err := ef.check(); err != nil {
 				return err
 			}
+			if seed < 0 {
+				// The instances trainers get: the environment server's
+				// seeds are OpenEnv's, 0 to 2⁶³−1.
+				return fmt.Errorf("--seed %d: a seed is 0 or more, as the environment server takes them", seed)
+			}
 			name, src, err := readProgram(args[0])
 			if err != nil {
 				return err
@@ -276,7 +281,7 @@ components. Input may be piped (one turn per line).`,
 		},
 	}
 	ef.add(cmd)
-	cmd.Flags().Int64Var(&seed, "seed", 0, "the episode's seed")
+	cmd.Flags().Int64Var(&seed, "seed", 0, "the episode's seed (0 or more)")
 	cmd.Flags().BoolVar(&hint, "hint", false, "append the program's hint to the system prompt, as hinted rollouts see it")
 	return cmd
 }

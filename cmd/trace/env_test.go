@@ -160,6 +160,9 @@ func TestEnvCommandsRefuseBadLimits(t *testing.T) {
 	if out, err := runCLI(t, ctx, "env", "validate", "example:precondition_airline", "--tools", empty); err == nil || !strings.Contains(err.Error(), "no tools in it") {
 		t.Errorf("validate --tools of an empty list: got %v, want an error\n%s", err, out)
 	}
+	if out, err := runCLI(t, ctx, "env", "play", "example:precondition_airline", "--seed", "-3"); err == nil || !strings.Contains(err.Error(), "--seed -3") {
+		t.Errorf("play --seed -3: got %v, want an error naming --seed\n%s", err, out)
+	}
 	for _, v := range []string{"0", "-5"} {
 		out, err := runCLI(t, ctx, "env", "validate", "example:precondition_airline", "--seeds", v)
 		if err == nil || !strings.Contains(err.Error(), "--seeds") {
