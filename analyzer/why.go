@@ -35,7 +35,7 @@ func WhyNoLabels(s LabelingSetup, env, agentVersion string, d *Dictionary, faile
 			return fmt.Sprintf("dictionary %s v%d has no detector for %s: the rules labeler cannot label with it; add detectors or set analyzer.labeler: llm", d.Scope(), d.Version, strings.Join(missing, ", "))
 		}
 	}
-	return fmt.Sprintf("dictionary %s v%d labels it, but its stored rollouts are not labeled: they arrived before the dictionary (label them: trace relabel --env %s) or no analyze role is running (trace run --roles analyze)", d.Scope(), d.Version, env)
+	return fmt.Sprintf("dictionary %s v%d labels it, but its stored rollouts are not labeled: they arrived before the dictionary (label them: trace relabel --env %s), no analyze role is running (trace run --roles analyze), or the one running has analyzer.labeler: none (its dashboard says which)", d.Scope(), d.Version, env)
 }
 
 // WhyUndecided explains a cohort with labels but no decision, naming the
