@@ -160,6 +160,13 @@ func TestEnvCommandsRefuseBadLimits(t *testing.T) {
 	if out, err := runCLI(t, ctx, "env", "validate", "example:precondition_airline", "--tools", empty); err == nil || !strings.Contains(err.Error(), "no tools in it") {
 		t.Errorf("validate --tools of an empty list: got %v, want an error\n%s", err, out)
 	}
+	// The server's own settings are named by their flags too.
+	for flag, value := range map[string]string{"--max-sessions": "0", "--step-timeout": "0s", "--max-message-bytes": "10"} {
+		out, err := runCLI(t, ctx, "env", "serve", "example:precondition_airline", "--addr", "127.0.0.1:0", flag, value)
+		if err == nil || !strings.Contains(err.Error(), flag+": ") || strings.Contains(err.Error(), "env.") {
+			t.Errorf("serve %s %s: got %v, want an error naming %s\n%s", flag, value, err, flag, out)
+		}
+	}
 	if out, err := runCLI(t, ctx, "env", "play", "example:precondition_airline", "--seed", "-3"); err == nil || !strings.Contains(err.Error(), "--seed -3") {
 		t.Errorf("play --seed -3: got %v, want an error naming --seed\n%s", err, out)
 	}

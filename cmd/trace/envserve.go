@@ -91,7 +91,19 @@ SESSION_ERROR, queued episodes are written, then it exits 0.`,
 				// The serve role's rule (internal/app).
 				cfg.BearerToken = cmp.Or(tc.Env.BearerToken, tc.HTTP.BearerToken)
 			}
-			if err := cfg.Validate(); err != nil {
+			// A setting is named as this command takes it: its flag, or
+			// the configuration's key for those without one.
+			name := func(key string) string {
+				flag := strings.ReplaceAll(key, "_", "-")
+				if key == "ws_origins" {
+					flag = "ws-origin"
+				}
+				if cmd.Flags().Lookup(flag) != nil {
+					return "--" + flag
+				}
+				return envserver.ConfigName(key)
+			}
+			if err := cfg.Check(name); err != nil {
 				return err
 			}
 			if cfg.Addr == "" {
@@ -120,7 +132,7 @@ SESSION_ERROR, queued episodes are written, then it exits 0.`,
 				ids = append(ids, id)
 			}
 			reg := prometheus.NewRegistry()
-			opts := envserver.Options{Catalog: cat, Registerer: reg, Log: slog.Default()}
+			opts := envserver.Options{Catalog: cat, Registerer: reg, Log: slog.Default(), SettingName: name}
 			if record {
 				st, err := openStore(ctx, tc)
 				if err != nil {

@@ -102,47 +102,56 @@ func DefaultConfig() Config {
 	}
 }
 
-// Validate names the first bad field of every bad value.
-func (c Config) Validate() error {
+// Validate names the first bad field of every bad value, as trace's
+// configuration spells it (ConfigName: env.max_sessions).
+func (c Config) Validate() error { return c.Check(ConfigName) }
+
+// ConfigName is a setting's name in trace's configuration, given its key
+// (max_sessions → env.max_sessions).
+func ConfigName(key string) string { return "env." + key }
+
+// Check is Validate with every setting named by name(key), key being its
+// configuration key (max_sessions): trace env serve names its flags.
+func (c Config) Check(name func(key string) string) error {
 	var errs []error
 	if c.Addr != "" {
 		if _, _, err := net.SplitHostPort(c.Addr); err != nil {
-			errs = append(errs, fmt.Errorf("env.addr: %q is not host:port", c.Addr))
+			errs = append(errs, fmt.Errorf("%s: %q is not host:port", name("addr"), c.Addr))
 		}
 	}
 	if c.MaxSessions < 1 {
-		errs = append(errs, fmt.Errorf("env.max_sessions: %d, must be at least 1", c.MaxSessions))
+		errs = append(errs, fmt.Errorf("%s: %d, must be at least 1", name("max_sessions"), c.MaxSessions))
 	}
 	if c.IdleTimeout <= 0 {
-		errs = append(errs, fmt.Errorf("env.idle_timeout: %s, must be positive", c.IdleTimeout))
+		errs = append(errs, fmt.Errorf("%s: %s, must be positive", name("idle_timeout"), c.IdleTimeout))
 	}
 	if c.StepTimeout <= 0 {
-		errs = append(errs, fmt.Errorf("env.step_timeout: %s, must be positive", c.StepTimeout))
+		errs = append(errs, fmt.Errorf("%s: %s, must be positive", name("step_timeout"), c.StepTimeout))
 	}
 	if c.MaxMessageBytes < 1024 {
-		errs = append(errs, fmt.Errorf("env.max_message_bytes: %d, must be at least 1024", c.MaxMessageBytes))
+		errs = append(errs, fmt.Errorf("%s: %d, must be at least 1024", name("max_message_bytes"), c.MaxMessageBytes))
 	}
 	if c.MaxObservationBytes < minObservationBytes {
-		errs = append(errs, fmt.Errorf("env.max_observation_bytes: %d, must be at least %d", c.MaxObservationBytes, minObservationBytes))
+		errs = append(errs, fmt.Errorf("%s: %d, must be at least %d", name("max_observation_bytes"), c.MaxObservationBytes, minObservationBytes))
 	}
 	if !(c.RecordSample >= 0 && c.RecordSample <= 1) {
-		errs = append(errs, fmt.Errorf("env.record_sample: %v, must be in [0, 1]", c.RecordSample))
+		errs = append(errs, fmt.Errorf("%s: %v, must be in [0, 1]", name("record_sample"), c.RecordSample))
 	}
 	if c.RecordQueue < 1 {
-		errs = append(errs, fmt.Errorf("env.record_queue: %d, must be at least 1", c.RecordQueue))
+		errs = append(errs, fmt.Errorf("%s: %d, must be at least 1", name("record_queue"), c.RecordQueue))
 	}
 	if c.RecordBatch < 1 {
-		errs = append(errs, fmt.Errorf("env.record_batch: %d, must be at least 1", c.RecordBatch))
+		errs = append(errs, fmt.Errorf("%s: %d, must be at least 1", name("record_batch"), c.RecordBatch))
 	}
 	if c.RecordFlush <= 0 {
-		errs = append(errs, fmt.Errorf("env.record_flush: %s, must be positive", c.RecordFlush))
+		errs = append(errs, fmt.Errorf("%s: %s, must be positive", name("record_flush"), c.RecordFlush))
 	}
 	if c.GOGC < 0 || c.GOGC > 10000 {
-		errs = append(errs, fmt.Errorf("env.gogc: %d, must be 0 (Go's own) or a percentage up to 10000", c.GOGC))
+		errs = append(errs, fmt.Errorf("%s: %d, must be 0 (Go's own) or a percentage up to 10000", name("gogc"), c.GOGC))
 	}
 	for i, p := range c.WSOrigins {
 		if _, err := path.Match(p, ""); err != nil || p == "" {
-			errs = append(errs, fmt.Errorf("env.ws_origins[%d]: %q is not a host pattern (path.Match syntax, such as *.example.com)", i, p))
+			errs = append(errs, fmt.Errorf("%s[%d]: %q is not a host pattern (path.Match syntax, such as *.example.com)", name("ws_origins"), i, p))
 		}
 	}
 	return errors.Join(errs...)

@@ -80,7 +80,7 @@ func (s *Server) readBody(w http.ResponseWriter, r *http.Request, e *served, rpc
 	switch {
 	case errors.As(err, &tooBig):
 		s.m.errors.WithLabelValues(e.id, openenv.CodeValidation).Inc()
-		msg := fmt.Sprintf("the body exceeds the %d-byte limit (env.max_message_bytes)", s.cfg.MaxMessageBytes)
+		msg := fmt.Sprintf("the body exceeds the %d-byte limit (%s)", s.cfg.MaxMessageBytes, s.name("max_message_bytes"))
 		if rpc {
 			writeJSON(w, http.StatusOK, openenv.RPCResponse{Error: openenv.NewRPCError(openenv.RPCInvalidRequest, "Invalid request: "+msg, nil)})
 			return nil, false

@@ -4,6 +4,9 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"io"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"strings"
 	"testing"
@@ -12,6 +15,7 @@ import (
 	"github.com/coder/websocket"
 
 	"github.com/traceops/trace/synthesizer/envprog"
+	"github.com/traceops/trace/synthesizer/envserver"
 	"github.com/traceops/trace/synthesizer/openenv"
 )
 
@@ -355,5 +359,44 @@ func TestNonFiniteRewardComponent(t *testing.T) {
 	}
 	if got := counter(t, f, "trace_env_episodes_total", map[string]string{"environment": "nonfinite", "done_reason": "error"}); got != 4 {
 		t.Fatalf("episodes ended on the error: %v, want 4", got)
+	}
+}
+
+// TestSettingName: the limits a client hits, and a bad Config, are named
+// by Options.SettingName (trace env serve names its flags), else as the
+// configuration spells them.
+func TestSettingName(t *testing.T) {
+	flag := func(key string) string { return "--" + strings.ReplaceAll(key, "_", "-") }
+	bad := envserver.DefaultConfig()
+	bad.MaxSessions = 0
+	if _, err := envserver.New(bad, envserver.Options{Catalog: envserver.NewStaticCatalog(), SettingName: flag}); err == nil || !strings.Contains(err.Error(), "--max-sessions: 0") {
+		t.Fatalf("New with max_sessions 0 and flag names: %v", err)
+	}
+	if _, err := envserver.New(bad, envserver.Options{Catalog: envserver.NewStaticCatalog()}); err == nil || !strings.Contains(err.Error(), "env.max_sessions: 0") {
+		t.Fatalf("New with max_sessions 0: %v", err)
+	}
+	cfg := testConfig()
+	cfg.MaxMessageBytes = 1024
+	cat := envserver.NewStaticCatalog()
+	if err := cat.Add(exampleID, loadExample(t), envserver.Entry{}); err != nil {
+		t.Fatal(err)
+	}
+	srv, err := envserver.New(cfg, envserver.Options{Catalog: cat, SettingName: flag})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs := httptest.NewServer(srv.Handler())
+	defer func() {
+		hs.Close()
+		srv.Close(context.Background())
+	}()
+	resp, err := http.Post(hs.URL+"/v1/environments/"+exampleID+"/reset", "application/json", strings.NewReader(`{"pad": "`+strings.Repeat("p", 2048)+`"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusRequestEntityTooLarge || !strings.Contains(string(b), "(--max-message-bytes)") {
+		t.Fatalf("an oversized body: %d %s, want 413 naming --max-message-bytes", resp.StatusCode, b)
 	}
 }

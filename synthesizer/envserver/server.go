@@ -44,6 +44,10 @@ type Options struct {
 	// RecordDrain is how long Close lets the recorder write the episodes
 	// still queued, on top of the sessions' shutdown; 0: 10 s.
 	RecordDrain time.Duration
+	// SettingName names a setting in the errors clients get (a limit they
+	// hit), given its configuration key; nil: ConfigName (env.…). trace
+	// env serve names its flags.
+	SettingName func(key string) string
 }
 
 // defaultRecordDrain is Options.RecordDrain's default.
@@ -61,6 +65,7 @@ type Server struct {
 	wg   sync.WaitGroup
 
 	recDrain time.Duration
+	name     func(key string) string // Options.SettingName
 
 	// loads opens an environment once however many requests ask for it
 	// meanwhile, outside mu.
@@ -119,7 +124,10 @@ const failedTTL = notFoundTTL
 
 // New returns a server; it starts the idle reaper and the episode recorder.
 func New(cfg Config, o Options) (*Server, error) {
-	if err := cfg.Validate(); err != nil {
+	if o.SettingName == nil {
+		o.SettingName = ConfigName
+	}
+	if err := cfg.Check(o.SettingName); err != nil {
 		return nil, err
 	}
 	if o.Catalog == nil {
@@ -128,7 +136,7 @@ func New(cfg Config, o Options) (*Server, error) {
 	if o.Log == nil {
 		o.Log = slog.Default()
 	}
-	s := &Server{cfg: cfg, cat: o.Catalog, log: o.Log, stop: make(chan struct{}), catalogTimeout: catalogTimeout,
+	s := &Server{cfg: cfg, cat: o.Catalog, log: o.Log, name: o.SettingName, stop: make(chan struct{}), catalogTimeout: catalogTimeout,
 		envs: map[string]*served{}, missing: map[string]time.Time{}, failed: map[string]*failure{}}
 	queued := func() float64 { return 0 }
 	s.m = newMetrics(o.Registerer, func() float64 { return queued() })

@@ -314,7 +314,7 @@ func (e *served) reap(now time.Time) {
 		e.srv.log.Info("env session evicted after idle timeout", "environment", e.id, "session", s.id,
 			"transport", s.transport, "idle_timeout", e.srv.cfg.IdleTimeout)
 		if s.onEvict != nil {
-			go s.onEvict(context.Background(), fmt.Sprintf("session evicted: idle for longer than %s (env.idle_timeout)", e.srv.cfg.IdleTimeout)) // it writes to the client: never hold the reaper up
+			go s.onEvict(context.Background(), fmt.Sprintf("session evicted: idle for longer than %s (%s)", e.srv.cfg.IdleTimeout, e.srv.name("idle_timeout"))) // it writes to the client: never hold the reaper up
 		}
 		e.release(s)
 	}
@@ -511,7 +511,7 @@ func (s *session) reset(ctx context.Context, r openenv.ResetRequest) (json.RawMe
 // programError turns an error of a program call into EXECUTION_ERROR.
 func (s *session) programError(fn string, timeout time.Duration, err error) *openenv.Error {
 	if errors.Is(err, errTimeout) {
-		return openenv.Execution("%s timed out after %s (env.step_timeout); the episode is over, %s", fn, timeout, s.newEpisode(fn != "reset" && fn != "hint"))
+		return openenv.Execution("%s timed out after %s (%s); the episode is over, %s", fn, timeout, s.env.srv.name("step_timeout"), s.newEpisode(fn != "reset" && fn != "hint"))
 	}
 	var pe *envprog.ProgramError
 	if errors.As(err, &pe) {
@@ -709,7 +709,7 @@ func (s *session) oversized(n int, transcript bool) *openenv.Error {
 	if transcript {
 		what = "the observation's transcript alone is"
 	}
-	msg := fmt.Sprintf("%s %d bytes, over the %d-byte limit (env.max_observation_bytes)", what, n, srv.cfg.MaxObservationBytes)
+	msg := fmt.Sprintf("%s %d bytes, over the %d-byte limit (%s)", what, n, srv.cfg.MaxObservationBytes, srv.name("max_observation_bytes"))
 	srv.log.Warn("env server: observation over env.max_observation_bytes, not sent", "environment", s.env.id, "session", s.id,
 		"episode", p.id, "seed", p.seed, "step_count", p.steps, "bytes", n, "transcript_only", transcript, "limit", srv.cfg.MaxObservationBytes)
 	s.frameBuf = nil

@@ -252,7 +252,7 @@ func (s *Server) serveWS(w http.ResponseWriter, r *http.Request, e *served) {
 			resp, stop = errorFrame(&openenv.Error{Code: openenv.CodeSession, Message: "session evicted: idle for longer than " + s.cfg.IdleTimeout.String()}), true
 		default:
 			if tooBig > 0 {
-				perr := &openenv.Error{Code: openenv.CodeValidation, Message: fmt.Sprintf("Invalid message: a frame of %d bytes exceeds the %d-byte limit (env.max_message_bytes)", tooBig, s.cfg.MaxMessageBytes),
+				perr := &openenv.Error{Code: openenv.CodeValidation, Message: fmt.Sprintf("Invalid message: a frame of %d bytes exceeds the %d-byte limit (%s)", tooBig, s.cfg.MaxMessageBytes, s.name("max_message_bytes")),
 					Fields: []openenv.FieldError{{Type: "too_long", Loc: []any{}, Msg: "frame too large"}}}
 				s.m.errors.WithLabelValues(e.id, perr.Code).Inc()
 				resp = errorFrame(perr)
