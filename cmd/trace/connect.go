@@ -82,16 +82,17 @@ func newRolloutProducer(cmd *cobra.Command, cfg config.Config, brokers []string,
 	return p, nil
 }
 
-// writer is ingest.NewKafkaWriter on p's brokers and topic with the
-// configured TLS and SASL (kafka.tls, kafka.sasl) and the batch size of
-// trace's other producers (kafka.max_message_bytes: WriterBatchBytes).
-// The caller closes it.
-func (p rolloutProducer) writer(cfg config.Config) (*kafka.Writer, error) {
+// kafkaWriter is the producer of trace's client commands (replay,
+// simulate, labels import) on brokers and topic: ingest.NewKafkaWriter with
+// the batch size of trace's other producers (kafka.max_message_bytes:
+// WriterBatchBytes) and the configured TLS and SASL (kafka.tls,
+// kafka.sasl). The caller closes it.
+func kafkaWriter(cfg config.Config, brokers []string, topic string) (*kafka.Writer, error) {
 	d, err := app.KafkaDialer(cfg.Kafka)
 	if err != nil {
 		return nil, err
 	}
-	w := ingest.NewKafkaWriter(p.brokers, p.topic)
+	w := ingest.NewKafkaWriter(brokers, topic)
 	w.BatchBytes = int64(cfg.Kafka.WriterBatchBytes())
 	w.Transport = app.KafkaTransport(d)
 	return w, nil

@@ -10,7 +10,6 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/traceops/trace/analyzer"
-	"github.com/traceops/trace/internal/app"
 	"github.com/traceops/trace/sink"
 )
 
@@ -112,13 +111,10 @@ that has already labeled rollouts of theirs: pick another
 			}
 			events := analyzer.RunFileEvents(scope, runs)
 			topic = cmp.Or(topic, cfg.Kafka.LabelsTopic)
-			dialer, err := app.KafkaDialer(cfg.Kafka)
+			w, err := kafkaWriter(cfg, cfg.KafkaBrokers(), topic)
 			if err != nil {
 				return err
 			}
-			w := &kafka.Writer{Addr: kafka.TCP(cfg.KafkaBrokers()...), Topic: topic, Balancer: &kafka.Hash{},
-				RequiredAcks: kafka.RequireAll, Compression: kafka.Zstd, BatchSize: 1000, BatchBytes: int64(cfg.Kafka.WriterBatchBytes()), AllowAutoTopicCreation: true,
-				Transport: app.KafkaTransport(dialer)} // kafka.tls, kafka.sasl
 			defer w.Close()
 			msgs := make([]kafka.Message, 0, len(events))
 			for i := range events {

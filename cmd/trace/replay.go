@@ -110,7 +110,7 @@ before it); 2 when nothing could be sent.`,
 			if err != nil {
 				return err
 			}
-			w, err := p.writer(cfg)
+			w, err := kafkaWriter(cfg, p.brokers, p.topic)
 			if err != nil {
 				return err
 			}

@@ -168,7 +168,7 @@ standard error.`,
 			var sink rolloutSink
 			dest := ""
 			if toKafka {
-				w, err := p.writer(cfg)
+				w, err := kafkaWriter(cfg, p.brokers, p.topic)
 				if err != nil {
 					return err
 				}

@@ -10,10 +10,10 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"strings"
 	"time"
 
 	"github.com/coder/websocket"
+	"golang.org/x/net/http/httpguts"
 
 	"github.com/traceops/trace/synthesizer/openenv"
 )
@@ -83,7 +83,7 @@ func errorFrame(e *openenv.Error) map[string]any {
 // no origin check applies beyond coder/websocket's same-origin default for
 // requests that carry an Origin.
 func (s *Server) accept(w http.ResponseWriter, r *http.Request) (*websocket.Conn, error) {
-	if !hasToken(r.Header, "Connection", "upgrade") || !hasToken(r.Header, "Upgrade", "websocket") {
+	if !httpguts.HeaderValuesContainsToken(r.Header.Values("Connection"), "upgrade") || !httpguts.HeaderValuesContainsToken(r.Header.Values("Upgrade"), "websocket") {
 		// A plain HTTP request: answered in the JSON shape of the other
 		// errors (coder/websocket's own answer is text).
 		w.Header().Set("Upgrade", "websocket")
@@ -100,19 +100,6 @@ func (s *Server) accept(w http.ResponseWriter, r *http.Request) (*websocket.Conn
 	}
 	c.SetReadLimit(-1) // frames are limited by readFrame, which survives an oversized one
 	return c, nil
-}
-
-// hasToken reports whether a comma-separated header (Connection, Upgrade)
-// holds token, in any case.
-func hasToken(h http.Header, name, token string) bool {
-	for _, v := range h.Values(name) {
-		for _, t := range strings.Split(v, ",") {
-			if strings.EqualFold(strings.TrimSpace(t), token) {
-				return true
-			}
-		}
-	}
-	return false
 }
 
 // wsWriteBuffer is the size of a WebSocket connection's write buffer. An
