@@ -160,7 +160,7 @@ func (s *Server) httpReset(w http.ResponseWriter, r *http.Request, e *served) {
 	}
 	req, perr := openenv.DecodeReset(b)
 	if perr != nil {
-		s.httpError(w, e, perr)
+		s.httpError(w, e, resetInBody(perr))
 		return
 	}
 	sess, ok := s.stateful(w, r, e, req.SessionID)
@@ -238,6 +238,19 @@ func inBody(perr *openenv.Error) *openenv.Error {
 			continue
 		}
 		perr.Fields[i].Loc = append([]any{"body", "action"}, f.Loc[min(1, len(f.Loc)):]...)
+	}
+	return perr
+}
+
+// resetInBody places reset data's validation errors (located in the
+// WebSocket frame's data: ["seed"]) in POST /reset's body: ["body", "seed"],
+// as FastAPI locates them.
+func resetInBody(perr *openenv.Error) *openenv.Error {
+	if perr.Code != openenv.CodeValidation {
+		return perr
+	}
+	for i, f := range perr.Fields {
+		perr.Fields[i].Loc = append([]any{"body"}, f.Loc...)
 	}
 	return perr
 }

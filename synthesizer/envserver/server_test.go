@@ -923,15 +923,15 @@ func TestWSOrigins(t *testing.T) {
 	}
 }
 
-// TestValidationLocations: an action's validation error is located where
-// the request put it: in POST /step's body (["body", "action", …], as
-// FastAPI locates it), in a step frame's data, and for a call_tool action
-// at its tool_name and arguments.
+// TestValidationLocations: a validation error is located where the request
+// put it: in POST /step's and POST /reset's body (["body", "action", …],
+// ["body", "seed"], as FastAPI locates them), in a step frame's data, and
+// for a call_tool action at its tool_name and arguments.
 func TestValidationLocations(t *testing.T) {
 	f := start(t, testConfig(), nil, nil)
-	post := func(body string) []any {
+	post := func(path, body string) []any {
 		t.Helper()
-		resp, err := http.Post(f.base+"/step", "application/json", strings.NewReader(body))
+		resp, err := http.Post(f.base+path, "application/json", strings.NewReader(body))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -942,17 +942,29 @@ func TestValidationLocations(t *testing.T) {
 			} `json:"detail"`
 		}
 		if err := json.NewDecoder(resp.Body).Decode(&he); err != nil || resp.StatusCode != 422 || len(he.Detail) == 0 {
-			t.Fatalf("POST /step %s: %d %+v %v", body, resp.StatusCode, he, err)
+			t.Fatalf("POST %s %s: %d %+v %v", path, body, resp.StatusCode, he, err)
 		}
 		return he.Detail[0].Loc
 	}
 	for body, want := range map[string]string{
+		`{"seed": -1}`:      `["body","seed"]`,
+		`{"seed": "x"}`:     `["body","seed"]`,
+		`{"episode_id": 3}`: `["body","episode_id"]`,
+		`[1]`:               `["body"]`,
+	} {
+		got, _ := json.Marshal(post("/reset", body))
+		if string(got) != want {
+			t.Errorf("POST /reset %s: loc %s, want %s", body, got, want)
+		}
+	}
+	for body, want := range map[string]string{
+		`{"action": {"role": "assistant", "content": "x"}, "seed": -1}`:                                         `["body","seed"]`,
 		`{"action": {"tool_calls": [{"function": {"name": "nope"}}]}}`:                                          `["body","action","tool_calls",0,"function","name"]`,
 		`{"action": {"tool_calls": [{"function": {"name": "get_user_details", "arguments": {"user_id": 3}}}]}}`: `["body","action","tool_calls",0,"function","arguments"]`,
 		`{"action": {"type": "call_tool", "tool_name": "nope", "arguments": {}}}`:                               `["body","action","tool_name"]`,
 		`{"action": {"type": "call_tool", "tool_name": "get_user_details", "arguments": {"user_id": 3}}}`:       `["body","action","arguments"]`,
 	} {
-		got, _ := json.Marshal(post(body))
+		got, _ := json.Marshal(post("/step", body))
 		if string(got) != want {
 			t.Errorf("POST /step %s: loc %s, want %s", body, got, want)
 		}
