@@ -796,3 +796,46 @@ func TestProxyStreamEndsAtDone(t *testing.T) {
 		t.Fatalf("row outcome %s usage %v %d/%d (%s), want ok with 12/1", r.Outcome, r.Usage, r.PromptTokens, r.CompletionTokens, r.Error)
 	}
 }
+
+// TestProxyConversationIDHeaderIsValid: a conversation id named in the
+// body's metadata, which may hold any JSON string, goes back in
+// X-Trace-Conversation-Id as a valid header value: its control characters
+// percent-encoded (written raw, they made Go's, Node's and the OpenAI
+// Python SDK's clients drop the whole answer as a malformed response,
+// after the upstream had generated it, and the SDK retried it twice).
+// route_decisions and /v1/route's conversation_id keep the id as sent.
+func TestProxyConversationIDHeaderIsValid(t *testing.T) {
+	f := newFixture(t, adapterRow("lora-ids", "id_verification"))
+	f.script(map[string]float64{"A": 0.9, "B": 0.1}, llmtest.Text("ok"))
+	for i, tc := range []struct{ id, header string }{
+		{"nul\x00x", "nul%00x"},
+		{"a\x01b\x7fc\r\nd", "a%01b%7Fc%0D%0Ad"},
+		{"tab\tand 50% café", "tab\tand 50% café"}, // valid: as it is
+	} {
+		body := `{"model":"m","metadata":{"conversation_id":` + mustJSON(t, tc.id) + `},"messages":[{"role":"user","content":"hello ` + strconv.Itoa(i) + `"}]}`
+		for _, path := range []string{"/v1/chat/completions", "/v1/route"} {
+			if path == "/v1/route" {
+				body = `{"environment":"` + env + `","conversation_id":` + mustJSON(t, tc.id) + `,"messages":[{"role":"user","content":"hello"}]}`
+			}
+			req, _ := http.NewRequest(http.MethodPost, f.srv.URL+path, strings.NewReader(body))
+			req.Header.Set(router.HeaderToken, token)
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatalf("%s with conversation id %q: %v", path, tc.id, err)
+			}
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if got := resp.Header.Get(router.HeaderConversation); resp.StatusCode != 200 || got != tc.header {
+				t.Errorf("%s with conversation id %q: %d, %s %q, want %q", path, tc.id, resp.StatusCode, router.HeaderConversation, got, tc.header)
+			}
+			if path == "/v1/route" && !strings.Contains(string(b), `"conversation_id":`+mustJSON(t, tc.id)) {
+				t.Errorf("/v1/route with conversation id %q answered %s", tc.id, b)
+			}
+		}
+	}
+	for _, r := range f.decisions(6) {
+		if strings.Contains(r.ConversationID, "%") && !strings.Contains(r.ConversationID, "50%") {
+			t.Errorf("row's conversation_id %q: want the id as sent", r.ConversationID)
+		}
+	}
+}

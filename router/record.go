@@ -3,10 +3,14 @@ package router
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"log/slog"
 	"math"
+	"strings"
 	"sync"
 	"time"
+
+	"golang.org/x/net/http/httpguts"
 
 	"github.com/traceops/trace/sink"
 )
@@ -80,7 +84,7 @@ type wire struct {
 }
 
 func newWire(d Decision) *wire {
-	w := &wire{hAdapter: []string{cmpOr(d.Adapter, "none")}, hDecision: []string{d.ID}, hModel: []string{d.Model}, hConv: []string{d.ConversationID}}
+	w := &wire{hAdapter: []string{cmpOr(d.Adapter, "none")}, hDecision: []string{d.ID}, hModel: []string{d.Model}, hConv: []string{headerValue(d.ConversationID)}}
 	w.model, _ = json.Marshal(d.Model)
 	ls := d.labels // classify's, shared by the decisions of one list
 	if ls == nil {
@@ -106,4 +110,24 @@ func wireOf(d Decision) *wire {
 		return d.wire
 	}
 	return newWire(d)
+}
+
+// headerValue is v as a response header's value: v when it is one, else v
+// with its control characters (which no header may carry: Go's, Node's and
+// Python's HTTP clients refuse the whole response) percent-encoded. A
+// conversation id from the body's metadata may be any JSON string; made
+// once per decision, not per request.
+func headerValue(v string) string {
+	if httpguts.ValidHeaderFieldValue(v) {
+		return v
+	}
+	var b strings.Builder
+	for i := range len(v) {
+		if c := v[i]; (c < ' ' && c != '\t') || c == 0x7f {
+			fmt.Fprintf(&b, "%%%02X", c)
+		} else {
+			b.WriteByte(c)
+		}
+	}
+	return b.String()
 }
