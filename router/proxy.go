@@ -388,7 +388,7 @@ func withQuery(u string, r *http.Request) string {
 // the caller gets it plain too), with router.upstream_api_key when the
 // caller sends no Authorization.
 func (p *Proxy) upstreamHeader(in http.Header) http.Header {
-	out := make(http.Header, len(in)+2) // sized once
+	out := make(http.Header, len(in)+3) // sized once
 	hop := connectionHeaders(in)
 	for k, vs := range in {
 		if !hopHeaders[k] && !hop[k] && k != "Accept-Encoding" {
@@ -399,6 +399,21 @@ func (p *Proxy) upstreamHeader(in http.Header) http.Header {
 		out.Set("Authorization", "Bearer "+p.cfg.UpstreamAPIKey)
 	}
 	return out
+}
+
+// replayable marks a chat request to the upstream idempotent for Go's
+// transport (X-Idempotency-Key without a value, which is not sent), unless
+// the caller's header does: a request whose kept-alive connection the
+// upstream closes before answering anything (vLLM's and llama.cpp's servers
+// close connections idle for 5 s; the transport keeps them for 90 s, and
+// one may be picked as it closes) is then sent again on a new connection
+// (its body from GetBody) instead of failing as unreachable. The transport
+// retries only on a reused connection that ended before the first byte of
+// an answer.
+func replayable(h http.Header) {
+	if h["Idempotency-Key"] == nil && h["X-Idempotency-Key"] == nil {
+		h["X-Idempotency-Key"] = nil
+	}
 }
 
 // copyResponseHeader copies the upstream's response header to the
@@ -698,6 +713,7 @@ func (p *Proxy) chat(w http.ResponseWriter, r *http.Request) {
 	}
 	ureq.Header = p.upstreamHeader(r.Header)
 	ureq.Header.Set("Content-Type", "application/json")
+	replayable(ureq.Header)
 	if len(ureq.Header[HeaderRequestID]) == 0 {
 		ureq.Header[HeaderRequestID] = reqID
 	}

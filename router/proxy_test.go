@@ -10,11 +10,13 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -837,5 +839,55 @@ func TestProxyConversationIDHeaderIsValid(t *testing.T) {
 		if strings.Contains(r.ConversationID, "%") && !strings.Contains(r.ConversationID, "50%") {
 			t.Errorf("row's conversation_id %q: want the id as sent", r.ConversationID)
 		}
+	}
+}
+
+// TestProxyRetriesAConnectionTheUpstreamClosedIdle: an upstream closes a
+// kept-alive connection just as the proxy sends the next request on it
+// (vLLM's and llama.cpp's servers close connections idle for 5 s, the
+// proxy keeps them for 90 s): the upstream has read the request and
+// answers nothing, as when its keep-alive timer fired. The request is
+// sent again on a new connection, as Go's transport does for an idempotent
+// request, and the caller gets its answer, not a 502.
+func TestProxyRetriesAConnectionTheUpstreamClosedIdle(t *testing.T) {
+	type connKey struct{}
+	var served, dropped, marked atomic.Int64
+	up := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.ReadAll(r.Body)
+		if _, ok := r.Header["X-Idempotency-Key"]; ok {
+			marked.Add(1) // the mark is the transport's, never sent
+		}
+		if n := r.Context().Value(connKey{}).(*atomic.Int64); n.Add(1) == 2 {
+			// The second request on a connection: closed unanswered.
+			dropped.Add(1)
+			c, _, err := w.(http.Hijacker).Hijack()
+			if err == nil {
+				c.Close()
+			}
+			return
+		}
+		served.Add(1)
+		w.Header().Set("Content-Type", "application/json")
+		io.WriteString(w, `{"id":"c1","object":"chat.completion","model":"m","choices":[{"index":0,"message":{"role":"assistant","content":"ok"},"finish_reason":"stop"}],"usage":{"prompt_tokens":1,"completion_tokens":1,"total_tokens":2}}`)
+	}))
+	up.Config.ConnContext = func(ctx context.Context, _ net.Conn) context.Context {
+		return context.WithValue(ctx, connKey{}, new(atomic.Int64))
+	}
+	up.Start()
+	t.Cleanup(up.Close)
+	f := newFixtureWith(t, func(pc *router.ProxyConfig) { pc.UpstreamURL = up.URL })
+	const n = 24 // the proxy's 8 connection pools used in turn: each reuses connections
+	for i := range n {
+		path := "/v1/chat/completions"
+		resp := f.post(path, `{"messages":[{"role":"user","content":"hi `+strconv.Itoa(i)+`"}]}`, nil)
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("request %d (%s): %d %s", i, path, resp.StatusCode, b)
+		}
+	}
+	if dropped.Load() == 0 || served.Load() != n || marked.Load() != 0 {
+		t.Fatalf("the upstream dropped %d requests and answered %d (%d with X-Idempotency-Key), want some dropped, all %d answered, none with it",
+			dropped.Load(), served.Load(), marked.Load(), n)
 	}
 }
