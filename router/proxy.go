@@ -843,22 +843,26 @@ type copied struct {
 
 // copyFlush copies the upstream body to the caller read by read, flushing
 // after each, so that SSE events pass through as they arrive. With sse it
-// reports whether an error event passed ("data: {"error"…" or an object
-// of type "error"). With usage it keeps the body's end and, when the body
+// reports whether an error event passed ("data: {"error"…", an object
+// of type "error", or an "error:" line, older llama.cpp servers' error
+// field, which they follow with "data: [DONE]"). With usage it keeps the body's end and, when the body
 // ended cleanly, reports the token usage it holds (see usage.go).
 func copyFlush(w http.ResponseWriter, body io.Reader, sse, usage bool) (c copied) {
 	rc := http.NewResponseController(w)
 	bufs := copyBufs.Get().(*copyBuffers)
 	defer copyBufs.Put(bufs)
 	buf, tail := bufs.buf, bufs.tail[:0]
-	var edge []byte // the end of the previous read, for a pattern split across reads
+	// The end of the previous read, for a pattern split across reads; a
+	// newline before the first, so that a line starting the body matches.
+	edge := []byte{'\n'}
 	for {
 		n, rerr := body.Read(buf)
 		if n > 0 {
 			if sse && !c.sawError {
 				chunk := append(edge, buf[:n]...)
 				c.sawError = bytes.Contains(chunk, []byte(`data: {"error"`)) || bytes.Contains(chunk, []byte(`data:{"error"`)) ||
-					bytes.Contains(chunk, []byte(`"object":"error"`)) || bytes.Contains(chunk, []byte(`"object": "error"`))
+					bytes.Contains(chunk, []byte(`"object":"error"`)) || bytes.Contains(chunk, []byte(`"object": "error"`)) ||
+					bytes.Contains(chunk, []byte("\nerror:")) // older llama.cpp servers: an "error" field, then [DONE]
 				edge = append(edge[:0], chunk[max(0, len(chunk)-24):]...)
 			}
 			if usage {

@@ -108,6 +108,12 @@ func TestCopyFlushSeesErrorEvents(t *testing.T) {
 		{"an object of type error, spaced", "data: {\"object\": \"error\", \"message\": \"boom\"}\n\n", true},
 		{"the words in content", "data: {\"choices\":[{\"delta\":{\"content\":\"data: {\\\"error\\\" \\\"object\\\":\\\"error\\\"\"}}]}\n\ndata: [DONE]\n\n", false},
 		{"a clean stream", "data: {\"choices\":[{\"delta\":{\"content\":\"ok\"}}]}\n\ndata: [DONE]\n\n", false},
+		// llama.cpp's server before mid-2025 (server_sent_event(sink, "error", …)):
+		// an "error" field, then its [DONE].
+		{"llama.cpp's error field", "data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\nerror: {\"code\":500,\"message\":\"boom\",\"type\":\"server_error\"}\n\ndata: [DONE]\n\n", true},
+		{"llama.cpp's error field first", "error: {\"code\":400,\"message\":\"the request exceeds the available context size\",\"type\":\"exceed_context_size_error\"}\n\ndata: [DONE]\n\n", true},
+		{"llama.cpp's error field after CRLF", "data: {\"choices\":[]}\r\n\r\nerror:{\"code\":500}\r\n\r\n", true},
+		{"error: in content", "data: {\"choices\":[{\"delta\":{\"content\":\"x\\nerror: y\"}}]}\n\ndata: [DONE]\n\n", false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			// One byte per read: every pattern is split across reads.
