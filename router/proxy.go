@@ -112,7 +112,7 @@ type ProxyConfig struct {
 	BearerToken string
 	// DefaultEnvironment applies when a request names none.
 	DefaultEnvironment string
-	// MaxBodyBytes bounds a request body (default 32 MiB).
+	// MaxBodyBytes bounds a request body (router.max_body_bytes, default 32 MiB).
 	MaxBodyBytes int64
 	// NoAdapterFallback passes the upstream's 404 for an adapter to the
 	// caller (router.fallback_on_missing_adapter: false). By default a
@@ -320,7 +320,7 @@ func (p *Proxy) passthrough(w http.ResponseWriter, r *http.Request) {
 	endpoint := r.Pattern // router.passthrough's pattern it matched: a bounded label
 	if r.ContentLength > p.cfg.MaxBodyBytes {
 		p.metrics.passthrough.WithLabelValues(endpoint, "refused").Inc()
-		writeError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("body exceeds %d bytes", p.cfg.MaxBodyBytes), "invalid_request_error")
+		writeError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("body exceeds %d bytes (router.max_body_bytes)", p.cfg.MaxBodyBytes), "invalid_request_error")
 		return
 	}
 	var body io.Reader
@@ -343,7 +343,7 @@ func (p *Proxy) passthrough(w http.ResponseWriter, r *http.Request) {
 		switch {
 		case errors.As(err, &mbe):
 			p.metrics.passthrough.WithLabelValues(endpoint, "refused").Inc()
-			writeError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("body exceeds %d bytes", p.cfg.MaxBodyBytes), "invalid_request_error")
+			writeError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("body exceeds %d bytes (router.max_body_bytes)", p.cfg.MaxBodyBytes), "invalid_request_error")
 		case r.Context().Err() != nil:
 			p.metrics.passthrough.WithLabelValues(endpoint, OutcomeCanceled).Inc()
 		default:
@@ -918,7 +918,7 @@ func (p *Proxy) readBody(w http.ResponseWriter, r *http.Request) ([]byte, bool) 
 		putBody(buf.Bytes())
 		var mbe *http.MaxBytesError
 		if errors.As(err, &mbe) {
-			writeError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("body exceeds %d bytes", p.cfg.MaxBodyBytes), "invalid_request_error")
+			writeError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("body exceeds %d bytes (router.max_body_bytes)", p.cfg.MaxBodyBytes), "invalid_request_error")
 		} else {
 			writeError(w, http.StatusBadRequest, "reading body: "+err.Error(), "invalid_request_error")
 		}

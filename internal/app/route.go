@@ -76,7 +76,7 @@ func (a *App) addRoute(ctx context.Context, g *run.Group) error {
 	}
 	rec := &router.Recorder{W: a.Store, Log: a.Log.With("role", "route")}
 	p, err := router.NewProxy(router.ProxyConfig{UpstreamURL: rc.UpstreamURL, UpstreamAPIKey: rc.UpstreamAPIKey, BearerToken: rc.BearerToken, Passthrough: rc.Passthrough,
-		DefaultEnvironment: rc.DefaultEnvironment, NoAdapterFallback: !rc.FallbackOnMissingAdapter, Registerer: a.Registry,
+		DefaultEnvironment: rc.DefaultEnvironment, NoAdapterFallback: !rc.FallbackOnMissingAdapter, MaxBodyBytes: rc.MaxBodyBytes, Registerer: a.Registry,
 		Logger: a.Log.With("role", "route")}, r, rec)
 	if err != nil {
 		return err

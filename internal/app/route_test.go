@@ -37,6 +37,30 @@ func TestRouteRoleDrainsAndRecords(t *testing.T) {
 	}
 }
 
+// TestRouteRoleMaxBodyBytes: router.max_body_bytes is the proxy's body
+// limit, and the 413 names it.
+func TestRouteRoleMaxBodyBytes(t *testing.T) {
+	a, stop, _, _ := startRoute(t, func(llmtest.Request) llmtest.Reply { return llmtest.Text("ok") }, func(cfg *config.Config) {
+		cfg.Router.MaxBodyBytes = 64 << 10
+	})
+	defer stop()
+	for _, tc := range []struct {
+		size int
+		want int
+	}{{60 << 10, http.StatusOK}, {70 << 10, http.StatusRequestEntityTooLarge}} {
+		body := `{"model":"m","messages":[{"role":"user","content":"` + strings.Repeat("x", tc.size) + `"}]}`
+		resp, err := http.Post("http://"+a.RouterAddr()+"/v1/chat/completions", "application/json", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != tc.want || (tc.want == http.StatusRequestEntityTooLarge && !strings.Contains(string(b), "router.max_body_bytes")) {
+			t.Errorf("a %d-byte body: %d %s, want %d (a 413 naming router.max_body_bytes)", len(body), resp.StatusCode, b, tc.want)
+		}
+	}
+}
+
 // startStreamingRoute starts the route role in front of an upstream that
 // classifies A (lora-1) and streams chunks at interval, with lora-1 active
 // for sim-airline; it returns the app, its stop, the configuration and

@@ -77,6 +77,10 @@ type Router struct {
 	FallbackOnMissingAdapter bool `koanf:"fallback_on_missing_adapter"`
 	// DrainTimeout bounds the wait for requests in flight (streams) on SIGTERM.
 	DrainTimeout time.Duration `koanf:"drain_timeout"`
+	// MaxBodyBytes bounds a request body, chat and passed through (32 MiB;
+	// a larger one is a 413): raise it for agents that send many images
+	// or long audio inline.
+	MaxBodyBytes int64 `koanf:"max_body_bytes"`
 	// GOGC and GCHeadroomMB pace the garbage collector of a process that
 	// runs the route role alone (internal/gcpace): the next collection
 	// comes when the heap has grown past the live heap by the larger of
@@ -119,7 +123,7 @@ type RouterRetrieval struct {
 func DefaultRouter() Router {
 	return Router{Addr: "127.0.0.1:8088", ClassifierTimeout: 10 * time.Second, ClassifierAttempts: 2, TopP: 0.95, Temperature: 1,
 		TopLogprobs: 20, Context: "first_user", LastN: 4, ContextMaxChars: router.DefaultContextMaxChars, CacheTTL: time.Hour, CacheMax: 100000, LabelConstraint: "none",
-		AdaptersRefresh: 10 * time.Second, FallbackOnMissingAdapter: true, DrainTimeout: 30 * time.Second, GOGC: 100, GCHeadroomMB: 128,
+		AdaptersRefresh: 10 * time.Second, FallbackOnMissingAdapter: true, DrainTimeout: 30 * time.Second, MaxBodyBytes: 32 << 20, GOGC: 100, GCHeadroomMB: 128,
 		Passthrough: slices.Clone(router.DefaultPassthrough), Retrieval: RouterRetrieval{Pool: 50, TTL: 10 * time.Minute}}
 }
 
@@ -275,6 +279,9 @@ func (r Router) validate() error {
 	}
 	if r.DrainTimeout <= 0 {
 		bad("drain_timeout", "must be positive, got %s", r.DrainTimeout)
+	}
+	if r.MaxBodyBytes < 64<<10 {
+		bad("max_body_bytes", "must be at least 65536 (64 KiB), got %d", r.MaxBodyBytes)
 	}
 	if _, err := r.ClassifierBody(); err != nil {
 		errs = append(errs, err)

@@ -66,6 +66,26 @@ func TestRouterConfig(t *testing.T) {
 			t.Errorf("%q: %q, %v; want %q %q", tc.set, c.Router.Passthrough, err, tc.want, tc.err)
 		}
 	}
+	// router.max_body_bytes: the proxy's request body limit, 32 MiB by
+	// default, raised for large (multimodal) bodies; below 64 KiB refused.
+	for _, tc := range []struct {
+		set  string
+		want int64
+		err  string
+	}{
+		{"", 32 << 20, ""},
+		{"router.max_body_bytes=268435456", 256 << 20, ""},
+		{"router.max_body_bytes=1000", 0, "router.max_body_bytes: must be at least 65536"},
+	} {
+		sets := []string{"roles=route", "router.upstream_url=http://127.0.0.1:8000/v1", "router.base_model=m"}
+		if tc.set != "" {
+			sets = append(sets, tc.set)
+		}
+		c, err := Load("", sets)
+		if (tc.err == "") != (err == nil) || (err != nil && !strings.Contains(err.Error(), tc.err)) || (err == nil && c.Router.MaxBodyBytes != tc.want) {
+			t.Errorf("%q: %d, %v; want %d %q", tc.set, c.Router.MaxBodyBytes, err, tc.want, tc.err)
+		}
+	}
 	// router.fallback_on_missing_adapter is a boolean: off passes the upstream's 404 for an adapter through.
 	if c, err := Load("", []string{"roles=route", "router.upstream_url=http://127.0.0.1:8000/v1", "router.base_model=m",
 		"router.fallback_on_missing_adapter=false"}); err != nil || c.Router.FallbackOnMissingAdapter {
