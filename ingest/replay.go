@@ -309,6 +309,15 @@ func (r *Replayer) Replay(ctx context.Context, files []string) (Summary, error) 
 			err = run.jsonl(src)
 		}
 		if err != nil {
+			// A file that stops the replay (a syntax error, a τ² file
+			// malformed as a whole) leaves the rollouts read before it
+			// sent: they are queued, not yet written. (After a Kafka
+			// error nothing is queued any more.)
+			if ctx.Err() == nil {
+				if ferr := run.flush(); ferr != nil {
+					err = errors.Join(err, ferr)
+				}
+			}
 			return finish(err)
 		}
 	}

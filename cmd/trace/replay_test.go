@@ -188,3 +188,44 @@ func TestReplayBadConfigurationFailsAtStart(t *testing.T) {
 		})
 	}
 }
+
+// TestReplaySendsWhatCameBeforeAFileError: a file that stops the replay (a
+// syntax error in a JSON array, data after it) leaves the rollouts read
+// before it sent, as trace replay --help says, those of earlier files as
+// well; with the default chunk of 1000 they were queued and dropped, and
+// the summary said "sent 0".
+func TestReplaySendsWhatCameBeforeAFileError(t *testing.T) {
+	ctx := context.Background()
+	addr := testenv.KFake(t).ListenAddrs()[0]
+	good := replayTestFile(t, 3) // r0, r1, r2
+	el := func(id string) string {
+		return `{"rollout_id":"` + id + `","environment":"cfg-env","agent":{"name":"a","version":"1"},"task_id":"t","outcome":{"reward":1},"messages":[{"role":"user","content":"hi"}]}`
+	}
+	dir := t.TempDir()
+	for _, tc := range []struct {
+		name, content, wantErr string
+	}{
+		{"trailing comma", "[\n" + el("a0") + ",\n" + el("a1") + ",\n]\n", "element 3"},
+		{"data after the array", "[" + el("a0") + "," + el("a1") + "]\n{}\n", "after the array"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			bad := filepath.Join(dir, strings.ReplaceAll(tc.name, " ", "-")+".json")
+			if err := os.WriteFile(bad, []byte(tc.content), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			topic := testenv.UniqueTopic(t, "replay-stop")
+			testenv.CreateTopic(t, []string{addr}, topic, 1)
+			out, err := runCLI(t, ctx, "replay", "--brokers", addr, "--topic", topic, good, bad)
+			var ee *exitError
+			if !errors.As(err, &ee) || ee.code != 1 || !strings.Contains(err.Error(), tc.wantErr) {
+				t.Fatalf("got %v, want exit 1 naming %q\n%s", err, tc.wantErr, out)
+			}
+			if !strings.Contains(out, "sent 5 rollouts") {
+				t.Errorf("summary, want 5 sent:\n%s", out)
+			}
+			if got, want := readRolloutIDs(t, []string{addr}, topic, nil, 5), []string{"a0", "a1", "r0", "r1", "r2"}; !slices.Equal(got, want) {
+				t.Errorf("%s holds %v, want %v", topic, got, want)
+			}
+		})
+	}
+}
