@@ -77,6 +77,9 @@ func newRolloutProducer(cmd *cobra.Command, cfg config.Config, brokers []string,
 		if topic == "" {
 			return p, errors.New("--topic must not be empty")
 		}
+		if err := config.CheckTopic("--topic", topic); err != nil {
+			return p, err
+		}
 		p.topic = topic
 	}
 	return p, nil

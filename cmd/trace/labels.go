@@ -10,6 +10,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/traceops/trace/analyzer"
+	"github.com/traceops/trace/internal/config"
 	"github.com/traceops/trace/sink"
 )
 
@@ -45,6 +46,11 @@ that has already labeled rollouts of theirs: pick another
 			scope.DictionaryVersion = uint32(dictV)
 			if err := scope.Validate(); err != nil {
 				return err
+			}
+			if topic != "" {
+				if err := config.CheckTopic("--topic", topic); err != nil {
+					return err
+				}
 			}
 			runs, err := analyzer.LoadRuns(runsGlob)
 			if err != nil {

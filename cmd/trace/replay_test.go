@@ -172,6 +172,8 @@ func TestReplayBadConfigurationFailsAtStart(t *testing.T) {
 		{"unknown key", []string{"--set", "kafka.broker=127.0.0.1:9092"}, nil, "kafka.broker"},
 		{"empty --brokers", []string{"--brokers", ""}, nil, "--brokers: at least one broker is needed"},
 		{"empty --topic", []string{"--topic", ""}, nil, "--topic must not be empty"},
+		{"bad topic name", []string{"--set", "kafka.rollouts_topic=trace rollouts"}, nil, `kafka.rollouts_topic: "trace rollouts" is not a Kafka topic name`},
+		{"bad --topic", []string{"--topic", "trace rollouts"}, nil, `--topic: "trace rollouts" is not a Kafka topic name`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			for k, v := range tc.env {

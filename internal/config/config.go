@@ -522,6 +522,16 @@ func (c Config) Validate() error {
 		"kafka.ingest_group": k.IngestGroup, "kafka.analyze_group": k.AnalyzeGroup, "kafka.labels_group": k.LabelsGroup} {
 		if v == "" {
 			errs = append(errs, fmt.Errorf("%s: must not be empty", name))
+		} else if strings.HasSuffix(name, "_topic") {
+			if err := CheckTopic(name, v); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
+	// The labels stage dead-letters to kafka.labels_topic + ".dlq".
+	if k.LabelsTopic != "" && CheckTopic("kafka.labels_topic", k.LabelsTopic) == nil {
+		if dlq := k.LabelsTopic + ".dlq"; CheckTopic("", dlq) != nil {
+			errs = append(errs, fmt.Errorf("kafka.labels_topic: its dead letters' topic %q is not a Kafka topic name (at most 249 characters)", dlq))
 		}
 	}
 	// Each consumer needs a topic and a group of its own: the ingest and
@@ -775,6 +785,22 @@ var natsSchemes = []string{"nats", "tls", "ws", "wss"}
 // checkNATSURL checks nats.url: empty (the embedded server), or a
 // comma-separated list of server URLs (nats.go's form for a cluster), each
 // with a scheme nats.go speaks. Credentials in a URL are not shown.
+// CheckTopic refuses a topic name that Kafka refuses (InvalidTopicException:
+// 1 to 249 characters of ASCII letters, digits, '.', '_' and '-', neither
+// "." nor ".."), naming the setting; the embedded broker (kfake) takes any
+// name, so such a name would fail only on a real cluster.
+func CheckTopic(name, v string) error {
+	ok := v != "" && len(v) <= 249 && v != "." && v != ".."
+	for i := 0; ok && i < len(v); i++ {
+		c := v[i]
+		ok = 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '.' || c == '_' || c == '-'
+	}
+	if !ok {
+		return fmt.Errorf("%s: %q is not a Kafka topic name (1–249 characters of a-z, A-Z, 0-9, '.', '_' and '-'; not . or ..)", name, v)
+	}
+	return nil
+}
+
 func checkNATSURL(v string) error {
 	if v == "" {
 		return nil

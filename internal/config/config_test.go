@@ -132,6 +132,14 @@ func TestValidateNamesTheField(t *testing.T) {
 		{[]string{"kafka.dlq_topic=trace.rollouts"}, "kafka.dlq_topic"},
 		{[]string{"kafka.labels_topic=trace.rollouts"}, "kafka.labels_topic"},
 		{[]string{"kafka.dlq_topic=trace.labels"}, "kafka.dlq_topic"},
+		// Kafka refuses these topic names (kfake, the embedded broker, takes
+		// them): they failed only once trace met a real cluster.
+		{[]string{"kafka.rollouts_topic=trace rollouts"}, `kafka.rollouts_topic: "trace rollouts" is not a Kafka topic name`},
+		{[]string{"kafka.dlq_topic=trace/rollouts.dlq"}, `kafka.dlq_topic: "trace/rollouts.dlq" is not a Kafka topic name`},
+		{[]string{"kafka.labels_topic=.."}, `kafka.labels_topic: ".." is not a Kafka topic name`},
+		{[]string{"kafka.rollouts_topic=" + strings.Repeat("t", 250)}, "kafka.rollouts_topic: " + `"` + strings.Repeat("t", 250) + `" is not a Kafka topic name`},
+		{[]string{"kafka.labels_topic=" + strings.Repeat("t", 246)}, "kafka.labels_topic: its dead letters' topic " + `"` + strings.Repeat("t", 246) + `.dlq" is not a Kafka topic name`},
+		{[]string{"kafka.labels_topic=trace.étiquettes"}, "kafka.labels_topic"},
 		{[]string{"nokey"}, "--set"},
 		{[]string{"synthesizer.max_attempts=9"}, "synthesizer.max_attempts"},
 		{[]string{"llm.structured_output=grammar"}, `llm.structured_output: "grammar"`},
