@@ -355,6 +355,10 @@ func (s *LabelEventSink) Write(ctx context.Context, batch []stream.Record[*schem
 	rows := make([]sink.LabelRow, len(batch))
 	for i, rec := range batch {
 		rows[i] = sink.LabelRowFrom(rec.Value)
+		// A label without ts is placed at its Kafka message's timestamp,
+		// as a rollout without times is (sink.EventTime): a redelivery
+		// keeps it, so the label stays in its hour.
+		rows[i].TS = sink.EventTime(rows[i].TS, time.Time{}, rec.Time)
 	}
 	return writeLabels(ctx, s.Store, s.Evaluator, s.Metrics, schemas.SourceExternal, rows)
 }

@@ -485,3 +485,56 @@ func counterSum(t *testing.T, reg *prometheus.Registry, name string) float64 {
 	}
 	return sum
 }
+
+// TestLabelWithoutTSTakesItsMessageTime: a label event without ts is
+// placed at its Kafka message's timestamp, as a rollout without times is,
+// so a redelivered event (a crash between the insert and the commit) stays
+// in its hour. It took the insert's wall clock: each delivery its own hour,
+// and the hourly rollup counted the label in both.
+func TestLabelWithoutTSTakesItsMessageTime(t *testing.T) {
+	brokers := testenv.Kafka(t)
+	topic := testenv.UniqueTopic(t, "trace.labels")
+	testenv.CreateTopic(t, brokers, topic, 1)
+	ch := testenv.ClickHouse(t)
+	st := ch.Store()
+	at := time.Date(2025, 5, 1, 10, 20, 30, 0, time.UTC)
+	w := &kafka.Writer{Addr: kafka.TCP(brokers...), Transport: &kafka.Transport{}, Topic: topic, RequiredAcks: kafka.RequireAll, BatchTimeout: time.Millisecond}
+	defer w.Close()
+	var msgs []kafka.Message
+	for i := range 3 {
+		ev := schemas.LabelEvent{Schema: "label/v1", RolloutID: fmt.Sprintf("no-ts-%d", i), Environment: "no-ts", AgentVersion: "v1", DictionaryVersion: 1,
+			Capability: "cap", Label: schemas.LabelLacking, Source: schemas.SourceExternal}
+		b, _ := json.Marshal(&ev)
+		msgs = append(msgs, kafka.Message{Key: []byte(ev.Key()), Value: b, Time: at})
+	}
+	if err := w.WriteMessages(context.Background(), msgs...); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	defer func() { cancel(); wg.Wait() }()
+	c, err := stream.NewConsumer(stream.Config{Brokers: brokers, Topic: topic, GroupID: "labels", Stage: "labels",
+		BatchRows: 100, BatchTimeout: 200 * time.Millisecond}, ingest.DecodeLabel, &analyzer.LabelEventSink{Store: st}, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wg.Go(func() { _ = c.Run(ctx) })
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		var n uint64
+		var lo, hi time.Time
+		if err := ch.Conn().QueryRow(context.Background(), "SELECT count(), min(ts), max(ts) FROM capability_labels WHERE environment = 'no-ts'").Scan(&n, &lo, &hi); err != nil {
+			t.Fatal(err)
+		}
+		if n == 3 {
+			if !lo.Equal(at) || !hi.Equal(at) {
+				t.Fatalf("labels stored at %s..%s, want their message's time %s", lo.UTC(), hi.UTC(), at)
+			}
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of 3 labels stored after 30s", n)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
