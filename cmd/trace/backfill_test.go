@@ -300,9 +300,16 @@ func TestBackfillDecidesAsTheStream(t *testing.T) {
 	if !errors.Is(err, context.Canceled) || res.Labeled != 100 || res.Compacted != 0 {
 		t.Fatalf("interrupted backfill: %+v, %v", res, err)
 	}
+	// Its stderr is not a terminal: progress lines, not a bar (it wrote
+	// nothing at all, however long the backfill took).
+	defer func(d time.Duration) { backfillProgressEvery = d }(backfillProgressEvery)
+	backfillProgressEvery = 0
 	out, err := runCLI(t, ctx, append([]string{"dict", "apply", dict, "--backfill"}, a.cli...)...)
 	if err != nil {
 		t.Fatalf("dict apply --backfill: %v\n%s", err, out)
+	}
+	if !regexp.MustCompile(`(?m)^backfill: \d+ of \d+ rollouts labeled \(\d+%\), \d+s$`).MatchString(out) {
+		t.Errorf("dict apply --backfill wrote no progress line:\n%s", out)
 	}
 	t.Logf("dict apply --backfill:\n%s", out)
 	// Resumed: the 100 rollouts of the first batch are not labeled again.

@@ -69,7 +69,8 @@ the coordinates stored with it; a rollout Kafka no longer holds is labeled
 from its stored, compacted form (contents cut to 300 characters), and the
 summary counts them. Progress lives in ClickHouse: an interrupted relabel
 resumes where it stopped when run again. A progress bar is drawn on stderr
-when it is a terminal.
+when it is a terminal; otherwise (a log file, a CI job) a progress line is
+written to stderr every 10 s.
 
 With the llm labeler, relabel first prints the model calls and tokens it
 will spend and stops; run it again with --yes to spend them.
@@ -110,6 +111,10 @@ window, thresholds and exactly-once synthesis requests).`,
 	cmd.Flags().StringVar(&version, "agent-version", "", "only this agent version")
 	rootCmd.AddCommand(cmd)
 }
+
+// backfillProgressEvery is the interval of the progress lines a backfill
+// writes to a stderr that is not a terminal.
+var backfillProgressEvery = 10 * time.Second
 
 // errNeedsYes is returned when the llm labeler's cost was printed and
 // --yes was not given.
@@ -180,9 +185,17 @@ func backfill(ctx context.Context, out, errw io.Writer, cfg config.Config, w *di
 			progressbar.OptionClearOnFinish(), progressbar.OptionFullWidth())
 		defer bar.Exit()
 	}
+	start, last := time.Now(), time.Now()
 	res, err := b.Run(ctx, targets, func(done int) {
 		if bar != nil {
 			_ = bar.Set(done)
+			return
+		}
+		// Not a terminal (a log file, a CI job, a Kubernetes job): a
+		// progress line now and then, as trace replay writes.
+		if total > 0 && time.Since(last) >= backfillProgressEvery {
+			last = time.Now()
+			fmt.Fprintf(errw, "backfill: %d of %d rollouts labeled (%.0f%%), %s\n", done, total, 100*float64(done)/float64(total), time.Since(start).Round(time.Second))
 		}
 	})
 	if bar != nil {
