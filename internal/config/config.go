@@ -782,9 +782,6 @@ func (c Config) EnvServerURL() string {
 // natsSchemes are the URL schemes nats.go connects with.
 var natsSchemes = []string{"nats", "tls", "ws", "wss"}
 
-// checkNATSURL checks nats.url: empty (the embedded server), or a
-// comma-separated list of server URLs (nats.go's form for a cluster), each
-// with a scheme nats.go speaks. Credentials in a URL are not shown.
 // CheckTopic refuses a topic name that Kafka refuses (InvalidTopicException:
 // 1 to 249 characters of ASCII letters, digits, '.', '_' and '-', neither
 // "." nor ".."), naming the setting; the embedded broker (kfake) takes any
@@ -801,6 +798,9 @@ func CheckTopic(name, v string) error {
 	return nil
 }
 
+// checkNATSURL checks nats.url: empty (the embedded server), or a
+// comma-separated list of server URLs (nats.go's form for a cluster), each
+// with a scheme nats.go speaks. Credentials in a URL are not shown.
 func checkNATSURL(v string) error {
 	if v == "" {
 		return nil
