@@ -40,14 +40,15 @@ GROUP BY agent_version, time_bucket
 ORDER BY agent_version, time_bucket`
 
 // rawPassRateWeekly (before the rollup) is the pass rate per agent version of one environment per
-// week (weeks start on Monday, in the server's time zone).
+// week (weeks start on Monday, in the server's time zone), from the week
+// of since to the week of the anchor.
 //
-// Binds: environment, since (Unix seconds).
+// Binds: environment, since (Unix seconds), anchor (Unix seconds).
 const rawPassRateWeekly = `SELECT toMonday(bucket) AS week, agent_version,
 	uniqExactMerge(rollouts) AS rollouts,
 	uniqExactIfMerge(successes) AS successes
 FROM rollout_counts
-WHERE environment = ? AND bucket >= toDateTime(?)
+WHERE environment = ? AND bucket >= toDateTime(?) AND bucket < toDateTime(toMonday(toDateTime(?)) + 7)
 GROUP BY week, agent_version
 ORDER BY week, agent_version`
 
@@ -90,10 +91,10 @@ ORDER BY capability, time_bucket`
 // rawLackingWeekly (before the rollup) is, per week, agent version and capability of one
 // environment, the mean over runs of Cov (the share of failed rollouts
 // labeled LACKING), of Δ and of the number of failures labeled LACKING: the
-// failure trends. Labels of every dictionary version count; a capability is
-// matched by name.
+// failure trends, from since to the end of the anchor's week. Labels of
+// every dictionary version count; a capability is matched by name.
 //
-// Binds: environment, since (Unix seconds).
+// Binds: environment, since (Unix seconds), anchor (Unix seconds).
 const rawLackingWeekly = `SELECT week, agent_version, capability,
 	avg(cov) AS mean_cov,
 	avg(delta) AS mean_delta,
@@ -114,7 +115,7 @@ FROM (
 			argMax(success, ingest_ns) AS ok,
 			argMax(ts, ingest_ns) AS t
 		FROM capability_labels
-		WHERE environment = ? AND ts >= toDateTime(?)
+		WHERE environment = ? AND ts >= toDateTime(?) AND ts < toDateTime(toMonday(toDateTime(?)) + 7)
 		GROUP BY agent_version, capability, run, rollout_id
 	)
 	GROUP BY week, agent_version, capability, run
@@ -330,25 +331,27 @@ GROUP BY agent_version, time_bucket
 ORDER BY agent_version, time_bucket`, "env", "since")
 
 // QPassRateWeekly is the pass rate per agent version of one environment per
-// week (weeks start on Monday, in the server's time zone).
+// week (weeks start on Monday, in the server's time zone), from since to
+// the end of the anchor's week (the trends page's "this week").
 //
-// Binds: environment, since (Unix seconds).
+// Binds: environment, since (Unix seconds), anchor (Unix seconds).
 var QPassRateWeekly, passRateWeeklyArgs = named(`SELECT week, agent_version, sum(r) AS rollouts, sum(s) AS successes
 FROM (
 	SELECT toMonday(hour) AS week, agent_version, r, s
 	FROM (
 		SELECT agent_version, hour, argMax(rollouts, version) AS r, argMax(successes, version) AS s
 		FROM rollout_hourly
-		WHERE environment = {env} AND hour >= toDateTime({since}) AND `+rolledUp(dirtyRollouts)+`
+		WHERE environment = {env} AND hour >= toDateTime({since}) AND hour < toDateTime(toMonday(toDateTime({anchor})) + 7) AND `+rolledUp(dirtyRollouts)+`
 		GROUP BY agent_version, hour)
 	UNION ALL
 	SELECT toMonday(bucket) AS week, agent_version, uniqExactMerge(rollouts) AS r, uniqExactIfMerge(successes) AS s
 	FROM rollout_counts
-	WHERE environment = {env} AND bucket >= toDateTime({since}) AND `+rawHours("bucket", "bucket", dirtyRollouts, "")+`
+	WHERE environment = {env} AND bucket >= toDateTime({since}) AND bucket < toDateTime(toMonday(toDateTime({anchor})) + 7)
+		AND `+rawHours("bucket", "bucket", dirtyRollouts, "")+`
 	GROUP BY week, agent_version
 )
 GROUP BY week, agent_version
-ORDER BY week, agent_version`, "env", "since")
+ORDER BY week, agent_version`, "env", "since", "anchor")
 
 // labelStats are each run's Cov and Δ from the summed counts.
 const labelStats = `if(failed = 0, 0., lf / failed) AS cov,
@@ -411,9 +414,10 @@ ORDER BY capability, time_bucket`, "env", "av", "dict", "since")
 // labeled LACKING), of Δ and of the number of failures labeled LACKING: the
 // failure trends. Labels of every dictionary version count (one label per
 // agent version, capability, run and rollout: the rollup's dicts = 1 rows);
-// a capability is matched by name.
+// a capability is matched by name. It ends with the anchor's week (the
+// trends page's "this week").
 //
-// Binds: environment, since (Unix seconds).
+// Binds: environment, since (Unix seconds), anchor (Unix seconds).
 var QLackingWeekly, lackingWeeklyArgs = named(`SELECT week, agent_version, capability,
 	avg(cov) AS mean_cov,
 	avg(delta) AS mean_delta,
@@ -429,7 +433,8 @@ FROM (
 			FROM (
 				SELECT agent_version, capability, run, hour, `+newestLabelCounts+`
 				FROM label_hourly
-				WHERE environment = {env} AND dicts = 1 AND hour >= toDateTime({since}) AND `+rolledUp(dirtyLabels)+`
+				WHERE environment = {env} AND dicts = 1 AND hour >= toDateTime({since}) AND hour < toDateTime(toMonday(toDateTime({anchor})) + 7)
+					AND `+rolledUp(dirtyLabels)+`
 				GROUP BY agent_version, capability, run, hour)
 			UNION ALL
 			SELECT toMonday(t) AS week, agent_version, capability, run, `+labelRawCols+`
@@ -439,7 +444,7 @@ FROM (
 					argMax(success, ingest_ns) AS ok,
 					argMax(ts, ingest_ns) AS t
 				FROM labels_by_time
-				WHERE environment = {env} AND ts >= toDateTime({since})
+				WHERE environment = {env} AND ts >= toDateTime({since}) AND ts < toDateTime(toMonday(toDateTime({anchor})) + 7)
 					AND `+rawHours("ts", "toStartOfHour(ts)", dirtyLabels, "{since}")+`
 				GROUP BY agent_version, capability, run, rollout_id
 			)
@@ -449,7 +454,7 @@ FROM (
 	)
 )
 GROUP BY week, agent_version, capability
-ORDER BY week, agent_version, mean_cov DESC, capability`, "env", "since")
+ORDER BY week, agent_version, mean_cov DESC, capability`, "env", "since", "anchor")
 
 // QLackingWeekOverWeek compares, per capability of one environment and agent
 // version, this week with last week: mean over runs of Cov, Δ and the
@@ -757,9 +762,10 @@ var DashboardQueries = []DashboardQuery{
 	},
 	{
 		Name: "QPassRateWeekly", Title: "Pass rate over time per agent version (weekly)",
-		Purpose: "The trends page's pass-rate chart: rollouts and successes per week and agent version.",
+		Purpose: "The trends page's pass-rate chart: rollouts and successes per week and agent version, up to the anchor's week.",
 		SQL:     QPassRateWeekly, Raw: rawPassRateWeekly, Args: passRateWeeklyArgs,
-		Binds: []DashboardBind{{"environment", "'airline'"}, {"since (Unix seconds)", "toUInt32(toDateTime(toMonday(today()) - 7 * 7))"}},
+		Binds: []DashboardBind{{"environment", "'airline'"}, {"since (Unix seconds)", "toUInt32(toDateTime(toMonday(today()) - 7 * 7))"},
+			{"anchor: a time in the last week shown (Unix seconds)", "toUInt32(now())"}},
 	},
 	{
 		Name: "QCapabilityHourly", Title: "Cov and Δ over time per capability (hourly)",
@@ -770,9 +776,10 @@ var DashboardQueries = []DashboardQuery{
 	},
 	{
 		Name: "QLackingWeekly", Title: "LACKING capabilities per week and agent version",
-		Purpose: "The trends page's weekly table: mean Cov, Δ and LACKING failures per week, agent version and capability, highest Cov first.",
+		Purpose: "The trends page's weekly table: mean Cov, Δ and LACKING failures per week, agent version and capability, highest Cov first, up to the anchor's week.",
 		SQL:     QLackingWeekly, Raw: rawLackingWeekly, Args: lackingWeeklyArgs,
-		Binds: []DashboardBind{{"environment", "'airline'"}, {"since (Unix seconds)", "toUInt32(toDateTime(toMonday(today()) - 7 * 7))"}},
+		Binds: []DashboardBind{{"environment", "'airline'"}, {"since (Unix seconds)", "toUInt32(toDateTime(toMonday(today()) - 7 * 7))"},
+			{"anchor: a time in the last week shown (Unix seconds)", "toUInt32(now())"}},
 	},
 	{
 		Name: "QLackingWeekOverWeek", Title: "Top LACKING capabilities this week vs last week",

@@ -41,10 +41,13 @@ func rollupCases() []rollupCase {
 				rollupCase{"QCapabilityHourly v2 dict2" + sfx, sink.QCapabilityHourly, daily, []any{"env", "v2", uint32(2), u(since)}},
 			)
 		}
-		sfx := fmt.Sprintf(" since=%d", u(since))
-		cs = append(cs,
-			rollupCase{"QPassRateWeekly" + sfx, sink.QPassRateWeekly, false, []any{"env", u(since)}},
-			rollupCase{"QLackingWeekly" + sfx, sink.QLackingWeekly, false, []any{"env", u(since)}})
+		// The weeks end with the anchor's: this week, or the week before.
+		for _, at := range []time.Time{rollupBase.Add(50 * time.Hour), rollupBase.Add(-50 * time.Hour)} {
+			sfx := fmt.Sprintf(" since=%d at=%d", u(since), u(at))
+			cs = append(cs,
+				rollupCase{"QPassRateWeekly" + sfx, sink.QPassRateWeekly, false, []any{"env", u(since), u(at)}},
+				rollupCase{"QLackingWeekly" + sfx, sink.QLackingWeekly, false, []any{"env", u(since), u(at)}})
+		}
 	}
 	for _, at := range []time.Time{rollupBase.Add(50 * time.Hour), rollupBase.Add(-50 * time.Hour)} {
 		for _, av := range []string{"v1", "v2"} {

@@ -957,7 +957,7 @@ func (s *server) trends(ctx context.Context, p trendsParams) (*TrendsResponse, e
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(4)
 	g.Go(func() error {
-		rows, err := s.d.Store.QueryDashboard(gctx, sink.QPassRateWeekly, false, resp.Environment, unix(since))
+		rows, err := s.d.Store.QueryDashboard(gctx, sink.QPassRateWeekly, false, resp.Environment, unix(since), unix(at))
 		if err != nil {
 			return fmt.Errorf("trends: pass rate: %w", err)
 		}
@@ -977,7 +977,7 @@ func (s *server) trends(ctx context.Context, p trendsParams) (*TrendsResponse, e
 		return nil
 	})
 	g.Go(func() error {
-		rows, err := s.d.Store.QueryDashboard(gctx, sink.QLackingWeekly, false, resp.Environment, unix(since))
+		rows, err := s.d.Store.QueryDashboard(gctx, sink.QLackingWeekly, false, resp.Environment, unix(since), unix(at))
 		if err != nil {
 			return fmt.Errorf("trends: lacking: %w", err)
 		}

@@ -496,7 +496,7 @@ func checkSample(ctx context.Context, st *sink.Store, now time.Time) (int, error
 					cs = append(cs, c{sink.QCapabilityHourly, daily, []any{env, av, uint32(1), u(since)}})
 				}
 			}
-			cs = append(cs, c{sink.QLackingWeekly, false, []any{env, u(since)}}, c{sink.QPassRateWeekly, false, []any{env, u(since)}})
+			cs = append(cs, c{sink.QLackingWeekly, false, []any{env, u(since), u(now)}}, c{sink.QPassRateWeekly, false, []any{env, u(since), u(now)}})
 		}
 		for _, av := range sink.BenchAgentVersions {
 			cs = append(cs, c{sink.QLackingWeekOverWeek, false, []any{u(now), env, av, u(now), u(now), uint32(10)}})
