@@ -498,7 +498,11 @@ func TestAPI(t *testing.T) {
 			"/api/trends?at=1764900000000", "/api/trends?at=-5", "/api/trends?at=2200-01-01T00:00:00Z",
 			// weeks before 1970 (its Date wraps around to 2149 too); a dict
 			// of "v" alone (it meant the newest).
-			"/api/trends?at=0", "/api/trends?at=1970-02-01T00:00:00Z&weeks=8", "/api/overview?dict=v"} {
+			"/api/trends?at=0", "/api/trends?at=1970-02-01T00:00:00Z&weeks=8", "/api/overview?dict=v",
+			// a week ending after 2106-02-07 (the end of its DateTime): the
+			// end of this week wrapped around to 1970, and every weekly
+			// statement read nothing.
+			"/api/trends?at=2106-02-03T00:00:00Z", "/api/trends?at=4294967295"} {
 			code, body := getStatus(h, p)
 			if code != http.StatusBadRequest || !strings.Contains(body, `"error"`) {
 				t.Errorf("GET %s: %d %s", p, code, body)

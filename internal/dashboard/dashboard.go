@@ -327,6 +327,10 @@ func (p *params) time(name string) time.Time {
 
 const maxHours = 24 * 92
 
+// latestAt is the latest trends anchor whose week (and the day of time
+// zones either side) ends inside ClickHouse's DateTime.
+var latestAt = time.Unix(math.MaxUint32, 0).AddDate(0, 0, -8)
+
 func parseOverview(r *http.Request) (overviewParams, error) {
 	p := &params{q: r.URL.Query()}
 	o := overviewParams{Env: p.str("env"), AgentVersion: p.str("agent_version"), Dict: p.dict(),
@@ -358,6 +362,12 @@ func parseTrends(r *http.Request) (trendsParams, error) {
 	// must not fall before 1970, where ClickHouse's Date wraps around.
 	if earliest := time.Unix(0, 0).AddDate(0, 0, 7*t.Weeks+7); p.err == nil && !t.At.IsZero() && t.At.Before(earliest) {
 		p.err = badRequest{fmt.Sprintf("parameter at: with weeks=%d, want a time from %s on, got %q", t.Weeks, earliest.UTC().Format(time.DateOnly), p.str("at"))}
+	}
+	// Its week ends on the next Monday: that must not pass 2106-02-07,
+	// where ClickHouse's DateTime wraps around to 1970 (and the weeks
+	// would read nothing).
+	if p.err == nil && t.At.After(latestAt) {
+		p.err = badRequest{fmt.Sprintf("parameter at: want a time up to %s, got %q", latestAt.UTC().Format(time.DateOnly), p.str("at"))}
 	}
 	return t, p.err
 }
