@@ -881,3 +881,36 @@ func TestDictionariesOncePerRequest(t *testing.T) {
 		t.Fatalf("%d labeled cohorts, decision %+v", labeled, o.Decision)
 	}
 }
+
+// TestAPIErrorsAreJSON: an unknown endpoint under /api/ (404) and another
+// method than GET on any (405, with Allow) answer {"error": …} as every
+// other API error does, not the server's plain text.
+func TestAPIErrorsAreJSON(t *testing.T) {
+	h := New(Deps{})
+	for _, tt := range []struct {
+		method, path string
+		code         int
+	}{
+		{http.MethodGet, "/api/nope", http.StatusNotFound},
+		{http.MethodGet, "/api/overview/", http.StatusNotFound},
+		{http.MethodGet, "/api/environments/x/y/z", http.StatusNotFound},
+		{http.MethodPost, "/api/overview", http.StatusMethodNotAllowed},
+		{http.MethodDelete, "/api/environments/env-1", http.StatusMethodNotAllowed},
+		{http.MethodPut, "/api/", http.StatusMethodNotAllowed},
+	} {
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, httptest.NewRequest(tt.method, tt.path, nil))
+		var body map[string]string
+		if rec.Code != tt.code || !strings.HasPrefix(rec.Header().Get("Content-Type"), "application/json") ||
+			json.Unmarshal(rec.Body.Bytes(), &body) != nil || body["error"] == "" {
+			t.Errorf("%s %s: %d %q %s, want %d and a JSON error", tt.method, tt.path, rec.Code, rec.Header().Get("Content-Type"), rec.Body.String(), tt.code)
+		}
+		if tt.code == http.StatusMethodNotAllowed && rec.Header().Get("Allow") != "GET, HEAD" {
+			t.Errorf("%s %s: Allow %q", tt.method, tt.path, rec.Header().Get("Allow"))
+		}
+	}
+	// The pages keep the server's answers.
+	if code, _ := getStatus(h, "/nope"); code != http.StatusNotFound {
+		t.Errorf("unknown page: %d", code)
+	}
+}

@@ -20,6 +20,10 @@
 //	/api/loop
 //	/assets/...       embedded CSS
 //
+// Every error of the API is JSON, {"error": "…"}: a bad parameter (400), no
+// store (503), an unknown endpoint under /api/ (404) or another method than
+// GET (405).
+//
 // Pages are rendered on the server with html/template; charts are inline SVG
 // drawn in Go (svg.go). Nothing is loaded from the internet. The SQL lives in
 // sink/dashboard.go (run through the Store interface's QueryDashboard) and is
@@ -186,6 +190,7 @@ func New(d Deps) http.Handler {
 	mux.HandleFunc("GET /api/environments/{id}", s.apiEnvironment)
 	mux.HandleFunc("GET /api/environments/{id}/program", s.apiProgram)
 	mux.HandleFunc("GET /api/training", s.apiTraining)
+	mux.HandleFunc("/api/", s.apiUnknown)
 	assets, _ := fs.Sub(files, "assets")
 	static := http.StripPrefix("/assets/", http.FileServer(http.FS(assets)))
 	mux.Handle("GET /assets/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -442,6 +447,20 @@ func (s *server) apiIndex(w http.ResponseWriter, _ *http.Request) {
 			"/api/loop":                      "?hours=168|all&bucket=hour|day: the closed loop per capability and the routing share",
 		},
 	})
+}
+
+// apiUnknown answers what no endpoint of the API serves, in the API's
+// error shape: another method than GET (405; the API only reads), or an
+// unknown path (404).
+func (s *server) apiUnknown(w http.ResponseWriter, r *http.Request) {
+	code, msg := http.StatusNotFound, fmt.Sprintf("no endpoint %s: GET /api/ lists them", r.URL.Path)
+	if r.Method != http.MethodGet && r.Method != http.MethodHead {
+		w.Header().Set("Allow", "GET, HEAD")
+		code, msg = http.StatusMethodNotAllowed, fmt.Sprintf("method %s not allowed: the API answers GET only", r.Method)
+	}
+	w.Header().Set("Content-Type", "application/json; charset=utf-8")
+	w.WriteHeader(code)
+	json.NewEncoder(w).Encode(map[string]string{"error": msg})
 }
 
 // fetch parses a request's parameters and loads its data; on failure it has
