@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -68,6 +69,12 @@ func bearer(token string, h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if !httpauth.Match(token, httpauth.Bearer(r.Header.Get("Authorization")), r.URL.Query().Get("token")) {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="trace"`)
+			if strings.HasPrefix(r.URL.Path, "/api/") { // the API's errors are JSON
+				w.Header().Set("Content-Type", "application/json; charset=utf-8")
+				w.WriteHeader(http.StatusUnauthorized)
+				w.Write([]byte(`{"error":"unauthorized: send http.bearer_token as Authorization: Bearer <token>"}` + "\n"))
+				return
+			}
 			http.Error(w, "unauthorized", http.StatusUnauthorized)
 			return
 		}

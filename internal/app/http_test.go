@@ -123,5 +123,16 @@ func TestBearer(t *testing.T) {
 		if rec.Code != tt.code {
 			t.Errorf("Authorization %q, ?token=%q: %d, want %d", tt.authz, tt.query, rec.Code, tt.code)
 		}
+		// The API's refusal is its JSON error, as its other errors are.
+		if tt.code == 401 && (!strings.HasPrefix(rec.Header().Get("Content-Type"), "application/json") ||
+			!strings.Contains(rec.Body.String(), `"error"`) || rec.Header().Get("WWW-Authenticate") == "") {
+			t.Errorf("Authorization %q, ?token=%q: 401 %q %s, want a JSON error and WWW-Authenticate", tt.authz, tt.query, rec.Header().Get("Content-Type"), rec.Body.String())
+		}
+	}
+	// A page's refusal stays plain text.
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, httptest.NewRequest("GET", "/trends", nil))
+	if rec.Code != 401 || strings.HasPrefix(rec.Header().Get("Content-Type"), "application/json") {
+		t.Errorf("page: %d %q", rec.Code, rec.Header().Get("Content-Type"))
 	}
 }
