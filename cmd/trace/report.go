@@ -130,7 +130,9 @@ the status of the environment the synthesize role made for a selected one
 
 Windows follow event time, as the analyzer's do: each cohort's window ends
 at its watermark, the end time of its newest labeled rollout ("as of"), so
-replayed history reports as it did live. --window all takes every rollout.
+replayed history reports as it did live. --window all takes every rollout
+(analyzer.window_rollouts does not apply then); a duration replaces
+analyzer.window, and analyzer.window_rollouts still keeps the last M.
 
 A cohort the analyze role's evaluator has evaluated shows its latest stored
 evaluation (the decision as it made it, at most analyzer.interval old; the
@@ -175,6 +177,10 @@ closed loop, its check could not be read).`,
 			win, err := reportWindow(window, cfg.Analyzer.Window)
 			if err != nil {
 				return err
+			}
+			if window == "all" {
+				// Every rollout: not the last analyzer.window_rollouts either.
+				cfg.Analyzer.WindowRollouts = 0
 			}
 			ctx := cmd.Context()
 			st, err := openStore(ctx, cfg)

@@ -492,3 +492,40 @@ func TestReportWindow(t *testing.T) {
 		t.Errorf("loopShareWindow(7d) = %v", got)
 	}
 }
+
+// TestReportWindowAllIgnoresWindowRollouts: --window all takes every
+// rollout, as its help says, also with analyzer.window_rollouts set (the
+// last M rollouts of the configured window); a duration keeps that limit.
+func TestReportWindowAllIgnoresWindowRollouts(t *testing.T) {
+	ch := testenv.ClickHouse(t)
+	st := ch.Store()
+	ctx := context.Background()
+	now := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
+	var rows []sink.LabelRow
+	for i := range 30 {
+		ev := schemas.LabelEvent{RolloutID: fmt.Sprintf("r%02d", i), Environment: "env", AgentVersion: "v1", DictionaryVersion: 1, Capability: "some_cap",
+			Label: "LACKING", Success: i%3 == 0, Source: schemas.SourceRules, TS: now.Add(-time.Duration(i) * time.Hour)}
+		rows = append(rows, sink.LabelRowFrom(&ev))
+	}
+	if err := st.InsertLabels(ctx, rows); err != nil {
+		t.Fatal(err)
+	}
+	args := []string{"report", "--format", "json", "--set", "clickhouse.addr=" + ch.Addr, "--set", "clickhouse.database=" + ch.Database,
+		"--set", "analyzer.window_rollouts=10"}
+	for _, tc := range []struct {
+		window   string
+		rollouts int
+	}{{"all", 30}, {"7d", 10}, {"5h", 6}} {
+		out, err := runCLI(t, ctx, append(args, "--window", tc.window)...)
+		if err != nil {
+			t.Fatalf("--window %s: %v\n%s", tc.window, err, out)
+		}
+		var got []reportRow
+		if err := json.Unmarshal([]byte(out), &got); err != nil {
+			t.Fatalf("--window %s: %v\n%s", tc.window, err, out)
+		}
+		if len(got) != 1 || got[0].Rollouts != tc.rollouts {
+			t.Errorf("--window %s: %+v, want %d rollouts in the window", tc.window, got, tc.rollouts)
+		}
+	}
+}
