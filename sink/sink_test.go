@@ -565,3 +565,60 @@ func TestLocationIsTheServers(t *testing.T) {
 		t.Fatalf("toStartOfDay = %v, the day in Location starts %v", day, want)
 	}
 }
+
+// TestRolloutEndTimes: the stored end times of the rollouts asked for, of
+// several cohorts in one query: the newest copy's of a redelivered rollout,
+// none for a rollout not stored or stored in another cohort only, and as
+// many ids as a batch holds, a statement longer than max_query_size.
+func TestRolloutEndTimes(t *testing.T) {
+	s := openStore(t)
+	ctx := context.Background()
+	at := time.Date(2025, 5, 1, 10, 20, 30, 0, time.UTC)
+	row := func(env, version, id string, end time.Time) sink.RolloutRow {
+		return sink.RolloutRow{RolloutID: id, Environment: env, AgentName: "a", AgentVersion: version, TaskID: "t", StartTime: end.Add(-time.Minute), EndTime: end}
+	}
+	if err := s.InsertRollouts(ctx, []sink.RolloutRow{row("e1", "v1", "r1", at), row("e1", "v2", "r2", at.Add(time.Hour)), row("e2", "v1", "r1", at.Add(2*time.Hour))}); err != nil {
+		t.Fatal(err)
+	}
+	// Stored again later with another end time: the newest copy's counts.
+	time.Sleep(time.Millisecond)
+	if err := s.InsertRollouts(ctx, []sink.RolloutRow{row("e1", "v2", "r2", at.Add(3*time.Hour))}); err != nil {
+		t.Fatal(err)
+	}
+	keys := []sink.RolloutKey{{Environment: "e1", AgentVersion: "v1", RolloutID: "r1"}, {Environment: "e1", AgentVersion: "v2", RolloutID: "r2"},
+		{Environment: "e2", AgentVersion: "v1", RolloutID: "r1"}, {Environment: "e1", AgentVersion: "v1", RolloutID: "r2"},
+		{Environment: "e2", AgentVersion: "v2", RolloutID: "r1"}, {Environment: "e3", AgentVersion: "v1", RolloutID: "r1"}}
+	got, err := s.RolloutEndTimes(ctx, keys)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[sink.RolloutKey]time.Time{keys[0]: at, keys[1]: at.Add(3 * time.Hour), keys[2]: at.Add(2 * time.Hour)}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("RolloutEndTimes = %v, want %v", got, want)
+	}
+	// A batch's worth of long ids: ~700 KiB of statement, one query.
+	var many []sink.RolloutKey
+	var rows []sink.RolloutRow
+	for i := range 10000 {
+		id := fmt.Sprintf("%064d", i)
+		many = append(many, sink.RolloutKey{Environment: "e4", AgentVersion: "v1", RolloutID: id})
+		if i%100 == 0 {
+			rows = append(rows, row("e4", "v1", id, at.Add(time.Duration(i)*time.Second)))
+		}
+	}
+	if err := s.InsertRollouts(ctx, rows); err != nil {
+		t.Fatal(err)
+	}
+	got, err = s.RolloutEndTimes(ctx, many)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != len(rows) {
+		t.Fatalf("%d end times of %d ids, %d of them stored", len(got), len(many), len(rows))
+	}
+	for _, r := range rows {
+		if k := (sink.RolloutKey{Environment: "e4", AgentVersion: "v1", RolloutID: r.RolloutID}); !got[k].Equal(r.EndTime) {
+			t.Fatalf("%s: %v, want %v", r.RolloutID, got[k], r.EndTime)
+		}
+	}
+}

@@ -216,6 +216,33 @@ func storedRolloutsSQL(env, agentVersion string, since time.Time) (string, []any
 	GROUP BY rollout_id ORDER BY en, rollout_id`, []any{env, agentVersion, uint32(max(since.Unix(), 0))}
 }
 
+// rolloutEndTimesSQL is the query of RolloutEndTimes: the stored end time
+// of each given rollout (its most recently ingested copy's, as
+// storedRolloutsSQL reads it), all in one statement, the ids of each
+// (environment, agent version) bound as one array (IN over its arrayJoin,
+// as rolloutsByIDSQL: a set the sort key serves, and one literal to parse
+// however many ids). keys must not be empty.
+func rolloutEndTimesSQL(keys []RolloutKey) (string, []any) {
+	var order [][2]string
+	ids := map[[2]string][]string{}
+	for _, k := range keys {
+		c := [2]string{k.Environment, k.AgentVersion}
+		if _, ok := ids[c]; !ok {
+			order = append(order, c)
+		}
+		ids[c] = append(ids[c], k.RolloutID)
+	}
+	conds := make([]string, len(order))
+	args := make([]any, 0, 3*len(order))
+	for i, c := range order {
+		conds[i] = "(environment = ? AND agent_version = ? AND rollout_id IN (SELECT arrayJoin(?)))"
+		args = append(args, c[0], c[1], ids[c])
+	}
+	return `SELECT environment, agent_version, rollout_id, argMax(end_time, ingest_ns)
+	FROM rollouts WHERE ` + strings.Join(conds, "\n\t\tOR ") + `
+	GROUP BY environment, agent_version, rollout_id`, args
+}
+
 // labeledRunsSQL is the query of LabeledRuns: the runs of each rollout of a
 // cohort that have labels or whose newest label_runs record is ok.
 func labeledRunsSQL(c Cohort) (string, []any) {

@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"time"
+
+	"github.com/ClickHouse/clickhouse-go/v2"
 )
 
 // DictionaryRow is one stored dictionary version (Body is its JSON).
@@ -151,4 +153,71 @@ func (s *Store) runSet(ctx context.Context, what, q string, args []any) (map[int
 		out[int(r)] = true
 	}
 	return out, rows.Err()
+}
+
+// RolloutKey names a stored rollout: the rollouts table's key.
+type RolloutKey struct {
+	Environment, AgentVersion, RolloutID string
+}
+
+// RolloutEndTimes returns the stored end time of each of the given rollouts
+// (of its most recently ingested copy: its end_time, start_time or Kafka
+// message time, EventTime) in one query, however many; a rollout not stored
+// is absent. The label events without ts take it (analyzer.LabelEventSink),
+// as the built-in labelers' labels do.
+func (s *Store) RolloutEndTimes(ctx context.Context, keys []RolloutKey) (map[RolloutKey]time.Time, error) {
+	out := make(map[RolloutKey]time.Time, len(keys))
+	if len(keys) == 0 {
+		return out, nil
+	}
+	q, args := rolloutEndTimesSQL(keys)
+	rows, err := s.conn.Query(withQuerySize(ctx, q, args), q, args...)
+	if err != nil {
+		return nil, fmt.Errorf("rollout end times: %w", err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var (
+			k   RolloutKey
+			end time.Time
+		)
+		if err := rows.Scan(&k.Environment, &k.AgentVersion, &k.RolloutID, &end); err != nil {
+			return nil, fmt.Errorf("rollout end times: %w", err)
+		}
+		out[k] = end.UTC()
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("rollout end times: %w", err)
+	}
+	return out, nil
+}
+
+// defaultMaxQuerySize is ClickHouse's default max_query_size: the longest
+// statement (besides an INSERT's data) it parses.
+const defaultMaxQuerySize = 256 << 10
+
+// withQuerySize is ctx with max_query_size raised (a setting of this query
+// only) when q with args bound in its text, as clickhouse-go binds them,
+// may be longer than the default: a lookup of a whole batch's ids is one
+// statement whatever their number, and ClickHouse would refuse it for good
+// (a syntax error, not retried).
+func withQuerySize(ctx context.Context, q string, args []any) context.Context {
+	n := len(q)
+	for _, a := range args {
+		switch v := a.(type) {
+		case string:
+			n += 2*len(v) + 4 // quoted, each byte escaped at worst
+		case []string:
+			n += 2
+			for _, s := range v {
+				n += 2*len(s) + 4 // and ", "
+			}
+		default:
+			n += 64
+		}
+	}
+	if n <= defaultMaxQuerySize {
+		return ctx
+	}
+	return clickhouse.Context(ctx, clickhouse.WithSettings(clickhouse.Settings{"max_query_size": n + 1024}))
 }
