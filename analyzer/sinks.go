@@ -343,24 +343,61 @@ func (s *LabelingSink) flush(ctx context.Context, out *labeled) error {
 }
 
 // LabelEventSink is the stream.Sink of the external label topic
-// (trace.labels): events are validated by the decoder and written as they are.
+// (trace.labels): events are validated by the decoder and written as they
+// are, those without ts placed in time first (Write).
 type LabelEventSink struct {
-	Store     LabelStore
+	Store     LabelEventStore
 	Evaluator *Evaluator
 	Metrics   *Metrics
 }
 
 // Write implements stream.Sink.
+//
+// A label without ts is placed at its rollout's stored time (its end time,
+// as the built-in labelers' labels are), read for the whole batch in one
+// query, so that the same label published again later (trace labels import
+// run again) stays in its rollout's hour and window. One whose rollout is
+// not stored (labels arriving before their rollouts) takes its Kafka
+// message's timestamp, as a rollout without times does (sink.EventTime),
+// which a redelivery keeps. A lookup that fails is retried as an insert
+// that fails is: the batch is not committed.
 func (s *LabelEventSink) Write(ctx context.Context, batch []stream.Record[*schemas.LabelEvent]) error {
 	rows := make([]sink.LabelRow, len(batch))
+	var keys []sink.RolloutKey
+	seen := map[sink.RolloutKey]bool{}
 	for i, rec := range batch {
 		rows[i] = sink.LabelRowFrom(rec.Value)
-		// A label without ts is placed at its Kafka message's timestamp,
-		// as a rollout without times is (sink.EventTime): a redelivery
-		// keeps it, so the label stays in its hour.
-		rows[i].TS = sink.EventTime(rows[i].TS, time.Time{}, rec.Time)
+		if k := rolloutKey(&rows[i]); rows[i].TS.IsZero() && !seen[k] {
+			seen[k] = true
+			keys = append(keys, k)
+		}
+	}
+	if len(keys) > 0 {
+		times, err := s.Store.RolloutEndTimes(ctx, keys)
+		if err != nil {
+			err = fmt.Errorf("label events: the times of their rollouts: %w", err)
+			if !sink.IsRetryable(err) {
+				return stream.Fatal(err)
+			}
+			return err
+		}
+		for i, rec := range batch {
+			if !rows[i].TS.IsZero() {
+				continue
+			}
+			if t, ok := times[rolloutKey(&rows[i])]; ok {
+				rows[i].TS = t
+			} else {
+				rows[i].TS = sink.EventTime(time.Time{}, time.Time{}, rec.Time)
+			}
+		}
 	}
 	return writeLabels(ctx, s.Store, s.Evaluator, s.Metrics, schemas.SourceExternal, rows)
+}
+
+// rolloutKey is the stored rollout a label is of.
+func rolloutKey(r *sink.LabelRow) sink.RolloutKey {
+	return sink.RolloutKey{Environment: r.Environment, AgentVersion: r.AgentVersion, RolloutID: r.RolloutID}
 }
 
 func writeLabels(ctx context.Context, st LabelStore, ev *Evaluator, m *Metrics, source string, rows []sink.LabelRow) error {

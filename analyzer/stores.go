@@ -38,6 +38,15 @@ type LabelStore interface {
 	InsertLabelRuns(ctx context.Context, runs []sink.LabelRun) error
 }
 
+// LabelEventStore is what the LabelEventSink writes labels to, and where it
+// reads the times of their rollouts.
+type LabelEventStore interface {
+	LabelStore
+	// RolloutEndTimes are the stored end times of rollouts, one query for
+	// all of them; a rollout not stored is absent.
+	RolloutEndTimes(ctx context.Context, keys []sink.RolloutKey) (map[sink.RolloutKey]time.Time, error)
+}
+
 // DiscoveryStore is what the DiscoveryRunner reads: cohorts, their
 // unexplained failures, and sample rollouts.
 type DiscoveryStore interface {
@@ -61,6 +70,7 @@ var (
 	_ BackfillStore   = (*sink.Store)(nil)
 	_ EvaluatorStore  = (*sink.Store)(nil)
 	_ LabelStore      = (*sink.Store)(nil)
+	_ LabelEventStore = (*sink.Store)(nil)
 	_ DiscoveryStore  = (*sink.Store)(nil)
 	_ DictionaryStore = (*sink.Store)(nil)
 )

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"math"
 	"os"
 	"path/filepath"
@@ -486,55 +487,229 @@ func counterSum(t *testing.T, reg *prometheus.Registry, name string) float64 {
 	return sum
 }
 
-// TestLabelWithoutTSTakesItsMessageTime: a label event without ts is
-// placed at its Kafka message's timestamp, as a rollout without times is,
-// so a redelivered event (a crash between the insert and the commit) stays
-// in its hour. It took the insert's wall clock: each delivery its own hour,
-// and the hourly rollup counted the label in both.
-func TestLabelWithoutTSTakesItsMessageTime(t *testing.T) {
+// labelTopic is a labels topic with a LabelEventSink consuming it into a
+// ClickHouse store (the labels stage of trace run).
+type labelTopic struct {
+	ch      *testenv.CH
+	st      *sink.Store
+	w       *kafka.Writer
+	reg     *prometheus.Registry
+	written int
+}
+
+// newLabelTopic starts the sink on the store, or on what wrap makes of it.
+func newLabelTopic(t *testing.T, wrap func(*sink.Store) analyzer.LabelEventStore) *labelTopic {
+	t.Helper()
 	brokers := testenv.Kafka(t)
 	topic := testenv.UniqueTopic(t, "trace.labels")
 	testenv.CreateTopic(t, brokers, topic, 1)
 	ch := testenv.ClickHouse(t)
-	st := ch.Store()
-	at := time.Date(2025, 5, 1, 10, 20, 30, 0, time.UTC)
-	w := &kafka.Writer{Addr: kafka.TCP(brokers...), Transport: &kafka.Transport{}, Topic: topic, RequiredAcks: kafka.RequireAll, BatchTimeout: time.Millisecond}
-	defer w.Close()
-	var msgs []kafka.Message
-	for i := range 3 {
-		ev := schemas.LabelEvent{Schema: "label/v1", RolloutID: fmt.Sprintf("no-ts-%d", i), Environment: "no-ts", AgentVersion: "v1", DictionaryVersion: 1,
-			Capability: "cap", Label: schemas.LabelLacking, Source: schemas.SourceExternal}
-		b, _ := json.Marshal(&ev)
-		msgs = append(msgs, kafka.Message{Key: []byte(ev.Key()), Value: b, Time: at})
-	}
-	if err := w.WriteMessages(context.Background(), msgs...); err != nil {
-		t.Fatal(err)
-	}
+	lt := &labelTopic{ch: ch, st: ch.Store(), reg: prometheus.NewRegistry(),
+		w: &kafka.Writer{Addr: kafka.TCP(brokers...), Transport: &kafka.Transport{}, Topic: topic, RequiredAcks: kafka.RequireAll, BatchTimeout: time.Millisecond}}
+	t.Cleanup(func() { lt.w.Close() })
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
-	defer func() { cancel(); wg.Wait() }()
+	t.Cleanup(func() { cancel(); wg.Wait() })
+	var store analyzer.LabelEventStore = lt.st
+	if wrap != nil {
+		store = wrap(lt.st)
+	}
 	c, err := stream.NewConsumer(stream.Config{Brokers: brokers, Topic: topic, GroupID: "labels", Stage: "labels",
-		BatchRows: 100, BatchTimeout: 200 * time.Millisecond}, ingest.DecodeLabel, &analyzer.LabelEventSink{Store: st}, nil, nil)
+		BatchRows: 100, BatchTimeout: 200 * time.Millisecond}, ingest.DecodeLabel,
+		&analyzer.LabelEventSink{Store: store, Metrics: analyzer.NewMetrics(lt.reg)}, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	wg.Go(func() { _ = c.Run(ctx) })
+	return lt
+}
+
+// storeRollout stores a rollout that ended at end, as the ingest stage does.
+func (lt *labelTopic) storeRollout(t *testing.T, env, agentVersion, id string, end time.Time) {
+	t.Helper()
+	ok := false
+	r := &schemas.Rollout{RolloutID: id, Environment: env, Agent: schemas.Agent{Name: "a", Version: agentVersion}, TaskID: "t",
+		StartTime: end.Add(-time.Minute), EndTime: end, Outcome: schemas.Outcome{Success: &ok}}
+	if err := lt.st.InsertRollouts(context.Background(), []sink.RolloutRow{sink.RolloutRowFrom(r, sink.Coord{Topic: "trace.rollouts"})}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// send publishes label events in messages of time at (one message each)
+// and waits until the sink wrote them.
+func (lt *labelTopic) send(t *testing.T, at time.Time, evs ...schemas.LabelEvent) {
+	t.Helper()
+	msgs := make([]kafka.Message, len(evs))
+	for i := range evs {
+		b, _ := json.Marshal(&evs[i])
+		msgs[i] = kafka.Message{Key: []byte(evs[i].Key()), Value: b, Time: at}
+	}
+	if err := lt.w.WriteMessages(context.Background(), msgs...); err != nil {
+		t.Fatal(err)
+	}
+	lt.written += len(evs)
 	deadline := time.Now().Add(30 * time.Second)
 	for {
-		var n uint64
-		var lo, hi time.Time
-		if err := ch.Conn().QueryRow(context.Background(), "SELECT count(), min(ts), max(ts) FROM capability_labels WHERE environment = 'no-ts'").Scan(&n, &lo, &hi); err != nil {
-			t.Fatal(err)
-		}
-		if n == 3 {
-			if !lo.Equal(at) || !hi.Equal(at) {
-				t.Fatalf("labels stored at %s..%s, want their message's time %s", lo.UTC(), hi.UTC(), at)
-			}
+		n := counterSum(t, lt.reg, "trace_analyzer_labels_written_total")
+		if int(n) >= lt.written {
 			return
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("%d of 3 labels stored after 30s", n)
+			t.Fatalf("%v of %d labels written after 30s", n, lt.written)
 		}
 		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// times are the times a rollout's labels were stored at, every delivery's
+// (labels_by_time keeps a label placed at two times as two rows), in order.
+func (lt *labelTopic) times(t *testing.T, env, id string) []time.Time {
+	t.Helper()
+	rows, err := lt.ch.Conn().Query(context.Background(), "SELECT DISTINCT ts FROM labels_by_time WHERE environment = ? AND rollout_id = ? ORDER BY ts", env, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	var out []time.Time
+	for rows.Next() {
+		var ts time.Time
+		if err := rows.Scan(&ts); err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, ts.UTC())
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// externalLabel is an external label event of a rollout, without ts.
+func externalLabel(env, agentVersion, id, capability string) schemas.LabelEvent {
+	return schemas.LabelEvent{Schema: "label/v1", RolloutID: id, Environment: env, AgentVersion: agentVersion, DictionaryVersion: 1,
+		Capability: capability, Label: schemas.LabelLacking, Source: schemas.SourceExternal}
+}
+
+// TestLabelWithoutTSTakesItsRolloutTime: a label event without ts (as
+// `trace labels import` publishes them) of a stored rollout is placed at
+// the rollout's stored time, its end time, as the built-in labelers' labels
+// are: the same labels published again later (the import run again) stay
+// in the rollout's hour and window. They took their message's timestamp,
+// each publication its own hour: the hourly rollup counted a label in
+// both, and the labels of old rollouts joined the current window.
+func TestLabelWithoutTSTakesItsRolloutTime(t *testing.T) {
+	lt := newLabelTopic(t, nil)
+	ctx := context.Background()
+	end := time.Date(2025, 5, 1, 10, 20, 30, 0, time.UTC)
+	lt.storeRollout(t, "rollout-time", "v1", "r1", end)
+	evs := []schemas.LabelEvent{externalLabel("rollout-time", "v1", "r1", "cap"), externalLabel("rollout-time", "v1", "r1", "cap2")}
+	lt.send(t, time.Date(2025, 5, 3, 7, 0, 0, 0, time.UTC), evs...)
+	if got := lt.times(t, "rollout-time", "r1"); len(got) != 1 || !got[0].Equal(end) {
+		t.Fatalf("labels stored at %v, want their rollout's end time %s", got, end)
+	}
+	// Imported again two days later: the same identities, another message
+	// time.
+	lt.send(t, time.Date(2025, 5, 5, 15, 30, 0, 0, time.UTC), evs...)
+	if got := lt.times(t, "rollout-time", "r1"); len(got) != 1 || !got[0].Equal(end) {
+		t.Fatalf("labels delivered twice stored at %v, want their rollout's end time %s only", got, end)
+	}
+	if _, err := lt.st.RollupAll(ctx, time.Now().Add(sink.RollupGrace+time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	rows, err := lt.ch.Conn().Query(ctx, `SELECT hour, capability, sum(lf + pf + nf + lp + pp + np) FROM label_hourly FINAL
+		WHERE environment = 'rollout-time' AND dicts = 0 GROUP BY hour, capability ORDER BY hour, capability`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	var got []string
+	for rows.Next() {
+		var (
+			hour time.Time
+			c    string
+			n    uint64
+		)
+		if err := rows.Scan(&hour, &c, &n); err != nil {
+			t.Fatal(err)
+		}
+		if end.Before(hour) || !end.Before(hour.Add(time.Hour)) {
+			t.Errorf("label_hourly counts %s in the hour of %s; its rollout ended at %s", c, hour.UTC(), end)
+		}
+		got = append(got, fmt.Sprintf("%s=%d", c, n))
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	if want := "[cap=1 cap2=1]"; fmt.Sprint(got) != want {
+		t.Fatalf("label_hourly counts %v, want %s (each label once, in its rollout's hour)", got, want)
+	}
+}
+
+// TestLabelWithoutTSTakesItsMessageTime: a label event without ts whose
+// rollout is not stored (labels that arrive before their rollouts) is
+// placed at its Kafka message's timestamp, as a rollout without times is,
+// so a redelivered event (a crash between the insert and the commit) stays
+// in its hour. It took the insert's wall clock: each delivery its own hour,
+// and the hourly rollup counted the label in both. A rollout of the same
+// id in another cohort is not its rollout.
+func TestLabelWithoutTSTakesItsMessageTime(t *testing.T) {
+	lt := newLabelTopic(t, nil)
+	at := time.Date(2025, 5, 1, 10, 20, 30, 0, time.UTC)
+	lt.storeRollout(t, "no-ts", "v2", "no-ts-0", at.Add(-48*time.Hour))
+	lt.storeRollout(t, "other", "v1", "no-ts-1", at.Add(-48*time.Hour))
+	var evs []schemas.LabelEvent
+	for i := range 3 {
+		evs = append(evs, externalLabel("no-ts", "v1", fmt.Sprintf("no-ts-%d", i), "cap"))
+	}
+	lt.send(t, at, evs...)
+	for i := range 3 {
+		if got := lt.times(t, "no-ts", fmt.Sprintf("no-ts-%d", i)); len(got) != 1 || !got[0].Equal(at) {
+			t.Errorf("label of no-ts-%d stored at %v, want its message's time %s", i, got, at)
+		}
+	}
+}
+
+// TestLabelWithTSKeepsIt: a label event with ts is stored at its ts, even
+// when its rollout is stored with another time.
+func TestLabelWithTSKeepsIt(t *testing.T) {
+	lt := newLabelTopic(t, nil)
+	end := time.Date(2025, 5, 1, 10, 20, 30, 0, time.UTC)
+	lt.storeRollout(t, "with-ts", "v1", "r1", end)
+	ev := externalLabel("with-ts", "v1", "r1", "cap")
+	ev.TS = end.Add(5 * time.Hour)
+	lt.send(t, end.Add(48*time.Hour), ev)
+	if got := lt.times(t, "with-ts", "r1"); len(got) != 1 || !got[0].Equal(ev.TS) {
+		t.Fatalf("label stored at %v, want its ts %s", got, ev.TS)
+	}
+}
+
+// failFirstLookup is the store whose first lookup of rollout times fails
+// as a connection lost does.
+type failFirstLookup struct {
+	*sink.Store
+	failed atomic.Bool
+}
+
+func (s *failFirstLookup) RolloutEndTimes(ctx context.Context, keys []sink.RolloutKey) (map[sink.RolloutKey]time.Time, error) {
+	if s.failed.CompareAndSwap(false, true) {
+		return nil, fmt.Errorf("rollout end times: %w", io.ErrUnexpectedEOF)
+	}
+	return s.Store.RolloutEndTimes(ctx, keys)
+}
+
+// TestLabelTimeLookupFailureIsRetried: a lookup of the rollouts' times
+// that fails loses no label and misplaces none: the batch is retried, as
+// when its insert fails, and its labels stored at their rollout's time.
+func TestLabelTimeLookupFailureIsRetried(t *testing.T) {
+	st := &failFirstLookup{}
+	lt := newLabelTopic(t, func(s *sink.Store) analyzer.LabelEventStore { st.Store = s; return st })
+	end := time.Date(2025, 5, 1, 10, 20, 30, 0, time.UTC)
+	lt.storeRollout(t, "lookup-fails", "v1", "r1", end)
+	lt.send(t, end.Add(48*time.Hour), externalLabel("lookup-fails", "v1", "r1", "cap"))
+	if !st.failed.Load() {
+		t.Fatal("the injected failure did not happen")
+	}
+	if got := lt.times(t, "lookup-fails", "r1"); len(got) != 1 || !got[0].Equal(end) {
+		t.Fatalf("label stored at %v, want its rollout's end time %s", got, end)
 	}
 }
