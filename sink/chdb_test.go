@@ -927,6 +927,21 @@ func chdbRollouts(t *testing.T, c *chdbDB, base time.Time) {
 	if len(r.rows) != 2 || r.rows[0].str(0) != "r3" || r.rows[1].str(0) != "r7" || r.rows[0].uint(3) != 1 || r.rows[1].uint(3) != 0 {
 		t.Errorf("RolloutsByID rows %v", r.rows)
 	}
+	// RolloutEndTimes: the stored end time of each named rollout, one row
+	// each; an unknown id and another cohort's are left out.
+	q, args = rolloutEndTimesSQL([]RolloutKey{{"env", "v1", "r7"}, {"env", "v1", "r3"}, {"env", "v1", "nope"}, {"env", "nope", "r1"}})
+	r = c.query(q, args...)
+	r.wantTypes(t, "RolloutEndTimes", "String", "String", "String", "DateTime")
+	if len(r.rows) != 2 {
+		t.Errorf("RolloutEndTimes rows %v, want r3 and r7", r.rows)
+	}
+	for _, row := range r.rows {
+		var i int
+		fmt.Sscanf(row.str(2), "r%d", &i)
+		if row.str(0) != "env" || row.str(1) != "v1" || (i != 3 && i != 7) || !row.time(3).Equal(base.Add(time.Duration(i)*time.Minute)) {
+			t.Errorf("RolloutEndTimes row %v, want r3 or r7 of env/v1 at its end time", row.vals)
+		}
+	}
 	// RolloutScopes, StoredRollouts and CompactedRollouts (backfill).
 	r = c.query(rolloutScopesSQL)
 	r.wantTypes(t, "RolloutScopes", "String", "String", "UInt64", "UInt64", "DateTime")
