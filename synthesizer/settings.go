@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"strings"
 	"sync"
 	"time"
 
@@ -143,13 +142,8 @@ func (s Settings) Validate() error {
 	case s.Policy != PolicyModel && s.Policy != PolicySimulated:
 		return bad("policy", "must be %q or %q, got %q", PolicyModel, PolicySimulated, s.Policy)
 	}
-	if err := s.CalibrationConfig().Validate(); err != nil {
-		// calibrate names the field ("calibration: seeds = 0 …"; bands: "calibration bands: mean_min …").
-		msg := strings.TrimPrefix(strings.TrimPrefix(err.Error(), "calibration bands: "), "calibration: ")
-		if strings.HasPrefix(err.Error(), "calibration bands: ") {
-			return fmt.Errorf("synthesizer.calibration.bands.%s", msg)
-		}
-		return fmt.Errorf("synthesizer.calibration.%s", msg)
+	if err := s.CalibrationConfig().Check(func(key string) string { return "synthesizer.calibration." + key }); err != nil {
+		return err
 	}
 	for i, p := range s.Policies {
 		field := func(f string) string { return fmt.Sprintf("policies[%d].%s", i, f) }

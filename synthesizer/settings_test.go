@@ -34,7 +34,7 @@ func TestSettingsValidateNamesTheField(t *testing.T) {
 		{func(s *Settings) { s.NakDelay = 10 * time.Minute }, "synthesizer.nak_delay: must be positive and at most 5m0s"},
 		{func(s *Settings) { s.Calibration.Seeds = 0 }, "synthesizer.calibration.seeds = 0"},
 		{func(s *Settings) { s.Calibration.Temperature = 3 }, "synthesizer.calibration.temperature = 3"},
-		{func(s *Settings) { s.Calibration.Bands.MeanMin = 0.7 }, "synthesizer.calibration.bands.mean_min = 0.7 is above mean_max"},
+		{func(s *Settings) { s.Calibration.Bands.MeanMin = 0.7 }, "synthesizer.calibration.bands.mean_min = 0.7 is above synthesizer.calibration.bands.mean_max"},
 		{func(s *Settings) { s.Calibration.Bands.MaxConstant = 2 }, "synthesizer.calibration.bands.max_constant = 2"},
 		{func(s *Settings) {
 			s.Policies = []PolicySettings{{Environment: "e", AgentVersion: "*", BaseURL: "http://x/v1"}}

@@ -177,3 +177,46 @@ func TestEnvCommandsRefuseBadLimits(t *testing.T) {
 		}
 	}
 }
+
+// TestEnvCalibrateNamesItsFlags: a bad calibration setting given on trace
+// env calibrate's command line is named by its flag; it was named by the
+// configuration's key ("hint_share_min = 0.9 is above hint_share_max", for
+// --hint-min and --hint-max; a negative --timeout as "--policy/--model:
+// llm config: Timeout").
+func TestEnvCalibrateNamesItsFlags(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel() // nothing may get as far as playing a rollout
+	for _, policy := range []string{"simulated:sim-airline/1.4.0/precondition_verification", "http://127.0.0.1:1/v1"} {
+		for _, c := range []struct {
+			args []string
+			want []string
+		}{
+			{[]string{"--seeds", "0"}, []string{"--seeds"}},
+			{[]string{"--rollouts", "-1"}, []string{"--rollouts"}},
+			{[]string{"--temperature", "3"}, []string{"--temperature"}},
+			{[]string{"--concurrency", "0"}, []string{"--concurrency"}},
+			{[]string{"--hint-min", "-0.5"}, []string{"--hint-min"}},
+			{[]string{"--hint-max", "1.5"}, []string{"--hint-max"}},
+			{[]string{"--hint-min", "0.9", "--hint-max", "0.1"}, []string{"--hint-min", "--hint-max"}},
+			{[]string{"--mean-min", "0.9", "--mean-max", "0.1"}, []string{"--mean-min", "--mean-max"}},
+			{[]string{"--success-min", "2"}, []string{"--success-min"}},
+			{[]string{"--success-max", "-1"}, []string{"--success-max"}},
+		} {
+			args := append([]string{"env", "calibrate", "example:precondition_airline", "--policy", policy, "--model", "m"}, c.args...)
+			out, err := runCLI(t, ctx, args...)
+			if err == nil {
+				t.Errorf("%v: accepted\n%s", c.args, out)
+				continue
+			}
+			for _, w := range c.want {
+				if !strings.Contains(err.Error(), w) || strings.Contains(err.Error(), "calibration") {
+					t.Errorf("%v: got %q, want an error naming %s, not the configuration's key", c.args, err, w)
+				}
+			}
+		}
+	}
+	out, err := runCLI(t, ctx, "env", "calibrate", "example:precondition_airline", "--policy", "http://127.0.0.1:1/v1", "--model", "m", "--timeout", "-1s")
+	if err == nil || !strings.Contains(err.Error(), "--timeout") || strings.Contains(err.Error(), "--policy") {
+		t.Errorf("--timeout -1s: got %v, want an error naming --timeout\n%s", err, out)
+	}
+}

@@ -183,13 +183,16 @@ SIMULATED.`,
 				if model == "" {
 					return fmt.Errorf("--model is required with a policy URL")
 				}
+				if timeout < 0 {
+					return fmt.Errorf("--timeout %s: want a positive duration (0: the default, %s)", timeout, llm.DefaultTimeout)
+				}
 				client, err := llm.New(llm.Config{BaseURL: policyURL, Model: model, APIKey: llm.Secret(apiKey), Timeout: timeout})
 				if err != nil {
 					return fmt.Errorf("--policy/--model: %v", err)
 				}
 				policy = calibrate.NewOpenAIPolicy(client, "trace-env-calibrate")
 			}
-			if err := cfg.Validate(); err != nil {
+			if err := cfg.Check(calibrateFlag); err != nil {
 				return err
 			}
 			ctx := cmd.Context()
@@ -245,6 +248,19 @@ SIMULATED.`,
 	f.Float64Var(&flagCfg.Bands.SuccessMax, "success-max", flagCfg.Bands.SuccessMax, "accepted success rate, upper bound")
 	f.BoolVar(&asJSON, "json", false, "print the calibration as JSON")
 	return cmd
+}
+
+// calibrateFlag names a calibration setting (calibrate.Config.Check's key)
+// by trace env calibrate's flag.
+func calibrateFlag(key string) string {
+	if f, ok := map[string]string{
+		"seeds": "--seeds", "rollouts": "--rollouts", "temperature": "--temperature", "concurrency": "--concurrency",
+		"hint_share_min": "--hint-min", "hint_share_max": "--hint-max",
+		"bands.mean_min": "--mean-min", "bands.mean_max": "--mean-max", "bands.success_min": "--success-min", "bands.success_max": "--success-max",
+	}[key]; ok {
+		return f
+	}
+	return "calibration setting " + key // not a flag: its default
 }
 
 func validStatus(s string) bool {

@@ -46,6 +46,14 @@ func DefaultBands() Bands {
 // or a reward in [0, 1], each minimum at most its maximum, and the success
 // threshold above 0.
 func (b Bands) Validate() error {
+	if err := b.check(func(key string) string { return key }); err != nil {
+		return fmt.Errorf("calibration bands: %w", err)
+	}
+	return nil
+}
+
+// check is Validate with each band named by name(key).
+func (b Bands) check(name func(key string) string) error {
 	unit := []struct {
 		name string
 		v    float64
@@ -59,20 +67,20 @@ func (b Bands) Validate() error {
 	}
 	for _, f := range unit {
 		if !(f.v >= 0 && f.v <= 1) { // also rejects NaN
-			return fmt.Errorf("calibration bands: %s = %v, want a value in [0, 1]", f.name, f.v)
+			return fmt.Errorf("%s = %v, want a value in [0, 1]", name(f.name), f.v)
 		}
 	}
 	if b.MeanMin > b.MeanMax {
-		return fmt.Errorf("calibration bands: mean_min = %v is above mean_max = %v", b.MeanMin, b.MeanMax)
+		return fmt.Errorf("%s = %v is above %s = %v", name("mean_min"), b.MeanMin, name("mean_max"), b.MeanMax)
 	}
 	if b.SuccessMin > b.SuccessMax {
-		return fmt.Errorf("calibration bands: success_min = %v is above success_max = %v", b.SuccessMin, b.SuccessMax)
+		return fmt.Errorf("%s = %v is above %s = %v", name("success_min"), b.SuccessMin, name("success_max"), b.SuccessMax)
 	}
 	if b.MinStd > 0.5 {
-		return fmt.Errorf("calibration bands: min_std = %v, want at most 0.5 (the largest std of rewards in [0, 1])", b.MinStd)
+		return fmt.Errorf("%s = %v, want at most 0.5 (the largest std of rewards in [0, 1])", name("min_std"), b.MinStd)
 	}
 	if b.SuccessThreshold == 0 {
-		return fmt.Errorf("calibration bands: success_threshold = 0, want a reward in (0, 1]")
+		return fmt.Errorf("%s = 0, want a reward in (0, 1]", name("success_threshold"))
 	}
 	return nil
 }

@@ -102,27 +102,38 @@ func DefaultConfig() Config {
 	}
 }
 
-// Validate reports the first bad field by its name.
+// Validate reports the first bad field by its key ("calibration: seeds =
+// 0, …"; a band's: "calibration: bands.mean_min = …").
 func (c Config) Validate() error {
+	if err := c.Check(func(key string) string { return key }); err != nil {
+		return fmt.Errorf("calibration: %w", err)
+	}
+	return nil
+}
+
+// Check is Validate with each field named by name(key), key being its
+// JSON name ("seeds", "hint_share_min", a band's "bands.mean_min"): trace
+// env calibrate names its flags.
+func (c Config) Check(name func(key string) string) error {
 	switch {
 	case c.Seeds < 1:
-		return fmt.Errorf("calibration: seeds = %d, want at least 1", c.Seeds)
+		return fmt.Errorf("%s = %d, want at least 1", name("seeds"), c.Seeds)
 	case c.Rollouts < 1:
-		return fmt.Errorf("calibration: rollouts = %d, want at least 1", c.Rollouts)
+		return fmt.Errorf("%s = %d, want at least 1", name("rollouts"), c.Rollouts)
 	case !(c.Temperature >= 0 && c.Temperature <= 2):
-		return fmt.Errorf("calibration: temperature = %v, want a value in [0, 2]", c.Temperature)
+		return fmt.Errorf("%s = %v, want a value in [0, 2]", name("temperature"), c.Temperature)
 	case c.Concurrency < 1:
-		return fmt.Errorf("calibration: concurrency = %d, want at least 1", c.Concurrency)
+		return fmt.Errorf("%s = %d, want at least 1", name("concurrency"), c.Concurrency)
 	case !(c.HintShareMin >= 0 && c.HintShareMin <= 1):
-		return fmt.Errorf("calibration: hint_share_min = %v, want a share in [0, 1]", c.HintShareMin)
+		return fmt.Errorf("%s = %v, want a share in [0, 1]", name("hint_share_min"), c.HintShareMin)
 	case !(c.HintShareMax >= 0 && c.HintShareMax <= 1):
-		return fmt.Errorf("calibration: hint_share_max = %v, want a share in [0, 1]", c.HintShareMax)
+		return fmt.Errorf("%s = %v, want a share in [0, 1]", name("hint_share_max"), c.HintShareMax)
 	case c.HintShareMin > c.HintShareMax:
-		return fmt.Errorf("calibration: hint_share_min = %v is above hint_share_max = %v", c.HintShareMin, c.HintShareMax)
+		return fmt.Errorf("%s = %v is above %s = %v", name("hint_share_min"), c.HintShareMin, name("hint_share_max"), c.HintShareMax)
 	case c.MaxTurns < 1:
-		return fmt.Errorf("calibration: max_turns = %d, want at least 1", c.MaxTurns)
+		return fmt.Errorf("%s = %d, want at least 1", name("max_turns"), c.MaxTurns)
 	}
-	return c.Bands.Validate()
+	return c.Bands.check(func(key string) string { return name("bands." + key) })
 }
 
 // RolloutResult is one played rollout.
