@@ -418,6 +418,10 @@ func parseTurn(line string) (envprog.Action, error) {
 	} else if err := dec.Decode(&calls); err != nil {
 		return envprog.Action{}, err
 	}
+	if _, err := dec.Token(); err != io.EOF {
+		// Two objects on a line are not two calls: a turn of several is a list.
+		return envprog.Action{}, errors.New(`text after the tool call (several calls in one turn are a list: [{"name": ...}, {"name": ...}])`)
+	}
 	var a envprog.Action
 	for _, c := range calls {
 		if c.Name == "" {

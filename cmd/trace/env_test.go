@@ -126,6 +126,23 @@ func TestEnvPlayScoresWhatWasDone(t *testing.T) {
 	}
 }
 
+// TestEnvPlayRefusesTextAfterACall: a line holding two tool call objects
+// (a user's attempt at two calls in one turn without the list) was played
+// as its first call, the rest dropped without a word; it is not a tool
+// call, and nothing of it is played.
+func TestEnvPlayRefusesTextAfterACall(t *testing.T) {
+	rootCmd.SetIn(strings.NewReader(`{"name": "get_user_details", "arguments": {"user_id": "x"}} {"name": "get_reservation_details", "arguments": {"reservation_id": "y"}}` + "\n" +
+		`[{"name": "get_user_details", "arguments": {"user_id": "x"}}] trailing` + "\n"))
+	defer rootCmd.SetIn(nil)
+	out, err := runCLI(t, context.Background(), "env", "play", "example:precondition_airline", "--seed", "1", "--in-process")
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	if strings.Contains(out, "[get_user_details]") || strings.Count(out, "not a tool call: ") != 2 {
+		t.Errorf("a line with text after its tool call was played, or not refused:\n%s", out)
+	}
+}
+
 // TestEnvCommandsRefuseBadLimits: a negative limit or seed count is a typo
 // of the user's, refused naming the flag before any program runs; it was
 // accepted and blamed on the program ("does not load", "the reference
