@@ -325,6 +325,13 @@ func (c Config) Validate(prefix string) error {
 			errs = append(errs, fmt.Errorf("%s%s: %q is not an http, https, ws or wss URL with a host", prefix, name, u))
 		}
 	}
+	// Training seeds are [0, eval_first_seed), held-out ones from it on, and
+	// the environment server's seeds 0 to 2⁶³−1: below 1 no job could be
+	// planned (no training seed), and past the bound held-out seeds wrap.
+	if last := int64(math.MaxInt64 - Bounds.EvalSeeds[1] + 1); c.EvalFirstSeed < 1 || c.EvalFirstSeed > last {
+		errs = append(errs, fmt.Errorf("%seval_first_seed: must be in [1, %d] (training seeds lie below it, up to %d held-out seeds from it on), got %d",
+			prefix, last, Bounds.EvalSeeds[1], c.EvalFirstSeed))
+	}
 	if c.Heartbeat <= 0 {
 		errs = append(errs, fmt.Errorf("%sheartbeat: must be positive, got %s", prefix, c.Heartbeat))
 	}

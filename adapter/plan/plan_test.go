@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"strings"
 	"testing"
@@ -231,5 +232,33 @@ func TestErrorFields(t *testing.T) {
 	}
 	if ErrorFields(nil) != nil || len(ErrorFields(errors.New("plan: adapter.plan.env_server_url is not set"))) != 0 {
 		t.Fatal("fields of a non-settings error")
+	}
+}
+
+// TestEvalFirstSeedIsChecked: adapter.plan.eval_first_seed is refused at
+// start, naming it, when no job could be planned with it or its jobs would
+// hold seeds the environment server refuses (0 to 2⁶³−1): 0 or less left
+// no training seed below it (every job's planning failed on train_seeds),
+// and one whose held-out seeds ran past 2⁶³−1 wrapped to negative seeds.
+func TestEvalFirstSeedIsChecked(t *testing.T) {
+	for _, first := range []int64{0, -5, math.MaxInt64 - 10} {
+		c := DefaultConfig()
+		c.EvalFirstSeed = first
+		if err := c.Validate("adapter.plan."); err == nil || !strings.Contains(err.Error(), "adapter.plan.eval_first_seed") {
+			t.Errorf("eval_first_seed %d: Validate gave %v, want an error naming adapter.plan.eval_first_seed", first, err)
+		}
+	}
+	c := DefaultConfig()
+	c.EvalFirstSeed = math.MaxInt64 - int64(Bounds.EvalSeeds[1]) + 1 // the largest whose every held-out seed fits
+	if err := c.Validate("adapter.plan."); err != nil {
+		t.Fatalf("eval_first_seed %d: %v", c.EvalFirstSeed, err)
+	}
+	c.Defaults.EvalSeeds = Bounds.EvalSeeds[1]
+	j, err := c.Build(Input{Ready: ready(), Now: now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s := j.Eval.Seeds; s[0] != c.EvalFirstSeed || s[len(s)-1] != math.MaxInt64 {
+		t.Fatalf("held-out seeds %d … %d", s[0], s[len(s)-1])
 	}
 }
