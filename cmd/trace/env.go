@@ -252,6 +252,7 @@ You are the policy: each line you type is one assistant turn.
   :hint               show the program's hint for this instance
   :reference          show the program's reference solution
   :quit               stop and score the episode as it stands
+  Ctrl-C              stop at once, without scoring (exit 130)
 
 Tool results are printed after each call; at the end the reward and its
 components. Input may be piped (one turn per line).`,
@@ -317,21 +318,31 @@ func play(ctx context.Context, env envprog.Env, seed int64, withHint bool, in io
 	if interactive {
 		fmt.Fprintln(out, `Type a tool call as JSON ({"name": ..., "arguments": {...}}), or the final answer as plain text (:hint, :reference, :quit).`)
 	}
-	sc := bufio.NewScanner(in)
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	// Lines are read apart from the loop, so that Ctrl-C (ctx) stops play
+	// while it waits for one.
+	lines, readErr, stopReading := readLines(in)
+	defer close(stopReading)
 	turn := 0
 	for {
 		if interactive {
 			fmt.Fprint(out, "> ")
 		}
-		if !sc.Scan() {
-			if err := sc.Err(); err != nil {
+		var text string
+		var ok bool
+		select {
+		case <-ctx.Done():
+			fmt.Fprintln(out, "\n(interrupted: the episode is not scored)")
+			return &exitError{code: 130, err: fmt.Errorf("interrupted on seed %d", seed)}
+		case text, ok = <-lines:
+		}
+		if !ok {
+			if err := <-readErr; err != nil {
 				return err
 			}
 			fmt.Fprintln(out, "\n(input ended: the episode is scored as it stands)")
 			break
 		}
-		line := strings.TrimSpace(sc.Text())
+		line := strings.TrimSpace(text)
 		if line == "" {
 			continue
 		}
@@ -394,6 +405,26 @@ func play(ctx context.Context, env envprog.Env, seed int64, withHint bool, in io
 		}
 	}
 	return printReward(ctx, ep, out, "")
+}
+
+// readLines sends in's lines on lines until it ends or stop is closed;
+// then lines is closed and readErr holds the read's error (nil at EOF).
+func readLines(in io.Reader) (lines <-chan string, readErr <-chan error, stop chan<- struct{}) {
+	ls, errc, st := make(chan string), make(chan error, 1), make(chan struct{})
+	go func() {
+		defer close(ls)
+		sc := bufio.NewScanner(in)
+		sc.Buffer(make([]byte, 64<<10), 1<<20)
+		for sc.Scan() {
+			select {
+			case ls <- sc.Text():
+			case <-st:
+				return
+			}
+		}
+		errc <- sc.Err()
+	}()
+	return ls, errc, st
 }
 
 // parseTurn reads one line: a tool call object, a list of them, or text.
@@ -460,6 +491,10 @@ func printReward(ctx context.Context, ep envprog.Episode, out io.Writer, note st
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
 	r, err := ep.Reward(ctx)
+	var pe *envprog.ProgramError
+	if err != nil && !errors.As(err, &pe) {
+		return err // interrupted (ctx), or the sandbox's own failure: not the program's
+	}
 	if err != nil {
 		fmt.Fprintf(out, "reward: the program failed: %v\n", err)
 		return &exitError{code: 1, err: fmt.Errorf("reward failed on seed %d", ep.Seed())}

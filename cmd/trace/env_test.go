@@ -4,10 +4,12 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/traceops/trace/internal/dev/simulate"
 	"github.com/traceops/trace/synthesizer/envprog"
@@ -140,6 +142,40 @@ func TestEnvPlayRefusesTextAfterACall(t *testing.T) {
 	}
 	if strings.Contains(out, "[get_user_details]") || strings.Count(out, "not a tool call: ") != 2 {
 		t.Errorf("a line with text after its tool call was played, or not refused:\n%s", out)
+	}
+}
+
+// TestEnvPlayStopsOnInterrupt: Ctrl-C (the command's context ending) while
+// play waits for the next turn stops it at once; it waited for another
+// line of input, then blamed the program ("reward: the program failed:
+// context canceled").
+func TestEnvPlayStopsOnInterrupt(t *testing.T) {
+	in, w := io.Pipe() // input that never comes
+	defer w.Close()
+	rootCmd.SetIn(in)
+	defer rootCmd.SetIn(nil)
+	ctx, cancel := context.WithCancel(context.Background())
+	go func() {
+		time.Sleep(500 * time.Millisecond)
+		cancel()
+	}()
+	type result struct {
+		out string
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		out, err := runCLI(t, ctx, "env", "play", "example:precondition_airline", "--seed", "1", "--in-process")
+		done <- result{out, err}
+	}()
+	select {
+	case r := <-done:
+		var ee *exitError
+		if !errors.As(r.err, &ee) || ee.code != 130 || !strings.Contains(r.err.Error(), "interrupted") || strings.Contains(r.out, "the program failed") {
+			t.Fatalf("got %v, want exit 130 saying interrupted and not blaming the program\n%s", r.err, r.out)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("play still waits for input 10 s after its context ended")
 	}
 }
 
