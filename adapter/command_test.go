@@ -476,6 +476,59 @@ func TestReferenceTrainerRejectsBadOptions(t *testing.T) {
 	}
 }
 
+// TestReferenceTrainerInAPartlyBuiltVenv: a venv with some of the
+// trainer's dependencies (openenv-core's venv: openenv, but none of
+// torch, transformers, trl, peft or nats) is one "built partly": the
+// trainer says which Python, what is missing and the install command, as
+// without any of them. With --spec it reported the job started, then
+// failed with "ModuleNotFoundError: No module named 'torch'" alone; with
+// --nats it died in a traceback (exit 1) instead of exiting 2 before
+// taking a job.
+func TestReferenceTrainerInAPartlyBuiltVenv(t *testing.T) {
+	py := testenv.OpenEnvVenv.Require(t)
+	pc := plan.DefaultConfig()
+	pc.OutputURI = "file://" + t.TempDir()
+	j, err := pc.Build(plan.Input{Ready: readyFor("t-partly-built", "precondition_verification"), Now: time.Now()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, err := j.Encode()
+	if err != nil {
+		t.Fatal(err)
+	}
+	spec := filepath.Join(t.TempDir(), "job.json")
+	if err := os.WriteFile(spec, data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	run := func(args ...string) (stdout, stderr string, code int) {
+		cmd := exec.Command(py, append([]string{"-m", "trace_trainer"}, args...)...)
+		cmd.Dir = filepath.Join("..", "trainer")
+		var o, e strings.Builder
+		cmd.Stdout, cmd.Stderr = &o, &e
+		err := cmd.Run()
+		var ee *exec.ExitError
+		if err != nil && !errors.As(err, &ee) {
+			t.Fatal(err)
+		}
+		return o.String(), e.String(), cmd.ProcessState.ExitCode()
+	}
+	out, errOut, code := run("--spec", spec)
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	e, derr := schemas.DecodeTrainingEvent([]byte(lines[len(lines)-1]))
+	if code != 1 || len(lines) != 1 || derr != nil || e.Type != schemas.EventFailed {
+		t.Fatalf("--spec: exit %d, events %q (%v), want exit 1 and one failed event\n%s", code, lines, derr, errOut)
+	}
+	for _, want := range []string{py, "cannot import the trainer's dependencies", "torch", "pip install -r ", "requirements.txt"} {
+		if !strings.Contains(e.Reason, want) {
+			t.Errorf("--spec: the reason lacks %q: %s", want, e.Reason)
+		}
+	}
+	_, errOut, code = run("--nats", "nats://127.0.0.1:1")
+	if code != 2 || !strings.Contains(errOut, "cannot import the trainer's dependencies") || !strings.Contains(errOut, "nats") || strings.Contains(errOut, "Traceback") {
+		t.Errorf("--nats: exit %d, want 2 saying what is missing\n%s", code, errOut)
+	}
+}
+
 // TestCommandOfAFailedJobIsStopped: a trainer that started and then hangs
 // (no heartbeat) is failed by its deadline; its command, which would hold
 // its slot (by default the only one) until its 12 h timeout while nothing

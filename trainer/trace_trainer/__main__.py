@@ -18,6 +18,7 @@
 """
 
 import argparse
+import importlib.util
 import json
 import os
 import sys
@@ -34,12 +35,25 @@ else:
     _import_error = None
 
 
-def missing_dependencies() -> str:
-    """Why this Python cannot train, and the fix; "" when it can."""
-    if _import_error is None:
-        return ""
+# What a job imports (train.py imports the heavy ones only when a job
+# starts) and the nats worker: a venv built partly may hold some of them.
+_JOB_MODULES = ("openenv", "torch", "transformers", "trl", "peft", "datasets")
+_WORKER_MODULES = ("nats",)
+
+
+def missing_dependencies(worker: bool = False) -> str:
+    """Why this Python cannot train (for the nats worker too, with worker),
+    and the fix; "" when it can."""
+    if _import_error is not None:
+        why = f"{type(_import_error).__name__}: {_import_error}"
+    else:
+        names = _JOB_MODULES + (_WORKER_MODULES if worker else ())
+        missing = [m for m in names if importlib.util.find_spec(m) is None]
+        if not missing:
+            return ""
+        why = "not installed: " + ", ".join(missing)
     req = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "requirements.txt")
-    return (f"{sys.executable} cannot import the trainer's dependencies ({type(_import_error).__name__}: {_import_error}); "
+    return (f"{sys.executable} cannot import the trainer's dependencies ({why}); "
             f"install them into a venv and run the trainer with its python: python3 -m venv VENV && "
             f"VENV/bin/pip install -r {req}, then VENV/bin/python -m trace_trainer "
             f"(with trace's command backend: adapter.command.argv[0] = VENV/bin/python)")
@@ -132,7 +146,7 @@ def main(argv=None) -> int:
                    help="--nats: a job delivered more times than this (each worker that took it died without "
                         "reporting an end) is reported failed (default 3)")
     a = p.parse_args(argv)
-    missing = missing_dependencies()
+    missing = missing_dependencies(worker=bool(a.nats))
     if missing and a.nats:
         print(f"trace-trainer: {missing}", file=sys.stderr)
         return 2
