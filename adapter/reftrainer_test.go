@@ -606,3 +606,99 @@ func TestTrainerReportsABadJob(t *testing.T) {
 		t.Fatalf("event %s (%v), want failed naming lora.rank", msg.Data, err)
 	}
 }
+
+// TestTrainerToolsNamedLikeItsState: an environment's tools become
+// methods of the trainer's environment class, which kept its own state
+// in public attributes (url, log, result, seed, hinted, tool_calls,
+// tool_errors). A tool named like one of them replaced it or was shadowed
+// by it: a tool "log" replaced the episode log (every rollout's reward
+// then failed: 'function' object has no attribute 'add'), a tool "seed"
+// was hidden by the episode's seed, so what TRL takes for the tool was an
+// int. Played here through trace's environment server as TRL plays it.
+func TestTrainerToolsNamedLikeItsState(t *testing.T) {
+	py := trainerPython(t)
+	ctx := context.Background()
+	tool := func(name string) string {
+		return fmt.Sprintf(`{"type": "function", "function": {"name": %q, "description": "The %s tool.",
+        "parameters": {"type": "object", "properties": {"text": {"type": "string", "description": "Anything."}}, "required": ["text"]}}}`, name, name)
+	}
+	names := []string{"log", "seed", "result", "url", "hinted", "tool_calls", "tool_errors"}
+	var toolSchemas []string
+	for _, n := range names {
+		toolSchemas = append(toolSchemas, tool(n))
+	}
+	src := `"""Tools named like the trainer's own state. One sentence. Two sentences."""
+
+def tools():
+    return [` + strings.Join(toolSchemas, ",\n        ") + `]
+
+def reset(seed):
+    return {"system": "Call every tool.", "user": "Go.", "state": {"called": []}}
+
+def step(state, call):
+    if call["type"] == "final":
+        return {"state": state, "done": True}
+    state["called"].append(call["name"])
+    return {"result": "ok " + call["name"], "state": state}
+
+def reward(state, transcript):
+    return {"reward": len(state["called"]) / 7.0}
+`
+	env, err := envprog.Load(ctx, "state_names.star", []byte(src), envprog.Limits{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { env.Close() })
+	cat := envserver.NewStaticCatalog()
+	if err := cat.Add("env-0123456789abcdef", env, envserver.Entry{}); err != nil {
+		t.Fatal(err)
+	}
+	es, err := envserver.New(envserver.DefaultConfig(), envserver.Options{Catalog: cat})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs := httptest.NewServer(es.Handler())
+	t.Cleanup(func() {
+		hs.Close()
+		c, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		es.Close(c)
+	})
+	script := `import inspect, json, sys
+sys.path.insert(0, "../trainer")
+from trace_trainer.environment import EpisodeLog, environment_class, start_of
+url = sys.argv[1]
+tools = start_of(url, 0, False)["tools"]
+log = EpisodeLog(None)
+env = environment_class(url, tools, log)()
+# What TRL's GRPOTrainer takes for tools: every public function of the
+# class other than reset and get_reward, read from the instance.
+names = [n for n, _ in inspect.getmembers(type(env), predicate=inspect.isfunction)
+         if n not in ("reset", "get_reward") and not n.startswith("_")]
+env.reset(seed=0, hinted=False)
+results = {n: getattr(env, n)(text="x") if callable(getattr(env, n)) else repr(getattr(env, n)) for n in names}
+reward = env._finish("done")
+print(json.dumps({"tools": sorted(names), "results": results, "reward": reward, "logged": len(log.rows)}))`
+	out, err := exec.Command(py, "-c", script, hs.URL+"/v1/environments/env-0123456789abcdef").CombinedOutput()
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+	var got struct {
+		Tools   []string          `json:"tools"`
+		Results map[string]string `json:"results"`
+		Reward  float64           `json:"reward"`
+		Logged  int               `json:"logged"`
+	}
+	if err := json.Unmarshal([]byte(lines[len(lines)-1]), &got); err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	for _, n := range names {
+		if got.Results[n] != "ok "+n {
+			t.Errorf("tool %s answered %q, want %q", n, got.Results[n], "ok "+n)
+		}
+	}
+	if len(got.Tools) != len(names) || got.Reward != 1 || got.Logged != 1 {
+		t.Errorf("tools %v, reward %v, episodes logged %d; want the %d tools, reward 1 and 1 episode", got.Tools, got.Reward, got.Logged, len(names))
+	}
+}

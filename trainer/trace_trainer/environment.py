@@ -142,54 +142,57 @@ def {name}(self) -> str:
 
 
 class _EnvBase:
-    url = ""
-    log = None
+    # The class's own state is private (a leading underscore, which no tool
+    # name has): every public name of it is the name of a tool, and a tool
+    # named url, log, seed or result would replace it or be shadowed by it.
+    _url = ""
+    _log = None
 
     def __init__(self):
-        self._session = Session(self.url)
-        self.result = None
-        self.seed = None
-        self.hinted = False
-        self.tool_calls = 0
-        self.tool_errors = 0
+        self._session = Session(self._url)
+        self._result = None
+        self._seed = None
+        self._hinted = False
+        self._tool_calls = 0
+        self._tool_errors = 0
         self._n = 0
 
     def reset(self, **row):
         """Starts the row's episode on the server. The prompt is the row's
         (built from the same seed), so nothing is appended to it."""
-        self.seed, self.hinted = int(row["seed"]), bool(row.get("hinted", False))
-        self.result = self._session.reset(self.seed, self.hinted)
-        self.tool_calls = self.tool_errors = 0
+        self._seed, self._hinted = int(row["seed"]), bool(row.get("hinted", False))
+        self._result = self._session.reset(self._seed, self._hinted)
+        self._tool_calls = self._tool_errors = 0
         return None
 
     def _call(self, name, args):
         args = {k: v for k, v in args.items() if v is not None}
         self._n += 1
-        self.tool_calls += 1
-        if self.result is not None and self.result.done:
-            self.tool_errors += 1
+        self._tool_calls += 1
+        if self._result is not None and self._result.done:
+            self._tool_errors += 1
             return "Error: the episode is over"
         action = {"role": "assistant", "content": "",
                   "tool_calls": [{"id": f"call_{self._n}", "type": "function", "function": {"name": name, "arguments": args}}]}
         try:
-            self.result = self._session.step(action)
+            self._result = self._session.step(action)
         except RuntimeError as e:  # a protocol error (unknown tool, arguments off the schema): the episode lives on
-            self.tool_errors += 1
+            self._tool_errors += 1
             return f"Error: {e}"
-        return self.result.observation.get("last_tool_result") or ""
+        return self._result.observation.get("last_tool_result") or ""
 
     def _finish(self, final_text: str) -> float:
         """Ends the episode with the model's final answer and returns the
         environment's reward (trace computes it; the trainer never does)."""
-        if self.result is None:
+        if self._result is None:
             raise RuntimeError("finish before reset")
-        if not self.result.done:
-            self.result = self._session.step({"role": "assistant", "content": final_text or ""})
-        reward = float(self.result.reward or 0.0)
-        obs = self.result.observation
-        if self.log is not None:
-            self.log.add({"episode_id": obs.get("episode_id"), "seed": self.seed, "hinted": self.hinted,
-                          "tool_calls": self.tool_calls, "tool_errors": self.tool_errors, "reward": reward,
+        if not self._result.done:
+            self._result = self._session.step({"role": "assistant", "content": final_text or ""})
+        reward = float(self._result.reward or 0.0)
+        obs = self._result.observation
+        if self._log is not None:
+            self._log.add({"episode_id": obs.get("episode_id"), "seed": self._seed, "hinted": self._hinted,
+                          "tool_calls": self._tool_calls, "tool_errors": self._tool_errors, "reward": reward,
                           "components": obs.get("reward_components"), "done_reason": obs.get("done_reason")})
         return reward
 
@@ -198,7 +201,7 @@ def environment_class(url: str, tools: list, log: EpisodeLog):
     """A class with one method per tool of the environment, for TRL's
     environment_factory."""
     ns = {}
-    methods = {"url": url, "log": log}
+    methods = {"_url": url, "_log": log}
     for tool in tools:
         name, src = _method_source(tool)
         exec(src, ns)  # generated from the server's schema, names checked above
