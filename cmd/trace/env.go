@@ -155,6 +155,17 @@ literal calls. Every check is printed with its verdict; the exit status is
 			}
 			ctx := cmd.Context()
 			opts := envprog.ValidateOptions{Seeds: seeds, InProcess: ef.inProcess}
+			if !asJSON {
+				// A slow program takes minutes: say how far it got, as calibrate does.
+				start, last, done := time.Now(), time.Now(), 0
+				opts.OnCheck = func(c envprog.Check) {
+					done++
+					if time.Since(last) >= validateProgressEvery {
+						fmt.Fprintf(cmd.ErrOrStderr(), "… %d/%d checks (%s: %s) in %s\n", done, envprog.NumChecks, c.Name, c.Verdict, time.Since(start).Round(time.Second))
+						last = time.Now()
+					}
+				}
+			}
 			report, env, err := envprog.ValidateSource(ctx, name, src, target, ef.lim, opts)
 			if env != nil {
 				defer env.Close()
@@ -212,6 +223,9 @@ literal calls. Every check is printed with its verdict; the exit status is
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the program's info and the report as JSON")
 	return cmd
 }
+
+// validateProgressEvery is how often trace env validate says how far it got.
+var validateProgressEvery = 10 * time.Second
 
 func printInfo(w io.Writer, info envprog.Info) {
 	names := make([]string, len(info.Tools))

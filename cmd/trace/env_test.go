@@ -179,6 +179,23 @@ func TestEnvPlayStopsOnInterrupt(t *testing.T) {
 	}
 }
 
+// TestEnvValidateShowsProgress: a validation that takes long says how far
+// it got (every validateProgressEvery; here at every check); it printed
+// nothing until its end, minutes later on a slow program.
+func TestEnvValidateShowsProgress(t *testing.T) {
+	defer func(d time.Duration) { validateProgressEvery = d }(validateProgressEvery)
+	validateProgressEvery = 0
+	out, err := runCLI(t, context.Background(), "env", "validate", "example:precondition_airline", "--in-process", "--seeds", "5")
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	for _, want := range []string{"… 1/13 checks (load: pass)", "… 6/13 checks (reset_deterministic: pass)", "… 13/13 checks (hint_is_guidance: pass)"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("output lacks %q:\n%s", want, out)
+		}
+	}
+}
+
 // TestEnvCommandsRefuseBadLimits: a negative limit or seed count is a typo
 // of the user's, refused naming the flag before any program runs; it was
 // accepted and blamed on the program ("does not load", "the reference

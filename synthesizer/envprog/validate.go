@@ -84,6 +84,9 @@ const (
 	CheckHint               = "hint_is_guidance"
 )
 
+// NumChecks is the number of checks of a report of ValidateSource.
+const NumChecks = 13
+
 // ValidateOptions tune Validate; zero fields take the defaults in brackets.
 type ValidateOptions struct {
 	Seeds          int     // seeds 0..Seeds-1 every check plays [100]
@@ -97,6 +100,10 @@ type ValidateOptions struct {
 	// InProcess makes ValidateSource load the program with Load (trusted
 	// programs: shipped examples, templates) instead of LoadSandboxed.
 	InProcess bool
+	// OnCheck, when set, is called with each check as soon as it has its
+	// verdict, in the report's order: the progress of a validation, which
+	// takes minutes on a slow program.
+	OnCheck func(Check)
 }
 
 func (o ValidateOptions) withDefaults() ValidateOptions {
@@ -143,12 +150,19 @@ func ValidateSource(ctx context.Context, name string, src []byte, target []schem
 	case errors.As(err, &pe):
 		r := Report{}
 		r.add(CheckLoad, Fail, "%s does not load: %v", name, pe)
+		if opts.OnCheck != nil {
+			opts.OnCheck(r.Checks[0])
+		}
 		return r, nil, nil
 	case err != nil:
 		return Report{}, nil, err
 	}
+	loaded := Check{Name: CheckLoad, Verdict: Pass, Msg: name + " loads; its contract functions have the right parameters"}
+	if opts.OnCheck != nil {
+		opts.OnCheck(loaded)
+	}
 	r, err := Validate(ctx, env, target, opts)
-	r.Checks = append([]Check{{Name: CheckLoad, Verdict: Pass, Msg: name + " loads; its contract functions have the right parameters"}}, r.Checks...)
+	r.Checks = append([]Check{loaded}, r.Checks...)
 	return r, env, err
 }
 
@@ -161,10 +175,18 @@ func Validate(ctx context.Context, env Env, target []schemas.Tool, opts Validate
 	o := opts.withDefaults()
 	v := &validator{env: env, info: env.Info(), o: o}
 	var r Report
+	told := 0 // checks given to o.OnCheck
+	tell := func() {
+		for ; o.OnCheck != nil && told < len(r.Checks); told++ {
+			o.OnCheck(r.Checks[told])
+		}
+	}
+	defer tell()
 
 	if err := v.contract(ctx, &r); err != nil {
 		return r, err
 	}
+	tell()
 	contractOK := r.Checks[len(r.Checks)-1].Verdict == Pass
 	v.docstring(&r)
 	v.tools(&r, target)
@@ -179,10 +201,12 @@ func Validate(ctx context.Context, env Env, target []schemas.Tool, opts Validate
 		}
 		return r, nil
 	}
+	tell()
 	for _, f := range []func(context.Context, *Report) error{v.resets, v.randomPlay, v.doNothing, v.reference, v.hints} {
 		if err := f(ctx, &r); err != nil {
 			return r, err
 		}
+		tell()
 	}
 	return r, nil
 }

@@ -3,6 +3,7 @@ package envprog_test
 import (
 	"context"
 	"fmt"
+	"reflect"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -254,4 +255,31 @@ func (e *flakyEpisode) Messages() []envprog.Message {
 		m[len(m)-1].Content += fmt.Sprint(" #", e.n)
 	}
 	return m
+}
+
+// TestValidateTellsEachCheck: ValidateOptions.OnCheck gets every check of
+// the report, in its order, as it gets its verdict (trace env validate's
+// progress), also of a program that does not load or whose contract fails.
+func TestValidateTellsEachCheck(t *testing.T) {
+	for name, src := range map[string][]byte{
+		"example":     exampleSrc(),
+		"no load":     []byte("def tools(:\n"),
+		"no contract": []byte(strings.Replace(string(exampleSrc()), "def reset(seed):", "def reset(seed):\n    return []", 1)),
+	} {
+		var told []envprog.Check
+		r, env, err := envprog.ValidateSource(context.Background(), name, src, nil, envprog.Limits{},
+			envprog.ValidateOptions{Seeds: 5, InProcess: true, OnCheck: func(c envprog.Check) { told = append(told, c) }})
+		if env != nil {
+			env.Close()
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !reflect.DeepEqual(told, r.Checks) {
+			t.Errorf("%s: told %v, the report has %v", name, told, r.Checks)
+		}
+		if name != "no load" && len(r.Checks) != envprog.NumChecks {
+			t.Errorf("%s: %d checks, NumChecks is %d", name, len(r.Checks), envprog.NumChecks)
+		}
+	}
 }
