@@ -196,6 +196,20 @@ func TestEnvValidateShowsProgress(t *testing.T) {
 	}
 }
 
+// TestListsRefuseANegativeLimit: trace env list and trace train list took
+// --limit -1 for "all" without a word (a typo for 1, or for 10); it is
+// refused naming the flag, before ClickHouse is asked.
+func TestListsRefuseANegativeLimit(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	for _, args := range [][]string{{"env", "list", "--limit", "-1"}, {"train", "list", "--limit", "-10"}} {
+		out, err := runCLI(t, ctx, args...)
+		if err == nil || !strings.Contains(err.Error(), "--limit") {
+			t.Errorf("%v: got %v, want an error naming --limit\n%s", args, err, out)
+		}
+	}
+}
+
 // TestEnvCommandsRefuseBadLimits: a negative limit or seed count is a typo
 // of the user's, refused naming the flag before any program runs; it was
 // accepted and blamed on the program ("does not load", "the reference

@@ -53,6 +53,9 @@ policy (trace demo) are marked SIMULATED.`,
 			if status != "" && !validStatus(status) {
 				return fmt.Errorf("--status must be one of %s, got %q", statusList(), status)
 			}
+			if limit < 0 {
+				return fmt.Errorf("--limit %d: want 0 (all) or more", limit)
+			}
 			cfg, err := cf.load()
 			if err != nil {
 				return err

@@ -362,6 +362,9 @@ SIMULATED.`,
 			if status != "" && !contains(jobStatuses, status) {
 				return fmt.Errorf("--status must be one of %s, got %q", strings.Join(jobStatuses, ", "), status)
 			}
+			if limit < 0 {
+				return fmt.Errorf("--limit %d: want 0 (all) or more", limit)
+			}
 			cfg, err := cf.load()
 			if err != nil {
 				return err
