@@ -318,6 +318,11 @@ func (c Config) Validate(prefix string) error {
 			errs = append(errs, fmt.Errorf("%s%s: %d characters; at most %d, so that with an adapter's name (up to %d) a job's output.uri fits in %d",
 				prefix, name, len(u), schemas.MaxAdapterURI-1-MaxAdapterName, MaxAdapterName, schemas.MaxAdapterURI))
 		}
+		// file://var/lib/… (two slashes) names the host "var": trainers
+		// wrote to /lib/…, and the engine was told to load from there.
+		if pu, err := url.Parse(u); name == "output_uri" && err == nil && pu.Scheme == "file" && pu.Host != "" && pu.Host != "localhost" {
+			errs = append(errs, fmt.Errorf("%s%s: %q names the host %q; a local path is file:///path (three slashes)", prefix, name, u, pu.Host))
+		}
 		// Trainers reach the environment server over OpenEnv (HTTP or
 		// WebSocket): the job's schema takes nothing else, so another
 		// scheme would fail every job's planning, not the start.

@@ -262,3 +262,24 @@ func TestEvalFirstSeedIsChecked(t *testing.T) {
 		t.Fatalf("held-out seeds %d … %d", s[0], s[len(s)-1])
 	}
 }
+
+// TestOutputURIOfAFileHasNoHost: file://var/lib/trace/adapters (two
+// slashes, a common slip for file:///var/…) names the host "var": the
+// reference trainer wrote the adapter to /lib/trace/adapters/<name> and the
+// serving engine was told to load it from there. It is refused at start.
+func TestOutputURIOfAFileHasNoHost(t *testing.T) {
+	for _, u := range []string{"file://var/lib/trace/adapters", "file://adapters", "file://host.example.com/data/adapters"} {
+		c := DefaultConfig()
+		c.OutputURI = u
+		if err := c.Validate("adapter.plan."); err == nil || !strings.Contains(err.Error(), "adapter.plan.output_uri") || !strings.Contains(err.Error(), "file:///") {
+			t.Errorf("output_uri %s: Validate gave %v, want an error naming adapter.plan.output_uri and the file:/// form", u, err)
+		}
+	}
+	for _, u := range []string{"file:///var/lib/trace/adapters", "file://localhost/var/lib/trace/adapters", "s3://bucket/adapters", "/var/lib/trace/adapters/../x://"} {
+		c := DefaultConfig()
+		c.OutputURI = u
+		if err := c.Validate("adapter.plan."); err != nil && strings.Contains(err.Error(), "file:///") {
+			t.Errorf("output_uri %s: %v", u, err)
+		}
+	}
+}
