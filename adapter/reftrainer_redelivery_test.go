@@ -336,10 +336,16 @@ func TestReferenceTrainerSIGTERMHandsTheJobBack(t *testing.T) {
 		t.Errorf("job %s: %s iteration %d mean reward %.2f (%s), want SUCCEEDED with worker-b's iteration 1, 0.25", id, j.Status, j.Iteration, j.MeanReward, j.Reason)
 	}
 	hist := jobHistory(t, st, id)
-	for _, w := range []string{"started worker-a 0", "started worker-b 1000000000", "succeeded worker-b 1000000002"} {
+	for _, w := range []string{"started worker-a 0", "started worker-b 1000000000"} {
 		if !strings.Contains(strings.Join(hist, "\n")+"\n", w+"\n") {
 			t.Errorf("history lacks %q: %v", w, hist)
 		}
+	}
+	// worker-b's success is numbered in its delivery's range; its seq
+	// depends on how many heartbeats (one a second here) it sent while the
+	// test released it, more on a loaded machine.
+	if !f.has(t, id, "succeeded worker-b 1000000")() {
+		t.Errorf("history lacks worker-b's succeeded, numbered from 1000000000: %v", hist)
 	}
 	for _, l := range hist {
 		if strings.HasPrefix(l, "failed") {
