@@ -328,6 +328,9 @@ func play(ctx context.Context, env envprog.Env, seed int64, withHint bool, in io
 		names[i] = t.Function.Name
 	}
 	fmt.Fprintf(out, "%s, seed %d. Tools: %s\n\n", info.Name, seed, strings.Join(names, ", "))
+	if withHint && !info.HasHint {
+		fmt.Fprintf(out, "(the program has no hint(): --hint adds nothing)\n\n")
+	}
 	fmt.Fprintf(out, "── system ──\n%s\n\n── user ──\n%s\n\n", system, start.User)
 	if interactive {
 		fmt.Fprintln(out, `Type a tool call as JSON ({"name": ..., "arguments": {...}}), or the final answer as plain text (:hint, :reference, :quit).`)

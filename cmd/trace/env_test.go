@@ -210,6 +210,26 @@ func TestListsRefuseANegativeLimit(t *testing.T) {
 	}
 }
 
+// TestEnvPlayHintWithoutHint: --hint on a program without hint() says it
+// adds nothing; the episode started unhinted without a word, as if the
+// hint were in the system prompt.
+func TestEnvPlayHintWithoutHint(t *testing.T) {
+	src := strings.Replace(string(examples.PreconditionAirline), "def hint(state):", "def hint_unused(state):", 1)
+	path := filepath.Join(t.TempDir(), "nohint.star")
+	if err := os.WriteFile(path, []byte(src), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	rootCmd.SetIn(strings.NewReader(":quit\n"))
+	defer rootCmd.SetIn(nil)
+	out, err := runCLI(t, context.Background(), "env", "play", path, "--seed", "1", "--in-process", "--hint")
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	if !strings.Contains(out, "has no hint()") {
+		t.Errorf("--hint on a program without hint() said nothing:\n%s", out)
+	}
+}
+
 // TestEnvCommandsRefuseBadLimits: a negative limit or seed count is a typo
 // of the user's, refused naming the flag before any program runs; it was
 // accepted and blamed on the program ("does not load", "the reference
