@@ -183,6 +183,10 @@ func TestVerdicts(t *testing.T) {
 		// Δ after exactly δ (ER− 0.25 − ER+ 0.05 = 0.20): the capability
 		// would still be selected, so the gap is not closed.
 		{"Δ after exactly δ", gap, mix{LF: 5, PF: 15, LP: 1, PP: 19}, 3, Improved, "Δ still ≥ δ"},
+		// The same in each of TRACE's N = 10 runs: the mean over the runs
+		// is summed as the selection's report sums it (pairwise), so ten
+		// runs of 0.20 average 0.20, not 0.19999999999999998 "below δ".
+		{"Δ after exactly δ in 10 runs", gap, mix{LF: 5, PF: 15, LP: 1, PP: 19}, 10, Improved, "Δ still ≥ δ"},
 		// Δ after below δ (0.15 on 20 failures) but its interval reaching
 		// it: better, not yet closed.
 		{"Δ after below δ, its interval not", gap, mix{LF: 3, PF: 17, PP: 20}, 3, Improved, "is below δ = 0.20 but its interval is not: not closed yet"},
