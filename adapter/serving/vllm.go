@@ -10,7 +10,8 @@
 //	  200, a plain-text "Success: LoRA adapter 'N' added successfully."
 //	  400 {"error": {"message": "... has already been loaded ...", ...}}  (also: a missing field)
 //	  404 {"error": {"message": "Loading lora N failed: No adapter found for P", ...}}
-//	  500 {"error": {...}} when the engine fails to load it
+//	  500 {"error": {"type": "InternalServerError", ...}} when the engine refuses it (a rank
+//	  above --max-lora-rank, unreadable weights; older versions: 400): not retried
 //	POST {base}/unload_lora_adapter {"lora_name": N}
 //	  200, plain text; 404 {"error": {"message": "The lora adapter 'N' cannot be found.", ...}}
 //	GET  {base}/models lists the base model and every loaded adapter (id = name, root = path,
@@ -45,9 +46,10 @@ const (
 )
 
 // VLLM is a vLLM server's runtime LoRA API. Load and Unload retry
-// failures another try may fix (connection errors, time-outs, 429, 5xx)
-// with capped exponential backoff for at most MaxElapsed; other failures
-// are returned at once. Safe for concurrent use.
+// failures another try may fix (connection errors, time-outs, 429, 5xx
+// but a load's refusal by vLLM's engine) with capped exponential backoff
+// for at most MaxElapsed; other failures are returned at once. Safe for
+// concurrent use.
 type VLLM struct {
 	// BaseURL is the OpenAI API base, ending in /v1 (http://vllm:8000/v1).
 	BaseURL string
@@ -202,6 +204,11 @@ func (v *VLLM) attempt(ctx context.Context, op string, data []byte) (int, string
 		return resp.StatusCode, strings.TrimSpace(string(raw)), nil
 	}
 	msg := errorMessage(raw)
+	if op == "load_lora_adapter" && resp.StatusCode == http.StatusInternalServerError && errorType(raw) == "InternalServerError" {
+		// vLLM's own answer that its engine refused the adapter: another
+		// try reads the same files and is refused again.
+		return resp.StatusCode, msg, backoff.Permanent(errors.New(msg))
+	}
 	switch {
 	case resp.StatusCode == http.StatusNotFound && isRouteMissing(raw):
 		msg = "the server has no " + op + " route: start vLLM with VLLM_ALLOW_RUNTIME_LORA_UPDATING=True (and --enable-lora)"
@@ -241,6 +248,20 @@ func errorMessage(raw []byte) string {
 		s = s[:300] + "…"
 	}
 	return s
+}
+
+// errorType is the type of vLLM's error object ({"error": {"type"}}), ""
+// for another body.
+func errorType(raw []byte) string {
+	var e struct {
+		Error struct {
+			Type string `json:"type"`
+		} `json:"error"`
+	}
+	if json.Unmarshal(raw, &e) != nil {
+		return ""
+	}
+	return e.Error.Type
 }
 
 // isRouteMissing: FastAPI's answer to a path it has no route for.

@@ -123,3 +123,38 @@ func TestVLLMServed(t *testing.T) {
 		t.Fatalf("Served of a server that is down: %v", err)
 	}
 }
+
+// TestVLLMLoadRefusedByTheEngine: current vLLM answers a load its engine
+// refuses (an adapter whose rank exceeds --max-lora-rank, target modules
+// the model lacks, unreadable weights) with a 500 of its own error object,
+// type InternalServerError (vllm/entrypoints/openai/models/serving.py,
+// load_lora_adapter); older versions a 400. Another try reads the same
+// files and is refused again: it is reported at once, not retried for
+// MaxElapsed. A 500 that is not vLLM's answer (a proxy's, a crash page)
+// is still retried (TestVLLMLoadUnload).
+func TestVLLMLoadRefusedByTheEngine(t *testing.T) {
+	ctx := context.Background()
+	srv := llmtest.New(t)
+	srv.ServeLoRA(llmtest.LoRAOptions{})
+	v := fast(srv, "")
+	v.MaxElapsed = time.Minute
+	const msg = "LoRA rank 64 is greater than max_lora_rank 16."
+	refused := llmtest.Reply{Status: http.StatusInternalServerError,
+		Body: `{"error": {"message": "` + msg + `", "type": "InternalServerError", "param": null, "code": 500}}`}
+	srv.EnqueueLoRA(refused, refused, refused)
+	start := time.Now()
+	err := v.Load(ctx, "cap-a", t.TempDir())
+	var ve *Error
+	if !errors.As(err, &ve) || ve.Status != 500 || ve.Attempts != 1 || !strings.Contains(err.Error(), msg) {
+		t.Fatalf("a load the engine refused: %v", err)
+	}
+	if n := len(srv.LoRACalls()); n != 1 || time.Since(start) > 10*time.Second {
+		t.Errorf("%d calls in %s: the engine's refusal was retried", n, time.Since(start))
+	}
+	srv.DropLoRAFaults()
+	// A 500 with a proxy's text body is retried, and the load then succeeds.
+	srv.EnqueueLoRA(llmtest.Reply{Status: http.StatusInternalServerError, Body: "Internal Server Error"})
+	if err := v.Load(ctx, "cap-a", t.TempDir()); err != nil {
+		t.Fatalf("a proxy's 500, then a load: %v", err)
+	}
+}
