@@ -774,9 +774,23 @@ func defaultPlan() plan.Config {
 }
 
 // EnvServerURL is adapter.plan.env_server_url, or where this trace's serve
-// role serves environments: http://<env.addr>, else http://<http.addr>.
+// role serves environments: http://<env.addr>, else http://<http.addr>. An
+// address listening on every interface (":8080", "0.0.0.0:8080",
+// "[::]:8080") is reached on this machine's loopback: it names no host a
+// trainer could connect to (trainers elsewhere need env_server_url).
 func (c Config) EnvServerURL() string {
-	return cmp.Or(c.Adapter.Plan.EnvServerURL, "http://"+cmp.Or(c.Env.Addr, c.HTTP.Addr))
+	if c.Adapter.Plan.EnvServerURL != "" {
+		return c.Adapter.Plan.EnvServerURL
+	}
+	addr := cmp.Or(c.Env.Addr, c.HTTP.Addr)
+	if host, port, err := net.SplitHostPort(addr); err == nil {
+		if host == "" || host == "0.0.0.0" {
+			addr = net.JoinHostPort("127.0.0.1", port)
+		} else if ip := net.ParseIP(host); ip != nil && ip.IsUnspecified() {
+			addr = net.JoinHostPort("::1", port)
+		}
+	}
+	return "http://" + addr
 }
 
 // natsSchemes are the URL schemes nats.go connects with.

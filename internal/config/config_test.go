@@ -349,6 +349,10 @@ func TestEnvServerURL(t *testing.T) {
 	}{
 		{"the serve role's http.addr", nil, "http://127.0.0.1:8080"},
 		{"a dedicated env.addr", []string{"env.addr=127.0.0.1:8091"}, "http://127.0.0.1:8091"},
+		{"http.addr on every interface", []string{"http.addr=0.0.0.0:8080"}, "http://127.0.0.1:8080"},
+		{"http.addr without a host", []string{"http.addr=:8080"}, "http://127.0.0.1:8080"},
+		{"env.addr on every IPv6 interface", []string{"env.addr=[::]:8091"}, "http://[::1]:8091"},
+		{"a named host", []string{"http.addr=trace-serve:8080"}, "http://trace-serve:8080"},
 		{"configured", []string{"env.addr=127.0.0.1:8091", "adapter.plan.env_server_url=https://envs.example.internal"}, "https://envs.example.internal"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
