@@ -152,23 +152,9 @@ func TestReferenceTrainerSmoke(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { env.Close() })
-	cat := envserver.NewStaticCatalog()
-	if err := cat.Add(ready.EnvironmentID, env, envserver.Entry{}); err != nil {
-		t.Fatal(err)
-	}
 	cfg := envserver.DefaultConfig()
 	cfg.RecordFlush = 50 * time.Millisecond
-	es, err := envserver.New(cfg, envserver.Options{Catalog: cat, Writer: st})
-	if err != nil {
-		t.Fatal(err)
-	}
-	hs := httptest.NewServer(es.Handler())
-	t.Cleanup(func() {
-		hs.Close()
-		c, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		es.Close(c)
-	})
+	hs := serveEnv(t, ready.EnvironmentID, env, cfg, st)
 
 	// The tiny base model, warmed up on 200 reference transcripts (training
 	// seeds lie below the held-out ones, from 1000).
@@ -649,21 +635,7 @@ def reward(state, transcript):
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { env.Close() })
-	cat := envserver.NewStaticCatalog()
-	if err := cat.Add("env-0123456789abcdef", env, envserver.Entry{}); err != nil {
-		t.Fatal(err)
-	}
-	es, err := envserver.New(envserver.DefaultConfig(), envserver.Options{Catalog: cat})
-	if err != nil {
-		t.Fatal(err)
-	}
-	hs := httptest.NewServer(es.Handler())
-	t.Cleanup(func() {
-		hs.Close()
-		c, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		es.Close(c)
-	})
+	hs := serveEnv(t, "env-0123456789abcdef", env, envserver.DefaultConfig(), nil)
 	script := `import inspect, json, sys
 sys.path.insert(0, "../trainer")
 from trace_trainer.environment import EpisodeLog, environment_class, start_of
@@ -701,4 +673,26 @@ print(json.dumps({"tools": sorted(names), "results": results, "reward": reward, 
 	if len(got.Tools) != len(names) || got.Reward != 1 || got.Logged != 1 {
 		t.Errorf("tools %v, reward %v, episodes logged %d; want the %d tools, reward 1 and 1 episode", got.Tools, got.Reward, got.Logged, len(names))
 	}
+}
+
+// serveEnv serves env as environment id on trace's environment server
+// (episodes recorded to w unless nil) until the test ends.
+func serveEnv(t *testing.T, id string, env envprog.Env, cfg envserver.Config, w envserver.EpisodeWriter) *httptest.Server {
+	t.Helper()
+	cat := envserver.NewStaticCatalog()
+	if err := cat.Add(id, env, envserver.Entry{}); err != nil {
+		t.Fatal(err)
+	}
+	es, err := envserver.New(cfg, envserver.Options{Catalog: cat, Writer: w})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs := httptest.NewServer(es.Handler())
+	t.Cleanup(func() {
+		hs.Close()
+		c, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		es.Close(c)
+	})
+	return hs
 }
