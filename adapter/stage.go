@@ -27,12 +27,24 @@ type Store interface {
 }
 
 // Claims makes a job id's dispatch happen once (internal/bus: a KV bucket).
-// Claim returns true for the first caller only, across replicas and
-// restarts; Release undoes a claim whose dispatch failed.
+// ClaimTrainingJob holds the claim until ctx's deadline and returns its
+// revision to the first caller, across replicas and restarts, and to one
+// that finds a claim past its bound whose job was never marked
+// dispatched (its dispatcher died, or could not release it); else rev 0,
+// with heldUntil the bound of a claimer that may still be dispatching, or
+// zero when the job was dispatched. DispatchedTrainingJob marks the
+// backend's acceptance; ReleaseTrainingJob undoes a claim whose dispatch
+// failed.
 type Claims interface {
-	ClaimTrainingJob(ctx context.Context, jobID string) (bool, error)
-	ReleaseTrainingJob(ctx context.Context, jobID string) error
+	ClaimTrainingJob(ctx context.Context, jobID string) (rev uint64, heldUntil time.Time, err error)
+	DispatchedTrainingJob(ctx context.Context, jobID string) error
+	ReleaseTrainingJob(ctx context.Context, jobID string, rev uint64) error
 }
+
+// ErrBeingDispatched: another dispatcher holds the job's claim within its
+// bound; the ready message is retried, and finds the job dispatched, or
+// the claim past its bound and taken over.
+var ErrBeingDispatched = errors.New("being dispatched by another replica")
 
 // Backend hands a job to trainers. Dispatch returns once the job is
 // durably handed over (nats: in the stream; command: started; webhook:
@@ -244,31 +256,41 @@ func (s *Stage) DispatchReady(ctx context.Context, r *schemas.EnvironmentReady, 
 }
 
 // Dispatch records and dispatches a job once: a job already in
-// training_jobs or already claimed is a duplicate. A failed dispatch
-// releases the claim and returns the error (the caller retries, and the
-// retry finds the DISPATCHED row with a free claim: it dispatches again).
+// training_jobs or whose claim is marked dispatched is a duplicate. A
+// failed dispatch releases the claim and returns the error (the caller
+// retries, and the retry finds the DISPATCHED row with a free claim: it
+// dispatches again). A claim held by another dispatcher within its bound is
+// ErrBeingDispatched (retried); past its bound, never marked dispatched
+// (its dispatcher was killed, or could not release it), it is taken over
+// and the job dispatched.
 func (s *Stage) Dispatch(ctx context.Context, job *schemas.TrainingJob) (Result, error) {
 	res := Result{JobID: job.JobID}
 	spec, err := job.Encode()
 	if err != nil {
 		return res, err
 	}
-	// A DISPATCHED job whose claim is free again is one whose dispatch
-	// failed (the claim is released only then): it is dispatched again.
-	// Every other recorded job is a duplicate.
+	// A DISPATCHED job whose claim is free again (released by a failed
+	// dispatch) or past its bound unmarked (a dead dispatcher's) is
+	// dispatched again. Every other recorded job is a duplicate.
 	if prev, err := s.cfg.Store.TrainingJob(ctx, job.JobID); err != nil {
 		return res, err
 	} else if prev != nil && prev.Status != StatusDispatched {
 		res.Duplicate = true
 		return res, nil
 	}
-	ok, err := s.cfg.Claims.ClaimTrainingJob(ctx, job.JobID)
+	rev, heldUntil, err := s.cfg.Claims.ClaimTrainingJob(ctx, job.JobID)
 	if err != nil {
 		return res, err
 	}
-	if !ok {
+	if rev == 0 && heldUntil.IsZero() {
 		res.Duplicate = true
 		return res, nil
+	}
+	if rev == 0 {
+		// Not a duplicate yet: its claimer may be dead. Acked as one, the
+		// job was never handed to a trainer.
+		return res, fmt.Errorf("job %s: %w (its claim holds until %s, then is taken over if the job is not dispatched)", job.JobID,
+			ErrBeingDispatched, heldUntil.UTC().Format(time.RFC3339))
 	}
 	now := s.cfg.Now().UTC()
 	row := jobRow(job, spec, now)
@@ -277,7 +299,7 @@ func (s *Stage) Dispatch(ctx context.Context, job *schemas.TrainingJob) (Result,
 		row.Status, row.Backend = StatusDispatched, s.cfg.Backend.Name()
 	}
 	release := func(err error) (Result, error) {
-		if rerr := s.cfg.Claims.ReleaseTrainingJob(context.WithoutCancel(ctx), job.JobID); rerr != nil {
+		if rerr := s.cfg.Claims.ReleaseTrainingJob(context.WithoutCancel(ctx), job.JobID, rev); rerr != nil {
 			s.cfg.Log.Warn("adapter: release claim", "job", job.JobID, "err", rerr)
 		}
 		return res, err
@@ -287,6 +309,7 @@ func (s *Stage) Dispatch(ctx context.Context, job *schemas.TrainingJob) (Result,
 	}
 	if s.cfg.Backend == nil {
 		res.Planned = true
+		s.markDispatched(ctx, job.JobID)
 		return res, nil
 	}
 	payload, _ := json.Marshal(map[string]any{"backend": s.cfg.Backend.Name(), "planner": job.Planner})
@@ -298,9 +321,22 @@ func (s *Stage) Dispatch(ctx context.Context, job *schemas.TrainingJob) (Result,
 		return release(fmt.Errorf("dispatch %s (%s): %w", job.JobID, s.cfg.Backend.Name(), err))
 	}
 	res.Dispatched = true
+	s.markDispatched(ctx, job.JobID)
 	s.cfg.Log.Info("training job dispatched", "job", job.JobID, "environment_id", job.EnvironmentID, "capability", job.Capability.Name,
 		"backend", s.cfg.Backend.Name(), "adapter", job.Output.AdapterName, "planner", job.Planner.Source)
 	return res, nil
+}
+
+// markDispatched marks a job's claim dispatched, so that no claimer takes
+// it over past its bound. A failure is logged: the ready message is acked
+// all the same, and only its redelivery (the ack lost too) past the
+// claim's bound would dispatch the job again.
+func (s *Stage) markDispatched(ctx context.Context, jobID string) {
+	mctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	if err := s.cfg.Claims.DispatchedTrainingJob(mctx, jobID); err != nil {
+		s.cfg.Log.Warn("adapter: the job was dispatched but its claim could not be marked so", "job", jobID, "err", err)
+	}
 }
 
 func jobRow(job *schemas.TrainingJob, spec []byte, now time.Time) sink.TrainingJobRow {

@@ -182,22 +182,92 @@ func (b *Bus) RelayTrainingEvent(ctx context.Context, jobID string, data []byte,
 	return nil
 }
 
-// ClaimTrainingJob claims a job id in trace_training_claims (atomic across
-// replicas, durable across restarts): true when this caller is the first.
-func (b *Bus) ClaimTrainingJob(ctx context.Context, jobID string) (bool, error) {
-	v, _ := json.Marshal(map[string]any{"claimed_at": time.Now().UTC()})
-	if _, err := b.trainingClaims.Create(ctx, Token(jobID), v); err != nil {
-		if errors.Is(err, jetstream.ErrKeyExists) {
-			return false, nil
-		}
-		return false, fmt.Errorf("nats: claim training job: %w", err)
-	}
-	return true, nil
+// Claims of training jobs (trace_training_claims): a job's claim holds
+// its dispatcher's bound (until: the deadline of the dispatch's context,
+// else DefaultClaimBound from the claim) and, once the backend took the
+// job, when it did (dispatched_at). A claim past its bound by ClaimSlack
+// and never marked dispatched is its dispatcher's that died (kill -9, OOM,
+// SIGKILL after the grace period) or could not release it (NATS away):
+// the next claimer takes it over, so the job is dispatched rather than
+// lost. A claim without a bound (written before bounds were kept) counts
+// as dispatched.
+const (
+	DefaultClaimBound = 10 * time.Minute
+	ClaimSlack        = 10 * time.Second
+)
+
+// trainingClaim is the value of a job's claim.
+type trainingClaim struct {
+	ClaimedAt    time.Time  `json:"claimed_at"`
+	Until        *time.Time `json:"until,omitempty"`
+	DispatchedAt *time.Time `json:"dispatched_at,omitempty"`
 }
 
-// ReleaseTrainingJob drops a claim (the dispatch failed and will be retried).
-func (b *Bus) ReleaseTrainingJob(ctx context.Context, jobID string) error {
-	if err := b.trainingClaims.Delete(ctx, Token(jobID)); err != nil {
+// ClaimTrainingJob claims a job id in trace_training_claims (atomic across
+// replicas, durable across restarts) until ctx's deadline (else
+// DefaultClaimBound). rev is the claim's revision when this caller holds
+// it now: the first caller, or one that took over a claim past its bound
+// (+ ClaimSlack) whose job was never marked dispatched. Otherwise rev is 0
+// and heldUntil is zero when the job was dispatched, or the bound of the
+// claimer that may still be dispatching it.
+func (b *Bus) ClaimTrainingJob(ctx context.Context, jobID string) (rev uint64, heldUntil time.Time, err error) {
+	key := Token(jobID)
+	now := time.Now().UTC()
+	until, ok := ctx.Deadline()
+	if !ok {
+		until = now.Add(DefaultClaimBound)
+	}
+	until = until.UTC()
+	v, _ := json.Marshal(trainingClaim{ClaimedAt: now, Until: &until})
+	for range 3 {
+		rev, err := b.trainingClaims.Create(ctx, key, v)
+		if err == nil {
+			return rev, time.Time{}, nil
+		}
+		if !errors.Is(err, jetstream.ErrKeyExists) {
+			return 0, time.Time{}, fmt.Errorf("nats: claim training job: %w", err)
+		}
+		e, err := b.trainingClaims.Get(ctx, key)
+		if errors.Is(err, jetstream.ErrKeyNotFound) {
+			continue // released meanwhile
+		}
+		if err != nil {
+			return 0, time.Time{}, fmt.Errorf("nats: claim training job: %w", err)
+		}
+		var c trainingClaim
+		if json.Unmarshal(e.Value(), &c) != nil || c.Until == nil || c.DispatchedAt != nil {
+			return 0, time.Time{}, nil
+		}
+		if time.Now().Before(c.Until.Add(ClaimSlack)) {
+			return 0, *c.Until, nil
+		}
+		rev, err = b.trainingClaims.Update(ctx, key, v, e.Revision())
+		if err == nil {
+			return rev, time.Time{}, nil
+		}
+		if !errors.Is(err, jetstream.ErrKeyRevisionMismatch) && !errors.Is(err, jetstream.ErrKeyExists) {
+			return 0, time.Time{}, fmt.Errorf("nats: take over the claim of training job: %w", err)
+		}
+		// Another claimer took it over first.
+	}
+	return 0, until, nil
+}
+
+// DispatchedTrainingJob marks a job's claim dispatched: its backend has
+// it, and no claimer takes the claim over.
+func (b *Bus) DispatchedTrainingJob(ctx context.Context, jobID string) error {
+	now := time.Now().UTC()
+	v, _ := json.Marshal(trainingClaim{ClaimedAt: now, DispatchedAt: &now})
+	if _, err := b.trainingClaims.Put(ctx, Token(jobID), v); err != nil {
+		return fmt.Errorf("nats: mark training job dispatched: %w", err)
+	}
+	return nil
+}
+
+// ReleaseTrainingJob drops the claim at revision rev (the dispatch failed
+// and will be retried); a claim another claimer took over since is left.
+func (b *Bus) ReleaseTrainingJob(ctx context.Context, jobID string, rev uint64) error {
+	if err := b.trainingClaims.Delete(ctx, Token(jobID), jetstream.LastRevision(rev)); err != nil {
 		return fmt.Errorf("nats: release training job: %w", err)
 	}
 	return nil

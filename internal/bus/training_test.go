@@ -62,3 +62,60 @@ func TestTrainingEventsOnTheJobsSubject(t *testing.T) {
 		t.Errorf("relayed %s, want it as received", got[1].Data())
 	}
 }
+
+// TestTrainingClaims: a claim holds its claimer's bound; a claim past it
+// (and ClaimSlack), never marked dispatched, is taken over once, and the
+// release of the claimer that lost it leaves the new holder's; a claim
+// marked dispatched, or written without a bound (before bounds were kept),
+// is the job's dispatch.
+func TestTrainingClaims(t *testing.T) {
+	ctx := context.Background()
+	b := connect(t)
+	short, cancel := context.WithTimeout(ctx, time.Millisecond)
+	defer cancel()
+	rev, held, err := b.ClaimTrainingJob(short, "job-a")
+	if err != nil || rev == 0 || !held.IsZero() {
+		t.Fatalf("first claim: %d %s %v", rev, held, err)
+	}
+	if r, h, err := b.ClaimTrainingJob(ctx, "job-a"); err != nil || r != 0 || h.IsZero() {
+		t.Fatalf("a claim within its holder's bound: %d %s %v; want held", r, h, err)
+	}
+	time.Sleep(bus.ClaimSlack + 50*time.Millisecond)
+	taken, held, err := b.ClaimTrainingJob(ctx, "job-a")
+	if err != nil || taken == 0 || !held.IsZero() {
+		t.Fatalf("a claim past its bound: %d %s %v; want taken over", taken, held, err)
+	}
+	if err := b.ReleaseTrainingJob(ctx, "job-a", rev); err == nil {
+		t.Fatal("the release of a claim taken over since removed the new holder's")
+	}
+	if r, h, err := b.ClaimTrainingJob(ctx, "job-a"); err != nil || r != 0 || h.IsZero() {
+		t.Fatalf("after a stale release: %d %s %v; want held by the new holder", r, h, err)
+	}
+	if err := b.DispatchedTrainingJob(ctx, "job-a"); err != nil {
+		t.Fatal(err)
+	}
+	if r, h, err := b.ClaimTrainingJob(ctx, "job-a"); err != nil || r != 0 || !h.IsZero() {
+		t.Fatalf("a dispatched job: %d %s %v; want dispatched", r, h, err)
+	}
+	kv, err := b.JS.KeyValue(ctx, bus.BucketTrainingClaims)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kv.Create(ctx, "job-old", []byte(`{"claimed_at":"2026-01-02T03:04:05Z"}`)); err != nil {
+		t.Fatal(err)
+	}
+	if r, h, err := b.ClaimTrainingJob(ctx, "job-old"); err != nil || r != 0 || !h.IsZero() {
+		t.Fatalf("a claim without a bound: %d %s %v; want dispatched", r, h, err)
+	}
+	// A release at the holder's revision frees the job.
+	rev, _, err = b.ClaimTrainingJob(ctx, "job-b")
+	if err != nil || rev == 0 {
+		t.Fatal(rev, err)
+	}
+	if err := b.ReleaseTrainingJob(ctx, "job-b", rev); err != nil {
+		t.Fatal(err)
+	}
+	if r, _, err := b.ClaimTrainingJob(ctx, "job-b"); err != nil || r == 0 {
+		t.Fatalf("a released claim: %d %v; want claimed", r, err)
+	}
+}
