@@ -269,7 +269,8 @@ type rejectFunc func(ctx context.Context, m jetstream.Msg, cause error, deliveri
 // finished with a context of its own. Messages already buffered when ctx
 // ends are handed back (Nak'd) after the subscription is drained, so
 // another replica gets them at once instead of after the consumer's
-// AckWait.
+// AckWait. A consumer that no longer exists on the server ends consume with
+// an error naming it (consumerGone).
 func consume(ctx context.Context, cons jetstream.Consumer, s *Stage, bound time.Duration, handle func(context.Context, jetstream.Msg) error,
 	reject rejectFunc) error {
 	it, err := cons.Messages(jetstream.PullMaxMessages(16))
@@ -298,6 +299,9 @@ func consume(ctx context.Context, cons jetstream.Consumer, s *Stage, bound time.
 				return nil
 			}
 			if ctx.Err() == nil { // else draining: Next ends with ErrMsgIteratorClosed
+				if gone := consumerGone(ctx, cons); gone != nil {
+					return gone
+				}
 				s.cfg.Log.Warn("adapter: consumer", "err", err)
 			}
 			time.Sleep(100 * time.Millisecond)
@@ -317,6 +321,27 @@ func consume(ctx context.Context, cons jetstream.Consumer, s *Stage, bound time.
 			cancel()
 		}
 	}
+}
+
+// consumerGone returns an error naming cons when it no longer exists on
+// the server (NATS came back without its JetStream storage, or the
+// consumer was deleted): nothing but a start of the role creates it
+// again, and the iterator went on without it, reporting missed
+// heartbeats, while ready environments piled up unhandled. Nil while it
+// exists or cannot be asked (NATS away).
+func consumerGone(ctx context.Context, cons jetstream.Consumer) error {
+	ictx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	_, err := cons.Info(ictx)
+	if !errors.Is(err, jetstream.ErrConsumerNotFound) && !errors.Is(err, jetstream.ErrStreamNotFound) {
+		return nil
+	}
+	name, stream := "", ""
+	if info := cons.CachedInfo(); info != nil {
+		name, stream = info.Name, info.Stream
+	}
+	return fmt.Errorf("nats: consumer %s of stream %s is gone (NATS restarted without its JetStream storage, or it was deleted): %w; "+
+		"a restart of trace creates it again", name, stream, err)
 }
 
 // handleSafely runs handle; a panic is logged with its stack and returned
