@@ -63,7 +63,11 @@ func (s *Stage) RunActivations(ctx context.Context, cons jetstream.Consumer) err
 		var a activation
 		if err := json.Unmarshal(m.Data(), &a); err != nil || a.JobID == "" || a.Adapter == "" {
 			s.cfg.Log.Error("adapter: invalid activation request, dropped", "payload", truncate(string(m.Data()), 512), "err", err)
-			return m.Term()
+			why := "no job_id or adapter"
+			if err != nil {
+				why = truncate(err.Error(), 200)
+			}
+			return m.TermWithReason("invalid activation request: " + why)
 		}
 		stop := inProgress(m, ackWait/3)
 		defer stop()

@@ -26,7 +26,7 @@ func (s *Stage) RunReady(ctx context.Context, cons jetstream.Consumer) error {
 		r, err := schemas.DecodeEnvironmentReady(m.Data())
 		if err != nil {
 			s.cfg.Log.Error("adapter: invalid environment ready message, dropped", "subject", m.Subject(), "err", err)
-			return m.Term()
+			return m.TermWithReason("invalid environment ready message: " + truncate(err.Error(), 200))
 		}
 		res, err := s.HandleReady(hctx, r)
 		if err != nil { // named, for the retry's warning
