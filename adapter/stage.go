@@ -187,7 +187,17 @@ func PlanJob(ctx context.Context, pc plan.Config, planner Planner, in plan.Input
 	if planner == nil {
 		return job, nil
 	}
-	adj, reason, model, err := planner.Adjust(ctx, r, job)
+	// The agent gets half of what is left of ctx: past it the configured
+	// plan stands. With all of it, an agent slower than the handling's
+	// bound took the handling down with it, at every delivery, and the
+	// environment never got a job.
+	pctx := ctx
+	if dl, ok := ctx.Deadline(); ok {
+		var cancel context.CancelFunc
+		pctx, cancel = context.WithDeadline(ctx, time.Now().Add(time.Until(dl)/2))
+		defer cancel()
+	}
+	adj, reason, model, err := planner.Adjust(pctx, r, job)
 	job.Planner.Model, job.Planner.Reason = model, reason
 	reject := func(err error, fields []string) (*schemas.TrainingJob, error) {
 		log.Warn("adapter: the planning agent's plan is out of bounds; the configured plan stands", "job", job.JobID, "fields", fields, "err", err)
