@@ -559,6 +559,12 @@ func (p *Proxy) route(w http.ResponseWriter, r *http.Request) {
 	}
 	defer putBody(body)
 	var req RouteRequest
+	if b := bytes.TrimSpace(body); len(b) == 0 || b[0] != '{' {
+		// null decodes into a RouteRequest without an error; it is no
+		// request (chat completions refuse it too).
+		writeError(w, http.StatusBadRequest, "body is not a route request: want a JSON object", "invalid_request_error")
+		return
+	}
 	if err := json.Unmarshal(body, &req); err != nil {
 		writeError(w, http.StatusBadRequest, "body is not a route request: "+err.Error(), "invalid_request_error")
 		return

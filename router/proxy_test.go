@@ -891,3 +891,23 @@ func TestProxyRetriesAConnectionTheUpstreamClosedIdle(t *testing.T) {
 			dropped.Load(), served.Load(), marked.Load(), n)
 	}
 }
+
+// TestRouteRefusesABodyThatIsNoObject: POST /v1/route with a body that is
+// not a JSON object (null decodes into an empty request without an error)
+// is a 400 in OpenAI's error shape, not a decision for no messages.
+func TestRouteRefusesABodyThatIsNoObject(t *testing.T) {
+	f := newFixture(t, adapterRow("lora-ids", "id_verification"))
+	f.script(map[string]float64{"A": 0.9, "B": 0.1}, llmtest.Text("ok"))
+	for _, body := range []string{"null", " null\n", "", "[]", `"x"`} {
+		resp := f.post("/v1/route", body, map[string]string{router.HeaderEnvironment: env})
+		b, _ := io.ReadAll(resp.Body)
+		var e struct {
+			Error struct {
+				Message, Type string
+			} `json:"error"`
+		}
+		if resp.StatusCode != http.StatusBadRequest || json.Unmarshal(b, &e) != nil || !strings.Contains(e.Error.Message, "route request") {
+			t.Errorf("POST /v1/route %q: %d %s, want 400 with OpenAI's error naming the route request", body, resp.StatusCode, b)
+		}
+	}
+}
