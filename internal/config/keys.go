@@ -153,9 +153,12 @@ func isList(key string) bool {
 // --set: its items separated by commas, each trimmed of spaces. Empty
 // items are left out, so that an empty value is the empty list
 // (kafka.brokers= goes back to the embedded broker) and a trailing comma
-// is no item.
+// is no item; "[]", YAML's empty list, is the empty list too.
 func splitList(v string) []string {
 	items := []string{}
+	if strings.TrimSpace(v) == "[]" {
+		return items
+	}
 	for item := range strings.SplitSeq(v, ",") {
 		if item = strings.TrimSpace(item); item != "" { // "a:1, b:2" as "a:1,b:2"
 			items = append(items, item)

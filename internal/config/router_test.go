@@ -55,6 +55,7 @@ func TestRouterConfig(t *testing.T) {
 		{"", router.DefaultPassthrough, ""},
 		{"router.passthrough=POST /v1/embeddings,POST /v1/audio/transcriptions", []string{"POST /v1/embeddings", "POST /v1/audio/transcriptions"}, ""},
 		{"router.passthrough=", nil, ""},
+		{"router.passthrough=[]", nil, ""}, // YAML's empty list, as the README writes it
 		{"router.passthrough=POST /v1/chat/completions", nil, "router.passthrough: "},
 	} {
 		sets := []string{"roles=route", "router.upstream_url=http://127.0.0.1:8000/v1", "router.base_model=m"}
