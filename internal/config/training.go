@@ -96,8 +96,8 @@ func (c Config) validateTraining() []error {
 	if s.Timeout <= 0 {
 		errs = append(errs, fmt.Errorf("adapter.serving.timeout: must be positive, got %s", s.Timeout))
 	}
-	if s.RetryFor < 0 {
-		errs = append(errs, fmt.Errorf("adapter.serving.retry_for: must not be negative, got %s", s.RetryFor))
+	if s.RetryFor <= 0 { // the client reads 0 as its default (2m), not as "no retries"
+		errs = append(errs, fmt.Errorf("adapter.serving.retry_for: must be positive (the time all attempts of one load or unload may take), got %s", s.RetryFor))
 	}
 	if s.ReconcileEvery < 0 || (s.ReconcileEvery > 0 && s.ReconcileEvery < time.Second) {
 		errs = append(errs, fmt.Errorf("adapter.serving.reconcile_every: must be 0 (off) or at least 1s, got %s", s.ReconcileEvery))

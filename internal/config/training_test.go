@@ -31,6 +31,7 @@ func TestPlannerAndServingConfig(t *testing.T) {
 		{[]string{"adapter.serving.enabled=true", "adapter.serving.base_url=vllm:8000"}, "adapter.serving.base_url"},
 		{[]string{"adapter.serving.engine=tgi"}, `adapter.serving.engine: "tgi" is not vllm`},
 		{[]string{"adapter.serving.path_map=nothing"}, `adapter.serving.path_map: "nothing" is not FROM=TO`},
+		{[]string{"adapter.serving.retry_for=0s"}, "adapter.serving.retry_for: must be positive"},
 		{[]string{"adapter.serving.reconcile_every=-1m"}, "adapter.serving.reconcile_every: must be 0 (off) or at least 1s, got -1m0s"},
 		{[]string{"adapter.serving.reconcile_every=10ms"}, "adapter.serving.reconcile_every: must be 0 (off) or at least 1s, got 10ms"},
 	} {
