@@ -59,7 +59,9 @@ type CohortSummary struct {
 }
 
 // Range is the time range of a chart. It ends at AsOf, the watermark of
-// what is shown (the newest rollout's end time), not at the wall clock, so
+// what is shown (the start of the newest hour with rollouts or labels: the
+// rollup's grain; a decision's as_of is its newest rollout's end time), not
+// at the wall clock, so
 // replayed history is shown as it happened. Hours 0 with All is every
 // rollout. Warning is set when the watermark is in the future (clock skew):
 // such data is shown, not hidden.

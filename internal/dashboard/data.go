@@ -184,9 +184,10 @@ func (s *server) describeDictionaries(ctx context.Context, list []CohortSummary)
 	}
 }
 
-// anchor is the watermark of what a page shows: the newest rollout or
-// label time of env's cohorts (the pass-rate chart covers every agent
-// version of env), or now when there is none.
+// anchor is the watermark of what a page shows: the start of the newest
+// hour holding a rollout or label of env's cohorts (the cohort lists read
+// the hourly rollup, whose grain is the hour; the pass-rate chart covers
+// every agent version of env), or now when there is none.
 func anchor(list []CohortSummary, env string, now time.Time) time.Time {
 	var wm time.Time
 	for _, c := range list {
