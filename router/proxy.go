@@ -326,6 +326,22 @@ func (p *Proxy) passthrough(w http.ResponseWriter, r *http.Request) {
 	var body io.Reader
 	if r.Body != nil && r.Body != http.NoBody {
 		body = http.MaxBytesReader(w, r.Body, p.cfg.MaxBodyBytes)
+		// A body of a known length up to maxReplayBody (an embeddings or
+		// completions request) is read first, so that it can be sent
+		// again (see replayable); a larger or chunked one is streamed.
+		if r.ContentLength >= 0 && r.ContentLength <= maxReplayBody {
+			b, err := io.ReadAll(body) // a slice of its own: the transport may still read it after the answer
+			if err != nil {
+				if r.Context().Err() != nil {
+					p.metrics.passthrough.WithLabelValues(endpoint, OutcomeCanceled).Inc()
+					return
+				}
+				p.metrics.passthrough.WithLabelValues(endpoint, "refused").Inc()
+				writeError(w, http.StatusBadRequest, "reading body: "+err.Error(), "invalid_request_error")
+				return
+			}
+			body = bytes.NewReader(b)
+		}
 	}
 	ureq, err := http.NewRequestWithContext(r.Context(), r.Method, withQuery(p.root+strings.TrimPrefix(r.URL.EscapedPath(), "/v1"), r), body)
 	if err != nil {
@@ -337,6 +353,9 @@ func (p *Proxy) passthrough(w http.ResponseWriter, r *http.Request) {
 		ureq.ContentLength = r.ContentLength // -1 (chunked) when unknown
 	}
 	ureq.Header = p.upstreamHeader(r.Header)
+	if body == nil || ureq.GetBody != nil {
+		replayable(ureq.Header) // a body read whole (or none) can be sent again on a new connection
+	}
 	resp, err := p.transport.RoundTrip(ureq)
 	if err != nil {
 		var mbe *http.MaxBytesError
@@ -401,7 +420,8 @@ func (p *Proxy) upstreamHeader(in http.Header) http.Header {
 	return out
 }
 
-// replayable marks a chat request to the upstream idempotent for Go's
+// replayable marks a request to the upstream (a chat request, a passed-through
+// one whose body was read whole or that has none) idempotent for Go's
 // transport (X-Idempotency-Key without a value, which is not sent), unless
 // the caller's header does: a request whose kept-alive connection the
 // upstream closes before answering anything (vLLM's and llama.cpp's servers
@@ -909,6 +929,10 @@ func sseDone(end []byte) bool {
 var bodyBufs = sync.Pool{New: func() any { return new(bytes.Buffer) }}
 
 const maxPooledBody = 1 << 20 // larger buffers are left to the GC
+
+// maxReplayBody is the largest passed-through body read whole before it is
+// sent, so that it can be sent again; a larger one is streamed.
+const maxReplayBody = 1 << 20
 
 func (p *Proxy) readBody(w http.ResponseWriter, r *http.Request) ([]byte, bool) {
 	buf := bodyBufs.Get().(*bytes.Buffer)

@@ -875,10 +875,13 @@ func TestProxyRetriesAConnectionTheUpstreamClosedIdle(t *testing.T) {
 	}
 	up.Start()
 	t.Cleanup(up.Close)
-	f := newFixtureWith(t, func(pc *router.ProxyConfig) { pc.UpstreamURL = up.URL })
+	f := newFixtureWith(t, func(pc *router.ProxyConfig) { pc.UpstreamURL, pc.Passthrough = up.URL, router.DefaultPassthrough })
 	const n = 24 // the proxy's 8 connection pools used in turn: each reuses connections
 	for i := range n {
 		path := "/v1/chat/completions"
+		if i%2 == 1 {
+			path = "/v1/embeddings" // passed through: its body is read whole, and sent again too
+		}
 		resp := f.post(path, `{"messages":[{"role":"user","content":"hi `+strconv.Itoa(i)+`"}]}`, nil)
 		b, _ := io.ReadAll(resp.Body)
 		resp.Body.Close()
