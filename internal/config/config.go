@@ -70,6 +70,10 @@ type Config struct {
 	// Router is the route role (TRACE step 4): the router and its
 	// OpenAI-compatible proxy on router.addr.
 	Router Router `koanf:"router"`
+
+	// verifyDeltaInherited: verify.delta was unset, so Load took
+	// analyzer.delta's, and an error of it is analyzer.delta's.
+	verifyDeltaInherited bool
 }
 
 // Embedded are the fixed loopback ports of the embedded servers, so that
@@ -420,6 +424,7 @@ func Load(path string, overrides []string) (Config, error) {
 	// do ClickHouse's settings (query_timeout 10s, query_max_memory 1 GiB):
 	// the configuration printed is the one in effect.
 	c.Analyzer.EvalConfig = c.Analyzer.EvalConfig.WithDefaults()
+	c.verifyDeltaInherited = c.Verify.Delta == 0
 	c.Verify.Delta = cmp.Or(c.Verify.Delta, c.Analyzer.Delta)
 	sel := c.Analyzer.EvalConfig
 	c.Verify.Selection = &sel // the closed loop counts a rollout's runs as the selection does
@@ -657,7 +662,16 @@ func (c Config) Validate() error {
 		errs = append(errs, err)
 	}
 	if err := c.Verify.Defaults().Validate("verify."); err != nil {
-		errs = append(errs, err)
+		v := c.Verify.Defaults()
+		v.Delta = 0.2
+		switch {
+		case !c.verifyDeltaInherited || v.Validate("verify.") != nil:
+			errs = append(errs, err) // verify.delta was set, or another field is wrong
+		case c.Analyzer.Delta >= -1 && c.Analyzer.Delta <= 1:
+			// A δ the selection takes (Δ ≥ 0, say) that the closed loop cannot: it
+			// needs a gap to call closed.
+			errs = append(errs, fmt.Errorf("verify.delta: unset, so analyzer.delta's %v, which the closed loop cannot use (it needs a δ in (0, 1]): set verify.delta", c.Analyzer.Delta))
+		} // else analyzer.delta's own error says it
 	}
 	if c.Adapter.DeadlineCheck <= 0 {
 		errs = append(errs, fmt.Errorf("adapter.deadline_check: must be positive, got %s", c.Adapter.DeadlineCheck))

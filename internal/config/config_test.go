@@ -268,6 +268,27 @@ func TestVerifyDeltaFollowsTheSelection(t *testing.T) {
 	}
 }
 
+// TestVerifyDeltaErrorsNameTheSetting: an analyzer.delta out of range is
+// one error, analyzer.delta's (not a second one naming verify.delta, which
+// the user did not set); one the selection takes but the closed loop
+// cannot (0 or below) says verify.delta took it from analyzer.delta; a
+// verify.delta set out of range is named as such.
+func TestVerifyDeltaErrorsNameTheSetting(t *testing.T) {
+	for _, tc := range []struct {
+		set       []string
+		want, not string
+	}{
+		{[]string{"analyzer.delta=2"}, "analyzer.delta must be in [-1, 1], got 2", "verify.delta"},
+		{[]string{"analyzer.delta=-0.1"}, "verify.delta: unset, so analyzer.delta's -0.1", "analyzer.delta must"},
+		{[]string{"analyzer.delta=0.1", "verify.delta=2"}, "verify.delta: must be in (0, 1], got 2", "analyzer.delta"},
+	} {
+		_, err := Load("", tc.set)
+		if err == nil || !strings.Contains(err.Error(), tc.want) || strings.Contains(err.Error(), tc.not) {
+			t.Errorf("%v: %v, want an error with %q and without %q", tc.set, err, tc.want, tc.not)
+		}
+	}
+}
+
 func TestSynthesizerSection(t *testing.T) {
 	f := filepath.Join(t.TempDir(), "trace.yaml")
 	os.WriteFile(f, []byte(`
