@@ -239,7 +239,14 @@ func checkUTF8(data []byte) error {
 // wire format (a 0 byte and a 4-byte big-endian schema id, then the
 // payload) is what Confluent's serializers write, and what a team moving
 // its producers onto trace's topic is most likely to send.
+//
+// A UTF-8 byte order mark before the JSON (what some Windows and .NET
+// writers put first) is named too: RFC 8259 lets a parser refuse it, and
+// trace's does, as its JSON Schema oracle does.
 func framingHint(data []byte) string {
+	if bytes.HasPrefix(data, []byte("\xef\xbb\xbf")) {
+		return " (the message starts with a UTF-8 byte order mark, U+FEFF: produce the JSON without it)"
+	}
 	if len(data) < 6 || data[0] != 0 {
 		return ""
 	}

@@ -97,8 +97,9 @@ func TestDecodeRolloutRejects(t *testing.T) {
 }
 
 // TestConfluentFramingIsNamed: a rollout produced with a Confluent Schema
-// Registry serializer (a 0 byte and a 4-byte schema id before the JSON)
-// is not JSON, and its dead letter says what it looks like and what to do.
+// Registry serializer (a 0 byte and a 4-byte schema id before the JSON),
+// or after a UTF-8 byte order mark, is not JSON, and its dead letter says
+// what it looks like and what to do.
 func TestConfluentFramingIsNamed(t *testing.T) {
 	for name, prefix := range map[string]string{"schema id 7": "\x00\x00\x00\x00\x07", "schema id 100000 (bytes above 0x7f)": "\x00\x00\x01\x86\xa0"} {
 		_, err := DecodeRollout([]byte(prefix+validRollout), DecodeOptions{})
@@ -110,8 +111,14 @@ func TestConfluentFramingIsNamed(t *testing.T) {
 			t.Errorf("%s: %v, want it to name the Confluent wire format and the schema id", name, err)
 		}
 	}
-	if _, err := DecodeRollout([]byte("{not json"), DecodeOptions{}); err == nil || strings.Contains(err.Error(), "Confluent") {
+	if _, err := DecodeRollout([]byte("{not json"), DecodeOptions{}); err == nil || strings.Contains(err.Error(), "Confluent") || strings.Contains(err.Error(), "byte order mark") {
 		t.Errorf("plain garbage: %v, want no framing hint", err)
+	}
+	// A UTF-8 byte order mark before the JSON: not JSON, and named.
+	_, err := DecodeRollout([]byte("\ufeff"+validRollout), DecodeOptions{})
+	var e *Error
+	if !errors.As(err, &e) || e.Reason != ReasonNotJSON || !strings.Contains(e.Error(), "UTF-8 byte order mark") {
+		t.Errorf("a rollout after a BOM: %v, want not_json naming the byte order mark", err)
 	}
 }
 
