@@ -62,19 +62,7 @@ func startRole(t *testing.T, b *bus.Bus, st *sink.Store) *role {
 func startRolePlan(t *testing.T, b *bus.Bus, st *sink.Store, pc plan.Config, deadlineEvery time.Duration) *role {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	s, err := adapter.NewStage(adapter.Config{Plan: pc, Store: st, Claims: b, Backend: dispatch.NATS{Pub: b}, Queue: b,
-		Log: slog.New(slog.NewTextHandler(testWriter{t}, nil))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	rc, err := b.ReadyConsumer(ctx, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ec, err := b.TrainingEventsConsumer(ctx, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
+	s, rc, ec := adaptStage(ctx, t, b, st, pc)
 	r := &role{stage: s, cancel: cancel}
 	for _, fn := range []func() error{
 		func() error { return s.RunReady(ctx, rc) },
@@ -93,6 +81,26 @@ func startRolePlan(t *testing.T, b *bus.Bus, st *sink.Store, pc plan.Config, dea
 }
 
 func (r *role) stop() { r.cancel(); r.wg.Wait() }
+
+// adaptStage is the adapt role's stage with the plan pc, dispatching to
+// trainers over NATS, and its ready and training-events consumers.
+func adaptStage(ctx context.Context, t *testing.T, b *bus.Bus, st *sink.Store, pc plan.Config) (*adapter.Stage, jetstream.Consumer, jetstream.Consumer) {
+	t.Helper()
+	s, err := adapter.NewStage(adapter.Config{Plan: pc, Store: st, Claims: b, Backend: dispatch.NATS{Pub: b}, Queue: b,
+		Log: slog.New(slog.NewTextHandler(testWriter{t}, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rc, err := b.ReadyConsumer(ctx, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ec, err := b.TrainingEventsConsumer(ctx, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s, rc, ec
+}
 
 type testWriter struct{ t *testing.T }
 

@@ -2,14 +2,11 @@ package adapter_test
 
 import (
 	"context"
-	"log/slog"
 	"os"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/traceops/trace/adapter"
-	"github.com/traceops/trace/adapter/dispatch"
 	"github.com/traceops/trace/internal/bus"
 	"github.com/traceops/trace/internal/dev/testenv"
 )
@@ -32,19 +29,7 @@ func TestConsumerGoneEndsTheAdaptRole(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer b.Close()
-	s, err := adapter.NewStage(adapter.Config{Plan: fastPlan(), Store: st, Claims: b, Backend: dispatch.NATS{Pub: b}, Queue: b,
-		Log: slog.New(slog.NewTextHandler(testWriter{t}, nil))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	rc, err := b.ReadyConsumer(ctx, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ec, err := b.TrainingEventsConsumer(ctx, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
+	s, rc, ec := adaptStage(ctx, t, b, st, fastPlan())
 	ready, events := make(chan error, 1), make(chan error, 1)
 	go func() { ready <- s.RunReady(ctx, rc) }()
 	go func() { events <- s.RunEvents(ctx, ec) }()
