@@ -661,17 +661,19 @@ func (c Config) Validate() error {
 	if err := c.Adapter.Plan.Validate("adapter.plan."); err != nil {
 		errs = append(errs, err)
 	}
-	if err := c.Verify.Defaults().Validate("verify."); err != nil {
-		v := c.Verify.Defaults()
-		v.Delta = 0.2
-		switch {
-		case !c.verifyDeltaInherited || v.Validate("verify.") != nil:
-			errs = append(errs, err) // verify.delta was set, or another field is wrong
-		case c.Analyzer.Delta >= -1 && c.Analyzer.Delta <= 1:
-			// A δ the selection takes (Δ ≥ 0, say) that the closed loop cannot: it
-			// needs a gap to call closed.
-			errs = append(errs, fmt.Errorf("verify.delta: unset, so analyzer.delta's %v, which the closed loop cannot use (it needs a δ in (0, 1]): set verify.delta", c.Analyzer.Delta))
-		} // else analyzer.delta's own error says it
+	v := c.Verify.Defaults()
+	if c.verifyDeltaInherited {
+		// verify.delta is analyzer.delta's: out of [-1, 1] its error is
+		// analyzer.delta's (above); in it but not in (0, 1] it is a δ the
+		// selection takes that the closed loop cannot (it needs a gap to
+		// call closed), said so here.
+		if d := c.Analyzer.Delta; d >= -1 && d <= 1 && !(d > 0) {
+			errs = append(errs, fmt.Errorf("verify.delta: unset, so analyzer.delta's %v, which the closed loop cannot use (it needs a δ in (0, 1]): set verify.delta", d))
+		}
+		v.Delta = analyzer.DefaultThresholds.Delta // checked above
+	}
+	if err := v.Validate("verify."); err != nil {
+		errs = append(errs, err)
 	}
 	if c.Adapter.DeadlineCheck <= 0 {
 		errs = append(errs, fmt.Errorf("adapter.deadline_check: must be positive, got %s", c.Adapter.DeadlineCheck))
