@@ -70,9 +70,7 @@ func bearer(token string, h http.Handler) http.Handler {
 		if !httpauth.Match(token, httpauth.Bearer(r.Header.Get("Authorization")), r.URL.Query().Get("token")) {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="trace"`)
 			if strings.HasPrefix(r.URL.Path, "/api/") { // the API's errors are JSON
-				w.Header().Set("Content-Type", "application/json; charset=utf-8")
-				w.WriteHeader(http.StatusUnauthorized)
-				w.Write([]byte(`{"error":"unauthorized: send http.bearer_token as Authorization: Bearer <token>"}` + "\n"))
+				dashboard.WriteAPIError(w, http.StatusUnauthorized, "unauthorized: send http.bearer_token as Authorization: Bearer <token>")
 				return
 			}
 			http.Error(w, "unauthorized", http.StatusUnauthorized)

@@ -420,9 +420,7 @@ func (s *server) writeError(w http.ResponseWriter, r *http.Request, err error, a
 		s.log.Warn("dashboard: request failed", "path", r.URL.Path, "err", err)
 	}
 	if asJSON {
-		w.Header().Set("Content-Type", "application/json; charset=utf-8")
-		w.WriteHeader(code)
-		json.NewEncoder(w).Encode(map[string]string{"error": err.Error()})
+		WriteAPIError(w, code, err.Error())
 		return
 	}
 	s.renderError(w, r, code, err)
@@ -458,6 +456,13 @@ func (s *server) apiUnknown(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Allow", "GET, HEAD")
 		code, msg = http.StatusMethodNotAllowed, fmt.Sprintf("method %s not allowed: the API answers GET only", r.Method)
 	}
+	WriteAPIError(w, code, msg)
+}
+
+// WriteAPIError answers a request to the API with its error shape,
+// {"error": msg}, and status code (the serve role's bearer check answers
+// /api/ requests without the token with it too).
+func WriteAPIError(w http.ResponseWriter, code int, msg string) {
 	w.Header().Set("Content-Type", "application/json; charset=utf-8")
 	w.WriteHeader(code)
 	json.NewEncoder(w).Encode(map[string]string{"error": msg})
